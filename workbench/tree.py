@@ -1,0 +1,242 @@
+"""The tree type: Medusa's `medusa_choices`, its validation, tree-attention buffers and stats.
+
+A tree is a list of paths of 0-based top-k ranks, one path per node, with the root (the base model's own
+token) implicit: `[1, 0]` is "the 2nd guess of head 1, then the 1st guess of head 2". Buffers follow Medusa's
+`generate_medusa_buffers` exactly, so a tree tuned here drops into any Medusa-style decoder unchanged.
+"""
+from __future__ import annotations
+
+import ast
+import json
+from dataclasses import dataclass
+from pathlib import Path as FilePath
+
+import torch
+
+from workbench import REPO_ROOT, WorkbenchError
+
+Path = tuple[int, ...]
+REFERENCE_DIR = REPO_ROOT / "trees" / "reference"
+DEFAULT_TOPK = 10
+
+
+@dataclass(frozen=True)
+class Tree:
+    """Validated `medusa_choices`. `paths` keeps the user's order (it often encodes greedy build order)."""
+
+    paths: tuple[Path, ...]
+    name: str = ""
+
+    @property
+    def sorted_paths(self) -> list[Path]:
+        """Medusa's node order: by depth, then lexicographically. Node i+1 of every buffer is sorted_paths[i]."""
+        return sorted(self.paths, key=lambda p: (len(p), p))
+
+    @property
+    def nodes(self) -> int:
+        return len(self.paths)
+
+    @property
+    def depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    @property
+    def max_rank(self) -> int:
+        return max(max(p) for p in self.paths)
+
+    def leaves(self) -> list[Path]:
+        inner = {p[:-1] for p in self.paths}
+        return [p for p in self.paths if p not in inner]
+
+    def as_lists(self) -> list[list[int]]:
+        return [list(p) for p in self.paths]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+def reference_trees() -> dict[str, Tree]:
+    """The nine named trees of the Medusa project, shipped under trees/reference/."""
+    out = {}
+    for f in sorted(REFERENCE_DIR.glob("*.json")):
+        data = json.loads(f.read_text())
+        out[data["name"]] = make_tree(data["medusa_choices"], name=data["name"])
+    return out
+
+
+def _literal(text: str, what: str):
+    """Parse a JSON or Python literal (never eval); also `name = [...]` as Medusa's choices files write it."""
+    text = text.strip()
+    try:
+        return json.loads(text)
+    except ValueError:
+        pass
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        pass
+    try:
+        module = ast.parse(text)
+    except SyntaxError as e:
+        raise WorkbenchError(f"{what}: not a JSON or Python list literal ({e.msg}, line {e.lineno})") from None
+    for stmt in reversed(module.body):
+        if isinstance(stmt, ast.Assign):
+            try:
+                return ast.literal_eval(stmt.value)
+            except ValueError:
+                continue
+    raise WorkbenchError(f"{what}: not a JSON or Python list literal like [[0], [0, 0], [1]]")
+
+
+def _choices_from(obj, what: str):
+    if isinstance(obj, dict):
+        if "medusa_choices" not in obj:
+            raise WorkbenchError(f"{what}: JSON object has no 'medusa_choices' key (keys: {', '.join(map(str, obj))})")
+        obj = obj["medusa_choices"]
+    return obj
+
+
+def load_tree(spec, topk: int | None = None, num_heads: int | None = None) -> Tree:
+    """Read a tree from a list, a JSON/Python file, a literal string, or a reference name; then validate it."""
+    if isinstance(spec, Tree):
+        validate(spec.paths, topk, num_heads)
+        return spec
+    if not isinstance(spec, str):
+        return make_tree(spec, topk=topk, num_heads=num_heads)
+    refs = {f.stem for f in REFERENCE_DIR.glob("*.json")}
+    if spec in refs:
+        data = json.loads((REFERENCE_DIR / f"{spec}.json").read_text())
+        return make_tree(data["medusa_choices"], name=spec, topk=topk, num_heads=num_heads)
+    file = FilePath(spec)
+    looks_like_literal = spec.lstrip()[:1] in "[("
+    if not looks_like_literal:
+        if not file.is_file():
+            raise WorkbenchError(
+                f"tree '{spec}': no such file or reference tree (reference names: {', '.join(sorted(refs))}; "
+                "or give a literal like '[[0], [0, 0], [1]]')")
+        try:
+            text = file.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise WorkbenchError(f"tree file {spec}: cannot read it ({e})") from None
+        if not text.strip():
+            raise WorkbenchError(f"tree file {spec} is empty: it should hold a list of paths or {{\"medusa_choices\": [...]}}")
+        obj = _choices_from(_literal(text, f"tree file {spec}"), f"tree file {spec}")
+        return make_tree(obj, name=file.stem, topk=topk, num_heads=num_heads)
+    return make_tree(_choices_from(_literal(spec, "tree literal"), "tree literal"), topk=topk, num_heads=num_heads)
+
+
+def make_tree(choices, name: str = "", topk: int | None = None, num_heads: int | None = None) -> Tree:
+    if not isinstance(choices, (list, tuple)):
+        raise WorkbenchError(f"tree must be a list of paths like [[0], [0, 0], [1]], got {type(choices).__name__}")
+    paths = []
+    for p in choices:
+        if not isinstance(p, (list, tuple)) or not all(isinstance(r, int) and not isinstance(r, bool) for r in p):
+            raise WorkbenchError(f"path {p!r}: a path must be a list of integer ranks like [0, 1]")
+        paths.append(tuple(p))
+    validate(paths, topk, num_heads)
+    return Tree(tuple(paths), name)
+
+
+def validate(paths, topk: int | None = None, num_heads: int | None = None) -> None:
+    """Raise WorkbenchError naming the first offending path and the rule it breaks."""
+    if len(paths) == 0:
+        raise WorkbenchError("tree is empty: give at least one path, e.g. [[0]]")
+    seen = set()
+    for p in paths:
+        if len(p) == 0:
+            raise WorkbenchError("path []: the root is implicit, every path needs at least one rank")
+        if p in seen:
+            raise WorkbenchError(f"path {list(p)}: duplicate path (each node must appear once)")
+        seen.add(p)
+        for r in p:
+            if r < 0 or (topk is not None and r >= topk):
+                bound = f"[0, {topk})" if topk is not None else "[0, topk)"
+                raise WorkbenchError(f"path {list(p)}: rank {r} out of range {bound}")
+        if num_heads is not None and len(p) > num_heads:
+            raise WorkbenchError(f"path {list(p)}: depth {len(p)} exceeds the {num_heads} Medusa heads "
+                                 f"(head k guesses depth k; use a shallower tree or more heads)")
+    for p in paths:
+        if len(p) > 1 and p[:-1] not in seen:
+            raise WorkbenchError(f"path {list(p)}: parent {list(p[:-1])} is missing (every prefix must be a node)")
+
+
+# ----------------------------------------------------------------------------------------------- buffers
+
+def tree_buffers(tree: Tree, topk: int = DEFAULT_TOPK, device=None) -> dict[str, torch.Tensor]:
+    """Medusa's `generate_medusa_buffers`, node for node.
+
+    attn_mask [n+1, n+1] float (1 = may attend: self, ancestors, root); tree_indices [n+1] into
+    [root token] + head_1 top-k + head_2 top-k + ...; position_ids [n+1] = depth; retrieve_indices
+    [leaves, depth+1], one root-to-leaf path per row (longest-first as Medusa emits them), padded with -1.
+    Also parents [n+1] (-1 for the root), handy for acceptance.
+    """
+    validate(tree.paths, topk)
+    order = tree.sorted_paths
+    index = {p: i + 1 for i, p in enumerate(order)}  # buffer index of each node; the root is 0
+    n = len(order) + 1
+    mask = torch.eye(n)
+    mask[:, 0] = 1
+    tree_indices = torch.zeros(n, dtype=torch.long)
+    position_ids = torch.zeros(n, dtype=torch.long)
+    parents = torch.full((n,), -1, dtype=torch.long)
+    for p, i in index.items():
+        for d in range(1, len(p)):
+            mask[i, index[p[:d]]] = 1
+        tree_indices[i] = p[-1] + topk * (len(p) - 1) + 1
+        position_ids[i] = len(p)
+        parents[i] = index.get(p[:-1], 0)
+    # Retrieve rows: walk nodes from the last (deepest, largest) backwards; a node already on a row is skipped.
+    rows, covered = [], set()
+    for p in reversed(order):
+        if p in covered:
+            continue
+        rows.append([0] + [index[p[:d]] for d in range(1, len(p) + 1)])
+        covered.update(p[:d] for d in range(1, len(p) + 1))
+    width = max(len(r) for r in rows)
+    retrieve = torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long)
+    out = dict(attn_mask=mask, tree_indices=tree_indices, position_ids=position_ids,
+               retrieve_indices=retrieve, parents=parents)
+    return {k: v.to(device) for k, v in out.items()} if device is not None else out
+
+
+# ----------------------------------------------------------------------------------------------- stats, views
+
+def tree_stats(tree: Tree) -> dict:
+    per_depth = [0] * tree.depth
+    for p in tree.paths:
+        per_depth[len(p) - 1] += 1
+    return dict(name=tree.name, nodes=tree.nodes, depth=tree.depth, nodes_per_depth=per_depth,
+                leaves=len(tree.leaves()), max_rank=tree.max_rank, min_topk=tree.max_rank + 1)
+
+
+def to_networkx(tree: Tree):
+    """DiGraph over paths (root = ()), edges parent -> child, node attributes rank and depth."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_node((), rank=None, depth=0)
+    for p in tree.sorted_paths:
+        g.add_node(p, rank=p[-1], depth=len(p))
+        g.add_edge(p[:-1], p)
+    return g
+
+
+def ascii_tree(tree: Tree, labels: dict | None = None) -> str:
+    """Box-drawing view, children by rank; `labels` maps a path to extra text (e.g. a probability)."""
+    children: dict[Path, list[Path]] = {}
+    for p in tree.sorted_paths:
+        children.setdefault(p[:-1], []).append(p)
+    lines = ["root"]
+
+    def walk(node: Path, prefix: str) -> None:
+        kids = sorted(children.get(node, []), key=lambda c: c[-1])
+        for j, c in enumerate(kids):
+            last = j == len(kids) - 1
+            extra = f"  {labels[c]}" if labels and c in labels else ""
+            lines.append(f"{prefix}{'└── ' if last else '├── '}{c[-1]}{extra}")
+            walk(c, prefix + ("    " if last else "│   "))
+
+    walk((), "")
+    return "\n".join(lines)
