@@ -21,11 +21,377 @@ def _emit(obj, out: str | None) -> None:
 
 # ==== tree / optimize / export commands (issue: tree core) ====================================================
 
+def _cmd_tree_show(args) -> int:
+    from workbench.tree import ascii_tree, load_tree, tree_stats
+
+    tree = load_tree(args.tree, num_heads=args.heads)
+    st = tree_stats(tree)
+    labels = None
+    print(f"tree {st['name'] or '(literal)'}: {st['nodes']} nodes, depth {st['depth']}, "
+          f"{st['leaves']} root-to-leaf paths, ranks 0..{st['max_rank']} (needs top-{st['min_topk']})")
+    print(f"nodes per depth: {', '.join(map(str, st['nodes_per_depth']))}")
+    if args.accuracies:
+        from workbench.optimize import acc_value_fn, expected_length, read_accuracies
+
+        acc = read_accuracies(args.accuracies)
+        tree = load_tree(tree, topk=acc.shape[1], num_heads=acc.shape[0])
+        fn = acc_value_fn(acc)
+        labels = {p: f"{fn(p):.4f}" for p in tree.paths}
+        print(f"expected acceptance length: {expected_length(tree, fn):.4f} tokens/step ({args.accuracies})")
+    print(ascii_tree(tree, labels))
+    return 0
+
+
+def _cmd_tree_list(args) -> int:
+    from workbench.tree import reference_trees, tree_stats
+
+    print(f"{'name':<28}{'nodes':>6}{'depth':>6}{'leaves':>7}{'max rank':>9}  nodes per depth")
+    for name, tree in reference_trees().items():
+        st = tree_stats(tree)
+        print(f"{name:<28}{st['nodes']:>6}{st['depth']:>6}{st['leaves']:>7}{st['max_rank']:>9}  "
+              f"{', '.join(map(str, st['nodes_per_depth']))}")
+    return 0
+
+
+def _cmd_tree_buffers(args) -> int:
+    from workbench.tree import load_tree, tree_buffers
+
+    if args.topk < 1:
+        raise WorkbenchError(f"--topk must be >= 1, got {args.topk}")
+    tree = load_tree(args.tree, topk=args.topk)
+    buf = tree_buffers(tree, topk=args.topk)
+    keys = ("attn_mask", "tree_indices", "position_ids", "retrieve_indices")
+    _emit({k: buf[k].long().tolist() for k in keys}, args.out)
+    return 0
+
+
+def _cmd_optimize(args) -> int:
+    from workbench.optimize import (dense_tree, expected_curve, expected_length, optimal_tree, optimal_tree_from,
+                                    read_accuracies)
+    from workbench.tree import load_tree
+
+    if args.calibration or args.joint:  # a calibration folder (calibrate section); value: acc or path-prob fn
+        from workbench.calibrate import calibration_objective
+        acc, value = calibration_objective(args.calibration, args.joint, args.accuracies)
+    elif args.accuracies:
+        acc = value = read_accuracies(args.accuracies)
+    else:
+        raise WorkbenchError("give --accuracies FILE or --calibration DIR")
+    heads, ranks = acc.shape
+    if args.dense and args.curve:
+        raise WorkbenchError("--curve describes optimal trees; drop --dense")
+    if args.dense:
+        try:
+            sizes = [int(x) for x in args.dense.split(",")]
+        except ValueError:
+            raise WorkbenchError(f"--dense {args.dense!r}: expected sizes per depth like 4,3,2") from None
+        tree = load_tree(dense_tree(sizes), topk=ranks, num_heads=heads)
+        method = "dense"
+    else:
+        if args.budget is None:
+            raise WorkbenchError("--budget N is required (the number of tree nodes), or give --dense 4,3,2")
+        if args.curve:
+            curve = expected_curve(value, args.budget, args.max_depth or heads, args.max_rank or ranks)
+            print(f"{'budget':>6}  {'expected_length':>15}  {'gain':>8}")
+            for n in range(1, len(curve)):
+                print(f"{n:>6}  {curve[n]:>15.4f}  {curve[n] - curve[n - 1]:>8.5f}")
+        tree = optimal_tree(acc, args.budget, args.max_depth, args.max_rank) if value is acc else \
+            optimal_tree_from(value, args.budget, args.max_depth or heads, args.max_rank or ranks)
+        method = "optimal"
+    name = args.name or (f"optimal_{tree.nodes}" if method == "optimal" else tree.name)
+    length = expected_length(tree, value)
+    obj = {"name": name, "medusa_choices": tree.as_lists(), "expected_acceptance_length": length,
+           "budget": args.budget if method == "optimal" else tree.nodes, "nodes": tree.nodes, "depth": tree.depth,
+           "method": method, "max_depth": args.max_depth or heads, "max_rank": args.max_rank or ranks,
+           "heads": heads, "ranks": ranks, "accuracies": str(args.accuracies or args.calibration)}
+    if not (args.curve and not args.out):
+        # one key per line, each value compact: a 63-node tree stays readable
+        text = "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
+        if args.out:
+            from workbench.io import atomic_write_text
+            atomic_write_text(args.out, text)
+        else:
+            sys.stdout.write(text)
+    if tree.max_rank >= 10:
+        print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-10 only "
+              "(use --max-rank 10 for Medusa/EAGLE-1 decoders)", file=sys.stderr)
+    short = "" if method != "optimal" or tree.nodes == args.budget else \
+        f"; only {tree.nodes} nodes have positive acceptance probability"
+    print(f"{method} tree: {tree.nodes} nodes, depth {tree.depth}, expected acceptance length {length:.4f} "
+          f"tokens/step{short}" + (f" -> {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from workbench.export import export_tree
+    from workbench.tree import load_tree
+
+    text, warns = export_tree(load_tree(args.tree, num_heads=args.heads), args.format, name=args.name,
+                              heads=args.heads, max_draft_len=args.max_draft_len)
+    for w in warns:
+        print(f"warning: {w}", file=sys.stderr)
+    if args.format == "vllm":
+        print("note: a --speculative-config fragment; vLLM requires num_speculative_tokens == number of tree "
+              "nodes, and drafts trees with EAGLE-style proposers (add method eagle/eagle3 and model)",
+              file=sys.stderr)
+    if args.out:
+        from workbench.io import atomic_write_text
+
+        atomic_write_text(args.out, text)
+        print(f"wrote {args.format} tree to {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _register_tree(sub) -> None:
+    tree_help = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
+    t = sub.add_parser("tree", help="inspect trees: show, list, buffers")
+    tsub = t.add_subparsers(dest="tree_command", required=True, metavar="SUBCOMMAND")
+    s = tsub.add_parser("show", help="stats and an ASCII drawing of a tree")
+    s.add_argument("tree", metavar="TREE", help=tree_help)
+    s.add_argument("--heads", type=int, help="check the depth against this many Medusa heads")
+    s.add_argument("--accuracies", metavar="FILE", help="also show node probabilities and expected length")
+    s.set_defaults(func=_cmd_tree_show)
+    ls = tsub.add_parser("list", help="the reference trees with their stats")
+    ls.set_defaults(func=_cmd_tree_list)
+    b = tsub.add_parser("buffers", help="Medusa tree-attention buffers as JSON")
+    b.add_argument("tree", metavar="TREE", help=tree_help)
+    b.add_argument("--topk", type=int, default=10, help="top-k per head in the candidate layout (Medusa: 10)")
+    b.add_argument("--out", metavar="FILE", help="write the JSON here instead of stdout")
+    b.set_defaults(func=_cmd_tree_buffers)
+    ev = tsub.add_parser("eval", help="a tree's predicted tokens per step on a calibration folder")
+    ev.add_argument("tree", metavar="TREE", help=tree_help)
+    ev.add_argument("--calibration", required=True, metavar="DIR", help="a `workbench calibrate` output folder")
+    ev.set_defaults(func=_cmd_tree_eval)  # defined in the calibrate section
+
+    o = sub.add_parser("optimize", help="the tree with the highest expected acceptance length for a node budget")
+    o.add_argument("--accuracies", metavar="FILE",
+                   help="CSV head,rank,accuracy[,count] (1-based) or Medusa *_heads_accuracy.pt")
+    o.add_argument("--calibration", metavar="DIR", help="instead: a `workbench calibrate` folder (its fit prompts)")
+    o.add_argument("--joint", action="store_true",
+                   help="with --calibration: empirical path probabilities instead of independent heads")
+    o.add_argument("--budget", type=int, metavar="N", help="number of tree nodes (root not counted)")
+    o.add_argument("--max-depth", type=int, metavar="D", help="deepest level (default: number of heads)")
+    o.add_argument("--max-rank", type=int, metavar="R", help="use only each head's top-R guesses")
+    o.add_argument("--dense", metavar="S1,S2,..", help="instead: the dense Cartesian tree with these sizes per depth")
+    o.add_argument("--curve", action="store_true",
+                   help="print expected length for every budget 1..N on stdout (tree JSON only with --out)")
+    o.add_argument("--name", help="tree name stored in the JSON")
+    o.add_argument("--out", metavar="FILE", help="write the tree JSON here instead of stdout")
+    o.set_defaults(func=_cmd_optimize)
+
+    e = sub.add_parser("export", help="write a tree for Medusa, TensorRT-LLM, vLLM or EAGLE")
+    e.add_argument("tree", metavar="TREE", help=tree_help)
+    e.add_argument("--format", required=True, choices=["medusa", "json", "trtllm", "vllm", "eagle"])
+    e.add_argument("--name", help="variable / tree name (default: the tree's own)")
+    e.add_argument("--heads", type=int, metavar="K", help="number of Medusa heads: a deeper tree is an error")
+    e.add_argument("--max-draft-len", type=int, default=63, metavar="N",
+                   help="TensorRT-LLM engine's max_draft_len (default 63)")
+    e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    e.set_defaults(func=_cmd_export)
+
+
 # ==== decode (issue: live decoder) ============================================================================
+
+def _prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise WorkbenchError(f"--prompt-ids {text!r}: give comma-separated integer token ids like 1,2,3") from None
+    if not ids:
+        raise WorkbenchError("--prompt-ids is empty: give comma-separated token ids like 1,2,3")
+    return ids
+
+
+def _acceptance(args):
+    """--acceptance auto: greedy at temperature 0, nucleus when --top-p is given, else typical (at 0.7 unless
+    --temperature says otherwise)."""
+    from workbench.decode import Acceptance
+
+    kind = args.acceptance
+    if kind == "auto":
+        kind = "greedy" if not args.temperature else "nucleus" if args.top_p is not None else "typical"
+    temperature = args.temperature if args.temperature is not None else (0.0 if kind == "greedy" else 0.7)
+    if kind == "greedy" and temperature:
+        raise WorkbenchError("--acceptance greedy takes no --temperature (use typical or nucleus to sample)")
+    return Acceptance(kind, temperature, args.epsilon, args.delta, args.top_p if args.top_p is not None else 0.8,
+                      args.seed)
+
+
+def cmd_decode(args) -> int:
+    from workbench.decode import compare, medusa_generate, prepare_prompt, vanilla_generate
+    from workbench.models import load_model_and_heads
+    from workbench.tree import load_tree
+
+    acc = _acceptance(args)
+    prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
+    tree = load_tree(args.tree, num_heads=heads.num_heads)
+    ids = prompt_ids if prompt_ids is not None else prepare_prompt(tok, args.prompt, args.raw)
+    if args.compare:  # warm up kernels and allocator so neither run pays first-call costs
+        vanilla_generate(model, tok, ids, 2)
+    res = medusa_generate(model, heads, tok, ids, tree, args.max_new_tokens, acc)
+    out = res.to_dict()
+    out["acceptance"] = vars(acc)
+    if args.compare:
+        van = vanilla_generate(model, tok, ids, args.max_new_tokens)
+        out.update(compare(res, van))
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(res.text)
+    line = (f"[{res.stop_reason}] {len(res.token_ids)} tokens in {res.total_s:.2f} s, {len(res.steps)} steps: "
+            f"{res.acceleration_rate:.2f} tokens/step, {res.tokens_per_s:.1f} tokens/s")
+    if args.compare:
+        line += (f"; vanilla {out['vanilla_tokens_per_s']:.1f} tokens/s, speedup {out['speedup']:.2f}x, "
+                 f"overhead {out['overhead']:.2f}x, matches greedy: {'yes' if out['matches_greedy'] else 'no'}")
+    print(line)
+    return 0
+
+
+def add_decode(sub) -> None:
+    p = sub.add_parser("decode", help="generate with Medusa heads and a tree; --compare against vanilla greedy",
+                       description="Medusa decoding of one prompt with a given tree. Greedy acceptance is lossless: "
+                                   "--compare checks it token for token against plain greedy decoding.")
+    p.add_argument("--model", help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--heads", help="Medusa heads folder or file (default: the demo heads; a Medusa-2 --model holds its own)")
+    p.add_argument("--tree", required=True, help="reference tree name, tree file, or literal like '[[0],[0,0],[1]]'")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="user message (wrapped in the chat template unless --raw)")
+    src.add_argument("--prompt-ids", help="comma-separated prompt token ids, used as-is")
+    p.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--acceptance", choices=["auto", "greedy", "typical", "nucleus"], default="auto",
+                   help="auto: greedy at temperature 0, nucleus with --top-p, else typical")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default 0 = greedy; 0.7 for typical/nucleus)")
+    p.add_argument("--epsilon", type=float, default=0.09, help="typical acceptance hard threshold")
+    p.add_argument("--delta", type=float, default=0.3, help="typical acceptance entropy-scaled threshold")
+    p.add_argument("--top-p", type=float, help="nucleus acceptance (default 0.8 when --acceptance nucleus)")
+    p.add_argument("--seed", type=int, help="seed for nucleus sampling")
+    p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
+    p.add_argument("--compare", action="store_true", help="also run vanilla greedy: speedup, overhead, exactness")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text + summary")
+    p.set_defaults(func=cmd_decode)
 
 # ==== train-heads (issue: demo heads) =========================================================================
 
+def cmd_train_heads(args) -> int:
+    from pathlib import Path
+
+    from workbench.models import DEMO_HEADS, cache_dir, model_label
+    from workbench.train import TrainConfig, default_prompt_files, interleaved_prompts, train_heads
+
+    files = args.prompts or default_prompt_files()
+    cfg = TrainConfig(prompts=interleaved_prompts(files, args.seed), num_heads=args.num_heads,
+                      num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
+                      max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
+                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+    if args.num_heads < 1 or args.num_layers < 1 or args.steps < 1 or args.tokens < 1:
+        raise WorkbenchError("--num-heads, --num-layers, --steps and --tokens must be positive")
+    slug = model_label(args.model).replace("/", "--").replace(".gguf", "")
+    work = Path(args.work) if args.work else cache_dir() / "train-heads" / f"{slug}-k{args.num_heads}-l{args.num_layers}"
+    out = Path(args.out) if args.out else (DEMO_HEADS if args.model is None else Path(f"{slug}-medusa-heads"))
+    summary = train_heads(work, cfg, args.model, out, args.device)
+    print(json.dumps({k: summary[k] for k in ("answer_tokens", "steps", "validation")}, indent=2))
+    print(f"heads written to {out}", file=sys.stderr)
+    return 0
+
+
+def add_train_heads(sub) -> None:
+    p = sub.add_parser("train-heads", help="train Medusa-1 heads on the model's own (self-distilled) answers",
+                       description="Train Medusa-1 heads on a frozen base model with self-distilled data. "
+                                   "Resumable: rerun the same command to continue.")
+    p.add_argument("--model", help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--prompts", nargs="+", metavar="FILE",
+                   help="Alpaca-format prompt files (default: the training sets in shared/data)")
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head")
+    p.add_argument("--untied", action="store_true", help="give each head its own lm_head (format 1, large files)")
+    p.add_argument("--tokens", type=int, default=200_000, help="self-distilled answer tokens to generate")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=64)
+    p.add_argument("--gen-dtype", default="bfloat16", help="dtype for generating the data (bf16 is ~3x faster on CPU)")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=256, help="positions per optimizer step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device")
+    p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")
+    p.add_argument("--out", help="output heads folder (default: the demo heads folder for the demo model)")
+    p.set_defaults(func=cmd_train_heads)
+
 # ==== calibrate (issue: calibration) ==========================================================================
+
+def _budgets(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise WorkbenchError(f"--budgets {text!r}: expected node counts like 16,32,64") from None
+    if not out or min(out) < 1:
+        raise WorkbenchError(f"--budgets {text!r}: expected positive node counts like 16,32,64")
+    return out
+
+
+def _cmd_calibrate(args) -> int:
+    from workbench.calibrate import calibrate
+
+    meta = calibrate(args.model, args.heads, args.prompts, args.limit, args.holdout, args.max_new_tokens, args.topk,
+                     _budgets(args.budgets), args.name, args.out, args.device, args.dtype, args.batch_size,
+                     args.force)
+    print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
+          f"top-{meta['topk']}; holdout {len(meta['holdout_ids'])} prompts")
+    held = bool(meta["holdout_ids"])
+    print(f"{'tree':<44}{'nodes':>6}{'predicted':>11}" + (f"{'holdout':>9}" if held else ""))
+    for t in meta["trees"]:
+        print(f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}"
+              + (f"{t['holdout_acceptance_length']:>9.4f}" if held else ""))
+    for s in meta["trees_skipped"]:
+        print(f"warning: no tree {s}", file=sys.stderr)
+    print(f"calibration written to {meta['folder']}", file=sys.stderr)
+    return 0
+
+
+def _cmd_tree_eval(args) -> int:
+    """`workbench tree eval TREE --calibration DIR` (registered in the tree section)."""
+    from workbench.calibrate import tree_report
+    from workbench.tree import load_tree
+
+    rep = tree_report(load_tree(args.tree), args.calibration)
+    print(f"tree {rep['tree'] or '(literal)'}: {rep['nodes']} nodes; calibration {rep['calibration']} "
+          f"({rep['positions']} positions)")
+    print(f"predicted tokens/step, independent heads:     {rep['independence']:.4f}")
+    print(f"predicted tokens/step, empirical paths:       {rep['empirical']:.4f}")
+    if "holdout_measured" in rep:
+        print(f"measured tokens/step on the holdout prompts:  {rep['holdout_measured']:.4f}")
+    return 0
+
+
+def add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure head accuracies on the model's own greedy answers; build trees",
+                       description="Record, at every position of the base model's greedy answers, the rank of the "
+                                   "true token in each head's top-k; write ranks, accuracies and optimal trees "
+                                   "(independence model and empirical path probabilities). Resumable: rerun the "
+                                   "same command to continue.")
+    p.add_argument("--model", help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--heads", help="Medusa heads folder/file (default: the demo heads)")
+    p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns) or a JSON/JSONL/CSV/"
+                   "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
+    p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts")
+    p.add_argument("--holdout", type=float, default=0.2, help="share of prompts kept out of the fit (default 0.2)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--topk", type=int, default=10, help="ranks recorded per head (Medusa's buffers use 10)")
+    p.add_argument("--budgets", default="16,32,64", help="tree sizes to build (default 16,32,64)")
+    p.add_argument("--name", help="calibration name (default: MODEL-PROMPTS)")
+    p.add_argument("--out", help="output folder (default: calibration/NAME)")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts per generate batch (and per part file)")
+    p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--dtype", help="auto (default: bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
+    p.set_defaults(func=_cmd_calibrate)
+
 
 # ==== latency / sweep (issue: trade-offs) =====================================================================
 
@@ -35,6 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"workbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # ---- subcommand registrations (one block per command group) ----
+    add_train_heads(sub)
+    add_decode(sub)  # decode (live decoder)
+    _register_tree(sub)  # tree / optimize / export
+    add_calibrate(sub)  # calibrate
     return p
 
 
@@ -49,6 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `workbench ... | head`
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -33,9 +33,13 @@ HEADS_FILE = "medusa_lm_head"
 def pick_device(device: str | None = None) -> torch.device:
     if device in (None, "auto"):
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise WorkbenchError(f"--device {device}: unknown device (use auto, cpu, cuda or cuda:N)") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
         raise WorkbenchError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
-    return torch.device(device)
+    return dev
 
 
 def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
@@ -168,15 +172,15 @@ class MedusaHeads(nn.ModuleList):
     def num_heads(self) -> int:
         return len(self)
 
-    def features(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [..., H] -> [K, ..., H] (before any lm_head)."""
-        return torch.stack([head[: self.num_layers](hidden) for head in self])
+    def features(self, hidden: torch.Tensor, n: int | None = None) -> torch.Tensor:
+        """hidden [..., H] -> [n, ..., H] (before any lm_head); n = the first n heads, default all K."""
+        return torch.stack([head[: self.num_layers](hidden) for head in list(self)[: n or len(self)]])
 
-    def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
-        """hidden [..., H] -> logits [K, ..., V]."""
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module, n: int | None = None) -> torch.Tensor:
+        """hidden [..., H] -> logits [n, ..., V]. A decoder asks only for the heads its tree reaches (n = depth)."""
         if self.tied:
-            return lm_head(self.features(hidden))
-        return torch.stack([head(hidden) for head in self])
+            return lm_head(self.features(hidden, n))
+        return torch.stack([head(hidden) for head in list(self)[: n or len(self)]])
 
 
 def check_heads_fit(heads: MedusaHeads, model) -> None:
@@ -215,20 +219,36 @@ def heads_from_state_dict(sd: dict[str, torch.Tensor], where: str, num_heads_hin
     if num_layers_hint is not None and num_layers_hint != num_layers:
         raise WorkbenchError(f"{where}: config says medusa_num_layers={num_layers_hint} but the weights hold "
                              f"{num_layers} ResBlock layers per head")
-    hidden = sd["0.0.linear.weight"].shape[1] if "0.0.linear.weight" in sd else None
-    if hidden is None:
+    w0 = sd.get("0.0.linear.weight")
+    if w0 is None:
         raise WorkbenchError(f"{where}: missing tensor '0.0.linear.weight'")
-    vocab = None if tied else sd[f"0.{num_layers}.weight"].shape[0] if f"0.{num_layers}.weight" in sd else None
-    if not tied and vocab is None:
-        raise WorkbenchError(f"{where}: missing tensor '0.{num_layers}.weight' (head 0's lm_head)")
+    if w0.ndim != 2:
+        raise WorkbenchError(f"{where}: tensor '0.0.linear.weight' has shape {list(w0.shape)}, expected [H, H]")
+    hidden = w0.shape[1]
+    vocab = None
+    if not tied:
+        lm0 = sd.get(f"0.{num_layers}.weight")
+        if lm0 is None:
+            raise WorkbenchError(f"{where}: missing tensor '0.{num_layers}.weight' (head 0's lm_head)")
+        if lm0.ndim != 2:
+            raise WorkbenchError(f"{where}: tensor '0.{num_layers}.weight' has shape {list(lm0.shape)}, expected [V, H]")
+        vocab = lm0.shape[0]
     heads = MedusaHeads(hidden, vocab or 0, num_heads, num_layers, tied)
     expected = heads.state_dict()
     missing = [k for k in expected if k not in sd]
     if missing:
         raise WorkbenchError(f"{where}: missing tensor '{missing[0]}' ({len(missing)} missing in all)")
+    unexpected = sorted(k for k in sd if k not in expected)
+    if unexpected:
+        raise WorkbenchError(f"{where}: unexpected tensor '{unexpected[0]}' (not part of {num_heads} heads x "
+                             f"{num_layers} ResBlock{'s' if num_layers > 1 else ''}{'' if tied else ' + lm_head'})")
     for k, v in expected.items():
         if tuple(sd[k].shape) != tuple(v.shape):
             raise WorkbenchError(f"{where}: tensor '{k}' has shape {list(sd[k].shape)}, expected {list(v.shape)}")
+        if not sd[k].is_floating_point():
+            raise WorkbenchError(f"{where}: tensor '{k}' has dtype {sd[k].dtype}, expected a floating-point type")
+        if not torch.isfinite(sd[k]).all():
+            raise WorkbenchError(f"{where}: tensor '{k}' holds NaN or infinite values (a diverged or corrupt checkpoint)")
     heads.load_state_dict({k: t.float() for k, t in sd.items()}, strict=True)
     return heads
 
@@ -336,10 +356,12 @@ def load_model_and_heads(model: str | None = None, heads: str | None = None, dev
     """
     if model is not None and heads is None and not _medusa2_tensors_present(model):
         raise WorkbenchError("--model given without --heads: pass the Medusa heads trained for that model")
-    base, tok = load_base(model, device, dtype, attn_implementation)
+    if model is None and heads is None and not DEMO_HEADS.is_dir():
+        raise WorkbenchError(f"the demo heads are not in this checkout ({DEMO_HEADS}): pass --model and --heads")
     if heads is None and model is not None:
         heads = model  # full Medusa-2 checkpoint: the heads live in the model folder
-    h, _ = load_heads(heads)
+    h, _ = load_heads(heads)  # before the base model: a bad heads path fails in a second, not after a model load
+    base, tok = load_base(model, device, dtype, attn_implementation)
     if h.tied and not h.vocab_size:
         h.vocab_size = base.get_output_embeddings().weight.shape[0]
     check_heads_fit(h, base)
@@ -350,3 +372,66 @@ def load_model_and_heads(model: str | None = None, heads: str | None = None, dev
 def _medusa2_tensors_present(model: str) -> bool:
     p = Path(model)
     return p.is_dir() and bool(_medusa2_tensors(p))
+
+
+# ----------------------------------------------------------------------------------------------- tiny random models
+
+TINY_CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def tiny_tokenizer(vocab_size: int = 128, chat_template: bool = True):
+    """A character-level tokenizer built in memory (ChatML template, EOS `</s>` = id 2): no download, so tests,
+    benchmarks and the app can run a whole pipeline on a tiny random model. Ids past the characters are `<xN>`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    if vocab_size < len(specials) + len(chars):
+        raise WorkbenchError(f"tiny tokenizer needs vocab_size >= {len(specials) + len(chars)}, got {vocab_size}")
+    vocab = specials + chars + [f"<x{i}>" for i in range(vocab_size - len(specials) - len(chars))]
+    tk = Tokenizer(models.WordLevel({t: i for i, t in enumerate(vocab)}, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.add_special_tokens(specials)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                  unk_token="<pad>")
+    if chat_template:
+        tok.chat_template = TINY_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, layers: int = 2,
+               init_std: float = 0.2, max_positions: int = 512, attn_implementation: str | None = None):
+    """A random decoder-only model (fp32, CPU) of a given HF architecture (llama, qwen2, mistral, ...).
+
+    init_std 0.2 (not HF's 0.02) spreads the logits, so greedy argmax has no near-ties that would make exact
+    comparisons flaky. EOS is id 2, as in `tiny_tokenizer`.
+    """
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(arch, vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                               num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                               max_position_embeddings=max_positions, initializer_range=init_std,
+                               bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    if hasattr(cfg, "sliding_window"):
+        cfg.sliding_window = None  # full attention: the cache then holds every position
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
+                                                 **({"attn_implementation": attn_implementation} if attn_implementation else {}))
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    return model.eval().requires_grad_(False)
+
+
+def random_heads(hidden_size: int, vocab_size: int, num_heads: int = 5, num_layers: int = 1, tied: bool = False,
+                 seed: int = 0, std: float = 0.2) -> MedusaHeads:
+    """Heads with every tensor random and non-zero (zero-initialised heads would hide a dropped weight)."""
+    heads = MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, tied)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return heads.requires_grad_(False)

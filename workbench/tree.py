@@ -69,23 +69,27 @@ def reference_trees() -> dict[str, Tree]:
 def _literal(text: str, what: str):
     """Parse a JSON or Python literal (never eval); also `name = [...]` as Medusa's choices files write it."""
     text = text.strip()
+    # literal_eval raises TypeError on e.g. {[1]: 2}; both parsers can hit the recursion limit on deep nesting.
+    bad = (ValueError, TypeError, SyntaxError, MemoryError, RecursionError)
     try:
         return json.loads(text)
-    except ValueError:
+    except bad:
         pass
     try:
         return ast.literal_eval(text)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
+    except bad:
         pass
     try:
         module = ast.parse(text)
     except SyntaxError as e:
         raise WorkbenchError(f"{what}: not a JSON or Python list literal ({e.msg}, line {e.lineno})") from None
+    except (MemoryError, RecursionError):
+        raise WorkbenchError(f"{what}: not a JSON or Python list literal (nested too deeply)") from None
     for stmt in reversed(module.body):
         if isinstance(stmt, ast.Assign):
             try:
                 return ast.literal_eval(stmt.value)
-            except ValueError:
+            except bad:
                 continue
     raise WorkbenchError(f"{what}: not a JSON or Python list literal like [[0], [0, 0], [1]]")
 
@@ -110,7 +114,7 @@ def load_tree(spec, topk: int | None = None, num_heads: int | None = None) -> Tr
         data = json.loads((REFERENCE_DIR / f"{spec}.json").read_text())
         return make_tree(data["medusa_choices"], name=spec, topk=topk, num_heads=num_heads)
     file = FilePath(spec)
-    looks_like_literal = spec.lstrip()[:1] in "[("
+    looks_like_literal = spec.lstrip()[:1] in ("[", "(", "{")
     if not looks_like_literal:
         if not file.is_file():
             raise WorkbenchError(

@@ -1,0 +1,350 @@
+"""`workbench calibrate` on tiny random models: alignment with what the live decoder sees, the statistics,
+resumable writing, and one-line errors."""
+import json
+from itertools import product
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from workbench import WorkbenchError
+from workbench.calibrate import (NULL, calibrate, greedy_continuations, head_accuracies, head_ranks, holdout_split,
+                                 load_calibration, measured_acceptance, path_probabilities, ranks_frame, tree_report)
+from workbench.decode import eos_ids, medusa_generate, prepare_prompt
+from workbench.optimize import expected_length, read_accuracies
+from workbench.tree import load_tree, make_tree
+
+PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
+           "Write a haiku about rain.", "List some fruits", "How do magnets work?", "Say something nice.",
+           "Explain gravity briefly."]
+ARGS = dict(limit=None, holdout=0.3, max_new_tokens=12, topk=4, budgets=[3, 6], batch_size=4, device="cpu",
+            progress=False)
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    return f
+
+
+@pytest.fixture(scope="module")
+def run(tiny_llama, prompt_file, tmp_path_factory):
+    """One uninterrupted calibration of the tiny Llama with tied heads: (folder, meta)."""
+    out = tmp_path_factory.mktemp("cal") / "full"
+    meta = calibrate(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), str(prompt_file), name="tiny",
+                     out=out, **ARGS)
+    return out, meta
+
+
+def _naive_greedy(model, prompt, n, stops):
+    """Greedy decoding by full recomputation (no cache, no padding): the ground truth for continuations."""
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            tok = int(model(torch.tensor([seq])).logits[0, -1].argmax())
+            seq.append(tok)
+            if tok in stops:
+                break
+    return seq[len(prompt):]
+
+
+def _naive_ranks(model, heads, prompt, cont, topk):
+    """The definition, position by position: heads on the hidden state just before c[t] guess c[t+k]."""
+    K, N = heads.num_heads, len(cont)
+    out = np.full((N, K), NULL)
+    with torch.no_grad():
+        for t in range(N):
+            h = model.base_model(input_ids=torch.tensor([prompt + cont[:t]])).last_hidden_state[0, -1]
+            assert int(model.get_output_embeddings()(h).argmax()) == cont[t]
+            top = heads(h, model.get_output_embeddings()).topk(topk, dim=-1).indices  # [K, topk]
+            for k in range(1, K + 1):
+                if t + k < N:
+                    hit = (top[k - 1] == cont[t + k]).nonzero()
+                    out[t, k - 1] = int(hit[0, 0]) if len(hit) else -1
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_batched_ranks_equal_the_position_by_position_definition(arch, request):
+    tiny = request.getfixturevalue(f"tiny_{arch}")
+    model, tok, heads = tiny.model, tiny.tokenizer, tiny.heads["1"]
+    prompts = [prepare_prompt(tok, p) for p in PROMPTS[:4]]  # different lengths: left padding is exercised
+    stops = sorted(eos_ids(model, tok))
+    conts = greedy_continuations(model, prompts, 10, stops, tok.pad_token_id)
+    assert conts == [_naive_greedy(model, p, 10, set(stops)) for p in prompts]
+    ranks, mismatches = head_ranks(model, heads, prompts, conts, topk=6, chunk=7)  # chunk: odd split on purpose
+    assert mismatches == [0] * 4
+    for p, c, r in zip(prompts, conts, ranks):
+        np.testing.assert_array_equal(r, _naive_ranks(model, heads, p, c, 6))
+
+
+def test_ranks_predict_every_step_of_the_live_decoder(run, tiny_llama, prompt_file):
+    """Walking the rank matrix from position 0 (accept the longest tree prefix, jump past it) must give exactly
+    the live greedy Medusa decoder's tokens per step, for the calibrated trees and a hand-made one."""
+    folder, meta = run
+    _, ranks = load_calibration(folder)
+    conts = pd.read_parquet(folder / "continuations.parquet").set_index("prompt_id")
+    from workbench.data import load_prompt_records
+    texts = dict(load_prompt_records(str(prompt_file)))
+    heads = tiny_llama.heads["2"]
+    trees = [load_tree(str(folder / "trees" / "tiny-joint-6.json")), load_tree(str(folder / "trees" / "tiny-indep-6.json")),
+             make_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2]])]
+    multi = 0
+    for tree in trees:
+        paths = set(tree.paths)
+        for pid, group in ranks.groupby("prompt_id", sort=False):
+            mat = group[[f"head_{k}" for k in range(1, heads.num_heads + 1)]].fillna(NULL).to_numpy(dtype=int)
+            expected, t = [], 0
+            while t < len(mat):
+                d = 0
+                while d < mat.shape[1] and mat[t, d] >= 0 and tuple(mat[t, :d + 1]) in paths:
+                    d += 1
+                expected.append(1 + d)
+                t += 1 + d
+            res = medusa_generate(tiny_llama.model, heads, tiny_llama.tokenizer,
+                                  prepare_prompt(tiny_llama.tokenizer, texts[pid]), tree, ARGS["max_new_tokens"])
+            assert res.token_ids == list(conts.loc[pid, "continuation"])
+            assert res.accepted_lengths == expected, (tree.name, pid)
+            multi += sum(n > 1 for n in expected)
+    assert multi > 0  # the heads do get tokens accepted, so the check above is not vacuous
+
+
+def test_output_files(run, prompt_file):
+    folder, meta = run
+    ranks = pd.read_parquet(folder / "ranks.parquet")
+    conts = pd.read_parquet(folder / "continuations.parquet")
+    K = 5
+    assert list(ranks.columns) == ["prompt_id", "position"] + [f"head_{k}" for k in range(1, K + 1)]
+    assert all(str(ranks[f"head_{k}"].dtype) == "Int16" for k in range(1, K + 1))
+    assert meta["num_prompts"] == len(PROMPTS) and meta["num_positions"] == len(ranks)
+    for _, row in conts.iterrows():  # one row per continuation token; head k is null on the last k positions
+        g = ranks[ranks["prompt_id"] == row["prompt_id"]]
+        n = len(row["continuation"])
+        assert list(g["position"]) == list(range(n))
+        for k in range(1, K + 1):
+            assert g[f"head_{k}"].isna().tolist() == [t + k >= n for t in range(n)]
+        assert row["stopped"] == ("eos" if row["continuation"][-1] == 2 else "length")
+    vals = ranks[[f"head_{k}" for k in range(1, K + 1)]].to_numpy(dtype=float, na_value=np.nan)
+    vals = vals[~np.isnan(vals)]
+    assert vals.min() >= -1 and vals.max() < ARGS["topk"]
+
+    # accuracies.csv: the canonical format, fitted on the non-holdout prompts only
+    held = set(meta["holdout_ids"])
+    assert held == holdout_split([f"q{i}" for i in range(len(PROMPTS))], ARGS["holdout"]) and len(held) == 3
+    acc, counts = read_accuracies(folder / "accuracies.csv", return_counts=True)
+    fit = ranks[~ranks["prompt_id"].isin(held)]
+    exp_acc, exp_counts = head_accuracies(fit, ARGS["topk"])
+    np.testing.assert_allclose(acc, exp_acc)
+    np.testing.assert_array_equal(counts, exp_counts)
+    assert counts[0] == len(fit) - (len(PROMPTS) - len(held))  # the last position of each prompt has no head-1 target
+
+    for b, kind in product(ARGS["budgets"], ["indep", "joint"]):
+        data = json.loads((folder / "trees" / f"tiny-{kind}-{b}.json").read_text())
+        tree = load_tree(data["medusa_choices"], topk=ARGS["topk"], num_heads=K)
+        assert tree.nodes <= b
+        probs = path_probabilities(fit)
+        assert data["expected_acceptance_length"] == pytest.approx(
+            expected_length(tree, acc) if kind == "indep" else 1 + sum(probs.get(p, 0) for p in tree.paths))
+        assert data["holdout_acceptance_length"] == pytest.approx(measured_acceptance(tree, ranks[ranks["prompt_id"].isin(held)]))
+    # the joint tree is optimal for the empirical objective it was built from
+    for b in ARGS["budgets"]:
+        joint, indep = (json.loads((folder / "trees" / f"tiny-{k}-{b}.json").read_text()) for k in ("joint", "indep"))
+        assert joint["predicted_empirical"] >= indep["predicted_empirical"] - 1e-12
+
+    for key in ("model", "heads", "prompts", "topk", "max_new_tokens", "device", "dtype", "elapsed_seconds",
+                "workbench_version", "holdout_ids"):
+        assert key in meta
+    assert dict(json.loads((folder / "meta.json").read_text()), folder=str(folder)) == json.loads(json.dumps(meta))
+    assert meta["trees_skipped"] == []
+    assert not (folder / "parts").exists()
+
+
+def _same_outputs(a, b):
+    pd.testing.assert_frame_equal(pd.read_parquet(a / "ranks.parquet"), pd.read_parquet(b / "ranks.parquet"))
+    pd.testing.assert_frame_equal(pd.read_parquet(a / "continuations.parquet"),
+                                  pd.read_parquet(b / "continuations.parquet"))
+    assert (a / "accuracies.csv").read_bytes() == (b / "accuracies.csv").read_bytes()
+    names = sorted(f.name for f in (a / "trees").iterdir())
+    assert names == sorted(f.name for f in (b / "trees").iterdir())
+    for n in names:
+        ta, tb = (json.loads((d / "trees" / n).read_text()) for d in (a, b))
+        ta.pop("calibration"), tb.pop("calibration")
+        assert ta == tb
+    ma, mb = (json.loads((d / "meta.json").read_text()) for d in (a, b))
+    for m in (ma, mb):
+        m.pop("elapsed_seconds"), m.pop("compute_seconds")
+        for t in m["trees"]:
+            t.pop("calibration")
+    assert ma == mb
+    assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+
+
+def test_interrupted_run_resumes_to_identical_files(run, tiny_llama, prompt_file, tmp_path):
+    full, _ = run
+    out = tmp_path / "resumed"
+    seen = []
+
+    def kill_after_first(i):
+        seen.append(i)
+        raise KeyboardInterrupt  # what Ctrl-C / a kill between batches looks like
+
+    model, heads = str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"])
+    with pytest.raises(KeyboardInterrupt):
+        calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=kill_after_first, **ARGS)
+    assert seen == [0] and (out / "parts" / "00000.ranks.parquet").is_file() and not (out / "ranks.parquet").exists()
+    calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=seen.append, **ARGS)
+    assert seen == [0, 1, 2]  # batch 0 was not recomputed; 10 prompts / 4 per batch = 3 batches
+    _same_outputs(full, out)
+
+    # a finished folder with the same run arguments: nothing recomputed; new budgets/holdout only redo the trees
+    calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=seen.append, **dict(ARGS, budgets=[5]))
+    assert seen == [0, 1, 2]
+    assert sorted(f.name for f in (out / "trees").iterdir()) == ["tiny-indep-5.json", "tiny-joint-5.json"]
+
+
+def test_other_arguments_on_an_existing_folder_are_refused_unless_forced(run, tiny_llama, prompt_file, tmp_path):
+    full, _ = run
+    out = tmp_path / "c"
+    model, heads = str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"])
+    with pytest.raises(KeyboardInterrupt):
+        calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=lambda i: (_ for _ in ()).throw(KeyboardInterrupt), **ARGS)
+    with pytest.raises(WorkbenchError, match=r"other arguments \(max_new_tokens: 12 -> 8\).*--force"):
+        calibrate(model, heads, str(prompt_file), name="tiny", out=out, **dict(ARGS, max_new_tokens=8))
+    calibrate(model, heads, str(prompt_file), name="tiny", out=out, force=True, **ARGS)
+    _same_outputs(full, out)  # --force started over: batch 0 of the refused run is not mixed in
+
+
+def test_statistics_on_a_known_matrix():
+    # 3 positions, 2 heads. Position 0: ranks (0, 1); 1: (0, -1); 2: (1, null)
+    ranks = ranks_frame(["a"], [np.array([[0, 1], [0, -1], [1, NULL]], dtype=np.int16)], 2)
+    acc, counts = head_accuracies(ranks, 3)
+    np.testing.assert_allclose(acc, [[2 / 3, 1 / 3, 0], [0, 1 / 2, 0]])
+    np.testing.assert_array_equal(counts, [3, 2])
+    assert path_probabilities(ranks) == pytest.approx({(0,): 2 / 3, (1,): 1 / 3, (0, 1): 1 / 3})
+    tree = make_tree([[0], [0, 1], [0, 0]])
+    assert measured_acceptance(tree, ranks) == pytest.approx((3 + 2 + 1) / 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-2, 3), min_size=3, max_size=3), min_size=1, max_size=40),
+       st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=12))
+def test_path_probabilities_match_brute_force_and_measured_acceptance(rows, paths):
+    mat = np.array(rows, dtype=np.int16)
+    ranks = ranks_frame(["p"], [mat], 3)
+    probs = path_probabilities(ranks)
+    for p, v in probs.items():  # brute force: share of rows whose first len(p) ranks are p
+        assert v == pytest.approx(np.mean([list(r[:len(p)]) == list(p) for r in rows]))
+        assert len(p) == 1 or v <= probs[p[:-1]] + 1e-12
+    closed = {tuple(p[:d]) for p in paths for d in range(1, len(p) + 1)}
+    tree = make_tree(sorted(closed))
+    assert measured_acceptance(tree, ranks) == pytest.approx(1 + sum(probs.get(p, 0.0) for p in tree.paths))
+
+
+def test_holdout_split_is_deterministic_and_order_free():
+    ids = [str(i) for i in range(50)]
+    a = holdout_split(ids, 0.2)
+    assert len(a) == 10 and a == holdout_split(list(reversed(ids)), 0.2)
+    assert holdout_split(ids[:2], 0.01) and len(holdout_split(ids[:1], 0.5)) == 0  # >= 1 held, >= 1 fitted
+    assert holdout_split(ids, 0) == set()
+    with pytest.raises(WorkbenchError, match="--holdout"):
+        holdout_split(ids, 1.0)
+
+
+def test_tree_report_and_load_calibration(run):
+    folder, meta = run
+    tree = make_tree([[0], [1], [0, 0]])
+    rep = tree_report(tree, folder)
+    acc_all, ranks = load_calibration(folder)
+    assert rep["independence"] == pytest.approx(expected_length(tree, acc_all))
+    assert rep["empirical"] == pytest.approx(measured_acceptance(tree, ranks))
+    _, held = load_calibration(folder, "holdout")
+    _, fit = load_calibration(folder, "fit")
+    assert set(held["prompt_id"]) == set(meta["holdout_ids"]) and len(held) + len(fit) == len(ranks)
+    assert rep["holdout_measured"] == pytest.approx(measured_acceptance(tree, held))
+    with pytest.raises(WorkbenchError, match="needs depth 6"):
+        tree_report(make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]), folder)
+    with pytest.raises(WorkbenchError, match="not a finished calibration"):
+        load_calibration(folder / "trees")
+
+
+def test_one_line_errors(tiny_llama, prompt_file, tmp_path):
+    model, heads = str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"])
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps([{"instruction": "x" * 600}]))
+    cases = [
+        (dict(prompts=str(long)), "exceed the model's context of 512"),
+        (dict(prompts=str(tmp_path / "none.json")), "no such file"),
+        (dict(heads=str(tiny_llama.heads_dirs["2"]) + "x"), "no such file or folder"),
+        (dict(topk=0), "--topk"),
+        (dict(holdout=1.5), "--holdout"),
+        (dict(budgets=[0]), "--budgets"),
+    ]
+    for over, match in cases:
+        kw = dict(ARGS, model=model, heads=heads, prompts=str(prompt_file), out=tmp_path / "e")
+        kw.update(over)
+        with pytest.raises(WorkbenchError, match=match) as e:
+            calibrate(**kw)
+        assert "\n" not in str(e.value)
+    assert not (tmp_path / "e").exists()  # nothing written before the input was checked
+
+
+def test_heads_for_another_model_are_refused(tiny_llama, prompt_file, tmp_path):
+    from workbench.models import random_heads, save_heads
+
+    other = save_heads(random_heads(32, 128, 2, tied=True), tmp_path / "h", "other")
+    with pytest.raises(WorkbenchError, match="hidden size 32"):
+        calibrate(str(tiny_llama.model_dir), str(other), str(prompt_file), out=tmp_path / "o", **ARGS)
+
+
+def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.optimize import empirical_value_fn
+
+    out = tmp_path / "cli"
+    argv = ["calibrate", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+            "--prompts", str(prompt_file), "--limit", "4", "--max-new-tokens", "8", "--topk", "4", "--budgets", "2,3",
+            "--batch-size", "2", "--device", "cpu", "--out", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    for t in meta["trees"]:  # the printed table
+        assert f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}" in text
+    names = [f"model-p-{k}-{b}" for k in ("indep", "joint") for b in (2, 3)]  # default name: MODEL-PROMPTS
+    assert sorted([t["name"] for t in meta["trees"]] + [s.split(":")[0] for s in meta["trees_skipped"]]) == sorted(names)
+    assert main(argv[:-4] + ["--topk", "5", "--out", str(out)]) == 2  # other arguments: refused
+    assert "--force" in capsys.readouterr().err
+
+    folder, _ = run
+    acc, fit = load_calibration(folder, "fit")
+    for joint in (False, True):
+        assert main(["optimize", "--calibration", str(folder), "--budget", "4"] + ["--joint"] * joint) == 0
+        obj = json.loads(capsys.readouterr().out)
+        value = empirical_value_fn(path_probabilities(fit)) if joint else acc
+        assert obj["expected_acceptance_length"] == pytest.approx(expected_length(make_tree(obj["medusa_choices"]), value))
+        ours = json.loads((folder / "trees" / f"tiny-{'joint' if joint else 'indep'}-3.json").read_text())
+        assert obj["medusa_choices"][:3] == ours["medusa_choices"]  # greedy order: budget 3 is a prefix of 4
+    assert main(["optimize", "--joint", "--budget", "4"]) == 2
+    assert "--joint needs --calibration" in capsys.readouterr().err
+
+    assert main(["tree", "eval", "[[0], [1], [0, 0]]", "--calibration", str(folder)]) == 0
+    text = capsys.readouterr().out
+    rep = tree_report(make_tree([[0], [1], [0, 0]]), folder)
+    assert f"{rep['empirical']:.4f}" in text and f"{rep['independence']:.4f}" in text
+    assert f"{rep['holdout_measured']:.4f}" in text
+
+
+def test_no_tree_when_no_guess_was_ever_right(tmp_path):
+    from workbench.calibrate import build_trees
+
+    ranks = ranks_frame(["a"], [np.array([[-1, -1], [0, NULL], [-1, NULL]], dtype=np.int16)], 2)
+    fit = ranks.iloc[[0, 2]]  # head 1 never right on the fit rows
+    acc, _ = head_accuracies(fit, 3)
+    summary, skipped = build_trees("n", fit, ranks, acc, [4], tmp_path, "")
+    assert summary == [] and len(skipped) == 2 and not list(tmp_path.iterdir())
+    summary, skipped = build_trees("n", ranks, ranks, head_accuracies(ranks, 3)[0], [4], tmp_path, "")
+    assert [t["nodes"] for t in summary] == [1, 1] and skipped == []
+    assert summary[0]["holdout_acceptance_length"] == pytest.approx(4 / 3)

@@ -1,0 +1,361 @@
+"""The live decoder: lossless greedy Medusa on tiny random Llama and Qwen2 models, multi-token acceptance and
+cache compaction (with a proposer fed the true greedy continuation), typical / nucleus acceptance, limits, CLI."""
+import json
+import random
+import warnings
+
+import pytest
+import torch
+
+from workbench import WorkbenchError
+from workbench.cli import main
+from workbench.decode import (Acceptance, TreeBuffers, accept_greedy, accept_nucleus, accept_typical,
+                              medusa_generate, prepare_prompt, sample_nucleus, vanilla_generate)
+from workbench.models import load_model_and_heads, random_heads, tiny_model, tiny_tokenizer
+from workbench.tree import load_tree, tree_buffers
+
+PROMPTS = ["Hello world", "Write a short poem about the sea.", "2+2="]
+TREES = {
+    "chain": [[0], [0, 0]],
+    "cartesian": [[i] for i in range(3)] + [[i, j] for i in range(3) for j in range(3)],
+    "mc_sim_7b_63": "mc_sim_7b_63",
+    "deep": [[1, 0, 2, 0, 1][:d] for d in range(1, 6)],  # one node per level, all 5 heads
+}
+NEW = 24
+
+
+def _generate(model, ids, n, **kw):
+    out = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n, **kw)
+    return out[0, len(ids):].tolist()
+
+
+def _greedy_no_cache(model, ids, n):
+    """Reference continuation recomputed from scratch each token: independent of any cache or mask."""
+    seq = list(ids)
+    with torch.inference_mode():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq[len(ids):]
+
+
+def _checked_steps(prompt_len):
+    """on_step callback asserting the cache holds exactly prompt + emitted tokens after every step."""
+    seen = []
+
+    def on_step(step):
+        seen.append(step)
+        assert step.cache_len == prompt_len + sum(len(s.tokens) for s in seen)
+    return on_step, seen
+
+
+class Oracle:
+    """A proposer that knows the true greedy continuation: head k puts the right token at a rank the tree has
+    below the path offered so far (sometimes at another random rank) or, with probability `miss`, nowhere.
+    Records the rank path it offered at each position."""
+
+    def __init__(self, truth: list[int], tree, vocab: int = 128, miss: float = 0.2, seed: int = 0):
+        self.truth, self.tree, self.vocab, self.miss, self.seed = truth, tree, vocab, miss, seed
+        self.depth, self.topk = tree.depth, tree.max_rank + 1
+        self.offered = {}  # sequence length -> [rank or None per head]
+
+    def __call__(self, hidden, tokens):
+        n = len(tokens)
+        rows, ranks = [], []
+        for k in range(self.depth):
+            want = self.truth[n + k] if n + k < len(self.truth) else 0
+            g = random.Random(f"{self.seed}-{n}-{k}")
+            row = [t for t in g.sample(range(self.vocab), self.topk + 1) if t != want][: self.topk]
+            kids = sorted({p[k] for p in self.tree.paths if len(p) > k and list(p[:k]) == ranks})
+            rank = None if g.random() < self.miss else g.choice(kids) if kids and g.random() < 0.9 \
+                else g.randrange(self.topk)
+            if rank is not None:
+                row[rank] = want
+            rows.append(row)
+            ranks.append(rank)
+        self.offered[n] = ranks
+        return torch.tensor(rows)
+
+    def best_length(self, n: int, tree) -> int:
+        """1 + the deepest node of the tree on the offered path of right tokens (what greedy must accept)."""
+        ranks, paths, d = self.offered[n], set(tree.paths), 0
+        while d < len(ranks) and ranks[d] is not None and tuple(ranks[: d + 1]) in paths:
+            d += 1
+        return 1 + d
+
+
+def _ids(tok, prompt):
+    return prepare_prompt(tok, prompt)
+
+
+# ----------------------------------------------------------------------------------------------- greedy: lossless
+
+@pytest.mark.parametrize("fmt", ["1", "2", "3"])
+@pytest.mark.parametrize("tree_name", list(TREES))
+def test_greedy_medusa_equals_generate(tiny, tree_name, fmt):
+    model_dir = tiny.heads_dirs["3"] if fmt == "3" else tiny.model_dir
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tok, heads = load_model_and_heads(str(model_dir), None if fmt == "3" else str(tiny.heads_dirs[fmt]), "cpu")
+    for prompt in PROMPTS:
+        ids = _ids(tok, prompt)
+        on_step, seen = _checked_steps(len(ids))
+        res = medusa_generate(model, heads, tok, ids, TREES[tree_name], NEW, on_step=on_step)
+        ref = _generate(tiny.model, ids, NEW)
+        assert res.token_ids == ref, prompt
+        assert seen == res.steps and sum(res.accepted_lengths) == len(ref)
+        assert res.text == tok.decode(ref, skip_special_tokens=True)
+        assert res.stop_reason == ("eos" if ref[-1] == 2 else "max_new_tokens")
+
+
+def test_vanilla_equals_generate(tiny):
+    for prompt in PROMPTS:
+        ids = _ids(tiny.tokenizer, prompt)
+        on_step, _ = _checked_steps(len(ids))
+        res = vanilla_generate(tiny.model, tiny.tokenizer, ids, NEW, on_step=on_step)
+        assert res.token_ids == _generate(tiny.model, ids, NEW)
+        assert set(res.accepted_lengths) == {1} and res.acceleration_rate == 1.0
+
+
+@pytest.mark.parametrize("tree_name", ["cartesian", "mc_sim_7b_63", "deep"])
+def test_multi_token_acceptance_with_known_continuation(tiny, tree_name):
+    """The proposer offers the true continuation at varied ranks: every step must accept exactly the longest
+    offered path present in the tree, compact the cache to it, and the output must still be plain greedy."""
+    tree = load_tree(TREES[tree_name])
+    for i, prompt in enumerate(PROMPTS):
+        ids = _ids(tiny.tokenizer, prompt)
+        truth = ids + _greedy_no_cache(tiny.model, ids, 40 + 6)
+        oracle = Oracle(truth, tree, seed=i)
+        on_step, _ = _checked_steps(len(ids))
+        res = medusa_generate(tiny.model, None, tiny.tokenizer, ids, tree, 40, eos_token_id=[],
+                              propose=oracle, on_step=on_step)
+        assert res.token_ids == truth[len(ids):len(ids) + 40]
+        n = len(ids) + 1
+        for step in res.steps[:-1]:  # the last step may be cut at max_new_tokens
+            assert len(step.tokens) == oracle.best_length(n, tree)
+            assert step.path == () or step.path in tree.paths
+            n += len(step.tokens)
+        assert res.acceleration_rate > 1.5  # the proposer hits often: multi-token steps really happen
+        if tree_name != "chain":
+            assert any(any(r != 0 for r in s.path) for s in res.steps)  # off-rank-0 nodes moved in the cache
+
+
+def test_eager_attention_is_exact_too():
+    model = tiny_model("llama", seed=3, attn_implementation="eager")
+    assert model.config._attn_implementation == "eager"
+    tok, heads = tiny_tokenizer(), random_heads(64, 128, 5, seed=4)
+    ids = _ids(tok, PROMPTS[1])
+    assert medusa_generate(model, heads, tok, ids, "mc_sim_7b_63", NEW).token_ids == _generate(model, ids, NEW)
+    tree = load_tree("mc_sim_7b_63")
+    truth = ids + _greedy_no_cache(model, ids, 36)
+    res = medusa_generate(model, None, tok, ids, tree, 30, eos_token_id=[], propose=Oracle(truth, tree))
+    assert res.token_ids == truth[len(ids):len(ids) + 30] and res.acceleration_rate > 1.5
+
+
+# ----------------------------------------------------------------------------------------------- stopping, limits
+
+def test_stops_at_eos_inside_a_multi_token_step(tiny_llama):
+    tok = tiny_llama.tokenizer
+    ids = _ids(tok, PROMPTS[0])
+    truth = ids + _greedy_no_cache(tiny_llama.model, ids, 40)
+    cont = truth[len(ids):]
+    stop = cont[15]
+    j = cont.index(stop)
+    tree = load_tree("mc_sim_7b_63")
+    on_step, _ = _checked_steps(len(ids))
+    res = medusa_generate(tiny_llama.model, None, tok, ids, tree, 40, eos_token_id=stop,
+                          propose=Oracle(truth, tree, miss=0.0), on_step=on_step)
+    assert res.token_ids == cont[: j + 1] and res.stop_reason == "eos"
+    assert res.token_ids == _generate(tiny_llama.model, ids, 40, eos_token_id=stop)
+    assert vanilla_generate(tiny_llama.model, tok, ids, 40, eos_token_id=stop).token_ids == cont[: j + 1]
+
+
+def test_max_new_tokens_is_exact_with_multi_token_steps(tiny_llama):
+    ids = _ids(tiny_llama.tokenizer, PROMPTS[2])
+    truth = ids + _greedy_no_cache(tiny_llama.model, ids, 20)
+    tree = load_tree("mc_sim_7b_63")
+    for n in (1, 2, 7, 11):
+        on_step, _ = _checked_steps(len(ids))
+        res = medusa_generate(tiny_llama.model, None, None, ids, tree, n, eos_token_id=[],
+                              propose=Oracle(truth, tree, miss=0.0), on_step=on_step)
+        assert res.token_ids == truth[len(ids):len(ids) + n] and res.stop_reason == "max_new_tokens"
+        assert res.text is None
+
+
+def test_context_limit():
+    model, tok = tiny_model("llama", seed=5, max_positions=32), tiny_tokenizer()
+    heads = random_heads(64, 128, 5, seed=6)
+    with pytest.raises(WorkbenchError, match="prompt is 40 tokens but the model's context is 32"):
+        medusa_generate(model, heads, tok, list(range(5, 45)), [[0]], 4)
+    with pytest.raises(WorkbenchError, match="context is 32"):
+        vanilla_generate(model, tok, list(range(5, 37)), 4)
+    ids = list(range(5, 25))
+    res = medusa_generate(model, heads, tok, ids, [[0], [0, 0]], 50, eos_token_id=[])
+    assert len(res.token_ids) == 12 and res.stop_reason == "context"
+    assert res.token_ids == vanilla_generate(model, tok, ids, 50, eos_token_id=[]).token_ids
+
+
+def test_bad_inputs_are_one_line_errors(tiny_llama):
+    m, tok, h = tiny_llama.model, tiny_llama.tokenizer, tiny_llama.heads["2"]
+    cases = [
+        (lambda: medusa_generate(m, h, tok, [1, 2], [[0]] * 1 + [[0] * d for d in range(2, 7)], 4), "exceeds the 5 Medusa heads"),
+        (lambda: medusa_generate(m, h, tok, [], [[0]], 4), "empty"),
+        (lambda: medusa_generate(m, h, tok, [1, 500], [[0]], 4), "[0, 128)"),
+        (lambda: medusa_generate(m, h, tok, [[1, 2], [3, 4]], [[0]], 4), "batch 1"),
+        (lambda: medusa_generate(m, h, tok, [1, 2], [[0]], 0), "--max-new-tokens 0"),
+        (lambda: medusa_generate(m, random_heads(32, 128, 2, tied=True), tok, [1, 2], [[0]], 4), "hidden size 32"),
+        (lambda: Acceptance("beam"), "unknown"),
+        (lambda: Acceptance("typical", temperature=-1), "--temperature"),
+        (lambda: Acceptance("nucleus", top_p=0), "--top-p"),
+    ]
+    for fn, msg in cases:
+        with pytest.raises(WorkbenchError) as e:
+            fn()
+        assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_prepare_prompt_uses_the_chat_template_unless_raw(tiny_llama):
+    tok = tiny_llama.tokenizer
+    ids = prepare_prompt(tok, "hi")
+    assert tok.decode(ids) == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert tok.decode(prepare_prompt(tok, "hi", raw=True)) == "hi"
+    with pytest.raises(WorkbenchError, match="no chat template.*--raw"):
+        prepare_prompt(tiny_tokenizer(chat_template=False), "hi")
+
+
+# ----------------------------------------------------------------------------------------------- typical, nucleus
+
+def test_typical_at_temperature_zero_equals_greedy(tiny):
+    tree = load_tree("mc_sim_7b_63")
+    for i, prompt in enumerate(PROMPTS):
+        ids = _ids(tiny.tokenizer, prompt)
+        truth = ids + _greedy_no_cache(tiny.model, ids, 36)
+        for acc in (Acceptance("typical", 0.0), Acceptance("nucleus", 0.0), Acceptance("nucleus", 1.0, top_p=1e-9)):
+            res = medusa_generate(tiny.model, None, None, ids, tree, 30, acceptance=acc, eos_token_id=[],
+                                  propose=Oracle(truth, tree, seed=i))
+            assert res.token_ids == truth[len(ids):len(ids) + 30], acc
+            assert res.acceleration_rate > 1.5
+        res = medusa_generate(tiny.model, tiny.heads["1"], None, ids, tree, 20, acceptance=Acceptance("typical", 0.0))
+        assert res.token_ids == _generate(tiny.model, ids, 20)
+
+
+def _tiny_tree_buffers():
+    """Tree [[0], [1], [0, 0]]: node 1 = (0,), node 2 = (1,), node 3 = (0, 0); rows [0,1,3] and [0,2]."""
+    tree = load_tree([[0], [1], [0, 0]])
+    b = tree_buffers(tree, 2)
+    assert b["retrieve_indices"].tolist() == [[0, 1, 3], [0, 2, -1]]
+    return TreeBuffers(tree, 2, 2, b["tree_indices"], b["position_ids"], b["parents"], b["retrieve_indices"],
+                       torch.zeros(4, 4), [()] + tree.sorted_paths)
+
+
+def _logits(probs: dict, vocab=16):
+    """Logits whose softmax puts the given probabilities on the given tokens and spreads the rest evenly."""
+    rest = (1 - sum(probs.values())) / (vocab - len(probs))
+    p = torch.full((vocab,), rest)
+    for t, v in probs.items():
+        p[t] = v
+    return p.log()
+
+
+def test_typical_rule_longest_path_then_likelihood():
+    buf = _tiny_tree_buffers()
+    tokens = torch.tensor([5, 7, 8, 9])  # root, node (0,), node (1,), node (0, 0)
+    root = _logits({7: 0.40, 8: 0.45})   # H ~ 1.45: threshold min(0.09, 0.3 e^-H ~ 0.07): 7 and 8 pass
+    peaked = _logits({10: 0.97})         # H small: threshold 0.09; token 9 (p = 0.002) fails
+    flat = torch.zeros(16)               # uniform: H = ln 16, threshold 0.3/16 = 0.019 < 1/16: token 9 passes
+    leaf = _logits({3: 0.9})
+    # longest accepted path wins even through the less likely first token
+    row, length, nxt = accept_typical(torch.stack([root, flat, leaf, leaf]), tokens, buf, 1.0, 0.09, 0.3)
+    assert (row, length, int(nxt)) == (0, 3, 3)
+    # equal lengths: the likelier path (token 8, p .45 > .40); the next token is greedy at that node
+    row, length, nxt = accept_typical(torch.stack([root, peaked, _logits({11: 0.5}), leaf]), tokens, buf, 1.0, 0.09, 0.3)
+    assert (row, length, int(nxt)) == (1, 2, 11)
+    # epsilon caps the threshold: with epsilon 0.5 neither 0.40 nor 0.45 passes; only the root is kept
+    row, length, nxt = accept_typical(torch.stack([root, flat, leaf, leaf]), tokens, buf, 1.0, 0.5, 100.0)
+    assert length == 1 and int(nxt) == 8
+    # a higher temperature flattens p, lowering the threshold below token 9's probability in `peaked`
+    row, length, _ = accept_typical(torch.stack([root, peaked, leaf, leaf]), tokens, buf, 50.0, 0.09, 0.3)
+    assert length == 3
+
+
+def test_greedy_and_nucleus_rules():
+    buf = _tiny_tree_buffers()
+    tokens = torch.tensor([5, 7, 8, 9])
+    logits = torch.stack([_logits({8: 0.6}), _logits({9: 0.6}), _logits({4: 0.6}), _logits({1: 0.6})])
+    assert [int(x) if not isinstance(x, int) else x for x in accept_greedy(logits, tokens, buf)] == [1, 2, 4]
+    logits[0] = _logits({7: 0.6})
+    assert [int(x) if not isinstance(x, int) else x for x in accept_greedy(logits, tokens, buf)] == [0, 3, 1]
+    # nucleus with top_p tiny keeps only the argmax: same as greedy
+    g = torch.Generator().manual_seed(0)
+    out = accept_nucleus(logits, tokens, buf, 1.0, 1e-9, g)
+    assert [int(x) if not isinstance(x, int) else x for x in out] == [0, 3, 1]
+
+
+def test_nucleus_samples_only_inside_the_nucleus():
+    logits = _logits({3: 0.5, 6: 0.3, 9: 0.1}).expand(4000, 16)
+    g = torch.Generator().manual_seed(1)
+    drawn = sample_nucleus(logits, 1.0, 0.75, g)
+    assert set(drawn.tolist()) == {3, 6}  # 0.5 + 0.3 reaches 0.75; 9 and the tail are outside
+    share = (drawn == 3).float().mean().item()
+    assert 0.58 < share < 0.67  # renormalised 0.5 / 0.8 = 0.625
+    assert set(sample_nucleus(logits[:50], 1.0, 1.0, g).tolist()) > {3, 6}  # top_p 1: the whole vocabulary
+
+
+def test_sampling_runs_keep_the_cache_invariant_and_are_seeded(tiny_llama):
+    ids = _ids(tiny_llama.tokenizer, PROMPTS[1])
+    h = tiny_llama.heads["2"]
+    for acc in (Acceptance("typical", 0.7), Acceptance("nucleus", 0.9, top_p=0.9, seed=3)):
+        on_step, _ = _checked_steps(len(ids))
+        a = medusa_generate(tiny_llama.model, h, None, ids, "mc_sim_7b_63", 30, acceptance=acc, on_step=on_step)
+        b = medusa_generate(tiny_llama.model, h, None, ids, "mc_sim_7b_63", 30, acceptance=acc)
+        assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 30
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+
+def _cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_json_compare(capsys, tiny_llama):
+    code, out, err = _cli(capsys, "decode", "--model", str(tiny_llama.model_dir), "--heads",
+                          str(tiny_llama.heads_dirs["1"]), "--tree", "mc_sim_7b_63", "--prompt", PROMPTS[1],
+                          "--max-new-tokens", "16", "--compare", "--json", "--device", "cpu")
+    assert code == 0, err
+    obj = json.loads(out)
+    ids = prepare_prompt(tiny_llama.tokenizer, PROMPTS[1])
+    assert obj["token_ids"] == _generate(tiny_llama.model, ids, 16)
+    assert obj["matches_greedy"] is True and obj["steps"] == len(obj["accepted_lengths"])
+    for k in ("text", "acceleration_rate", "tokens_per_s", "vanilla_tokens_per_s", "speedup", "overhead"):
+        assert isinstance(obj[k], (str, float, int)), k
+
+
+def test_cli_text_output_and_prompt_ids(capsys, tiny_qwen2):
+    code, out, err = _cli(capsys, "decode", "--model", str(tiny_qwen2.heads_dirs["3"]), "--tree", "[[0],[1],[0,0]]",
+                          "--prompt-ids", "5,6,7,8", "--max-new-tokens", "10", "--compare")
+    assert code == 0, err
+    text, summary = out.rstrip("\n").rsplit("\n", 1)
+    ref = _generate(tiny_qwen2.model, [5, 6, 7, 8], 10)
+    assert text == tiny_qwen2.tokenizer.decode(ref, skip_special_tokens=True)
+    assert "tokens/step" in summary and "matches greedy: yes" in summary
+
+
+def test_cli_errors_are_one_line(capsys, tiny_llama, tmp_path):
+    plain = tmp_path / "plain"
+    tiny_llama.model.save_pretrained(plain)
+    tiny_tokenizer(chat_template=False).save_pretrained(plain)
+    h = str(tiny_llama.heads_dirs["2"])
+    base = ["decode", "--model", str(plain), "--heads", h, "--tree", "[[0]]"]
+    for argv, msg in [
+        (base + ["--prompt", "hi"], "no chat template"),
+        (base + ["--prompt-ids", "1,x"], "--prompt-ids"),
+        (base + ["--prompt", "hi", "--raw", "--acceptance", "greedy", "--temperature", "0.5"], "greedy"),
+        (["decode", "--model", str(plain), "--tree", "[[0]]", "--prompt", "hi"], "--heads"),
+        (base[:-1] + ["[[0,0,0,0,0,0]]", "--prompt", "hi", "--raw"], "exceeds"),
+    ]:
+        code, out, err = _cli(capsys, *argv)
+        last = err.rstrip("\n").rsplit("\n", 1)[-1]  # (transformers may draw a loading bar before it)
+        assert code == 2 and last.startswith("error: ") and msg in last and "Traceback" not in err, (argv, err)
+    code, out, _ = _cli(capsys, *base, "--prompt", "hi", "--raw", "--max-new-tokens", "3", "--json")
+    assert code == 0 and len(json.loads(out)["token_ids"]) <= 3

@@ -1,0 +1,442 @@
+"""`workbench calibrate`: measure how often each head's rank-i guess is right on the model's own greedy answers.
+
+Alignment (what the live greedy Medusa decoder sees). Prompt p (P tokens), greedy continuation c[0..N-1].
+Position t (0 <= t < N) is the decoder state whose last committed token is the one just before c[t]: the base
+logits there give the root token c[t]; head k (1-based) on the same hidden state guesses c[t+k]. ranks[t, k] is
+the 0-based rank of c[t+k] in head k's top-k, -1 if absent, null when t+k >= N (past the end of the answer).
+A tree node [i1..id] is accepted at t iff ranks[t, j] == i_j for j = 1..d, so with path probabilities
+P(path) = share of positions where it is accepted, mean tokens per step over positions = 1 + sum P(node).
+(A live decoder visits only the positions after each accepted prefix; averaging over all is the paper's method.)
+
+Speed: continuations come from batched HF `generate` (left padding, greedy), then ONE teacher-forced forward
+over prompt + continuation gives every position's hidden state at once, instead of a heads pass per step.
+Reliability: one part file per prompt batch in `parts/`, written atomically; a rerun with the same arguments
+skips finished batches, then merges. Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json,
+trees/NAME-{indep,joint}-B.json.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from workbench import WorkbenchError, __version__
+from workbench.io import atomic_write_json
+
+NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
+RUN_KEYS = ("model", "heads", "prompts", "limit", "prompts_sha256", "max_new_tokens", "topk", "batch_size",
+            "device", "dtype", "num_heads")  # change any of these and the ranks change: refuse to mix
+
+
+# ----------------------------------------------------------------------------------------------- model side
+
+def greedy_continuations(model, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int],
+                         pad_id: int) -> list[list[int]]:
+    """The base model's greedy answers, batched with left padding; each ends at its first stop token (kept)."""
+    from transformers import GenerationConfig
+
+    B, P = len(prompts), max(map(len, prompts))
+    ids = torch.full((B, P), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, P), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, P - len(p):] = torch.tensor(p)
+        mask[b, P - len(p):] = 1
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+                           eos_token_id=stop_ids or None, pad_token_id=pad_id)
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                             generation_config=cfg)
+    conts = []
+    stops = set(stop_ids)
+    for row in out[:, P:].tolist():
+        end = next((i + 1 for i, tok in enumerate(row) if tok in stops), len(row))
+        conts.append(row[:end])
+    return conts
+
+
+def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], topk: int,
+               chunk: int | None = None) -> tuple[list[np.ndarray], list[int]]:
+    """One teacher-forced forward -> per prompt ranks [N, K] (int16; -1 miss, NULL past the end) and the number
+    of positions where the base's own argmax disagrees with the continuation (0 unless numerics differ)."""
+    B, K = len(prompts), heads.num_heads
+    seqs = [p + c for p, c in zip(prompts, conts)]
+    L = max(map(len, seqs))
+    ids = torch.zeros((B, L), dtype=torch.long)
+    mask = torch.zeros((B, L), dtype=torch.long)
+    rows, cols, offsets = [], [], [0]
+    for b, (p, c) in enumerate(zip(prompts, conts)):
+        ids[b, :len(seqs[b])] = torch.tensor(seqs[b])  # right padding: causal attention never sees it
+        mask[b, :len(seqs[b])] = 1
+        rows += [b] * len(c)
+        cols += range(len(p) - 1, len(p) - 1 + len(c))  # hidden state whose base logits predict c[t]
+        offsets.append(offsets[-1] + len(c))
+    M = offsets[-1]
+    # targets[k, m]: the token head k must guess at flat position m (k = 0: the base's root token); -1 = none
+    targets = torch.full((K + 1, M), -1, dtype=torch.long)
+    for b, c in enumerate(conts):
+        c = torch.tensor(c, dtype=torch.long)
+        for k in range(min(K, len(c) - 1) + 1):
+            targets[k, offsets[b]:offsets[b + 1] - k] = c[k:]
+    lm_head = model.get_output_embeddings()
+    dev = model.device
+    with torch.no_grad():
+        hidden = model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state
+        hidden = hidden[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]  # [M, H]
+        vocab = lm_head.weight.shape[0]
+        chunk = chunk or max(1, (1 << 26) // (vocab * (K + 1)))  # ~256 MB of fp32 logits per chunk
+        ranks = torch.empty((K, M), dtype=torch.int16)
+        mismatches = torch.zeros(M, dtype=torch.bool)
+        for s in range(0, M, chunk):
+            h = hidden[s:s + chunk]                                   # [m, H]
+            tgt = targets[:, s:s + chunk].to(dev)                     # [K+1, m]
+            mismatches[s:s + chunk] = (lm_head(h).argmax(-1) != tgt[0]).cpu()
+            top = heads(h, lm_head).topk(topk, dim=-1).indices        # [K, m, topk]
+            hit = top == tgt[1:, :, None]
+            r = torch.where(hit.any(-1), hit.int().argmax(-1), -1)
+            ranks[:, s:s + chunk] = torch.where(tgt[1:] < 0, NULL, r).to(torch.int16).cpu()
+    per_prompt = [ranks[:, offsets[b]:offsets[b + 1]].T.numpy().copy() for b in range(B)]
+    bad = [int(mismatches[offsets[b]:offsets[b + 1]].sum()) for b in range(B)]
+    return per_prompt, bad
+
+
+# ----------------------------------------------------------------------------------------------- frames
+
+def ranks_frame(prompt_ids: list[str], ranks: list[np.ndarray], num_heads: int) -> pd.DataFrame:
+    """Long table: prompt_id, position, head_1..head_K (nullable Int16: rank, -1, or <NA> past the end)."""
+    cols = {"prompt_id": pd.array([pid for pid, r in zip(prompt_ids, ranks) for _ in range(len(r))], dtype="string"),
+            "position": pd.array(np.concatenate([np.arange(len(r)) for r in ranks]) if ranks else [], dtype="Int32")}
+    mat = np.concatenate(ranks) if ranks else np.zeros((0, num_heads), dtype=np.int16)
+    for k in range(num_heads):
+        cols[f"head_{k + 1}"] = pd.array(mat[:, k], dtype="Int16", copy=True)
+        cols[f"head_{k + 1}"][mat[:, k] == NULL] = pd.NA
+    return pd.DataFrame(cols)
+
+
+def head_columns(ranks: pd.DataFrame) -> list[str]:
+    cols = [c for c in ranks.columns if re.fullmatch(r"head_\d+", c)]
+    return sorted(cols, key=lambda c: int(c[5:]))
+
+
+def rank_matrix(ranks: pd.DataFrame) -> np.ndarray:
+    """[positions, K] int64 with -1 for a miss and NULL for past the end."""
+    return ranks[head_columns(ranks)].fillna(NULL).to_numpy(dtype=np.int64)
+
+
+def head_accuracies(ranks: pd.DataFrame, topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """a_k^(i): share of head k's positions (those with a target) where its rank-i guess is the true token.
+
+    Returns (acc [K, topk], counts [K] = positions with a target per head), the canonical CSV's columns.
+    """
+    mat = rank_matrix(ranks)
+    K = mat.shape[1]
+    counts = (mat != NULL).sum(0)
+    hits = np.stack([np.bincount(mat[:, k][mat[:, k] >= 0], minlength=topk)[:topk] for k in range(K)])
+    return hits / np.maximum(counts, 1)[:, None], counts
+
+
+def path_probabilities(ranks: pd.DataFrame) -> dict[tuple[int, ...], float]:
+    """P(path [i1..id] is accepted) = share of ALL positions whose rank sequence starts with it (no independence
+    assumption). Past-the-end counts as a miss: the decoder cannot accept tokens the answer does not have."""
+    mat = rank_matrix(ranks)
+    M = len(mat)
+    if M == 0:
+        return {}
+    probs = {}
+    alive = np.ones(M, dtype=bool)
+    for d in range(mat.shape[1]):
+        alive &= mat[:, d] >= 0
+        if not alive.any():
+            break
+        keys, counts = np.unique(mat[alive, :d + 1], axis=0, return_counts=True)
+        probs.update({tuple(int(x) for x in key): n / M for key, n in zip(keys, counts)})
+    return probs
+
+
+def measured_acceptance(tree, ranks: pd.DataFrame) -> float:
+    """Mean over positions of 1 + number of tree nodes accepted there (= longest accepted prefix)."""
+    mat = rank_matrix(ranks)
+    if len(mat) == 0:
+        raise WorkbenchError("no positions to measure on (empty calibration data)")
+    nodes = set(tree.paths)
+    total = 0
+    for row in mat.tolist():
+        d = 0
+        while d < len(row) and row[d] >= 0 and tuple(row[:d + 1]) in nodes:
+            d += 1
+        total += 1 + d
+    return total / len(mat)
+
+
+# ----------------------------------------------------------------------------------------------- split, files
+
+def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
+    """Deterministic holdout: the round(share * n) ids with the smallest sha256, at least 1 when share > 0,
+    always leaving at least one prompt to fit on. Depends on the ids only, not on the order or the run."""
+    if not 0 <= share < 1:
+        raise WorkbenchError(f"--holdout {share}: must be a share in [0, 1), e.g. 0.2")
+    n = len(prompt_ids)
+    k = min(max(round(share * n), 1 if share > 0 else 0), n - 1)
+    order = sorted(prompt_ids, key=lambda p: hashlib.sha256(p.encode()).hexdigest())
+    return set(order[:max(k, 0)])
+
+
+def _write_parquet(df: pd.DataFrame, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", Path(text).stem.lower() if ("/" in text or "." in text) else text.lower()).strip("-")
+
+
+def default_name(model: str | None, prompts: str) -> str:
+    from workbench.models import model_label
+
+    return f"{_slug(model_label(model))}-{_slug(prompts)}"
+
+
+def load_calibration(folder: str | Path, split: str = "all") -> tuple[np.ndarray, pd.DataFrame]:
+    """(acc [K, topk], ranks frame) of a calibration folder; split = all | fit | holdout (ids in meta.json)."""
+    folder = Path(folder)
+    meta_f, ranks_f = folder / "meta.json", folder / "ranks.parquet"
+    if not meta_f.is_file() or not ranks_f.is_file():
+        raise WorkbenchError(f"--calibration {folder}: not a finished calibration folder (no meta.json/ranks.parquet; "
+                             "run `workbench calibrate` to completion)")
+    try:
+        meta = json.loads(meta_f.read_text())
+        ranks = pd.read_parquet(ranks_f)
+    except Exception as e:  # corrupt file: one line
+        raise WorkbenchError(f"--calibration {folder}: cannot read it ({type(e).__name__}: {str(e)[:120]})") from None
+    if split not in ("all", "fit", "holdout"):
+        raise WorkbenchError(f"split {split!r}: use all, fit or holdout")
+    held = set(meta.get("holdout_ids", []))
+    if split != "all":
+        ranks = ranks[ranks["prompt_id"].isin(held) == (split == "holdout")].reset_index(drop=True)
+    acc, _ = head_accuracies(ranks, int(meta["topk"]))
+    return acc, ranks
+
+
+def calibration_objective(folder: str | Path | None, joint: bool = False, accuracies: str | None = None):
+    """(acc [K, topk], value) for `workbench optimize --calibration DIR [--joint]`, from the fit prompts (the
+    same data calibrate's own trees come from). value is acc itself, or with joint a path-probability function."""
+    from workbench.optimize import empirical_value_fn
+
+    if folder is None:
+        raise WorkbenchError("--joint needs --calibration DIR (empirical path probabilities come from its ranks)")
+    if accuracies:
+        raise WorkbenchError("give either --accuracies FILE or --calibration DIR, not both")
+    acc, ranks = load_calibration(folder, "fit")
+    return acc, (empirical_value_fn(path_probabilities(ranks)) if joint else acc)
+
+
+def tree_report(tree, folder: str | Path) -> dict:
+    """A tree's predicted tokens per step on a calibration folder: independence model and empirical paths on all
+    positions, plus the measured value on the holdout prompts when there are any."""
+    from workbench.optimize import expected_length
+
+    acc, ranks = load_calibration(folder)
+    out = {"tree": tree.name, "nodes": tree.nodes, "calibration": str(folder), "positions": len(ranks)}
+    if tree.depth > acc.shape[0] or tree.max_rank >= acc.shape[1]:
+        raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the calibration has "
+                             f"{acc.shape[0]} heads and top-{acc.shape[1]}")
+    out["independence"] = expected_length(tree, acc)
+    out["empirical"] = measured_acceptance(tree, ranks)
+    _, held = load_calibration(folder, "holdout")
+    if len(held):
+        out["holdout_measured"] = measured_acceptance(tree, held)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+def calibrate(model: str | None = None, heads: str | None = None, prompts: str = "alpaca-eval",
+              limit: int | None = None, holdout: float = 0.2, max_new_tokens: int = 128, topk: int = 10,
+              budgets=(16, 32, 64), name: str | None = None, out: str | Path | None = None,
+              device: str | None = None, dtype: str | None = None, batch_size: int = 16, force: bool = False,
+              on_batch=None, progress: bool = True) -> dict:
+    """Run (or resume) a calibration and write its folder; returns meta.json's content plus `folder`.
+
+    `on_batch(i)` is called after batch i is safely on disk (tests use it to simulate a kill).
+    """
+    from workbench.data import load_prompt_records
+    from workbench.decode import prepare_prompt
+    from workbench.models import load_model_and_heads, model_label
+
+    if max_new_tokens < 1:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
+    if topk < 1:
+        raise WorkbenchError(f"--topk {topk}: must be at least 1")
+    if batch_size < 1:
+        raise WorkbenchError(f"--batch-size {batch_size}: must be at least 1")
+    budgets = sorted({int(b) for b in budgets})
+    if not budgets or budgets[0] < 1:
+        raise WorkbenchError(f"--budgets {budgets}: give positive node counts, e.g. 16,32,64")
+    holdout_split([], holdout)  # validates the share before any model is loaded
+    records = load_prompt_records(prompts, limit)
+    name = name or default_name(model, prompts)
+    folder = Path(out) if out else Path("calibration") / name
+    base, tok, hd = load_model_and_heads(model, heads, device, dtype)
+    if topk > hd.vocab_size:
+        raise WorkbenchError(f"--topk {topk}: larger than the vocabulary ({hd.vocab_size})")
+    args = dict(model=model_label(model), heads=str(heads) if heads else "demo", prompts=prompts, limit=limit,
+                prompts_sha256=hashlib.sha256(json.dumps(records).encode()).hexdigest(),
+                max_new_tokens=max_new_tokens, topk=topk, batch_size=batch_size, device=str(base.device.type),
+                dtype=str(base.dtype).replace("torch.", ""), num_heads=hd.num_heads)
+    if not getattr(tok, "chat_template", None):
+        raise WorkbenchError("the tokenizer has no chat template: calibrate on an instruction-tuned model whose "
+                             "tokenizer defines one (heads are calibrated on what the model sees when serving)")
+    encoded = [prepare_prompt(tok, text) for _, text in records]  # the live decoder's exact prompt tokens
+    cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    context = getattr(cfg, "max_position_embeddings", None)
+    for (pid, _), ids in zip(records, encoded):
+        if context and len(ids) + max_new_tokens > context:
+            raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {max_new_tokens} exceed the "
+                                 f"model's context of {context} (lower --max-new-tokens or drop the prompt)")
+
+    done = _prepare_folder(folder, name, args, force)
+    if not done:
+        _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress)
+    return _finish(folder, name, args, records, holdout, budgets)
+
+
+def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
+    """Check the folder's recorded arguments; returns True when the ranks are already complete."""
+    recorded = None
+    for f in (folder / "meta.json", folder / "parts" / "args.json"):
+        if f.is_file():
+            try:
+                recorded = json.loads(f.read_text()).get("args")
+            except ValueError:
+                recorded = {"unreadable": str(f)}
+            break
+    if recorded is not None and recorded != args:
+        if not force:
+            diff = [k for k in sorted(set(args) | set(recorded)) if args.get(k) != recorded.get(k)]
+            shown = ", ".join(f"{k}: {recorded.get(k)!r} -> {args.get(k)!r}" for k in diff[:3])
+            raise WorkbenchError(f"{folder} holds a calibration with other arguments ({shown}); use another "
+                                 "--name/--out, the same arguments to resume, or --force to start over")
+        for f in ("ranks.parquet", "continuations.parquet", "accuracies.csv", "meta.json"):
+            (folder / f).unlink(missing_ok=True)
+        shutil.rmtree(folder / "parts", ignore_errors=True)
+        for f in (folder / "trees").glob(f"{name}-*.json"):
+            f.unlink()
+        recorded = None
+    complete = recorded is not None and (folder / "meta.json").is_file() and (folder / "ranks.parquet").is_file()
+    if not complete:
+        atomic_write_json(folder / "parts" / "args.json", {"args": args})
+    return complete
+
+
+def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress) -> None:
+    from tqdm.auto import tqdm
+
+    parts = folder / "parts"
+    bs = args["batch_size"]
+    batches = [range(s, min(s + bs, len(records))) for s in range(0, len(records), bs)]
+    todo = [i for i in range(len(batches)) if not (parts / f"{i:05d}.ranks.parquet").is_file()]
+    from workbench.decode import eos_ids
+
+    stop_ids = sorted(eos_ids(base, tok))  # the live decoder's stop tokens
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
+    bar = tqdm(total=len(records), initial=len(records) - sum(len(batches[i]) for i in todo), unit="prompt",
+               desc="calibrate", disable=not progress, dynamic_ncols=True)
+    for i in todo:
+        t0 = time.perf_counter()
+        idx = batches[i]
+        prompts = [encoded[j] for j in idx]
+        conts = greedy_continuations(base, prompts, args["max_new_tokens"], stop_ids, pad_id)
+        ranks, bad = head_ranks(base, hd, prompts, conts, args["topk"])
+        pids = [records[j][0] for j in idx]
+        secs = time.perf_counter() - t0
+        info = pd.DataFrame({"prompt_id": pd.array(pids, dtype="string"),
+                             "prompt_tokens": [len(p) for p in prompts],
+                             "continuation": [list(c) for c in conts],
+                             "stopped": ["eos" if c and c[-1] in stop_ids else "length" for c in conts],
+                             "teacher_mismatches": bad,
+                             "seconds": [secs / len(idx)] * len(idx)})
+        _write_parquet(info, parts / f"{i:05d}.prompts.parquet")
+        _write_parquet(ranks_frame(pids, ranks, hd.num_heads), parts / f"{i:05d}.ranks.parquet")  # = batch done
+        bar.update(len(idx))
+        if on_batch is not None:
+            on_batch(i)
+    bar.close()
+    n = len(batches)
+    ranks = pd.concat([pd.read_parquet(parts / f"{i:05d}.ranks.parquet") for i in range(n)], ignore_index=True)
+    info = pd.concat([pd.read_parquet(parts / f"{i:05d}.prompts.parquet") for i in range(n)], ignore_index=True)
+    seconds = float(info.pop("seconds").sum())
+    _write_parquet(info, folder / "continuations.parquet")
+    _write_parquet(ranks, folder / "ranks.parquet")
+    atomic_write_json(folder / "parts" / "args.json", {"args": args, "compute_seconds": seconds})
+    meta = dict(args=args, compute_seconds=seconds)
+    atomic_write_json(folder / "meta.json", meta)  # marks the ranks complete; _finish fills in the rest
+    shutil.rmtree(parts, ignore_errors=True)
+
+
+def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarray, budgets: list[int],
+                trees_dir: Path, calibration: str = "") -> tuple[list[dict], list[str]]:
+    """For each budget, the optimal tree under independent heads (acc) and under the empirical path
+    probabilities of `fit`; each file holds its predicted tokens/step, both models' values and, with `test`
+    rows, the measured value on them. A model where no node was ever right yields no tree (listed in skipped)."""
+    from workbench.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
+
+    K, topk = acc.shape
+    indep_fn, joint_fn = acc_value_fn(acc), empirical_value_fn(path_probabilities(fit))
+    summary, skipped = [], []
+    for b in budgets:
+        for kind, fn in (("indep", indep_fn), ("joint", joint_fn)):
+            tname = f"{name}-{kind}-{b}"
+            if not any(fn((r,)) > 0 for r in range(topk)):
+                skipped.append(f"{tname}: no head guess was ever right on the fit prompts")
+                continue
+            tree = optimal_tree_from(fn, b, K, topk, name=tname)
+            row = dict(name=tname, model="independence" if kind == "indep" else "empirical", budget=b,
+                       nodes=tree.nodes, depth=tree.depth, calibration=calibration,
+                       expected_acceptance_length=expected_length(tree, fn),
+                       predicted_independence=expected_length(tree, indep_fn),
+                       predicted_empirical=expected_length(tree, joint_fn))
+            if len(test):
+                row["holdout_acceptance_length"] = measured_acceptance(tree, test)
+            atomic_write_json(trees_dir / f"{tname}.json", dict(row, medusa_choices=tree.as_lists()))
+            summary.append(row)
+    return summary, skipped
+
+
+def _finish(folder: Path, name: str, args: dict, records, holdout: float, budgets: list[int]) -> dict:
+    """Accuracies, trees and meta from the merged ranks (cheap: reruns with new budgets/holdout redo only this)."""
+    from workbench.optimize import write_accuracies
+
+    shutil.rmtree(folder / "parts", ignore_errors=True)  # left over if a kill came right after the merge
+    old = json.loads((folder / "meta.json").read_text())
+    ranks = pd.read_parquet(folder / "ranks.parquet")
+    info = pd.read_parquet(folder / "continuations.parquet")
+    pids = [pid for pid, _ in records]
+    held = holdout_split(pids, holdout)
+    fit = ranks[~ranks["prompt_id"].isin(held)].reset_index(drop=True)
+    test = ranks[ranks["prompt_id"].isin(held)].reset_index(drop=True)
+    topk, K = args["topk"], args["num_heads"]
+    acc, counts = head_accuracies(fit, topk)
+    write_accuracies(folder / "accuracies.csv", acc, counts)
+    trees_dir = folder / "trees"
+    for f in trees_dir.glob(f"{name}-*.json"):  # budgets may have changed since the last run
+        f.unlink()
+    summary, skipped = build_trees(name, fit, test, acc, budgets, trees_dir, str(folder))
+    meta = dict(model=args["model"], heads=args["heads"], prompts=args["prompts"], limit=args["limit"],
+                num_prompts=len(records), num_positions=len(ranks), num_heads=K, topk=topk,
+                max_new_tokens=args["max_new_tokens"], batch_size=args["batch_size"], device=args["device"],
+                dtype=args["dtype"], elapsed_seconds=old.get("compute_seconds"),
+                workbench_version=__version__, holdout=holdout, holdout_ids=sorted(held),
+                fit_positions=len(fit), holdout_positions=len(test),
+                stopped_at_eos=int((info["stopped"] == "eos").sum()),
+                teacher_forced_mismatches=int(info["teacher_mismatches"].sum()),
+                trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"))
+    atomic_write_json(folder / "meta.json", meta)
+    return dict(meta, folder=str(folder))

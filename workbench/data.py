@@ -1,0 +1,116 @@
+"""Prompt sets: Alpaca-eval, MT-bench (first turns) or a user file, read with `datasets`.
+
+Chat-template wrapping and tokenisation live in `decode.prepare_prompt` (one copy, shared with the live decoder).
+
+Named sets are read from local copies first ($WORKBENCH_DATA_DIR, then `shared/data/` beside the repository) so
+calibration runs offline; only if neither holds the file do we ask the Hugging Face hub.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from workbench import REPO_ROOT, WorkbenchError
+
+# name -> (local file name, hub loader args); the hub copies have the same columns as the local files.
+NAMED_SETS = {
+    "alpaca-eval": ("alpaca_eval.json",
+                    dict(path="json", data_files="hf://datasets/tatsu-lab/alpaca_eval/alpaca_eval.json", split="train")),
+    "mt-bench": ("mt_bench_questions.jsonl", dict(path="lighteval/mt-bench", split="train")),
+}
+TEXT_COLUMNS = ("instruction", "prompt", "question", "turns")  # first one present wins
+ID_COLUMNS = ("question_id", "prompt_id", "id")
+FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def data_dirs() -> list[Path]:
+    dirs = [Path(os.environ["WORKBENCH_DATA_DIR"])] if os.environ.get("WORKBENCH_DATA_DIR") else []
+    return dirs + [REPO_ROOT.parent / "shared" / "data"]
+
+
+def _read_file(path: Path):
+    """A `datasets.Dataset` from a JSON/JSONL/CSV/parquet file; any reader failure becomes one line."""
+    import datasets
+
+    fmt = FILE_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise WorkbenchError(f"--prompts {path}: unsupported file type '{path.suffix}' "
+                             f"(use {', '.join(FILE_FORMATS)})")
+    if path.stat().st_size == 0:
+        raise WorkbenchError(f"--prompts {path}: the file is empty")
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(fmt, data_files=str(path), split="train")
+    except Exception as e:  # malformed JSON/CSV: whatever arrow raised, one line naming the file
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"--prompts {path}: cannot read it as {fmt} ({msg[:200]})") from None
+
+
+def _read_named(name: str):
+    local, hub = NAMED_SETS[name]
+    for d in data_dirs():
+        if (d / local).is_file():
+            return _read_file(d / local), str(d / local)
+    import datasets
+
+    datasets.disable_progress_bars()
+    try:
+        return datasets.load_dataset(**hub), f"hub:{hub['path']}"
+    except Exception as e:  # offline, or the hub moved: say where we looked
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"--prompts {name}: no local {local} (looked in $WORKBENCH_DATA_DIR and "
+                             f"{REPO_ROOT.parent / 'shared' / 'data'}) and the hub copy failed ({msg[:160]})") from None
+
+
+def _text(value) -> str:
+    """A cell as prompt text: MT-bench-style `turns` lists give their first turn."""
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else ""
+    return "" if value is None else str(value).strip()
+
+
+def load_prompt_records(spec: str, limit: int | None = None) -> list[tuple[str, str]]:
+    """[(prompt_id, text)] in file order, the first `limit` non-empty ones.
+
+    Ids come from a question_id/prompt_id/id column, else the row number; they key the deterministic holdout
+    split and ranks.parquet, so they must be stable across runs (they are: they depend on the file only).
+    Alpaca rows with a non-empty `input` get it appended after the instruction with a blank line.
+    """
+    if limit is not None and limit <= 0:
+        raise WorkbenchError(f"--limit {limit}: must be a positive number of prompts")
+    if spec in NAMED_SETS:
+        ds, where = _read_named(spec)
+    else:
+        path = Path(spec)
+        if not path.is_file():
+            raise WorkbenchError(f"--prompts {spec}: no such file (or use one of: {', '.join(NAMED_SETS)})")
+        ds, where = _read_file(path), str(path)
+    column = next((c for c in TEXT_COLUMNS if c in ds.column_names), None)
+    if column is None:
+        raise WorkbenchError(f"--prompts {where}: no prompt column (need one of {', '.join(TEXT_COLUMNS)}; "
+                             f"found {', '.join(ds.column_names) or 'none'})")
+    id_col = next((c for c in ID_COLUMNS if c in ds.column_names), None)
+    records, seen = [], set()
+    for i, row in enumerate(ds):
+        text = _text(row[column])
+        extra = _text(row.get("input")) if column == "instruction" else ""
+        if extra:
+            text = f"{text}\n\n{extra}"
+        if not text:
+            continue
+        pid = str(row[id_col]) if id_col and row[id_col] is not None else str(i)
+        if pid in seen:
+            raise WorkbenchError(f"--prompts {where}: duplicate {id_col} '{pid}' (ids must be unique)")
+        seen.add(pid)
+        records.append((pid, text))
+        if limit is not None and len(records) >= limit:
+            break
+    if not records:
+        raise WorkbenchError(f"--prompts {where}: no non-empty prompts in column '{column}'")
+    return records
+
+
+def load_prompts(spec: str, limit: int | None = None) -> list[str]:
+    """Prompt texts of a named set (`alpaca-eval`, `mt-bench`) or a JSON/JSONL/CSV/parquet file."""
+    return [text for _, text in load_prompt_records(spec, limit)]
+

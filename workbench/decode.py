@@ -1,0 +1,492 @@
+"""Live Medusa decoding on any HF Llama-family model, and the vanilla greedy baseline on the same cache path.
+
+One Medusa step (batch 1):
+  1. the root token (from the base logits at the last accepted position) is already known;
+  2. the heads, run on that position's hidden state only, give each head's top-k; `tree_indices` turns
+     [root] + top-k's into the tree's N tokens;
+  3. ONE forward of the N tokens with a 4-D mask (every cached position + the node's ancestors) and
+     position_ids = cached length + depth; logits only for those N rows;
+  4. acceptance picks the longest path the base model agrees with, and the token that follows it;
+  5. the cache keeps only the accepted nodes (moved next to the prefix), the rest of the tree is cropped.
+No modelling code is copied: the model's own attention reads the 4-D mask (eager and sdpa).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+import torch
+from transformers import DynamicCache
+
+from workbench import WorkbenchError
+from workbench.tree import Tree, load_tree, tree_buffers
+
+ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
+
+# propose(hidden [H], tokens so far incl. the root: list[int]) -> LongTensor [depth, topk]
+Proposer = Callable[[torch.Tensor, list], torch.Tensor]
+
+
+# ----------------------------------------------------------------------------------------------- settings, results
+
+@dataclass
+class Acceptance:
+    """How a tree node is accepted. greedy: token == argmax (lossless). typical (Medusa paper §2.3.1): p(x) >
+    min(epsilon, delta * exp(-H(p))) at `temperature`, root greedy, longest path, ties by likelihood. nucleus:
+    one sample per node from the top_p nucleus, a child is accepted when it equals its parent's sample (so the
+    output is distributed exactly as vanilla nucleus sampling)."""
+
+    kind: str = "greedy"
+    temperature: float = 0.0
+    epsilon: float = 0.09
+    delta: float = 0.3
+    top_p: float = 0.8
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.kind not in ACCEPTANCE_KINDS:
+            raise WorkbenchError(f"acceptance '{self.kind}': unknown (use {', '.join(ACCEPTANCE_KINDS)})")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise WorkbenchError(f"--temperature {self.temperature}: must be a finite number >= 0")
+        if not 0 < self.epsilon <= 1:
+            raise WorkbenchError(f"--epsilon {self.epsilon}: must be in (0, 1]")
+        if not (self.delta >= 0 and math.isfinite(self.delta)):
+            raise WorkbenchError(f"--delta {self.delta}: must be a finite number >= 0")
+        if not 0 < self.top_p <= 1:
+            raise WorkbenchError(f"--top-p {self.top_p}: must be in (0, 1]")
+
+
+@dataclass
+class Step:
+    tokens: list[int]           # emitted this step: root + accepted tree tokens (cut at EOS / max_new_tokens)
+    path: tuple[int, ...]       # top-k ranks of the deepest accepted node; () = only the root
+    tree_size: int              # tokens in this step's forward (tree nodes + root; 1 for vanilla)
+    time_s: float               # wall time of the whole step (synchronised on CUDA)
+    cache_len: int              # cache length after the step (= prompt + tokens emitted so far)
+
+
+@dataclass
+class DecodeResult:
+    method: str                 # "medusa" | "vanilla"
+    prompt_len: int
+    prefill_s: float
+    steps: list[Step] = field(default_factory=list)
+    stop_reason: str = ""       # "eos" | "max_new_tokens" | "context"
+    text: str | None = None
+    tree: str | None = None
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t for s in self.steps for t in s.tokens]
+
+    @property
+    def accepted_lengths(self) -> list[int]:
+        """Tokens emitted per step (1 + accepted tree tokens): colour the text by step with these."""
+        return [len(s.tokens) for s in self.steps]
+
+    @property
+    def decode_s(self) -> float:
+        return sum(s.time_s for s in self.steps)
+
+    @property
+    def total_s(self) -> float:
+        return self.prefill_s + self.decode_s
+
+    @property
+    def acceleration_rate(self) -> float:
+        return len(self.token_ids) / max(len(self.steps), 1)
+
+    @property
+    def mean_step_s(self) -> float:
+        return self.decode_s / max(len(self.steps), 1)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.token_ids) / self.total_s if self.total_s > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return dict(method=self.method, tree=self.tree, token_ids=self.token_ids, text=self.text,
+                    prompt_len=self.prompt_len, new_tokens=len(self.token_ids), steps=len(self.steps),
+                    acceleration_rate=self.acceleration_rate, tokens_per_s=self.tokens_per_s,
+                    prefill_s=self.prefill_s, decode_s=self.decode_s, mean_step_s=self.mean_step_s,
+                    stop_reason=self.stop_reason, accepted_lengths=self.accepted_lengths,
+                    per_step=[asdict(s) | {"path": list(s.path)} for s in self.steps])
+
+
+def compare(medusa: DecodeResult, vanilla: DecodeResult) -> dict:
+    """speedup (tokens/s ratio), overhead (mean Medusa step / mean vanilla step) and exactness vs greedy."""
+    return dict(vanilla_tokens_per_s=vanilla.tokens_per_s,
+                speedup=medusa.tokens_per_s / vanilla.tokens_per_s if vanilla.tokens_per_s else float("nan"),
+                overhead=medusa.mean_step_s / vanilla.mean_step_s if vanilla.mean_step_s else float("nan"),
+                matches_greedy=medusa.token_ids == vanilla.token_ids)
+
+
+# ----------------------------------------------------------------------------------------------- prompts, limits
+
+def prepare_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
+    """Token ids for a user message: through the chat template (what instruction-tuned heads were trained on)
+    unless raw."""
+    if raw:
+        ids = tokenizer(text).input_ids
+    else:
+        if not getattr(tokenizer, "chat_template", None):
+            raise WorkbenchError("the tokenizer has no chat template: pass --raw to use the prompt text as-is")
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                 tokenize=False)
+        ids = tokenizer(rendered, add_special_tokens=False).input_ids
+    if not ids:
+        raise WorkbenchError("the prompt is empty after tokenisation: give some text")
+    return list(ids)
+
+
+def context_length(model) -> int | None:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(cfg, "max_position_embeddings", None)
+
+
+def eos_ids(model, tokenizer=None, eos_token_id=None) -> set[int]:
+    """Stop tokens: explicit, else the generation config's (what `generate` stops at), else the tokenizer's."""
+    eos = eos_token_id
+    if eos is None:
+        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple, set)) else [eos])}
+
+
+def _input_ids(input_ids, model) -> torch.Tensor:
+    """list / [T] / [1, T] -> LongTensor [1, T] on the model's device, checked against the context."""
+    ids = torch.as_tensor(input_ids, dtype=torch.long)
+    if ids.ndim == 2 and ids.shape[0] == 1:
+        ids = ids[0]
+    if ids.ndim != 1:
+        raise WorkbenchError(f"input_ids must be one sequence (batch 1), got shape {list(ids.shape)}")
+    if ids.numel() == 0:
+        raise WorkbenchError("the prompt is empty: give at least one token")
+    vocab = model.get_input_embeddings().weight.shape[0]
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab:
+        raise WorkbenchError(f"prompt token ids must be in [0, {vocab}) for this model, got {int(ids.min())}..{int(ids.max())}")
+    ctx = context_length(model)
+    if ctx is not None and ids.numel() >= ctx:
+        raise WorkbenchError(f"the prompt is {ids.numel()} tokens but the model's context is {ctx}: shorten it")
+    return ids.to(model.device)[None]
+
+
+def _budget(model, prompt_len: int, max_new_tokens: int) -> tuple[int, str]:
+    """New tokens allowed, and the stop reason when that many are emitted."""
+    if max_new_tokens < 1:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+    ctx = context_length(model)
+    if ctx is not None and prompt_len + max_new_tokens > ctx:
+        return ctx - prompt_len, "context"
+    return max_new_tokens, "max_new_tokens"
+
+
+def _clock(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+# ----------------------------------------------------------------------------------------------- model calls
+
+def _decoder(model):
+    """The inner transformer (hidden states, no lm_head): logits are then computed only for rows we use."""
+    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
+    if dec is None or dec is model:
+        raise WorkbenchError(f"{type(model).__name__}: cannot find its inner decoder (get_decoder); "
+                             "only decoder-only causal LMs with an lm_head are supported")
+    return dec
+
+
+def new_cache(model) -> DynamicCache:
+    """A cache of plain full-attention layers (no sliding window), which compaction can edit in place."""
+    return DynamicCache()
+
+
+def prefill(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """input_ids [1, T] -> hidden [H] of the last position; the cache then holds T positions."""
+    out = _decoder(model)(input_ids=input_ids, past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[0, -1]  # [H]
+
+
+def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] -> logits [..., V] in fp32 (acceptance compares probabilities)."""
+    return model.get_output_embeddings()(hidden).float()
+
+
+def decode_one(model, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """token [] -> hidden [H] of that token, appended to the cache (the vanilla step)."""
+    out = _decoder(model)(input_ids=token.view(1, 1), past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[0, -1]
+
+
+@dataclass
+class TreeBuffers:
+    """A tree's index tensors on the model's device, built once per run."""
+
+    tree: Tree
+    topk: int                   # top-k taken from each head (max rank + 1)
+    depth: int                  # heads used
+    tree_indices: torch.Tensor  # [N] into [root] + head_1 top-k + ... + head_depth top-k
+    depths: torch.Tensor        # [N] 0 for the root
+    parents: torch.Tensor       # [N] parent node, -1 for the root
+    retrieve: torch.Tensor      # [R, depth+1] root-to-leaf node rows, -1 padded
+    mask_bias: torch.Tensor     # [N, N] 0 where a node sees a node (itself, its ancestors), dtype-min elsewhere
+    paths: list                 # [N] the top-k rank path of each node, () for the root
+
+
+def tree_setup(tree, model, num_heads: int | None = None) -> TreeBuffers:
+    t = load_tree(tree, num_heads=num_heads)
+    topk = t.max_rank + 1
+    b = tree_buffers(t, topk, device=model.device)
+    blocked = torch.finfo(model.dtype).min
+    mask = torch.zeros(b["attn_mask"].shape, dtype=model.dtype, device=model.device)
+    mask.masked_fill_(b["attn_mask"] == 0, blocked)
+    return TreeBuffers(tree=t, topk=topk, depth=t.depth, tree_indices=b["tree_indices"], depths=b["position_ids"],
+                       parents=b["parents"], retrieve=b["retrieve_indices"], mask_bias=mask,
+                       paths=[()] + t.sorted_paths)
+
+
+def head_proposer(heads, model, depth: int, topk: int) -> Proposer:
+    """The heads' top-k at one position: only the `depth` heads the tree uses, on one hidden row."""
+    lm_head = model.get_output_embeddings()
+
+    def propose(hidden: torch.Tensor, tokens: list) -> torch.Tensor:
+        logits = heads(hidden, lm_head, n=depth)  # [depth, V]
+        return logits.topk(topk, dim=-1).indices  # [depth, topk]
+    return propose
+
+
+def tree_candidates(root: torch.Tensor, head_tokens: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
+    """root [], head_tokens [depth, topk] -> tree tokens [N] (node 0 = root)."""
+    flat = torch.cat([root.view(1), head_tokens.reshape(-1)])  # [1 + depth*topk]
+    return flat[buf.tree_indices]
+
+
+def tree_forward(model, cache: DynamicCache, tokens: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
+    """tokens [N] -> hidden [N, H]. Each node sees the whole cache and its own ancestors; the cache grows by N."""
+    cached = cache.get_seq_length()
+    n = tokens.shape[0]
+    prefix = torch.zeros(n, cached, dtype=buf.mask_bias.dtype, device=buf.mask_bias.device)
+    mask = torch.cat([prefix, buf.mask_bias], dim=1)[None, None]  # [1, 1, N, cached + N]
+    position_ids = (cached + buf.depths)[None]  # [1, N]
+    out = _decoder(model)(input_ids=tokens[None], attention_mask=mask, position_ids=position_ids,
+                          past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[0]  # [N, H]
+
+
+def compact_cache(cache: DynamicCache, start: int, keep: torch.Tensor) -> None:
+    """Keep cache positions start + keep (accepted nodes, in path order) right after the prefix; drop the rest."""
+    m = keep.shape[0]
+    in_place = torch.equal(keep, torch.arange(m, device=keep.device))  # a chain-like path: nothing to move
+    for layer in cache.layers:
+        if getattr(layer, "is_sliding", False) or not hasattr(layer, "keys"):
+            raise WorkbenchError(f"cache layer {type(layer).__name__} cannot be compacted (sliding-window or "
+                                 "non-standard cache): this model is not supported by the Medusa decoder")
+        if not in_place:
+            src = start + keep  # [m]
+            layer.keys[:, :, start:start + m] = layer.keys[:, :, src]      # [B, heads, m, d]
+            layer.values[:, :, start:start + m] = layer.values[:, :, src]
+    extra = cache.get_seq_length() - (start + m)
+    if extra > 0:
+        cache.crop(-extra)
+
+
+# ----------------------------------------------------------------------------------------------- acceptance
+
+def best_path(ok: torch.Tensor, score: torch.Tensor, buf: TreeBuffers) -> tuple[int, int]:
+    """ok [N] (node accepted given its parent; ok[0] = root), score [N] -> (retrieve row, nodes accepted incl.
+    root). Longest accepted prefix over all root-to-leaf rows; ties by the summed score (log-likelihood)."""
+    idx = buf.retrieve.clamp(min=0)                                     # [R, D+1]
+    run = (ok[idx] & (buf.retrieve >= 0)).long().cumprod(dim=1)         # [R, D+1] 1 while accepted
+    length = run.sum(dim=1)                                             # [R]
+    total = (run * score[idx]).sum(dim=1)                               # [R]
+    total = torch.where(length == length.max(), total, torch.full_like(total, -math.inf))
+    row = int(total.argmax())
+    return row, int(length[row])
+
+
+def _parent_tokens_ok(tokens: torch.Tensor, target: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
+    """tokens [N], target [N] (what each node's logits emit) -> ok [N]: node i's token == its parent's target."""
+    ok = tokens == target[buf.parents.clamp(min=0)]
+    ok[0] = True
+    return ok
+
+
+def accept_greedy(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers):
+    """logits [N, V], tokens [N] -> (row, length, next token []). Lossless: the output is plain greedy's."""
+    target = logits.argmax(dim=-1)  # [N]
+    row, length = best_path(_parent_tokens_ok(tokens, target, buf), torch.zeros_like(logits[:, 0]), buf)
+    return row, length, target[buf.retrieve[row, length - 1]]
+
+
+def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[M, V] -> probabilities at temperature; temperature 0 is the one-hot argmax (the greedy limit)."""
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def accept_typical(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
+                   epsilon: float, delta: float):
+    """Medusa §2.3.1: accept x if p(x) > min(epsilon, delta * exp(-H(p))); the next token is greedy."""
+    p = _probs(logits, temperature)                                      # [N, V]
+    entropy = -torch.special.xlogy(p, p).sum(dim=-1)                     # [N]
+    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)    # [N]
+    parent = buf.parents.clamp(min=0)                                    # [N]
+    p_tok = p[parent, tokens]                                            # [N] p_parent(node token)
+    ok = p_tok > threshold[parent]
+    ok[0] = True
+    score = torch.log(p_tok.clamp(min=1e-30))
+    score[0] = 0
+    row, length = best_path(ok, score, buf)
+    return row, length, logits[buf.retrieve[row, length - 1]].argmax()
+
+
+def sample_nucleus(logits: torch.Tensor, temperature: float, top_p: float, generator=None) -> torch.Tensor:
+    """logits [M, V] -> one token per row from the top_p nucleus at temperature (argmax at temperature 0)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    p = torch.softmax(logits / temperature, dim=-1)
+    sp, order = p.sort(dim=-1, descending=True)                          # [M, V]
+    drop = (sp.cumsum(dim=-1) - sp) >= top_p                             # keep the smallest prefix reaching top_p
+    sp = sp.masked_fill(drop, 0)
+    pick = torch.multinomial(sp, 1, generator=generator)                 # [M, 1]
+    return order.gather(-1, pick)[:, 0]
+
+
+def accept_nucleus(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
+                   top_p: float, generator=None):
+    """One nucleus sample per node; a child is accepted iff it equals its parent's sample, and the sample at the
+    last accepted node is the next token: every emitted token is a nucleus sample given its prefix."""
+    target = sample_nucleus(logits, temperature, top_p, generator)      # [N]
+    row, length = best_path(_parent_tokens_ok(tokens, target, buf), torch.zeros_like(logits[:, 0]), buf)
+    return row, length, target[buf.retrieve[row, length - 1]]
+
+
+def accept(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, acc: Acceptance, generator=None):
+    if acc.kind == "greedy":
+        return accept_greedy(logits, tokens, buf)
+    if acc.kind == "typical":
+        return accept_typical(logits, tokens, buf, acc.temperature, acc.epsilon, acc.delta)
+    return accept_nucleus(logits, tokens, buf, acc.temperature, acc.top_p, generator)
+
+
+def first_token(logits: torch.Tensor, acc: Acceptance, generator=None) -> torch.Tensor:
+    """logits [V] -> the root of the first step: greedy (greedy, typical) or a nucleus sample."""
+    if acc.kind == "nucleus":
+        return sample_nucleus(logits[None], acc.temperature, acc.top_p, generator)[0]
+    return logits.argmax()
+
+
+def _generator(acc: Acceptance, device: torch.device):
+    if acc.kind != "nucleus" or acc.temperature == 0:
+        return None
+    g = torch.Generator(device=device)
+    if acc.seed is not None:
+        g.manual_seed(acc.seed)
+    else:
+        g.seed()
+    return g
+
+
+# ----------------------------------------------------------------------------------------------- generation loops
+
+def _cut(new: list[int], emitted: int, limit: int, eos: set[int]) -> tuple[list[int], bool]:
+    """Trim a step's tokens at the budget and just after the first EOS; True when that EOS ends the run."""
+    new = new[: limit - emitted]
+    for i, t in enumerate(new):
+        if t in eos:
+            return new[: i + 1], True
+    return new, False
+
+
+def _decode_text(tokenizer, ids: list[int]) -> str | None:
+    return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else None
+
+
+@torch.inference_mode()
+def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: int = 256,
+                    acceptance: Acceptance | None = None, eos_token_id=None, propose: Proposer | None = None,
+                    on_step: Callable[[Step], None] | None = None) -> DecodeResult:
+    """Medusa decoding of one prompt (batch 1). `tree`: a Tree or any spec `load_tree` reads; `propose`
+    replaces the heads (tests feed known continuations); `on_step` sees each Step as it is made (live views)."""
+    acc = acceptance or Acceptance()
+    ids = _input_ids(input_ids, model)                                   # [1, T]
+    prompt_len = ids.shape[1]
+    limit, limit_reason = _budget(model, prompt_len, max_new_tokens)
+    if heads is not None:
+        from workbench.models import check_heads_fit
+        check_heads_fit(heads, model)
+    buf = tree_setup(tree, model, heads.num_heads if heads is not None else None)
+    if propose is None:
+        if heads is None:
+            raise WorkbenchError("medusa_generate needs heads (or a propose function)")
+        propose = head_proposer(heads, model, buf.depth, buf.topk)
+    eos, gen = eos_ids(model, tokenizer, eos_token_id), _generator(acc, model.device)
+
+    cache = new_cache(model)
+    t0 = _clock(model.device)
+    hidden = prefill(model, ids, cache)                                  # [H]
+    root = first_token(logits_of(model, hidden), acc, gen)               # []
+    result = DecodeResult("medusa", prompt_len, _clock(model.device) - t0, tree=buf.tree.name or None)
+    seq = ids[0].tolist()
+    while True:
+        t0 = _clock(model.device)
+        head_tokens = propose(hidden, seq + [int(root)])                 # [depth, topk]
+        tokens = tree_candidates(root, head_tokens.to(root.device), buf)  # [N]
+        cached = cache.get_seq_length()
+        tree_hidden = tree_forward(model, cache, tokens, buf)            # [N, H]
+        logits = logits_of(model, tree_hidden)                           # [N, V]
+        row, length, root = accept(logits, tokens, buf, acc, gen)
+        nodes = buf.retrieve[row, :length]                               # [m] accepted nodes, root first
+        compact_cache(cache, cached, nodes)
+        hidden = tree_hidden[nodes[-1]]                                  # [H] the last accepted position
+        new, hit_eos = _cut(tokens[nodes].tolist(), len(seq) - prompt_len, limit, eos)
+        if len(new) < length:
+            cache.crop(-(length - len(new)))
+        seq += new
+        step = Step(new, buf.paths[int(nodes[-1])], tokens.shape[0], _clock(model.device) - t0,
+                    cache.get_seq_length())
+        result.steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        if hit_eos or len(seq) - prompt_len >= limit:
+            result.stop_reason = "eos" if hit_eos else limit_reason
+            break
+    result.text = _decode_text(tokenizer, result.token_ids)
+    return result
+
+
+@torch.inference_mode()
+def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos_token_id=None,
+                     on_step: Callable[[Step], None] | None = None) -> DecodeResult:
+    """Plain greedy decoding, one token per forward, on the same prefill / cache / lm_head path as Medusa."""
+    ids = _input_ids(input_ids, model)
+    prompt_len = ids.shape[1]
+    limit, limit_reason = _budget(model, prompt_len, max_new_tokens)
+    eos = eos_ids(model, tokenizer, eos_token_id)
+    cache = new_cache(model)
+    t0 = _clock(model.device)
+    token = logits_of(model, prefill(model, ids, cache)).argmax()       # []
+    result = DecodeResult("vanilla", prompt_len, _clock(model.device) - t0)
+    emitted = 0
+    while True:
+        t0 = _clock(model.device)
+        new, hit_eos = _cut([int(token)], emitted, limit, eos)
+        token = logits_of(model, decode_one(model, token, cache)).argmax()
+        emitted += 1
+        step = Step(new, (), 1, _clock(model.device) - t0, cache.get_seq_length())
+        result.steps.append(step)
+        if on_step is not None:
+            on_step(step)
+        if hit_eos or emitted >= limit:
+            result.stop_reason = "eos" if hit_eos else limit_reason
+            break
+    result.text = _decode_text(tokenizer, result.token_ids)
+    return result

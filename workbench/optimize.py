@@ -1,0 +1,355 @@
+"""Optimal Medusa trees under the independent-heads acceptance model, and the tables they are built from.
+
+Model: head k's i-th guess is right with probability a_k^(i) (top-i minus top-(i-1) accuracy), independently
+across heads, so node (i_1, ..., i_d) is accepted with probability prod_j a_j^(i_j) and a tree yields
+1 + sum over its nodes of that product tokens per step (the 1 is the base model's own token).
+
+Because a child's value never exceeds its parent's, the n best nodes always form a tree: best-first growth from
+the root (a heap over ALL children of chosen nodes, not only next-sibling / first-child as in Medusa's script)
+is optimal for every budget at once. The core takes any monotone `value(path)`, so empirical joint path
+probabilities (calibration) plug in unchanged.
+
+Accuracy tables: acc[K, R] float, row k-1 = head k, column i = 0-based rank i.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from bisect import bisect_left
+from itertools import product
+from pathlib import Path as FilePath
+from typing import Callable, Mapping
+
+import numpy as np
+
+from workbench import WorkbenchError
+from workbench.tree import Path, Tree, make_tree
+
+ValueFn = Callable[[Path], float]
+SUM_SLACK = 1e-6  # a head's exact-rank accuracies may sum to at most 1 + this (float noise in CSVs)
+
+
+# ----------------------------------------------------------------------------------------------- the model
+
+def check_accuracies(acc, what: str = "accuracies") -> np.ndarray:
+    """acc[K, R] as float64, or a WorkbenchError naming the first bad entry."""
+    try:
+        a = np.asarray(acc, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise WorkbenchError(f"{what}: not a numeric table [heads, ranks]") from None
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+        raise WorkbenchError(f"{what}: expected a non-empty table [heads, ranks], got shape {list(a.shape)}")
+    bad = ~np.isfinite(a) | (a < 0) | (a > 1)
+    if bad.any():
+        k, i = map(int, np.argwhere(bad)[0])
+        raise WorkbenchError(f"{what}: head {k + 1} rank {i + 1} has accuracy {a[k, i]}, outside [0, 1] "
+                             "(each value is a probability)")
+    sums = a.sum(axis=1)
+    if (sums > 1 + SUM_SLACK).any():
+        k = int(np.argmax(sums > 1 + SUM_SLACK))
+        raise WorkbenchError(f"{what}: head {k + 1} accuracies sum to {sums[k]:.6f} > 1; values must be "
+                             "exact-rank hit rates (top-i minus top-(i-1)), not cumulative top-i accuracies")
+    return a
+
+
+def acc_value_fn(acc) -> ValueFn:
+    """value(path) = prod_j acc[j, i_j]: the acceptance probability of a node under independent heads."""
+    rows = check_accuracies(acc).tolist()  # python floats: ~10x faster than numpy scalars in the heap loop
+
+    def value(path: Path) -> float:
+        v = 1.0
+        for d, r in enumerate(path):
+            v *= rows[d][r]
+        return v
+
+    return value
+
+
+def empirical_value_fn(probs: Mapping) -> ValueFn:
+    """value(path) from measured joint path probabilities {path: p}; paths never seen are worth 0."""
+    table = {tuple(p): float(v) for p, v in probs.items()}
+    return lambda path: table.get(tuple(path), 0.0)
+
+
+def expected_length(tree, value) -> float:
+    """Expected tokens per step: 1 + sum of node values. `value` is acc[K, R] or a value function."""
+    fn = value if callable(value) else acc_value_fn(value)
+    paths = tree.paths if isinstance(tree, Tree) else [tuple(p) for p in tree]
+    return 1.0 + math.fsum(fn(p) for p in paths)
+
+
+# ----------------------------------------------------------------------------------------------- optimizer
+
+def best_first(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int) -> list[tuple[Path, float]]:
+    """The `budget` most valuable nodes in best-first order, each with its value; prefix n = optimal n-node tree.
+
+    Ties go to the shallower, then lexicographically smaller path, so results are deterministic. Stops early
+    when no remaining node has positive value (adding it costs verify time and gains nothing).
+    """
+    for name, v in (("budget", budget), ("max_depth", max_depth), ("max_rank", max_rank)):
+        if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
+            raise WorkbenchError(f"{name} must be a positive integer, got {v!r}")
+    frontier: list[tuple[float, int, Path]] = []
+
+    def push(path: Path, parent_value: float) -> None:
+        v = float(value_fn(path))
+        if not (v >= 0.0) or v > parent_value * (1 + 1e-9) + 1e-12:  # also catches NaN
+            raise WorkbenchError(
+                f"path value function is not monotone at {list(path)}: value {v!r} vs parent {parent_value!r} "
+                "(needs 0 <= child <= parent, e.g. joint acceptance probabilities)")
+        heapq.heappush(frontier, (-v, len(path), path))
+
+    for r in range(max_rank):
+        push((r,), 1.0)
+    out: list[tuple[Path, float]] = []
+    while frontier and len(out) < budget:
+        neg, _, path = heapq.heappop(frontier)
+        if neg >= 0.0:  # best remaining value is 0
+            break
+        out.append((path, -neg))
+        if len(path) < max_depth:
+            for r in range(max_rank):
+                push(path + (r,), -neg)
+    return out
+
+
+def optimal_tree_from(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int, name: str = "") -> Tree:
+    """Max-value tree with at most `budget` nodes, depth <= max_depth and ranks < max_rank, in greedy order."""
+    nodes = best_first(value_fn, budget, max_depth, max_rank)
+    if not nodes:
+        raise WorkbenchError("no node has a positive acceptance probability: nothing to build a tree from "
+                             "(are the accuracies all zero?)")
+    return make_tree([p for p, _ in nodes], name=name)
+
+
+def _limits(acc: np.ndarray, max_depth: int | None, max_rank: int | None) -> tuple[int, int]:
+    k, r = acc.shape
+    if max_depth is not None and max_depth > k:
+        raise WorkbenchError(f"max depth {max_depth} exceeds the {k} heads in the accuracy table "
+                             "(head k guesses depth k)")
+    if max_rank is not None and max_rank > r:
+        raise WorkbenchError(f"max rank {max_rank} exceeds the {r} ranks in the accuracy table")
+    return (k if max_depth is None else max_depth), (r if max_rank is None else max_rank)
+
+
+def optimal_tree(acc, budget: int, max_depth: int | None = None, max_rank: int | None = None,
+                 name: str = "") -> Tree:
+    """Optimal tree for accuracies acc[K, R]; max_depth defaults to K, max_rank (ranks < it) to R."""
+    a = check_accuracies(acc)
+    d, r = _limits(a, max_depth, max_rank)
+    return optimal_tree_from(acc_value_fn(a), budget, d, r, name=name)
+
+
+def dense_tree(sizes) -> Tree:
+    """Cartesian tree (Medusa paper sec. 2.1.2): every path whose rank at depth d is < sizes[d-1]."""
+    sizes = list(sizes)
+    if not sizes or not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 1 for s in sizes):
+        raise WorkbenchError(f"dense tree sizes must be positive integers like 4,3,2, got {sizes!r}")
+    paths = [p for d in range(1, len(sizes) + 1) for p in product(*(range(s) for s in sizes[:d]))]
+    return make_tree(paths, name="dense_" + "x".join(map(str, sizes)))
+
+
+def expected_curve(value, max_budget: int, max_depth: int | None = None,
+                   max_rank: int | None = None) -> np.ndarray:
+    """curve[n] = expected length of the optimal n-node tree, n = 0..max_budget (one greedy run gives all).
+
+    `value` is acc[K, R] (depth/rank limits default to its shape) or a value function (then both limits are
+    required). Past the last positive-value node the curve stays flat.
+    """
+    if callable(value):
+        if max_depth is None or max_rank is None:
+            raise WorkbenchError("expected_curve with a value function needs max_depth and max_rank")
+        fn, d, r = value, max_depth, max_rank
+    else:
+        a = check_accuracies(value)
+        d, r = _limits(a, max_depth, max_rank)
+        fn = acc_value_fn(a)
+    gains = [v for _, v in best_first(fn, max_budget, d, r)]
+    curve = np.ones(max_budget + 1)
+    curve[1:len(gains) + 1] += np.cumsum(gains)
+    curve[len(gains) + 1:] = curve[len(gains)]
+    return curve
+
+
+# ----------------------------------------------------------------------------------------------- hardware
+
+def _latency_table(latency) -> tuple[list[int], list[float]]:
+    items = latency.items() if isinstance(latency, Mapping) else latency
+    try:
+        pts = sorted((int(n), float(t)) for n, t in items)
+    except (TypeError, ValueError):
+        raise WorkbenchError("latency must map a number of verify tokens to seconds, e.g. {1: 0.021, 64: 0.024}") from None
+    if not pts:
+        raise WorkbenchError("latency table is empty")
+    sizes, secs = [n for n, _ in pts], [t for _, t in pts]
+    if len(set(sizes)) != len(sizes):
+        raise WorkbenchError("latency table lists a number of verify tokens twice")
+    if sizes[0] < 1 or not all(math.isfinite(t) and t > 0 for t in secs):
+        raise WorkbenchError("latency table needs token counts >= 1 and positive, finite seconds")
+    return sizes, secs
+
+
+def interpolate_latency(latency, n: int) -> float:
+    """Seconds for a forward pass over n verify tokens, linear between measured sizes; no extrapolation."""
+    sizes, secs = _latency_table(latency)
+    if not sizes[0] <= n <= sizes[-1]:
+        raise WorkbenchError(f"no latency for {n} verify tokens: measured range is {sizes[0]}..{sizes[-1]} "
+                             "(measure that size too)")
+    j = bisect_left(sizes, n)
+    if sizes[j] == n:
+        return secs[j]
+    w = (n - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+    return secs[j - 1] + w * (secs[j] - secs[j - 1])
+
+
+def predicted_speedup(curve, latency, budgets=None) -> dict:
+    """speedup(n) = expected_length(n) / (t(n+1) / t(1)): tokens per step over the relative cost of a step.
+
+    curve[n] is the expected length of an n-node tree (expected_curve); latency maps verify tokens (nodes + 1
+    root) to seconds. Budgets default to every n of the curve whose n+1 tokens were measured; an explicitly
+    requested budget outside the measured range is an error. Returns {"rows": [...], "best": row}.
+    """
+    curve = np.asarray(curve, dtype=np.float64)
+    sizes, _ = _latency_table(latency)
+    t1 = interpolate_latency(latency, 1)
+    if budgets is None:
+        budgets = [n for n in range(len(curve)) if n + 1 <= sizes[-1]]
+    rows = []
+    for n in budgets:
+        if not 0 <= n < len(curve):
+            raise WorkbenchError(f"budget {n} is outside the expected-length curve (0..{len(curve) - 1})")
+        t = interpolate_latency(latency, n + 1)
+        rel = t / t1
+        rows.append(dict(budget=int(n), verify_tokens=int(n + 1), expected_length=float(curve[n]),
+                         latency_s=t, relative_latency=rel, speedup=float(curve[n]) / rel))
+    if not rows:
+        raise WorkbenchError("no budget to evaluate: the latency table and the curve do not overlap")
+    best = max(rows, key=lambda row: (row["speedup"], -row["budget"]))
+    return dict(rows=rows, best=best)
+
+
+# ----------------------------------------------------------------------------------------------- files
+
+def accuracies_from_hits(hits) -> tuple[np.ndarray, np.ndarray]:
+    """Medusa's per-head exact-rank hit tensors [positions, topk] -> (acc[K, R], positions per head [K]).
+
+    Each head is normalised by its own row count (head k has k fewer positions per prompt than head 0), not
+    by a hard-coded prompts*steps as in Medusa's script.
+    """
+    import torch
+
+    if not isinstance(hits, (list, tuple)) or not hits:
+        raise WorkbenchError("heads accuracy data: expected a non-empty list of per-head tensors [positions, topk]")
+    rows, counts = [], []
+    for k, h in enumerate(hits):
+        if not isinstance(h, torch.Tensor) or h.ndim != 2 or h.shape[0] == 0 or h.shape[1] == 0:
+            shape = list(h.shape) if isinstance(h, torch.Tensor) else type(h).__name__
+            raise WorkbenchError(f"heads accuracy data: head {k + 1} is {shape}, expected a non-empty "
+                                 "bool tensor [positions, topk]")
+        if h.shape[1] != hits[0].shape[1]:
+            raise WorkbenchError(f"heads accuracy data: head {k + 1} has top-{h.shape[1]} columns but head 1 "
+                                 f"has {hits[0].shape[1]}")
+        rows.append(h.double().mean(dim=0).numpy())
+        counts.append(h.shape[0])
+    acc = check_accuracies(np.stack(rows), "heads accuracy data")
+    return acc, np.asarray(counts, dtype=np.int64)
+
+
+def read_accuracies(path, return_counts: bool = False):
+    """acc[K, R] from the canonical CSV (`head,rank,accuracy[,count]`, 1-based) or Medusa's `*_heads_accuracy.pt`.
+
+    `count` (optional) is the number of positions measured for that head, so accuracy * count = hits.
+    With return_counts, returns (acc, counts[K] or None).
+    """
+    f = FilePath(path)
+    if not f.is_file():
+        raise WorkbenchError(f"accuracy file {path}: no such file (give a CSV head,rank,accuracy or a "
+                             "Medusa *_heads_accuracy.pt)")
+    if f.stat().st_size == 0:
+        raise WorkbenchError(f"accuracy file {path} is empty")
+    acc, counts = _read_pt(f) if f.suffix in (".pt", ".pth") else _read_csv(f)
+    return (acc, counts) if return_counts else acc
+
+
+def _read_pt(f: FilePath):
+    import pickle
+    import zipfile
+
+    import torch
+
+    try:
+        hits = torch.load(f, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError, zipfile.BadZipFile):
+        raise WorkbenchError(f"accuracy file {f}: not a readable torch file of plain tensors (expected Medusa's "
+                             "heads_accuracy.py output: a list of bool tensors [positions, topk])") from None
+    return accuracies_from_hits(hits)
+
+
+def _read_csv(f: FilePath):
+    import pandas as pd
+
+    what = f"accuracy file {f}"
+    try:
+        df = pd.read_csv(f)
+    except pd.errors.EmptyDataError:
+        raise WorkbenchError(f"{what} is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise WorkbenchError(f"{what}: not a readable CSV ({str(e).splitlines()[0][:120]})") from None
+    df.columns = [str(c).strip().lower() for c in df.columns]
+    missing = [c for c in ("head", "rank", "accuracy") if c not in df.columns]
+    if missing:
+        raise WorkbenchError(f"{what}: missing column(s) {', '.join(missing)}; expected head,rank,accuracy[,count] "
+                             f"with 1-based head and rank (found: {', '.join(df.columns)})")
+    if df.empty:
+        raise WorkbenchError(f"{what} has a header but no rows")
+    cols = ["head", "rank", "accuracy"] + (["count"] if "count" in df.columns else [])
+    num = df[cols].apply(pd.to_numeric, errors="coerce")
+    for c in ("head", "rank"):
+        bad = num[c].isna() | (num[c] < 1) | (num[c] % 1 != 0)
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            raise WorkbenchError(f"{what}: row {i + 2}: {c} '{df[c].iloc[i]}' is not a positive integer (1-based)")
+    bad = num["accuracy"].isna() | (num["accuracy"] < 0) | (num["accuracy"] > 1)
+    if bad.any():
+        i = int(np.argmax(bad.to_numpy()))
+        raise WorkbenchError(f"{what}: row {i + 2}: accuracy '{df['accuracy'].iloc[i]}' is not a number in [0, 1]")
+    num[["head", "rank"]] = num[["head", "rank"]].astype(int)
+    dup = num.duplicated(["head", "rank"])
+    if dup.any():
+        i = int(np.argmax(dup.to_numpy()))
+        raise WorkbenchError(f"{what}: head {num['head'].iloc[i]} rank {num['rank'].iloc[i]} appears twice")
+    k, r = int(num["head"].max()), int(num["rank"].max())
+    grid = num.pivot(index="head", columns="rank", values="accuracy").reindex(index=range(1, k + 1),
+                                                                               columns=range(1, r + 1))
+    if grid.isna().any().any():
+        h, i = np.argwhere(grid.isna().to_numpy())[0]
+        raise WorkbenchError(f"{what}: head {h + 1} rank {i + 1} is missing (need every rank 1..{r} of every "
+                             f"head 1..{k})")
+    acc = check_accuracies(grid.to_numpy(), what)
+    counts = None
+    if "count" in num.columns:
+        c = num.groupby("head")["count"].first().reindex(range(1, k + 1))
+        if c.isna().any() or (c < 0).any():
+            raise WorkbenchError(f"{what}: count must be a non-negative number of positions for every head")
+        counts = c.to_numpy().astype(np.int64)
+    return acc, counts
+
+
+def accuracy_frame(acc, counts=None):
+    """The canonical long table: one row per (head, rank), 1-based, as a pandas DataFrame."""
+    import pandas as pd
+
+    a = check_accuracies(acc)
+    k, r = a.shape
+    df = pd.DataFrame({"head": np.repeat(np.arange(1, k + 1), r), "rank": np.tile(np.arange(1, r + 1), k),
+                       "accuracy": a.reshape(-1)})
+    if counts is not None:
+        df["count"] = np.repeat(np.asarray(counts, dtype=np.int64), r)
+    return df
+
+
+def write_accuracies(path, acc, counts=None) -> FilePath:
+    """Write the canonical CSV (atomically); read_accuracies reads it back exactly."""
+    from workbench.io import atomic_write_text
+
+    return atomic_write_text(path, accuracy_frame(acc, counts).to_csv(index=False))

@@ -1,0 +1,289 @@
+"""`workbench train-heads`: Medusa-1 heads on a frozen base, trained on self-distilled data (paper §2.2.1).
+
+Three resumable phases, each writing atomically into a work folder so a killed run picks up where it stopped:
+  1. generate — the base model's own greedy answers to training prompts (batched; bf16 on CPU is ~3x fp32).
+  2. cache    — one teacher-forced forward per batch stores the last hidden state [T, H] of every answer position.
+  3. train    — heads only (the base never runs again): loss = sum_k 0.8^k * CE(head k, token t+k+1).
+Self-distillation matters: heads learn what *this* model will say, which is what greedy verification accepts.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from workbench import REPO_ROOT, WorkbenchError
+from workbench.io import atomic_write_json
+from workbench.models import MedusaHeads, cache_dir, check_heads_fit, load_base, model_label, save_heads
+
+SHARED = REPO_ROOT.parent / "shared" / "data"
+DEFAULT_TRAIN_FILES = ["alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json"]
+HELD_OUT = ("alpaca_eval", "mt_bench")  # calibration sets: never train on them
+
+
+@dataclass
+class TrainConfig:
+    prompts: list[str]
+    num_heads: int = 4
+    num_layers: int = 1
+    tied: bool = True
+    tokens: int = 200_000          # self-distilled answer tokens to generate
+    max_new_tokens: int = 256
+    gen_batch: int = 64
+    gen_dtype: str = "bfloat16"
+    steps: int = 3000
+    batch_size: int = 256           # positions per step (each trains all K heads)
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    warmup: int = 50
+    decay: float = 0.8
+    seed: int = 0
+    vocab: str = "active"           # "active": softmax over the tokens the data ever emits (~4x faster on CPU)
+
+
+def default_prompt_files() -> list[str]:
+    return [str(SHARED / f) for f in DEFAULT_TRAIN_FILES if (SHARED / f).is_file()]
+
+
+def interleaved_prompts(files: list[str], seed: int = 0) -> list[str]:
+    """Shuffle each file, then interleave them so any prefix of the stream mixes every source."""
+    from workbench.data import load_prompts
+
+    if not files:
+        raise WorkbenchError("no training prompt files: pass --prompts FILE [FILE ...] (Alpaca-format JSON/JSONL/CSV)")
+    for f in files:
+        if any(h in Path(f).name.replace("-", "_").lower() for h in HELD_OUT):
+            raise WorkbenchError(f"--prompts {f}: Alpaca-eval and MT-Bench are held out for calibration; "
+                                 "train on other prompts")
+    streams = []
+    for i, f in enumerate(files):
+        ps = load_prompts(f)
+        random.Random(seed + i).shuffle(ps)
+        streams.append(ps)
+    out = []
+    for j in range(max(len(s) for s in streams)):
+        out.extend(s[j] for s in streams if j < len(s))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- 1+2. data
+
+@torch.no_grad()
+def generate_part(model, tok, texts: list[str], max_new_tokens: int, chat: bool = True) -> dict:
+    """Greedy answers for a batch, then hidden states of every answer position in one teacher-forced forward.
+
+    Returns ids [N] (prompt tail + answer, flattened over sequences), hidden [N, H] bf16 and seq [N] (sequence
+    index), keeping per sequence the last prompt position and every answer position.
+    """
+    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
+               if chat else t for t in texts]
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+    P = enc.input_ids.shape[1]
+    answers = out[:, P:]                                                         # [B, A]
+    eos = torch.tensor(sorted(_eos_ids(model, tok)), device=answers.device)
+    is_eos = torch.isin(answers, eos)
+    # answer length incl. the first EOS (the heads should learn to predict the stop too)
+    first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(is_eos[:, 0], answers.shape[1], dtype=torch.long))
+    ids_l, hid_l, seq_l = [], [], []
+    full_attn = torch.cat([enc.attention_mask, torch.ones_like(answers)], 1)
+    hidden = model.model(input_ids=out, attention_mask=full_attn).last_hidden_state  # [B, P+A, H]
+    for b in range(out.shape[0]):
+        n = int(first[b])
+        keep = slice(P - 1, P + n)                     # last prompt position .. last answer token
+        ids_l.append(out[b, keep].cpu())
+        hid_l.append(hidden[b, keep].to(torch.bfloat16).cpu())
+        seq_l.append(torch.full((n + 1,), b, dtype=torch.int32))
+    return dict(ids=torch.cat(ids_l), hidden=torch.cat(hid_l), seq=torch.cat(seq_l),
+                answer_tokens=int(first.sum()))
+
+
+def _eos_ids(model, tok) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
+    if tok.eos_token_id is not None:
+        ids.add(tok.eos_token_id)
+    return ids
+
+
+def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str | None) -> list[Path]:
+    """Phase 1+2: write parts/part-00000.pt ... until cfg.tokens answer tokens exist. Resumes from the parts on disk."""
+    parts_dir = work / "parts"
+    parts_dir.mkdir(parents=True, exist_ok=True)
+    parts = sorted(parts_dir.glob("part-*.pt"))
+    have = sum(json.loads(p.with_suffix(".json").read_text())["answer_tokens"] for p in parts)
+    if have >= cfg.tokens:
+        return parts
+    model, tok = load_base(model_name, device, cfg.gen_dtype)
+    if not tok.chat_template:
+        raise WorkbenchError("the base model's tokenizer has no chat template: heads must learn the answers the model "
+                             "gives in chat, so pass a chat model (or a tokenizer with a template)")
+    bar = tqdm(total=cfg.tokens, initial=have, unit="tok", desc="self-distil", dynamic_ncols=True)
+    i = len(parts)
+    while have < cfg.tokens:
+        lo = i * cfg.gen_batch
+        if lo >= len(cfg.prompts):
+            tqdm.write(f"ran out of prompts after {have} tokens (asked for {cfg.tokens}); add --prompts files")
+            break
+        batch = cfg.prompts[lo:lo + cfg.gen_batch]
+        part = generate_part(model, tok, batch, cfg.max_new_tokens)
+        path = parts_dir / f"part-{i:05d}.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({k: v for k, v in part.items() if k != "answer_tokens"}, tmp)
+        tmp.replace(path)
+        atomic_write_json(path.with_suffix(".json"), {"answer_tokens": part["answer_tokens"], "prompts": len(batch)})
+        have += part["answer_tokens"]
+        bar.update(part["answer_tokens"])
+        i += 1
+    bar.close()
+    del model
+    return sorted(parts_dir.glob("part-*.pt"))
+
+
+def load_dataset_tensors(parts: list[Path], num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden [N, H] bf16 and targets [N, K] (-100 where t+k+1 runs past the sequence's end)."""
+    hs, ts = [], []
+    for p in parts:
+        d = torch.load(p, weights_only=True)
+        ids, seq = d["ids"].long(), d["seq"]
+        N = ids.shape[0]
+        tgt = torch.full((N, num_heads), -100, dtype=torch.long)
+        for k in range(1, num_heads + 1):
+            j = torch.arange(N) + k + 1                # position t's base predicts t+1; head k guesses t+1+k
+            ok = j < N
+            same = torch.zeros(N, dtype=torch.bool)
+            same[ok] = seq[j[ok]] == seq[ok]
+            tgt[same, k - 1] = ids[j[same]]
+        hs.append(d["hidden"])
+        ts.append(tgt)
+    return torch.cat(hs), torch.cat(ts)
+
+
+# ----------------------------------------------------------------------------------------------- 3. train
+
+def restrict_vocab(lm_head, targets: torch.Tensor):
+    """A frozen lm_head over only the tokens that occur as targets, and targets renumbered into it.
+
+    The tied heads' cost is the [H, V] projection; self-distilled answers use a fraction of V, so a softmax over
+    that subset trains ~V/V_active times faster. Tokens the model never emits keep the base model's (low) logits.
+    """
+    active = torch.unique(targets[targets != -100])                              # [Va]
+    remap = torch.full((lm_head.weight.shape[0],), -100, dtype=torch.long)
+    remap[active] = torch.arange(active.numel())
+    small = torch.nn.Linear(lm_head.weight.shape[1], active.numel(), bias=False)
+    small.weight.data = lm_head.weight.data[active].clone()
+    small.requires_grad_(False)
+    new = targets.clone()
+    new[targets != -100] = remap[targets[targets != -100]]
+    return small.to(lm_head.weight.device), new
+
+def head_loss(heads: MedusaHeads, lm_head, hidden: torch.Tensor, targets: torch.Tensor, decay: float):
+    """hidden [B, H], targets [B, K] -> (weighted loss, per-head top-1 accuracy [K])."""
+    logits = heads(hidden, lm_head)                                              # [K, B, V]
+    loss, acc = 0.0, []
+    for k in range(heads.num_heads):
+        ce = F.cross_entropy(logits[k].float(), targets[:, k], ignore_index=-100)
+        loss = loss + decay ** (k + 1) * ce
+        m = targets[:, k] != -100
+        acc.append((logits[k][m].argmax(-1) == targets[m, k]).float().mean().item() if m.any() else float("nan"))
+    return loss, acc
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    p = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
+
+
+def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path, device: str | None = None,
+                log_every: int = 50) -> dict:
+    """Run all three phases; returns the training summary written beside the heads."""
+    t0 = time.time()
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(work / "config.json", {**asdict(cfg), "prompts": len(cfg.prompts), "model": model_label(model_name)})
+    parts = build_data(work, cfg, model_name, device)
+    if not parts:
+        raise WorkbenchError("no training data was generated (empty prompt set?)")
+    # hold out the last part for validation when there are several
+    val_parts, train_parts = (parts[-1:], parts[:-1]) if len(parts) > 2 else ([], parts)
+    hidden, targets = load_dataset_tensors(train_parts, cfg.num_heads)
+    base, _ = load_base(model_name, device, "float32")
+    full_head = base.get_output_embeddings()
+    lm_head, targets = restrict_vocab(full_head, targets) if cfg.vocab == "active" and cfg.tied else (full_head, targets)
+    heads = MedusaHeads(hidden.shape[1], full_head.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.tied)
+    if not cfg.tied:  # untied heads start from the base lm_head, as Medusa does
+        for h in heads:
+            h[-1].weight.data.copy_(full_head.weight.data)
+    check_heads_fit(heads, base)
+    dev = base.device
+    heads.to(dev)
+    params = [p for p in heads.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    ckpt = work / "checkpoint.pt"
+    step, history = 0, []
+    if ckpt.is_file():
+        state = torch.load(ckpt, weights_only=True)
+        heads.load_state_dict(state["heads"])
+        opt.load_state_dict(state["opt"])
+        step, history = int(state["step"]), json.loads(state["history"])
+    g = torch.Generator().manual_seed(cfg.seed + step)
+    N = hidden.shape[0]
+    bar = tqdm(total=cfg.steps, initial=step, desc="train heads", unit="step", dynamic_ncols=True)
+    autocast = torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    while step < cfg.steps:
+        idx = torch.randint(0, N, (cfg.batch_size,), generator=g)
+        h, y = hidden[idx].to(dev).float(), targets[idx].to(dev)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        with autocast:
+            loss, acc = head_loss(heads, lm_head, h, y, cfg.decay)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", top1=" ".join(f"{a:.2f}" for a in acc))
+        if step % log_every == 0 or step == cfg.steps:
+            history.append({"step": step, "loss": round(loss.item(), 4), "top1": [round(a, 4) for a in acc]})
+            tmp = ckpt.with_suffix(".tmp")
+            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step,
+                        "history": json.dumps(history)}, tmp)
+            tmp.replace(ckpt)
+    bar.close()
+    val = evaluate(heads, full_head, *load_dataset_tensors(val_parts, cfg.num_heads), dev) if val_parts else {}
+    tokens = int(sum(json.loads(p.with_suffix(".json").read_text())["answer_tokens"] for p in parts))
+    summary = dict(model=model_label(model_name), num_heads=cfg.num_heads, num_layers=cfg.num_layers, tied=cfg.tied,
+                   answer_tokens=tokens, train_positions=int(N), steps=cfg.steps, batch_size=cfg.batch_size,
+                   lr=cfg.lr, vocab=cfg.vocab, active_vocab=int(lm_head.weight.shape[0]), device=str(dev), seconds_this_run=round(time.time() - t0, 1),
+                   validation=val, history=history[-5:])
+    save_heads(heads.cpu(), out, model_label(model_name), extra={"training": summary})
+    return summary
+
+
+@torch.no_grad()
+def evaluate(heads: MedusaHeads, lm_head, hidden, targets, device, batch: int = 512) -> dict:
+    """Per-head top-1/top-5 on held-out self-distilled positions (teacher-forced)."""
+    hits1 = torch.zeros(heads.num_heads)
+    hits5 = torch.zeros(heads.num_heads)
+    count = torch.zeros(heads.num_heads)
+    for i in range(0, hidden.shape[0], batch):
+        h, y = hidden[i:i + batch].to(device).float(), targets[i:i + batch].to(device)
+        logits = heads(h, lm_head)                                               # [K, b, V]
+        top5 = logits.topk(5, dim=-1).indices                                    # [K, b, 5]
+        for k in range(heads.num_heads):
+            m = y[:, k] != -100
+            hits1[k] += (top5[k, m, 0] == y[m, k]).sum()
+            hits5[k] += (top5[k, m] == y[m, k, None]).any(-1).sum()
+            count[k] += m.sum()
+    return {f"head_{k + 1}": {"top1": round(float(hits1[k] / count[k]), 4), "top5": round(float(hits5[k] / count[k]), 4)}
+            for k in range(heads.num_heads) if count[k] > 0}
