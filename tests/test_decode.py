@@ -359,3 +359,33 @@ def test_cli_errors_are_one_line(capsys, tiny_llama, tmp_path):
         assert code == 2 and last.startswith("error: ") and msg in last and "Traceback" not in err, (argv, err)
     code, out, _ = _cli(capsys, *base, "--prompt", "hi", "--raw", "--max-new-tokens", "3", "--json")
     assert code == 0 and len(json.loads(out)["token_ids"]) <= 3
+
+
+# ----------------------------------------------------------------------------------------------- the real demo model
+
+@pytest.mark.slow
+def test_demo_model_medusa_is_exact_with_random_heads():
+    from workbench.models import load_base
+
+    try:
+        model, tok = load_base(None, "cpu")
+    except WorkbenchError as e:
+        pytest.skip(str(e))
+    heads = random_heads(model.config.hidden_size, model.config.vocab_size, 4, tied=True, std=0.02)
+    ids = prepare_prompt(tok, "Write a haiku about autumn.")
+    ref = _generate(model, ids, 24)
+    for tree in ("mc_sim_7b_63", [[0], [0, 0], [1]]):
+        assert medusa_generate(model, heads, tok, ids, tree, 24).token_ids == ref
+
+
+@pytest.mark.slow
+def test_cli_demo_defaults_when_the_demo_heads_exist(capsys):
+    from workbench.models import DEMO_HEADS
+
+    if not DEMO_HEADS.is_dir():
+        pytest.skip("demo heads not trained yet")
+    code, out, err = _cli(capsys, "decode", "--tree", "[[0],[0,0],[1]]", "--prompt", "Name three colours.",
+                          "--max-new-tokens", "24", "--compare", "--json", "--device", "cpu")
+    assert code == 0, err
+    obj = json.loads(out)
+    assert obj["matches_greedy"] is True and obj["acceleration_rate"] >= 1.0

@@ -176,3 +176,16 @@ def test_device_and_dtype_choices():
     _one_line_error(lambda: pick_dtype("int3", torch.device("cpu")), "unknown dtype")
     if not torch.cuda.is_available():
         _one_line_error(lambda: pick_device("cuda"), "CUDA is not available")
+
+
+@pytest.mark.slow
+def test_gguf_file_loads_through_transformers():
+    from workbench.models import demo_gguf_path
+
+    try:
+        gguf = demo_gguf_path()
+    except WorkbenchError as e:
+        pytest.skip(str(e))
+    model, tok = load_base(str(gguf), "cpu")
+    assert model.dtype == torch.float32 and model.config.model_type == "llama"
+    assert tok.decode(tok("Hello").input_ids, skip_special_tokens=True) == "Hello"

@@ -77,6 +77,8 @@ def _cmd_optimize(args) -> int:
         acc = value = read_accuracies(args.accuracies)
     else:
         raise WorkbenchError("give --accuracies FILE or --calibration DIR")
+    if args.latency:  # hardware-aware choice over all budgets (latency / sweep section)
+        return _optimize_for_latency(args, acc, value)
     heads, ranks = acc.shape
     if args.dense and args.curve:
         raise WorkbenchError("--curve describes optimal trees; drop --dense")
@@ -179,6 +181,11 @@ def _register_tree(sub) -> None:
                    help="print expected length for every budget 1..N on stdout (tree JSON only with --out)")
     o.add_argument("--name", help="tree name stored in the JSON")
     o.add_argument("--out", metavar="FILE", help="write the tree JSON here instead of stdout")
+    o.add_argument("--latency", metavar="FILE", help="`workbench latency` CSV: pick the budget with the best "
+                                                   "predicted speedup (--budget caps it)")
+    o.add_argument("--context", type=int, metavar="N", help="with --latency: use rows at this context "
+                                                          "(default: closest to the calibration's typical one)")
+    o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
     o.set_defaults(func=_cmd_optimize)
 
     e = sub.add_parser("export", help="write a tree for Medusa, TensorRT-LLM, vLLM or EAGLE")
@@ -395,6 +402,209 @@ def add_calibrate(sub) -> None:
 
 # ==== latency / sweep (issue: trade-offs) =====================================================================
 
+def cmd_latency(args) -> int:
+    from pathlib import Path
+
+    from workbench.tradeoffs import (DEFAULT_CONTEXTS, DEFAULT_SIZES, _slug, default_latency_path, device_name,
+                                     measure_latency, parse_ints, random_model)
+
+    sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DEFAULT_SIZES)
+    contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
+    if args.calibration and not (Path(args.calibration) / "meta.json").is_file():
+        raise WorkbenchError(f"--calibration {args.calibration}: not a calibration folder (no meta.json)")
+    heads = None
+    if args.random_config:
+        if args.model or args.heads:
+            raise WorkbenchError("--random-config builds its own model: drop --model/--heads")
+        model, label = random_model(args.random_config, args.device, args.dtype, args.attn), f"random:{args.random_config}"
+    else:
+        from workbench.models import load_base, load_model_and_heads, model_label
+
+        label = model_label(args.model)
+        if args.heads:
+            model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
+        else:
+            model, _ = load_base(args.model, args.device, args.dtype, args.attn)
+    dev = device_name(model.device)
+    out = Path(args.out) if args.out else (Path(args.calibration) / f"latency-{_slug(dev)}.csv" if args.calibration
+                                           else default_latency_path(label, dev))
+    df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label)
+    from workbench.io import atomic_write_text
+
+    atomic_write_text(out, df.to_csv(index=False))
+    print(f"{dev} {df['dtype'].iloc[0]}, median of {args.repeats}:", file=sys.stderr)
+    print(f"{'context':>8}{'tokens':>8}{'ms':>10}{'t(n)/t(1)':>11}", file=sys.stderr)
+    for r in df.itertuples(index=False):
+        print(f"{r.context:>8}{r.tokens:>8}{1000 * r.seconds:>10.3f}{r.relative:>11.3f}", file=sys.stderr)
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def _optimize_for_latency(args, acc, value) -> int:
+    """`optimize --latency FILE`: the optimal tree for every budget, its predicted speedup on the measured
+    hardware, and the tree with the best one (called from _cmd_optimize)."""
+    from workbench.io import atomic_write_text
+    from workbench.optimize import expected_length
+    from workbench.tradeoffs import hardware_aware, latency_table, read_latency, typical_context
+
+    if args.dense:
+        raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
+    target = typical_context(args.calibration) if args.calibration else None
+    table, ctx = latency_table(read_latency(args.latency), args.context, target, f"--latency {args.latency}")
+    heads, ranks = acc.shape
+    res = hardware_aware(value, table, args.max_depth or heads, args.max_rank or ranks, args.budget)
+    cols = ("budget", "verify_tokens", "expected_length", "relative_latency", "speedup")
+    if args.curve_out:
+        import pandas as pd
+
+        atomic_write_text(args.curve_out, pd.DataFrame(res["rows"], columns=cols).to_csv(index=False))
+    else:
+        print(f"{'budget':>6}{'tokens/step':>13}{'t(n+1)/t(1)':>13}{'speedup':>9}", file=sys.stderr)
+        for r in res["rows"]:
+            print(f"{r['budget']:>6}{r['expected_length']:>13.4f}{r['relative_latency']:>13.3f}{r['speedup']:>9.3f}",
+                  file=sys.stderr)
+    best, tree = res["best"], res["tree"]
+    name = args.name or f"hardware_{tree.nodes}"
+    obj = {"name": name, "medusa_choices": tree.as_lists(), "expected_acceptance_length": expected_length(tree, value),
+           "predicted_speedup": best["speedup"], "relative_latency": best["relative_latency"],
+           "budget": best["budget"], "nodes": tree.nodes, "depth": tree.depth, "method": "hardware-aware",
+           "latency": str(args.latency), "context": ctx, "joint": bool(args.joint),
+           "accuracies": str(args.accuracies or args.calibration)}
+    text = "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
+    if args.out:
+        atomic_write_text(args.out, text)
+    else:
+        sys.stdout.write(text)
+    if best["speedup"] <= 1:
+        print("warning: no tree is predicted to beat vanilla decoding on this hardware", file=sys.stderr)
+    print(f"hardware-aware tree: {tree.nodes} nodes, depth {tree.depth}, {best['expected_length']:.4f} tokens/step at "
+          f"{best['relative_latency']:.3f}x step cost = predicted speedup {best['speedup']:.3f}x (context {ctx})"
+          + (f" -> {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from pathlib import Path
+
+    from workbench import tradeoffs as T
+    from workbench.data import load_prompt_records
+    from workbench.tree import load_tree
+
+    temps = T.parse_floats(args.temperature, "--temperature")
+    eps = T.parse_floats(args.epsilon, "--epsilon", high=1.0)
+    if eps[0] <= 0:
+        raise WorkbenchError(f"--epsilon {args.epsilon}: every epsilon must be in (0, 1]")
+    delta = T.parse_delta(args.delta)
+    if args.max_new_tokens < 1:
+        raise WorkbenchError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    budgets = T.parse_ints(args.budgets, "--budgets") if args.budgets else (None if args.trees else list(T.DEFAULT_BUDGETS))
+    calibration = args.calibration
+    if calibration is None and (budgets or args.prompts == "holdout"):
+        calibration = T.default_calibration()
+    if calibration is not None and not (Path(calibration) / "meta.json").is_file():
+        raise WorkbenchError(f"--calibration {calibration}: not a finished calibration folder (no meta.json; run "
+                             "`workbench calibrate`)")
+    for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
+        load_tree(spec)
+    T.read_sweep_rows(args.out)  # a foreign --out file, too
+    if args.prompts == "holdout":
+        records = T.holdout_records(calibration, args.limit)
+    else:
+        records = load_prompt_records(args.prompts, args.limit)
+    from workbench.decode import prepare_prompt
+    from workbench.models import load_model_and_heads, model_label
+
+    model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
+    trees = T.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads)
+    configs = T.sweep_configs(trees, temps, eps, delta)
+    prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
+    info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
+                limit=args.limit, calibration=str(calibration or ""))
+    predict = T.calibration_predictions(calibration) if calibration else None
+    print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}", file=sys.stderr)
+    df = T.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
+                     progress=not args.quiet)
+    df = df[df["run"] == df["run"].iloc[-1]]
+    print(f"{'tree':<22}{'nodes':>6}{'T':>5}{'eps':>6}{'tok/step':>9}{'speedup':>9}{'exact':>7}", file=sys.stderr)
+    for r in df.itertuples(index=False):
+        e = "" if r.epsilon != r.epsilon else f"{r.epsilon:g}"  # NaN for greedy rows
+        print(f"{str(r.tree)[:21]:<22}{r.nodes:>6}{r.temperature:>5g}{e:>6}{r.acceleration_rate:>9.3f}"
+              f"{r.speedup:>9.3f}{r.exact_match:>7.2f}", file=sys.stderr)
+    return 0
+
+
+def cmd_sweep_report(args) -> int:
+    from workbench.tradeoffs import summarize
+
+    text = summarize(args.sweep, args.latency, args.context)
+    if args.out:
+        from workbench.io import atomic_write_text
+
+        atomic_write_text(args.out, text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def add_tradeoffs(sub) -> None:
+    model_help = "base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"
+    p = sub.add_parser("latency", help="time one verify forward per tree size and context (for optimize --latency)",
+                       description="Median wall time of a verify forward over n tree tokens (4-D tree mask, position "
+                                   "ids, lm_head) on a cache of fixed length, next to the single-token step.")
+    p.add_argument("--model", help=model_help)
+    p.add_argument("--heads", help="also time the heads' top-k in every tree step (a Medusa step's full cost)")
+    p.add_argument("--random-config", metavar="SPEC",
+                   help="instead: random weights of a given shape, a preset (llama-1b, llama-3b, llama-8b, vicuna-7b, "
+                        "smollm2-135m, tiny) or key=value pairs hidden=2048,layers=16,heads=32,kv_heads=8,"
+                        "vocab=128256,intermediate=8192[,arch=llama]")
+    p.add_argument("--sizes", metavar="N1,N2,..", help="verify tokens per step (tree nodes + root; default "
+                                                      "1,2,4,...,256; 1 is always measured)")
+    p.add_argument("--context", metavar="C1,C2,..", help="cache lengths (default 128,1024)")
+    p.add_argument("--repeats", type=int, default=10, help="timed calls per point (median; default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls before each point (default 3)")
+    p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
+    p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
+    p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
+    p.set_defaults(func=cmd_latency)
+
+    s = sub.add_parser("sweep", help="live decoder over trees x temperatures x epsilons vs vanilla greedy -> CSV",
+                       description="Run the live Medusa decoder for every configuration on the same prompts and "
+                                   "vanilla greedy on them in the same run; one CSV row per configuration. "
+                                   "Resumable: rerun the same command to continue.")
+    s.add_argument("--model", help=model_help)
+    s.add_argument("--heads", help="Medusa heads folder or file (default: the demo heads)")
+    s.add_argument("--trees", nargs="+", metavar="TREE", help="tree files, reference names or literals")
+    s.add_argument("--budgets", metavar="B1,B2,..", help="optimal trees with these node budgets from --calibration "
+                                                        "(default 4,8,16,32,64,128,256 unless --trees)")
+    s.add_argument("--joint", action="store_true", help="build budget trees from empirical path probabilities")
+    s.add_argument("--dense", action="store_true", help="add Cartesian trees [s], [s,s], ... of comparable sizes")
+    s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the first under calibration/)")
+    s.add_argument("--epsilon", default="0.09", help="typical-acceptance epsilons: list or START:STOP:STEP (default 0.09)")
+    s.add_argument("--delta", default="sqrt", help="'sqrt' (delta = sqrt(epsilon), default) or a fixed number")
+    s.add_argument("--temperature", default="0", help="temperatures, e.g. 0,0.7 (0 = greedy acceptance; default 0)")
+    s.add_argument("--prompts", default="alpaca-eval",
+                   help="alpaca-eval, mt-bench, a prompt file, or 'holdout' (the calibration's held-out prompts)")
+    s.add_argument("--limit", type=int, default=20, help="first N prompts (default 20)")
+    s.add_argument("--raw", action="store_true", help="use prompts as-is, without the chat template")
+    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--out", required=True, metavar="FILE.csv", help="sweep CSV (rows already there are skipped)")
+    s.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
+    s.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    s.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_sweep)
+
+    r = sub.add_parser("sweep-report", help="markdown tables from a sweep CSV (+ latency CSV) for docs/tradeoffs.md")
+    r.add_argument("sweep", metavar="SWEEP_CSV")
+    r.add_argument("--latency", metavar="FILE", help="latency CSV: adds the hardware-aware choice")
+    r.add_argument("--context", type=int, help="latency rows at this context (default: closest to the sweep's)")
+    r.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
+    r.set_defaults(func=cmd_sweep_report)
+
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="Design, calibrate and validate Medusa decoding trees.")
@@ -405,6 +615,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode(sub)  # decode (live decoder)
     _register_tree(sub)  # tree / optimize / export
     add_calibrate(sub)  # calibrate
+    add_tradeoffs(sub)  # latency / sweep / sweep-report
     return p
 
 

@@ -414,8 +414,9 @@ def _decode_text(tokenizer, ids: list[int]) -> str | None:
 def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: int = 256,
                     acceptance: Acceptance | None = None, eos_token_id=None, propose: Proposer | None = None,
                     on_step: Callable[[Step], None] | None = None) -> DecodeResult:
-    """Medusa decoding of one prompt (batch 1). `tree`: a Tree or any spec `load_tree` reads; `propose`
-    replaces the heads (tests feed known continuations); `on_step` sees each Step as it is made (live views)."""
+    """Medusa decoding of one prompt (batch 1). `tree`: a Tree or any spec `load_tree` reads; `eos_token_id`:
+    int or list (default: the generation config's, as `generate`; [] never stops early); `propose` replaces the
+    heads (tests feed known continuations); `on_step` sees each Step as it is made (live views)."""
     acc = acceptance or Acceptance()
     ids = _input_ids(input_ids, model)                                   # [1, T]
     prompt_len = ids.shape[1]

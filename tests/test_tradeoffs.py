@@ -1,0 +1,325 @@
+"""Speed/acceptance trade-offs on tiny random models: latency CSVs, the hardware-aware choice, the resumable
+sweep, the markdown summary, and one-line errors. No timing asserts: only shapes, choices and exactness."""
+import json
+import math
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench import WorkbenchError
+from workbench.calibrate import calibrate
+from workbench.cli import main
+from workbench.decode import prepare_prompt
+from workbench.optimize import dense_tree, expected_length, optimal_tree, write_accuracies
+from workbench.tradeoffs import (LATENCY_COLUMNS, SWEEP_COLUMNS, dense_near, hardware_aware, latency_table,
+                                 measure_latency, parse_delta, parse_floats, random_model, read_latency, run_sweep,
+                                 summarize, sweep_configs, sweep_trees)
+from workbench.tree import load_tree
+
+PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
+           "Write a haiku about rain.", "List some fruits", "How do magnets work?"]
+
+
+@pytest.fixture(scope="module")
+def prompt_file(tmp_path_factory):
+    f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+    f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    return f
+
+
+@pytest.fixture(scope="module")
+def calib(tiny_llama, prompt_file, tmp_path_factory):
+    """A real (tiny) calibration folder: tied heads, top-4, 8 prompts with a 25% holdout."""
+    out = tmp_path_factory.mktemp("cal") / "tiny"
+    calibrate(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), str(prompt_file), name="tiny", out=out,
+              holdout=0.25, max_new_tokens=12, topk=4, budgets=[3], batch_size=8, device="cpu", progress=False)
+    return out
+
+
+def _error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.strip().splitlines()
+           if not line.startswith("Loading weights")]  # transformers' own progress bar
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def synthetic_latency(sizes, scale=24.0, context=128) -> pd.DataFrame:
+    """t(n) grows quadratically past a flat region: an interior optimum, like a saturated GPU."""
+    return pd.DataFrame(dict(model="synthetic", device="test", dtype="float32", context=context, tokens=sizes,
+                             seconds=[0.01 * (1 + (n / scale) ** 2) for n in sizes]))
+
+
+# ----------------------------------------------------------------------------------------------- latency
+
+def test_measure_latency_rows_and_columns(tiny_llama):
+    df = measure_latency(tiny_llama.model, sizes=[2, 8, 4], contexts=[16, 40], repeats=2, warmup=1,
+                         heads=tiny_llama.heads["2"], label="tiny", progress=False)
+    assert list(df.columns[:len(LATENCY_COLUMNS)]) == LATENCY_COLUMNS
+    assert len(df) == 2 * 4  # 1 is always measured next to the requested sizes
+    for ctx, rows in df.groupby("context"):
+        assert rows["tokens"].tolist() == [1, 2, 4, 8]
+        assert rows.loc[rows["tokens"] == 1, "relative"].item() == 1.0
+    assert (df["seconds"] > 0).all() and set(df["context"]) == {16, 40}
+    assert set(df["device"]) == {"cpu"} and set(df["dtype"]) == {"float32"}
+
+
+def test_latency_cli_default_path_in_calibration_folder(tmp_path, monkeypatch, capsys):
+    """Without --out the CSV lands in the calibration folder made for that model."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "calibration" / "a-other").mkdir(parents=True)
+    (tmp_path / "calibration" / "a-other" / "meta.json").write_text(json.dumps({"model": "someone-else"}))
+    (tmp_path / "calibration" / "mine").mkdir()
+    (tmp_path / "calibration" / "mine" / "meta.json").write_text(json.dumps({"model": "random:tiny"}))
+    assert main(["latency", "--random-config", "tiny", "--sizes", "2,3", "--context", "8", "--repeats", "1",
+                 "--warmup", "0", "--device", "cpu"]) == 0
+    df = read_latency(tmp_path / "calibration" / "mine" / "latency-cpu.csv")
+    assert df["tokens"].tolist() == [1, 2, 3] and set(df["model"]) == {"random:tiny"}
+
+
+def test_random_config_shapes():
+    m = random_model("tiny,layers=1,vocab=200", device="cpu")
+    assert m.config.num_hidden_layers == 1 and m.get_input_embeddings().weight.shape == (200, 64)
+    assert m.config.num_key_value_heads == 2
+
+
+# ----------------------------------------------------------------------------------------------- hardware-aware
+
+def _acc(seed=0, k=4, r=5):
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.dirichlet(np.ones(r + 1), size=k)[:, :r] * rng.uniform(0.5, 1, (k, 1)), axis=1)[:, ::-1]
+
+
+def _brute_force_best(acc, df):
+    """Argmax over budgets of expected length / relative cost, every tree built and interpolated independently."""
+    sizes, secs = df["tokens"].to_numpy(), df["seconds"].to_numpy()
+    best = None
+    for b in range(1, sizes.max()):
+        length = expected_length(optimal_tree(acc, b), acc)
+        s = length / (np.interp(b + 1, sizes, secs) / np.interp(1, sizes, secs))
+        if best is None or s > best[1] + 1e-12:
+            best = (b, s)
+    return best
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_hardware_aware_is_argmax_of_predicted_speedup(seed):
+    acc = _acc(seed)
+    df = synthetic_latency([1, 2, 4, 8, 16, 32, 64], scale=12 + 8 * seed)
+    table, _ = latency_table(df)
+    res = hardware_aware(acc, table)
+    b, s = _brute_force_best(acc, df)
+    assert res["best"]["budget"] == b and math.isclose(res["best"]["speedup"], s, rel_tol=1e-9)
+    assert res["tree"].nodes == b and set(res["tree"].paths) == set(optimal_tree(acc, b).paths)
+    assert [r["budget"] for r in res["rows"]] == list(range(1, 64))
+    assert 1 < b < 63  # the synthetic cost curve puts the optimum inside, so the test can fail
+
+
+def test_optimize_latency_cli(tmp_path, capsys):
+    acc = _acc(3)
+    write_accuracies(tmp_path / "acc.csv", acc)
+    lat = pd.concat([synthetic_latency([1, 2, 4, 8, 16, 32, 64], 16, 128),
+                     synthetic_latency([1, 2, 4, 8, 16, 32, 64], 60, 1024)])
+    lat.to_csv(tmp_path / "lat.csv", index=False)
+    argv = ["optimize", "--accuracies", str(tmp_path / "acc.csv"), "--latency", str(tmp_path / "lat.csv")]
+    assert main(argv) == 2  # two contexts and no calibration to choose by
+    assert "--context" in _error_line(capsys)
+    for ctx in (128, 1024):
+        assert main(argv + ["--context", str(ctx), "--out", str(tmp_path / "t.json"),
+                            "--curve-out", str(tmp_path / "c.csv")]) == 0
+        tree = json.loads((tmp_path / "t.json").read_text())
+        b, s = _brute_force_best(acc, lat[lat["context"] == ctx])
+        assert tree["budget"] == b and tree["context"] == ctx and math.isclose(tree["predicted_speedup"], s)
+        assert len(load_tree(tree["medusa_choices"]).paths) == b
+        curve = pd.read_csv(tmp_path / "c.csv")
+        assert curve["budget"].tolist() == list(range(1, 64))
+        assert np.allclose(curve["speedup"], curve["expected_length"] / curve["relative_latency"])
+        assert curve["speedup"].idxmax() == b - 1
+
+
+def test_optimize_latency_picks_context_of_calibration(calib, tmp_path, capsys):
+    """The calibration's prompts are ~40 tokens: rows at context 32 are used, not those at 4096."""
+    lat = pd.concat([synthetic_latency([1, 2, 4, 8, 16], 4, 32), synthetic_latency([1, 2, 4, 8, 16], 1000, 4096)])
+    lat.to_csv(tmp_path / "lat.csv", index=False)
+    assert main(["optimize", "--calibration", str(calib), "--joint", "--latency", str(tmp_path / "lat.csv"),
+                 "--out", str(tmp_path / "t.json")]) == 0
+    assert json.loads((tmp_path / "t.json").read_text())["context"] == 32
+
+
+def test_latency_table_checks():
+    df = synthetic_latency([1, 4, 16])
+    assert latency_table(df, target=1e6)[1] == 128
+    with pytest.raises(WorkbenchError, match="no rows for context 5"):
+        latency_table(df, context=5)
+    with pytest.raises(WorkbenchError, match="1-token row"):
+        latency_table(synthetic_latency([2, 4]))
+    with pytest.raises(WorkbenchError, match="several setups"):
+        latency_table(pd.concat([df, df.assign(device="other")]))
+
+
+# ----------------------------------------------------------------------------------------------- sweep
+
+def test_parsers():
+    assert parse_floats("0.01:0.25:0.04", "--epsilon") == [0.01, 0.05, 0.09, 0.13, 0.17, 0.21, 0.25]
+    assert parse_floats("0.7,0", "--temperature") == [0.0, 0.7]
+    assert parse_delta("sqrt") == "sqrt" and parse_delta("0.3") == 0.3
+    for bad in ("0.25:0.01:0.04", "0.1:0.2:0", "0.1:0.2", "a,b", ""):
+        with pytest.raises(WorkbenchError):
+            parse_floats(bad, "--epsilon")
+    with pytest.raises(WorkbenchError, match="unknown"):
+        parse_delta("cube")
+
+
+def test_dense_near_sizes():
+    """Budget 64, depths 1..5, s <= 10: per depth the count sum_j s^j nearest 64 is 10, 56 (s=7), 84 (s=4),
+    30 (s=2) and 62 (s=2); only those within a factor 1.5 (42.7..96) are kept."""
+    trees = dense_near(64, 5)
+    assert [(t.depth, t.nodes) for t in trees] == [(2, 56), (3, 84), (5, 62)]
+    for t in trees:
+        assert t.paths == dense_tree([t.max_rank + 1] * t.depth).paths
+    assert [t.nodes for t in dense_near(3, 1)] == [3]
+
+
+def test_sweep_configs_greedy_once_per_tree():
+    trees = [(load_tree("[[0], [1]]"), "given"), (load_tree("[[0], [0, 0]]"), "given")]
+    cfg = sweep_configs(trees, [0.0, 0.7], [0.05, 0.09, 0.13], "sqrt")
+    assert len(cfg) == 2 * (1 + 3)
+    assert len({c["config"] for c in cfg}) == len(cfg)
+    typ = [c for c in cfg if c["acceptance"] == "typical"]
+    assert all(math.isclose(c["delta"], math.sqrt(c["epsilon"])) for c in typ)
+
+
+def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
+    out = tmp_path / "sweep.csv"
+    argv = ["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+            "--calibration", str(calib), "--budgets", "2,4", "--dense", "--temperature", "0,0.7",
+            "--epsilon", "0.05:0.13:0.08", "--prompts", "holdout", "--max-new-tokens", "8", "--device", "cpu",
+            "--quiet", "--out", str(out)]
+    assert main(argv) == 0
+    df = pd.read_csv(out)
+    assert list(df.columns) == SWEEP_COLUMNS
+    trees = sweep_trees([2, 4], None, True, calib, False, tiny_llama.heads["2"].num_heads)
+    assert {k for _, k in trees} == {"optimal", "dense"}
+    assert len(df) == 1 + len(trees) * (1 + 2)  # vanilla + per tree: greedy once, typical per epsilon
+    assert df["config"].is_unique and (df["kind"] == "vanilla").sum() == 1
+    greedy = df[df["acceptance"] == "greedy"]
+    assert (greedy["exact_match"] == 1.0).all()
+    assert greedy["epsilon"].isna().all()
+    typ = df[df["acceptance"] == "typical"]
+    assert sorted(typ["epsilon"].unique()) == [0.05, 0.13]
+    assert np.allclose(typ["delta"], np.sqrt(typ["epsilon"]))
+    assert (df["num_prompts"] == 2).all()  # the 25% holdout of 8 prompts
+    assert (df["acceleration_rate"] >= 1).all() and (df["mean_logprob"] < 0).all()
+    assert df["distinct_2"].between(0, 1).all()
+    opt = df[df["kind"] == "optimal"]
+    assert opt["predicted_tokens_per_step"].notna().all() and opt["calibration_holdout"].notna().all()
+    assert main(argv) == 0  # everything done: nothing rerun, file unchanged
+    assert pd.read_csv(out).equals(df)
+
+    # the markdown summary, with a latency table covering every tree
+    nodes = int(df["nodes"].max()) + 1
+    synthetic_latency(list(range(1, nodes + 1)), 3).to_csv(tmp_path / "lat.csv", index=False)
+    md = summarize(out, tmp_path / "lat.csv")
+    for heading in ("Predicted vs measured", "Optimized vs dense", "Hardware-aware choice", "Typical acceptance"):
+        assert f"## {heading}" in md
+    g = greedy[greedy["kind"] != "vanilla"].dropna(subset=["predicted_tokens_per_step"])
+    speedup = g["predicted_tokens_per_step"] * (1 + (1 / 3) ** 2) / (1 + ((g["nodes"] + 1) / 3) ** 2)
+    best = set(g.loc[np.isclose(speedup, speedup.max(), rtol=1e-12, atol=0), "tree"])
+    assert re.search(r"Hardware-aware pick: \*\*(.+?)\*\*", md).group(1) in best
+    assert main(["sweep-report", str(out), "--latency", str(tmp_path / "lat.csv"),
+                 "--out", str(tmp_path / "r.md")]) == 0
+    assert (tmp_path / "r.md").read_text() == md
+
+
+class Killed(Exception):
+    pass
+
+
+def test_sweep_resume_skips_done_rows(tiny_llama, tmp_path):
+    tok, model, heads = tiny_llama.tokenizer, tiny_llama.model, tiny_llama.heads["2"]
+    prompts = [prepare_prompt(tok, p) for p in PROMPTS[:2]]
+    trees = [(load_tree("[[0], [1], [0, 0]]"), "given"), (load_tree("[[0], [0, 0], [0, 0, 0]]"), "given")]
+    configs = sweep_configs(trees, [0.0, 0.7], [0.09], "sqrt")
+    kw = dict(max_new_tokens=6, run_info=dict(model="tiny"), progress=False)
+
+    def kill_after(n):
+        seen = []
+
+        def on_row(row):
+            seen.append(row["config"])
+            if len(seen) == n:
+                raise Killed
+        return on_row
+
+    out = tmp_path / "s.csv"
+    with pytest.raises(Killed):
+        run_sweep(model, heads, tok, prompts, configs, out, on_row=kill_after(2), **kw)
+    partial = out.read_text().splitlines()
+    assert len(partial) == 1 + 2  # header, vanilla, first config
+    resumed = []
+    run_sweep(model, heads, tok, prompts, configs, out, on_row=lambda r: resumed.append(r["config"]), **kw)
+    assert resumed == [c["config"] for c in configs[1:]]  # neither vanilla nor the done config ran again
+    final = out.read_text().splitlines()
+    assert final[:3] == partial  # done rows kept verbatim
+    run_sweep(model, heads, tok, prompts, configs, out, on_row=kill_after(1), **kw)  # all done: no row runs
+    assert out.read_text().splitlines() == final
+
+    full = tmp_path / "full.csv"
+    run_sweep(model, heads, tok, prompts, configs, full, **kw)
+    a, b = pd.read_csv(out), pd.read_csv(full)
+    assert a["config"].tolist() == b["config"].tolist() and a["run"].tolist() == b["run"].tolist()
+    for col in ("acceleration_rate", "exact_match", "new_tokens", "steps", "distinct_2", "nodes"):
+        assert a[col].tolist() == b[col].tolist(), col
+    assert np.allclose(a["mean_logprob"], b["mean_logprob"])
+    assert (a.loc[a["acceptance"] == "greedy", "exact_match"] == 1.0).all()
+
+    # other settings are another run: nothing counts as done, old rows stay
+    run_sweep(model, heads, tok, prompts, configs[:1], out, **dict(kw, max_new_tokens=4))
+    c = pd.read_csv(out)
+    assert len(c) == len(a) + 2 and c["run"].nunique() == 2
+
+
+# ----------------------------------------------------------------------------------------------- errors
+
+def test_bad_inputs_are_one_line_errors(tiny_llama, calib, prompt_file, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # no calibration/ here
+    base = ["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+            "--device", "cpu", "--out", str(tmp_path / "o.csv"), "--prompts", str(prompt_file)]
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text(json.dumps({"instruction": "  "}) + "\n")
+    cases = [
+        (["--trees", "[[0]]", "--temperature", "0.7", "--epsilon", "0.25:0.01:0.04"], "--epsilon"),
+        (["--trees", "[[0]]", "--epsilon", "0:0.2:0.1"], "--epsilon"),
+        (["--trees", "[[0]]", "--delta", "cube"], "--delta"),
+        (["--trees", "[[0]]", "--temperature", "-1"], "--temperature"),
+        (["--budgets", "4"], "no calibration folder"),
+        (["--budgets", "4,x", "--calibration", str(calib)], "--budgets"),
+        (["--budgets", "4", "--calibration", str(tmp_path / "nope")], "--calibration"),
+        (["--trees", "[[0]]", "--prompts", str(empty)], "empty"),
+        (["--trees", "[[0]]", "--prompts", str(blank)], "no non-empty prompts"),
+        (["--trees", "[[0]]", "--limit", "0"], "--limit"),
+        (["--trees", str([[0] * d for d in range(1, 7)])], "exceeds the 5 Medusa heads"),
+        (["--trees", "[[0], [0, 0], [1, 0, 0]]"], "parent [1, 0] is missing"),
+    ]
+    for extra, needle in cases:
+        assert main(base + extra) == 2, extra
+        assert needle in _error_line(capsys), extra
+    (tmp_path / "o.csv").write_text("a,b\n1,2\n")
+    assert main(base + ["--trees", "[[0]]", "--limit", "1", "--max-new-tokens", "2"]) == 2
+    assert "not a sweep CSV" in _error_line(capsys)
+
+    for argv, needle in [
+        (["latency", "--random-config", "huge-model"], "unknown preset"),
+        (["latency", "--random-config", "hidden=10,layers=1,heads=3,vocab=50"], "multiple"),
+        (["latency", "--random-config", "tiny", "--sizes", "0,4"], "--sizes"),
+        (["latency", "--random-config", "tiny,max_positions=512", "--context", "600", "--sizes", "2", "--device", "cpu",
+          "--out", str(tmp_path / "l.csv")], "exceeds"),
+        (["optimize", "--calibration", str(calib), "--latency", str(tmp_path / "missing.csv")], "no such file"),
+        (["optimize", "--calibration", str(calib), "--latency", str(empty)], "--latency"),
+        (["sweep-report", str(tmp_path / "missing.csv")], "no such file"),
+    ]:
+        assert main(argv) == 2, argv
+        assert needle in _error_line(capsys), argv
