@@ -1,0 +1,101 @@
+"""`workbench train-heads` end to end on a tiny random model: self-distil, cache, train, save; resume; bad input."""
+import json
+
+import pytest
+import torch
+
+from workbench import WorkbenchError
+from workbench.cli import main
+from workbench.models import load_heads, tiny_tokenizer
+from workbench.train import TrainConfig, interleaved_prompts, load_dataset_tensors, train_heads
+
+
+@pytest.fixture
+def prompt_file(tmp_path):
+    rows = [{"instruction": f"Say something about the number {i}.", "input": "", "output": "x"} for i in range(12)]
+    rows[3]["input"] = "with context"
+    f = tmp_path / "train_alpaca.json"
+    f.write_text(json.dumps(rows))
+    return f
+
+
+def _cfg(prompts, **kw):
+    base = dict(tokens=120, max_new_tokens=12, gen_batch=4, gen_dtype="float32", steps=40, batch_size=64, lr=1e-2,
+                warmup=2, num_heads=3)
+    base.update(kw)
+    return TrainConfig(prompts=prompts, **base)
+
+
+def test_train_heads_learns_and_saves(tiny_llama, prompt_file, tmp_path):
+    prompts = interleaved_prompts([str(prompt_file)])
+    assert len(prompts) == 12 and any("with context" in p for p in prompts)
+    out = tmp_path / "heads"
+    summary = train_heads(tmp_path / "work", _cfg(prompts), str(tiny_llama.model_dir), out, log_every=5)
+    heads, cfg = load_heads(out)
+    assert heads.num_heads == 3 and heads.tied and cfg["medusa_format"] == 2
+    assert cfg["training"]["answer_tokens"] >= 120
+    losses = [h["loss"] for h in summary["history"]]
+    assert losses[-1] < losses[0]
+    # heads learn the model's own continuations: head 1 beats chance (1/128) by far on held-out parts
+    assert summary["validation"]["head_1"]["top5"] > 0.2
+
+
+def test_targets_are_t_plus_k_plus_1_within_a_sequence(tmp_path):
+    ids = torch.tensor([10, 11, 12, 13, 20, 21, 22])
+    seq = torch.tensor([0, 0, 0, 0, 1, 1, 1], dtype=torch.int32)
+    torch.save({"ids": ids, "hidden": torch.zeros(7, 4, dtype=torch.bfloat16), "seq": seq}, tmp_path / "p.pt")
+    _, tgt = load_dataset_tensors([tmp_path / "p.pt"], 2)
+    # position 0: base predicts ids[1]; head 1 -> ids[2], head 2 -> ids[3]; never across sequences
+    assert tgt.tolist() == [[12, 13], [13, -100], [-100, -100], [-100, -100], [22, -100], [-100, -100], [-100, -100]]
+
+
+def test_resume_continues_without_regenerating(tiny_llama, prompt_file, tmp_path):
+    prompts = interleaved_prompts([str(prompt_file)])
+    work, out = tmp_path / "work", tmp_path / "heads"
+    train_heads(work, _cfg(prompts, steps=10), str(tiny_llama.model_dir), out, log_every=5)
+    parts = sorted((work / "parts").glob("part-*.pt"))
+    stamps = [p.stat().st_mtime_ns for p in parts]
+    summary = train_heads(work, _cfg(prompts, steps=20), str(tiny_llama.model_dir), out, log_every=5)
+    assert [p.stat().st_mtime_ns for p in sorted((work / "parts").glob("part-*.pt"))] == stamps
+    history = json.loads(torch.load(work / "checkpoint.pt", weights_only=True)["history"])
+    assert [h["step"] for h in history] == [5, 10, 15, 20] and summary["steps"] == 20
+
+
+def test_cli_train_heads(tiny_llama, prompt_file, tmp_path, capsys):
+    out = tmp_path / "cli_heads"
+    rc = main(["train-heads", "--model", str(tiny_llama.model_dir), "--prompts", str(prompt_file), "--tokens", "40",
+               "--max-new-tokens", "8", "--gen-batch", "4", "--gen-dtype", "float32", "--steps", "3",
+               "--num-heads", "2", "--work", str(tmp_path / "w"), "--out", str(out)])
+    assert rc == 0
+    assert load_heads(out)[0].num_heads == 2
+    assert json.loads(capsys.readouterr().out)["steps"] == 3
+
+
+@pytest.mark.parametrize("name", ["alpaca_eval.json", "mt_bench_questions.jsonl"])
+def test_held_out_sets_are_refused(tmp_path, name):
+    f = tmp_path / name
+    f.write_text(json.dumps([{"instruction": "hi"}]))
+    with pytest.raises(WorkbenchError, match="held out"):
+        interleaved_prompts([str(f)])
+
+
+def test_bad_inputs_are_one_line_errors_and_write_nothing(tiny_llama, tmp_path, capsys):
+    empty = tmp_path / "empty.json"
+    empty.write_text("[]")
+    broken = tmp_path / "broken.json"
+    broken.write_text("[{\"instruction\": ")
+    for f in (empty, broken):
+        out = tmp_path / f"out_{f.stem}"
+        rc = main(["train-heads", "--model", str(tiny_llama.model_dir), "--prompts", str(f), "--out", str(out),
+                   "--work", str(tmp_path / f"w_{f.stem}")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err[-1].startswith("error: ") and not out.exists()
+
+
+def test_base_without_chat_template_is_refused(tiny_llama, prompt_file, tmp_path):
+    folder = tmp_path / "plain"
+    tiny_llama.model.save_pretrained(folder)
+    tiny_tokenizer(chat_template=False).save_pretrained(folder)
+    with pytest.raises(WorkbenchError, match="chat template"):
+        train_heads(tmp_path / "w", _cfg(interleaved_prompts([str(prompt_file)])), str(folder), tmp_path / "o")
+    assert not (tmp_path / "o").exists()
