@@ -94,7 +94,8 @@ def parse_delta(text) -> str | float:
     try:
         d = float(text)
     except (TypeError, ValueError):
-        raise WorkbenchError(f"--delta {text!r}: unknown; use 'sqrt' (delta = sqrt(epsilon)) or a number >= 0") from None
+        raise WorkbenchError(f"--delta {text!r}: unknown; use 'sqrt' (delta = sqrt(epsilon)) or a number >= 0") \
+            from None
     if not (d >= 0 and math.isfinite(d)):
         raise WorkbenchError(f"--delta {text!r}: must be 'sqrt' or a finite number >= 0")
     return d
@@ -174,8 +175,12 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
     the 4-D mask and position ids the decoder's own, so a kernel that exploits structure is timed as used."""
     from workbench.optimize import optimal_tree_from
 
-    return optimal_tree_from(lambda p: math.prod(0.7 * 0.45 ** r for r in p), nodes, depth, topk,
+    tree = optimal_tree_from(lambda p: math.prod(0.7 * 0.45 ** r for r in p), nodes, depth, topk,
                              name=f"latency_{nodes}")
+    if tree.nodes < nodes:
+        raise WorkbenchError(f"a tree of depth {depth} with top-{topk} per head has at most {tree.nodes} nodes, "
+                             f"not {nodes}: use smaller --sizes (or heads with more heads)")
+    return tree
 
 
 # ----------------------------------------------------------------------------------------------- latency
@@ -189,7 +194,8 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     cache is prefilled once per context and cropped back after every call, so the context stays fixed."""
     from tqdm.auto import tqdm
 
-    from workbench.decode import _clock, decode_one, logits_of, new_cache, prefill, tree_forward, tree_setup
+    from workbench.decode import (_clock, context_length, decode_one, logits_of, new_cache, prefill, tree_forward,
+                                  tree_setup)
 
     sizes = sorted({1, *(int(s) for s in sizes)})
     contexts = sorted({int(c) for c in contexts})
@@ -197,8 +203,6 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
         raise WorkbenchError(f"--repeats {repeats} / --warmup {warmup}: need repeats >= 1 and warmup >= 0")
     if sizes[0] < 1 or not contexts or contexts[0] < 1:
         raise WorkbenchError("--sizes and --context must be positive integers")
-    from workbench.decode import context_length
-
     limit = context_length(model)
     if limit is not None and contexts[-1] + sizes[-1] > limit:
         raise WorkbenchError(f"context {contexts[-1]} + {sizes[-1]} tokens exceeds the model's {limit} positions: "
@@ -266,7 +270,8 @@ def read_latency(path) -> pd.DataFrame:
     missing = [c for c in ("context", "tokens", "seconds") if c not in df.columns]
     if missing or df.empty:
         raise WorkbenchError(f"--latency {path}: needs rows with columns context,tokens,seconds "
-                             f"({'missing ' + ', '.join(missing) if missing else 'no rows'}; `workbench latency` writes it)")
+                             f"({'missing ' + ', '.join(missing) if missing else 'no rows'}; "
+                             "`workbench latency` writes it)")
     num = df[["context", "tokens", "seconds"]].apply(pd.to_numeric, errors="coerce")
     if num.isna().any().any() or (num["tokens"] < 1).any() or (num["seconds"] <= 0).any():
         raise WorkbenchError(f"--latency {path}: context/tokens must be integers >= 1 and seconds > 0 on every row")
@@ -655,10 +660,10 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
     df = pd.read_csv(f)
     if list(df.columns) != SWEEP_COLUMNS or df.empty:
         raise WorkbenchError(f"sweep CSV {sweep_csv}: not a sweep CSV with rows (columns differ or it is empty)")
-    parts = [f"Sweep `{f.name}`: model {', '.join(map(str, df['model'].dropna().unique()))}, "
-             f"{', '.join(map(str, df['num_prompts'].unique()))} prompts ({', '.join(map(str, df['prompts'].unique()))}), "
-             f"max {', '.join(map(str, df['max_new_tokens'].unique()))} new tokens, device "
-             f"{', '.join(map(str, df['device'].unique()))} {', '.join(map(str, df['dtype'].unique()))}."]
+    def values(col):
+        return ", ".join(map(str, df[col].dropna().unique()))
+    parts = [f"Sweep `{f.name}`: model {values('model')}, {values('num_prompts')} prompts ({values('prompts')}), "
+             f"max {values('max_new_tokens')} new tokens, device {values('device')} {values('dtype')}."]
     greedy = df[(df["acceptance"] == "greedy") & (df["kind"] != "vanilla")].sort_values(["nodes", "kind"])
 
     pred = greedy.dropna(subset=["predicted_tokens_per_step"])
@@ -705,7 +710,8 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
     typical = df[df["acceptance"] == "typical"]
     if len(typical):
         t = typical[["tree", "nodes", "temperature", "epsilon", "delta", "acceleration_rate", "speedup",
-                     "mean_logprob", "distinct_2", "exact_match"]].sort_values(["nodes", "tree", "temperature", "epsilon"])
+                     "mean_logprob", "distinct_2", "exact_match"]]
+        t = t.sort_values(["nodes", "tree", "temperature", "epsilon"])
         parts.append("## Typical acceptance vs epsilon and temperature (Fig. 5)\n\n"
                      "exact_match = share of prompts whose output equals vanilla greedy; mean_logprob = mean "
                      "log-probability of the generated tokens under the base model (temperature 1).\n\n" +
