@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import WorkbenchError
-from workbench.calibrate import (NULL, calibrate, greedy_continuations, head_accuracies, head_ranks, holdout_split,
-                                 load_calibration, measured_acceptance, path_probabilities, ranks_frame, tree_report)
+from workbench.calibrate import (NULL, calibrate, decoder_walk, greedy_continuations, head_accuracies, head_ranks,
+                                 holdout_split, load_calibration, measured_acceptance, path_probabilities, ranks_frame,
+                                 tree_report)
 from workbench.decode import eos_ids, medusa_generate, prepare_prompt
 from workbench.optimize import expected_length, read_accuracies
 from workbench.tree import load_tree, make_tree
@@ -74,12 +75,15 @@ def test_batched_ranks_equal_the_position_by_position_definition(arch, request):
     model, tok, heads = tiny.model, tiny.tokenizer, tiny.heads["1"]
     prompts = [prepare_prompt(tok, p) for p in PROMPTS[:4]]  # different lengths: left padding is exercised
     stops = sorted(eos_ids(model, tok))
-    conts = greedy_continuations(model, prompts, 10, stops, tok.pad_token_id)
+    conts, hidden = greedy_continuations(model, prompts, 10, stops, tok.pad_token_id, return_hidden=True)
     assert conts == [_naive_greedy(model, p, 10, set(stops)) for p in prompts]
-    ranks, mismatches = head_ranks(model, heads, prompts, conts, topk=6, chunk=7)  # chunk: odd split on purpose
-    assert mismatches == [0] * 4
-    for p, c, r in zip(prompts, conts, ranks):
-        np.testing.assert_array_equal(r, _naive_ranks(model, heads, p, c, 6))
+    naive = [_naive_ranks(model, heads, p, c, 6) for p, c in zip(prompts, conts)]
+    assert [len(h) for h in hidden] == [len(c) for c in conts]
+    for states in (None, hidden):  # one teacher-forced forward, or the states captured during generation
+        ranks, mismatches = head_ranks(model, heads, prompts, conts, topk=6, hidden=states, chunk=7)
+        assert mismatches == ([0] * 4 if states is None else None)
+        for r, n in zip(ranks, naive):
+            np.testing.assert_array_equal(r, n)
 
 
 def test_ranks_predict_every_step_of_the_live_decoder(run, tiny_llama, prompt_file):
@@ -91,9 +95,9 @@ def test_ranks_predict_every_step_of_the_live_decoder(run, tiny_llama, prompt_fi
     from workbench.data import load_prompt_records
     texts = dict(load_prompt_records(str(prompt_file)))
     heads = tiny_llama.heads["2"]
-    trees = [load_tree(str(folder / "trees" / "tiny-joint-6.json")), load_tree(str(folder / "trees" / "tiny-indep-6.json")),
-             make_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2]])]
-    multi = 0
+    trees = [load_tree(str(folder / "trees" / f"tiny-{kind}-6.json")) for kind in ("joint", "indep")]
+    trees.append(make_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [2]]))
+    multi, steps = 0, {}
     for tree in trees:
         paths = set(tree.paths)
         for pid, group in ranks.groupby("prompt_id", sort=False):
@@ -109,7 +113,9 @@ def test_ranks_predict_every_step_of_the_live_decoder(run, tiny_llama, prompt_fi
                                   prepare_prompt(tiny_llama.tokenizer, texts[pid]), tree, ARGS["max_new_tokens"])
             assert res.token_ids == list(conts.loc[pid, "continuation"])
             assert res.accepted_lengths == expected, (tree.name, pid)
+            steps[tree] = steps.get(tree, 0) + len(res.steps)
             multi += sum(n > 1 for n in expected)
+        assert decoder_walk(tree, ranks) == pytest.approx(len(ranks) / steps[tree])  # the live decoder's tokens/step
     assert multi > 0  # the heads do get tokens accepted, so the check above is not vacuous
 
 
@@ -149,7 +155,8 @@ def test_output_files(run, prompt_file):
         probs = path_probabilities(fit)
         assert data["expected_acceptance_length"] == pytest.approx(
             expected_length(tree, acc) if kind == "indep" else 1 + sum(probs.get(p, 0) for p in tree.paths))
-        assert data["holdout_acceptance_length"] == pytest.approx(measured_acceptance(tree, ranks[ranks["prompt_id"].isin(held)]))
+        test = ranks[ranks["prompt_id"].isin(held)]
+        assert data["holdout_acceptance_length"] == pytest.approx(measured_acceptance(tree, test))
     # the joint tree is optimal for the empirical objective it was built from
     for b in ARGS["budgets"]:
         joint, indep = (json.loads((folder / "trees" / f"tiny-{k}-{b}.json").read_text()) for k in ("joint", "indep"))
@@ -206,12 +213,16 @@ def test_interrupted_run_resumes_to_identical_files(run, tiny_llama, prompt_file
     assert sorted(f.name for f in (out / "trees").iterdir()) == ["tiny-indep-5.json", "tiny-joint-5.json"]
 
 
+def _interrupt(i):
+    raise KeyboardInterrupt
+
+
 def test_other_arguments_on_an_existing_folder_are_refused_unless_forced(run, tiny_llama, prompt_file, tmp_path):
     full, _ = run
     out = tmp_path / "c"
     model, heads = str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"])
     with pytest.raises(KeyboardInterrupt):
-        calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=lambda i: (_ for _ in ()).throw(KeyboardInterrupt), **ARGS)
+        calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=_interrupt, **ARGS)
     with pytest.raises(WorkbenchError, match=r"other arguments \(max_new_tokens: 12 -> 8\).*--force"):
         calibrate(model, heads, str(prompt_file), name="tiny", out=out, **dict(ARGS, max_new_tokens=8))
     calibrate(model, heads, str(prompt_file), name="tiny", out=out, force=True, **ARGS)
@@ -314,7 +325,8 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
     for t in meta["trees"]:  # the printed table
         assert f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}" in text
     names = [f"model-p-{k}-{b}" for k in ("indep", "joint") for b in (2, 3)]  # default name: MODEL-PROMPTS
-    assert sorted([t["name"] for t in meta["trees"]] + [s.split(":")[0] for s in meta["trees_skipped"]]) == sorted(names)
+    made = [t["name"] for t in meta["trees"]] + [s.split(":")[0] for s in meta["trees_skipped"]]
+    assert sorted(made) == sorted(names)
     assert main(argv[:-4] + ["--topk", "5", "--out", str(out)]) == 2  # other arguments: refused
     assert "--force" in capsys.readouterr().err
 
@@ -324,7 +336,8 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
         assert main(["optimize", "--calibration", str(folder), "--budget", "4"] + ["--joint"] * joint) == 0
         obj = json.loads(capsys.readouterr().out)
         value = empirical_value_fn(path_probabilities(fit)) if joint else acc
-        assert obj["expected_acceptance_length"] == pytest.approx(expected_length(make_tree(obj["medusa_choices"]), value))
+        tree = make_tree(obj["medusa_choices"])
+        assert obj["expected_acceptance_length"] == pytest.approx(expected_length(tree, value))
         ours = json.loads((folder / "trees" / f"tiny-{'joint' if joint else 'indep'}-3.json").read_text())
         assert obj["medusa_choices"][:3] == ours["medusa_choices"]  # greedy order: budget 3 is a prefix of 4
     assert main(["optimize", "--joint", "--budget", "4"]) == 2
@@ -334,7 +347,7 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
     text = capsys.readouterr().out
     rep = tree_report(make_tree([[0], [1], [0, 0]]), folder)
     assert f"{rep['empirical']:.4f}" in text and f"{rep['independence']:.4f}" in text
-    assert f"{rep['holdout_measured']:.4f}" in text
+    assert f"{rep['holdout_measured']:.4f}" in text and f"{rep['decoder_walk']:.4f}" in text
 
 
 def test_no_tree_when_no_guess_was_ever_right(tmp_path):

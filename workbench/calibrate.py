@@ -8,8 +8,10 @@ A tree node [i1..id] is accepted at t iff ranks[t, j] == i_j for j = 1..d, so wi
 P(path) = share of positions where it is accepted, mean tokens per step over positions = 1 + sum P(node).
 (A live decoder visits only the positions after each accepted prefix; averaging over all is the paper's method.)
 
-Speed: continuations come from batched HF `generate` (left padding, greedy), then ONE teacher-forced forward
-over prompt + continuation gives every position's hidden state at once, instead of a heads pass per step.
+Speed: continuations come from batched HF `generate` (left padding, greedy); the last hidden state of every
+step is captured from those same forwards (a hook on the decoder), and the heads then run once over all
+positions in big chunks instead of a heads pass per step. This equals a teacher-forced forward over prompt +
+continuation (`_teacher_forced_hidden`, tested to give the same ranks) without paying for that second pass.
 Reliability: one part file per prompt batch in `parts/`, written atomically; a rerun with the same arguments
 skips finished batches, then merges. Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json,
 trees/NAME-{indep,joint}-B.json.
@@ -32,15 +34,18 @@ from workbench import WorkbenchError, __version__
 from workbench.io import atomic_write_json
 
 NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
-RUN_KEYS = ("model", "heads", "prompts", "limit", "prompts_sha256", "max_new_tokens", "topk", "batch_size",
-            "device", "dtype", "num_heads")  # change any of these and the ranks change: refuse to mix
 
 
 # ----------------------------------------------------------------------------------------------- model side
 
 def greedy_continuations(model, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int],
-                         pad_id: int) -> list[list[int]]:
-    """The base model's greedy answers, batched with left padding; each ends at its first stop token (kept)."""
+                         pad_id: int, return_hidden: bool = False):
+    """The base model's greedy answers, batched with left padding; each ends at its first stop token (kept).
+
+    With return_hidden, also each answer's last hidden states [N, H], position t being the state whose base
+    logits chose c[t]: captured from the very forwards that generated the tokens (a hook on the decoder), so no
+    second pass over the sequences is needed.
+    """
     from transformers import GenerationConfig
 
     B, P = len(prompts), max(map(len, prompts))
@@ -51,33 +56,56 @@ def greedy_continuations(model, prompts: list[list[int]], max_new_tokens: int, s
         mask[b, P - len(p):] = 1
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
                            eos_token_id=stop_ids or None, pad_token_id=pad_id)
-    with torch.no_grad():
-        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                             generation_config=cfg)
+    steps = []  # [B, H] per generation step
+    hook = model.base_model.register_forward_hook(
+        lambda mod, args, out: steps.append(out.last_hidden_state[:, -1].clone())) if return_hidden else None
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
+                                 generation_config=cfg)
+    finally:
+        if hook is not None:
+            hook.remove()
     conts = []
     stops = set(stop_ids)
     for row in out[:, P:].tolist():
         end = next((i + 1 for i, tok in enumerate(row) if tok in stops), len(row))
         conts.append(row[:end])
-    return conts
+    if not return_hidden:
+        return conts
+    hidden = torch.stack(steps[:max(map(len, conts))], dim=1)  # [B, T, H]
+    return conts, [hidden[b, :len(c)] for b, c in enumerate(conts)]
 
 
-def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], topk: int,
-               chunk: int | None = None) -> tuple[list[np.ndarray], list[int]]:
-    """One teacher-forced forward -> per prompt ranks [N, K] (int16; -1 miss, NULL past the end) and the number
-    of positions where the base's own argmax disagrees with the continuation (0 unless numerics differ)."""
-    B, K = len(prompts), heads.num_heads
+def _teacher_forced_hidden(model, prompts, conts) -> torch.Tensor:
+    """Last hidden state [M, H] at every position t of every continuation (flat, prompt by prompt): the state
+    just before c[t], whose base logits predict c[t]. One forward over prompt + continuation, right-padded
+    (causal attention never sees the pads)."""
+    B, dev = len(prompts), model.device
     seqs = [p + c for p, c in zip(prompts, conts)]
     L = max(map(len, seqs))
     ids = torch.zeros((B, L), dtype=torch.long)
     mask = torch.zeros((B, L), dtype=torch.long)
-    rows, cols, offsets = [], [], [0]
-    for b, (p, c) in enumerate(zip(prompts, conts)):
-        ids[b, :len(seqs[b])] = torch.tensor(seqs[b])  # right padding: causal attention never sees it
-        mask[b, :len(seqs[b])] = 1
-        rows += [b] * len(c)
-        cols += range(len(p) - 1, len(p) - 1 + len(c))  # hidden state whose base logits predict c[t]
-        offsets.append(offsets[-1] + len(c))
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)] = torch.tensor(s)
+        mask[b, :len(s)] = 1
+    hidden = model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state
+    rows = [b for b, c in enumerate(conts) for _ in c]
+    cols = [len(p) - 1 + t for p, c in zip(prompts, conts) for t in range(len(c))]
+    return hidden[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]  # [M, H]
+
+
+def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], topk: int,
+               hidden: list[torch.Tensor] | None = None,
+               chunk: int | None = None) -> tuple[list[np.ndarray], list[int] | None]:
+    """Per prompt ranks [N, K] (int16; -1 miss, NULL past the end).
+
+    `hidden`: greedy_continuations' per-answer hidden states. Without them one teacher-forced forward over
+    prompt + continuation computes them, and the second value counts, per prompt, the positions where the base's
+    argmax there disagrees with the continuation (0 unless numerics differ); with them it is None (those very
+    states chose the tokens)."""
+    B, K = len(prompts), heads.num_heads
+    offsets = np.concatenate([[0], np.cumsum([len(c) for c in conts])]).tolist()
     M = offsets[-1]
     # targets[k, m]: the token head k must guess at flat position m (k = 0: the base's root token); -1 = none
     targets = torch.full((K + 1, M), -1, dtype=torch.long)
@@ -88,8 +116,8 @@ def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], t
     lm_head = model.get_output_embeddings()
     dev = model.device
     with torch.no_grad():
-        hidden = model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state
-        hidden = hidden[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]  # [M, H]
+        check = hidden is None
+        hidden = _teacher_forced_hidden(model, prompts, conts) if check else torch.cat(hidden)  # [M, H]
         vocab = lm_head.weight.shape[0]
         chunk = chunk or max(1, (1 << 26) // (vocab * (K + 1)))  # ~256 MB of fp32 logits per chunk
         ranks = torch.empty((K, M), dtype=torch.int16)
@@ -97,13 +125,14 @@ def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], t
         for s in range(0, M, chunk):
             h = hidden[s:s + chunk]                                   # [m, H]
             tgt = targets[:, s:s + chunk].to(dev)                     # [K+1, m]
-            mismatches[s:s + chunk] = (lm_head(h).argmax(-1) != tgt[0]).cpu()
+            if check:
+                mismatches[s:s + chunk] = (lm_head(h).argmax(-1) != tgt[0]).cpu()
             top = heads(h, lm_head).topk(topk, dim=-1).indices        # [K, m, topk]
             hit = top == tgt[1:, :, None]
             r = torch.where(hit.any(-1), hit.int().argmax(-1), -1)
             ranks[:, s:s + chunk] = torch.where(tgt[1:] < 0, NULL, r).to(torch.int16).cpu()
     per_prompt = [ranks[:, offsets[b]:offsets[b + 1]].T.numpy().copy() for b in range(B)]
-    bad = [int(mismatches[offsets[b]:offsets[b + 1]].sum()) for b in range(B)]
+    bad = [int(mismatches[offsets[b]:offsets[b + 1]].sum()) for b in range(B)] if check else None
     return per_prompt, bad
 
 
@@ -175,6 +204,27 @@ def measured_acceptance(tree, ranks: pd.DataFrame) -> float:
     return total / len(mat)
 
 
+def decoder_walk(tree, ranks: pd.DataFrame) -> float:
+    """Tokens per step a live greedy decoder with this tree would measure on these answers: per prompt, start at
+    position 0, accept the longest tree prefix of the rank sequence, jump past it; total tokens / total steps.
+    Differs from measured_acceptance (the mean over ALL positions) only by which positions get visited."""
+    nodes = set(tree.paths)
+    tokens = steps = 0
+    for _, group in ranks.groupby("prompt_id", sort=False):
+        mat = rank_matrix(group).tolist()
+        t = 0
+        while t < len(mat):
+            row, d = mat[t], 0
+            while d < len(row) and row[d] >= 0 and tuple(row[:d + 1]) in nodes:
+                d += 1
+            t += 1 + d
+            steps += 1
+        tokens += len(mat)
+    if steps == 0:
+        raise WorkbenchError("no positions to measure on (empty calibration data)")
+    return tokens / steps
+
+
 # ----------------------------------------------------------------------------------------------- split, files
 
 def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
@@ -195,7 +245,8 @@ def _write_parquet(df: pd.DataFrame, path: Path) -> None:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", Path(text).stem.lower() if ("/" in text or "." in text) else text.lower()).strip("-")
+    base = Path(text).stem if ("/" in text or "." in text) else text  # a path: its file name
+    return re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-")
 
 
 def default_name(model: str | None, prompts: str) -> str:
@@ -240,7 +291,8 @@ def calibration_objective(folder: str | Path | None, joint: bool = False, accura
 
 def tree_report(tree, folder: str | Path) -> dict:
     """A tree's predicted tokens per step on a calibration folder: independence model and empirical paths on all
-    positions, plus the measured value on the holdout prompts when there are any."""
+    positions, what a live decoder would measure on the same answers (decoder_walk), and the measured value on
+    the holdout prompts when there are any."""
     from workbench.optimize import expected_length
 
     acc, ranks = load_calibration(folder)
@@ -250,6 +302,7 @@ def tree_report(tree, folder: str | Path) -> dict:
                              f"{acc.shape[0]} heads and top-{acc.shape[1]}")
     out["independence"] = expected_length(tree, acc)
     out["empirical"] = measured_acceptance(tree, ranks)
+    out["decoder_walk"] = decoder_walk(tree, ranks)
     _, held = load_calibration(folder, "holdout")
     if len(held):
         out["holdout_measured"] = measured_acceptance(tree, held)
@@ -287,7 +340,13 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
     base, tok, hd = load_model_and_heads(model, heads, device, dtype)
     if topk > hd.vocab_size:
         raise WorkbenchError(f"--topk {topk}: larger than the vocabulary ({hd.vocab_size})")
-    args = dict(model=model_label(model), heads=str(heads) if heads else "demo", prompts=prompts, limit=limit,
+    if base.base_model is base:
+        raise WorkbenchError(f"{type(base).__name__}: no inner decoder (base_model) to read hidden states from; "
+                             "only decoder-only causal LMs with an lm_head are supported")
+    def where(spec):  # local paths absolute, so a rerun from elsewhere (or a later reader of meta) finds them
+        return str(Path(spec).resolve()) if spec and Path(spec).exists() else spec
+
+    args = dict(model=model_label(where(model)), heads=where(heads) or "demo", prompts=where(prompts), limit=limit,
                 prompts_sha256=hashlib.sha256(json.dumps(records).encode()).hexdigest(),
                 max_new_tokens=max_new_tokens, topk=topk, batch_size=batch_size, device=str(base.device.type),
                 dtype=str(base.dtype).replace("torch.", ""), num_heads=hd.num_heads)
@@ -339,12 +398,12 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
 def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress) -> None:
     from tqdm.auto import tqdm
 
+    from workbench.decode import eos_ids
+
     parts = folder / "parts"
     bs = args["batch_size"]
     batches = [range(s, min(s + bs, len(records))) for s in range(0, len(records), bs)]
     todo = [i for i in range(len(batches)) if not (parts / f"{i:05d}.ranks.parquet").is_file()]
-    from workbench.decode import eos_ids
-
     stop_ids = sorted(eos_ids(base, tok))  # the live decoder's stop tokens
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
     bar = tqdm(total=len(records), initial=len(records) - sum(len(batches[i]) for i in todo), unit="prompt",
@@ -353,15 +412,15 @@ def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progre
         t0 = time.perf_counter()
         idx = batches[i]
         prompts = [encoded[j] for j in idx]
-        conts = greedy_continuations(base, prompts, args["max_new_tokens"], stop_ids, pad_id)
-        ranks, bad = head_ranks(base, hd, prompts, conts, args["topk"])
+        conts, hidden = greedy_continuations(base, prompts, args["max_new_tokens"], stop_ids, pad_id,
+                                             return_hidden=True)
+        ranks, _ = head_ranks(base, hd, prompts, conts, args["topk"], hidden=hidden)
         pids = [records[j][0] for j in idx]
         secs = time.perf_counter() - t0
         info = pd.DataFrame({"prompt_id": pd.array(pids, dtype="string"),
                              "prompt_tokens": [len(p) for p in prompts],
                              "continuation": [list(c) for c in conts],
                              "stopped": ["eos" if c and c[-1] in stop_ids else "length" for c in conts],
-                             "teacher_mismatches": bad,
                              "seconds": [secs / len(idx)] * len(idx)})
         _write_parquet(info, parts / f"{i:05d}.prompts.parquet")
         _write_parquet(ranks_frame(pids, ranks, hd.num_heads), parts / f"{i:05d}.ranks.parquet")  # = batch done
@@ -436,7 +495,6 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
                 workbench_version=__version__, holdout=holdout, holdout_ids=sorted(held),
                 fit_positions=len(fit), holdout_positions=len(test),
                 stopped_at_eos=int((info["stopped"] == "eos").sum()),
-                teacher_forced_mismatches=int(info["teacher_mismatches"].sum()),
                 trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"))
     atomic_write_json(folder / "meta.json", meta)
     return dict(meta, folder=str(folder))

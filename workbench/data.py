@@ -14,8 +14,8 @@ from workbench import REPO_ROOT, WorkbenchError
 
 # name -> (local file name, hub loader args); the hub copies have the same columns as the local files.
 NAMED_SETS = {
-    "alpaca-eval": ("alpaca_eval.json",
-                    dict(path="json", data_files="hf://datasets/tatsu-lab/alpaca_eval/alpaca_eval.json", split="train")),
+    "alpaca-eval": ("alpaca_eval.json", dict(path="json", split="train",
+                                             data_files="hf://datasets/tatsu-lab/alpaca_eval/alpaca_eval.json")),
     "mt-bench": ("mt_bench_questions.jsonl", dict(path="lighteval/mt-bench", split="train")),
 }
 TEXT_COLUMNS = ("instruction", "prompt", "question", "turns")  # first one present wins
