@@ -361,3 +361,20 @@ def test_no_tree_when_no_guess_was_ever_right(tmp_path):
     summary, skipped = build_trees("n", ranks, ranks, head_accuracies(ranks, 3)[0], [4], tmp_path, "")
     assert [t["nodes"] for t in summary] == [1, 1] and skipped == []
     assert summary[0]["holdout_acceptance_length"] == pytest.approx(4 / 3)
+
+
+def test_new_heads_reuse_the_answers_of_an_earlier_calibration(run, tiny_llama, prompt_file, tmp_path):
+    """Heads change, the base does not: ranks from reused answers (teacher-forced) equal a fresh run's."""
+    folder, _ = run
+    other = str(tiny_llama.heads_dirs["1"])
+    fresh = calibrate(str(tiny_llama.model_dir), other, str(prompt_file), name="fresh", out=tmp_path / "fresh", **ARGS)
+    reused = calibrate(str(tiny_llama.model_dir), other, str(prompt_file), name="reused", out=tmp_path / "reused",
+                       continuations=folder, **ARGS)
+    a = pd.read_parquet(tmp_path / "fresh" / "ranks.parquet")
+    b = pd.read_parquet(tmp_path / "reused" / "ranks.parquet")
+    pd.testing.assert_frame_equal(a, b)
+    assert reused["args"]["continuations_from"] == str(folder.resolve())
+    assert fresh["trees"][0]["expected_acceptance_length"] == reused["trees"][0]["expected_acceptance_length"]
+    with pytest.raises(WorkbenchError, match="max_new_tokens"):
+        calibrate(str(tiny_llama.model_dir), other, str(prompt_file), name="bad", out=tmp_path / "bad",
+                  continuations=folder, **dict(ARGS, max_new_tokens=5))

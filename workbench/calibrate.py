@@ -315,10 +315,14 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
               limit: int | None = None, holdout: float = 0.2, max_new_tokens: int = 128, topk: int = 10,
               budgets=(16, 32, 64), name: str | None = None, out: str | Path | None = None,
               device: str | None = None, dtype: str | None = None, batch_size: int = 16, force: bool = False,
-              on_batch=None, progress: bool = True) -> dict:
+              on_batch=None, progress: bool = True, continuations: str | Path | None = None,
+              trees_dir: str | Path | None = None) -> dict:
     """Run (or resume) a calibration and write its folder; returns meta.json's content plus `folder`.
 
     `on_batch(i)` is called after batch i is safely on disk (tests use it to simulate a kill).
+    `continuations`: a finished calibration folder of the same model, prompts and token limit whose greedy
+    answers are reused (new heads on a fixed base: only one teacher-forced forward per batch, no generation).
+    Trees go to `trees_dir`, default `trees/` (or OUT/trees with --out).
     """
     from workbench.data import load_prompt_records
     from workbench.decode import prepare_prompt
@@ -361,10 +365,31 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
             raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {max_new_tokens} exceed the "
                                  f"model's context of {context} (lower --max-new-tokens or drop the prompt)")
 
+    reuse = None
+    if continuations is not None:
+        reuse = reused_continuations(continuations, args)
+        args["continuations_from"] = str(Path(continuations).resolve())
     done = _prepare_folder(folder, name, args, force)
     if not done:
-        _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress)
-    return _finish(folder, name, args, records, holdout, budgets)
+        _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
+    trees = Path(trees_dir) if trees_dir else (folder / "trees" if out else Path("trees"))
+    return _finish(folder, name, args, records, holdout, budgets, trees)
+
+
+def reused_continuations(source: str | Path, args: dict) -> dict[str, list[int]]:
+    """prompt_id -> greedy answer from another calibration, after checking it answered the same question."""
+    src = Path(source)
+    meta_f, cont_f = src / "meta.json", src / "continuations.parquet"
+    if not meta_f.is_file() or not cont_f.is_file():
+        raise WorkbenchError(f"--continuations {source}: not a finished calibration folder (needs meta.json and "
+                             "continuations.parquet)")
+    theirs = json.loads(meta_f.read_text()).get("args", {})
+    for key in ("model", "prompts_sha256", "max_new_tokens", "dtype", "device"):
+        if theirs.get(key) != args.get(key):
+            raise WorkbenchError(f"--continuations {source}: recorded {key} {theirs.get(key)!r} differs from this "
+                                 f"run's {args.get(key)!r}; the answers must come from the same model and prompts")
+    info = pd.read_parquet(cont_f)
+    return {str(pid): [int(t) for t in c] for pid, c in zip(info["prompt_id"], info["continuation"])}
 
 
 def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
@@ -395,7 +420,7 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
     return complete
 
 
-def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress) -> None:
+def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse=None) -> None:
     from tqdm.auto import tqdm
 
     from workbench.decode import eos_ids
@@ -412,8 +437,11 @@ def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progre
         t0 = time.perf_counter()
         idx = batches[i]
         prompts = [encoded[j] for j in idx]
-        conts, hidden = greedy_continuations(base, prompts, args["max_new_tokens"], stop_ids, pad_id,
-                                             return_hidden=True)
+        if reuse is None:
+            conts, hidden = greedy_continuations(base, prompts, args["max_new_tokens"], stop_ids, pad_id,
+                                                 return_hidden=True)
+        else:
+            conts, hidden = [reuse[records[j][0]] for j in idx], None  # teacher-forced hidden states
         ranks, _ = head_ranks(base, hd, prompts, conts, args["topk"], hidden=hidden)
         pids = [records[j][0] for j in idx]
         secs = time.perf_counter() - t0
@@ -469,7 +497,8 @@ def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarra
     return summary, skipped
 
 
-def _finish(folder: Path, name: str, args: dict, records, holdout: float, budgets: list[int]) -> dict:
+def _finish(folder: Path, name: str, args: dict, records, holdout: float, budgets: list[int],
+            trees_dir: Path) -> dict:
     """Accuracies, trees and meta from the merged ranks (cheap: reruns with new budgets/holdout redo only this)."""
     from workbench.optimize import write_accuracies
 
@@ -484,7 +513,7 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
     topk, K = args["topk"], args["num_heads"]
     acc, counts = head_accuracies(fit, topk)
     write_accuracies(folder / "accuracies.csv", acc, counts)
-    trees_dir = folder / "trees"
+    trees_dir.mkdir(parents=True, exist_ok=True)
     for f in trees_dir.glob(f"{name}-*.json"):  # budgets may have changed since the last run
         f.unlink()
     summary, skipped = build_trees(name, fit, test, acc, budgets, trees_dir, str(folder))

@@ -347,7 +347,7 @@ def _cmd_calibrate(args) -> int:
 
     meta = calibrate(args.model, args.heads, args.prompts, args.limit, args.holdout, args.max_new_tokens, args.topk,
                      _budgets(args.budgets), args.name, args.out, args.device, args.dtype, args.batch_size,
-                     args.force)
+                     args.force, continuations=args.continuations, trees_dir=args.trees_dir)
     print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
           f"top-{meta['topk']}; holdout {len(meta['holdout_ids'])} prompts")
     held = bool(meta["holdout_ids"])
@@ -398,6 +398,9 @@ def add_calibrate(sub) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--dtype", help="auto (default: bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
+    p.add_argument("--continuations", metavar="DIR", help="reuse the greedy answers of a finished calibration of the "
+                   "same model and prompts (new heads: skips generation)")
+    p.add_argument("--trees-dir", help="where tree files go (default trees/, or OUT/trees with --out)")
     p.set_defaults(func=_cmd_calibrate)
 
 
