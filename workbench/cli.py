@@ -39,6 +39,11 @@ def _cmd_tree_show(args) -> int:
         labels = {p: f"{fn(p):.4f}" for p in tree.paths}
         print(f"expected acceptance length: {expected_length(tree, fn):.4f} tokens/step ({args.accuracies})")
     print(ascii_tree(tree, labels))
+    if args.png:  # the app's tree drawing + attention mask (workbench/plots.py); edges by probability if known
+        from workbench.plots import save_png, tree_figure
+
+        probs = {p: float(v) for p, v in labels.items()} if labels else None
+        print(f"wrote {save_png(tree_figure(tree, probs), args.png)}", file=sys.stderr)
     return 0
 
 
@@ -154,6 +159,7 @@ def _register_tree(sub) -> None:
     s.add_argument("tree", metavar="TREE", help=tree_help)
     s.add_argument("--heads", type=int, help="check the depth against this many Medusa heads")
     s.add_argument("--accuracies", metavar="FILE", help="also show node probabilities and expected length")
+    s.add_argument("--png", metavar="FILE", help="also draw the tree and its attention mask to a PNG file")
     s.set_defaults(func=_cmd_tree_show)
     ls = tsub.add_parser("list", help="the reference trees with their stats")
     ls.set_defaults(func=_cmd_tree_list)

@@ -13,6 +13,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from workbench.tree import Tree, to_networkx, tree_buffers
 
@@ -62,6 +63,10 @@ def tree_positions(tree: Tree) -> dict[PathT, tuple[float, float]]:
     return pos
 
 
+def _tree_width(tree: Tree) -> float:
+    return min(max(6.0, 0.28 * len(tree.leaves()) + 2), 24.0)
+
+
 def draw_tree(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[PathT, str] | None = None,
               ax=None, title: str | None = None):
     """The tree as a graph: node label = rank (or `labels[path]`, e.g. the real token), edge colour and width =
@@ -70,7 +75,7 @@ def draw_tree(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[
 
     fig = None
     if ax is None:
-        fig = Figure(figsize=(max(6.0, 0.28 * len(tree.leaves()) + 2), 1.2 * tree.depth + 1.6), layout="constrained")
+        fig = Figure(figsize=(_tree_width(tree), 1.2 * tree.depth + 1.6), layout="constrained")
         ax = fig.add_subplot()
     g = to_networkx(tree)
     pos = tree_positions(tree)
@@ -82,20 +87,20 @@ def draw_tree(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[
         colours = [cmap(norm(x)) for x in vals]
         widths = 0.6 + 4.0 * norm(vals)
         sm = _scalar_mappable(norm)
-        ax.figure.colorbar(sm, ax=ax, shrink=0.7, pad=0.01, label="path probability")
+        ax.figure.colorbar(sm, ax=ax, location="bottom", shrink=0.5, pad=0.02, aspect=40, label="path probability")
     else:
         colours, widths = "#888888", 1.0
     nx.draw_networkx_edges(g, pos, edgelist=edges, ax=ax, edge_color=colours, width=widths, arrows=False)
-    node_labels = {(): "root"}
+    node_labels = {(): labels.get((), "R") if labels else "R"}
     for p in tree.paths:
         node_labels[p] = labels[p] if labels and p in labels else str(p[-1])
-    small = len(tree.leaves()) > 30
-    nx.draw_networkx_nodes(g, pos, ax=ax, node_size=150 if small else 320, node_color="white",
-                           edgecolors="#333333", linewidths=0.8)
-    nx.draw_networkx_labels(g, pos, labels=node_labels, ax=ax, font_size=6 if small else 8)
+    leaves = len(tree.leaves())
+    size, font = (320, 8) if leaves <= 30 else (150, 6) if leaves <= 80 else (60, 4)
+    nx.draw_networkx_nodes(g, pos, ax=ax, node_size=size, node_color="white", edgecolors="#333333", linewidths=0.8)
+    nx.draw_networkx_labels(g, pos, labels=node_labels, ax=ax, font_size=font)
     ax.set_yticks([-d for d in range(tree.depth + 1)])
     ax.set_yticklabels(["root"] + [f"head {d}" for d in range(1, tree.depth + 1)])
-    ax.tick_params(left=False, bottom=False, labelbottom=False)
+    ax.tick_params(left=False, labelleft=True, bottom=False, labelbottom=False)
     for s in ax.spines.values():
         s.set_visible(False)
     ax.set_title(title or f"{tree.name or 'tree'}: {tree.nodes} nodes, depth {tree.depth}")
@@ -119,7 +124,7 @@ def mask_heatmap(tree: Tree, topk: int | None = None, ax=None):
 def tree_figure(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[PathT, str] | None = None,
                 topk: int | None = None, title: str | None = None):
     """Tree and its attention mask side by side: what `workbench tree show --png` writes."""
-    width = max(6.0, 0.28 * len(tree.leaves()) + 2)
+    width = _tree_width(tree)
     fig = Figure(figsize=(width + 4.5, max(3.6, 1.2 * tree.depth + 1.6)), layout="constrained")
     tree_ax, mask_ax = fig.subplots(1, 2, width_ratios=[width, 4.0])
     draw_tree(tree, probs, labels, ax=tree_ax, title=title)
@@ -130,20 +135,22 @@ def tree_figure(tree: Tree, probs: dict[PathT, float] | None = None, labels: dic
 def expected_curve_plot(curves: dict[str, tuple], points: dict[str, tuple[float, float]] | None = None,
                         current: tuple[float, float] | None = None, ylabel: str = "expected tokens per step"):
     """Expected tokens per step versus budget (node count): one line per curve {name: (budgets, values)}, named
-    trees as points {name: (nodes, value)}, the tree on screen as a star."""
+    trees as grey points {name: (nodes, value)} (one legend entry: they are listed in a table beside), the
+    tree on screen as a star."""
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
     for name, (x, y) in curves.items():
         ax.plot(x, y, marker="." if len(x) < 40 else None, label=name)
-    for name, (x, y) in (points or {}).items():
-        ax.scatter([x], [y], s=28, zorder=3, label=name)
+    for j, (name, (x, y)) in enumerate((points or {}).items()):
+        ax.scatter([x], [y], s=24, zorder=3, color="dimgrey", marker="o",
+                   label=f"named trees ({len(points)})" if j == 0 else None)
     if current is not None:
         ax.scatter([current[0]], [current[1]], marker="*", s=180, color="crimson", zorder=4, label="this tree")
     ax.set_xlabel("budget (tree nodes = candidate tokens)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if curves or points or current:
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7)
     return fig
 
 
@@ -187,20 +194,27 @@ def cumulative_topk(acc: np.ndarray):
     return fig
 
 
-def independence_vs_measured(paths: list[PathT], independent, measured, annotate: int = 8):
+def independence_vs_measured(paths: list[PathT], independent, measured, annotate: int = 5):
     """Each path's probability under the independence assumption (product of a_k^(i)) against the measured
-    joint frequency; above the diagonal the assumption under-estimates, below it over-estimates."""
+    joint frequency, log-log when all are positive; above the diagonal the assumption under-estimates, below
+    it over-estimates. The `annotate` paths furthest from the diagonal are labelled."""
     ind, mea = np.asarray(independent, dtype=float), np.asarray(measured, dtype=float)
     fig = Figure(figsize=(5.6, 5.0), layout="constrained")
     ax = fig.add_subplot()
     depth = np.array([len(p) for p in paths])
     sc = ax.scatter(ind, mea, c=depth, cmap="plasma", s=22, zorder=3)
-    hi = max(float(ind.max(initial=0)), float(mea.max(initial=0)), 1e-3) * 1.05
-    ax.plot([0, hi], [0, hi], color="grey", lw=1, ls="--", label="independence exact")
-    for j in np.argsort(-np.abs(mea - ind))[:annotate]:
+    hi = max(float(ind.max(initial=0)), float(mea.max(initial=0)), 1e-3) * 1.3
+    log = len(paths) > 0 and bool((ind > 0).all() and (mea > 0).all())  # log axes spread the small paths out
+    lo = min(float(ind.min()), float(mea.min())) / 1.3 if log else 0.0
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--", label="independence exact")
+    score = np.abs(np.log(mea / ind)) if log else np.abs(mea - ind)
+    for j in np.argsort(-score)[:annotate]:
         ax.annotate(str(list(paths[j])), (ind[j], mea[j]), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.set_xlim(0, hi)
-    ax.set_ylim(0, hi)
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
     ax.set_xlabel("independence: product of a_k^(i)")
     ax.set_ylabel("measured path probability")
     if len(paths):
@@ -214,65 +228,110 @@ def independence_vs_measured(paths: list[PathT], independent, measured, annotate
 # ----------------------------------------------------------------------------------------------- trade-offs
 
 def _kind(df):
-    """'dense' or 'sparse' per sweep row: a `kind` column if the sweep has one, else from the tree name."""
+    """Tree family per sweep row: the sweep's `kind` column (optimal / dense / given), else from the tree name."""
     if "kind" in df.columns:
-        return df["kind"].astype(str)
+        return df["kind"].fillna("").astype(str)
     return df["tree"].astype(str).map(lambda t: "dense" if "dense" in t.lower() else "sparse")
 
 
-def _by_kind_vs_nodes(sweep, y: str, ylabel: str, title: str):
+def _tree_rows(sweep, acceptance: str | None = "greedy"):
+    """Sweep rows of real trees (not the vanilla baseline row), with one acceptance rule when the CSV says."""
+    df = sweep.assign(_kind=_kind(sweep))
+    df = df[df["_kind"] != "vanilla"]
+    if acceptance and "acceptance" in df.columns:
+        df = df[df["acceptance"] == acceptance]
+    return df
+
+
+def _vanilla(sweep, column: str):
+    if "kind" not in sweep.columns or column not in sweep.columns:
+        return None
+    v = sweep.loc[sweep["kind"] == "vanilla", column].dropna()
+    return float(v.iloc[-1]) if len(v) else None
+
+
+def _by_kind_vs_nodes(sweep, y: str, ylabel: str, title: str, baseline: float | None = None):
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
-    df = sweep.assign(_kind=_kind(sweep))
+    df = _tree_rows(sweep).dropna(subset=[y])
     for kind, part in df.groupby("_kind", sort=True):
         part = part.groupby("nodes", as_index=False)[y].mean().sort_values("nodes")
-        ax.plot(part["nodes"], part[y], marker="o" if kind == "sparse" else "s", label=kind)
+        ax.plot(part["nodes"], part[y], marker="s" if kind == "dense" else "o", label=kind)
+    if baseline is not None:
+        ax.axhline(baseline, color="grey", ls="--", lw=1, label="vanilla greedy")
     ax.set_xlabel("candidate tokens (tree nodes)")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if len(df) or baseline is not None:
+        ax.legend()
     ax.set_title(title)
     return fig
 
 
 def tokens_vs_candidates(sweep):
-    """Paper Fig. 4a: tokens per step (acceleration rate) against candidate tokens, sparse and dense trees."""
-    return _by_kind_vs_nodes(sweep, "acceleration_rate", "tokens per step", "tokens per step vs candidates")
+    """Paper Fig. 4a: tokens per step (acceleration rate) against candidate tokens, sparse and dense trees
+    (greedy rows; the mean where a size appears twice)."""
+    return _by_kind_vs_nodes(sweep, "acceleration_rate", "tokens per step", "tokens per step vs candidates",
+                             _vanilla(sweep, "acceleration_rate"))
 
 
 def speed_vs_candidates(sweep):
     """Paper Fig. 4b: measured speed against candidate tokens (tokens/s if the sweep has it, else speedup)."""
     y = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() else "speedup"
-    return _by_kind_vs_nodes(sweep, y, y.replace("_", " "), "speed vs candidates")
+    return _by_kind_vs_nodes(sweep, y, "tokens / s" if y == "tokens_per_s" else "speedup over greedy",
+                             "speed vs candidates", _vanilla(sweep, y))
 
 
 def epsilon_plot(sweep, quality: str = "exact_match"):
-    """Paper Fig. 5: tokens per step and quality against the typical-acceptance threshold epsilon."""
+    """Paper Fig. 5: tokens per step (solid) and a quality measure (dashed, right axis) against the typical-
+    acceptance threshold epsilon, one colour per temperature; vanilla greedy's quality as a grey line."""
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
-    df = sweep.dropna(subset=["epsilon"]).groupby("epsilon", as_index=False)[["acceleration_rate", quality]].mean()
-    ax.plot(df["epsilon"], df["acceleration_rate"], marker="o", color="tab:blue", label="tokens per step")
-    ax.set_xlabel("epsilon (posterior threshold)")
-    ax.set_ylabel("tokens per step", color="tab:blue")
     ax2 = ax.twinx()
-    ax2.plot(df["epsilon"], df[quality], marker="s", color="tab:red", label=quality)
-    ax2.set_ylabel(quality.replace("_", " "), color="tab:red")
+    df = _tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
+    temps = df.groupby("temperature", sort=True) if "temperature" in df.columns else [(None, df)]
+    for j, (temp, part) in enumerate(temps):
+        part = part.groupby("epsilon", as_index=False)[["acceleration_rate", quality]].mean()
+        colour = f"C{j}"
+        tag = f"T={temp:g}" if temp is not None else ""
+        ax.plot(part["epsilon"], part["acceleration_rate"], marker="o", color=colour, label=f"tokens/step {tag}")
+        ax2.plot(part["epsilon"], part[quality], marker="s", ls="--", color=colour, label=f"{quality} {tag}")
+    base = _vanilla(sweep, quality)
+    if base is not None:
+        ax2.axhline(base, color="grey", lw=1, ls=":", label=f"{quality} vanilla")
+    ax.set_xlabel("epsilon (posterior threshold)")
+    ax.set_ylabel("tokens per step (solid)")
+    ax2.set_ylabel(f"{quality.replace('_', ' ')} (dashed)")
     ax.grid(alpha=0.3)
+    lines = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
+    if lines[0][0] or lines[1][0]:
+        ax.legend(lines[0][0] + lines[1][0], lines[0][1] + lines[1][1], fontsize=7)
     ax.set_title("tokens per step and quality vs epsilon")
     return fig
 
 
+PREDICTED_COLUMNS = {"predicted_tokens_per_step": "independence", "predicted": "predicted",
+                     "predicted_joint": "empirical paths", "calibration_holdout": "calibration holdout"}
+
+
 def predicted_vs_measured(sweep):
-    """Predicted tokens per step (from calibration) against measured acceleration, one point per sweep row."""
+    """Predicted tokens per step (from calibration: independence, empirical paths, holdout) against the
+    measured acceleration of the live decoder, one point per greedy sweep row; on the diagonal = exact."""
     fig = Figure(figsize=(5.4, 4.8), layout="constrained")
     ax = fig.add_subplot()
-    df = sweep.dropna(subset=["predicted", "acceleration_rate"]).assign(_kind=_kind(sweep))
-    for kind, part in df.groupby("_kind", sort=True):
-        ax.scatter(part["predicted"], part["acceleration_rate"], s=24, label=kind)
-    if len(df):
-        lo = min(df["predicted"].min(), df["acceleration_rate"].min()) * 0.95
-        hi = max(df["predicted"].max(), df["acceleration_rate"].max()) * 1.05
-        ax.plot([lo, hi], [lo, hi], color="grey", ls="--", lw=1, label="y = x")
+    df = _tree_rows(sweep).dropna(subset=["acceleration_rate"])
+    lo, hi = np.inf, -np.inf
+    for col, label in PREDICTED_COLUMNS.items():
+        if col not in df.columns:
+            continue
+        part = df.dropna(subset=[col])
+        if not len(part):
+            continue
+        ax.scatter(part[col], part["acceleration_rate"], s=24, label=label)
+        lo = min(lo, part[col].min(), part["acceleration_rate"].min())
+        hi = max(hi, part[col].max(), part["acceleration_rate"].max())
+    if np.isfinite(lo):
+        ax.plot([lo * 0.95, hi * 1.05], [lo * 0.95, hi * 1.05], color="grey", ls="--", lw=1, label="y = x")
         ax.legend(fontsize=8)
     ax.set_xlabel("predicted tokens per step")
     ax.set_ylabel("measured tokens per step")
@@ -285,13 +344,14 @@ def latency_curve(latency):
     """Forward-pass time against tokens per forward, one line per (device, dtype, context)."""
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
-    keys = [c for c in ("device", "dtype", "context") if c in latency.columns]
+    keys = [c for c in ("model", "device", "dtype", "context") if c in latency.columns]
     groups = latency.groupby(keys, sort=True) if keys else [((), latency)]
     for key, part in groups:
         part = part.groupby("tokens", as_index=False)["seconds"].mean().sort_values("tokens")
         label = " / ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
         ax.plot(part["tokens"], 1000 * part["seconds"], marker=".", label=label or None)
-    ax.set_xlabel("tokens per forward pass")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per forward pass (tree nodes + root)")
     ax.set_ylabel("ms per forward")
     ax.grid(alpha=0.3)
     if keys:
@@ -330,6 +390,8 @@ def accepted_lengths(lengths):
     if len(lengths):
         ax.axhline(float(lengths.mean()), color="crimson", lw=1, ls="--", label=f"mean {lengths.mean():.2f}")
         ax.legend(fontsize=8)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("decoding step")
     ax.set_ylabel("tokens accepted")
     ax.set_title("accepted tokens per step")
@@ -365,3 +427,14 @@ def _scalar_mappable(norm):
     sm = ScalarMappable(norm=norm, cmap=CMAP)
     sm.set_array([])
     return sm
+
+
+def token_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """Each token's text as it appears in the decoded answer (prefix differences, so multi-token characters and
+    leading-space markers come out right), for colouring the answer token by token."""
+    pieces, prev = [], ""
+    for i in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:i], skip_special_tokens=True)
+        pieces.append(text[len(prev):] if text.startswith(prev) else text)
+        prev = text
+    return pieces

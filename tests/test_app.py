@@ -1,0 +1,354 @@
+"""The Streamlit app through `streamlit.testing.v1.AppTest`: every page runs, the key widgets exist, the budget
+slider changes the drawn tree, bad input is an st.error, and the live page decodes with a tiny random model.
+
+The app runs against a small synthetic calibration folder written in the real format (ranks.parquet,
+accuracies.csv, meta.json, latency and sweep CSVs), so the tests never depend on the committed demo data."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench import REPO_ROOT
+
+AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
+
+APP = REPO_ROOT / "app.py"
+TIMEOUT = 60
+
+
+# ----------------------------------------------------------------------------------------------- synthetic data
+
+def make_calibration(folder: Path, num_heads: int = 4, topk: int = 10, prompts: int = 12, positions: int = 40,
+                     seed: int = 0) -> Path:
+    """A calibration folder in the format `workbench calibrate` writes: head k's rank is geometric, and a miss at
+    head k makes head k+1 likelier to miss (so measured paths differ from the independence product)."""
+    from workbench.calibrate import head_accuracies, holdout_split, ranks_frame
+    from workbench.optimize import write_accuracies
+
+    rng = np.random.default_rng(seed)
+    ids, mats = [f"p{i}" for i in range(prompts)], []
+    for _ in ids:
+        mat = np.zeros((positions, num_heads), dtype=np.int64)
+        for t in range(positions):
+            missed = False
+            for k in range(num_heads):
+                p_hit = (0.75 - 0.12 * k) * (0.5 if missed else 1.0)
+                r = int(rng.geometric(0.55)) - 1 if rng.random() < p_hit else -1
+                mat[t, k] = r if r < topk else -1
+                missed = mat[t, k] != 0
+            for k in range(num_heads):  # past the end of the answer: null (NULL in memory)
+                if t + k + 1 >= positions:
+                    mat[t, k] = -2
+        mats.append(mat)
+    ranks = ranks_frame(ids, mats, num_heads)
+    folder.mkdir(parents=True, exist_ok=True)
+    ranks.to_parquet(folder / "ranks.parquet", index=False)
+    held = holdout_split(ids, 0.25)
+    fit = ranks[~ranks["prompt_id"].isin(held)]
+    acc, counts = head_accuracies(fit, topk)
+    write_accuracies(folder / "accuracies.csv", acc, counts)
+    meta = dict(model="synthetic", heads="synthetic", prompts="synthetic", num_prompts=prompts,
+                num_positions=len(ranks), num_heads=num_heads, topk=topk, holdout=0.25, holdout_ids=sorted(held))
+    (folder / "meta.json").write_text(json.dumps(meta))
+    return folder
+
+
+def make_latency(path: Path) -> Path:
+    rows = [dict(model="synthetic", device="cpu", dtype="float32", context=c, tokens=n,
+                 seconds=0.02 * (1 + 0.004 * n) * (1 + c / 4096)) for c in (128, 1024) for n in (1, 2, 4, 8, 16, 32,
+                                                                                                   64, 128, 256)]
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path
+
+
+def make_sweep(path: Path) -> Path:
+    """Rows shaped like `workbench sweep` output: vanilla, optimal and dense greedy trees, typical epsilons."""
+    from workbench.tradeoffs import SWEEP_COLUMNS
+
+    rows = [dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
+                 temperature=0.0, acceleration_rate=1.0, speedup=1.0, tokens_per_s=50.0, exact_match=1.0,
+                 mean_logprob=-1.0, distinct_2=0.9)]
+    for n in (4, 8, 16, 32, 64):
+        rate = 1 + 1.2 * math.log2(n) / 3
+        rows.append(dict(config=f"opt{n}", tree=f"opt-indep-{n}", kind="optimal", nodes=n, depth=4,
+                         acceptance="greedy", temperature=0.0, acceleration_rate=rate, speedup=rate / 1.1,
+                         tokens_per_s=50 * rate / 1.1, exact_match=1.0, predicted_tokens_per_step=rate * 1.05,
+                         predicted_joint=rate * 0.98))
+        rows.append(dict(config=f"dense{n}", tree=f"dense_{n}", kind="dense", nodes=n, depth=2, acceptance="greedy",
+                         temperature=0.0, acceleration_rate=rate * 0.8, speedup=rate * 0.8 / 1.1,
+                         tokens_per_s=40 * rate / 1.1, exact_match=1.0))
+    for eps in (0.01, 0.05, 0.09, 0.2):
+        rows.append(dict(config=f"typ{eps}", tree="opt-indep-32", kind="optimal", nodes=32, depth=4,
+                         acceptance="typical", temperature=0.7, epsilon=eps, delta=eps ** 0.5,
+                         acceleration_rate=2.5 - eps, speedup=2.0, tokens_per_s=100.0, exact_match=0.2 + eps,
+                         mean_logprob=-1.2, distinct_2=0.8))
+    pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).to_csv(path, index=False)
+    return path
+
+
+@pytest.fixture(scope="session")
+def demo_files(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("app_calibration")
+    cal = make_calibration(root / "synthetic")
+    return dict(root=root, cal=cal, latency=make_latency(cal / "latency-cpu.csv"),
+                sweep=make_sweep(cal / "sweep.csv"))
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+def page(name: str, root: Path | None, monkeypatch) -> AppTest:
+    """One page of app.py on its own (st.navigation cannot be switched to a callable page inside AppTest)."""
+    if root is not None:
+        monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(root))
+    script = (f"import importlib.util, sys\n"
+              f"spec = importlib.util.spec_from_file_location('workbench_app', {str(APP)!r})\n"
+              f"app = sys.modules.get('workbench_app')\n"
+              f"if app is None:\n"
+              f"    app = importlib.util.module_from_spec(spec)\n"
+              f"    sys.modules['workbench_app'] = app\n"
+              f"    spec.loader.exec_module(app)\n"
+              f"app.{name}()\n")
+    return AppTest.from_string(script, default_timeout=TIMEOUT)
+
+
+def no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def metric(at: AppTest, label: str) -> str:
+    found = [m.value for m in at.metric if m.label == label]
+    assert found, f"no metric {label!r}: {[m.label for m in at.metric]}"
+    return found[0]
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+# ----------------------------------------------------------------------------------------------- the app shell
+
+def test_app_file_runs_with_navigation(demo_files, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(demo_files["root"]))
+    at = AppTest.from_file(str(APP), default_timeout=TIMEOUT).run()
+    no_exception(at)
+    assert at.title[0].value == "Tree designer"  # the default page
+
+
+def test_no_calibration_is_an_info_not_a_crash(tmp_path, monkeypatch):
+    at = page("tree_page", tmp_path, monkeypatch).run()
+    no_exception(at)
+    assert any("No calibration folder" in i.value for i in at.info)
+    assert not at.metric
+
+
+# ----------------------------------------------------------------------------------------------- tree designer
+
+def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    no_exception(at)
+    assert at.text_input(key="tree_dir").value == str(demo_files["cal"])
+    assert int(metric(at, "nodes")) == 63
+    for key in ("tree_budget", "tree_depth", "tree_rank"):
+        assert at.slider(key=key) is not None
+    assert {b.label for b in at.download_button} == {"medusa", "json", "trtllm", "vllm", "eagle"}
+    at.slider(key="tree_budget").set_value(10).run()
+    no_exception(at)
+    assert int(metric(at, "nodes")) == 10
+    assert any("drawn tree: 10 nodes" in c.value for c in at.caption)
+    at.slider(key="tree_depth").set_value(1).run()
+    assert metric(at, "depth") == "1"
+
+
+def test_tree_designer_models(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    ind = float(metric(at, "tokens/step (independence)"))
+    at.radio(key="tree_model").set_value("empirical paths").run()
+    no_exception(at)
+    assert not errors(at)
+    emp_tree_emp = float(metric(at, "tokens/step (empirical)"))
+    assert emp_tree_emp > 1 and ind > 1
+    at.radio(key="tree_model").set_value("hardware-aware").run()
+    no_exception(at)
+    assert not errors(at), errors(at)
+    assert metric(at, "predicted speedup").endswith("x")
+    assert 1 <= int(metric(at, "nodes")) <= 63
+
+
+def test_malformed_pasted_csv_is_an_error(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
+    at.text_area(key="tree_acc_paste").input("head,rank,acc\n1,1,0.5\n").run()
+    no_exception(at)
+    assert any("missing column" in e and "accuracy" in e for e in errors(at)), errors(at)
+    at.text_area(key="tree_acc_paste").input("head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n").run()
+    no_exception(at)
+    assert not errors(at)
+    assert int(metric(at, "nodes")) == 6  # every node of a 2-head, top-2 table has positive probability
+    at.text_area(key="tree_acc_paste").input("head,rank,accuracy\n1,1,0.6\n").run()  # one head, one rank
+    no_exception(at)
+    assert int(metric(at, "nodes")) == 1
+    at.radio(key="tree_model").set_value("empirical paths").run()
+    assert any("calibration folder" in e for e in errors(at))
+
+
+def test_malformed_upload_is_an_error(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
+    at.file_uploader(key="tree_acc_upload").set_value(("acc.csv", b"head,rank,accuracy\n1,1,1.7\n", "text/csv")).run()
+    no_exception(at)
+    assert any("not a number in [0, 1]" in e for e in errors(at)), errors(at)
+    assert all("workbench-app" not in e for e in errors(at))  # the temp folder is not shown
+
+
+def test_missing_folder_and_unfit_tree_are_errors(demo_files, monkeypatch, tmp_path):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.text_input(key="tree_user_spec").input("[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]").run()
+    no_exception(at)
+    assert any("exceeds the 4 Medusa heads" in e for e in errors(at)), errors(at)
+    at.text_input(key="tree_dir").input(str(tmp_path / "nowhere")).run()
+    no_exception(at)
+    assert any("not a finished calibration folder" in e for e in errors(at))
+
+
+def test_user_tree_is_compared(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.text_input(key="tree_user_spec").input("[[0], [1], [0, 0]]").run()
+    no_exception(at)
+    table = at.dataframe[0].value
+    assert "your tree" in table["tree"].tolist()
+    assert "mc_sim_7b_63" in table["tree"].tolist()
+
+
+# ----------------------------------------------------------------------------------------------- other pages
+
+def test_calibration_page(demo_files, monkeypatch):
+    at = page("calibration_page", demo_files["root"], monkeypatch).run()
+    no_exception(at)
+    assert at.title[0].value == "Calibration"
+    assert metric(at, "heads") == "4"
+    positions = int(metric(at, "positions"))
+    at.radio(key="cal_split").set_value("all").run()
+    assert int(metric(at, "positions")) > positions
+    table = at.dataframe[0].value
+    assert len(table) == 40 and {"measured", "independence"} <= set(table.columns)
+    at.slider(key="cal_top").set_value(10).run()
+    assert len(at.dataframe[0].value) == 10
+    no_exception(at)
+
+
+def test_calibration_page_with_accuracy_table(demo_files, monkeypatch):
+    at = page("calibration_page", demo_files["root"], monkeypatch).run()
+    at.radio(key="cal_src").set_value("accuracy file or pasted CSV").run()
+    at.text_input(key="cal_acc_path").input(str(demo_files["cal"] / "accuracies.csv")).run()
+    no_exception(at)
+    assert not errors(at)
+    assert any("ranks of a calibration folder" in i.value for i in at.info)
+
+
+def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
+    at = page("tradeoffs_page", demo_files["root"], monkeypatch).run()
+    no_exception(at)
+    assert at.title[0].value == "Trade-offs"
+    assert at.text_input(key="to_sweep_path").value == str(demo_files["sweep"])
+    assert at.text_input(key="to_lat_path").value == str(demo_files["latency"])
+    assert not errors(at), errors(at)
+    assert any("best:" in c.value for c in at.caption)
+    at.selectbox(key="to_quality").set_value("mean_logprob").run()
+    no_exception(at)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("tree,nodes\nx,3\n")
+    at.text_input(key="to_sweep_path").input(str(bad)).run()
+    no_exception(at)
+    assert any("missing column(s) acceleration_rate" in e for e in errors(at)), errors(at)
+
+
+def test_tradeoffs_page_without_files(tmp_path, monkeypatch):
+    at = page("tradeoffs_page", tmp_path, monkeypatch).run()
+    no_exception(at)
+    assert any("No sweep CSV" in i.value for i in at.info)
+
+
+def test_live_page_decodes_with_a_tiny_model(tiny_llama, demo_files, monkeypatch):
+    at = page("live_page", demo_files["root"], monkeypatch).run()
+    no_exception(at)
+    assert at.title[0].value == "Live decode"
+    assert at.button(key="live_go") is not None
+    assert not at.get("markdown") or all("step 1" not in m.value for m in at.markdown)
+    at.text_input(key="live_model").input(str(tiny_llama.model_dir))
+    at.text_input(key="live_heads").input(str(tiny_llama.heads_dirs["2"]))
+    at.selectbox(key="live_device").set_value("cpu")
+    at.number_input(key="live_max_new").set_value(12)
+    at.selectbox(key="live_tree").set_value("other: a path or literal").run()
+    at.text_input(key="live_tree_spec").input("[[0], [1], [0, 0], [0, 0, 0]]")
+    at.button(key="live_go").click().run()
+    no_exception(at)
+    assert not errors(at), errors(at)
+    res = at.session_state["live_result"]
+    med = res["medusa"]
+    assert med["new_tokens"] == 12 and sum(med["accepted_lengths"]) == 12
+    assert res["compare"]["matches_greedy"]  # greedy acceptance is lossless
+    assert len(res["pieces"]) == len(res["steps"]) == 12
+    assert float(metric(at, "tokens/step")) == pytest.approx(med["acceleration_rate"], abs=0.01)
+    assert any('title="step 1"' in m.value for m in at.markdown)
+
+
+def test_live_page_tree_too_deep_is_an_error(tiny_llama, demo_files, monkeypatch):
+    at = page("live_page", demo_files["root"], monkeypatch).run()
+    at.text_input(key="live_model").input(str(tiny_llama.model_dir))
+    at.text_input(key="live_heads").input(str(tiny_llama.heads_dirs["2"]))
+    at.selectbox(key="live_device").set_value("cpu")
+    at.selectbox(key="live_tree").set_value("other: a path or literal").run()
+    at.text_input(key="live_tree_spec").input("[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0], "
+                                              "[0, 0, 0, 0, 0, 0]]")
+    at.button(key="live_go").click().run()
+    no_exception(at)
+    assert any("exceeds the 5 Medusa heads" in e for e in errors(at)), errors(at)
+    at.text_input(key="live_model").input(str(Path("/nonexistent/model")))
+    at.selectbox(key="live_tree").set_value("mc_sim_7b_63")
+    at.button(key="live_go").click().run()
+    no_exception(at)
+    assert any("cannot load it" in e or "no such" in e.lower() for e in errors(at)), errors(at)
+
+
+def test_tree_nodes_labelled_with_real_tokens(tiny_llama, demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    assert any("node label: rank" in c.value for c in at.caption)
+    at.text_input(key="tree_tok_model").input(str(tiny_llama.model_dir))
+    at.text_input(key="tree_tok_heads").input(str(tiny_llama.heads_dirs["2"]))
+    at.button(key="tree_tokens_btn").click().run()
+    no_exception(at)
+    assert not errors(at), errors(at)
+    table = at.session_state["head_tokens"]["table"]
+    assert len(table) == 5 and all(len(row) == 10 for row in table)  # 5 heads x top-10
+    assert any("node label: the token of its head" in c.value for c in at.caption)
+
+
+def test_medusa_heads_accuracy_pt_upload(demo_files, monkeypatch):
+    import io
+
+    import torch
+
+    hits = []
+    for k, rate in enumerate((0.6, 0.4, 0.3)):  # Medusa's heads_accuracy.py output: per head bool [positions, topk]
+        h = torch.zeros(100, 5, dtype=torch.bool)
+        h[: int(rate * 100), 0] = True
+        h[90:, 1] = True
+        hits.append(h)
+    buf = io.BytesIO()
+    torch.save(hits, buf)
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
+    at.file_uploader(key="tree_acc_upload").set_value(("vicuna_heads_accuracy.pt", buf.getvalue(),
+                                                       "application/octet-stream")).run()
+    no_exception(at)
+    assert not errors(at), errors(at)
+    assert metric(at, "depth") == "3"
+    assert int(metric(at, "nodes")) == 14  # 2 ranks with hits per head: 2 + 4 + 8 positive paths
+    at.file_uploader(key="tree_acc_upload").set_value(("heads_accuracy.pt", b"not a torch file", "x")).run()
+    no_exception(at)
+    assert any("not a readable torch file" in e for e in errors(at)), errors(at)

@@ -1,0 +1,207 @@
+"""workbench/plots.py: each figure draws the numbers it is given (read back from the matplotlib artists), the tree
+layout follows its rules, and `workbench tree show --png` writes the same drawing."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.collections import LineCollection, PathCollection
+from matplotlib.figure import Figure
+
+from workbench import plots
+from workbench.cli import main
+from workbench.optimize import acc_value_fn, optimal_tree, write_accuracies
+from workbench.tree import load_tree, make_tree, reference_trees, to_networkx, tree_buffers
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def acc():
+    rng = np.random.default_rng(3)
+    return rng.dirichlet(np.ones(8), size=4)[:, :6] * 0.9  # [4 heads, 6 ranks], rows sum < 1
+
+
+# ----------------------------------------------------------------------------------------------- tree drawing
+
+@pytest.mark.parametrize("name", sorted(reference_trees()))
+def test_layout_rows_and_left_lean(name):
+    tree = reference_trees()[name]
+    pos = plots.tree_positions(tree)
+    assert set(pos) == set(tree.paths) | {()}
+    for p, (x, y) in pos.items():
+        assert y == -len(p)  # one row per depth, root on top
+    leaves = tree.leaves()
+    assert len({pos[p][0] for p in leaves}) == len(leaves)  # leaves never overlap
+    for p in tree.paths:  # a parent sits above its rank-smallest child
+        kids = [c for c in tree.paths if c[:-1] == p]
+        if kids:
+            assert pos[p][0] == pos[min(kids, key=lambda c: c[-1])][0]
+    chain = [p for p in tree.paths if set(p) == {0}]  # the all-top-1 chain runs down the left edge
+    assert all(pos[p][0] == pos[()][0] == min(x for x, _ in pos.values()) for p in chain)
+
+
+def test_draw_tree_labels_and_edge_widths(acc):
+    tree = optimal_tree(acc, 12)
+    fn = acc_value_fn(acc)
+    probs = {p: fn(p) for p in tree.paths}
+    fig = plots.draw_tree(tree, probs)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert sorted(texts) == sorted(["R"] + [str(p[-1]) for p in tree.paths])
+    lines = [c for c in ax.collections if isinstance(c, LineCollection)][0]
+    widths = np.asarray(lines.get_linewidths())
+    vals = np.array([probs[child] for _, child in to_networkx(tree).edges()])  # the drawing's edge order
+    assert np.all(np.diff(widths[np.argsort(vals, kind="stable")]) >= 0)  # wider = more probable
+    assert widths.max() > widths.min()
+    labelled = plots.draw_tree(tree, None, {p: f"t{i}" for i, p in enumerate(tree.paths)} | {(): "root!"})
+    assert {"root!", "t0", f"t{tree.nodes - 1}"} <= {t.get_text() for t in labelled.axes[0].texts}
+
+
+def test_mask_heatmap_is_the_buffer():
+    tree = reference_trees()["vicuna_7b_stage2"]
+    fig = plots.mask_heatmap(tree, 10)
+    img = fig.axes[0].images[0].get_array()
+    assert np.array_equal(np.asarray(img), tree_buffers(tree, 10)["attn_mask"].numpy())
+
+
+def test_tree_figure_has_tree_and_mask(tmp_path):
+    tree = load_tree("[[0], [0, 0], [1], [0, 1]]")
+    fig = plots.tree_figure(tree)
+    assert isinstance(fig, Figure) and len(fig.axes) == 2 and fig.axes[1].images
+    out = plots.save_png(fig, tmp_path / "sub" / "t.png")
+    assert out.read_bytes()[:8] == PNG_MAGIC
+    assert not list(out.parent.glob(".*tmp*"))  # atomic write left nothing behind
+
+
+def test_cli_tree_show_png(tmp_path, acc, capsys):
+    png = tmp_path / "tree.png"
+    csv = write_accuracies(tmp_path / "acc.csv", acc)
+    assert main(["tree", "show", "[[0], [0, 0], [1]]", "--accuracies", str(csv), "--png", str(png)]) == 0
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    assert f"wrote {png}" in capsys.readouterr().err
+    assert main(["tree", "show", "[[0], [0, 0, 1]]", "--png", str(tmp_path / "bad.png")]) == 2
+    assert not (tmp_path / "bad.png").exists()
+
+
+def test_expected_curve_plot():
+    x = np.arange(5)
+    fig = plots.expected_curve_plot({"a": (x, 1 + x / 10)}, {"ref": (3, 1.2), "ref2": (4, 1.1)}, (2, 1.2))
+    ax = fig.axes[0]
+    assert np.allclose(ax.lines[0].get_ydata(), 1 + x / 10)
+    points = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(points) == 3  # two named trees, one star
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "named trees (2)", "this tree"]
+
+
+# ----------------------------------------------------------------------------------------------- calibration
+
+def test_accuracy_heatmap_and_cumulative(acc):
+    img = plots.accuracy_heatmap(acc).axes[0].images[0].get_array()
+    assert np.allclose(np.asarray(img), acc)
+    lines = plots.cumulative_topk(acc).axes[0].lines
+    assert len(lines) == acc.shape[0]
+    for line, row in zip(lines, acc):
+        assert np.allclose(line.get_ydata(), np.cumsum(row))
+        assert list(line.get_xdata()) == list(range(1, acc.shape[1] + 1))
+
+
+def test_independence_vs_measured_points():
+    paths = [(0,), (1,), (0, 0), (0, 1)]
+    ind, mea = [0.5, 0.2, 0.25, 0.05], [0.5, 0.15, 0.35, 0.02]
+    ax = plots.independence_vs_measured(paths, ind, mea, annotate=2).axes[0]
+    pts = [c for c in ax.collections if isinstance(c, PathCollection)][0]
+    assert np.allclose(pts.get_offsets(), np.column_stack([ind, mea]))
+    assert {t.get_text() for t in ax.texts} == {"[0, 0]", "[0, 1]"}  # the two largest |log measured/independence|
+    assert ax.get_xscale() == "log"
+    ax = plots.independence_vs_measured(paths, [0.5, 0.0, 0.25, 0.05], mea, annotate=1).axes[0]
+    assert ax.get_xscale() == "linear" and [t.get_text() for t in ax.texts] == ["[1]"]  # a zero: linear axes
+
+
+# ----------------------------------------------------------------------------------------------- trade-offs
+
+@pytest.fixture
+def sweep():
+    rows = [dict(tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy", acceleration_rate=1.0,
+                 tokens_per_s=10.0, exact_match=1.0)]
+    for n, a in ((4, 1.5), (8, 1.8), (16, 2.0)):
+        rows += [dict(tree=f"opt{n}", kind="optimal", nodes=n, acceptance="greedy", acceleration_rate=a,
+                      tokens_per_s=10 * a, predicted_tokens_per_step=a + 0.1),
+                 dict(tree=f"opt{n}b", kind="optimal", nodes=n, acceptance="greedy", acceleration_rate=a + 0.2,
+                      tokens_per_s=10 * a),
+                 dict(tree=f"dense{n}", kind="dense", nodes=n, acceptance="greedy", acceleration_rate=a - 0.3,
+                      tokens_per_s=8 * a)]
+    rows += [dict(tree="opt8", kind="optimal", nodes=8, acceptance="typical", temperature=t, epsilon=e,
+                  acceleration_rate=2 + e + t, exact_match=1 - e) for t in (0.5, 1.0) for e in (0.05, 0.1, 0.3)]
+    return pd.DataFrame(rows)
+
+
+def test_tokens_vs_candidates(sweep):
+    ax = plots.tokens_vs_candidates(sweep).axes[0]
+    lines = {l.get_label(): l for l in ax.lines}
+    assert set(lines) == {"dense", "optimal", "vanilla greedy"}
+    assert list(lines["optimal"].get_xdata()) == [4, 8, 16]
+    assert np.allclose(lines["optimal"].get_ydata(), [1.6, 1.9, 2.1])  # mean of the two optimal trees, greedy only
+    assert np.allclose(lines["dense"].get_ydata(), [1.2, 1.5, 1.7])
+
+
+def test_speed_vs_candidates(sweep):
+    lines = {l.get_label(): l for l in plots.speed_vs_candidates(sweep).axes[0].lines}
+    assert np.allclose(lines["dense"].get_ydata(), [12, 14.4, 16])
+    assert np.allclose(lines["vanilla greedy"].get_ydata(), [10, 10])
+
+
+def test_epsilon_plot(sweep):
+    fig = plots.epsilon_plot(sweep)
+    ax, ax2 = fig.axes[:2]
+    assert len(ax.lines) == 2  # one per temperature
+    assert list(ax.lines[0].get_xdata()) == [0.05, 0.1, 0.3]
+    assert np.allclose(ax.lines[1].get_ydata(), [3.05, 3.1, 3.3])
+    assert np.allclose(ax2.lines[0].get_ydata(), [0.95, 0.9, 0.7])
+
+
+def test_predicted_vs_measured(sweep):
+    ax = plots.predicted_vs_measured(sweep).axes[0]
+    pts = [c for c in ax.collections if isinstance(c, PathCollection)]
+    assert len(pts) == 1 and np.allclose(pts[0].get_offsets(), [[1.6, 1.5], [1.9, 1.8], [2.1, 2.0]])
+
+
+def test_latency_and_speedup_curves():
+    lat = pd.DataFrame([dict(model="m", device="cpu", dtype="float32", context=c, tokens=n, seconds=0.01 * n + c)
+                        for c in (1, 2) for n in (1, 4, 16)])
+    ax = plots.latency_curve(lat).axes[0]
+    assert len(ax.lines) == 2 and np.allclose(ax.lines[0].get_ydata(), 1000 * (0.01 * np.array([1, 4, 16]) + 1))
+    ax = plots.speedup_curve({"x": ([1, 2, 3], [1.2, 1.5, 1.4])}, {"x": (2, 1.5)}).axes[0]
+    assert np.allclose(ax.lines[0].get_ydata(), [1.2, 1.5, 1.4])
+
+
+# ----------------------------------------------------------------------------------------------- live decode
+
+def test_accepted_lengths_and_throughput():
+    ax = plots.accepted_lengths([1, 3, 2]).axes[0]
+    assert [p.get_height() for p in ax.patches] == [1, 3, 2]
+    ax = plots.throughput_bars({"Medusa": 30.0, "vanilla": 12.0}).axes[0]
+    assert [p.get_height() for p in ax.patches] == [30.0, 12.0]
+
+
+def test_coloured_tokens_html_escapes():
+    out = plots.coloured_tokens_html(["<b>", " a&b"], [0, 1])
+    assert "&lt;b&gt;" in out and " a&amp;b" in out and "<b>" not in out
+    assert 'title="step 1"' in out and 'title="step 2"' in out
+
+
+def test_token_pieces_join_to_the_text():
+    from workbench.models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    ids = tok("hello world, ok").input_ids
+    pieces = plots.token_pieces(tok, ids)
+    assert len(pieces) == len(ids)
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_big_tree_stays_drawable():
+    tree = make_tree([(i,) for i in range(10)] + [(0, i) for i in range(10)] + [(0, 0, i) for i in range(10)] +
+                     [(1, i) for i in range(10)] + [(0, 0, 0, i) for i in range(10)])
+    fig = plots.tree_figure(tree)
+    assert fig.get_figwidth() <= 24 + 4.5 + 1e-9
