@@ -115,19 +115,9 @@ def read_latency_file(path: str, stamp: float) -> pd.DataFrame:
 
 @st.cache_data(max_entries=8)
 def read_sweep_file(path: str, stamp: float) -> pd.DataFrame:
-    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs."""
-    try:
-        df = pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise WorkbenchError(f"sweep CSV {path}: not a readable CSV ({str(e).splitlines()[0][:100]})") from None
-    missing = [c for c in ("tree", "nodes", "acceleration_rate") if c not in df.columns]
-    if missing or df.empty:
-        raise WorkbenchError(f"sweep CSV {path}: {'missing column(s) ' + ', '.join(missing) if missing else 'no rows'}"
-                             " (expected the CSV `workbench sweep --out` writes)")
-    for c in ("nodes", "acceleration_rate"):
-        if pd.to_numeric(df[c], errors="coerce").isna().any():
-            raise WorkbenchError(f"sweep CSV {path}: column {c} must be numeric on every row")
-    return df
+    from workbench.tradeoffs import read_sweep
+
+    return read_sweep(path)
 
 
 @st.cache_resource(show_spinner="Loading the model and heads...", max_entries=1)

@@ -9,14 +9,26 @@ import warnings
 from workbench import WorkbenchError, __version__
 
 
-def _emit(obj, out: str | None) -> None:
-    """JSON to --out (atomically) or stdout."""
-    text = json.dumps(obj, indent=2) + "\n"
+def _output(text: str, out: str | None, what: str = "") -> None:
+    """Text to --out (atomically, with a note on stderr) or stdout: every command writes results this way."""
     if out:
         from workbench.io import atomic_write_text
+
         atomic_write_text(out, text)
+        if what:
+            print(f"wrote {what} to {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+
+
+def _emit(obj, out: str | None) -> None:
+    """JSON to --out or stdout."""
+    _output(json.dumps(obj, indent=2) + "\n", out)
+
+
+def _tree_json(obj: dict) -> str:
+    """One key per line, lists kept on one line: a 256-node medusa_choices stays readable."""
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
 
 
 # ==== tree / optimize / export commands (issue: tree core) ====================================================
@@ -113,12 +125,7 @@ def _cmd_optimize(args) -> int:
            "heads": heads, "ranks": ranks, "accuracies": str(args.accuracies or args.calibration)}
     if not (args.curve and not args.out):
         # one key per line, each value compact: a 63-node tree stays readable
-        text = "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
-        if args.out:
-            from workbench.io import atomic_write_text
-            atomic_write_text(args.out, text)
-        else:
-            sys.stdout.write(text)
+        _output(_tree_json(obj), args.out)
     if tree.max_rank >= 10:
         print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-10 only "
               "(use --max-rank 10 for Medusa/EAGLE-1 decoders)", file=sys.stderr)
@@ -141,13 +148,7 @@ def _cmd_export(args) -> int:
         print("note: a --speculative-config fragment; vLLM requires num_speculative_tokens == number of tree "
               "nodes, and drafts trees with EAGLE-style proposers (add method eagle/eagle3 and model)",
               file=sys.stderr)
-    if args.out:
-        from workbench.io import atomic_write_text
-
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.format} tree to {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    _output(text, args.out, f"{args.format} tree")
     return 0
 
 
@@ -301,7 +302,7 @@ def cmd_train_heads(args) -> int:
     cfg = TrainConfig(prompts=interleaved_prompts(files, args.seed), num_heads=args.num_heads,
                       num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
                       max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
-                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed)
+                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed, vocab=args.vocab)
     if args.num_heads < 1 or args.num_layers < 1 or args.steps < 1 or args.tokens < 1:
         raise WorkbenchError("--num-heads, --num-layers, --steps and --tokens must be positive")
     slug = model_label(args.model).replace("/", "--").replace(".gguf", "")
@@ -330,6 +331,8 @@ def add_train_heads(sub) -> None:
     p.add_argument("--steps", type=int, default=3000)
     p.add_argument("--batch-size", type=int, default=256, help="positions per optimizer step")
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--vocab", choices=["full", "active"], default="full",
+                   help="softmax over the full vocabulary, or only the tokens the data emits (faster, a bit worse)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device")
     p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")
@@ -480,11 +483,7 @@ def _optimize_for_latency(args, acc, value) -> int:
            "budget": best["budget"], "nodes": tree.nodes, "depth": tree.depth, "method": "hardware-aware",
            "latency": str(args.latency), "context": ctx, "joint": bool(args.joint),
            "accuracies": str(args.accuracies or args.calibration)}
-    text = "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
-    if args.out:
-        atomic_write_text(args.out, text)
-    else:
-        sys.stdout.write(text)
+    _output(_tree_json(obj), args.out)
     if best["speedup"] <= 1:
         print("warning: no tree is predicted to beat vanilla decoding on this hardware", file=sys.stderr)
     print(f"hardware-aware tree: {tree.nodes} nodes, depth {tree.depth}, {best['expected_length']:.4f} tokens/step at "
@@ -546,14 +545,7 @@ def cmd_sweep(args) -> int:
 def cmd_sweep_report(args) -> int:
     from workbench.tradeoffs import summarize
 
-    text = summarize(args.sweep, args.latency, args.context)
-    if args.out:
-        from workbench.io import atomic_write_text
-
-        atomic_write_text(args.out, text)
-        print(f"wrote {args.out}", file=sys.stderr)
-    else:
-        sys.stdout.write(text)
+    _output(summarize(args.sweep, args.latency, args.context), args.out, "the report")
     return 0
 
 
@@ -620,12 +612,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="workbench", description="Design, calibrate and validate Medusa decoding trees.")
     p.add_argument("--version", action="version", version=f"workbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    # ---- subcommand registrations (one block per command group) ----
-    add_train_heads(sub)
-    add_decode(sub)  # decode (live decoder)
+    # in the order a user meets them: trees, calibration, live decoding, trade-offs, training new heads
     _register_tree(sub)  # tree / optimize / export
-    add_calibrate(sub)  # calibrate
+    add_calibrate(sub)
+    add_decode(sub)
     add_tradeoffs(sub)  # latency / sweep / sweep-report
+    add_train_heads(sub)
     return p
 
 

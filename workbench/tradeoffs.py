@@ -258,6 +258,24 @@ def default_latency_path(model_label: str, device: str, calibration_root: str | 
     return root / _slug(model_label) / f"latency-{_slug(device)}.csv"
 
 
+def read_sweep(path) -> pd.DataFrame:
+    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs."""
+    if not Path(path).is_file():
+        raise WorkbenchError(f"sweep CSV {path}: no such file (make one with `workbench sweep --out FILE.csv`)")
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
+        raise WorkbenchError(f"sweep CSV {path}: not a readable CSV ({str(e).splitlines()[0][:100]})") from None
+    missing = [c for c in ("tree", "nodes", "acceleration_rate") if c not in df.columns]
+    if missing or df.empty:
+        raise WorkbenchError(f"sweep CSV {path}: {'missing column(s) ' + ', '.join(missing) if missing else 'no rows'}"
+                             " (expected the CSV `workbench sweep --out` writes)")
+    for c in ("nodes", "acceleration_rate"):
+        if pd.to_numeric(df[c], errors="coerce").isna().any():
+            raise WorkbenchError(f"sweep CSV {path}: column {c} must be numeric on every row")
+    return df
+
+
 def read_latency(path) -> pd.DataFrame:
     """A latency CSV, checked: LATENCY_COLUMNS present, positive token counts and seconds."""
     f = Path(path)
