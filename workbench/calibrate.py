@@ -365,13 +365,14 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
             raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {max_new_tokens} exceed the "
                                  f"model's context of {context} (lower --max-new-tokens or drop the prompt)")
 
-    reuse = None
-    if continuations is not None:
-        reuse = reused_continuations(continuations, args)
-        args["continuations_from"] = str(Path(continuations).resolve())
+    # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
+    reuse = reused_continuations(continuations, args) if continuations is not None else None
     done = _prepare_folder(folder, name, args, force)
     if not done:
         _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
+        if reuse is not None:
+            meta = json.loads((folder / "meta.json").read_text())
+            atomic_write_json(folder / "meta.json", dict(meta, continuations_from=str(Path(continuations).resolve())))
     trees = Path(trees_dir) if trees_dir else (folder / "trees" if out else Path("trees"))
     return _finish(folder, name, args, records, holdout, budgets, trees)
 
@@ -524,6 +525,7 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
                 workbench_version=__version__, holdout=holdout, holdout_ids=sorted(held),
                 fit_positions=len(fit), holdout_positions=len(test),
                 stopped_at_eos=int((info["stopped"] == "eos").sum()),
-                trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"))
+                trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"),
+                **({"continuations_from": old["continuations_from"]} if "continuations_from" in old else {}))
     atomic_write_json(folder / "meta.json", meta)
     return dict(meta, folder=str(folder))
