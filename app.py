@@ -5,7 +5,8 @@ a model, and only on a button press). This file is layout and widgets only: numb
 modules, figures from `workbench/plots.py`. Bad input (a missing folder, a malformed upload, a tree that does
 not fit the heads) is an `st.error` with the reason, never a crash.
 
-Calibration folders are looked up under $WORKBENCH_CALIBRATION_ROOT (default: calibration/ in this checkout).
+Calibration folders are looked up under $WORKBENCH_CALIBRATION_ROOT (default: calibration/ in this checkout),
+sweep and latency CSVs also under $WORKBENCH_RESULTS_ROOT (default: docs/results/).
 """
 from __future__ import annotations
 
@@ -30,6 +31,11 @@ EXAMPLE_CSV = "head,rank,accuracy\n1,1,0.55\n1,2,0.12\n1,3,0.05\n2,1,0.30\n2,2,0
 
 def calibration_root() -> Path:
     return Path(os.environ.get("WORKBENCH_CALIBRATION_ROOT") or REPO_ROOT / "calibration")
+
+
+def results_root() -> Path:
+    """Where sweep CSVs are looked for: $WORKBENCH_RESULTS_ROOT (default: docs/results/ in this checkout)."""
+    return Path(os.environ.get("WORKBENCH_RESULTS_ROOT") or REPO_ROOT / "docs" / "results")
 
 
 def calibration_folders() -> list[Path]:
@@ -129,10 +135,10 @@ def load_model(model: str, heads: str, device: str):
 
 
 def found_csvs(kind: str) -> list[Path]:
-    """Sweep or latency CSVs in the calibration folders and results/, recognised by their header."""
+    """Sweep or latency CSVs in the calibration folders and the results folder, recognised by their header."""
     want = {"sweep": ("acceleration_rate", "nodes"), "latency": ("tokens", "seconds")}[kind]
     out = []
-    for root in (calibration_root(), REPO_ROOT / "results", REPO_ROOT / "docs"):
+    for root in (calibration_root(), results_root()):
         for f in sorted(root.rglob("*.csv")) if root.is_dir() else []:
             try:
                 with f.open() as fh:

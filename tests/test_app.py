@@ -105,6 +105,7 @@ def page(name: str, root: Path | None, monkeypatch) -> AppTest:
     """One page of app.py on its own (st.navigation cannot be switched to a callable page inside AppTest)."""
     if root is not None:
         monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(root))
+        monkeypatch.setenv("WORKBENCH_RESULTS_ROOT", str(root))
     script = (f"import importlib.util, sys\n"
               f"spec = importlib.util.spec_from_file_location('workbench_app', {str(APP)!r})\n"
               f"app = sys.modules.get('workbench_app')\n"
