@@ -83,6 +83,7 @@ def test_turns_column_gives_the_first_turn(tmp_path):
 
 @pytest.mark.parametrize("content,match", [
     ("", "empty"),
+    ("[]", "holds no prompts"),
     ('[{"text": "x"}]', "no prompt column"),
     ('[{"instruction": ""}, {"instruction": "  "}]', "no non-empty prompts"),
     ('[{"instruction": "x", "id": 1}, {"instruction": "y", "id": 1}]', "duplicate"),

@@ -43,6 +43,8 @@ def _read_file(path: Path):
         return datasets.load_dataset(fmt, data_files=str(path), split="train")
     except Exception as e:  # malformed JSON/CSV: whatever arrow raised, one line naming the file
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if "corresponds to no data" in msg:  # datasets' words for a file with no rows, e.g. `[]`
+            raise WorkbenchError(f"--prompts {path}: the file holds no prompts") from None
         raise WorkbenchError(f"--prompts {path}: cannot read it as {fmt} ({msg[:200]})") from None
 
 
