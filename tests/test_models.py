@@ -189,3 +189,16 @@ def test_gguf_file_loads_through_transformers():
     model, tok = load_base(str(gguf), "cpu")
     assert model.dtype == torch.float32 and model.config.model_type == "llama"
     assert tok.decode(tok("Hello").input_ids, skip_special_tokens=True) == "Hello"
+
+
+def test_heads_saved_in_fp16_load_back_as_float(tiny_llama, tmp_path):
+    from safetensors.torch import load_file
+
+    from workbench.models import load_heads, save_heads
+
+    heads = tiny_llama.heads["2"]
+    folder = save_heads(heads, tmp_path / "h16", "tiny", dtype=torch.float16)
+    assert {t.dtype for t in load_file(str(folder / "medusa_lm_head.safetensors")).values()} == {torch.float16}
+    back, _ = load_heads(folder)
+    for (k, a), (_, b) in zip(heads.state_dict().items(), back.state_dict().items()):
+        assert b.dtype == torch.float32 and torch.allclose(a, b, rtol=1e-3, atol=1e-3), k

@@ -412,7 +412,7 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
         for f in ("ranks.parquet", "continuations.parquet", "accuracies.csv", "meta.json"):
             (folder / f).unlink(missing_ok=True)
         shutil.rmtree(folder / "parts", ignore_errors=True)
-        for f in (folder / "trees").glob(f"{name}-*.json"):
+        for f in _own_trees(folder / "trees", name):
             f.unlink()
         recorded = None
     complete = recorded is not None and (folder / "meta.json").is_file() and (folder / "ranks.parquet").is_file()
@@ -469,6 +469,11 @@ def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progre
     shutil.rmtree(parts, ignore_errors=True)
 
 
+def _own_trees(trees_dir: Path, name: str) -> list[Path]:
+    """The tree files a calibration named `name` wrote (NAME-indep-B / NAME-joint-B), not the user's others."""
+    return [f for kind in ("indep", "joint") for f in trees_dir.glob(f"{name}-{kind}-*.json")]
+
+
 def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarray, budgets: list[int],
                 trees_dir: Path, calibration: str = "") -> tuple[list[dict], list[str]]:
     """For each budget, the optimal tree under independent heads (acc) and under the empirical path
@@ -515,7 +520,7 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
     acc, counts = head_accuracies(fit, topk)
     write_accuracies(folder / "accuracies.csv", acc, counts)
     trees_dir.mkdir(parents=True, exist_ok=True)
-    for f in trees_dir.glob(f"{name}-*.json"):  # budgets may have changed since the last run
+    for f in _own_trees(trees_dir, name):  # budgets may have changed since the last run
         f.unlink()
     summary, skipped = build_trees(name, fit, test, acc, budgets, trees_dir, str(folder))
     meta = dict(model=args["model"], heads=args["heads"], prompts=args["prompts"], limit=args["limit"],

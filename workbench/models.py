@@ -324,8 +324,12 @@ def _medusa2_tensors(folder: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_heads(heads: MedusaHeads, folder: str | Path, base_model: str, fmt: int | None = None, extra: dict | None = None) -> Path:
-    """Write a heads-only folder: format 1 (per-head lm_head) or 2 (ResBlocks only). Atomic per file."""
+def save_heads(heads: MedusaHeads, folder: str | Path, base_model: str, fmt: int | None = None,
+               extra: dict | None = None, dtype: torch.dtype | None = None) -> Path:
+    """Write a heads-only folder: format 1 (per-head lm_head) or 2 (ResBlocks only). Atomic per file.
+
+    `dtype` (e.g. torch.float16, as released Medusa heads are) halves the file; loading casts back to float.
+    """
     from safetensors.torch import save_file
 
     fmt = fmt or (2 if heads.tied else 1)
@@ -335,7 +339,7 @@ def save_heads(heads: MedusaHeads, folder: str | Path, base_model: str, fmt: int
         raise WorkbenchError("format 2 has no per-head lm_head; these heads have their own (use format 1)")
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    sd = {k: v.detach().contiguous().cpu() for k, v in heads.state_dict().items()}
+    sd = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
     tmp = folder / f"{HEADS_FILE}.safetensors.tmp"
     save_file(sd, str(tmp))
     os.replace(tmp, folder / f"{HEADS_FILE}.safetensors")

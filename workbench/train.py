@@ -45,6 +45,7 @@ class TrainConfig:
     warmup: int = 50
     decay: float = 0.8
     seed: int = 0
+    save_dtype: str = "float16"     # heads file dtype (released Medusa heads are fp16; half the size)
     vocab: str = "full"             # "active": softmax over only the tokens the data emits (faster, ~3 points worse)
 
 
@@ -266,7 +267,8 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
                    answer_tokens=tokens, train_positions=int(N), steps=cfg.steps, batch_size=cfg.batch_size,
                    lr=cfg.lr, vocab=cfg.vocab, active_vocab=int(lm_head.weight.shape[0]), device=str(dev), seconds_this_run=round(time.time() - t0, 1),
                    validation=val, history=history[-5:])
-    save_heads(heads.cpu(), out, model_label(model_name), extra={"training": summary})
+    save_heads(heads.cpu(), out, model_label(model_name), extra={"training": summary},
+               dtype=getattr(torch, cfg.save_dtype))
     return summary
 
 
