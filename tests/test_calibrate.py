@@ -378,3 +378,19 @@ def test_new_heads_reuse_the_answers_of_an_earlier_calibration(run, tiny_llama, 
     with pytest.raises(WorkbenchError, match="max_new_tokens"):
         calibrate(str(tiny_llama.model_dir), other, str(prompt_file), name="bad", out=tmp_path / "bad",
                   continuations=folder, **dict(ARGS, max_new_tokens=5))
+
+
+def test_retrained_heads_in_the_same_folder_are_a_different_calibration(run, tiny_llama, prompt_file, tmp_path):
+    """The heads' weights are part of a run's identity, not only their path."""
+    import shutil
+
+    from workbench.models import save_heads
+
+    heads_dir = tmp_path / "heads"
+    shutil.copytree(tiny_llama.heads_dirs["2"], heads_dir)
+    out = tmp_path / "cal"
+    calibrate(str(tiny_llama.model_dir), str(heads_dir), str(prompt_file), name="h", out=out, **ARGS)
+    retrained = tiny_llama.heads["2"]
+    save_heads(type(retrained)(retrained.hidden_size, retrained.vocab_size, retrained.num_heads), heads_dir, "tiny")
+    with pytest.raises(WorkbenchError, match="heads_sha256"):
+        calibrate(str(tiny_llama.model_dir), str(heads_dir), str(prompt_file), name="h", out=out, **ARGS)

@@ -314,7 +314,7 @@ def tree_report(tree, folder: str | Path) -> dict:
 def calibrate(model: str | None = None, heads: str | None = None, prompts: str = "alpaca-eval",
               limit: int | None = None, holdout: float = 0.2, max_new_tokens: int = 128, topk: int = 10,
               budgets=(16, 32, 64), name: str | None = None, out: str | Path | None = None,
-              device: str | None = None, dtype: str | None = None, batch_size: int = 16, force: bool = False,
+              device: str | None = None, dtype: str | None = None, batch_size: int = 32, force: bool = False,
               on_batch=None, progress: bool = True, continuations: str | Path | None = None,
               trees_dir: str | Path | None = None) -> dict:
     """Run (or resume) a calibration and write its folder; returns meta.json's content plus `folder`.
@@ -353,7 +353,7 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
     args = dict(model=model_label(where(model)), heads=where(heads) or "demo", prompts=where(prompts), limit=limit,
                 prompts_sha256=hashlib.sha256(json.dumps(records).encode()).hexdigest(),
                 max_new_tokens=max_new_tokens, topk=topk, batch_size=batch_size, device=str(base.device.type),
-                dtype=str(base.dtype).replace("torch.", ""), num_heads=hd.num_heads)
+                dtype=str(base.dtype).replace("torch.", ""), num_heads=hd.num_heads, heads_sha256=heads_fingerprint(hd))
     if not getattr(tok, "chat_template", None):
         raise WorkbenchError("the tokenizer has no chat template: calibrate on an instruction-tuned model whose "
                              "tokenizer defines one (heads are calibrated on what the model sees when serving)")
@@ -375,6 +375,15 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
             atomic_write_json(folder / "meta.json", dict(meta, continuations_from=str(Path(continuations).resolve())))
     trees = Path(trees_dir) if trees_dir else (folder / "trees" if out else Path("trees"))
     return _finish(folder, name, args, records, holdout, budgets, trees)
+
+
+def heads_fingerprint(heads) -> str:
+    """A hash of the heads' weights: retrained heads in the same folder are a different calibration."""
+    h = hashlib.sha256()
+    for k, v in sorted(heads.state_dict().items()):
+        h.update(k.encode())
+        h.update(v.detach().float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def reused_continuations(source: str | Path, args: dict) -> dict[str, list[int]]:

@@ -403,7 +403,7 @@ def add_calibrate(sub) -> None:
     p.add_argument("--budgets", default="16,32,64", help="tree sizes to build (default 16,32,64)")
     p.add_argument("--name", help="calibration name (default: MODEL-PROMPTS)")
     p.add_argument("--out", help="output folder (default: calibration/NAME)")
-    p.add_argument("--batch-size", type=int, default=16, help="prompts per generate batch (and per part file)")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate batch (and per part file)")
     p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
     p.add_argument("--dtype", help="auto (default: bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
