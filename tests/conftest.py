@@ -3,6 +3,7 @@
     tiny_llama, tiny_qwen2   a `Tiny` (below) for one architecture
     tiny                     parametrised over both architectures
     make_heads_dir           factory: write a state dict + config as a heads folder, for broken-checkpoint tests
+    make_prompt_file         factory: write a list of prompts as a JSONL prompt file
 
 Each `Tiny` holds an fp32 CPU model (vocab 128, hidden 64, 2 layers, init std 0.2 so greedy argmax has no
 near-ties), the character-level `tiny_tokenizer` (ChatML template, EOS `</s>` = id 2) saved next to the model,
@@ -90,6 +91,16 @@ def tiny_qwen2(tmp_path_factory) -> Tiny:
 @pytest.fixture(params=["llama", "qwen2"])
 def tiny(request) -> Tiny:
     return request.getfixturevalue(f"tiny_{request.param}")
+
+
+@pytest.fixture(scope="session")
+def make_prompt_file(tmp_path_factory):
+    """make_prompt_file(prompts) -> a JSONL prompt file of {"id": "q<i>", "instruction": prompt} rows."""
+    def make(prompts: list[str]) -> Path:
+        f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
+        f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n" for i, p in enumerate(prompts)))
+        return f
+    return make
 
 
 @pytest.fixture

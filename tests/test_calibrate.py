@@ -26,10 +26,8 @@ ARGS = dict(limit=None, holdout=0.3, max_new_tokens=12, topk=4, budgets=[3, 6], 
 
 
 @pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n" for i, p in enumerate(PROMPTS)))
-    return f
+def prompt_file(make_prompt_file):
+    return make_prompt_file(PROMPTS)
 
 
 @pytest.fixture(scope="module")

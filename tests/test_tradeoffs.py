@@ -23,10 +23,8 @@ PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why
 
 
 @pytest.fixture(scope="module")
-def prompt_file(tmp_path_factory):
-    f = tmp_path_factory.mktemp("prompts") / "p.jsonl"
-    f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n" for i, p in enumerate(PROMPTS)))
-    return f
+def prompt_file(make_prompt_file):
+    return make_prompt_file(PROMPTS)
 
 
 @pytest.fixture(scope="module")

@@ -258,18 +258,24 @@ def default_latency_path(model_label: str, device: str, calibration_root: str | 
     return root / _slug(model_label) / f"latency-{_slug(device)}.csv"
 
 
-def read_sweep(path) -> pd.DataFrame:
-    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs."""
+def _read_csv(path, what: str, columns: tuple[str, ...], maker: str) -> pd.DataFrame:
+    """A results CSV with at least one row and these columns, or one line naming what is wrong and who writes it."""
     if not Path(path).is_file():
-        raise WorkbenchError(f"sweep CSV {path}: no such file (make one with `workbench sweep --out FILE.csv`)")
+        raise WorkbenchError(f"{what} {path}: no such file (make one with `{maker}`)")
     try:
         df = pd.read_csv(path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise WorkbenchError(f"sweep CSV {path}: not a readable CSV ({str(e).splitlines()[0][:100]})") from None
-    missing = [c for c in ("tree", "nodes", "acceleration_rate") if c not in df.columns]
+        raise WorkbenchError(f"{what} {path}: not a readable CSV ({str(e).splitlines()[0][:100]})") from None
+    missing = [c for c in columns if c not in df.columns]
     if missing or df.empty:
-        raise WorkbenchError(f"sweep CSV {path}: {'missing column(s) ' + ', '.join(missing) if missing else 'no rows'}"
-                             " (expected the CSV `workbench sweep --out` writes)")
+        raise WorkbenchError(f"{what} {path}: needs rows with columns {','.join(columns)} "
+                             f"({'missing column(s) ' + ', '.join(missing) if missing else 'no rows'}; `{maker}` writes it)")
+    return df
+
+
+def read_sweep(path) -> pd.DataFrame:
+    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs."""
+    df = _read_csv(path, "sweep CSV", ("tree", "nodes", "acceleration_rate"), "workbench sweep --out FILE.csv")
     for c in ("nodes", "acceleration_rate"):
         if pd.to_numeric(df[c], errors="coerce").isna().any():
             raise WorkbenchError(f"sweep CSV {path}: column {c} must be numeric on every row")
@@ -278,18 +284,7 @@ def read_sweep(path) -> pd.DataFrame:
 
 def read_latency(path) -> pd.DataFrame:
     """A latency CSV, checked: LATENCY_COLUMNS present, positive token counts and seconds."""
-    f = Path(path)
-    if not f.is_file():
-        raise WorkbenchError(f"--latency {path}: no such file (make one with `workbench latency`)")
-    try:
-        df = pd.read_csv(f)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise WorkbenchError(f"--latency {path}: not a readable CSV ({str(e).splitlines()[0][:100]})") from None
-    missing = [c for c in ("context", "tokens", "seconds") if c not in df.columns]
-    if missing or df.empty:
-        raise WorkbenchError(f"--latency {path}: needs rows with columns context,tokens,seconds "
-                             f"({'missing ' + ', '.join(missing) if missing else 'no rows'}; "
-                             "`workbench latency` writes it)")
+    df = _read_csv(path, "--latency", ("context", "tokens", "seconds"), "workbench latency")
     num = df[["context", "tokens", "seconds"]].apply(pd.to_numeric, errors="coerce")
     if num.isna().any().any() or (num["tokens"] < 1).any() or (num["seconds"] <= 0).any():
         raise WorkbenchError(f"--latency {path}: context/tokens must be integers >= 1 and seconds > 0 on every row")

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from workbench import REPO_ROOT, WorkbenchError
+from workbench.decode import eos_ids
 from workbench.io import atomic_write_json
 from workbench.models import MedusaHeads, check_heads_fit, load_base, model_label, save_heads
 
@@ -90,7 +91,7 @@ def generate_part(model, tok, texts: list[str], max_new_tokens: int, chat: bool 
     out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
     P = enc.input_ids.shape[1]
     answers = out[:, P:]                                                         # [B, A]
-    eos = torch.tensor(sorted(_eos_ids(model, tok)), device=answers.device)
+    eos = torch.tensor(sorted(eos_ids(model, tok)), device=answers.device)
     is_eos = torch.isin(answers, eos)
     # answer length incl. the first EOS (the heads should learn to predict the stop too)
     first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(is_eos[:, 0], answers.shape[1], dtype=torch.long))
@@ -105,14 +106,6 @@ def generate_part(model, tok, texts: list[str], max_new_tokens: int, chat: bool 
         seq_l.append(torch.full((n + 1,), b, dtype=torch.int32))
     return dict(ids=torch.cat(ids_l), hidden=torch.cat(hid_l), seq=torch.cat(seq_l),
                 answer_tokens=int(first.sum()))
-
-
-def _eos_ids(model, tok) -> set[int]:
-    ids = model.generation_config.eos_token_id
-    ids = set(ids if isinstance(ids, (list, tuple)) else [ids] if ids is not None else [])
-    if tok.eos_token_id is not None:
-        ids.add(tok.eos_token_id)
-    return ids
 
 
 def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str | None) -> list[Path]:
