@@ -212,6 +212,11 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     assert df["distinct_2"].between(0, 1).all()
     opt = df[df["kind"] == "optimal"]
     assert opt["predicted_tokens_per_step"].notna().all() and opt["calibration_holdout"].notna().all()
+    assert opt["predicted_walk"].notna().all()
+    # replaying the decoder over the calibration's own answers to these prompts is what the live decoder measured
+    replayed = greedy.dropna(subset=["replay"])
+    assert len(replayed) >= len(opt[opt["acceptance"] == "greedy"])
+    assert np.allclose(replayed["replay"], replayed["acceleration_rate"], rtol=1e-12)
     assert main(argv) == 0  # everything done: nothing rerun, file unchanged
     assert pd.read_csv(out).equals(df)
 
@@ -228,6 +233,36 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     assert main(["sweep-report", str(out), "--latency", str(tmp_path / "lat.csv"),
                  "--out", str(tmp_path / "r.md")]) == 0
     assert (tmp_path / "r.md").read_text() == md
+
+
+def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_llama, prompt_file, tmp_path):
+    """With heads that actually accept tokens, the calibration's decoder replay on its held-out answers equals the
+    live greedy decoder's tokens per step on those prompts, tree by tree (the sweep's `replay` column)."""
+    from workbench.decode import medusa_generate
+    from workbench.models import load_heads
+    from workbench.tradeoffs import calibration_predictions, holdout_records
+    from workbench.train import TrainConfig, interleaved_prompts, train_heads
+
+    heads_dir = tmp_path / "heads"
+    train_heads(tmp_path / "work", TrainConfig(prompts=interleaved_prompts([str(prompt_file)]) * 4, tokens=400,
+                                               max_new_tokens=16, gen_batch=8, gen_dtype="float32", steps=60,
+                                               batch_size=64, lr=1e-2, warmup=2, num_heads=3),
+                str(tiny_llama.model_dir), heads_dir)
+    cal = tmp_path / "cal"
+    calibrate(str(tiny_llama.model_dir), str(heads_dir), str(prompt_file), name="t", out=cal, holdout=0.5,
+              max_new_tokens=16, topk=4, budgets=[3], batch_size=8, device="cpu", progress=False)
+    records = holdout_records(cal)
+    predict = calibration_predictions(cal, 12, [pid for pid, _ in records])
+    heads = load_heads(heads_dir)[0]
+    rates = []
+    for spec in ("[[0]]", "[[0], [1], [0, 0], [0, 1], [0, 0, 0]]", "[[0], [1], [2], [3], [0, 0], [1, 0]]"):
+        tree = load_tree(spec)
+        runs = [medusa_generate(tiny_llama.model, heads, tiny_llama.tokenizer, prepare_prompt(tiny_llama.tokenizer, t),
+                                tree, max_new_tokens=12) for _, t in records]
+        live = sum(len(r.token_ids) for r in runs) / sum(len(r.steps) for r in runs)
+        assert predict(tree)["replay"] == pytest.approx(live, rel=1e-12)
+        rates.append(live)
+    assert max(rates) > 1.2, rates  # the heads do get tokens accepted, so the equality is not 1 == 1
 
 
 class Killed(Exception):

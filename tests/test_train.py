@@ -45,8 +45,8 @@ def test_targets_are_t_plus_k_plus_1_within_a_sequence(tmp_path):
     seq = torch.tensor([0, 0, 0, 0, 1, 1, 1], dtype=torch.int32)
     torch.save({"ids": ids, "hidden": torch.zeros(7, 4, dtype=torch.bfloat16), "seq": seq}, tmp_path / "p.pt")
     _, tgt = load_dataset_tensors([tmp_path / "p.pt"], 2)
-    # position 0: base predicts ids[1]; head 1 -> ids[2], head 2 -> ids[3]; never across sequences
-    assert tgt.tolist() == [[12, 13], [13, -100], [-100, -100], [-100, -100], [22, -100], [-100, -100], [-100, -100]]
+    # hidden[0] chose ids[0] (the base's guess); head 1 -> ids[1], head 2 -> ids[2]; never across sequences
+    assert tgt.tolist() == [[11, 12], [12, 13], [13, -100], [-100, -100], [21, 22], [22, -100], [-100, -100]]
 
 
 def test_resume_continues_without_regenerating(tiny_llama, prompt_file, tmp_path):
@@ -57,8 +57,36 @@ def test_resume_continues_without_regenerating(tiny_llama, prompt_file, tmp_path
     stamps = [p.stat().st_mtime_ns for p in parts]
     summary = train_heads(work, _cfg(prompts, steps=20), str(tiny_llama.model_dir), out, log_every=5)
     assert [p.stat().st_mtime_ns for p in sorted((work / "parts").glob("part-*.pt"))] == stamps
-    history = json.loads(torch.load(work / "checkpoint.pt", weights_only=True)["history"])
+    (ckpt,) = work.glob("checkpoint-*.pt")  # the same settings resumed the same checkpoint
+    history = json.loads(torch.load(ckpt, weights_only=True)["history"])
     assert [h["step"] for h in history] == [5, 10, 15, 20] and summary["steps"] == 20
+
+
+def test_parts_hold_the_answers_generate_gives_and_reruns_only_add_new_prompts(tiny_llama, prompt_file, tmp_path):
+    from workbench.decode import prepare_prompt
+    from workbench.train import build_data, prompt_key
+
+    prompts = interleaved_prompts([str(prompt_file)])
+    work = tmp_path / "work"
+    build_data(work, _cfg(prompts[:8], tokens=10_000), str(tiny_llama.model_dir), None)
+    first = sorted((work / "parts").glob("part-*.pt"))
+    assert len(first) == 2  # 8 prompts, batches of 4; ran out of prompts before 10k tokens
+    d = torch.load(first[0], weights_only=True)
+    tok = tiny_llama.tokenizer
+    for b in range(4):  # each stored answer is exactly what plain greedy generate() says
+        enc = torch.tensor([prepare_prompt(tok, prompts[b])])
+        ref = tiny_llama.model.generate(enc, max_new_tokens=12, do_sample=False)[0, enc.shape[1]:].tolist()
+        got = d["ids"][d["seq"] == b].tolist()
+        assert ref[:len(got)] == got
+    # hidden[t] is the state whose base logits chose ids[t]
+    logits = tiny_llama.model.get_output_embeddings()(d["hidden"].float())
+    assert (logits.argmax(-1) == d["ids"].long()).float().mean() > 0.95  # bf16-stored states
+    stamps = [p.stat().st_mtime_ns for p in first]
+    build_data(work, _cfg(prompts, tokens=10_000), str(tiny_llama.model_dir), None)  # 4 more prompts: one part
+    parts = sorted((work / "parts").glob("part-*.pt"))
+    assert len(parts) == 3 and [p.stat().st_mtime_ns for p in parts[:2]] == stamps
+    keys = [k for p in parts for k in json.loads(p.with_suffix(".json").read_text())["prompt_keys"]]
+    assert sorted(keys) == sorted(prompt_key(t) for t in prompts)
 
 
 def test_cli_train_heads(tiny_llama, prompt_file, tmp_path, capsys):

@@ -306,7 +306,7 @@ def cmd_train_heads(args) -> int:
     if args.num_heads < 1 or args.num_layers < 1 or args.steps < 1 or args.tokens < 1:
         raise WorkbenchError("--num-heads, --num-layers, --steps and --tokens must be positive")
     slug = model_label(args.model).replace("/", "--").replace(".gguf", "")
-    work = Path(args.work) if args.work else cache_dir() / "train-heads" / f"{slug}-k{args.num_heads}-l{args.num_layers}"
+    work = Path(args.work) if args.work else cache_dir() / "train-heads" / slug
     out = Path(args.out) if args.out else (DEMO_HEADS if args.model is None else Path(f"{slug}-medusa-heads"))
     summary = train_heads(work, cfg, args.model, out, args.device)
     print(json.dumps({k: summary[k] for k in ("answer_tokens", "steps", "validation")}, indent=2))
@@ -529,7 +529,8 @@ def cmd_sweep(args) -> int:
     prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
     info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
                 limit=args.limit, calibration=str(calibration or ""))
-    predict = T.calibration_predictions(calibration) if calibration else None
+    ids = [pid for pid, _ in records] if args.prompts == "holdout" else None  # the calibration's own prompts
+    predict = T.calibration_predictions(calibration, args.max_new_tokens, ids) if calibration else None
     print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}", file=sys.stderr)
     df = T.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
                      progress=not args.quiet)

@@ -8,6 +8,7 @@ Self-distillation matters: heads learn what *this* model will say, which is what
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -77,73 +78,76 @@ def interleaved_prompts(files: list[str], seed: int = 0) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------- 1+2. data
 
-@torch.no_grad()
-def generate_part(model, tok, texts: list[str], max_new_tokens: int, chat: bool = True) -> dict:
-    """Greedy answers for a batch, then hidden states of every answer position in one teacher-forced forward.
+def prompt_key(text: str) -> str:
+    """Parts remember which prompts they answer, so a rerun with other or more prompt files only adds new ones."""
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
 
-    Returns ids [N] (prompt tail + answer, flattened over sequences), hidden [N, H] bf16 and seq [N] (sequence
-    index), keeping per sequence the last prompt position and every answer position.
+
+def generate_part(model, tok, texts: list[str], max_new_tokens: int) -> dict:
+    """The base model's greedy answers to a batch of prompts, with the hidden state that chose each answer token.
+
+    Returns ids [N] (answer tokens, flat over sequences, each answer ending at its first stop token so heads learn
+    to predict the stop too), hidden [N, H] bf16 (hidden[t]'s base logits chose ids[t]) and seq [N].
     """
-    prompts = [tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False, add_generation_prompt=True)
-               if chat else t for t in texts]
-    tok.padding_side = "left"
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
-    out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-    P = enc.input_ids.shape[1]
-    answers = out[:, P:]                                                         # [B, A]
-    eos = torch.tensor(sorted(eos_ids(model, tok)), device=answers.device)
-    is_eos = torch.isin(answers, eos)
-    # answer length incl. the first EOS (the heads should learn to predict the stop too)
-    first = torch.where(is_eos.any(1), is_eos.float().argmax(1) + 1, torch.full_like(is_eos[:, 0], answers.shape[1], dtype=torch.long))
-    ids_l, hid_l, seq_l = [], [], []
-    full_attn = torch.cat([enc.attention_mask, torch.ones_like(answers)], 1)
-    hidden = model.model(input_ids=out, attention_mask=full_attn).last_hidden_state  # [B, P+A, H]
-    for b in range(out.shape[0]):
-        n = int(first[b])
-        keep = slice(P - 1, P + n)                     # last prompt position .. last answer token
-        ids_l.append(out[b, keep].cpu())
-        hid_l.append(hidden[b, keep].to(torch.bfloat16).cpu())
-        seq_l.append(torch.full((n + 1,), b, dtype=torch.int32))
-    return dict(ids=torch.cat(ids_l), hidden=torch.cat(hid_l), seq=torch.cat(seq_l),
-                answer_tokens=int(first.sum()))
+    from workbench.calibrate import greedy_continuations
+    from workbench.decode import prepare_prompt
+
+    encoded = [prepare_prompt(tok, t) for t in texts]  # the chat template, as the live decoder and calibrate use
+    stop = sorted(eos_ids(model, tok))
+    conts, hidden = greedy_continuations(model, encoded, max_new_tokens, stop, tok.pad_token_id, return_hidden=True)
+    return dict(ids=torch.tensor([t for c in conts for t in c], dtype=torch.int32),
+                hidden=torch.cat(hidden).to(torch.bfloat16).cpu(),
+                seq=torch.cat([torch.full((len(c),), b, dtype=torch.int32) for b, c in enumerate(conts)]),
+                answer_tokens=sum(map(len, conts)))
+
+
+def part_infos(parts_dir: Path) -> list[tuple[Path, dict]]:
+    return [(p, json.loads(p.with_suffix(".json").read_text())) for p in sorted(parts_dir.glob("part-*.pt"))]
 
 
 def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str | None) -> list[Path]:
-    """Phase 1+2: write parts/part-00000.pt ... until cfg.tokens answer tokens exist. Resumes from the parts on disk."""
+    """Phase 1+2: add parts/part-NNNNN.pt until the folder holds cfg.tokens answer tokens.
+
+    Resumes from the parts on disk and skips prompts they already answer, so a rerun with a larger --tokens or
+    other --prompts files extends the data set; training uses every part in the folder.
+    """
     parts_dir = work / "parts"
     parts_dir.mkdir(parents=True, exist_ok=True)
-    parts = sorted(parts_dir.glob("part-*.pt"))
-    have = sum(json.loads(p.with_suffix(".json").read_text())["answer_tokens"] for p in parts)
+    infos = part_infos(parts_dir)
+    have = sum(i["answer_tokens"] for _, i in infos)
     if have >= cfg.tokens:
-        return parts
+        return [p for p, _ in infos]
+    done = {k for _, i in infos for k in i.get("prompt_keys", [])}
+    todo = [t for t in cfg.prompts if prompt_key(t) not in done]
     model, tok = load_base(model_name, device, cfg.gen_dtype)
     if not tok.chat_template:
         raise WorkbenchError("the base model's tokenizer has no chat template: heads must learn the answers the model "
                              "gives in chat, so pass a chat model (or a tokenizer with a template)")
     bar = tqdm(total=cfg.tokens, initial=have, unit="tok", desc="self-distil", dynamic_ncols=True)
-    i = len(parts)
-    while have < cfg.tokens:
-        lo = i * cfg.gen_batch
-        if lo >= len(cfg.prompts):
-            tqdm.write(f"ran out of prompts after {have} tokens (asked for {cfg.tokens}); add --prompts files")
-            break
-        batch = cfg.prompts[lo:lo + cfg.gen_batch]
-        part = generate_part(model, tok, batch, cfg.max_new_tokens)
+    i = int(infos[-1][0].stem.split("-")[1]) + 1 if infos else 0
+    while have < cfg.tokens and todo:
+        batch, todo = todo[:cfg.gen_batch], todo[cfg.gen_batch:]
+        with torch.no_grad():
+            part = generate_part(model, tok, batch, cfg.max_new_tokens)
         path = parts_dir / f"part-{i:05d}.pt"
         tmp = path.with_suffix(".tmp")
         torch.save({k: v for k, v in part.items() if k != "answer_tokens"}, tmp)
         tmp.replace(path)
-        atomic_write_json(path.with_suffix(".json"), {"answer_tokens": part["answer_tokens"], "prompts": len(batch)})
+        atomic_write_json(path.with_suffix(".json"), {"answer_tokens": part["answer_tokens"], "prompts": len(batch),
+                                                      "prompt_keys": [prompt_key(t) for t in batch]})
         have += part["answer_tokens"]
         bar.update(part["answer_tokens"])
         i += 1
     bar.close()
+    if have < cfg.tokens:
+        tqdm.write(f"ran out of prompts after {have} tokens (asked for {cfg.tokens}); add --prompts files")
     del model
-    return sorted(parts_dir.glob("part-*.pt"))
+    return [p for p, _ in part_infos(parts_dir)]
 
 
 def load_dataset_tensors(parts: list[Path], num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [N, H] bf16 and targets [N, K] (-100 where t+k+1 runs past the sequence's end)."""
+    """hidden [N, H] bf16 and targets [N, K]: head k guesses ids[t+k] (the base chose ids[t] from hidden[t]);
+    -100 where that runs past the answer's end."""
     hs, ts = [], []
     for p in parts:
         d = torch.load(p, weights_only=True)
@@ -151,7 +155,7 @@ def load_dataset_tensors(parts: list[Path], num_heads: int) -> tuple[torch.Tenso
         N = ids.shape[0]
         tgt = torch.full((N, num_heads), -100, dtype=torch.long)
         for k in range(1, num_heads + 1):
-            j = torch.arange(N) + k + 1                # position t's base predicts t+1; head k guesses t+1+k
+            j = torch.arange(N) + k
             ok = j < N
             same = torch.zeros(N, dtype=torch.bool)
             same[ok] = seq[j[ok]] == seq[ok]
@@ -222,7 +226,12 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     heads.to(dev)
     params = [p for p in heads.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    ckpt = work / "checkpoint.pt"
+    # one checkpoint per (settings, data): a rerun resumes (more --steps stretch the schedule); other settings or
+    # more data train afresh
+    data_only = ("prompts", "tokens", "steps", "max_new_tokens", "gen_batch", "gen_dtype", "save_dtype")
+    run = {k: v for k, v in asdict(cfg).items() if k not in data_only}
+    run["parts"] = [p.name for p in parts]
+    ckpt = work / f"checkpoint-{hashlib.sha1(json.dumps(run, sort_keys=True).encode()).hexdigest()[:12]}.pt"
     step, history = 0, []
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=True)
