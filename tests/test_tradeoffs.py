@@ -265,6 +265,25 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
     assert max(rates) > 1.2, rates  # the heads do get tokens accepted, so the equality is not 1 == 1
 
 
+def test_sweep_reruns_when_the_heads_in_the_same_folder_change(tiny_llama, prompt_file, tmp_path):
+    import torch
+
+    from workbench.models import save_heads
+
+    heads = tiny_llama.heads["2"]
+    folder = save_heads(heads, tmp_path / "heads", str(tiny_llama.model_dir), fmt=2)
+    out = tmp_path / "sweep.csv"
+    argv = ["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(folder), "--trees", "[[0], [1]]",
+            "--prompts", str(prompt_file), "--limit", "1", "--max-new-tokens", "4", "--quiet", "--out", str(out)]
+    assert main(argv) == 0 and len(pd.read_csv(out)) == 2  # vanilla + one tree
+    assert main(argv) == 0 and len(pd.read_csv(out)) == 2  # same heads: nothing to do
+    retrained = type(heads)(heads.hidden_size, heads.vocab_size, heads.num_heads, heads.num_layers, heads.tied)
+    retrained.load_state_dict({k: v + 0.01 * torch.randn_like(v) for k, v in heads.state_dict().items()})
+    save_heads(retrained, folder, str(tiny_llama.model_dir), fmt=2)
+    assert main(argv) == 0
+    assert pd.read_csv(out)["run"].nunique() == 2  # new weights at the same path are a new run, not "done"
+
+
 class Killed(Exception):
     pass
 

@@ -26,11 +26,15 @@ def _cfg(prompts, **kw):
     return TrainConfig(prompts=prompts, **base)
 
 
-def test_train_heads_learns_and_saves(tiny_llama, prompt_file, tmp_path):
+@pytest.mark.parametrize("active_steps", [0, 30])
+def test_train_heads_learns_and_saves(tiny_llama, prompt_file, tmp_path, active_steps):
     prompts = interleaved_prompts([str(prompt_file)])
     assert len(prompts) == 12 and any("with context" in p for p in prompts)
     out = tmp_path / "heads"
-    summary = train_heads(tmp_path / "work", _cfg(prompts), str(tiny_llama.model_dir), out, log_every=5)
+    summary = train_heads(tmp_path / "work", _cfg(prompts, active_steps=active_steps), str(tiny_llama.model_dir), out,
+                          log_every=5)
+    if active_steps:  # the first 30 steps ran on the emitted tokens only, the last 10 on all 128
+        assert 1 < summary["active_vocab"] < 128
     heads, cfg = load_heads(out)
     assert heads.num_heads == 3 and heads.tied and cfg["medusa_format"] == 2
     assert cfg["training"]["answer_tokens"] >= 120
