@@ -312,7 +312,7 @@ def epsilon_plot(sweep, quality: str = "exact_match"):
 
 PREDICTED_COLUMNS = {"predicted_tokens_per_step": "independence", "predicted": "predicted",
                      "predicted_joint": "empirical paths", "predicted_walk": "decoder replay (fit)",
-                     "calibration_holdout": "calibration holdout"}
+                     "calibration_holdout": "decoder replay (holdout)"}
 
 
 def predicted_vs_measured(sweep):

@@ -531,10 +531,11 @@ def calibration_predictions(calibration, max_new_tokens: int | None = None, prom
     """tree -> calibration predictions for a sweep row. From the fit prompts: predicted_tokens_per_step (independent
     heads) and predicted_joint (empirical paths), both the paper's mean over every position, and predicted_walk,
     a greedy decoder replayed over the fit answers (it visits only the positions a step starts at, which are harder
-    than average: the all-position mean runs 5-7% high on the demo). calibration_holdout: the all-position mean on
-    the held-out prompts. replay: the decoder replayed over the calibration's own answers to *these* prompts, which
-    a lossless greedy decoder must match exactly. Answers are cut to max_new_tokens, as the sweep cuts them."""
-    from workbench.calibrate import decoder_walk, load_calibration, measured_acceptance, path_probabilities
+    than average: the all-position mean runs 5-7% high on the demo). calibration_holdout: the decoder replayed over
+    every held-out answer (a larger sample than a live sweep can afford). replay: the same over the calibration's
+    own answers to *these* prompts, which a lossless greedy decoder must match exactly. Answers are cut to
+    max_new_tokens, as the sweep cuts them."""
+    from workbench.calibrate import decoder_walk, load_calibration, path_probabilities
     from workbench.optimize import empirical_value_fn, expected_length
 
     acc, fit = load_calibration(calibration, "fit")
@@ -542,7 +543,7 @@ def calibration_predictions(calibration, max_new_tokens: int | None = None, prom
     _, every = load_calibration(calibration, "all")
     joint = empirical_value_fn(path_probabilities(fit))
     cut = (lambda r: r[r["position"] < max_new_tokens]) if max_new_tokens else (lambda r: r)
-    fit_cut = cut(fit)
+    fit_cut, held_cut = cut(fit), cut(held)
     ours = cut(every[every["prompt_id"].isin([str(i) for i in prompt_ids])]) if prompt_ids is not None else None
 
     def predict(tree: Tree) -> dict:
@@ -551,7 +552,7 @@ def calibration_predictions(calibration, max_new_tokens: int | None = None, prom
         out = dict(predicted_tokens_per_step=expected_length(tree, acc), predicted_joint=expected_length(tree, joint),
                    predicted_walk=decoder_walk(tree, fit_cut))
         if len(held):
-            out["calibration_holdout"] = measured_acceptance(tree, held)
+            out["calibration_holdout"] = decoder_walk(tree, held_cut)
         if ours is not None and ours["prompt_id"].nunique() == len(set(map(str, prompt_ids))):
             out["replay"] = decoder_walk(tree, ours)
         return out
@@ -694,17 +695,19 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
     pred = greedy.dropna(subset=["predicted_tokens_per_step"])
     if len(pred):
         t = pred[["tree", "kind", "nodes", "predicted_tokens_per_step", "predicted_joint", "predicted_walk",
-                  "replay", "acceleration_rate"]].copy()
+                  "replay", "calibration_holdout", "acceleration_rate"]].copy()
         for col, name in (("predicted_tokens_per_step", "indep"), ("predicted_joint", "joint"),
                           ("predicted_walk", "walk"), ("replay", "replay")):
             t[f"{name}_err_%"] = 100 * (t[col] / t["acceleration_rate"] - 1)
         t = t.rename(columns={"predicted_tokens_per_step": "predicted (indep)", "predicted_joint": "predicted (joint)",
-                              "predicted_walk": "predicted (walk)", "acceleration_rate": "measured"})
+                              "predicted_walk": "predicted (walk)", "calibration_holdout": "replay (all held out)",
+                              "acceleration_rate": "measured"})
         t = t.dropna(axis=1, how="all")
         parts.append("## Predicted vs measured tokens per step (greedy)\n\n"
                      "indep / joint: the paper's mean over every calibration position (independent heads / empirical "
                      "paths); walk: a greedy decoder replayed over the calibration's fit answers; replay: the same "
-                     "over the calibration's answers to these very prompts (a lossless decoder matches it exactly)."
+                     "over the calibration's answers to these very prompts (a lossless decoder matches it exactly); "
+                     "replay (all held out): the same over every held-out answer, a larger sample than this sweep."
                      "\n\n" + markdown_table(t))
 
     if len(greedy):
