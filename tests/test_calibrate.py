@@ -155,6 +155,8 @@ def test_output_files(run, prompt_file):
             expected_length(tree, acc) if kind == "indep" else 1 + sum(probs.get(p, 0) for p in tree.paths))
         test = ranks[ranks["prompt_id"].isin(held)]
         assert data["holdout_acceptance_length"] == pytest.approx(measured_acceptance(tree, test))
+        assert data["holdout_decoder"] == pytest.approx(decoder_walk(tree, test))
+        assert data["predicted_decoder"] == pytest.approx(decoder_walk(tree, fit))
     # the joint tree is optimal for the empirical objective it was built from
     for b in ARGS["budgets"]:
         joint, indep = (json.loads((folder / "trees" / f"tiny-{k}-{b}.json").read_text()) for k in ("joint", "indep"))

@@ -486,8 +486,10 @@ def _own_trees(trees_dir: Path, name: str) -> list[Path]:
 def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarray, budgets: list[int],
                 trees_dir: Path, calibration: str = "") -> tuple[list[dict], list[str]]:
     """For each budget, the optimal tree under independent heads (acc) and under the empirical path
-    probabilities of `fit`; each file holds its predicted tokens/step, both models' values and, with `test`
-    rows, the measured value on them. A model where no node was ever right yields no tree (listed in skipped)."""
+    probabilities of `fit`; each file holds its predicted tokens/step (the paper's mean over every position, under
+    both models, and `predicted_decoder`: a greedy decoder replayed over the fit answers, which is what a live
+    decoder measures) and, with `test` rows, the same measured on them. A model where no node was ever right
+    yields no tree (listed in skipped)."""
     from workbench.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
 
     K, topk = acc.shape
@@ -504,9 +506,11 @@ def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarra
                        nodes=tree.nodes, depth=tree.depth, calibration=calibration,
                        expected_acceptance_length=expected_length(tree, fn),
                        predicted_independence=expected_length(tree, indep_fn),
-                       predicted_empirical=expected_length(tree, joint_fn))
+                       predicted_empirical=expected_length(tree, joint_fn),
+                       predicted_decoder=decoder_walk(tree, fit))
             if len(test):
                 row["holdout_acceptance_length"] = measured_acceptance(tree, test)
+                row["holdout_decoder"] = decoder_walk(tree, test)
             atomic_write_json(trees_dir / f"{tname}.json", dict(row, medusa_choices=tree.as_lists()))
             summary.append(row)
     return summary, skipped

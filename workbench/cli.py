@@ -364,10 +364,11 @@ def _cmd_calibrate(args) -> int:
     print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
           f"top-{meta['topk']}; holdout {len(meta['holdout_ids'])} prompts")
     held = bool(meta["holdout_ids"])
-    print(f"{'tree':<44}{'nodes':>6}{'predicted':>11}" + (f"{'holdout':>9}" if held else ""))
+    # tokens/step: the paper's mean over every position, and a greedy decoder replayed over the answers
+    print(f"{'tree':<44}{'nodes':>6}{'predicted':>11}{'decoder':>9}" + (f"{'holdout':>9}{'decoder':>9}" if held else ""))
     for t in meta["trees"]:
-        print(f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}"
-              + (f"{t['holdout_acceptance_length']:>9.4f}" if held else ""))
+        print(f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}{t['predicted_decoder']:>9.4f}"
+              + (f"{t['holdout_acceptance_length']:>9.4f}{t['holdout_decoder']:>9.4f}" if held else ""))
     for s in meta["trees_skipped"]:
         print(f"warning: no tree {s}", file=sys.stderr)
     print(f"calibration written to {meta['folder']}", file=sys.stderr)
