@@ -231,8 +231,12 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     best = set(g.loc[np.isclose(speedup, speedup.max(), rtol=1e-12, atol=0), "tree"])
     assert re.search(r"Hardware-aware pick: \*\*(.+?)\*\*", md).group(1) in best
     assert main(["sweep-report", str(out), "--latency", str(tmp_path / "lat.csv"),
-                 "--out", str(tmp_path / "r.md")]) == 0
+                 "--out", str(tmp_path / "r.md"), "--figures", str(tmp_path / "fig")]) == 0
     assert (tmp_path / "r.md").read_text() == md
+    pngs = sorted(p.name for p in (tmp_path / "fig").glob("*.png"))
+    assert pngs == [f"sweep-{n}.png" for n in ("fig4a-tokens-per-step", "fig4b-speed", "fig5-typical", "latency",
+                                                "predicted-vs-measured")]
+    assert all((tmp_path / "fig" / n).read_bytes()[:4] == b"\x89PNG" for n in pngs)
 
 
 def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_llama, prompt_file, tmp_path):

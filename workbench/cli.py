@@ -555,6 +555,17 @@ def cmd_sweep_report(args) -> int:
     from workbench.tradeoffs import summarize
 
     _output(summarize(args.sweep, args.latency, args.context), args.out, "the report")
+    if args.figures:
+        from pathlib import Path
+
+        import pandas as pd
+
+        from workbench.plots import report_figures
+        from workbench.tradeoffs import read_latency
+
+        latency = read_latency(args.latency) if args.latency else None
+        for f in report_figures(pd.read_csv(args.sweep), latency, args.figures, Path(args.sweep).stem):
+            print(f"figure written to {f}", file=sys.stderr)
     return 0
 
 
@@ -613,6 +624,8 @@ def add_tradeoffs(sub) -> None:
     r.add_argument("--latency", metavar="FILE", help="latency CSV: adds the hardware-aware choice")
     r.add_argument("--context", type=int, help="latency rows at this context (default: closest to the sweep's)")
     r.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
+    r.add_argument("--figures", metavar="DIR", help="also write the figures (Fig. 4a/4b, predicted vs measured, "
+                                                    "Fig. 5, latency) as PNGs here")
     r.set_defaults(func=cmd_sweep_report)
 
 

@@ -439,3 +439,18 @@ def token_pieces(tokenizer, ids: list[int]) -> list[str]:
         pieces.append(text[len(prev):] if text.startswith(prev) else text)
         prev = text
     return pieces
+
+
+def report_figures(sweep, latency=None, folder: str | FilePath = ".", stem: str = "sweep") -> list[FilePath]:
+    """The sweep report's figures as PNGs (for docs): Fig. 4a/4b and predicted-vs-measured from greedy rows,
+    Fig. 5 from typical rows (quality = mean log-probability), and the latency curve when given."""
+    folder = FilePath(folder)
+    figs = {}
+    if len(_tree_rows(sweep)):
+        figs.update({"fig4a-tokens-per-step": tokens_vs_candidates(sweep), "fig4b-speed": speed_vs_candidates(sweep),
+                     "predicted-vs-measured": predicted_vs_measured(sweep)})
+    if len(_tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])):
+        figs["fig5-typical"] = epsilon_plot(sweep, "mean_logprob")
+    if latency is not None:
+        figs["latency"] = latency_curve(latency)
+    return [save_png(fig, folder / f"{stem}-{name}.png") for name, fig in figs.items()]
