@@ -346,3 +346,19 @@ def test_check_accuracies():
                      ([[0.6, 0.6]], "sum to"), ("x", "numeric")]:
         with pytest.raises(WorkbenchError, match=msg):
             check_accuracies(bad)
+
+
+def test_best_by_keeps_the_optimum_unless_a_dense_tree_within_budget_scores_higher():
+    from workbench.optimize import best_by
+
+    opt = load_tree("[[0], [0, 0], [1]]")
+    opt = type(opt)(opt.paths, "opt-3")
+    flat3, flat4 = dense_tree([3]).paths, dense_tree([4]).paths
+    prefers = lambda paths: (lambda t: 2.0 if t.paths == paths else 1.0)  # noqa: E731
+    picked = best_by(prefers(flat3), opt, 3, 2, 10)
+    assert picked.paths == flat3 and picked.name == "opt-3"
+    assert best_by(prefers(flat4), opt, 3, 2, 10) is opt           # [4] has 4 nodes: over the budget
+    assert best_by(lambda t: 1.0, opt, 3, 2, 10) is opt             # ties keep the optimum
+    seen = []
+    best_by(lambda t: seen.append(t.paths) or 0.0, opt, 6, 2, 2)    # every dense tree within 6 nodes, depth 2, s <= 2
+    assert sorted(map(tuple, seen[1:])) == sorted(tuple(dense_tree(s).paths) for s in ([1], [2], [1, 1], [2, 2]))

@@ -379,3 +379,16 @@ def test_bad_inputs_are_one_line_errors(tiny_llama, calib, prompt_file, tmp_path
     ]:
         assert main(argv) == 2, argv
         assert needle in _error_line(capsys), argv
+
+
+def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
+    from workbench.calibrate import decoder_walk, load_calibration
+
+    _, fit = load_calibration(calib, "fit")
+    answers = fit[fit["position"] < 6]
+    for t, kind in sweep_trees([1, 2, 3, 6], None, False, calib, False, 3, max_rank=4, replay=6):
+        b = int(t.name.rsplit("-", 1)[1])
+        assert kind == "optimal" and t.nodes <= b
+        rivals = [dense_tree([s] * d) for d in (1, 2, 3) for s in (1, 2, 3, 4)
+                  if sum(s ** j for j in range(1, d + 1)) <= b]
+        assert all(decoder_walk(t, answers) >= decoder_walk(r, answers) for r in rivals)

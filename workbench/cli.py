@@ -529,7 +529,8 @@ def cmd_sweep(args) -> int:
     from workbench.models import load_model_and_heads, model_label
 
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
-    trees = T.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads)
+    trees = T.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads,
+                          replay=args.max_new_tokens if args.replay else None)
     configs = T.sweep_configs(trees, temps, eps, delta)
     prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
     from workbench.calibrate import heads_fingerprint
@@ -616,6 +617,9 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     s.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     s.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
+    s.add_argument("--replay", action="store_true",
+                   help="budget trees: keep the optimum or a dense tree within the budget, whichever a greedy "
+                        "decoder replayed over the calibration's fit answers (cut to --max-new-tokens) prefers")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep)
 

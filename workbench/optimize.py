@@ -149,6 +149,21 @@ def dense_tree(sizes) -> Tree:
     return make_tree(paths, name="dense_" + "x".join(map(str, sizes)))
 
 
+
+def best_by(score, tree: Tree, budget: int, max_depth: int, max_rank: int) -> Tree:
+    """`tree` or a dense tree of at most `budget` nodes, whichever `score` (e.g. a greedy decoder replayed over
+    calibration answers) rates higher; ties keep `tree`. The exact optimum maximises the paper's mean over every
+    position, while a decoder only visits the positions a step starts at: near-equal candidates can swap order."""
+    best, best_score = tree, score(tree)
+    for d in range(1, max_depth + 1):
+        for s in range(1, max_rank + 1):
+            if sum(s ** j for j in range(1, d + 1)) <= budget:
+                t = dense_tree([s] * d)
+                v = score(t)
+                if v > best_score:
+                    best, best_score = t, v
+    return best if best is tree else Tree(best.paths, tree.name)
+
 def expected_curve(value, max_budget: int, max_depth: int | None = None,
                    max_rank: int | None = None) -> np.ndarray:
     """curve[n] = expected length of the optimal n-node tree, n = 0..max_budget (one greedy run gives all).

@@ -379,11 +379,13 @@ def dense_near(budget: int, max_depth: int, max_rank: int = MEDUSA_TOPK, slack: 
 
 
 def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None, joint: bool = False,
-                num_heads: int | None = None, max_rank: int = MEDUSA_TOPK) -> list[tuple[Tree, str]]:
+                num_heads: int | None = None, max_rank: int = MEDUSA_TOPK,
+                replay: int | None = None) -> list[tuple[Tree, str]]:
     """[(tree, kind)] with kind optimal | dense | given, deduplicated by shape. Budgets build optimal trees from
-    the calibration's fit prompts (independent heads, or empirical joint paths); --dense adds Cartesian trees
-    near every budget (or near the given trees' sizes)."""
-    from workbench.optimize import empirical_value_fn, optimal_tree, optimal_tree_from
+    the calibration's fit prompts (independent heads, or empirical joint paths; with `replay` = N tokens, a dense
+    tree within the budget replaces the optimum when a greedy decoder replayed over the first N tokens of the fit
+    answers accepts more with it); --dense adds Cartesian trees near every budget (or the given trees' sizes)."""
+    from workbench.optimize import best_by, empirical_value_fn, optimal_tree, optimal_tree_from
 
     out: list[tuple[Tree, str]] = []
     for i, spec in enumerate(trees or []):
@@ -392,15 +394,18 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
     if budgets:
         if calibration is None:
             raise WorkbenchError("--budgets needs a calibration folder (--calibration DIR) to build optimal trees")
-        from workbench.calibrate import load_calibration, path_probabilities
+        from workbench.calibrate import decoder_walk, load_calibration, path_probabilities
 
         acc, fit = load_calibration(calibration, "fit")
         depth = min(acc.shape[0], num_heads or acc.shape[0])
         rank = min(acc.shape[1], max_rank)
         fn = empirical_value_fn(path_probabilities(fit)) if joint else None
+        answers = fit[fit["position"] < replay] if replay else None
         for b in budgets:
             name = f"opt-{'joint' if joint else 'indep'}-{b}"
             t = optimal_tree_from(fn, b, depth, rank, name=name) if joint else optimal_tree(acc, b, depth, rank, name)
+            if replay:  # what a live decoder measures decides between near-equal candidates
+                t = best_by(lambda c: decoder_walk(c, answers), t, b, depth, rank)
             out.append((t, "optimal"))
     if dense:
         sizes = list(budgets or []) or [t.nodes for t, _ in out]
