@@ -376,6 +376,7 @@ def test_bad_inputs_are_one_line_errors(tiny_llama, calib, prompt_file, tmp_path
         (["optimize", "--calibration", str(calib), "--latency", str(tmp_path / "missing.csv")], "no such file"),
         (["optimize", "--calibration", str(calib), "--latency", str(empty)], "--latency"),
         (["sweep-report", str(tmp_path / "missing.csv")], "no such file"),
+        (["sweep-report", str(tmp_path / "o.csv"), "--figures", str(empty)], "--figures"),
     ]:
         assert main(argv) == 2, argv
         assert needle in _error_line(capsys), argv

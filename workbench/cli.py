@@ -525,6 +525,7 @@ def cmd_sweep(args) -> int:
         records = T.holdout_records(calibration, args.limit)
     else:
         records = load_prompt_records(args.prompts, args.limit)
+    from workbench.calibrate import heads_fingerprint
     from workbench.decode import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
 
@@ -533,8 +534,6 @@ def cmd_sweep(args) -> int:
                           replay=args.max_new_tokens if args.replay else None)
     configs = T.sweep_configs(trees, temps, eps, delta)
     prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
-    from workbench.calibrate import heads_fingerprint
-
     info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
                 limit=args.limit, calibration=str(calibration or ""),
                 heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
@@ -553,19 +552,18 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_sweep_report(args) -> int:
-    from workbench.tradeoffs import summarize
+    from pathlib import Path
 
+    from workbench.tradeoffs import read_latency, read_sweep, summarize
+
+    if args.figures and Path(args.figures).exists() and not Path(args.figures).is_dir():
+        raise WorkbenchError(f"--figures {args.figures}: not a folder (give a folder for the PNGs)")
     _output(summarize(args.sweep, args.latency, args.context), args.out, "the report")
     if args.figures:
-        from pathlib import Path
-
-        import pandas as pd
-
         from workbench.plots import report_figures
-        from workbench.tradeoffs import read_latency
 
         latency = read_latency(args.latency) if args.latency else None
-        for f in report_figures(pd.read_csv(args.sweep), latency, args.figures, Path(args.sweep).stem):
+        for f in report_figures(read_sweep(args.sweep), latency, args.figures, Path(args.sweep).stem):
             print(f"figure written to {f}", file=sys.stderr)
     return 0
 

@@ -149,6 +149,10 @@ def dense_tree(sizes) -> Tree:
     return make_tree(paths, name="dense_" + "x".join(map(str, sizes)))
 
 
+def dense_nodes(s: int, depth: int) -> int:
+    """Node count of the Cartesian tree [s] * depth: s + s^2 + ... + s^depth."""
+    return sum(s ** j for j in range(1, depth + 1))
+
 
 def best_by(score, tree: Tree, budget: int, max_depth: int, max_rank: int) -> Tree:
     """`tree` or a dense tree of at most `budget` nodes, whichever `score` (e.g. a greedy decoder replayed over
@@ -157,12 +161,13 @@ def best_by(score, tree: Tree, budget: int, max_depth: int, max_rank: int) -> Tr
     best, best_score = tree, score(tree)
     for d in range(1, max_depth + 1):
         for s in range(1, max_rank + 1):
-            if sum(s ** j for j in range(1, d + 1)) <= budget:
+            if dense_nodes(s, d) <= budget:
                 t = dense_tree([s] * d)
                 v = score(t)
                 if v > best_score:
                     best, best_score = t, v
     return best if best is tree else Tree(best.paths, tree.name)
+
 
 def expected_curve(value, max_budget: int, max_depth: int | None = None,
                    max_rank: int | None = None) -> np.ndarray:

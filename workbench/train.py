@@ -127,8 +127,7 @@ def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str
     i = int(infos[-1][0].stem.split("-")[1]) + 1 if infos else 0
     while have < cfg.tokens and todo:
         batch, todo = todo[:cfg.gen_batch], todo[cfg.gen_batch:]
-        with torch.no_grad():
-            part = generate_part(model, tok, batch, cfg.max_new_tokens)
+        part = generate_part(model, tok, batch, cfg.max_new_tokens)  # greedy_continuations runs without grad
         path = parts_dir / f"part-{i:05d}.pt"
         tmp = path.with_suffix(".tmp")
         torch.save({k: v for k, v in part.items() if k != "answer_tokens"}, tmp)
@@ -231,8 +230,8 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     # one checkpoint per (settings, data): a rerun resumes (more --steps stretch the schedule); other settings or
     # more data train afresh
-    data_only = ("prompts", "tokens", "steps", "max_new_tokens", "gen_batch", "gen_dtype", "save_dtype")
-    run = {k: v for k, v in asdict(cfg).items() if k not in data_only}
+    not_in_key = ("prompts", "tokens", "steps", "max_new_tokens", "gen_batch", "gen_dtype", "save_dtype")
+    run = {k: v for k, v in asdict(cfg).items() if k not in not_in_key}
     run["parts"] = [p.name for p in parts]
     ckpt = work / f"checkpoint-{hashlib.sha1(json.dumps(run, sort_keys=True).encode()).hexdigest()[:12]}.pt"
     step, history = 0, []
@@ -269,7 +268,7 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
             tmp.replace(ckpt)
     bar.close()
     val = evaluate(heads, full_head, *load_dataset_tensors(val_parts, cfg.num_heads), dev) if val_parts else {}
-    tokens = int(sum(json.loads(p.with_suffix(".json").read_text())["answer_tokens"] for p in parts))
+    tokens = sum(i["answer_tokens"] for _, i in part_infos(work / "parts"))
     summary = dict(model=model_label(model_name), num_heads=cfg.num_heads, num_layers=cfg.num_layers, tied=cfg.tied,
                    answer_tokens=tokens, train_positions=int(N), steps=cfg.steps, batch_size=cfg.batch_size,
                    lr=cfg.lr, active_steps=cfg.active_steps,
