@@ -93,6 +93,35 @@ def test_parts_hold_the_answers_generate_gives_and_reruns_only_add_new_prompts(t
     assert sorted(keys) == sorted(prompt_key(t) for t in prompts)
 
 
+def test_more_answers_per_prompt_fork_at_the_first_token(tiny_llama, prompt_file, tmp_path):
+    from workbench.decode import eos_ids, prepare_prompt
+    from workbench.train import build_data, prompt_key
+
+    prompts = interleaved_prompts([str(prompt_file)])[:4]
+    work = tmp_path / "work"
+    build_data(work, _cfg(prompts, tokens=10_000, answers_per_prompt=3), str(tiny_llama.model_dir), None)
+    parts = sorted((work / "parts").glob("part-*.pt"))
+    keys = [json.loads(p.with_suffix(".json").read_text())["prompt_keys"] for p in parts]
+    assert keys == [[prompt_key(t, j) for t in prompts] for j in range(3)]  # one answer rank per part
+    model, tok = tiny_llama.model, tiny_llama.tokenizer
+    stop = eos_ids(model, tok)
+    for j, part in enumerate(parts[1:], start=1):
+        d = torch.load(part, weights_only=True)
+        for b, text in enumerate(prompts):
+            enc = torch.tensor([prepare_prompt(tok, text)])
+            first = model(enc).logits[0, -1].float()
+            first[sorted(stop)] = float("-inf")
+            forced = first.argsort(descending=True)[j].item()  # the j-th runner-up opens the answer ...
+            forked = torch.cat([enc, torch.tensor([[forced]])], 1)
+            ref = model.generate(forked, max_new_tokens=12, do_sample=False)[0, forked.shape[1]:].tolist()
+            got = d["ids"][d["seq"] == b].tolist()
+            assert got and ref[:len(got)] == got  # ... and greedy goes on from it; the forced token is not stored
+    # a rerun asking for fewer answers adds nothing
+    stamps = [p.stat().st_mtime_ns for p in parts]
+    build_data(work, _cfg(prompts, tokens=10_000, answers_per_prompt=2), str(tiny_llama.model_dir), None)
+    assert [p.stat().st_mtime_ns for p in sorted((work / "parts").glob("part-*.pt"))] == stamps
+
+
 def test_cli_train_heads(tiny_llama, prompt_file, tmp_path, capsys):
     out = tmp_path / "cli_heads"
     rc = main(["train-heads", "--model", str(tiny_llama.model_dir), "--prompts", str(prompt_file), "--tokens", "40",

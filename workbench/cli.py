@@ -303,9 +303,9 @@ def cmd_train_heads(args) -> int:
                       num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
                       max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
                       steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                      active_steps=args.active_steps)
-    if args.num_heads < 1 or args.num_layers < 1 or args.steps < 1 or args.tokens < 1:
-        raise WorkbenchError("--num-heads, --num-layers, --steps and --tokens must be positive")
+                      active_steps=args.active_steps, answers_per_prompt=args.answers_per_prompt)
+    if min(args.num_heads, args.num_layers, args.steps, args.tokens, args.answers_per_prompt) < 1:
+        raise WorkbenchError("--num-heads, --num-layers, --steps, --tokens and --answers-per-prompt must be positive")
     if not 0 <= args.active_steps <= args.steps:
         raise WorkbenchError(f"--active-steps {args.active_steps}: must be between 0 and --steps ({args.steps})")
     slug = model_label(args.model).replace("/", "--").replace(".gguf", "")
@@ -328,6 +328,9 @@ def add_train_heads(sub) -> None:
     p.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head")
     p.add_argument("--untied", action="store_true", help="give each head its own lm_head (format 1, large files)")
     p.add_argument("--tokens", type=int, default=200_000, help="self-distilled answer tokens to generate")
+    p.add_argument("--answers-per-prompt", type=int, default=1, metavar="N",
+                   help="answers per prompt: answer j > 0 opens with the model's (j+1)-th likeliest first token, "
+                        "then goes on greedily (more on-policy data once the prompts run out)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--gen-batch", type=int, default=64)
     p.add_argument("--gen-dtype", default="bfloat16", help="dtype for generating the data (bf16 is ~3x faster on CPU)")

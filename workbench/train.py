@@ -49,6 +49,7 @@ class TrainConfig:
     seed: int = 0
     save_dtype: str = "float16"     # heads file dtype (released Medusa heads are fp16; half the size)
     active_steps: int = 0           # the first N steps use a softmax over only the tokens the data emits (~6x faster)
+    answers_per_prompt: int = 1     # answer j > 0 opens with the base's (j+1)-th likeliest first token, then greedy
 
 
 def default_prompt_files() -> list[str]:
@@ -78,22 +79,50 @@ def interleaved_prompts(files: list[str], seed: int = 0) -> list[str]:
 
 # ----------------------------------------------------------------------------------------------- 1+2. data
 
-def prompt_key(text: str) -> str:
-    """Parts remember which prompts they answer, so a rerun with other or more prompt files only adds new ones."""
-    return hashlib.sha1(text.encode()).hexdigest()[:16]
+def prompt_key(text: str, answer: int = 0) -> str:
+    """Parts remember which prompts (and which of their answers) they hold, so a rerun with other or more prompt
+    files, or more --answers-per-prompt, only adds new ones."""
+    key = hashlib.sha1(text.encode()).hexdigest()[:16]
+    return key if answer == 0 else f"{key}/{answer}"
 
 
-def generate_part(model, tok, texts: list[str], max_new_tokens: int) -> dict:
+@torch.no_grad()
+def nth_first_tokens(model, tok, prompts: list[list[int]], n: int, stop: list[int]) -> list[int]:
+    """Each prompt's n-th likeliest first answer token (n = 0: the greedy one), skipping stop tokens and byte
+    pieces of a character (forced alone, those send a small model into loops of garbage).
+
+    One forward over the right-padded batch (causal attention never sees the pads)."""
+    L = max(map(len, prompts))
+    ids = torch.zeros((len(prompts), L), dtype=torch.long)
+    mask = torch.zeros((len(prompts), L), dtype=torch.long)
+    for b, p in enumerate(prompts):
+        ids[b, :len(p)], mask[b, :len(p)] = torch.tensor(p), 1
+    logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
+    last = logits[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])].float()  # [B, V]
+    last[:, stop] = float("-inf")
+    out = []
+    for cands in last.topk(min(n + 32, last.shape[-1]), dim=-1).indices.tolist():
+        whole = [t for t in cands if "\ufffd" not in tok.decode([t])]
+        out.append(whole[min(n, len(whole) - 1)] if whole else cands[n])
+    return out
+
+
+def generate_part(model, tok, texts: list[str], max_new_tokens: int, answer: int = 0) -> dict:
     """The base model's greedy answers to a batch of prompts, with the hidden state that chose each answer token.
 
     Returns ids [N] (answer tokens, flat over sequences, each answer ending at its first stop token so heads learn
     to predict the stop too), hidden [N, H] bf16 (hidden[t]'s base logits chose ids[t]) and seq [N].
+    answer > 0 forks: the answer opens with the base's (answer+1)-th likeliest first token and continues greedily
+    (fresh greedy text from the same prompts once they run out); that forced token is not stored, since no hidden
+    state chose it.
     """
     from workbench.calibrate import greedy_continuations
     from workbench.decode import prepare_prompt
 
     encoded = [prepare_prompt(tok, t) for t in texts]  # the chat template, as the live decoder and calibrate use
     stop = sorted(eos_ids(model, tok))
+    if answer:
+        encoded = [p + [t] for p, t in zip(encoded, nth_first_tokens(model, tok, encoded, answer, stop))]
     conts, hidden = greedy_continuations(model, encoded, max_new_tokens, stop, tok.pad_token_id, return_hidden=True)
     return dict(ids=torch.tensor([t for c in conts for t in c], dtype=torch.int32),
                 hidden=torch.cat(hidden).to(torch.bfloat16).cpu(),
@@ -118,7 +147,7 @@ def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str
     if have >= cfg.tokens:
         return [p for p, _ in infos]
     done = {k for _, i in infos for k in i.get("prompt_keys", [])}
-    todo = [t for t in cfg.prompts if prompt_key(t) not in done]
+    todo = [(t, j) for j in range(cfg.answers_per_prompt) for t in cfg.prompts if prompt_key(t, j) not in done]
     model, tok = load_base(model_name, device, cfg.gen_dtype)
     if not tok.chat_template:
         raise WorkbenchError("the base model's tokenizer has no chat template: heads must learn the answers the model "
@@ -126,20 +155,23 @@ def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str
     bar = tqdm(total=cfg.tokens, initial=have, unit="tok", desc="self-distil", dynamic_ncols=True)
     i = int(infos[-1][0].stem.split("-")[1]) + 1 if infos else 0
     while have < cfg.tokens and todo:
-        batch, todo = todo[:cfg.gen_batch], todo[cfg.gen_batch:]
-        part = generate_part(model, tok, batch, cfg.max_new_tokens)  # greedy_continuations runs without grad
+        j = todo[0][1]  # one answer rank per batch
+        batch = [t for t, jj in todo[:cfg.gen_batch] if jj == j]
+        todo = todo[len(batch):]
+        part = generate_part(model, tok, batch, cfg.max_new_tokens, j)  # greedy_continuations runs without grad
         path = parts_dir / f"part-{i:05d}.pt"
         tmp = path.with_suffix(".tmp")
         torch.save({k: v for k, v in part.items() if k != "answer_tokens"}, tmp)
         tmp.replace(path)
         atomic_write_json(path.with_suffix(".json"), {"answer_tokens": part["answer_tokens"], "prompts": len(batch),
-                                                      "prompt_keys": [prompt_key(t) for t in batch]})
+                                                      "prompt_keys": [prompt_key(t, j) for t in batch]})
         have += part["answer_tokens"]
         bar.update(part["answer_tokens"])
         i += 1
     bar.close()
     if have < cfg.tokens:
-        tqdm.write(f"ran out of prompts after {have} tokens (asked for {cfg.tokens}); add --prompts files")
+        tqdm.write(f"ran out of prompts after {have} tokens (asked for {cfg.tokens}); add --prompts files or "
+                   "raise --answers-per-prompt")
     del model
     return [p for p, _ in part_infos(parts_dir)]
 
@@ -230,7 +262,8 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     # one checkpoint per (settings, data): a rerun resumes (more --steps stretch the schedule); other settings or
     # more data train afresh
-    not_in_key = ("prompts", "tokens", "steps", "max_new_tokens", "gen_batch", "gen_dtype", "save_dtype")
+    not_in_key = ("prompts", "tokens", "steps", "max_new_tokens", "gen_batch", "gen_dtype", "save_dtype",
+                  "answers_per_prompt")
     run = {k: v for k, v in asdict(cfg).items() if k not in not_in_key}
     run["parts"] = [p.name for p in parts]
     ckpt = work / f"checkpoint-{hashlib.sha1(json.dumps(run, sort_keys=True).encode()).hexdigest()[:12]}.pt"
