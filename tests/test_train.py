@@ -44,6 +44,26 @@ def test_train_heads_learns_and_saves(tiny_llama, prompt_file, tmp_path, active_
     assert summary["validation"]["head_1"]["top5"] > 0.2
 
 
+def test_init_starts_from_given_heads_and_refuses_other_shapes(tiny_llama, prompt_file, tmp_path):
+    prompts = interleaved_prompts([str(prompt_file)])
+    first = tmp_path / "first"
+    a = train_heads(tmp_path / "work", _cfg(prompts), str(tiny_llama.model_dir), first, log_every=5)
+    # one step at a vanishing learning rate from `first` keeps its weights (and its accuracy) ...
+    again = tmp_path / "again"
+    b = train_heads(tmp_path / "work", _cfg(prompts, steps=1, lr=1e-12, warmup=1, init=str(first)),
+                    str(tiny_llama.model_dir), again)
+    for (k, x), (_, y) in zip(load_heads(first)[0].state_dict().items(), load_heads(again)[0].state_dict().items()):
+        assert torch.equal(x, y), k
+    assert b["validation"] == a["validation"] and b["init"] == str(first)
+    # ... where training from zero for that step does not
+    c = train_heads(tmp_path / "work", _cfg(prompts, steps=1, lr=1e-12, warmup=1), str(tiny_llama.model_dir),
+                    tmp_path / "zero")
+    assert c["validation"] != a["validation"]
+    with pytest.raises(WorkbenchError, match="--init .*3 heads x 1 layers.*match --num-heads"):
+        train_heads(tmp_path / "work", _cfg(prompts, num_heads=2, init=str(first)), str(tiny_llama.model_dir),
+                    tmp_path / "bad")
+
+
 def test_targets_are_t_plus_k_plus_1_within_a_sequence(tmp_path):
     ids = torch.tensor([10, 11, 12, 13, 20, 21, 22])
     seq = torch.tensor([0, 0, 0, 0, 1, 1, 1], dtype=torch.int32)

@@ -303,7 +303,8 @@ def cmd_train_heads(args) -> int:
                       num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
                       max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
                       steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                      active_steps=args.active_steps, answers_per_prompt=args.answers_per_prompt)
+                      active_steps=args.active_steps, answers_per_prompt=args.answers_per_prompt,
+                      init=str(Path(args.init).resolve()) if args.init else None)
     if min(args.num_heads, args.num_layers, args.steps, args.tokens, args.answers_per_prompt) < 1:
         raise WorkbenchError("--num-heads, --num-layers, --steps, --tokens and --answers-per-prompt must be positive")
     if not 0 <= args.active_steps <= args.steps:
@@ -340,6 +341,8 @@ def add_train_heads(sub) -> None:
     p.add_argument("--active-steps", type=int, default=0, metavar="N",
                    help="the first N steps use a softmax over only the tokens the data emits (~6x faster on CPU; "
                         "the remaining steps use the full vocabulary)")
+    p.add_argument("--init", metavar="HEADS",
+                   help="start from these heads instead of from zero (e.g. the same heads, once the data has grown)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device")
     p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.decode import eos_ids
 from workbench.io import atomic_write_json
-from workbench.models import MedusaHeads, check_heads_fit, load_base, model_label, save_heads
+from workbench.models import MedusaHeads, check_heads_fit, load_base, load_heads, model_label, save_heads
 
 SHARED = REPO_ROOT.parent / "shared" / "data"
 DEFAULT_TRAIN_FILES = ["alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json"]
@@ -50,6 +50,7 @@ class TrainConfig:
     save_dtype: str = "float16"     # heads file dtype (released Medusa heads are fp16; half the size)
     active_steps: int = 0           # the first N steps use a softmax over only the tokens the data emits (~6x faster)
     answers_per_prompt: int = 1     # answer j > 0 opens with the base's (j+1)-th likeliest first token, then greedy
+    init: str | None = None         # start from these heads (more data for heads trained before) instead of zero
 
 
 def default_prompt_files() -> list[str]:
@@ -252,7 +253,16 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     # active-vocabulary phase, then the full softmax: tokens the data never emits must learn to lose, too
     small_head, small_targets = restrict_vocab(full_head, targets) if cfg.active_steps and cfg.tied else (None, None)
     heads = MedusaHeads(hidden.shape[1], full_head.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.tied)
-    if not cfg.tied:  # untied heads start from the base lm_head, as Medusa does
+    if cfg.init:
+        start = load_heads(cfg.init)[0]
+        if (start.num_heads, start.num_layers, start.tied) != (cfg.num_heads, cfg.num_layers, cfg.tied):
+            raise WorkbenchError(f"--init {cfg.init}: {start.num_heads} heads x {start.num_layers} layers "
+                                 f"({'tied' if start.tied else 'untied'}), but this run asks for {cfg.num_heads} x "
+                                 f"{cfg.num_layers} ({'tied' if cfg.tied else 'untied'}): match --num-heads, "
+                                 "--num-layers and --untied to them")
+        check_heads_fit(start, base)
+        heads.load_state_dict(start.float().state_dict())
+    elif not cfg.tied:  # untied heads start from the base lm_head, as Medusa does
         for h in heads:
             h[-1].weight.data.copy_(full_head.weight.data)
     check_heads_fit(heads, base)
@@ -304,7 +314,7 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     tokens = sum(i["answer_tokens"] for _, i in part_infos(work / "parts"))
     summary = dict(model=model_label(model_name), num_heads=cfg.num_heads, num_layers=cfg.num_layers, tied=cfg.tied,
                    answer_tokens=tokens, train_positions=int(N), steps=cfg.steps, batch_size=cfg.batch_size,
-                   lr=cfg.lr, active_steps=cfg.active_steps,
+                   lr=cfg.lr, active_steps=cfg.active_steps, init=cfg.init,
                    active_vocab=int(small_head.weight.shape[0]) if small_head is not None else None,
                    device=str(dev), seconds_this_run=round(time.time() - t0, 1), validation=val,
                    validation_parts=[p.name for p in val_parts], history=history[-5:])
