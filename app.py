@@ -104,12 +104,13 @@ def read_accuracy_file(path: str, stamp: float):
 
 
 @st.cache_data(max_entries=256)
-def holdout_measured(folder: str, stamp: float, paths: tuple) -> float | None:
-    from workbench.calibrate import measured_acceptance
+def holdout_decoder(folder: str, stamp: float, paths: tuple) -> float | None:
+    """What a live greedy decoder with this tree measures on the holdout prompts (their calibrated answers)."""
+    from workbench.calibrate import decoder_walk
     from workbench.tree import Tree
 
     held = load_calibration_bundle(folder, stamp)["holdout"]
-    return measured_acceptance(Tree(paths), held) if len(held) else None
+    return decoder_walk(Tree(paths), held) if len(held) else None
 
 
 @st.cache_data(max_entries=8)
@@ -295,9 +296,10 @@ def tree_page() -> None:
     cols[2].metric("tokens/step (independence)", f"{expected_length(tree, indep):.3f}")
     if empirical is not None:
         cols[3].metric("tokens/step (empirical)", f"{expected_length(tree, empirical):.3f}")
-        held = holdout_measured(src.folder, src.stamp, tuple(tree.paths))
+        held = holdout_decoder(src.folder, src.stamp, tuple(tree.paths))
         if held is not None:
-            cols[4].metric("measured on holdout", f"{held:.3f}")
+            cols[4].metric("live decoder, holdout", f"{held:.3f}",
+                           help="a greedy decoder replayed over the held-out prompts' answers: what decode measures")
     if speedup is not None:
         cols[5].metric("predicted speedup", f"{speedup['best']['speedup']:.2f}x")
     if tree.nodes < budget and model != "hardware-aware":
@@ -351,7 +353,7 @@ def tree_page() -> None:
         row["independence"] = expected_length(t, indep)
         if empirical is not None:
             row["empirical"] = expected_length(t, empirical)
-            row["holdout measured"] = holdout_measured(src.folder, src.stamp, tuple(t.paths))
+            row["live decoder, holdout"] = holdout_decoder(src.folder, src.stamp, tuple(t.paths))
         row["optimal at same size"] = float(curves["optimal (independence)"][min(t.nodes, top)])
         rows.append(row)
         points[t.name] = (t.nodes, expected_length(t, base_value))

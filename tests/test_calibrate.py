@@ -275,7 +275,8 @@ def test_tree_report_and_load_calibration(run):
     _, held = load_calibration(folder, "holdout")
     _, fit = load_calibration(folder, "fit")
     assert set(held["prompt_id"]) == set(meta["holdout_ids"]) and len(held) + len(fit) == len(ranks)
-    assert rep["holdout_measured"] == pytest.approx(measured_acceptance(tree, held))
+    assert rep["holdout_empirical"] == pytest.approx(measured_acceptance(tree, held))
+    assert rep["holdout_decoder_walk"] == pytest.approx(decoder_walk(tree, held))
     with pytest.raises(WorkbenchError, match="needs depth 6"):
         tree_report(make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]), folder)
     with pytest.raises(WorkbenchError, match="not a finished calibration"):
@@ -347,7 +348,8 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
     text = capsys.readouterr().out
     rep = tree_report(make_tree([[0], [1], [0, 0]]), folder)
     assert f"{rep['empirical']:.4f}" in text and f"{rep['independence']:.4f}" in text
-    assert f"{rep['holdout_measured']:.4f}" in text and f"{rep['decoder_walk']:.4f}" in text
+    assert f"{rep['holdout_empirical']:.4f}" in text and f"{rep['decoder_walk']:.4f}" in text
+    assert f"{rep['holdout_decoder_walk']:.4f}" in text
 
 
 def test_no_tree_when_no_guess_was_ever_right(tmp_path):

@@ -392,8 +392,9 @@ def _cmd_tree_eval(args) -> int:
     print(f"predicted tokens/step, independent heads:     {rep['independence']:.4f}")
     print(f"predicted tokens/step, empirical paths:       {rep['empirical']:.4f}")
     print(f"a live greedy decoder on these answers:       {rep['decoder_walk']:.4f}")
-    if "holdout_measured" in rep:
-        print(f"measured tokens/step on the holdout prompts:  {rep['holdout_measured']:.4f}")
+    if "holdout_empirical" in rep:
+        print(f"empirical paths, holdout prompts only:        {rep['holdout_empirical']:.4f}")
+        print(f"a live greedy decoder, holdout prompts only:  {rep['holdout_decoder_walk']:.4f}")
     return 0
 
 
