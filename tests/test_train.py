@@ -60,8 +60,9 @@ def test_init_starts_from_given_heads_and_refuses_other_shapes(tiny_llama, promp
                     tmp_path / "zero")
     assert c["validation"] != a["validation"]
     with pytest.raises(WorkbenchError, match="--init .*3 heads x 1 layers.*match --num-heads"):
-        train_heads(tmp_path / "work", _cfg(prompts, num_heads=2, init=str(first)), str(tiny_llama.model_dir),
+        train_heads(tmp_path / "fresh", _cfg(prompts, num_heads=2, init=str(first)), str(tiny_llama.model_dir),
                     tmp_path / "bad")
+    assert not (tmp_path / "fresh" / "parts").exists()  # refused before generating anything
 
 
 def test_targets_are_t_plus_k_plus_1_within_a_sequence(tmp_path):
@@ -165,12 +166,15 @@ def test_bad_inputs_are_one_line_errors_and_write_nothing(tiny_llama, tmp_path, 
     empty.write_text("[]")
     broken = tmp_path / "broken.json"
     broken.write_text("[{\"instruction\": ")
-    for f in (empty, broken):
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps([{"instruction": "hi"}]))
+    for f, extra in ((empty, []), (broken, []), (good, ["--init", str(tmp_path / "no_heads")])):
         out = tmp_path / f"out_{f.stem}"
         rc = main(["train-heads", "--model", str(tiny_llama.model_dir), "--prompts", str(f), "--out", str(out),
-                   "--work", str(tmp_path / f"w_{f.stem}")])
+                   "--work", str(tmp_path / f"w_{f.stem}")] + extra)
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and err[-1].startswith("error: ") and not out.exists()
+        assert not extra or "--init" in err[-1]
 
 
 def test_base_without_chat_template_is_refused(tiny_llama, prompt_file, tmp_path):

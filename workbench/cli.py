@@ -307,6 +307,8 @@ def cmd_train_heads(args) -> int:
                       init=str(Path(args.init).resolve()) if args.init else None)
     if min(args.num_heads, args.num_layers, args.steps, args.tokens, args.answers_per_prompt) < 1:
         raise WorkbenchError("--num-heads, --num-layers, --steps, --tokens and --answers-per-prompt must be positive")
+    if args.init and not Path(args.init).exists():
+        raise WorkbenchError(f"--init {args.init}: no such heads folder or file")
     if not 0 <= args.active_steps <= args.steps:
         raise WorkbenchError(f"--active-steps {args.active_steps}: must be between 0 and --steps ({args.steps})")
     slug = model_label(args.model).replace("/", "--").replace(".gguf", "")

@@ -241,6 +241,12 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     t0 = time.time()
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(work / "config.json", {**asdict(cfg), "prompts": len(cfg.prompts), "model": model_label(model_name)})
+    start = load_heads(cfg.init)[0] if cfg.init else None  # checked before hours of generation, not after
+    if start is not None and (start.num_heads, start.num_layers, start.tied) != (cfg.num_heads, cfg.num_layers, cfg.tied):
+        raise WorkbenchError(f"--init {cfg.init}: {start.num_heads} heads x {start.num_layers} layers "
+                             f"({'tied' if start.tied else 'untied'}), but this run asks for {cfg.num_heads} x "
+                             f"{cfg.num_layers} ({'tied' if cfg.tied else 'untied'}): match --num-heads, "
+                             "--num-layers and --untied to them")
     parts = build_data(work, cfg, model_name, device)
     if not parts:
         raise WorkbenchError("no training data was generated (empty prompt set?)")
@@ -253,13 +259,7 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     # active-vocabulary phase, then the full softmax: tokens the data never emits must learn to lose, too
     small_head, small_targets = restrict_vocab(full_head, targets) if cfg.active_steps and cfg.tied else (None, None)
     heads = MedusaHeads(hidden.shape[1], full_head.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.tied)
-    if cfg.init:
-        start = load_heads(cfg.init)[0]
-        if (start.num_heads, start.num_layers, start.tied) != (cfg.num_heads, cfg.num_layers, cfg.tied):
-            raise WorkbenchError(f"--init {cfg.init}: {start.num_heads} heads x {start.num_layers} layers "
-                                 f"({'tied' if start.tied else 'untied'}), but this run asks for {cfg.num_heads} x "
-                                 f"{cfg.num_layers} ({'tied' if cfg.tied else 'untied'}): match --num-heads, "
-                                 "--num-layers and --untied to them")
+    if start is not None:
         check_heads_fit(start, base)
         heads.load_state_dict(start.float().state_dict())
     elif not cfg.tied:  # untied heads start from the base lm_head, as Medusa does
