@@ -62,7 +62,7 @@ def test_init_starts_from_given_heads_and_refuses_other_shapes(tiny_llama, promp
     with pytest.raises(WorkbenchError, match="--init .*3 heads x 1 layers.*match --num-heads"):
         train_heads(tmp_path / "fresh", _cfg(prompts, num_heads=2, init=str(first)), str(tiny_llama.model_dir),
                     tmp_path / "bad")
-    assert not (tmp_path / "fresh" / "parts").exists()  # refused before generating anything
+    assert not (tmp_path / "fresh").exists()  # refused before writing or generating anything
 
 
 def test_targets_are_t_plus_k_plus_1_within_a_sequence(tmp_path):

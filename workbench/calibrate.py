@@ -77,18 +77,22 @@ def greedy_continuations(model, prompts: list[list[int]], max_new_tokens: int, s
     return conts, [hidden[b, :len(c)] for b, c in enumerate(conts)]
 
 
+def right_padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids and attention mask [B, L] with the pads at the end: causal attention never lets a real token see them,
+    so positions need no adjusting (left padding, as generate uses, does)."""
+    L = max(map(len, seqs))
+    ids = torch.zeros((len(seqs), L), dtype=torch.long)
+    mask = torch.zeros((len(seqs), L), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        ids[b, :len(s)], mask[b, :len(s)] = torch.tensor(s), 1
+    return ids, mask
+
+
 def _teacher_forced_hidden(model, prompts, conts) -> torch.Tensor:
     """Last hidden state [M, H] at every position t of every continuation (flat, prompt by prompt): the state
-    just before c[t], whose base logits predict c[t]. One forward over prompt + continuation, right-padded
-    (causal attention never sees the pads)."""
-    B, dev = len(prompts), model.device
-    seqs = [p + c for p, c in zip(prompts, conts)]
-    L = max(map(len, seqs))
-    ids = torch.zeros((B, L), dtype=torch.long)
-    mask = torch.zeros((B, L), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, :len(s)] = torch.tensor(s)
-        mask[b, :len(s)] = 1
+    just before c[t], whose base logits predict c[t]. One forward over prompt + continuation, right-padded."""
+    dev = model.device
+    ids, mask = right_padded([p + c for p, c in zip(prompts, conts)])
     hidden = model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state
     rows = [b for b, c in enumerate(conts) for _ in c]
     cols = [len(p) - 1 + t for p, c in zip(prompts, conts) for t in range(len(c))]

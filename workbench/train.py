@@ -92,12 +92,10 @@ def nth_first_tokens(model, tok, prompts: list[list[int]], n: int, stop: list[in
     """Each prompt's n-th likeliest first answer token (n = 0: the greedy one), skipping stop tokens and byte
     pieces of a character (forced alone, those send a small model into loops of garbage).
 
-    One forward over the right-padded batch (causal attention never sees the pads)."""
-    L = max(map(len, prompts))
-    ids = torch.zeros((len(prompts), L), dtype=torch.long)
-    mask = torch.zeros((len(prompts), L), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, :len(p)], mask[b, :len(p)] = torch.tensor(p), 1
+    One forward over the right-padded batch."""
+    from workbench.calibrate import right_padded
+
+    ids, mask = right_padded(prompts)
     logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
     last = logits[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])].float()  # [B, V]
     last[:, stop] = float("-inf")
@@ -239,14 +237,14 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
                 log_every: int = 50) -> dict:
     """Run all three phases; returns the training summary written beside the heads."""
     t0 = time.time()
-    work.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(work / "config.json", {**asdict(cfg), "prompts": len(cfg.prompts), "model": model_label(model_name)})
     start = load_heads(cfg.init)[0] if cfg.init else None  # checked before hours of generation, not after
     if start is not None and (start.num_heads, start.num_layers, start.tied) != (cfg.num_heads, cfg.num_layers, cfg.tied):
         raise WorkbenchError(f"--init {cfg.init}: {start.num_heads} heads x {start.num_layers} layers "
                              f"({'tied' if start.tied else 'untied'}), but this run asks for {cfg.num_heads} x "
                              f"{cfg.num_layers} ({'tied' if cfg.tied else 'untied'}): match --num-heads, "
                              "--num-layers and --untied to them")
+    work.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(work / "config.json", {**asdict(cfg), "prompts": len(cfg.prompts), "model": model_label(model_name)})
     parts = build_data(work, cfg, model_name, device)
     if not parts:
         raise WorkbenchError("no training data was generated (empty prompt set?)")
