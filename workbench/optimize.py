@@ -316,6 +316,8 @@ def _read_csv(f: FilePath):
     except (pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
         raise WorkbenchError(f"{what}: not a readable CSV ({str(e).splitlines()[0][:120]})") from None
     df.columns = [str(c).strip().lower() for c in df.columns]
+    if "head" in df.columns and "rank" not in df.columns and _topk_columns(df):
+        df = _from_topk(df, what)
     missing = [c for c in ("head", "rank", "accuracy") if c not in df.columns]
     if missing:
         raise WorkbenchError(f"{what}: missing column(s) {', '.join(missing)}; expected head,rank,accuracy[,count] "
@@ -353,6 +355,44 @@ def _read_csv(f: FilePath):
             raise WorkbenchError(f"{what}: count must be a non-negative number of positions for every head")
         counts = c.to_numpy().astype(np.int64)
     return acc, counts
+
+
+def _topk_columns(df) -> dict[int, str]:
+    """{k: column} of cumulative top-k accuracy columns `top1`, `top5`, `top_10`, `top-3` ..."""
+    import re
+
+    out = {}
+    for c in df.columns:
+        m = re.fullmatch(r"top[_-]?(\d+)", c)
+        if m and int(m.group(1)) >= 1:
+            out[int(m.group(1))] = c
+    return dict(sorted(out.items()))
+
+
+def _from_topk(df, what: str):
+    """Medusa's own `head,top1,top5[,...]` table (cumulative top-k accuracy per head; head 0-based as Medusa
+    numbers its heads, or 1-based) as head,rank,accuracy rows. Between two known k the gain is spread evenly over
+    the ranks in between: top1=0.6, top5=0.8 gives rank 1 0.6 and ranks 2..5 0.05 each, so every top-k that the
+    file states is kept exactly."""
+    import pandas as pd
+
+    cols = _topk_columns(df)
+    num = df[["head", *cols.values()]].apply(pd.to_numeric, errors="coerce")
+    if num.isna().any().any():
+        i, j = np.argwhere(num.isna().to_numpy())[0]
+        raise WorkbenchError(f"{what}: row {i + 2}: {num.columns[j]} '{df[num.columns[j]].iloc[i]}' is not a number")
+    shift = 1 if num["head"].min() == 0 else 0  # Medusa counts heads from 0
+    rows = []
+    for i, r in num.iterrows():
+        prev_k, prev = 0, 0.0
+        for k, c in cols.items():
+            if not 0 <= r[c] <= 1 or r[c] < prev - 1e-9:
+                raise WorkbenchError(f"{what}: row {i + 2}: {c} {r[c]} must be in [0, 1] and not below the "
+                                     f"smaller top-k columns (cumulative top-k accuracy)")
+            rows += [dict(head=r["head"] + shift, rank=j, accuracy=(r[c] - prev) / (k - prev_k))
+                     for j in range(prev_k + 1, k + 1)]
+            prev_k, prev = k, float(r[c])
+    return pd.DataFrame(rows)
 
 
 def accuracy_frame(acc, counts=None):

@@ -22,6 +22,12 @@ CMAP = "viridis"
 STEP_COLOURS = ["#cfe8ff", "#ffe2b8", "#d6f5d6", "#f7d6e6", "#e6dcff", "#fff3b0", "#d9f2f2", "#f2d9c7"]
 
 
+def legend_outside(ax, handles=None, labels=None, **kw) -> None:
+    """A legend to the right of the axes, never over the data."""
+    args = (handles, labels) if handles is not None else ()
+    ax.legend(*args, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
+
+
 def save_png(fig: Figure, path: str | FilePath, dpi: int = 150) -> FilePath:
     """Write a figure as PNG (atomically: an interrupted write never leaves half an image)."""
     import os
@@ -150,7 +156,7 @@ def expected_curve_plot(curves: dict[str, tuple], points: dict[str, tuple[float,
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if curves or points or current:
-        ax.legend(fontsize=7)
+        legend_outside(ax)
     return fig
 
 
@@ -185,11 +191,11 @@ def cumulative_topk(acc: np.ndarray):
     ks = np.arange(1, acc.shape[1] + 1)
     for h, row in enumerate(acc):
         ax.plot(ks, np.cumsum(row), marker=".", label=f"head {h + 1}")
-    ax.set_xlabel("k")
+    ax.set_xlabel("k (top-k = ranks 0..k-1)")
     ax.set_ylabel("top-k accuracy")
     ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     ax.set_title("cumulative top-k accuracy per head")
     return fig
 
@@ -206,7 +212,7 @@ def independence_vs_measured(paths: list[PathT], independent, measured, annotate
     hi = max(float(ind.max(initial=0)), float(mea.max(initial=0)), 1e-3) * 1.3
     log = len(paths) > 0 and bool((ind > 0).all() and (mea > 0).all())  # log axes spread the small paths out
     lo = min(float(ind.min()), float(mea.min())) / 1.3 if log else 0.0
-    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--", label="independence exact")
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
     score = np.abs(np.log(mea / ind)) if log else np.abs(mea - ind)
     for j in np.argsort(-score)[:annotate]:
         ax.annotate(str(list(paths[j])), (ind[j], mea[j]), fontsize=6, xytext=(3, 3), textcoords="offset points")
@@ -218,10 +224,9 @@ def independence_vs_measured(paths: list[PathT], independent, measured, annotate
     ax.set_xlabel("independence: product of a_k^(i)")
     ax.set_ylabel("measured path probability")
     if len(paths):
-        fig.colorbar(sc, ax=ax, label="path depth")
-    ax.legend(fontsize=8, loc="upper left")
+        fig.colorbar(sc, ax=ax, label="path depth (heads)", ticks=MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.set_title("independence vs measured, top paths")
+    ax.set_title("independence vs measured, top paths\n(dashed: independence exact)", fontsize=10)
     return fig
 
 
@@ -263,7 +268,7 @@ def _by_kind_vs_nodes(sweep, y: str, ylabel: str, title: str, baseline: float | 
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if len(df) or baseline is not None:
-        ax.legend()
+        legend_outside(ax)
     ax.set_title(title)
     return fig
 
@@ -305,7 +310,8 @@ def epsilon_plot(sweep, quality: str = "exact_match"):
     ax.grid(alpha=0.3)
     lines = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
     if lines[0][0] or lines[1][0]:
-        ax.legend(lines[0][0] + lines[1][0], lines[0][1] + lines[1][1], fontsize=7)
+        legend_outside(ax2, lines[0][0] + lines[1][0], lines[0][1] + lines[1][1])
+        ax2.get_legend().set_bbox_to_anchor((1.15, 1.0))  # past the right axis' tick labels
     ax.set_title("tokens per step and quality vs epsilon")
     return fig
 
@@ -322,6 +328,7 @@ def predicted_vs_measured(sweep):
     ax = fig.add_subplot()
     df = _tree_rows(sweep).dropna(subset=["acceleration_rate"])
     lo, hi = np.inf, -np.inf
+    named = False
     for col, label in PREDICTED_COLUMNS.items():
         if col not in df.columns:
             continue
@@ -329,11 +336,15 @@ def predicted_vs_measured(sweep):
         if not len(part):
             continue
         ax.scatter(part[col], part["acceleration_rate"], s=24, label=label)
+        if not named:  # each tree named once, at its first prediction: the other series sit on the same row
+            for x, y, t in zip(part[col], part["acceleration_rate"], part["tree"].astype(str)):
+                ax.annotate(t, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points")
+            named = True
         lo = min(lo, part[col].min(), part["acceleration_rate"].min())
         hi = max(hi, part[col].max(), part["acceleration_rate"].max())
     if np.isfinite(lo):
         ax.plot([lo * 0.95, hi * 1.05], [lo * 0.95, hi * 1.05], color="grey", ls="--", lw=1, label="y = x")
-        ax.legend(fontsize=8)
+        legend_outside(ax, title="predicted by", title_fontsize=7)
     ax.set_xlabel("predicted tokens per step")
     ax.set_ylabel("measured tokens per step")
     ax.grid(alpha=0.3)
@@ -356,25 +367,31 @@ def latency_curve(latency):
     ax.set_ylabel("ms per forward")
     ax.grid(alpha=0.3)
     if keys:
-        ax.legend(fontsize=7, title=" / ".join(keys), title_fontsize=7)
+        legend_outside(ax, title=" / ".join(keys), title_fontsize=7)
     ax.set_title("latency curve")
     return fig
 
 
-def speedup_curve(curves: dict[str, tuple], best: dict[str, tuple[float, float]] | None = None):
-    """Predicted speedup against budget, {name: (budgets, speedups)}; the best budget of each marked."""
+def speedup_curve(curves: dict[str, tuple], best: dict[str, tuple[float, float]] | None = None,
+                  measured: dict[str, tuple] | None = None):
+    """Predicted speedup against budget, {name: (budgets, speedups)}; the best budget of each marked; measured
+    speedups (a sweep) as labelled points {name: (nodes, speedups, point labels)}."""
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
     for name, (x, y) in curves.items():
         ax.plot(x, y, label=name)
     for name, (x, y) in (best or {}).items():
         ax.scatter([x], [y], marker="*", s=150, zorder=3, label=f"best {name}: {int(x)} nodes, {y:.2f}x")
+    for name, (x, y, labels) in (measured or {}).items():
+        ax.scatter(x, y, marker="D", s=22, zorder=4, color="black", label=name)
+        for xi, yi, t in zip(x, y, labels):
+            ax.annotate(str(t), (xi, yi), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.axhline(1.0, color="grey", lw=1, ls="--")
     ax.set_xlabel("budget (tree nodes)")
-    ax.set_ylabel("predicted speedup over greedy")
+    ax.set_ylabel("speedup over vanilla greedy")
     ax.grid(alpha=0.3)
-    if curves:
-        ax.legend(fontsize=7)
+    if curves or measured:
+        legend_outside(ax)
     ax.set_title("predicted speedup")
     return fig
 
@@ -390,7 +407,7 @@ def accepted_lengths(lengths):
                                                            range(len(lengths))], edgecolor="#555555", lw=0.5)
     if len(lengths):
         ax.axhline(float(lengths.mean()), color="crimson", lw=1, ls="--", label=f"mean {lengths.mean():.2f}")
-        ax.legend(fontsize=8)
+        legend_outside(ax)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("decoding step")

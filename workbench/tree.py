@@ -166,6 +166,57 @@ def validate(paths, topk: int | None = None, num_heads: int | None = None) -> No
             raise WorkbenchError(f"path {list(p)}: parent {list(p[:-1])} is missing (every prefix must be a node)")
 
 
+# ----------------------------------------------------------------------------------------------- editing, diffing, records
+
+def parse_path(text: str) -> Path:
+    """A node typed by a user: `0,1`, `0 1` or `[0, 1]` (0-based ranks, 0 = top-1) -> (0, 1)."""
+    parts = text.replace("[", " ").replace("]", " ").replace("(", " ").replace(")", " ").replace(",", " ").split()
+    try:
+        path = tuple(int(x) for x in parts)
+    except ValueError:
+        path = ()
+    if not path or min(path) < 0:
+        raise WorkbenchError(f"node '{text.strip()}': give 0-based ranks like 0,1 (the 2nd guess of head 2 under "
+                             "head 1's top guess)")
+    return path
+
+
+def add_path(tree: Tree, path: Path, num_heads: int | None = None, topk: int | None = None) -> Tree:
+    """The tree with one more node; a duplicate or a node without its parent is a WorkbenchError."""
+    paths = tree.paths + (tuple(path),)
+    validate(paths, topk, num_heads)
+    return Tree(paths, tree.name)
+
+
+def remove_path(tree: Tree, path: Path) -> Tree:
+    """The tree without `path` and its descendants (a child cannot outlive its parent)."""
+    path = tuple(path)
+    if path not in tree.paths:
+        raise WorkbenchError(f"node {list(path)} is not in the tree")
+    keep = tuple(p for p in tree.paths if p[:len(path)] != path)
+    validate(keep)
+    return Tree(keep, tree.name)
+
+
+def tree_diff(a: Tree, b: Tree) -> dict[str, list[Path]]:
+    """Nodes only in a, only in b and in both, each in Medusa's node order."""
+    order = lambda ps: sorted(ps, key=lambda p: (len(p), p))  # noqa: E731
+    sa, sb = set(a.paths), set(b.paths)
+    return {"only_a": order(sa - sb), "only_b": order(sb - sa), "shared": order(sa & sb)}
+
+
+def tree_record(tree: Tree, **provenance) -> dict:
+    """A tree file's content: name, medusa_choices, then where it came from (expected_acceptance_length, budget,
+    method, accuracies, ...), as `workbench optimize --out` writes it; nodes and depth are filled in."""
+    return {"name": tree.name, "medusa_choices": tree.as_lists(), **provenance,
+            "nodes": provenance.get("nodes", tree.nodes), "depth": provenance.get("depth", tree.depth)}
+
+
+def record_json(record: dict) -> str:
+    """One key per line, lists kept on one line: a 256-node medusa_choices stays readable."""
+    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in record.items()) + "\n}\n"
+
+
 # ----------------------------------------------------------------------------------------------- buffers
 
 def tree_buffers(tree: Tree, topk: int = DEFAULT_TOPK, device=None) -> dict[str, torch.Tensor]:

@@ -1,0 +1,159 @@
+"""Interactive (plotly) figures of a tree and its attention mask, for the app: zoomable, hover for details, click to
+select. Matplotlib figures for files stay in `workbench/plots.py`.
+
+Nodes and mask rows share one index, the buffer index of Medusa's generate_medusa_buffers (0 = root, node i =
+tree.sorted_paths[i - 1]); every selectable point carries it as customdata[0], so a click on a tree node or on a
+mask row names the same node (`picked_index`) and both figures can highlight it (`focus`).
+Ranks are shown 0-based everywhere, as in medusa_choices (rank 0 = a head's top-1 guess).
+"""
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.colors import sample_colorscale
+
+from workbench.plots import tree_positions
+from workbench.tree import Tree, tree_buffers
+
+PathT = tuple[int, ...]
+FOCUS = "crimson"
+STATUS_COLOURS = {"shared": "#9aa5b1", "only in A": "#e4572e", "only in B": "#2e86ab"}
+EDGE_BINS = 6
+
+
+def node_names(tree: Tree) -> list[PathT]:
+    """Path of every buffer index: [(), sorted_paths...]."""
+    return [()] + tree.sorted_paths
+
+
+def short_label(text: str, width: int) -> str:
+    """A token label that fits its node: at most `width` characters, '…' when cut (the hover shows it whole)."""
+    return text if len(text) <= width else text[: max(width - 1, 1)] + "…"
+
+
+def _sizes(leaves: int) -> tuple[int, int, int]:
+    """(marker px, font px, label chars) by tree width: wide trees get small nodes (zoom in to read them)."""
+    return (26, 12, 4) if leaves <= 30 else (18, 10, 3) if leaves <= 80 else (13, 8, 2)
+
+
+def tree_chart(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[PathT, str] | None = None,
+               focus: int | None = None, status: dict[PathT, str] | None = None, title: str | None = None) -> go.Figure:
+    """The tree, root on top, one row per head: node text = rank (or labels[path], e.g. the real token), node
+    colour = path probability (or `status`, e.g. only in A / only in B / shared, for a diff), edge width = the
+    child's path probability. `focus` (a buffer index) is drawn in red with its path from the root."""
+    pos = tree_positions(tree)
+    names = node_names(tree)
+    index = {p: i for i, p in enumerate(names)}
+    marker, font, chars = _sizes(len(tree.leaves()))
+    fig = go.Figure()
+    # edges, binned by probability (a line trace has one width): [n_edges] segments with None breaks
+    probs = probs or {}
+    top = max([probs.get(p, 0.0) for p in tree.paths] + [1e-9])
+    bins: dict[int, tuple[list, list]] = {}
+    for p in tree.sorted_paths:
+        b = min(int(EDGE_BINS * probs.get(p, 0.0) / top), EDGE_BINS - 1) if probs else 0
+        xs, ys = bins.setdefault(b, ([], []))
+        (x0, y0), (x1, y1) = pos[p[:-1]], pos[p]
+        xs += [x0, x1, None]
+        ys += [y0, y1, None]
+    for b, (xs, ys) in sorted(bins.items()):
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", hoverinfo="skip", showlegend=False,
+                                 line=dict(width=1 + 4 * b / EDGE_BINS, color="#b8bec6" if not probs else
+                                           sample_colorscale("Viridis", [b / max(EDGE_BINS - 1, 1)])[0])))
+    if focus is not None and 0 < focus < len(names):
+        chain = [names[focus][:d] for d in range(len(names[focus]) + 1)]
+        fig.add_trace(go.Scatter(x=[pos[p][0] for p in chain], y=[pos[p][1] for p in chain], mode="lines",
+                                 line=dict(width=4, color=FOCUS), hoverinfo="skip", showlegend=False))
+
+    def text(p: PathT) -> str:
+        if labels and p in labels:
+            return short_label(labels[p], chars)
+        return "R" if not p else str(p[-1])
+
+    def hover(p: PathT) -> str:
+        head = "root (the base model's own token)" if not p else \
+            f"node {list(p)}: head {len(p)}'s rank-{p[-1]} guess (0 = top-1)"
+        extra = [f"mask row {index[p]}"]
+        if p in probs:
+            extra.append(f"P(accepted) {probs[p]:.4f}")
+        if labels and p in labels:
+            extra.append(f"token {labels[p]!r}")
+        if status and p in status:
+            extra.append(status[p])
+        return "<br>".join([head] + extra)
+
+    groups = {"nodes": names} if not status else \
+        {s: [p for p in names if status.get(p, "shared") == s] for s in dict.fromkeys(["shared", *status.values()])}
+    for gname, members in groups.items():
+        if not members:
+            continue
+        if status:
+            colour: object = STATUS_COLOURS.get(gname, "#cccccc")
+            extra = {}
+        else:
+            colour = [probs.get(p, 1.0 if not p else 0.0) for p in members]
+            extra = dict(colorscale="Viridis", cmin=0.0, cmax=top, showscale=bool(probs),
+                         colorbar=dict(title=dict(text="P(path<br>accepted)", side="right"), thickness=12, len=0.8))
+        line_w = [3 if index[p] == focus else 1 for p in members]
+        line_c = [FOCUS if index[p] == focus else "#333333" for p in members]
+        fig.add_trace(go.Scatter(
+            x=[pos[p][0] for p in members], y=[pos[p][1] for p in members], mode="markers+text",
+            text=[text(p) for p in members], textfont=dict(size=font, color="black"), name=gname,
+            showlegend=bool(status), customdata=[[index[p], str(list(p))] for p in members],
+            hovertext=[hover(p) for p in members], hovertemplate="%{hovertext}<extra></extra>",
+            marker=dict(size=[marker * (1.5 if index[p] == focus else 1) for p in members], color=colour,
+                        line=dict(width=line_w, color=line_c), opacity=0.9, **extra)))
+    fig.update_layout(
+        title=title or f"{tree.name or 'tree'}: {tree.nodes} nodes, depth {tree.depth}",
+        height=170 + 95 * tree.depth, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
+        dragmode="zoom", hovermode="closest", uniformtext=dict(minsize=6),
+        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(tickvals=[-d for d in range(tree.depth + 1)], zeroline=False, showgrid=False,
+                     ticktext=["root"] + [f"head {d}" for d in range(1, tree.depth + 1)],
+                     range=[-tree.depth - 0.5, 0.5])
+    return fig
+
+
+def integer_ticks(n: int) -> list[int]:
+    """Tick positions 0..n-1 on a mask axis: every index when small, a round step otherwise (never fractional)."""
+    step = 1 if n <= 24 else 5 if n <= 70 else 10 if n <= 160 else 20
+    return list(range(0, n, step))
+
+
+def mask_chart(tree: Tree, focus: int | None = None, topk: int | None = None) -> go.Figure:
+    """The tree-attention mask (row = query node, column = key node it may attend to, both in buffer order);
+    hover a cell for the two nodes' paths; click a cell to select its row's node. The `focus` row is red."""
+    mask = tree_buffers(tree, topk or max(tree.max_rank + 1, 1))["attn_mask"].numpy()  # [n+1, n+1]
+    n = mask.shape[0]
+    names = [str(list(p)) if p else "root" for p in node_names(tree)]
+    z = mask.copy()
+    if focus is not None and 0 <= focus < n:
+        z[focus] *= 2
+    fig = go.Figure(go.Heatmap(z=z, zmin=0, zmax=2, showscale=False, hoverinfo="skip", xgap=0.5 if n <= 70 else 0,
+                               ygap=0.5 if n <= 70 else 0,
+                               colorscale=[[0, "white"], [0.5, "#56606b"], [1.0, FOCUS]]))
+    rows, cols = np.nonzero(mask)  # selectable points on every allowed cell: a click anywhere on a row picks it
+    fig.add_trace(go.Scatter(
+        x=cols, y=rows, mode="markers", showlegend=False, customdata=[[int(r), names[r]] for r in rows],
+        marker=dict(size=max(6, min(28, 520 // n)), color="rgba(0,0,0,0)", symbol="square"),
+        hovertext=[f"row {r}: {names[r]}<br>attends to column {c}: {names[c]}" for r, c in zip(rows, cols)],
+        hovertemplate="%{hovertext}<extra></extra>"))
+    ticks = integer_ticks(n)
+    fig.update_layout(title=f"tree-attention mask ({n}x{n}; row {focus} selected)" if focus is not None
+                      else f"tree-attention mask ({n}x{n})", height=560, margin=dict(l=10, r=10, t=50, b=10),
+                      plot_bgcolor="white", dragmode="zoom", hovermode="closest")
+    fig.update_xaxes(title="key node (buffer index, 0 = root)", tickmode="array", tickvals=ticks,
+                     range=[-0.5, n - 0.5], constrain="domain", showgrid=False)
+    fig.update_yaxes(title="query node (buffer index)", tickmode="array", tickvals=ticks, range=[n - 0.5, -0.5],
+                     scaleanchor="x", showgrid=False)
+    return fig
+
+
+def picked_index(selection) -> int | None:
+    """The buffer index of the first selected point of a tree_chart / mask_chart selection (None if nothing)."""
+    for point in (selection or {}).get("points", []) or []:
+        data = point.get("customdata")
+        if data:
+            return int(data[0])
+    return None
