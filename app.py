@@ -13,7 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench import plots
+from workbench import figures, plots
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "workbench-app"
 EXAMPLE_CSV = "head,rank,accuracy\n1,1,0.55\n1,2,0.12\n1,3,0.05\n2,1,0.30\n2,2,0.10\n2,3,0.05\n"
@@ -50,8 +52,8 @@ def _stamp(path) -> float:
 
 
 def _clean(err: Exception) -> str:
-    """An error message without the temporary folder an upload was written to."""
-    return str(err).replace(str(UPLOAD_DIR) + os.sep, "upload ")
+    """An error message naming an upload by its file name, not by the hash folder it was written to."""
+    return re.sub(re.escape(str(UPLOAD_DIR) + os.sep) + r"[0-9a-f]+" + re.escape(os.sep), "", str(err))
 
 
 def _upload_path(upload) -> Path:
@@ -162,14 +164,28 @@ class Source:
     stamp: float = 0.0
 
 
+OTHER_FILE = "other: type a path"
+
+
 def file_input(label: str, key: str, types: list[str], found: list[Path] | None = None,
-               paste: bool = False) -> Path | None:
-    """A file from an upload, a path typed in (default: the first `found`), or pasted text."""
+               paste: bool = False, default: Path | None = None) -> Path | None:
+    """A file from an upload, one of the `found` files (a selectbox; `default` or the first preselected), a path
+    typed in, or pasted text."""
     up = st.file_uploader(f"Upload {label}", type=types, key=f"{key}_upload")
     if up is not None:
         return _upload_path(up)
-    default = str(found[0]) if found else ""
-    typed = st.text_input(f"... or a {label} path", value=default, key=f"{key}_path")
+    typed = ""
+    if found:
+        names = list(dict.fromkeys(str(f) for f in found)) + [OTHER_FILE]
+        pick = st.selectbox(f"... or a {label} found here", names, key=f"{key}_pick",
+                            index=names.index(str(default)) if default is not None and str(default) in names else 0,
+                            format_func=lambda f: f if f == OTHER_FILE else f"{Path(f).parent.name}/{Path(f).name}")
+        if pick != OTHER_FILE:
+            typed = pick
+        else:
+            typed = st.text_input(f"{label} path", key=f"{key}_path")
+    else:
+        typed = st.text_input(f"... or a {label} path", key=f"{key}_path")
     if paste:
         text = st.text_area(f"... or paste {label} text", key=f"{key}_paste", placeholder=EXAMPLE_CSV, height=110)
         if text.strip():
@@ -225,6 +241,20 @@ def figure(fig, caption: str | None = None) -> None:
         st.caption(caption)
 
 
+# Widget keys whose values are kept across page changes (Streamlit drops a widget's state once a run does not
+# draw it; reassigning the key on every run keeps it). Buttons, uploads, downloads and charts hold no settable
+# value, so they are left out.
+KEPT_PREFIXES = ("tree_", "cal_", "to_", "live_")
+NOT_KEPT = re.compile(r".*(_btn|_go|_upload|_up|_chart|_download)$")
+
+
+def keep_settings() -> None:
+    """Keep every page's settings when the user switches pages and back (called on every run, before the page)."""
+    for key in list(st.session_state.keys()):
+        if isinstance(key, str) and key.startswith(KEPT_PREFIXES) and not NOT_KEPT.match(key):
+            st.session_state[key] = st.session_state[key]
+
+
 # ----------------------------------------------------------------------------------------------- page 1: tree designer
 
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
@@ -244,11 +274,70 @@ def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = 
     return {"prompt": prompt, "root": show(root), "table": [[show(i) for i in row] for row in table.tolist()]}
 
 
+TREE_HELP = {
+    "indep": "expected tokens per decoding step under the independence model: 1 + the sum over nodes of the "
+             "product of per-head accuracies a_k^(i) (fit prompts); the 1 is the base model's own token",
+    "emp": "expected tokens per step from measured joint path frequencies (fit prompts): no independence "
+           "assumption",
+    "held": "tokens per step a greedy decoder with this tree gets when replayed over the held-out prompts' "
+            "answers: what `workbench decode` measures",
+}
+
+
+def tree_options(designed, user: list) -> dict[str, object]:
+    """Every tree the designer can show, compare or export: {label: Tree or file path}; files load on pick."""
+    from workbench.tree import reference_trees
+
+    out: dict[str, object] = {f"optimizer: {designed.name}": designed}
+    out |= {f"reference: {name}": t for name, t in reference_trees().items()}
+    out |= {f"file: {f.name}": f for f in sorted((REPO_ROOT / "trees").glob("*.json"))}
+    out |= {f"yours: {t.name}": t for t in user}
+    return out
+
+
+def pick_tree(label: str, options: dict, num_heads: int, topk: int):
+    """The tree behind an option label, checked against the heads and ranks of the accuracies (st.error if not)."""
+    from workbench.tree import load_tree
+
+    spec = options[label]
+    try:
+        return load_tree(str(spec) if isinstance(spec, Path) else spec, topk=topk, num_heads=num_heads)
+    except WorkbenchError as e:
+        st.error(f"{label}: {_clean(e)}")
+        return None
+
+
+def _edit_tree(action: str, tree, sig: str, num_heads: int, topk: int) -> None:
+    """Button callback: add or remove a node of the tree on display (kept per source tree), or reset it."""
+    from workbench.tree import add_path, parse_path, remove_path
+
+    st.session_state["tree_edit_error"] = None
+    try:
+        if action == "add":
+            new = add_path(tree, parse_path(st.session_state.get("tree_add", "")), num_heads, topk)
+        elif action == "remove":
+            new = remove_path(tree, parse_path(st.session_state.get("tree_remove", "")))
+        else:
+            st.session_state.pop("tree_edit", None)
+            return
+        st.session_state["tree_edit"] = {"sig": sig, "paths": new.as_lists()}
+    except WorkbenchError as e:
+        st.session_state["tree_edit_error"] = str(e)
+
+
+def _focus_from(chart_key: str) -> None:
+    """Chart callback: a clicked tree node or mask cell selects that node (the focus selectbox follows)."""
+    state = st.session_state.get(chart_key)
+    idx = figures.picked_index(state.get("selection") if state else None)
+    if idx is not None:
+        st.session_state["tree_focus_pick"] = idx
+
+
 def tree_page() -> None:
     from workbench.export import FORMATS, export_tree
     from workbench.optimize import (acc_value_fn, empirical_value_fn, expected_curve, expected_length, optimal_tree,
                                     optimal_tree_from)
-    from workbench.tree import reference_trees, tree_buffers
+    from workbench.tree import Tree, record_json, tree_buffers, tree_diff, tree_record
 
     st.title("Tree designer")
     src = accuracy_source("tree")
@@ -279,33 +368,77 @@ def tree_page() -> None:
             speedup = hardware_choice(src, base_value, budget, max_depth, max_rank)
             if speedup is None:
                 return
-            tree = speedup["tree"]
+            designed = speedup["tree"]
         elif model == "empirical paths":
-            tree = optimal_tree_from(empirical, budget, max_depth, max_rank, name=f"empirical_{budget}")
+            designed = optimal_tree_from(empirical, budget, max_depth, max_rank, name=f"empirical_{budget}")
         else:
-            tree = optimal_tree(src.acc, budget, max_depth, max_rank, name=f"optimal_{budget}")
+            designed = optimal_tree(src.acc, budget, max_depth, max_rank, name=f"optimal_{budget}")
     except WorkbenchError as e:
         st.error(_clean(e))
         return
-    st.session_state["designed_tree"] = {"name": tree.name, "paths": tree.as_lists(), "source": src.label}
+    st.session_state["designed_tree"] = {"name": designed.name, "paths": designed.as_lists(), "source": src.label}
+    if speedup is not None and speedup["best"]["speedup"] < 1:
+        st.warning(f"Speculation does not pay on this hardware at context {speedup['context']}: the best tree "
+                   f"({speedup['best']['budget']} nodes) is predicted at {speedup['best']['speedup']:.2f}x, slower "
+                   "than vanilla greedy decoding, because a tree forward costs more than its extra tokens bring. "
+                   "Decode without Medusa here, or measure latency on faster hardware (a GPU).")
+    if designed.nodes < budget and model != "hardware-aware":
+        st.caption(f"only {designed.nodes} nodes have a positive acceptance probability")
 
-    # numbers
-    cols = st.columns(6)
+    # which tree: the optimizer's, a reference, a file under trees/, or the user's own; then edits on top
+    options = tree_options(designed, user_tree_input(K))
+    labels_list = list(options)
+    c1, c2 = st.columns(2)
+    shown = c1.selectbox("Tree on display (drawn, masked, exported)", labels_list, key="tree_show",
+                         help="the optimizer's tree follows the sidebar settings; any other tree is shown as it "
+                              "is, scored on the current calibration")
+    if shown not in options:
+        shown = labels_list[0]
+    against = c2.selectbox("Compare with", ["(nothing)"] + [o for o in labels_list if o != shown],
+                           key="tree_compare", help="diff two trees side by side: nodes only in A, only in B, "
+                                                    "shared, and their expected tokens per step")
+    base = pick_tree(shown, options, K, R) or designed
+    sig = f"{shown}|{hash(base.paths)}"
+    edit = st.session_state.get("tree_edit")
+    tree = Tree(tuple(map(tuple, edit["paths"])), f"{base.name or 'tree'}_edited") \
+        if edit and edit["sig"] == sig else base
+    with st.expander(f"Edit {tree.name or 'this tree'} (add or remove nodes)", expanded=tree is not base):
+        c1, c2, c3 = st.columns([2, 2, 1])
+        c1.text_input("Add node (0-based ranks, e.g. 0,1)", key="tree_add",
+                      help="a path of ranks, one per head: 0,1 = head 2's second guess under head 1's top guess; "
+                           "its parent must be in the tree")
+        c1.button("add node", key="tree_add_btn", on_click=_edit_tree, args=("add", tree, sig, K, R))
+        c2.selectbox("Remove node (and its descendants)", [str(list(p)) for p in tree.sorted_paths],
+                     key="tree_remove")
+        c2.button("remove node", key="tree_remove_btn", on_click=_edit_tree, args=("remove", tree, sig, K, R))
+        c3.button("reset edits", key="tree_reset_btn", on_click=_edit_tree, args=("reset", tree, sig, K, R),
+                  disabled=tree is base)
+        if st.session_state.get("tree_edit_error"):
+            st.error(st.session_state["tree_edit_error"])
+        if tree is not base:
+            d = tree_diff(base, tree)
+            st.caption(f"edited from {base.name}: added {[list(p) for p in d['only_b']] or 'none'}, removed "
+                       f"{[list(p) for p in d['only_a']] or 'none'}")
+
+    # numbers: full labels, each explained
+    held = holdout_decoder(src.folder, src.stamp, tuple(tree.paths)) if empirical is not None else None
+    cols = st.columns(4)
     cols[0].metric("nodes", tree.nodes)
     cols[1].metric("depth", tree.depth)
-    cols[2].metric("tokens/step (independence)", f"{expected_length(tree, indep):.3f}")
+    cols[2].metric("expected tokens/step: independence model", f"{expected_length(tree, indep):.3f}",
+                   help=TREE_HELP["indep"])
     if empirical is not None:
-        cols[3].metric("tokens/step (empirical)", f"{expected_length(tree, empirical):.3f}")
-        held = holdout_decoder(src.folder, src.stamp, tuple(tree.paths))
+        cols[3].metric("expected tokens/step: empirical paths", f"{expected_length(tree, empirical):.3f}",
+                       help=TREE_HELP["emp"])
+        cols = st.columns(4)
         if held is not None:
-            cols[4].metric("live decoder, holdout", f"{held:.3f}",
-                           help="a greedy decoder replayed over the held-out prompts' answers: what decode measures")
+            cols[0].metric("tokens/step: decoder replay on holdout", f"{held:.3f}", help=TREE_HELP["held"])
     if speedup is not None:
-        cols[5].metric("predicted speedup", f"{speedup['best']['speedup']:.2f}x")
-    if tree.nodes < budget and model != "hardware-aware":
-        st.caption(f"only {tree.nodes} nodes have a positive acceptance probability")
+        cols[1 if empirical is not None else 3].metric(
+            "predicted speedup (optimizer's tree)", f"{speedup['best']['speedup']:.2f}x",
+            help=f"expected tokens per step / relative step cost t(n+1)/t(1) at context {speedup['context']}")
 
-    # the tree and its mask, optional real tokens as labels
+    # the tree and its mask, linked by the selected node; optional real tokens as labels
     labels = None
     tokens = st.session_state.get("head_tokens")
     if tokens and st.session_state.get("tree_show_tokens", True):
@@ -313,11 +446,35 @@ def tree_page() -> None:
         if tree.depth <= len(table) and tree.max_rank < len(table[0]):
             labels = {p: table[len(p) - 1][p[-1]] for p in tree.paths} | {(): tokens["root"]}
     probs = {p: base_value(p) for p in tree.paths}
-    figure(plots.tree_figure(tree, probs, labels, title=f"{tree.name}: {tree.nodes} nodes, depth {tree.depth} "
-                             f"({model}, {src.label})"),
-           f"drawn tree: {tree.nodes} nodes, depth {tree.depth}. Edge colour and width: path probability "
-           f"({'empirical' if base_value is empirical else 'independence'}); node label: "
-           f"{'the token of its head for the prompt' if labels else 'rank (0 = top-1)'}.")
+    names = figures.node_names(tree)
+    if st.session_state.get("tree_focus_pick", -1) >= len(names):
+        st.session_state["tree_focus_pick"] = -1
+    focus = st.session_state.get("tree_focus_pick", -1)
+    focus = None if focus < 0 else focus
+    st.plotly_chart(figures.tree_chart(tree, probs, labels, focus, title=f"{tree.name}: {tree.nodes} nodes, depth "
+                                       f"{tree.depth} ({model}, {src.label})"),
+                    key="tree_chart", on_select=lambda: _focus_from("tree_chart"), selection_mode="points")
+    st.caption(f"drawn tree: {tree.nodes} nodes, depth {tree.depth}. Node colour and edge width: path probability "
+               f"({'empirical' if base_value is empirical else 'independence'}); node label: "
+               f"{'the token of its head for the prompt' if labels else 'rank (0 = top-1)'}. Drag to zoom, "
+               "double-click to reset; click a node to select its mask row.")
+    left, right = st.columns([3, 2])
+    with left:
+        st.plotly_chart(figures.mask_chart(tree, focus), key="mask_chart", on_select=lambda: _focus_from("mask_chart"),
+                        selection_mode="points")
+    with right:
+        st.selectbox("Selected node (= mask row)", [-1] + list(range(len(names))), key="tree_focus_pick",
+                     format_func=lambda i: "none" if i < 0 else f"row {i}: {list(names[i]) if i else 'root'}",
+                     help="click a tree node or a mask cell to select it here")
+        if focus is not None:
+            p = names[focus]
+            st.markdown(f"**row {focus}**: " + (f"node `{list(p)}`, head {len(p)}'s rank-{p[-1]} guess (0 = top-1)"
+                                                 if p else "the root (the base model's own token)"))
+            st.markdown(f"attends to rows {[names.index(p[:d]) for d in range(len(p) + 1)]} (root, ancestors, "
+                        f"itself); P(accepted) {probs.get(p, 1.0):.4f}"
+                        + (f"; token `{labels[p]}`" if labels and p in labels else ""))
+        st.caption("Mask: row = query node, column = key node, in buffer order (node i = the i-th path sorted by "
+                   "depth then ranks, 0 = root); dark = may attend.")
     with st.expander("Label nodes with real tokens for a prompt (loads the demo model)"):
         prompt = st.text_input("Prompt", "What is the capital of France?", key="tree_prompt")
         c1, c2 = st.columns(2)
@@ -336,38 +493,55 @@ def tree_page() -> None:
                           f"; this tree needs more heads or ranks than the {len(tokens['table'])} heads x "
                           f"top-{len(tokens['table'][0])} labelled"))
 
-    # expected tokens per step vs budget, reference trees
+    if against != "(nothing)":
+        other = pick_tree(against, options, K, R)
+        if other is not None:
+            compare_trees(tree, other, indep, empirical, src)
+
+    # expected tokens per step vs budget, named trees
     left, right = st.columns(2)
     top = 256
     curves = {"optimal (independence)": expected_curve(src.acc, top, max_depth, max_rank)}
     if empirical is not None:
         curves["optimal (empirical)"] = expected_curve(empirical, top, max_depth, max_rank)
     rows, points = [], {}
-    user_trees = list(reference_trees().values()) + user_tree_input(K)
-    for t in user_trees:
-        row = {"tree": t.name, "nodes": t.nodes, "depth": t.depth}
-        if t.depth > K or t.max_rank >= R:
-            row["note"] = f"needs {t.depth} heads / top-{t.max_rank + 1}"
-            rows.append(row)
+    for label, spec in options.items():
+        if label.startswith("optimizer"):
             continue
-        row["independence"] = expected_length(t, indep)
+        t = pick_quiet(spec)
+        if t is None:
+            continue
+        row = {"tree": t.name or label}
+        if t.depth > K or t.max_rank >= R:
+            rows.append(row | {"nodes": t.nodes, "note": f"needs {t.depth} heads / top-{t.max_rank + 1}"})
+            continue
         if empirical is not None:
+            row["decoder replay, holdout"] = holdout_decoder(src.folder, src.stamp, tuple(t.paths))
             row["empirical"] = expected_length(t, empirical)
-            row["live decoder, holdout"] = holdout_decoder(src.folder, src.stamp, tuple(t.paths))
+        row["independence"] = expected_length(t, indep)
         row["optimal at same size"] = float(curves["optimal (independence)"][min(t.nodes, top)])
-        rows.append(row)
-        points[t.name] = (t.nodes, expected_length(t, base_value))
+        rows.append(row | {"nodes": t.nodes, "depth": t.depth})
+        points[row["tree"]] = (t.nodes, expected_length(t, base_value))
     with left:
         figure(plots.expected_curve_plot({k: (range(len(v)), v) for k, v in curves.items()}, points,
                                          (tree.nodes, expected_length(tree, base_value))),
-               "Expected tokens per step of the optimal tree at each budget; points: reference trees.")
+               "Expected tokens per step of the optimal tree at each budget; points: named trees.")
     with right:
-        st.subheader("Reference trees")
-        st.dataframe(pd.DataFrame(rows), hide_index=True)
+        st.subheader("Named trees: tokens per step")
+        st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
+            "decoder replay, holdout": st.column_config.NumberColumn(help=TREE_HELP["held"], format="%.3f"),
+            "empirical": st.column_config.NumberColumn(help=TREE_HELP["emp"], format="%.3f"),
+            "independence": st.column_config.NumberColumn(help=TREE_HELP["indep"], format="%.3f"),
+            "optimal at same size": st.column_config.NumberColumn(
+                help="the independence-optimal tree with as many nodes: the headroom of this shape", format="%.3f")})
     if speedup is not None:
         figure(plots.speedup_curve({"predicted": ([r["budget"] for r in speedup["rows"]],
                                                   [r["speedup"] for r in speedup["rows"]])},
-                                   {"predicted": (speedup["best"]["budget"], speedup["best"]["speedup"])}))
+                                   {"predicted": (speedup["best"]["budget"], speedup["best"]["speedup"])},
+                                   speedup.get("measured")),
+               f"Predicted speedup at context {speedup['context']} ({speedup['latency']})"
+               + (f"; black diamonds: speedups measured by the sweep {speedup['sweep']} (labelled by tree)"
+                  if speedup.get("measured") else "; no sweep CSV found to draw measured speedups"))
 
     # buffers and exports
     with st.expander("Tree buffers (Medusa's generate_medusa_buffers)"):
@@ -378,11 +552,24 @@ def tree_page() -> None:
                                    "parent": buf["parents"].tolist()}))
         c2.dataframe(pd.DataFrame(buf["retrieve_indices"].tolist()).add_prefix("d"))
     st.subheader("Export")
+    provenance = dict(expected_acceptance_length=expected_length(tree, base_value),
+                      budget=budget if tree is designed else tree.nodes,
+                      method=(model if tree is designed else "edited" if tree is not base else shown.split(":")[0]),
+                      acceptance_model="empirical paths" if base_value is empirical else "independence",
+                      max_depth=max_depth, max_rank=max_rank, heads=K, ranks=R, accuracies=src.folder or src.label)
+    if tree is not base:
+        provenance["edited_from"] = base.name
+    if speedup is not None and tree is designed:
+        provenance |= dict(predicted_speedup=speedup["best"]["speedup"],
+                           relative_latency=speedup["best"]["relative_latency"], latency=speedup["latency"],
+                           context=speedup["context"])
     cols = st.columns(len(FORMATS))
     suffix = {"medusa": ".py", "json": ".json", "trtllm": ".trtllm.txt", "vllm": ".vllm.json", "eagle": ".eagle.py"}
     notes = []
     for col, fmt in zip(cols, FORMATS):
         text, warns = export_tree(tree, fmt, heads=K)
+        if fmt == "json":  # a tree file like `workbench optimize --out` writes: with its provenance
+            text = record_json(tree_record(Tree(tree.paths, tree.name or "tree"), **provenance))
         col.download_button(fmt, text, file_name=f"{tree.name}{suffix[fmt]}", key=f"export_{fmt}",
                             help=f"{tree.name} in the {fmt} format")
         notes += [f"**{fmt}**: {w}" for w in warns]
@@ -390,8 +577,51 @@ def tree_page() -> None:
         st.warning(note)
 
 
+def pick_quiet(spec):
+    """A named tree for the table (None if a file there cannot be read: the selectbox reports it when picked)."""
+    from workbench.tree import load_tree
+
+    try:
+        return load_tree(str(spec) if isinstance(spec, Path) else spec)
+    except WorkbenchError:
+        return None
+
+
+def compare_trees(a, b, indep, empirical, src: Source) -> None:
+    """Two trees side by side: nodes only in A, only in B, shared, and what each brings on this calibration."""
+    from workbench.optimize import expected_length
+    from workbench.tree import tree_diff
+
+    d = tree_diff(a, b)
+    st.subheader(f"A = {a.name} vs B = {b.name}")
+    value = empirical or indep
+    rows = []
+    for name, t in (("A", a), ("B", b)):
+        row = {"tree": f"{name}: {t.name}", "nodes": t.nodes, "depth": t.depth,
+               "independence": expected_length(t, indep)}
+        if empirical is not None:
+            row["empirical"] = expected_length(t, empirical)
+            row["decoder replay, holdout"] = holdout_decoder(src.folder, src.stamp, tuple(t.paths))
+        rows.append(row)
+    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    st.caption(f"{len(d['shared'])} shared nodes, {len(d['only_a'])} only in A, {len(d['only_b'])} only in B; "
+               f"expected tokens per step in the table ({'empirical and ' if empirical else ''}independence models)")
+    status_a = {p: "shared" for p in d["shared"]} | {p: "only in A" for p in d["only_a"]}
+    status_b = {p: "shared" for p in d["shared"]} | {p: "only in B" for p in d["only_b"]}
+    c1, c2 = st.columns(2)
+    c1.plotly_chart(figures.tree_chart(a, status=status_a, title=f"A: {a.name} ({a.nodes} nodes)"), key="diff_a")
+    c2.plotly_chart(figures.tree_chart(b, status=status_b, title=f"B: {b.name} ({b.nodes} nodes)"), key="diff_b")
+    diff = [{"node": str(list(p)), "in": side, "P(accepted)": value(p)}
+            for side, ps in (("only A", d["only_a"]), ("only B", d["only_b"])) for p in ps]
+    if diff:
+        st.dataframe(pd.DataFrame(diff), hide_index=True, column_config={"P(accepted)": st.column_config.NumberColumn(
+            help=f"the node's path probability ({'empirical' if empirical else 'independence'}): what it adds "
+                 "to the expected tokens per step", format="%.4f")})
+
+
 def hardware_choice(src: Source, value, budget: int, max_depth: int, max_rank: int) -> dict | None:
-    """The hardware-aware tree: latency CSV from the calibration folder (or given), context nearest typical use."""
+    """The hardware-aware tree: latency CSV from the calibration folder (or given), context nearest typical use;
+    measured speedups from a sweep CSV (when one is found) to draw on the predicted curve."""
     from workbench.tradeoffs import hardware_aware, typical_context
 
     found = sorted(Path(src.folder).glob("latency-*.csv")) if src.folder else []
@@ -410,6 +640,17 @@ def hardware_choice(src: Source, value, budget: int, max_depth: int, max_rank: i
         st.error(_clean(e))
         return None
     st.sidebar.caption(f"latency {path.name}, context {ctx}: best of budgets 1..{res['rows'][-1]['budget']}")
+    res |= {"context": ctx, "latency": path.name}
+    sweeps = found_csvs("sweep")
+    if sweeps:
+        pick = st.sidebar.selectbox("measured speedups from", [str(f) for f in sweeps] + ["(none)"],
+                                    key="tree_hw_sweep", format_func=lambda f: Path(f).name)
+        if pick != "(none)":
+            try:
+                res |= {"measured": {"measured (sweep)": plots.measured_speedups(read_sweep_file(pick, _stamp(pick)))},
+                        "sweep": Path(pick).name}
+            except WorkbenchError as e:
+                st.error(_clean(e))
     return res
 
 
@@ -435,7 +676,7 @@ def user_tree_input(num_heads: int) -> list:
     """An extra tree to compare: uploaded file, path, reference name or literal. A bad one is an st.error."""
     from workbench.tree import Tree, load_tree
 
-    with st.sidebar.expander("Compare your own tree"):
+    with st.sidebar.expander("Your own tree (to show, edit, compare)"):
         up = st.file_uploader("Tree file (JSON or Medusa choices .py)", type=["json", "py", "txt"], key="tree_user_up")
         spec = str(_upload_path(up)) if up is not None else st.text_input(
             "... or a path, reference name, or literal like [[0], [0, 0], [1]]", key="tree_user_spec").strip()
@@ -495,33 +736,59 @@ def calibration_page() -> None:
     with left:
         figure(plots.independence_vs_measured(top, ind, mea),
                "Above the diagonal the independence assumption under-estimates a path; below it over-estimates.")
-    df = pd.DataFrame({"path": [str(list(p)) for p in top], "depth": [len(p) for p in top], "measured": mea,
-                       "independence": ind})
-    df["measured / independence"] = df["measured"] / df["independence"].where(df["independence"] > 0)
-    right.dataframe(df, hide_index=True)
+    df = pd.DataFrame({"path": [str(list(p)) for p in top], "measured": mea, "independence": ind})
+    df.insert(1, "measured / independence", df["measured"] / df["independence"].where(df["independence"] > 0))
+    df["depth"] = [len(p) for p in top]
+    right.dataframe(df, hide_index=True, column_config={
+        "path": st.column_config.TextColumn(help="0-based ranks, one per head (0 = top-1)"),
+        "measured": st.column_config.NumberColumn(
+            help="share of ALL positions whose heads' ranks start with this path (past the answer's end counts as "
+                 "a miss: the decoder cannot accept tokens the answer does not have)", format="%.4f"),
+        "independence": st.column_config.NumberColumn(
+            help="product of a_k^(i); each a_k^(i) is a share of only the positions where head k HAS a target "
+                 "(it excludes the last k positions of each answer)", format="%.4f"),
+        "measured / independence": st.column_config.NumberColumn(
+            help="1 = heads independent. The two use different denominators, so even a one-head path [i] reads "
+                 "below 1 (about positions with a head-k target / all positions): that part is the answer's end, "
+                 "not head correlation", format="%.3f")})
+    right.caption("measured / independence < 1 for one-head paths is the denominators, not an error: measured counts "
+                  "over all positions, a_k^(i) over the positions where head k has a target.")
 
 
 # ----------------------------------------------------------------------------------------------- page 3: trade-offs
+
+def has_typical(sweep: pd.DataFrame) -> bool:
+    return "epsilon" in sweep.columns and bool(sweep["epsilon"].notna().any())
+
+
+def read_sweep_or_error(path: Path | None) -> pd.DataFrame | None:
+    if path is None:
+        return None
+    try:
+        return read_sweep_file(str(path), _stamp(path))
+    except WorkbenchError as e:
+        st.error(_clean(e))
+        return None
+
 
 def tradeoffs_page() -> None:
     from workbench.optimize import empirical_value_fn
     from workbench.tradeoffs import hardware_aware, typical_context
 
     st.title("Trade-offs")
+    sweeps = found_csvs("sweep")
+    typical = [f for f in sweeps if _readable_typical(f)]
     with st.sidebar:
-        st.subheader("Sweep")
-        sweep_path = file_input("sweep CSV", "to_sweep", ["csv"], found_csvs("sweep"))
+        st.subheader("Sweep (Fig. 4, predicted vs measured)")
+        sweep_path = file_input("sweep CSV", "to_sweep", ["csv"], sweeps)
+        st.subheader("Typical-acceptance sweep (Fig. 5)")
+        typ_path = file_input("typical sweep CSV", "to_typ", ["csv"], sweeps, default=typical[0] if typical else None)
         st.subheader("Latency")
         lat_path = file_input("latency CSV", "to_lat", ["csv"], found_csvs("latency"))
-    sweep = lat = None
+    sweep, typ, lat = read_sweep_or_error(sweep_path), read_sweep_or_error(typ_path), None
     if sweep_path is None:
         st.info("No sweep CSV found: run `workbench sweep --out FILE.csv` (for example into the calibration folder), "
                 "or give one in the sidebar.")
-    else:
-        try:
-            sweep = read_sweep_file(str(sweep_path), _stamp(sweep_path))
-        except WorkbenchError as e:
-            st.error(_clean(e))
     if lat_path is not None:
         try:
             lat = read_latency_file(str(lat_path), _stamp(lat_path))
@@ -537,19 +804,32 @@ def tradeoffs_page() -> None:
             figure(plots.tokens_vs_candidates(sweep), "Paper Fig. 4a: sparse (optimal) vs dense trees.")
         with c2:
             figure(plots.speed_vs_candidates(sweep), "Paper Fig. 4b.")
-        c1, c2 = st.columns(2)
-        with c1:
-            if "epsilon" in sweep.columns and sweep["epsilon"].notna().any():
-                quality = st.selectbox("quality measure", [c for c in ("exact_match", "mean_logprob", "distinct_2")
-                                                           if c in sweep.columns] or ["acceleration_rate"],
-                                       key="to_quality")
-                figure(plots.epsilon_plot(sweep, quality), "Paper Fig. 5: typical acceptance.")
-            else:
-                st.info("No typical-acceptance rows (epsilon) in this sweep: run the sweep with --temperature > 0 "
-                        "and several --epsilon values for Fig. 5.")
-        with c2:
-            if any(c in sweep.columns for c in plots.PREDICTED_COLUMNS):
-                figure(plots.predicted_vs_measured(sweep), "Calibration's prediction vs the live decoder.")
+    c1, c2 = st.columns(2)
+    with c1:
+        if typ is not None and has_typical(typ):
+            rows = typ.dropna(subset=["epsilon"])
+            sizes = sorted(int(n) for n in rows["nodes"].dropna().unique())
+            quality = st.selectbox("quality measure", [c for c in ("exact_match", "mean_logprob", "distinct_2")
+                                                       if c in typ.columns] or ["acceleration_rate"], key="to_quality")
+            nodes = st.selectbox("tree size (nodes)", sizes, key="to_nodes") if len(sizes) > 1 else None
+            rows = rows if nodes is None else rows[rows["nodes"] == nodes]
+            eps_values = sorted(float(e) for e in rows["epsilon"].unique())
+            eps = st.select_slider("epsilon (posterior threshold)", eps_values, key="to_eps",
+                                   value=min(eps_values, key=lambda e: abs(e - 0.09))) \
+                if len(eps_values) > 1 else eps_values[0]
+            at = rows[rows["epsilon"] == eps]
+            figure(plots.epsilon_plot(typ, quality, mark=eps, nodes=nodes),
+                   f"Paper Fig. 5 ({typ_path.name}): typical acceptance. At epsilon {eps:g}: "
+                   f"{at['acceleration_rate'].mean():.2f} tokens/step, {quality} {at[quality].mean():.3f} "
+                   "(mean over temperatures).")
+        else:
+            st.info("No typical-acceptance rows (epsilon) in the sweeps found: run the sweep with --temperature > 0 "
+                    "and several --epsilon values for Fig. 5.")
+    with c2:
+        if sweep is not None and any(c in sweep.columns for c in plots.PREDICTED_COLUMNS):
+            figure(plots.predicted_vs_measured(sweep), "Calibration's prediction vs the live decoder; each point "
+                                                       "labelled by its tree (once, at its first prediction).")
+    if sweep is not None:
         with st.expander("Sweep rows"):
             st.dataframe(sweep, hide_index=True)
 
@@ -565,19 +845,34 @@ def tradeoffs_page() -> None:
             try:
                 table, ctx = latency_picker(lat, "to", lat_path.name,
                                             typical_context(src.folder) if src.folder else None)
+                top = max(int(n) for n in table) - 1
+                budget = st.slider("budget (max tree nodes)", 1, max(top, 2), top, key="to_budget") if top > 1 else 1
                 K, R = src.acc.shape
                 values = {"independence": src.acc}
                 if src.calib:
                     values["empirical paths"] = empirical_value_fn(src.calib["probs_fit"])
-                res = {name: hardware_aware(v, table, K, min(R, 10)) for name, v in values.items()}
+                res = {name: hardware_aware(v, table, K, min(R, 10), max_budget=budget) for name, v in values.items()}
             except WorkbenchError as e:
                 st.error(_clean(e))
                 return
+            measured = {f"measured (sweep {sweep_path.name})": plots.measured_speedups(sweep)} \
+                if sweep is not None and len(plots.measured_speedups(sweep)[0]) else None
             figure(plots.speedup_curve({n: ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
                                         for n, r in res.items()},
-                                       {n: (r["best"]["budget"], r["best"]["speedup"]) for n, r in res.items()}),
+                                       {n: (r["best"]["budget"], r["best"]["speedup"]) for n, r in res.items()},
+                                       measured),
                    f"Predicted speedup = expected tokens per step / (t(n+1)/t(1)) at context {ctx}; best: " +
                    "; ".join(f"{n} {r['best']['budget']} nodes, {r['best']['speedup']:.2f}x" for n, r in res.items()))
+            if max(r["best"]["speedup"] for r in res.values()) < 1:
+                st.warning(f"Speculation does not pay on this hardware at context {ctx}: no tree is predicted to "
+                           "beat vanilla greedy decoding.")
+
+
+def _readable_typical(path: Path) -> bool:
+    try:
+        return has_typical(read_sweep_file(str(path), _stamp(path)))
+    except WorkbenchError:
+        return False
 
 
 # ----------------------------------------------------------------------------------------------- page 4: live decode
@@ -604,6 +899,30 @@ def tree_choice() -> str | None:
     return pick
 
 
+def progress_line(label: str, done: int, total: int, steps: int, elapsed: float) -> str:
+    """`Medusa: 24/64 tokens in 10 steps (2.40 tokens/step), 3.1 tokens/s, ETA 13 s`."""
+    rate = done / elapsed if elapsed > 0 else 0.0
+    eta = f"ETA {(total - done) / rate:.0f} s" if rate > 0 and done < total else "done" if done >= total else "ETA ?"
+    return (f"{label}: {done}/{total} tokens in {steps} steps ({done / max(steps, 1):.2f} tokens/step), "
+            f"{rate:.1f} tokens/s, {eta}")
+
+
+def progress_view(label: str, total: int, tokenizer):
+    """An `on_step` callback for medusa_generate / vanilla_generate: a progress bar with tokens so far, steps,
+    tokens/s and ETA, and the answer so far (the decode may stop earlier at EOS)."""
+    bar, text = st.progress(0.0, text=f"{label}: starting..."), st.empty()
+    seen: list[int] = []
+    start, steps = time.perf_counter(), [0]
+
+    def on_step(step) -> None:
+        seen.extend(step.tokens)
+        steps[0] += 1
+        bar.progress(min(len(seen) / total, 1.0),
+                     text=progress_line(label, len(seen), total, steps[0], time.perf_counter() - start))
+        text.caption(f"{label} so far: " + tokenizer.decode(seen, skip_special_tokens=True)[-600:])
+    return on_step
+
+
 def live_page() -> None:
     from workbench.decode import ACCEPTANCE_KINDS, Acceptance, compare, medusa_generate, prepare_prompt, \
         vanilla_generate
@@ -623,6 +942,9 @@ def live_page() -> None:
         model = st.text_input("Model (blank: the demo SmolLM2-135M-Instruct)", key="live_model").strip()
         heads = st.text_input("Heads (blank: the demo heads)", key="live_heads").strip()
         device = st.selectbox("device", ["auto", "cpu", "cuda"], key="live_device")
+        threads = st.number_input("torch CPU threads", 1, os.cpu_count() or 1, min(os.cpu_count() or 1, 8),
+                                  key="live_threads", help="torch.set_num_threads for this decode (process-wide); "
+                                  "more threads than free cores slow small models down")
         vanilla = st.checkbox("also run vanilla greedy", value=True, key="live_vanilla")
     prompt = st.text_area("Prompt", "Give three tips for staying healthy.", key="live_prompt")
     if st.button("Load model and generate", type="primary", key="live_go"):
@@ -631,14 +953,19 @@ def live_page() -> None:
                 raise WorkbenchError("no tree: pick one or type a literal like [[0], [0, 0], [1]]")
             tree = load_tree(spec)
             acc = Acceptance(kind, temperature, epsilon, delta, top_p)
+            import torch
+
+            torch.set_num_threads(int(threads))
             base, tok, hd = load_model(model, heads, device)
             ids = prepare_prompt(tok, prompt)
-            with st.spinner("Decoding..."):
-                medusa_generate(base, hd, tok, ids, tree, 2, acc)  # warm-up: lazy inits are not timed
+            with st.spinner("Warming up (lazy initialisation is not timed)..."):
+                medusa_generate(base, hd, tok, ids, tree, 2, acc)
                 if vanilla:
                     vanilla_generate(base, tok, ids, 2)
-                med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc)
-                van = vanilla_generate(base, tok, ids, int(max_new)) if vanilla else None
+            med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc,
+                                  on_step=progress_view("Medusa", int(max_new), tok))
+            van = vanilla_generate(base, tok, ids, int(max_new), on_step=progress_view("vanilla greedy", int(
+                max_new), tok)) if vanilla else None
             steps = [i for i, s in enumerate(med.steps) for _ in s.tokens]
             st.session_state["live_result"] = dict(
                 medusa=med.to_dict(), vanilla=van.to_dict() if van else None,
@@ -652,12 +979,17 @@ def live_page() -> None:
         return
     med, van, cmp = res["medusa"], res["vanilla"], res["compare"]
     cols = st.columns(5)
-    cols[0].metric("tokens/step", f"{med['acceleration_rate']:.2f}")
+    cols[0].metric("tokens/step", f"{med['acceleration_rate']:.2f}",
+                   help="tokens emitted per Medusa step (1 + accepted tree tokens), averaged over this answer")
     cols[1].metric("new tokens", med["new_tokens"])
-    cols[2].metric("Medusa tokens/s", f"{med['tokens_per_s']:.1f}")
+    cols[2].metric("Medusa tokens/s", f"{med['tokens_per_s']:.1f}", help="new tokens / (prefill + decode time)")
     if cmp:
         cols[3].metric("vanilla tokens/s", f"{cmp['vanilla_tokens_per_s']:.1f}")
-        cols[4].metric("speedup", f"{cmp['speedup']:.2f}x")
+        cols[4].metric("speedup (one prompt)", f"{cmp['speedup']:.2f}x",
+                       help="Medusa tokens/s over vanilla tokens/s on this one prompt")
+        st.caption("One prompt is a noisy measurement: timings of a single short answer vary by tens of percent "
+                   "between runs (other processes, CPU frequency, the answer's own predictability). For a speedup "
+                   "to rely on, run `workbench sweep` over many prompts and read it on the Trade-offs page.")
     st.caption(f"{res['model']}, tree {res['tree']}; each colour is one decoding step (hover for its number)."
                + ("" if not cmp else " Output equals vanilla greedy." if cmp["matches_greedy"] else
                   " Output differs from vanilla greedy (expected with typical/nucleus acceptance)."))
@@ -682,6 +1014,7 @@ def main() -> None:
     st.set_page_config(page_title="Medusa tree workbench", layout="wide")
     nav = st.navigation([st.Page(fn, title=title, url_path=url, default=i == 0)
                          for i, (fn, title, url) in enumerate(PAGES)])
+    keep_settings()
     nav.run()
 
 

@@ -287,13 +287,15 @@ def speed_vs_candidates(sweep):
                              "speed vs candidates", _vanilla(sweep, y))
 
 
-def epsilon_plot(sweep, quality: str = "exact_match"):
+def epsilon_plot(sweep, quality: str = "exact_match", mark: float | None = None, nodes: int | None = None):
     """Paper Fig. 5: tokens per step (solid) and a quality measure (dashed, right axis) against the typical-
     acceptance threshold epsilon, one colour per temperature; vanilla greedy's quality as a grey line."""
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
     ax2 = ax.twinx()
     df = _tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
+    if nodes is not None:  # one tree size (a sweep may hold typical rows of several trees)
+        df = df[df["nodes"] == nodes]
     temps = df.groupby("temperature", sort=True) if "temperature" in df.columns else [(None, df)]
     for j, (temp, part) in enumerate(temps):
         part = part.groupby("epsilon", as_index=False)[["acceleration_rate", quality]].mean()
@@ -304,6 +306,8 @@ def epsilon_plot(sweep, quality: str = "exact_match"):
     base = _vanilla(sweep, quality)
     if base is not None:
         ax2.axhline(base, color="grey", lw=1, ls=":", label=f"{quality} vanilla")
+    if mark is not None:
+        ax.axvline(mark, color="crimson", lw=1, ls="-.", label=f"epsilon = {mark:g}")
     ax.set_xlabel("epsilon (posterior threshold)")
     ax.set_ylabel("tokens per step (solid)")
     ax2.set_ylabel(f"{quality.replace('_', ' ')} (dashed)")
@@ -350,6 +354,14 @@ def predicted_vs_measured(sweep):
     ax.grid(alpha=0.3)
     ax.set_title("predicted vs measured")
     return fig
+
+
+def measured_speedups(sweep) -> tuple[list, list, list]:
+    """(nodes, measured speedup, tree name) of each greedy tree in a sweep (mean over its rows), to draw on a
+    predicted speedup curve."""
+    df = _tree_rows(sweep).dropna(subset=["speedup", "nodes"]) if "speedup" in sweep.columns else sweep.iloc[:0]
+    part = df.groupby("tree", as_index=False, sort=False).agg(nodes=("nodes", "first"), speedup=("speedup", "mean"))
+    return part["nodes"].astype(int).tolist(), part["speedup"].tolist(), part["tree"].astype(str).tolist()
 
 
 def latency_curve(latency):
