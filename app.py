@@ -376,7 +376,6 @@ def tree_page() -> None:
     except WorkbenchError as e:
         st.error(_clean(e))
         return
-    st.session_state["designed_tree"] = {"name": designed.name, "paths": designed.as_lists(), "source": src.label}
     if speedup is not None and speedup["best"]["speedup"] < 1:
         st.warning(f"Speculation does not pay on this hardware at context {speedup['context']}: the best tree "
                    f"({speedup['best']['budget']} nodes) is predicted at {speedup['best']['speedup']:.2f}x, slower "
@@ -402,6 +401,7 @@ def tree_page() -> None:
     edit = st.session_state.get("tree_edit")
     tree = Tree(tuple(map(tuple, edit["paths"])), f"{base.name or 'tree'}_edited") \
         if edit and edit["sig"] == sig else base
+    st.session_state["designed_tree"] = {"name": tree.name, "paths": tree.as_lists(), "source": src.label}
     with st.expander(f"Edit {tree.name or 'this tree'} (add or remove nodes)", expanded=tree is not base):
         c1, c2, c3 = st.columns([2, 2, 1])
         c1.text_input("Add node (0-based ranks, e.g. 0,1)", key="tree_add",
@@ -422,21 +422,20 @@ def tree_page() -> None:
 
     # numbers: full labels, each explained
     held = holdout_decoder(src.folder, src.stamp, tuple(tree.paths)) if empirical is not None else None
-    cols = st.columns(4)
+    cols = st.columns(3)
     cols[0].metric("nodes", tree.nodes)
     cols[1].metric("depth", tree.depth)
-    cols[2].metric("expected tokens/step: independence model", f"{expected_length(tree, indep):.3f}",
+    if speedup is not None:
+        cols[2].metric("predicted speedup (optimizer's tree)", f"{speedup['best']['speedup']:.2f}x",
+                       help=f"expected tokens per step / relative step cost t(n+1)/t(1) at context {speedup['context']}")
+    cols = st.columns(3)
+    cols[0].metric("expected tokens/step: independence model", f"{expected_length(tree, indep):.3f}",
                    help=TREE_HELP["indep"])
     if empirical is not None:
-        cols[3].metric("expected tokens/step: empirical paths", f"{expected_length(tree, empirical):.3f}",
+        cols[1].metric("expected tokens/step: empirical paths", f"{expected_length(tree, empirical):.3f}",
                        help=TREE_HELP["emp"])
-        cols = st.columns(4)
-        if held is not None:
-            cols[0].metric("tokens/step: decoder replay on holdout", f"{held:.3f}", help=TREE_HELP["held"])
-    if speedup is not None:
-        cols[1 if empirical is not None else 3].metric(
-            "predicted speedup (optimizer's tree)", f"{speedup['best']['speedup']:.2f}x",
-            help=f"expected tokens per step / relative step cost t(n+1)/t(1) at context {speedup['context']}")
+    if held is not None:
+        cols[2].metric("tokens/step: decoder replay on holdout", f"{held:.3f}", help=TREE_HELP["held"])
 
     # the tree and its mask, linked by the selected node; optional real tokens as labels
     labels = None
@@ -499,7 +498,7 @@ def tree_page() -> None:
             compare_trees(tree, other, indep, empirical, src)
 
     # expected tokens per step vs budget, named trees
-    left, right = st.columns(2)
+    left, right = st.columns([2, 3])
     top = 256
     curves = {"optimal (independence)": expected_curve(src.acc, top, max_depth, max_rank)}
     if empirical is not None:
@@ -563,18 +562,21 @@ def tree_page() -> None:
         provenance |= dict(predicted_speedup=speedup["best"]["speedup"],
                            relative_latency=speedup["best"]["relative_latency"], latency=speedup["latency"],
                            context=speedup["context"])
+    tree_file = record_json(tree_record(Tree(tree.paths, tree.name or "tree"), **provenance))
     cols = st.columns(len(FORMATS))
     suffix = {"medusa": ".py", "json": ".json", "trtllm": ".trtllm.txt", "vllm": ".vllm.json", "eagle": ".eagle.py"}
     notes = []
     for col, fmt in zip(cols, FORMATS):
         text, warns = export_tree(tree, fmt, heads=K)
         if fmt == "json":  # a tree file like `workbench optimize --out` writes: with its provenance
-            text = record_json(tree_record(Tree(tree.paths, tree.name or "tree"), **provenance))
+            text = tree_file
         col.download_button(fmt, text, file_name=f"{tree.name}{suffix[fmt]}", key=f"export_{fmt}",
                             help=f"{tree.name} in the {fmt} format")
         notes += [f"**{fmt}**: {w}" for w in warns]
     for note in notes:
         st.warning(note)
+    with st.expander("The JSON tree file (what the json button downloads)"):
+        st.code(tree_file, language="json")
 
 
 def pick_quiet(spec):

@@ -167,16 +167,16 @@ def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):
 
 def test_tree_designer_models(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
-    ind = float(metric(at, "tokens/step (independence)"))
+    ind = float(metric(at, "expected tokens/step: independence model"))
     at.radio(key="tree_model").set_value("empirical paths").run()
     no_exception(at)
     assert not errors(at)
-    emp_tree_emp = float(metric(at, "tokens/step (empirical)"))
+    emp_tree_emp = float(metric(at, "expected tokens/step: empirical paths"))
     assert emp_tree_emp > 1 and ind > 1
     at.radio(key="tree_model").set_value("hardware-aware").run()
     no_exception(at)
     assert not errors(at), errors(at)
-    assert metric(at, "predicted speedup").endswith("x")
+    assert metric(at, "predicted speedup (optimizer's tree)").endswith("x")
     assert 1 <= int(metric(at, "nodes")) <= 63
 
 
@@ -204,6 +204,7 @@ def test_malformed_upload_is_an_error(demo_files, monkeypatch):
     no_exception(at)
     assert any("not a number in [0, 1]" in e for e in errors(at)), errors(at)
     assert all("workbench-app" not in e for e in errors(at))  # the temp folder is not shown
+    assert any(e.startswith("accuracy file acc.csv:") for e in errors(at)), errors(at)  # named by the upload
 
 
 def test_missing_folder_and_unfit_tree_are_errors(demo_files, monkeypatch, tmp_path):
@@ -225,6 +226,116 @@ def test_user_tree_is_compared(demo_files, monkeypatch):
     assert "mc_sim_7b_63" in table["tree"].tolist()
 
 
+def tree_file(at: AppTest) -> dict:
+    """The JSON tree file the export shows (and its json button downloads)."""
+    return json.loads(next(c.value for c in at.code if '"medusa_choices"' in c.value))
+
+
+def test_json_export_has_provenance(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.slider(key="tree_budget").set_value(20).run()
+    rec = tree_file(at)
+    assert rec["name"] == "optimal_20" and len(rec["medusa_choices"]) == rec["nodes"] == 20
+    assert rec["budget"] == 20 and rec["method"] == "independence" and rec["accuracies"] == str(demo_files["cal"])
+    assert rec["expected_acceptance_length"] == pytest.approx(float(metric(at, "expected tokens/step: independence "
+                                                                          "model")), abs=1e-3)
+
+
+def test_reference_tree_is_shown_edited_and_exported(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.selectbox(key="tree_show").set_value("reference: mc_sim_7b_63").run()
+    no_exception(at)
+    assert int(metric(at, "nodes")) == 63 and metric(at, "depth") == "4"
+    assert tree_file(at)["name"] == "mc_sim_7b_63" and tree_file(at)["method"] == "reference"
+    at.text_input(key="tree_add").input("1,9").run()  # head 2's rank 9 under [1]: not in mc_sim_7b_63
+    at.button(key="tree_add_btn").click().run()
+    no_exception(at)
+    assert int(metric(at, "nodes")) == 64 and not errors(at)
+    rec = tree_file(at)
+    assert rec["name"] == "mc_sim_7b_63_edited" and rec["edited_from"] == "mc_sim_7b_63"
+    assert [1, 9] in rec["medusa_choices"] and rec["method"] == "edited"
+    at.text_input(key="tree_add").input("1,8,0").run()  # parent [1, 8] is missing: one line, tree unchanged
+    at.button(key="tree_add_btn").click().run()
+    assert errors(at) == ["path [1, 8, 0]: parent [1, 8] is missing (every prefix must be a node)"]
+    assert int(metric(at, "nodes")) == 64
+    at.selectbox(key="tree_remove").set_value("[1]").run()  # [1] and its subtree go: 10 + the added [1, 9]
+    at.button(key="tree_remove_btn").click().run()
+    assert int(metric(at, "nodes")) == 64 - 11 and not errors(at)
+    assert not [p for p in tree_file(at)["medusa_choices"] if p[0] == 1]
+    at.button(key="tree_reset_btn").click().run()
+    assert int(metric(at, "nodes")) == 63 and tree_file(at)["name"] == "mc_sim_7b_63"
+
+
+def test_pasted_tree_is_shown_and_compared(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.text_input(key="tree_user_spec").input("[[0], [1], [0, 0], [0, 1]]").run()
+    at.selectbox(key="tree_show").set_value("yours: your tree").run()
+    assert int(metric(at, "nodes")) == 4
+    at.selectbox(key="tree_compare").set_value("reference: mc_sim_7b_63").run()
+    no_exception(at)
+    assert any(h.value == "A = your tree vs B = mc_sim_7b_63" for h in at.subheader)
+    both = at.dataframe[0].value
+    assert both["tree"].tolist() == ["A: your tree", "B: mc_sim_7b_63"] and both["nodes"].tolist() == [4, 63]
+    assert (both["independence"] > 1).all() and both["independence"][1] > both["independence"][0]
+    diff = at.dataframe[1].value
+    assert set(diff["in"]) == {"only B"} and len(diff) == 59  # all 4 of A's nodes are in mc_sim_7b_63
+    assert any("4 shared nodes, 0 only in A, 59 only in B" in c.value for c in at.caption)
+
+
+def test_selected_node_highlights_its_mask_row(demo_files, monkeypatch):
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.selectbox(key="tree_focus_pick").set_value(3).run()
+    no_exception(at)
+    import plotly.io as pio
+
+    charts = [pio.from_json(c.proto.spec, skip_invalid=True) for c in at.get("plotly_chart")]
+    mask = next(c for c in charts if "tree-attention mask" in c.layout.title.text)
+    assert "row 3 selected" in mask.layout.title.text
+    z = np.asarray(mask.data[0].z)
+    assert (z[3] >= 2).all() and (z[np.arange(len(z)) != 3] < 2).all()  # only row 3 is highlighted
+    assert any(m.value.startswith("**row 3**") for m in at.markdown)
+
+
+def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypatch, tmp_path):
+    slow = tmp_path / "latency-slow.csv"
+    pd.DataFrame([dict(context=128, tokens=n, seconds=0.01 * n) for n in (1, 2, 4, 8, 16, 32, 64)]).to_csv(slow,
+                                                                                                            index=False)
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    at.radio(key="tree_model").set_value("hardware-aware").run()
+    assert not any("does not pay" in w.value for w in at.warning)
+    assert any("measured by the sweep sweep.csv" in c.value for c in at.caption)  # sweep speedups on the curve
+    at.selectbox(key="tree_lat_pick").set_value("other: type a path").run()
+    at.text_input(key="tree_lat_path").input(str(slow)).run()
+    no_exception(at)
+    assert float(metric(at, "predicted speedup (optimizer's tree)").rstrip("x")) < 1
+    assert any("Speculation does not pay on this hardware at context 128" in w.value for w in at.warning)
+
+
+def test_settings_survive_a_page_change(demo_files, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(demo_files["root"]))
+    script = (f"import importlib.util, sys\nimport streamlit as st\n"
+              f"spec = importlib.util.spec_from_file_location('workbench_app', {str(APP)!r})\n"
+              f"app = sys.modules.get('workbench_app')\n"
+              f"if app is None:\n"
+              f"    app = importlib.util.module_from_spec(spec)\n"
+              f"    sys.modules['workbench_app'] = app\n"
+              f"    spec.loader.exec_module(app)\n"
+              f"app.keep_settings()\n"
+              f"getattr(app, st.session_state.get('page', 'tree_page'))()\n")
+    at = AppTest.from_string(script, default_timeout=TIMEOUT).run()
+    at.slider(key="tree_budget").set_value(16).run()
+    at.radio(key="tree_model").set_value("empirical paths").run()
+    at.session_state["page"] = "calibration_page"
+    at.run()
+    assert at.title[0].value == "Calibration"
+    assert not [s for s in at.slider if s.key == "tree_budget"]  # the designer's widgets are not drawn here
+    at.session_state["page"] = "tree_page"
+    at.run()
+    no_exception(at)
+    assert at.slider(key="tree_budget").value == 16 and at.radio(key="tree_model").value == "empirical paths"
+    assert int(metric(at, "nodes")) == 16
+
+
 # ----------------------------------------------------------------------------------------------- other pages
 
 def test_calibration_page(demo_files, monkeypatch):
@@ -236,7 +347,9 @@ def test_calibration_page(demo_files, monkeypatch):
     at.radio(key="cal_split").set_value("all").run()
     assert int(metric(at, "positions")) > positions
     table = at.dataframe[0].value
-    assert len(table) == 40 and {"measured", "independence"} <= set(table.columns)
+    assert len(table) == 40 and list(table.columns)[:2] == ["path", "measured / independence"]
+    assert {"measured", "independence"} <= set(table.columns)
+    assert any("denominators" in c.value for c in at.caption)
     at.slider(key="cal_top").set_value(10).run()
     assert len(at.dataframe[0].value) == 10
     no_exception(at)
@@ -255,17 +368,42 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
     at = page("tradeoffs_page", demo_files["root"], monkeypatch).run()
     no_exception(at)
     assert at.title[0].value == "Trade-offs"
-    assert at.text_input(key="to_sweep_path").value == str(demo_files["sweep"])
-    assert at.text_input(key="to_lat_path").value == str(demo_files["latency"])
+    assert at.selectbox(key="to_sweep_pick").value == str(demo_files["sweep"])
+    assert at.selectbox(key="to_lat_pick").value == str(demo_files["latency"])
     assert not errors(at), errors(at)
     assert any("best:" in c.value for c in at.caption)
     at.selectbox(key="to_quality").set_value("mean_logprob").run()
     no_exception(at)
     bad = tmp_path / "bad.csv"
     bad.write_text("tree,nodes\nx,3\n")
+    at.selectbox(key="to_sweep_pick").set_value("other: type a path").run()
     at.text_input(key="to_sweep_path").input(str(bad)).run()
     no_exception(at)
     assert any("missing column(s) acceleration_rate" in e for e in errors(at)), errors(at)
+
+
+def test_tradeoffs_fig5_from_a_separate_typical_sweep(demo_files, monkeypatch, tmp_path):
+    """A greedy-only sweep sorts first; Fig. 5 still shows, from the typical sweep found beside it."""
+    from workbench.tradeoffs import read_sweep
+
+    full = read_sweep(demo_files["sweep"])
+    full[full["acceptance"] == "greedy"].to_csv(tmp_path / "a-greedy.csv", index=False)
+    full[full["acceptance"] != "greedy"].to_csv(tmp_path / "b-typical.csv", index=False)
+    make_latency(make_calibration(tmp_path / "cal") / "latency.csv")
+    at = page("tradeoffs_page", tmp_path, monkeypatch).run()
+    no_exception(at)
+    assert not errors(at), errors(at)
+    assert at.selectbox(key="to_sweep_pick").value == str(tmp_path / "a-greedy.csv")
+    assert at.selectbox(key="to_typ_pick").value == str(tmp_path / "b-typical.csv")
+    assert at.select_slider(key="to_eps").value == 0.09  # the nearest to Medusa's default
+    assert any("Fig. 5 (b-typical.csv)" in c.value and "At epsilon 0.09: 2.41 tokens/step" in c.value
+               for c in at.caption)
+    at.select_slider(key="to_eps").set_value(0.2).run()
+    assert any("At epsilon 0.2: 2.30 tokens/step, exact_match 0.400" in c.value for c in at.caption)
+    at.slider(key="to_budget").set_value(8).run()
+    no_exception(at)
+    best = next(c.value for c in at.caption if "best:" in c.value)
+    assert all(int(n) <= 8 for n in __import__("re").findall(r"(\d+) nodes", best))
 
 
 def test_tradeoffs_page_without_files(tmp_path, monkeypatch):
@@ -296,6 +434,11 @@ def test_live_page_decodes_with_a_tiny_model(tiny_llama, demo_files, monkeypatch
     assert len(res["pieces"]) == len(res["steps"]) == 12
     assert float(metric(at, "tokens/step")) == pytest.approx(med["acceleration_rate"], abs=0.01)
     assert any('title="step 1"' in m.value for m in at.markdown)
+    bars = [p.proto.text for p in at.get("progress")]  # streamed progress, left at its final state
+    assert any(b.startswith("Medusa: 12/12 tokens in ") and "tokens/s" in b for b in bars), bars
+    assert any(b.startswith("vanilla greedy: 12/12 tokens in 12 steps (1.00 tokens/step)") for b in bars), bars
+    assert any("One prompt is a noisy measurement" in c.value for c in at.caption)
+    assert at.number_input(key="live_threads").value >= 1
 
 
 def test_live_page_tree_too_deep_is_an_error(tiny_llama, demo_files, monkeypatch):
