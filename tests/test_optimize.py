@@ -273,6 +273,17 @@ def test_csv_any_row_order(tmp_path):
     assert np.array_equal(read_accuracies(tmp_path / "a.csv"), acc)
 
 
+def test_medusa_topk_csv(tmp_path):
+    """Medusa's own table: cumulative top-k per head (heads from 0); the gain between two stated k is spread
+    evenly over the ranks in between, so every stated top-k is kept exactly."""
+    (tmp_path / "m.csv").write_text("head,top1,top5\n0,0.6,0.8\n1,0.3,0.5\n")
+    acc = read_accuracies(tmp_path / "m.csv")
+    assert np.allclose(acc, [[0.6, 0.05, 0.05, 0.05, 0.05], [0.3, 0.05, 0.05, 0.05, 0.05]])
+    assert np.allclose(acc.cumsum(1)[:, [0, 4]], [[0.6, 0.8], [0.3, 0.5]])
+    (tmp_path / "one.csv").write_text("Head,Top1,Top2,Top3\n1,0.5,0.7,0.75\n2,0.2,0.3,0.3\n")  # 1-based heads
+    assert np.allclose(read_accuracies(tmp_path / "one.csv"), [[0.5, 0.2, 0.05], [0.2, 0.1, 0.0]])
+
+
 def test_medusa_pt_normalised_per_head(tmp_path):
     gen = torch.Generator().manual_seed(0)
     hits = []
@@ -301,7 +312,10 @@ BAD_CSVS = [
     ("head,rank,accuracy\n1,1,0.5\n1,1,0.4\n", "head 1 rank 1 appears twice"),
     ("head,rank,accuracy\n0,1,0.5\n", "head '0' is not a positive integer"),
     ("head,rank,accuracy\n1,x,0.5\n", "rank 'x' is not a positive integer"),
-    ("head,top1,top5\n1,0.56,0.78\n", "missing column"),
+    ("head,top1,top5\n0,0.56,0.48\n", "top5 0.48 must be in \\[0, 1\\] and not below"),
+    ("head,top1,top5\n0,0.56,x\n", "top5 'x' is not a number"),
+    ("head,top_1\n1,1.3\n", "top_1 1.3 must be in"),
+    ("head,acc\n1,0.5\n", "missing column"),
     ("head,rank,accuracy\n", "header but no rows"),
     ("", "is empty"),
     ("\n\n", "is empty"),

@@ -8,8 +8,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from workbench import WorkbenchError
-from workbench.tree import (REFERENCE_DIR, Tree, ascii_tree, load_tree, make_tree, reference_trees, to_networkx,
-                            tree_buffers, tree_stats, validate)
+from workbench.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, load_tree, make_tree, parse_path, record_json,
+                            reference_trees, remove_path, to_networkx, tree_buffers, tree_diff, tree_record, tree_stats,
+                            validate)
 
 SPEC_TREE = [[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]
 SHARED_TREES = Path("/work/shared/reference/medusa_trees.json")
@@ -203,3 +204,46 @@ def test_validate_rejects_any_removed_inner_node(tree: Tree):
     for p in inner[:3]:
         with pytest.raises(WorkbenchError, match="is missing"):
             validate([q for q in tree.paths if q != p])
+
+
+# ----------------------------------------------------------------------------------------------- editing, records
+
+def test_parse_path_forms():
+    assert parse_path("0,1") == parse_path("[0, 1]") == parse_path(" 0 1 ") == (0, 1)
+    for bad in ("", "a,b", "-1", "[]"):
+        with pytest.raises(WorkbenchError, match="0-based ranks like 0,1"):
+            parse_path(bad)
+
+
+def test_add_and_remove_nodes():
+    tree = make_tree(SPEC_TREE, name="spec")
+    bigger = add_path(tree, (1, 3))
+    assert bigger.nodes == tree.nodes + 1 and (1, 3) in bigger.paths and bigger.name == "spec"
+    with pytest.raises(WorkbenchError, match="parent \\[2\\] is missing"):
+        add_path(tree, (2, 0))
+    with pytest.raises(WorkbenchError, match="duplicate path"):
+        add_path(tree, (0, 1))
+    with pytest.raises(WorkbenchError, match="exceeds the 2 Medusa heads"):
+        add_path(tree, (0, 0, 0), num_heads=2)
+    smaller = remove_path(tree, (1,))  # its children [1, 0..2] go with it
+    assert sorted(smaller.paths) == [(0,), (0, 0), (0, 1), (0, 2)]
+    with pytest.raises(WorkbenchError, match="not in the tree"):
+        remove_path(tree, (5,))
+    with pytest.raises(WorkbenchError, match="tree is empty"):
+        remove_path(make_tree([[0], [0, 0]]), (0,))
+
+
+def test_tree_diff():
+    a, b = make_tree([[0], [1], [0, 0]]), make_tree([[0], [0, 0], [0, 1], [2]])
+    d = tree_diff(a, b)
+    assert d == {"only_a": [(1,)], "only_b": [(2,), (0, 1)], "shared": [(0,), (0, 0)]}
+    assert tree_diff(a, a)["only_a"] == tree_diff(a, a)["only_b"] == []
+
+
+def test_tree_record_reads_back():
+    tree = load_tree("mc_sim_7b_63")
+    rec = tree_record(tree, expected_acceptance_length=2.5, budget=63, method="reference")
+    assert list(rec)[:2] == ["name", "medusa_choices"] and rec["nodes"] == 63 and rec["depth"] == 4
+    text = record_json(rec)
+    assert json.loads(text) == rec and text.count("\n") == len(rec) + 2  # braces + one key per line
+    assert load_tree(text).paths == tree.paths
