@@ -498,7 +498,7 @@ def tree_page() -> None:
             compare_trees(tree, other, indep, empirical, src)
 
     # expected tokens per step vs budget, named trees
-    left, right = st.columns([2, 3])
+    left, right = st.columns(2)
     top = 256
     curves = {"optimal (independence)": expected_curve(src.acc, top, max_depth, max_rank)}
     if empirical is not None:
@@ -525,22 +525,26 @@ def tree_page() -> None:
         figure(plots.expected_curve_plot({k: (range(len(v)), v) for k, v in curves.items()}, points,
                                          (tree.nodes, expected_length(tree, base_value))),
                "Expected tokens per step of the optimal tree at each budget; points: named trees.")
-    with right:
-        st.subheader("Named trees: tokens per step")
-        st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
-            "decoder replay, holdout": st.column_config.NumberColumn(help=TREE_HELP["held"], format="%.3f"),
-            "empirical": st.column_config.NumberColumn(help=TREE_HELP["emp"], format="%.3f"),
-            "independence": st.column_config.NumberColumn(help=TREE_HELP["indep"], format="%.3f"),
-            "optimal at same size": st.column_config.NumberColumn(
-                help="the independence-optimal tree with as many nodes: the headroom of this shape", format="%.3f")})
     if speedup is not None:
-        figure(plots.speedup_curve({"predicted": ([r["budget"] for r in speedup["rows"]],
-                                                  [r["speedup"] for r in speedup["rows"]])},
-                                   {"predicted": (speedup["best"]["budget"], speedup["best"]["speedup"])},
-                                   speedup.get("measured")),
-               f"Predicted speedup at context {speedup['context']} ({speedup['latency']})"
-               + (f"; black diamonds: speedups measured by the sweep {speedup['sweep']} (labelled by tree)"
-                  if speedup.get("measured") else "; no sweep CSV found to draw measured speedups"))
+        with right:
+            figure(plots.speedup_curve({"predicted": ([r["budget"] for r in speedup["rows"]],
+                                                      [r["speedup"] for r in speedup["rows"]])},
+                                       {"predicted": (speedup["best"]["budget"], speedup["best"]["speedup"])},
+                                       speedup.get("measured")),
+                   f"Predicted speedup at context {speedup['context']} ({speedup['latency']})"
+                   + (f"; black diamonds: speedups measured by the sweep {speedup['sweep']} (labelled by tree)"
+                      if speedup.get("measured") else "; no sweep CSV found to draw measured speedups"))
+    else:
+        right.markdown("**Reading the tokens/step numbers** (tokens emitted per decoding step, the base model's "
+                       "own token included):\n\n" + "\n".join(f"- **{name}**: {TREE_HELP[k]}" for name, k in (
+                           ("independence", "indep"), ("empirical", "emp"), ("decoder replay, holdout", "held"))))
+    st.subheader("Named trees: tokens per step")
+    st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
+        "decoder replay, holdout": st.column_config.NumberColumn(help=TREE_HELP["held"], format="%.3f"),
+        "empirical": st.column_config.NumberColumn(help=TREE_HELP["emp"], format="%.3f"),
+        "independence": st.column_config.NumberColumn(help=TREE_HELP["indep"], format="%.3f"),
+        "optimal at same size": st.column_config.NumberColumn(
+            help="the independence-optimal tree with as many nodes: the headroom of this shape", format="%.3f")})
 
     # buffers and exports
     with st.expander("Tree buffers (Medusa's generate_medusa_buffers)"):

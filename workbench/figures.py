@@ -107,7 +107,7 @@ def tree_chart(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict
         title=title or f"{tree.name or 'tree'}: {tree.nodes} nodes, depth {tree.depth}",
         height=170 + 95 * tree.depth, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
         dragmode="zoom", hovermode="closest", uniformtext=dict(minsize=6),
-        legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0))
+        legend=dict(orientation="h", yanchor="top", y=0.0, xanchor="left", x=0.0))  # below: clear of the title
     fig.update_xaxes(visible=False)
     fig.update_yaxes(tickvals=[-d for d in range(tree.depth + 1)], zeroline=False, showgrid=False,
                      ticktext=["root"] + [f"head {d}" for d in range(1, tree.depth + 1)],
