@@ -905,17 +905,18 @@ def tree_choice() -> str | None:
     return pick
 
 
-def progress_line(label: str, done: int, total: int, steps: int, elapsed: float) -> str:
-    """`Medusa: 24/64 tokens in 10 steps (2.40 tokens/step), 3.1 tokens/s, ETA 13 s`."""
+def progress_line(label: str, done: int, total: int, steps: int, elapsed: float, stop: str | None = None) -> str:
+    """`Medusa: 24/64 tokens in 10 steps (2.40 tokens/step), 3.1 tokens/s, ETA 13 s` (`stop`: why it ended)."""
     rate = done / elapsed if elapsed > 0 else 0.0
-    eta = f"ETA {(total - done) / rate:.0f} s" if rate > 0 and done < total else "done" if done >= total else "ETA ?"
+    eta = f"stopped ({stop})" if stop else f"ETA {(total - done) / rate:.0f} s" if rate > 0 else "ETA ?"
     return (f"{label}: {done}/{total} tokens in {steps} steps ({done / max(steps, 1):.2f} tokens/step), "
             f"{rate:.1f} tokens/s, {eta}")
 
 
 def progress_view(label: str, total: int, tokenizer):
-    """An `on_step` callback for medusa_generate / vanilla_generate: a progress bar with tokens so far, steps,
-    tokens/s and ETA, and the answer so far (the decode may stop earlier at EOS)."""
+    """(on_step, finish): an `on_step` callback for medusa_generate / vanilla_generate drawing a progress bar
+    (tokens so far, steps, tokens/s, ETA) and the answer so far, and `finish(result)` for its last state (a
+    decode may stop early, at EOS)."""
     bar, text = st.progress(0.0, text=f"{label}: starting..."), st.empty()
     seen: list[int] = []
     start, steps = time.perf_counter(), [0]
@@ -926,7 +927,12 @@ def progress_view(label: str, total: int, tokenizer):
         bar.progress(min(len(seen) / total, 1.0),
                      text=progress_line(label, len(seen), total, steps[0], time.perf_counter() - start))
         text.caption(f"{label} so far: " + tokenizer.decode(seen, skip_special_tokens=True)[-600:])
-    return on_step
+
+    def finish(result) -> None:
+        bar.progress(1.0, text=progress_line(label, len(seen), total, steps[0], time.perf_counter() - start,
+                                             result.stop_reason or "done"))
+        text.empty()
+    return on_step, finish
 
 
 def live_page() -> None:
@@ -968,10 +974,14 @@ def live_page() -> None:
                 medusa_generate(base, hd, tok, ids, tree, 2, acc)
                 if vanilla:
                     vanilla_generate(base, tok, ids, 2)
-            med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc,
-                                  on_step=progress_view("Medusa", int(max_new), tok))
-            van = vanilla_generate(base, tok, ids, int(max_new), on_step=progress_view("vanilla greedy", int(
-                max_new), tok)) if vanilla else None
+            on_step, finish = progress_view("Medusa", int(max_new), tok)
+            med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc, on_step=on_step)
+            finish(med)
+            van = None
+            if vanilla:
+                on_step, finish = progress_view("vanilla greedy", int(max_new), tok)
+                van = vanilla_generate(base, tok, ids, int(max_new), on_step=on_step)
+                finish(van)
             steps = [i for i, s in enumerate(med.steps) for _ in s.tokens]
             st.session_state["live_result"] = dict(
                 medusa=med.to_dict(), vanilla=van.to_dict() if van else None,
