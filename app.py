@@ -248,6 +248,12 @@ KEPT_PREFIXES = ("tree_", "cal_", "to_", "live_")
 NOT_KEPT = re.compile(r".*(_btn|_go|_upload|_up|_chart|_download)$")
 
 
+def drop_stale(key: str, options) -> None:
+    """Forget a kept choice that is no longer among a widget's options (e.g. a removed node), before drawing it."""
+    if key in st.session_state and st.session_state[key] not in options:
+        del st.session_state[key]
+
+
 def keep_settings() -> None:
     """Keep every page's settings when the user switches pages and back (called on every run, before the page)."""
     for key in list(st.session_state.keys()):
@@ -274,6 +280,7 @@ def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = 
     return {"prompt": prompt, "root": show(root), "table": [[show(i) for i in row] for row in table.tolist()]}
 
 
+OPTIMIZER = "the optimizer's (sidebar settings)"
 TREE_HELP = {
     "indep": "expected tokens per decoding step under the independence model: 1 + the sum over nodes of the "
              "product of per-head accuracies a_k^(i) (fit prompts); the 1 is the base model's own token",
@@ -288,7 +295,7 @@ def tree_options(designed, user: list) -> dict[str, object]:
     """Every tree the designer can show, compare or export: {label: Tree or file path}; files load on pick."""
     from workbench.tree import reference_trees
 
-    out: dict[str, object] = {f"optimizer: {designed.name}": designed}
+    out: dict[str, object] = {OPTIMIZER: designed}
     out |= {f"reference: {name}": t for name, t in reference_trees().items()}
     out |= {f"file: {f.name}": f for f in sorted((REPO_ROOT / "trees").glob("*.json"))}
     out |= {f"yours: {t.name}": t for t in user}
@@ -388,11 +395,13 @@ def tree_page() -> None:
     options = tree_options(designed, user_tree_input(K))
     labels_list = list(options)
     c1, c2 = st.columns(2)
+    drop_stale("tree_show", labels_list)
     shown = c1.selectbox("Tree on display (drawn, masked, exported)", labels_list, key="tree_show",
                          help="the optimizer's tree follows the sidebar settings; any other tree is shown as it "
                               "is, scored on the current calibration")
     if shown not in options:
         shown = labels_list[0]
+    drop_stale("tree_compare", ["(nothing)"] + [o for o in labels_list if o != shown])
     against = c2.selectbox("Compare with", ["(nothing)"] + [o for o in labels_list if o != shown],
                            key="tree_compare", help="diff two trees side by side: nodes only in A, only in B, "
                                                     "shared, and their expected tokens per step")
@@ -408,6 +417,7 @@ def tree_page() -> None:
                       help="a path of ranks, one per head: 0,1 = head 2's second guess under head 1's top guess; "
                            "its parent must be in the tree")
         c1.button("add node", key="tree_add_btn", on_click=_edit_tree, args=("add", tree, sig, K, R))
+        drop_stale("tree_remove", [str(list(p)) for p in tree.sorted_paths])
         c2.selectbox("Remove node (and its descendants)", [str(list(p)) for p in tree.sorted_paths],
                      key="tree_remove")
         c2.button("remove node", key="tree_remove_btn", on_click=_edit_tree, args=("remove", tree, sig, K, R))
@@ -505,7 +515,7 @@ def tree_page() -> None:
         curves["optimal (empirical)"] = expected_curve(empirical, top, max_depth, max_rank)
     rows, points = [], {}
     for label, spec in options.items():
-        if label.startswith("optimizer"):
+        if label == OPTIMIZER:
             continue
         t = pick_quiet(spec)
         if t is None:
@@ -817,9 +827,11 @@ def tradeoffs_page() -> None:
             sizes = sorted(int(n) for n in rows["nodes"].dropna().unique())
             quality = st.selectbox("quality measure", [c for c in ("exact_match", "mean_logprob", "distinct_2")
                                                        if c in typ.columns] or ["acceleration_rate"], key="to_quality")
+            drop_stale("to_nodes", sizes)
             nodes = st.selectbox("tree size (nodes)", sizes, key="to_nodes") if len(sizes) > 1 else None
             rows = rows if nodes is None else rows[rows["nodes"] == nodes]
             eps_values = sorted(float(e) for e in rows["epsilon"].unique())
+            drop_stale("to_eps", eps_values)
             eps = st.select_slider("epsilon (posterior threshold)", eps_values, key="to_eps",
                                    value=min(eps_values, key=lambda e: abs(e - 0.09))) \
                 if len(eps_values) > 1 else eps_values[0]

@@ -286,7 +286,7 @@ def test_reference_tree_edited_and_compared(server, browser):
                 what="the refusal")
     assert err[0].text.strip() == "path [1, 8, 0]: parent [1, 8] is missing (every prefix must be a node)"
     _shot(browser, "tree-edited")
-    _choose(browser, "Compare with", "optimizer: optimal_63")
+    _choose(browser, "Compare with", "the optimizer's (sidebar settings)")
     _wait(browser, lambda: "A = mc_sim_7b_63_edited vs B = optimal_63" in _body(browser), what="the comparison")
     body = _body(browser)
     assert "only in A" in body and "only in B" in body and "shared nodes" in body

@@ -1,0 +1,59 @@
+"""The app's interactive figures (plotly): node and mask row share the buffer index, the selected node lights up in
+both, mask ticks are integers, token labels are cut to fit their node."""
+from __future__ import annotations
+
+import numpy as np
+
+from workbench import figures
+from workbench.tree import load_tree, make_tree, tree_buffers
+
+SPEC = make_tree([[0], [0, 0], [0, 1], [1], [1, 0], [2]], name="spec")
+
+
+def node_trace(fig):
+    return [t for t in fig.data if t.mode == "markers+text"]
+
+
+def test_tree_nodes_carry_their_mask_row():
+    fig = figures.tree_chart(SPEC, {p: 0.5 ** len(p) for p in SPEC.paths})
+    (nodes,) = node_trace(fig)
+    names = figures.node_names(SPEC)
+    assert [int(c[0]) for c in nodes.customdata] == list(range(SPEC.nodes + 1))
+    assert [c[1] for c in nodes.customdata] == [str(list(p)) for p in names]
+    assert list(nodes.text) == ["R"] + [str(p[-1]) for p in names[1:]]  # ranks, 0-based
+    assert all(f"mask row {i}" in h for i, h in enumerate(nodes.hovertext))
+    mask = tree_buffers(SPEC)["attn_mask"]
+    for i, p in enumerate(names):  # the row a node names is the one its ancestors light up in the mask
+        assert [j for j in range(len(names)) if mask[i, j]] == sorted(names.index(p[:d]) for d in range(len(p) + 1))
+
+
+def test_focus_lights_the_node_and_its_row():
+    fig = figures.tree_chart(SPEC, focus=4)
+    (nodes,) = node_trace(fig)
+    assert [w for w in nodes.marker.line.width] == [3 if i == 4 else 1 for i in range(SPEC.nodes + 1)]
+    red = [t for t in fig.data if t.mode == "lines" and t.line.color == figures.FOCUS]
+    assert len(red) == 1 and len(red[0].y) == 3  # root -> [0] -> [0, 0]: node 4 in Medusa's order
+    z = np.asarray(figures.mask_chart(SPEC, focus=4).data[0].z)
+    assert (z[4] >= 2).all() and (np.delete(z, 4, axis=0) < 2).all()
+    assert np.array_equal(z % 2, tree_buffers(SPEC)["attn_mask"].numpy())  # the mask itself is unchanged
+
+
+def test_mask_ticks_are_integers_and_cells_selectable():
+    small = figures.mask_chart(SPEC)
+    assert list(small.layout.xaxis.tickvals) == list(range(SPEC.nodes + 1))
+    big = load_tree("mc_sim_7b_63")
+    assert figures.integer_ticks(64) == list(range(0, 64, 5)) and figures.integer_ticks(129)[:3] == [0, 10, 20]
+    cells = figures.mask_chart(big).data[1]
+    assert len(cells.x) == int(tree_buffers(big)["attn_mask"].sum())
+    sel = {"points": [{"customdata": [int(cells.customdata[7][0]), "x"]}]}
+    assert figures.picked_index(sel) == int(cells.y[7]) and figures.picked_index({"points": []}) is None
+
+
+def test_token_labels_fit_and_diff_groups():
+    labels = {(): "Paris", (0,): "Hello", (0, 0): "a", (0, 1): "abcdefgh", (1,): "x", (1, 0): "y", (2,): "z"}
+    (nodes,) = node_trace(figures.tree_chart(SPEC, labels=labels))
+    assert "abc…" in nodes.text and all(len(t) <= 4 for t in nodes.text)  # cut to fit, whole in the hover
+    assert any("'abcdefgh'" in h for h in nodes.hovertext)
+    status = {p: "only in A" for p in [(2,)]}
+    groups = {t.name: len(t.x) for t in node_trace(figures.tree_chart(SPEC, status=status))}
+    assert groups == {"shared": SPEC.nodes, "only in A": 1}  # the root counts as shared
