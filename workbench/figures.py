@@ -33,7 +33,7 @@ def short_label(text: str, width: int) -> str:
 
 def _sizes(leaves: int) -> tuple[int, int, int]:
     """(marker px, font px, label chars) by tree width: wide trees get small nodes (zoom in to read them)."""
-    return (26, 12, 4) if leaves <= 30 else (18, 10, 3) if leaves <= 80 else (13, 8, 2)
+    return (26, 12, 4) if leaves <= 30 else (18, 10, 3) if leaves <= 80 else (13, 9, 2)
 
 
 def tree_chart(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[PathT, str] | None = None,
@@ -94,11 +94,12 @@ def tree_chart(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict
             colour = [probs.get(p, 1.0 if not p else 0.0) for p in members]
             extra = dict(colorscale="Viridis", cmin=0.0, cmax=top, showscale=bool(probs),
                          colorbar=dict(title=dict(text="P(path<br>accepted)", side="right"), thickness=12, len=0.8))
+        ink = ["black" if status or probs.get(p, 1.0 if not p else 0.0) > 0.55 * top else "white" for p in members]
         line_w = [3 if index[p] == focus else 1 for p in members]
         line_c = [FOCUS if index[p] == focus else "#333333" for p in members]
         fig.add_trace(go.Scatter(
             x=[pos[p][0] for p in members], y=[pos[p][1] for p in members], mode="markers+text",
-            text=[text(p) for p in members], textfont=dict(size=font, color="black"), name=gname,
+            text=[text(p) for p in members], textfont=dict(size=font, color=ink), name=gname,
             showlegend=bool(status), customdata=[[index[p], str(list(p))] for p in members],
             hovertext=[hover(p) for p in members], hovertemplate="%{hovertext}<extra></extra>",
             marker=dict(size=[marker * (1.5 if index[p] == focus else 1) for p in members], color=colour,
