@@ -101,8 +101,9 @@ def demo_files(tmp_path_factory) -> dict:
 
 # ----------------------------------------------------------------------------------------------- helpers
 
-def page(name: str, root: Path | None, monkeypatch) -> AppTest:
-    """One page of app.py on its own (st.navigation cannot be switched to a callable page inside AppTest)."""
+def page(name: str, root: Path | None, monkeypatch, body: str | None = None) -> AppTest:
+    """One page of app.py on its own (st.navigation cannot be switched to a callable page inside AppTest), or
+    `body` (code using `app`) in its place."""
     if root is not None:
         monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(root))
         monkeypatch.setenv("WORKBENCH_RESULTS_ROOT", str(root))
@@ -113,7 +114,7 @@ def page(name: str, root: Path | None, monkeypatch) -> AppTest:
               f"    app = importlib.util.module_from_spec(spec)\n"
               f"    sys.modules['workbench_app'] = app\n"
               f"    spec.loader.exec_module(app)\n"
-              f"app.{name}()\n")
+              + (body or f"app.{name}()\n"))
     return AppTest.from_string(script, default_timeout=TIMEOUT)
 
 
@@ -312,17 +313,8 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
 
 
 def test_settings_survive_a_page_change(demo_files, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(demo_files["root"]))
-    script = (f"import importlib.util, sys\nimport streamlit as st\n"
-              f"spec = importlib.util.spec_from_file_location('workbench_app', {str(APP)!r})\n"
-              f"app = sys.modules.get('workbench_app')\n"
-              f"if app is None:\n"
-              f"    app = importlib.util.module_from_spec(spec)\n"
-              f"    sys.modules['workbench_app'] = app\n"
-              f"    spec.loader.exec_module(app)\n"
-              f"app.keep_settings()\n"
-              f"getattr(app, st.session_state.get('page', 'tree_page'))()\n")
-    at = AppTest.from_string(script, default_timeout=TIMEOUT).run()
+    body = "import streamlit as st\napp.keep_settings()\ngetattr(app, st.session_state.get('page', 'tree_page'))()\n"
+    at = page("tree_page", demo_files["root"], monkeypatch, body).run()
     at.slider(key="tree_budget").set_value(16).run()
     at.radio(key="tree_model").set_value("empirical paths").run()
     at.session_state["page"] = "calibration_page"
