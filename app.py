@@ -948,6 +948,8 @@ def progress_view(label: str, total: int, tokenizer):
 
 
 def live_page() -> None:
+    import torch
+
     from workbench.decode import ACCEPTANCE_KINDS, Acceptance, compare, medusa_generate, prepare_prompt, \
         vanilla_generate
     from workbench.tree import load_tree
@@ -966,9 +968,10 @@ def live_page() -> None:
         model = st.text_input("Model (blank: the demo SmolLM2-135M-Instruct)", key="live_model").strip()
         heads = st.text_input("Heads (blank: the demo heads)", key="live_heads").strip()
         device = st.selectbox("device", ["auto", "cpu", "cuda"], key="live_device")
-        threads = st.number_input("torch CPU threads", 1, os.cpu_count() or 1, min(os.cpu_count() or 1, 8),
-                                  key="live_threads", help="torch.set_num_threads for this decode (process-wide); "
-                                  "more threads than free cores slow small models down")
+        threads = st.number_input("torch CPU threads", 1, max(os.cpu_count() or 1, torch.get_num_threads()),
+                                  torch.get_num_threads(), key="live_threads",
+                                  help="torch.set_num_threads for this decode (process-wide; default: the current "
+                                       "setting); more threads than free cores slow small models down")
         vanilla = st.checkbox("also run vanilla greedy", value=True, key="live_vanilla")
     prompt = st.text_area("Prompt", "Give three tips for staying healthy.", key="live_prompt")
     if st.button("Load model and generate", type="primary", key="live_go"):
@@ -977,8 +980,6 @@ def live_page() -> None:
                 raise WorkbenchError("no tree: pick one or type a literal like [[0], [0, 0], [1]]")
             tree = load_tree(spec)
             acc = Acceptance(kind, temperature, epsilon, delta, top_p)
-            import torch
-
             torch.set_num_threads(int(threads))
             base, tok, hd = load_model(model, heads, device)
             ids = prepare_prompt(tok, prompt)
