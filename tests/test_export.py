@@ -45,8 +45,10 @@ def test_eagle_replaces_mc_sim_7b_63(tmp_path):
 @pytest.mark.parametrize("depth1", [[[0]], [[0], [1], [2]]])
 def test_eagle_refuses_depth_1(depth1):
     with pytest.raises(WorkbenchError, match="EAGLE-1 cannot take a depth-1 tree") as e:
-        export_tree(make_tree(depth1), "eagle")
+        export_tree(make_tree(depth1), "eagle", strict=True)
     assert "\n" not in str(e.value)
+    text, warns = export_tree(make_tree(depth1), "eagle")  # the app: the refusal as a warning, no tree in the text
+    assert warns == [str(e.value)] and text == f"# not exported: {e.value}\n"
 
 
 @pytest.mark.parametrize("fmt", ["medusa", "eagle"])

@@ -168,7 +168,8 @@ def _cmd_export(args) -> int:
         print(f"note: {note}", file=sys.stderr)
     elif args.accuracies or args.calibration:
         raise WorkbenchError("--accuracies / --calibration only price an --engine-safe repair: add --engine-safe")
-    text, warns = export_tree(tree, args.format, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len)
+    text, warns = export_tree(tree, args.format, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
+                              strict=True)
     for w in warns:
         print(f"warning: {w}", file=sys.stderr)
     if args.format == "vllm":

@@ -90,9 +90,11 @@ def vllm_uniform(tree: Tree) -> bool:
 
 
 def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None = None,
-                max_draft_len: int = TRTLLM_MAX_DRAFT_LEN) -> tuple[str, list[str]]:
+                max_draft_len: int = TRTLLM_MAX_DRAFT_LEN, strict: bool = False) -> tuple[str, list[str]]:
     """(text to write, warnings: one line each). `heads` (when known) bounds the depth: a deeper tree is a
-    WorkbenchError, as is a tree the target cannot take at all (a depth-1 tree for EAGLE-1)."""
+    WorkbenchError. A tree the target cannot take at all (a depth-1 tree for EAGLE-1) is a WorkbenchError with
+    strict (the CLI); without it (the app, which renders every format at once) the refusal is the only warning
+    and the text a comment saying why, so no downloaded file passes for a tree."""
     if fmt not in FORMATS:
         raise WorkbenchError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     tree = load_tree(tree, num_heads=heads)
@@ -131,9 +133,11 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
         return json.dumps(cfg) + "\n", warns
     # eagle
     if tree.depth < 2:
-        raise WorkbenchError(f"EAGLE-1 cannot take a depth-1 tree ({tree.nodes} nodes): its draft-buffer builder "
-                             "indexes the nodes that have children and fails when there are none; use a tree of "
-                             "depth >= 2")
+        why = (f"EAGLE-1 cannot take a depth-1 tree ({tree.nodes} nodes): its draft-buffer builder indexes the "
+               "nodes that have children and fails when there are none; use a tree of depth >= 2")
+        if strict:
+            raise WorkbenchError(why)
+        return f"# not exported: {why}\n", [why]
     warns += _rank_warning(tree, "EAGLE-1's generate_tree_buffers")
     note = (f"# replaces the {DEFAULT_CHOICES} line of eagle/model/choices.py: both the draft model (cnets.py "
             f"init_tree) and the verifier (ea_model.py eagenerate) read that global; tree {name}, {tree.nodes} nodes\n")
