@@ -155,7 +155,7 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
 
     trtllm: the most valuable tree made of the tree's own nodes plus promoted first-level ranks whose first
     level is exactly ranks 0..k-1, with at most as many nodes (and at most `max_nodes`, the engine's
-    max_draft_len): promoting the missing ranks, or dropping the outlying first-level branch, whichever costs
+    max_draft_len; trtllm only): promoting the missing ranks, or dropping the outlying first-level branch, whichever costs
     less expected acceptance length. Exact (optimal_tree_from(..., contiguous_first_level=True)).
     vllm: the best dense tree with at most as many nodes and no deeper than `heads` (needs `value`).
     `value` is acc[K, R] or a path value function; without it the cost is unknown and a stand-in ranks nodes.
@@ -172,15 +172,16 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
             raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the accuracies have "
                                  f"{value.shape[0]} heads and top-{value.shape[1]}")
     fn = None if value is None else (value if callable(value) else acc_value_fn(value))
-    budget = min(tree.nodes, max_nodes or tree.nodes)
     if engine == "trtllm":
+        budget = min(tree.nodes, max_nodes or tree.nodes)
         if not first_level_gaps(tree) and tree.nodes <= budget:
             return tree, "engine-safe: already builds as written in TensorRT-LLM (first level ranks 0..k-1)"
         k = max(p[0] for p in tree.paths) + 1
-        own = set(tree.paths)
-        base = fn or _stand_in
-        # value 0 off the tree (except promotable first-level ranks) keeps the repair on the tree's own nodes
-        masked = lambda p: base(p) if p in own or (len(p) == 1 and p[0] < k) else 0.0  # noqa: E731
+        own, base = set(tree.paths), fn or _stand_in
+
+        def masked(p: Path) -> float:  # 0 off the tree, but for promotable first-level ranks: repair, not redesign
+            return base(p) if p in own or (len(p) == 1 and p[0] < k) else 0.0
+
         safe = optimal_tree_from(masked, budget, tree.depth, max(k, tree.max_rank + 1), name=tree.name,
                                  contiguous_first_level=True)
     else:
@@ -190,7 +191,7 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
         if vllm_uniform(tree):
             return tree, "engine-safe: already a dense tree, which vLLM drafts as written"
         depth, ranks = (tree.depth, tree.max_rank + 1) if callable(value) else value.shape
-        safe = best_dense_tree(fn, budget, min(depth, heads or depth), ranks)
+        safe = best_dense_tree(fn, tree.nodes, min(depth, heads or depth), ranks)
         safe = Tree(safe.paths, tree.name or safe.name)
     gone, added = set(tree.paths) - set(safe.paths), set(safe.paths) - set(tree.paths)
     change = (f"engine-safe for {engine}: {tree.nodes} -> {safe.nodes} nodes, added {_short(added)}, "

@@ -156,6 +156,16 @@ def _limits(acc: np.ndarray, max_depth: int | None, max_rank: int | None) -> tup
     return (k if max_depth is None else max_depth), (r if max_rank is None else max_rank)
 
 
+def _value_and_limits(value, max_depth: int | None, max_rank: int | None, what: str) -> tuple[ValueFn, int, int]:
+    """`value` as acc[K, R] (limits default to its shape) or a value function (then both limits are required)."""
+    if callable(value):
+        if max_depth is None or max_rank is None:
+            raise WorkbenchError(f"{what} with a value function needs max_depth and max_rank")
+        return value, max_depth, max_rank
+    a = check_accuracies(value)
+    return (acc_value_fn(a), *_limits(a, max_depth, max_rank))
+
+
 def optimal_tree(acc, budget: int, max_depth: int | None = None, max_rank: int | None = None,
                  name: str = "", contiguous_first_level: bool = False) -> Tree:
     """Optimal tree for accuracies acc[K, R]; max_depth defaults to K, max_rank (ranks < it) to R."""
@@ -186,14 +196,7 @@ def best_dense_tree(value, budget: int, max_depth: int | None = None, max_rank: 
     Exact: every size vector within the budget is tried, each level's value summed once per prefix of sizes.
     Ties keep fewer nodes.
     """
-    if callable(value):
-        if max_depth is None or max_rank is None:
-            raise WorkbenchError("best_dense_tree with a value function needs max_depth and max_rank")
-        fn, d, r = value, max_depth, max_rank
-    else:
-        a = check_accuracies(value)
-        d, r = _limits(a, max_depth, max_rank)
-        fn = acc_value_fn(a)
+    fn, d, r = _value_and_limits(value, max_depth, max_rank, "best_dense_tree")
     best: list = [(-1.0, 0), None]  # (value, -nodes), sizes
 
     def walk(sizes: list[int], level: list[Path], nodes: int, total: float) -> None:
@@ -235,14 +238,7 @@ def expected_curve(value, max_budget: int, max_depth: int | None = None,
     `value` is acc[K, R] (depth/rank limits default to its shape) or a value function (then both limits are
     required). Past the last positive-value node the curve stays flat.
     """
-    if callable(value):
-        if max_depth is None or max_rank is None:
-            raise WorkbenchError("expected_curve with a value function needs max_depth and max_rank")
-        fn, d, r = value, max_depth, max_rank
-    else:
-        a = check_accuracies(value)
-        d, r = _limits(a, max_depth, max_rank)
-        fn = acc_value_fn(a)
+    fn, d, r = _value_and_limits(value, max_depth, max_rank, "expected_curve")
     gains = [v for _, v in best_first(fn, max_budget, d, r)]
     curve = np.ones(max_budget + 1)
     curve[1:len(gains) + 1] += np.cumsum(gains)
