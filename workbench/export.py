@@ -112,7 +112,7 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
         if gaps:
             warns.append(f"first level lacks rank(s) {', '.join(map(str, gaps))}: TensorRT-LLM's Python runtime "
                          f"gives the first level ranks 0..{max(p[0] for p in tree.paths)} and would build other "
-                         "tree ids than written (the C++ runtime is fine); use --engine-safe")
+                         "tree ids than written; use --engine-safe")
         if tree.nodes > max_draft_len:
             warns.append(f"tree has {tree.nodes} nodes but a TensorRT-LLM Medusa engine takes at most max_draft_len="
                          f"{max_draft_len} draft tokens: rebuild the engine with max_draft_len >= {tree.nodes} "
