@@ -104,9 +104,15 @@ def browser(tmp_path_factory):
 
 
 def _wait(driver, predicate, timeout: float = 90, what: str = "", every: float = 0.5):
+    """predicate() once truthy; an element that a rerun redrew under it (stale) counts as not yet."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
     deadline = time.time() + timeout
     while time.time() < deadline:
-        value = predicate()
+        try:
+            value = predicate()
+        except StaleElementReferenceException:
+            value = None
         if value:
             return value
         time.sleep(every)
@@ -208,6 +214,23 @@ def _chart_points(driver, index: int):
     return charts[0].find_elements(By.CSS_SELECTOR, ".scatterlayer .trace .points path.point")
 
 
+def _point(driver, chart: int, i: int, click: bool) -> None:
+    """Hover (and click) point i of a plotly chart, finding it again if a rerun redrew the chart meanwhile."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    for attempt in range(5):
+        try:
+            el = _chart_points(driver, chart)[i]
+            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", el)
+            chain = ActionChains(driver).move_to_element(el)
+            (chain.click() if click else chain).perform()
+            return
+        except StaleElementReferenceException:
+            time.sleep(1.0)
+    raise AssertionError(f"point {i} of chart {chart} kept going stale")
+
+
 def _hover_text(driver) -> str:
     return driver.execute_script("return Array.from(document.querySelectorAll('.hoverlayer'))"
                                  ".map(e => e.textContent).join(' ')")
@@ -298,23 +321,18 @@ def test_reference_tree_edited_and_compared(server, browser):
 def test_tree_node_and_mask_row_are_linked(server, browser):
     """Hover a node: its tooltip names its mask row; click it: the row lights up; click a mask cell: its row's
     node is selected."""
-    from selenium.webdriver.common.action_chains import ActionChains
-
     _open(browser, server, "Tree designer")
     _wait(browser, lambda: len(_chart_points(browser, 0)) == 64, what="the 63-node tree's points")
-    node = _chart_points(browser, 0)[5]
-    ActionChains(browser).move_to_element(node).perform()
+    _point(browser, 0, 5, click=False)
     hover = _wait(browser, lambda: _hover_text(browser), what="a tooltip", timeout=10)
     row = int(hover.split("mask row ")[1].split("P(")[0].strip())
-    ActionChains(browser).move_to_element(node).click().perform()
+    _point(browser, 0, 5, click=True)
     _wait(browser, lambda: f"row {row} selected" in browser.page_source, what="the mask row to light up")
     _settled(browser)
     assert f"row {row}:" in browser.find_element("css selector", 'input[aria-label="Selected node (= mask row)"]') \
         .get_attribute("value")
     _shot(browser, "tree-node-selected")
-    cells = _chart_points(browser, 1)  # the mask's allowed cells; the last one is on the last row's diagonal
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", cells[-1])
-    ActionChains(browser).move_to_element(cells[-1]).click().perform()
+    _point(browser, 1, -1, click=True)  # the mask's allowed cells; the last one is on the last row's diagonal
     _wait(browser, lambda: "row 63 selected" in browser.page_source, what="the clicked mask row")
     _settled(browser)
     assert browser.find_element("css selector", 'input[aria-label="Selected node (= mask row)"]') \
