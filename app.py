@@ -342,8 +342,8 @@ def _focus_from(chart_key: str) -> None:
 
 def tree_page() -> None:
     from workbench.export import FORMATS, export_tree
-    from workbench.optimize import (acc_value_fn, empirical_value_fn, expected_curve, expected_length, optimal_tree,
-                                    optimal_tree_from)
+    from workbench.optimize import (acc_value_fn, best_dense_tree, empirical_value_fn, expected_curve,
+                                    expected_length, optimal_tree, optimal_tree_from)
     from workbench.tree import Tree, record_json, tree_buffers, tree_diff, tree_record
 
     st.title("Tree designer")
@@ -352,11 +352,12 @@ def tree_page() -> None:
         st.info("Pick a calibration folder or an accuracy table in the sidebar to design a tree.")
         return
     K, R = src.acc.shape
-    models = ["independence", "empirical paths", "hardware-aware"]
+    models = ["independence", "empirical paths", "dense per level (vLLM)", "hardware-aware"]
     model = st.sidebar.radio("Acceptance model", models, key="tree_model",
                              help="independence: product of per-head a_k^(i); empirical: measured joint path "
-                                  "frequencies (calibration folder); hardware-aware: best predicted speedup "
-                                  "under a latency curve, up to the budget")
+                                  "frequencies (calibration folder); dense per level: the best tree whose levels "
+                                  "give every node the same top-c children, the only shape vLLM drafts as written; "
+                                  "hardware-aware: best predicted speedup under a latency curve, up to the budget")
     budget = st.sidebar.slider("Budget (tree nodes)", 1, 256, 63, key="tree_budget")
     max_depth = int_slider("Max depth (heads used)", K, K, "tree_depth")
     max_rank = int_slider("Max rank (top-k per head)", R, min(R, 10), "tree_rank")
@@ -378,6 +379,8 @@ def tree_page() -> None:
             designed = speedup["tree"]
         elif model == "empirical paths":
             designed = optimal_tree_from(empirical, budget, max_depth, max_rank, name=f"empirical_{budget}")
+        elif model.startswith("dense"):
+            designed = best_dense_tree(src.acc, budget, max_depth, max_rank)
         else:
             designed = optimal_tree(src.acc, budget, max_depth, max_rank, name=f"optimal_{budget}")
     except WorkbenchError as e:

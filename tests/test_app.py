@@ -169,11 +169,19 @@ def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):
 def test_tree_designer_models(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     ind = float(metric(at, "expected tokens/step: independence model"))
+    assert any("irregular tree" in w.value for w in at.warning)  # the sparse optimum: vLLM would not draft it
     at.radio(key="tree_model").set_value("empirical paths").run()
     no_exception(at)
     assert not errors(at)
     emp_tree_emp = float(metric(at, "expected tokens/step: empirical paths"))
     assert emp_tree_emp > 1 and ind > 1
+    at.radio(key="tree_model").set_value("dense per level (vLLM)").run()
+    no_exception(at)
+    from workbench.export import vllm_uniform
+    from workbench.tree import load_tree
+    dense = load_tree(tree_file(at)["medusa_choices"])
+    assert vllm_uniform(dense) and dense.nodes <= 63
+    assert not any("irregular tree" in w.value for w in at.warning)  # the export's vLLM shape warning is gone
     at.radio(key="tree_model").set_value("hardware-aware").run()
     no_exception(at)
     assert not errors(at), errors(at)
