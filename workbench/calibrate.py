@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import time
@@ -31,7 +30,7 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
-from workbench.io import atomic_write_json
+from workbench.io import atomic_write, atomic_write_json, run_lock
 
 NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
 
@@ -243,9 +242,7 @@ def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
 
 
 def _write_parquet(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 def _slug(text: str) -> str:
@@ -372,14 +369,15 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
 
     # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
     reuse = reused_continuations(continuations, args) if continuations is not None else None
-    done = _prepare_folder(folder, name, args, force)
-    if not done:
-        _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
-        if reuse is not None:
-            meta = json.loads((folder / "meta.json").read_text())
-            atomic_write_json(folder / "meta.json", dict(meta, continuations_from=str(Path(continuations).resolve())))
-    trees = Path(trees_dir) if trees_dir else (folder / "trees" if out else Path("trees"))
-    return _finish(folder, name, args, records, holdout, budgets, trees)
+    with run_lock(folder, "--out" if out else "--name"):  # a second run on this folder refuses: no mixed parts
+        done = _prepare_folder(folder, name, args, force)
+        if not done:
+            _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
+            if reuse is not None:
+                meta = json.loads((folder / "meta.json").read_text())
+                atomic_write_json(folder / "meta.json", dict(meta, continuations_from=str(Path(continuations).resolve())))
+        trees = Path(trees_dir) if trees_dir else (folder / "trees" if out else Path("trees"))
+        return _finish(folder, name, args, records, holdout, budgets, trees)
 
 
 def heads_fingerprint(heads) -> str:

@@ -24,14 +24,9 @@ STEP_COLOURS = ["#cfe8ff", "#ffe2b8", "#d6f5d6", "#f7d6e6", "#e6dcff", "#fff3b0"
 
 def save_png(fig: Figure, path: str | FilePath, dpi: int = 150) -> FilePath:
     """Write a figure as PNG (atomically: an interrupted write never leaves half an image)."""
-    import os
+    from workbench.io import atomic_write
 
-    path = FilePath(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png"))
 
 
 # ----------------------------------------------------------------------------------------------- trees
