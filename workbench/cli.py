@@ -221,6 +221,8 @@ def _prompt_ids(text: str) -> list[int]:
         raise WorkbenchError(f"--prompt-ids {text!r}: give comma-separated integer token ids like 1,2,3") from None
     if not ids:
         raise WorkbenchError("--prompt-ids is empty: give comma-separated token ids like 1,2,3")
+    if not all(0 <= i < 1 << 31 for i in ids):
+        raise WorkbenchError(f"--prompt-ids {text[:60]!r}: token ids are integers >= 0 (below the vocabulary size)")
     return ids
 
 
@@ -246,6 +248,7 @@ def cmd_decode(args) -> int:
 
     acc = _acceptance(args)
     prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    load_tree(args.tree)  # a malformed tree fails before the model loads (its depth is checked after)
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                              need_tokenizer=prompt_ids is None)
     tree = load_tree(args.tree, num_heads=heads.num_heads)
@@ -680,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except WorkbenchError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)  # one line, whatever a library said
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -157,3 +157,17 @@ def run_lock(target: str | Path, what: str, kind: str = "folder"):
                 break
             folder = folder.parent
 
+
+
+def read_json(path: str | Path, what: str, kind: type = dict):
+    """A JSON file that must hold a `kind` (an object by default), or one line naming the file and what is wrong."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        msg = str(e).splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"{what}: {path.name} is not readable JSON ({msg})") from None
+    if not isinstance(obj, kind):
+        raise WorkbenchError(f"{what}: {path.name} should hold a JSON {'object' if kind is dict else kind.__name__}, "
+                             f"found {type(obj).__name__}")
+    return obj

@@ -271,19 +271,24 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt or foreign file: one line, whatever the library raised
         raise WorkbenchError(f"{path}: cannot read the weights ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise WorkbenchError(f"{path}: not a state dict of tensors")
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise WorkbenchError(f"{path}: not a state dict of tensors (expected Medusa heads: names -> tensors)")
     return obj
 
 
 def _read_config(folder: Path) -> dict:
+    """A heads folder's config.json; the numbers it may hold are checked (the weights decide everything else)."""
+    from workbench.io import read_json
+
     f = folder / "config.json"
     if not f.is_file():
         return {}
-    try:
-        return json.loads(f.read_text())
-    except ValueError as e:
-        raise WorkbenchError(f"{f}: not valid JSON ({e})") from None
+    cfg = read_json(f, str(folder))
+    for key in ("medusa_num_heads", "medusa_num_layers", "vocab_size"):
+        v = cfg.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 31):
+            raise WorkbenchError(f"{f}: {key} should be a positive integer, found {str(v)[:40]!r}")
+    return cfg
 
 
 def load_heads(path: str | Path | None = None) -> tuple[MedusaHeads, dict]:

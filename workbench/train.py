@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.decode import eos_ids
-from workbench.io import atomic_write, atomic_write_json, run_lock
+from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.models import MedusaHeads, check_heads_fit, load_base, load_heads, model_label, save_heads
 
 SHARED = REPO_ROOT.parent / "shared" / "data"
@@ -130,7 +130,7 @@ def generate_part(model, tok, texts: list[str], max_new_tokens: int, answer: int
 
 
 def part_infos(parts_dir: Path) -> list[tuple[Path, dict]]:
-    return [(p, json.loads(p.with_suffix(".json").read_text())) for p in sorted(parts_dir.glob("part-*.pt"))]
+    return [(p, read_json(p.with_suffix(".json"), str(parts_dir))) for p in sorted(parts_dir.glob("part-*.pt"))]
 
 
 def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str | None) -> list[Path]:
