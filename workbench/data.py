@@ -92,8 +92,13 @@ def load_prompt_records(spec: str, limit: int | None = None) -> list[tuple[str, 
         raise WorkbenchError(f"--prompts {where}: no prompt column (need one of {', '.join(TEXT_COLUMNS)}; "
                              f"found {', '.join(ds.column_names) or 'none'})")
     id_col = next((c for c in ID_COLUMNS if c in ds.column_names), None)
+    try:
+        rows = ds.to_list()
+    except Exception as e:  # arrow decodes strings lazily: bad UTF-8 inside a JSON string surfaces only here
+        raise WorkbenchError(f"--prompts {where}: cannot read its rows ({type(e).__name__}: "
+                             f"{str(e).strip()[:120]})") from None
     records, seen = [], set()
-    for i, row in enumerate(ds):
+    for i, row in enumerate(rows):
         text = _text(row[column])
         extra = _text(row.get("input")) if column == "instruction" else ""
         if extra:

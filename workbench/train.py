@@ -262,7 +262,9 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     full_head = base.get_output_embeddings()
     # active-vocabulary phase, then the full softmax: tokens the data never emits must learn to lose, too
     small_head, small_targets = restrict_vocab(full_head, targets) if cfg.active_steps and cfg.tied else (None, None)
-    heads = MedusaHeads(hidden.shape[1], full_head.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.tied)
+    with torch.random.fork_rng(devices=[]):  # the biases' init from --seed: a rerun trains the same heads
+        torch.manual_seed(cfg.seed)
+        heads = MedusaHeads(hidden.shape[1], full_head.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.tied)
     if start is not None:
         check_heads_fit(start, base)
         heads.load_state_dict(start.float().state_dict())
