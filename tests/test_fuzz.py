@@ -468,3 +468,48 @@ def test_generated_garbage_never_ends_in_a_traceback(data, env, tmp_path_factory
     P = _place(env, s, data.draw(damaged(_real_bytes(env, s))), where / "in")
     rc, lines = _run(capsys, s.argv(env, P, where / "out"), where / "out", where / "in")
     assert rc in (0, 2), lines  # 0: the garbage happened to be a valid file
+
+
+# ----------------------------------------------------------------------------------------------- no tokenizer
+
+def test_decode_prompt_ids_need_no_tokenizer(tiny_llama, tmp_path, capsys):
+    from workbench.decode import vanilla_generate
+
+    bare = tmp_path / "bare"
+    tiny_llama.model.save_pretrained(bare)  # weights and config only
+    argv = ["decode", "--model", str(bare), "--heads", str(tiny_llama.heads_dirs["2"]), "--tree", "[[0],[0,0],[1]]",
+            "--max-new-tokens", "12", "--device", "cpu"]
+    assert main(argv + ["--prompt-ids", "5,6,7", "--compare"]) == 0
+    out, err = capsys.readouterr()
+    ids, summary = out.strip().splitlines()
+    assert [int(i) for i in ids.split(",")] == vanilla_generate(tiny_llama.model, None, [5, 6, 7], 12).token_ids
+    assert "matches greedy: yes" in summary and "no tokenizer" in err
+    rc, lines = _run(capsys, argv + ["--prompt", "hi"], tmp_path / "out", tmp_path / "bare")
+    assert rc == 2 and "--prompt-ids" in lines[-1] and str(bare) in lines[-1]
+
+
+# ----------------------------------------------------------------------------------------------- the atomic writer
+
+def test_the_atomic_writer_reports_its_own_failures_in_one_line(tmp_path):
+    from workbench import WorkbenchError
+    from workbench.io import atomic_write_text
+
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "a-folder").mkdir()
+    for target, reason in [(tmp_path / "a-folder", "is a folder"), (tmp_path / "a-file" / "x.json", "is a file"),
+                           (Path("/proc/workbench-test.json"), "cannot write"),
+                           (tmp_path / ("n" * 300 + ".json"), "cannot write")]:
+        with pytest.raises(WorkbenchError, match=reason) as e:
+            atomic_write_text(target, "{}", "--out")
+        assert str(e.value).startswith(f"--out {target}") and "\n" not in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-folder"]  # no temp file left
+    # a temp file of a killed writer (dead pid) goes with the next write of the same file; a live one stays
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f".t.json.{dead.pid}.tmp.json").write_text("half")
+    (tmp_path / f".t.json.{os.getppid()}.tmp.json").write_text("someone else's, in flight")
+    atomic_write_text(tmp_path / "t.json", "{}")
+    assert sorted(p.name for p in tmp_path.glob("*t.json*")) == [f".t.json.{os.getppid()}.tmp.json", "t.json"]

@@ -87,6 +87,13 @@ def check_output(path: str | Path | None, flag: str, kind: str = "file", label: 
         return
     path = Path(path)
     label = label or f"{flag} {path}"
+    try:
+        _check_output(path, kind, label)
+    except OSError as e:  # a name too long, a loop of links, ...: the stat calls themselves fail
+        raise WorkbenchError(f"{label}: cannot write there ({_reason(e)})") from None
+
+
+def _check_output(path: Path, kind: str, label: str) -> None:
     if path.exists():
         if kind == "file" and path.is_dir():
             raise WorkbenchError(f"{label}: is a folder; give a file name")
