@@ -56,7 +56,8 @@ def env(tiny_llama, tmp_path_factory) -> dict:
     tree_row = dict(row, config="t:abc|greedy|T=0", tree="t", kind="given", nodes=3, depth=2,
                     acceleration_rate=1.5, speedup=1.2, predicted_tokens_per_step=1.6)
     pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS).to_csv(root / "sweep.csv", index=False)
-    return dict(root=root, model=model, heads=heads, heads_file=str(tiny_llama.heads_dirs["1"] / "medusa_lm_head.safetensors"),
+    return dict(root=root, model=model, heads=heads,
+                heads_file=str(tiny_llama.heads_dirs["1"] / "medusa_lm_head.safetensors"),
                 heads_pt=str(tiny_llama.heads_dirs["1pt"] / "medusa_lm_head.pt"), prompts=str(prompts),
                 cal=str(cal), tree=str(root / "tree.json"), acc_csv=str(cal / "accuracies.csv"),
                 acc_pt=str(root / "acc.pt"), lat=str(root / "lat.csv"), sweep=str(root / "sweep.csv"))
@@ -75,7 +76,8 @@ class Slot:
 
 
 def _decode(e, P, O):
-    return ["decode", "--model", e["model"], "--heads", e["heads"], "--tree", "[[0],[0,0],[1]]",
+    model = P if Path(P, "config.json").is_file() else e["model"]  # a damaged copy of the model folder
+    return ["decode", "--model", model, "--heads", e["heads"], "--tree", "[[0],[0,0],[1]]",
             "--prompt-ids", "5,6,7", "--max-new-tokens", "3", "--device", "cpu"]
 
 
@@ -125,20 +127,23 @@ SLOTS = [
     Slot("tree eval --calibration meta", "cal", lambda e, P, O: ["tree", "eval", "[[0]]", "--calibration", P],
          inside="meta.json"),
     Slot("optimize --calibration ranks", "cal",
-         lambda e, P, O: ["optimize", "--calibration", P, "--budget", "2", "--out", f"{O}/t.json"], inside="ranks.parquet"),
+         lambda e, P, O: ["optimize", "--calibration", P, "--budget", "2", "--out", f"{O}/t.json"],
+         inside="ranks.parquet"),
     Slot("optimize --calibration --latency continuations", "cal",
          lambda e, P, O: ["optimize", "--calibration", P, "--latency", e["lat"], "--out", f"{O}/t.json"],
          inside="continuations.parquet"),
     Slot("calibrate --continuations", "cal", lambda e, P, O: _calibrate(e, P, O) + ["--continuations", P],
          inside="continuations.parquet"),
-    Slot("sweep --calibration meta", "cal", lambda e, P, O: _with(_sweep(e, P, O), "--calibration", P) + ["--prompts", "holdout"],
-         inside="meta.json"),
+    Slot("sweep --calibration meta", "cal",
+         lambda e, P, O: _with(_with(_sweep(e, P, O), "--calibration", P), "--prompts", "holdout"), inside="meta.json"),
     Slot("decode --heads safetensors", "heads_file", lambda e, P, O: _with(_decode(e, P, O), "--heads", P)),
     Slot("calibrate --heads safetensors", "heads_file", lambda e, P, O: _with(_calibrate(e, P, O), "--heads", P)),
     Slot("latency --heads pt", "heads_pt", lambda e, P, O: ["latency", "--model", e["model"], "--heads", P,
                                                             "--sizes", "2", "--context", "8", "--repeats", "1",
                                                             "--warmup", "0", "--out", f"{O}/l.csv"]),
     Slot("train-heads --init pt", "heads_pt", lambda e, P, O: _with(_train(e, e["prompts"], O), "--init", P)),
+    Slot("decode --model config", "model", _decode, inside="config.json"),
+    Slot("decode --model weights", "model", _decode, inside="model.safetensors"),
     Slot("sweep --heads config", "heads", lambda e, P, O: _with(_sweep(e, P, O), "--heads", P), inside="config.json"),
     Slot("calibrate --prompts json", "root", lambda e, P, O: _with(_calibrate(e, P, O), "--prompts", P),
          inside="prompts.json"),
@@ -273,6 +278,11 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "extra-tensor": None,
         "no-tensors": None,
     },
+    "model": {
+        "list": b"[]",
+        "unknown-architecture": b'{"model_type": "no-such-model", "hidden_size": 64}',
+        "wrong-type": b'{"model_type": 5}',
+    },
     "config.json": {
         "list": b"[]",
         "text-vocab": b'{"vocab_size": "many"}',
@@ -298,17 +308,7 @@ def _to_bytes(write) -> bytes:
 
 def _specific(env, slot: Slot) -> dict[str, bytes]:
     """The damage that fits this slot's kind of file."""
-    kind = {"tree": "tree", "acc_csv": "acc_csv", "acc_pt": "acc_pt", "lat": "lat", "sweep": "sweep"}.get(slot.real)
-    if slot.inside == "meta.json":
-        kind = "meta.json"
-    elif slot.inside in ("ranks.parquet", "continuations.parquet"):
-        kind = "parquet"
-    elif slot.inside == "config.json":
-        kind = "config.json"
-    elif slot.real in ("heads_file", "heads_pt"):
-        kind = "heads"
-    elif slot.real == "root":
-        kind = "prompts"
+    kind = _kind(slot)
     out = {k: v for k, v in SPECIFIC[kind].items() if v is not None}
     real = _real_bytes(env, slot)
     if kind == "acc_pt":
@@ -341,8 +341,8 @@ def _specific(env, slot: Slot) -> dict[str, bytes]:
         out["negative-ranks"] = _to_bytes(lambda f: neg.to_parquet(f))
     elif kind == "heads":
         sd = {"0.0.linear.weight": torch.zeros(64, 64), "0.0.linear.bias": torch.zeros(64)}
-        save = (lambda d: (lambda f: save_file(d, str(f)))) if slot.real == "heads_file" else \
-            (lambda d: (lambda f: torch.save(d, f)))
+        save = (lambda d: (lambda f: save_file(d, str(f)))) if (slot.inside or env[slot.real]).endswith(".safetensors") \
+            else (lambda d: (lambda f: torch.save(d, f)))
         out["wrong-shape"] = _to_bytes(save({**sd, "0.0.linear.weight": torch.zeros(64, 3)}))
         out["nan"] = _to_bytes(save({**sd, "0.0.linear.bias": torch.full((64,), float("nan"))}))
         out["int-dtype"] = _to_bytes(save({k: v.long() for k, v in sd.items()}))
@@ -387,6 +387,8 @@ def _corpus() -> list:
 
 
 def _kind(slot: Slot) -> str:
+    if slot.real == "model":
+        return "model" if slot.inside == "config.json" else "heads"
     if slot.inside in ("meta.json", "config.json"):
         return slot.inside
     if slot.inside in ("ranks.parquet", "continuations.parquet"):
@@ -460,7 +462,8 @@ def damaged(draw, real: bytes) -> bytes:
     return b"\n".join([header] + [",".join(r).encode("utf-8", "surrogatepass") for r in rows]) + b"\n"
 
 
-@settings(max_examples=int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", 80)), deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=int(os.environ.get("WORKBENCH_FUZZ_EXAMPLES", 80)), deadline=None,
+          suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_generated_garbage_never_ends_in_a_traceback(data, env, tmp_path_factory, capsys):
     s = data.draw(st.sampled_from(SLOTS))

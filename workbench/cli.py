@@ -571,7 +571,8 @@ def cmd_sweep(args) -> int:
                     heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
         ids = [pid for pid, _ in records] if args.prompts == "holdout" else None  # the calibration's own prompts
         predict = T.calibration_predictions(calibration, args.max_new_tokens, ids) if calibration else None
-        print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}", file=sys.stderr)
+        print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}",
+              file=sys.stderr)
         df = T.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
                          progress=not args.quiet)
     df = df[df["run"] == df["run"].iloc[-1]]

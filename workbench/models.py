@@ -131,10 +131,15 @@ def load_base(model: str | None = None, device: str | None = None, dtype: str | 
                              "add the tokenizer files, or give token ids with --prompt-ids")
     try:
         tok = None if no_tokenizer else AutoTokenizer.from_pretrained(src, **extra)
-        m = AutoModelForCausalLM.from_pretrained(src, **kwargs, **extra)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        m, info = AutoModelForCausalLM.from_pretrained(src, **kwargs, **extra, output_loading_info=True)
+    except Exception as e:  # missing, truncated or foreign files: whatever transformers or safetensors raised
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise WorkbenchError(f"--model {model}: cannot load it ({first})") from None
+    bad = list(info.get("missing_keys", [])) + [k[0] if isinstance(k, tuple) else k
+                                                  for k in info.get("mismatched_keys", [])]
+    if bad:  # transformers would fill them with random numbers: a model that silently talks nonsense
+        raise WorkbenchError(f"--model {model}: its weights do not fit its config ({len(bad)} tensors missing or of "
+                             f"the wrong shape, e.g. {str(bad[0])[:80]})")
     m.to(dev).eval()
     m.requires_grad_(False)
     if tok is not None and tok.pad_token_id is None:

@@ -285,7 +285,8 @@ def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
         if c in SWEEP_TEXT or c not in SWEEP_COLUMNS:
             continue
         num = pd.to_numeric(df[c], errors="coerce")
-        bad = (num.isna() & df[c].notna()) | np.isinf(num) | (num.isna() if c in ("nodes", "acceleration_rate") else False)
+        required = c in ("nodes", "acceleration_rate")
+        bad = (num.isna() & (df[c].notna() | required)) | np.isinf(num)
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
             raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} holds {str(df[c].iloc[i])[:40]!r}, "
