@@ -248,7 +248,6 @@ def cmd_decode(args) -> int:
 
     acc = _acceptance(args)
     prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    load_tree(args.tree)  # a malformed tree fails before the model loads (its depth is checked after)
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                              need_tokenizer=prompt_ids is None)
     tree = load_tree(args.tree, num_heads=heads.num_heads)

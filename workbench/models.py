@@ -125,7 +125,8 @@ def load_base(model: str | None = None, device: str | None = None, dtype: str | 
         src, extra = str(p.parent), {"gguf_file": p.name}
     else:
         src, extra = model, {}
-    no_tokenizer = Path(src).is_dir() and not extra and not any((Path(src) / f).is_file() for f in TOKENIZER_FILES)
+    no_tokenizer = (Path(src) / "config.json").is_file() and not extra and \
+        not any((Path(src) / f).is_file() for f in TOKENIZER_FILES)  # a model folder, weights only
     if no_tokenizer and need_tokenizer:
         raise WorkbenchError(f"--model {model}: the folder has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): "
                              "add the tokenizer files, or give token ids with --prompt-ids")
