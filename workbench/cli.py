@@ -590,12 +590,12 @@ def cmd_sweep_report(args) -> int:
 
     check_output(args.out, "--out")
     check_output(args.figures, "--figures", "folder")
+    sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
     _output(summarize(args.sweep, args.latency, args.context), args.out, "the report")
     if args.figures:
         from workbench.plots import report_figures
 
-        latency = read_latency(args.latency) if args.latency else None
-        for f in report_figures(read_sweep(args.sweep), latency, args.figures, Path(args.sweep).stem):
+        for f in report_figures(sweep, latency, args.figures, Path(args.sweep).stem):
             print(f"figure written to {f}", file=sys.stderr)
     return 0
 
