@@ -17,6 +17,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -26,10 +27,11 @@ from safetensors.torch import save_file
 
 from workbench.calibrate import calibrate
 from workbench.cli import main
+from workbench.optimize import write_accuracies
 from workbench.tradeoffs import SWEEP_COLUMNS
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
-CAL_ARGS = ["--max-new-tokens", "6", "--topk", "3", "--budgets", "2", "--batch-size", "6", "--device", "cpu"]
+CAL_ARGS = ["--max-new-tokens", "6", "--topk", "40", "--budgets", "2", "--batch-size", "6", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +45,13 @@ def env(tiny_llama, tmp_path_factory) -> dict:
     pd.DataFrame({"instruction": PROMPTS}).to_parquet(root / "prompts.parquet")
     model, heads = str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"])
     cal = root / "cal"
-    calibrate(model, heads, str(prompts), name="fz", out=cal, holdout=0.34, max_new_tokens=6, topk=3, budgets=[2],
-              batch_size=6, device="cpu", progress=False)
+    calibrate(model, heads, str(prompts), name="fz", out=cal, holdout=0.34, max_new_tokens=6, topk=40, budgets=[2],
+              batch_size=6, device="cpu", progress=False)  # top-40 of 128: random heads hit now and then
+    write_accuracies(root / "acc.csv", np.random.default_rng(0).dirichlet(np.ones(5), size=3)[:, :4])
     (root / "tree.json").write_text(json.dumps({"name": "t", "medusa_choices": [[0], [0, 0], [1]]}))
-    torch.save([torch.rand(30, 3) < 0.3 for _ in range(3)], root / "acc.pt")
+    g = torch.Generator().manual_seed(0)  # Medusa's layout: per head [positions, topk], one hit per row at most
+    torch.save([torch.eye(4, dtype=torch.bool)[torch.randint(0, 4, (30,), generator=g), :3] for _ in range(3)],
+               root / "acc.pt")
     pd.DataFrame(dict(model="m", device="cpu", dtype="float32", context=16, tokens=range(1, 9),
                       seconds=[0.01 * (1 + n / 4) for n in range(1, 9)])).to_csv(root / "lat.csv", index=False)
     row = {c: "" for c in SWEEP_COLUMNS}
@@ -59,7 +64,7 @@ def env(tiny_llama, tmp_path_factory) -> dict:
     return dict(root=root, model=model, heads=heads,
                 heads_file=str(tiny_llama.heads_dirs["1"] / "medusa_lm_head.safetensors"),
                 heads_pt=str(tiny_llama.heads_dirs["1pt"] / "medusa_lm_head.pt"), prompts=str(prompts),
-                cal=str(cal), tree=str(root / "tree.json"), acc_csv=str(cal / "accuracies.csv"),
+                cal=str(cal), tree=str(root / "tree.json"), acc_csv=str(root / "acc.csv"),
                 acc_pt=str(root / "acc.pt"), lat=str(root / "lat.csv"), sweep=str(root / "sweep.csv"))
 
 
@@ -141,7 +146,8 @@ SLOTS = [
     Slot("latency --heads pt", "heads_pt", lambda e, P, O: ["latency", "--model", e["model"], "--heads", P,
                                                             "--sizes", "2", "--context", "8", "--repeats", "1",
                                                             "--warmup", "0", "--out", f"{O}/l.csv"]),
-    Slot("train-heads --init pt", "heads_pt", lambda e, P, O: _with(_train(e, e["prompts"], O), "--init", P)),
+    Slot("train-heads --init pt", "heads_pt",  # the untied 5-head checkpoint
+         lambda e, P, O: _train(e, e["prompts"], O) + ["--init", P, "--num-heads", "5", "--untied"]),
     Slot("decode --model config", "model", _decode, inside="config.json"),
     Slot("decode --model weights", "model", _decode, inside="model.safetensors"),
     Slot("sweep --heads config", "heads", lambda e, P, O: _with(_sweep(e, P, O), "--heads", P), inside="config.json"),
@@ -401,6 +407,15 @@ CORPUS = _corpus()
 
 def test_the_corpus_is_large_and_distinct():
     assert len(CORPUS) >= 100 and len({c.id for c in CORPUS}) == len(CORPUS)
+
+
+@pytest.mark.parametrize("slot", [s.name for s in SLOTS])
+def test_every_slot_accepts_its_real_input(slot, env, tmp_path, capsys):
+    """The undamaged file passes, so every refusal in the corpus is the damage's doing."""
+    s = BY_NAME[slot]
+    P = _place(env, s, _real_bytes(env, s), tmp_path / "in")
+    rc, lines = _run(capsys, s.argv(env, P, tmp_path / "out"), tmp_path / "out", tmp_path / "in")
+    assert rc == 0, lines
 
 
 @pytest.mark.parametrize("slot,damage", CORPUS)

@@ -7,14 +7,12 @@ import sys
 import warnings
 
 from workbench import WorkbenchError, __version__
-from workbench.io import check_output, run_lock
+from workbench.io import atomic_write_text, check_output, run_lock
 
 
 def _output(text: str, out: str | None, what: str = "") -> None:
     """Text to --out (atomically, with a note on stderr) or stdout: every command writes results this way."""
     if out:
-        from workbench.io import atomic_write_text
-
         atomic_write_text(out, text, "--out")
         if what:
             print(f"wrote {what} to {out}", file=sys.stderr)
@@ -476,8 +474,6 @@ def cmd_latency(args) -> int:
     out = Path(args.out) if args.out else (Path(args.calibration) / f"latency-{_slug(dev)}.csv" if args.calibration
                                            else default_latency_path(label, dev))
     df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label)
-    from workbench.io import atomic_write_text
-
     atomic_write_text(out, df.to_csv(index=False), "--out")
     print(f"{dev} {df['dtype'].iloc[0]}, median of {args.repeats}:", file=sys.stderr)
     print(f"{'context':>8}{'tokens':>8}{'ms':>10}{'t(n)/t(1)':>11}", file=sys.stderr)
@@ -490,7 +486,6 @@ def cmd_latency(args) -> int:
 def _optimize_for_latency(args, acc, value) -> int:
     """`optimize --latency FILE`: the optimal tree for every budget, its predicted speedup on the measured
     hardware, and the tree with the best one (called from _cmd_optimize)."""
-    from workbench.io import atomic_write_text
     from workbench.optimize import expected_length
     from workbench.tradeoffs import hardware_aware, latency_table, read_latency, typical_context
 
@@ -504,7 +499,8 @@ def _optimize_for_latency(args, acc, value) -> int:
     if args.curve_out:
         import pandas as pd
 
-        atomic_write_text(args.curve_out, pd.DataFrame(res["rows"], columns=cols).to_csv(index=False), "--curve-out")
+        curve = pd.DataFrame(res["rows"], columns=cols).to_csv(index=False)
+        atomic_write_text(args.curve_out, curve, "--curve-out")
     else:
         print(f"{'budget':>6}{'tokens/step':>13}{'t(n+1)/t(1)':>13}{'speedup':>9}", file=sys.stderr)
         for r in res["rows"]:

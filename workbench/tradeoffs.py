@@ -345,10 +345,12 @@ def typical_context(calibration) -> float | None:
         return None
     try:
         info = pd.read_parquet(f, columns=["prompt_tokens", "continuation"])
+        if not all(isinstance(c, (list, np.ndarray)) for c in info["continuation"]):
+            raise TypeError("continuation cells are not token lists")
         return float((info["prompt_tokens"] + info["continuation"].map(len) / 2).mean()) if len(info) else None
     except Exception as e:  # truncated file, wrong columns or types
         raise WorkbenchError(f"--calibration {calibration}: {f.name} is not a readable continuations file "
-                             f"({type(e).__name__})") from None
+                             f"(prompt_tokens, continuation token lists; {type(e).__name__})") from None
 
 
 # ----------------------------------------------------------------------------------------------- hardware-aware choice
