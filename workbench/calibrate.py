@@ -399,7 +399,8 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
                                  f"model's context of {context} (lower --max-new-tokens or drop the prompt)")
 
     # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
-    reuse = reused_continuations(continuations, args) if continuations is not None else None
+    reuse = reused_continuations(continuations, args, [pid for pid, _ in records], hd.vocab_size) \
+        if continuations is not None else None
     with run_lock(folder, "--out" if out else "--name"):  # a second run on this folder refuses: no mixed parts
         done = _prepare_folder(folder, name, args, force)
         if not done:
@@ -420,8 +421,9 @@ def heads_fingerprint(heads) -> str:
     return h.hexdigest()[:16]
 
 
-def reused_continuations(source: str | Path, args: dict) -> dict[str, list[int]]:
-    """prompt_id -> greedy answer from another calibration, after checking it answered the same question."""
+def reused_continuations(source: str | Path, args: dict, prompt_ids: list[str], vocab: int) -> dict[str, list[int]]:
+    """prompt_id -> greedy answer from another calibration, after checking it answered the same question (and
+    holds an answer of in-vocabulary tokens for every prompt)."""
     src = Path(source)
     meta_f, cont_f = src / "meta.json", src / "continuations.parquet"
     if not meta_f.is_file() or not cont_f.is_file():
@@ -434,7 +436,12 @@ def reused_continuations(source: str | Path, args: dict) -> dict[str, list[int]]
         if theirs.get(key) != args.get(key):
             raise WorkbenchError(f"--continuations {source}: recorded {key} {theirs.get(key)!r} differs from this "
                                  f"run's {args.get(key)!r}; the answers must come from the same model and prompts")
-    return read_continuations(cont_f, f"--continuations {source}")
+    answers = read_continuations(cont_f, f"--continuations {source}")
+    for pid in prompt_ids:
+        if pid not in answers or not all(0 <= t < vocab for t in answers[pid]):
+            raise WorkbenchError(f"--continuations {source}: continuations.parquet has no answer of token ids in "
+                                 f"[0, {vocab}) for prompt {pid!r} (a damaged or foreign file)")
+    return answers
 
 
 def read_continuations(f: Path, what: str) -> dict[str, list[int]]:

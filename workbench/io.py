@@ -50,7 +50,7 @@ def _reason(e: OSError) -> str:
 def atomic_write(path: str | Path, write, what: str = "") -> Path:
     """`write(tmp)` fills a temp file beside `path` (same suffix, so savefig/to_parquet see the format), which
     then replaces `path` in one rename. Any OS failure is one WorkbenchError naming `what` (e.g. '--out') and
-    the path; the temp file never stays behind."""
+    the path. The temp file goes on failure; one a killed writer left goes with the next write of `path`."""
     path = Path(path)
     label = f"{what} {path}" if what else str(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
