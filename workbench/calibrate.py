@@ -272,8 +272,9 @@ def read_meta(folder: str | Path, what: str = "--calibration") -> dict:
     return meta
 
 
-def read_ranks(f: Path, what: str) -> pd.DataFrame:
-    """ranks.parquet, checked: prompt_id, position, head_1..head_K with integer ranks >= -1 (null past the end)."""
+def read_ranks(f: Path, what: str, topk: int = 1 << 15) -> pd.DataFrame:
+    """ranks.parquet, checked: prompt_id, position, head_1..head_K with integer ranks in [-1, topk) (null past the
+    end)."""
     try:
         ranks = pd.read_parquet(f)
     except Exception as e:  # truncated or foreign file: whatever pyarrow raised, one line
@@ -284,9 +285,10 @@ def read_ranks(f: Path, what: str) -> pd.DataFrame:
         raise WorkbenchError(f"{what}: {f.name} should have columns prompt_id, position, head_1..head_K "
                              f"(found {', '.join(map(str, ranks.columns))[:160]})")
     for c in ["position"] + heads:
-        if not pd.api.types.is_integer_dtype(ranks[c]) or (ranks[c].fillna(0) < (0 if c == "position" else -1)).any():
-            raise WorkbenchError(f"{what}: {f.name} column {c} should hold integers "
-                                 f"{'>= 0' if c == 'position' else '>= -1 (or null)'}")
+        low, high = (0, 1 << 31) if c == "position" else (-1, topk)
+        if not pd.api.types.is_integer_dtype(ranks[c]) or not ranks[c].fillna(0).between(low, high - 1).all():
+            raise WorkbenchError(f"{what}: {f.name} column {c} should hold integers in [{low}, {high})"
+                                 f"{'' if c == 'position' else ' (or null)'}")
     ranks["prompt_id"] = ranks["prompt_id"].astype("string")
     return ranks
 
@@ -298,7 +300,7 @@ def load_calibration(folder: str | Path, split: str = "all") -> tuple[np.ndarray
         raise WorkbenchError(f"--calibration {folder}: not a finished calibration folder (no meta.json/ranks.parquet; "
                              "run `workbench calibrate` to completion)")
     meta = read_meta(folder)
-    ranks = read_ranks(folder / "ranks.parquet", f"--calibration {folder}")
+    ranks = read_ranks(folder / "ranks.parquet", f"--calibration {folder}", meta["topk"])
     if split not in ("all", "fit", "holdout"):
         raise WorkbenchError(f"split {split!r}: use all, fit or holdout")
     held = set(meta.get("holdout_ids", []))

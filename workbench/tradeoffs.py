@@ -300,11 +300,11 @@ def read_latency(path) -> pd.DataFrame:
     df = _read_csv(path, "--latency", ("context", "tokens", "seconds"), "workbench latency")
     num = df[["context", "tokens", "seconds"]].apply(pd.to_numeric, errors="coerce")
     ints = num[["context", "tokens"]]
-    if num.isna().any().any() or (ints % 1 != 0).any().any() or (ints > 1 << 24).any().any() or \
-            (num["context"] < 0).any() or (num["tokens"] < 1).any() or not (num["seconds"] > 0).all() or \
-            np.isinf(num["seconds"]).any():
-        raise WorkbenchError(f"--latency {path}: context/tokens must be integers >= 1 and seconds finite numbers > 0 "
-                             "on every row")
+    if num.isna().any().any() or (ints % 1 != 0).any().any() or (num["context"] > 1 << 24).any() or \
+            not num["tokens"].between(1, 1 << 16).all() or (num["context"] < 0).any() or \
+            not (num["seconds"] > 0).all() or np.isinf(num["seconds"]).any():
+        raise WorkbenchError(f"--latency {path}: context/tokens must be integers (tokens 1..{1 << 16}) and seconds "
+                             "finite numbers > 0 on every row")
     df[["context", "tokens", "seconds"]] = num
     df[["context", "tokens"]] = df[["context", "tokens"]].astype(int)
     return df
