@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -299,6 +301,7 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "no-prompt-column": None,  # built below per format
         "only-blank": None,
         "wrong-top-level": None,
+        "lone-surrogate": None,
     },
 }
 
@@ -364,6 +367,12 @@ def _specific(env, slot: Slot) -> dict[str, bytes]:
         out["no-prompt-column"] = writers[suffix](rows_bad)
         out["only-blank"] = writers[suffix](rows_blank)
         out["wrong-top-level"] = b'"just a string"' if suffix != ".parquet" else b"PAR1" + b"\x00" * 20 + b"PAR1"
+        # "\ud800" escaped in JSON (a string no tokenizer takes); elsewhere its bytes, which are not UTF-8
+        surrogate = "hi \ud800 there"
+        out["lone-surrogate"] = writers[suffix]([{"instruction": surrogate}]) if suffix in (".json", ".jsonl") else \
+            f"instruction\n{surrogate}\n".encode("utf-8", "surrogatepass") if suffix == ".csv" else \
+            _to_bytes(lambda f: pq.write_table(pa.table({"instruction": pa.array(
+                [surrogate.encode("utf-8", "surrogatepass")], pa.binary()).view(pa.string())}), f))
     return out
 
 

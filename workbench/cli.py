@@ -246,6 +246,10 @@ def cmd_decode(args) -> int:
 
     acc = _acceptance(args)
     prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    try:
+        (args.prompt or "").encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line
+        raise WorkbenchError("--prompt: not valid UTF-8 text") from None
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                              need_tokenizer=prompt_ids is None)
     tree = load_tree(args.tree, num_heads=heads.num_heads)

@@ -129,6 +129,12 @@ def load_prompt_records(spec: str, limit: int | None = None) -> list[tuple[str, 
         if not text:
             continue
         pid = str(row[id_col]) if id_col and row.get(id_col) is not None else str(i)
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate such as "\ud800" in JSON: no tokenizer takes it
+                raise WorkbenchError(f"--prompts {where}: prompt {pid[:40]!r} is not valid Unicode text (a lone "
+                                     "surrogate escape like \\ud800)") from None
         if pid in seen:
             raise WorkbenchError(f"--prompts {where}: duplicate {id_col} '{pid}' (ids must be unique)")
         seen.add(pid)
