@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from workbench.cli import main
-from workbench.optimize import expected_length, optimal_tree, read_accuracies, write_accuracies
+from workbench.optimize import best_dense_tree, expected_length, optimal_tree, read_accuracies, write_accuracies
 from workbench.tree import load_tree, reference_trees
 
 SPEC_TREE = "[[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]"
@@ -96,7 +96,32 @@ def test_export_formats(capsys):
         assert rc == 0 and out.strip()
         assert all(line.startswith(("warning: ", "note: ", "wrote ")) for line in err.strip().splitlines())
     rc, out, err = run(capsys, "export", "[[0], [0, 0], [11]]", "--format", "medusa", "--name", "x")
-    assert rc == 0 and out == "x = [[0], [0, 0], [11]]\n" and "warning: path [11] has rank 11" in err
+    assert rc == 0 and out.splitlines()[-1] == "x = [[0], [0, 0], [11]]" and "warning: path [11] has rank 11" in err
+
+
+def test_export_engine_safe_reports_the_cost(capsys, acc_csv):
+    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--heads", "2")
+    assert rc == 0 and err.count("\n") == 1 and err.startswith("warning: first level lacks rank(s) 1")
+    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--heads", "2",
+                       "--engine-safe", "--accuracies", acc_csv)
+    fixed = json.loads(out.splitlines()[-1].split("=", 1)[1].strip('"'))
+    assert rc == 0 and [0] in fixed and [1] in fixed and len(fixed) <= 3
+    assert err.count("\n") == 1 and err.startswith("note: engine-safe for trtllm") and "tokens/step" in err
+    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--engine-safe", "--heads", "2")
+    assert rc == 0 and "cost unknown" in err and "warning" not in err
+
+
+def test_optimize_engine_safe(capsys, acc_csv):
+    acc = read_accuracies(acc_csv)
+    rc, out, err = run(capsys, "optimize", "--accuracies", acc_csv, "--budget", "12", "--engine-safe", "trtllm")
+    obj = json.loads(out)
+    want = optimal_tree(acc, 12, contiguous_first_level=True)
+    assert rc == 0 and obj["engine_safe"] == "trtllm" and obj["medusa_choices"] == want.as_lists()
+    free = expected_length(optimal_tree(acc, 12), acc)
+    assert f"vs {free:.4f} unconstrained" in err
+    rc, out, err = run(capsys, "optimize", "--accuracies", acc_csv, "--budget", "12", "--engine-safe", "vllm")
+    obj = json.loads(out)
+    assert rc == 0 and obj["medusa_choices"] == best_dense_tree(acc, 12).as_lists()
 
 
 BAD = [
@@ -118,6 +143,11 @@ BAD = [
     (["optimize", "--accuracies", "{acc}", "--budget", "5", "--max-depth", "9"], "exceeds the 4 heads"),
     (["optimize", "--accuracies", "{acc}", "--dense", "2,x"], "expected sizes per depth"),
     (["optimize", "--accuracies", "{acc}", "--dense", "2,2,2,2,2"], "exceeds the 4 Medusa heads"),
+    (["optimize", "--accuracies", "{acc}", "--budget", "5", "--engine-safe", "trtllm", "--curve"], "drop --latency"),
+    (["export", "[[0], [1], [2]]", "--format", "eagle"], "EAGLE-1 cannot take a depth-1 tree"),
+    (["export", "[[0], [2]]", "--format", "vllm", "--engine-safe"], "needs --accuracies FILE or --calibration"),
+    (["export", "[[0], [2]]", "--format", "eagle", "--engine-safe"], "--engine-safe supports trtllm and vllm"),
+    (["export", "[[0], [2]]", "--format", "trtllm", "--accuracies", "{acc}"], "only price an --engine-safe repair"),
 ]
 
 

@@ -1,32 +1,54 @@
-"""Export formats parse back to the same tree, and each engine's known restrictions produce warnings."""
+"""Export formats parse back to the same tree, name the engine versions they target, and each engine's known
+restrictions produce one-line warnings (or a one-line error where the engine cannot take the tree at all)."""
 import ast
 import json
 
+import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export import FORMATS, export_tree, vllm_uniform
-from workbench.optimize import dense_tree
+from workbench.export import FORMATS, TARGETS, engine_safe, export_tree, first_level_gaps, vllm_uniform
+from workbench.optimize import dense_tree, expected_length
 from workbench.tree import load_tree, make_tree
 
 TREE = make_tree([[0], [0, 0], [1], [0, 1], [2], [0, 0, 0]], name="small")
 
 
 def _rhs(text: str, name: str):
-    lhs, rhs = text.strip().split(" = ", 1)
+    code = [line for line in text.splitlines() if not line.startswith("#")]
+    assert len(code) == 1
+    lhs, rhs = code[0].split(" = ", 1)
     assert lhs == name
     return ast.literal_eval(rhs)
 
 
-@pytest.mark.parametrize("fmt", ["medusa", "eagle"])
-def test_python_list_formats(fmt, tmp_path):
-    text, warns = export_tree(TREE, fmt, name="my-tree 1")
+def test_medusa_named_list_reads_back(tmp_path):
+    text, warns = export_tree(TREE, "medusa", name="my-tree 1")
     assert warns == []
+    assert text.startswith(f"# workbench export for Medusa (targets {TARGETS['medusa']})\n")
     assert _rhs(text, "my_tree_1") == TREE.as_lists()  # list of lists, user order kept
     (tmp_path / "t.py").write_text(text)
-    assert load_tree(str(tmp_path / "t.py")).paths == TREE.paths  # Medusa-style file reads back
-    text, _ = export_tree(TREE, fmt)
-    assert text.startswith("small = ")
+    assert load_tree(str(tmp_path / "t.py")).paths == TREE.paths  # Medusa-style file with comments reads back
+    assert _rhs(export_tree(TREE, "medusa")[0], "small")
+
+
+def test_eagle_replaces_mc_sim_7b_63(tmp_path):
+    text, warns = export_tree(TREE, "eagle", name="my-tree 1")
+    assert warns == []
+    assert _rhs(text, "mc_sim_7b_63") == TREE.as_lists()  # whatever the name: the global EAGLE-1 reads
+    assert "EAGLE-1" in text.splitlines()[0] and "eagle-llm 1.x" in text.splitlines()[0]
+    assert "draft model" in text and "verifier" in text and "my-tree 1" in text
+    (tmp_path / "choices.py").write_text(text)
+    assert load_tree(str(tmp_path / "choices.py")).paths == TREE.paths
+
+
+@pytest.mark.parametrize("depth1", [[[0]], [[0], [1], [2]]])
+def test_eagle_refuses_depth_1(depth1):
+    with pytest.raises(WorkbenchError, match="EAGLE-1 cannot take a depth-1 tree") as e:
+        export_tree(make_tree(depth1), "eagle", strict=True)
+    assert "\n" not in str(e.value)
+    text, warns = export_tree(make_tree(depth1), "eagle")  # the app: the refusal as a warning, no tree in the text
+    assert warns == [str(e.value)] and text == f"# not exported: {e.value}\n"
 
 
 @pytest.mark.parametrize("fmt", ["medusa", "eagle"])
@@ -43,11 +65,16 @@ def test_json(tmp_path):
     assert load_tree(str(tmp_path / "t.json")).paths == TREE.paths
 
 
+def _trtllm_list(text: str):
+    lines = text.strip().splitlines()
+    assert lines[0].startswith("# workbench export for TensorRT-LLM") and "runtime/medusa_utils.py" in lines[0]
+    assert len(lines) == 2 and lines[1].startswith('--medusa_choices="') and lines[1].endswith('"')
+    return ast.literal_eval(lines[1][len('--medusa_choices="'):-1])
+
+
 def test_trtllm():
     text, warns = export_tree(TREE, "trtllm", heads=3)
-    assert text.startswith('--medusa_choices="') and text.rstrip().endswith('"')
-    assert ast.literal_eval(text.strip()[len('--medusa_choices="'):-1]) == TREE.as_lists()
-    assert warns == []
+    assert _trtllm_list(text) == TREE.as_lists() and warns == []
     _, warns = export_tree(TREE, "trtllm", heads=3, max_draft_len=5)
     assert len(warns) == 1 and "6 nodes" in warns[0] and "max_draft_len=5" in warns[0]
     _, warns = export_tree(load_tree("mc_sim_7b_63"), "trtllm", heads=4)
@@ -58,26 +85,79 @@ def test_trtllm():
         export_tree(TREE, "trtllm", heads=2)
 
 
+def test_trtllm_first_level_gap_warns():
+    gap = make_tree([[0], [2], [0, 0]])
+    assert first_level_gaps(gap) == [1] and first_level_gaps(TREE) == []
+    assert first_level_gaps(make_tree([[3], [1]])) == [0, 2]
+    _, warns = export_tree(gap, "trtllm", heads=2)
+    assert len(warns) == 1 and "first level lacks rank(s) 1" in warns[0] and "--engine-safe" in warns[0]
+
+
 def test_vllm_breadth_first_tuples():
     text, warns = export_tree(TREE, "vllm")
-    cfg = json.loads(text)
+    cfg = json.loads(text)  # still a valid --speculative-config fragment: no extra keys
+    assert set(cfg) == {"num_speculative_tokens", "speculative_token_tree"}
     tree = ast.literal_eval(cfg["speculative_token_tree"])
     assert cfg["num_speculative_tokens"] == TREE.nodes == len(tree)
     assert all(isinstance(p, tuple) for p in tree)
     assert tree == sorted(tree, key=lambda t: (len(t), t))  # vLLM re-sorts this way: already normalised
     assert set(tree) == set(TREE.paths)
-    assert len(warns) == 1 and "same number of children" in warns[0]  # irregular Medusa tree
+    assert len(warns) == 2
+    assert "#20401" in warns[0] and "#42121" in warns[0] and "later vLLM rejects the key" in warns[0]
+    assert "same number of children" in warns[1] and "the app's dense option" in warns[1]  # irregular Medusa tree
 
 
-def test_vllm_uniform_trees_do_not_warn():
+def test_vllm_uniform_trees_only_get_the_version_warning():
     for sizes in ([1], [3], [2, 2], [3, 1, 2]):
         d = dense_tree(sizes)
         assert vllm_uniform(d)
-        assert export_tree(d, "vllm")[1] == []
+        warns = export_tree(d, "vllm")[1]
+        assert len(warns) == 1 and "speculative_token_tree is accepted only" in warns[0]
     chain = make_tree([[0], [0, 0], [0, 0, 0]])
     assert vllm_uniform(chain)
     for bad in ([[0], [1], [0, 0]], [[1]], [[0], [0, 1]], [[0], [1], [0, 0], [1, 1]]):
         assert not vllm_uniform(make_tree(bad))
+
+
+def test_every_warning_is_one_line():
+    trees = [TREE, make_tree([[0], [2], [0, 0]]), make_tree([[0], [10], [0, 11]]), load_tree("mc_sim_7b_63")]
+    for t in trees:
+        for fmt in FORMATS:
+            assert all("\n" not in w for w in export_tree(t, fmt, max_draft_len=2)[1])
+
+
+def test_engine_safe_trtllm_promotes_or_drops_whichever_costs_less():
+    acc = np.array([[0.5, 0.2, 0.1], [0.4, 0.1, 0.05]])
+    gap = make_tree([[0], [2], [0, 0]])
+    fixed, note = engine_safe(gap, "trtllm", acc)  # [2] (0.1) out, [1] (0.2) in: better, not worse
+    assert fixed.paths == ((0,), (1,), (0, 0)) and "a gain of 0.1000" in note
+    heavy = make_tree([[0], [2], [0, 0], [2, 0]])
+    acc2 = np.array([[0.5, 0.05, 0.3], [0.4, 0.1, 0.05]])
+    fixed, note = engine_safe(heavy, "trtllm", acc2)  # promoting [1] (0.05) beats losing [2]'s branch
+    assert set(fixed.paths) == {(0,), (1,), (2,), (0, 0)}
+    before, after = expected_length(heavy, acc2), expected_length(fixed, acc2)
+    assert f"{before:.4f} -> {after:.4f}" in note and f"cost {before - after:.4f}" in note
+    fixed, note = engine_safe(gap, "trtllm")  # no accuracies: a structural repair, cost unknown
+    assert not first_level_gaps(fixed) and fixed.nodes == 3 and "cost unknown" in note
+    big = load_tree("mc_sim_7b_63")
+    fixed, _ = engine_safe(big, "trtllm", max_nodes=20)  # also fits the engine's max_draft_len
+    assert fixed.nodes == 20 and not first_level_gaps(fixed) and set(fixed.paths) <= set(big.paths)
+    same, note = engine_safe(TREE, "trtllm")
+    assert same is TREE and "already" in note
+
+
+def test_engine_safe_vllm_and_unsupported():
+    acc = np.array([[0.5, 0.2, 0.1], [0.4, 0.1, 0.05]])
+    acc3 = np.array([[0.5, 0.2, 0.1], [0.4, 0.1, 0.05], [0.3, 0.1, 0.05]])
+    fixed, note = engine_safe(TREE, "vllm", acc3)
+    assert vllm_uniform(fixed) and fixed.nodes <= TREE.nodes and "expected acceptance" in note
+    with pytest.raises(WorkbenchError, match="needs --accuracies FILE or --calibration DIR"):
+        engine_safe(TREE, "vllm")
+    for fmt in ("medusa", "eagle", "json"):
+        with pytest.raises(WorkbenchError, match="--engine-safe supports trtllm and vllm"):
+            engine_safe(TREE, fmt, acc)
+    with pytest.raises(WorkbenchError, match="tree needs depth 3 and top-3 but the accuracies have 2 heads"):
+        engine_safe(TREE, "trtllm", acc)
 
 
 def test_unknown_format():

@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from workbench import WorkbenchError
-from workbench.optimize import (acc_value_fn, accuracies_from_hits, best_first, check_accuracies, dense_tree,
-                                empirical_value_fn, expected_curve, expected_length, interpolate_latency,
+from workbench.optimize import (acc_value_fn, accuracies_from_hits, best_dense_tree, best_first, check_accuracies,
+                                dense_tree, empirical_value_fn, expected_curve, expected_length, interpolate_latency,
                                 optimal_tree, optimal_tree_from, predicted_speedup, read_accuracies,
                                 write_accuracies)
 from workbench.tree import load_tree, reference_trees
@@ -110,6 +110,66 @@ def test_generic_value_function_matches_brute_force(seed, ties):
             t = optimal_tree_from(fn, budget, k, r)
             assert expected_length(t, fn) - 1 == pytest.approx(best, abs=1e-12)
             assert all(fn(p) > 0 for p in t.paths)
+
+
+def brute_best_where(value, k, r, budget, keep) -> float:
+    """Best total value over every tree of at most `budget` nodes for which keep(set of paths) holds."""
+    cands, inc = all_subtrees(k, r)
+    vals = np.array([value(p) for p in cands])
+    best = 0.0
+    for row in inc:
+        paths = {cands[j] for j in np.flatnonzero(row)}
+        if paths and len(paths) <= budget and keep(paths):
+            best = max(best, float(row @ vals))
+    return best
+
+
+def contiguous(paths) -> bool:
+    first = {p[0] for p in paths if len(p) == 1}
+    return first == set(range(len(first)))
+
+
+def dense(paths) -> bool:
+    """Every node of a level has children exactly ranks 0..c-1, the same c for the whole level."""
+    level = [()]
+    for d in range(1, max(map(len, paths)) + 1):
+        kids = [sorted(p[-1] for p in paths if p[:-1] == q) for q in level]
+        if any(ks != list(range(len(kids[0]))) for ks in kids):
+            return False
+        level = [q + (c,) for q in level for c in range(len(kids[0]))]
+    return True
+
+
+@pytest.mark.parametrize("k,r", [(3, 2), (2, 3)])
+def test_engine_constrained_optima_match_brute_force(k, r):
+    """contiguous_first_level (TensorRT-LLM) and best_dense_tree (vLLM) are exact under their constraints."""
+    rng = np.random.default_rng(100 + k * 10 + r)
+    cands, _ = all_subtrees(k, r)
+    for trial in range(3):
+        acc = random_acc(rng, k, r)
+        fn = acc_value_fn(acc)
+        for budget in range(1, len(cands) + 1):
+            t = optimal_tree(acc, budget, contiguous_first_level=True)
+            assert contiguous(set(t.paths)) and t.nodes <= budget
+            want = brute_best_where(fn, k, r, budget, contiguous)
+            assert expected_length(t, acc) - 1 == pytest.approx(want, abs=1e-12)
+            d = best_dense_tree(acc, budget)
+            assert dense(set(d.paths)) and d.nodes <= budget
+            assert expected_length(d, acc) - 1 == pytest.approx(brute_best_where(fn, k, r, budget, dense), abs=1e-12)
+
+
+def test_contiguous_first_level_with_a_value_function_and_gaps():
+    acc = np.array([[0.1, 0.5, 0.3], [0.7, 0.2, 0.1]])  # ranks 1, 2 of head 1 beat rank 0: free optima have gaps
+    free = optimal_tree(acc, 2)
+    assert free.paths == ((1,), (1, 0))  # no rank 0 on the first level
+    safe = optimal_tree_from(acc_value_fn(acc), 2, 2, 3, contiguous_first_level=True)
+    assert safe.paths == ((0,), (1,))
+    assert optimal_tree(acc, 3, contiguous_first_level=True).paths == ((0,), (1,), (1, 0))  # 0.95 > 0.9
+    assert optimal_tree(acc, 4, contiguous_first_level=True).paths == ((0,), (1,), (2,), (1, 0))  # 1.25
+    with pytest.raises(WorkbenchError, match="no node has a positive"):
+        optimal_tree(np.zeros((2, 3)), 3, contiguous_first_level=True)
+    with pytest.raises(WorkbenchError, match="no dense tree has a positive"):
+        best_dense_tree(np.zeros((2, 3)), 3)
 
 
 def test_empirical_dict_unknown_paths_are_worth_zero():

@@ -83,20 +83,29 @@ def _cmd_tree_buffers(args) -> int:
     return 0
 
 
+def _objective(args):
+    """(acc [K, R], value: acc or a path-probability fn) from --accuracies FILE or --calibration DIR [--joint]."""
+    from workbench.optimize import read_accuracies
+
+    if args.calibration or getattr(args, "joint", False):  # a calibration folder (calibrate section)
+        from workbench.calibrate import calibration_objective
+        return calibration_objective(args.calibration, getattr(args, "joint", False), args.accuracies)
+    if args.accuracies:
+        acc = read_accuracies(args.accuracies)
+        return acc, acc
+    raise WorkbenchError("give --accuracies FILE or --calibration DIR")
+
+
 def _cmd_optimize(args) -> int:
-    from workbench.optimize import (dense_tree, expected_curve, expected_length, optimal_tree, optimal_tree_from,
-                                    read_accuracies)
+    from workbench.optimize import (acc_value_fn, best_dense_tree, dense_tree, expected_curve, expected_length,
+                                    optimal_tree, optimal_tree_from)
     from workbench.tree import load_tree
 
     check_output(args.out, "--out")
     check_output(args.curve_out, "--curve-out")
-    if args.calibration or args.joint:  # a calibration folder (calibrate section); value: acc or path-prob fn
-        from workbench.calibrate import calibration_objective
-        acc, value = calibration_objective(args.calibration, args.joint, args.accuracies)
-    elif args.accuracies:
-        acc = value = read_accuracies(args.accuracies)
-    else:
-        raise WorkbenchError("give --accuracies FILE or --calibration DIR")
+    acc, value = _objective(args)
+    if args.engine_safe and (args.latency or args.curve):
+        raise WorkbenchError("--engine-safe gives one tree for --budget N; drop --latency / --curve")
     if args.latency:  # hardware-aware choice over all budgets (latency / sweep section)
         return _optimize_for_latency(args, acc, value)
     heads, ranks = acc.shape
@@ -117,22 +126,34 @@ def _cmd_optimize(args) -> int:
             print(f"{'budget':>6}  {'expected_length':>15}  {'gain':>8}")
             for n in range(1, len(curve)):
                 print(f"{n:>6}  {curve[n]:>15.4f}  {curve[n] - curve[n - 1]:>8.5f}")
+        depth, rank = args.max_depth or heads, args.max_rank or ranks
         tree = optimal_tree(acc, args.budget, args.max_depth, args.max_rank) if value is acc else \
-            optimal_tree_from(value, args.budget, args.max_depth or heads, args.max_rank or ranks)
+            optimal_tree_from(value, args.budget, depth, rank)
         method = "optimal"
-    name = args.name or (f"optimal_{tree.nodes}" if method == "optimal" else tree.name)
+        if args.engine_safe:  # the best tree under the engine's constraint, and what the constraint costs
+            free = expected_length(tree, value)
+            tree = best_dense_tree(value, args.budget, depth, rank) if args.engine_safe == "vllm" else \
+                optimal_tree_from(value if callable(value) else acc_value_fn(value), args.budget, depth, rank,
+                                  contiguous_first_level=True)
+            print(f"note: engine-safe for {args.engine_safe}: expected acceptance {expected_length(tree, value):.4f} "
+                  f"tokens/step vs {free:.4f} unconstrained (cost {free - expected_length(tree, value):.4f})",
+                  file=sys.stderr)
+    safe = f"{args.engine_safe}_" if args.engine_safe and method == "optimal" else ""
+    name = args.name or (f"optimal_{safe}{tree.nodes}" if method == "optimal" else tree.name)
     length = expected_length(tree, value)
     obj = {"name": name, "medusa_choices": tree.as_lists(), "expected_acceptance_length": length,
            "budget": args.budget if method == "optimal" else tree.nodes, "nodes": tree.nodes, "depth": tree.depth,
            "method": method, "max_depth": args.max_depth or heads, "max_rank": args.max_rank or ranks,
            "heads": heads, "ranks": ranks, "accuracies": str(args.accuracies or args.calibration)}
+    if args.engine_safe:
+        obj["engine_safe"] = args.engine_safe
     if not (args.curve and not args.out):
         # one key per line, each value compact: a 63-node tree stays readable
         _output(_tree_json(obj), args.out)
     if tree.max_rank >= 10:
         print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-10 only "
               "(use --max-rank 10 for Medusa/EAGLE-1 decoders)", file=sys.stderr)
-    short = "" if method != "optimal" or tree.nodes == args.budget else \
+    short = "" if method != "optimal" or tree.nodes == args.budget or args.engine_safe else \
         f"; only {tree.nodes} nodes have positive acceptance probability"
     print(f"{method} tree: {tree.nodes} nodes, depth {tree.depth}, expected acceptance length {length:.4f} "
           f"tokens/step{short}" + (f" -> {args.out}" if args.out else ""), file=sys.stderr)
@@ -140,12 +161,19 @@ def _cmd_optimize(args) -> int:
 
 
 def _cmd_export(args) -> int:
-    from workbench.export import export_tree
+    from workbench.export import engine_safe, export_tree
     from workbench.tree import load_tree
 
     check_output(args.out, "--out")
-    text, warns = export_tree(load_tree(args.tree, num_heads=args.heads), args.format, name=args.name,
-                              heads=args.heads, max_draft_len=args.max_draft_len)
+    tree = load_tree(args.tree, num_heads=args.heads)
+    if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
+        value = _objective(args)[1] if (args.accuracies or args.calibration) else None
+        tree, note = engine_safe(tree, args.format, value, max_nodes=args.max_draft_len, heads=args.heads)
+        print(f"note: {note}", file=sys.stderr)
+    elif args.accuracies or args.calibration:
+        raise WorkbenchError("--accuracies / --calibration only price an --engine-safe repair: add --engine-safe")
+    text, warns = export_tree(tree, args.format, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
+                              strict=True)
     for w in warns:
         print(f"warning: {w}", file=sys.stderr)
     if args.format == "vllm":
@@ -197,6 +225,8 @@ def _register_tree(sub) -> None:
     o.add_argument("--context", type=int, metavar="N", help="with --latency: use rows at this context "
                                                           "(default: closest to the calibration's typical one)")
     o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
+    o.add_argument("--engine-safe", choices=["trtllm", "vllm"], help="the best tree the engine builds exactly as "
+                   "written: trtllm = first level ranks 0..k-1, vllm = dense per level; reports the cost")
     o.set_defaults(func=_cmd_optimize)
 
     e = sub.add_parser("export", help="write a tree for Medusa, TensorRT-LLM, vLLM or EAGLE")
@@ -206,6 +236,10 @@ def _register_tree(sub) -> None:
     e.add_argument("--heads", type=int, metavar="K", help="number of Medusa heads: a deeper tree is an error")
     e.add_argument("--max-draft-len", type=int, default=63, metavar="N",
                    help="TensorRT-LLM engine's max_draft_len (default 63)")
+    e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "
+                   "written (trtllm, vllm) and report the cost in expected acceptance length")
+    e.add_argument("--accuracies", metavar="FILE", help="with --engine-safe: accuracies that price the repair")
+    e.add_argument("--calibration", metavar="DIR", help="with --engine-safe: instead, a `workbench calibrate` folder")
     e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
     e.set_defaults(func=_cmd_export)
 

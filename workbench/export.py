@@ -1,28 +1,49 @@
-"""Write a tree in the formats other decoders import, with a warning wherever the target engine would not take it
-as is. Formats checked against each project's own code/docs:
+"""Write a tree in the formats other decoders import, with a one-line warning wherever the target engine would not
+build it exactly as written, and `engine_safe` to repair a tree for one engine. Each format targets one engine
+era (TARGETS, also printed in the export's header); checked against each project's own code, not run end to end:
 
-- medusa: `name = [[0], [0, 0], ...]` as in Medusa's medusa_choices.py; its generate_medusa_buffers hard-codes
-  TOPK=10, so a rank >= 10 would index the next head's guesses.
-- json: `{"name", "medusa_choices"}`, readable by every workbench command.
+- medusa: `name = [[0], [0, 0], ...]` as in Medusa's medusa/model/medusa_choices.py; generate_medusa_buffers
+  hard-codes TOPK=10, so a rank >= 10 would index the next head's guesses.
+- json: `{"name", "medusa_choices"}`, readable by every workbench command (no engine, no header).
 - trtllm: the `--medusa_choices="[[0], ...]"` argument of TensorRT-LLM's examples/run.py (same list for
-  MedusaDecodingConfig(medusa_choices=...)); the engine is built for at most max_draft_len draft tokens (63 in
-  its examples) and the tree may not be deeper than the engine's Medusa heads.
-- vllm: vLLM's SpeculativeConfig `speculative_token_tree`, a string of a list of tuples sorted breadth-first;
-  vLLM requires num_speculative_tokens == number of nodes. vLLM drafts trees with EAGLE-style proposers that,
-  per level, take the top-c children of EVERY node (c = nodes at the level / nodes at the level above), so only
-  trees of that shape are drafted as written.
-- eagle: EAGLE-1 `choices` (eagle/model/choices.py, e.g. mc_sim_7b_63); its buffers use top-k 10.
+  MedusaDecodingConfig(medusa_choices=...)). The engine takes at most max_draft_len draft tokens (63 in its
+  examples) and no more depth than its Medusa heads. Its Python runtime (runtime/medusa_utils.py, used by
+  ModelRunner) gives the first level one tree id per rank 0..max rank and indexes deeper nodes by the number of
+  first-level nodes written, so only a first level of exactly ranks 0..k-1 builds as written.
+- vllm: vLLM's SpeculativeConfig `speculative_token_tree`, a string of a list of tuples sorted breadth-first,
+  with num_speculative_tokens == number of nodes. Its EAGLE-style drafter takes, per level, the top-c children
+  of EVERY node (c = nodes at the level / nodes at the level above): only dense trees are drafted as written.
+  The key exists only in the releases with tree attention; the fragment must stay valid JSON for
+  --speculative-config, so the targeted versions go in the warning list, not in a key.
+- eagle: EAGLE-1 `mc_sim_7b_63` (eagle/model/choices.py). The draft model (cnets.py init_tree) and the verifier
+  (ea_model.py eagenerate's tree_choices default) both read that global, so the export replaces it. The draft
+  buffer builder (utils_c.py generate_tree_buffers) indexes its per-level lists by the nodes that have children:
+  a depth-1 tree has none and it fails, so depth-1 trees are refused.
 """
 from __future__ import annotations
 
 import json
 
 from workbench import WorkbenchError
-from workbench.tree import Tree, load_tree
+from workbench.tree import Path, Tree, load_tree
 
 FORMATS = ("medusa", "json", "trtllm", "vllm", "eagle")
+SAFE_ENGINES = ("trtllm", "vllm")  # formats with an engine-safe repair (medusa / eagle: --max-rank 10 is enough)
 TOPK_MEDUSA = 10  # Medusa's and EAGLE-1's buffer code hard-code top-10
 TRTLLM_MAX_DRAFT_LEN = 63
+DEFAULT_CHOICES = "mc_sim_7b_63"  # the tree both Medusa and EAGLE-1 use unless told otherwise
+TARGETS = {  # what each export is written for: the header line of each export, and the README's Formats section
+    "medusa": "FasterDecoding/Medusa as released (pip medusa-llm 0.1, 2023-09) and its main branch: "
+              "medusa/model/medusa_choices.py, generate_medusa_buffers with TOPK=10",
+    "trtllm": "TensorRT-LLM's TensorRT-engine Medusa flow: examples/run.py --medusa_choices or "
+              "MedusaDecodingConfig; its Python runtime, runtime/medusa_utils.py, needs a first level of ranks 0..k-1",
+    "vllm": "vLLM with tree attention: speculative_token_tree from vllm-project/vllm PR #20401 (merged July "
+            "2025, v0.10 series) until PR #42121 removed tree attention (May 2026)",
+    "eagle": "EAGLE-1 (SafeAILab/EAGLE before EAGLE-2; pip eagle-llm 1.x, last 1.2.1 of 2024-04): "
+             "eagle/model/choices.py",
+}
+VLLM_VERSIONS = ("speculative_token_tree is accepted only by the vLLM releases with tree attention (added by PR "
+                 "#20401, July 2025, v0.10 series; removed by PR #42121, May 2026): later vLLM rejects the key")
 
 
 def _py_list(tree: Tree) -> str:
@@ -34,12 +55,22 @@ def _identifier(name: str) -> str:
     return ident if not ident[0].isdigit() else "tree_" + ident
 
 
+def _header(fmt: str, what: str) -> str:
+    return f"# workbench export for {what} (targets {TARGETS[fmt]})\n"
+
+
 def _rank_warning(tree: Tree, engine: str) -> list[str]:
     if tree.max_rank >= TOPK_MEDUSA:
         bad = next(p for p in tree.paths if max(p) >= TOPK_MEDUSA)
         return [f"path {list(bad)} has rank {max(bad)}: {engine} builds its buffers from each head's top-"
                 f"{TOPK_MEDUSA}, so ranks must be < {TOPK_MEDUSA} (raise TOPK there, or use --max-rank {TOPK_MEDUSA})"]
     return []
+
+
+def first_level_gaps(tree: Tree) -> list[int]:
+    """First-level ranks below the largest one that the tree lacks: TensorRT-LLM's Python runtime assumes none."""
+    first = {p[0] for p in tree.paths if len(p) == 1}
+    return [r for r in range(max(first) + 1) if r not in first]
 
 
 def vllm_uniform(tree: Tree) -> bool:
@@ -59,8 +90,11 @@ def vllm_uniform(tree: Tree) -> bool:
 
 
 def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None = None,
-                max_draft_len: int = TRTLLM_MAX_DRAFT_LEN) -> tuple[str, list[str]]:
-    """(text to write, warnings). `heads` (when known) bounds the depth: a deeper tree is a WorkbenchError."""
+                max_draft_len: int = TRTLLM_MAX_DRAFT_LEN, strict: bool = False) -> tuple[str, list[str]]:
+    """(text to write, warnings: one line each). `heads` (when known) bounds the depth: a deeper tree is a
+    WorkbenchError. A tree the target cannot take at all (a depth-1 tree for EAGLE-1) is a WorkbenchError with
+    strict (the CLI); without it (the app, which renders every format at once) the refusal is the only warning
+    and the text a comment saying why, so no downloaded file passes for a tree."""
     if fmt not in FORMATS:
         raise WorkbenchError(f"unknown export format {fmt!r}; choose one of {', '.join(FORMATS)}")
     tree = load_tree(tree, num_heads=heads)
@@ -68,10 +102,17 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
     warns: list[str] = []
     if fmt == "medusa":
         warns += _rank_warning(tree, "Medusa's generate_medusa_buffers")
-        return f"{_identifier(name)} = {_py_list(tree)}\n", warns
+        note = ("# add it to medusa/model/medusa_choices.py and pass medusa_choices=" + _identifier(name)
+                + f" to medusa_generate (its default is {DEFAULT_CHOICES})\n")
+        return _header(fmt, "Medusa") + note + f"{_identifier(name)} = {_py_list(tree)}\n", warns
     if fmt == "json":
         return json.dumps({"name": name, "medusa_choices": tree.as_lists()}) + "\n", warns
     if fmt == "trtllm":
+        gaps = first_level_gaps(tree)
+        if gaps:
+            warns.append(f"first level lacks rank(s) {', '.join(map(str, gaps))}: TensorRT-LLM's Python runtime "
+                         f"gives the first level ranks 0..{max(p[0] for p in tree.paths)} and would build other "
+                         "tree ids than written; use --engine-safe")
         if tree.nodes > max_draft_len:
             warns.append(f"tree has {tree.nodes} nodes but a TensorRT-LLM Medusa engine takes at most max_draft_len="
                          f"{max_draft_len} draft tokens: rebuild the engine with max_draft_len >= {tree.nodes} "
@@ -79,16 +120,90 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
         if heads is None:
             warns.append(f"TensorRT-LLM needs num_medusa_heads >= tree depth {tree.depth} "
                          "(pass --heads to check it here)")
-        return f'--medusa_choices="{_py_list(tree)}"\n', warns
+        return _header(fmt, f"TensorRT-LLM, tree {name}") + f'--medusa_choices="{_py_list(tree)}"\n', warns
     if fmt == "vllm":
         bfs = sorted(tree.paths, key=lambda p: (len(p), p))
+        warns.append(VLLM_VERSIONS)
         if not vllm_uniform(tree):
             warns.append("vLLM's tree drafter gives every node of a level the same number of children (its top-c), "
-                         "so it will not draft this irregular tree as written; use a dense tree "
-                         "(workbench optimize --dense ...) for vLLM")
+                         "so it will not draft this irregular tree as written; use a dense tree (optimize --dense, "
+                         "--engine-safe vllm, or the app's dense option)")
         # vLLM requires num_speculative_tokens == number of nodes, so the fragment carries both.
         cfg = {"num_speculative_tokens": tree.nodes, "speculative_token_tree": str(bfs)}
         return json.dumps(cfg) + "\n", warns
     # eagle
+    if tree.depth < 2:
+        why = (f"EAGLE-1 cannot take a depth-1 tree ({tree.nodes} nodes): its draft-buffer builder indexes the "
+               "nodes that have children and fails when there are none; use a tree of depth >= 2")
+        if strict:
+            raise WorkbenchError(why)
+        return f"# not exported: {why}\n", [why]
     warns += _rank_warning(tree, "EAGLE-1's generate_tree_buffers")
-    return f"{_identifier(name)} = {_py_list(tree)}\n", warns
+    note = (f"# replaces the {DEFAULT_CHOICES} line of eagle/model/choices.py: both the draft model (cnets.py "
+            f"init_tree) and the verifier (ea_model.py eagenerate) read that global; tree {name}, {tree.nodes} nodes\n")
+    return _header(fmt, "EAGLE-1") + note + f"{DEFAULT_CHOICES} = {_py_list(tree)}\n", warns
+
+
+def _stand_in(path: Path) -> float:
+    """Value used when no accuracies are given: halves per rank step and per level (monotone, so exactness holds)."""
+    return 0.5 ** (sum(path) + len(path))
+
+
+def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = None,
+                heads: int | None = None) -> tuple[Tree, str]:
+    """(a tree the engine builds exactly as written, one line saying what changed and at what cost).
+
+    trtllm: the most valuable tree made of the tree's own nodes plus promoted first-level ranks whose first
+    level is exactly ranks 0..k-1, with at most as many nodes (and at most `max_nodes`, the engine's
+    max_draft_len; trtllm only): promoting the missing ranks, or dropping the outlying first-level branch, whichever costs
+    less expected acceptance length. Exact (optimal_tree_from(..., contiguous_first_level=True)).
+    vllm: the best dense tree with at most as many nodes and no deeper than `heads` (needs `value`).
+    `value` is acc[K, R] or a path value function; without it the cost is unknown and a stand-in ranks nodes.
+    """
+    from workbench.optimize import (acc_value_fn, best_dense_tree, check_accuracies, expected_length,
+                                    optimal_tree_from)
+
+    if engine not in SAFE_ENGINES:
+        raise WorkbenchError(f"--engine-safe supports {' and '.join(SAFE_ENGINES)}; medusa and eagle take any tree "
+                             f"of depth >= 2 with ranks < {TOPK_MEDUSA} (optimize --max-rank {TOPK_MEDUSA})")
+    if value is not None and not callable(value):
+        value = check_accuracies(value)
+        if tree.depth > value.shape[0] or tree.max_rank >= value.shape[1]:
+            raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the accuracies have "
+                                 f"{value.shape[0]} heads and top-{value.shape[1]}")
+    fn = None if value is None else (value if callable(value) else acc_value_fn(value))
+    if engine == "trtllm":
+        budget = min(tree.nodes, max_nodes or tree.nodes)
+        if not first_level_gaps(tree) and tree.nodes <= budget:
+            return tree, "engine-safe: already builds as written in TensorRT-LLM (first level ranks 0..k-1)"
+        k = max(p[0] for p in tree.paths) + 1
+        own, base = set(tree.paths), fn or _stand_in
+
+        def masked(p: Path) -> float:  # 0 off the tree, but for promotable first-level ranks: repair, not redesign
+            return base(p) if p in own or (len(p) == 1 and p[0] < k) else 0.0
+
+        safe = optimal_tree_from(masked, budget, tree.depth, max(k, tree.max_rank + 1), name=tree.name,
+                                 contiguous_first_level=True)
+    else:
+        if fn is None:
+            raise WorkbenchError("--engine-safe for vllm picks the best dense tree and needs --accuracies FILE or "
+                                 "--calibration DIR")
+        if vllm_uniform(tree):
+            return tree, "engine-safe: already a dense tree, which vLLM drafts as written"
+        depth, ranks = (tree.depth, tree.max_rank + 1) if callable(value) else value.shape
+        safe = best_dense_tree(fn, tree.nodes, min(depth, heads or depth), ranks)
+        safe = Tree(safe.paths, tree.name or safe.name)
+    gone, added = set(tree.paths) - set(safe.paths), set(safe.paths) - set(tree.paths)
+    change = (f"engine-safe for {engine}: {tree.nodes} -> {safe.nodes} nodes, added {_short(added)}, "
+              f"dropped {_short(gone)}; ")
+    if fn is None:
+        return safe, change + "cost unknown (give --accuracies or --calibration to minimise it)"
+    before, after = expected_length(tree, fn), expected_length(safe, fn)
+    cost = f"cost {before - after:.4f}" if after <= before else f"a gain of {after - before:.4f}"
+    return safe, change + f"expected acceptance {before:.4f} -> {after:.4f} tokens/step ({cost})"
+
+
+def _short(paths) -> str:
+    ps = sorted(paths, key=lambda p: (len(p), p))
+    s = " ".join(str(list(p)).replace(" ", "") for p in ps[:6])
+    return (s + (f" (+{len(ps) - 6} more)" if len(ps) > 6 else "")) or "nothing"

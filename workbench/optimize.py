@@ -80,42 +80,66 @@ def expected_length(tree, value) -> float:
 
 # ----------------------------------------------------------------------------------------------- optimizer
 
-def best_first(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int) -> list[tuple[Path, float]]:
+def best_first(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int,
+               first_level: int | None = None) -> list[tuple[Path, float]]:
     """The `budget` most valuable nodes in best-first order, each with its value; prefix n = optimal n-node tree.
 
     Ties go to the shallower, then lexicographically smaller path, so results are deterministic. Stops early
-    when no remaining node has positive value (adding it costs verify time and gains nothing).
+    when no remaining node has positive value (adding it costs verify time and gains nothing). With
+    first_level=k the first level is exactly ranks 0..k-1 (emitted first, counted in the budget, kept even at
+    value 0) and growth continues below them only: the greedy argument still holds below a fixed first level.
     """
     for name, v in (("budget", budget), ("max_depth", max_depth), ("max_rank", max_rank)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise WorkbenchError(f"{name} must be a positive integer, got {v!r}")
     frontier: list[tuple[float, int, Path]] = []
 
-    def push(path: Path, parent_value: float) -> None:
+    def value(path: Path, parent_value: float) -> float:
         v = float(value_fn(path))
         if not (v >= 0.0) or v > parent_value * (1 + 1e-9) + 1e-12:  # also catches NaN
             raise WorkbenchError(
                 f"path value function is not monotone at {list(path)}: value {v!r} vs parent {parent_value!r} "
                 "(needs 0 <= child <= parent, e.g. joint acceptance probabilities)")
-        heapq.heappush(frontier, (-v, len(path), path))
+        return v
 
-    for r in range(max_rank):
-        push((r,), 1.0)
+    def push_children(path: Path, v: float) -> None:
+        if len(path) < max_depth:
+            for r in range(max_rank):
+                heapq.heappush(frontier, (-value(path + (r,), v), len(path) + 1, path + (r,)))
+
     out: list[tuple[Path, float]] = []
+    if first_level is None:
+        push_children((), 1.0)
+    else:
+        for r in range(min(first_level, max_rank, budget)):
+            out.append(((r,), value((r,), 1.0)))
+            push_children(*out[-1])
     while frontier and len(out) < budget:
         neg, _, path = heapq.heappop(frontier)
         if neg >= 0.0:  # best remaining value is 0
             break
         out.append((path, -neg))
-        if len(path) < max_depth:
-            for r in range(max_rank):
-                push(path + (r,), -neg)
+        push_children(path, -neg)
     return out
 
 
-def optimal_tree_from(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int, name: str = "") -> Tree:
-    """Max-value tree with at most `budget` nodes, depth <= max_depth and ranks < max_rank, in greedy order."""
-    nodes = best_first(value_fn, budget, max_depth, max_rank)
+def optimal_tree_from(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int, name: str = "",
+                      contiguous_first_level: bool = False) -> Tree:
+    """Max-value tree with at most `budget` nodes, depth <= max_depth and ranks < max_rank, in greedy order.
+
+    contiguous_first_level: the best tree whose first level is exactly ranks 0..k-1 for some k, the shape
+    TensorRT-LLM's Python runtime assumes; exact, as the best over k of (first level 0..k-1 + greedy below).
+    """
+    if contiguous_first_level:
+        best, best_value = None, -1.0
+        for k in range(1, min(budget, max_rank) + 1):  # ties keep the smaller first level
+            nodes = best_first(value_fn, budget, max_depth, max_rank, first_level=k)
+            total = math.fsum(v for _, v in nodes)
+            if total > best_value * (1 + 1e-12) + 1e-15:
+                best, best_value = nodes, total
+        nodes = best if best_value > 0 else []
+    else:
+        nodes = best_first(value_fn, budget, max_depth, max_rank)
     if not nodes:
         raise WorkbenchError("no node has a positive acceptance probability: nothing to build a tree from "
                              "(are the accuracies all zero?)")
@@ -132,12 +156,22 @@ def _limits(acc: np.ndarray, max_depth: int | None, max_rank: int | None) -> tup
     return (k if max_depth is None else max_depth), (r if max_rank is None else max_rank)
 
 
+def _value_and_limits(value, max_depth: int | None, max_rank: int | None, what: str) -> tuple[ValueFn, int, int]:
+    """`value` as acc[K, R] (limits default to its shape) or a value function (then both limits are required)."""
+    if callable(value):
+        if max_depth is None or max_rank is None:
+            raise WorkbenchError(f"{what} with a value function needs max_depth and max_rank")
+        return value, max_depth, max_rank
+    a = check_accuracies(value)
+    return (acc_value_fn(a), *_limits(a, max_depth, max_rank))
+
+
 def optimal_tree(acc, budget: int, max_depth: int | None = None, max_rank: int | None = None,
-                 name: str = "") -> Tree:
+                 name: str = "", contiguous_first_level: bool = False) -> Tree:
     """Optimal tree for accuracies acc[K, R]; max_depth defaults to K, max_rank (ranks < it) to R."""
     a = check_accuracies(acc)
     d, r = _limits(a, max_depth, max_rank)
-    return optimal_tree_from(acc_value_fn(a), budget, d, r, name=name)
+    return optimal_tree_from(acc_value_fn(a), budget, d, r, name=name, contiguous_first_level=contiguous_first_level)
 
 
 def dense_tree(sizes) -> Tree:
@@ -152,6 +186,34 @@ def dense_tree(sizes) -> Tree:
 def dense_nodes(s: int, depth: int) -> int:
     """Node count of the Cartesian tree [s] * depth: s + s^2 + ... + s^depth."""
     return sum(s ** j for j in range(1, depth + 1))
+
+
+def best_dense_tree(value, budget: int, max_depth: int | None = None, max_rank: int | None = None) -> Tree:
+    """The best dense tree (sizes c_1, c_2, ... per level, any mix) with at most `budget` nodes: the only shape in
+    which every node of a level has the same children, ranks 0..c-1, as vLLM's tree drafter drafts them.
+
+    `value` is acc[K, R] (limits default to its shape) or a value function (then both limits are required).
+    Exact: every size vector within the budget is tried, each level's value summed once per prefix of sizes.
+    Ties keep fewer nodes.
+    """
+    fn, d, r = _value_and_limits(value, max_depth, max_rank, "best_dense_tree")
+    best: list = [(-1.0, 0), None]  # (value, -nodes), sizes
+
+    def walk(sizes: list[int], level: list[Path], nodes: int, total: float) -> None:
+        if sizes and (total, -nodes) > best[0]:
+            best[:] = [(total, -nodes), list(sizes)]
+        if len(sizes) == d:
+            return
+        for c in range(1, r + 1):
+            if nodes + len(level) * c > budget:
+                break
+            nxt = [p + (i,) for p in level for i in range(c)]
+            walk(sizes + [c], nxt, nodes + len(nxt), total + math.fsum(fn(p) for p in nxt))
+
+    walk([], [()], 0, 0.0)
+    if best[1] is None or best[0][0] <= 0:
+        raise WorkbenchError("no dense tree has a positive acceptance probability within the budget")
+    return dense_tree(best[1])
 
 
 def best_by(score, tree: Tree, budget: int, max_depth: int, max_rank: int) -> Tree:
@@ -176,14 +238,7 @@ def expected_curve(value, max_budget: int, max_depth: int | None = None,
     `value` is acc[K, R] (depth/rank limits default to its shape) or a value function (then both limits are
     required). Past the last positive-value node the curve stays flat.
     """
-    if callable(value):
-        if max_depth is None or max_rank is None:
-            raise WorkbenchError("expected_curve with a value function needs max_depth and max_rank")
-        fn, d, r = value, max_depth, max_rank
-    else:
-        a = check_accuracies(value)
-        d, r = _limits(a, max_depth, max_rank)
-        fn = acc_value_fn(a)
+    fn, d, r = _value_and_limits(value, max_depth, max_rank, "expected_curve")
     gains = [v for _, v in best_first(fn, max_budget, d, r)]
     curve = np.ones(max_budget + 1)
     curve[1:len(gains) + 1] += np.cumsum(gains)

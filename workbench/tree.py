@@ -13,10 +13,10 @@ from pathlib import Path as FilePath
 
 import torch
 
-from workbench import REPO_ROOT, WorkbenchError
+from workbench import WorkbenchError
 
 Path = tuple[int, ...]
-REFERENCE_DIR = REPO_ROOT / "trees" / "reference"
+REFERENCE_DIR = FilePath(__file__).resolve().parent / "reference_trees"  # package data: works from a wheel too
 DEFAULT_TOPK = 10
 MAX_RANK = 1 << 20  # above any vocabulary: a larger rank is a typo (and would overflow the int64 buffers)
 
@@ -59,7 +59,7 @@ class Tree:
 # ----------------------------------------------------------------------------------------------- reading
 
 def reference_trees() -> dict[str, Tree]:
-    """The nine named trees of the Medusa project, shipped under trees/reference/."""
+    """The nine named trees of the Medusa project, shipped inside the package (workbench/reference_trees/)."""
     out = {}
     for f in sorted(REFERENCE_DIR.glob("*.json")):
         data = json.loads(f.read_text())

@@ -1,0 +1,225 @@
+"""Each engine's self-contained tree-building logic, re-implemented here from its documented behaviour, run on the
+optimizer's outputs: an engine-safe tree is built exactly as written, and a tree the export warns about really is
+built differently (warning <=> mis-built, for every format and many random accuracy tables x budgets)."""
+import ast
+
+import numpy as np
+import pytest
+
+from workbench import WorkbenchError
+from workbench.export import engine_safe, export_tree
+from workbench.optimize import best_dense_tree, dense_tree, expected_length, optimal_tree
+from workbench.tree import load_tree, make_tree, reference_trees, tree_buffers
+
+TOPK = 10  # Medusa's and EAGLE-1's buffers index each head's (or draft block's) top-10
+
+
+def _bfs(choices) -> list[tuple]:
+    return sorted(map(tuple, choices), key=lambda p: (len(p), p))
+
+
+# ----------------------------------------------------------------------------------------------- engine models
+
+def trtllm_build(choices) -> tuple[int, set | None]:
+    """TensorRT-LLM's Python runtime (runtime/medusa_utils.py, run by ModelRunner): (tree ids, tree it builds).
+
+    Tree ids: the first level gets one per rank 0..(largest first-level rank); each deeper level one per node, in
+    lexicographic order. Each leaf becomes a row of tree-id indices: at depth 1 the rank itself, below it (number
+    of nodes written at the levels above) + the node's position in its level. The runtime sizes its draft
+    buffers by the number of paths written. None: a row points at an id of another depth or past the end.
+    """
+    paths = sorted(set(map(tuple, choices)))
+    depth = max(map(len, paths))
+    per_level = [sum(1 for p in paths if len(p) == d) for d in range(1, depth + 1)]
+    ids = [(1, r) for r in range(max(p[0] for p in paths) + 1)]  # (depth, rank) of each tree id
+    leaves = [p for p in paths if not any(len(q) > len(p) and q[:len(p)] == p for q in paths)]
+    rows = {leaf: [leaf[0]] for leaf in leaves}
+    for d in range(1, depth):
+        level = sorted({leaf[:d + 1] for leaf in leaves if len(leaf) > d})
+        ids += [(d + 1, node[-1]) for node in level]
+        for leaf in leaves:
+            if len(leaf) > d:
+                rows[leaf].append(sum(per_level[:d]) + level.index(leaf[:d + 1]))
+    built = set()
+    for row in rows.values():
+        ranks = ()
+        for d, i in enumerate(row):
+            if i >= len(ids) or ids[i][0] != d + 1:
+                return len(ids), None
+            ranks += (ids[i][1],)
+            built.add(ranks)
+    return len(ids), built
+
+
+def trtllm_as_written(tree) -> bool:
+    n_ids, built = trtllm_build(tree.paths)
+    return n_ids == tree.nodes and built == set(tree.paths)
+
+
+def eagle1_draft_blocks(choices) -> list[tuple]:
+    """EAGLE-1's draft side (cnets.py init_tree -> utils_c.py generate_tree_buffers): the draft model emits one
+    top-10 block for the root, then one per node that has children, level by level in sorted order. The builder
+    keeps per-level lists of those nodes (levels 1..depth-1) and indexes the first list: a depth-1 tree has
+    none, and it fails."""
+    paths = _bfs(choices)
+    inner = [p for p in paths if any(q[:-1] == p for q in paths)]
+    levels = [[p for p in inner if len(p) == d] for d in range(1, max(map(len, paths)))]
+    if not levels:
+        raise IndexError("EAGLE-1 draft buffers: no level has a node with children")
+    return [()] + [p for level in levels for p in level]
+
+
+def eagle1_build(draft_choices, verify_choices) -> list[tuple]:
+    """EAGLE-1's verifier (utils.py generate_tree_buffers): node = rank + 10 * (index of its parent among the
+    distinct parents, in sorted order) into the draft's blocks. What each written node really verifies."""
+    blocks = eagle1_draft_blocks(draft_choices)
+    parents, built = [], []
+    for p in _bfs(verify_choices):
+        if not parents or parents[-1] != p[:-1]:
+            parents.append(p[:-1])
+        block, rank = divmod(p[-1] + TOPK * (len(parents) - 1), TOPK)
+        built.append(blocks[block] + (rank,) if block < len(blocks) else None)
+    return built
+
+
+def eagle1_as_written(tree, draft=None) -> bool:
+    return eagle1_build(draft or tree.paths, tree.paths) == _bfs(tree.paths)
+
+
+def medusa_tree_indices(choices) -> list[int]:
+    """Medusa's generate_medusa_buffers: node (sorted order) -> rank + TOPK * (depth - 1) + 1 into
+    [base token] + head 1's top-10 + head 2's top-10 + ...; the root is 0."""
+    return [0] + [p[-1] + TOPK * (len(p) - 1) + 1 for p in _bfs(choices)]
+
+
+def medusa_as_written(tree) -> bool:
+    """Read each node back from its tree index (which head, which rank) and its ancestors: the written path?"""
+    order = _bfs(tree.paths)
+    read = [divmod(t - 1, TOPK) for t in medusa_tree_indices(order)[1:]]  # (head - 1, rank)
+    got = {p: read[i] for i, p in enumerate(order)}
+    return all(got[p[:d]] == (d - 1, p[d - 1]) for p in order for d in range(1, len(p) + 1))
+
+
+def vllm_drafted(choices) -> list[tuple]:
+    """vLLM's tree drafter (EAGLE proposer with speculative_token_tree): the tree is sorted breadth-first;
+    level l has n_l nodes and every draft of level l-1 gets its top-c children, c = n_l // n_(l-1), drafted level
+    by level, parent by parent; draft token i is verified as node i of the sorted tree."""
+    counts = [1] + np.bincount([len(p) for p in choices])[1:].tolist()  # written nodes per level, root = 1
+    level, out = [()], []
+    for above, n in zip(counts, counts[1:]):
+        level = [p + (r,) for p in level for r in range(n // above)]
+        out += level
+    return out
+
+
+def vllm_as_written(tree) -> bool:
+    return vllm_drafted(tree.paths) == _bfs(tree.paths)
+
+
+# ----------------------------------------------------------------------------------------------- models vs known facts
+
+def test_trtllm_model_gap_gives_wrong_number_of_tree_ids():
+    n_ids, built = trtllm_build([[0], [2], [0, 0]])  # the issue's example
+    assert n_ids == 4 and built is None  # 4 tree ids for 3 written nodes; [0, 0]'s row points at a depth-1 id
+    assert trtllm_as_written(load_tree("mc_sim_7b_63"))  # TensorRT-LLM's own example tree builds as written
+    assert trtllm_as_written(make_tree([[0], [1], [1, 0], [1, 1], [1, 1, 0]]))
+    assert trtllm_build([[1], [1, 0]]) == (3, None)  # ids for ranks 0 and 1, and [1, 0] reads id 1 (depth 1)
+    assert trtllm_build([[0], [2]]) == (3, {(0,), (2,)})  # right nodes, but 3 tree ids for 2 draft tokens
+
+
+def test_eagle1_model():
+    mc = load_tree("mc_sim_7b_63")
+    assert eagle1_as_written(mc)
+    other = make_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    assert eagle1_as_written(other)
+    assert not eagle1_as_written(other, draft=mc.paths)  # drafted with the global, verified with another tree
+    for depth1 in ([[0]], [[0], [1], [2]]):
+        with pytest.raises(IndexError):
+            eagle1_draft_blocks(depth1)
+    assert not eagle1_as_written(make_tree([[0], [0, 0], [0, 10]]))  # rank 10 reads the next block
+
+
+def test_medusa_model_matches_tree_buffers():
+    for tree in reference_trees().values():
+        assert medusa_tree_indices(tree.paths) == tree_buffers(tree).get("tree_indices").tolist()
+        assert medusa_as_written(tree)
+    assert not medusa_as_written(make_tree([[0], [10]]))  # rank 10 of head 1 is read as rank 0 of head 2
+
+
+def test_vllm_model():
+    for sizes in ([1], [4], [2, 3], [3, 1, 2]):
+        assert vllm_as_written(dense_tree(sizes))
+    for irregular in ([[0], [1], [0, 0]], [[1]], [[0], [0, 1]], [[0], [1], [0, 0], [1, 1]]):
+        assert not vllm_as_written(make_tree(irregular))
+
+
+# ----------------------------------------------------------------------------------------------- the optimizer's trees
+
+def _acc(rng, k, r):
+    """Random exact-rank accuracies in any order (so first-level gaps happen), total per head <= 1."""
+    return rng.dirichlet(np.ones(r + 1), size=k)[:, :r] * rng.uniform(0.3, 1.0, size=(k, 1))
+
+
+def _trees(n_tables=14, budgets=(1, 2, 3, 5, 8, 13, 21, 34)):
+    rng = np.random.default_rng(16)
+    for i in range(n_tables):
+        k, r = int(rng.integers(2, 5)), int(rng.integers(3, 13))  # up to 12 ranks: some trees use rank >= 10
+        acc = _acc(rng, k, r)
+        for b in budgets:
+            yield acc, b, optimal_tree(acc, b, name="t")
+
+
+def test_trtllm_warning_iff_misbuilt_and_engine_safe_builds():
+    warned = 0
+    for acc, b, tree in _trees():
+        _, warns = export_tree(tree, "trtllm", heads=acc.shape[0])
+        gap = any("first level lacks" in w for w in warns)
+        assert gap == (not trtllm_as_written(tree)), tree.paths
+        warned += gap
+        best = optimal_tree(acc, b, contiguous_first_level=True)
+        fixed, note = engine_safe(tree, "trtllm", acc)
+        for t in (best, fixed):
+            assert trtllm_as_written(t) and t.nodes <= b
+            assert export_tree(t, "trtllm", heads=acc.shape[0])[1] == []
+        # the constrained optimum is the best first-level-contiguous tree; the repair keeps to the tree's nodes
+        assert expected_length(fixed, acc) <= expected_length(best, acc) + 1e-12
+        assert expected_length(best, acc) <= expected_length(tree, acc) + 1e-12
+        assert ("already builds as written" in note) == (fixed == tree) == (not gap)
+    assert 0 < warned < 14 * 8  # both cases occur
+
+
+def test_vllm_warning_iff_misdrafted_and_best_dense_tree_drafts_as_written():
+    warned = 0
+    for acc, b, tree in _trees():
+        _, warns = export_tree(tree, "vllm")
+        assert "removed by PR #42121" in warns[0]  # every vLLM export names the versions that take the key
+        irregular = any("same number of children" in w for w in warns)
+        assert irregular == (not vllm_as_written(tree))
+        warned += irregular
+        dense = best_dense_tree(acc, b)
+        assert vllm_as_written(dense) and dense.nodes <= b
+        assert len(export_tree(dense, "vllm")[1]) == 1
+        safe = best_dense_tree(acc, tree.nodes)  # engine_safe keeps the tree's node count
+        assert engine_safe(tree, "vllm", acc)[0].paths == (tree.paths if not irregular else safe.paths)
+    assert 0 < warned < 14 * 8
+
+
+def test_eagle1_and_medusa_rank_warning_iff_misbuilt_depth1_refused():
+    warned = refused = 0
+    for acc, b, tree in _trees():
+        medusa_warns = export_tree(tree, "medusa")[1]
+        assert bool(medusa_warns) == (not medusa_as_written(tree))
+        if tree.depth == 1:
+            refused += 1
+            with pytest.raises(IndexError):
+                eagle1_draft_blocks(tree.paths)
+            with pytest.raises(WorkbenchError, match="depth-1"):
+                export_tree(tree, "eagle", strict=True)
+            continue
+        text, warns = export_tree(tree, "eagle")
+        lhs, rhs = text.splitlines()[-1].split(" = ")
+        assert lhs == "mc_sim_7b_63"  # the one global both the draft model and the verifier read
+        exported = make_tree(ast.literal_eval(rhs))
+        assert bool(warns) == (not eagle1_as_written(exported))
+        warned += bool(warns)
+    assert refused and warned
