@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import time
@@ -31,7 +30,7 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
-from workbench.io import atomic_write_json
+from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 
 NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
 
@@ -243,9 +242,7 @@ def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
 
 
 def _write_parquet(df: pd.DataFrame, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
 def _slug(text: str) -> str:
@@ -259,24 +256,57 @@ def default_name(model: str | None, prompts: str) -> str:
     return f"{_slug(model_label(model))}-{_slug(prompts)}"
 
 
+def read_meta(folder: str | Path, what: str = "--calibration") -> dict:
+    """meta.json of a calibration folder, checked for the fields readers use (topk, holdout_ids)."""
+    folder = Path(folder)
+    what = f"{what} {folder}"
+    if not (folder / "meta.json").is_file():
+        raise WorkbenchError(f"{what}: not a finished calibration folder (no meta.json; run `workbench calibrate` "
+                             "to completion)")
+    meta = read_json(folder / "meta.json", what)
+    topk, held = meta.get("topk"), meta.get("holdout_ids", [])
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= 1 << 20:
+        raise WorkbenchError(f"{what}: meta.json's topk should be a positive integer, found {str(topk)[:40]!r}")
+    if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
+        raise WorkbenchError(f"{what}: meta.json's holdout_ids should be a list of prompt ids (strings)")
+    return meta
+
+
+def read_ranks(f: Path, what: str, topk: int = 1 << 15) -> pd.DataFrame:
+    """ranks.parquet, checked: prompt_id, position, head_1..head_K with integer ranks in [-1, topk) (null past the
+    end)."""
+    try:
+        ranks = pd.read_parquet(f)
+    except Exception as e:  # truncated or foreign file: whatever pyarrow raised, one line
+        raise WorkbenchError(f"{what}: {f.name} is not a readable parquet file ({type(e).__name__})") from None
+    heads = head_columns(ranks)
+    if "prompt_id" not in ranks.columns or "position" not in ranks.columns or \
+            heads != [f"head_{k + 1}" for k in range(len(heads))] or not heads:
+        raise WorkbenchError(f"{what}: {f.name} should have columns prompt_id, position, head_1..head_K "
+                             f"(found {', '.join(map(str, ranks.columns))[:160]})")
+    for c in ["position"] + heads:
+        low, high = (0, 1 << 31) if c == "position" else (-1, topk)
+        if not pd.api.types.is_integer_dtype(ranks[c]) or not ranks[c].fillna(0).between(low, high - 1).all():
+            raise WorkbenchError(f"{what}: {f.name} column {c} should hold integers in [{low}, {high})"
+                                 f"{'' if c == 'position' else ' (or null)'}")
+    ranks["prompt_id"] = ranks["prompt_id"].astype("string")
+    return ranks
+
+
 def load_calibration(folder: str | Path, split: str = "all") -> tuple[np.ndarray, pd.DataFrame]:
     """(acc [K, topk], ranks frame) of a calibration folder; split = all | fit | holdout (ids in meta.json)."""
     folder = Path(folder)
-    meta_f, ranks_f = folder / "meta.json", folder / "ranks.parquet"
-    if not meta_f.is_file() or not ranks_f.is_file():
+    if not (folder / "ranks.parquet").is_file():
         raise WorkbenchError(f"--calibration {folder}: not a finished calibration folder (no meta.json/ranks.parquet; "
                              "run `workbench calibrate` to completion)")
-    try:
-        meta = json.loads(meta_f.read_text())
-        ranks = pd.read_parquet(ranks_f)
-    except Exception as e:  # corrupt file: one line
-        raise WorkbenchError(f"--calibration {folder}: cannot read it ({type(e).__name__}: {str(e)[:120]})") from None
+    meta = read_meta(folder)
+    ranks = read_ranks(folder / "ranks.parquet", f"--calibration {folder}", meta["topk"])
     if split not in ("all", "fit", "holdout"):
         raise WorkbenchError(f"split {split!r}: use all, fit or holdout")
     held = set(meta.get("holdout_ids", []))
     if split != "all":
         ranks = ranks[ranks["prompt_id"].isin(held) == (split == "holdout")].reset_index(drop=True)
-    acc, _ = head_accuracies(ranks, int(meta["topk"]))
+    acc, _ = head_accuracies(ranks, meta["topk"])
     return acc, ranks
 
 
@@ -371,15 +401,17 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
                                  f"model's context of {context} (lower --max-new-tokens or drop the prompt)")
 
     # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
-    reuse = reused_continuations(continuations, args) if continuations is not None else None
-    done = _prepare_folder(folder, name, args, force)
-    if not done:
-        _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
-        if reuse is not None:
-            meta = json.loads((folder / "meta.json").read_text())
-            atomic_write_json(folder / "meta.json", dict(meta, continuations_from=str(Path(continuations).resolve())))
-    trees = Path(trees_dir) if trees_dir else (folder / "trees" if out else Path("trees"))
-    return _finish(folder, name, args, records, holdout, budgets, trees)
+    reuse = reused_continuations(continuations, args, [pid for pid, _ in records], hd.vocab_size) \
+        if continuations is not None else None
+    with run_lock(folder, "--out" if out else "--name"):  # a second run on this folder refuses: no mixed parts
+        done = _prepare_folder(folder, name, args, force)
+        if not done:
+            _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
+            if reuse is not None:
+                meta = read_json(folder / "meta.json", str(folder))
+                atomic_write_json(folder / "meta.json", dict(meta, continuations_from=str(Path(continuations).resolve())))
+        trees = Path(trees_dir) if trees_dir else (folder / "trees" if out else Path("trees"))
+        return _finish(folder, name, args, records, holdout, budgets, trees)
 
 
 def heads_fingerprint(heads) -> str:
@@ -391,20 +423,37 @@ def heads_fingerprint(heads) -> str:
     return h.hexdigest()[:16]
 
 
-def reused_continuations(source: str | Path, args: dict) -> dict[str, list[int]]:
-    """prompt_id -> greedy answer from another calibration, after checking it answered the same question."""
+def reused_continuations(source: str | Path, args: dict, prompt_ids: list[str], vocab: int) -> dict[str, list[int]]:
+    """prompt_id -> greedy answer from another calibration, after checking it answered the same question (and
+    holds an answer of in-vocabulary tokens for every prompt)."""
     src = Path(source)
     meta_f, cont_f = src / "meta.json", src / "continuations.parquet"
     if not meta_f.is_file() or not cont_f.is_file():
         raise WorkbenchError(f"--continuations {source}: not a finished calibration folder (needs meta.json and "
                              "continuations.parquet)")
-    theirs = json.loads(meta_f.read_text()).get("args", {})
+    theirs = read_json(meta_f, f"--continuations {source}").get("args")
+    if not isinstance(theirs, dict):
+        raise WorkbenchError(f"--continuations {source}: meta.json has no recorded args (not a calibration folder)")
     for key in ("model", "prompts_sha256", "max_new_tokens", "dtype", "device"):
         if theirs.get(key) != args.get(key):
             raise WorkbenchError(f"--continuations {source}: recorded {key} {theirs.get(key)!r} differs from this "
                                  f"run's {args.get(key)!r}; the answers must come from the same model and prompts")
-    info = pd.read_parquet(cont_f)
-    return {str(pid): [int(t) for t in c] for pid, c in zip(info["prompt_id"], info["continuation"])}
+    answers = read_continuations(cont_f, f"--continuations {source}")
+    for pid in prompt_ids:
+        if pid not in answers or not all(0 <= t < vocab for t in answers[pid]):
+            raise WorkbenchError(f"--continuations {source}: continuations.parquet has no answer of token ids in "
+                                 f"[0, {vocab}) for prompt {pid!r} (a damaged or foreign file)")
+    return answers
+
+
+def read_continuations(f: Path, what: str) -> dict[str, list[int]]:
+    """continuations.parquet as prompt_id -> answer token ids, checked."""
+    try:
+        info = pd.read_parquet(f, columns=["prompt_id", "continuation"])
+        return {str(pid): [int(t) for t in c] for pid, c in zip(info["prompt_id"], info["continuation"])}
+    except Exception as e:  # truncated file, missing column, answers that are not token id lists
+        raise WorkbenchError(f"{what}: {f.name} is not a readable continuations file (prompt_id, continuation "
+                             f"token lists; {type(e).__name__})") from None
 
 
 def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
@@ -413,8 +462,8 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
     for f in (folder / "meta.json", folder / "parts" / "args.json"):
         if f.is_file():
             try:
-                recorded = json.loads(f.read_text()).get("args")
-            except ValueError:
+                recorded = read_json(f, str(folder)).get("args")
+            except WorkbenchError:
                 recorded = {"unreadable": str(f)}
             break
     if recorded is not None and recorded != args:
@@ -527,9 +576,13 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
     from workbench.optimize import write_accuracies
 
     shutil.rmtree(folder / "parts", ignore_errors=True)  # left over if a kill came right after the merge
-    old = json.loads((folder / "meta.json").read_text())
-    ranks = pd.read_parquet(folder / "ranks.parquet")
-    info = pd.read_parquet(folder / "continuations.parquet")
+    old = read_json(folder / "meta.json", str(folder))
+    ranks = read_ranks(folder / "ranks.parquet", str(folder))
+    try:
+        stopped = pd.read_parquet(folder / "continuations.parquet", columns=["stopped"])["stopped"]
+    except Exception as e:  # a damaged folder that claims to be complete
+        raise WorkbenchError(f"{folder}: continuations.parquet is not readable ({type(e).__name__}); rerun with "
+                             "--force") from None
     pids = [pid for pid, _ in records]
     held = holdout_split(pids, holdout)
     fit = ranks[~ranks["prompt_id"].isin(held)].reset_index(drop=True)
@@ -547,7 +600,7 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
                 dtype=args["dtype"], elapsed_seconds=old.get("compute_seconds"),
                 workbench_version=__version__, holdout=holdout, holdout_ids=sorted(held),
                 fit_positions=len(fit), holdout_positions=len(test),
-                stopped_at_eos=int((info["stopped"] == "eos").sum()),
+                stopped_at_eos=int((stopped == "eos").sum()),
                 trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"),
                 **({"continuations_from": old["continuations_from"]} if "continuations_from" in old else {}))
     atomic_write_json(folder / "meta.json", meta)

@@ -7,14 +7,13 @@ import sys
 import warnings
 
 from workbench import WorkbenchError, __version__
+from workbench.io import atomic_write_text, check_output, run_lock
 
 
 def _output(text: str, out: str | None, what: str = "") -> None:
     """Text to --out (atomically, with a note on stderr) or stdout: every command writes results this way."""
     if out:
-        from workbench.io import atomic_write_text
-
-        atomic_write_text(out, text)
+        atomic_write_text(out, text, "--out")
         if what:
             print(f"wrote {what} to {out}", file=sys.stderr)
     else:
@@ -36,6 +35,7 @@ def _tree_json(obj: dict) -> str:
 def _cmd_tree_show(args) -> int:
     from workbench.tree import ascii_tree, load_tree, tree_stats
 
+    check_output(args.png, "--png")
     tree = load_tree(args.tree, num_heads=args.heads)
     st = tree_stats(tree)
     labels = None
@@ -75,6 +75,7 @@ def _cmd_tree_buffers(args) -> int:
 
     if args.topk < 1:
         raise WorkbenchError(f"--topk must be >= 1, got {args.topk}")
+    check_output(args.out, "--out")
     tree = load_tree(args.tree, topk=args.topk)
     buf = tree_buffers(tree, topk=args.topk)
     keys = ("attn_mask", "tree_indices", "position_ids", "retrieve_indices")
@@ -100,6 +101,8 @@ def _cmd_optimize(args) -> int:
                                     optimal_tree, optimal_tree_from)
     from workbench.tree import load_tree
 
+    check_output(args.out, "--out")
+    check_output(args.curve_out, "--curve-out")
     acc, value = _objective(args)
     if args.engine_safe and (args.latency or args.curve):
         raise WorkbenchError("--engine-safe gives one tree for --budget N; drop --latency / --curve")
@@ -161,6 +164,7 @@ def _cmd_export(args) -> int:
     from workbench.export import engine_safe, export_tree
     from workbench.tree import load_tree
 
+    check_output(args.out, "--out")
     tree = load_tree(args.tree, num_heads=args.heads)
     if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
         value = _objective(args)[1] if (args.accuracies or args.calibration) else None
@@ -249,6 +253,8 @@ def _prompt_ids(text: str) -> list[int]:
         raise WorkbenchError(f"--prompt-ids {text!r}: give comma-separated integer token ids like 1,2,3") from None
     if not ids:
         raise WorkbenchError("--prompt-ids is empty: give comma-separated token ids like 1,2,3")
+    if not all(0 <= i < 1 << 31 for i in ids):
+        raise WorkbenchError(f"--prompt-ids {text[:60]!r}: token ids are integers >= 0 (below the vocabulary size)")
     return ids
 
 
@@ -274,9 +280,16 @@ def cmd_decode(args) -> int:
 
     acc = _acceptance(args)
     prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
+    try:
+        (args.prompt or "").encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line
+        raise WorkbenchError("--prompt: not valid UTF-8 text") from None
+    model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
+                                             need_tokenizer=prompt_ids is None)
     tree = load_tree(args.tree, num_heads=heads.num_heads)
     ids = prompt_ids if prompt_ids is not None else prepare_prompt(tok, args.prompt, args.raw)
+    if tok is None:
+        print("note: the model folder has no tokenizer: the output is token ids", file=sys.stderr)
     if args.compare:  # warm up kernels and allocator so neither run pays first-call costs
         vanilla_generate(model, tok, ids, 2)
     res = medusa_generate(model, heads, tok, ids, tree, args.max_new_tokens, acc)
@@ -288,7 +301,7 @@ def cmd_decode(args) -> int:
     if args.json:
         print(json.dumps(out))
         return 0
-    print(res.text)
+    print(res.text if res.text is not None else ",".join(map(str, res.token_ids)))
     line = (f"[{res.stop_reason}] {len(res.token_ids)} tokens in {res.total_s:.2f} s, {len(res.steps)} steps: "
             f"{res.acceleration_rate:.2f} tokens/step, {res.tokens_per_s:.1f} tokens/s")
     if args.compare:
@@ -348,6 +361,8 @@ def cmd_train_heads(args) -> int:
     slug = model_label(args.model).replace("/", "--").replace(".gguf", "")
     work = Path(args.work) if args.work else cache_dir() / "train-heads" / slug
     out = Path(args.out) if args.out else (DEMO_HEADS if args.model is None else Path(f"{slug}-medusa-heads"))
+    check_output(work, "--work", "folder")
+    check_output(out, "--out", "folder")
     summary = train_heads(work, cfg, args.model, out, args.device)
     print(json.dumps({k: summary[k] for k in ("answer_tokens", "steps", "validation")}, indent=2))
     print(f"heads written to {out}", file=sys.stderr)
@@ -400,6 +415,11 @@ def _budgets(text: str) -> list[int]:
 def _cmd_calibrate(args) -> int:
     from workbench.calibrate import calibrate
 
+    if args.out:
+        check_output(args.out, "--out", "folder")
+    elif args.name:
+        check_output(f"calibration/{args.name}", "--name", "folder")
+    check_output(args.trees_dir, "--trees-dir", "folder")
     meta = calibrate(args.model, args.heads, args.prompts, args.limit, args.holdout, args.max_new_tokens, args.topk,
                      _budgets(args.budgets), args.name, args.out, args.device, args.dtype, args.batch_size,
                      args.force, continuations=args.continuations, trees_dir=args.trees_dir)
@@ -473,6 +493,8 @@ def cmd_latency(args) -> int:
     contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
     if args.calibration and not (Path(args.calibration) / "meta.json").is_file():
         raise WorkbenchError(f"--calibration {args.calibration}: not a calibration folder (no meta.json)")
+    check_output(args.out, "--out")
+    check_output(None if args.out else args.calibration, "--calibration", "folder")
     heads = None
     if args.random_config:
         if args.model or args.heads:
@@ -485,14 +507,12 @@ def cmd_latency(args) -> int:
         if args.heads:
             model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
         else:
-            model, _ = load_base(args.model, args.device, args.dtype, args.attn)
+            model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False)
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (Path(args.calibration) / f"latency-{_slug(dev)}.csv" if args.calibration
                                            else default_latency_path(label, dev))
     df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label)
-    from workbench.io import atomic_write_text
-
-    atomic_write_text(out, df.to_csv(index=False))
+    atomic_write_text(out, df.to_csv(index=False), "--out")
     print(f"{dev} {df['dtype'].iloc[0]}, median of {args.repeats}:", file=sys.stderr)
     print(f"{'context':>8}{'tokens':>8}{'ms':>10}{'t(n)/t(1)':>11}", file=sys.stderr)
     for r in df.itertuples(index=False):
@@ -504,7 +524,6 @@ def cmd_latency(args) -> int:
 def _optimize_for_latency(args, acc, value) -> int:
     """`optimize --latency FILE`: the optimal tree for every budget, its predicted speedup on the measured
     hardware, and the tree with the best one (called from _cmd_optimize)."""
-    from workbench.io import atomic_write_text
     from workbench.optimize import expected_length
     from workbench.tradeoffs import hardware_aware, latency_table, read_latency, typical_context
 
@@ -518,7 +537,8 @@ def _optimize_for_latency(args, acc, value) -> int:
     if args.curve_out:
         import pandas as pd
 
-        atomic_write_text(args.curve_out, pd.DataFrame(res["rows"], columns=cols).to_csv(index=False))
+        curve = pd.DataFrame(res["rows"], columns=cols).to_csv(index=False)
+        atomic_write_text(args.curve_out, curve, "--curve-out")
     else:
         print(f"{'budget':>6}{'tokens/step':>13}{'t(n+1)/t(1)':>13}{'speedup':>9}", file=sys.stderr)
         for r in res["rows"]:
@@ -563,6 +583,7 @@ def cmd_sweep(args) -> int:
                              "`workbench calibrate`)")
     for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
         load_tree(spec)
+    check_output(args.out, "--out")
     T.read_sweep_rows(args.out)  # a foreign --out file, too
     if args.prompts == "holdout":
         records = T.holdout_records(calibration, args.limit)
@@ -572,19 +593,21 @@ def cmd_sweep(args) -> int:
     from workbench.decode import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
 
-    model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
-    trees = T.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads,
-                          replay=args.max_new_tokens if args.replay else None)
-    configs = T.sweep_configs(trees, temps, eps, delta)
-    prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
-    info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
-                limit=args.limit, calibration=str(calibration or ""),
-                heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
-    ids = [pid for pid, _ in records] if args.prompts == "holdout" else None  # the calibration's own prompts
-    predict = T.calibration_predictions(calibration, args.max_new_tokens, ids) if calibration else None
-    print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}", file=sys.stderr)
-    df = T.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
-                     progress=not args.quiet)
+    with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
+        model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
+        trees = T.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads,
+                              replay=args.max_new_tokens if args.replay else None)
+        configs = T.sweep_configs(trees, temps, eps, delta)
+        prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
+        info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
+                    limit=args.limit, calibration=str(calibration or ""),
+                    heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
+        ids = [pid for pid, _ in records] if args.prompts == "holdout" else None  # the calibration's own prompts
+        predict = T.calibration_predictions(calibration, args.max_new_tokens, ids) if calibration else None
+        print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}",
+              file=sys.stderr)
+        df = T.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
+                         progress=not args.quiet)
     df = df[df["run"] == df["run"].iloc[-1]]
     print(f"{'tree':<22}{'nodes':>6}{'T':>5}{'eps':>6}{'tok/step':>9}{'speedup':>9}{'exact':>7}", file=sys.stderr)
     for r in df.itertuples(index=False):
@@ -599,14 +622,14 @@ def cmd_sweep_report(args) -> int:
 
     from workbench.tradeoffs import read_latency, read_sweep, summarize
 
-    if args.figures and Path(args.figures).exists() and not Path(args.figures).is_dir():
-        raise WorkbenchError(f"--figures {args.figures}: not a folder (give a folder for the PNGs)")
+    check_output(args.out, "--out")
+    check_output(args.figures, "--figures", "folder")
+    sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
     _output(summarize(args.sweep, args.latency, args.context), args.out, "the report")
     if args.figures:
         from workbench.plots import report_figures
 
-        latency = read_latency(args.latency) if args.latency else None
-        for f in report_figures(read_sweep(args.sweep), latency, args.figures, Path(args.sweep).stem):
+        for f in report_figures(sweep, latency, args.figures, Path(args.sweep).stem):
             print(f"figure written to {f}", file=sys.stderr)
     return 0
 
@@ -694,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except WorkbenchError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)  # one line, whatever a library said
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""Prompt sets: Alpaca-eval, MT-bench (first turns) or a user file, read with `datasets`.
+"""Prompt sets: Alpaca-eval, MT-bench (first turns) or a user file (JSON/JSON lines parsed by Python's json
+module, CSV/parquet read with `datasets`).
 
 Chat-template wrapping and tokenisation live in `decode.prepare_prompt` (one copy, shared with the live decoder).
 
@@ -7,6 +8,7 @@ calibration runs offline; only if neither holds the file do we ask the Hugging F
 """
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -28,8 +30,25 @@ def data_dirs() -> list[Path]:
     return dirs + [REPO_ROOT.parent / "shared" / "data"]
 
 
-def _read_file(path: Path):
-    """A `datasets.Dataset` from a JSON/JSONL/CSV/parquet file; any reader failure becomes one line."""
+def _json_rows(path: Path) -> list[dict]:
+    """A JSON list of objects or JSON lines, parsed by Python's json module: pyarrow's JSON reader (what
+    `datasets` would use) can crash the whole process with a segfault on some damaged files."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        obj = json.loads(text)
+        rows = obj if isinstance(obj, list) else [obj]
+    except ValueError as e:  # JSON lines (or garbage: then the first error is the one to show)
+        try:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except ValueError:
+            raise e from None
+    if not all(isinstance(r, dict) for r in rows):
+        raise ValueError("expected a list of JSON objects (one per prompt) or one object per line")
+    return rows
+
+
+def _read_file(path: Path) -> tuple[list[str], list[dict]]:
+    """(columns, rows) of a JSON/JSONL/CSV/parquet file; any reader failure becomes one line."""
     import datasets
 
     fmt = FILE_FORMATS.get(path.suffix.lower())
@@ -40,12 +59,21 @@ def _read_file(path: Path):
         raise WorkbenchError(f"--prompts {path}: the file is empty")
     datasets.disable_progress_bars()
     try:
-        return datasets.load_dataset(fmt, data_files=str(path), split="train")
-    except Exception as e:  # malformed JSON/CSV: whatever arrow raised, one line naming the file
+        if fmt == "json":
+            rows = _json_rows(path)
+            if not rows:
+                raise ValueError("corresponds to no data")
+            return list(dict.fromkeys(k for r in rows for k in r)), rows
+        return _table(datasets.load_dataset(fmt, data_files=str(path), split="train"))
+    except Exception as e:  # malformed JSON/CSV: whatever the reader raised, one line naming the file
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "corresponds to no data" in msg:  # datasets' words for a file with no rows, e.g. `[]`
             raise WorkbenchError(f"--prompts {path}: the file holds no prompts") from None
         raise WorkbenchError(f"--prompts {path}: cannot read it as {fmt} ({msg[:200]})") from None
+
+
+def _table(ds) -> tuple[list[str], list[dict]]:
+    return ds.column_names, ds.to_list()  # arrow decodes lazily: bad UTF-8 in a string surfaces only here
 
 
 def _read_named(name: str):
@@ -57,7 +85,7 @@ def _read_named(name: str):
 
     datasets.disable_progress_bars()
     try:
-        return datasets.load_dataset(**hub), f"hub:{hub['path']}"
+        return _table(datasets.load_dataset(**hub)), f"hub:{hub['path']}"
     except Exception as e:  # offline, or the hub moved: say where we looked
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise WorkbenchError(f"--prompts {name}: no local {local} (looked in $WORKBENCH_DATA_DIR and "
@@ -81,26 +109,32 @@ def load_prompt_records(spec: str, limit: int | None = None) -> list[tuple[str, 
     if limit is not None and limit <= 0:
         raise WorkbenchError(f"--limit {limit}: must be a positive number of prompts")
     if spec in NAMED_SETS:
-        ds, where = _read_named(spec)
+        (columns, rows), where = _read_named(spec)
     else:
         path = Path(spec)
         if not path.is_file():
             raise WorkbenchError(f"--prompts {spec}: no such file (or use one of: {', '.join(NAMED_SETS)})")
-        ds, where = _read_file(path), str(path)
-    column = next((c for c in TEXT_COLUMNS if c in ds.column_names), None)
+        (columns, rows), where = _read_file(path), str(path)
+    column = next((c for c in TEXT_COLUMNS if c in columns), None)
     if column is None:
         raise WorkbenchError(f"--prompts {where}: no prompt column (need one of {', '.join(TEXT_COLUMNS)}; "
-                             f"found {', '.join(ds.column_names) or 'none'})")
-    id_col = next((c for c in ID_COLUMNS if c in ds.column_names), None)
+                             f"found {', '.join(map(str, columns))[:160] or 'none'})")
+    id_col = next((c for c in ID_COLUMNS if c in columns), None)
     records, seen = [], set()
-    for i, row in enumerate(ds):
-        text = _text(row[column])
+    for i, row in enumerate(rows):
+        text = _text(row.get(column))
         extra = _text(row.get("input")) if column == "instruction" else ""
         if extra:
             text = f"{text}\n\n{extra}"
         if not text:
             continue
-        pid = str(row[id_col]) if id_col and row[id_col] is not None else str(i)
+        pid = str(row[id_col]) if id_col and row.get(id_col) is not None else str(i)
+        if not text.isascii():
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate such as "\ud800" in JSON: no tokenizer takes it
+                raise WorkbenchError(f"--prompts {where}: prompt {pid[:40]!r} is not valid Unicode text (a lone "
+                                     "surrogate escape like \\ud800)") from None
         if pid in seen:
             raise WorkbenchError(f"--prompts {where}: duplicate {id_col} '{pid}' (ids must be unique)")
         seen.add(pid)

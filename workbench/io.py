@@ -1,19 +1,180 @@
-"""Small file helpers shared by every long job: atomic writes, so an interrupted run never leaves half a file."""
+"""File helpers every writer shares: the one atomic writer, output checks made before long work, and run locks.
+
+Atomic: a file is written to a hidden temp file beside it and renamed over it, so an interrupted run never
+leaves half a file. Checked: an output location that cannot be written is refused in one line naming the flag
+and the path before any model loads, not with a traceback an hour later. Locked: two long runs on the same
+folder would interleave their parts, so the second refuses while the first (whose pid the lock file holds) lives.
+"""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
 
+from workbench import WorkbenchError
 
-def atomic_write_text(path: str | Path, text: str) -> Path:
+LOCK_NAME = ".workbench.lock"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def _drop_stale_temps(path: Path) -> None:
+    """Temp files of this target left by a killed writer (its pid is dead): a killed run leaves no litter."""
+    for f in path.parent.glob(f".{path.name}.*.tmp*"):
+        pid = f.name[len(path.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            f.unlink(missing_ok=True)
+
+
+def _remove(f: Path) -> None:
+    try:
+        f.unlink(missing_ok=True)
+    except OSError:
+        pass
+
+
+def _reason(e: OSError) -> str:
+    return e.strerror or type(e).__name__
+
+
+def atomic_write(path: str | Path, write, what: str = "") -> Path:
+    """`write(tmp)` fills a temp file beside `path` (same suffix, so savefig/to_parquet see the format), which
+    then replaces `path` in one rename. Any OS failure is one WorkbenchError naming `what` (e.g. '--out') and
+    the path. The temp file goes on failure; one a killed writer left goes with the next write of `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    label = f"{what} {path}" if what else str(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _drop_stale_temps(path)
+        write(tmp)
+        os.replace(tmp, path)
+    except Exception as e:  # writers wrap OS errors in their own types (safetensors): find the precise reason
+        _remove(tmp)
+        check_output(path, what, "file", label)  # a folder there, a parent that is a file, no write permission
+        if isinstance(e, OSError):  # disk full, name too long, ...
+            raise WorkbenchError(f"{label}: cannot write it ({_reason(e)})") from None
+        raise
+    except BaseException:
+        _remove(tmp)
+        raise
     return path
 
 
-def atomic_write_json(path: str | Path, obj) -> Path:
-    return atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+def atomic_write_text(path: str | Path, text: str, what: str = "") -> Path:
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), what)
+
+
+def atomic_write_json(path: str | Path, obj, what: str = "") -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2) + "\n", what)
+
+
+def check_output(path: str | Path | None, flag: str, kind: str = "file", label: str = "") -> None:
+    """Refuse, in one line naming `flag` and the path, an output location that cannot be written: a file where a
+    folder is needed or the reverse, a parent that is a file, a folder we may not write in. Creates nothing
+    (a probe file in the nearest existing folder is made and removed at once). kind: 'file' or 'folder'."""
+    if path is None or path == "":
+        return
+    path = Path(path)
+    label = label or f"{flag} {path}"
+    try:
+        _check_output(path, kind, label)
+    except OSError as e:  # a name too long, a loop of links, ...: the stat calls themselves fail
+        raise WorkbenchError(f"{label}: cannot write there ({_reason(e)})") from None
+
+
+def _check_output(path: Path, kind: str, label: str) -> None:
+    if path.exists():
+        if kind == "file" and path.is_dir():
+            raise WorkbenchError(f"{label}: is a folder; give a file name")
+        if kind == "folder" and not path.is_dir():
+            raise WorkbenchError(f"{label}: is a file, not a folder; give a folder")
+    folder = path if kind == "folder" else path.parent
+    existing = folder if str(folder) else Path(".")
+    while not existing.exists():
+        if existing.is_symlink():
+            raise WorkbenchError(f"{label}: {existing} is a broken link")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise WorkbenchError(f"{label}: {existing} is a file, not a folder")
+    probe = existing / f".workbench-probe.{os.getpid()}.tmp"
+    try:
+        probe.touch()
+        probe.unlink()
+    except OSError as e:
+        where = "" if existing == folder else f" (cannot create folders under {existing})"
+        raise WorkbenchError(f"{label}: cannot write there{where}: {_reason(e)}") from None
+
+
+@contextmanager
+def run_lock(target: str | Path, what: str, kind: str = "folder"):
+    """Hold an exclusive lock on a run's folder (or file) for the duration of the block.
+
+    The lock file (`.workbench.lock` in the folder, `.NAME.lock` beside a file) holds the owner's pid; the lock
+    itself is an flock, which the kernel drops when the owner dies, so a lock left by a killed run (pid dead) is
+    simply taken over. A second run on the same target refuses in one line naming the owner's pid. A folder the
+    lock had to create is removed again if the run left it empty (a refused run writes nothing)."""
+    target = Path(target)
+    folder = target if kind == "folder" else target.parent
+    top = folder  # the outermost folder this lock creates (removed again if the run leaves it empty)
+    while not top.parent.exists() and top.parent != top:
+        top = top.parent
+    created = not top.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise WorkbenchError(f"{what} {target}: cannot create the folder ({_reason(e)})") from None
+    path = folder / LOCK_NAME if kind == "folder" else folder / f".{target.name}.lock"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise WorkbenchError(f"{what} {target}: another run (pid {owner}) is writing there right now; wait for "
+                                 f"it to finish or use another {what} (lock file {path})") from None
+        try:  # the holder before us may have removed the file between our open and flock: lock the new one
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+        while created and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
+            if folder == top:
+                break
+            folder = folder.parent
+
+
+
+def read_json(path: str | Path, what: str, kind: type = dict):
+    """A JSON file that must hold a `kind` (an object by default), or one line naming the file and what is wrong."""
+    path = Path(path)
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        msg = str(e).splitlines()[0][:120] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"{what}: {path.name} is not readable JSON ({msg})") from None
+    if not isinstance(obj, kind):
+        raise WorkbenchError(f"{what}: {path.name} should hold a JSON {'object' if kind is dict else kind.__name__}, "
+                             f"found {type(obj).__name__}")
+    return obj

@@ -100,9 +100,15 @@ def demo_model_dir() -> Path:
     return out
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
+
+
 def load_base(model: str | None = None, device: str | None = None, dtype: str | None = None,
-              attn_implementation: str | None = None):
-    """(model, tokenizer) for a hub id, a local folder, a `.gguf` file, or (None) the embedded demo model."""
+              attn_implementation: str | None = None, need_tokenizer: bool = True):
+    """(model, tokenizer) for a hub id, a local folder, a `.gguf` file, or (None) the embedded demo model.
+
+    need_tokenizer=False: a local model folder without tokenizer files gives tokenizer None (token ids in and
+    out need none)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dev = pick_device(device)
@@ -119,15 +125,25 @@ def load_base(model: str | None = None, device: str | None = None, dtype: str | 
         src, extra = str(p.parent), {"gguf_file": p.name}
     else:
         src, extra = model, {}
+    no_tokenizer = (Path(src) / "config.json").is_file() and not extra and \
+        not any((Path(src) / f).is_file() for f in TOKENIZER_FILES)  # a model folder, weights only
+    if no_tokenizer and need_tokenizer:
+        raise WorkbenchError(f"--model {model}: the folder has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): "
+                             "add the tokenizer files, or give token ids with --prompt-ids")
     try:
-        tok = AutoTokenizer.from_pretrained(src, **extra)
-        m = AutoModelForCausalLM.from_pretrained(src, **kwargs, **extra)
-    except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        tok = None if no_tokenizer else AutoTokenizer.from_pretrained(src, **extra)
+        m, info = AutoModelForCausalLM.from_pretrained(src, **kwargs, **extra, output_loading_info=True)
+    except Exception as e:  # missing, truncated or foreign files: whatever transformers or safetensors raised
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise WorkbenchError(f"--model {model}: cannot load it ({first})") from None
+    bad = list(info.get("missing_keys", [])) + [k[0] if isinstance(k, tuple) else k
+                                                  for k in info.get("mismatched_keys", [])]
+    if bad:  # transformers would fill them with random numbers: a model that silently talks nonsense
+        raise WorkbenchError(f"--model {model}: its weights do not fit its config ({len(bad)} tensors missing or of "
+                             f"the wrong shape, e.g. {str(bad[0])[:80]})")
     m.to(dev).eval()
     m.requires_grad_(False)
-    if tok.pad_token_id is None:
+    if tok is not None and tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return m, tok
 
@@ -261,19 +277,24 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt or foreign file: one line, whatever the library raised
         raise WorkbenchError(f"{path}: cannot read the weights ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
-    if not isinstance(obj, dict) or not all(isinstance(v, torch.Tensor) for v in obj.values()):
-        raise WorkbenchError(f"{path}: not a state dict of tensors")
+    if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
+        raise WorkbenchError(f"{path}: not a state dict of tensors (expected Medusa heads: names -> tensors)")
     return obj
 
 
 def _read_config(folder: Path) -> dict:
+    """A heads folder's config.json; the numbers it may hold are checked (the weights decide everything else)."""
+    from workbench.io import read_json
+
     f = folder / "config.json"
     if not f.is_file():
         return {}
-    try:
-        return json.loads(f.read_text())
-    except ValueError as e:
-        raise WorkbenchError(f"{f}: not valid JSON ({e})") from None
+    cfg = read_json(f, str(folder))
+    for key in ("medusa_num_heads", "medusa_num_layers", "vocab_size"):
+        v = cfg.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 31):
+            raise WorkbenchError(f"{f}: {key} should be a positive integer, found {str(v)[:40]!r}")
+    return cfg
 
 
 def load_heads(path: str | Path | None = None) -> tuple[MedusaHeads, dict]:
@@ -337,24 +358,22 @@ def save_heads(heads: MedusaHeads, folder: str | Path, base_model: str, fmt: int
         raise WorkbenchError("format 1 needs a per-head lm_head; these heads share the base lm_head (use format 2)")
     if fmt == 2 and not heads.tied:
         raise WorkbenchError("format 2 has no per-head lm_head; these heads have their own (use format 1)")
+    from workbench.io import atomic_write, atomic_write_json
+
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
-    tmp = folder / f"{HEADS_FILE}.safetensors.tmp"
-    save_file(sd, str(tmp))
-    os.replace(tmp, folder / f"{HEADS_FILE}.safetensors")
+    atomic_write(folder / f"{HEADS_FILE}.safetensors", lambda tmp: save_file(sd, str(tmp)), "--out")
     cfg = dict(medusa_num_heads=heads.num_heads, medusa_num_layers=heads.num_layers,
                base_model_name_or_path=base_model, hidden_size=heads.hidden_size, vocab_size=heads.vocab_size,
                tied_lm_head=heads.tied, medusa_format=fmt, **(extra or {}))
-    tmp = folder / "config.json.tmp"
-    tmp.write_text(json.dumps(cfg, indent=2) + "\n")
-    os.replace(tmp, folder / "config.json")
+    atomic_write_json(folder / "config.json", cfg, "--out")
     return folder
 
 
 def load_model_and_heads(model: str | None = None, heads: str | None = None, device: str | None = None,
-                         dtype: str | None = None, attn_implementation: str | None = None):
-    """(base, tokenizer, heads) on one device/dtype, checked to fit each other.
+                         dtype: str | None = None, attn_implementation: str | None = None,
+                         need_tokenizer: bool = True):
+    """(base, tokenizer, heads) on one device/dtype, checked to fit each other (tokenizer: see load_base).
 
     Without --model and --heads: the demo model and its shipped heads. With --model only: heads are required.
     """
@@ -365,7 +384,7 @@ def load_model_and_heads(model: str | None = None, heads: str | None = None, dev
     if heads is None and model is not None:
         heads = model  # full Medusa-2 checkpoint: the heads live in the model folder
     h, _ = load_heads(heads)  # before the base model: a bad heads path fails in a second, not after a model load
-    base, tok = load_base(model, device, dtype, attn_implementation)
+    base, tok = load_base(model, device, dtype, attn_implementation, need_tokenizer)
     if h.tied and not h.vocab_size:
         h.vocab_size = base.get_output_embeddings().weight.shape[0]
     check_heads_fit(h, base)

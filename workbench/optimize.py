@@ -347,14 +347,11 @@ def read_accuracies(path, return_counts: bool = False):
 
 
 def _read_pt(f: FilePath):
-    import pickle
-    import zipfile
-
     import torch
 
     try:
         hits = torch.load(f, map_location="cpu", weights_only=True)
-    except (RuntimeError, pickle.UnpicklingError, EOFError, ValueError, OSError, zipfile.BadZipFile):
+    except Exception:  # the unpickler raises anything on a damaged file (KeyError, struct.error, ...): one line
         raise WorkbenchError(f"accuracy file {f}: not a readable torch file of plain tensors (expected Medusa's "
                              "heads_accuracy.py output: a list of bool tensors [positions, topk])") from None
     return accuracies_from_hits(hits)
@@ -381,11 +378,12 @@ def _read_csv(f: FilePath):
         raise WorkbenchError(f"{what} has a header but no rows")
     cols = ["head", "rank", "accuracy"] + (["count"] if "count" in df.columns else [])
     num = df[cols].apply(pd.to_numeric, errors="coerce")
-    for c in ("head", "rank"):
-        bad = num[c].isna() | (num[c] < 1) | (num[c] % 1 != 0)
+    for c, most in (("head", 1 << 10), ("rank", 1 << 20)):
+        bad = num[c].isna() | (num[c] < 1) | (num[c] % 1 != 0) | (num[c] > most)
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
-            raise WorkbenchError(f"{what}: row {i + 2}: {c} '{df[c].iloc[i]}' is not a positive integer (1-based)")
+            raise WorkbenchError(f"{what}: row {i + 2}: {c} '{df[c].iloc[i]}' is not a positive integer (1-based, "
+                                 f"at most {most})")
     bad = num["accuracy"].isna() | (num["accuracy"] < 0) | (num["accuracy"] > 1)
     if bad.any():
         i = int(np.argmax(bad.to_numpy()))
@@ -406,7 +404,7 @@ def _read_csv(f: FilePath):
     counts = None
     if "count" in num.columns:
         c = num.groupby("head")["count"].first().reindex(range(1, k + 1))
-        if c.isna().any() or (c < 0).any():
+        if c.isna().any() or (c < 0).any() or (c >= 1 << 62).any():
             raise WorkbenchError(f"{what}: count must be a non-negative number of positions for every head")
         counts = c.to_numpy().astype(np.int64)
     return acc, counts

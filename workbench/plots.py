@@ -30,14 +30,9 @@ def legend_outside(ax, handles=None, labels=None, **kw) -> None:
 
 def save_png(fig: Figure, path: str | FilePath, dpi: int = 150) -> FilePath:
     """Write a figure as PNG (atomically: an interrupted write never leaves half an image)."""
-    import os
+    from workbench.io import atomic_write
 
-    path = FilePath(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}.png")
-    fig.savefig(tmp, dpi=dpi, bbox_inches="tight")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png"))
 
 
 # ----------------------------------------------------------------------------------------------- trees

@@ -24,7 +24,7 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError
-from workbench.io import atomic_write_text
+from workbench.io import atomic_write_text, read_json
 from workbench.tree import Tree, load_tree
 
 LATENCY_COLUMNS = ["model", "device", "dtype", "context", "tokens", "seconds"]
@@ -251,9 +251,9 @@ def default_latency_path(model_label: str, device: str, calibration_root: str | 
     root = Path(calibration_root)
     for meta in sorted(root.glob("*/meta.json")):
         try:
-            if json.loads(meta.read_text()).get("model") == model_label:
+            if read_json(meta, str(meta.parent)).get("model") == model_label:
                 return meta.parent / f"latency-{_slug(device)}.csv"
-        except ValueError:
+        except WorkbenchError:  # not ours to judge here: a damaged folder is skipped
             continue
     return root / _slug(model_label) / f"latency-{_slug(device)}.csv"
 
@@ -264,8 +264,9 @@ def _read_csv(path, what: str, columns: tuple[str, ...], maker: str) -> pd.DataF
         raise WorkbenchError(f"{what} {path}: no such file (make one with `{maker}`)")
     try:
         df = pd.read_csv(path)
-    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError) as e:
-        raise WorkbenchError(f"{what} {path}: not a readable CSV ({str(e).splitlines()[0][:100]})") from None
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as e:
+        msg = str(e).splitlines()[0][:100] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"{what} {path}: not a readable CSV ({msg})") from None
     missing = [c for c in columns if c not in df.columns]
     if missing or df.empty:
         raise WorkbenchError(f"{what} {path}: needs rows with columns {','.join(columns)} "
@@ -273,12 +274,24 @@ def _read_csv(path, what: str, columns: tuple[str, ...], maker: str) -> pd.DataF
     return df
 
 
-def read_sweep(path) -> pd.DataFrame:
-    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs."""
-    df = _read_csv(path, "sweep CSV", ("tree", "nodes", "acceleration_rate"), "workbench sweep --out FILE.csv")
-    for c in ("nodes", "acceleration_rate"):
-        if pd.to_numeric(df[c], errors="coerce").isna().any():
-            raise WorkbenchError(f"sweep CSV {path}: column {c} must be numeric on every row")
+SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration")
+
+
+def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
+    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs: numeric columns hold finite
+    numbers (or nothing), nodes and acceleration_rate on every row."""
+    df = _read_csv(path, what, ("tree", "nodes", "acceleration_rate"), "workbench sweep --out FILE.csv")
+    for c in df.columns:
+        if c in SWEEP_TEXT or c not in SWEEP_COLUMNS:
+            continue
+        num = pd.to_numeric(df[c], errors="coerce")
+        required = c in ("nodes", "acceleration_rate")
+        bad = (num.isna() & (df[c].notna() | required)) | np.isinf(num)
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} holds {str(df[c].iloc[i])[:40]!r}, "
+                                 f"not a finite number")
+        df[c] = num
     return df
 
 
@@ -286,8 +299,12 @@ def read_latency(path) -> pd.DataFrame:
     """A latency CSV, checked: LATENCY_COLUMNS present, positive token counts and seconds."""
     df = _read_csv(path, "--latency", ("context", "tokens", "seconds"), "workbench latency")
     num = df[["context", "tokens", "seconds"]].apply(pd.to_numeric, errors="coerce")
-    if num.isna().any().any() or (num["tokens"] < 1).any() or (num["seconds"] <= 0).any():
-        raise WorkbenchError(f"--latency {path}: context/tokens must be integers >= 1 and seconds > 0 on every row")
+    ints = num[["context", "tokens"]]
+    if num.isna().any().any() or (ints % 1 != 0).any().any() or (num["context"] > 1 << 24).any() or \
+            not num["tokens"].between(1, 1 << 16).all() or (num["context"] < 0).any() or \
+            not (num["seconds"] > 0).all() or np.isinf(num["seconds"]).any():
+        raise WorkbenchError(f"--latency {path}: context/tokens must be integers (tokens 1..{1 << 16}) and seconds "
+                             "finite numbers > 0 on every row")
     df[["context", "tokens", "seconds"]] = num
     df[["context", "tokens"]] = df[["context", "tokens"]].astype(int)
     return df
@@ -326,10 +343,14 @@ def typical_context(calibration) -> float | None:
     f = Path(calibration) / "continuations.parquet"
     if not f.is_file():
         return None
-    info = pd.read_parquet(f, columns=["prompt_tokens", "continuation"])
-    if info.empty:
-        return None
-    return float((info["prompt_tokens"] + info["continuation"].map(len) / 2).mean())
+    try:
+        info = pd.read_parquet(f, columns=["prompt_tokens", "continuation"])
+        if not all(isinstance(c, (list, np.ndarray)) for c in info["continuation"]):
+            raise TypeError("continuation cells are not token lists")
+        return float((info["prompt_tokens"] + info["continuation"].map(len) / 2).mean()) if len(info) else None
+    except Exception as e:  # truncated file, wrong columns or types
+        raise WorkbenchError(f"--calibration {calibration}: {f.name} is not a readable continuations file "
+                             f"(prompt_tokens, continuation token lists; {type(e).__name__})") from None
 
 
 # ----------------------------------------------------------------------------------------------- hardware-aware choice
@@ -434,9 +455,15 @@ def holdout_records(calibration, limit: int | None = None) -> list[tuple[str, st
     """The calibration's held-out prompts (never used to fit its trees): the honest test set for predictions."""
     from workbench.data import load_prompt_records
 
-    meta = json.loads((Path(calibration) / "meta.json").read_text())
+    from workbench.calibrate import read_meta
+
+    meta = read_meta(calibration)
     held = set(meta.get("holdout_ids", []))
-    records = [r for r in load_prompt_records(meta["prompts"], meta.get("limit")) if r[0] in held]
+    limit_ = meta.get("limit")
+    if not isinstance(meta.get("prompts"), str) or not (limit_ is None or isinstance(limit_, int)):
+        raise WorkbenchError(f"--calibration {calibration}: meta.json does not say which prompts it used "
+                             "(prompts, limit)")
+    records = [r for r in load_prompt_records(meta["prompts"], limit_) if r[0] in held]
     if not records:
         raise WorkbenchError(f"--prompts holdout: calibration {calibration} has no held-out prompts "
                              "(calibrate with --holdout 0.2, or name a prompt set)")
@@ -515,12 +542,19 @@ def read_sweep_rows(path) -> list[dict]:
     f = Path(path)
     if not f.is_file() or f.stat().st_size == 0:
         return []
-    with f.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames != SWEEP_COLUMNS:
-            raise WorkbenchError(f"--out {path}: exists but is not a sweep CSV of this version (columns differ); "
-                                 "use another --out")
-        return list(reader)
+    try:
+        with f.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            same = reader.fieldnames == SWEEP_COLUMNS
+            rows = list(reader) if same else []
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise WorkbenchError(f"--out {path}: exists but is not a readable CSV ({str(e)[:100]}); use another --out") from None
+    if not same:
+        raise WorkbenchError(f"--out {path}: exists but is not a sweep CSV of this version (columns differ); "
+                             "use another --out")
+    if rows:
+        read_sweep(path, "--out")  # every row well-formed, or one line before hours of decoding
+    return rows
 
 
 def _write_rows(path, rows: list[dict]) -> None:
@@ -685,9 +719,7 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
     per step, optimized vs dense (Fig. 4a/4b), the hardware-aware choice vs the best measured speedup, and
     typical acceptance vs epsilon and temperature (Fig. 5)."""
     f = Path(sweep_csv)
-    if not f.is_file():
-        raise WorkbenchError(f"sweep CSV {sweep_csv}: no such file (run `workbench sweep --out FILE` first)")
-    df = pd.read_csv(f)
+    df = read_sweep(f)
     if list(df.columns) != SWEEP_COLUMNS or df.empty:
         raise WorkbenchError(f"sweep CSV {sweep_csv}: not a sweep CSV with rows (columns differ or it is empty)")
     def values(col):

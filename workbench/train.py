@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.decode import eos_ids
-from workbench.io import atomic_write_json
+from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.models import MedusaHeads, check_heads_fit, load_base, load_heads, model_label, save_heads
 
 SHARED = REPO_ROOT.parent / "shared" / "data"
@@ -130,7 +130,7 @@ def generate_part(model, tok, texts: list[str], max_new_tokens: int, answer: int
 
 
 def part_infos(parts_dir: Path) -> list[tuple[Path, dict]]:
-    return [(p, json.loads(p.with_suffix(".json").read_text())) for p in sorted(parts_dir.glob("part-*.pt"))]
+    return [(p, read_json(p.with_suffix(".json"), str(parts_dir))) for p in sorted(parts_dir.glob("part-*.pt"))]
 
 
 def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str | None) -> list[Path]:
@@ -159,11 +159,10 @@ def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str
         todo = todo[len(batch):]
         part = generate_part(model, tok, batch, cfg.max_new_tokens, j)  # greedy_continuations runs without grad
         path = parts_dir / f"part-{i:05d}.pt"
-        tmp = path.with_suffix(".tmp")
-        torch.save({k: v for k, v in part.items() if k != "answer_tokens"}, tmp)
-        tmp.replace(path)
+        # the JSON first: a part counts as done once its .pt is there, so a kill between the two loses nothing
         atomic_write_json(path.with_suffix(".json"), {"answer_tokens": part["answer_tokens"], "prompts": len(batch),
                                                       "prompt_keys": [prompt_key(t, j) for t in batch]})
+        atomic_write(path, lambda tmp: torch.save({k: v for k, v in part.items() if k != "answer_tokens"}, tmp))
         have += part["answer_tokens"]
         bar.update(part["answer_tokens"])
         i += 1
@@ -235,7 +234,14 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path, device: str | None = None,
                 log_every: int = 50) -> dict:
-    """Run all three phases; returns the training summary written beside the heads."""
+    """Run all three phases; returns the training summary written beside the heads. Holds the work folder's lock:
+    two runs on one folder would interleave their parts."""
+    with run_lock(work, "--work"):
+        return _train_heads(work, cfg, model_name, out, device, log_every)
+
+
+def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path, device: str | None,
+                 log_every: int) -> dict:
     t0 = time.time()
     start = load_heads(cfg.init)[0] if cfg.init else None  # checked before hours of generation, not after
     if start is not None and (start.num_heads, start.num_layers, start.tied) != (cfg.num_heads, cfg.num_layers, cfg.tied):
@@ -256,7 +262,9 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     full_head = base.get_output_embeddings()
     # active-vocabulary phase, then the full softmax: tokens the data never emits must learn to lose, too
     small_head, small_targets = restrict_vocab(full_head, targets) if cfg.active_steps and cfg.tied else (None, None)
-    heads = MedusaHeads(hidden.shape[1], full_head.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.tied)
+    with torch.random.fork_rng(devices=[]):  # the biases' init from --seed: a rerun trains the same heads
+        torch.manual_seed(cfg.seed)
+        heads = MedusaHeads(hidden.shape[1], full_head.weight.shape[0], cfg.num_heads, cfg.num_layers, cfg.tied)
     if start is not None:
         check_heads_fit(start, base)
         heads.load_state_dict(start.float().state_dict())
@@ -276,12 +284,16 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     run["parts"] = [p.name for p in parts]
     ckpt = work / f"checkpoint-{hashlib.sha1(json.dumps(run, sort_keys=True).encode()).hexdigest()[:12]}.pt"
     step, history = 0, []
+    g = torch.Generator().manual_seed(cfg.seed)
     if ckpt.is_file():
         state = torch.load(ckpt, weights_only=True)
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
         step, history = int(state["step"]), json.loads(state["history"])
-    g = torch.Generator().manual_seed(cfg.seed + step)
+        if "rng" in state:  # the sampler's state: a resumed run draws the batches an unbroken one would
+            g.set_state(state["rng"])
+        else:  # a checkpoint from before the state was saved
+            g.manual_seed(cfg.seed + step)
     N = hidden.shape[0]
     bar = tqdm(total=cfg.steps, initial=step, desc="train heads", unit="step", dynamic_ncols=True)
     autocast = torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
@@ -303,10 +315,9 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
         bar.set_postfix(loss=f"{loss.item():.3f}", top1=" ".join(f"{a:.2f}" for a in acc))
         if step % log_every == 0 or step == cfg.steps:
             history.append({"step": step, "loss": round(loss.item(), 4), "top1": [round(a, 4) for a in acc]})
-            tmp = ckpt.with_suffix(".tmp")
-            torch.save({"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step,
-                        "history": json.dumps(history)}, tmp)
-            tmp.replace(ckpt)
+            state = {"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "rng": g.get_state(),
+                     "history": json.dumps(history)}
+            atomic_write(ckpt, lambda tmp: torch.save(state, tmp))
     bar.close()
     val = evaluate(heads, full_head, *load_dataset_tensors(val_parts, cfg.num_heads), dev) if val_parts else {}
     tokens = sum(i["answer_tokens"] for _, i in part_infos(work / "parts"))

@@ -18,6 +18,7 @@ from workbench import WorkbenchError
 Path = tuple[int, ...]
 REFERENCE_DIR = FilePath(__file__).resolve().parent / "reference_trees"  # package data: works from a wheel too
 DEFAULT_TOPK = 10
+MAX_RANK = 1 << 20  # above any vocabulary: a larger rank is a typo (and would overflow the int64 buffers)
 
 
 @dataclass(frozen=True)
@@ -155,8 +156,8 @@ def validate(paths, topk: int | None = None, num_heads: int | None = None) -> No
             raise WorkbenchError(f"path {list(p)}: duplicate path (each node must appear once)")
         seen.add(p)
         for r in p:
-            if r < 0 or (topk is not None and r >= topk):
-                bound = f"[0, {topk})" if topk is not None else "[0, topk)"
+            if r < 0 or r >= (topk if topk is not None else MAX_RANK):
+                bound = f"[0, {topk})" if topk is not None else f"[0, topk), topk <= {MAX_RANK}"
                 raise WorkbenchError(f"path {list(p)}: rank {r} out of range {bound}")
         if num_heads is not None and len(p) > num_heads:
             raise WorkbenchError(f"path {list(p)}: depth {len(p)} exceeds the {num_heads} Medusa heads "
