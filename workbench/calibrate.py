@@ -545,6 +545,7 @@ def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarra
     decoder measures) and, with `test` rows, the same measured on them. A model where no node was ever right
     yields no tree (listed in skipped)."""
     from workbench.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
+    from workbench.tree import save_tree
 
     K, topk = acc.shape
     indep_fn, joint_fn = acc_value_fn(acc), empirical_value_fn(path_probabilities(fit))
@@ -565,7 +566,7 @@ def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarra
             if len(test):
                 row["holdout_acceptance_length"] = measured_acceptance(tree, test)
                 row["holdout_decoder"] = decoder_walk(tree, test)
-            atomic_write_json(trees_dir / f"{tname}.json", dict(row, medusa_choices=tree.as_lists()))
+            save_tree(tree, trees_dir / f"{tname}.json", **{k: v for k, v in row.items() if k != "name"})
             summary.append(row)
     return summary, skipped
 

@@ -25,11 +25,6 @@ def _emit(obj, out: str | None) -> None:
     _output(json.dumps(obj, indent=2) + "\n", out)
 
 
-def _tree_json(obj: dict) -> str:
-    """One key per line, lists kept on one line: a 256-node medusa_choices stays readable."""
-    return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in obj.items()) + "\n}\n"
-
-
 # ==== tree / optimize / export commands (issue: tree core) ====================================================
 
 def _cmd_tree_show(args) -> int:
@@ -99,7 +94,7 @@ def _objective(args):
 def _cmd_optimize(args) -> int:
     from workbench.optimize import (acc_value_fn, best_dense_tree, dense_tree, expected_curve, expected_length,
                                     optimal_tree, optimal_tree_from)
-    from workbench.tree import load_tree
+    from workbench.tree import Tree, load_tree, record_json, tree_record
 
     check_output(args.out, "--out")
     check_output(args.curve_out, "--curve-out")
@@ -141,15 +136,13 @@ def _cmd_optimize(args) -> int:
     safe = f"{args.engine_safe}_" if args.engine_safe and method == "optimal" else ""
     name = args.name or (f"optimal_{safe}{tree.nodes}" if method == "optimal" else tree.name)
     length = expected_length(tree, value)
-    obj = {"name": name, "medusa_choices": tree.as_lists(), "expected_acceptance_length": length,
-           "budget": args.budget if method == "optimal" else tree.nodes, "nodes": tree.nodes, "depth": tree.depth,
-           "method": method, "max_depth": args.max_depth or heads, "max_rank": args.max_rank or ranks,
-           "heads": heads, "ranks": ranks, "accuracies": str(args.accuracies or args.calibration)}
+    prov = dict(expected_acceptance_length=length, budget=args.budget if method == "optimal" else tree.nodes,
+                method=method, max_depth=args.max_depth or heads, max_rank=args.max_rank or ranks, heads=heads,
+                ranks=ranks, accuracies=str(args.accuracies or args.calibration))
     if args.engine_safe:
-        obj["engine_safe"] = args.engine_safe
+        prov["engine_safe"] = args.engine_safe
     if not (args.curve and not args.out):
-        # one key per line, each value compact: a 63-node tree stays readable
-        _output(_tree_json(obj), args.out)
+        _output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
     if tree.max_rank >= 10:
         print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-10 only "
               "(use --max-rank 10 for Medusa/EAGLE-1 decoders)", file=sys.stderr)
@@ -525,6 +518,7 @@ def _optimize_for_latency(args, acc, value) -> int:
     """`optimize --latency FILE`: the optimal tree for every budget, its predicted speedup on the measured
     hardware, and the tree with the best one (called from _cmd_optimize)."""
     from workbench.optimize import expected_length
+    from workbench.tree import Tree, record_json, tree_record
     from workbench.tradeoffs import hardware_aware, latency_table, read_latency, typical_context
 
     if args.dense:
@@ -546,12 +540,11 @@ def _optimize_for_latency(args, acc, value) -> int:
                   file=sys.stderr)
     best, tree = res["best"], res["tree"]
     name = args.name or f"hardware_{tree.nodes}"
-    obj = {"name": name, "medusa_choices": tree.as_lists(), "expected_acceptance_length": expected_length(tree, value),
-           "predicted_speedup": best["speedup"], "relative_latency": best["relative_latency"],
-           "budget": best["budget"], "nodes": tree.nodes, "depth": tree.depth, "method": "hardware-aware",
-           "latency": str(args.latency), "context": ctx, "joint": bool(args.joint),
-           "accuracies": str(args.accuracies or args.calibration)}
-    _output(_tree_json(obj), args.out)
+    prov = dict(expected_acceptance_length=expected_length(tree, value), predicted_speedup=best["speedup"],
+                relative_latency=best["relative_latency"], budget=best["budget"], method="hardware-aware",
+                latency=str(args.latency), context=ctx, joint=bool(args.joint),
+                accuracies=str(args.accuracies or args.calibration))
+    _output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
     if best["speedup"] <= 1:
         print("warning: no tree is predicted to beat vanilla decoding on this hardware", file=sys.stderr)
     print(f"hardware-aware tree: {tree.nodes} nodes, depth {tree.depth}, {best['expected_length']:.4f} tokens/step at "

@@ -218,6 +218,13 @@ def record_json(record: dict) -> str:
     return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in record.items()) + "\n}\n"
 
 
+def save_tree(tree: Tree, path, **provenance) -> FilePath:
+    """Write a tree file atomically: the one writer of tree records (optimize --out, calibrate's tuned trees)."""
+    from workbench.io import atomic_write_text
+
+    return atomic_write_text(path, record_json(tree_record(tree, **provenance)))
+
+
 # ----------------------------------------------------------------------------------------------- buffers
 
 def tree_buffers(tree: Tree, topk: int = DEFAULT_TOPK, device=None) -> dict[str, torch.Tensor]:
