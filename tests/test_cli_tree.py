@@ -92,7 +92,7 @@ def test_optimize_curve_and_dense(capsys, acc_csv):
 
 def test_export_formats(capsys):
     for fmt in ("medusa", "json", "trtllm", "vllm", "eagle"):
-        rc, out, err = run(capsys, "export", "mc_sim_7b_63", "--format", fmt, "--heads", "4")
+        rc, out, err = run(capsys, "export", "mc_sim_7b_63", "--format", fmt, "--num-heads", "4")
         assert rc == 0 and out.strip()
         assert all(line.startswith(("warning: ", "note: ", "wrote ")) for line in err.strip().splitlines())
     rc, out, err = run(capsys, "export", "[[0], [0, 0], [11]]", "--format", "medusa", "--name", "x")
@@ -100,14 +100,14 @@ def test_export_formats(capsys):
 
 
 def test_export_engine_safe_reports_the_cost(capsys, acc_csv):
-    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--heads", "2")
+    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--num-heads", "2")
     assert rc == 0 and err.count("\n") == 1 and err.startswith("warning: first level lacks rank(s) 1")
-    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--heads", "2",
+    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--num-heads", "2",
                        "--engine-safe", "--accuracies", acc_csv)
     fixed = json.loads(out.splitlines()[-1].split("=", 1)[1].strip('"'))
     assert rc == 0 and [0] in fixed and [1] in fixed and len(fixed) <= 3
     assert err.count("\n") == 1 and err.startswith("note: engine-safe for trtllm") and "tokens/step" in err
-    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--engine-safe", "--heads", "2")
+    rc, out, err = run(capsys, "export", "[[0], [2], [0, 0]]", "--format", "trtllm", "--engine-safe", "--num-heads", "2")
     assert rc == 0 and "cost unknown" in err and "warning" not in err
 
 
@@ -130,8 +130,10 @@ BAD = [
     (["tree", "buffers", "[[0], [0], [1]]"], "duplicate path"),
     (["tree", "buffers", "[[0], [7]]", "--topk", "5"], "rank 7 out of range"),
     (["tree", "buffers", "[[0]]", "--topk", "0"], "--topk must be >= 1"),
-    (["tree", "show", "mc_sim_7b_63", "--heads", "2"], "exceeds the 2 Medusa heads"),
-    (["export", "mc_sim_7b_63", "--format", "trtllm", "--heads", "3"], "exceeds the 3 Medusa heads"),
+    (["tree", "show", "mc_sim_7b_63", "--num-heads", "2"], "exceeds the 2 Medusa heads"),
+    (["export", "mc_sim_7b_63", "--format", "trtllm", "--num-heads", "3"], "exceeds the 3 Medusa heads"),
+    (["tree", "show", "mc_sim_7b_63", "--heads", "4"], "--num-heads 4"),  # the flag's old name says the new one
+    (["export", "mc_sim_7b_63", "--format", "json", "--heads", "4"], "--num-heads 4"),
     (["tree", "show", "no_such_tree.json"], "no such file or reference tree"),
     (["optimize", "--accuracies", "{d}/missing.csv", "--budget", "5"], "no such file"),
     (["optimize", "--accuracies", "{d}/empty.csv", "--budget", "5"], "is empty"),

@@ -177,13 +177,28 @@ def _cmd_export(args) -> int:
     return 0
 
 
+class _RenamedHeads(argparse.Action):
+    """`--heads K` of tree show / export was renamed: elsewhere --heads names a heads folder, so say which is which."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise WorkbenchError(f"--heads {values}: this command counts heads with --num-heads {values} "
+                             "(--heads names a heads folder in decode, calibrate, sweep and latency)")
+
+
+def _num_heads_arg(p, help_text: str) -> None:
+    p.add_argument("--num-heads", dest="heads", type=int, metavar="K", help=help_text)
+    p.add_argument("--heads", action=_RenamedHeads, help=argparse.SUPPRESS)
+
+
 def _register_tree(sub) -> None:
+    from workbench.export import FORMATS
+
     tree_help = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
     t = sub.add_parser("tree", help="inspect trees: show, list, buffers")
     tsub = t.add_subparsers(dest="tree_command", required=True, metavar="SUBCOMMAND")
     s = tsub.add_parser("show", help="stats and an ASCII drawing of a tree")
     s.add_argument("tree", metavar="TREE", help=tree_help)
-    s.add_argument("--heads", type=int, help="check the depth against this many Medusa heads")
+    _num_heads_arg(s, "check the depth against this many Medusa heads")
     s.add_argument("--accuracies", metavar="FILE", help="also show node probabilities and expected length")
     s.add_argument("--png", metavar="FILE", help="also draw the tree and its attention mask to a PNG file")
     s.set_defaults(func=_cmd_tree_show)
@@ -224,9 +239,9 @@ def _register_tree(sub) -> None:
 
     e = sub.add_parser("export", help="write a tree for Medusa, TensorRT-LLM, vLLM or EAGLE")
     e.add_argument("tree", metavar="TREE", help=tree_help)
-    e.add_argument("--format", required=True, choices=["medusa", "json", "trtllm", "vllm", "eagle"])
+    e.add_argument("--format", required=True, choices=FORMATS)
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
-    e.add_argument("--heads", type=int, metavar="K", help="number of Medusa heads: a deeper tree is an error")
+    _num_heads_arg(e, "number of Medusa heads: a deeper tree is an error")
     e.add_argument("--max-draft-len", type=int, default=63, metavar="N",
                    help="TensorRT-LLM engine's max_draft_len (default 63)")
     e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "
@@ -705,9 +720,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     warnings.simplefilter("default")
     try:
+        args = build_parser().parse_args(argv)  # inside: a renamed flag is a WorkbenchError too
         return int(args.func(args) or 0)
     except WorkbenchError as e:
         print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)  # one line, whatever a library said

@@ -119,7 +119,7 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
                          "or use a smaller --budget")
         if heads is None:
             warns.append(f"TensorRT-LLM needs num_medusa_heads >= tree depth {tree.depth} "
-                         "(pass --heads to check it here)")
+                         "(pass --num-heads to check it here)")
         return _header(fmt, f"TensorRT-LLM, tree {name}") + f'--medusa_choices="{_py_list(tree)}"\n', warns
     if fmt == "vllm":
         bfs = sorted(tree.paths, key=lambda p: (len(p), p))
