@@ -31,6 +31,7 @@ import torch
 
 from workbench import WorkbenchError, __version__
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
+from workbench.tree import MEDUSA_TOPK
 
 NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
 
@@ -347,7 +348,7 @@ def tree_report(tree, folder: str | Path) -> dict:
 # ----------------------------------------------------------------------------------------------- the run
 
 def calibrate(model: str | None = None, heads: str | None = None, prompts: str = "alpaca-eval",
-              limit: int | None = None, holdout: float = 0.2, max_new_tokens: int = 128, topk: int = 10,
+              limit: int | None = None, holdout: float = 0.2, max_new_tokens: int = 128, topk: int = MEDUSA_TOPK,
               budgets=(16, 32, 64), name: str | None = None, out: str | Path | None = None,
               device: str | None = None, dtype: str | None = None, batch_size: int = 32, force: bool = False,
               on_batch=None, progress: bool = True, continuations: str | Path | None = None,

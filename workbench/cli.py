@@ -8,6 +8,7 @@ import warnings
 
 from workbench import WorkbenchError, __version__
 from workbench.io import atomic_write_text, check_output, run_lock
+from workbench.tree import MEDUSA_TOPK
 
 
 def _output(text: str, out: str | None, what: str = "") -> None:
@@ -206,7 +207,7 @@ def _register_tree(sub) -> None:
     ls.set_defaults(func=_cmd_tree_list)
     b = tsub.add_parser("buffers", help="Medusa tree-attention buffers as JSON")
     b.add_argument("tree", metavar="TREE", help=tree_help)
-    b.add_argument("--topk", type=int, default=10, help="top-k per head in the candidate layout (Medusa: 10)")
+    b.add_argument("--topk", type=int, default=MEDUSA_TOPK, help="top-k per head in the candidate layout (Medusa: 10)")
     b.add_argument("--out", metavar="FILE", help="write the JSON here instead of stdout")
     b.set_defaults(func=_cmd_tree_buffers)
     ev = tsub.add_parser("eval", help="a tree's predicted tokens per step on a calibration folder")
@@ -475,7 +476,7 @@ def add_calibrate(sub) -> None:
     p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts")
     p.add_argument("--holdout", type=float, default=0.2, help="share of prompts kept out of the fit (default 0.2)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--topk", type=int, default=10, help="ranks recorded per head (Medusa's buffers use 10)")
+    p.add_argument("--topk", type=int, default=MEDUSA_TOPK, help="ranks recorded per head (Medusa's buffers use 10)")
     p.add_argument("--budgets", default="16,32,64", help="tree sizes to build (default 16,32,64)")
     p.add_argument("--name", help="calibration name (default: MODEL-PROMPTS)")
     p.add_argument("--out", help="output folder (default: calibration/NAME)")

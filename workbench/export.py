@@ -25,11 +25,10 @@ from __future__ import annotations
 import json
 
 from workbench import WorkbenchError
-from workbench.tree import Path, Tree, load_tree
+from workbench.tree import MEDUSA_TOPK, RankPath, Tree, load_tree
 
 FORMATS = ("medusa", "json", "trtllm", "vllm", "eagle")
 SAFE_ENGINES = ("trtllm", "vllm")  # formats with an engine-safe repair (medusa / eagle: --max-rank 10 is enough)
-TOPK_MEDUSA = 10  # Medusa's and EAGLE-1's buffer code hard-code top-10
 TRTLLM_MAX_DRAFT_LEN = 63
 DEFAULT_CHOICES = "mc_sim_7b_63"  # the tree both Medusa and EAGLE-1 use unless told otherwise
 TARGETS = {  # what each export is written for: the header line of each export, and the README's Formats section
@@ -60,10 +59,10 @@ def _header(fmt: str, what: str) -> str:
 
 
 def _rank_warning(tree: Tree, engine: str) -> list[str]:
-    if tree.max_rank >= TOPK_MEDUSA:
-        bad = next(p for p in tree.paths if max(p) >= TOPK_MEDUSA)
+    if tree.max_rank >= MEDUSA_TOPK:
+        bad = next(p for p in tree.paths if max(p) >= MEDUSA_TOPK)
         return [f"path {list(bad)} has rank {max(bad)}: {engine} builds its buffers from each head's top-"
-                f"{TOPK_MEDUSA}, so ranks must be < {TOPK_MEDUSA} (raise TOPK there, or use --max-rank {TOPK_MEDUSA})"]
+                f"{MEDUSA_TOPK}, so ranks must be < {MEDUSA_TOPK} (raise TOPK there, or use --max-rank {MEDUSA_TOPK})"]
     return []
 
 
@@ -144,7 +143,7 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
     return _header(fmt, "EAGLE-1") + note + f"{DEFAULT_CHOICES} = {_py_list(tree)}\n", warns
 
 
-def _stand_in(path: Path) -> float:
+def _stand_in(path: RankPath) -> float:
     """Value used when no accuracies are given: halves per rank step and per level (monotone, so exactness holds)."""
     return 0.5 ** (sum(path) + len(path))
 
@@ -165,7 +164,7 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
 
     if engine not in SAFE_ENGINES:
         raise WorkbenchError(f"--engine-safe supports {' and '.join(SAFE_ENGINES)}; medusa and eagle take any tree "
-                             f"of depth >= 2 with ranks < {TOPK_MEDUSA} (optimize --max-rank {TOPK_MEDUSA})")
+                             f"of depth >= 2 with ranks < {MEDUSA_TOPK} (optimize --max-rank {MEDUSA_TOPK})")
     if value is not None and not callable(value):
         value = check_accuracies(value)
         if tree.depth > value.shape[0] or tree.max_rank >= value.shape[1]:
@@ -179,7 +178,7 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
         k = max(p[0] for p in tree.paths) + 1
         own, base = set(tree.paths), fn or _stand_in
 
-        def masked(p: Path) -> float:  # 0 off the tree, but for promotable first-level ranks: repair, not redesign
+        def masked(p: RankPath) -> float:  # 0 off the tree, but for promotable first-level ranks: repair, not redesign
             return base(p) if p in own or (len(p) == 1 and p[0] < k) else 0.0
 
         safe = optimal_tree_from(masked, budget, tree.depth, max(k, tree.max_rank + 1), name=tree.name,

@@ -13,15 +13,14 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from workbench.plots import tree_positions
-from workbench.tree import Tree, tree_buffers
+from workbench.tree import RankPath, Tree, tree_buffers
 
-PathT = tuple[int, ...]
 FOCUS = "crimson"
 STATUS_COLOURS = {"shared": "#9aa5b1", "only in A": "#e4572e", "only in B": "#2e86ab"}
 EDGE_BINS = 6
 
 
-def node_names(tree: Tree) -> list[PathT]:
+def node_names(tree: Tree) -> list[RankPath]:
     """Path of every buffer index: [(), sorted_paths...]."""
     return [()] + tree.sorted_paths
 
@@ -36,8 +35,8 @@ def _sizes(leaves: int) -> tuple[int, int, int]:
     return (26, 12, 4) if leaves <= 30 else (18, 10, 3) if leaves <= 80 else (13, 9, 2)
 
 
-def tree_chart(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[PathT, str] | None = None,
-               focus: int | None = None, status: dict[PathT, str] | None = None, title: str | None = None) -> go.Figure:
+def tree_chart(tree: Tree, probs: dict[RankPath, float] | None = None, labels: dict[RankPath, str] | None = None,
+               focus: int | None = None, status: dict[RankPath, str] | None = None, title: str | None = None) -> go.Figure:
     """The tree, root on top, one row per head: node text = rank (or labels[path], e.g. the real token), node
     colour = path probability (or `status`, e.g. only in A / only in B / shared, for a diff), edge width = the
     child's path probability. `focus` (a buffer index) is drawn in red with its path from the root."""
@@ -65,12 +64,12 @@ def tree_chart(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict
         fig.add_trace(go.Scatter(x=[pos[p][0] for p in chain], y=[pos[p][1] for p in chain], mode="lines",
                                  line=dict(width=4, color=FOCUS), hoverinfo="skip", showlegend=False))
 
-    def text(p: PathT) -> str:
+    def text(p: RankPath) -> str:
         if labels and p in labels:
             return short_label(labels[p], chars)
         return "R" if not p else str(p[-1])
 
-    def hover(p: PathT) -> str:
+    def hover(p: RankPath) -> str:
         head = "root (the base model's own token)" if not p else \
             f"node {list(p)}: head {len(p)}'s rank-{p[-1]} guess (0 = top-1)"
         extra = [f"mask row {index[p]}"]

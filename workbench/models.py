@@ -10,7 +10,6 @@ Heads formats (checked strictly: a missing, unexpected or mis-shaped tensor is a
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import os
 import re
 import warnings

@@ -17,15 +17,15 @@ import heapq
 import math
 from bisect import bisect_left
 from itertools import product
-from pathlib import Path as FilePath
+from pathlib import Path
 from typing import Callable, Mapping
 
 import numpy as np
 
 from workbench import WorkbenchError
-from workbench.tree import Path, Tree, make_tree
+from workbench.tree import RankPath, Tree, make_tree
 
-ValueFn = Callable[[Path], float]
+ValueFn = Callable[[RankPath], float]
 SUM_SLACK = 1e-6  # a head's exact-rank accuracies may sum to at most 1 + this (float noise in CSVs)
 
 
@@ -56,7 +56,7 @@ def acc_value_fn(acc) -> ValueFn:
     """value(path) = prod_j acc[j, i_j]: the acceptance probability of a node under independent heads."""
     rows = check_accuracies(acc).tolist()  # python floats: ~10x faster than numpy scalars in the heap loop
 
-    def value(path: Path) -> float:
+    def value(path: RankPath) -> float:
         v = 1.0
         for d, r in enumerate(path):
             v *= rows[d][r]
@@ -81,7 +81,7 @@ def expected_length(tree, value) -> float:
 # ----------------------------------------------------------------------------------------------- optimizer
 
 def best_first(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int,
-               first_level: int | None = None) -> list[tuple[Path, float]]:
+               first_level: int | None = None) -> list[tuple[RankPath, float]]:
     """The `budget` most valuable nodes in best-first order, each with its value; prefix n = optimal n-node tree.
 
     Ties go to the shallower, then lexicographically smaller path, so results are deterministic. Stops early
@@ -92,9 +92,9 @@ def best_first(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int,
     for name, v in (("budget", budget), ("max_depth", max_depth), ("max_rank", max_rank)):
         if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < 1:
             raise WorkbenchError(f"{name} must be a positive integer, got {v!r}")
-    frontier: list[tuple[float, int, Path]] = []
+    frontier: list[tuple[float, int, RankPath]] = []
 
-    def value(path: Path, parent_value: float) -> float:
+    def value(path: RankPath, parent_value: float) -> float:
         v = float(value_fn(path))
         if not (v >= 0.0) or v > parent_value * (1 + 1e-9) + 1e-12:  # also catches NaN
             raise WorkbenchError(
@@ -102,12 +102,12 @@ def best_first(value_fn: ValueFn, budget: int, max_depth: int, max_rank: int,
                 "(needs 0 <= child <= parent, e.g. joint acceptance probabilities)")
         return v
 
-    def push_children(path: Path, v: float) -> None:
+    def push_children(path: RankPath, v: float) -> None:
         if len(path) < max_depth:
             for r in range(max_rank):
                 heapq.heappush(frontier, (-value(path + (r,), v), len(path) + 1, path + (r,)))
 
-    out: list[tuple[Path, float]] = []
+    out: list[tuple[RankPath, float]] = []
     if first_level is None:
         push_children((), 1.0)
     else:
@@ -199,7 +199,7 @@ def best_dense_tree(value, budget: int, max_depth: int | None = None, max_rank: 
     fn, d, r = _value_and_limits(value, max_depth, max_rank, "best_dense_tree")
     best: list = [(-1.0, 0), None]  # (value, -nodes), sizes
 
-    def walk(sizes: list[int], level: list[Path], nodes: int, total: float) -> None:
+    def walk(sizes: list[int], level: list[RankPath], nodes: int, total: float) -> None:
         if sizes and (total, -nodes) > best[0]:
             best[:] = [(total, -nodes), list(sizes)]
         if len(sizes) == d:
@@ -336,7 +336,7 @@ def read_accuracies(path, return_counts: bool = False):
     `count` (optional) is the number of positions measured for that head, so accuracy * count = hits.
     With return_counts, returns (acc, counts[K] or None).
     """
-    f = FilePath(path)
+    f = Path(path)
     if not f.is_file():
         raise WorkbenchError(f"accuracy file {path}: no such file (give a CSV head,rank,accuracy or a "
                              "Medusa *_heads_accuracy.pt)")
@@ -346,7 +346,7 @@ def read_accuracies(path, return_counts: bool = False):
     return (acc, counts) if return_counts else acc
 
 
-def _read_pt(f: FilePath):
+def _read_pt(f: Path):
     import torch
 
     try:
@@ -357,7 +357,7 @@ def _read_pt(f: FilePath):
     return accuracies_from_hits(hits)
 
 
-def _read_csv(f: FilePath):
+def _read_csv(f: Path):
     import pandas as pd
 
     what = f"accuracy file {f}"
@@ -461,7 +461,7 @@ def accuracy_frame(acc, counts=None):
     return df
 
 
-def write_accuracies(path, acc, counts=None) -> FilePath:
+def write_accuracies(path, acc, counts=None) -> Path:
     """Write the canonical CSV (atomically); read_accuracies reads it back exactly."""
     from workbench.io import atomic_write_text
 

@@ -7,7 +7,7 @@ figure always shows numbers that some `workbench` module computed.
 from __future__ import annotations
 
 import html
-from pathlib import Path as FilePath
+from pathlib import Path
 
 import numpy as np
 from matplotlib import colormaps
@@ -15,9 +15,8 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from workbench.tree import Tree, to_networkx, tree_buffers
+from workbench.tree import RankPath, Tree, to_networkx, tree_buffers
 
-PathT = tuple[int, ...]
 CMAP = "viridis"
 STEP_COLOURS = ["#cfe8ff", "#ffe2b8", "#d6f5d6", "#f7d6e6", "#e6dcff", "#fff3b0", "#d9f2f2", "#f2d9c7"]
 
@@ -28,7 +27,7 @@ def legend_outside(ax, handles=None, labels=None, **kw) -> None:
     ax.legend(*args, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
 
 
-def save_png(fig: Figure, path: str | FilePath, dpi: int = 150) -> FilePath:
+def save_png(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
     """Write a figure as PNG (atomically: an interrupted write never leaves half an image)."""
     from workbench.io import atomic_write
 
@@ -37,19 +36,19 @@ def save_png(fig: Figure, path: str | FilePath, dpi: int = 150) -> FilePath:
 
 # ----------------------------------------------------------------------------------------------- trees
 
-def tree_positions(tree: Tree) -> dict[PathT, tuple[float, float]]:
+def tree_positions(tree: Tree) -> dict[RankPath, tuple[float, float]]:
     """Root at the top, one row per depth, leaning left like Fig. 6 of the Medusa paper.
 
     Leaves take consecutive x slots in depth-first order with children sorted by rank; a parent sits above its
     rank-smallest child, so the all-top-1 chain runs straight down the left edge.
     """
-    children: dict[PathT, list[PathT]] = {}
+    children: dict[RankPath, list[RankPath]] = {}
     for p in tree.sorted_paths:
         children.setdefault(p[:-1], []).append(p)
-    pos: dict[PathT, tuple[float, float]] = {}
+    pos: dict[RankPath, tuple[float, float]] = {}
     slot = 0
 
-    def place(node: PathT) -> float:
+    def place(node: RankPath) -> float:
         nonlocal slot
         kids = sorted(children.get(node, []), key=lambda c: c[-1])
         if not kids:
@@ -68,7 +67,7 @@ def _tree_width(tree: Tree) -> float:
     return min(max(6.0, 0.28 * len(tree.leaves()) + 2), 24.0)
 
 
-def draw_tree(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[PathT, str] | None = None,
+def draw_tree(tree: Tree, probs: dict[RankPath, float] | None = None, labels: dict[RankPath, str] | None = None,
               ax=None, title: str | None = None):
     """The tree as a graph: node label = rank (or `labels[path]`, e.g. the real token), edge colour and width =
     path probability of the child (`probs`, independence or measured). Returns the Figure (new if ax is None)."""
@@ -122,7 +121,7 @@ def mask_heatmap(tree: Tree, topk: int | None = None, ax=None):
     return fig if fig is not None else ax.figure
 
 
-def tree_figure(tree: Tree, probs: dict[PathT, float] | None = None, labels: dict[PathT, str] | None = None,
+def tree_figure(tree: Tree, probs: dict[RankPath, float] | None = None, labels: dict[RankPath, str] | None = None,
                 topk: int | None = None, title: str | None = None):
     """Tree and its attention mask side by side: what `workbench tree show --png` writes."""
     width = _tree_width(tree)
@@ -195,7 +194,7 @@ def cumulative_topk(acc: np.ndarray):
     return fig
 
 
-def independence_vs_measured(paths: list[PathT], independent, measured, annotate: int = 5):
+def independence_vs_measured(paths: list[RankPath], independent, measured, annotate: int = 5):
     """Each path's probability under the independence assumption (product of a_k^(i)) against the measured
     joint frequency, log-log when all are positive; above the diagonal the assumption under-estimates, below
     it over-estimates. The `annotate` paths furthest from the diagonal are labelled."""
@@ -465,10 +464,10 @@ def token_pieces(tokenizer, ids: list[int]) -> list[str]:
     return pieces
 
 
-def report_figures(sweep, latency=None, folder: str | FilePath = ".", stem: str = "sweep") -> list[FilePath]:
+def report_figures(sweep, latency=None, folder: str | Path = ".", stem: str = "sweep") -> list[Path]:
     """The sweep report's figures as PNGs (for docs): Fig. 4a/4b and predicted-vs-measured from greedy rows,
     Fig. 5 from typical rows (quality = mean log-probability), and the latency curve when given."""
-    folder = FilePath(folder)
+    folder = Path(folder)
     figs = {}
     if len(_tree_rows(sweep)):
         figs.update({"fig4a-tokens-per-step": tokens_vs_candidates(sweep), "fig4b-speed": speed_vs_candidates(sweep),

@@ -9,15 +9,15 @@ from __future__ import annotations
 import ast
 import json
 from dataclasses import dataclass
-from pathlib import Path as FilePath
+from pathlib import Path
 
 import torch
 
 from workbench import WorkbenchError
 
-Path = tuple[int, ...]
-REFERENCE_DIR = FilePath(__file__).resolve().parent / "reference_trees"  # package data: works from a wheel too
-DEFAULT_TOPK = 10
+RankPath = tuple[int, ...]
+REFERENCE_DIR = Path(__file__).resolve().parent / "reference_trees"  # package data: works from a wheel too
+MEDUSA_TOPK = 10  # Medusa's and EAGLE-1's buffer code take each head's top-10: the default top-k everywhere
 MAX_RANK = 1 << 20  # above any vocabulary: a larger rank is a typo (and would overflow the int64 buffers)
 
 
@@ -25,11 +25,11 @@ MAX_RANK = 1 << 20  # above any vocabulary: a larger rank is a typo (and would o
 class Tree:
     """Validated `medusa_choices`. `paths` keeps the user's order (it often encodes greedy build order)."""
 
-    paths: tuple[Path, ...]
+    paths: tuple[RankPath, ...]
     name: str = ""
 
     @property
-    def sorted_paths(self) -> list[Path]:
+    def sorted_paths(self) -> list[RankPath]:
         """Medusa's node order: by depth, then lexicographically. Node i+1 of every buffer is sorted_paths[i]."""
         return sorted(self.paths, key=lambda p: (len(p), p))
 
@@ -45,7 +45,7 @@ class Tree:
     def max_rank(self) -> int:
         return max(max(p) for p in self.paths)
 
-    def leaves(self) -> list[Path]:
+    def leaves(self) -> list[RankPath]:
         inner = {p[:-1] for p in self.paths}
         return [p for p in self.paths if p not in inner]
 
@@ -114,7 +114,7 @@ def load_tree(spec, topk: int | None = None, num_heads: int | None = None) -> Tr
     if spec in refs:
         data = json.loads((REFERENCE_DIR / f"{spec}.json").read_text())
         return make_tree(data["medusa_choices"], name=spec, topk=topk, num_heads=num_heads)
-    file = FilePath(spec)
+    file = Path(spec)
     looks_like_literal = spec.lstrip()[:1] in ("[", "(", "{")
     if not looks_like_literal:
         if not file.is_file():
@@ -169,7 +169,7 @@ def validate(paths, topk: int | None = None, num_heads: int | None = None) -> No
 
 # ----------------------------------------------------------------------------------------------- editing, diffing, records
 
-def parse_path(text: str) -> Path:
+def parse_path(text: str) -> RankPath:
     """A node typed by a user: `0,1`, `0 1` or `[0, 1]` (0-based ranks, 0 = top-1) -> (0, 1)."""
     parts = text.replace("[", " ").replace("]", " ").replace("(", " ").replace(")", " ").replace(",", " ").split()
     try:
@@ -182,14 +182,14 @@ def parse_path(text: str) -> Path:
     return path
 
 
-def add_path(tree: Tree, path: Path, num_heads: int | None = None, topk: int | None = None) -> Tree:
+def add_path(tree: Tree, path: RankPath, num_heads: int | None = None, topk: int | None = None) -> Tree:
     """The tree with one more node; a duplicate or a node without its parent is a WorkbenchError."""
     paths = tree.paths + (tuple(path),)
     validate(paths, topk, num_heads)
     return Tree(paths, tree.name)
 
 
-def remove_path(tree: Tree, path: Path) -> Tree:
+def remove_path(tree: Tree, path: RankPath) -> Tree:
     """The tree without `path` and its descendants (a child cannot outlive its parent)."""
     path = tuple(path)
     if path not in tree.paths:
@@ -199,7 +199,7 @@ def remove_path(tree: Tree, path: Path) -> Tree:
     return Tree(keep, tree.name)
 
 
-def tree_diff(a: Tree, b: Tree) -> dict[str, list[Path]]:
+def tree_diff(a: Tree, b: Tree) -> dict[str, list[RankPath]]:
     """Nodes only in a, only in b and in both, each in Medusa's node order."""
     order = lambda ps: sorted(ps, key=lambda p: (len(p), p))  # noqa: E731
     sa, sb = set(a.paths), set(b.paths)
@@ -218,7 +218,7 @@ def record_json(record: dict) -> str:
     return "{\n" + ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in record.items()) + "\n}\n"
 
 
-def save_tree(tree: Tree, path, **provenance) -> FilePath:
+def save_tree(tree: Tree, path, **provenance) -> Path:
     """Write a tree file atomically: the one writer of tree records (optimize --out, calibrate's tuned trees)."""
     from workbench.io import atomic_write_text
 
@@ -227,7 +227,7 @@ def save_tree(tree: Tree, path, **provenance) -> FilePath:
 
 # ----------------------------------------------------------------------------------------------- buffers
 
-def tree_buffers(tree: Tree, topk: int = DEFAULT_TOPK, device=None) -> dict[str, torch.Tensor]:
+def tree_buffers(tree: Tree, topk: int = MEDUSA_TOPK, device=None) -> dict[str, torch.Tensor]:
     """Medusa's `generate_medusa_buffers`, node for node.
 
     attn_mask [n+1, n+1] float (1 = may attend: self, ancestors, root); tree_indices [n+1] into
@@ -288,12 +288,12 @@ def to_networkx(tree: Tree):
 
 def ascii_tree(tree: Tree, labels: dict | None = None) -> str:
     """Box-drawing view, children by rank; `labels` maps a path to extra text (e.g. a probability)."""
-    children: dict[Path, list[Path]] = {}
+    children: dict[RankPath, list[RankPath]] = {}
     for p in tree.sorted_paths:
         children.setdefault(p[:-1], []).append(p)
     lines = ["root"]
 
-    def walk(node: Path, prefix: str) -> None:
+    def walk(node: RankPath, prefix: str) -> None:
         kids = sorted(children.get(node, []), key=lambda c: c[-1])
         for j, c in enumerate(kids):
             last = j == len(kids) - 1
