@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError, __version__  # noqa: E402
-from workbench.calibrate import (NULL, calibrate, head_accuracies, load_calibration,  # noqa: E402
+from workbench.calibrate import (NULL, CalibrateConfig, calibrate, head_accuracies, load_calibration,  # noqa: E402
                                  path_probabilities, ranks_frame)
 from workbench.data import load_prompt_records  # noqa: E402
 from workbench.decode import decode_one, eos_ids, logits_of, new_cache, prefill, prepare_prompt  # noqa: E402
@@ -86,9 +86,10 @@ def main() -> None:
 
     # ---- the runner (end to end: load, generate, rank, write files)
     t0 = time.perf_counter()
-    meta = calibrate(args.model, heads_dir, args.prompts, args.limit, holdout=0.0,
-                     max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=[16], name="bench",
-                     out=tmp / "cal", device=args.device, dtype=args.dtype, batch_size=args.batch_size)
+    meta = calibrate(CalibrateConfig(model=args.model, heads=heads_dir, prompts=args.prompts, limit=args.limit,
+                                     holdout=0.0, max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=(16,),
+                                     name="bench", out=tmp / "cal", device=args.device, dtype=args.dtype,
+                                     batch_size=args.batch_size))
     runner_s = time.perf_counter() - t0
     _, ours = load_calibration(tmp / "cal")
     import pandas as pd

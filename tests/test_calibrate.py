@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import WorkbenchError
-from workbench.calibrate import (NULL, calibrate, decoder_walk, greedy_continuations, head_accuracies, head_ranks,
+from workbench.calibrate import (NULL, CalibrateConfig, calibrate, decoder_walk, greedy_continuations, head_accuracies, head_ranks,
                                  holdout_split, load_calibration, measured_acceptance, path_probabilities, ranks_frame,
                                  tree_report)
 from workbench.decode import eos_ids, medusa_generate, prepare_prompt
@@ -21,8 +21,13 @@ from workbench.tree import load_tree, make_tree
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
            "Write a haiku about rain.", "List some fruits", "How do magnets work?", "Say something nice.",
            "Explain gravity briefly."]
-ARGS = dict(limit=None, holdout=0.3, max_new_tokens=12, topk=4, budgets=[3, 6], batch_size=4, device="cpu",
-            progress=False)
+ARGS = dict(limit=None, holdout=0.3, max_new_tokens=12, topk=4, budgets=(3, 6), batch_size=4, device="cpu")
+
+
+def cal(model=None, heads=None, prompts="alpaca-eval", on_batch=None, **kw) -> dict:
+    """`calibrate` as the CLI calls it: a CalibrateConfig by keyword, no progress bar."""
+    return calibrate(CalibrateConfig(model=model, heads=heads, prompts=prompts, **kw), on_batch=on_batch,
+                     progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +39,7 @@ def prompt_file(make_prompt_file):
 def run(tiny_llama, prompt_file, tmp_path_factory):
     """One uninterrupted calibration of the tiny Llama with tied heads: (folder, meta)."""
     out = tmp_path_factory.mktemp("cal") / "full"
-    meta = calibrate(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), str(prompt_file), name="tiny",
+    meta = cal(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), str(prompt_file), name="tiny",
                      out=out, **ARGS)
     return out, meta
 
@@ -201,14 +206,14 @@ def test_interrupted_run_resumes_to_identical_files(run, tiny_llama, prompt_file
 
     model, heads = str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"])
     with pytest.raises(KeyboardInterrupt):
-        calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=kill_after_first, **ARGS)
+        cal(model, heads, str(prompt_file), name="tiny", out=out, on_batch=kill_after_first, **ARGS)
     assert seen == [0] and (out / "parts" / "00000.ranks.parquet").is_file() and not (out / "ranks.parquet").exists()
-    calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=seen.append, **ARGS)
+    cal(model, heads, str(prompt_file), name="tiny", out=out, on_batch=seen.append, **ARGS)
     assert seen == [0, 1, 2]  # batch 0 was not recomputed; 10 prompts / 4 per batch = 3 batches
     _same_outputs(full, out)
 
     # a finished folder with the same run arguments: nothing recomputed; new budgets/holdout only redo the trees
-    calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=seen.append, **dict(ARGS, budgets=[5]))
+    cal(model, heads, str(prompt_file), name="tiny", out=out, on_batch=seen.append, **dict(ARGS, budgets=(5,)))
     assert seen == [0, 1, 2]
     assert sorted(f.name for f in (out / "trees").iterdir()) == ["tiny-indep-5.json", "tiny-joint-5.json"]
 
@@ -222,10 +227,10 @@ def test_other_arguments_on_an_existing_folder_are_refused_unless_forced(run, ti
     out = tmp_path / "c"
     model, heads = str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"])
     with pytest.raises(KeyboardInterrupt):
-        calibrate(model, heads, str(prompt_file), name="tiny", out=out, on_batch=_interrupt, **ARGS)
+        cal(model, heads, str(prompt_file), name="tiny", out=out, on_batch=_interrupt, **ARGS)
     with pytest.raises(WorkbenchError, match=r"other arguments \(max_new_tokens: 12 -> 8\).*--force"):
-        calibrate(model, heads, str(prompt_file), name="tiny", out=out, **dict(ARGS, max_new_tokens=8))
-    calibrate(model, heads, str(prompt_file), name="tiny", out=out, force=True, **ARGS)
+        cal(model, heads, str(prompt_file), name="tiny", out=out, **dict(ARGS, max_new_tokens=8))
+    cal(model, heads, str(prompt_file), name="tiny", out=out, force=True, **ARGS)
     _same_outputs(full, out)  # --force started over: batch 0 of the refused run is not mixed in
 
 
@@ -293,13 +298,13 @@ def test_one_line_errors(tiny_llama, prompt_file, tmp_path):
         (dict(heads=str(tiny_llama.heads_dirs["2"]) + "x"), "no such file or folder"),
         (dict(topk=0), "--topk"),
         (dict(holdout=1.5), "--holdout"),
-        (dict(budgets=[0]), "--budgets"),
+        (dict(budgets=(0,)), "--budgets"),
     ]
     for over, match in cases:
         kw = dict(ARGS, model=model, heads=heads, prompts=str(prompt_file), out=tmp_path / "e")
         kw.update(over)
         with pytest.raises(WorkbenchError, match=match) as e:
-            calibrate(**kw)
+            cal(**kw)
         assert "\n" not in str(e.value)
     assert not (tmp_path / "e").exists()  # nothing written before the input was checked
 
@@ -309,7 +314,7 @@ def test_heads_for_another_model_are_refused(tiny_llama, prompt_file, tmp_path):
 
     other = save_heads(random_heads(32, 128, 2, tied=True), tmp_path / "h", "other")
     with pytest.raises(WorkbenchError, match="hidden size 32"):
-        calibrate(str(tiny_llama.model_dir), str(other), str(prompt_file), out=tmp_path / "o", **ARGS)
+        cal(str(tiny_llama.model_dir), str(other), str(prompt_file), out=tmp_path / "o", **ARGS)
 
 
 def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_path, capsys):
@@ -369,8 +374,8 @@ def test_new_heads_reuse_the_answers_of_an_earlier_calibration(run, tiny_llama, 
     """Heads change, the base does not: ranks from reused answers (teacher-forced) equal a fresh run's."""
     folder, _ = run
     other = str(tiny_llama.heads_dirs["1"])
-    fresh = calibrate(str(tiny_llama.model_dir), other, str(prompt_file), name="fresh", out=tmp_path / "fresh", **ARGS)
-    reused = calibrate(str(tiny_llama.model_dir), other, str(prompt_file), name="reused", out=tmp_path / "reused",
+    fresh = cal(str(tiny_llama.model_dir), other, str(prompt_file), name="fresh", out=tmp_path / "fresh", **ARGS)
+    reused = cal(str(tiny_llama.model_dir), other, str(prompt_file), name="reused", out=tmp_path / "reused",
                        continuations=folder, **ARGS)
     a = pd.read_parquet(tmp_path / "fresh" / "ranks.parquet")
     b = pd.read_parquet(tmp_path / "reused" / "ranks.parquet")
@@ -378,7 +383,7 @@ def test_new_heads_reuse_the_answers_of_an_earlier_calibration(run, tiny_llama, 
     assert reused["continuations_from"] == str(folder.resolve()) and "continuations_from" not in fresh
     assert fresh["trees"][0]["expected_acceptance_length"] == reused["trees"][0]["expected_acceptance_length"]
     with pytest.raises(WorkbenchError, match="max_new_tokens"):
-        calibrate(str(tiny_llama.model_dir), other, str(prompt_file), name="bad", out=tmp_path / "bad",
+        cal(str(tiny_llama.model_dir), other, str(prompt_file), name="bad", out=tmp_path / "bad",
                   continuations=folder, **dict(ARGS, max_new_tokens=5))
 
 
@@ -391,8 +396,8 @@ def test_retrained_heads_in_the_same_folder_are_a_different_calibration(run, tin
     heads_dir = tmp_path / "heads"
     shutil.copytree(tiny_llama.heads_dirs["2"], heads_dir)
     out = tmp_path / "cal"
-    calibrate(str(tiny_llama.model_dir), str(heads_dir), str(prompt_file), name="h", out=out, **ARGS)
+    cal(str(tiny_llama.model_dir), str(heads_dir), str(prompt_file), name="h", out=out, **ARGS)
     retrained = tiny_llama.heads["2"]
     save_heads(type(retrained)(retrained.hidden_size, retrained.vocab_size, retrained.num_heads), heads_dir, "tiny")
     with pytest.raises(WorkbenchError, match="heads_sha256"):
-        calibrate(str(tiny_llama.model_dir), str(heads_dir), str(prompt_file), name="h", out=out, **ARGS)
+        cal(str(tiny_llama.model_dir), str(heads_dir), str(prompt_file), name="h", out=out, **ARGS)

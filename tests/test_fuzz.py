@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
-from workbench.calibrate import calibrate
+from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.cli import main
 from workbench.optimize import write_accuracies
 from workbench.tradeoffs import SWEEP_COLUMNS
@@ -47,8 +47,8 @@ def env(tiny_llama, tmp_path_factory) -> dict:
     pd.DataFrame({"instruction": PROMPTS}).to_parquet(root / "prompts.parquet")
     model, heads = str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"])
     cal = root / "cal"
-    calibrate(model, heads, str(prompts), name="fz", out=cal, holdout=0.34, max_new_tokens=6, topk=40, budgets=[2],
-              batch_size=6, device="cpu", progress=False)  # top-40 of 128: random heads hit now and then
+    calibrate(CalibrateConfig(model=model, heads=heads, prompts=str(prompts), name="fz", out=cal, holdout=0.34,
+                              max_new_tokens=6, topk=40, budgets=(2,), batch_size=6, device="cpu"), progress=False)  # top-40 of 128: random heads hit now and then
     write_accuracies(root / "acc.csv", np.random.default_rng(0).dirichlet(np.ones(5), size=3)[:, :4])
     (root / "tree.json").write_text(json.dumps({"name": "t", "medusa_choices": [[0], [0, 0], [1]]}))
     g = torch.Generator().manual_seed(0)  # Medusa's layout: per head [positions, topk], one hit per row at most

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from workbench import WorkbenchError
-from workbench.calibrate import calibrate
+from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.cli import main
 from workbench.decode import prepare_prompt
 from workbench.optimize import dense_tree, expected_length, optimal_tree, write_accuracies
@@ -31,8 +31,9 @@ def prompt_file(make_prompt_file):
 def calib(tiny_llama, prompt_file, tmp_path_factory):
     """A real (tiny) calibration folder: tied heads, top-4, 8 prompts with a 25% holdout."""
     out = tmp_path_factory.mktemp("cal") / "tiny"
-    calibrate(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), str(prompt_file), name="tiny", out=out,
-              holdout=0.25, max_new_tokens=12, topk=4, budgets=[3], batch_size=8, device="cpu", progress=False)
+    calibrate(CalibrateConfig(model=str(tiny_llama.model_dir), heads=str(tiny_llama.heads_dirs["2"]),
+                              prompts=str(prompt_file), name="tiny", out=out, holdout=0.25, max_new_tokens=12, topk=4,
+                              budgets=(3,), batch_size=8, device="cpu"), progress=False)
     return out
 
 
@@ -253,8 +254,9 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
                                                batch_size=64, lr=1e-2, warmup=2, num_heads=3),
                 str(tiny_llama.model_dir), heads_dir)
     cal = tmp_path / "cal"
-    calibrate(str(tiny_llama.model_dir), str(heads_dir), str(prompt_file), name="t", out=cal, holdout=0.5,
-              max_new_tokens=16, topk=4, budgets=[3], batch_size=8, device="cpu", progress=False)
+    calibrate(CalibrateConfig(model=str(tiny_llama.model_dir), heads=str(heads_dir), prompts=str(prompt_file), name="t",
+                              out=cal, holdout=0.5, max_new_tokens=16, topk=4, budgets=(3,), batch_size=8,
+                              device="cpu"), progress=False)
     records = holdout_records(cal)
     predict = calibration_predictions(cal, 12, [pid for pid, _ in records])
     heads = load_heads(heads_dir)[0]

@@ -19,6 +19,7 @@ trees/NAME-{indep,joint}-B.json.
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 import json
 import re
 import shutil
@@ -347,19 +348,38 @@ def tree_report(tree, folder: str | Path) -> dict:
 
 # ----------------------------------------------------------------------------------------------- the run
 
-def calibrate(model: str | None = None, heads: str | None = None, prompts: str = "alpaca-eval",
-              limit: int | None = None, holdout: float = 0.2, max_new_tokens: int = 128, topk: int = MEDUSA_TOPK,
-              budgets=(16, 32, 64), name: str | None = None, out: str | Path | None = None,
-              device: str | None = None, dtype: str | None = None, batch_size: int = 32, force: bool = False,
-              on_batch=None, progress: bool = True, continuations: str | Path | None = None,
-              trees_dir: str | Path | None = None) -> dict:
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """What `workbench calibrate` runs: one field per CLI flag, so the CLI, tests and scripts say it by keyword."""
+
+    model: str | None = None            # HF id or folder (default: the demo model)
+    heads: str | None = None            # heads folder/file (default: the demo heads)
+    prompts: str = "alpaca-eval"        # a prompt set name or file
+    limit: int | None = None            # first N prompts
+    holdout: float = 0.2                # share of prompts held out of tree fitting
+    max_new_tokens: int = 128           # greedy answer length per prompt
+    topk: int = MEDUSA_TOPK             # ranks recorded per head
+    budgets: tuple = (16, 32, 64)       # tree sizes exported under trees/
+    name: str | None = None             # calibration/NAME (default: model + prompt set)
+    out: str | Path | None = None       # instead of calibration/NAME
+    device: str | None = None
+    dtype: str | None = None
+    batch_size: int = 32
+    force: bool = False                 # start over when the folder holds a run with other arguments
+    continuations: str | Path | None = None  # reuse a finished calibration's greedy answers (new heads, same base)
+    trees_dir: str | Path | None = None      # default trees/ (or OUT/trees with --out)
+
+
+def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> dict:
     """Run (or resume) a calibration and write its folder; returns meta.json's content plus `folder`.
 
     `on_batch(i)` is called after batch i is safely on disk (tests use it to simulate a kill).
-    `continuations`: a finished calibration folder of the same model, prompts and token limit whose greedy
+    `cfg.continuations`: a finished calibration folder of the same model, prompts and token limit whose greedy
     answers are reused (new heads on a fixed base: only one teacher-forced forward per batch, no generation).
-    Trees go to `trees_dir`, default `trees/` (or OUT/trees with --out).
     """
+    model, heads, prompts, limit, holdout = cfg.model, cfg.heads, cfg.prompts, cfg.limit, cfg.holdout
+    max_new_tokens, topk, batch_size, name, out = cfg.max_new_tokens, cfg.topk, cfg.batch_size, cfg.name, cfg.out
+    continuations = cfg.continuations
     from workbench.data import load_prompt_records
     from workbench.decode import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
@@ -370,14 +390,14 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
         raise WorkbenchError(f"--topk {topk}: must be at least 1")
     if batch_size < 1:
         raise WorkbenchError(f"--batch-size {batch_size}: must be at least 1")
-    budgets = sorted({int(b) for b in budgets})
+    budgets = sorted({int(b) for b in cfg.budgets})
     if not budgets or budgets[0] < 1:
         raise WorkbenchError(f"--budgets {budgets}: give positive node counts, e.g. 16,32,64")
     holdout_split([], holdout)  # validates the share before any model is loaded
     records = load_prompt_records(prompts, limit)
     name = name or default_name(model, prompts)
     folder = Path(out) if out else Path("calibration") / name
-    base, tok, hd = load_model_and_heads(model, heads, device, dtype)
+    base, tok, hd = load_model_and_heads(model, heads, cfg.device, cfg.dtype)
     if topk > hd.vocab_size:
         raise WorkbenchError(f"--topk {topk}: larger than the vocabulary ({hd.vocab_size})")
     if base.base_model is base:
@@ -394,8 +414,8 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
         raise WorkbenchError("the tokenizer has no chat template: calibrate on an instruction-tuned model whose "
                              "tokenizer defines one (heads are calibrated on what the model sees when serving)")
     encoded = [prepare_prompt(tok, text) for _, text in records]  # the live decoder's exact prompt tokens
-    cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    context = getattr(cfg, "max_position_embeddings", None)
+    text_cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    context = getattr(text_cfg, "max_position_embeddings", None)
     for (pid, _), ids in zip(records, encoded):
         if context and len(ids) + max_new_tokens > context:
             raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {max_new_tokens} exceed the "
@@ -405,13 +425,13 @@ def calibrate(model: str | None = None, heads: str | None = None, prompts: str =
     reuse = reused_continuations(continuations, args, [pid for pid, _ in records], hd.vocab_size) \
         if continuations is not None else None
     with run_lock(folder, "--out" if out else "--name"):  # a second run on this folder refuses: no mixed parts
-        done = _prepare_folder(folder, name, args, force)
+        done = _prepare_folder(folder, name, args, cfg.force)
         if not done:
             _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
             if reuse is not None:
                 meta = read_json(folder / "meta.json", str(folder))
                 atomic_write_json(folder / "meta.json", dict(meta, continuations_from=str(Path(continuations).resolve())))
-        trees = Path(trees_dir) if trees_dir else (folder / "trees" if out else Path("trees"))
+        trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if out else Path("trees"))
         return _finish(folder, name, args, records, holdout, budgets, trees)
 
 

@@ -422,16 +422,18 @@ def _budgets(text: str) -> list[int]:
 
 
 def _cmd_calibrate(args) -> int:
-    from workbench.calibrate import calibrate
+    from workbench.calibrate import CalibrateConfig, calibrate
 
     if args.out:
         check_output(args.out, "--out", "folder")
     elif args.name:
         check_output(f"calibration/{args.name}", "--name", "folder")
     check_output(args.trees_dir, "--trees-dir", "folder")
-    meta = calibrate(args.model, args.heads, args.prompts, args.limit, args.holdout, args.max_new_tokens, args.topk,
-                     _budgets(args.budgets), args.name, args.out, args.device, args.dtype, args.batch_size,
-                     args.force, continuations=args.continuations, trees_dir=args.trees_dir)
+    meta = calibrate(CalibrateConfig(
+        model=args.model, heads=args.heads, prompts=args.prompts, limit=args.limit, holdout=args.holdout,
+        max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=tuple(_budgets(args.budgets)), name=args.name,
+        out=args.out, device=args.device, dtype=args.dtype, batch_size=args.batch_size, force=args.force,
+        continuations=args.continuations, trees_dir=args.trees_dir))
     print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
           f"top-{meta['topk']}; holdout {len(meta['holdout_ids'])} prompts")
     held = bool(meta["holdout_ids"])
