@@ -1,0 +1,204 @@
+"""The exact-match contract: in fp32, greedy Medusa emits exactly vanilla greedy's tokens, and both exactly HF
+`generate(do_sample=False)`'s, for every kind of tree (1 node, chain, dense, 63+ node sparse, an optimizer tree),
+on tiny random models of seven architectures, over 512 tokens (EOS off), with the heads proposing (random heads:
+mostly rejected) and with a proposer fed the true continuation with corruptions (long accepted paths, nodes off
+rank 0 moved in the cache). The same tests run on CUDA when there is one.
+
+The tiny models have no near-ties (init std 0.2; asserted below on every position), so the equality is a real
+assertion and not luck at a tie: a wrong mask, position id, cache compaction or acceptance shows as a different
+token within a few hundred steps.
+"""
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from test_decode import Oracle, _checked_steps
+
+from workbench import decode
+from workbench.decode import (ROUNDING_UNITS, DecodeResult, Step, divergence_counts, divergences, medusa_generate,
+                              prepare_prompt, rounding_bound, unit_roundoff, vanilla_generate)
+from workbench.models import random_heads, tiny_model, tiny_tokenizer
+from workbench.optimize import dense_tree
+from workbench.tree import load_tree, make_tree
+
+NEW = 512
+ARCHS = {  # arch -> tiny_model options; gemma/gemma2 tie the lm_head to the embedding as their real models do
+    "llama": {}, "qwen2": {}, "mistral": {}, "gemma": {"tied": True}, "gemma2": {"tied": True}, "phi3": {},
+    "gpt_neox": {},
+}
+OPTIMIZER_TREE = Path(__file__).resolve().parent.parent / "trees" / "smollm2-135m-instruct-alpaca-eval-joint-64.json"
+TREES = {
+    "one_node": [[0]],
+    "chain": [[0] * d for d in range(1, 5)],
+    "dense": dense_tree([3, 2, 2]),                                        # 21 nodes, all 3 x 2 x 2 rank paths
+    "mc_sim_7b_63": "mc_sim_7b_63",                                        # 63 nodes, sparse, depth 5
+    "optimizer": make_tree(json.loads(OPTIMIZER_TREE.read_text())["medusa_choices"], "joint-64"),  # 64 nodes
+}
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+CLEAR = 100  # every top-2 margin of the reference runs is at least 100 x fp32's rounding bound
+
+
+class Reference:
+    """One arch on one device: the model, random heads, a prompt, and HF generate's 512 + 5 greedy tokens."""
+
+    def __init__(self, arch: str, device: str):
+        seed = sorted(ARCHS).index(arch)
+        self.model = tiny_model(arch, seed=seed, max_positions=1024, **ARCHS[arch]).to(device)
+        self.heads = random_heads(64, 128, 5, seed=seed + 100).to(device)
+        self.ids = prepare_prompt(tiny_tokenizer(), f"Tell me about {arch}.")
+        out = self.model.generate(torch.tensor([self.ids], device=device), do_sample=False,
+                                  max_new_tokens=NEW + 5, eos_token_id=None)  # no early stop: all 512 compared
+        self.truth = out[0].tolist()                                        # prompt + NEW + 5 tokens
+        self.vanilla = vanilla_generate(self.model, None, self.ids, NEW, eos_token_id=[])
+
+
+@pytest.fixture(scope="module")
+def reference(request):
+    cache = {}
+
+    def get(arch: str, device: str) -> Reference:
+        if (arch, device) not in cache:
+            cache[(arch, device)] = Reference(arch, device)
+        return cache[(arch, device)]
+    return get
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_vanilla_equals_generate_with_no_near_ties(reference, arch, device):
+    ref = reference(arch, device)
+    assert ref.vanilla.token_ids == ref.truth[len(ref.ids):len(ref.ids) + NEW]
+    rows = [ref.vanilla.choice(k) for k in range(NEW)]
+    clear = [c["top"][0] - c["top"][1] > CLEAR * rounding_bound(torch.float32, c["max_abs"]) for c in rows]
+    assert all(clear)  # exactness below is not luck at a tie
+    assert ref.vanilla.choice(NEW) is not None  # the row after the last token was recorded too
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("proposer", ["heads", "oracle"])
+@pytest.mark.parametrize("tree_name", list(TREES))
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_greedy_medusa_equals_vanilla_and_generate(reference, arch, tree_name, proposer, device):
+    ref = reference(arch, device)
+    tree = load_tree(TREES[tree_name])
+    oracle = Oracle(ref.truth, tree, seed=len(tree_name)) if proposer == "oracle" else None
+    on_step, _ = _checked_steps(len(ref.ids))  # the cache holds exactly prompt + emitted after every step
+    res = medusa_generate(ref.model, ref.heads, None, ref.ids, tree, NEW, eos_token_id=[], propose=oracle,
+                          on_step=on_step)
+    assert res.token_ids == ref.truth[len(ref.ids):len(ref.ids) + NEW]
+    assert divergences(res, ref.vanilla, ref.model.dtype) == []
+    if oracle is not None and tree.nodes > 1:  # long accepted paths really happened, each the longest offered
+        n = len(ref.ids) + 1
+        for step in res.steps[:-1]:
+            assert len(step.tokens) == oracle.best_length(n, tree)
+            n += len(step.tokens)
+        assert res.acceleration_rate > 1.5 and max(map(len, (s.tokens for s in res.steps))) >= 4
+        if tree_name != "chain":
+            assert any(any(r != 0 for r in s.path) for s in res.steps)  # nodes moved in the cache
+
+
+# ----------------------------------------------------------------------------------------------- divergence reports
+
+def _run(tokens: list[int], rows: list[list[float]]) -> DecodeResult:
+    """A finished run whose token k was chosen from logits rows[k] (what medusa/vanilla_generate record)."""
+    res = DecodeResult("test", 1, 0.0, steps=[Step(tokens, (), 1, 0.0, 1 + len(tokens))])
+    res.record(torch.tensor(rows))
+    return res
+
+
+def test_classifier_rules():
+    u, bf16 = unit_roundoff(torch.bfloat16), torch.bfloat16
+    assert u == 2 ** -8 and unit_roundoff(torch.float16) == 2 ** -11 and unit_roundoff(torch.float32) == 2 ** -24
+    bound = rounding_bound(bf16, 20.0)
+    assert bound == ROUNDING_UNITS[bf16] * u * 20.0
+    agree = [10.0, 0.0, 0.0, 0.0]
+    tie_v, tie_m = [10.0, 20.0, 20.0 - bound, -1.0], [10.0, 20.0 - bound / 2, 20.0, -1.0]
+    assert divergences(_run([0, 1], [agree, tie_m]), _run([0, 1], [agree, tie_v]), bf16) == []
+    found = divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, tie_v]), bf16)
+    assert found == [dict(position=1, medusa_token=2, vanilla_token=1, margin_medusa=bound / 2, margin_vanilla=bound,
+                          bound=bound, kind="near-tie")]
+    # the same tokens with a margin just over the bound, or in fp32 (whose bound is ~2000x tighter): a bug
+    wide = [10.0, 20.0, 20.0 - 1.01 * bound, -1.0]
+    assert divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, wide]), bf16)[0]["kind"] == "mismatch"
+    assert divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, tie_v]), torch.float32)[0]["kind"] == "mismatch"
+    # a token the run's own logits did not rank in the top 2 (token 3): a bug, whatever the margins
+    assert divergences(_run([0, 3], [agree, tie_m]), _run([0, 1], [agree, tie_v]), bf16)[0]["kind"] == "mismatch"
+    # only the first divergence counts; one output ending early diverges at its length
+    found = divergences(_run([0, 2, 3], [agree, tie_m, agree]), _run([0, 1, 0], [agree, tie_v, agree]), bf16)
+    assert [d["position"] for d in found] == [1]
+    short = divergences(_run([0], [agree, tie_m]), _run([0, 1], [agree, tie_v]), bf16)
+    assert short[0]["medusa_token"] is None and short[0]["kind"] == "mismatch"
+    assert divergence_counts([found[0], short[0]]) == dict(near_tie_divergences=1, mismatches=1)
+
+
+def near_tie_model(seed: int = 0, dtype=torch.bfloat16):
+    """A tiny Llama whose lm_head rows for tokens 40 and 41 are equal up to one bf16 rounding (41 = 40 x (1 +
+    2^-9)) and large enough that the two are often the top 2: in bf16 their logits tie within rounding, so a
+    1-token forward and a tree forward can pick different ones; in fp32 they are 0.2% apart, no tie at all."""
+    model = tiny_model("llama", seed=seed)
+    w = model.get_output_embeddings().weight
+    with torch.no_grad():
+        w[40] *= 3
+        w[41] = w[40] * (1 + 2 ** -9)
+    return model.to(dtype)
+
+
+NEAR_TIE_IDS = list(range(5, 20))
+
+
+def test_rounding_flip_in_bf16_is_a_near_tie_and_fp32_is_exact():
+    for seed in range(3):
+        kinds = []
+        for dtype in (torch.bfloat16, torch.float32):
+            model = near_tie_model(seed, dtype)
+            heads = random_heads(64, 128, 5, tied=True, seed=1).to(dtype)
+            van = vanilla_generate(model, None, NEAR_TIE_IDS, 64, eos_token_id=[])
+            med = medusa_generate(model, heads, None, NEAR_TIE_IDS, "mc_sim_7b_63", 64, eos_token_id=[])
+            found = divergences(med, van, dtype)
+            kinds.append([d["kind"] for d in found])
+            if found:
+                d = found[0]
+                assert {d["medusa_token"], d["vanilla_token"]} == {40, 41}
+                assert med.token_ids[:d["position"]] == van.token_ids[:d["position"]]
+                assert 0 <= d["margin_medusa"] <= d["bound"] and 0 <= d["margin_vanilla"] <= d["bound"]
+            else:
+                assert med.token_ids == van.token_ids
+            # the bound covers what rounding really did: the two runs' margins at every shared position
+            for k in range(found[0]["position"] if found else len(van.token_ids)):
+                cm, cv = med.choice(k), van.choice(k)
+                if cm["ids"] == cv["ids"]:
+                    drift = abs((cm["top"][0] - cm["top"][1]) - (cv["top"][0] - cv["top"][1]))
+                    assert drift <= rounding_bound(dtype, max(cm["max_abs"], cv["max_abs"]))
+        assert kinds == [["near-tie"], []], seed
+
+
+def _accept_unverified(logits, tokens, buf):
+    """A deliberately broken greedy acceptance: takes the first child of the root without checking it."""
+    row = int((buf.retrieve[:, 1] == 1).nonzero()[0]) if (buf.retrieve[:, 1] == 1).any() else 0
+    return row, 2, logits[buf.retrieve[row, 1]].argmax()
+
+
+def _compact_without_moving(cache, start, keep):
+    """A deliberately broken cache compaction: crops to the accepted length but never moves off-path nodes."""
+    extra = cache.get_seq_length() - (start + keep.shape[0])
+    if extra > 0:
+        cache.crop(-extra)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bug", ["acceptance", "compaction"])
+def test_a_decoder_bug_is_a_mismatch(tiny_llama, monkeypatch, dtype, bug):
+    model = copy.deepcopy(tiny_llama.model).to(dtype)  # (the shared fixture stays fp32)
+    ids = prepare_prompt(tiny_llama.tokenizer, "Write a short poem about the sea.")
+    tree = load_tree("mc_sim_7b_63")
+    van = vanilla_generate(model, None, ids, 48, eos_token_id=[])
+    truth = ids + van.token_ids + [0] * tree.depth
+    good = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree))
+    assert divergences(good, van, dtype) == []  # long paths, many off rank 0: exact without the bug
+    monkeypatch.setattr(decode, *(("accept_greedy", _accept_unverified) if bug == "acceptance" else
+                                  ("compact_cache", _compact_without_moving)))
+    bad = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree, miss=0.5))
+    found = divergences(bad, van, dtype)
+    assert [d["kind"] for d in found] == ["mismatch"]
