@@ -424,6 +424,8 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = 128, hidden
                                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                                max_position_embeddings=max_positions, initializer_range=init_std,
                                bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tied)
+    if getattr(cfg, "head_dim", None) not in (None, hidden_size // 4):
+        cfg.head_dim = hidden_size // 4  # Gemma's default 256 would make a "tiny" model 16x wider in attention
     if hasattr(cfg, "sliding_window"):
         cfg.sliding_window = max_positions if "sliding_attention" in (getattr(cfg, "layer_types", None) or []) else None
     with torch.random.fork_rng(devices=[]):
