@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_decode import Oracle, _checked_steps
 
-from workbench import decode
+from workbench import WorkbenchError, decode
 from workbench.cli import main
 from workbench.decode import (ROUNDING_UNITS, DecodeResult, Step, divergence_counts, divergences, medusa_generate,
                               prepare_prompt, rounding_bound, unit_roundoff, vanilla_generate)
@@ -35,6 +35,7 @@ ARCHS = {
     "gemma2": dict(seed=1, tied=True), "phi3": dict(seed=13), "gpt_neox": dict(seed=2),
 }
 CLEAR = 10
+NEAR_TIE_IDS = list(range(5, 20))  # the prompt of the near-tie runs below
 OPTIMIZER_TREE = Path(__file__).resolve().parent.parent / "trees" / "smollm2-135m-instruct-alpaca-eval-joint-64.json"
 TREES = {
     "one_node": [[0]],
@@ -104,6 +105,30 @@ def test_greedy_medusa_equals_vanilla_and_generate(reference, arch, tree_name, p
             assert any(any(r != 0 for r in s.path) for s in res.steps)  # nodes moved in the cache
 
 
+def test_soft_capped_logits_are_the_models_own(reference):
+    """Gemma 2 caps its logits (cap * tanh(l / cap)): the decoder's logits must be the model's, or typical
+    acceptance would read other probabilities (greedy would not notice: tanh keeps the argmax)."""
+    model = reference("gemma2", "cpu").model
+    assert model.config.final_logit_softcapping
+    x = torch.tensor([NEAR_TIE_IDS])
+    with torch.inference_mode():
+        hidden = model.get_decoder()(input_ids=x).last_hidden_state[0]
+        assert torch.allclose(decode.logits_of(model, hidden), model(x).logits[0], atol=1e-5)
+
+
+def test_sliding_window_limits_medusa():
+    """Medusa's tree mask is full attention: exact within a sliding window, refused beyond it (one line)."""
+    model = tiny_model("mistral", seed=4)
+    model.config.sliding_window = 40
+    heads = random_heads(64, 128, 5, seed=1)
+    ids = list(range(5, 20))
+    ref = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=25, eos_token_id=None)[0, 15:]
+    assert medusa_generate(model, heads, None, ids, "mc_sim_7b_63", 25, eos_token_id=[]).token_ids == ref.tolist()
+    with pytest.raises(WorkbenchError, match="41 tokens exceeds the model's sliding window of 40") as e:
+        medusa_generate(model, heads, None, ids, "mc_sim_7b_63", 26, eos_token_id=[])
+    assert "\n" not in str(e.value)
+
+
 # ----------------------------------------------------------------------------------------------- divergence reports
 
 def _run(tokens: list[int], rows: list[list[float]]) -> DecodeResult:
@@ -149,9 +174,6 @@ def near_tie_model(seed: int = 0, dtype=torch.bfloat16):
         w[40] *= 3
         w[41] = w[40] * (1 + 2 ** -9)
     return model.to(dtype)
-
-
-NEAR_TIE_IDS = list(range(5, 20))
 
 
 def test_rounding_flip_in_bf16_is_a_near_tie_and_fp32_is_exact():

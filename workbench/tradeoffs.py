@@ -473,14 +473,15 @@ def sweep_configs(trees: list[tuple[Tree, str]], temperatures=(0.0,), epsilons=(
 def mean_logprob(model, prompts: list[list[int]], outputs: list[list[int]]) -> float:
     """Mean log-probability of the generated tokens under the base model at temperature 1 (one teacher-forced
     forward per prompt; logits only at the generated positions)."""
+    from workbench.decode import logits_of
+
     total, count = 0.0, 0
-    lm_head = model.get_output_embeddings()
     for p, o in zip(prompts, outputs):
         if not o:
             continue
         ids = torch.tensor([p + o], device=model.device)
         hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, len(p) - 1:-1]  # [G, H]
-        logp = torch.log_softmax(lm_head(hidden).float(), dim=-1)                       # [G, V]
+        logp = torch.log_softmax(logits_of(model, hidden), dim=-1)                      # [G, V]
         total += float(logp.gather(1, torch.tensor(o, device=model.device)[:, None]).sum())
         count += len(o)
     return total / count if count else float("nan")
