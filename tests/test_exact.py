@@ -276,3 +276,25 @@ def test_sweep_counts_near_ties_and_mismatches(tmp_path):
     assert (greedy["mismatches"] == 0).all() and greedy["near_tie_divergences"].sum() >= 1
     typical = df[df["acceptance"] == "typical"]
     assert len(typical) == 2 and typical[["near_tie_divergences", "mismatches"]].isna().all().all()
+
+
+def test_bench_decode_reports_each_prompts_divergence(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_decode", Path(__file__).resolve().parent.parent / "bench" / "decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "decode.json"
+    code = bench.main(["--tiny", "--dtype", "bfloat16", "--device", "cpu", "--limit", "3", "--max-new-tokens", "48",
+                       "--tree", "mc_sim_7b_63", "[[0], [0, 0]]", "--out", str(out)])
+    report = json.loads(out.read_text())
+    medusa = [r for r in report["runs"] if r["method"] == "medusa"]
+    assert len(medusa) == 2 * 3
+    for r in medusa:
+        assert (r["divergence"] is None) == r["matches_greedy"]
+        assert r["divergence"] is None or r["divergence"]["kind"] in ("near-tie", "mismatch")
+    for s in (s for s in report["summary"] if s["method"] == "medusa"):
+        assert s["near_tie_divergences"] + s["mismatches"] == s["prompts"] - s["matches_greedy"]
+        assert s["mismatches"] == 0
+    assert code == 0  # near-ties are expected in bf16; only a mismatch fails the run
+    assert " ties  mism" in capsys.readouterr().out
