@@ -148,13 +148,19 @@ def test_classifier_rules():
     assert divergences(_run([0, 1], [agree, tie_m]), _run([0, 1], [agree, tie_v]), bf16) == []
     found = divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, tie_v]), bf16)
     assert found == [dict(position=1, medusa_token=2, vanilla_token=1, margin_medusa=pytest.approx(0.4 * bound),
-                          margin_vanilla=pytest.approx(0.6 * bound), bound=bound, kind="near-tie")]
-    # the pair's difference moved by margin_medusa + margin_vanilla: just over the bound, or in fp32 (whose bound is
+                          margin_vanilla=pytest.approx(0.6 * bound), gap_medusa=pytest.approx(0.4 * bound),
+                          gap_vanilla=pytest.approx(0.6 * bound), bound=bound, kind="near-tie")]
+    # three near-equal logits: the runs' top 2 differ, yet the pair moved by only gap_medusa + gap_vanilla
+    three_v, three_m = [10.0, 20.0, 20.0 - 0.1 * bound, 20.0 - 0.2 * bound], [10.0, 20.0 - 0.3 * bound, 19.99, 20.0]
+    (d,) = divergences(_run([0, 3], [agree, three_m]), _run([0, 1], [agree, three_v]), bf16)
+    assert d["kind"] == "near-tie" and d["gap_medusa"] + d["gap_vanilla"] == pytest.approx(0.5 * bound)
+    assert d["margin_vanilla"] == pytest.approx(0.1 * bound)
+    # the pair's difference moved by gap_medusa + gap_vanilla: just over the bound, or in fp32 (whose bound is
     # ~100x tighter), that is more than rounding explains: a bug
     wide = [10.0, 20.0, 20.0 - 0.62 * bound, -1.0]
     assert divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, wide]), bf16)[0]["kind"] == "mismatch"
     assert divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, tie_v]), torch.float32)[0]["kind"] == "mismatch"
-    # a token the run's own logits did not rank in the top 2 (token 3): a bug, whatever the margins
+    # a token that was not its own run's argmax (token 3 at -1): a bug, whatever the margins
     assert divergences(_run([0, 3], [agree, tie_m]), _run([0, 1], [agree, tie_v]), bf16)[0]["kind"] == "mismatch"
     # only the first divergence counts; one output ending early diverges at its length
     found = divergences(_run([0, 2, 3], [agree, tie_m, agree]), _run([0, 1, 0], [agree, tie_v, agree]), bf16)
@@ -190,8 +196,8 @@ def test_rounding_flip_in_bf16_is_a_near_tie_and_fp32_is_exact():
                 d = found[0]
                 assert {d["medusa_token"], d["vanilla_token"]} == {40, 41}
                 assert med.token_ids[:d["position"]] == van.token_ids[:d["position"]]
-                assert min(d["margin_medusa"], d["margin_vanilla"]) >= 0
-                assert d["margin_medusa"] + d["margin_vanilla"] <= d["bound"]
+                assert min(d["gap_medusa"], d["gap_vanilla"]) >= 0
+                assert d["gap_medusa"] + d["gap_vanilla"] <= d["bound"]
             else:
                 assert med.token_ids == van.token_ids
             # the bound covers what rounding really did: the two runs' margins at every shared position
@@ -252,7 +258,7 @@ def test_decode_compare_reports_divergences(tmp_path, capsys):
     (d,) = obj["divergences"]
     assert d["kind"] == "near-tie" and {d["medusa_token"], d["vanilla_token"]} == {40, 41}
     assert obj["token_ids"][d["position"]] == d["medusa_token"]
-    assert d["margin_medusa"] + d["margin_vanilla"] <= d["bound"]
+    assert d["gap_medusa"] + d["gap_vanilla"] <= d["bound"]
     assert main(argv + ["--dtype", "bfloat16"]) == 0
     last = capsys.readouterr().out.rstrip("\n").rsplit("\n", 1)[-1]
     assert last.startswith(f"near-tie at token {d['position']}: medusa {d['medusa_token']} ") and "margin" in last

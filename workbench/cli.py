@@ -240,7 +240,8 @@ def _divergence_line(d: dict, tok) -> str:
         return "-" if x is None else f"{x:.4g}"
     return (f"{d['kind']} at token {d['position']}: medusa {show(d['medusa_token'])}, vanilla "
             f"{show(d['vanilla_token'])}; top-2 logit margin {num(d['margin_medusa'])} (medusa), "
-            f"{num(d['margin_vanilla'])} (vanilla), rounding bound {num(d['bound'])}")
+            f"{num(d['margin_vanilla'])} (vanilla); each run's token above the other's by {num(d['gap_medusa'])} + "
+            f"{num(d['gap_vanilla'])}, rounding bound {num(d['bound'])}")
 
 
 def cmd_decode(args) -> int:

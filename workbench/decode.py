@@ -24,6 +24,7 @@ from workbench import WorkbenchError
 from workbench.tree import Tree, load_tree, tree_buffers
 
 ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
+RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a near-tie may involve 3+ tokens)
 
 # propose(hidden [H], tokens so far incl. the root: list[int]) -> LongTensor [depth, topk]
 Proposer = Callable[[torch.Tensor, list], torch.Tensor]
@@ -80,13 +81,13 @@ class DecodeResult:
 
     def record(self, logits: torch.Tensor) -> None:
         """logits [rows, V]: the rows that chose the next emitted tokens, in order (row k of the whole run chose
-        token k). Keeps top-2 values and ids and max|logit| per row, on the device (no sync): `divergences` reads
-        the margins this run really saw, not a recomputation."""
-        top = logits.topk(2, dim=-1)
-        self.chosen_by.append((top.values, top.indices, logits.abs().amax(dim=-1)))  # [rows, 2], [rows, 2], [rows]
+        token k). Keeps the top RECORDED_TOPK values and ids and max|logit| per row, on the device (no sync):
+        `divergences` reads the logits this run really computed, not a recomputation."""
+        top = logits.topk(min(RECORDED_TOPK, logits.shape[-1]), dim=-1)
+        self.chosen_by.append((top.values, top.indices, logits.abs().amax(dim=-1)))  # [rows, K], [rows, K], [rows]
 
     def choice(self, k: int) -> dict | None:
-        """The logits row that chose token k: top-2 values, ids and max|logit|; None when not recorded."""
+        """The logits row that chose token k: top-K values and ids (descending) and max|logit|; None if not recorded."""
         for values, ids, max_abs in self.chosen_by:
             if k < values.shape[0]:
                 return dict(top=values[k].tolist(), ids=ids[k].tolist(), max_abs=float(max_abs[k]))
@@ -169,15 +170,17 @@ def divergences(medusa: DecodeResult, vanilla: DecodeResult, dtype: torch.dtype)
     """Where Medusa's output first differs from vanilla greedy's, classified; [] when they are identical.
 
     Only the FIRST divergence of a prompt is reported: after it the two runs continue different texts, so later
-    differences say nothing about the decoder. Margins are the ones each run really computed (`record`): at the
+    differences say nothing about the decoder. The logits are the ones each run really computed (`record`): at the
     divergence both runs saw the same prefix, so a teacher-forced recomputation would give both the same logits
-    and could not tell a rounding flip from a bug. "near-tie": in both runs the two tokens are the top 2, and
-    margin_medusa + margin_vanilla <= `rounding_bound` -- the pair's logit difference went from +margin_vanilla to
-    -margin_medusa, a move rounding alone can make (the wider tree forward computes attention and matmuls over
-    other shapes than the 1-token step, and bf16/fp16 round those differently). Anything else is "mismatch": a
-    bug (a token the run's own logits did not rank in its top 2, or a flip wider than rounding can explain). One
-    output ending early (an EOS the other did not emit at that point) is a divergence at its length.
-    Returns [{position, medusa_token, vanilla_token, margin_medusa, margin_vanilla, bound, kind}] (0 or 1 items).
+    and could not tell a rounding flip from a bug. margin_* is each run's top-2 logit margin there; gap_* is how
+    far that run ranked its own token above the other run's. "near-tie": each run emitted its own argmax, and
+    gap_medusa + gap_vanilla <= `rounding_bound` -- the pair's logit difference went from +gap_vanilla to
+    -gap_medusa, a move rounding alone can make (the wider tree forward computes attention and matmuls over other
+    shapes than the 1-token step, and bf16/fp16 round those differently). Anything else is "mismatch": a bug (a
+    token that was not its run's argmax, or a flip wider than rounding can explain; also, conservatively, a tie
+    of more than RECORDED_TOPK tokens). One output ending early (an EOS the other did not emit at that point) is a
+    divergence at its length. Returns [{position, medusa_token, vanilla_token, margin_medusa, margin_vanilla,
+    gap_medusa, gap_vanilla, bound, kind}] (0 or 1 items).
     """
     a, b = medusa.token_ids, vanilla.token_ids
     if a == b:
@@ -185,13 +188,21 @@ def divergences(medusa: DecodeResult, vanilla: DecodeResult, dtype: torch.dtype)
     pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     tok_m, tok_v = (a[pos] if pos < len(a) else None), (b[pos] if pos < len(b) else None)
     cm, cv = medusa.choice(pos), vanilla.choice(pos)
+
+    def gap(c, own, other):  # own token's logit above the other's, if own was this run's argmax and both are known
+        if c is None or own not in c["ids"] or other not in c["ids"]:
+            return None
+        mine = c["top"][c["ids"].index(own)]
+        return mine - c["top"][c["ids"].index(other)] if mine == c["top"][0] else None
+
+    gm, gv = gap(cm, tok_m, tok_v), gap(cv, tok_v, tok_m)
+    known = [c for c in (cm, cv) if c]
+    bound = rounding_bound(dtype, max(c["max_abs"] for c in known)) if known else None
+    tie = gm is not None and gv is not None and gm + gv <= bound
     margin = lambda c: c["top"][0] - c["top"][1] if c else None  # noqa: E731
-    bound = rounding_bound(dtype, max(c["max_abs"] for c in (cm, cv) if c)) if cm or cv else None
-    tie = (cm is not None and cv is not None and None not in (tok_m, tok_v)
-           and {tok_m, tok_v} == set(cm["ids"]) == set(cv["ids"])
-           and margin(cm) + margin(cv) <= bound)
     return [dict(position=pos, medusa_token=tok_m, vanilla_token=tok_v, margin_medusa=margin(cm),
-                 margin_vanilla=margin(cv), bound=bound, kind="near-tie" if tie else "mismatch")]
+                 margin_vanilla=margin(cv), gap_medusa=gm, gap_vanilla=gv, bound=bound,
+                 kind="near-tie" if tie else "mismatch")]
 
 
 def divergence_counts(found: list[dict]) -> dict:
