@@ -159,7 +159,8 @@ def test_classifier_rules():
     # ~100x tighter), that is more than rounding explains: a bug
     wide = [10.0, 20.0, 20.0 - 0.62 * bound, -1.0]
     assert divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, wide]), bf16)[0]["kind"] == "mismatch"
-    assert divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, tie_v]), torch.float32)[0]["kind"] == "mismatch"
+    fp32 = divergences(_run([0, 2], [agree, tie_m]), _run([0, 1], [agree, tie_v]), torch.float32)
+    assert fp32[0]["kind"] == "mismatch"
     # a token that was not its own run's argmax (token 3 at -1): a bug, whatever the margins
     assert divergences(_run([0, 3], [agree, tie_m]), _run([0, 1], [agree, tie_v]), bf16)[0]["kind"] == "mismatch"
     # only the first divergence counts; one output ending early diverges at its length
@@ -287,7 +288,8 @@ def test_sweep_counts_near_ties_and_mismatches(tmp_path):
 def test_bench_decode_reports_each_prompts_divergence(tmp_path, capsys):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_decode", Path(__file__).resolve().parent.parent / "bench" / "decode.py")
+    path = Path(__file__).resolve().parent.parent / "bench" / "decode.py"
+    spec = importlib.util.spec_from_file_location("bench_decode", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "decode.json"

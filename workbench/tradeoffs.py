@@ -645,7 +645,8 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         agg = _aggregate(results)
         outputs = [r.token_ids for r in results]
         # greedy output must be vanilla's: each prompt's first divergence is a near-tie (rounding) or a bug
-        found = None if acc.temperature else [d for r, v in zip(results, vanilla) for d in divergences(r, v, model.dtype)]
+        found = None if acc.temperature else \
+            [d for r, v in zip(results, vanilla) for d in divergences(r, v, model.dtype)]
         row = dict(config=c["config"], tree=tree.name, kind=c["kind"], nodes=tree.nodes, depth=tree.depth,
                    acceptance=c["acceptance"], temperature=c["temperature"], epsilon=c["epsilon"], delta=c["delta"],
                    acceleration_rate=agg["acceleration_rate"], tokens_per_s=agg["tokens_per_s"],
