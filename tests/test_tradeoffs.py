@@ -204,8 +204,10 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     assert df["config"].is_unique and (df["kind"] == "vanilla").sum() == 1
     greedy = df[df["acceptance"] == "greedy"]
     assert (greedy["exact_match"] == 1.0).all()
+    assert (greedy["near_tie_divergences"] == 0).all() and (greedy["mismatches"] == 0).all()  # fp32: none at all
     assert greedy["epsilon"].isna().all()
     typ = df[df["acceptance"] == "typical"]
+    assert typ["near_tie_divergences"].isna().all() and typ["mismatches"].isna().all()  # sampling: not greedy's
     assert sorted(typ["epsilon"].unique()) == [0.05, 0.13]
     assert np.allclose(typ["delta"], np.sqrt(typ["epsilon"]))
     assert (df["num_prompts"] == 2).all()  # the 25% holdout of 8 prompts

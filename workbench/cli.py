@@ -282,8 +282,19 @@ def _acceptance(args):
                       args.seed)
 
 
+def _divergence_line(d: dict, tok) -> str:
+    def show(t):
+        return "end" if t is None else f"{t} {tok.decode([t])!r}" if tok is not None else str(t)
+    def num(x):
+        return "-" if x is None else f"{x:.4g}"
+    return (f"{d['kind']} at token {d['position']}: medusa {show(d['medusa_token'])}, vanilla "
+            f"{show(d['vanilla_token'])}; top-2 logit margin {num(d['margin_medusa'])} (medusa), "
+            f"{num(d['margin_vanilla'])} (vanilla); each run's token above the other's by {num(d['gap_medusa'])} + "
+            f"{num(d['gap_vanilla'])}, rounding bound {num(d['bound'])}")
+
+
 def cmd_decode(args) -> int:
-    from workbench.decode import compare, medusa_generate, prepare_prompt, vanilla_generate
+    from workbench.decode import compare, divergences, medusa_generate, prepare_prompt, vanilla_generate
     from workbench.models import load_model_and_heads
     from workbench.tree import load_tree
 
@@ -307,6 +318,8 @@ def cmd_decode(args) -> int:
     if args.compare:
         van = vanilla_generate(model, tok, ids, args.max_new_tokens)
         out.update(compare(res, van))
+        # greedy (temperature 0) must reproduce vanilla: a difference is a near-tie flipped by rounding, or a bug
+        out["divergences"] = None if acc.temperature else divergences(res, van, model.dtype)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -317,6 +330,8 @@ def cmd_decode(args) -> int:
         line += (f"; vanilla {out['vanilla_tokens_per_s']:.1f} tokens/s, speedup {out['speedup']:.2f}x, "
                  f"overhead {out['overhead']:.2f}x, matches greedy: {'yes' if out['matches_greedy'] else 'no'}")
     print(line)
+    for d in out.get("divergences") or []:
+        print(_divergence_line(d, tok))
     return 0
 
 
@@ -342,7 +357,8 @@ def add_decode(sub) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
-    p.add_argument("--compare", action="store_true", help="also run vanilla greedy: speedup, overhead, exactness")
+    p.add_argument("--compare", action="store_true", help="also run vanilla greedy: speedup, overhead, exactness "
+                   "(a greedy difference is reported as a near-tie within the dtype's rounding, or a mismatch)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text + summary")
     p.set_defaults(func=cmd_decode)
 

@@ -24,6 +24,7 @@ from workbench import WorkbenchError
 from workbench.tree import Tree, load_tree, tree_buffers
 
 ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
+RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a near-tie may involve 3+ tokens)
 
 # propose(hidden [H], tokens so far incl. the root: list[int]) -> LongTensor [depth, topk]
 Proposer = Callable[[torch.Tensor, list], torch.Tensor]
@@ -76,6 +77,22 @@ class DecodeResult:
     stop_reason: str = ""       # "eos" | "max_new_tokens" | "context"
     text: str | None = None
     tree: str | None = None
+    chosen_by: list = field(default_factory=list, repr=False)  # record(): what each emitted token was chosen from
+
+    def record(self, logits: torch.Tensor) -> None:
+        """logits [rows, V]: the rows that chose the next emitted tokens, in order (row k of the whole run chose
+        token k). Keeps the top RECORDED_TOPK values and ids and max|logit| per row, on the device (no sync):
+        `divergences` reads the logits this run really computed, not a recomputation."""
+        top = logits.topk(min(RECORDED_TOPK, logits.shape[-1]), dim=-1)
+        self.chosen_by.append((top.values, top.indices, logits.abs().amax(dim=-1)))  # [rows, K], [rows, K], [rows]
+
+    def choice(self, k: int) -> dict | None:
+        """The logits row that chose token k: top-K values and ids (descending) and max|logit|; None if not recorded."""
+        for values, ids, max_abs in self.chosen_by:
+            if k < values.shape[0]:
+                return dict(top=values[k].tolist(), ids=ids[k].tolist(), max_abs=float(max_abs[k]))
+            k -= values.shape[0]
+        return None
 
     @property
     def token_ids(self) -> list[int]:
@@ -123,6 +140,77 @@ def compare(medusa: DecodeResult, vanilla: DecodeResult) -> dict:
                 matches_greedy=medusa.token_ids == vanilla.token_ids)
 
 
+# ----------------------------------------------------------------------------------------------- divergences
+
+# Rounding bound on a top-2 logit margin, in units of u * max|logit| (u = the dtype's unit roundoff, half of
+# torch.finfo(dtype).eps: 2^-8 bf16, 2^-11 fp16, 2^-24 fp32), per dtype. Why that scale: a 1-token and an
+# N-token (tree) forward of the same position round differently (other matmul blocking, attention kernels and
+# masks); the drift in the hidden state reaches the logits through the lm_head, i.e. in proportion to the row's
+# logit scale max|logit|, and each logit is finally rounded to the dtype (<= u|l| each, 2u max|l| on a margin).
+# Why these constants: `bench/rounding.py` measures |margin in the tree run - margin in the 1-token run| at
+# every position both runs share (CPU, mc_sim_7b_63; bench/results/rounding-*.json). In bf16/fp16, sums
+# accumulate in fp32 and the one rounding of each op's output to the dtype dominates: at most 4.4 units in bf16
+# (demo SmolLM2-135M, 4-8 Alpaca-eval prompts x 128), 3.1 in fp16 (demo, 3 prompts), 2.8 on tiny models: bound 16.
+# In fp32 nothing masks the reduction-order differences of the fp32 sums themselves (~sqrt(n) u per length-n dot
+# product, every layer), and they grow along a generation: at most 18.7 units on the demo (3 prompts x 128), 91
+# on a tiny Llama (4 prompts x 512): bound 512 (still ~1e-3 of a logit at most: a real preference is no tie).
+ROUNDING_UNITS = {torch.bfloat16: 16.0, torch.float16: 16.0, torch.float32: 512.0}
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).eps / 2
+
+
+def rounding_bound(dtype: torch.dtype, max_abs_logit: float) -> float:
+    """How far rounding in `dtype` can move a top-2 logit margin between two computations of the same position."""
+    return ROUNDING_UNITS.get(dtype, ROUNDING_UNITS[torch.float32]) * unit_roundoff(dtype) * max_abs_logit
+
+
+def divergences(medusa: DecodeResult, vanilla: DecodeResult, dtype: torch.dtype) -> list[dict]:
+    """Where Medusa's output first differs from vanilla greedy's, classified; [] when they are identical.
+
+    Only the FIRST divergence of a prompt is reported: after it the two runs continue different texts, so later
+    differences say nothing about the decoder. The logits are the ones each run really computed (`record`): at the
+    divergence both runs saw the same prefix, so a teacher-forced recomputation would give both the same logits
+    and could not tell a rounding flip from a bug. margin_* is each run's top-2 logit margin there; gap_* is how
+    far that run ranked its own token above the other run's. "near-tie": each run emitted its own argmax, and
+    gap_medusa + gap_vanilla <= `rounding_bound` -- the pair's logit difference went from +gap_vanilla to
+    -gap_medusa, a move rounding alone can make (the wider tree forward computes attention and matmuls over other
+    shapes than the 1-token step, and bf16/fp16 round those differently). Anything else is "mismatch": a bug (a
+    token that was not its run's argmax, or a flip wider than rounding can explain; also, conservatively, a tie
+    of more than RECORDED_TOPK tokens). One output ending early (an EOS the other did not emit at that point) is a
+    divergence at its length. Returns [{position, medusa_token, vanilla_token, margin_medusa, margin_vanilla,
+    gap_medusa, gap_vanilla, bound, kind}] (0 or 1 items).
+    """
+    a, b = medusa.token_ids, vanilla.token_ids
+    if a == b:
+        return []
+    pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    tok_m, tok_v = (a[pos] if pos < len(a) else None), (b[pos] if pos < len(b) else None)
+    cm, cv = medusa.choice(pos), vanilla.choice(pos)
+
+    def gap(c, own, other):  # own token's logit above the other's, if own was this run's argmax and both are known
+        if c is None or own not in c["ids"] or other not in c["ids"]:
+            return None
+        mine = c["top"][c["ids"].index(own)]
+        return mine - c["top"][c["ids"].index(other)] if mine == c["top"][0] else None
+
+    gm, gv = gap(cm, tok_m, tok_v), gap(cv, tok_v, tok_m)
+    known = [c for c in (cm, cv) if c]
+    bound = rounding_bound(dtype, max(c["max_abs"] for c in known)) if known else None
+    tie = gm is not None and gv is not None and gm + gv <= bound
+    margin = lambda c: c["top"][0] - c["top"][1] if c else None  # noqa: E731
+    return [dict(position=pos, medusa_token=tok_m, vanilla_token=tok_v, margin_medusa=margin(cm),
+                 margin_vanilla=margin(cv), gap_medusa=gm, gap_vanilla=gv, bound=bound,
+                 kind="near-tie" if tie else "mismatch")]
+
+
+def divergence_counts(found: list[dict]) -> dict:
+    """{near_tie_divergences, mismatches} over the divergences of several prompts."""
+    return dict(near_tie_divergences=sum(d["kind"] == "near-tie" for d in found),
+                mismatches=sum(d["kind"] == "mismatch" for d in found))
+
+
 # ----------------------------------------------------------------------------------------------- prompts, limits
 
 def prepare_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
@@ -141,9 +229,12 @@ def prepare_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
     return list(ids)
 
 
+def _text_config(model):
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
 def context_length(model) -> int | None:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return getattr(cfg, "max_position_embeddings", None)
+    return getattr(_text_config(model), "max_position_embeddings", None)
 
 
 def eos_ids(model, tokenizer=None, eos_token_id=None) -> set[int]:
@@ -215,8 +306,23 @@ def prefill(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor
 
 
 def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
-    """hidden [..., H] -> logits [..., V] in fp32 (acceptance compares probabilities)."""
-    return model.get_output_embeddings()(hidden).float()
+    """hidden [..., H] -> logits [..., V] in fp32 (acceptance compares probabilities), soft-capped where the model's
+    own forward caps them (Gemma 2: cap * tanh(logits / cap); argmax unchanged, probabilities not)."""
+    logits = model.get_output_embeddings()(hidden).float()
+    cap = getattr(_text_config(model), "final_logit_softcapping", None)
+    return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def check_window(model, total: int) -> None:
+    """The tree's 4-D mask lets every node see the whole cache, which equals the model's own attention only while
+    the sequence fits its sliding window (Mistral, Gemma 2/3 sliding layers): refuse longer generations."""
+    cfg = _text_config(model)
+    window = getattr(cfg, "sliding_window", None)
+    types = getattr(cfg, "layer_types", None)
+    sliding = window and ("sliding_attention" in types if types else getattr(cfg, "use_sliding_window", True))
+    if sliding and total > window:
+        raise WorkbenchError(f"prompt + --max-new-tokens = {total} tokens exceeds the model's sliding window of "
+                             f"{window}: the Medusa tree mask is exact only within it (lower --max-new-tokens)")
 
 
 def decode_one(model, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
@@ -421,6 +527,7 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
     ids = _input_ids(input_ids, model)                                   # [1, T]
     prompt_len = ids.shape[1]
     limit, limit_reason = _budget(model, prompt_len, max_new_tokens)
+    check_window(model, prompt_len + limit)
     if heads is not None:
         from workbench.models import check_heads_fit
         check_heads_fit(heads, model)
@@ -434,8 +541,10 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
     cache = new_cache(model)
     t0 = _clock(model.device)
     hidden = prefill(model, ids, cache)                                  # [H]
-    root = first_token(logits_of(model, hidden), acc, gen)               # []
+    first = logits_of(model, hidden)                                     # [V]
+    root = first_token(first, acc, gen)                                  # []
     result = DecodeResult("medusa", prompt_len, _clock(model.device) - t0, tree=buf.tree.name or None)
+    result.record(first[None])
     seq = ids[0].tolist()
     while True:
         t0 = _clock(model.device)
@@ -446,6 +555,7 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
         logits = logits_of(model, tree_hidden)                           # [N, V]
         row, length, root = accept(logits, tokens, buf, acc, gen)
         nodes = buf.retrieve[row, :length]                               # [m] accepted nodes, root first
+        result.record(logits[nodes])                                     # they chose the m tokens after the root
         compact_cache(cache, cached, nodes)
         hidden = tree_hidden[nodes[-1]]                                  # [H] the last accepted position
         new, hit_eos = _cut(tokens[nodes].tolist(), len(seq) - prompt_len, limit, eos)
@@ -474,13 +584,17 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
     eos = eos_ids(model, tokenizer, eos_token_id)
     cache = new_cache(model)
     t0 = _clock(model.device)
-    token = logits_of(model, prefill(model, ids, cache)).argmax()       # []
+    first = logits_of(model, prefill(model, ids, cache))                 # [V]
+    token = first.argmax()                                               # []
     result = DecodeResult("vanilla", prompt_len, _clock(model.device) - t0)
+    result.record(first[None])
     emitted = 0
     while True:
         t0 = _clock(model.device)
         new, hit_eos = _cut([int(token)], emitted, limit, eos)
-        token = logits_of(model, decode_one(model, token, cache)).argmax()
+        logits = logits_of(model, decode_one(model, token, cache))       # [V]
+        token = logits.argmax()
+        result.record(logits[None])
         emitted += 1
         step = Step(new, (), 1, _clock(model.device) - t0, cache.get_seq_length())
         result.steps.append(step)

@@ -425,20 +425,27 @@ def tiny_tokenizer(vocab_size: int = 128, chat_template: bool = True):
 
 
 def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, layers: int = 2,
-               init_std: float = 0.2, max_positions: int = 512, attn_implementation: str | None = None):
-    """A random decoder-only model (fp32, CPU) of a given HF architecture (llama, qwen2, mistral, ...).
+               init_std: float = 0.2, max_positions: int = 512, attn_implementation: str | None = None,
+               tied: bool = False):
+    """A random decoder-only model (fp32, CPU) of a given HF architecture (llama, qwen2, mistral, gemma, gemma2,
+    phi3, gpt_neox, ...); `tied` shares the input embedding with the lm_head (Gemma's default).
 
     init_std 0.2 (not HF's 0.02) spreads the logits, so greedy argmax has no near-ties that would make exact
-    comparisons flaky. EOS is id 2, as in `tiny_tokenizer`.
+    comparisons flaky. EOS is id 2, as in `tiny_tokenizer`. Sliding windows are switched off (Mistral's default
+    4096 is None here) or, where the architecture needs a number for its sliding layers (Gemma 2/3), set to
+    max_positions: both equal full attention over any sequence the model can hold, the attention Medusa's tree
+    mask implements (`decode.check_window` refuses generations longer than a real model's window).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     cfg = AutoConfig.for_model(arch, vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                                num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
                                max_position_embeddings=max_positions, initializer_range=init_std,
-                               bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+                               bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=tied)
+    if getattr(cfg, "head_dim", None) not in (None, hidden_size // 4):
+        cfg.head_dim = hidden_size // 4  # Gemma's default 256 would make a "tiny" model 16x wider in attention
     if hasattr(cfg, "sliding_window"):
-        cfg.sliding_window = None  # full attention: the cache then holds every position
+        cfg.sliding_window = max_positions if "sliding_attention" in (getattr(cfg, "layer_types", None) or []) else None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
