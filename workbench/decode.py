@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 import statistics
+import sys
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -346,8 +346,8 @@ class StepEngine:
                 self._step = torch.compile(_verify, mode=compile_mode(model.device), dynamic=False)
 
     def _fail(self, why: str) -> None:
-        warnings.warn(f"--compile: cannot compile the step on {self.model.device.type} ({why}); running eager",
-                      stacklevel=3)
+        print(f"warning: --compile: cannot compile the step on {self.model.device.type} ({why}); running eager",
+              file=sys.stderr)
         self.compile, self._step = False, _verify
 
     def reserve(self, capacity: int) -> None:
@@ -429,6 +429,7 @@ class StepEngine:
         self._point(length)
 
 
+@torch.inference_mode()
 def time_verify(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
                 generator: torch.Generator | None = None) -> float:
     """Median seconds of the bare verify work of one step at the engine's current context: the forward of the
@@ -640,12 +641,11 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
     while True:
         t0 = _clock(model.device)
         new, hit_eos = _cut([nxt], emitted, limit, eos)
+        _, logits = engine.verify(token.view(1), buf)                   # [1, V]
+        engine.keep(buf, 0, 1)
+        token = logits[0].argmax()
+        nxt = int(token)
         emitted += 1
-        if not (hit_eos or emitted >= limit):  # the last token needs no forward of its own
-            _, logits = engine.verify(token.view(1), buf)               # [1, V]
-            engine.keep(buf, 0, 1)
-            token = logits[0].argmax()
-            nxt = int(token)
         step = Step(new, (), 1, _clock(model.device) - t0, engine.length)
         result.steps.append(step)
         if on_step is not None:
