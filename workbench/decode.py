@@ -351,13 +351,13 @@ class StepEngine:
         self.compile, self._step = False, _verify
 
     def reserve(self, capacity: int) -> None:
-        """A cache of at least `capacity` positions (rounded up to 256 so that new prompts rarely change shapes)."""
+        """A cache of at least `capacity` positions. Compiled, rounded up to 256 so that new prompts rarely change
+        shapes; eager, exact: attention (and, for N > 1 rows under a mask, transformers' repeat of grouped KV
+        heads) runs over every cached position, masked or not."""
         if capacity <= self.capacity:
             return
-        limit = context_length(self.model)
-        capacity = -(-capacity // 256) * 256
-        if limit is not None:
-            capacity = max(min(capacity, limit + 256), 1)
+        if self.compile:
+            capacity = -(-capacity // 256) * 256
         cfg = self.model.config.get_text_config(decoder=True)
         window = getattr(cfg, "sliding_window", None)
         if window is not None and capacity > window and any(
