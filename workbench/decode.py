@@ -318,6 +318,15 @@ def compile_mode(device: torch.device) -> str:
     return "reduce-overhead" if device.type == "cuda" else "max-autotune-no-cudagraphs"
 
 
+def compile_options(device: torch.device) -> dict:
+    """torch.compile keywords for the step. On CPU the weights are frozen (constants) so that inductor packs them
+    once for its GEMM micro-kernels: measured on the demo model, the 1-token step 76 -> 41 ms (CPU time, loaded
+    2-core machine), after ~10 minutes of compilation per tree size."""
+    if device.type == "cuda":
+        return dict(mode=compile_mode(device))
+    return dict(options=dict(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"))
+
+
 class StepEngine:
     """One model's decoding step on a preallocated KV cache, shared by Medusa and vanilla greedy (same path).
 
@@ -343,7 +352,7 @@ class StepEngine:
                 self._fail("no oneDNN/MKL build")
             else:
                 torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-                self._step = torch.compile(_verify, mode=compile_mode(model.device), dynamic=False)
+                self._step = torch.compile(_verify, dynamic=False, **compile_options(model.device))
 
     def _fail(self, why: str) -> None:
         print(f"warning: --compile: cannot compile the step on {self.model.device.type} ({why}); running eager",
