@@ -8,9 +8,10 @@
 Prints a table and writes JSON (bench/results/decode.json unless --out). Everything runs on one StepEngine (static
 KV cache, compiled when asked) after an untimed warm-up of every tree (compilation happens there). Per prompt the
 methods run back to back (vanilla, HF generate with a dynamic and a static cache, every tree), so a load change on
-a shared machine hits them alike. Then, at that prompt's mid-answer context, the bare verify work of each tree
-(and of the 1-token step) is timed `--forward-repeats` times: decoder_overhead = median step / median bare
-forward, the share of a step that is bookkeeping rather than model work. Wall clock, synchronised on CUDA.
+a shared machine hits them alike. After every step the bare verify work of the same tree (the 1-token step for
+vanilla) is timed once at that step's context (`forward_probe`, outside the step's own timing):
+decoder_overhead = median step / median bare forward, what a step costs beyond its model work. Wall clock,
+synchronised on CUDA.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.decode import (Acceptance, StepEngine, compile_mode, medusa_generate, prepare_prompt,  # noqa: E402
-                              root_setup, time_verify, tree_setup, vanilla_generate)
+from workbench.decode import (Acceptance, StepEngine, compile_mode, forward_probe, medusa_generate,  # noqa: E402
+                              prepare_prompt, root_setup, tree_setup, vanilla_generate)
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import DEMO_HEADS, load_model_and_heads, model_label  # noqa: E402
 from workbench.tree import load_tree  # noqa: E402
@@ -86,7 +87,6 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", help="prompt set or file (default: mt-bench, else a few built-in prompts)")
     ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--forward-repeats", type=int, default=10, help="bare verify forwards timed per tree and prompt")
     ap.add_argument("--raw", action="store_true", help="no chat template")
     ap.add_argument("--device")
     ap.add_argument("--dtype")
@@ -135,41 +135,36 @@ def run(args) -> int:
         medusa_generate(model, heads, tok, encoded[0], b, 4, greedy, engine=engine)
     for cache in (None, "static"):
         timed_generate(model, encoded[0], 4, cache, compiled)
-    g = torch.Generator().manual_seed(0)
-
     rows = []
     for i, ids in enumerate(encoded):
-        van = vanilla_generate(model, tok, ids, n, engine=engine)
+        probe, fwd = forward_probe(engine, root)
+        van = vanilla_generate(model, tok, ids, n, engine=engine, on_step=probe)
         rows.append(dict(prompt=i, method="vanilla", tree=None, tokens=len(van.token_ids), steps=len(van.steps),
                          seconds=van.total_s, acceleration_rate=1.0,
-                         step_ms=1e3 * statistics.median(s.time_s for s in van.steps), matches_greedy=True))
+                         step_ms=1e3 * statistics.median(s.time_s for s in van.steps),
+                         forward_ms=1e3 * statistics.median(fwd), matches_greedy=True))
         for cache in (None, "static"):
             hf_ids, hf_s = timed_generate(model, ids, n, cache, compiled)
             rows.append(dict(prompt=i, method=f"hf_generate_{cache or 'dynamic'}", tree=None, tokens=len(hf_ids),
                              steps=len(hf_ids), seconds=hf_s, acceleration_rate=1.0, step_ms=None,
                              matches_greedy=hf_ids == van.token_ids))
-        meds = []
         for name, b in zip(names, bufs):
-            med = medusa_generate(model, heads, tok, ids, b, n, greedy, engine=engine)
-            meds.append(med)
+            probe, fwd = forward_probe(engine, b, heads)
+            med = medusa_generate(model, heads, tok, ids, b, n, greedy, engine=engine, on_step=probe)
             rows.append(dict(prompt=i, method="medusa", tree=name, tokens=len(med.token_ids), steps=len(med.steps),
                              seconds=med.total_s, acceleration_rate=med.acceleration_rate,
                              step_ms=1e3 * statistics.median(s.time_s for s in med.steps),
+                             forward_ms=1e3 * statistics.median(fwd),
                              matches_greedy=med.token_ids == van.token_ids))
-        # bare forwards at this prompt's mid-answer context, on the cache the last generation left
-        engine.rewind(len(ids) + len(van.token_ids) // 2)
-        for r, b in zip([rows[-3 - len(bufs)]] + rows[-len(bufs):], [root] + bufs):
-            r["context"] = engine.length
-            r["forward_ms"] = 1e3 * time_verify(engine, b, heads, args.forward_repeats, 1, g)
         print(f"prompt {i + 1}/{len(encoded)} done", file=sys.stderr)
 
     summary = summarise(rows)
-    print(table(summary, label, model, compiled))
     atomic_write_json(args.out, dict(
         model=label, device=str(model.device), dtype=str(model.dtype).replace("torch.", ""),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
         compiled=bool(engine.compile), max_new_tokens=n, prompts=prompts,
         trees={name: t.as_lists() for name, t in zip(names, trees)}, summary=summary, runs=rows))
+    print(table(summary, label, model, compiled))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0 if all(r["matches_greedy"] for r in rows) else 1
 
@@ -194,8 +189,6 @@ def summarise(rows: list[dict]) -> list[dict]:
         line["step_ms"] = statistics.median(steps) if steps else None
         line["forward_ms"] = statistics.median(fwd) if fwd else None
         line["decoder_overhead"] = line["step_ms"] / line["forward_ms"] if steps and fwd else None
-        if fwd:
-            line["context"] = statistics.median(r["context"] for r in rs)
         out.append(line)
     base = next(s["tokens_per_s"] for s in out if s["method"] == "vanilla")
     for s in out:
@@ -208,7 +201,7 @@ def table(summary: list[dict], label: str, model, compiled: bool) -> str:
             f"{'overhead':>8} {'speedup':>8} {'median':>7} {'exact':>6}")
     lines = [f"{label} on {model.device} ({str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
              f"{'compiled' if compiled else 'eager'})", head, "-" * len(head)]
-    fmt = lambda v, spec, unit="": f"{'-':>{int(float(spec)) + len(unit)}}" if v is None else f"{v:{spec}}{unit}"  # noqa: E731
+    fmt = lambda v, spec, unit="": f"{'-':>{int(spec.split('.')[0]) + len(unit)}}" if v is None else f"{v:{spec}}{unit}"  # noqa: E731
     for s in summary:
         lines.append(f"{s['method']:<20} {(s['tree'] or '-')[:28]:<28} {s['tokens_per_s']:>7.1f} "
                      f"{s['acceleration_rate']:>8.2f} {fmt(s['step_ms'], '8.1f')} {fmt(s['forward_ms'], '7.1f')} "

@@ -462,6 +462,17 @@ def time_verify(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int =
     return statistics.median(times)
 
 
+def forward_probe(engine: StepEngine, buf: TreeBuffers, heads=None) -> tuple[Callable[[Step], None], list]:
+    """(on_step, times): an on_step callback that times the bare verify work (`time_verify`, once) right after
+    every step, at that step's context, and the list it fills (seconds). Step and bare forward then alternate,
+    so a load change on a shared machine hits both alike: decoder_overhead = median step / median of these."""
+    times: list[float] = []
+
+    def on_step(step: Step) -> None:
+        times.append(time_verify(engine, buf, heads, repeats=1, warmup=0))
+    return on_step, times
+
+
 # ----------------------------------------------------------------------------------------------- acceptance
 
 def best_path(ok: torch.Tensor, score: torch.Tensor, buf: TreeBuffers) -> tuple[int, int]:

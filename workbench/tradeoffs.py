@@ -577,13 +577,13 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     hashes run_info (model, prompts, max_new_tokens, device, ...): other settings never count as done.
     `predict(tree) -> dict` adds calibration predictions; `on_row(row)` is called after each row is on disk.
     Timing: each configuration's speedup and overhead are against vanilla run right before it on every prompt;
-    step_ms is the median step, forward_ms the median bare verify work of that tree at mid-answer context
-    (`decode.time_verify`), decoder_overhead = step_ms / forward_ms. `engine`: a StepEngine to run on (e.g.
+    step_ms is the median step, forward_ms the median bare verify work of that tree timed right after every step at
+    its context (`decode.forward_probe`), decoder_overhead = step_ms / forward_ms. `engine`: a StepEngine to run on (e.g.
     compiled); default a fresh one (compiled on CUDA).
     """
     from tqdm.auto import tqdm
 
-    from workbench.decode import (Acceptance, StepEngine, medusa_generate, root_setup, time_verify, tree_setup,
+    from workbench.decode import (Acceptance, StepEngine, forward_probe, medusa_generate, root_setup, tree_setup,
                                   vanilla_generate)
 
     if not prompts:
@@ -608,12 +608,6 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     bufs = {tree_key(c["tree"]): tree_setup(c["tree"], model, heads.num_heads) for c in todo}
     root = root_setup(model)
     engine.reserve(max(map(len, prompts)) + max_new_tokens + max([b.size for b in bufs.values()], default=1))
-    g = torch.Generator().manual_seed(0)
-
-    def forward_ms(buf, prompt: list[int], emitted: int) -> float:
-        """The bare verify work of one step at this prompt's mid-answer context (the cache holds its answer)."""
-        engine.rewind(len(prompt) + emitted // 2)
-        return 1e3 * time_verify(engine, buf, heads, repeats=5, warmup=1, generator=g)
 
     bar = tqdm(total=(2 * len(todo) + 1) * len(prompts), desc="sweep", unit="gen", disable=not progress,
                dynamic_ncols=True)
@@ -621,10 +615,9 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     vanilla_generate(model, tokenizer, prompts[0], 2, engine=engine)
     for buf in bufs.values():
         medusa_generate(model, heads, tokenizer, prompts[0], buf, 2, engine=engine)
-    vanilla, van_forward = [], []
+    vanilla, (probe, van_forward) = [], forward_probe(engine, root)
     for p in prompts:
-        vanilla.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine))
-        van_forward.append(forward_ms(root, p, len(vanilla[-1].token_ids)))
+        vanilla.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine, on_step=probe))
         bar.update(1)
     van = _aggregate(vanilla)
     van_outputs = [r.token_ids for r in vanilla]
@@ -637,7 +630,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
             on_row(row)
 
     if (run, "vanilla") not in done:
-        fwd = statistics.median(van_forward)
+        fwd = 1e3 * statistics.median(van_forward)
         emit(dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
                   temperature=0.0, acceleration_rate=1.0, overhead=1.0, speedup=1.0,
                   tokens_per_s=van["tokens_per_s"], vanilla_tokens_per_s=van["tokens_per_s"],
@@ -650,16 +643,16 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         acc = Acceptance(c["acceptance"], c["temperature"]) if c["epsilon"] is None else \
             Acceptance(c["acceptance"], c["temperature"], c["epsilon"], c["delta"])
         bar.set_postfix_str(c["config"].split("|", 1)[1])
-        results, baseline, forwards = [], [], []
+        results, baseline, (probe, forwards) = [], [], forward_probe(engine, buf, heads)
         for p in prompts:  # vanilla right before Medusa on every prompt: a load change hits both alike
             baseline.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine))
             bar.update(1)
-            results.append(medusa_generate(model, heads, tokenizer, p, buf, max_new_tokens, acc, engine=engine))
-            forwards.append(forward_ms(buf, p, len(results[-1].token_ids)))
+            results.append(medusa_generate(model, heads, tokenizer, p, buf, max_new_tokens, acc, engine=engine,
+                                           on_step=probe))
             bar.update(1)
         agg, base = _aggregate(results), _aggregate(baseline)
         outputs = [r.token_ids for r in results]
-        fwd = statistics.median(forwards)
+        fwd = 1e3 * statistics.median(forwards)
         row = dict(config=c["config"], tree=tree.name, kind=c["kind"], nodes=tree.nodes, depth=tree.depth,
                    acceptance=c["acceptance"], temperature=c["temperature"], epsilon=c["epsilon"], delta=c["delta"],
                    acceleration_rate=agg["acceleration_rate"], tokens_per_s=agg["tokens_per_s"],
