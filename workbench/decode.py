@@ -7,7 +7,9 @@ One Medusa step (batch 1):
   3. ONE forward of the N tokens with a 4-D mask (every cached position + the node's ancestors) and
      position_ids = cached length + depth; logits only for those N rows;
   4. acceptance picks the longest path the base model agrees with, and the token that follows it;
-  5. the cache keeps only the accepted nodes (moved next to the prefix), the rest of the tree is cropped.
+  5. the cache keeps only the accepted nodes (moved next to the prefix), the write pointer moves after them.
+The cache is preallocated (StepEngine: static layers, a 4-D mask over all of it, fixed shapes per tree, so the
+step can run under torch.compile); vanilla greedy runs through the same step as a root-only tree.
 No modelling code is copied: the model's own attention reads the 4-D mask (eager and sdpa).
 """
 from __future__ import annotations
@@ -222,8 +224,8 @@ def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
 
     A few rows on CPU go through W @ h^T instead of h @ W^T: MKL's fp32 GEMM for 2..16 rows against a
     [V, H] weight is 2-4x slower than its matrix-vector path (measured on the demo's 49152 x 576 lm_head: 1 row
-    10 ms, 2 rows 26 ms, 3 rows 42 ms), while W @ h^T streams the weight once (2 rows 6-14 ms). This alone was
-    most of why a 2-token verify cost 1.64x a 1-token step. Same product, other summation kernel."""
+    10 ms, 2 rows 26 ms, 3 rows 42 ms), while W @ h^T streams the weight once (2 rows 6-14 ms): a large part of
+    why a 2-token verify cost 1.64x a 1-token step (docs/tradeoffs.md). Same product, other summation kernel."""
     head = model.get_output_embeddings()
     rows = hidden.reshape(-1, hidden.shape[-1])
     if (hidden.device.type == "cpu" and 1 < rows.shape[0] <= 16 and type(head) is torch.nn.Linear
