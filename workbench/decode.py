@@ -597,7 +597,7 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
     prompts), a Tree or any spec `load_tree` reads; `eos_token_id`: int or list (default: the generation
     config's, as `generate`; [] never stops early); `propose` replaces the heads (tests feed known
     continuations); `on_step` sees each Step as it is made (live views); `engine`: a StepEngine to reuse (its
-    cache and compiled step) across generations, else a fresh eager-on-CPU one."""
+    cache and compiled step) across generations, else a fresh eager one."""
     acc = acceptance or Acceptance()
     ids = _input_ids(input_ids, model)                                   # [1, T]
     prompt_len = ids.shape[1]
@@ -613,7 +613,7 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
             raise WorkbenchError("medusa_generate needs heads (or a propose function)")
         propose = head_proposer(heads, model, buf.depth, buf.topk)
     eos, gen = eos_ids(model, tokenizer, eos_token_id), _generator(acc, model.device)
-    engine = engine or StepEngine(model)
+    engine = engine or StepEngine(model, compile=False)
 
     t0 = _clock(model.device)
     hidden = engine.prefill(ids, limit + buf.size)                       # [H]
@@ -654,7 +654,7 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
     prompt_len = ids.shape[1]
     limit, limit_reason = _budget(model, prompt_len, max_new_tokens)
     eos = eos_ids(model, tokenizer, eos_token_id)
-    engine = engine or StepEngine(model)
+    engine = engine or StepEngine(model, compile=False)
     buf = root_setup(model)
     t0 = _clock(model.device)
     token = logits_of(model, engine.prefill(ids, limit + 1)).argmax()   # []
