@@ -23,6 +23,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import datasets  # noqa: F401 - its logging handler binds sys.stderr on import: do it here, not under a test's capsys
 import pytest
 import torch
 

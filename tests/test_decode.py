@@ -389,3 +389,61 @@ def test_cli_demo_defaults_when_the_demo_heads_exist(capsys):
     assert code == 0, err
     obj = json.loads(out)
     assert obj["matches_greedy"] is True and obj["acceleration_rate"] >= 1.0
+
+
+# ----------------------------------------------------------------------------------------------- the step engine
+
+def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
+    """One StepEngine (its static cache reused, reallocated when a longer generation needs it) and TreeBuffers
+    built once: Medusa on every tree and vanilla, interleaved over prompts of different lengths, all stay plain
+    greedy, and the cache holds exactly prompt + emitted after every step."""
+    from workbench.decode import StepEngine, tree_setup
+
+    heads = random_heads(64, 128, 5, tied=True, seed=3)
+    engine = StepEngine(tiny.model, compile=False)
+    bufs = [tree_setup(TREES[name], tiny.model) for name in ("chain", "mc_sim_7b_63", "deep")]
+    for prompt in PROMPTS[::-1]:  # shortest prompt first: the long one must grow the cache
+        ids = _ids(tiny.tokenizer, prompt)
+        ref = _generate(tiny.model, ids, NEW)
+        for buf in bufs:
+            on_step, _ = _checked_steps(len(ids))
+            res = medusa_generate(tiny.model, heads, tiny.tokenizer, ids, buf, NEW, on_step=on_step, engine=engine)
+            assert res.token_ids == ref
+            assert vanilla_generate(tiny.model, tiny.tokenizer, ids, NEW, engine=engine).token_ids == ref
+    assert engine.capacity >= max(len(_ids(tiny.tokenizer, p)) for p in PROMPTS) + NEW
+
+
+def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeypatch, capsys):
+    """A step that fails to compile (no C++ toolchain, a graph break under fullgraph, ...) is run eagerly after
+    exactly one `warning:` line; the output is still plain greedy."""
+    from workbench.decode import StepEngine
+
+    def broken(fn, **kw):
+        def compiled(*a, **k):
+            raise RuntimeError("InvalidCxxCompiler: no working C++ compiler found\ndetails on a second line")
+        return compiled
+    monkeypatch.setattr(torch, "compile", broken)
+    engine = StepEngine(tiny.model, compile=True)
+    heads = random_heads(64, 128, 5, tied=True, seed=3)
+    ids = _ids(tiny.tokenizer, PROMPTS[1])
+    for _ in range(2):
+        res = medusa_generate(tiny.model, heads, tiny.tokenizer, ids, "mc_sim_7b_63", NEW, engine=engine)
+        assert res.token_ids == _generate(tiny.model, ids, NEW)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: --compile") and "InvalidCxxCompiler" in err[0]
+    assert not engine.compile
+
+
+def test_time_verify_keeps_the_context_fixed(tiny):
+    """Timing a bare verify forward writes rows past the pointer but leaves the cache where it was: the next
+    generation step sees the same prefix."""
+    from workbench.decode import StepEngine, root_setup, time_verify, tree_setup
+
+    engine = StepEngine(tiny.model, compile=False)
+    with torch.inference_mode():
+        engine.prefill(torch.arange(1, 30)[None], 80)
+    before = [layer.keys[:, :, :29].clone() for layer in engine.cache.layers]
+    for buf in (root_setup(tiny.model), tree_setup("mc_sim_7b_63", tiny.model)):
+        assert time_verify(engine, buf, random_heads(64, 128, 5, tied=True), repeats=3, warmup=1) > 0
+        assert engine.length == 29
+        assert all(torch.equal(b, layer.keys[:, :, :29]) for b, layer in zip(before, engine.cache.layers))

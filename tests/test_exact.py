@@ -172,7 +172,10 @@ def test_classifier_rules():
     assert divergence_counts([found[0], short[0]]) == dict(near_tie_divergences=1, mismatches=1)
 
 
-def near_tie_model(seed: int = 0, dtype=torch.bfloat16):
+NEAR_TIE_SEED = 5  # a seed whose bf16 run flips the crafted tie (vanilla and the tree share one step path, so few do)
+
+
+def near_tie_model(seed: int = NEAR_TIE_SEED, dtype=torch.bfloat16):
     """A tiny Llama whose lm_head rows for tokens 40 and 41 are equal up to one bf16 rounding (41 = 40 x (1 +
     2^-9)) and large enough that the two are often the top 2: in bf16 their logits tie within rounding, so a
     1-token forward and a tree forward can pick different ones; in fp32 they are 0.2% apart, no tie at all."""
@@ -185,7 +188,10 @@ def near_tie_model(seed: int = 0, dtype=torch.bfloat16):
 
 
 def test_rounding_flip_in_bf16_is_a_near_tie_and_fp32_is_exact():
-    for seed in range(3):
+    # vanilla runs on the decoder's own step (same 4-D-mask path as the tree), so bf16 flips are rarer than
+    # against a plain 1-token forward: over these seeds one does flip (NEAR_TIE_SEED), every flip must be a near-tie
+    flips = 0
+    for seed in range(4, 7):
         kinds = []
         for dtype in (torch.bfloat16, torch.float32):
             model = near_tie_model(seed, dtype)
@@ -208,7 +214,9 @@ def test_rounding_flip_in_bf16_is_a_near_tie_and_fp32_is_exact():
                 if cm["ids"] == cv["ids"]:
                     drift = abs((cm["top"][0] - cm["top"][1]) - (cv["top"][0] - cv["top"][1]))
                     assert drift <= rounding_bound(dtype, max(cm["max_abs"], cv["max_abs"]))
-        assert kinds == [["near-tie"], []], seed
+        assert kinds[1] == [] and set(kinds[0]) <= {"near-tie"}, seed  # fp32 exact; bf16 only near-ties
+        flips += len(kinds[0])
+    assert flips >= 1  # the crafted tie really flips somewhere, so the classification above was exercised
 
 
 def _accept_unverified(logits, tokens, buf):
@@ -217,11 +225,10 @@ def _accept_unverified(logits, tokens, buf):
     return row, 2, logits[buf.retrieve[row, 1]].argmax()
 
 
-def _compact_without_moving(cache, start, keep):
-    """A deliberately broken cache compaction: crops to the accepted length but never moves off-path nodes."""
-    extra = cache.get_seq_length() - (start + keep.shape[0])
-    if extra > 0:
-        cache.crop(-extra)
+def _keep_without_moving(engine, buf, row, length):
+    """A deliberately broken cache compaction: moves the write pointer past the accepted nodes but never moves
+    off-path nodes next to the prefix."""
+    engine.rewind(engine.length + length)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -234,8 +241,10 @@ def test_a_decoder_bug_is_a_mismatch(tiny_llama, monkeypatch, dtype, bug):
     truth = ids + van.token_ids + [0] * tree.depth
     good = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree))
     assert divergences(good, van, dtype) == []  # long paths, many off rank 0: exact without the bug
-    monkeypatch.setattr(decode, *(("accept_greedy", _accept_unverified) if bug == "acceptance" else
-                                  ("compact_cache", _compact_without_moving)))
+    if bug == "acceptance":
+        monkeypatch.setattr(decode, "accept_greedy", _accept_unverified)
+    else:
+        monkeypatch.setattr(decode.StepEngine, "keep", _keep_without_moving)
     bad = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree, miss=0.5))
     found = divergences(bad, van, dtype)
     assert [d["kind"] for d in found] == ["mismatch"]
@@ -244,7 +253,7 @@ def test_a_decoder_bug_is_a_mismatch(tiny_llama, monkeypatch, dtype, bug):
 def _near_tie_folder(tmp_path) -> tuple[Path, Path]:
     """The near-tie model (saved in fp32, loaded in bf16 by --dtype) with its tokenizer, and tied random heads."""
     model_dir, heads_dir = tmp_path / "model", tmp_path / "heads"
-    near_tie_model(0, torch.float32).save_pretrained(model_dir)
+    near_tie_model(NEAR_TIE_SEED, torch.float32).save_pretrained(model_dir)
     tiny_tokenizer().save_pretrained(model_dir)
     save_heads(random_heads(64, 128, 5, tied=True, seed=1), heads_dir, str(model_dir))
     return model_dir, heads_dir
@@ -272,7 +281,7 @@ def test_decode_compare_reports_divergences(tmp_path, capsys):
 
 
 def test_sweep_counts_near_ties_and_mismatches(tmp_path):
-    model, heads = near_tie_model(0), random_heads(64, 128, 5, tied=True, seed=1).to(torch.bfloat16)
+    model, heads = near_tie_model(NEAR_TIE_SEED), random_heads(64, 128, 5, tied=True, seed=1).to(torch.bfloat16)
     prompts = [list(range(5 + i, 20 + i)) for i in range(4)]
     trees = [(load_tree("mc_sim_7b_63"), "given"), (load_tree([[0], [0, 0]]), "given")]
     out = tmp_path / "sweep.csv"

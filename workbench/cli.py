@@ -255,6 +255,9 @@ def _register_tree(sub) -> None:
 
 # ==== decode (issue: live decoder) ============================================================================
 
+COMPILE_HELP = ("torch.compile the decoding step (fixed shapes per tree; default: on for CUDA, off for CPU, where "
+                "inductor needs minutes per tree size and a C++ compiler); falls back to eager with one warning line")
+
 def _prompt_ids(text: str) -> list[int]:
     try:
         ids = [int(x) for x in text.replace(" ", "").split(",") if x]
@@ -294,7 +297,8 @@ def _divergence_line(d: dict, tok) -> str:
 
 
 def cmd_decode(args) -> int:
-    from workbench.decode import compare, divergences, medusa_generate, prepare_prompt, vanilla_generate
+    from workbench.decode import (StepEngine, compare, divergences, medusa_generate, prepare_prompt, tree_setup,
+                                  vanilla_generate)
     from workbench.models import load_model_and_heads
     from workbench.tree import load_tree
 
@@ -310,13 +314,15 @@ def cmd_decode(args) -> int:
     ids = prompt_ids if prompt_ids is not None else prepare_prompt(tok, args.prompt, args.raw)
     if tok is None:
         print("note: the model folder has no tokenizer: the output is token ids", file=sys.stderr)
-    if args.compare:  # warm up kernels and allocator so neither run pays first-call costs
-        vanilla_generate(model, tok, ids, 2)
-    res = medusa_generate(model, heads, tok, ids, tree, args.max_new_tokens, acc)
+    engine, buf = StepEngine(model, compile=args.compile), tree_setup(tree, model)
+    if args.compare or engine.compile:  # warm-up (and compilation) of both step shapes, outside the timed runs
+        vanilla_generate(model, tok, ids, 2, engine=engine)
+        medusa_generate(model, heads, tok, ids, buf, 2, acc, engine=engine)
+    res = medusa_generate(model, heads, tok, ids, buf, args.max_new_tokens, acc, engine=engine)
     out = res.to_dict()
     out["acceptance"] = vars(acc)
     if args.compare:
-        van = vanilla_generate(model, tok, ids, args.max_new_tokens)
+        van = vanilla_generate(model, tok, ids, args.max_new_tokens, engine=engine)
         out.update(compare(res, van))
         # greedy (temperature 0) must reproduce vanilla: a difference is a near-tie flipped by rounding, or a bug
         out["divergences"] = None if acc.temperature else divergences(res, van, model.dtype)
@@ -359,6 +365,7 @@ def add_decode(sub) -> None:
     p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
     p.add_argument("--compare", action="store_true", help="also run vanilla greedy: speedup, overhead, exactness "
                    "(a greedy difference is reported as a near-tie within the dtype's rounding, or a mismatch)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text + summary")
     p.set_defaults(func=cmd_decode)
 
@@ -538,7 +545,10 @@ def cmd_latency(args) -> int:
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (Path(args.calibration) / f"latency-{_slug(dev)}.csv" if args.calibration
                                            else default_latency_path(label, dev))
-    df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label)
+    from workbench.decode import StepEngine
+
+    df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label,
+                         engine=StepEngine(model, compile=args.compile))
     atomic_write_text(out, df.to_csv(index=False), "--out")
     print(f"{dev} {df['dtype'].iloc[0]}, median of {args.repeats}:", file=sys.stderr)
     print(f"{'context':>8}{'tokens':>8}{'ms':>10}{'t(n)/t(1)':>11}", file=sys.stderr)
@@ -620,6 +630,8 @@ def cmd_sweep(args) -> int:
     from workbench.decode import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
 
+    from workbench.decode import StepEngine
+
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
         trees = T.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads,
@@ -633,8 +645,11 @@ def cmd_sweep(args) -> int:
         predict = T.calibration_predictions(calibration, args.max_new_tokens, ids) if calibration else None
         print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}",
               file=sys.stderr)
+        engine = StepEngine(model, compile=args.compile)
+        if engine.compile:
+            info["compiled"] = True  # compiled timings are another run than eager ones
         df = T.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
-                         progress=not args.quiet)
+                         progress=not args.quiet, engine=engine)
     df = df[df["run"] == df["run"].iloc[-1]]
     print(f"{'tree':<22}{'nodes':>6}{'T':>5}{'eps':>6}{'tok/step':>9}{'speedup':>9}{'exact':>7}", file=sys.stderr)
     for r in df.itertuples(index=False):
@@ -682,6 +697,7 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
     p.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP)
     p.set_defaults(func=cmd_latency)
 
     s = sub.add_parser("sweep", help="live decoder over trees x temperatures x epsilons vs vanilla greedy -> CSV",
@@ -711,6 +727,7 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--replay", action="store_true",
                    help="budget trees: keep the optimum or a dense tree within the budget, whichever a greedy "
                         "decoder replayed over the calibration's fit answers (cut to --max-new-tokens) prefers")
+    s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep)
 

@@ -187,15 +187,16 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
 
 @torch.inference_mode()
 def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repeats: int = 10, warmup: int = 3,
-                    heads=None, label: str = "", progress: bool = True) -> pd.DataFrame:
-    """Median wall time of one decoding step per (context, tokens): tokens = 1 is the vanilla step (one token,
-    causal), tokens = n > 1 a verify forward of an (n-1)-node tree with its 4-D mask and position ids. Both
-    include the lm_head over their rows (and, with `heads`, the heads' top-k that a Medusa step needs). The
-    cache is prefilled once per context and cropped back after every call, so the context stays fixed."""
+                    heads=None, label: str = "", progress: bool = True, engine=None) -> pd.DataFrame:
+    """Median wall time of one decoding step's model work per (context, tokens), on the decoder's own step
+    (`decode.time_verify`: static cache, 4-D mask, compiled when the engine is): tokens = 1 is the vanilla step,
+    tokens = n > 1 a verify forward of an (n-1)-node tree with its mask and position ids. Both include the
+    lm_head over their rows (and, with `heads`, the heads' top-k that a Medusa step needs). The cache is
+    prefilled once per context and the pointer put back after every call, so the context stays fixed. Sizes are
+    timed round-robin, `repeats` rounds, so that a load change on a shared machine hits every size alike."""
     from tqdm.auto import tqdm
 
-    from workbench.decode import (_clock, context_length, decode_one, logits_of, new_cache, prefill, tree_forward,
-                                  tree_setup)
+    from workbench.decode import StepEngine, context_length, root_setup, time_verify, tree_setup
 
     sizes = sorted({1, *(int(s) for s in sizes)})
     contexts = sorted({int(c) for c in contexts})
@@ -209,35 +210,25 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
                              "use smaller --context/--sizes")
     dev = model.device
     vocab = model.get_input_embeddings().weight.shape[0]
-    lm_head = model.get_output_embeddings()
     depth = min(5, heads.num_heads) if heads is not None else 5
-    bufs = {n: tree_setup(latency_tree(n - 1, depth), model) for n in sizes if n > 1}
+    bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
+    engine = engine or StepEngine(model, compile=False)
     g = torch.Generator().manual_seed(0)
     dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
     rows = []
-    bar = tqdm(total=len(sizes) * len(contexts), desc="latency", unit="size", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(total=len(contexts) * (warmup + repeats), desc="latency", unit="round", disable=not progress,
+               dynamic_ncols=True)
     for ctx in contexts:
-        cache = new_cache(model)
-        prefill(model, torch.randint(vocab, (1, ctx), generator=g).to(dev), cache)
-        for n in sizes:
-            tokens = torch.randint(vocab, (n,), generator=g).to(dev)
-            times = []
-            for i in range(warmup + repeats):
-                t0 = _clock(dev)
-                if n == 1:
-                    logits_of(model, decode_one(model, tokens[0], cache)).argmax()
-                else:
-                    hidden = tree_forward(model, cache, tokens, bufs[n])            # [n, H]
-                    logits_of(model, hidden).argmax(dim=-1)                         # [n]
-                    if heads is not None:
-                        heads(hidden[0], lm_head, n=bufs[n].depth).topk(bufs[n].topk, dim=-1)
-                t1 = _clock(dev)
-                cache.crop(-n)
+        engine.prefill(torch.randint(vocab, (1, ctx), generator=g).to(dev), sizes[-1])
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        for i in range(warmup + repeats):
+            for n in sizes:
+                t = time_verify(engine, bufs[n], heads, repeats=1, warmup=0, generator=g)
                 if i >= warmup:
-                    times.append(t1 - t0)
-            rows.append(dict(model=label, device=dev_name, dtype=dtype, context=ctx, tokens=n,
-                             seconds=statistics.median(times)))
+                    times[n].append(t)
             bar.update(1)
+        rows += [dict(model=label, device=dev_name, dtype=dtype, context=ctx, tokens=n,
+                      seconds=statistics.median(times[n])) for n in sizes]
     bar.close()
     df = pd.DataFrame(rows, columns=LATENCY_COLUMNS)
     t1 = df[df["tokens"] == 1].set_index("context")["seconds"]
@@ -524,6 +515,7 @@ def distinct_2(outputs: list[list[int]]) -> float:
 
 SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "epsilon", "delta",
                  "acceleration_rate", "overhead", "speedup", "tokens_per_s", "vanilla_tokens_per_s", "mean_step_s",
+                 "step_ms", "forward_ms", "decoder_overhead",
                  "predicted_tokens_per_step", "predicted_joint", "predicted_walk", "calibration_holdout", "replay",
                  "exact_match", "near_tie_divergences", "mismatches",
                  "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
@@ -605,23 +597,29 @@ def _aggregate(results) -> dict:
     decode_s = sum(r.decode_s for r in results)
     return dict(tokens=tokens, steps=steps, acceleration_rate=tokens / max(steps, 1),
                 tokens_per_s=tokens / total_s if total_s > 0 else float("nan"),
-                mean_step_s=decode_s / max(steps, 1))
+                mean_step_s=decode_s / max(steps, 1),
+                step_ms=1e3 * statistics.median(s.time_s for r in results for s in r.steps))
 
 
 @torch.inference_mode()
 def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[dict], out,
               max_new_tokens: int = 128, run_info: dict | None = None, predict=None, progress: bool = True,
-              on_row=None) -> pd.DataFrame:
+              on_row=None, engine=None) -> pd.DataFrame:
     """Run every configuration not yet in `out` on all prompts, and vanilla greedy on the same prompts first.
 
     One CSV row per configuration (plus a `vanilla` row), the whole file rewritten atomically after each, so a
     killed run loses at most the configuration in flight; a rerun skips rows whose (run, config) exist. `run`
     hashes run_info (model, prompts, max_new_tokens, device, ...): other settings never count as done.
     `predict(tree) -> dict` adds calibration predictions; `on_row(row)` is called after each row is on disk.
+    Timing: each configuration's speedup and overhead are against vanilla run right before it on every prompt;
+    step_ms is the median step, forward_ms the median bare verify work of that tree timed right after every step at
+    its context (`decode.forward_probe`), decoder_overhead = step_ms / forward_ms. `engine`: a StepEngine to run on (e.g.
+    compiled); default a fresh one (compiled on CUDA).
     """
     from tqdm.auto import tqdm
 
-    from workbench.decode import Acceptance, divergence_counts, divergences, medusa_generate, vanilla_generate
+    from workbench.decode import (Acceptance, StepEngine, divergence_counts, divergences, forward_probe,
+                                  medusa_generate, root_setup, tree_setup, vanilla_generate)
 
     if not prompts:
         raise WorkbenchError("the prompt set is empty: give prompts to sweep on")
@@ -640,15 +638,21 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
                   dtype=str(model.dtype).replace("torch.", ""), calibration=info.get("calibration", ""),
                   num_prompts=len(prompts), mean_prompt_tokens=sum(map(len, prompts)) / len(prompts))
 
-    bar = tqdm(total=(len(todo) + 1) * len(prompts), desc="sweep", unit="gen", disable=not progress,
+    # one engine (static cache, compiled step when asked) and one set of tree buffers for the whole sweep
+    engine = engine or StepEngine(model)
+    bufs = {tree_key(c["tree"]): tree_setup(c["tree"], model, heads.num_heads) for c in todo}
+    root = root_setup(model)
+    engine.reserve(max(map(len, prompts)) + max_new_tokens + max([b.size for b in bufs.values()], default=1))
+
+    bar = tqdm(total=(2 * len(todo) + 1) * len(prompts), desc="sweep", unit="gen", disable=not progress,
                dynamic_ncols=True)
-    # warm-up: kernels, allocator and lazy inits are paid before anything is timed
-    vanilla_generate(model, tokenizer, prompts[0], 2)
-    if todo:
-        medusa_generate(model, heads, tokenizer, prompts[0], todo[0]["tree"], 2)
-    vanilla = []
+    # warm-up (and compilation): every step shape is run before anything is timed
+    vanilla_generate(model, tokenizer, prompts[0], 2, engine=engine)
+    for buf in bufs.values():
+        medusa_generate(model, heads, tokenizer, prompts[0], buf, 2, engine=engine)
+    vanilla, (probe, van_forward) = [], forward_probe(engine, root)
     for p in prompts:
-        vanilla.append(vanilla_generate(model, tokenizer, p, max_new_tokens))
+        vanilla.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine, on_step=probe))
         bar.update(1)
     van = _aggregate(vanilla)
     van_outputs = [r.token_ids for r in vanilla]
@@ -661,32 +665,39 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
             on_row(row)
 
     if (run, "vanilla") not in done:
+        fwd = 1e3 * statistics.median(van_forward)
         emit(dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
                   temperature=0.0, acceleration_rate=1.0, overhead=1.0, speedup=1.0,
                   tokens_per_s=van["tokens_per_s"], vanilla_tokens_per_s=van["tokens_per_s"],
-                  mean_step_s=van["mean_step_s"], exact_match=1.0, near_tie_divergences=0, mismatches=0,
+                  mean_step_s=van["mean_step_s"], step_ms=van["step_ms"], forward_ms=fwd,
+                  decoder_overhead=van["step_ms"] / fwd, exact_match=1.0, near_tie_divergences=0, mismatches=0,
                   mean_logprob=mean_logprob(model, prompts, van_outputs), distinct_2=distinct_2(van_outputs),
                   new_tokens=van["tokens"], steps=van["steps"]))
     for c in todo:
-        tree = c["tree"]
+        tree, buf = c["tree"], bufs[tree_key(c["tree"])]
         acc = Acceptance(c["acceptance"], c["temperature"]) if c["epsilon"] is None else \
             Acceptance(c["acceptance"], c["temperature"], c["epsilon"], c["delta"])
         bar.set_postfix_str(c["config"].split("|", 1)[1])
-        results = []
-        for p in prompts:
-            results.append(medusa_generate(model, heads, tokenizer, p, tree, max_new_tokens, acc))
+        results, baseline, (probe, forwards) = [], [], forward_probe(engine, buf, heads)
+        for p in prompts:  # vanilla right before Medusa on every prompt: a load change hits both alike
+            baseline.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine))
             bar.update(1)
-        agg = _aggregate(results)
+            results.append(medusa_generate(model, heads, tokenizer, p, buf, max_new_tokens, acc, engine=engine,
+                                           on_step=probe))
+            bar.update(1)
+        agg, base = _aggregate(results), _aggregate(baseline)
         outputs = [r.token_ids for r in results]
         # greedy output must be vanilla's: each prompt's first divergence is a near-tie (rounding) or a bug
         found = None if acc.temperature else \
-            [d for r, v in zip(results, vanilla) for d in divergences(r, v, model.dtype)]
+            [d for r, v in zip(results, baseline) for d in divergences(r, v, model.dtype)]
+        fwd = 1e3 * statistics.median(forwards)
         row = dict(config=c["config"], tree=tree.name, kind=c["kind"], nodes=tree.nodes, depth=tree.depth,
                    acceptance=c["acceptance"], temperature=c["temperature"], epsilon=c["epsilon"], delta=c["delta"],
                    acceleration_rate=agg["acceleration_rate"], tokens_per_s=agg["tokens_per_s"],
-                   overhead=agg["mean_step_s"] / van["mean_step_s"],
-                   speedup=agg["tokens_per_s"] / van["tokens_per_s"], vanilla_tokens_per_s=van["tokens_per_s"],
-                   mean_step_s=agg["mean_step_s"],
+                   overhead=agg["step_ms"] / base["step_ms"],
+                   speedup=agg["tokens_per_s"] / base["tokens_per_s"], vanilla_tokens_per_s=base["tokens_per_s"],
+                   mean_step_s=agg["mean_step_s"], step_ms=agg["step_ms"], forward_ms=fwd,
+                   decoder_overhead=agg["step_ms"] / fwd,
                    exact_match=sum(o == v for o, v in zip(outputs, van_outputs)) / len(prompts),
                    **(divergence_counts(found) if found is not None else {}),
                    mean_logprob=mean_logprob(model, prompts, outputs), distinct_2=distinct_2(outputs),
