@@ -32,7 +32,8 @@ import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
 from workbench.decode import (Acceptance, StepEngine, compile_mode, divergence_counts, divergences,  # noqa: E402
-                              forward_probe, medusa_generate, prepare_prompt, root_setup, tree_setup, vanilla_generate)
+                              forward_probe, medusa_generate, root_setup, tree_setup, vanilla_generate)
+from workbench.generation import prepare_prompt  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import DEMO_HEADS, load_model_and_heads, model_label  # noqa: E402
 from workbench.tree import load_tree  # noqa: E402

@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from workbench.decode import (ROUNDING_UNITS, divergences, medusa_generate, prepare_prompt,  # noqa: E402
-                              unit_roundoff, vanilla_generate)
+from workbench.decode import (ROUNDING_UNITS, divergences, medusa_generate, unit_roundoff,  # noqa: E402
+                              vanilla_generate)
+from workbench.generation import prepare_prompt  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 
 

@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import WorkbenchError
-from workbench.calibrate import (NULL, CalibrateConfig, calibrate, decoder_walk, greedy_continuations, head_accuracies, head_ranks,
-                                 holdout_split, load_calibration, measured_acceptance, path_probabilities, ranks_frame,
+from workbench.calibrate import (NULL, CalibrateConfig, calibrate, decoder_walk, head_accuracies, head_ranks, holdout_split,
+                                 load_calibration, measured_acceptance, path_probabilities, ranks_frame,
                                  tree_report)
-from workbench.decode import eos_ids, medusa_generate, prepare_prompt
+from workbench.decode import medusa_generate
+from workbench.generation import eos_ids, greedy_continuations, prepare_prompt
 from workbench.optimize import expected_length, read_accuracies
 from workbench.tree import load_tree, make_tree
 

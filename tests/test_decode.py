@@ -10,7 +10,8 @@ import torch
 from workbench import WorkbenchError
 from workbench.cli import main
 from workbench.decode import (Acceptance, TreeBuffers, accept_greedy, accept_nucleus, accept_typical,
-                              medusa_generate, prepare_prompt, sample_nucleus, vanilla_generate)
+                              medusa_generate, sample_nucleus, vanilla_generate)
+from workbench.generation import prepare_prompt
 from workbench.models import load_model_and_heads, random_heads, tiny_model, tiny_tokenizer
 from workbench.tree import load_tree, tree_buffers
 

@@ -20,7 +20,8 @@ from test_decode import Oracle, _checked_steps
 from workbench import WorkbenchError, decode
 from workbench.cli import main
 from workbench.decode import (ROUNDING_UNITS, DecodeResult, Step, divergence_counts, divergences, medusa_generate,
-                              prepare_prompt, rounding_bound, unit_roundoff, vanilla_generate)
+                              rounding_bound, unit_roundoff, vanilla_generate)
+from workbench.generation import prepare_prompt
 from workbench.models import random_heads, save_heads, tiny_model, tiny_tokenizer
 from workbench.optimize import dense_tree
 from workbench.tradeoffs import run_sweep, sweep_configs

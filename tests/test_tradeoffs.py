@@ -11,7 +11,7 @@ import pytest
 from workbench import WorkbenchError
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.decode import prepare_prompt
+from workbench.generation import prepare_prompt
 from workbench.optimize import dense_tree, expected_length, optimal_tree, write_accuracies
 from workbench.tradeoffs import (LATENCY_COLUMNS, SWEEP_COLUMNS, dense_near, hardware_aware, latency_table,
                                  measure_latency, parse_delta, parse_floats, random_model, read_latency, run_sweep,

@@ -88,7 +88,7 @@ def test_resume_continues_without_regenerating(tiny_llama, prompt_file, tmp_path
 
 
 def test_parts_hold_the_answers_generate_gives_and_reruns_only_add_new_prompts(tiny_llama, prompt_file, tmp_path):
-    from workbench.decode import prepare_prompt
+    from workbench.generation import prepare_prompt
     from workbench.train import build_data, prompt_key
 
     prompts = interleaved_prompts([str(prompt_file)])
@@ -115,7 +115,7 @@ def test_parts_hold_the_answers_generate_gives_and_reruns_only_add_new_prompts(t
 
 
 def test_more_answers_per_prompt_fork_at_the_first_token(tiny_llama, prompt_file, tmp_path):
-    from workbench.decode import eos_ids, prepare_prompt
+    from workbench.generation import eos_ids, prepare_prompt
     from workbench.train import build_data, prompt_key
 
     prompts = interleaved_prompts([str(prompt_file)])[:4]

@@ -11,7 +11,7 @@ P(path) = share of positions where it is accepted, mean tokens per step over pos
 Speed: continuations come from batched HF `generate` (left padding, greedy); the last hidden state of every
 step is captured from those same forwards (a hook on the decoder), and the heads then run once over all
 positions in big chunks instead of a heads pass per step. This equals a teacher-forced forward over prompt +
-continuation (`_teacher_forced_hidden`, tested to give the same ranks) without paying for that second pass.
+continuation (`generation.teacher_forced_hidden`, tested to give the same ranks) without paying for that second pass.
 Reliability: one part file per prompt batch in `parts/`, written atomically; a rerun with the same arguments
 skips finished batches, then merges. Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json,
 trees/NAME-{indep,joint}-B.json.
@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
+from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, teacher_forced_hidden
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.tree import MEDUSA_TOPK
 
@@ -38,67 +39,6 @@ NULL = -2  # in-memory marker for "target past the end of the continuation" (nul
 
 
 # ----------------------------------------------------------------------------------------------- model side
-
-def greedy_continuations(model, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int],
-                         pad_id: int, return_hidden: bool = False):
-    """The base model's greedy answers, batched with left padding; each ends at its first stop token (kept).
-
-    With return_hidden, also each answer's last hidden states [N, H], position t being the state whose base
-    logits chose c[t]: captured from the very forwards that generated the tokens (a hook on the decoder), so no
-    second pass over the sequences is needed.
-    """
-    from transformers import GenerationConfig
-
-    B, P = len(prompts), max(map(len, prompts))
-    ids = torch.full((B, P), pad_id, dtype=torch.long)
-    mask = torch.zeros((B, P), dtype=torch.long)
-    for b, p in enumerate(prompts):
-        ids[b, P - len(p):] = torch.tensor(p)
-        mask[b, P - len(p):] = 1
-    cfg = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                           eos_token_id=stop_ids or None, pad_token_id=pad_id)
-    steps = []  # [B, H] per generation step
-    hook = model.base_model.register_forward_hook(
-        lambda mod, args, out: steps.append(out.last_hidden_state[:, -1].clone())) if return_hidden else None
-    try:
-        with torch.no_grad():
-            out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
-                                 generation_config=cfg)
-    finally:
-        if hook is not None:
-            hook.remove()
-    conts = []
-    stops = set(stop_ids)
-    for row in out[:, P:].tolist():
-        end = next((i + 1 for i, tok in enumerate(row) if tok in stops), len(row))
-        conts.append(row[:end])
-    if not return_hidden:
-        return conts
-    hidden = torch.stack(steps[:max(map(len, conts))], dim=1)  # [B, T, H]
-    return conts, [hidden[b, :len(c)] for b, c in enumerate(conts)]
-
-
-def right_padded(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """ids and attention mask [B, L] with the pads at the end: causal attention never lets a real token see them,
-    so positions need no adjusting (left padding, as generate uses, does)."""
-    L = max(map(len, seqs))
-    ids = torch.zeros((len(seqs), L), dtype=torch.long)
-    mask = torch.zeros((len(seqs), L), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, :len(s)], mask[b, :len(s)] = torch.tensor(s), 1
-    return ids, mask
-
-
-def _teacher_forced_hidden(model, prompts, conts) -> torch.Tensor:
-    """Last hidden state [M, H] at every position t of every continuation (flat, prompt by prompt): the state
-    just before c[t], whose base logits predict c[t]. One forward over prompt + continuation, right-padded."""
-    dev = model.device
-    ids, mask = right_padded([p + c for p, c in zip(prompts, conts)])
-    hidden = model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state
-    rows = [b for b, c in enumerate(conts) for _ in c]
-    cols = [len(p) - 1 + t for p, c in zip(prompts, conts) for t in range(len(c))]
-    return hidden[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]  # [M, H]
-
 
 def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], topk: int,
                hidden: list[torch.Tensor] | None = None,
@@ -122,7 +62,7 @@ def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], t
     dev = model.device
     with torch.no_grad():
         check = hidden is None
-        hidden = _teacher_forced_hidden(model, prompts, conts) if check else torch.cat(hidden)  # [M, H]
+        hidden = teacher_forced_hidden(model, prompts, conts) if check else torch.cat(hidden)  # [M, H]
         vocab = lm_head.weight.shape[0]
         chunk = chunk or max(1, (1 << 26) // (vocab * (K + 1)))  # ~256 MB of fp32 logits per chunk
         ranks = torch.empty((K, M), dtype=torch.int16)
@@ -381,7 +321,6 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     max_new_tokens, topk, batch_size, name, out = cfg.max_new_tokens, cfg.topk, cfg.batch_size, cfg.name, cfg.out
     continuations = cfg.continuations
     from workbench.data import load_prompt_records
-    from workbench.decode import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
 
     if max_new_tokens < 1:
@@ -507,8 +446,6 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
 
 def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse=None) -> None:
     from tqdm.auto import tqdm
-
-    from workbench.decode import eos_ids
 
     parts = folder / "parts"
     bs = args["batch_size"]

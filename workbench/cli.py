@@ -318,8 +318,8 @@ def _divergence_line(d: dict, tok) -> str:
 
 
 def cmd_decode(args) -> int:
-    from workbench.decode import (StepEngine, compare, divergences, medusa_generate, prepare_prompt, tree_setup,
-                                  vanilla_generate)
+    from workbench.decode import StepEngine, compare, divergences, medusa_generate, tree_setup, vanilla_generate
+    from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads
     from workbench.tree import load_tree
 
@@ -641,7 +641,7 @@ def cmd_sweep(args) -> int:
     else:
         records = load_prompt_records(args.prompts, args.limit)
     from workbench.calibrate import heads_fingerprint
-    from workbench.decode import prepare_prompt
+    from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
 
     from workbench.decode import StepEngine

@@ -1,7 +1,7 @@
 """Prompt sets: Alpaca-eval, MT-bench (first turns) or a user file (JSON/JSON lines parsed by Python's json
 module, CSV/parquet read with `datasets`).
 
-Chat-template wrapping and tokenisation live in `decode.prepare_prompt` (one copy, shared with the live decoder).
+Chat-template wrapping and tokenisation live in `generation.prepare_prompt` (one copy, shared with the live decoder).
 
 Named sets are read from local copies first ($WORKBENCH_DATA_DIR, then `shared/data/` beside the repository) so
 calibration runs offline; only if neither holds the file do we ask the Hugging Face hub.

@@ -26,6 +26,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
 from workbench import WorkbenchError
+from workbench.generation import eos_ids
 from workbench.tree import Tree, load_tree, tree_buffers
 
 ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
@@ -218,40 +219,12 @@ def divergence_counts(found: list[dict]) -> dict:
 
 # ----------------------------------------------------------------------------------------------- prompts, limits
 
-def prepare_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
-    """Token ids for a user message: through the chat template (what instruction-tuned heads were trained on)
-    unless raw."""
-    if raw:
-        ids = tokenizer(text).input_ids
-    else:
-        if not getattr(tokenizer, "chat_template", None):
-            raise WorkbenchError("the tokenizer has no chat template: pass --raw to use the prompt text as-is")
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                 tokenize=False)
-        ids = tokenizer(rendered, add_special_tokens=False).input_ids
-    if not ids:
-        raise WorkbenchError("the prompt is empty after tokenisation: give some text")
-    return list(ids)
-
-
 def _text_config(model):
     return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
 
 def context_length(model) -> int | None:
     return getattr(_text_config(model), "max_position_embeddings", None)
-
-
-def eos_ids(model, tokenizer=None, eos_token_id=None) -> set[int]:
-    """Stop tokens: explicit, else the generation config's (what `generate` stops at), else the tokenizer's."""
-    eos = eos_token_id
-    if eos is None:
-        eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple, set)) else [eos])}
 
 
 def _input_ids(input_ids, model) -> torch.Tensor:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.decode import eos_ids
+from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.models import MedusaHeads, check_heads_fit, load_base, load_heads, model_label, save_heads
 
@@ -93,8 +93,6 @@ def nth_first_tokens(model, tok, prompts: list[list[int]], n: int, stop: list[in
     pieces of a character (forced alone, those send a small model into loops of garbage).
 
     One forward over the right-padded batch."""
-    from workbench.calibrate import right_padded
-
     ids, mask = right_padded(prompts)
     logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
     last = logits[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])].float()  # [B, V]
@@ -115,9 +113,6 @@ def generate_part(model, tok, texts: list[str], max_new_tokens: int, answer: int
     (fresh greedy text from the same prompts once they run out); that forced token is not stored, since no hidden
     state chose it.
     """
-    from workbench.calibrate import greedy_continuations
-    from workbench.decode import prepare_prompt
-
     encoded = [prepare_prompt(tok, t) for t in texts]  # the chat template, as the live decoder and calibrate use
     stop = sorted(eos_ids(model, tok))
     if answer:
