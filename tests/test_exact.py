@@ -23,7 +23,7 @@ from workbench.decode import (ROUNDING_UNITS, DecodeResult, Step, divergence_cou
                               prepare_prompt, rounding_bound, unit_roundoff, vanilla_generate)
 from workbench.models import random_heads, save_heads, tiny_model, tiny_tokenizer
 from workbench.optimize import dense_tree
-from workbench.tradeoffs import run_sweep, sweep_configs
+from workbench.sweep import run_sweep, sweep_configs
 from workbench.tree import load_tree, make_tree
 
 NEW = 512
