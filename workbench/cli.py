@@ -77,7 +77,31 @@ def parse_delta(text) -> str | float:
     return d
 
 
-# ==== tree / optimize / export commands (issue: tree core) ====================================================
+# ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
+
+COMPILE_HELP = ("torch.compile the decoding step (fixed shapes per tree; default: on for CUDA, off for CPU, where "
+                "inductor needs minutes per tree size and a C++ compiler); falls back to eager with one warning line")
+
+_SHARED_FLAGS = {  # one declaration and help text per flag, whichever command takes it
+    "--model": dict(help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"),
+    "--heads": dict(help="Medusa heads folder or file (default: the demo heads; a Medusa-2 --model holds its own)"),
+    "--device": dict(help="auto (default), cpu, cuda or cuda:N"),
+    "--dtype": dict(help="auto (default: bf16, or fp16 where bf16 is unsupported, on CUDA; fp32 on CPU), float32, "
+                         "bfloat16, float16"),
+    "--attn": dict(choices=["sdpa", "eager"], help="attention implementation (default: the model's)"),
+    "--compile": dict(action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP),
+}
+
+
+def _model_args(*flags: str) -> argparse.ArgumentParser:
+    """A parent parser (`parents=[...]`) with these shared flags, so their help cannot drift between commands."""
+    p = argparse.ArgumentParser(add_help=False)
+    for flag in flags:
+        p.add_argument(flag, **_SHARED_FLAGS[flag])
+    return p
+
+
+# ==== tree / optimize / export ================================================================================
 
 def _cmd_tree_show(args) -> int:
     from workbench.tree import ascii_tree, load_tree, tree_stats
@@ -304,10 +328,7 @@ def _register_tree(sub) -> None:
     e.set_defaults(func=_cmd_export)
 
 
-# ==== decode (issue: live decoder) ============================================================================
-
-COMPILE_HELP = ("torch.compile the decoding step (fixed shapes per tree; default: on for CUDA, off for CPU, where "
-                "inductor needs minutes per tree size and a C++ compiler); falls back to eager with one warning line")
+# ==== decode ==================================================================================================
 
 def _prompt_ids(text: str) -> list[int]:
     try:
@@ -395,9 +416,8 @@ def cmd_decode(args) -> int:
 def add_decode(sub) -> None:
     p = sub.add_parser("decode", help="generate with Medusa heads and a tree; --compare against vanilla greedy",
                        description="Medusa decoding of one prompt with a given tree. Greedy acceptance is lossless: "
-                                   "--compare checks it token for token against plain greedy decoding.")
-    p.add_argument("--model", help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--heads", help="Medusa heads folder or file (default: the demo heads; a Medusa-2 --model holds its own)")
+                                   "--compare checks it token for token against plain greedy decoding.",
+                       parents=[_model_args("--model", "--heads", "--device", "--dtype", "--attn", "--compile")])
     p.add_argument("--tree", required=True, help="reference tree name, tree file, or literal like '[[0],[0,0],[1]]'")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="user message (wrapped in the chat template unless --raw)")
@@ -411,16 +431,12 @@ def add_decode(sub) -> None:
     p.add_argument("--delta", type=float, default=0.3, help="typical acceptance entropy-scaled threshold")
     p.add_argument("--top-p", type=float, help="nucleus acceptance (default 0.8 when --acceptance nucleus)")
     p.add_argument("--seed", type=int, help="seed for nucleus sampling")
-    p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
-    p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
     p.add_argument("--compare", action="store_true", help="also run vanilla greedy: speedup, overhead, exactness "
                    "(a greedy difference is reported as a near-tie within the dtype's rounding, or a mismatch)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text + summary")
     p.set_defaults(func=cmd_decode)
 
-# ==== train-heads (issue: demo heads) =========================================================================
+# ==== train-heads =============================================================================================
 
 def cmd_train_heads(args) -> int:
     from pathlib import Path
@@ -455,8 +471,10 @@ def cmd_train_heads(args) -> int:
 def add_train_heads(sub) -> None:
     p = sub.add_parser("train-heads", help="train Medusa-1 heads on the model's own (self-distilled) answers",
                        description="Train Medusa-1 heads on a frozen base model with self-distilled data. "
-                                   "Resumable: rerun the same command to continue.")
-    p.add_argument("--model", help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+                                   "Resumable: rerun the same command to continue.",
+                       # no --heads (it writes heads: --out, --init); no --dtype (--gen-dtype for generating,
+                       # training loads the base in fp32)
+                       parents=[_model_args("--model", "--device")])
     p.add_argument("--prompts", nargs="+", metavar="FILE",
                    help="Alpaca-format prompt files (default: the training sets in shared/data)")
     p.add_argument("--num-heads", type=int, default=4)
@@ -478,12 +496,11 @@ def add_train_heads(sub) -> None:
     p.add_argument("--init", metavar="HEADS",
                    help="start from these heads instead of from zero (e.g. the same heads, once the data has grown)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device")
     p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")
     p.add_argument("--out", help="output heads folder (default: the demo heads folder for the demo model)")
     p.set_defaults(func=cmd_train_heads)
 
-# ==== calibrate (issue: calibration) ==========================================================================
+# ==== calibrate (and tree eval) ===============================================================================
 
 def _budgets(text: str) -> list[int]:
     try:
@@ -544,9 +561,8 @@ def add_calibrate(sub) -> None:
                        description="Record, at every position of the base model's greedy answers, the rank of the "
                                    "true token in each head's top-k; write ranks, accuracies and optimal trees "
                                    "(independence model and empirical path probabilities). Resumable: rerun the "
-                                   "same command to continue.")
-    p.add_argument("--model", help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--heads", help="Medusa heads folder/file (default: the demo heads)")
+                                   "same command to continue.",
+                       parents=[_model_args("--model", "--heads", "--device", "--dtype")])
     p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns) or a JSON/JSONL/CSV/"
                    "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
     p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts")
@@ -557,8 +573,6 @@ def add_calibrate(sub) -> None:
     p.add_argument("--name", help="calibration name (default: MODEL-PROMPTS)")
     p.add_argument("--out", help="output folder (default: calibration/NAME)")
     p.add_argument("--batch-size", type=int, default=32, help="prompts per generate batch (and per part file)")
-    p.add_argument("--device", help="auto (default), cpu, cuda or cuda:N")
-    p.add_argument("--dtype", help="auto (default: bf16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
     p.add_argument("--continuations", metavar="DIR", help="reuse the greedy answers of a finished calibration of the "
                    "same model and prompts (new heads: skips generation)")
@@ -566,7 +580,7 @@ def add_calibrate(sub) -> None:
     p.set_defaults(func=_cmd_calibrate)
 
 
-# ==== latency / sweep (issue: trade-offs) =====================================================================
+# ==== latency / sweep / sweep-report ==========================================================================
 
 def cmd_latency(args) -> int:
     from pathlib import Path
@@ -731,11 +745,11 @@ def cmd_sweep_report(args) -> int:
 
 
 def add_tradeoffs(sub) -> None:
-    model_help = "base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"
     p = sub.add_parser("latency", help="time one verify forward per tree size and context (for optimize --latency)",
                        description="Median wall time of a verify forward over n tree tokens (4-D tree mask, position "
-                                   "ids, lm_head) on a cache of fixed length, next to the single-token step.")
-    p.add_argument("--model", help=model_help)
+                                   "ids, lm_head) on a cache of fixed length, next to the single-token step.",
+                       parents=[_model_args("--model", "--device", "--dtype", "--attn", "--compile")])
+    # its own --heads: optional here (no heads = time the verify forward alone), so the shared help would mislead
     p.add_argument("--heads", help="also time the heads' top-k in every tree step (a Medusa step's full cost)")
     p.add_argument("--random-config", metavar="SPEC",
                    help="instead: random weights of a given shape, a preset (llama-1b, llama-3b, llama-8b, vicuna-7b, "
@@ -748,18 +762,13 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before each point (default 3)")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
-    p.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
-    p.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP)
     p.set_defaults(func=cmd_latency)
 
     s = sub.add_parser("sweep", help="live decoder over trees x temperatures x epsilons vs vanilla greedy -> CSV",
                        description="Run the live Medusa decoder for every configuration on the same prompts and "
                                    "vanilla greedy on them in the same run; one CSV row per configuration. "
-                                   "Resumable: rerun the same command to continue.")
-    s.add_argument("--model", help=model_help)
-    s.add_argument("--heads", help="Medusa heads folder or file (default: the demo heads)")
+                                   "Resumable: rerun the same command to continue.",
+                       parents=[_model_args("--model", "--heads", "--device", "--dtype", "--attn", "--compile")])
     s.add_argument("--trees", nargs="+", metavar="TREE", help="tree files, reference names or literals")
     s.add_argument("--budgets", metavar="B1,B2,..", help="optimal trees with these node budgets from --calibration "
                                                         "(default 4,8,16,32,64,128,256 unless --trees)")
@@ -775,13 +784,9 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--raw", action="store_true", help="use prompts as-is, without the chat template")
     s.add_argument("--max-new-tokens", type=int, default=128)
     s.add_argument("--out", required=True, metavar="FILE.csv", help="sweep CSV (rows already there are skipped)")
-    s.add_argument("--device", help="auto (default), cpu, cuda, cuda:N")
-    s.add_argument("--dtype", help="auto (default: bf16/fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
-    s.add_argument("--attn", choices=["sdpa", "eager"], help="attention implementation (default: the model's)")
     s.add_argument("--replay", action="store_true",
                    help="budget trees: keep the optimum or a dense tree within the budget, whichever a greedy "
                         "decoder replayed over the calibration's fit answers (cut to --max-new-tokens) prefers")
-    s.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP)
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sweep)
 
