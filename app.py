@@ -117,14 +117,14 @@ def holdout_decoder(folder: str, stamp: float, paths: tuple) -> float | None:
 
 @st.cache_data(max_entries=8)
 def read_latency_file(path: str, stamp: float) -> pd.DataFrame:
-    from workbench.tradeoffs import read_latency
+    from workbench.latency import read_latency
 
     return read_latency(path)
 
 
 @st.cache_data(max_entries=8)
 def read_sweep_file(path: str, stamp: float) -> pd.DataFrame:
-    from workbench.tradeoffs import read_sweep
+    from workbench.sweep import read_sweep
 
     return read_sweep(path)
 
@@ -642,7 +642,7 @@ def compare_trees(a, b, indep, empirical, src: Source) -> None:
 def hardware_choice(src: Source, value, budget: int, max_depth: int, max_rank: int) -> dict | None:
     """The hardware-aware tree: latency CSV from the calibration folder (or given), context nearest typical use;
     measured speedups from a sweep CSV (when one is found) to draw on the predicted curve."""
-    from workbench.tradeoffs import hardware_aware, typical_context
+    from workbench.latency import hardware_aware, typical_context
 
     found = sorted(Path(src.folder).glob("latency-*.csv")) if src.folder else []
     with st.sidebar:
@@ -677,7 +677,7 @@ def hardware_choice(src: Source, value, budget: int, max_depth: int, max_rank: i
 def latency_picker(df: pd.DataFrame, key: str, name: str, target: float | None) -> tuple[dict, int]:
     """{tokens: seconds} of one setup (model/device/dtype) at one context, picked with selectboxes when the file
     has several; the context defaults to the one nearest the calibration's typical cache length."""
-    from workbench.tradeoffs import latency_table
+    from workbench.latency import latency_table
 
     keys = [c for c in ("model", "device", "dtype") if c in df.columns]
     if keys:
@@ -793,7 +793,7 @@ def read_sweep_or_error(path: Path | None) -> pd.DataFrame | None:
 
 def tradeoffs_page() -> None:
     from workbench.optimize import empirical_value_fn
-    from workbench.tradeoffs import hardware_aware, typical_context
+    from workbench.latency import hardware_aware, typical_context
 
     st.title("Trade-offs")
     sweeps = found_csvs("sweep")

@@ -68,7 +68,7 @@ def make_latency(path: Path) -> Path:
 
 def make_sweep(path: Path) -> Path:
     """Rows shaped like `workbench sweep` output: vanilla, optimal and dense greedy trees, typical epsilons."""
-    from workbench.tradeoffs import SWEEP_COLUMNS
+    from workbench.sweep import SWEEP_COLUMNS
 
     rows = [dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
                  temperature=0.0, acceleration_rate=1.0, speedup=1.0, tokens_per_s=50.0, exact_match=1.0,
@@ -384,7 +384,7 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
 
 def test_tradeoffs_fig5_from_a_separate_typical_sweep(demo_files, monkeypatch, tmp_path):
     """A greedy-only sweep sorts first; Fig. 5 still shows, from the typical sweep found beside it."""
-    from workbench.tradeoffs import read_sweep
+    from workbench.sweep import read_sweep
 
     full = read_sweep(demo_files["sweep"])
     full[full["acceptance"] == "greedy"].to_csv(tmp_path / "a-greedy.csv", index=False)

@@ -24,7 +24,7 @@ from workbench.decode import (ROUNDING_UNITS, DecodeResult, Step, divergence_cou
 from workbench.generation import prepare_prompt
 from workbench.models import random_heads, save_heads, tiny_model, tiny_tokenizer
 from workbench.optimize import dense_tree
-from workbench.tradeoffs import run_sweep, sweep_configs
+from workbench.sweep import run_sweep, sweep_configs
 from workbench.tree import load_tree, make_tree
 
 NEW = 512

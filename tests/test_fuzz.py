@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.cli import main
 from workbench.optimize import write_accuracies
-from workbench.tradeoffs import SWEEP_COLUMNS
+from workbench.sweep import SWEEP_COLUMNS
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
 CAL_ARGS = ["--max-new-tokens", "6", "--topk", "40", "--budgets", "2", "--batch-size", "6", "--device", "cpu"]

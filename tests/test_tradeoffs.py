@@ -10,12 +10,13 @@ import pytest
 
 from workbench import WorkbenchError
 from workbench.calibrate import CalibrateConfig, calibrate
-from workbench.cli import main
+from workbench.cli import main, parse_delta, parse_floats
 from workbench.generation import prepare_prompt
 from workbench.optimize import dense_tree, expected_length, optimal_tree, write_accuracies
-from workbench.tradeoffs import (LATENCY_COLUMNS, SWEEP_COLUMNS, dense_near, hardware_aware, latency_table,
-                                 measure_latency, parse_delta, parse_floats, random_model, read_latency, run_sweep,
-                                 summarize, sweep_configs, sweep_trees)
+from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, measure_latency, read_latency
+from workbench.models import random_model
+from workbench.report import summarize
+from workbench.sweep import SWEEP_COLUMNS, dense_near, run_sweep, sweep_configs, sweep_trees
 from workbench.tree import load_tree
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
@@ -247,7 +248,7 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
     live greedy decoder's tokens per step on those prompts, tree by tree (the sweep's `replay` column)."""
     from workbench.decode import medusa_generate
     from workbench.models import load_heads
-    from workbench.tradeoffs import calibration_predictions, holdout_records
+    from workbench.sweep import calibration_predictions, holdout_records
     from workbench.train import TrainConfig, interleaved_prompts, train_heads
 
     heads_dir = tmp_path / "heads"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import warnings
 
@@ -24,6 +25,56 @@ def _output(text: str, out: str | None, what: str = "") -> None:
 def _emit(obj, out: str | None) -> None:
     """JSON to --out or stdout."""
     _output(json.dumps(obj, indent=2) + "\n", out)
+
+
+# flag values: lists and ranges of numbers, one clear error line when malformed
+
+def parse_ints(text, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]: positive, sorted, unique."""
+    try:
+        vals = sorted({int(x) for x in str(text).replace(" ", "").split(",") if x})
+    except ValueError:
+        raise WorkbenchError(f"{what} {text!r}: give comma-separated positive integers like 4,8,16") from None
+    if not vals or vals[0] < 1:
+        raise WorkbenchError(f"{what} {text!r}: give comma-separated positive integers like 4,8,16")
+    return vals
+
+
+def parse_floats(text, what: str, low: float = 0.0, high: float = math.inf) -> list[float]:
+    """'0,0.7' -> [0.0, 0.7] (each in [low, high]), or a range START:STOP:STEP with STOP included when hit."""
+    text = str(text).replace(" ", "")
+    try:
+        parts = [float(x) for x in text.split(":")] if ":" in text else [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise WorkbenchError(f"{what} {text!r}: give numbers like 0.05,0.09 or a range like 0.01:0.25:0.04") from None
+    if ":" in text:
+        if len(parts) != 3 or not all(map(math.isfinite, parts)) or not (parts[2] > 0 and parts[0] <= parts[1]):
+            raise WorkbenchError(f"{what} {text!r}: a range is START:STOP:STEP with START <= STOP and STEP > 0, "
+                                 "e.g. 0.01:0.25:0.04")
+        start, stop, step = parts
+        vals = [round(start + i * step, 10) for i in range(int(math.floor((stop - start) / step + 1e-9)) + 1)]
+    else:
+        vals = parts
+    if not vals:
+        raise WorkbenchError(f"{what} is empty: give numbers like 0.05,0.09 or a range like 0.01:0.25:0.04")
+    for v in vals:
+        if not (low <= v <= high and math.isfinite(v)):
+            raise WorkbenchError(f"{what} {text!r}: value {v:g} is outside [{low:g}, {high:g}]")
+    return sorted(set(vals))
+
+
+def parse_delta(text) -> str | float:
+    """'sqrt' (delta = sqrt(epsilon), Medusa's posterior_alpha convention) or a fixed number >= 0."""
+    if str(text).strip().lower() == "sqrt":
+        return "sqrt"
+    try:
+        d = float(text)
+    except (TypeError, ValueError):
+        raise WorkbenchError(f"--delta {text!r}: unknown; use 'sqrt' (delta = sqrt(epsilon)) or a number >= 0") \
+            from None
+    if not (d >= 0 and math.isfinite(d)):
+        raise WorkbenchError(f"--delta {text!r}: must be 'sqrt' or a finite number >= 0")
+    return d
 
 
 # ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
@@ -534,8 +585,9 @@ def add_calibrate(sub) -> None:
 def cmd_latency(args) -> int:
     from pathlib import Path
 
-    from workbench.tradeoffs import (DEFAULT_CONTEXTS, DEFAULT_SIZES, _slug, default_latency_path, device_name,
-                                     measure_latency, parse_ints, random_model)
+    from workbench.latency import (DEFAULT_CONTEXTS, DEFAULT_SIZES, default_latency_path, device_name, measure_latency,
+                                   slug)
+    from workbench.models import random_model
 
     sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DEFAULT_SIZES)
     contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
@@ -557,7 +609,7 @@ def cmd_latency(args) -> int:
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False)
     dev = device_name(model.device)
-    out = Path(args.out) if args.out else (Path(args.calibration) / f"latency-{_slug(dev)}.csv" if args.calibration
+    out = Path(args.out) if args.out else (Path(args.calibration) / f"latency-{slug(dev)}.csv" if args.calibration
                                            else default_latency_path(label, dev))
     from workbench.decode import StepEngine
 
@@ -577,7 +629,7 @@ def _optimize_for_latency(args, acc, value) -> int:
     hardware, and the tree with the best one (called from _cmd_optimize)."""
     from workbench.optimize import expected_length
     from workbench.tree import Tree, record_json, tree_record
-    from workbench.tradeoffs import hardware_aware, latency_table, read_latency, typical_context
+    from workbench.latency import hardware_aware, latency_table, read_latency, typical_context
 
     if args.dense:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
@@ -614,30 +666,30 @@ def _optimize_for_latency(args, acc, value) -> int:
 def cmd_sweep(args) -> int:
     from pathlib import Path
 
-    from workbench import tradeoffs as T
+    from workbench import sweep as S
     from workbench.data import load_prompt_records
     from workbench.tree import load_tree
 
-    temps = T.parse_floats(args.temperature, "--temperature")
-    eps = T.parse_floats(args.epsilon, "--epsilon", high=1.0)
+    temps = parse_floats(args.temperature, "--temperature")
+    eps = parse_floats(args.epsilon, "--epsilon", high=1.0)
     if eps[0] <= 0:
         raise WorkbenchError(f"--epsilon {args.epsilon}: every epsilon must be in (0, 1]")
-    delta = T.parse_delta(args.delta)
+    delta = parse_delta(args.delta)
     if args.max_new_tokens < 1:
         raise WorkbenchError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
-    budgets = T.parse_ints(args.budgets, "--budgets") if args.budgets else (None if args.trees else list(T.DEFAULT_BUDGETS))
+    budgets = parse_ints(args.budgets, "--budgets") if args.budgets else (None if args.trees else list(S.DEFAULT_BUDGETS))
     calibration = args.calibration
     if calibration is None and (budgets or args.prompts == "holdout"):
-        calibration = T.default_calibration()
+        calibration = S.default_calibration()
     if calibration is not None and not (Path(calibration) / "meta.json").is_file():
         raise WorkbenchError(f"--calibration {calibration}: not a finished calibration folder (no meta.json; run "
                              "`workbench calibrate`)")
     for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
         load_tree(spec)
     check_output(args.out, "--out")
-    T.read_sweep_rows(args.out)  # a foreign --out file, too
+    S.read_sweep_rows(args.out)  # a foreign --out file, too
     if args.prompts == "holdout":
-        records = T.holdout_records(calibration, args.limit)
+        records = S.holdout_records(calibration, args.limit)
     else:
         records = load_prompt_records(args.prompts, args.limit)
     from workbench.calibrate import heads_fingerprint
@@ -648,21 +700,21 @@ def cmd_sweep(args) -> int:
 
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
-        trees = T.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads,
+        trees = S.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads,
                               replay=args.max_new_tokens if args.replay else None)
-        configs = T.sweep_configs(trees, temps, eps, delta)
+        configs = S.sweep_configs(trees, temps, eps, delta)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
         info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
                     limit=args.limit, calibration=str(calibration or ""),
                     heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
         ids = [pid for pid, _ in records] if args.prompts == "holdout" else None  # the calibration's own prompts
-        predict = T.calibration_predictions(calibration, args.max_new_tokens, ids) if calibration else None
+        predict = S.calibration_predictions(calibration, args.max_new_tokens, ids) if calibration else None
         print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}",
               file=sys.stderr)
         engine = StepEngine(model, compile=args.compile)
         if engine.compile:
             info["compiled"] = True  # compiled timings are another run than eager ones
-        df = T.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
+        df = S.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
                          progress=not args.quiet, engine=engine)
     df = df[df["run"] == df["run"].iloc[-1]]
     print(f"{'tree':<22}{'nodes':>6}{'T':>5}{'eps':>6}{'tok/step':>9}{'speedup':>9}{'exact':>7}", file=sys.stderr)
@@ -676,7 +728,9 @@ def cmd_sweep(args) -> int:
 def cmd_sweep_report(args) -> int:
     from pathlib import Path
 
-    from workbench.tradeoffs import read_latency, read_sweep, summarize
+    from workbench.latency import read_latency
+    from workbench.report import summarize
+    from workbench.sweep import read_sweep
 
     check_output(args.out, "--out")
     check_output(args.figures, "--figures", "folder")

@@ -1,4 +1,5 @@
-"""File helpers every writer shares: the one atomic writer, output checks made before long work, and run locks.
+"""File helpers every writer shares: the one atomic writer, output checks made before long work, run locks, and
+the checked JSON/CSV readers.
 
 Atomic: a file is written to a hidden temp file beside it and renamed over it, so an interrupted run never
 leaves half a file. Checked: an output location that cannot be written is refused in one line naming the flag
@@ -178,3 +179,22 @@ def read_json(path: str | Path, what: str, kind: type = dict):
         raise WorkbenchError(f"{what}: {path.name} should hold a JSON {'object' if kind is dict else kind.__name__}, "
                              f"found {type(obj).__name__}")
     return obj
+
+
+def read_csv(path, what: str, columns: tuple[str, ...], maker: str):
+    """A results CSV (a DataFrame) with at least one row and these columns, or one line naming what is wrong and
+    who writes it: the one checked reader of the latency and sweep CSVs."""
+    import pandas as pd
+
+    if not Path(path).is_file():
+        raise WorkbenchError(f"{what} {path}: no such file (make one with `{maker}`)")
+    try:
+        df = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as e:
+        msg = str(e).splitlines()[0][:100] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"{what} {path}: not a readable CSV ({msg})") from None
+    missing = [c for c in columns if c not in df.columns]
+    if missing or df.empty:
+        raise WorkbenchError(f"{what} {path}: needs rows with columns {','.join(columns)} "
+                             f"({'missing column(s) ' + ', '.join(missing) if missing else 'no rows'}; `{maker}` writes it)")
+    return df

@@ -6,6 +6,8 @@ Heads formats (checked strictly: a missing, unexpected or mis-shaped tensor is a
   2. "version 2" heads-only: the same ResBlocks without the per-head [V,H] matrix; logits go through the base
      model's own lm_head (tiny files; what `workbench train-heads` writes by default).
   3. Full Medusa-2 checkpoint: a model folder whose weights also hold `medusa_head.{head}...` tensors.
+Also built here, never downloaded: tiny random models (tests, benchmarks) and random-weight models of a real
+shape (`--random-config llama-8b`: timing needs the shapes, not the weights).
 """
 from __future__ import annotations
 
@@ -464,3 +466,75 @@ def random_heads(hidden_size: int, vocab_size: int, num_heads: int = 5, num_laye
         for p in heads.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * std)
     return heads.requires_grad_(False)
+
+
+# ----------------------------------------------------------------------------------------------- random-weight models for timing
+
+# Random-weight models of realistic shape: timing needs the shapes, not the weights (nothing to download).
+PRESETS = {
+    "llama-1b": dict(hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256),
+    "llama-3b": dict(hidden=3072, layers=28, heads=24, kv_heads=8, intermediate=8192, vocab=128256),
+    "llama-8b": dict(hidden=4096, layers=32, heads=32, kv_heads=8, intermediate=14336, vocab=128256),
+    "vicuna-7b": dict(hidden=4096, layers=32, heads=32, kv_heads=32, intermediate=11008, vocab=32000),
+    "smollm2-135m": dict(hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152),
+    "tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab=128),
+}
+CONFIG_KEYS = {"hidden": "hidden_size", "layers": "num_hidden_layers", "heads": "num_attention_heads",
+               "kv_heads": "num_key_value_heads", "intermediate": "intermediate_size", "vocab": "vocab_size",
+               "max_positions": "max_position_embeddings"}
+
+
+def parse_random_config(spec: str) -> tuple[str, dict]:
+    """'llama-1b', 'llama-1b,layers=4' or 'hidden=2048,layers=16,heads=32,kv_heads=8,vocab=128256,intermediate=8192'
+    (+ arch=qwen2, or any HF config key) -> (architecture, HF config kwargs)."""
+    parts = [p for p in str(spec).replace(" ", "").split(",") if p]
+    if not parts:
+        raise WorkbenchError("--random-config is empty: give a preset (" + ", ".join(PRESETS) + ") or key=value pairs")
+    kw: dict = {}
+    arch = "llama"
+    for p in parts:
+        if "=" not in p:
+            if p not in PRESETS:
+                raise WorkbenchError(f"--random-config {p!r}: unknown preset (use {', '.join(PRESETS)} or "
+                                     "key=value pairs like hidden=2048,layers=16)")
+            kw.update({CONFIG_KEYS[k]: v for k, v in PRESETS[p].items()})
+            continue
+        k, v = p.split("=", 1)
+        if k == "arch":
+            arch = v
+            continue
+        try:
+            kw[CONFIG_KEYS.get(k, k)] = int(v)
+        except ValueError:
+            raise WorkbenchError(f"--random-config {k}={v}: expected an integer") from None
+    need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]
+    missing = [k for k, v in CONFIG_KEYS.items() if v in need and v not in kw]
+    if missing:
+        raise WorkbenchError(f"--random-config {spec!r}: missing {', '.join(missing)} (or start from a preset)")
+    kw.setdefault("num_key_value_heads", kw["num_attention_heads"])
+    kw.setdefault("intermediate_size", 4 * kw["hidden_size"])
+    kw.setdefault("max_position_embeddings", 32768)
+    if kw["hidden_size"] % kw["num_attention_heads"] or kw["num_attention_heads"] % kw["num_key_value_heads"]:
+        raise WorkbenchError(f"--random-config {spec!r}: hidden must be a multiple of heads, heads of kv_heads")
+    return arch, kw
+
+
+def random_model(spec: str, device: str | None = None, dtype: str | None = None,
+                 attn_implementation: str | None = None):
+    """A random-weight decoder of a given shape, built directly on the device (no download, no checkpoint)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    arch, kw = parse_random_config(spec)
+    dev = pick_device(device)
+    dt = pick_dtype(dtype, dev)
+    try:
+        cfg = AutoConfig.for_model(arch, **kw)
+    except (ValueError, KeyError) as e:
+        raise WorkbenchError(f"--random-config arch={arch}: not a transformers architecture ({str(e)[:80]})") from None
+    if hasattr(cfg, "sliding_window"):
+        cfg.sliding_window = None
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    with torch.random.fork_rng(devices=[]), torch.device(dev):
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dt, **extra)
+    return model.to(dev).eval().requires_grad_(False)

@@ -1,0 +1,117 @@
+"""Report: a sweep CSV (+ a latency CSV) as the markdown tables of docs/tradeoffs.md."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from workbench import WorkbenchError
+from workbench.latency import latency_table, read_latency
+from workbench.sweep import SWEEP_COLUMNS, read_sweep
+
+
+def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
+    """A pipe table (no tabulate dependency); floats to `digits` places, NaN as an empty cell."""
+    def cell(v):
+        if isinstance(v, (float, np.floating)):
+            return "" if math.isnan(v) else f"{v:.{digits}f}"
+        return str(v)
+    head = "| " + " | ".join(map(str, df.columns)) + " |"
+    sep = "|" + "|".join("---:" if pd.api.types.is_numeric_dtype(df[c]) else "---" for c in df.columns) + "|"
+    body = ["| " + " | ".join(cell(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join([head, sep, *body])
+
+
+def _relative_cost(latency: dict, nodes: int) -> float:
+    from workbench.optimize import interpolate_latency
+
+    try:
+        return interpolate_latency(latency, nodes + 1) / interpolate_latency(latency, 1)
+    except WorkbenchError:
+        return float("nan")
+
+
+def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
+    """Markdown tables for docs/tradeoffs.md from a sweep CSV (and a latency CSV): predicted vs measured tokens
+    per step, optimized vs dense (Fig. 4a/4b), the hardware-aware choice vs the best measured speedup, and
+    typical acceptance vs epsilon and temperature (Fig. 5)."""
+    f = Path(sweep_csv)
+    df = read_sweep(f)
+    if list(df.columns) != SWEEP_COLUMNS or df.empty:
+        raise WorkbenchError(f"sweep CSV {sweep_csv}: not a sweep CSV with rows (columns differ or it is empty)")
+    def values(col):
+        return ", ".join(map(str, df[col].dropna().unique()))
+    parts = [f"Sweep `{f.name}`: model {values('model')}, {values('num_prompts')} prompts ({values('prompts')}), "
+             f"max {values('max_new_tokens')} new tokens, device {values('device')} {values('dtype')}."]
+    greedy = df[(df["acceptance"] == "greedy") & (df["kind"] != "vanilla")].sort_values(["nodes", "kind"])
+
+    pred = greedy.dropna(subset=["predicted_tokens_per_step"])
+    if len(pred):
+        t = pred[["tree", "kind", "nodes", "predicted_tokens_per_step", "predicted_joint", "predicted_walk",
+                  "replay", "calibration_holdout", "acceleration_rate"]].copy()
+        for col, name in (("predicted_tokens_per_step", "indep"), ("predicted_joint", "joint"),
+                          ("predicted_walk", "walk"), ("replay", "replay")):
+            t[f"{name}_err_%"] = 100 * (t[col] / t["acceleration_rate"] - 1)
+        t = t.rename(columns={"predicted_tokens_per_step": "predicted (indep)", "predicted_joint": "predicted (joint)",
+                              "predicted_walk": "predicted (walk)", "calibration_holdout": "replay (all held out)",
+                              "acceleration_rate": "measured"})
+        t = t.dropna(axis=1, how="all")
+        parts.append("## Predicted vs measured tokens per step (greedy)\n\n"
+                     "indep / joint: the paper's mean over every calibration position (independent heads / empirical "
+                     "paths); walk: a greedy decoder replayed over the calibration's fit answers; replay: the same "
+                     "over the calibration's answers to these very prompts (a lossless decoder matches it exactly); "
+                     "replay (all held out): the same over every held-out answer, a larger sample than this sweep."
+                     "\n\n" + markdown_table(t))
+
+    if len(greedy):
+        t = greedy[["tree", "kind", "nodes", "depth", "acceleration_rate", "overhead", "speedup", "tokens_per_s",
+                    "exact_match", "near_tie_divergences", "mismatches"]]
+        parts.append("## Optimized vs dense trees: tokens per step and speed vs node count (Fig. 4a/4b)\n\n" +
+                     markdown_table(t))
+        bug = greedy[greedy["mismatches"] > 0]
+        if len(bug):
+            parts.append(f"**Bug**: greedy output differs from vanilla greedy beyond rounding (mismatch) for "
+                         f"{', '.join(bug['tree'])}.")
+        elif (greedy["exact_match"] < 1).any():
+            ties = greedy[greedy["exact_match"] < 1]["tree"].tolist()
+            parts.append(f"Greedy output differs from vanilla greedy for {', '.join(ties)} at near-ties only "
+                         f"(top-2 logits within the dtype's rounding).")
+
+    if latency_csv is not None and len(greedy):
+        lat = read_latency(latency_csv)
+        van_ctx = float((df["mean_prompt_tokens"] + df["new_tokens"] / df["num_prompts"] / 2).mean())
+        table, ctx = latency_table(lat, context, None if context is not None else van_ctx, f"--latency {latency_csv}")
+        t = greedy[["tree", "kind", "nodes", "predicted_tokens_per_step", "acceleration_rate", "speedup"]].copy()
+        t["relative_cost"] = [_relative_cost(table, n) for n in t["nodes"]]
+        t["predicted_speedup"] = t["predicted_tokens_per_step"] / t["relative_cost"]
+        t["latency_model_speedup"] = t["acceleration_rate"] / t["relative_cost"]
+        parts.append(f"## Hardware-aware choice (latency `{Path(latency_csv).name}`, context {ctx})\n\n"
+                     "predicted_speedup = predicted tokens/step / (t(nodes+1)/t(1)); latency_model_speedup uses the "
+                     "measured tokens/step instead (its gap to the measured speedup is the decoder's own overhead)."
+                     "\n\n" + markdown_table(t))
+        best = t.loc[t["speedup"].idxmax()]
+        line = f"Best measured speedup: **{best['tree']}** ({int(best['nodes'])} nodes) at {best['speedup']:.3f}x."
+        cand = t.dropna(subset=["predicted_speedup"])
+        if len(cand):
+            pick = cand.loc[cand["predicted_speedup"].idxmax()]
+            line = (f"Hardware-aware pick: **{pick['tree']}** ({int(pick['nodes'])} nodes), predicted "
+                    f"{pick['predicted_speedup']:.3f}x, measured {pick['speedup']:.3f}x = "
+                    f"{100 * pick['speedup'] / best['speedup']:.1f}% of the best measured. " + line)
+        parts.append(line)
+
+    typical = df[df["acceptance"] == "typical"]
+    if len(typical):
+        t = typical[["tree", "nodes", "temperature", "epsilon", "delta", "acceleration_rate", "speedup",
+                     "mean_logprob", "distinct_2", "exact_match"]]
+        t = t.sort_values(["nodes", "tree", "temperature", "epsilon"])
+        parts.append("## Typical acceptance vs epsilon and temperature (Fig. 5)\n\n"
+                     "exact_match = share of prompts whose output equals vanilla greedy; mean_logprob = mean "
+                     "log-probability of the generated tokens under the base model (temperature 1).\n\n" +
+                     markdown_table(t))
+        base = df[df["kind"] == "vanilla"]
+        if len(base):
+            parts.append(f"Vanilla greedy reference: mean_logprob {base['mean_logprob'].iloc[-1]:.3f}, "
+                         f"distinct_2 {base['distinct_2'].iloc[-1]:.3f}.")
+    return "\n\n".join(parts) + "\n"

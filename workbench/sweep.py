@@ -1,0 +1,385 @@
+"""Sweep: the live decoder on every configuration (tree x temperature x epsilon) beside vanilla greedy.
+
+Vanilla greedy runs on the same prompts in the same run, so measured tokens per step, speedup and the quality
+proxies are side by side; the result is a resumable sweep CSV, a format this module owns (SWEEP_COLUMNS,
+read_sweep, read_sweep_rows, an atomic rewrite after every row).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from workbench import WorkbenchError
+from workbench.io import atomic_write_text, read_csv
+from workbench.tree import MEDUSA_TOPK, Tree, load_tree
+
+DEFAULT_BUDGETS = (4, 8, 16, 32, 64, 128, 256)
+
+
+# ----------------------------------------------------------------------------------------------- sweep: trees
+
+def dense_near(budget: int, max_depth: int, max_rank: int = MEDUSA_TOPK, slack: float = 1.5) -> list[Tree]:
+    """Cartesian trees [s], [s, s], [s, s, s], ... (paper §2.1.2) whose node count is the one closest to
+    `budget` for that depth, kept when within a factor `slack` of it."""
+    from workbench.optimize import dense_nodes, dense_tree
+
+    out = []
+    for d in range(1, max_depth + 1):
+        s = min(range(1, max_rank + 1), key=lambda s: (abs(dense_nodes(s, d) - budget), s))
+        if budget / slack <= dense_nodes(s, d) <= budget * slack:
+            out.append(dense_tree([s] * d))
+    return out
+
+
+def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None, joint: bool = False,
+                num_heads: int | None = None, max_rank: int = MEDUSA_TOPK,
+                replay: int | None = None) -> list[tuple[Tree, str]]:
+    """[(tree, kind)] with kind optimal | dense | given, deduplicated by shape. Budgets build optimal trees from
+    the calibration's fit prompts (independent heads, or empirical joint paths; with `replay` = N tokens, a dense
+    tree within the budget replaces the optimum when a greedy decoder replayed over the first N tokens of the fit
+    answers accepts more with it); --dense adds Cartesian trees near every budget (or the given trees' sizes)."""
+    from workbench.optimize import best_by, empirical_value_fn, optimal_tree, optimal_tree_from
+
+    out: list[tuple[Tree, str]] = []
+    for i, spec in enumerate(trees or []):
+        t = load_tree(spec, num_heads=num_heads)
+        out.append((Tree(t.paths, t.name or f"tree{i + 1}"), "given"))
+    if budgets:
+        if calibration is None:
+            raise WorkbenchError("--budgets needs a calibration folder (--calibration DIR) to build optimal trees")
+        from workbench.calibrate import decoder_walk, load_calibration, path_probabilities
+
+        acc, fit = load_calibration(calibration, "fit")
+        depth = min(acc.shape[0], num_heads or acc.shape[0])
+        rank = min(acc.shape[1], max_rank)
+        fn = empirical_value_fn(path_probabilities(fit)) if joint else None
+        answers = fit[fit["position"] < replay] if replay else None
+        for b in budgets:
+            name = f"opt-{'joint' if joint else 'indep'}-{b}"
+            t = optimal_tree_from(fn, b, depth, rank, name=name) if joint else optimal_tree(acc, b, depth, rank, name)
+            if replay:  # what a live decoder measures decides between near-equal candidates
+                t = best_by(lambda c: decoder_walk(c, answers), t, b, depth, rank)
+            out.append((t, "optimal"))
+    if dense:
+        sizes = list(budgets or []) or [t.nodes for t, _ in out]
+        for b in sizes:
+            out += [(t, "dense") for t in dense_near(b, num_heads or 5, max_rank)]
+    seen, unique = set(), []
+    for t, kind in out:
+        key = tuple(t.sorted_paths)
+        if key not in seen:
+            seen.add(key)
+            unique.append((t, kind))
+    if not unique:
+        raise WorkbenchError("no trees to sweep: give --budgets or --trees")
+    return unique
+
+
+def default_calibration(root: str | Path = "calibration") -> Path:
+    """The first finished calibration folder under calibration/ (sorted by name)."""
+    found = sorted(Path(root).glob("*/meta.json"))
+    if not found:
+        raise WorkbenchError(f"no calibration folder under {root}/: run `workbench calibrate`, or pass "
+                             "--calibration DIR, or give --trees instead of --budgets")
+    return found[0].parent
+
+
+def holdout_records(calibration, limit: int | None = None) -> list[tuple[str, str]]:
+    """The calibration's held-out prompts (never used to fit its trees): the honest test set for predictions."""
+    from workbench.data import load_prompt_records
+
+    from workbench.calibrate import read_meta
+
+    meta = read_meta(calibration)
+    held = set(meta.get("holdout_ids", []))
+    limit_ = meta.get("limit")
+    if not isinstance(meta.get("prompts"), str) or not (limit_ is None or isinstance(limit_, int)):
+        raise WorkbenchError(f"--calibration {calibration}: meta.json does not say which prompts it used "
+                             "(prompts, limit)")
+    records = [r for r in load_prompt_records(meta["prompts"], limit_) if r[0] in held]
+    if not records:
+        raise WorkbenchError(f"--prompts holdout: calibration {calibration} has no held-out prompts "
+                             "(calibrate with --holdout 0.2, or name a prompt set)")
+    if limit is not None and limit <= 0:
+        raise WorkbenchError(f"--limit {limit}: must be a positive number of prompts")
+    return records[:limit] if limit else records
+
+
+def tree_key(tree: Tree) -> str:
+    return f"{tree.name}:{hashlib.sha1(json.dumps(tree.sorted_paths).encode()).hexdigest()[:10]}"
+
+
+def delta_for(delta: str | float, epsilon: float) -> float:
+    return math.sqrt(epsilon) if delta == "sqrt" else float(delta)
+
+
+def sweep_configs(trees: list[tuple[Tree, str]], temperatures=(0.0,), epsilons=(0.09,), delta="sqrt") -> list[dict]:
+    """One config per tree at temperature 0 (greedy: epsilon/delta play no part), and per (tree, temperature,
+    epsilon) for every temperature > 0 (typical acceptance)."""
+    out = []
+    for tree, kind in trees:
+        for temp in temperatures:
+            if temp == 0:
+                out.append(dict(tree=tree, kind=kind, acceptance="greedy", temperature=0.0, epsilon=None, delta=None))
+                continue
+            for eps in epsilons:
+                out.append(dict(tree=tree, kind=kind, acceptance="typical", temperature=float(temp),
+                                epsilon=float(eps), delta=delta_for(delta, eps)))
+    for c in out:
+        c["config"] = (f"{tree_key(c['tree'])}|{c['acceptance']}|T={c['temperature']:g}" +
+                       (f"|eps={c['epsilon']:g}|delta={c['delta']:g}" if c["epsilon"] is not None else ""))
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- sweep: quality
+
+@torch.inference_mode()
+def mean_logprob(model, prompts: list[list[int]], outputs: list[list[int]]) -> float:
+    """Mean log-probability of the generated tokens under the base model at temperature 1 (one teacher-forced
+    forward per prompt; logits only at the generated positions)."""
+    from workbench.decode import logits_of
+
+    total, count = 0.0, 0
+    for p, o in zip(prompts, outputs):
+        if not o:
+            continue
+        ids = torch.tensor([p + o], device=model.device)
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state[0, len(p) - 1:-1]  # [G, H]
+        logp = torch.log_softmax(logits_of(model, hidden), dim=-1)                      # [G, V]
+        total += float(logp.gather(1, torch.tensor(o, device=model.device)[:, None]).sum())
+        count += len(o)
+    return total / count if count else float("nan")
+
+
+def distinct_2(outputs: list[list[int]]) -> float:
+    """Distinct bigrams over all bigrams, pooled over the generations (lower = more repetitive)."""
+    grams = [tuple(o[i:i + 2]) for o in outputs for i in range(len(o) - 1)]
+    return len(set(grams)) / len(grams) if grams else float("nan")
+
+
+# ----------------------------------------------------------------------------------------------- sweep: run
+
+SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "epsilon", "delta",
+                 "acceleration_rate", "overhead", "speedup", "tokens_per_s", "vanilla_tokens_per_s", "mean_step_s",
+                 "step_ms", "forward_ms", "decoder_overhead",
+                 "predicted_tokens_per_step", "predicted_joint", "predicted_walk", "calibration_holdout", "replay",
+                 "exact_match", "near_tie_divergences", "mismatches",
+                 "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
+                 "model", "prompts", "max_new_tokens", "device", "dtype", "calibration"]
+
+
+
+SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration")
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+
+def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
+    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs: numeric columns hold finite
+    numbers (or nothing), nodes and acceleration_rate on every row."""
+    df = read_csv(path, what, ("tree", "nodes", "acceleration_rate"), "workbench sweep --out FILE.csv")
+    for c in df.columns:
+        if c in SWEEP_TEXT or c not in SWEEP_COLUMNS:
+            continue
+        num = pd.to_numeric(df[c], errors="coerce")
+        required = c in ("nodes", "acceleration_rate")
+        bad = (num.isna() & (df[c].notna() | required)) | np.isinf(num)
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} holds {str(df[c].iloc[i])[:40]!r}, "
+                                 f"not a finite number")
+        df[c] = num
+    return df
+
+
+def read_sweep_rows(path) -> list[dict]:
+    """The rows of a sweep CSV as strings (kept verbatim on rewrite), or [] when it does not exist yet."""
+    f = Path(path)
+    if not f.is_file() or f.stat().st_size == 0:
+        return []
+    try:
+        with f.open(newline="", encoding="utf-8") as fh:
+            reader = csv.DictReader(fh)
+            same = reader.fieldnames == SWEEP_COLUMNS
+            rows = list(reader) if same else []
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise WorkbenchError(f"--out {path}: exists but is not a readable CSV ({str(e)[:100]}); use another --out") from None
+    if not same:
+        raise WorkbenchError(f"--out {path}: exists but is not a sweep CSV of this version (columns differ); "
+                             "use another --out")
+    if rows:
+        read_sweep(path, "--out")  # every row well-formed, or one line before hours of decoding
+    return rows
+
+
+def _write_rows(path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=SWEEP_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def calibration_predictions(calibration, max_new_tokens: int | None = None, prompt_ids=None):
+    """tree -> calibration predictions for a sweep row. From the fit prompts: predicted_tokens_per_step (independent
+    heads) and predicted_joint (empirical paths), both the paper's mean over every position, and predicted_walk,
+    a greedy decoder replayed over the fit answers (it visits only the positions a step starts at, which are harder
+    than average: the all-position mean runs 6-12% high on the demo). calibration_holdout: the decoder replayed over
+    every held-out answer (a larger sample than a live sweep can afford). replay: the same over the calibration's
+    own answers to *these* prompts, which a lossless greedy decoder must match exactly. Answers are cut to
+    max_new_tokens, as the sweep cuts them."""
+    from workbench.calibrate import decoder_walk, load_calibration, path_probabilities
+    from workbench.optimize import empirical_value_fn, expected_length
+
+    acc, fit = load_calibration(calibration, "fit")
+    _, every = load_calibration(calibration, "all")
+    held = every[~every["prompt_id"].isin(set(fit["prompt_id"]))]
+    joint = empirical_value_fn(path_probabilities(fit))
+    cut = (lambda r: r[r["position"] < max_new_tokens]) if max_new_tokens else (lambda r: r)
+    fit_cut, held_cut = cut(fit), cut(held)
+    ours = cut(every[every["prompt_id"].isin([str(i) for i in prompt_ids])]) if prompt_ids is not None else None
+
+    def predict(tree: Tree) -> dict:
+        if tree.depth > acc.shape[0] or tree.max_rank >= acc.shape[1]:
+            return {}
+        out = dict(predicted_tokens_per_step=expected_length(tree, acc), predicted_joint=expected_length(tree, joint),
+                   predicted_walk=decoder_walk(tree, fit_cut))
+        if len(held):
+            out["calibration_holdout"] = decoder_walk(tree, held_cut)
+        if ours is not None and ours["prompt_id"].nunique() == len(set(map(str, prompt_ids))):
+            out["replay"] = decoder_walk(tree, ours)
+        return out
+    return predict
+
+
+def _aggregate(results) -> dict:
+    tokens = sum(len(r.token_ids) for r in results)
+    steps = sum(len(r.steps) for r in results)
+    total_s = sum(r.total_s for r in results)
+    decode_s = sum(r.decode_s for r in results)
+    return dict(tokens=tokens, steps=steps, acceleration_rate=tokens / max(steps, 1),
+                tokens_per_s=tokens / total_s if total_s > 0 else float("nan"),
+                mean_step_s=decode_s / max(steps, 1),
+                step_ms=1e3 * statistics.median(s.time_s for r in results for s in r.steps))
+
+
+@torch.inference_mode()
+def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[dict], out,
+              max_new_tokens: int = 128, run_info: dict | None = None, predict=None, progress: bool = True,
+              on_row=None, engine=None) -> pd.DataFrame:
+    """Run every configuration not yet in `out` on all prompts, and vanilla greedy on the same prompts first.
+
+    One CSV row per configuration (plus a `vanilla` row), the whole file rewritten atomically after each, so a
+    killed run loses at most the configuration in flight; a rerun skips rows whose (run, config) exist. `run`
+    hashes run_info (model, prompts, max_new_tokens, device, ...): other settings never count as done.
+    `predict(tree) -> dict` adds calibration predictions; `on_row(row)` is called after each row is on disk.
+    Timing: each configuration's speedup and overhead are against vanilla run right before it on every prompt;
+    step_ms is the median step, forward_ms the median bare verify work of that tree timed right after every step at
+    its context (`decode.forward_probe`), decoder_overhead = step_ms / forward_ms. `engine`: a StepEngine to run on (e.g.
+    compiled); default a fresh one (compiled on CUDA).
+    """
+    from tqdm.auto import tqdm
+
+    from workbench.decode import (Acceptance, StepEngine, divergence_counts, divergences, forward_probe,
+                                  medusa_generate, root_setup, tree_setup, vanilla_generate)
+
+    if not prompts:
+        raise WorkbenchError("the prompt set is empty: give prompts to sweep on")
+    if max_new_tokens < 1:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+    info = dict(run_info or {}, max_new_tokens=max_new_tokens, num_prompts=len(prompts),
+                prompts_sha=hashlib.sha1(json.dumps(prompts).encode()).hexdigest()[:10])
+    run = hashlib.sha1(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    rows = read_sweep_rows(out)
+    done = {(r["run"], r["config"]) for r in rows}
+    todo = [c for c in configs if (run, c["config"]) not in done]
+    if not todo and (run, "vanilla") in done:
+        return pd.read_csv(out)
+    common = dict(run=run, model=info.get("model", ""), prompts=info.get("prompts", ""),
+                  max_new_tokens=max_new_tokens, device=str(model.device.type),
+                  dtype=str(model.dtype).replace("torch.", ""), calibration=info.get("calibration", ""),
+                  num_prompts=len(prompts), mean_prompt_tokens=sum(map(len, prompts)) / len(prompts))
+
+    # one engine (static cache, compiled step when asked) and one set of tree buffers for the whole sweep
+    engine = engine or StepEngine(model)
+    bufs = {tree_key(c["tree"]): tree_setup(c["tree"], model, heads.num_heads) for c in todo}
+    root = root_setup(model)
+    engine.reserve(max(map(len, prompts)) + max_new_tokens + max([b.size for b in bufs.values()], default=1))
+
+    bar = tqdm(total=(2 * len(todo) + 1) * len(prompts), desc="sweep", unit="gen", disable=not progress,
+               dynamic_ncols=True)
+    # warm-up (and compilation): every step shape is run before anything is timed
+    vanilla_generate(model, tokenizer, prompts[0], 2, engine=engine)
+    for buf in bufs.values():
+        medusa_generate(model, heads, tokenizer, prompts[0], buf, 2, engine=engine)
+    vanilla, (probe, van_forward) = [], forward_probe(engine, root)
+    for p in prompts:
+        vanilla.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine, on_step=probe))
+        bar.update(1)
+    van = _aggregate(vanilla)
+    van_outputs = [r.token_ids for r in vanilla]
+
+    def emit(row: dict) -> None:
+        row = {**common, **row}
+        rows.append({k: _fmt(row.get(k)) for k in SWEEP_COLUMNS})
+        _write_rows(out, rows)
+        if on_row is not None:
+            on_row(row)
+
+    if (run, "vanilla") not in done:
+        fwd = 1e3 * statistics.median(van_forward)
+        emit(dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
+                  temperature=0.0, acceleration_rate=1.0, overhead=1.0, speedup=1.0,
+                  tokens_per_s=van["tokens_per_s"], vanilla_tokens_per_s=van["tokens_per_s"],
+                  mean_step_s=van["mean_step_s"], step_ms=van["step_ms"], forward_ms=fwd,
+                  decoder_overhead=van["step_ms"] / fwd, exact_match=1.0, near_tie_divergences=0, mismatches=0,
+                  mean_logprob=mean_logprob(model, prompts, van_outputs), distinct_2=distinct_2(van_outputs),
+                  new_tokens=van["tokens"], steps=van["steps"]))
+    for c in todo:
+        tree, buf = c["tree"], bufs[tree_key(c["tree"])]
+        acc = Acceptance(c["acceptance"], c["temperature"]) if c["epsilon"] is None else \
+            Acceptance(c["acceptance"], c["temperature"], c["epsilon"], c["delta"])
+        bar.set_postfix_str(c["config"].split("|", 1)[1])
+        results, baseline, (probe, forwards) = [], [], forward_probe(engine, buf, heads)
+        for p in prompts:  # vanilla right before Medusa on every prompt: a load change hits both alike
+            baseline.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine))
+            bar.update(1)
+            results.append(medusa_generate(model, heads, tokenizer, p, buf, max_new_tokens, acc, engine=engine,
+                                           on_step=probe))
+            bar.update(1)
+        agg, base = _aggregate(results), _aggregate(baseline)
+        outputs = [r.token_ids for r in results]
+        # greedy output must be vanilla's: each prompt's first divergence is a near-tie (rounding) or a bug
+        found = None if acc.temperature else \
+            [d for r, v in zip(results, baseline) for d in divergences(r, v, model.dtype)]
+        fwd = 1e3 * statistics.median(forwards)
+        row = dict(config=c["config"], tree=tree.name, kind=c["kind"], nodes=tree.nodes, depth=tree.depth,
+                   acceptance=c["acceptance"], temperature=c["temperature"], epsilon=c["epsilon"], delta=c["delta"],
+                   acceleration_rate=agg["acceleration_rate"], tokens_per_s=agg["tokens_per_s"],
+                   overhead=agg["step_ms"] / base["step_ms"],
+                   speedup=agg["tokens_per_s"] / base["tokens_per_s"], vanilla_tokens_per_s=base["tokens_per_s"],
+                   mean_step_s=agg["mean_step_s"], step_ms=agg["step_ms"], forward_ms=fwd,
+                   decoder_overhead=agg["step_ms"] / fwd,
+                   exact_match=sum(o == v for o, v in zip(outputs, van_outputs)) / len(prompts),
+                   **(divergence_counts(found) if found is not None else {}),
+                   mean_logprob=mean_logprob(model, prompts, outputs), distinct_2=distinct_2(outputs),
+                   new_tokens=agg["tokens"], steps=agg["steps"], **(predict(tree) if predict else {}))
+        emit(row)
+    bar.close()
+    return pd.read_csv(out)
