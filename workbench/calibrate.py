@@ -31,7 +31,8 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
-from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, teacher_forced_hidden
+from workbench.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
+                                  teacher_forced_hidden)
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.tree import MEDUSA_TOPK
 
@@ -353,8 +354,7 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
         raise WorkbenchError("the tokenizer has no chat template: calibrate on an instruction-tuned model whose "
                              "tokenizer defines one (heads are calibrated on what the model sees when serving)")
     encoded = [prepare_prompt(tok, text) for _, text in records]  # the live decoder's exact prompt tokens
-    text_cfg = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
-    context = getattr(text_cfg, "max_position_embeddings", None)
+    context = context_length(base)
     for (pid, _), ids in zip(records, encoded):
         if context and len(ids) + max_new_tokens > context:
             raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {max_new_tokens} exceed the "

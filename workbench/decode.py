@@ -26,7 +26,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache, StaticLayer
 
 from workbench import WorkbenchError
-from workbench.generation import eos_ids
+from workbench.generation import context_length, eos_ids, text_config
 from workbench.tree import Tree, load_tree, tree_buffers
 
 ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
@@ -219,14 +219,6 @@ def divergence_counts(found: list[dict]) -> dict:
 
 # ----------------------------------------------------------------------------------------------- prompts, limits
 
-def _text_config(model):
-    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-
-
-def context_length(model) -> int | None:
-    return getattr(_text_config(model), "max_position_embeddings", None)
-
-
 def _input_ids(input_ids, model) -> torch.Tensor:
     """list / [T] / [1, T] -> LongTensor [1, T] on the model's device, checked against the context."""
     ids = torch.as_tensor(input_ids, dtype=torch.long)
@@ -298,14 +290,14 @@ def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
         logits = (head.weight @ rows.T).T.reshape(*hidden.shape[:-1], -1).float()
     else:
         logits = head(hidden).float()
-    cap = getattr(_text_config(model), "final_logit_softcapping", None)
+    cap = getattr(text_config(model), "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
 
 
 def check_window(model, total: int) -> None:
     """The tree's 4-D mask lets every node see the whole cache, which equals the model's own attention only while
     the sequence fits its sliding window (Mistral, Gemma 2/3 sliding layers): refuse longer generations."""
-    cfg = _text_config(model)
+    cfg = text_config(model)
     window = getattr(cfg, "sliding_window", None)
     types = getattr(cfg, "layer_types", None)
     sliding = window and ("sliding_attention" in types if types else getattr(cfg, "use_sliding_window", True))
@@ -449,7 +441,7 @@ class StepEngine:
             return
         if self.compile:
             capacity = -(-capacity // 256) * 256
-        cfg = self.model.config.get_text_config(decoder=True)  # sliding windows: check_window, per generation
+        cfg = text_config(self.model)  # sliding windows: check_window, per generation
         self.cache = Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(cfg.num_hidden_layers)])
         self.capacity, self.length, self._masks = capacity, 0, {}
 

@@ -11,6 +11,17 @@ import torch
 from workbench import WorkbenchError
 
 
+# ----------------------------------------------------------------------------------------------- model facts
+
+def text_config(model):
+    """The language model's config (multimodal models nest it; plain ones are their own)."""
+    return model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+
+def context_length(model) -> int | None:
+    return getattr(text_config(model), "max_position_embeddings", None)
+
+
 # ----------------------------------------------------------------------------------------------- prompts, stops
 
 def prepare_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:

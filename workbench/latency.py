@@ -63,7 +63,8 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     timed round-robin, `repeats` rounds, so that a load change on a shared machine hits every size alike."""
     from tqdm.auto import tqdm
 
-    from workbench.decode import StepEngine, context_length, root_setup, time_verify, tree_setup
+    from workbench.decode import StepEngine, root_setup, time_verify, tree_setup
+    from workbench.generation import context_length
 
     sizes = sorted({1, *(int(s) for s in sizes)})
     contexts = sorted({int(c) for c in contexts})

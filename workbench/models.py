@@ -202,7 +202,9 @@ class MedusaHeads(nn.ModuleList):
 
 def check_heads_fit(heads: MedusaHeads, model) -> None:
     """Heads trained for another base model are a clear error, not a shape mismatch deep inside torch."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    from workbench.generation import text_config
+
+    cfg = text_config(model)
     if heads.hidden_size != cfg.hidden_size:
         raise WorkbenchError(f"heads have hidden size {heads.hidden_size} but the base model has {cfg.hidden_size}: "
                              "they were trained for another model (pass the matching --model or --heads)")
