@@ -398,3 +398,23 @@ def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
         rivals = [dense_tree([s] * d) for d in (1, 2, 3) for s in (1, 2, 3, 4)
                   if sum(s ** j for j in range(1, d + 1)) <= b]
         assert all(decoder_walk(t, answers) >= decoder_walk(r, answers) for r in rivals)
+
+
+def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
+    """The committed sweeps (written before the predictions were renamed, without the step timing columns) and a
+    CSV with the old prediction names read with today's names, in read_sweep and in the report."""
+    from workbench import REPO_ROOT
+    from workbench.calibration import PREDICTIONS
+    from workbench.sweep import OLD_COLUMNS, read_sweep
+
+    committed = REPO_ROOT / "docs" / "results" / "sweep-greedy-cpu.csv"
+    old = pd.read_csv(committed).rename(columns={v: k for k, v in OLD_COLUMNS.items()})
+    assert set(OLD_COLUMNS) <= set(old.columns) and not set(OLD_COLUMNS.values()) & set(old.columns)
+    old.to_csv(tmp_path / "old.csv", index=False)
+    df = read_sweep(tmp_path / "old.csv")
+    assert set(PREDICTIONS) | {"predicted_replay_fit", "replay_swept"} <= set(df.columns)
+    assert not set(OLD_COLUMNS) & set(df.columns)
+    pd.testing.assert_frame_equal(df, read_sweep(committed), check_like=True)
+    md = summarize(tmp_path / "old.csv")
+    assert md == summarize(committed).replace("sweep-greedy-cpu.csv", "old.csv")
+    assert "| predicted_independent | predicted_joint | predicted_replay |" in md

@@ -39,8 +39,9 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
     typical acceptance vs epsilon and temperature (Fig. 5)."""
     f = Path(sweep_csv)
     df = read_sweep(f)
-    if list(df.columns) != SWEEP_COLUMNS or df.empty:
+    if not set(df.columns) <= set(SWEEP_COLUMNS) or df.empty:
         raise WorkbenchError(f"sweep CSV {sweep_csv}: not a sweep CSV with rows (columns differ or it is empty)")
+    df = df.reindex(columns=SWEEP_COLUMNS)  # columns an older sweep did not write yet read as empty
     def values(col):
         return ", ".join(map(str, df[col].dropna().unique()))
     parts = [f"Sweep `{f.name}`: model {values('model')}, {values('num_prompts')} prompts ({values('prompts')}), "
