@@ -117,7 +117,8 @@ def test_calibrate_default_name_is_unchanged():
     from workbench.calibrate import default_name
 
     assert default_name(None, "alpaca-eval") == NAME
-    assert default_name("HuggingFaceTB/SmolLM2-135M-Instruct", "data/my.prompts.json") == "smollm2-135m-instruct-my-prompts"
+    assert default_name("HuggingFaceTB/SmolLM2-135M-Instruct", "data/my.prompts.json") == \
+        "smollm2-135m-instruct-my-prompts"
 
 
 @pytest.mark.parametrize("damage,match", [

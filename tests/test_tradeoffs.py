@@ -216,7 +216,8 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     assert (df["acceleration_rate"] >= 1).all() and (df["mean_logprob"] < 0).all()
     assert df["distinct_2"].between(0, 1).all()
     opt = df[df["kind"] == "optimal"]
-    assert opt[["predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit"]].notna().all().all()
+    predictions = ["predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit"]
+    assert opt[predictions].notna().all().all()
     # replaying the decoder over the calibration's own answers to these prompts is what the live decoder measured
     replayed = greedy.dropna(subset=["replay_swept"])
     assert len(replayed) >= len(opt[opt["acceptance"] == "greedy"])

@@ -166,7 +166,8 @@ def _objective(args):
         if args.accuracies:
             raise WorkbenchError("give either --accuracies FILE or --calibration DIR, not both")
         cal = Calibration(args.calibration)
-        return cal.accuracies("fit"), (cal.joint_value("fit") if getattr(args, "joint", False) else cal.accuracies("fit"))
+        acc = cal.accuracies("fit")
+        return acc, (cal.joint_value("fit") if getattr(args, "joint", False) else acc)
     if args.accuracies:
         acc = read_accuracies(args.accuracies)
         return acc, acc
@@ -301,7 +302,7 @@ def _register_tree(sub) -> None:
                    help="CSV head,rank,accuracy[,count] (1-based) or Medusa *_heads_accuracy.pt")
     o.add_argument("--calibration", metavar="DIR", help="instead: a `workbench calibrate` folder (its fit prompts)")
     o.add_argument("--joint", action="store_true",
-                   help="with --calibration: empirical path probabilities instead of independent heads")
+                   help="with --calibration: measured joint path probabilities instead of independent heads")
     o.add_argument("--budget", type=int, metavar="N", help="number of tree nodes (root not counted)")
     o.add_argument("--max-depth", type=int, metavar="D", help="deepest level (default: number of heads)")
     o.add_argument("--max-rank", type=int, metavar="R", help="use only each head's top-R guesses")
@@ -541,7 +542,8 @@ def _cmd_calibrate(args) -> int:
     print(f"{'tree':<44}{'nodes':>6}{'expected':>11}{'replay_fit':>11}"
           + (f"{'joint_holdout':>14}{'replay':>9}" if held else ""))
     for t in meta["trees"]:
-        print(f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}{t['predicted_replay_fit']:>11.4f}"
+        print(f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}"
+              f"{t['predicted_replay_fit']:>11.4f}"
               + (f"{t['holdout_acceptance_length']:>14.4f}{t['predicted_replay']:>9.4f}" if held else ""))
     for s in meta["trees_skipped"]:
         print(f"warning: no tree {s}", file=sys.stderr)
@@ -571,7 +573,7 @@ def add_calibrate(sub) -> None:
     p = sub.add_parser("calibrate", help="measure head accuracies on the model's own greedy answers; build trees",
                        description="Record, at every position of the base model's greedy answers, the rank of the "
                                    "true token in each head's top-k; write ranks, accuracies and optimal trees "
-                                   "(independence model and empirical path probabilities). Resumable: rerun the "
+                                   "(independent heads and measured joint path probabilities). Resumable: rerun the "
                                    "same command to continue.",
                        parents=[_model_args("--model", "--heads", "--device", "--dtype")])
     p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns) or a JSON/JSONL/CSV/"
@@ -781,7 +783,7 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--trees", nargs="+", metavar="TREE", help="tree files, reference names or literals")
     s.add_argument("--budgets", metavar="B1,B2,..", help="optimal trees with these node budgets from --calibration "
                                                         "(default 4,8,16,32,64,128,256 unless --trees)")
-    s.add_argument("--joint", action="store_true", help="build budget trees from empirical path probabilities")
+    s.add_argument("--joint", action="store_true", help="build budget trees from measured joint path probabilities")
     s.add_argument("--dense", action="store_true", help="add Cartesian trees [s], [s,s], ... of comparable sizes")
     s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the first under calibration/ or "
                    "$WORKBENCH_CALIBRATION_ROOT)")
