@@ -49,15 +49,12 @@ def _cmd_tree_list(args) -> int:
 
 
 def _cmd_tree_buffers(args) -> int:
-    from workbench.tree import load_tree, tree_buffers
+    from workbench.tree import buffers_record, load_tree
 
     if args.topk < 1:
         raise WorkbenchError(f"--topk must be >= 1, got {args.topk}")
     check_output(args.out, "--out")
-    tree = load_tree(args.tree, topk=args.topk)
-    buf = tree_buffers(tree, topk=args.topk)
-    keys = ("attn_mask", "tree_indices", "position_ids", "retrieve_indices")
-    write_json({k: buf[k].long().tolist() for k in keys}, args.out)
+    write_json(buffers_record(load_tree(args.tree, topk=args.topk), args.topk), args.out)
     return 0
 
 
@@ -92,8 +89,8 @@ def _objective(args):
 
 
 def _cmd_optimize(args) -> int:
-    from workbench.optimize import (acc_value_fn, best_dense_tree, dense_tree, expected_curve, expected_length,
-                                    optimal_tree, optimal_tree_from)
+    from workbench.export import best_engine_safe
+    from workbench.optimize import dense_tree, expected_curve, expected_length, optimal_tree, optimal_tree_from
     from workbench.tree import Tree, load_tree, record_json, tree_record
 
     check_output(args.out, "--out")
@@ -127,9 +124,7 @@ def _cmd_optimize(args) -> int:
         method = "optimal"
         if args.engine_safe:  # the best tree under the engine's constraint, and what the constraint costs
             free = expected_length(tree, value)
-            tree = best_dense_tree(value, args.budget, depth, rank) if args.engine_safe == "vllm" else \
-                optimal_tree_from(value if callable(value) else acc_value_fn(value), args.budget, depth, rank,
-                                  contiguous_first_level=True)
+            tree = best_engine_safe(value, args.engine_safe, args.budget, depth, rank)
             print(f"note: engine-safe for {args.engine_safe}: expected acceptance {expected_length(tree, value):.4f} "
                   f"tokens/step vs {free:.4f} unconstrained (cost {free - expected_length(tree, value):.4f})",
                   file=sys.stderr)
@@ -143,9 +138,9 @@ def _cmd_optimize(args) -> int:
         prov["engine_safe"] = args.engine_safe
     if not (args.curve and not args.out):
         write_output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
-    if tree.max_rank >= 10:
-        print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-10 only "
-              "(use --max-rank 10 for Medusa/EAGLE-1 decoders)", file=sys.stderr)
+    if tree.max_rank >= MEDUSA_TOPK:
+        print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-{MEDUSA_TOPK} only "
+              f"(use --max-rank {MEDUSA_TOPK} for Medusa/EAGLE-1 decoders)", file=sys.stderr)
     short = "" if method != "optimal" or tree.nodes == args.budget or args.engine_safe else \
         f"; only {tree.nodes} nodes have positive acceptance probability"
     print(f"{method} tree: {tree.nodes} nodes, depth {tree.depth}, expected acceptance length {length:.4f} "
