@@ -185,8 +185,7 @@ def add_decode(sub) -> None:
 def cmd_train_heads(args) -> int:
     from pathlib import Path
 
-    from workbench.models import DEMO_HEADS, cache_dir, model_label
-    from workbench.train import TrainConfig, default_prompt_files, interleaved_prompts, train_heads
+    from workbench.train import TrainConfig, default_folders, default_prompt_files, interleaved_prompts, train_heads
 
     files = args.prompts or default_prompt_files()
     cfg = TrainConfig(prompts=interleaved_prompts(files, args.seed), num_heads=args.num_heads,
@@ -201,9 +200,8 @@ def cmd_train_heads(args) -> int:
         raise WorkbenchError(f"--init {args.init}: no such heads folder or file")
     if not 0 <= args.active_steps <= args.steps:
         raise WorkbenchError(f"--active-steps {args.active_steps}: must be between 0 and --steps ({args.steps})")
-    slug = model_label(args.model).replace("/", "--").replace(".gguf", "")
-    work = Path(args.work) if args.work else cache_dir() / "train-heads" / slug
-    out = Path(args.out) if args.out else (DEMO_HEADS if args.model is None else Path(f"{slug}-medusa-heads"))
+    work, out = default_folders(args.model)
+    work, out = Path(args.work or work), Path(args.out or out)
     check_output(work, "--work", "folder")
     check_output(out, "--out", "folder")
     summary = train_heads(work, cfg, args.model, out, args.device)
