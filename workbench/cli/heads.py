@@ -163,6 +163,8 @@ def cmd_decode(args) -> int:
 
 
 def add_decode(sub) -> None:
+    from workbench.decode import ACCEPTANCE_KINDS
+
     p = sub.add_parser("decode", help="generate with Medusa heads and a tree; --compare against vanilla greedy",
                        description="Medusa decoding of one prompt with a given tree. Greedy acceptance is lossless: "
                                    "--compare checks it token for token against plain greedy decoding.",
@@ -173,7 +175,7 @@ def add_decode(sub) -> None:
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, used as-is")
     p.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--acceptance", choices=["auto", "greedy", "typical", "nucleus"], default="auto",
+    p.add_argument("--acceptance", choices=["auto", *ACCEPTANCE_KINDS], default="auto",
                    help="auto: greedy at temperature 0, nucleus with --top-p, else typical")
     p.add_argument("--temperature", type=float, help="sampling temperature (default 0 = greedy; 0.7 for typical/nucleus)")
     p.add_argument("--epsilon", type=float, default=0.09, help="typical acceptance hard threshold")

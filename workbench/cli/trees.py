@@ -235,7 +235,7 @@ def _num_heads_arg(p, help_text: str) -> None:
 
 def add_tree(sub) -> None:
     """Register `tree` (show, list, buffers, eval), `optimize` and `export`."""
-    from workbench.export import FORMATS
+    from workbench.export import FORMATS, SAFE_ENGINES
 
     tree_help = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
     t = sub.add_parser("tree", help="inspect trees: show, list, buffers")
@@ -277,7 +277,7 @@ def add_tree(sub) -> None:
     o.add_argument("--context", type=int, metavar="N", help="with --latency: use rows at this context "
                                                           "(default: closest to the calibration's typical one)")
     o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
-    o.add_argument("--engine-safe", choices=["trtllm", "vllm"], help="the best tree the engine builds exactly as "
+    o.add_argument("--engine-safe", choices=SAFE_ENGINES, help="the best tree the engine builds exactly as "
                    "written: trtllm = first level ranks 0..k-1, vllm = dense per level; reports the cost")
     o.set_defaults(func=_cmd_optimize)
 
