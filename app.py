@@ -268,7 +268,7 @@ def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = 
     and heads = the demo."""
     import torch
 
-    from workbench.decode import head_proposer, logits_of, new_cache, prefill
+    from workbench.engine import head_proposer, logits_of, new_cache, prefill
     from workbench.generation import prepare_prompt
 
     base, tok, heads = load_model(model, heads_path, "auto")
@@ -954,7 +954,8 @@ def progress_view(label: str, total: int, tokenizer):
 def live_page() -> None:
     import torch
 
-    from workbench.decode import ACCEPTANCE_KINDS, Acceptance, compare, medusa_generate, vanilla_generate
+    from workbench.decode import ACCEPTANCE_KINDS, Acceptance, medusa_generate, vanilla_generate
+    from workbench.divergence import compare
     from workbench.generation import prepare_prompt
     from workbench.tree import load_tree
 

@@ -31,8 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.decode import (Acceptance, StepEngine, compile_mode, divergence_counts, divergences,  # noqa: E402
-                              forward_probe, medusa_generate, root_setup, tree_setup, vanilla_generate)
+from workbench.decode import Acceptance, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.divergence import divergence_counts, divergences  # noqa: E402
+from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
 from workbench.generation import prepare_prompt  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import DEMO_HEADS, load_model_and_heads, model_label  # noqa: E402

@@ -9,8 +9,9 @@ import torch
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import (Acceptance, TreeBuffers, accept_greedy, accept_nucleus, accept_typical,
-                              medusa_generate, sample_nucleus, vanilla_generate)
+from workbench.decode import (Acceptance, accept_greedy, accept_nucleus, accept_typical, medusa_generate,
+                              sample_nucleus, vanilla_generate)
+from workbench.engine import TreeBuffers
 from workbench.generation import prepare_prompt
 from workbench.models import load_model_and_heads, random_heads, tiny_model, tiny_tokenizer
 from workbench.tree import load_tree, tree_buffers
@@ -398,7 +399,7 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
     """One StepEngine (its static cache reused, reallocated when a longer generation needs it) and TreeBuffers
     built once: Medusa on every tree and vanilla, interleaved over prompts of different lengths, all stay plain
     greedy, and the cache holds exactly prompt + emitted after every step."""
-    from workbench.decode import StepEngine, tree_setup
+    from workbench.engine import StepEngine, tree_setup
 
     heads = random_heads(64, 128, 5, tied=True, seed=3)
     engine = StepEngine(tiny.model, compile=False)
@@ -417,7 +418,7 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
 def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeypatch, capsys):
     """A step that fails to compile (no C++ toolchain, a graph break under fullgraph, ...) is run eagerly after
     exactly one `warning:` line; the output is still plain greedy."""
-    from workbench.decode import StepEngine
+    from workbench.engine import StepEngine
 
     def broken(fn, **kw):
         def compiled(*a, **k):
@@ -438,7 +439,7 @@ def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeyp
 def test_time_verify_keeps_the_context_fixed(tiny):
     """Timing a bare verify forward writes rows past the pointer but leaves the cache where it was: the next
     generation step sees the same prefix."""
-    from workbench.decode import StepEngine, root_setup, time_verify, tree_setup
+    from workbench.engine import StepEngine, root_setup, time_verify, tree_setup
 
     engine = StepEngine(tiny.model, compile=False)
     with torch.inference_mode():

@@ -369,7 +369,9 @@ def _divergence_line(d: dict, tok) -> str:
 
 
 def cmd_decode(args) -> int:
-    from workbench.decode import StepEngine, compare, divergences, medusa_generate, tree_setup, vanilla_generate
+    from workbench.decode import medusa_generate, vanilla_generate
+    from workbench.divergence import compare, divergences
+    from workbench.engine import StepEngine, tree_setup
     from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads
     from workbench.tree import load_tree
@@ -611,7 +613,7 @@ def cmd_latency(args) -> int:
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (Path(args.calibration) / f"latency-{slug(dev)}.csv" if args.calibration
                                            else default_latency_path(label, dev))
-    from workbench.decode import StepEngine
+    from workbench.engine import StepEngine
 
     df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label,
                          engine=StepEngine(model, compile=args.compile))
@@ -696,7 +698,7 @@ def cmd_sweep(args) -> int:
     from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
 
-    from workbench.decode import StepEngine
+    from workbench.engine import StepEngine
 
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)

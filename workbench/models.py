@@ -438,7 +438,7 @@ def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = 128, hidden
     comparisons flaky. EOS is id 2, as in `tiny_tokenizer`. Sliding windows are switched off (Mistral's default
     4096 is None here) or, where the architecture needs a number for its sliding layers (Gemma 2/3), set to
     max_positions: both equal full attention over any sequence the model can hold, the attention Medusa's tree
-    mask implements (`decode.check_window` refuses generations longer than a real model's window).
+    mask implements (`engine.check_window` refuses generations longer than a real model's window).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
