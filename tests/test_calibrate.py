@@ -311,7 +311,7 @@ def test_one_line_errors(tiny_llama, prompt_file, tmp_path):
 
 
 def test_heads_for_another_model_are_refused(tiny_llama, prompt_file, tmp_path):
-    from workbench.models import random_heads, save_heads
+    from workbench.heads import random_heads, save_heads
 
     other = save_heads(random_heads(32, 128, 2, tied=True), tmp_path / "h", "other")
     with pytest.raises(WorkbenchError, match="hidden size 32"):
@@ -392,7 +392,7 @@ def test_retrained_heads_in_the_same_folder_are_a_different_calibration(run, tin
     """The heads' weights are part of a run's identity, not only their path."""
     import shutil
 
-    from workbench.models import save_heads
+    from workbench.heads import save_heads
 
     heads_dir = tmp_path / "heads"
     shutil.copytree(tiny_llama.heads_dirs["2"], heads_dir)

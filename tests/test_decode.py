@@ -13,7 +13,8 @@ from workbench.decode import (Acceptance, accept_greedy, accept_nucleus, accept_
                               sample_nucleus, vanilla_generate)
 from workbench.engine import TreeBuffers
 from workbench.generation import prepare_prompt
-from workbench.models import load_model_and_heads, random_heads, tiny_model, tiny_tokenizer
+from workbench.heads import random_heads
+from workbench.models import load_model_and_heads, tiny_model, tiny_tokenizer
 from workbench.tree import load_tree, tree_buffers
 
 PROMPTS = ["Hello world", "Write a short poem about the sea.", "2+2="]
@@ -382,7 +383,7 @@ def test_demo_model_medusa_is_exact_with_random_heads():
 
 @pytest.mark.slow
 def test_cli_demo_defaults_when_the_demo_heads_exist(capsys):
-    from workbench.models import DEMO_HEADS
+    from workbench.heads import DEMO_HEADS
 
     if not DEMO_HEADS.is_dir():
         pytest.skip("demo heads not trained yet")

@@ -23,7 +23,8 @@ from workbench.decode import DecodeResult, Step, medusa_generate, vanilla_genera
 from workbench.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
 from workbench.engine import StepEngine, logits_of
 from workbench.generation import prepare_prompt
-from workbench.models import random_heads, save_heads, tiny_model, tiny_tokenizer
+from workbench.heads import random_heads, save_heads
+from workbench.models import tiny_model, tiny_tokenizer
 from workbench.optimize import dense_tree
 from workbench.sweep import run_sweep, sweep_configs
 from workbench.tree import load_tree, make_tree

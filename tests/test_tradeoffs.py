@@ -247,7 +247,7 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
     """With heads that actually accept tokens, the calibration's decoder replay on its held-out answers equals the
     live greedy decoder's tokens per step on those prompts, tree by tree (the sweep's `replay` column)."""
     from workbench.decode import medusa_generate
-    from workbench.models import load_heads
+    from workbench.heads import load_heads
     from workbench.sweep import calibration_predictions, holdout_records
     from workbench.train import TrainConfig, interleaved_prompts, train_heads
 
@@ -277,7 +277,7 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
 def test_sweep_reruns_when_the_heads_in_the_same_folder_change(tiny_llama, prompt_file, tmp_path):
     import torch
 
-    from workbench.models import save_heads
+    from workbench.heads import save_heads
 
     heads = tiny_llama.heads["2"]
     folder = save_heads(heads, tmp_path / "heads", str(tiny_llama.model_dir), fmt=2)

@@ -443,7 +443,8 @@ def add_decode(sub) -> None:
 def cmd_train_heads(args) -> int:
     from pathlib import Path
 
-    from workbench.models import DEMO_HEADS, cache_dir, model_label
+    from workbench.heads import DEMO_HEADS
+    from workbench.models import cache_dir, model_label
     from workbench.train import TrainConfig, default_prompt_files, interleaved_prompts, train_heads
 
     files = args.prompts or default_prompt_files()

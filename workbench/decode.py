@@ -24,6 +24,7 @@ from workbench import WorkbenchError
 from workbench.engine import (Proposer, StepEngine, TreeBuffers, check_window, clock, head_proposer, logits_of,
                               root_setup, tree_setup)
 from workbench.generation import context_length, eos_ids
+from workbench.heads import check_heads_fit
 
 ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
 RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a near-tie may involve 3+ tokens)
@@ -296,7 +297,6 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
     limit, limit_reason = _budget(model, prompt_len, max_new_tokens)
     check_window(model, prompt_len + limit)
     if heads is not None:
-        from workbench.models import check_heads_fit
         check_heads_fit(heads, model)
     buf = tree_setup(tree, model, heads.num_heads if heads is not None else None)
     if heads is not None and buf.depth > heads.num_heads:
