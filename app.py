@@ -100,7 +100,7 @@ def split_path_probabilities(folder: str, stamp: float, split: str) -> dict:
 
 @st.cache_data(max_entries=16)
 def read_accuracy_file(path: str, stamp: float):
-    from workbench.optimize import read_accuracies
+    from workbench.accuracies import read_accuracies
 
     return read_accuracies(path, return_counts=True)
 
@@ -713,7 +713,8 @@ def user_tree_input(num_heads: int) -> list:
 # ----------------------------------------------------------------------------------------------- page 2: calibration
 
 def calibration_page() -> None:
-    from workbench.optimize import acc_value_fn, accuracy_frame
+    from workbench.accuracies import accuracy_frame
+    from workbench.optimize import acc_value_fn
 
     st.title("Calibration")
     src = accuracy_source("cal")

@@ -16,7 +16,8 @@ from workbench.calibrate import (NULL, CalibrateConfig, calibrate, decoder_walk,
                                  tree_report)
 from workbench.decode import medusa_generate
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt
-from workbench.optimize import expected_length, read_accuracies
+from workbench.accuracies import read_accuracies
+from workbench.optimize import expected_length
 from workbench.tree import load_tree, make_tree
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.optimize import write_accuracies
+from workbench.accuracies import write_accuracies
 from workbench.sweep import SWEEP_COLUMNS
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]

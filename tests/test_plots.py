@@ -10,7 +10,8 @@ from matplotlib.figure import Figure
 
 from workbench import plots
 from workbench.cli import main
-from workbench.optimize import acc_value_fn, optimal_tree, write_accuracies
+from workbench.accuracies import write_accuracies
+from workbench.optimize import acc_value_fn, optimal_tree
 from workbench.tree import load_tree, make_tree, reference_trees, to_networkx, tree_buffers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -12,7 +12,8 @@ from workbench import WorkbenchError
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.cli import main, parse_delta, parse_floats
 from workbench.generation import prepare_prompt
-from workbench.optimize import dense_tree, expected_length, optimal_tree, write_accuracies
+from workbench.accuracies import write_accuracies
+from workbench.optimize import dense_tree, expected_length, optimal_tree
 from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, measure_latency, read_latency
 from workbench.models import random_model
 from workbench.report import summarize

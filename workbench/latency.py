@@ -182,8 +182,8 @@ def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank:
     """The optimal tree for every budget the latency table covers, its predicted speedup (tokens per step over
     relative step cost), and the tree with the best one. `value` is acc[K, R] or a monotone path-value
     function (then max_depth and max_rank are required). Returns {"rows", "best", "tree"}."""
-    from workbench.optimize import (acc_value_fn, check_accuracies, expected_curve, optimal_tree_from,
-                                    predicted_speedup)
+    from workbench.accuracies import check_accuracies
+    from workbench.optimize import acc_value_fn, expected_curve, optimal_tree_from, predicted_speedup
 
     if callable(value):
         if max_depth is None or max_rank is None:
