@@ -1004,7 +1004,7 @@ def live_page() -> None:
             steps = [i for i, s in enumerate(med.steps) for _ in s.tokens]
             st.session_state["live_result"] = dict(
                 medusa=med.to_dict(), vanilla=van.to_dict() if van else None,
-                compare=compare(med, van) if van else None, pieces=plots.token_pieces(tok, med.token_ids),
+                compare=compare(med, van) if van else None, pieces=figures.token_pieces(tok, med.token_ids),
                 steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo")
         except (WorkbenchError, OSError, RuntimeError) as e:
             st.error(_clean(e))
@@ -1028,7 +1028,7 @@ def live_page() -> None:
     st.caption(f"{res['model']}, tree {res['tree']}; each colour is one decoding step (hover for its number)."
                + ("" if not cmp else " Output equals vanilla greedy." if cmp["matches_greedy"] else
                   " Output differs from vanilla greedy (expected with typical/nucleus acceptance)."))
-    st.markdown(plots.coloured_tokens_html(res["pieces"], res["steps"]), unsafe_allow_html=True)
+    st.markdown(figures.coloured_tokens_html(res["pieces"], res["steps"]), unsafe_allow_html=True)
     c1, c2 = st.columns([2, 1])
     with c1:
         figure(plots.accepted_lengths(med["accepted_lengths"]))

@@ -185,22 +185,6 @@ def test_accepted_lengths_and_throughput():
     assert [p.get_height() for p in ax.patches] == [30.0, 12.0]
 
 
-def test_coloured_tokens_html_escapes():
-    out = plots.coloured_tokens_html(["<b>", " a&b"], [0, 1])
-    assert "&lt;b&gt;" in out and " a&amp;b" in out and "<b>" not in out
-    assert 'title="step 1"' in out and 'title="step 2"' in out
-
-
-def test_token_pieces_join_to_the_text():
-    from workbench.models import tiny_tokenizer
-
-    tok = tiny_tokenizer()
-    ids = tok("hello world, ok").input_ids
-    pieces = plots.token_pieces(tok, ids)
-    assert len(pieces) == len(ids)
-    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
-
-
 def test_big_tree_stays_drawable():
     tree = make_tree([(i,) for i in range(10)] + [(0, i) for i in range(10)] + [(0, 0, i) for i in range(10)] +
                      [(1, i) for i in range(10)] + [(0, 0, 0, i) for i in range(10)])
