@@ -266,19 +266,14 @@ def keep_settings() -> None:
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
     """The model's next token and every head's top-k tokens at the end of `prompt` (node labels); blank model
     and heads = the demo."""
-    import torch
-
-    from workbench.engine import head_proposer, logits_of, new_cache, prefill
+    from workbench.decode import first_proposal
     from workbench.generation import prepare_prompt
 
     base, tok, heads = load_model(model, heads_path, "auto")
-    ids = prepare_prompt(tok, prompt)
-    with torch.inference_mode():
-        hidden = prefill(base, torch.tensor([ids], device=base.device), new_cache(base))
-        root = int(logits_of(base, hidden).argmax())
-        table = head_proposer(heads, base, heads.num_heads, topk)(hidden, ids + [root])  # [K, topk]
+    found = first_proposal(base, heads, prepare_prompt(tok, prompt), topk)
     show = lambda i: tok.decode([int(i)]).replace("\n", "\\n").strip() or repr(tok.decode([int(i)]))  # noqa: E731
-    return {"prompt": prompt, "root": show(root), "table": [[show(i) for i in row] for row in table.tolist()]}
+    return {"prompt": prompt, "root": show(found["base"]["ids"][0]),
+            "table": [[show(i) for i in head["ids"]] for head in found["heads"]]}
 
 
 OPTIMIZER = "the optimizer's (sidebar settings)"

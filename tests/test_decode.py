@@ -9,8 +9,8 @@ import torch
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import (Acceptance, accept_greedy, accept_nucleus, accept_typical, medusa_generate,
-                              sample_nucleus, vanilla_generate)
+from workbench.decode import (Acceptance, accept_greedy, accept_nucleus, accept_typical, first_proposal,
+                              medusa_generate, sample_nucleus, vanilla_generate)
 from workbench.engine import TreeBuffers
 from workbench.generation import prepare_prompt
 from workbench.heads import random_heads
@@ -311,6 +311,35 @@ def test_sampling_runs_keep_the_cache_invariant_and_are_seeded(tiny_llama):
         a = medusa_generate(tiny_llama.model, h, None, ids, "mc_sim_7b_63", 30, acceptance=acc, on_step=on_step)
         b = medusa_generate(tiny_llama.model, h, None, ids, "mc_sim_7b_63", 30, acceptance=acc)
         assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 30
+
+
+# ----------------------------------------------------------------------------------------------- first proposal
+
+@pytest.mark.parametrize("fmt", ["1", "2"])
+def test_first_proposal_is_the_base_and_heads_top_k_at_the_prompt_end(tiny_llama, fmt):
+    model, heads = tiny_llama.model, tiny_llama.heads[fmt]  # untied (own lm_head) and tied heads
+    ids = _ids(tiny_llama.tokenizer, PROMPTS[1])
+    got = first_proposal(model, heads, ids, 7)
+    with torch.inference_mode():  # independently: HF's own forward, and the heads' module on the last hidden row
+        base = torch.softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1).topk(7)
+        hidden = model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        per_head = torch.softmax(heads(hidden, model.get_output_embeddings()).float(), dim=-1).topk(7)  # [K, 7]
+    assert got["base"]["ids"] == base.indices.tolist()
+    assert torch.allclose(torch.tensor(got["base"]["probs"]), base.values, atol=1e-5)
+    assert [h["ids"] for h in got["heads"]] == per_head.indices.tolist()
+    assert torch.allclose(torch.tensor([h["probs"] for h in got["heads"]]), per_head.values, atol=1e-5)
+    assert len(got["heads"]) == heads.num_heads and all(len(h["ids"]) == 7 for h in got["heads"])
+
+
+def test_first_proposal_bad_input_is_one_line(tiny_llama):
+    model, heads = tiny_llama.model, tiny_llama.heads["2"]
+    for topk in (0, 129):
+        with pytest.raises(WorkbenchError, match="top-k"):
+            first_proposal(model, heads, [1, 2, 3], topk)
+    with pytest.raises(WorkbenchError, match="empty"):
+        first_proposal(model, heads, [], 3)
+    with pytest.raises(WorkbenchError, match="vocabulary 100"):
+        first_proposal(model, random_heads(64, 100, 2, tied=False), [1, 2, 3], 3)
 
 
 # ----------------------------------------------------------------------------------------------- CLI

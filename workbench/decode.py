@@ -21,8 +21,8 @@ from typing import Callable
 import torch
 
 from workbench import WorkbenchError
-from workbench.engine import (Proposer, StepEngine, TreeBuffers, check_window, clock, head_proposer, logits_of,
-                              root_setup, tree_setup)
+from workbench.engine import (Proposer, StepEngine, TreeBuffers, check_window, clock, head_logits, head_proposer,
+                              logits_of, new_cache, prefill, root_setup, tree_setup)
 from workbench.generation import context_length, eos_ids
 from workbench.heads import check_heads_fit
 
@@ -377,3 +377,21 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
             break
     result.text = _decode_text(tokenizer, result.token_ids)
     return result
+
+
+@torch.inference_mode()
+def first_proposal(model, heads, input_ids, topk: int) -> dict:
+    """What the first Medusa step of a prompt is built from, to show it (the app labels tree nodes with it): the
+    base model's top-k next tokens and each head's top-k at the last prompt position, with probabilities (fp32
+    softmax). Plain lists: {"base": {"ids": [topk], "probs": [topk]}, "heads": [{"ids", "probs"}] * K}, ranks
+    in order (base ids[0] is the root, heads[k]["ids"][i] is the token of node rank i at depth k + 1)."""
+    ids = _input_ids(input_ids, model)                                   # [1, T]
+    check_heads_fit(heads, model)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if not 1 <= topk <= vocab:
+        raise WorkbenchError(f"top-k {topk}: must be in [1, {vocab}] (the vocabulary)")
+    hidden = prefill(model, ids, new_cache(model))                       # [H]
+    base = torch.softmax(logits_of(model, hidden), dim=-1).topk(topk)    # [topk]
+    per_head = torch.softmax(head_logits(heads, model, hidden, heads.num_heads).float(), dim=-1).topk(topk)  # [K, topk]
+    return dict(base=dict(ids=base.indices.tolist(), probs=base.values.tolist()),
+                heads=[dict(ids=i, probs=p) for i, p in zip(per_head.indices.tolist(), per_head.values.tolist())])

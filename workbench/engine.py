@@ -137,16 +137,17 @@ def root_setup(model) -> TreeBuffers:
                        paths=[()])
 
 
+def head_logits(heads, model, hidden: torch.Tensor, depth: int) -> torch.Tensor:
+    """hidden [H] -> logits [depth, V] of the first `depth` heads at that position."""
+    if heads.tied:  # the heads' `depth` rows through the base lm_head: the fast few-rows path of logits_of
+        return logits_of(model, heads.features(hidden, depth))  # [depth, V]
+    return heads(hidden, model.get_output_embeddings(), n=depth)  # [depth, V]
+
+
 def head_proposer(heads, model, depth: int, topk: int) -> Proposer:
     """The heads' top-k at one position: only the `depth` heads the tree uses, on one hidden row."""
-    lm_head = model.get_output_embeddings()
-
     def propose(hidden: torch.Tensor, tokens: list) -> torch.Tensor:
-        if heads.tied:  # the heads' `depth` rows through the base lm_head: the fast few-rows path of logits_of
-            logits = logits_of(model, heads.features(hidden, depth))  # [depth, V]
-        else:
-            logits = heads(hidden, lm_head, n=depth)  # [depth, V]
-        return logits.topk(topk, dim=-1).indices  # [depth, topk]
+        return head_logits(heads, model, hidden, depth).topk(topk, dim=-1).indices  # [depth, topk]
     return propose
 
 
