@@ -26,6 +26,8 @@ from workbench.tree import Tree, load_tree, tree_buffers
 Proposer = Callable[[torch.Tensor, list], torch.Tensor]
 
 
+# ----------------------------------------------------------------------------------------------- model calls
+
 def clock(device: torch.device) -> float:
     """Seconds now, after the device's queued work (CUDA runs asynchronously: a step is timed when it is done)."""
     if device.type == "cuda":
@@ -90,6 +92,8 @@ def decode_one(model, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     return out.last_hidden_state[0, -1]
 
 
+# ----------------------------------------------------------------------------------------------- tree buffers, heads
+
 @dataclass
 class TreeBuffers:
     """A tree's index tensors on the model's device, built once per tree and reused across prompts and runs."""
@@ -150,6 +154,8 @@ def head_proposer(heads, model, depth: int, topk: int) -> Proposer:
         return head_logits(heads, model, hidden, depth).topk(topk, dim=-1).indices  # [depth, topk]
     return propose
 
+
+# ----------------------------------------------------------------------------------------------- the step engine
 
 def _verify(model, cache, input_ids, mask, position_ids):
     """The step's model work, compiled as one graph when asked: input_ids [1, N], mask [1, 1, N, C],
@@ -277,6 +283,8 @@ class StepEngine:
         """Put the pointer back (timing at a fixed context: rows past it are dropped)."""
         self._point(length)
 
+
+# ----------------------------------------------------------------------------------------------- timing
 
 @torch.inference_mode()
 def time_verify(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
