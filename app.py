@@ -32,7 +32,9 @@ EXAMPLE_CSV = "head,rank,accuracy\n1,1,0.55\n1,2,0.12\n1,3,0.05\n2,1,0.30\n2,2,0
 # ----------------------------------------------------------------------------------------------- inputs, cached reads
 
 def calibration_root() -> Path:
-    return Path(os.environ.get("WORKBENCH_CALIBRATION_ROOT") or REPO_ROOT / "calibration")
+    from workbench.calibration import calibration_root
+
+    return calibration_root(REPO_ROOT / "calibration")
 
 
 def results_root() -> Path:
@@ -41,7 +43,9 @@ def results_root() -> Path:
 
 
 def calibration_folders() -> list[Path]:
-    return [m.parent for m in sorted(calibration_root().glob("*/meta.json"))]
+    from workbench.calibration import list_calibrations
+
+    return list_calibrations(calibration_root())
 
 
 def _stamp(path) -> float:
@@ -79,23 +83,13 @@ def _text_path(text: str, name: str) -> Path:
 
 
 @st.cache_resource(show_spinner="Reading the calibration...", max_entries=4)
-def load_calibration_bundle(folder: str, stamp: float) -> dict:
-    """Everything the pages read from a calibration folder; cache_resource: big and read-only, never copied."""
-    from workbench.calibrate import load_calibration, path_probabilities
+def open_calibration(folder: str, stamp: float):
+    """The calibration folder, opened once per version (it keeps what it reads); cache_resource: never copied."""
+    from workbench.calibration import Calibration
 
-    out = {"folder": folder, "meta": json.loads((Path(folder) / "meta.json").read_text())
-           if (Path(folder) / "meta.json").is_file() else {}}
-    for split in ("all", "fit", "holdout"):
-        out[f"acc_{split}"], out[split] = load_calibration(folder, split)
-    out["probs_fit"] = path_probabilities(out["fit"])
-    return out
-
-
-@st.cache_resource(max_entries=8)
-def split_path_probabilities(folder: str, stamp: float, split: str) -> dict:
-    from workbench.calibrate import path_probabilities
-
-    return path_probabilities(load_calibration_bundle(folder, stamp)[split])
+    cal = Calibration(folder)
+    cal.path_probabilities("fit")  # read and checked here, under the spinner, not halfway through a page
+    return cal
 
 
 @st.cache_data(max_entries=16)
@@ -103,16 +97,6 @@ def read_accuracy_file(path: str, stamp: float):
     from workbench.accuracies import read_accuracies
 
     return read_accuracies(path, return_counts=True)
-
-
-@st.cache_data(max_entries=256)
-def holdout_decoder(folder: str, stamp: float, paths: tuple) -> float | None:
-    """What a live greedy decoder with this tree measures on the holdout prompts (their calibrated answers)."""
-    from workbench.calibrate import decoder_walk
-    from workbench.tree import Tree
-
-    held = load_calibration_bundle(folder, stamp)["holdout"]
-    return decoder_walk(Tree(paths), held) if len(held) else None
 
 
 @st.cache_data(max_entries=8)
@@ -155,11 +139,12 @@ def found_csvs(kind: str) -> list[Path]:
 
 @dataclass
 class Source:
-    """Accuracies a page works on: acc[K, R] and, for a calibration folder, its cached bundle."""
+    """Accuracies a page works on: acc[K, R] (a calibration's fit prompts) and, for a calibration folder, the
+    opened workbench.calibration.Calibration."""
 
     acc: object
     label: str
-    calib: dict | None = None
+    calib: object = None
     folder: str | None = None
     stamp: float = 0.0
 
@@ -209,11 +194,11 @@ def accuracy_source(key: str) -> Source | None:
                 return None
             stamp = _stamp(folder)
             try:
-                bundle = load_calibration_bundle(folder.strip(), stamp)
+                cal = open_calibration(folder.strip(), stamp)
             except WorkbenchError as e:
                 st.error(_clean(e))
                 return None
-            return Source(bundle["acc_fit"], Path(folder).name, bundle, folder.strip(), stamp)
+            return Source(cal.accuracies("fit"), Path(folder).name, cal, folder.strip(), stamp)
         path = file_input("accuracy CSV or Medusa heads_accuracy.pt", f"{key}_acc", ["csv", "pt", "pth"], paste=True)
         if path is None:
             st.info("Give an accuracy table: CSV `head,rank,accuracy[,count]` (1-based) or Medusa's "
@@ -277,14 +262,17 @@ def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = 
 
 
 OPTIMIZER = "the optimizer's (sidebar settings)"
-TREE_HELP = {
-    "indep": "expected tokens per decoding step under the independence model: 1 + the sum over nodes of the "
-             "product of per-head accuracies a_k^(i) (fit prompts); the 1 is the base model's own token",
-    "emp": "expected tokens per step from measured joint path frequencies (fit prompts): no independence "
-           "assumption",
-    "held": "tokens per step a greedy decoder with this tree gets when replayed over the held-out prompts' "
-            "answers: what `workbench decode` measures",
+TREE_HELP = {  # the three predictions of workbench/calibration.py, by the names they have everywhere
+    "predicted_independent": "expected tokens per decoding step under independent heads: 1 + the sum over nodes of "
+                             "the product of per-head accuracies a_k^(i) (fit prompts); the 1 is the base model's "
+                             "own token",
+    "predicted_joint": "expected tokens per step from measured joint path frequencies (fit prompts): no "
+                       "independence assumption",
+    "predicted_replay": "tokens per step a greedy decoder with this tree gets when replayed over the held-out "
+                        "prompts' answers: what `workbench decode` measures",
+    "optimal at same size": "the independence-optimal tree with as many nodes: the headroom of this shape",
 }
+TABLE_COLUMNS = {k: st.column_config.NumberColumn(help=v, format="%.3f") for k, v in TREE_HELP.items()}
 
 
 def tree_options(designed, user: list) -> dict[str, object]:
@@ -338,8 +326,9 @@ def _focus_from(chart_key: str) -> None:
 
 def tree_page() -> None:
     from workbench.export import FORMATS, export_tree
-    from workbench.optimize import (acc_value_fn, best_dense_tree, empirical_value_fn, expected_curve,
-                                    expected_length, optimal_tree, optimal_tree_from)
+    from workbench.calibration import tree_table
+    from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
+                                    optimal_tree_from)
     from workbench.tree import Tree, record_json, tree_buffers, tree_diff, tree_record
 
     st.title("Tree designer")
@@ -359,7 +348,7 @@ def tree_page() -> None:
     max_rank = int_slider("Max rank (top-k per head)", R, min(R, 10), "tree_rank")
 
     indep = acc_value_fn(src.acc)
-    empirical = empirical_value_fn(src.calib["probs_fit"]) if src.calib else None
+    empirical = src.calib.joint_value("fit") if src.calib else None
     if model == "empirical paths" and empirical is None:
         st.error("empirical paths need a calibration folder (its ranks.parquet): an accuracy table has only the "
                  "per-head marginals, so use the independence or hardware-aware model")
@@ -430,7 +419,6 @@ def tree_page() -> None:
                        f"{[list(p) for p in d['only_a']] or 'none'}")
 
     # numbers: full labels, each explained
-    held = holdout_decoder(src.folder, src.stamp, tuple(tree.paths)) if empirical is not None else None
     cols = st.columns(3)
     cols[0].metric("nodes", tree.nodes)
     cols[1].metric("depth", tree.depth)
@@ -438,13 +426,10 @@ def tree_page() -> None:
         cols[2].metric("predicted speedup (optimizer's tree)", f"{speedup['best']['speedup']:.2f}x",
                        help=f"expected tokens per step / relative step cost t(n+1)/t(1) at context {speedup['context']}")
     cols = st.columns(3)
-    cols[0].metric("expected tokens/step: independence model", f"{expected_length(tree, indep):.3f}",
-                   help=TREE_HELP["indep"])
-    if empirical is not None:
-        cols[1].metric("expected tokens/step: empirical paths", f"{expected_length(tree, empirical):.3f}",
-                       help=TREE_HELP["emp"])
-    if held is not None:
-        cols[2].metric("tokens/step: decoder replay on holdout", f"{held:.3f}", help=TREE_HELP["held"])
+    shown_row = tree_table([tree], src.acc, src.calib)[0]
+    for col, key in zip(cols, ("predicted_independent", "predicted_joint", "predicted_replay")):
+        if shown_row.get(key) is not None:
+            col.metric(f"{key} (tokens/step)", f"{shown_row[key]:.3f}", help=TREE_HELP[key])
 
     # the tree and its mask, linked by the selected node; optional real tokens as labels
     labels = None
@@ -512,24 +497,10 @@ def tree_page() -> None:
     curves = {"optimal (independence)": expected_curve(src.acc, top, max_depth, max_rank)}
     if empirical is not None:
         curves["optimal (empirical)"] = expected_curve(empirical, top, max_depth, max_rank)
-    rows, points = [], {}
-    for label, spec in options.items():
-        if label == OPTIMIZER:
-            continue
-        t = pick_quiet(spec)
-        if t is None:
-            continue
-        row = {"tree": t.name or label}
-        if t.depth > K or t.max_rank >= R:
-            rows.append(row | {"nodes": t.nodes, "note": f"needs {t.depth} heads / top-{t.max_rank + 1}"})
-            continue
-        if empirical is not None:
-            row["decoder replay, holdout"] = holdout_decoder(src.folder, src.stamp, tuple(t.paths))
-            row["empirical"] = expected_length(t, empirical)
-        row["independence"] = expected_length(t, indep)
-        row["optimal at same size"] = float(curves["optimal (independence)"][min(t.nodes, top)])
-        rows.append(row | {"nodes": t.nodes, "depth": t.depth})
-        points[row["tree"]] = (t.nodes, expected_length(t, base_value))
+    named = [(label, pick_quiet(spec)) for label, spec in options.items() if label != OPTIMIZER]
+    named = [t if t.name else Tree(t.paths, label) for label, t in named if t is not None]
+    rows = tree_table(named, src.acc, src.calib, curves["optimal (independence)"])
+    points = {t.name: (t.nodes, expected_length(t, base_value)) for t in named if t.depth <= K and t.max_rank < R}
     with left:
         figure(plots.expected_curve_plot({k: (range(len(v)), v) for k, v in curves.items()}, points,
                                          (tree.nodes, expected_length(tree, base_value))),
@@ -545,15 +516,9 @@ def tree_page() -> None:
                       if speedup.get("measured") else "; no sweep CSV found to draw measured speedups"))
     else:
         right.markdown("**Reading the tokens/step numbers** (tokens emitted per decoding step, the base model's "
-                       "own token included):\n\n" + "\n".join(f"- **{name}**: {TREE_HELP[k]}" for name, k in (
-                           ("independence", "indep"), ("empirical", "emp"), ("decoder replay, holdout", "held"))))
+                       "own token included):\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in TREE_HELP.items()))
     st.subheader("Named trees: tokens per step")
-    st.dataframe(pd.DataFrame(rows), hide_index=True, column_config={
-        "decoder replay, holdout": st.column_config.NumberColumn(help=TREE_HELP["held"], format="%.3f"),
-        "empirical": st.column_config.NumberColumn(help=TREE_HELP["emp"], format="%.3f"),
-        "independence": st.column_config.NumberColumn(help=TREE_HELP["indep"], format="%.3f"),
-        "optimal at same size": st.column_config.NumberColumn(
-            help="the independence-optimal tree with as many nodes: the headroom of this shape", format="%.3f")})
+    st.dataframe(pd.DataFrame(rows), hide_index=True, column_config=TABLE_COLUMNS)
 
     # buffers and exports
     with st.expander("Tree buffers (Medusa's generate_medusa_buffers)"):
@@ -604,23 +569,16 @@ def pick_quiet(spec):
 
 def compare_trees(a, b, indep, empirical, src: Source) -> None:
     """Two trees side by side: nodes only in A, only in B, shared, and what each brings on this calibration."""
-    from workbench.optimize import expected_length
-    from workbench.tree import tree_diff
+    from workbench.calibration import tree_table
+    from workbench.tree import Tree, tree_diff
 
     d = tree_diff(a, b)
     st.subheader(f"A = {a.name} vs B = {b.name}")
     value = empirical or indep
-    rows = []
-    for name, t in (("A", a), ("B", b)):
-        row = {"tree": f"{name}: {t.name}", "nodes": t.nodes, "depth": t.depth,
-               "independence": expected_length(t, indep)}
-        if empirical is not None:
-            row["empirical"] = expected_length(t, empirical)
-            row["decoder replay, holdout"] = holdout_decoder(src.folder, src.stamp, tuple(t.paths))
-        rows.append(row)
-    st.dataframe(pd.DataFrame(rows), hide_index=True)
+    rows = tree_table([Tree(a.paths, f"A: {a.name}"), Tree(b.paths, f"B: {b.name}")], src.acc, src.calib)
+    st.dataframe(pd.DataFrame(rows), hide_index=True, column_config=TABLE_COLUMNS)
     st.caption(f"{len(d['shared'])} shared nodes, {len(d['only_a'])} only in A, {len(d['only_b'])} only in B; "
-               f"expected tokens per step in the table ({'empirical and ' if empirical else ''}independence models)")
+               "predicted tokens per step in the table (names as on the rest of the page)")
     status_a = {p: "shared" for p in d["shared"]} | {p: "only in A" for p in d["only_a"]}
     status_b = {p: "shared" for p in d["shared"]} | {p: "only in B" for p in d["only_b"]}
     c1, c2 = st.columns(2)
@@ -637,9 +595,9 @@ def compare_trees(a, b, indep, empirical, src: Source) -> None:
 def hardware_choice(src: Source, value, budget: int, max_depth: int, max_rank: int) -> dict | None:
     """The hardware-aware tree: latency CSV from the calibration folder (or given), context nearest typical use;
     measured speedups from a sweep CSV (when one is found) to draw on the predicted curve."""
-    from workbench.latency import hardware_aware, typical_context
+    from workbench.latency import hardware_aware
 
-    found = sorted(Path(src.folder).glob("latency-*.csv")) if src.folder else []
+    found = src.calib.latency_files() if src.calib else []
     with st.sidebar:
         path = file_input("latency CSV", "tree_lat", ["csv"], found + found_csvs("latency"))
     if path is None:
@@ -649,7 +607,7 @@ def hardware_choice(src: Source, value, budget: int, max_depth: int, max_rank: i
     try:
         df = read_latency_file(str(path), _stamp(path))
         with st.sidebar:
-            table, ctx = latency_picker(df, "tree", path.name, typical_context(src.folder) if src.folder else None)
+            table, ctx = latency_picker(df, "tree", path.name, src.calib.typical_context() if src.calib else None)
         res = hardware_aware(value, table, max_depth, max_rank, max_budget=budget, name=f"hardware_{budget}")
     except WorkbenchError as e:
         st.error(_clean(e))
@@ -720,15 +678,14 @@ def calibration_page() -> None:
     if src.calib:
         split = st.sidebar.radio("Prompts", ["fit", "holdout", "all"], key="cal_split",
                                  help="fit: what calibrate's trees are built from; holdout: the prompts kept aside")
-        acc = src.calib[f"acc_{split}"]
-        meta = src.calib["meta"]
+        acc, ranks = src.calib.accuracies(split), src.calib.ranks(split)
         cols = st.columns(5)
         cols[0].metric("heads", acc.shape[0])
         cols[1].metric("top-k", acc.shape[1])
-        cols[2].metric("positions", len(src.calib[split]))
-        cols[3].metric("prompts", src.calib[split]["prompt_id"].nunique())
-        cols[4].metric("model", str(meta.get("model") or "demo"))
-        if not len(src.calib[split]):
+        cols[2].metric("positions", len(ranks))
+        cols[3].metric("prompts", ranks["prompt_id"].nunique())
+        cols[4].metric("model", str(src.calib.meta.get("model") or "demo"))
+        if not len(ranks):
             st.info(f"the {split} split of this calibration is empty")
             return
     left, right = st.columns(2)
@@ -744,7 +701,7 @@ def calibration_page() -> None:
                 "the per-head marginals.")
         return
     n = st.slider("top paths (by measured probability)", 5, 200, 40, key="cal_top")
-    measured = split_path_probabilities(src.folder, src.stamp, split)
+    measured = src.calib.path_probabilities(split)
     value = acc_value_fn(acc)
     top = sorted(measured, key=lambda p: (-measured[p], len(p), p))[:n]
     ind, mea = [value(p) for p in top], [measured[p] for p in top]
@@ -788,8 +745,7 @@ def read_sweep_or_error(path: Path | None) -> pd.DataFrame | None:
 
 
 def tradeoffs_page() -> None:
-    from workbench.optimize import empirical_value_fn
-    from workbench.latency import hardware_aware, typical_context
+    from workbench.latency import hardware_aware
 
     st.title("Trade-offs")
     sweeps = found_csvs("sweep")
@@ -862,13 +818,13 @@ def tradeoffs_page() -> None:
                 return
             try:
                 table, ctx = latency_picker(lat, "to", lat_path.name,
-                                            typical_context(src.folder) if src.folder else None)
+                                            src.calib.typical_context() if src.calib else None)
                 top = max(int(n) for n in table) - 1
                 budget = st.slider("budget (max tree nodes)", 1, max(top, 2), top, key="to_budget") if top > 1 else 1
                 K, R = src.acc.shape
                 values = {"independence": src.acc}
                 if src.calib:
-                    values["empirical paths"] = empirical_value_fn(src.calib["probs_fit"])
+                    values["empirical paths"] = src.calib.joint_value("fit")
                 res = {name: hardware_aware(v, table, K, min(R, 10), max_budget=budget) for name, v in values.items()}
             except WorkbenchError as e:
                 st.error(_clean(e))

@@ -23,13 +23,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError, __version__  # noqa: E402
-from workbench.calibrate import (NULL, CalibrateConfig, calibrate, head_accuracies, load_calibration,  # noqa: E402
-                                 path_probabilities, ranks_frame)
+from workbench.calibrate import CalibrateConfig, calibrate  # noqa: E402
+from workbench.calibration import NULL, Calibration, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
 from workbench.data import load_prompt_records  # noqa: E402
 from workbench.engine import decode_one, logits_of, new_cache, prefill  # noqa: E402
 from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
-from workbench.io import atomic_write_json  # noqa: E402
 from workbench.heads import random_heads, save_heads  # noqa: E402
+from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import load_base, load_model_and_heads  # noqa: E402
 
 
@@ -93,7 +93,7 @@ def main() -> None:
                                      name="bench", out=tmp / "cal", device=args.device, dtype=args.dtype,
                                      batch_size=args.batch_size))
     runner_s = time.perf_counter() - t0
-    _, ours = load_calibration(tmp / "cal")
+    ours = Calibration(tmp / "cal").ranks("all")
     import pandas as pd
     ours_conts = pd.read_parquet(tmp / "cal" / "continuations.parquet").set_index("prompt_id")["continuation"]
 

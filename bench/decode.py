@@ -35,8 +35,8 @@ from workbench.decode import Acceptance, medusa_generate, vanilla_generate  # no
 from workbench.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
 from workbench.generation import prepare_prompt  # noqa: E402
-from workbench.io import atomic_write_json  # noqa: E402
 from workbench.heads import DEMO_HEADS  # noqa: E402
+from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import load_model_and_heads, model_label  # noqa: E402
 from workbench.tree import load_tree  # noqa: E402
 

@@ -27,8 +27,8 @@ def make_calibration(folder: Path, num_heads: int = 4, topk: int = 10, prompts: 
                      seed: int = 0) -> Path:
     """A calibration folder in the format `workbench calibrate` writes: head k's rank is geometric, and a miss at
     head k makes head k+1 likelier to miss (so measured paths differ from the independence product)."""
-    from workbench.calibrate import head_accuracies, holdout_split, ranks_frame
     from workbench.accuracies import write_accuracies
+    from workbench.calibrate import head_accuracies, holdout_split, ranks_frame
 
     rng = np.random.default_rng(seed)
     ids, mats = [f"p{i}" for i in range(prompts)], []
@@ -77,7 +77,7 @@ def make_sweep(path: Path) -> Path:
         rate = 1 + 1.2 * math.log2(n) / 3
         rows.append(dict(config=f"opt{n}", tree=f"opt-indep-{n}", kind="optimal", nodes=n, depth=4,
                          acceptance="greedy", temperature=0.0, acceleration_rate=rate, speedup=rate / 1.1,
-                         tokens_per_s=50 * rate / 1.1, exact_match=1.0, predicted_tokens_per_step=rate * 1.05,
+                         tokens_per_s=50 * rate / 1.1, exact_match=1.0, predicted_independent=rate * 1.05,
                          predicted_joint=rate * 0.98))
         rows.append(dict(config=f"dense{n}", tree=f"dense_{n}", kind="dense", nodes=n, depth=2, acceptance="greedy",
                          temperature=0.0, acceleration_rate=rate * 0.8, speedup=rate * 0.8 / 1.1,
@@ -168,12 +168,12 @@ def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):
 
 def test_tree_designer_models(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
-    ind = float(metric(at, "expected tokens/step: independence model"))
+    ind = float(metric(at, "predicted_independent (tokens/step)"))
     assert any("irregular tree" in w.value for w in at.warning)  # the sparse optimum: vLLM would not draft it
     at.radio(key="tree_model").set_value("empirical paths").run()
     no_exception(at)
     assert not errors(at)
-    emp_tree_emp = float(metric(at, "expected tokens/step: empirical paths"))
+    emp_tree_emp = float(metric(at, "predicted_joint (tokens/step)"))
     assert emp_tree_emp > 1 and ind > 1
     at.radio(key="tree_model").set_value("dense per level (vLLM)").run()
     no_exception(at)
@@ -246,8 +246,8 @@ def test_json_export_has_provenance(demo_files, monkeypatch):
     rec = tree_file(at)
     assert rec["name"] == "optimal_20" and len(rec["medusa_choices"]) == rec["nodes"] == 20
     assert rec["budget"] == 20 and rec["method"] == "independence" and rec["accuracies"] == str(demo_files["cal"])
-    assert rec["expected_acceptance_length"] == pytest.approx(float(metric(at, "expected tokens/step: independence "
-                                                                          "model")), abs=1e-3)
+    assert rec["expected_acceptance_length"] == pytest.approx(float(metric(at, "predicted_independent "
+                                                                          "(tokens/step)")), abs=1e-3)
 
 
 def test_reference_tree_is_shown_edited_and_exported(demo_files, monkeypatch):
@@ -285,7 +285,8 @@ def test_pasted_tree_is_shown_and_compared(demo_files, monkeypatch):
     assert any(h.value == "A = your tree vs B = mc_sim_7b_63" for h in at.subheader)
     both = at.dataframe[0].value
     assert both["tree"].tolist() == ["A: your tree", "B: mc_sim_7b_63"] and both["nodes"].tolist() == [4, 63]
-    assert (both["independence"] > 1).all() and both["independence"][1] > both["independence"][0]
+    assert (both["predicted_independent"] > 1).all()
+    assert both["predicted_independent"][1] > both["predicted_independent"][0]
     diff = at.dataframe[1].value
     assert set(diff["in"]) == {"only B"} and len(diff) == 59  # all 4 of A's nodes are in mc_sim_7b_63
     assert any("4 shared nodes, 0 only in A, 59 only in B" in c.value for c in at.caption)

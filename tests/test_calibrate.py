@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import WorkbenchError
-from workbench.calibrate import (NULL, CalibrateConfig, calibrate, decoder_walk, head_accuracies, head_ranks, holdout_split,
-                                 load_calibration, measured_acceptance, path_probabilities, ranks_frame,
-                                 tree_report)
+from workbench.accuracies import read_accuracies
+from workbench.calibrate import CalibrateConfig, calibrate, head_ranks, holdout_split
+from workbench.calibration import (NULL, Calibration, decoder_walk, head_accuracies, measured_acceptance,
+                                   path_probabilities, ranks_frame)
 from workbench.decode import medusa_generate
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt
-from workbench.accuracies import read_accuracies
 from workbench.optimize import expected_length
 from workbench.tree import load_tree, make_tree
 
@@ -95,7 +95,7 @@ def test_ranks_predict_every_step_of_the_live_decoder(run, tiny_llama, prompt_fi
     """Walking the rank matrix from position 0 (accept the longest tree prefix, jump past it) must give exactly
     the live greedy Medusa decoder's tokens per step, for the calibrated trees and a hand-made one."""
     folder, meta = run
-    _, ranks = load_calibration(folder)
+    ranks = Calibration(folder).ranks("all")
     conts = pd.read_parquet(folder / "continuations.parquet").set_index("prompt_id")
     from workbench.data import load_prompt_records
     texts = dict(load_prompt_records(str(prompt_file)))
@@ -162,12 +162,14 @@ def test_output_files(run, prompt_file):
             expected_length(tree, acc) if kind == "indep" else 1 + sum(probs.get(p, 0) for p in tree.paths))
         test = ranks[ranks["prompt_id"].isin(held)]
         assert data["holdout_acceptance_length"] == pytest.approx(measured_acceptance(tree, test))
-        assert data["holdout_decoder"] == pytest.approx(decoder_walk(tree, test))
-        assert data["predicted_decoder"] == pytest.approx(decoder_walk(tree, fit))
-    # the joint tree is optimal for the empirical objective it was built from
+        assert data["predicted_replay"] == pytest.approx(decoder_walk(tree, test))
+        assert data["predicted_replay_fit"] == pytest.approx(decoder_walk(tree, fit))
+        assert {k: data[k] for k in ("predicted_independent", "predicted_joint", "predicted_replay")} == \
+            pytest.approx(Calibration(folder).predict(tree))  # the tree file's numbers are the Calibration's
+    # the joint tree is optimal for the joint objective it was built from
     for b in ARGS["budgets"]:
         joint, indep = (json.loads((folder / "trees" / f"tiny-{k}-{b}.json").read_text()) for k in ("joint", "indep"))
-        assert joint["predicted_empirical"] >= indep["predicted_empirical"] - 1e-12
+        assert joint["predicted_joint"] >= indep["predicted_joint"] - 1e-12
 
     for key in ("model", "heads", "prompts", "topk", "max_new_tokens", "device", "dtype", "elapsed_seconds",
                 "workbench_version", "holdout_ids"):
@@ -272,22 +274,33 @@ def test_holdout_split_is_deterministic_and_order_free():
         holdout_split(ids, 1.0)
 
 
-def test_tree_report_and_load_calibration(run):
+def test_calibration_splits_and_predictions(run):
+    """Calibration answers from the folder: the splits partition the prompts (holdout = meta's ids), and the three
+    predictions are the independence model and the joint paths of the fit prompts and the replay on the holdout."""
     folder, meta = run
+    cal = Calibration(folder)
+    every, fit, held = cal.ranks("all"), cal.ranks("fit"), cal.ranks("holdout")
+    assert set(held["prompt_id"]) == set(meta["holdout_ids"]) == cal.holdout_ids
+    assert not set(held["prompt_id"]) & set(fit["prompt_id"]) and len(held) + len(fit) == len(every)
+    assert set(held["prompt_id"]) | set(fit["prompt_id"]) == set(every["prompt_id"])
+    np.testing.assert_allclose(cal.accuracies("fit"), head_accuracies(fit, meta["topk"])[0])
+    assert cal.path_probabilities("holdout") == path_probabilities(held)
     tree = make_tree([[0], [1], [0, 0]])
-    rep = tree_report(tree, folder)
-    acc_all, ranks = load_calibration(folder)
-    assert rep["independence"] == pytest.approx(expected_length(tree, acc_all))
-    assert rep["empirical"] == pytest.approx(measured_acceptance(tree, ranks))
-    _, held = load_calibration(folder, "holdout")
-    _, fit = load_calibration(folder, "fit")
-    assert set(held["prompt_id"]) == set(meta["holdout_ids"]) and len(held) + len(fit) == len(ranks)
-    assert rep["holdout_empirical"] == pytest.approx(measured_acceptance(tree, held))
-    assert rep["holdout_decoder_walk"] == pytest.approx(decoder_walk(tree, held))
+    pred = cal.predict(tree)
+    assert pred == {"predicted_independent": pytest.approx(expected_length(tree, cal.accuracies("fit"))),
+                    "predicted_joint": pytest.approx(measured_acceptance(tree, fit)),
+                    "predicted_replay": pytest.approx(decoder_walk(tree, held))}
+    rep = cal.report(tree)
+    assert {k: rep[k] for k in pred} == pred and rep["positions"] == len(every)
+    assert rep["holdout_acceptance_length"] == pytest.approx(measured_acceptance(tree, held))
+    assert rep["predicted_replay_fit"] == pytest.approx(decoder_walk(tree, fit))
+    assert cal.ranks("fit") is fit  # read once, kept
     with pytest.raises(WorkbenchError, match="needs depth 6"):
-        tree_report(make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]), folder)
+        cal.predict(make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]))
+    with pytest.raises(WorkbenchError, match="split 'test'"):
+        cal.ranks("test")
     with pytest.raises(WorkbenchError, match="not a finished calibration"):
-        load_calibration(folder / "trees")
+        Calibration(folder / "trees")
 
 
 def test_one_line_errors(tiny_llama, prompt_file, tmp_path):
@@ -339,7 +352,7 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
     assert "--force" in capsys.readouterr().err
 
     folder, _ = run
-    acc, fit = load_calibration(folder, "fit")
+    acc, fit = Calibration(folder).accuracies("fit"), Calibration(folder).ranks("fit")
     for joint in (False, True):
         assert main(["optimize", "--calibration", str(folder), "--budget", "4"] + ["--joint"] * joint) == 0
         obj = json.loads(capsys.readouterr().out)
@@ -353,10 +366,10 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
 
     assert main(["tree", "eval", "[[0], [1], [0, 0]]", "--calibration", str(folder)]) == 0
     text = capsys.readouterr().out
-    rep = tree_report(make_tree([[0], [1], [0, 0]]), folder)
-    assert f"{rep['empirical']:.4f}" in text and f"{rep['independence']:.4f}" in text
-    assert f"{rep['holdout_empirical']:.4f}" in text and f"{rep['decoder_walk']:.4f}" in text
-    assert f"{rep['holdout_decoder_walk']:.4f}" in text
+    rep = Calibration(folder).report(make_tree([[0], [1], [0, 0]]))
+    for key in ("predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit",
+                "holdout_acceptance_length"):
+        assert f"{key:<26} {rep[key]:.4f}" in text
 
 
 def test_no_tree_when_no_guess_was_ever_right(tmp_path):

@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from workbench.cli import main
 from workbench.accuracies import read_accuracies, write_accuracies
+from workbench.cli import main
 from workbench.optimize import best_dense_tree, expected_length, optimal_tree
 from workbench.tree import load_tree, reference_trees
 

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
+from workbench.accuracies import write_accuracies
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.accuracies import write_accuracies
 from workbench.sweep import SWEEP_COLUMNS
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
@@ -61,7 +61,7 @@ def env(tiny_llama, tmp_path_factory) -> dict:
                temperature=0.0, acceleration_rate=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
                mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4)
     tree_row = dict(row, config="t:abc|greedy|T=0", tree="t", kind="given", nodes=3, depth=2,
-                    acceleration_rate=1.5, speedup=1.2, predicted_tokens_per_step=1.6)
+                    acceleration_rate=1.5, speedup=1.2, predicted_independent=1.6)
     pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS).to_csv(root / "sweep.csv", index=False)
     return dict(root=root, model=model, heads=heads,
                 heads_file=str(tiny_llama.heads_dirs["1"] / "medusa_lm_head.safetensors"),

@@ -9,8 +9,8 @@ from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
 from workbench import plots
-from workbench.cli import main
 from workbench.accuracies import write_accuracies
+from workbench.cli import main
 from workbench.optimize import acc_value_fn, optimal_tree
 from workbench.tree import load_tree, make_tree, reference_trees, to_networkx, tree_buffers
 
@@ -127,7 +127,7 @@ def sweep():
                  tokens_per_s=10.0, exact_match=1.0)]
     for n, a in ((4, 1.5), (8, 1.8), (16, 2.0)):
         rows += [dict(tree=f"opt{n}", kind="optimal", nodes=n, acceptance="greedy", acceleration_rate=a,
-                      tokens_per_s=10 * a, predicted_tokens_per_step=a + 0.1),
+                      tokens_per_s=10 * a, predicted_independent=a + 0.1),
                  dict(tree=f"opt{n}b", kind="optimal", nodes=n, acceptance="greedy", acceleration_rate=a + 0.2,
                       tokens_per_s=10 * a),
                  dict(tree=f"dense{n}", kind="dense", nodes=n, acceptance="greedy", acceleration_rate=a - 0.3,

@@ -9,13 +9,14 @@ import pandas as pd
 import pytest
 
 from workbench import WorkbenchError
+from workbench.accuracies import write_accuracies
 from workbench.calibrate import CalibrateConfig, calibrate
+from workbench.calibration import Calibration
 from workbench.cli import main, parse_delta, parse_floats
 from workbench.generation import prepare_prompt
-from workbench.accuracies import write_accuracies
-from workbench.optimize import dense_tree, expected_length, optimal_tree
 from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, measure_latency, read_latency
 from workbench.models import random_model
+from workbench.optimize import dense_tree, expected_length, optimal_tree
 from workbench.report import summarize
 from workbench.sweep import SWEEP_COLUMNS, dense_near, run_sweep, sweep_configs, sweep_trees
 from workbench.tree import load_tree
@@ -200,7 +201,7 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     assert main(argv) == 0
     df = pd.read_csv(out)
     assert list(df.columns) == SWEEP_COLUMNS
-    trees = sweep_trees([2, 4], None, True, calib, False, tiny_llama.heads["2"].num_heads)
+    trees = sweep_trees([2, 4], None, True, Calibration(calib), False, tiny_llama.heads["2"].num_heads)
     assert {k for _, k in trees} == {"optimal", "dense"}
     assert len(df) == 1 + len(trees) * (1 + 2)  # vanilla + per tree: greedy once, typical per epsilon
     assert df["config"].is_unique and (df["kind"] == "vanilla").sum() == 1
@@ -216,12 +217,12 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     assert (df["acceleration_rate"] >= 1).all() and (df["mean_logprob"] < 0).all()
     assert df["distinct_2"].between(0, 1).all()
     opt = df[df["kind"] == "optimal"]
-    assert opt["predicted_tokens_per_step"].notna().all() and opt["calibration_holdout"].notna().all()
-    assert opt["predicted_walk"].notna().all()
+    predictions = ["predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit"]
+    assert opt[predictions].notna().all().all()
     # replaying the decoder over the calibration's own answers to these prompts is what the live decoder measured
-    replayed = greedy.dropna(subset=["replay"])
+    replayed = greedy.dropna(subset=["replay_swept"])
     assert len(replayed) >= len(opt[opt["acceptance"] == "greedy"])
-    assert np.allclose(replayed["replay"], replayed["acceleration_rate"], rtol=1e-12)
+    assert np.allclose(replayed["replay_swept"], replayed["acceleration_rate"], rtol=1e-12)
     assert main(argv) == 0  # everything done: nothing rerun, file unchanged
     assert pd.read_csv(out).equals(df)
 
@@ -231,8 +232,8 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     md = summarize(out, tmp_path / "lat.csv")
     for heading in ("Predicted vs measured", "Optimized vs dense", "Hardware-aware choice", "Typical acceptance"):
         assert f"## {heading}" in md
-    g = greedy[greedy["kind"] != "vanilla"].dropna(subset=["predicted_tokens_per_step"])
-    speedup = g["predicted_tokens_per_step"] * (1 + (1 / 3) ** 2) / (1 + ((g["nodes"] + 1) / 3) ** 2)
+    g = greedy[greedy["kind"] != "vanilla"].dropna(subset=["predicted_independent"])
+    speedup = g["predicted_independent"] * (1 + (1 / 3) ** 2) / (1 + ((g["nodes"] + 1) / 3) ** 2)
     best = set(g.loc[np.isclose(speedup, speedup.max(), rtol=1e-12, atol=0), "tree"])
     assert re.search(r"Hardware-aware pick: \*\*(.+?)\*\*", md).group(1) in best
     assert main(["sweep-report", str(out), "--latency", str(tmp_path / "lat.csv"),
@@ -246,10 +247,10 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
 
 def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_llama, prompt_file, tmp_path):
     """With heads that actually accept tokens, the calibration's decoder replay on its held-out answers equals the
-    live greedy decoder's tokens per step on those prompts, tree by tree (the sweep's `replay` column)."""
+    live greedy decoder's tokens per step on those prompts, tree by tree (the sweep's `replay_swept` column)."""
     from workbench.decode import medusa_generate
     from workbench.heads import load_heads
-    from workbench.sweep import calibration_predictions, holdout_records
+    from workbench.sweep import calibration_predictions
     from workbench.train import TrainConfig, interleaved_prompts, train_heads
 
     heads_dir = tmp_path / "heads"
@@ -261,8 +262,8 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
     calibrate(CalibrateConfig(model=str(tiny_llama.model_dir), heads=str(heads_dir), prompts=str(prompt_file), name="t",
                               out=cal, holdout=0.5, max_new_tokens=16, topk=4, budgets=(3,), batch_size=8,
                               device="cpu"), progress=False)
-    records = holdout_records(cal)
-    predict = calibration_predictions(cal, 12, [pid for pid, _ in records])
+    records = Calibration(cal).holdout_prompts()
+    predict = calibration_predictions(Calibration(cal), 12, [pid for pid, _ in records])
     heads = load_heads(heads_dir)[0]
     rates = []
     for spec in ("[[0]]", "[[0], [1], [0, 0], [0, 1], [0, 0, 0]]", "[[0], [1], [2], [3], [0, 0], [1, 0]]"):
@@ -270,7 +271,7 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
         runs = [medusa_generate(tiny_llama.model, heads, tiny_llama.tokenizer, prepare_prompt(tiny_llama.tokenizer, t),
                                 tree, max_new_tokens=12) for _, t in records]
         live = sum(len(r.token_ids) for r in runs) / sum(len(r.steps) for r in runs)
-        assert predict(tree)["replay"] == pytest.approx(live, rel=1e-12)
+        assert predict(tree)["replay_swept"] == pytest.approx(live, rel=1e-12)
         rates.append(live)
     assert max(rates) > 1.2, rates  # the heads do get tokens accepted, so the equality is not 1 == 1
 
@@ -389,13 +390,33 @@ def test_bad_inputs_are_one_line_errors(tiny_llama, calib, prompt_file, tmp_path
 
 
 def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
-    from workbench.calibrate import decoder_walk, load_calibration
+    from workbench.calibration import decoder_walk
 
-    _, fit = load_calibration(calib, "fit")
+    fit = Calibration(calib).ranks("fit")
     answers = fit[fit["position"] < 6]
-    for t, kind in sweep_trees([1, 2, 3, 6], None, False, calib, False, 3, max_rank=4, replay=6):
+    for t, kind in sweep_trees([1, 2, 3, 6], None, False, Calibration(calib), False, 3, max_rank=4, replay=6):
         b = int(t.name.rsplit("-", 1)[1])
         assert kind == "optimal" and t.nodes <= b
         rivals = [dense_tree([s] * d) for d in (1, 2, 3) for s in (1, 2, 3, 4)
                   if sum(s ** j for j in range(1, d + 1)) <= b]
         assert all(decoder_walk(t, answers) >= decoder_walk(r, answers) for r in rivals)
+
+
+def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
+    """The committed sweeps (written before the predictions were renamed, without the step timing columns) and a
+    CSV with the old prediction names read with today's names, in read_sweep and in the report."""
+    from workbench import REPO_ROOT
+    from workbench.calibration import PREDICTIONS
+    from workbench.sweep import OLD_COLUMNS, read_sweep
+
+    committed = REPO_ROOT / "docs" / "results" / "sweep-greedy-cpu.csv"
+    old = pd.read_csv(committed).rename(columns={v: k for k, v in OLD_COLUMNS.items()})
+    assert set(OLD_COLUMNS) <= set(old.columns) and not set(OLD_COLUMNS.values()) & set(old.columns)
+    old.to_csv(tmp_path / "old.csv", index=False)
+    df = read_sweep(tmp_path / "old.csv")
+    assert set(PREDICTIONS) | {"predicted_replay_fit", "replay_swept"} <= set(df.columns)
+    assert not set(OLD_COLUMNS) & set(df.columns)
+    pd.testing.assert_frame_equal(df, read_sweep(committed), check_like=True)
+    md = summarize(tmp_path / "old.csv")
+    assert md == summarize(committed).replace("sweep-greedy-cpu.csv", "old.csv")
+    assert "| predicted_independent | predicted_joint | predicted_replay |" in md

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 import json
-import re
 import shutil
 import time
 from pathlib import Path
@@ -31,12 +30,14 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
+from workbench.calibration import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS, calibration_root, decoder_walk,
+                                   head_accuracies, measured_acceptance, path_probabilities, ranks_frame,
+                                   read_continuations, read_ranks, slug)
 from workbench.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
                                   teacher_forced_hidden)
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.tree import MEDUSA_TOPK
 
-NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
 
 
 # ----------------------------------------------------------------------------------------------- model side
@@ -82,95 +83,6 @@ def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], t
     return per_prompt, bad
 
 
-# ----------------------------------------------------------------------------------------------- frames
-
-def ranks_frame(prompt_ids: list[str], ranks: list[np.ndarray], num_heads: int) -> pd.DataFrame:
-    """Long table: prompt_id, position, head_1..head_K (nullable Int16: rank, -1, or <NA> past the end)."""
-    cols = {"prompt_id": pd.array([pid for pid, r in zip(prompt_ids, ranks) for _ in range(len(r))], dtype="string"),
-            "position": pd.array(np.concatenate([np.arange(len(r)) for r in ranks]) if ranks else [], dtype="Int32")}
-    mat = np.concatenate(ranks) if ranks else np.zeros((0, num_heads), dtype=np.int16)
-    for k in range(num_heads):
-        cols[f"head_{k + 1}"] = pd.array(mat[:, k], dtype="Int16", copy=True)
-        cols[f"head_{k + 1}"][mat[:, k] == NULL] = pd.NA
-    return pd.DataFrame(cols)
-
-
-def head_columns(ranks: pd.DataFrame) -> list[str]:
-    cols = [c for c in ranks.columns if re.fullmatch(r"head_\d+", c)]
-    return sorted(cols, key=lambda c: int(c[5:]))
-
-
-def rank_matrix(ranks: pd.DataFrame) -> np.ndarray:
-    """[positions, K] int64 with -1 for a miss and NULL for past the end."""
-    return ranks[head_columns(ranks)].fillna(NULL).to_numpy(dtype=np.int64)
-
-
-def head_accuracies(ranks: pd.DataFrame, topk: int) -> tuple[np.ndarray, np.ndarray]:
-    """a_k^(i): share of head k's positions (those with a target) where its rank-i guess is the true token.
-
-    Returns (acc [K, topk], counts [K] = positions with a target per head), the canonical CSV's columns.
-    """
-    mat = rank_matrix(ranks)
-    K = mat.shape[1]
-    counts = (mat != NULL).sum(0)
-    hits = np.stack([np.bincount(mat[:, k][mat[:, k] >= 0], minlength=topk)[:topk] for k in range(K)])
-    return hits / np.maximum(counts, 1)[:, None], counts
-
-
-def path_probabilities(ranks: pd.DataFrame) -> dict[tuple[int, ...], float]:
-    """P(path [i1..id] is accepted) = share of ALL positions whose rank sequence starts with it (no independence
-    assumption). Past-the-end counts as a miss: the decoder cannot accept tokens the answer does not have."""
-    mat = rank_matrix(ranks)
-    M = len(mat)
-    if M == 0:
-        return {}
-    probs = {}
-    alive = np.ones(M, dtype=bool)
-    for d in range(mat.shape[1]):
-        alive &= mat[:, d] >= 0
-        if not alive.any():
-            break
-        keys, counts = np.unique(mat[alive, :d + 1], axis=0, return_counts=True)
-        probs.update({tuple(int(x) for x in key): n / M for key, n in zip(keys, counts)})
-    return probs
-
-
-def measured_acceptance(tree, ranks: pd.DataFrame) -> float:
-    """Mean over positions of 1 + number of tree nodes accepted there (= longest accepted prefix)."""
-    mat = rank_matrix(ranks)
-    if len(mat) == 0:
-        raise WorkbenchError("no positions to measure on (empty calibration data)")
-    nodes = set(tree.paths)
-    total = 0
-    for row in mat.tolist():
-        d = 0
-        while d < len(row) and row[d] >= 0 and tuple(row[:d + 1]) in nodes:
-            d += 1
-        total += 1 + d
-    return total / len(mat)
-
-
-def decoder_walk(tree, ranks: pd.DataFrame) -> float:
-    """Tokens per step a live greedy decoder with this tree would measure on these answers: per prompt, start at
-    position 0, accept the longest tree prefix of the rank sequence, jump past it; total tokens / total steps.
-    Differs from measured_acceptance (the mean over ALL positions) only by which positions get visited."""
-    nodes = set(tree.paths)
-    tokens = steps = 0
-    for _, group in ranks.groupby("prompt_id", sort=False):
-        mat = rank_matrix(group).tolist()
-        t = 0
-        while t < len(mat):
-            row, d = mat[t], 0
-            while d < len(row) and row[d] >= 0 and tuple(row[:d + 1]) in nodes:
-                d += 1
-            t += 1 + d
-            steps += 1
-        tokens += len(mat)
-    if steps == 0:
-        raise WorkbenchError("no positions to measure on (empty calibration data)")
-    return tokens / steps
-
-
 # ----------------------------------------------------------------------------------------------- split, files
 
 def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
@@ -188,103 +100,10 @@ def _write_parquet(df: pd.DataFrame, path: Path) -> None:
     atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
 
 
-def _slug(text: str) -> str:
-    base = Path(text).stem if ("/" in text or "." in text) else text  # a path: its file name
-    return re.sub(r"[^a-z0-9]+", "-", base.lower()).strip("-")
-
-
 def default_name(model: str | None, prompts: str) -> str:
     from workbench.models import model_label
 
-    return f"{_slug(model_label(model))}-{_slug(prompts)}"
-
-
-def read_meta(folder: str | Path, what: str = "--calibration") -> dict:
-    """meta.json of a calibration folder, checked for the fields readers use (topk, holdout_ids)."""
-    folder = Path(folder)
-    what = f"{what} {folder}"
-    if not (folder / "meta.json").is_file():
-        raise WorkbenchError(f"{what}: not a finished calibration folder (no meta.json; run `workbench calibrate` "
-                             "to completion)")
-    meta = read_json(folder / "meta.json", what)
-    topk, held = meta.get("topk"), meta.get("holdout_ids", [])
-    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= 1 << 20:
-        raise WorkbenchError(f"{what}: meta.json's topk should be a positive integer, found {str(topk)[:40]!r}")
-    if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
-        raise WorkbenchError(f"{what}: meta.json's holdout_ids should be a list of prompt ids (strings)")
-    return meta
-
-
-def read_ranks(f: Path, what: str, topk: int = 1 << 15) -> pd.DataFrame:
-    """ranks.parquet, checked: prompt_id, position, head_1..head_K with integer ranks in [-1, topk) (null past the
-    end)."""
-    try:
-        ranks = pd.read_parquet(f)
-    except Exception as e:  # truncated or foreign file: whatever pyarrow raised, one line
-        raise WorkbenchError(f"{what}: {f.name} is not a readable parquet file ({type(e).__name__})") from None
-    heads = head_columns(ranks)
-    if "prompt_id" not in ranks.columns or "position" not in ranks.columns or \
-            heads != [f"head_{k + 1}" for k in range(len(heads))] or not heads:
-        raise WorkbenchError(f"{what}: {f.name} should have columns prompt_id, position, head_1..head_K "
-                             f"(found {', '.join(map(str, ranks.columns))[:160]})")
-    for c in ["position"] + heads:
-        low, high = (0, 1 << 31) if c == "position" else (-1, topk)
-        if not pd.api.types.is_integer_dtype(ranks[c]) or not ranks[c].fillna(0).between(low, high - 1).all():
-            raise WorkbenchError(f"{what}: {f.name} column {c} should hold integers in [{low}, {high})"
-                                 f"{'' if c == 'position' else ' (or null)'}")
-    ranks["prompt_id"] = ranks["prompt_id"].astype("string")
-    return ranks
-
-
-def load_calibration(folder: str | Path, split: str = "all") -> tuple[np.ndarray, pd.DataFrame]:
-    """(acc [K, topk], ranks frame) of a calibration folder; split = all | fit | holdout (ids in meta.json)."""
-    folder = Path(folder)
-    if not (folder / "ranks.parquet").is_file():
-        raise WorkbenchError(f"--calibration {folder}: not a finished calibration folder (no meta.json/ranks.parquet; "
-                             "run `workbench calibrate` to completion)")
-    meta = read_meta(folder)
-    ranks = read_ranks(folder / "ranks.parquet", f"--calibration {folder}", meta["topk"])
-    if split not in ("all", "fit", "holdout"):
-        raise WorkbenchError(f"split {split!r}: use all, fit or holdout")
-    held = set(meta.get("holdout_ids", []))
-    if split != "all":
-        ranks = ranks[ranks["prompt_id"].isin(held) == (split == "holdout")].reset_index(drop=True)
-    acc, _ = head_accuracies(ranks, meta["topk"])
-    return acc, ranks
-
-
-def calibration_objective(folder: str | Path | None, joint: bool = False, accuracies: str | None = None):
-    """(acc [K, topk], value) for `workbench optimize --calibration DIR [--joint]`, from the fit prompts (the
-    same data calibrate's own trees come from). value is acc itself, or with joint a path-probability function."""
-    from workbench.optimize import empirical_value_fn
-
-    if folder is None:
-        raise WorkbenchError("--joint needs --calibration DIR (empirical path probabilities come from its ranks)")
-    if accuracies:
-        raise WorkbenchError("give either --accuracies FILE or --calibration DIR, not both")
-    acc, ranks = load_calibration(folder, "fit")
-    return acc, (empirical_value_fn(path_probabilities(ranks)) if joint else acc)
-
-
-def tree_report(tree, folder: str | Path) -> dict:
-    """A tree's predicted tokens per step on a calibration folder: independence model and empirical paths on all
-    positions, what a live decoder would measure on the same answers (decoder_walk), and both of the latter on the
-    holdout prompts alone when there are any (the numbers to quote for a tree tuned on this folder)."""
-    from workbench.optimize import expected_length
-
-    acc, ranks = load_calibration(folder)
-    out = {"tree": tree.name, "nodes": tree.nodes, "calibration": str(folder), "positions": len(ranks)}
-    if tree.depth > acc.shape[0] or tree.max_rank >= acc.shape[1]:
-        raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the calibration has "
-                             f"{acc.shape[0]} heads and top-{acc.shape[1]}")
-    out["independence"] = expected_length(tree, acc)
-    out["empirical"] = measured_acceptance(tree, ranks)
-    out["decoder_walk"] = decoder_walk(tree, ranks)
-    _, held = load_calibration(folder, "holdout")
-    if len(held):
-        out["holdout_empirical"] = measured_acceptance(tree, held)
-        out["holdout_decoder_walk"] = decoder_walk(tree, held)
-    return out
+    return f"{slug(model_label(model), True)}-{slug(prompts, True)}"
 
 
 # ----------------------------------------------------------------------------------------------- the run
@@ -336,7 +155,7 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     holdout_split([], holdout)  # validates the share before any model is loaded
     records = load_prompt_records(prompts, limit)
     name = name or default_name(model, prompts)
-    folder = Path(out) if out else Path("calibration") / name
+    folder = Path(out) if out else calibration_root() / name
     base, tok, hd = load_model_and_heads(model, heads, cfg.device, cfg.dtype)
     if topk > hd.vocab_size:
         raise WorkbenchError(f"--topk {topk}: larger than the vocabulary ({hd.vocab_size})")
@@ -368,8 +187,8 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
         if not done:
             _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
             if reuse is not None:
-                meta = read_json(folder / "meta.json", str(folder))
-                atomic_write_json(folder / "meta.json", dict(meta, continuations_from=str(Path(continuations).resolve())))
+                meta = read_json(folder / META, str(folder))
+                atomic_write_json(folder / META, dict(meta, continuations_from=str(Path(continuations).resolve())))
         trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if out else Path("trees"))
         return _finish(folder, name, args, records, holdout, budgets, trees)
 
@@ -387,7 +206,7 @@ def reused_continuations(source: str | Path, args: dict, prompt_ids: list[str], 
     """prompt_id -> greedy answer from another calibration, after checking it answered the same question (and
     holds an answer of in-vocabulary tokens for every prompt)."""
     src = Path(source)
-    meta_f, cont_f = src / "meta.json", src / "continuations.parquet"
+    meta_f, cont_f = src / META, src / CONTINUATIONS
     if not meta_f.is_file() or not cont_f.is_file():
         raise WorkbenchError(f"--continuations {source}: not a finished calibration folder (needs meta.json and "
                              "continuations.parquet)")
@@ -406,20 +225,10 @@ def reused_continuations(source: str | Path, args: dict, prompt_ids: list[str], 
     return answers
 
 
-def read_continuations(f: Path, what: str) -> dict[str, list[int]]:
-    """continuations.parquet as prompt_id -> answer token ids, checked."""
-    try:
-        info = pd.read_parquet(f, columns=["prompt_id", "continuation"])
-        return {str(pid): [int(t) for t in c] for pid, c in zip(info["prompt_id"], info["continuation"])}
-    except Exception as e:  # truncated file, missing column, answers that are not token id lists
-        raise WorkbenchError(f"{what}: {f.name} is not a readable continuations file (prompt_id, continuation "
-                             f"token lists; {type(e).__name__})") from None
-
-
 def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
     """Check the folder's recorded arguments; returns True when the ranks are already complete."""
     recorded = None
-    for f in (folder / "meta.json", folder / "parts" / "args.json"):
+    for f in (folder / META, folder / "parts" / "args.json"):
         if f.is_file():
             try:
                 recorded = read_json(f, str(folder)).get("args")
@@ -432,13 +241,13 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
             shown = ", ".join(f"{k}: {recorded.get(k)!r} -> {args.get(k)!r}" for k in diff[:3])
             raise WorkbenchError(f"{folder} holds a calibration with other arguments ({shown}); use another "
                                  "--name/--out, the same arguments to resume, or --force to start over")
-        for f in ("ranks.parquet", "continuations.parquet", "accuracies.csv", "meta.json"):
+        for f in (RANKS, CONTINUATIONS, ACCURACIES, META):
             (folder / f).unlink(missing_ok=True)
         shutil.rmtree(folder / "parts", ignore_errors=True)
         for f in _own_trees(folder / "trees", name):
             f.unlink()
         recorded = None
-    complete = recorded is not None and (folder / "meta.json").is_file() and (folder / "ranks.parquet").is_file()
+    complete = recorded is not None and (folder / META).is_file() and (folder / RANKS).is_file()
     if not complete:
         atomic_write_json(folder / "parts" / "args.json", {"args": args})
     return complete
@@ -482,11 +291,11 @@ def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progre
     ranks = pd.concat([pd.read_parquet(parts / f"{i:05d}.ranks.parquet") for i in range(n)], ignore_index=True)
     info = pd.concat([pd.read_parquet(parts / f"{i:05d}.prompts.parquet") for i in range(n)], ignore_index=True)
     seconds = float(info.pop("seconds").sum())
-    _write_parquet(info, folder / "continuations.parquet")
-    _write_parquet(ranks, folder / "ranks.parquet")
+    _write_parquet(info, folder / CONTINUATIONS)
+    _write_parquet(ranks, folder / RANKS)
     atomic_write_json(folder / "parts" / "args.json", {"args": args, "compute_seconds": seconds})
     meta = dict(args=args, compute_seconds=seconds)
-    atomic_write_json(folder / "meta.json", meta)  # marks the ranks complete; _finish fills in the rest
+    atomic_write_json(folder / META, meta)  # marks the ranks complete; _finish fills in the rest
     shutil.rmtree(parts, ignore_errors=True)
 
 
@@ -497,11 +306,11 @@ def _own_trees(trees_dir: Path, name: str) -> list[Path]:
 
 def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarray, budgets: list[int],
                 trees_dir: Path, calibration: str = "") -> tuple[list[dict], list[str]]:
-    """For each budget, the optimal tree under independent heads (acc) and under the empirical path
-    probabilities of `fit`; each file holds its predicted tokens/step (the paper's mean over every position, under
-    both models, and `predicted_decoder`: a greedy decoder replayed over the fit answers, which is what a live
-    decoder measures) and, with `test` rows, the same measured on them. A model where no node was ever right
-    yields no tree (listed in skipped)."""
+    """For each budget, the optimal tree under independent heads (acc) and under the joint path probabilities of
+    `fit`; each file holds its predicted tokens/step (names as in calibration.py: predicted_independent and
+    predicted_joint from `fit`, predicted_replay over the `test` answers when there are any, predicted_replay_fit
+    over the fit answers) and holdout_acceptance_length, the joint all-position mean on `test`. A model where no
+    node was ever right yields no tree (listed in skipped)."""
     from workbench.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
     from workbench.tree import save_tree
 
@@ -515,15 +324,16 @@ def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarra
                 skipped.append(f"{tname}: no head guess was ever right on the fit prompts")
                 continue
             tree = optimal_tree_from(fn, b, K, topk, name=tname)
-            row = dict(name=tname, model="independence" if kind == "indep" else "empirical", budget=b,
+            row = dict(name=tname, model="independent" if kind == "indep" else "joint", budget=b,
                        nodes=tree.nodes, depth=tree.depth, calibration=calibration,
                        expected_acceptance_length=expected_length(tree, fn),
-                       predicted_independence=expected_length(tree, indep_fn),
-                       predicted_empirical=expected_length(tree, joint_fn),
-                       predicted_decoder=decoder_walk(tree, fit))
+                       predicted_independent=expected_length(tree, indep_fn),
+                       predicted_joint=expected_length(tree, joint_fn))
+            if len(test):
+                row["predicted_replay"] = decoder_walk(tree, test)
+            row["predicted_replay_fit"] = decoder_walk(tree, fit)
             if len(test):
                 row["holdout_acceptance_length"] = measured_acceptance(tree, test)
-                row["holdout_decoder"] = decoder_walk(tree, test)
             save_tree(tree, trees_dir / f"{tname}.json", **{k: v for k, v in row.items() if k != "name"})
             summary.append(row)
     return summary, skipped
@@ -535,10 +345,10 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
     from workbench.accuracies import write_accuracies
 
     shutil.rmtree(folder / "parts", ignore_errors=True)  # left over if a kill came right after the merge
-    old = read_json(folder / "meta.json", str(folder))
-    ranks = read_ranks(folder / "ranks.parquet", str(folder))
+    old = read_json(folder / META, str(folder))
+    ranks = read_ranks(folder / RANKS, str(folder))
     try:
-        stopped = pd.read_parquet(folder / "continuations.parquet", columns=["stopped"])["stopped"]
+        stopped = pd.read_parquet(folder / CONTINUATIONS, columns=["stopped"])["stopped"]
     except Exception as e:  # a damaged folder that claims to be complete
         raise WorkbenchError(f"{folder}: continuations.parquet is not readable ({type(e).__name__}); rerun with "
                              "--force") from None
@@ -548,7 +358,7 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
     test = ranks[ranks["prompt_id"].isin(held)].reset_index(drop=True)
     topk, K = args["topk"], args["num_heads"]
     acc, counts = head_accuracies(fit, topk)
-    write_accuracies(folder / "accuracies.csv", acc, counts)
+    write_accuracies(folder / ACCURACIES, acc, counts)
     trees_dir.mkdir(parents=True, exist_ok=True)
     for f in _own_trees(trees_dir, name):  # budgets may have changed since the last run
         f.unlink()
@@ -562,5 +372,5 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
                 stopped_at_eos=int((stopped == "eos").sum()),
                 trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"),
                 **({"continuations_from": old["continuations_from"]} if "continuations_from" in old else {}))
-    atomic_write_json(folder / "meta.json", meta)
+    atomic_write_json(folder / META, meta)
     return dict(meta, folder=str(folder))

@@ -159,9 +159,16 @@ def _objective(args):
     """(acc [K, R], value: acc or a path-probability fn) from --accuracies FILE or --calibration DIR [--joint]."""
     from workbench.accuracies import read_accuracies
 
-    if args.calibration or getattr(args, "joint", False):  # a calibration folder (calibrate section)
-        from workbench.calibrate import calibration_objective
-        return calibration_objective(args.calibration, getattr(args, "joint", False), args.accuracies)
+    if args.calibration or getattr(args, "joint", False):  # a calibration folder: its fit prompts
+        from workbench.calibration import Calibration
+
+        if args.calibration is None:
+            raise WorkbenchError("--joint needs --calibration DIR (joint path probabilities come from its ranks)")
+        if args.accuracies:
+            raise WorkbenchError("give either --accuracies FILE or --calibration DIR, not both")
+        cal = Calibration(args.calibration)
+        acc = cal.accuracies("fit")
+        return acc, (cal.joint_value("fit") if getattr(args, "joint", False) else acc)
     if args.accuracies:
         acc = read_accuracies(args.accuracies)
         return acc, acc
@@ -296,7 +303,7 @@ def _register_tree(sub) -> None:
                    help="CSV head,rank,accuracy[,count] (1-based) or Medusa *_heads_accuracy.pt")
     o.add_argument("--calibration", metavar="DIR", help="instead: a `workbench calibrate` folder (its fit prompts)")
     o.add_argument("--joint", action="store_true",
-                   help="with --calibration: empirical path probabilities instead of independent heads")
+                   help="with --calibration: measured joint path probabilities instead of independent heads")
     o.add_argument("--budget", type=int, metavar="N", help="number of tree nodes (root not counted)")
     o.add_argument("--max-depth", type=int, metavar="D", help="deepest level (default: number of heads)")
     o.add_argument("--max-rank", type=int, metavar="R", help="use only each head's top-R guesses")
@@ -522,7 +529,9 @@ def _cmd_calibrate(args) -> int:
     if args.out:
         check_output(args.out, "--out", "folder")
     elif args.name:
-        check_output(f"calibration/{args.name}", "--name", "folder")
+        from workbench.calibration import calibration_root
+
+        check_output(calibration_root() / args.name, "--name", "folder")
     check_output(args.trees_dir, "--trees-dir", "folder")
     meta = calibrate(CalibrateConfig(
         model=args.model, heads=args.heads, prompts=args.prompts, limit=args.limit, holdout=args.holdout,
@@ -532,11 +541,14 @@ def _cmd_calibrate(args) -> int:
     print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
           f"top-{meta['topk']}; holdout {len(meta['holdout_ids'])} prompts")
     held = bool(meta["holdout_ids"])
-    # tokens/step: the paper's mean over every position, and a greedy decoder replayed over the answers
-    print(f"{'tree':<44}{'nodes':>6}{'predicted':>11}{'decoder':>9}" + (f"{'holdout':>9}{'decoder':>9}" if held else ""))
+    # tokens/step (names as in calibration.py): the tree's own model's mean over every fit position, a greedy
+    # decoder replayed over the fit answers, and on the holdout prompts the joint mean and the replay
+    print(f"{'tree':<44}{'nodes':>6}{'expected':>11}{'replay_fit':>11}"
+          + (f"{'joint_holdout':>14}{'replay':>9}" if held else ""))
     for t in meta["trees"]:
-        print(f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}{t['predicted_decoder']:>9.4f}"
-              + (f"{t['holdout_acceptance_length']:>9.4f}{t['holdout_decoder']:>9.4f}" if held else ""))
+        print(f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}"
+              f"{t['predicted_replay_fit']:>11.4f}"
+              + (f"{t['holdout_acceptance_length']:>14.4f}{t['predicted_replay']:>9.4f}" if held else ""))
     for s in meta["trees_skipped"]:
         print(f"warning: no tree {s}", file=sys.stderr)
     print(f"calibration written to {meta['folder']}", file=sys.stderr)
@@ -545,18 +557,19 @@ def _cmd_calibrate(args) -> int:
 
 def _cmd_tree_eval(args) -> int:
     """`workbench tree eval TREE --calibration DIR` (registered in the tree section)."""
-    from workbench.calibrate import tree_report
+    from workbench.calibration import Calibration
     from workbench.tree import load_tree
 
-    rep = tree_report(load_tree(args.tree), args.calibration)
+    rep = Calibration(args.calibration).report(load_tree(args.tree))
     print(f"tree {rep['tree'] or '(literal)'}: {rep['nodes']} nodes; calibration {rep['calibration']} "
           f"({rep['positions']} positions)")
-    print(f"predicted tokens/step, independent heads:     {rep['independence']:.4f}")
-    print(f"predicted tokens/step, empirical paths:       {rep['empirical']:.4f}")
-    print(f"a live greedy decoder on these answers:       {rep['decoder_walk']:.4f}")
-    if "holdout_empirical" in rep:
-        print(f"empirical paths, holdout prompts only:        {rep['holdout_empirical']:.4f}")
-        print(f"a live greedy decoder, holdout prompts only:  {rep['holdout_decoder_walk']:.4f}")
+    for key, what in (("predicted_independent", "independent heads, fit prompts"),
+                      ("predicted_joint", "joint paths, fit prompts"),
+                      ("predicted_replay", "a greedy decoder replayed over the holdout answers"),
+                      ("predicted_replay_fit", "the same replay over the fit answers"),
+                      ("holdout_acceptance_length", "joint paths, holdout prompts")):
+        if rep.get(key) is not None:
+            print(f"{key:<26} {rep[key]:.4f}  ({what})")
     return 0
 
 
@@ -564,7 +577,7 @@ def add_calibrate(sub) -> None:
     p = sub.add_parser("calibrate", help="measure head accuracies on the model's own greedy answers; build trees",
                        description="Record, at every position of the base model's greedy answers, the rank of the "
                                    "true token in each head's top-k; write ranks, accuracies and optimal trees "
-                                   "(independence model and empirical path probabilities). Resumable: rerun the "
+                                   "(independent heads and measured joint path probabilities). Resumable: rerun the "
                                    "same command to continue.",
                        parents=[_model_args("--model", "--heads", "--device", "--dtype")])
     p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns) or a JSON/JSONL/CSV/"
@@ -589,14 +602,14 @@ def add_calibrate(sub) -> None:
 def cmd_latency(args) -> int:
     from pathlib import Path
 
-    from workbench.latency import (DEFAULT_CONTEXTS, DEFAULT_SIZES, default_latency_path, device_name, measure_latency,
-                                   slug)
+    from workbench.calibration import default_latency_path, latency_path, read_meta
+    from workbench.latency import DEFAULT_CONTEXTS, DEFAULT_SIZES, device_name, measure_latency
     from workbench.models import random_model
 
     sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DEFAULT_SIZES)
     contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
-    if args.calibration and not (Path(args.calibration) / "meta.json").is_file():
-        raise WorkbenchError(f"--calibration {args.calibration}: not a calibration folder (no meta.json)")
+    if args.calibration:
+        read_meta(args.calibration)  # a finished calibration folder, or one line
     check_output(args.out, "--out")
     check_output(None if args.out else args.calibration, "--calibration", "folder")
     heads = None
@@ -613,7 +626,7 @@ def cmd_latency(args) -> int:
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False)
     dev = device_name(model.device)
-    out = Path(args.out) if args.out else (Path(args.calibration) / f"latency-{slug(dev)}.csv" if args.calibration
+    out = Path(args.out) if args.out else (latency_path(args.calibration, dev) if args.calibration
                                            else default_latency_path(label, dev))
     from workbench.engine import StepEngine
 
@@ -633,11 +646,12 @@ def _optimize_for_latency(args, acc, value) -> int:
     hardware, and the tree with the best one (called from _cmd_optimize)."""
     from workbench.optimize import expected_length
     from workbench.tree import Tree, record_json, tree_record
-    from workbench.latency import hardware_aware, latency_table, read_latency, typical_context
+    from workbench.calibration import Calibration
+    from workbench.latency import hardware_aware, latency_table, read_latency
 
     if args.dense:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
-    target = typical_context(args.calibration) if args.calibration else None
+    target = Calibration(args.calibration).typical_context() if args.calibration else None
     table, ctx = latency_table(read_latency(args.latency), args.context, target, f"--latency {args.latency}")
     heads, ranks = acc.shape
     res = hardware_aware(value, table, args.max_depth or heads, args.max_rank or ranks, args.budget)
@@ -668,9 +682,8 @@ def _optimize_for_latency(args, acc, value) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from pathlib import Path
-
     from workbench import sweep as S
+    from workbench.calibration import Calibration, default_calibration
     from workbench.data import load_prompt_records
     from workbench.tree import load_tree
 
@@ -684,16 +697,14 @@ def cmd_sweep(args) -> int:
     budgets = parse_ints(args.budgets, "--budgets") if args.budgets else (None if args.trees else list(S.DEFAULT_BUDGETS))
     calibration = args.calibration
     if calibration is None and (budgets or args.prompts == "holdout"):
-        calibration = S.default_calibration()
-    if calibration is not None and not (Path(calibration) / "meta.json").is_file():
-        raise WorkbenchError(f"--calibration {calibration}: not a finished calibration folder (no meta.json; run "
-                             "`workbench calibrate`)")
+        calibration = default_calibration()
+    cal = Calibration(calibration) if calibration is not None else None
     for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
         load_tree(spec)
     check_output(args.out, "--out")
     S.read_sweep_rows(args.out)  # a foreign --out file, too
     if args.prompts == "holdout":
-        records = S.holdout_records(calibration, args.limit)
+        records = cal.holdout_prompts(args.limit)
     else:
         records = load_prompt_records(args.prompts, args.limit)
     from workbench.calibrate import heads_fingerprint
@@ -704,7 +715,7 @@ def cmd_sweep(args) -> int:
 
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
-        trees = S.sweep_trees(budgets, args.trees, args.dense, calibration, args.joint, heads.num_heads,
+        trees = S.sweep_trees(budgets, args.trees, args.dense, cal, args.joint, heads.num_heads,
                               replay=args.max_new_tokens if args.replay else None)
         configs = S.sweep_configs(trees, temps, eps, delta)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
@@ -712,7 +723,7 @@ def cmd_sweep(args) -> int:
                     limit=args.limit, calibration=str(calibration or ""),
                     heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
         ids = [pid for pid, _ in records] if args.prompts == "holdout" else None  # the calibration's own prompts
-        predict = S.calibration_predictions(calibration, args.max_new_tokens, ids) if calibration else None
+        predict = S.calibration_predictions(cal, args.max_new_tokens, ids) if cal else None
         print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}",
               file=sys.stderr)
         engine = StepEngine(model, compile=args.compile)
@@ -776,9 +787,10 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--trees", nargs="+", metavar="TREE", help="tree files, reference names or literals")
     s.add_argument("--budgets", metavar="B1,B2,..", help="optimal trees with these node budgets from --calibration "
                                                         "(default 4,8,16,32,64,128,256 unless --trees)")
-    s.add_argument("--joint", action="store_true", help="build budget trees from empirical path probabilities")
+    s.add_argument("--joint", action="store_true", help="build budget trees from measured joint path probabilities")
     s.add_argument("--dense", action="store_true", help="add Cartesian trees [s], [s,s], ... of comparable sizes")
-    s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the first under calibration/)")
+    s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the first under calibration/ or "
+                   "$WORKBENCH_CALIBRATION_ROOT)")
     s.add_argument("--epsilon", default="0.09", help="typical-acceptance epsilons: list or START:STOP:STEP (default 0.09)")
     s.add_argument("--delta", default="sqrt", help="'sqrt' (delta = sqrt(epsilon), default) or a fixed number")
     s.add_argument("--temperature", default="0", help="temperatures, e.g. 0,0.7 (0 = greedy acceptance; default 0)")

@@ -4,32 +4,25 @@ A tree with more nodes accepts more tokens per step but each step costs more (Me
   latency    t(n): wall time of one verify forward over n tokens (n - 1 tree nodes + the root) on a cache of
              fixed length, next to the single-token step t(1);
   choice     predicted speedup(tree) = expected tokens per step / (t(nodes + 1) / t(1)), best over all budgets.
-This module owns the latency CSV (LATENCY_COLUMNS, written by `workbench latency`); typical_context lives here
-because it only picks the measured context a latency table is read at.
+This module owns the latency CSV (LATENCY_COLUMNS, written by `workbench latency`); where it lives in a calibration
+folder, and the typical context it is read at, are calibration.py's.
 """
 from __future__ import annotations
 
 import math
-import re
 import statistics
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 
 from workbench import WorkbenchError
-from workbench.io import read_csv, read_json
+from workbench.io import read_csv
 from workbench.tree import MEDUSA_TOPK, Tree
 
 LATENCY_COLUMNS = ["model", "device", "dtype", "context", "tokens", "seconds"]
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_CONTEXTS = (128, 1024)
-
-
-def slug(text: str) -> str:
-    """A name safe in a file name (latency-<device>.csv): 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."""
-    return re.sub(r"[^a-z0-9]+", "-", str(text).lower()).strip("-") or "model"
 
 
 def device_name(device: torch.device) -> str:
@@ -104,19 +97,6 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     return df
 
 
-def default_latency_path(model_label: str, device: str, calibration_root: str | Path = "calibration") -> Path:
-    """calibration/<name>/latency-<device>.csv: the first calibration folder made for this model, else one named
-    after the model."""
-    root = Path(calibration_root)
-    for meta in sorted(root.glob("*/meta.json")):
-        try:
-            if read_json(meta, str(meta.parent)).get("model") == model_label:
-                return meta.parent / f"latency-{slug(device)}.csv"
-        except WorkbenchError:  # not ours to judge here: a damaged folder is skipped
-            continue
-    return root / slug(model_label) / f"latency-{slug(device)}.csv"
-
-
 def read_latency(path) -> pd.DataFrame:
     """A latency CSV, checked: LATENCY_COLUMNS present, positive token counts and seconds."""
     df = read_csv(path, "--latency", ("context", "tokens", "seconds"), "workbench latency")
@@ -158,21 +138,6 @@ def latency_table(df: pd.DataFrame, context: int | None = None, target: float | 
     if 1 not in table:
         raise WorkbenchError(f"{what}: context {ctx} has no 1-token row (the vanilla step every cost is relative to)")
     return table, int(ctx)
-
-
-def typical_context(calibration) -> float | None:
-    """Mean cache length a decoding step sees on the calibration's prompts: prompt + half the answer."""
-    f = Path(calibration) / "continuations.parquet"
-    if not f.is_file():
-        return None
-    try:
-        info = pd.read_parquet(f, columns=["prompt_tokens", "continuation"])
-        if not all(isinstance(c, (list, np.ndarray)) for c in info["continuation"]):
-            raise TypeError("continuation cells are not token lists")
-        return float((info["prompt_tokens"] + info["continuation"].map(len) / 2).mean()) if len(info) else None
-    except Exception as e:  # truncated file, wrong columns or types
-        raise WorkbenchError(f"--calibration {calibration}: {f.name} is not a readable continuations file "
-                             f"(prompt_tokens, continuation token lists; {type(e).__name__})") from None
 
 
 # ----------------------------------------------------------------------------------------------- hardware-aware choice

@@ -322,26 +322,25 @@ def epsilon_plot(sweep, quality: str = "exact_match", mark: float | None = None,
     return fig
 
 
-PREDICTED_COLUMNS = {"predicted_tokens_per_step": "independence", "predicted": "predicted",
-                     "predicted_joint": "empirical paths", "predicted_walk": "decoder replay (fit)",
-                     "calibration_holdout": "decoder replay (holdout)"}
+# the calibration's predictions (names and meaning in calibration.py), each its own series
+PREDICTED_COLUMNS = ("predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit")
 
 
 def predicted_vs_measured(sweep):
-    """Predicted tokens per step (from calibration: independence, empirical paths, holdout) against the
+    """Predicted tokens per step (the calibration's PREDICTED_COLUMNS) against the
     measured acceleration of the live decoder, one point per greedy sweep row; on the diagonal = exact."""
     fig = Figure(figsize=(5.4, 4.8), layout="constrained")
     ax = fig.add_subplot()
     df = _tree_rows(sweep).dropna(subset=["acceleration_rate"])
     lo, hi = np.inf, -np.inf
     named = False
-    for col, label in PREDICTED_COLUMNS.items():
+    for col in PREDICTED_COLUMNS:
         if col not in df.columns:
             continue
         part = df.dropna(subset=[col])
         if not len(part):
             continue
-        ax.scatter(part[col], part["acceleration_rate"], s=24, label=label)
+        ax.scatter(part[col], part["acceleration_rate"], s=24, label=col)
         if not named:  # each tree named once, at its first prediction: the other series sit on the same row
             for x, y, t in zip(part[col], part["acceleration_rate"], part["tree"].astype(str)):
                 ax.annotate(t, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points")

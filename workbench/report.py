@@ -39,30 +39,28 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
     typical acceptance vs epsilon and temperature (Fig. 5)."""
     f = Path(sweep_csv)
     df = read_sweep(f)
-    if list(df.columns) != SWEEP_COLUMNS or df.empty:
+    if not set(df.columns) <= set(SWEEP_COLUMNS) or df.empty:
         raise WorkbenchError(f"sweep CSV {sweep_csv}: not a sweep CSV with rows (columns differ or it is empty)")
+    df = df.reindex(columns=SWEEP_COLUMNS)  # columns an older sweep did not write yet read as empty
     def values(col):
         return ", ".join(map(str, df[col].dropna().unique()))
     parts = [f"Sweep `{f.name}`: model {values('model')}, {values('num_prompts')} prompts ({values('prompts')}), "
              f"max {values('max_new_tokens')} new tokens, device {values('device')} {values('dtype')}."]
     greedy = df[(df["acceptance"] == "greedy") & (df["kind"] != "vanilla")].sort_values(["nodes", "kind"])
 
-    pred = greedy.dropna(subset=["predicted_tokens_per_step"])
+    pred = greedy.dropna(subset=["predicted_independent"])
     if len(pred):
-        t = pred[["tree", "kind", "nodes", "predicted_tokens_per_step", "predicted_joint", "predicted_walk",
-                  "replay", "calibration_holdout", "acceleration_rate"]].copy()
-        for col, name in (("predicted_tokens_per_step", "indep"), ("predicted_joint", "joint"),
-                          ("predicted_walk", "walk"), ("replay", "replay")):
-            t[f"{name}_err_%"] = 100 * (t[col] / t["acceleration_rate"] - 1)
-        t = t.rename(columns={"predicted_tokens_per_step": "predicted (indep)", "predicted_joint": "predicted (joint)",
-                              "predicted_walk": "predicted (walk)", "calibration_holdout": "replay (all held out)",
-                              "acceleration_rate": "measured"})
-        t = t.dropna(axis=1, how="all")
+        preds = ["predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept"]
+        t = pred[["tree", "kind", "nodes", *preds, "acceleration_rate"]].copy()
+        for col in preds:
+            t[f"{col.removeprefix('predicted_')}_err_%"] = 100 * (t[col] / t["acceleration_rate"] - 1)
+        t = t.rename(columns={"acceleration_rate": "measured"}).dropna(axis=1, how="all")
         parts.append("## Predicted vs measured tokens per step (greedy)\n\n"
-                     "indep / joint: the paper's mean over every calibration position (independent heads / empirical "
-                     "paths); walk: a greedy decoder replayed over the calibration's fit answers; replay: the same "
-                     "over the calibration's answers to these very prompts (a lossless decoder matches it exactly); "
-                     "replay (all held out): the same over every held-out answer, a larger sample than this sweep."
+                     "predicted_independent / predicted_joint: the paper's mean over every position of the "
+                     "calibration's fit prompts (independent heads / measured joint paths); predicted_replay: a "
+                     "greedy decoder replayed over every held-out answer (a larger sample than this sweep); "
+                     "predicted_replay_fit: the same over the fit answers; replay_swept: the same over the "
+                     "calibration's answers to these very prompts (a lossless decoder matches it exactly)."
                      "\n\n" + markdown_table(t))
 
     if len(greedy):
@@ -83,12 +81,12 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
         lat = read_latency(latency_csv)
         van_ctx = float((df["mean_prompt_tokens"] + df["new_tokens"] / df["num_prompts"] / 2).mean())
         table, ctx = latency_table(lat, context, None if context is not None else van_ctx, f"--latency {latency_csv}")
-        t = greedy[["tree", "kind", "nodes", "predicted_tokens_per_step", "acceleration_rate", "speedup"]].copy()
+        t = greedy[["tree", "kind", "nodes", "predicted_independent", "acceleration_rate", "speedup"]].copy()
         t["relative_cost"] = [_relative_cost(table, n) for n in t["nodes"]]
-        t["predicted_speedup"] = t["predicted_tokens_per_step"] / t["relative_cost"]
+        t["predicted_speedup"] = t["predicted_independent"] / t["relative_cost"]
         t["latency_model_speedup"] = t["acceleration_rate"] / t["relative_cost"]
         parts.append(f"## Hardware-aware choice (latency `{Path(latency_csv).name}`, context {ctx})\n\n"
-                     "predicted_speedup = predicted tokens/step / (t(nodes+1)/t(1)); latency_model_speedup uses the "
+                     "predicted_speedup = predicted_independent / (t(nodes+1)/t(1)); latency_model_speedup uses the "
                      "measured tokens/step instead (its gap to the measured speedup is the decoder's own overhead)."
                      "\n\n" + markdown_table(t))
         best = t.loc[t["speedup"].idxmax()]

@@ -46,8 +46,10 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
     """[(tree, kind)] with kind optimal | dense | given, deduplicated by shape. Budgets build optimal trees from
     the calibration's fit prompts (independent heads, or empirical joint paths; with `replay` = N tokens, a dense
     tree within the budget replaces the optimum when a greedy decoder replayed over the first N tokens of the fit
-    answers accepts more with it); --dense adds Cartesian trees near every budget (or the given trees' sizes)."""
-    from workbench.optimize import best_by, empirical_value_fn, optimal_tree, optimal_tree_from
+    answers accepts more with it); --dense adds Cartesian trees near every budget (or the given trees' sizes).
+    `calibration`: a calibration.Calibration."""
+    from workbench.calibration import decoder_walk
+    from workbench.optimize import best_by, optimal_tree, optimal_tree_from
 
     out: list[tuple[Tree, str]] = []
     for i, spec in enumerate(trees or []):
@@ -56,13 +58,11 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
     if budgets:
         if calibration is None:
             raise WorkbenchError("--budgets needs a calibration folder (--calibration DIR) to build optimal trees")
-        from workbench.calibrate import decoder_walk, load_calibration, path_probabilities
-
-        acc, fit = load_calibration(calibration, "fit")
+        acc = calibration.accuracies("fit")
         depth = min(acc.shape[0], num_heads or acc.shape[0])
         rank = min(acc.shape[1], max_rank)
-        fn = empirical_value_fn(path_probabilities(fit)) if joint else None
-        answers = fit[fit["position"] < replay] if replay else None
+        fn = calibration.joint_value("fit") if joint else None
+        answers = calibration.answers("fit", replay) if replay else None
         for b in budgets:
             name = f"opt-{'joint' if joint else 'indep'}-{b}"
             t = optimal_tree_from(fn, b, depth, rank, name=name) if joint else optimal_tree(acc, b, depth, rank, name)
@@ -82,36 +82,6 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
     if not unique:
         raise WorkbenchError("no trees to sweep: give --budgets or --trees")
     return unique
-
-
-def default_calibration(root: str | Path = "calibration") -> Path:
-    """The first finished calibration folder under calibration/ (sorted by name)."""
-    found = sorted(Path(root).glob("*/meta.json"))
-    if not found:
-        raise WorkbenchError(f"no calibration folder under {root}/: run `workbench calibrate`, or pass "
-                             "--calibration DIR, or give --trees instead of --budgets")
-    return found[0].parent
-
-
-def holdout_records(calibration, limit: int | None = None) -> list[tuple[str, str]]:
-    """The calibration's held-out prompts (never used to fit its trees): the honest test set for predictions."""
-    from workbench.data import load_prompt_records
-
-    from workbench.calibrate import read_meta
-
-    meta = read_meta(calibration)
-    held = set(meta.get("holdout_ids", []))
-    limit_ = meta.get("limit")
-    if not isinstance(meta.get("prompts"), str) or not (limit_ is None or isinstance(limit_, int)):
-        raise WorkbenchError(f"--calibration {calibration}: meta.json does not say which prompts it used "
-                             "(prompts, limit)")
-    records = [r for r in load_prompt_records(meta["prompts"], limit_) if r[0] in held]
-    if not records:
-        raise WorkbenchError(f"--prompts holdout: calibration {calibration} has no held-out prompts "
-                             "(calibrate with --holdout 0.2, or name a prompt set)")
-    if limit is not None and limit <= 0:
-        raise WorkbenchError(f"--limit {limit}: must be a positive number of prompts")
-    return records[:limit] if limit else records
 
 
 def tree_key(tree: Tree) -> str:
@@ -171,13 +141,14 @@ def distinct_2(outputs: list[list[int]]) -> float:
 SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "epsilon", "delta",
                  "acceleration_rate", "overhead", "speedup", "tokens_per_s", "vanilla_tokens_per_s", "mean_step_s",
                  "step_ms", "forward_ms", "decoder_overhead",
-                 "predicted_tokens_per_step", "predicted_joint", "predicted_walk", "calibration_holdout", "replay",
+                 "predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept",
                  "exact_match", "near_tie_divergences", "mismatches",
                  "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
                  "model", "prompts", "max_new_tokens", "device", "dtype", "calibration"]
-
-
-
+# Column names of sweep CSVs written before the predictions got one set of names (calibration.py): read_sweep
+# renames them, so older files still open in the app and the report. The only place the old names live.
+OLD_COLUMNS = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
+               "predicted_walk": "predicted_replay_fit", "replay": "replay_swept"}
 SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration")
 
 
@@ -194,6 +165,7 @@ def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
     """A sweep CSV (`workbench sweep`), checked for the columns every plot needs: numeric columns hold finite
     numbers (or nothing), nodes and acceleration_rate on every row."""
     df = read_csv(path, what, ("tree", "nodes", "acceleration_rate"), "workbench sweep --out FILE.csv")
+    df = df.rename(columns={old: new for old, new in OLD_COLUMNS.items() if new not in df.columns})
     for c in df.columns:
         if c in SWEEP_TEXT or c not in SWEEP_COLUMNS:
             continue
@@ -237,33 +209,25 @@ def _write_rows(path, rows: list[dict]) -> None:
 
 
 def calibration_predictions(calibration, max_new_tokens: int | None = None, prompt_ids=None):
-    """tree -> calibration predictions for a sweep row. From the fit prompts: predicted_tokens_per_step (independent
-    heads) and predicted_joint (empirical paths), both the paper's mean over every position, and predicted_walk,
-    a greedy decoder replayed over the fit answers (it visits only the positions a step starts at, which are harder
-    than average: the all-position mean runs 6-12% high on the demo). calibration_holdout: the decoder replayed over
-    every held-out answer (a larger sample than a live sweep can afford). replay: the same over the calibration's
-    own answers to *these* prompts, which a lossless greedy decoder must match exactly. Answers are cut to
-    max_new_tokens, as the sweep cuts them."""
-    from workbench.calibrate import decoder_walk, load_calibration, path_probabilities
-    from workbench.optimize import empirical_value_fn, expected_length
+    """tree -> calibration predictions for a sweep row: Calibration.predict's three (predicted_independent,
+    predicted_joint, predicted_replay over every held-out answer: a larger sample than a live sweep can afford),
+    predicted_replay_fit (the replay over the fit answers), and replay_swept: the replay over the calibration's own
+    answers to *these* prompts, which a lossless greedy decoder must match exactly. Answers are cut to
+    max_new_tokens, as the sweep cuts them; a tree the calibration cannot score gets no predictions."""
+    from workbench.calibration import decoder_walk
 
-    acc, fit = load_calibration(calibration, "fit")
-    _, every = load_calibration(calibration, "all")
-    held = every[~every["prompt_id"].isin(set(fit["prompt_id"]))]
-    joint = empirical_value_fn(path_probabilities(fit))
-    cut = (lambda r: r[r["position"] < max_new_tokens]) if max_new_tokens else (lambda r: r)
-    fit_cut, held_cut = cut(fit), cut(held)
-    ours = cut(every[every["prompt_id"].isin([str(i) for i in prompt_ids])]) if prompt_ids is not None else None
+    ours = None
+    if prompt_ids is not None:
+        every = calibration.answers("all", max_new_tokens)
+        ours = every[every["prompt_id"].isin([str(i) for i in prompt_ids])]
 
     def predict(tree: Tree) -> dict:
-        if tree.depth > acc.shape[0] or tree.max_rank >= acc.shape[1]:
+        if not calibration.fits(tree):
             return {}
-        out = dict(predicted_tokens_per_step=expected_length(tree, acc), predicted_joint=expected_length(tree, joint),
-                   predicted_walk=decoder_walk(tree, fit_cut))
-        if len(held):
-            out["calibration_holdout"] = decoder_walk(tree, held_cut)
+        out = dict(calibration.predict(tree, max_new_tokens),
+                   predicted_replay_fit=calibration.replay(tree, "fit", max_new_tokens))
         if ours is not None and ours["prompt_id"].nunique() == len(set(map(str, prompt_ids))):
-            out["replay"] = decoder_walk(tree, ours)
+            out["replay_swept"] = decoder_walk(tree, ours)
         return out
     return predict
 

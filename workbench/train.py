@@ -22,8 +22,8 @@ from tqdm.auto import tqdm
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
-from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.heads import MedusaHeads, check_heads_fit, load_heads, save_heads
+from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.models import load_base, model_label
 
 SHARED = REPO_ROOT.parent / "shared" / "data"

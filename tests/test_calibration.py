@@ -1,0 +1,156 @@
+"""The calibration folder as one object (workbench/calibration.py), read on the committed demo calibration: its
+splits, its three predictions (equal to what `workbench calibrate` wrote into its tree files), where folders are
+found, file names, and one-line errors for folders that are not calibrations."""
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench import REPO_ROOT, WorkbenchError
+from workbench.calibration import (PREDICTIONS, Calibration, calibration_root, decoder_walk, default_calibration,
+                                   default_latency_path, head_accuracies, latency_path, list_calibrations,
+                                   measured_acceptance, slug, tree_table)
+from workbench.optimize import expected_curve, expected_length
+from workbench.tree import load_tree, make_tree
+
+CAL = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+NAME = CAL.name
+
+
+@pytest.fixture(scope="module")
+def cal():
+    return Calibration(CAL)
+
+
+def test_splits_partition_the_prompts(cal):
+    every, fit, held = cal.ranks("all"), cal.ranks("fit"), cal.ranks("holdout")
+    assert set(held["prompt_id"]) == set(cal.meta["holdout_ids"]) == cal.holdout_ids
+    assert not set(fit["prompt_id"]) & set(held["prompt_id"])
+    assert set(fit["prompt_id"]) | set(held["prompt_id"]) == set(every["prompt_id"])
+    assert (len(fit), len(held)) == (cal.meta["fit_positions"], cal.meta["holdout_positions"])
+    assert len(every) == cal.meta["num_positions"] == len(fit) + len(held)
+    assert cal.ranks("fit") is fit and cal.accuracies("fit") is cal.accuracies("fit")  # read once, then kept
+    with pytest.raises(WorkbenchError, match="split 'train': use all, fit or holdout"):
+        cal.ranks("train")
+
+
+def test_accuracies_are_the_committed_csv(cal):
+    from workbench.accuracies import read_accuracies
+
+    np.testing.assert_allclose(cal.accuracies("fit"), read_accuracies(CAL / "accuracies.csv"), atol=1e-9)
+    np.testing.assert_allclose(cal.accuracies("holdout"), head_accuracies(cal.ranks("holdout"), 10)[0])
+
+
+@pytest.mark.parametrize("kind,budget", [("indep", 16), ("joint", 64)])
+def test_predict_equals_what_calibrate_wrote(cal, kind, budget):
+    """The tree files' numbers were computed by `workbench calibrate` when the calibration was made."""
+    f = REPO_ROOT / "trees" / f"{NAME}-{kind}-{budget}.json"
+    written, tree = json.loads(f.read_text()), load_tree(str(f))
+    pred = cal.predict(tree)
+    assert set(pred) == set(PREDICTIONS)
+    assert pred == {k: pytest.approx(written[k], rel=1e-12) for k in PREDICTIONS}
+    assert cal.report(tree)["predicted_replay_fit"] == pytest.approx(written["predicted_replay_fit"], rel=1e-12)
+    assert cal.report(tree)["holdout_acceptance_length"] == pytest.approx(written["holdout_acceptance_length"])
+
+
+def test_predict_by_definition(cal):
+    tree = load_tree("mc_sim_7b_63")
+    held = cal.ranks("holdout")
+    cut = held[held["position"] < 32]
+    assert cal.predict(tree) == {
+        "predicted_independent": pytest.approx(expected_length(tree, head_accuracies(cal.ranks("fit"), 10)[0])),
+        "predicted_joint": pytest.approx(measured_acceptance(tree, cal.ranks("fit"))),
+        "predicted_replay": pytest.approx(decoder_walk(tree, held))}
+    assert cal.predict(tree, max_new_tokens=32)["predicted_replay"] == pytest.approx(decoder_walk(tree, cut))
+    with pytest.raises(WorkbenchError, match="needs depth 5 and top-1 but the calibration has 4 heads and top-10"):
+        cal.predict(make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]))
+
+
+def test_tree_table(cal):
+    trees = [load_tree("mc_sim_7b_63"), make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]], "deep")]
+    acc = cal.accuracies("fit")
+    curve = expected_curve(acc, 64, 4, 10)
+    rows = tree_table(trees, acc, cal, curve)
+    assert rows[0] == {"tree": "mc_sim_7b_63", "nodes": 63, "depth": 4, **cal.predict(trees[0]),
+                       "optimal at same size": pytest.approx(curve[63])}
+    assert rows[0]["optimal at same size"] >= rows[0]["predicted_independent"]  # the optimum is optimal
+    assert rows[1] == {"tree": "deep", "nodes": 5, "depth": 5, "note": "needs 5 heads / top-1"}
+    only_acc = tree_table(trees[:1], acc)  # an accuracy table alone: the independence model only
+    assert only_acc == [{"tree": "mc_sim_7b_63", "nodes": 63, "depth": 4,
+                         "predicted_independent": pytest.approx(rows[0]["predicted_independent"])}]
+
+
+def test_holdout_prompts_typical_context_and_files(cal):
+    from workbench.data import load_prompt_records
+
+    records = cal.holdout_prompts()
+    assert [pid for pid, _ in records] == [pid for pid, _ in load_prompt_records("alpaca-eval")
+                                           if pid in cal.holdout_ids]
+    assert cal.holdout_prompts(3) == records[:3]
+    info = pd.read_parquet(CAL / "continuations.parquet")
+    assert cal.typical_context() == pytest.approx((info["prompt_tokens"] + info["continuation"].map(len) / 2).mean())
+    assert len(cal.continuations()) == cal.meta["num_prompts"]
+    assert cal.latency_files() == [CAL / "latency-cpu.csv"]
+
+
+def test_finding_folders_and_file_names(tmp_path, monkeypatch):
+    assert CAL in list_calibrations(REPO_ROOT / "calibration")
+    monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(tmp_path))
+    assert calibration_root() == tmp_path == calibration_root("elsewhere")  # the variable wins over the default
+    with pytest.raises(WorkbenchError, match=f"no calibration folder under {tmp_path}/"):
+        default_calibration()
+    shutil.copytree(CAL, tmp_path / "b-copy", ignore=shutil.ignore_patterns("*.parquet"))
+    (tmp_path / "a-unfinished").mkdir()  # no meta.json: not listed
+    assert list_calibrations() == [tmp_path / "b-copy"] and default_calibration() == tmp_path / "b-copy"
+    # one slug for both callers: calibrate's folder names (file stems) and latency's device names
+    assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3" and slug("") == "model"
+    assert slug("data/my.prompts.json", file_stem=True) == "my-prompts"
+    assert latency_path(tmp_path, "cpu") == tmp_path / "latency-cpu.csv"
+    meta = json.loads((CAL / "meta.json").read_text())
+    assert default_latency_path(meta["model"], "cuda") == tmp_path / "b-copy" / "latency-cuda.csv"
+    assert default_latency_path("org/Other", "cpu") == tmp_path / "org-other" / "latency-cpu.csv"
+
+
+def test_calibrate_default_name_is_unchanged():
+    from workbench.calibrate import default_name
+
+    assert default_name(None, "alpaca-eval") == NAME
+    assert default_name("HuggingFaceTB/SmolLM2-135M-Instruct", "data/my.prompts.json") == \
+        "smollm2-135m-instruct-my-prompts"
+
+
+@pytest.mark.parametrize("damage,match", [
+    (lambda d: (d / "ranks.parquet").unlink(), "not a finished calibration folder"),
+    (lambda d: (d / "meta.json").unlink(), "no meta.json"),
+    (lambda d: (d / "meta.json").write_text("{"), "meta.json"),
+    (lambda d: (d / "meta.json").write_text('{"topk": "ten"}'), "topk should be a positive integer"),
+    (lambda d: (d / "meta.json").write_text('{"topk": 10, "holdout_ids": [1]}'), "holdout_ids should be a list"),
+])
+def test_bad_folders_fail_in_one_line_on_opening(tmp_path, damage, match):
+    folder = tmp_path / "c"
+    shutil.copytree(CAL, folder, ignore=shutil.ignore_patterns("continuations.parquet", "*.csv"))
+    damage(folder)
+    with pytest.raises(WorkbenchError, match=match) as e:
+        Calibration(folder)
+    assert "\n" not in str(e.value) and str(folder) in str(e.value)
+
+
+@pytest.mark.parametrize("name,content,match,ask", [
+    ("ranks.parquet", b"PAR1 truncated", "ranks.parquet is not a readable parquet file", "ranks"),
+    ("ranks.parquet", None, "should have columns prompt_id, position, head_1..head_K", "ranks"),
+    ("continuations.parquet", b"garbage", "continuations.parquet is not a readable continuations file",
+     "typical_context"),
+])
+def test_bad_files_fail_in_one_line_on_first_use(tmp_path, name, content, match, ask):
+    folder = tmp_path / "c"
+    shutil.copytree(CAL, folder, ignore=shutil.ignore_patterns("*.csv"))
+    if content is None:
+        pd.DataFrame({"prompt_id": ["a"], "rank": [0]}).to_parquet(folder / name)
+    else:
+        (folder / name).write_bytes(content)
+    cal = Calibration(folder)
+    with pytest.raises(WorkbenchError, match=match) as e:
+        getattr(cal, ask)()
+    assert "\n" not in str(e.value)
