@@ -12,7 +12,8 @@ from workbench import WorkbenchError
 from workbench.accuracies import write_accuracies
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
-from workbench.cli import main, parse_delta, parse_floats
+from workbench.cli import main
+from workbench.cli.shared import parse_delta, parse_floats
 from workbench.generation import prepare_prompt
 from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, measure_latency, read_latency
 from workbench.models import random_model
