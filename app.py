@@ -94,7 +94,7 @@ def open_calibration(folder: str, stamp: float):
 
 @st.cache_data(max_entries=16)
 def read_accuracy_file(path: str, stamp: float):
-    from workbench.optimize import read_accuracies
+    from workbench.accuracies import read_accuracies
 
     return read_accuracies(path, return_counts=True)
 
@@ -251,19 +251,14 @@ def keep_settings() -> None:
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
     """The model's next token and every head's top-k tokens at the end of `prompt` (node labels); blank model
     and heads = the demo."""
-    import torch
-
-    from workbench.decode import head_proposer, logits_of, new_cache, prefill
+    from workbench.decode import first_proposal
     from workbench.generation import prepare_prompt
 
     base, tok, heads = load_model(model, heads_path, "auto")
-    ids = prepare_prompt(tok, prompt)
-    with torch.inference_mode():
-        hidden = prefill(base, torch.tensor([ids], device=base.device), new_cache(base))
-        root = int(logits_of(base, hidden).argmax())
-        table = head_proposer(heads, base, heads.num_heads, topk)(hidden, ids + [root])  # [K, topk]
+    found = first_proposal(base, heads, prepare_prompt(tok, prompt), topk)
     show = lambda i: tok.decode([int(i)]).replace("\n", "\\n").strip() or repr(tok.decode([int(i)]))  # noqa: E731
-    return {"prompt": prompt, "root": show(root), "table": [[show(i) for i in row] for row in table.tolist()]}
+    return {"prompt": prompt, "root": show(found["base"]["ids"][0]),
+            "table": [[show(i) for i in head["ids"]] for head in found["heads"]]}
 
 
 OPTIMIZER = "the optimizer's (sidebar settings)"
@@ -671,7 +666,8 @@ def user_tree_input(num_heads: int) -> list:
 # ----------------------------------------------------------------------------------------------- page 2: calibration
 
 def calibration_page() -> None:
-    from workbench.optimize import acc_value_fn, accuracy_frame
+    from workbench.accuracies import accuracy_frame
+    from workbench.optimize import acc_value_fn
 
     st.title("Calibration")
     src = accuracy_source("cal")
@@ -910,7 +906,8 @@ def progress_view(label: str, total: int, tokenizer):
 def live_page() -> None:
     import torch
 
-    from workbench.decode import ACCEPTANCE_KINDS, Acceptance, compare, medusa_generate, vanilla_generate
+    from workbench.decode import ACCEPTANCE_KINDS, Acceptance, medusa_generate, vanilla_generate
+    from workbench.divergence import compare
     from workbench.generation import prepare_prompt
     from workbench.tree import load_tree
 
@@ -958,7 +955,7 @@ def live_page() -> None:
             steps = [i for i, s in enumerate(med.steps) for _ in s.tokens]
             st.session_state["live_result"] = dict(
                 medusa=med.to_dict(), vanilla=van.to_dict() if van else None,
-                compare=compare(med, van) if van else None, pieces=plots.token_pieces(tok, med.token_ids),
+                compare=compare(med, van) if van else None, pieces=figures.token_pieces(tok, med.token_ids),
                 steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo")
         except (WorkbenchError, OSError, RuntimeError) as e:
             st.error(_clean(e))
@@ -982,7 +979,7 @@ def live_page() -> None:
     st.caption(f"{res['model']}, tree {res['tree']}; each colour is one decoding step (hover for its number)."
                + ("" if not cmp else " Output equals vanilla greedy." if cmp["matches_greedy"] else
                   " Output differs from vanilla greedy (expected with typical/nucleus acceptance)."))
-    st.markdown(plots.coloured_tokens_html(res["pieces"], res["steps"]), unsafe_allow_html=True)
+    st.markdown(figures.coloured_tokens_html(res["pieces"], res["steps"]), unsafe_allow_html=True)
     c1, c2 = st.columns([2, 1])
     with c1:
         figure(plots.accepted_lengths(med["accepted_lengths"]))

@@ -26,10 +26,11 @@ from workbench import WorkbenchError, __version__  # noqa: E402
 from workbench.calibrate import CalibrateConfig, calibrate  # noqa: E402
 from workbench.calibration import NULL, Calibration, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
 from workbench.data import load_prompt_records  # noqa: E402
-from workbench.decode import decode_one, logits_of, new_cache, prefill  # noqa: E402
+from workbench.engine import decode_one, logits_of, new_cache, prefill  # noqa: E402
 from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
+from workbench.heads import random_heads, save_heads  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
-from workbench.models import load_base, load_model_and_heads, random_heads, save_heads  # noqa: E402
+from workbench.models import load_base, load_model_and_heads  # noqa: E402
 
 
 @torch.inference_mode()

@@ -31,11 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.decode import (Acceptance, StepEngine, compile_mode, divergence_counts, divergences,  # noqa: E402
-                              forward_probe, medusa_generate, root_setup, tree_setup, vanilla_generate)
+from workbench.decode import Acceptance, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.divergence import divergence_counts, divergences  # noqa: E402
+from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
 from workbench.generation import prepare_prompt  # noqa: E402
+from workbench.heads import DEMO_HEADS  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
-from workbench.models import DEMO_HEADS, load_model_and_heads, model_label  # noqa: E402
+from workbench.models import load_model_and_heads, model_label  # noqa: E402
 from workbench.tree import load_tree  # noqa: E402
 
 FALLBACK_PROMPTS = ["Explain how a rainbow forms.", "Write a haiku about autumn.",
@@ -43,7 +45,8 @@ FALLBACK_PROMPTS = ["Explain how a rainbow forms.", "Write a haiku about autumn.
 
 
 def tiny_setup():
-    from workbench.models import random_heads, tiny_model, tiny_tokenizer
+    from workbench.heads import random_heads
+    from workbench.models import tiny_model, tiny_tokenizer
 
     model = tiny_model("llama", seed=0, hidden_size=256, layers=4)
     return model, tiny_tokenizer(), random_heads(256, 128, 5, tied=True, seed=1), "tiny-random-llama"

@@ -1,5 +1,5 @@
 """How far rounding moves a top-2 logit margin between Medusa's tree forward and vanilla's 1-token forward: the
-measurement behind `workbench.decode.ROUNDING_UNITS` (the near-tie bound of divergence reports).
+measurement behind `workbench.divergence.ROUNDING_UNITS` (the near-tie bound of divergence reports).
 
     python bench/rounding.py --dtype bfloat16 --limit 8       # demo model + heads, Alpaca-eval prompts
     python bench/rounding.py --tiny --dtype float32           # tiny random Llama, random heads
@@ -20,8 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from workbench.decode import (ROUNDING_UNITS, divergences, medusa_generate, unit_roundoff,  # noqa: E402
-                              vanilla_generate)
+from workbench.decode import medusa_generate, vanilla_generate  # noqa: E402
+from workbench.divergence import ROUNDING_UNITS, divergences, unit_roundoff  # noqa: E402
 from workbench.generation import prepare_prompt  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 
@@ -50,7 +50,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.tiny:
-        from workbench.models import pick_dtype, random_heads, tiny_model
+        from workbench.heads import random_heads
+        from workbench.models import pick_dtype, tiny_model
 
         dtype = pick_dtype(args.dtype, torch.device("cpu"))
         model, heads, tok = tiny_model("llama", seed=10, max_positions=1024).to(dtype), \

@@ -47,7 +47,8 @@ class Tiny:
 def _build(arch: str, root: Path, seed: int) -> Tiny:
     from safetensors.torch import load_file, save_file
 
-    from workbench.models import random_heads, save_heads, tiny_model, tiny_tokenizer
+    from workbench.heads import random_heads, save_heads
+    from workbench.models import tiny_model, tiny_tokenizer
 
     model, tok = tiny_model(arch, seed=seed), tiny_tokenizer()
     t = Tiny(arch, model, tok, root / "model")

@@ -27,8 +27,8 @@ def make_calibration(folder: Path, num_heads: int = 4, topk: int = 10, prompts: 
                      seed: int = 0) -> Path:
     """A calibration folder in the format `workbench calibrate` writes: head k's rank is geometric, and a miss at
     head k makes head k+1 likelier to miss (so measured paths differ from the independence product)."""
+    from workbench.accuracies import write_accuracies
     from workbench.calibrate import head_accuracies, holdout_split, ranks_frame
-    from workbench.optimize import write_accuracies
 
     rng = np.random.default_rng(seed)
     ids, mats = [f"p{i}" for i in range(prompts)], []

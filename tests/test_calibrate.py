@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import WorkbenchError
+from workbench.accuracies import read_accuracies
 from workbench.calibrate import CalibrateConfig, calibrate, head_ranks, holdout_split
 from workbench.calibration import (NULL, Calibration, decoder_walk, head_accuracies, measured_acceptance,
                                    path_probabilities, ranks_frame)
 from workbench.decode import medusa_generate
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt
-from workbench.optimize import expected_length, read_accuracies
+from workbench.optimize import expected_length
 from workbench.tree import load_tree, make_tree
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
@@ -324,7 +325,7 @@ def test_one_line_errors(tiny_llama, prompt_file, tmp_path):
 
 
 def test_heads_for_another_model_are_refused(tiny_llama, prompt_file, tmp_path):
-    from workbench.models import random_heads, save_heads
+    from workbench.heads import random_heads, save_heads
 
     other = save_heads(random_heads(32, 128, 2, tied=True), tmp_path / "h", "other")
     with pytest.raises(WorkbenchError, match="hidden size 32"):
@@ -405,7 +406,7 @@ def test_retrained_heads_in_the_same_folder_are_a_different_calibration(run, tin
     """The heads' weights are part of a run's identity, not only their path."""
     import shutil
 
-    from workbench.models import save_heads
+    from workbench.heads import save_heads
 
     heads_dir = tmp_path / "heads"
     shutil.copytree(tiny_llama.heads_dirs["2"], heads_dir)

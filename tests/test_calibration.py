@@ -37,7 +37,7 @@ def test_splits_partition_the_prompts(cal):
 
 
 def test_accuracies_are_the_committed_csv(cal):
-    from workbench.optimize import read_accuracies
+    from workbench.accuracies import read_accuracies
 
     np.testing.assert_allclose(cal.accuracies("fit"), read_accuracies(CAL / "accuracies.csv"), atol=1e-9)
     np.testing.assert_allclose(cal.accuracies("holdout"), head_accuracies(cal.ranks("holdout"), 10)[0])

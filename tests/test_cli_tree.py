@@ -4,8 +4,9 @@ import json
 import numpy as np
 import pytest
 
+from workbench.accuracies import read_accuracies, write_accuracies
 from workbench.cli import main
-from workbench.optimize import best_dense_tree, expected_length, optimal_tree, read_accuracies, write_accuracies
+from workbench.optimize import best_dense_tree, expected_length, optimal_tree
 from workbench.tree import load_tree, reference_trees
 
 SPEC_TREE = "[[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]"

@@ -9,10 +9,12 @@ import torch
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import (Acceptance, TreeBuffers, accept_greedy, accept_nucleus, accept_typical,
+from workbench.decode import (Acceptance, accept_greedy, accept_nucleus, accept_typical, first_proposal,
                               medusa_generate, sample_nucleus, vanilla_generate)
+from workbench.engine import TreeBuffers
 from workbench.generation import prepare_prompt
-from workbench.models import load_model_and_heads, random_heads, tiny_model, tiny_tokenizer
+from workbench.heads import random_heads
+from workbench.models import load_model_and_heads, tiny_model, tiny_tokenizer
 from workbench.tree import load_tree, tree_buffers
 
 PROMPTS = ["Hello world", "Write a short poem about the sea.", "2+2="]
@@ -311,6 +313,35 @@ def test_sampling_runs_keep_the_cache_invariant_and_are_seeded(tiny_llama):
         assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 30
 
 
+# ----------------------------------------------------------------------------------------------- first proposal
+
+@pytest.mark.parametrize("fmt", ["1", "2"])
+def test_first_proposal_is_the_base_and_heads_top_k_at_the_prompt_end(tiny_llama, fmt):
+    model, heads = tiny_llama.model, tiny_llama.heads[fmt]  # untied (own lm_head) and tied heads
+    ids = _ids(tiny_llama.tokenizer, PROMPTS[1])
+    got = first_proposal(model, heads, ids, 7)
+    with torch.inference_mode():  # independently: HF's own forward, and the heads' module on the last hidden row
+        base = torch.softmax(model(torch.tensor([ids])).logits[0, -1].float(), dim=-1).topk(7)
+        hidden = model.get_decoder()(input_ids=torch.tensor([ids])).last_hidden_state[0, -1]
+        per_head = torch.softmax(heads(hidden, model.get_output_embeddings()).float(), dim=-1).topk(7)  # [K, 7]
+    assert got["base"]["ids"] == base.indices.tolist()
+    assert torch.allclose(torch.tensor(got["base"]["probs"]), base.values, atol=1e-5)
+    assert [h["ids"] for h in got["heads"]] == per_head.indices.tolist()
+    assert torch.allclose(torch.tensor([h["probs"] for h in got["heads"]]), per_head.values, atol=1e-5)
+    assert len(got["heads"]) == heads.num_heads and all(len(h["ids"]) == 7 for h in got["heads"])
+
+
+def test_first_proposal_bad_input_is_one_line(tiny_llama):
+    model, heads = tiny_llama.model, tiny_llama.heads["2"]
+    for topk in (0, 129):
+        with pytest.raises(WorkbenchError, match="top-k"):
+            first_proposal(model, heads, [1, 2, 3], topk)
+    with pytest.raises(WorkbenchError, match="empty"):
+        first_proposal(model, heads, [], 3)
+    with pytest.raises(WorkbenchError, match="vocabulary 100"):
+        first_proposal(model, random_heads(64, 100, 2, tied=False), [1, 2, 3], 3)
+
+
 # ----------------------------------------------------------------------------------------------- CLI
 
 def _cli(capsys, *argv):
@@ -381,7 +412,7 @@ def test_demo_model_medusa_is_exact_with_random_heads():
 
 @pytest.mark.slow
 def test_cli_demo_defaults_when_the_demo_heads_exist(capsys):
-    from workbench.models import DEMO_HEADS
+    from workbench.heads import DEMO_HEADS
 
     if not DEMO_HEADS.is_dir():
         pytest.skip("demo heads not trained yet")
@@ -398,7 +429,7 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
     """One StepEngine (its static cache reused, reallocated when a longer generation needs it) and TreeBuffers
     built once: Medusa on every tree and vanilla, interleaved over prompts of different lengths, all stay plain
     greedy, and the cache holds exactly prompt + emitted after every step."""
-    from workbench.decode import StepEngine, tree_setup
+    from workbench.engine import StepEngine, tree_setup
 
     heads = random_heads(64, 128, 5, tied=True, seed=3)
     engine = StepEngine(tiny.model, compile=False)
@@ -417,7 +448,7 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
 def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeypatch, capsys):
     """A step that fails to compile (no C++ toolchain, a graph break under fullgraph, ...) is run eagerly after
     exactly one `warning:` line; the output is still plain greedy."""
-    from workbench.decode import StepEngine
+    from workbench.engine import StepEngine
 
     def broken(fn, **kw):
         def compiled(*a, **k):
@@ -438,7 +469,7 @@ def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeyp
 def test_time_verify_keeps_the_context_fixed(tiny):
     """Timing a bare verify forward writes rows past the pointer but leaves the cache where it was: the next
     generation step sees the same prefix."""
-    from workbench.decode import StepEngine, root_setup, time_verify, tree_setup
+    from workbench.engine import StepEngine, root_setup, time_verify, tree_setup
 
     engine = StepEngine(tiny.model, compile=False)
     with torch.inference_mode():

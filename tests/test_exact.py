@@ -19,10 +19,12 @@ from test_decode import Oracle, _checked_steps
 
 from workbench import WorkbenchError, decode
 from workbench.cli import main
-from workbench.decode import (ROUNDING_UNITS, DecodeResult, Step, divergence_counts, divergences, medusa_generate,
-                              rounding_bound, unit_roundoff, vanilla_generate)
+from workbench.decode import DecodeResult, Step, medusa_generate, vanilla_generate
+from workbench.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
+from workbench.engine import StepEngine, logits_of
 from workbench.generation import prepare_prompt
-from workbench.models import random_heads, save_heads, tiny_model, tiny_tokenizer
+from workbench.heads import random_heads, save_heads
+from workbench.models import tiny_model, tiny_tokenizer
 from workbench.optimize import dense_tree
 from workbench.sweep import run_sweep, sweep_configs
 from workbench.tree import load_tree, make_tree
@@ -115,7 +117,7 @@ def test_soft_capped_logits_are_the_models_own(reference):
     x = torch.tensor([NEAR_TIE_IDS])
     with torch.inference_mode():
         hidden = model.get_decoder()(input_ids=x).last_hidden_state[0]
-        assert torch.allclose(decode.logits_of(model, hidden), model(x).logits[0], atol=1e-5)
+        assert torch.allclose(logits_of(model, hidden), model(x).logits[0], atol=1e-5)
 
 
 def test_sliding_window_limits_medusa():
@@ -245,7 +247,7 @@ def test_a_decoder_bug_is_a_mismatch(tiny_llama, monkeypatch, dtype, bug):
     if bug == "acceptance":
         monkeypatch.setattr(decode, "accept_greedy", _accept_unverified)
     else:
-        monkeypatch.setattr(decode.StepEngine, "keep", _keep_without_moving)
+        monkeypatch.setattr(StepEngine, "keep", _keep_without_moving)
     bad = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree, miss=0.5))
     found = divergences(bad, van, dtype)
     assert [d["kind"] for d in found] == ["mismatch"]

@@ -1,5 +1,5 @@
 """The app's interactive figures (plotly): node and mask row share the buffer index, the selected node lights up in
-both, mask ticks are integers, token labels are cut to fit their node."""
+both, mask ticks are integers, token labels are cut to fit their node; the answer coloured by decoding step."""
 from __future__ import annotations
 
 import numpy as np
@@ -57,3 +57,19 @@ def test_token_labels_fit_and_diff_groups():
     status = {p: "only in A" for p in [(2,)]}
     groups = {t.name: len(t.x) for t in node_trace(figures.tree_chart(SPEC, status=status))}
     assert groups == {"shared": SPEC.nodes, "only in A": 1}  # the root counts as shared
+
+
+def test_coloured_tokens_html_escapes():
+    out = figures.coloured_tokens_html(["<b>", " a&b"], [0, 1])
+    assert "&lt;b&gt;" in out and " a&amp;b" in out and "<b>" not in out
+    assert 'title="step 1"' in out and 'title="step 2"' in out
+
+
+def test_token_pieces_join_to_the_text():
+    from workbench.models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    ids = tok("hello world, ok").input_ids
+    pieces = figures.token_pieces(tok, ids)
+    assert len(pieces) == len(ids)
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)

@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.torch import save_file
 
+from workbench.accuracies import write_accuracies
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.optimize import write_accuracies
 from workbench.sweep import SWEEP_COLUMNS
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]

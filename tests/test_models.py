@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from workbench import WorkbenchError
-from workbench.models import (MedusaHeads, check_heads_fit, load_base, load_heads, load_model_and_heads,
-                              pick_device, pick_dtype, random_heads, save_heads)
+from workbench.heads import MedusaHeads, check_heads_fit, load_heads, random_heads, save_heads
+from workbench.models import load_base, load_model_and_heads, pick_device, pick_dtype
 
 
 def _same(a: MedusaHeads, b: MedusaHeads) -> None:
@@ -194,7 +194,7 @@ def test_gguf_file_loads_through_transformers():
 def test_heads_saved_in_fp16_load_back_as_float(tiny_llama, tmp_path):
     from safetensors.torch import load_file
 
-    from workbench.models import load_heads, save_heads
+    from workbench.heads import load_heads, save_heads
 
     heads = tiny_llama.heads["2"]
     folder = save_heads(heads, tmp_path / "h16", "tiny", dtype=torch.float16)

@@ -10,10 +10,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from workbench import WorkbenchError
-from workbench.optimize import (acc_value_fn, accuracies_from_hits, best_dense_tree, best_first, check_accuracies,
-                                dense_tree, empirical_value_fn, expected_curve, expected_length, interpolate_latency,
-                                optimal_tree, optimal_tree_from, predicted_speedup, read_accuracies,
-                                write_accuracies)
+from workbench.accuracies import accuracies_from_hits, check_accuracies, read_accuracies, write_accuracies
+from workbench.optimize import (acc_value_fn, best_dense_tree, best_first, dense_tree, empirical_value_fn,
+                                expected_curve, expected_length, interpolate_latency, optimal_tree, optimal_tree_from,
+                                predicted_speedup)
 from workbench.tree import load_tree, reference_trees
 
 VICUNA_CSV = Path("/work/shared/reference/medusa_vicuna7b_head_acc.csv")

@@ -9,8 +9,9 @@ from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
 from workbench import plots
+from workbench.accuracies import write_accuracies
 from workbench.cli import main
-from workbench.optimize import acc_value_fn, optimal_tree, write_accuracies
+from workbench.optimize import acc_value_fn, optimal_tree
 from workbench.tree import load_tree, make_tree, reference_trees, to_networkx, tree_buffers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -182,22 +183,6 @@ def test_accepted_lengths_and_throughput():
     assert [p.get_height() for p in ax.patches] == [1, 3, 2]
     ax = plots.throughput_bars({"Medusa": 30.0, "vanilla": 12.0}).axes[0]
     assert [p.get_height() for p in ax.patches] == [30.0, 12.0]
-
-
-def test_coloured_tokens_html_escapes():
-    out = plots.coloured_tokens_html(["<b>", " a&b"], [0, 1])
-    assert "&lt;b&gt;" in out and " a&amp;b" in out and "<b>" not in out
-    assert 'title="step 1"' in out and 'title="step 2"' in out
-
-
-def test_token_pieces_join_to_the_text():
-    from workbench.models import tiny_tokenizer
-
-    tok = tiny_tokenizer()
-    ids = tok("hello world, ok").input_ids
-    pieces = plots.token_pieces(tok, ids)
-    assert len(pieces) == len(ids)
-    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
 
 
 def test_big_tree_stays_drawable():

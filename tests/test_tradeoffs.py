@@ -9,14 +9,15 @@ import pandas as pd
 import pytest
 
 from workbench import WorkbenchError
+from workbench.accuracies import write_accuracies
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
 from workbench.cli import main
 from workbench.cli.shared import parse_delta, parse_floats
 from workbench.generation import prepare_prompt
-from workbench.optimize import dense_tree, expected_length, optimal_tree, write_accuracies
 from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, measure_latency, read_latency
 from workbench.models import random_model
+from workbench.optimize import dense_tree, expected_length, optimal_tree
 from workbench.report import summarize
 from workbench.sweep import SWEEP_COLUMNS, dense_near, run_sweep, sweep_configs, sweep_trees
 from workbench.tree import load_tree
@@ -249,7 +250,7 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
     """With heads that actually accept tokens, the calibration's decoder replay on its held-out answers equals the
     live greedy decoder's tokens per step on those prompts, tree by tree (the sweep's `replay_swept` column)."""
     from workbench.decode import medusa_generate
-    from workbench.models import load_heads
+    from workbench.heads import load_heads
     from workbench.sweep import calibration_predictions
     from workbench.train import TrainConfig, interleaved_prompts, train_heads
 
@@ -279,7 +280,7 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
 def test_sweep_reruns_when_the_heads_in_the_same_folder_change(tiny_llama, prompt_file, tmp_path):
     import torch
 
-    from workbench.models import save_heads
+    from workbench.heads import save_heads
 
     heads = tiny_llama.heads["2"]
     folder = save_heads(heads, tmp_path / "heads", str(tiny_llama.model_dir), fmt=2)

@@ -342,7 +342,7 @@ def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarra
 def _finish(folder: Path, name: str, args: dict, records, holdout: float, budgets: list[int],
             trees_dir: Path) -> dict:
     """Accuracies, trees and meta from the merged ranks (cheap: reruns with new budgets/holdout redo only this)."""
-    from workbench.optimize import write_accuracies
+    from workbench.accuracies import write_accuracies
 
     shutil.rmtree(folder / "parts", ignore_errors=True)  # left over if a kill came right after the merge
     old = read_json(folder / META, str(folder))

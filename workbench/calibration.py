@@ -4,7 +4,7 @@
   ranks.parquet          prompt_id, position, head_1..head_K: 0-based rank of the true token in head k's top-k,
                          -1 when absent, null past the end of the answer
   continuations.parquet  prompt_id, prompt_tokens, continuation (the greedy answer's token ids), stopped
-  accuracies.csv         a_k^(i) of the fit prompts (optimize.write_accuracies)
+  accuracies.csv         a_k^(i) of the fit prompts (accuracies.write_accuracies)
   meta.json              model, prompt set, counts, topk, holdout_ids, ...; written last: marks the folder finished
   latency-DEVICE.csv     `workbench latency` (read by latency.read_latency)
 Splits: holdout = meta's holdout_ids (never used to fit a tree), fit = the rest, all = both.

@@ -1,4 +1,4 @@
-"""Live Medusa decoding on any HF Llama-family model, and the vanilla greedy baseline on the same cache path.
+"""The Medusa decoding loop: propose with the heads, verify the tree, accept a path; vanilla greedy beside it.
 
 One Medusa step (batch 1):
   1. the root token (from the base logits at the last accepted position) is already known;
@@ -8,32 +8,26 @@ One Medusa step (batch 1):
      position_ids = cached length + depth; logits only for those N rows;
   4. acceptance picks the longest path the base model agrees with, and the token that follows it;
   5. the cache keeps only the accepted nodes (moved next to the prefix), the write pointer moves after them.
-The cache is preallocated (StepEngine: static layers, a 4-D mask over all of it, fixed shapes per tree, so the
-step can run under torch.compile); vanilla greedy runs through the same step as a root-only tree.
-No modelling code is copied: the model's own attention reads the 4-D mask (eager and sdpa).
+Steps 3 and 5 are the model work of engine.py (StepEngine: static cache, 4-D mask, torch.compile); this module
+chooses the tokens. The acceptance rules live here, so a new rule touches this file and the CLI/app option lists.
+Vanilla greedy runs through the same step as a root-only tree.
 """
 from __future__ import annotations
 
 import math
-import statistics
-import sys
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import Cache, StaticLayer
 
 from workbench import WorkbenchError
-from workbench.generation import context_length, eos_ids, text_config
-from workbench.tree import Tree, load_tree, tree_buffers
+from workbench.engine import (Proposer, StepEngine, TreeBuffers, check_window, clock, head_logits, head_proposer,
+                              logits_of, new_cache, prefill, root_setup, tree_setup)
+from workbench.generation import context_length, eos_ids
+from workbench.heads import check_heads_fit
 
 ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
 RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a near-tie may involve 3+ tokens)
-
-# propose(hidden [H], tokens so far incl. the root: list[int]) -> LongTensor [depth, topk]
-Proposer = Callable[[torch.Tensor, list], torch.Tensor]
 
 
 # ----------------------------------------------------------------------------------------------- settings, results
@@ -138,86 +132,7 @@ class DecodeResult:
                     per_step=[asdict(s) | {"path": list(s.path)} for s in self.steps])
 
 
-def compare(medusa: DecodeResult, vanilla: DecodeResult) -> dict:
-    """speedup (tokens/s ratio), overhead (mean Medusa step / mean vanilla step) and exactness vs greedy."""
-    return dict(vanilla_tokens_per_s=vanilla.tokens_per_s,
-                speedup=medusa.tokens_per_s / vanilla.tokens_per_s if vanilla.tokens_per_s else float("nan"),
-                overhead=medusa.mean_step_s / vanilla.mean_step_s if vanilla.mean_step_s else float("nan"),
-                matches_greedy=medusa.token_ids == vanilla.token_ids)
-
-
-# ----------------------------------------------------------------------------------------------- divergences
-
-# Rounding bound on a top-2 logit margin, in units of u * max|logit| (u = the dtype's unit roundoff, half of
-# torch.finfo(dtype).eps: 2^-8 bf16, 2^-11 fp16, 2^-24 fp32), per dtype. Why that scale: a 1-token and an
-# N-token (tree) forward of the same position round differently (other matmul blocking, attention kernels and
-# masks); the drift in the hidden state reaches the logits through the lm_head, i.e. in proportion to the row's
-# logit scale max|logit|, and each logit is finally rounded to the dtype (<= u|l| each, 2u max|l| on a margin).
-# Why these constants: `bench/rounding.py` measures |margin in the tree run - margin in the 1-token run| at
-# every position both runs share (CPU, mc_sim_7b_63; bench/results/rounding-*.json). In bf16/fp16, sums
-# accumulate in fp32 and the one rounding of each op's output to the dtype dominates: at most 4.4 units in bf16
-# (demo SmolLM2-135M, 4-8 Alpaca-eval prompts x 128), 3.1 in fp16 (demo, 3 prompts), 2.8 on tiny models: bound 16.
-# In fp32 nothing masks the reduction-order differences of the fp32 sums themselves (~sqrt(n) u per length-n dot
-# product, every layer), and they grow along a generation: at most 18.7 units on the demo (3 prompts x 128), 91
-# on a tiny Llama (4 prompts x 512): bound 512 (still ~1e-3 of a logit at most: a real preference is no tie).
-ROUNDING_UNITS = {torch.bfloat16: 16.0, torch.float16: 16.0, torch.float32: 512.0}
-
-
-def unit_roundoff(dtype: torch.dtype) -> float:
-    return torch.finfo(dtype).eps / 2
-
-
-def rounding_bound(dtype: torch.dtype, max_abs_logit: float) -> float:
-    """How far rounding in `dtype` can move a top-2 logit margin between two computations of the same position."""
-    return ROUNDING_UNITS.get(dtype, ROUNDING_UNITS[torch.float32]) * unit_roundoff(dtype) * max_abs_logit
-
-
-def divergences(medusa: DecodeResult, vanilla: DecodeResult, dtype: torch.dtype) -> list[dict]:
-    """Where Medusa's output first differs from vanilla greedy's, classified; [] when they are identical.
-
-    Only the FIRST divergence of a prompt is reported: after it the two runs continue different texts, so later
-    differences say nothing about the decoder. The logits are the ones each run really computed (`record`): at the
-    divergence both runs saw the same prefix, so a teacher-forced recomputation would give both the same logits
-    and could not tell a rounding flip from a bug. margin_* is each run's top-2 logit margin there; gap_* is how
-    far that run ranked its own token above the other run's. "near-tie": each run emitted its own argmax, and
-    gap_medusa + gap_vanilla <= `rounding_bound` -- the pair's logit difference went from +gap_vanilla to
-    -gap_medusa, a move rounding alone can make (the wider tree forward computes attention and matmuls over other
-    shapes than the 1-token step, and bf16/fp16 round those differently). Anything else is "mismatch": a bug (a
-    token that was not its run's argmax, or a flip wider than rounding can explain; also, conservatively, a tie
-    of more than RECORDED_TOPK tokens). One output ending early (an EOS the other did not emit at that point) is a
-    divergence at its length. Returns [{position, medusa_token, vanilla_token, margin_medusa, margin_vanilla,
-    gap_medusa, gap_vanilla, bound, kind}] (0 or 1 items).
-    """
-    a, b = medusa.token_ids, vanilla.token_ids
-    if a == b:
-        return []
-    pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    tok_m, tok_v = (a[pos] if pos < len(a) else None), (b[pos] if pos < len(b) else None)
-    cm, cv = medusa.choice(pos), vanilla.choice(pos)
-
-    def gap(c, own, other):  # own token's logit above the other's, if own was this run's argmax and both are known
-        if c is None or own not in c["ids"] or other not in c["ids"]:
-            return None
-        mine = c["top"][c["ids"].index(own)]
-        return mine - c["top"][c["ids"].index(other)] if mine == c["top"][0] else None
-
-    gm, gv = gap(cm, tok_m, tok_v), gap(cv, tok_v, tok_m)
-    known = [c for c in (cm, cv) if c]
-    bound = rounding_bound(dtype, max(c["max_abs"] for c in known)) if known else None
-    tie = gm is not None and gv is not None and gm + gv <= bound
-    margin = lambda c: c["top"][0] - c["top"][1] if c else None  # noqa: E731
-    return [dict(position=pos, medusa_token=tok_m, vanilla_token=tok_v, margin_medusa=margin(cm),
-                 margin_vanilla=margin(cv), gap_medusa=gm, gap_vanilla=gv, bound=bound,
-                 kind="near-tie" if tie else "mismatch")]
-
-
-def divergence_counts(found: list[dict]) -> dict:
-    """{near_tie_divergences, mismatches} over the divergences of several prompts."""
-    return dict(near_tie_divergences=sum(d["kind"] == "near-tie" for d in found),
-                mismatches=sum(d["kind"] == "mismatch" for d in found))
-
-
-# ----------------------------------------------------------------------------------------------- prompts, limits
+# ------------------------------------------------------------------------------------- prompts, limits, tree tokens
 
 def _input_ids(input_ids, model) -> torch.Tensor:
     """list / [T] / [1, T] -> LongTensor [1, T] on the model's device, checked against the context."""
@@ -247,297 +162,10 @@ def _budget(model, prompt_len: int, max_new_tokens: int) -> tuple[int, str]:
     return max_new_tokens, "max_new_tokens"
 
 
-def _clock(device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
-
-
-# ----------------------------------------------------------------------------------------------- model calls
-
-def _decoder(model):
-    """The inner transformer (hidden states, no lm_head): logits are then computed only for rows we use."""
-    dec = model.get_decoder() if hasattr(model, "get_decoder") else None
-    if dec is None or dec is model:
-        raise WorkbenchError(f"{type(model).__name__}: cannot find its inner decoder (get_decoder); "
-                             "only decoder-only causal LMs with an lm_head are supported")
-    return dec
-
-
-def new_cache(model) -> DynamicCache:
-    """A cache of plain full-attention layers (no sliding window), which compaction can edit in place."""
-    return DynamicCache()
-
-
-def prefill(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-    """input_ids [1, T] -> hidden [H] of the last position; the cache then holds T positions."""
-    out = _decoder(model)(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[0, -1]  # [H]
-
-
-def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
-    """hidden [..., H] -> logits [..., V] in fp32 (acceptance compares probabilities), soft-capped where the model's
-    own forward caps them (Gemma 2: cap * tanh(logits / cap); argmax unchanged, probabilities not).
-
-    A few rows on CPU go through W @ h^T instead of h @ W^T: MKL's fp32 GEMM for 2..16 rows against a
-    [V, H] weight is 2-4x slower than its matrix-vector path (measured on the demo's 49152 x 576 lm_head: 1 row
-    10 ms, 2 rows 26 ms, 3 rows 42 ms), while W @ h^T streams the weight once (2 rows 6-14 ms): a large part of
-    why a 2-token verify cost 1.64x a 1-token step (docs/tradeoffs.md). Same product, other summation kernel."""
-    head = model.get_output_embeddings()
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    if (hidden.device.type == "cpu" and 1 < rows.shape[0] <= 16 and type(head) is torch.nn.Linear
-            and head.bias is None):
-        logits = (head.weight @ rows.T).T.reshape(*hidden.shape[:-1], -1).float()
-    else:
-        logits = head(hidden).float()
-    cap = getattr(text_config(model), "final_logit_softcapping", None)
-    return torch.tanh(logits / cap) * cap if cap else logits
-
-
-def check_window(model, total: int) -> None:
-    """The tree's 4-D mask lets every node see the whole cache, which equals the model's own attention only while
-    the sequence fits its sliding window (Mistral, Gemma 2/3 sliding layers): refuse longer generations."""
-    cfg = text_config(model)
-    window = getattr(cfg, "sliding_window", None)
-    types = getattr(cfg, "layer_types", None)
-    sliding = window and ("sliding_attention" in types if types else getattr(cfg, "use_sliding_window", True))
-    if sliding and total > window:
-        raise WorkbenchError(f"prompt + --max-new-tokens = {total} tokens exceeds the model's sliding window of "
-                             f"{window}: the Medusa tree mask is exact only within it (lower --max-new-tokens)")
-
-
-def decode_one(model, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-    """token [] -> hidden [H] of that token, appended to the cache (a plain step on a DynamicCache)."""
-    out = _decoder(model)(input_ids=token.view(1, 1), past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[0, -1]
-
-
-@dataclass
-class TreeBuffers:
-    """A tree's index tensors on the model's device, built once per tree and reused across prompts and runs."""
-
-    tree: Tree | None           # None for the root-only step of vanilla decoding
-    topk: int                   # top-k taken from each head (max rank + 1)
-    depth: int                  # heads used
-    tree_indices: torch.Tensor  # [N] into [root] + head_1 top-k + ... + head_depth top-k
-    depths: torch.Tensor        # [N] 0 for the root
-    parents: torch.Tensor       # [N] parent node, -1 for the root
-    retrieve: torch.Tensor      # [R, depth+1] root-to-leaf node rows, -1 padded
-    mask_bias: torch.Tensor     # [N, N] 0 where a node sees a node (itself, its ancestors), dtype-min elsewhere
-    paths: list                 # [N] the top-k rank path of each node, () for the root
-    rows: list = field(default_factory=list)  # retrieve on the host: a step reads its path without a device sync
-
-    def __post_init__(self):
-        if not self.rows:
-            self.rows = self.retrieve.tolist()
-
-    @property
-    def size(self) -> int:
-        """Tokens in one verify forward (tree nodes + the root)."""
-        return self.tree_indices.shape[0]
-
-
-def tree_setup(tree, model, num_heads: int | None = None) -> TreeBuffers:
-    if isinstance(tree, TreeBuffers):
-        return tree
-    t = load_tree(tree, num_heads=num_heads)
-    topk = t.max_rank + 1
-    b = tree_buffers(t, topk, device=model.device)
-    blocked = torch.finfo(model.dtype).min
-    mask = torch.zeros(b["attn_mask"].shape, dtype=model.dtype, device=model.device)
-    mask.masked_fill_(b["attn_mask"] == 0, blocked)
-    return TreeBuffers(tree=t, topk=topk, depth=t.depth, tree_indices=b["tree_indices"], depths=b["position_ids"],
-                       parents=b["parents"], retrieve=b["retrieve_indices"], mask_bias=mask,
-                       paths=[()] + t.sorted_paths)
-
-
-def root_setup(model) -> TreeBuffers:
-    """The 1-token step of vanilla greedy as a tree of the root alone: it runs through the same verify path."""
-    zero = torch.zeros(1, dtype=torch.long, device=model.device)
-    return TreeBuffers(tree=None, topk=1, depth=0, tree_indices=zero, depths=zero, parents=zero - 1,
-                       retrieve=zero[None], mask_bias=torch.zeros(1, 1, dtype=model.dtype, device=model.device),
-                       paths=[()])
-
-
-def head_proposer(heads, model, depth: int, topk: int) -> Proposer:
-    """The heads' top-k at one position: only the `depth` heads the tree uses, on one hidden row."""
-    lm_head = model.get_output_embeddings()
-
-    def propose(hidden: torch.Tensor, tokens: list) -> torch.Tensor:
-        if heads.tied:  # the heads' `depth` rows through the base lm_head: the fast few-rows path of logits_of
-            logits = logits_of(model, heads.features(hidden, depth))  # [depth, V]
-        else:
-            logits = heads(hidden, lm_head, n=depth)  # [depth, V]
-        return logits.topk(topk, dim=-1).indices  # [depth, topk]
-    return propose
-
-
 def tree_candidates(root: torch.Tensor, head_tokens: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
     """root [], head_tokens [depth, topk] -> tree tokens [N] (node 0 = root)."""
     flat = torch.cat([root.view(1), head_tokens.reshape(-1)])  # [1 + depth*topk]
     return flat[buf.tree_indices]
-
-
-def _verify(model, cache, input_ids, mask, position_ids):
-    """The step's model work, compiled as one graph when asked: input_ids [1, N], mask [1, 1, N, C],
-    position_ids [1, N] -> (hidden [N, H], logits [N, V] fp32). The cache writes its N rows in place."""
-    hidden = _decoder(model)(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True).last_hidden_state[0]
-    return hidden, logits_of(model, hidden)
-
-
-def compile_mode(device: torch.device) -> str:
-    """CUDA: CUDA graphs (eager transformers is launch-bound there). CPU: inductor's own small-M GEMM kernels
-    (max-autotune), the only mode that beats MKL at 2..16 rows; it needs a C++ compiler and minutes per tree size."""
-    return "reduce-overhead" if device.type == "cuda" else "max-autotune-no-cudagraphs"
-
-
-def compile_options(device: torch.device) -> dict:
-    """torch.compile keywords for the step. On CPU the weights are frozen (constants) so that inductor packs them
-    once for its GEMM micro-kernels: measured on the demo model, the 1-token step 76 -> 41 ms (CPU time, loaded
-    2-core machine), after ~10 minutes of compilation per tree size."""
-    if device.type == "cuda":
-        return dict(mode=compile_mode(device))
-    return dict(options=dict(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"))
-
-
-class StepEngine:
-    """One model's decoding step on a preallocated KV cache, shared by Medusa and vanilla greedy (same path).
-
-    The cache (transformers StaticLayer per layer) is allocated once for the longest generation asked for and
-    reused by later ones; `length` is the write pointer. A verify step writes its N rows at [length, length + N)
-    through the model's own cache update and attends through a 4-D mask over [N, capacity] (0 = visible: the
-    prefix and the node's ancestors); `keep` moves the accepted rows next to the prefix and the pointer after
-    them. Rejected rows stay in memory, masked, until the next step overwrites them: nothing is concatenated
-    or cropped per step, and every shape is fixed per tree size, so `compile=True` compiles each tree once
-    (on by default on CUDA; where compilation fails, one warning and eager from then on).
-    """
-
-    def __init__(self, model, compile: bool | None = None):
-        self.model = model
-        self.cache: Cache | None = None
-        self.capacity = 0
-        self.length = 0
-        self._masks: dict[int, list] = {}   # N -> [mask [1, 1, N, capacity], pointer it was built for]
-        self.compile = model.device.type == "cuda" if compile is None else bool(compile)
-        self._step = _verify
-        if self.compile:
-            if model.device.type == "cpu" and torch.backends.mkldnn.is_available() is False:
-                self._fail("no oneDNN/MKL build")
-            else:
-                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-                self._step = torch.compile(_verify, dynamic=False, **compile_options(model.device))
-
-    def _fail(self, why: str) -> None:
-        print(f"warning: --compile: cannot compile the step on {self.model.device.type} ({why}); running eager",
-              file=sys.stderr)
-        self.compile, self._step = False, _verify
-
-    def reserve(self, capacity: int) -> None:
-        """A cache of at least `capacity` positions. Compiled, rounded up to 256 so that new prompts rarely change
-        shapes; eager, exact: attention (and, for N > 1 rows under a mask, transformers' repeat of grouped KV
-        heads) runs over every cached position, masked or not."""
-        if capacity <= self.capacity:
-            return
-        if self.compile:
-            capacity = -(-capacity // 256) * 256
-        cfg = text_config(self.model)  # sliding windows: check_window, per generation
-        self.cache = Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(cfg.num_hidden_layers)])
-        self.capacity, self.length, self._masks = capacity, 0, {}
-
-    def _point(self, length: int) -> None:
-        """Move the write pointer: the next rows the model writes go to `length`."""
-        self.length = length
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(length)
-
-    def prefill(self, ids: torch.Tensor, extra: int) -> torch.Tensor:
-        """ids [1, T] -> hidden [H] of the last position; room is kept for `extra` more rows (steps + a tree)."""
-        self.reserve(ids.shape[1] + extra)
-        self._point(0)
-        out = _decoder(self.model)(input_ids=ids, past_key_values=self.cache, use_cache=True)
-        self.length = ids.shape[1]
-        return out.last_hidden_state[0, -1]  # [H]
-
-    def _mask(self, buf: TreeBuffers) -> torch.Tensor:
-        """[1, 1, N, capacity]: columns < length visible, the tree's own block at [length, length + N), the rest
-        blocked. Updated in place: only the columns the pointer moved over and the tree block are rewritten."""
-        n, at = buf.size, self.length
-        entry = self._masks.get(n)
-        if entry is None or entry[1] > at:
-            mask = torch.full((1, 1, n, self.capacity), torch.finfo(self.model.dtype).min, dtype=self.model.dtype,
-                              device=self.model.device)
-            entry = self._masks[n] = [mask, 0]
-        mask, built = entry
-        mask[..., built:at] = 0
-        mask[0, 0, :, at:at + n] = buf.mask_bias
-        entry[1] = at
-        return mask
-
-    def verify(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [N] -> (hidden [N, H], logits [N, V]): one forward of the tree at the pointer (it stays put)."""
-        if self.length + buf.size > self.capacity:
-            raise WorkbenchError(f"the KV cache holds {self.capacity} positions, the step needs "
-                                 f"{self.length + buf.size}: reserve more")
-        mask = self._mask(buf)
-        position_ids = (buf.depths + self.length)[None]  # [1, N]
-        try:
-            return self._step(self.model, self.cache, tokens[None], mask, position_ids)
-        except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds; eager is always right
-            if not self.compile:
-                raise
-            self._fail(f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
-            self._point(self.length)
-            return self._step(self.model, self.cache, tokens[None], mask, position_ids)
-
-    def keep(self, buf: TreeBuffers, row: int, length: int) -> None:
-        """Keep the first `length` nodes of retrieve row `row` (root first) right after the prefix."""
-        at = self.length
-        if buf.rows[row][:length] != list(range(length)):  # a chain-like path is already in place
-            src = buf.retrieve[row, :length] + at  # [m] (host ints index the device tensor: no sync)
-            for layer in self.cache.layers:
-                layer.keys[:, :, at:at + length] = layer.keys[:, :, src]      # [B, kv_heads, m, d]
-                layer.values[:, :, at:at + length] = layer.values[:, :, src]
-        self._point(at + length)
-
-    def rewind(self, length: int) -> None:
-        """Put the pointer back (timing at a fixed context: rows past it are dropped)."""
-        self._point(length)
-
-
-@torch.inference_mode()
-def time_verify(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
-                generator: torch.Generator | None = None) -> float:
-    """Median seconds of the bare verify work of one step at the engine's current context: the forward of the
-    tree's N tokens with logits for its rows and their argmax, plus (with heads, for trees) the heads' top-k on
-    one row. No acceptance, compaction or host sync of a path: what a step costs at the least."""
-    model = engine.model
-    vocab = model.get_input_embeddings().weight.shape[0]
-    tokens = torch.randint(vocab, (buf.size,), generator=generator).to(model.device)
-    propose = head_proposer(heads, model, buf.depth, buf.topk) if heads is not None and buf.depth else None
-    at, times = engine.length, []
-    for i in range(warmup + repeats):
-        t0 = _clock(model.device)
-        hidden, logits = engine.verify(tokens, buf)
-        logits.argmax(dim=-1)
-        if propose is not None:
-            propose(hidden[0], [])
-        t1 = _clock(model.device)
-        engine.rewind(at)
-        if i >= warmup:
-            times.append(t1 - t0)
-    return statistics.median(times)
-
-
-def forward_probe(engine: StepEngine, buf: TreeBuffers, heads=None) -> tuple[Callable[[Step], None], list]:
-    """(on_step, times): an on_step callback that times the bare verify work (`time_verify`, once) right after
-    every step, at that step's context, and the list it fills (seconds). Step and bare forward then alternate,
-    so a load change on a shared machine hits both alike: decoder_overhead = median step / median of these."""
-    times: list[float] = []
-
-    def on_step(step: Step) -> None:
-        times.append(time_verify(engine, buf, heads, repeats=1, warmup=0))
-    return on_step, times
 
 
 # ----------------------------------------------------------------------------------------------- acceptance
@@ -669,7 +297,6 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
     limit, limit_reason = _budget(model, prompt_len, max_new_tokens)
     check_window(model, prompt_len + limit)
     if heads is not None:
-        from workbench.models import check_heads_fit
         check_heads_fit(heads, model)
     buf = tree_setup(tree, model, heads.num_heads if heads is not None else None)
     if heads is not None and buf.depth > heads.num_heads:
@@ -681,15 +308,15 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
     eos, gen = eos_ids(model, tokenizer, eos_token_id), _generator(acc, model.device)
     engine = engine or StepEngine(model, compile=False)
 
-    t0 = _clock(model.device)
+    t0 = clock(model.device)
     hidden = engine.prefill(ids, limit + buf.size)                       # [H]
     first = logits_of(model, hidden)                                     # [V]
     root = first_token(first, acc, gen)                                  # []
-    result = DecodeResult("medusa", prompt_len, _clock(model.device) - t0, tree=buf.tree.name or None)
+    result = DecodeResult("medusa", prompt_len, clock(model.device) - t0, tree=buf.tree.name or None)
     result.record(first[None])
     seq = ids[0].tolist() + [int(root)]                                  # prompt + emitted + the next root
     while True:
-        t0 = _clock(model.device)
+        t0 = clock(model.device)
         head_tokens = propose(hidden, seq)                               # [depth, topk]
         tokens = tree_candidates(root, head_tokens.to(root.device), buf)  # [N]
         tree_hidden, logits = engine.verify(tokens, buf)                 # [N, H], [N, V]
@@ -703,7 +330,7 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
         if len(new) < length:
             engine.rewind(engine.length - (length - len(new)))
         seq[-1:] = new + [nxt]
-        step = Step(new, buf.paths[buf.rows[row][length - 1]], buf.size, _clock(model.device) - t0, engine.length)
+        step = Step(new, buf.paths[buf.rows[row][length - 1]], buf.size, clock(model.device) - t0, engine.length)
         result.steps.append(step)
         if on_step is not None:
             on_step(step)
@@ -726,14 +353,14 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
     eos = eos_ids(model, tokenizer, eos_token_id)
     engine = engine or StepEngine(model, compile=False)
     buf = root_setup(model)
-    t0 = _clock(model.device)
+    t0 = clock(model.device)
     first = logits_of(model, engine.prefill(ids, limit + 1))            # [V]
     token = first.argmax()                                               # []
-    result = DecodeResult("vanilla", prompt_len, _clock(model.device) - t0)
+    result = DecodeResult("vanilla", prompt_len, clock(model.device) - t0)
     result.record(first[None])
     emitted, nxt = 0, int(token)
     while True:
-        t0 = _clock(model.device)
+        t0 = clock(model.device)
         new, hit_eos = _cut([nxt], emitted, limit, eos)
         _, logits = engine.verify(token.view(1), buf)                   # [1, V]
         engine.keep(buf, 0, 1)
@@ -741,7 +368,7 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
         result.record(logits)
         nxt = int(token)
         emitted += 1
-        step = Step(new, (), 1, _clock(model.device) - t0, engine.length)
+        step = Step(new, (), 1, clock(model.device) - t0, engine.length)
         result.steps.append(step)
         if on_step is not None:
             on_step(step)
@@ -750,3 +377,21 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
             break
     result.text = _decode_text(tokenizer, result.token_ids)
     return result
+
+
+@torch.inference_mode()
+def first_proposal(model, heads, input_ids, topk: int) -> dict:
+    """What the first Medusa step of a prompt is built from, to show it (the app labels tree nodes with it): the
+    base model's top-k next tokens and each head's top-k at the last prompt position, with probabilities (fp32
+    softmax). Plain lists: {"base": {"ids": [topk], "probs": [topk]}, "heads": [{"ids", "probs"}] * K}, ranks
+    in order (base ids[0] is the root, heads[k]["ids"][i] is the token of node rank i at depth k + 1)."""
+    ids = _input_ids(input_ids, model)                                   # [1, T]
+    check_heads_fit(heads, model)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    if not 1 <= topk <= vocab:
+        raise WorkbenchError(f"top-k {topk}: must be in [1, {vocab}] (the vocabulary)")
+    hidden = prefill(model, ids, new_cache(model))                       # [H]
+    base = torch.softmax(logits_of(model, hidden), dim=-1).topk(topk)    # [topk]
+    per_head = torch.softmax(head_logits(heads, model, hidden, heads.num_heads).float(), dim=-1).topk(topk)  # [K, topk]
+    return dict(base=dict(ids=base.indices.tolist(), probs=base.values.tolist()),
+                heads=[dict(ids=i, probs=p) for i, p in zip(per_head.indices.tolist(), per_head.values.tolist())])

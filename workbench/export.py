@@ -178,8 +178,8 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
     vllm: the best dense tree with at most as many nodes and no deeper than `heads` (needs `value`).
     `value` is acc[K, R] or a path value function; without it the cost is unknown and a stand-in ranks nodes.
     """
-    from workbench.optimize import (acc_value_fn, best_dense_tree, check_accuracies, expected_length,
-                                    optimal_tree_from)
+    from workbench.accuracies import check_accuracies
+    from workbench.optimize import acc_value_fn, best_dense_tree, expected_length, optimal_tree_from
 
     _check_safe_engine(engine)
     if value is not None and not callable(value):

@@ -1,5 +1,6 @@
-"""Interactive (plotly) figures of a tree and its attention mask, for the app: zoomable, hover for details, click to
-select. Matplotlib figures for files stay in `workbench/plots.py`.
+"""The app's interactive views: plotly figures of a tree and its attention mask, and the step-coloured answer.
+
+Zoomable, hover for details, click to select. Matplotlib figures for files stay in `workbench/plots.py`.
 
 Nodes and mask rows share one index, the buffer index of Medusa's generate_medusa_buffers (0 = root, node i =
 tree.sorted_paths[i - 1]); every selectable point carries it as customdata[0], so a click on a tree node or on a
@@ -8,11 +9,13 @@ Ranks are shown 0-based everywhere, as in medusa_choices (rank 0 = a head's top-
 """
 from __future__ import annotations
 
+import html
+
 import numpy as np
 import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
-from workbench.plots import tree_positions
+from workbench.plots import STEP_COLOURS, tree_positions
 from workbench.tree import RankPath, Tree, tree_buffers
 
 FOCUS = "crimson"
@@ -158,3 +161,26 @@ def picked_index(selection) -> int | None:
         if data:
             return int(data[0])
     return None
+
+
+# ----------------------------------------------------------------------------------------------- live decode
+
+def token_pieces(tokenizer, ids: list[int]) -> list[str]:
+    """Each token's text as it appears in the decoded answer (prefix differences, so multi-token characters and
+    leading-space markers come out right), for colouring the answer token by token."""
+    pieces, prev = [], ""
+    for i in range(1, len(ids) + 1):
+        text = tokenizer.decode(ids[:i], skip_special_tokens=True)
+        pieces.append(text[len(prev):] if text.startswith(prev) else text)
+        prev = text
+    return pieces
+
+
+def coloured_tokens_html(pieces: list[str], steps: list[int]) -> str:
+    """The answer as HTML, each token's background the colour of the decoding step that accepted it."""
+    spans = []
+    for text, step in zip(pieces, steps):
+        colour = STEP_COLOURS[step % len(STEP_COLOURS)]
+        spans.append(f'<span title="step {step + 1}" style="background:{colour};border-radius:3px;'
+                     f'padding:0 1px">{html.escape(text)}</span>')
+    return '<div style="line-height:1.9;white-space:pre-wrap;font-family:monospace">' + "".join(spans) + "</div>"

@@ -49,14 +49,14 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
 def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repeats: int = 10, warmup: int = 3,
                     heads=None, label: str = "", progress: bool = True, engine=None) -> pd.DataFrame:
     """Median wall time of one decoding step's model work per (context, tokens), on the decoder's own step
-    (`decode.time_verify`: static cache, 4-D mask, compiled when the engine is): tokens = 1 is the vanilla step,
+    (`engine.time_verify`: static cache, 4-D mask, compiled when the engine is): tokens = 1 is the vanilla step,
     tokens = n > 1 a verify forward of an (n-1)-node tree with its mask and position ids. Both include the
     lm_head over their rows (and, with `heads`, the heads' top-k that a Medusa step needs). The cache is
     prefilled once per context and the pointer put back after every call, so the context stays fixed. Sizes are
     timed round-robin, `repeats` rounds, so that a load change on a shared machine hits every size alike."""
     from tqdm.auto import tqdm
 
-    from workbench.decode import StepEngine, root_setup, time_verify, tree_setup
+    from workbench.engine import StepEngine, root_setup, time_verify, tree_setup
     from workbench.generation import context_length
 
     sizes = sorted({1, *(int(s) for s in sizes)})
@@ -147,8 +147,8 @@ def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank:
     """The optimal tree for every budget the latency table covers, its predicted speedup (tokens per step over
     relative step cost), and the tree with the best one. `value` is acc[K, R] or a monotone path-value
     function (then max_depth and max_rank are required). Returns {"rows", "best", "tree"}."""
-    from workbench.optimize import (acc_value_fn, check_accuracies, expected_curve, optimal_tree_from,
-                                    predicted_speedup)
+    from workbench.accuracies import check_accuracies
+    from workbench.optimize import acc_value_fn, expected_curve, optimal_tree_from, predicted_speedup
 
     if callable(value):
         if max_depth is None or max_rank is None:

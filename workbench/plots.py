@@ -6,7 +6,6 @@ figure always shows numbers that some `workbench` module computed.
 """
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +64,15 @@ def tree_positions(tree: Tree) -> dict[RankPath, tuple[float, float]]:
 
 def _tree_width(tree: Tree) -> float:
     return min(max(6.0, 0.28 * len(tree.leaves()) + 2), 24.0)
+
+
+def _scalar_mappable(norm):
+    """The colour bar's source for edge colours computed by hand (the edge collection carries no colormap)."""
+    from matplotlib.cm import ScalarMappable
+
+    sm = ScalarMappable(norm=norm, cmap=CMAP)
+    sm.set_array([])
+    return sm
 
 
 def draw_tree(tree: Tree, probs: dict[RankPath, float] | None = None, labels: dict[RankPath, str] | None = None,
@@ -432,35 +440,6 @@ def throughput_bars(rates: dict[str, float]):
     ax.set_ylabel("tokens / s")
     ax.set_title("throughput")
     return fig
-
-
-def coloured_tokens_html(pieces: list[str], steps: list[int]) -> str:
-    """The answer as HTML, each token's background the colour of the decoding step that accepted it."""
-    spans = []
-    for text, step in zip(pieces, steps):
-        colour = STEP_COLOURS[step % len(STEP_COLOURS)]
-        spans.append(f'<span title="step {step + 1}" style="background:{colour};border-radius:3px;'
-                     f'padding:0 1px">{html.escape(text)}</span>')
-    return '<div style="line-height:1.9;white-space:pre-wrap;font-family:monospace">' + "".join(spans) + "</div>"
-
-
-def _scalar_mappable(norm):
-    from matplotlib.cm import ScalarMappable
-
-    sm = ScalarMappable(norm=norm, cmap=CMAP)
-    sm.set_array([])
-    return sm
-
-
-def token_pieces(tokenizer, ids: list[int]) -> list[str]:
-    """Each token's text as it appears in the decoded answer (prefix differences, so multi-token characters and
-    leading-space markers come out right), for colouring the answer token by token."""
-    pieces, prev = [], ""
-    for i in range(1, len(ids) + 1):
-        text = tokenizer.decode(ids[:i], skip_special_tokens=True)
-        pieces.append(text[len(prev):] if text.startswith(prev) else text)
-        prev = text
-    return pieces
 
 
 def report_figures(sweep, latency=None, folder: str | Path = ".", stem: str = "sweep") -> list[Path]:

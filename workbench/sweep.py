@@ -116,7 +116,7 @@ def sweep_configs(trees: list[tuple[Tree, str]], temperatures=(0.0,), epsilons=(
 def mean_logprob(model, prompts: list[list[int]], outputs: list[list[int]]) -> float:
     """Mean log-probability of the generated tokens under the base model at temperature 1 (one teacher-forced
     forward per prompt; logits only at the generated positions)."""
-    from workbench.decode import logits_of
+    from workbench.engine import logits_of
 
     total, count = 0.0, 0
     for p, o in zip(prompts, outputs):
@@ -255,13 +255,14 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     `predict(tree) -> dict` adds calibration predictions; `on_row(row)` is called after each row is on disk.
     Timing: each configuration's speedup and overhead are against vanilla run right before it on every prompt;
     step_ms is the median step, forward_ms the median bare verify work of that tree timed right after every step at
-    its context (`decode.forward_probe`), decoder_overhead = step_ms / forward_ms. `engine`: a StepEngine to run on (e.g.
+    its context (`engine.forward_probe`), decoder_overhead = step_ms / forward_ms. `engine`: a StepEngine to run on (e.g.
     compiled); default a fresh one (compiled on CUDA).
     """
     from tqdm.auto import tqdm
 
-    from workbench.decode import (Acceptance, StepEngine, divergence_counts, divergences, forward_probe,
-                                  medusa_generate, root_setup, tree_setup, vanilla_generate)
+    from workbench.decode import Acceptance, medusa_generate, vanilla_generate
+    from workbench.divergence import divergence_counts, divergences
+    from workbench.engine import StepEngine, forward_probe, root_setup, tree_setup
 
     if not prompts:
         raise WorkbenchError("the prompt set is empty: give prompts to sweep on")

@@ -22,9 +22,9 @@ from tqdm.auto import tqdm
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
+from workbench.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
-from workbench.models import (DEMO_HEADS, MedusaHeads, cache_dir, check_heads_fit, load_base, load_heads, model_label,
-                              save_heads)
+from workbench.models import cache_dir, load_base, model_label
 
 SHARED = REPO_ROOT.parent / "shared" / "data"
 DEFAULT_TRAIN_FILES = ["alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json"]

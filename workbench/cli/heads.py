@@ -118,7 +118,9 @@ def _divergence_line(d: dict, tok) -> str:
 
 
 def cmd_decode(args) -> int:
-    from workbench.decode import StepEngine, compare, divergences, medusa_generate, tree_setup, vanilla_generate
+    from workbench.decode import medusa_generate, vanilla_generate
+    from workbench.divergence import compare, divergences
+    from workbench.engine import StepEngine, tree_setup
     from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads
     from workbench.tree import load_tree

@@ -37,7 +37,7 @@ def cmd_latency(args) -> int:
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (latency_path(args.calibration, dev) if args.calibration
                                            else default_latency_path(label, dev))
-    from workbench.decode import StepEngine
+    from workbench.engine import StepEngine
 
     df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label,
                          engine=StepEngine(model, compile=args.compile))
@@ -80,7 +80,7 @@ def cmd_sweep(args) -> int:
     from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
 
-    from workbench.decode import StepEngine
+    from workbench.engine import StepEngine
 
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)

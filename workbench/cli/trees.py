@@ -21,7 +21,8 @@ def _cmd_tree_show(args) -> int:
           f"{st['leaves']} root-to-leaf paths, ranks 0..{st['max_rank']} (needs top-{st['min_topk']})")
     print(f"nodes per depth: {', '.join(map(str, st['nodes_per_depth']))}")
     if args.accuracies:
-        from workbench.optimize import acc_value_fn, expected_length, read_accuracies
+        from workbench.accuracies import read_accuracies
+        from workbench.optimize import acc_value_fn, expected_length
 
         acc = read_accuracies(args.accuracies)
         tree = load_tree(tree, topk=acc.shape[1], num_heads=acc.shape[0])
@@ -78,7 +79,7 @@ def _cmd_tree_eval(args) -> int:
 
 def _objective(args):
     """(acc [K, R], value: acc or a path-probability fn) from --accuracies FILE or --calibration DIR [--joint]."""
-    from workbench.optimize import read_accuracies
+    from workbench.accuracies import read_accuracies
 
     if args.calibration or getattr(args, "joint", False):  # a calibration folder: its fit prompts
         from workbench.calibration import Calibration
