@@ -419,3 +419,13 @@ def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
     md = summarize(tmp_path / "old.csv")
     assert md == summarize(committed).replace("sweep-greedy-cpu.csv", "old.csv")
     assert "| predicted_independent | predicted_joint | predicted_replay |" in md
+
+
+def test_has_typical_means_rows_with_an_epsilon(tmp_path):
+    """Fig. 5 needs typical-acceptance rows: the committed typical sweep has them, the greedy one has none."""
+    from workbench import REPO_ROOT
+    from workbench.sweep import has_typical, read_sweep
+
+    typical, greedy = (read_sweep(REPO_ROOT / "docs" / "results" / f"sweep-{k}-cpu.csv") for k in ("typical", "greedy"))
+    assert has_typical(typical) and not has_typical(greedy)
+    assert not has_typical(typical.drop(columns="epsilon"))  # an old sweep without the column

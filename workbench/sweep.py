@@ -180,6 +180,11 @@ def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
     return df
 
 
+def has_typical(sweep: pd.DataFrame) -> bool:
+    """Whether a sweep holds typical-acceptance rows (an epsilon on some row): the rows of the paper's Fig. 5."""
+    return "epsilon" in sweep.columns and bool(sweep["epsilon"].notna().any())
+
+
 def read_sweep_rows(path) -> list[dict]:
     """The rows of a sweep CSV as strings (kept verbatim on rewrite), or [] when it does not exist yet."""
     f = Path(path)

@@ -5,7 +5,6 @@ far measured joint path frequencies are from the independence product the optimi
 """
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from workbench import plots
@@ -13,7 +12,7 @@ from workbench.ui.widgets import accuracy_source, figure
 
 
 def calibration_page() -> None:
-    from workbench.optimize import acc_value_fn, accuracy_frame
+    from workbench.optimize import accuracy_frame
 
     st.title("Calibration")
     src = accuracy_source("cal")
@@ -47,17 +46,12 @@ def calibration_page() -> None:
                 "the per-head marginals.")
         return
     n = st.slider("top paths (by measured probability)", 5, 200, 40, key="cal_top")
-    measured = src.calib.path_probabilities(split)
-    value = acc_value_fn(acc)
-    top = sorted(measured, key=lambda p: (-measured[p], len(p), p))[:n]
-    ind, mea = [value(p) for p in top], [measured[p] for p in top]
+    df = src.calib.path_comparison(split, n)
     left, right = st.columns(2)
     with left:
-        figure(plots.independence_vs_measured(top, ind, mea),
+        figure(plots.independence_vs_measured(list(df["path"]), df["independence"], df["measured"]),
                "Above the diagonal the independence assumption under-estimates a path; below it over-estimates.")
-    df = pd.DataFrame({"path": [str(list(p)) for p in top], "measured": mea, "independence": ind})
-    df.insert(1, "measured / independence", df["measured"] / df["independence"].where(df["independence"] > 0))
-    df["depth"] = [len(p) for p in top]
+    df["path"] = [str(list(p)) for p in df["path"]]
     right.dataframe(df, hide_index=True, column_config={
         "path": st.column_config.TextColumn(help="0-based ranks, one per head (0 = top-1)"),
         "measured": st.column_config.NumberColumn(

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import streamlit as st
 
 from workbench import WorkbenchError
@@ -18,12 +17,9 @@ from workbench.ui.widgets import (accuracy_source, clean_error, drop_stale, figu
                                   read_sweep_or_error)
 
 
-def has_typical(sweep: pd.DataFrame) -> bool:
-    return "epsilon" in sweep.columns and bool(sweep["epsilon"].notna().any())
-
-
 def tradeoffs_page() -> None:
     from workbench.latency import hardware_aware
+    from workbench.sweep import has_typical
 
     st.title("Trade-offs")
     sweeps = found_csvs("sweep")
@@ -121,6 +117,8 @@ def tradeoffs_page() -> None:
 
 
 def _readable_typical(path: Path) -> bool:
+    from workbench.sweep import has_typical
+
     try:
         return has_typical(read_sweep_file(str(path), file_stamp(path)))
     except WorkbenchError:

@@ -100,7 +100,7 @@ def _focus_from(chart_key: str) -> None:
 
 
 def tree_page() -> None:
-    from workbench.export import FORMATS, export_tree
+    from workbench.export import FORMATS, SUFFIXES, export_tree
     from workbench.calibration import tree_table
     from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
                                     optimal_tree_from)
@@ -317,13 +317,12 @@ def tree_page() -> None:
                            context=speedup["context"])
     tree_file = record_json(tree_record(Tree(tree.paths, tree.name or "tree"), **provenance))
     cols = st.columns(len(FORMATS))
-    suffix = {"medusa": ".py", "json": ".json", "trtllm": ".trtllm.txt", "vllm": ".vllm.json", "eagle": ".eagle.py"}
     notes = []
     for col, fmt in zip(cols, FORMATS):
         text, warns = export_tree(tree, fmt, heads=K)
         if fmt == "json":  # a tree file like `workbench optimize --out` writes: with its provenance
             text = tree_file
-        col.download_button(fmt, text, file_name=f"{tree.name}{suffix[fmt]}", key=f"export_{fmt}",
+        col.download_button(fmt, text, file_name=f"{tree.name}{SUFFIXES[fmt]}", key=f"export_{fmt}",
                             help=f"{tree.name} in the {fmt} format")
         notes += [f"**{fmt}**: {w}" for w in warns]
     for note in notes:
