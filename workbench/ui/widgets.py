@@ -113,18 +113,11 @@ def load_model(model: str, heads: str, device: str):
 
 def found_csvs(kind: str) -> list[Path]:
     """Sweep or latency CSVs in the calibration folders and the results folder, recognised by their header."""
-    want = {"sweep": ("acceleration_rate", "nodes"), "latency": ("tokens", "seconds")}[kind]
-    out = []
-    for root in (calibration_root(), results_root()):
-        for f in sorted(root.rglob("*.csv")) if root.is_dir() else []:
-            try:
-                with f.open() as fh:
-                    header = fh.readline().strip().split(",")
-            except (OSError, UnicodeDecodeError):
-                continue
-            if all(c in header for c in want):
-                out.append(f)
-    return out
+    from workbench.io import find_csvs
+    from workbench.latency import LATENCY_REQUIRED
+    from workbench.sweep import SWEEP_REQUIRED
+
+    return find_csvs((calibration_root(), results_root()), {"sweep": SWEEP_REQUIRED, "latency": LATENCY_REQUIRED}[kind])
 
 
 @dataclass
