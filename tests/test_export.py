@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export import FORMATS, SUFFIXES, TARGETS, engine_safe, export_tree, first_level_gaps, vllm_uniform
-from workbench.optimize import dense_tree, expected_length
+from workbench.export import (FORMATS, SUFFIXES, TARGETS, best_engine_safe, engine_safe, export_tree,
+                              first_level_gaps, vllm_uniform)
+from workbench.optimize import acc_value_fn, best_dense_tree, dense_tree, expected_length, optimal_tree
 from workbench.tree import load_tree, make_tree
 
 TREE = make_tree([[0], [0, 0], [1], [0, 1], [2], [0, 0, 0]], name="small")
@@ -158,6 +159,20 @@ def test_engine_safe_vllm_and_unsupported():
             engine_safe(TREE, fmt, acc)
     with pytest.raises(WorkbenchError, match="tree needs depth 3 and top-3 but the accuracies have 2 heads"):
         engine_safe(TREE, "trtllm", acc)
+
+
+def test_best_engine_safe_designs_the_best_tree_each_engine_builds_as_written():
+    acc = np.array([[0.5, 0.3, 0.1], [0.4, 0.1, 0.05], [0.3, 0.1, 0.05]])
+    free = optimal_tree(acc, 6)
+    trt = best_engine_safe(acc, "trtllm", 6, 3, 3)
+    assert not first_level_gaps(trt) and trt.nodes <= 6
+    assert trt.paths == optimal_tree(acc, 6, contiguous_first_level=True).paths
+    assert best_engine_safe(acc_value_fn(acc), "trtllm", 6, 3, 3).paths == trt.paths  # a value function too
+    vllm = best_engine_safe(acc, "vllm", 6, 3, 3)
+    assert vllm_uniform(vllm) and vllm.paths == best_dense_tree(acc, 6).paths
+    assert expected_length(vllm, acc) <= expected_length(trt, acc) <= expected_length(free, acc)
+    with pytest.raises(WorkbenchError, match="--engine-safe supports trtllm and vllm"):
+        best_engine_safe(acc, "eagle", 6, 3, 3)
 
 
 def test_unknown_format():

@@ -11,7 +11,8 @@ import pytest
 from workbench import WorkbenchError
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
-from workbench.cli import main, parse_delta, parse_floats
+from workbench.cli import main
+from workbench.cli.shared import parse_delta, parse_floats
 from workbench.generation import prepare_prompt
 from workbench.optimize import dense_tree, expected_length, optimal_tree, write_accuracies
 from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, measure_latency, read_latency

@@ -6,8 +6,8 @@ import torch
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.models import load_heads, tiny_tokenizer
-from workbench.train import TrainConfig, interleaved_prompts, load_dataset_tensors, train_heads
+from workbench.models import DEMO_HEADS, load_heads, tiny_tokenizer
+from workbench.train import TrainConfig, default_folders, interleaved_prompts, load_dataset_tensors, train_heads
 
 
 @pytest.fixture
@@ -151,6 +151,14 @@ def test_cli_train_heads(tiny_llama, prompt_file, tmp_path, capsys):
     assert rc == 0
     assert load_heads(out)[0].num_heads == 2
     assert json.loads(capsys.readouterr().out)["steps"] == 3
+
+
+def test_default_folders_cache_the_work_and_name_the_heads_after_the_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    assert default_folders(None) == (tmp_path / "train-heads" / "SmolLM2-135M-Instruct", DEMO_HEADS)
+    work, out = default_folders("org/Model-1B")
+    assert work == tmp_path / "train-heads" / "org--Model-1B" and str(out) == "org--Model-1B-medusa-heads"
+    assert default_folders("m.gguf")[1].name == "m-medusa-heads"
 
 
 @pytest.mark.parametrize("name", ["alpaca_eval.json", "mt_bench_questions.jsonl"])

@@ -8,9 +8,9 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from workbench import WorkbenchError
-from workbench.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, load_tree, make_tree, parse_path, record_json,
-                            reference_trees, remove_path, to_networkx, tree_buffers, tree_diff, tree_record, tree_stats,
-                            validate)
+from workbench.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, buffers_record, load_tree, make_tree, parse_path,
+                            record_json, reference_trees, remove_path, to_networkx, tree_buffers, tree_diff, tree_record,
+                            tree_stats, validate)
 
 SPEC_TREE = [[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]
 SHARED_TREES = Path("/work/shared/reference/medusa_trees.json")
@@ -37,6 +37,15 @@ def test_topk_changes_tree_indices_only():
         assert torch.equal(b10[k], b4[k])
     with pytest.raises(WorkbenchError, match=r"rank 2 out of range \[0, 2\)"):
         tree_buffers(t, topk=2)
+
+
+def test_buffers_record_is_medusas_four_buffers_as_int_lists():
+    t = make_tree(SPEC_TREE)
+    rec, b = buffers_record(t, topk=4), tree_buffers(t, topk=4)
+    assert list(rec) == ["attn_mask", "tree_indices", "position_ids", "retrieve_indices"]  # no `parents`
+    assert rec["attn_mask"][3] == [1, 1, 0, 1, 0, 0, 0, 0, 0] and isinstance(rec["attn_mask"][3][0], int)
+    assert all(rec[k] == b[k].long().tolist() for k in rec)
+    assert json.loads(json.dumps(rec)) == rec
 
 
 # ----------------------------------------------------------------------------------------------- reading

@@ -1,5 +1,5 @@
 """Write a tree in the formats other decoders import, with a one-line warning wherever the target engine would not
-build it exactly as written, and `engine_safe` to repair a tree for one engine. Each format targets one engine
+build it exactly as written, `engine_safe` to repair a tree for one engine and `best_engine_safe` to design one. Each format targets one engine
 era (TARGETS, also printed in the export's header); checked against each project's own code, not run end to end:
 
 - medusa: `name = [[0], [0, 0], ...]` as in Medusa's medusa/model/medusa_choices.py; generate_medusa_buffers
@@ -150,6 +150,25 @@ def _stand_in(path: RankPath) -> float:
     return 0.5 ** (sum(path) + len(path))
 
 
+def _check_safe_engine(engine: str) -> None:
+    if engine not in SAFE_ENGINES:
+        raise WorkbenchError(f"--engine-safe supports {' and '.join(SAFE_ENGINES)}; medusa and eagle take any tree "
+                             f"of depth >= 2 with ranks < {MEDUSA_TOPK} (optimize --max-rank {MEDUSA_TOPK})")
+
+
+def best_engine_safe(value, engine: str, budget: int, max_depth: int, max_rank: int) -> Tree:
+    """The most valuable tree of at most `budget` nodes that `engine` builds exactly as written (optimize
+    --engine-safe): trtllm, first level ranks 0..k-1 (exact over k); vllm, the best dense tree.
+    `value` is acc[K, R] or a path value function."""
+    from workbench.optimize import acc_value_fn, best_dense_tree, optimal_tree_from
+
+    _check_safe_engine(engine)
+    if engine == "vllm":
+        return best_dense_tree(value, budget, max_depth, max_rank)
+    return optimal_tree_from(value if callable(value) else acc_value_fn(value), budget, max_depth, max_rank,
+                             contiguous_first_level=True)
+
+
 def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = None,
                 heads: int | None = None) -> tuple[Tree, str]:
     """(a tree the engine builds exactly as written, one line saying what changed and at what cost).
@@ -164,9 +183,7 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
     from workbench.optimize import (acc_value_fn, best_dense_tree, check_accuracies, expected_length,
                                     optimal_tree_from)
 
-    if engine not in SAFE_ENGINES:
-        raise WorkbenchError(f"--engine-safe supports {' and '.join(SAFE_ENGINES)}; medusa and eagle take any tree "
-                             f"of depth >= 2 with ranks < {MEDUSA_TOPK} (optimize --max-rank {MEDUSA_TOPK})")
+    _check_safe_engine(engine)
     if value is not None and not callable(value):
         value = check_accuracies(value)
         if tree.depth > value.shape[0] or tree.max_rank >= value.shape[1]:

@@ -23,7 +23,8 @@ from tqdm.auto import tqdm
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
-from workbench.models import MedusaHeads, check_heads_fit, load_base, load_heads, model_label, save_heads
+from workbench.models import (DEMO_HEADS, MedusaHeads, cache_dir, check_heads_fit, load_base, load_heads, model_label,
+                              save_heads)
 
 SHARED = REPO_ROOT.parent / "shared" / "data"
 DEFAULT_TRAIN_FILES = ["alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json"]
@@ -55,6 +56,13 @@ class TrainConfig:
 
 def default_prompt_files() -> list[str]:
     return [str(SHARED / f) for f in DEFAULT_TRAIN_FILES if (SHARED / f).is_file()]
+
+
+def default_folders(model: str | None) -> tuple[Path, Path]:
+    """(work folder in the user cache, heads folder) for a base model: the demo model retrains the demo heads in
+    place; another model writes ORG--NAME-medusa-heads in the current folder (train-heads without --work/--out)."""
+    slug = model_label(model).replace("/", "--").replace(".gguf", "")
+    return cache_dir() / "train-heads" / slug, DEMO_HEADS if model is None else Path(f"{slug}-medusa-heads")
 
 
 def interleaved_prompts(files: list[str], seed: int = 0) -> list[str]:

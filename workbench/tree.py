@@ -264,6 +264,15 @@ def tree_buffers(tree: Tree, topk: int = MEDUSA_TOPK, device=None) -> dict[str, 
     return {k: v.to(device) for k, v in out.items()} if device is not None else out
 
 
+MEDUSA_BUFFERS = ("attn_mask", "tree_indices", "position_ids", "retrieve_indices")  # Medusa's own (parents is ours)
+
+
+def buffers_record(tree: Tree, topk: int = MEDUSA_TOPK) -> dict[str, list]:
+    """Medusa's four buffers as integer lists: the JSON `workbench tree buffers` writes, to diff against Medusa's."""
+    buf = tree_buffers(tree, topk)
+    return {k: buf[k].long().tolist() for k in MEDUSA_BUFFERS}
+
+
 # ----------------------------------------------------------------------------------------------- stats, views
 
 def tree_stats(tree: Tree) -> dict:

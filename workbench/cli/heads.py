@@ -1,0 +1,250 @@
+"""Commands that run Medusa heads on a base model: `calibrate`, `decode` and `train-heads`."""
+from __future__ import annotations
+
+import json
+import sys
+
+from workbench import WorkbenchError
+from workbench.cli.shared import model_args
+from workbench.io import check_output
+from workbench.tree import MEDUSA_TOPK
+
+
+# ==== calibrate ===============================================================================================
+
+def _budgets(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise WorkbenchError(f"--budgets {text!r}: expected node counts like 16,32,64") from None
+    if not out or min(out) < 1:
+        raise WorkbenchError(f"--budgets {text!r}: expected positive node counts like 16,32,64")
+    return out
+
+
+def _cmd_calibrate(args) -> int:
+    from workbench.calibrate import CalibrateConfig, calibrate
+
+    if args.out:
+        check_output(args.out, "--out", "folder")
+    elif args.name:
+        from workbench.calibration import calibration_root
+
+        check_output(calibration_root() / args.name, "--name", "folder")
+    check_output(args.trees_dir, "--trees-dir", "folder")
+    meta = calibrate(CalibrateConfig(
+        model=args.model, heads=args.heads, prompts=args.prompts, limit=args.limit, holdout=args.holdout,
+        max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=tuple(_budgets(args.budgets)), name=args.name,
+        out=args.out, device=args.device, dtype=args.dtype, batch_size=args.batch_size, force=args.force,
+        continuations=args.continuations, trees_dir=args.trees_dir))
+    print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
+          f"top-{meta['topk']}; holdout {len(meta['holdout_ids'])} prompts")
+    held = bool(meta["holdout_ids"])
+    # tokens/step (names as in calibration.py): the tree's own model's mean over every fit position, a greedy
+    # decoder replayed over the fit answers, and on the holdout prompts the joint mean and the replay
+    print(f"{'tree':<44}{'nodes':>6}{'expected':>11}{'replay_fit':>11}"
+          + (f"{'joint_holdout':>14}{'replay':>9}" if held else ""))
+    for t in meta["trees"]:
+        print(f"{t['name']:<44}{t['nodes']:>6}{t['expected_acceptance_length']:>11.4f}"
+              f"{t['predicted_replay_fit']:>11.4f}"
+              + (f"{t['holdout_acceptance_length']:>14.4f}{t['predicted_replay']:>9.4f}" if held else ""))
+    for s in meta["trees_skipped"]:
+        print(f"warning: no tree {s}", file=sys.stderr)
+    print(f"calibration written to {meta['folder']}", file=sys.stderr)
+    return 0
+
+
+def add_calibrate(sub) -> None:
+    p = sub.add_parser("calibrate", help="measure head accuracies on the model's own greedy answers; build trees",
+                       description="Record, at every position of the base model's greedy answers, the rank of the "
+                                   "true token in each head's top-k; write ranks, accuracies and optimal trees "
+                                   "(independent heads and measured joint path probabilities). Resumable: rerun the "
+                                   "same command to continue.",
+                       parents=[model_args("--model", "--heads", "--device", "--dtype")])
+    p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns) or a JSON/JSONL/CSV/"
+                   "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
+    p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts")
+    p.add_argument("--holdout", type=float, default=0.2, help="share of prompts kept out of the fit (default 0.2)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--topk", type=int, default=MEDUSA_TOPK, help="ranks recorded per head (Medusa's buffers use 10)")
+    p.add_argument("--budgets", default="16,32,64", help="tree sizes to build (default 16,32,64)")
+    p.add_argument("--name", help="calibration name (default: MODEL-PROMPTS)")
+    p.add_argument("--out", help="output folder (default: calibration/NAME)")
+    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate batch (and per part file)")
+    p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
+    p.add_argument("--continuations", metavar="DIR", help="reuse the greedy answers of a finished calibration of the "
+                   "same model and prompts (new heads: skips generation)")
+    p.add_argument("--trees-dir", help="where tree files go (default trees/, or OUT/trees with --out)")
+    p.set_defaults(func=_cmd_calibrate)
+
+# ==== decode ==================================================================================================
+
+def _prompt_ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise WorkbenchError(f"--prompt-ids {text!r}: give comma-separated integer token ids like 1,2,3") from None
+    if not ids:
+        raise WorkbenchError("--prompt-ids is empty: give comma-separated token ids like 1,2,3")
+    if not all(0 <= i < 1 << 31 for i in ids):
+        raise WorkbenchError(f"--prompt-ids {text[:60]!r}: token ids are integers >= 0 (below the vocabulary size)")
+    return ids
+
+
+def _acceptance(args):
+    """--acceptance auto: greedy at temperature 0, nucleus when --top-p is given, else typical (at 0.7 unless
+    --temperature says otherwise)."""
+    from workbench.decode import Acceptance
+
+    kind = args.acceptance
+    if kind == "auto":
+        kind = "greedy" if not args.temperature else "nucleus" if args.top_p is not None else "typical"
+    temperature = args.temperature if args.temperature is not None else (0.0 if kind == "greedy" else 0.7)
+    if kind == "greedy" and temperature:
+        raise WorkbenchError("--acceptance greedy takes no --temperature (use typical or nucleus to sample)")
+    return Acceptance(kind, temperature, args.epsilon, args.delta, args.top_p if args.top_p is not None else 0.8,
+                      args.seed)
+
+
+def _divergence_line(d: dict, tok) -> str:
+    def show(t):
+        return "end" if t is None else f"{t} {tok.decode([t])!r}" if tok is not None else str(t)
+    def num(x):
+        return "-" if x is None else f"{x:.4g}"
+    return (f"{d['kind']} at token {d['position']}: medusa {show(d['medusa_token'])}, vanilla "
+            f"{show(d['vanilla_token'])}; top-2 logit margin {num(d['margin_medusa'])} (medusa), "
+            f"{num(d['margin_vanilla'])} (vanilla); each run's token above the other's by {num(d['gap_medusa'])} + "
+            f"{num(d['gap_vanilla'])}, rounding bound {num(d['bound'])}")
+
+
+def cmd_decode(args) -> int:
+    from workbench.decode import StepEngine, compare, divergences, medusa_generate, tree_setup, vanilla_generate
+    from workbench.generation import prepare_prompt
+    from workbench.models import load_model_and_heads
+    from workbench.tree import load_tree
+
+    acc = _acceptance(args)
+    prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    try:
+        (args.prompt or "").encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line
+        raise WorkbenchError("--prompt: not valid UTF-8 text") from None
+    model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
+                                             need_tokenizer=prompt_ids is None)
+    tree = load_tree(args.tree, num_heads=heads.num_heads)
+    ids = prompt_ids if prompt_ids is not None else prepare_prompt(tok, args.prompt, args.raw)
+    if tok is None:
+        print("note: the model folder has no tokenizer: the output is token ids", file=sys.stderr)
+    engine, buf = StepEngine(model, compile=args.compile), tree_setup(tree, model)
+    if args.compare or engine.compile:  # warm-up (and compilation) of both step shapes, outside the timed runs
+        vanilla_generate(model, tok, ids, 2, engine=engine)
+        medusa_generate(model, heads, tok, ids, buf, 2, acc, engine=engine)
+    res = medusa_generate(model, heads, tok, ids, buf, args.max_new_tokens, acc, engine=engine)
+    out = res.to_dict()
+    out["acceptance"] = vars(acc)
+    if args.compare:
+        van = vanilla_generate(model, tok, ids, args.max_new_tokens, engine=engine)
+        out.update(compare(res, van))
+        # greedy (temperature 0) must reproduce vanilla: a difference is a near-tie flipped by rounding, or a bug
+        out["divergences"] = None if acc.temperature else divergences(res, van, model.dtype)
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    print(res.text if res.text is not None else ",".join(map(str, res.token_ids)))
+    line = (f"[{res.stop_reason}] {len(res.token_ids)} tokens in {res.total_s:.2f} s, {len(res.steps)} steps: "
+            f"{res.acceleration_rate:.2f} tokens/step, {res.tokens_per_s:.1f} tokens/s")
+    if args.compare:
+        line += (f"; vanilla {out['vanilla_tokens_per_s']:.1f} tokens/s, speedup {out['speedup']:.2f}x, "
+                 f"overhead {out['overhead']:.2f}x, matches greedy: {'yes' if out['matches_greedy'] else 'no'}")
+    print(line)
+    for d in out.get("divergences") or []:
+        print(_divergence_line(d, tok))
+    return 0
+
+
+def add_decode(sub) -> None:
+    from workbench.decode import ACCEPTANCE_KINDS
+
+    p = sub.add_parser("decode", help="generate with Medusa heads and a tree; --compare against vanilla greedy",
+                       description="Medusa decoding of one prompt with a given tree. Greedy acceptance is lossless: "
+                                   "--compare checks it token for token against plain greedy decoding.",
+                       parents=[model_args("--model", "--heads", "--device", "--dtype", "--attn", "--compile")])
+    p.add_argument("--tree", required=True, help="reference tree name, tree file, or literal like '[[0],[0,0],[1]]'")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="user message (wrapped in the chat template unless --raw)")
+    src.add_argument("--prompt-ids", help="comma-separated prompt token ids, used as-is")
+    p.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--acceptance", choices=["auto", *ACCEPTANCE_KINDS], default="auto",
+                   help="auto: greedy at temperature 0, nucleus with --top-p, else typical")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default 0 = greedy; 0.7 for typical/nucleus)")
+    p.add_argument("--epsilon", type=float, default=0.09, help="typical acceptance hard threshold")
+    p.add_argument("--delta", type=float, default=0.3, help="typical acceptance entropy-scaled threshold")
+    p.add_argument("--top-p", type=float, help="nucleus acceptance (default 0.8 when --acceptance nucleus)")
+    p.add_argument("--seed", type=int, help="seed for nucleus sampling")
+    p.add_argument("--compare", action="store_true", help="also run vanilla greedy: speedup, overhead, exactness "
+                   "(a greedy difference is reported as a near-tie within the dtype's rounding, or a mismatch)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of text + summary")
+    p.set_defaults(func=cmd_decode)
+
+# ==== train-heads =============================================================================================
+
+def cmd_train_heads(args) -> int:
+    from pathlib import Path
+
+    from workbench.train import TrainConfig, default_folders, default_prompt_files, interleaved_prompts, train_heads
+
+    files = args.prompts or default_prompt_files()
+    cfg = TrainConfig(prompts=interleaved_prompts(files, args.seed), num_heads=args.num_heads,
+                      num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
+                      max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
+                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                      active_steps=args.active_steps, answers_per_prompt=args.answers_per_prompt,
+                      init=str(Path(args.init).resolve()) if args.init else None)
+    if min(args.num_heads, args.num_layers, args.steps, args.tokens, args.answers_per_prompt) < 1:
+        raise WorkbenchError("--num-heads, --num-layers, --steps, --tokens and --answers-per-prompt must be positive")
+    if args.init and not Path(args.init).exists():
+        raise WorkbenchError(f"--init {args.init}: no such heads folder or file")
+    if not 0 <= args.active_steps <= args.steps:
+        raise WorkbenchError(f"--active-steps {args.active_steps}: must be between 0 and --steps ({args.steps})")
+    work, out = default_folders(args.model)
+    work, out = Path(args.work or work), Path(args.out or out)
+    check_output(work, "--work", "folder")
+    check_output(out, "--out", "folder")
+    summary = train_heads(work, cfg, args.model, out, args.device)
+    print(json.dumps({k: summary[k] for k in ("answer_tokens", "steps", "validation")}, indent=2))
+    print(f"heads written to {out}", file=sys.stderr)
+    return 0
+
+
+def add_train_heads(sub) -> None:
+    p = sub.add_parser("train-heads", help="train Medusa-1 heads on the model's own (self-distilled) answers",
+                       description="Train Medusa-1 heads on a frozen base model with self-distilled data. "
+                                   "Resumable: rerun the same command to continue.",
+                       # no --heads (it writes heads: --out, --init); no --dtype (--gen-dtype for generating,
+                       # training loads the base in fp32)
+                       parents=[model_args("--model", "--device")])
+    p.add_argument("--prompts", nargs="+", metavar="FILE",
+                   help="Alpaca-format prompt files (default: the training sets in shared/data)")
+    p.add_argument("--num-heads", type=int, default=4)
+    p.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head")
+    p.add_argument("--untied", action="store_true", help="give each head its own lm_head (format 1, large files)")
+    p.add_argument("--tokens", type=int, default=200_000, help="self-distilled answer tokens to generate")
+    p.add_argument("--answers-per-prompt", type=int, default=1, metavar="N",
+                   help="answers per prompt: answer j > 0 opens with the model's (j+1)-th likeliest first token, "
+                        "then goes on greedily (more on-policy data once the prompts run out)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--gen-batch", type=int, default=64)
+    p.add_argument("--gen-dtype", default="bfloat16", help="dtype for generating the data (bf16 is ~3x faster on CPU)")
+    p.add_argument("--steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=256, help="positions per optimizer step")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--active-steps", type=int, default=0, metavar="N",
+                   help="the first N steps use a softmax over only the tokens the data emits (~6x faster on CPU; "
+                        "the remaining steps use the full vocabulary)")
+    p.add_argument("--init", metavar="HEADS",
+                   help="start from these heads instead of from zero (e.g. the same heads, once the data has grown)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")
+    p.add_argument("--out", help="output heads folder (default: the demo heads folder for the demo model)")
+    p.set_defaults(func=cmd_train_heads)

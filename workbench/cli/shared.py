@@ -1,0 +1,98 @@
+"""Flags, flag parsers and output helpers shared by every `workbench` command (one declaration, one help text)."""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from workbench import WorkbenchError
+from workbench.io import atomic_write_text
+
+
+def write_output(text: str, out: str | None, what: str = "") -> None:
+    """Text to --out (atomically, with a note on stderr) or stdout: every command writes results this way."""
+    if out:
+        atomic_write_text(out, text, "--out")
+        if what:
+            print(f"wrote {what} to {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+
+
+def write_json(obj, out: str | None) -> None:
+    """JSON to --out or stdout."""
+    write_output(json.dumps(obj, indent=2) + "\n", out)
+
+
+# flag values: lists and ranges of numbers, one clear error line when malformed
+
+def parse_ints(text, what: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]: positive, sorted, unique."""
+    try:
+        vals = sorted({int(x) for x in str(text).replace(" ", "").split(",") if x})
+    except ValueError:
+        raise WorkbenchError(f"{what} {text!r}: give comma-separated positive integers like 4,8,16") from None
+    if not vals or vals[0] < 1:
+        raise WorkbenchError(f"{what} {text!r}: give comma-separated positive integers like 4,8,16")
+    return vals
+
+
+def parse_floats(text, what: str, low: float = 0.0, high: float = math.inf) -> list[float]:
+    """'0,0.7' -> [0.0, 0.7] (each in [low, high]), or a range START:STOP:STEP with STOP included when hit."""
+    text = str(text).replace(" ", "")
+    try:
+        parts = [float(x) for x in text.split(":")] if ":" in text else [float(x) for x in text.split(",") if x]
+    except ValueError:
+        raise WorkbenchError(f"{what} {text!r}: give numbers like 0.05,0.09 or a range like 0.01:0.25:0.04") from None
+    if ":" in text:
+        if len(parts) != 3 or not all(map(math.isfinite, parts)) or not (parts[2] > 0 and parts[0] <= parts[1]):
+            raise WorkbenchError(f"{what} {text!r}: a range is START:STOP:STEP with START <= STOP and STEP > 0, "
+                                 "e.g. 0.01:0.25:0.04")
+        start, stop, step = parts
+        vals = [round(start + i * step, 10) for i in range(int(math.floor((stop - start) / step + 1e-9)) + 1)]
+    else:
+        vals = parts
+    if not vals:
+        raise WorkbenchError(f"{what} is empty: give numbers like 0.05,0.09 or a range like 0.01:0.25:0.04")
+    for v in vals:
+        if not (low <= v <= high and math.isfinite(v)):
+            raise WorkbenchError(f"{what} {text!r}: value {v:g} is outside [{low:g}, {high:g}]")
+    return sorted(set(vals))
+
+
+def parse_delta(text) -> str | float:
+    """'sqrt' (delta = sqrt(epsilon), Medusa's posterior_alpha convention) or a fixed number >= 0."""
+    if str(text).strip().lower() == "sqrt":
+        return "sqrt"
+    try:
+        d = float(text)
+    except (TypeError, ValueError):
+        raise WorkbenchError(f"--delta {text!r}: unknown; use 'sqrt' (delta = sqrt(epsilon)) or a number >= 0") \
+            from None
+    if not (d >= 0 and math.isfinite(d)):
+        raise WorkbenchError(f"--delta {text!r}: must be 'sqrt' or a finite number >= 0")
+    return d
+
+# ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
+
+COMPILE_HELP = ("torch.compile the decoding step (fixed shapes per tree; default: on for CUDA, off for CPU, where "
+                "inductor needs minutes per tree size and a C++ compiler); falls back to eager with one warning line")
+
+SHARED_FLAGS = {  # one declaration and help text per flag, whichever command takes it
+    "--model": dict(help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"),
+    "--heads": dict(help="Medusa heads folder or file (default: the demo heads; a Medusa-2 --model holds its own)"),
+    "--device": dict(help="auto (default), cpu, cuda or cuda:N"),
+    "--dtype": dict(help="auto (default: bf16, or fp16 where bf16 is unsupported, on CUDA; fp32 on CPU), float32, "
+                         "bfloat16, float16"),
+    "--attn": dict(choices=["sdpa", "eager"], help="attention implementation (default: the model's)"),
+    "--compile": dict(action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP),
+}
+
+
+def model_args(*flags: str) -> argparse.ArgumentParser:
+    """A parent parser (`parents=[...]`) with these shared flags, so their help cannot drift between commands."""
+    p = argparse.ArgumentParser(add_help=False)
+    for flag in flags:
+        p.add_argument(flag, **SHARED_FLAGS[flag])
+    return p

@@ -1,0 +1,296 @@
+"""Tree design commands: `tree show|list|buffers|eval`, `optimize` (also --latency) and `export`."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from workbench import WorkbenchError
+from workbench.cli.shared import write_json, write_output
+from workbench.io import atomic_write_text, check_output
+from workbench.tree import MEDUSA_TOPK
+
+
+def _cmd_tree_show(args) -> int:
+    from workbench.tree import ascii_tree, load_tree, tree_stats
+
+    check_output(args.png, "--png")
+    tree = load_tree(args.tree, num_heads=args.heads)
+    st = tree_stats(tree)
+    labels = None
+    print(f"tree {st['name'] or '(literal)'}: {st['nodes']} nodes, depth {st['depth']}, "
+          f"{st['leaves']} root-to-leaf paths, ranks 0..{st['max_rank']} (needs top-{st['min_topk']})")
+    print(f"nodes per depth: {', '.join(map(str, st['nodes_per_depth']))}")
+    if args.accuracies:
+        from workbench.optimize import acc_value_fn, expected_length, read_accuracies
+
+        acc = read_accuracies(args.accuracies)
+        tree = load_tree(tree, topk=acc.shape[1], num_heads=acc.shape[0])
+        fn = acc_value_fn(acc)
+        labels = {p: f"{fn(p):.4f}" for p in tree.paths}
+        print(f"expected acceptance length: {expected_length(tree, fn):.4f} tokens/step ({args.accuracies})")
+    print(ascii_tree(tree, labels))
+    if args.png:  # the app's tree drawing + attention mask (workbench/plots.py); edges by probability if known
+        from workbench.plots import save_png, tree_figure
+
+        probs = {p: float(v) for p, v in labels.items()} if labels else None
+        print(f"wrote {save_png(tree_figure(tree, probs), args.png)}", file=sys.stderr)
+    return 0
+
+
+def _cmd_tree_list(args) -> int:
+    from workbench.tree import reference_trees, tree_stats
+
+    print(f"{'name':<28}{'nodes':>6}{'depth':>6}{'leaves':>7}{'max rank':>9}  nodes per depth")
+    for name, tree in reference_trees().items():
+        st = tree_stats(tree)
+        print(f"{name:<28}{st['nodes']:>6}{st['depth']:>6}{st['leaves']:>7}{st['max_rank']:>9}  "
+              f"{', '.join(map(str, st['nodes_per_depth']))}")
+    return 0
+
+
+def _cmd_tree_buffers(args) -> int:
+    from workbench.tree import buffers_record, load_tree
+
+    if args.topk < 1:
+        raise WorkbenchError(f"--topk must be >= 1, got {args.topk}")
+    check_output(args.out, "--out")
+    write_json(buffers_record(load_tree(args.tree, topk=args.topk), args.topk), args.out)
+    return 0
+
+
+def _cmd_tree_eval(args) -> int:
+    """`workbench tree eval TREE --calibration DIR`."""
+    from workbench.calibration import Calibration
+    from workbench.tree import load_tree
+
+    rep = Calibration(args.calibration).report(load_tree(args.tree))
+    print(f"tree {rep['tree'] or '(literal)'}: {rep['nodes']} nodes; calibration {rep['calibration']} "
+          f"({rep['positions']} positions)")
+    for key, what in (("predicted_independent", "independent heads, fit prompts"),
+                      ("predicted_joint", "joint paths, fit prompts"),
+                      ("predicted_replay", "a greedy decoder replayed over the holdout answers"),
+                      ("predicted_replay_fit", "the same replay over the fit answers"),
+                      ("holdout_acceptance_length", "joint paths, holdout prompts")):
+        if rep.get(key) is not None:
+            print(f"{key:<26} {rep[key]:.4f}  ({what})")
+    return 0
+
+
+def _objective(args):
+    """(acc [K, R], value: acc or a path-probability fn) from --accuracies FILE or --calibration DIR [--joint]."""
+    from workbench.optimize import read_accuracies
+
+    if args.calibration or getattr(args, "joint", False):  # a calibration folder: its fit prompts
+        from workbench.calibration import Calibration
+
+        if args.calibration is None:
+            raise WorkbenchError("--joint needs --calibration DIR (joint path probabilities come from its ranks)")
+        if args.accuracies:
+            raise WorkbenchError("give either --accuracies FILE or --calibration DIR, not both")
+        cal = Calibration(args.calibration)
+        acc = cal.accuracies("fit")
+        return acc, (cal.joint_value("fit") if getattr(args, "joint", False) else acc)
+    if args.accuracies:
+        acc = read_accuracies(args.accuracies)
+        return acc, acc
+    raise WorkbenchError("give --accuracies FILE or --calibration DIR")
+
+
+def _cmd_optimize(args) -> int:
+    from workbench.export import best_engine_safe
+    from workbench.optimize import dense_tree, expected_curve, expected_length, optimal_tree, optimal_tree_from
+    from workbench.tree import Tree, load_tree, record_json, tree_record
+
+    check_output(args.out, "--out")
+    check_output(args.curve_out, "--curve-out")
+    acc, value = _objective(args)
+    if args.engine_safe and (args.latency or args.curve):
+        raise WorkbenchError("--engine-safe gives one tree for --budget N; drop --latency / --curve")
+    if args.latency:  # hardware-aware choice over all budgets
+        return _optimize_for_latency(args, acc, value)
+    heads, ranks = acc.shape
+    if args.dense and args.curve:
+        raise WorkbenchError("--curve describes optimal trees; drop --dense")
+    if args.dense:
+        try:
+            sizes = [int(x) for x in args.dense.split(",")]
+        except ValueError:
+            raise WorkbenchError(f"--dense {args.dense!r}: expected sizes per depth like 4,3,2") from None
+        tree = load_tree(dense_tree(sizes), topk=ranks, num_heads=heads)
+        method = "dense"
+    else:
+        if args.budget is None:
+            raise WorkbenchError("--budget N is required (the number of tree nodes), or give --dense 4,3,2")
+        if args.curve:
+            curve = expected_curve(value, args.budget, args.max_depth or heads, args.max_rank or ranks)
+            print(f"{'budget':>6}  {'expected_length':>15}  {'gain':>8}")
+            for n in range(1, len(curve)):
+                print(f"{n:>6}  {curve[n]:>15.4f}  {curve[n] - curve[n - 1]:>8.5f}")
+        depth, rank = args.max_depth or heads, args.max_rank or ranks
+        tree = optimal_tree(acc, args.budget, args.max_depth, args.max_rank) if value is acc else \
+            optimal_tree_from(value, args.budget, depth, rank)
+        method = "optimal"
+        if args.engine_safe:  # the best tree under the engine's constraint, and what the constraint costs
+            free = expected_length(tree, value)
+            tree = best_engine_safe(value, args.engine_safe, args.budget, depth, rank)
+            print(f"note: engine-safe for {args.engine_safe}: expected acceptance {expected_length(tree, value):.4f} "
+                  f"tokens/step vs {free:.4f} unconstrained (cost {free - expected_length(tree, value):.4f})",
+                  file=sys.stderr)
+    safe = f"{args.engine_safe}_" if args.engine_safe and method == "optimal" else ""
+    name = args.name or (f"optimal_{safe}{tree.nodes}" if method == "optimal" else tree.name)
+    length = expected_length(tree, value)
+    prov = dict(expected_acceptance_length=length, budget=args.budget if method == "optimal" else tree.nodes,
+                method=method, max_depth=args.max_depth or heads, max_rank=args.max_rank or ranks, heads=heads,
+                ranks=ranks, accuracies=str(args.accuracies or args.calibration))
+    if args.engine_safe:
+        prov["engine_safe"] = args.engine_safe
+    if not (args.curve and not args.out):
+        write_output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
+    if tree.max_rank >= MEDUSA_TOPK:
+        print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-{MEDUSA_TOPK} only "
+              f"(use --max-rank {MEDUSA_TOPK} for Medusa/EAGLE-1 decoders)", file=sys.stderr)
+    short = "" if method != "optimal" or tree.nodes == args.budget or args.engine_safe else \
+        f"; only {tree.nodes} nodes have positive acceptance probability"
+    print(f"{method} tree: {tree.nodes} nodes, depth {tree.depth}, expected acceptance length {length:.4f} "
+          f"tokens/step{short}" + (f" -> {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
+
+
+def _optimize_for_latency(args, acc, value) -> int:
+    """`optimize --latency FILE`: the optimal tree for every budget, its predicted speedup on the measured
+    hardware, and the tree with the best one (called from _cmd_optimize)."""
+    from workbench.optimize import expected_length
+    from workbench.tree import Tree, record_json, tree_record
+    from workbench.calibration import Calibration
+    from workbench.latency import hardware_aware, latency_table, read_latency
+
+    if args.dense:
+        raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
+    target = Calibration(args.calibration).typical_context() if args.calibration else None
+    table, ctx = latency_table(read_latency(args.latency), args.context, target, f"--latency {args.latency}")
+    heads, ranks = acc.shape
+    res = hardware_aware(value, table, args.max_depth or heads, args.max_rank or ranks, args.budget)
+    cols = ("budget", "verify_tokens", "expected_length", "relative_latency", "speedup")
+    if args.curve_out:
+        import pandas as pd
+
+        curve = pd.DataFrame(res["rows"], columns=cols).to_csv(index=False)
+        atomic_write_text(args.curve_out, curve, "--curve-out")
+    else:
+        print(f"{'budget':>6}{'tokens/step':>13}{'t(n+1)/t(1)':>13}{'speedup':>9}", file=sys.stderr)
+        for r in res["rows"]:
+            print(f"{r['budget']:>6}{r['expected_length']:>13.4f}{r['relative_latency']:>13.3f}{r['speedup']:>9.3f}",
+                  file=sys.stderr)
+    best, tree = res["best"], res["tree"]
+    name = args.name or f"hardware_{tree.nodes}"
+    prov = dict(expected_acceptance_length=expected_length(tree, value), predicted_speedup=best["speedup"],
+                relative_latency=best["relative_latency"], budget=best["budget"], method="hardware-aware",
+                latency=str(args.latency), context=ctx, joint=bool(args.joint),
+                accuracies=str(args.accuracies or args.calibration))
+    write_output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
+    if best["speedup"] <= 1:
+        print("warning: no tree is predicted to beat vanilla decoding on this hardware", file=sys.stderr)
+    print(f"hardware-aware tree: {tree.nodes} nodes, depth {tree.depth}, {best['expected_length']:.4f} tokens/step at "
+          f"{best['relative_latency']:.3f}x step cost = predicted speedup {best['speedup']:.3f}x (context {ctx})"
+          + (f" -> {args.out}" if args.out else ""), file=sys.stderr)
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from workbench.export import engine_safe, export_tree
+    from workbench.tree import load_tree
+
+    check_output(args.out, "--out")
+    tree = load_tree(args.tree, num_heads=args.heads)
+    if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
+        value = _objective(args)[1] if (args.accuracies or args.calibration) else None
+        tree, note = engine_safe(tree, args.format, value, max_nodes=args.max_draft_len, heads=args.heads)
+        print(f"note: {note}", file=sys.stderr)
+    elif args.accuracies or args.calibration:
+        raise WorkbenchError("--accuracies / --calibration only price an --engine-safe repair: add --engine-safe")
+    text, warns = export_tree(tree, args.format, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
+                              strict=True)
+    for w in warns:
+        print(f"warning: {w}", file=sys.stderr)
+    if args.format == "vllm":
+        print("note: a --speculative-config fragment; vLLM requires num_speculative_tokens == number of tree "
+              "nodes, and drafts trees with EAGLE-style proposers (add method eagle/eagle3 and model)",
+              file=sys.stderr)
+    write_output(text, args.out, f"{args.format} tree")
+    return 0
+
+
+class _RenamedHeads(argparse.Action):
+    """`--heads K` of tree show / export was renamed: elsewhere --heads names a heads folder, so say which is which."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise WorkbenchError(f"--heads {values}: this command counts heads with --num-heads {values} "
+                             "(--heads names a heads folder in decode, calibrate, sweep and latency)")
+
+
+def _num_heads_arg(p, help_text: str) -> None:
+    p.add_argument("--num-heads", dest="heads", type=int, metavar="K", help=help_text)
+    p.add_argument("--heads", action=_RenamedHeads, help=argparse.SUPPRESS)
+
+
+def add_tree(sub) -> None:
+    """Register `tree` (show, list, buffers, eval), `optimize` and `export`."""
+    from workbench.export import FORMATS, SAFE_ENGINES
+
+    tree_help = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
+    t = sub.add_parser("tree", help="inspect trees: show, list, buffers")
+    tsub = t.add_subparsers(dest="tree_command", required=True, metavar="SUBCOMMAND")
+    s = tsub.add_parser("show", help="stats and an ASCII drawing of a tree")
+    s.add_argument("tree", metavar="TREE", help=tree_help)
+    _num_heads_arg(s, "check the depth against this many Medusa heads")
+    s.add_argument("--accuracies", metavar="FILE", help="also show node probabilities and expected length")
+    s.add_argument("--png", metavar="FILE", help="also draw the tree and its attention mask to a PNG file")
+    s.set_defaults(func=_cmd_tree_show)
+    ls = tsub.add_parser("list", help="the reference trees with their stats")
+    ls.set_defaults(func=_cmd_tree_list)
+    b = tsub.add_parser("buffers", help="Medusa tree-attention buffers as JSON")
+    b.add_argument("tree", metavar="TREE", help=tree_help)
+    b.add_argument("--topk", type=int, default=MEDUSA_TOPK, help="top-k per head in the candidate layout (Medusa: 10)")
+    b.add_argument("--out", metavar="FILE", help="write the JSON here instead of stdout")
+    b.set_defaults(func=_cmd_tree_buffers)
+    ev = tsub.add_parser("eval", help="a tree's predicted tokens per step on a calibration folder")
+    ev.add_argument("tree", metavar="TREE", help=tree_help)
+    ev.add_argument("--calibration", required=True, metavar="DIR", help="a `workbench calibrate` output folder")
+    ev.set_defaults(func=_cmd_tree_eval)
+
+    o = sub.add_parser("optimize", help="the tree with the highest expected acceptance length for a node budget")
+    o.add_argument("--accuracies", metavar="FILE",
+                   help="CSV head,rank,accuracy[,count] (1-based) or Medusa *_heads_accuracy.pt")
+    o.add_argument("--calibration", metavar="DIR", help="instead: a `workbench calibrate` folder (its fit prompts)")
+    o.add_argument("--joint", action="store_true",
+                   help="with --calibration: measured joint path probabilities instead of independent heads")
+    o.add_argument("--budget", type=int, metavar="N", help="number of tree nodes (root not counted)")
+    o.add_argument("--max-depth", type=int, metavar="D", help="deepest level (default: number of heads)")
+    o.add_argument("--max-rank", type=int, metavar="R", help="use only each head's top-R guesses")
+    o.add_argument("--dense", metavar="S1,S2,..", help="instead: the dense Cartesian tree with these sizes per depth")
+    o.add_argument("--curve", action="store_true",
+                   help="print expected length for every budget 1..N on stdout (tree JSON only with --out)")
+    o.add_argument("--name", help="tree name stored in the JSON")
+    o.add_argument("--out", metavar="FILE", help="write the tree JSON here instead of stdout")
+    o.add_argument("--latency", metavar="FILE", help="`workbench latency` CSV: pick the budget with the best "
+                                                   "predicted speedup (--budget caps it)")
+    o.add_argument("--context", type=int, metavar="N", help="with --latency: use rows at this context "
+                                                          "(default: closest to the calibration's typical one)")
+    o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
+    o.add_argument("--engine-safe", choices=SAFE_ENGINES, help="the best tree the engine builds exactly as "
+                   "written: trtllm = first level ranks 0..k-1, vllm = dense per level; reports the cost")
+    o.set_defaults(func=_cmd_optimize)
+
+    e = sub.add_parser("export", help="write a tree for Medusa, TensorRT-LLM, vLLM or EAGLE")
+    e.add_argument("tree", metavar="TREE", help=tree_help)
+    e.add_argument("--format", required=True, choices=FORMATS)
+    e.add_argument("--name", help="variable / tree name (default: the tree's own)")
+    _num_heads_arg(e, "number of Medusa heads: a deeper tree is an error")
+    e.add_argument("--max-draft-len", type=int, default=63, metavar="N",
+                   help="TensorRT-LLM engine's max_draft_len (default 63)")
+    e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "
+                   "written (trtllm, vllm) and report the cost in expected acceptance length")
+    e.add_argument("--accuracies", metavar="FILE", help="with --engine-safe: accuracies that price the repair")
+    e.add_argument("--calibration", metavar="DIR", help="with --engine-safe: instead, a `workbench calibrate` folder")
+    e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
+    e.set_defaults(func=_cmd_export)
