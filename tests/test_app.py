@@ -156,7 +156,8 @@ def test_only_the_app_package_imports_streamlit():
 
     code = ("import pkgutil, sys, importlib, workbench\n"
             "mods = [m.name for m in pkgutil.walk_packages(workbench.__path__, 'workbench.')]\n"
-            "[importlib.import_module(m) for m in mods if not m.startswith('workbench.ui') and not m.endswith('__main__')]\n"
+            "[importlib.import_module(m) for m in mods\n"
+            " if not m.startswith('workbench.ui') and not m.endswith('__main__')]\n"
             "assert 'workbench.cli' in sys.modules and 'streamlit' not in sys.modules, 'streamlit imported'\n"
             "import workbench.ui.tree_page\n"
             "assert 'streamlit' in sys.modules\n")
