@@ -148,6 +148,24 @@ def test_no_calibration_is_an_info_not_a_crash(tmp_path, monkeypatch):
     assert not at.metric
 
 
+def test_only_the_app_package_imports_streamlit():
+    """Every library module and the CLI import without streamlit; the app's pages (workbench.ui) bring it in."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import pkgutil, sys, importlib, workbench\n"
+            "mods = [m.name for m in pkgutil.walk_packages(workbench.__path__, 'workbench.')]\n"
+            "[importlib.import_module(m) for m in mods\n"
+            " if not m.startswith('workbench.ui') and not m.endswith('__main__')]\n"
+            "assert 'workbench.cli' in sys.modules and 'streamlit' not in sys.modules, 'streamlit imported'\n"
+            "import workbench.ui.tree_page\n"
+            "assert 'streamlit' in sys.modules\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 # ----------------------------------------------------------------------------------------------- tree designer
 
 def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):

@@ -82,6 +82,20 @@ def test_tree_table(cal):
                          "predicted_independent": pytest.approx(rows[0]["predicted_independent"])}]
 
 
+def test_path_comparison_measured_vs_independence(cal):
+    """The calibration page's table: the most frequent measured paths, each against the product of its a_k^(i)."""
+    table = cal.path_comparison("holdout", 12)
+    measured, acc = cal.path_probabilities("holdout"), cal.accuracies("holdout")
+    assert list(table.columns) == ["path", "measured / independence", "measured", "independence", "depth"]
+    assert len(table) == 12 and table["measured"].is_monotonic_decreasing
+    assert table["measured"][0] == max(measured.values())
+    for _, row in table.iterrows():
+        assert row["measured"] == measured[row["path"]] and row["depth"] == len(row["path"])
+        assert row["independence"] == pytest.approx(np.prod([acc[k, r] for k, r in enumerate(row["path"])]))
+        assert row["measured / independence"] == pytest.approx(row["measured"] / row["independence"])
+    assert len(cal.path_comparison("fit", 10 ** 6)) == len(cal.path_probabilities("fit"))
+
+
 def test_holdout_prompts_typical_context_and_files(cal):
     from workbench.data import load_prompt_records
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export import (FORMATS, TARGETS, best_engine_safe, engine_safe, export_tree, first_level_gaps,
-                              vllm_uniform)
+from workbench.export import (FORMATS, SUFFIXES, TARGETS, best_engine_safe, engine_safe, export_tree,
+                              first_level_gaps, vllm_uniform)
 from workbench.optimize import acc_value_fn, best_dense_tree, dense_tree, expected_length, optimal_tree
 from workbench.tree import load_tree, make_tree
 
@@ -179,3 +179,14 @@ def test_unknown_format():
     assert set(FORMATS) == {"medusa", "json", "trtllm", "vllm", "eagle"}
     with pytest.raises(WorkbenchError, match="unknown export format 'onnx'"):
         export_tree(TREE, "onnx")
+
+
+def test_each_format_has_a_file_suffix_its_text_parses_as():
+    """The app names each download by SUFFIXES: a .json file holds JSON, a .py file Python."""
+    assert list(SUFFIXES) == list(FORMATS) and len(set(SUFFIXES.values())) == len(FORMATS)
+    for fmt in FORMATS:
+        text, _ = export_tree(TREE, fmt)
+        if SUFFIXES[fmt].endswith(".json"):
+            assert json.loads(text)
+        elif SUFFIXES[fmt].endswith(".py"):
+            assert "[[0], [0, 0], [1]" in text and ast.parse(text).body

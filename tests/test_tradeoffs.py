@@ -421,3 +421,33 @@ def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
     md = summarize(tmp_path / "old.csv")
     assert md == summarize(committed).replace("sweep-greedy-cpu.csv", "old.csv")
     assert "| predicted_independent | predicted_joint | predicted_replay |" in md
+
+
+def test_has_typical_means_rows_with_an_epsilon(tmp_path):
+    """Fig. 5 needs typical-acceptance rows: the committed typical sweep has them, the greedy one has none."""
+    from workbench import REPO_ROOT
+    from workbench.sweep import has_typical, read_sweep
+
+    typical, greedy = (read_sweep(REPO_ROOT / "docs" / "results" / f"sweep-{k}-cpu.csv") for k in ("typical", "greedy"))
+    assert has_typical(typical) and not has_typical(greedy)
+    assert not has_typical(typical.drop(columns="epsilon"))  # an old sweep without the column
+
+
+def test_find_csvs_by_the_columns_their_reader_needs(tmp_path):
+    """The app's file pickers list the committed sweeps and the calibration's latency CSV, each by its reader's
+    required columns, and skip other CSVs and unreadable files."""
+    from workbench import REPO_ROOT
+    from workbench.io import find_csvs
+    from workbench.latency import LATENCY_REQUIRED
+    from workbench.sweep import SWEEP_REQUIRED, read_sweep
+
+    results, cal = REPO_ROOT / "docs" / "results", REPO_ROOT / "calibration"
+    sweeps = find_csvs([results, cal, tmp_path / "missing"], SWEEP_REQUIRED)
+    assert sweeps == sorted(results.glob("sweep-*.csv")) and all(len(read_sweep(f)) for f in sweeps)
+    assert find_csvs([results, cal], LATENCY_REQUIRED) == sorted(cal.glob("*/latency-*.csv"))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "lat.csv").write_text("context,tokens,seconds\n128,1,0.1\n")
+    (tmp_path / "acc.csv").write_text("head,rank,accuracy\n1,1,0.5\n")
+    (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00tokens")
+    assert find_csvs([tmp_path], LATENCY_REQUIRED) == [tmp_path / "sub" / "lat.csv"]
+    assert find_csvs([tmp_path], SWEEP_REQUIRED) == []

@@ -272,6 +272,21 @@ class Calibration:
 
         return self._cached(("joint", split), lambda: empirical_value_fn(self.path_probabilities(split)))
 
+    def path_comparison(self, split: str = "fit", top: int = 40) -> pd.DataFrame:
+        """The `top` most frequent measured paths (ties: shorter, then by ranks) with their measured frequency, the
+        independence product of the split's a_k^(i), the ratio (1 = independent heads) and depth. The two use
+        different denominators (all positions vs the positions where head k has a target), so even a one-head
+        path reads below 1: that part is the answers' ends, not head correlation."""
+        from workbench.optimize import acc_value_fn
+
+        measured, value = self.path_probabilities(split), acc_value_fn(self.accuracies(split))
+        paths = sorted(measured, key=lambda p: (-measured[p], len(p), p))[:top]
+        df = pd.DataFrame({"path": paths, "measured": [measured[p] for p in paths],
+                           "independence": [value(p) for p in paths]})
+        df.insert(1, "measured / independence", df["measured"] / df["independence"].where(df["independence"] > 0))
+        df["depth"] = [len(p) for p in paths]
+        return df
+
     def check_fits(self, tree) -> None:
         K, topk = self.accuracies("all").shape
         if tree.depth > K or tree.max_rank >= topk:

@@ -27,7 +27,9 @@ import json
 from workbench import WorkbenchError
 from workbench.tree import MEDUSA_TOPK, RankPath, Tree, load_tree
 
-FORMATS = ("medusa", "json", "trtllm", "vllm", "eagle")
+SUFFIXES = {"medusa": ".py", "json": ".json", "trtllm": ".trtllm.txt", "vllm": ".vllm.json",  # file name ends
+            "eagle": ".eagle.py"}
+FORMATS = tuple(SUFFIXES)
 SAFE_ENGINES = ("trtllm", "vllm")  # formats with an engine-safe repair (medusa / eagle: --max-rank 10 is enough)
 TRTLLM_MAX_DRAFT_LEN = 63
 DEFAULT_CHOICES = "mc_sim_7b_63"  # the tree both Medusa and EAGLE-1 use unless told otherwise

@@ -198,3 +198,19 @@ def read_csv(path, what: str, columns: tuple[str, ...], maker: str):
         raise WorkbenchError(f"{what} {path}: needs rows with columns {','.join(columns)} "
                              f"({'missing column(s) ' + ', '.join(missing) if missing else 'no rows'}; `{maker}` writes it)")
     return df
+
+
+def find_csvs(roots, columns: tuple[str, ...]) -> list[Path]:
+    """The CSVs under `roots` (recursively, sorted per root) whose header has these columns: the results files of
+    one kind (a sweep's or a latency's required columns) wherever they were written."""
+    out = []
+    for root in map(Path, roots):
+        for f in sorted(root.rglob("*.csv")) if root.is_dir() else []:
+            try:
+                with f.open() as fh:
+                    header = fh.readline().strip().split(",")
+            except (OSError, UnicodeDecodeError):
+                continue
+            if all(c in header for c in columns):
+                out.append(f)
+    return out

@@ -21,6 +21,7 @@ from workbench.io import read_csv
 from workbench.tree import MEDUSA_TOPK, Tree
 
 LATENCY_COLUMNS = ["model", "device", "dtype", "context", "tokens", "seconds"]
+LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_CONTEXTS = (128, 1024)
 
@@ -99,7 +100,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
 
 def read_latency(path) -> pd.DataFrame:
     """A latency CSV, checked: LATENCY_COLUMNS present, positive token counts and seconds."""
-    df = read_csv(path, "--latency", ("context", "tokens", "seconds"), "workbench latency")
+    df = read_csv(path, "--latency", LATENCY_REQUIRED, "workbench latency")
     num = df[["context", "tokens", "seconds"]].apply(pd.to_numeric, errors="coerce")
     ints = num[["context", "tokens"]]
     if num.isna().any().any() or (ints % 1 != 0).any().any() or (num["context"] > 1 << 24).any() or \

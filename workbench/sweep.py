@@ -149,6 +149,7 @@ SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "acceptance"
 # renames them, so older files still open in the app and the report. The only place the old names live.
 OLD_COLUMNS = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
                "predicted_walk": "predicted_replay_fit", "replay": "replay_swept"}
+SWEEP_REQUIRED = ("tree", "nodes", "acceleration_rate")  # on every row of every sweep (read_sweep)
 SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration")
 
 
@@ -164,7 +165,7 @@ def _fmt(v) -> str:
 def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
     """A sweep CSV (`workbench sweep`), checked for the columns every plot needs: numeric columns hold finite
     numbers (or nothing), nodes and acceleration_rate on every row."""
-    df = read_csv(path, what, ("tree", "nodes", "acceleration_rate"), "workbench sweep --out FILE.csv")
+    df = read_csv(path, what, SWEEP_REQUIRED, "workbench sweep --out FILE.csv")
     df = df.rename(columns={old: new for old, new in OLD_COLUMNS.items() if new not in df.columns})
     for c in df.columns:
         if c in SWEEP_TEXT or c not in SWEEP_COLUMNS:
@@ -178,6 +179,11 @@ def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
                                  f"not a finite number")
         df[c] = num
     return df
+
+
+def has_typical(sweep: pd.DataFrame) -> bool:
+    """Whether a sweep holds typical-acceptance rows (an epsilon on some row): the rows of the paper's Fig. 5."""
+    return "epsilon" in sweep.columns and bool(sweep["epsilon"].notna().any())
 
 
 def read_sweep_rows(path) -> list[dict]:

@@ -1,0 +1,68 @@
+"""Page 2, the calibration (/calibration): per-head accuracies and measured vs independence path probabilities.
+
+What `workbench calibrate` measured, split by fit / holdout prompts: the a_k^(i) heatmap, top-k curves, and how
+far measured joint path frequencies are from the independence product the optimizer assumes.
+"""
+from __future__ import annotations
+
+import streamlit as st
+
+from workbench import plots
+from workbench.ui.widgets import accuracy_source, figure
+
+
+def calibration_page() -> None:
+    from workbench.accuracies import accuracy_frame
+
+    st.title("Calibration")
+    src = accuracy_source("cal")
+    if src is None:
+        st.info("Pick a calibration folder or an accuracy table in the sidebar.")
+        return
+    acc = src.acc
+    if src.calib:
+        split = st.sidebar.radio("Prompts", ["fit", "holdout", "all"], key="cal_split",
+                                 help="fit: what calibrate's trees are built from; holdout: the prompts kept aside")
+        acc, ranks = src.calib.accuracies(split), src.calib.ranks(split)
+        cols = st.columns(5)
+        cols[0].metric("heads", acc.shape[0])
+        cols[1].metric("top-k", acc.shape[1])
+        cols[2].metric("positions", len(ranks))
+        cols[3].metric("prompts", ranks["prompt_id"].nunique())
+        cols[4].metric("model", str(src.calib.meta.get("model") or "demo"))
+        if not len(ranks):
+            st.info(f"the {split} split of this calibration is empty")
+            return
+    left, right = st.columns(2)
+    with left:
+        figure(plots.accuracy_heatmap(acc), "a_k^(i): share of positions where head k's rank-i guess is the token.")
+    with right:
+        figure(plots.cumulative_topk(acc), "Top-k accuracy: the running sum over ranks.")
+    st.download_button("accuracies.csv", accuracy_frame(acc).to_csv(index=False), file_name="accuracies.csv",
+                       key="cal_download")
+    st.subheader("Independence vs measured path probability")
+    if not src.calib:
+        st.info("Measured path probabilities need the ranks of a calibration folder; an accuracy table has only "
+                "the per-head marginals.")
+        return
+    n = st.slider("top paths (by measured probability)", 5, 200, 40, key="cal_top")
+    df = src.calib.path_comparison(split, n)
+    left, right = st.columns(2)
+    with left:
+        figure(plots.independence_vs_measured(list(df["path"]), df["independence"], df["measured"]),
+               "Above the diagonal the independence assumption under-estimates a path; below it over-estimates.")
+    df["path"] = [str(list(p)) for p in df["path"]]
+    right.dataframe(df, hide_index=True, column_config={
+        "path": st.column_config.TextColumn(help="0-based ranks, one per head (0 = top-1)"),
+        "measured": st.column_config.NumberColumn(
+            help="share of ALL positions whose heads' ranks start with this path (past the answer's end counts as "
+                 "a miss: the decoder cannot accept tokens the answer does not have)", format="%.4f"),
+        "independence": st.column_config.NumberColumn(
+            help="product of a_k^(i); each a_k^(i) is a share of only the positions where head k HAS a target "
+                 "(it excludes the last k positions of each answer)", format="%.4f"),
+        "measured / independence": st.column_config.NumberColumn(
+            help="1 = heads independent. The two use different denominators, so even a one-head path [i] reads "
+                 "below 1 (about positions with a head-k target / all positions): that part is the answer's end, "
+                 "not head correlation", format="%.3f")})
+    right.caption("measured / independence < 1 for one-head paths is the denominators, not an error: measured counts "
+                  "over all positions, a_k^(i) over the positions where head k has a target.")

@@ -1,0 +1,156 @@
+"""Page 4, live decode (/live): Medusa vs vanilla greedy on one prompt, with streamed progress and per-step colours.
+
+The only page that loads a model for decoding, and only on a button press (cached; one model at a time). The
+tree comes from the designer, a reference, a tree file or a literal; acceptance is greedy, typical or nucleus.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pandas as pd
+import streamlit as st
+
+from workbench import REPO_ROOT, WorkbenchError
+from workbench import figures, plots
+from workbench.ui.widgets import clean_error, figure, load_model
+
+
+def tree_choice() -> str | None:
+    """A tree spec for the live decoder: the designer's tree, a reference, a calibrated tree file, or typed in."""
+    from workbench.tree import REFERENCE_DIR
+
+    options = []
+    designed = st.session_state.get("designed_tree")
+    if designed:
+        options.append(f"designed: {designed['name']} ({len(designed['paths'])} nodes)")
+    files = sorted(f for f in (REPO_ROOT / "trees").glob("*.json"))
+    options += [f.stem for f in sorted(REFERENCE_DIR.glob("*.json"))] + [f"file: {f.name}" for f in files]
+    options.append("other: a path or literal")
+    pick = st.selectbox("Tree", options, key="live_tree")
+    if pick.startswith("designed: "):
+        return json.dumps(designed["paths"])
+    if pick.startswith("file: "):
+        return str(REPO_ROOT / "trees" / pick[len("file: "):])
+    if pick.startswith("other"):
+        return st.text_input("Tree file or literal", "[[0], [0, 0], [1], [0, 1], [0, 0, 0]]",
+                             key="live_tree_spec").strip() or None
+    return pick
+
+
+def progress_line(label: str, done: int, total: int, steps: int, elapsed: float, stop: str | None = None) -> str:
+    """`Medusa: 24/64 tokens in 10 steps (2.40 tokens/step), 3.1 tokens/s, ETA 13 s` (`stop`: why it ended)."""
+    rate = done / elapsed if elapsed > 0 else 0.0
+    eta = f"stopped ({stop})" if stop else f"ETA {(total - done) / rate:.0f} s" if rate > 0 else "ETA ?"
+    return (f"{label}: {done}/{total} tokens in {steps} steps ({done / max(steps, 1):.2f} tokens/step), "
+            f"{rate:.1f} tokens/s, {eta}")
+
+
+def progress_view(label: str, total: int, tokenizer):
+    """(on_step, finish): an `on_step` callback for medusa_generate / vanilla_generate drawing a progress bar
+    (tokens so far, steps, tokens/s, ETA) and the answer so far, and `finish(result)` for its last state (a
+    decode may stop early, at EOS)."""
+    bar, text = st.progress(0.0, text=f"{label}: starting..."), st.empty()
+    seen: list[int] = []
+    start, steps = time.perf_counter(), [0]
+
+    def on_step(step) -> None:
+        seen.extend(step.tokens)
+        steps[0] += 1
+        bar.progress(min(len(seen) / total, 1.0),
+                     text=progress_line(label, len(seen), total, steps[0], time.perf_counter() - start))
+        text.caption(f"{label} so far: " + tokenizer.decode(seen, skip_special_tokens=True)[-600:])
+
+    def finish(result) -> None:
+        bar.progress(1.0, text=progress_line(label, len(seen), total, steps[0], time.perf_counter() - start,
+                                             result.stop_reason or "done"))
+        text.empty()
+    return on_step, finish
+
+
+def live_page() -> None:
+    import torch
+
+    from workbench.decode import ACCEPTANCE_KINDS, Acceptance, medusa_generate, vanilla_generate
+    from workbench.divergence import compare
+    from workbench.generation import prepare_prompt
+    from workbench.tree import load_tree
+
+    st.title("Live decode")
+    with st.sidebar:
+        spec = tree_choice()
+        kind = st.selectbox("Acceptance", ACCEPTANCE_KINDS, key="live_kind",
+                            help="greedy: lossless; typical: Medusa's posterior threshold; nucleus: exact sampling")
+        temperature = st.number_input("temperature", 0.0, 5.0, 0.0 if kind == "greedy" else 0.7, 0.1,
+                                      key=f"live_temp_{kind}")
+        epsilon = st.number_input("epsilon", 0.001, 1.0, 0.09, 0.01, key="live_eps", disabled=kind != "typical")
+        delta = st.number_input("delta", 0.0, 5.0, 0.3, 0.05, key="live_delta", disabled=kind != "typical")
+        top_p = st.number_input("top_p", 0.01, 1.0, 0.8, 0.05, key="live_top_p", disabled=kind != "nucleus")
+        max_new = st.number_input("max new tokens", 1, 2048, 64, key="live_max_new")
+        model = st.text_input("Model (blank: the demo SmolLM2-135M-Instruct)", key="live_model").strip()
+        heads = st.text_input("Heads (blank: the demo heads)", key="live_heads").strip()
+        device = st.selectbox("device", ["auto", "cpu", "cuda"], key="live_device")
+        threads = st.number_input("torch CPU threads", 1, max(os.cpu_count() or 1, torch.get_num_threads()),
+                                  torch.get_num_threads(), key="live_threads",
+                                  help="torch.set_num_threads for this decode (process-wide; default: the current "
+                                       "setting); more threads than free cores slow small models down")
+        vanilla = st.checkbox("also run vanilla greedy", value=True, key="live_vanilla")
+    prompt = st.text_area("Prompt", "Give three tips for staying healthy.", key="live_prompt")
+    if st.button("Load model and generate", type="primary", key="live_go"):
+        try:
+            if not spec:
+                raise WorkbenchError("no tree: pick one or type a literal like [[0], [0, 0], [1]]")
+            tree = load_tree(spec)
+            acc = Acceptance(kind, temperature, epsilon, delta, top_p)
+            torch.set_num_threads(int(threads))
+            base, tok, hd = load_model(model, heads, device)
+            ids = prepare_prompt(tok, prompt)
+            with st.spinner("Warming up (lazy initialisation is not timed)..."):
+                medusa_generate(base, hd, tok, ids, tree, 2, acc)
+                if vanilla:
+                    vanilla_generate(base, tok, ids, 2)
+            on_step, finish = progress_view("Medusa", int(max_new), tok)
+            med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc, on_step=on_step)
+            finish(med)
+            van = None
+            if vanilla:
+                on_step, finish = progress_view("vanilla greedy", int(max_new), tok)
+                van = vanilla_generate(base, tok, ids, int(max_new), on_step=on_step)
+                finish(van)
+            steps = [i for i, s in enumerate(med.steps) for _ in s.tokens]
+            st.session_state["live_result"] = dict(
+                medusa=med.to_dict(), vanilla=van.to_dict() if van else None,
+                compare=compare(med, van) if van else None, pieces=figures.token_pieces(tok, med.token_ids),
+                steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo")
+        except (WorkbenchError, OSError, RuntimeError) as e:
+            st.error(clean_error(e))
+    res = st.session_state.get("live_result")
+    if not res:
+        st.info("Press the button to load the model (once; it stays cached) and decode the prompt.")
+        return
+    med, van, cmp = res["medusa"], res["vanilla"], res["compare"]
+    cols = st.columns(5)
+    cols[0].metric("tokens/step", f"{med['acceleration_rate']:.2f}",
+                   help="tokens emitted per Medusa step (1 + accepted tree tokens), averaged over this answer")
+    cols[1].metric("new tokens", med["new_tokens"])
+    cols[2].metric("Medusa tokens/s", f"{med['tokens_per_s']:.1f}", help="new tokens / (prefill + decode time)")
+    if cmp:
+        cols[3].metric("vanilla tokens/s", f"{cmp['vanilla_tokens_per_s']:.1f}")
+        cols[4].metric("speedup (one prompt)", f"{cmp['speedup']:.2f}x",
+                       help="Medusa tokens/s over vanilla tokens/s on this one prompt")
+        st.caption("One prompt is a noisy measurement: timings of a single short answer vary by tens of percent "
+                   "between runs (other processes, CPU frequency, the answer's own predictability). For a speedup "
+                   "to rely on, run `workbench sweep` over many prompts and read it on the Trade-offs page.")
+    st.caption(f"{res['model']}, tree {res['tree']}; each colour is one decoding step (hover for its number)."
+               + ("" if not cmp else " Output equals vanilla greedy." if cmp["matches_greedy"] else
+                  " Output differs from vanilla greedy (expected with typical/nucleus acceptance)."))
+    st.markdown(figures.coloured_tokens_html(res["pieces"], res["steps"]), unsafe_allow_html=True)
+    c1, c2 = st.columns([2, 1])
+    with c1:
+        figure(plots.accepted_lengths(med["accepted_lengths"]))
+    with c2:
+        rates = {"Medusa": med["tokens_per_s"]} | ({"vanilla": van["tokens_per_s"]} if van else {})
+        figure(plots.throughput_bars(rates))
+    with st.expander("Per step"):
+        st.dataframe(pd.DataFrame(med["per_step"]), hide_index=True)
