@@ -30,9 +30,9 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
-from workbench.calibration import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS, calibration_root, decoder_walk,
-                                   head_accuracies, measured_acceptance, path_probabilities, ranks_frame,
-                                   read_continuations, read_ranks, slug)
+from workbench.calibration import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS, Calibration, calibration_root,
+                                   decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
+                                   ranks_frame, read_ranks, slug)
 from workbench.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
                                   teacher_forced_hidden)
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
@@ -205,19 +205,18 @@ def heads_fingerprint(heads) -> str:
 def reused_continuations(source: str | Path, args: dict, prompt_ids: list[str], vocab: int) -> dict[str, list[int]]:
     """prompt_id -> greedy answer from another calibration, after checking it answered the same question (and
     holds an answer of in-vocabulary tokens for every prompt)."""
-    src = Path(source)
-    meta_f, cont_f = src / META, src / CONTINUATIONS
-    if not meta_f.is_file() or not cont_f.is_file():
+    if not (Path(source) / CONTINUATIONS).is_file():
         raise WorkbenchError(f"--continuations {source}: not a finished calibration folder (needs meta.json and "
                              "continuations.parquet)")
-    theirs = read_json(meta_f, f"--continuations {source}").get("args")
+    src = Calibration(source, "--continuations")
+    theirs = src.meta.get("args")
     if not isinstance(theirs, dict):
         raise WorkbenchError(f"--continuations {source}: meta.json has no recorded args (not a calibration folder)")
     for key in ("model", "prompts_sha256", "max_new_tokens", "dtype", "device"):
         if theirs.get(key) != args.get(key):
             raise WorkbenchError(f"--continuations {source}: recorded {key} {theirs.get(key)!r} differs from this "
                                  f"run's {args.get(key)!r}; the answers must come from the same model and prompts")
-    answers = read_continuations(cont_f, f"--continuations {source}")
+    answers = src.continuations()
     for pid in prompt_ids:
         if pid not in answers or not all(0 <= t < vocab for t in answers[pid]):
             raise WorkbenchError(f"--continuations {source}: continuations.parquet has no answer of token ids in "
