@@ -288,8 +288,8 @@ class Calibration:
         return df
 
     def check_fits(self, tree) -> None:
-        K, topk = self.accuracies("all").shape
-        if tree.depth > K or tree.max_rank >= topk:
+        if not self.fits(tree):
+            K, topk = self.accuracies("all").shape
             raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the calibration has "
                                  f"{K} heads and top-{topk}")
 

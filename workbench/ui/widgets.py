@@ -50,26 +50,24 @@ def clean_error(err: Exception) -> str:
     return re.sub(re.escape(str(UPLOAD_DIR) + os.sep) + r"[0-9a-f]+" + re.escape(os.sep), "", str(err))
 
 
-def upload_path(upload) -> Path:
-    """An uploaded file on disk (the workbench readers take paths), in a folder named by its content hash."""
-    data = upload.getvalue()
-    folder = UPLOAD_DIR / hashlib.sha1(data).hexdigest()[:16]
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / Path(upload.name).name
-    if not path.is_file():
-        path.write_bytes(data)
-    return path
-
-
-def _text_path(text: str, name: str) -> Path:
-    """Pasted text as a file, like an upload."""
-    data = text.encode()
+def _stored(data: bytes, name: str) -> Path:
+    """Bytes as a file on disk (the workbench readers take paths), in a folder named by their content hash."""
     folder = UPLOAD_DIR / hashlib.sha1(data).hexdigest()[:16]
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
     if not path.is_file():
         path.write_bytes(data)
     return path
+
+
+def upload_path(upload) -> Path:
+    """An uploaded file on disk, under its own file name."""
+    return _stored(upload.getvalue(), Path(upload.name).name)
+
+
+def _text_path(text: str, name: str) -> Path:
+    """Pasted text as a file, like an upload."""
+    return _stored(text.encode(), name)
 
 
 @st.cache_resource(show_spinner="Reading the calibration...", max_entries=4)
