@@ -322,3 +322,152 @@ def test_bench_decode_reports_each_prompts_divergence(tmp_path, capsys):
     assert report["decoder_version"] == decode.DECODER_VERSION and report["batch_sizes"] == [1, 2]
     assert code == 0  # near-ties are expected in bf16; only a mismatch fails the run
     assert " ties  mism" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------------------------------------- batched decoding
+# Every sequence of a batch must be exactly what greedy decoding gives that prompt alone: prompts of different
+# lengths (ragged prefixes, one common tree block), sequences that accept different path lengths every step and
+# stop at different steps (each at its own first EOS), trees of 1 to 64 nodes, several architectures.
+
+BATCH_ARCHS = ["llama", "qwen2", "mistral", "phi3", "gpt_neox"]  # (tiny Gemma 2 repeats one token: no ragged stops)
+BATCH_NEW = 96
+
+
+PROMPT_CUTS = (0, 5, 90, 17, 40)  # five prompts: the reference prompt + that many of its greedy tokens
+
+
+def _batch_prompts(ref: Reference) -> tuple[list[list[int]], list[list[int]]]:
+    """Five prompts of different lengths and their greedy continuations alone: prefixes of the reference run, whose
+    every top-2 margin is clear of rounding (test_vanilla_equals_generate_with_no_near_ties), so the continuation
+    of truth[:L] is truth[L:] and exactness below is not luck at a tie."""
+    cuts = [len(ref.ids) + k for k in PROMPT_CUTS]
+    return [ref.truth[:c] for c in cuts], [ref.truth[c:c + BATCH_NEW] for c in cuts]
+
+
+def _cut_at(toks: list[int], eos: set[int]) -> list[int]:
+    return toks[: next((i + 1 for i, t in enumerate(toks) if t in eos), len(toks))]
+
+
+def _ragged_eos(full: list[list[int]]) -> set[int]:
+    """An EOS token, taken from the continuations, at which the sequences stop at >= 3 different steps while the
+    first runs to the budget (greedy decoding does not depend on the EOS: cutting the full run is the truth)."""
+    for v in dict.fromkeys(t for f in full for t in f):
+        lengths = [len(_cut_at(f, {v})) for f in full]
+        if len(set(lengths)) >= 3 and lengths[0] == len(full[0]):
+            return {v}
+    raise AssertionError("no EOS token gives ragged stops: pick other prompts")
+
+
+@pytest.mark.parametrize("arch", BATCH_ARCHS)
+def test_batched_greedy_equals_each_prompt_alone(reference, arch):
+    ref = reference(arch, "cpu")
+    prompts, full = _batch_prompts(ref)
+    eos = _ragged_eos(full)  # some continuations end early, at different steps; others run to the budget
+    truths = [_cut_at(f, eos) for f in full]
+    for batch in (1, 2, 3, 5):
+        group, want = prompts[:batch], truths[:batch]
+        van = vanilla_generate(ref.model, None, group, BATCH_NEW, eos_token_id=list(eos))
+        assert [r.token_ids for r in van] == want, batch
+        for tree_name, spec in TREES.items():
+            tree = load_tree(spec)
+            oracles = [Oracle(p + f + [0] * 8, tree, seed=b) for b, (p, f) in enumerate(zip(group, full))]
+            for propose in (None, oracles):
+                res = medusa_generate(ref.model, ref.heads, None, group, tree, BATCH_NEW, eos_token_id=list(eos),
+                                      propose=propose)
+                assert [r.token_ids for r in res] == want, (batch, tree_name, propose is None)
+                assert all(r.batch_size == batch for r in res)
+                if propose is not None and tree.nodes > 1:  # long, ragged accepted paths really happened
+                    lengths = [[len(s.tokens) for s in r.steps] for r in res if len(r.token_ids) >= 20]
+                    assert lengths and max(map(max, lengths)) >= 3, (tree_name, batch, lengths)
+                    ragged = any(len({x[i] for x in lengths}) > 1 for i in range(min(map(len, lengths))))
+                    assert batch < 3 or ragged, (tree_name, batch, lengths)  # same step, other accepted lengths
+
+
+def test_batched_steps_report_each_sequence_and_stop_it_alone(tiny_llama):
+    """on_step sees one Step per sequence (None once it finished); a sequence's cache length is its prompt plus
+    what it emitted; a finished sequence emits nothing more while the others go on."""
+    model, heads = tiny_llama.model, tiny_llama.heads["2"]
+    prompts = [[5, 6, 7], list(range(10, 40)), [9] * 12]
+    seen = []
+    res = medusa_generate(model, heads, None, prompts, "mc_sim_7b_63", 20, eos_token_id=[], on_step=seen.append)
+    budgets = [20, 20, 20]
+    res_short = medusa_generate(model, heads, None, prompts, "mc_sim_7b_63", 20,
+                                eos_token_id=[res[1].token_ids[4]])
+    assert len(seen) == max(len(r.steps) for r in res)
+    for b, r in enumerate(res):
+        mine = [s[b] for s in seen]
+        assert [s for s in mine if s is not None] == r.steps and None not in mine[: len(r.steps)]
+        assert r.steps[-1].cache_len == len(prompts[b]) + budgets[b] == len(prompts[b]) + len(r.token_ids)
+    assert res_short[1].token_ids == res[1].token_ids[:5] and res_short[1].stop_reason == "eos"
+    assert [r.token_ids for r in res_short[::2]] == [r.token_ids[: len(s.token_ids)] for r, s in
+                                                     zip(res[::2], res_short[::2])]
+
+
+def test_one_host_read_per_step(tiny_llama, monkeypatch):
+    """The decode loop reads the device once per step (the accepted rows, lengths, tokens and next roots of every
+    sequence): `.tolist()` / `.item()` / `int()` / `float()` / `bool()` of a tensor are counted during the steps."""
+    model, heads = tiny_llama.model, tiny_llama.heads["2"]
+    engine = StepEngine(model, compile=False)
+    counts = {"reads": 0, "steps": 0}
+    real = {name: getattr(torch.Tensor, name) for name in ("tolist", "item", "__int__", "__float__", "__bool__",
+                                                          "__index__")}
+
+    def counted(name):
+        def read(self, *a, **k):
+            counts["reads"] += 1
+            return real[name](self, *a, **k)
+        return read
+
+    def on_step(steps):
+        counts["steps"] += 1
+        counts["at"].append(counts["reads"])
+    for tree, batch in (("mc_sim_7b_63", 3), ([[0], [0, 0], [1]], 1), (None, 2)):
+        prompts = [[5, 6, 7, 8], list(range(10, 30)), [9] * 7][:batch]
+        counts.update(reads=0, steps=0, at=[])
+        for name in real:
+            monkeypatch.setattr(torch.Tensor, name, counted(name))
+        try:
+            if tree is None:
+                res = vanilla_generate(model, None, prompts, 30, eos_token_id=[], engine=engine, on_step=on_step)
+            else:
+                res = medusa_generate(model, heads, None, prompts, tree, 30, eos_token_id=[], engine=engine,
+                                      on_step=on_step)
+        finally:
+            for name, fn in real.items():
+                monkeypatch.setattr(torch.Tensor, name, fn)
+        steps = max(len(r.steps) for r in (res if isinstance(res, list) else [res]))
+        per_step = [b - a for a, b in zip(counts["at"], counts["at"][1:])]  # reads between two steps' ends
+        assert counts["steps"] == steps > 5 and set(per_step) == {1}, (tree, per_step)
+
+
+def test_compiled_step_is_exact(tiny_llama):
+    """The step under torch.compile (aot_eager on CPU: the same traced graph as inductor, in seconds; the default
+    mode on CUDA when present) emits exactly the eager decoder's tokens, batched and not."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = copy.deepcopy(tiny_llama.model).to(device)
+    heads = copy.deepcopy(tiny_llama.heads["2"]).to(device)
+    engine = StepEngine(model, compile=True, backend=None if device == "cuda" else "aot_eager")
+    prompts = [[5, 6, 7, 8], list(range(10, 40)), [9] * 12]
+    for tree in ("mc_sim_7b_63", [[0], [0, 0]]):
+        eager = medusa_generate(model, heads, None, prompts, tree, 40, eos_token_id=[])
+        compiled = medusa_generate(model, heads, None, prompts, tree, 40, eos_token_id=[], engine=engine)
+        assert engine.compile  # it really ran compiled (no fallback)
+        assert [r.token_ids for r in compiled] == [r.token_ids for r in eager]
+    solo = vanilla_generate(model, None, prompts[1], 40, eos_token_id=[], engine=engine)
+    assert solo.token_ids == vanilla_generate(model, None, prompts[1], 40, eos_token_id=[]).token_ids
+
+
+def test_batch_bad_inputs_are_one_line_errors(tiny_llama, monkeypatch):
+    from workbench import engine as E
+
+    model, heads = tiny_llama.model, tiny_llama.heads["2"]
+    monkeypatch.setattr(E, "free_bytes", lambda device: 1 << 20)  # 1 MiB free: no batch of 512 x 4096 fits
+    with pytest.raises(WorkbenchError, match="batch 512 x .* positions needs a .* KV cache") as e:
+        StepEngine(model).reserve(512, 4096)
+    assert "\n" not in str(e.value)
+    hybrid = copy.deepcopy(model)
+    hybrid.config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(WorkbenchError, match="linear_attention layers, whose cache cannot hold a token tree"):
+        medusa_generate(hybrid, heads, None, [[1, 2], [3]], "mc_sim_7b_63", 4)
+    with pytest.raises(WorkbenchError, match="--batch 0"):
+        StepEngine(model).reserve(0, 16)
