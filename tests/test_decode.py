@@ -394,12 +394,36 @@ def test_cli_errors_are_one_line(capsys, tiny_llama, tmp_path):
         (base + ["--prompt", "hi", "--raw", "--acceptance", "greedy", "--temperature", "0.5"], "greedy"),
         (["decode", "--model", str(plain), "--tree", "[[0]]", "--prompt", "hi"], "--heads"),
         (base[:-1] + ["[[0,0,0,0,0,0]]", "--prompt", "hi", "--raw"], "exceeds"),
+        (base + ["--prompt-ids", "1,2", "--batch", "0"], "--batch 0: must be >= 1"),
+        (base + ["--prompt-ids", "1,2", "--batch", "2"], "--batch 2 but 1 prompt(s) given"),
+        (base + ["--prompts", str(tmp_path / "missing.json"), "--raw"], "missing.json"),
     ]:
         code, out, err = _cli(capsys, *argv)
         last = err.rstrip("\n").rsplit("\n", 1)[-1]  # (transformers may draw a loading bar before it)
         assert code == 2 and last.startswith("error: ") and msg in last and "Traceback" not in err, (argv, err)
     code, out, _ = _cli(capsys, *base, "--prompt", "hi", "--raw", "--max-new-tokens", "3", "--json")
     assert code == 0 and len(json.loads(out)["token_ids"]) <= 3
+
+
+def test_cli_several_prompts_print_a_json_list_in_prompt_order(capsys, tiny_llama, make_prompt_file):
+    """decode --prompts FILE --batch B: one JSON object per prompt, in prompt order, each shaped like the
+    single-prompt object and equal to decoding that prompt alone (the last batch holds the remainder)."""
+    texts = ["Hello world", "Write a short poem about the sea.", "2+2=", "Name three colours.", "Why?"]
+    path = make_prompt_file(texts)
+    base = ["decode", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+            "--tree", "mc_sim_7b_63", "--prompts", str(path), "--max-new-tokens", "12", "--device", "cpu"]
+    code, out, err = _cli(capsys, *base, "--batch", "2", "--json", "--compare")
+    assert code == 0, err
+    objs = json.loads(out)
+    assert isinstance(objs, list) and len(objs) == len(texts)
+    for text, obj, batch in zip(texts, objs, [2, 2, 2, 2, 1]):
+        ids = prepare_prompt(tiny_llama.tokenizer, text)
+        assert obj["token_ids"] == _generate(tiny_llama.model, ids, 12)[: len(obj["token_ids"])]
+        assert obj["matches_greedy"] is True and obj["divergences"] == [] and obj["batch_size"] == batch
+        assert {"text", "steps", "acceleration_rate", "tokens_per_s", "speedup", "overhead"} <= set(obj)
+    code, out, err = _cli(capsys, *base, "--batch", "3", "--limit", "4")
+    assert code == 0, err
+    assert out.count("tokens/step") == 4  # text mode: each prompt's text and its summary line
 
 
 # ----------------------------------------------------------------------------------------------- the real demo model
@@ -417,6 +441,11 @@ def test_demo_model_medusa_is_exact_with_random_heads():
     ref = _generate(model, ids, 24)
     for tree in ("mc_sim_7b_63", [[0], [0, 0], [1]]):
         assert medusa_generate(model, heads, tok, ids, tree, 24).token_ids == ref
+    # batched: three prompts of different lengths together, each its solo greedy decode
+    prompts = [ids] + [prepare_prompt(tok, t) for t in ("Explain KV caching in one paragraph.", "Hi")]
+    solo = [_generate(model, p, 24) for p in prompts]
+    for tree in ("mc_sim_7b_63", [[0], [0, 0], [1]]):
+        assert [r.token_ids for r in medusa_generate(model, heads, tok, prompts, tree, 24)] == solo
 
 
 @pytest.mark.slow
