@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workbench import WorkbenchError
+from workbench import REPO_ROOT, WorkbenchError
 from workbench.accuracies import write_accuracies
 from workbench.calibrate import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
@@ -19,7 +19,8 @@ from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, me
 from workbench.models import random_model
 from workbench.optimize import dense_tree, expected_length, optimal_tree
 from workbench.report import summarize
-from workbench.sweep import SWEEP_COLUMNS, dense_near, run_sweep, sweep_configs, sweep_trees
+from workbench.decode import DECODER_VERSION
+from workbench.sweep import SWEEP_COLUMNS, dense_near, read_sweep, run_sweep, sweep_configs, sweep_trees
 from workbench.tree import load_tree
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
@@ -191,6 +192,28 @@ def test_sweep_configs_greedy_once_per_tree():
     assert len({c["config"] for c in cfg}) == len(cfg)
     typ = [c for c in cfg if c["acceptance"] == "typical"]
     assert all(math.isclose(c["delta"], math.sqrt(c["epsilon"])) for c in typ)
+
+
+def test_sweep_batch_sizes_give_one_row_per_configuration_and_batch(tiny_llama, prompt_file, tmp_path, capsys):
+    """--batch-sizes 1,3: every configuration (and vanilla) at each batch size, speeds against vanilla at the same
+    batch size, greedy exact at both; the decoder version is recorded; a batch larger than the prompts is one line."""
+    out = tmp_path / "batched.csv"
+    base = ["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+            "--trees", "[[0],[0,0]]", "mc_sim_7b_63", "--prompts", str(prompt_file), "--limit", "5",
+            "--max-new-tokens", "8", "--device", "cpu", "--quiet", "--out", str(out)]
+    assert main(base + ["--batch-sizes", "1,3"]) == 0
+    df = pd.read_csv(out)
+    assert sorted(df["batch_size"].unique()) == [1, 3] and len(df) == 2 * (1 + 2)
+    assert (df.groupby("batch_size")["kind"].apply(lambda k: (k == "vanilla").sum()) == 1).all()
+    assert (df["exact_match"] == 1.0).all() and (df["decoder_version"] == DECODER_VERSION).all()
+    assert (df.loc[df["kind"] == "vanilla", "speedup"] == 1.0).all() and (df["decoder_overhead"] > 0).all()
+    for b, rows in df.groupby("batch_size"):  # tokens per step per sequence: the same accepted paths at any batch
+        assert rows.set_index("tree")["acceleration_rate"].to_dict() == \
+            df[df["batch_size"] == 1].set_index("tree")["acceleration_rate"].to_dict()
+    assert main(base[:-1] + [str(tmp_path / "other.csv"), "--batch-sizes", "9"]) == 2
+    assert "batch 9 but 5 prompts" in capsys.readouterr().err and not (tmp_path / "other.csv").exists()
+    old = read_sweep(REPO_ROOT / "docs" / "results" / "sweep-greedy-cpu.csv")  # before batching: batch 1
+    assert (old["batch_size"] == 1).all() and "decoder_version" not in old.columns
 
 
 def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
