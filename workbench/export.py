@@ -160,13 +160,12 @@ def best_engine_safe(value, engine: str, budget: int, max_depth: int, max_rank: 
     """The most valuable tree of at most `budget` nodes that `engine` builds exactly as written (optimize
     --engine-safe): trtllm, first level ranks 0..k-1 (exact over k); vllm, the best dense tree.
     `value` is acc[K, R] or a path value function."""
-    from workbench.optimize import acc_value_fn, best_dense_tree, optimal_tree_from
+    from workbench.optimize import best_dense_tree, optimal_tree
 
     _check_safe_engine(engine)
     if engine == "vllm":
         return best_dense_tree(value, budget, max_depth, max_rank)
-    return optimal_tree_from(value if callable(value) else acc_value_fn(value), budget, max_depth, max_rank,
-                             contiguous_first_level=True)
+    return optimal_tree(value, budget, max_depth, max_rank, contiguous_first_level=True)
 
 
 def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = None,
@@ -180,16 +179,15 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
     vllm: the best dense tree with at most as many nodes and no deeper than `heads` (needs `value`).
     `value` is acc[K, R] or a path value function; without it the cost is unknown and a stand-in ranks nodes.
     """
-    from workbench.accuracies import check_accuracies
-    from workbench.optimize import acc_value_fn, best_dense_tree, expected_length, optimal_tree_from
+    from workbench.optimize import best_dense_tree, expected_length, optimal_tree_from, value_and_limits
 
     _check_safe_engine(engine)
-    if value is not None and not callable(value):
-        value = check_accuracies(value)
-        if tree.depth > value.shape[0] or tree.max_rank >= value.shape[1]:
+    fn = depth = ranks = None
+    if value is not None:  # a table's limits are its shape; a value function's, the tree's own
+        fn, depth, ranks = value_and_limits(value, what="--engine-safe", fallback=(tree.depth, tree.max_rank + 1))
+        if tree.depth > depth or tree.max_rank >= ranks:
             raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the accuracies have "
-                                 f"{value.shape[0]} heads and top-{value.shape[1]}")
-    fn = None if value is None else (value if callable(value) else acc_value_fn(value))
+                                 f"{depth} heads and top-{ranks}")
     if engine == "trtllm":
         budget = min(tree.nodes, max_nodes or tree.nodes)
         if not first_level_gaps(tree) and tree.nodes <= budget:
@@ -208,7 +206,6 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
                                  "--calibration DIR")
         if vllm_uniform(tree):
             return tree, "engine-safe: already a dense tree, which vLLM drafts as written"
-        depth, ranks = (tree.depth, tree.max_rank + 1) if callable(value) else value.shape
         safe = best_dense_tree(fn, tree.nodes, min(depth, heads or depth), ranks)
         safe = Tree(safe.paths, tree.name or safe.name)
     gone, added = set(tree.paths) - set(safe.paths), set(safe.paths) - set(tree.paths)

@@ -12,11 +12,12 @@ def cmd_latency(args) -> int:
     from pathlib import Path
 
     from workbench.calibration import default_latency_path, latency_path, read_meta
-    from workbench.latency import DEFAULT_CONTEXTS, DEFAULT_SIZES, device_name, measure_latency
+    from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, device_name, measure_latency
     from workbench.models import random_model
 
     sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DEFAULT_SIZES)
     contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
+    batches = parse_ints(args.batch, "--batch") if args.batch else list(DEFAULT_BATCHES)
     if args.calibration:
         read_meta(args.calibration)  # a finished calibration folder, or one line
     check_output(args.out, "--out")
@@ -40,12 +41,14 @@ def cmd_latency(args) -> int:
     from workbench.engine import StepEngine
 
     df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label,
-                         engine=StepEngine(model, compile=args.compile))
+                         engine=StepEngine(model, compile=args.compile), batches=batches)
     atomic_write_text(out, df.to_csv(index=False), "--out")
-    print(f"{dev} {df['dtype'].iloc[0]}, median of {args.repeats}:", file=sys.stderr)
-    print(f"{'context':>8}{'tokens':>8}{'ms':>10}{'t(n)/t(1)':>11}", file=sys.stderr)
+    print(f"{dev} {df['dtype'].iloc[0]}, median and interquartile range of {args.repeats}:", file=sys.stderr)
+    print(f"{'batch':>6}{'context':>8}{'tokens':>8}{'ms':>10}{'q1..q3 ms':>18}{'t(n)/t(1)':>11}", file=sys.stderr)
     for r in df.itertuples(index=False):
-        print(f"{r.context:>8}{r.tokens:>8}{1000 * r.seconds:>10.3f}{r.relative:>11.3f}", file=sys.stderr)
+        iqr = f"{1000 * r.seconds_q1:.3f}..{1000 * r.seconds_q3:.3f}"
+        print(f"{r.batch:>6}{r.context:>8}{r.tokens:>8}{1000 * r.seconds:>10.3f}{iqr:>18}{r.relative:>11.3f}",
+              file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -129,9 +132,11 @@ def cmd_sweep_report(args) -> int:
 
 
 def add_tradeoffs(sub) -> None:
-    p = sub.add_parser("latency", help="time one verify forward per tree size and context (for optimize --latency)",
-                       description="Median wall time of a verify forward over n tree tokens (4-D tree mask, position "
-                                   "ids, lm_head) on a cache of fixed length, next to the single-token step.",
+    p = sub.add_parser("latency", help="time one verify forward per batch size, tree size and context (for optimize "
+                                       "--latency and plan)",
+                       description="Wall time (median and spread) of a verify forward of B sequences x n tree tokens "
+                                   "(4-D tree mask per sequence, position ids, lm_head) on caches of fixed length, "
+                                   "next to the single-token step.",
                        parents=[model_args("--model", "--device", "--dtype", "--attn", "--compile")])
     # its own --heads: optional here (no heads = time the verify forward alone), so the shared help would mislead
     p.add_argument("--heads", help="also time the heads' top-k in every tree step (a Medusa step's full cost)")
@@ -142,7 +147,10 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--sizes", metavar="N1,N2,..", help="verify tokens per step (tree nodes + root; default "
                                                       "1,2,4,...,256; 1 is always measured)")
     p.add_argument("--context", metavar="C1,C2,..", help="cache lengths (default 128,1024)")
-    p.add_argument("--repeats", type=int, default=10, help="timed calls per point (median; default 10)")
+    p.add_argument("--batch", metavar="B1,B2,..", help="batch sizes: sequences verified per step, each with its "
+                                                      "own cache of that length (default 1)")
+    p.add_argument("--repeats", type=int, default=10, help="timed calls per point (median, quartiles, min, max "
+                                                         "kept; default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before each point (default 3)")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")

@@ -99,7 +99,7 @@ def _objective(args):
 
 def _cmd_optimize(args) -> int:
     from workbench.export import best_engine_safe
-    from workbench.optimize import dense_tree, expected_curve, expected_length, optimal_tree, optimal_tree_from
+    from workbench.optimize import dense_tree, expected_curve, expected_length, optimal_tree
     from workbench.tree import Tree, load_tree, record_json, tree_record
 
     check_output(args.out, "--out")
@@ -128,8 +128,7 @@ def _cmd_optimize(args) -> int:
             for n in range(1, len(curve)):
                 print(f"{n:>6}  {curve[n]:>15.4f}  {curve[n] - curve[n - 1]:>8.5f}")
         depth, rank = args.max_depth or heads, args.max_rank or ranks
-        tree = optimal_tree(acc, args.budget, args.max_depth, args.max_rank) if value is acc else \
-            optimal_tree_from(value, args.budget, depth, rank)
+        tree = optimal_tree(value, args.budget, depth, rank)
         method = "optimal"
         if args.engine_safe:  # the best tree under the engine's constraint, and what the constraint costs
             free = expected_length(tree, value)
