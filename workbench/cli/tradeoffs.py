@@ -1,4 +1,5 @@
-"""Trade-off commands: `latency` (verify cost per tree size), `sweep` (live decoder grid) and `sweep-report`."""
+"""Trade-off commands: `latency` (verify cost per batch and tree size), `plan` (tree, chain or nothing per batch
+size), `sweep` (live decoder grid) and `sweep-report`."""
 from __future__ import annotations
 
 import sys
@@ -50,6 +51,28 @@ def cmd_latency(args) -> int:
         print(f"{r.batch:>6}{r.context:>8}{r.tokens:>8}{1000 * r.seconds:>10.3f}{iqr:>18}{r.relative:>11.3f}",
               file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from workbench.plan import make_plan, plan_json, plan_source, plan_table
+
+    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
+    check_output(args.out, "--out")
+    source = plan_source(args.calibration, args.accuracies, args.acceptance, args.prediction)
+    plan = make_plan(source, args.latency, batch_sizes, args.context)
+    write_output(plan_json(plan), args.out, "the plan")
+    lat, src = plan["latency"], plan["source"]
+    print(f"plan: {src['kind']} {src['path']} ({src['prediction']}), latency {lat['file']} at context "
+          f"{lat['context']} ({' '.join(str(lat[k]) for k in ('model', 'device', 'dtype') if k in lat)})",
+          file=sys.stderr)
+    print(plan_table(plan), file=sys.stderr)
+    if src["kind"] == "acceptance":
+        print("note: an acceptance vector describes a chain drafter: only chains (and no speculation) were weighed",
+              file=sys.stderr)
+    if not lat["spread"]:
+        print("note: the latency CSV has no spread columns (written before they were kept): whether a runner-up is "
+              "within the noise is unknown; re-measure with `workbench latency`", file=sys.stderr)
     return 0
 
 
@@ -155,6 +178,29 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
     p.set_defaults(func=cmd_latency)
+
+    pl = sub.add_parser("plan", help="per batch size: the fastest tree, chain or no speculation on a latency CSV",
+                        description="For every batch size, the candidate with the best predicted speedup (goodput "
+                                    "B x tokens/step / t(B, n) over vanilla's B / t(B, 1)) among the optimal tree at "
+                                    "every budget the latency CSV covers, the top-1 chain of every length, and no "
+                                    "speculation. Prints a table and writes the plan JSON (workbench export PLAN "
+                                    "--format F turns it into each engine's settings).")
+    src = pl.add_mutually_exclusive_group(required=True)
+    src.add_argument("--calibration", metavar="DIR", help="a `workbench calibrate` folder (predictions through its "
+                                                         "Calibration.predict)")
+    src.add_argument("--accuracies", metavar="FILE", help="instead: an accuracy table (CSV or Medusa .pt)")
+    src.add_argument("--acceptance", metavar="FILE", help="instead: a per-position acceptance vector (CSV "
+                     "position,acceptance or a JSON list, e.g. vLLM's synthetic_acceptance_rates); chains only")
+    pl.add_argument("--latency", required=True, metavar="CSV", help="`workbench latency --batch ...` CSV")
+    pl.add_argument("--batch-sizes", default="1,2,4,8,16", metavar="B1,B2,..",
+                    help="batch sizes to plan for (default 1,2,4,8,16; each must be in the latency CSV)")
+    pl.add_argument("--context", type=int, metavar="N", help="latency rows at this context (default: the measured "
+                                                           "one nearest the calibration's typical context)")
+    pl.add_argument("--prediction", choices=["independent", "joint", "replay"], default="replay",
+                    help="with --calibration: which predicted tokens/step (default replay: a greedy decoder replayed "
+                         "over the held-out answers); trees are optimal for the joint paths unless independent")
+    pl.add_argument("--out", metavar="FILE", help="write the plan JSON here instead of stdout")
+    pl.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("sweep", help="live decoder over trees x temperatures x epsilons vs vanilla greedy -> CSV",
                        description="Run the live Medusa decoder for every configuration on the same prompts and "
