@@ -197,26 +197,59 @@ def _optimize_for_latency(args, acc, value) -> int:
 
 
 def _cmd_export(args) -> int:
-    from workbench.export import engine_safe, export_tree
+    from workbench.export import TRTLLM_CURRENT, engine_safe, export_tree
+    from workbench.plan import looks_like_plan
     from workbench.tree import load_tree
 
     check_output(args.out, "--out")
+    if looks_like_plan(args.tree):
+        return _export_plan(args)
+    if args.heads_dir is not None:
+        if args.heads_dir.strip().isdigit():  # the old --heads K of tree export
+            raise WorkbenchError(f"--heads {args.heads_dir}: this command counts heads with --num-heads "
+                                 f"{args.heads_dir.strip()} (--heads names a heads folder, for plan files)")
+        raise WorkbenchError("--heads DIR checks a plan file against its heads: give a plan (workbench plan --out), "
+                             "or --num-heads K for a tree")
+    if args.synthetic or args.batch_size is not None:
+        raise WorkbenchError("--synthetic and --batch-size read a plan file (workbench plan --out): this is a tree")
+    if args.format == "trtllm-current":
+        raise WorkbenchError(TRTLLM_CURRENT)
+    fmt = "vllm" if args.format == "vllm-tree" else args.format
     tree = load_tree(args.tree, num_heads=args.heads)
     if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
         value = _objective(args)[1] if (args.accuracies or args.calibration) else None
-        tree, note = engine_safe(tree, args.format, value, max_nodes=args.max_draft_len, heads=args.heads)
+        tree, note = engine_safe(tree, fmt, value, max_nodes=args.max_draft_len, heads=args.heads)
         print(f"note: {note}", file=sys.stderr)
     elif args.accuracies or args.calibration:
         raise WorkbenchError("--accuracies / --calibration only price an --engine-safe repair: add --engine-safe")
-    text, warns = export_tree(tree, args.format, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
+    text, warns = export_tree(tree, fmt, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
                               strict=True)
     for w in warns:
         print(f"warning: {w}", file=sys.stderr)
-    if args.format == "vllm":
+    if fmt == "vllm":
         print("note: a --speculative-config fragment; vLLM requires num_speculative_tokens == number of tree "
               "nodes, and drafts trees with EAGLE-style proposers (add method eagle/eagle3 and model)",
               file=sys.stderr)
-    write_output(text, args.out, f"{args.format} tree")
+    write_output(text, args.out, f"{fmt} tree")
+    return 0
+
+
+def _export_plan(args) -> int:
+    """`workbench export PLAN.json --format F`: one engine's settings from a plan (workbench/export.py)."""
+    from workbench.export import export_plan
+    from workbench.plan import read_plan
+
+    if args.engine_safe or args.accuracies or args.calibration or args.heads is not None:
+        raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-size; --engine-safe, "
+                             "--accuracies, --calibration and --num-heads are for trees")
+    plan = read_plan(args.tree)
+    text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_size, args.name,
+                                     args.max_draft_len)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    for w in warns:
+        print(f"warning: {w}", file=sys.stderr)
+    write_output(text, args.out, f"{args.format} settings")
     return 0
 
 
@@ -235,7 +268,7 @@ def _num_heads_arg(p, help_text: str) -> None:
 
 def add_tree(sub) -> None:
     """Register `tree` (show, list, buffers, eval), `optimize` and `export`."""
-    from workbench.export import FORMATS, SAFE_ENGINES
+    from workbench.export import PLAN_FORMATS, SAFE_ENGINES
 
     tree_help = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
     t = sub.add_parser("tree", help="inspect trees: show, list, buffers")
@@ -281,11 +314,23 @@ def add_tree(sub) -> None:
                    "written: trtllm = first level ranks 0..k-1, vllm = dense per level; reports the cost")
     o.set_defaults(func=_cmd_optimize)
 
-    e = sub.add_parser("export", help="write a tree for Medusa, TensorRT-LLM, vLLM or EAGLE")
-    e.add_argument("tree", metavar="TREE", help=tree_help)
-    e.add_argument("--format", required=True, choices=FORMATS)
+    e = sub.add_parser("export", help="write a tree or a plan for Medusa, TensorRT-LLM, vLLM or EAGLE",
+                       description="A tree: written for one engine. A plan (`workbench plan --out`): vllm writes a "
+                                   "--speculative-config with a K per batch-size range; the static formats write the "
+                                   "tree of one row (--batch-size, default 1).")
+    e.add_argument("tree", metavar="TREE|PLAN", help=tree_help + "; or a plan JSON file")
+    e.add_argument("--format", required=True, choices=PLAN_FORMATS,
+                   help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
+                        "trtllm-current: says why current TensorRT-LLM serves no Medusa heads")
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
-    _num_heads_arg(e, "number of Medusa heads: a deeper tree is an error")
+    e.add_argument("--num-heads", dest="heads", type=int, metavar="K", help="number of Medusa heads: a deeper tree "
+                                                                          "is an error")
+    e.add_argument("--heads", dest="heads_dir", metavar="DIR", help="with a plan: the heads to serve; another "
+                   "model's heads (not the calibration's) are an error")
+    e.add_argument("--synthetic", action="store_true", help="with a plan and --format vllm: vLLM's synthetic "
+                   "rejection sampling at the plan's top-1 chain acceptance (for benchmarking the cost side)")
+    e.add_argument("--batch-size", type=int, metavar="B", help="with a plan: the row for this batch size (static "
+                   "formats default to 1; for vllm, one K instead of the schedule)")
     e.add_argument("--max-draft-len", type=int, default=63, metavar="N",
                    help="TensorRT-LLM engine's max_draft_len (default 63)")
     e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "
