@@ -83,7 +83,7 @@ def read_acceptance(path) -> list[float]:
 
     what = f"--acceptance {path}"
     if str(path).lower().endswith(".json"):
-        data = read_json(path, what)
+        data = read_json(path, what, object)  # a list, or a config object holding one
         if isinstance(data, dict) and "synthetic_acceptance_rates" in data:
             data = data["synthetic_acceptance_rates"]
         return check_acceptance(data, what)
