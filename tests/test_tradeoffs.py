@@ -66,6 +66,44 @@ def test_measure_latency_rows_and_columns(tiny_llama):
         assert rows.loc[rows["tokens"] == 1, "relative"].item() == 1.0
     assert (df["seconds"] > 0).all() and set(df["context"]) == {16, 40}
     assert set(df["device"]) == {"cpu"} and set(df["dtype"]) == {"float32"}
+    # the spread of the 2 rounds, not one number: ordered, and the median is `seconds`
+    assert set(df["batch"]) == {1} and (df["repeats"] == 2).all()
+    order = df[["seconds_min", "seconds_q1", "seconds", "seconds_q3", "seconds_max"]].to_numpy()
+    assert (np.diff(order, axis=1) >= 0).all() and np.allclose(df["seconds"], (df["seconds_min"] + df["seconds_max"]) / 2)
+
+
+def _batched_engine() -> bool:
+    import workbench.engine as E
+
+    return hasattr(E, "verify_times")
+
+
+@pytest.mark.skipif(not _batched_engine(), reason="needs batched engine (workbench.engine.verify_times)")
+def test_measure_latency_per_batch_size(tiny_llama):
+    """Every (batch, context, tokens) is timed; t(B, n) relative to t(B, 1) of the same batch size and context."""
+    df = measure_latency(tiny_llama.model, sizes=[2, 4], contexts=[16], repeats=2, warmup=1,
+                         heads=tiny_llama.heads["2"], label="tiny", progress=False, batches=[1, 3])
+    assert sorted(zip(df["batch"], df["tokens"])) == [(b, n) for b in (1, 3) for n in (1, 2, 4)]
+    for _, rows in df.groupby(["batch", "context"]):
+        assert rows.loc[rows["tokens"] == 1, "relative"].item() == 1.0
+        assert np.allclose(rows["relative"], rows["seconds"] / rows.loc[rows["tokens"] == 1, "seconds"].item())
+    assert (df["repeats"] == 2).all() and (df["seconds_q1"] <= df["seconds_q3"]).all()
+
+
+def test_latency_cli_batch_flag(tmp_path, capsys):
+    """`latency --batch` writes the batch and spread columns; a batch size the engine cannot time is one line."""
+    out = tmp_path / "l.csv"
+    argv = ["latency", "--random-config", "tiny", "--sizes", "2", "--context", "8", "--repeats", "3", "--warmup", "0",
+            "--device", "cpu", "--out", str(out)]
+    assert main(argv + ["--batch", "1"]) == 0
+    df = read_latency(out)
+    assert list(df.columns[:len(LATENCY_COLUMNS)]) == LATENCY_COLUMNS and set(df["batch"]) == {1}
+    assert (df["repeats"] == 3).all() and "q1..q3" in capsys.readouterr().err
+    assert main(argv + ["--batch", "0,2"]) == 2
+    assert "--batch" in _error_line(capsys)
+    if not _batched_engine():
+        assert main(argv + ["--batch", "1,2"]) == 2
+        assert "--batch 1,2" in _error_line(capsys)
 
 
 def test_latency_cli_default_path_in_calibration_folder(tmp_path, monkeypatch, capsys):

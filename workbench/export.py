@@ -294,7 +294,7 @@ def vllm_schedule(plan: dict, notes: list[str]) -> list[list[int]]:
         else:
             out.append([low, high, k])
     if rows[0]["batch_size"] > 1:
-        notes.append(f"batch sizes 1..{rows[0]['batch_size'] - 1} were not planned: they take the row of batch size "
+        notes.append(f"batch sizes below {rows[0]['batch_size']} were not planned: they take the row of batch size "
                      f"{rows[0]['batch_size']}")
     notes.append(f"batch sizes above {rows[-1]['batch_size']} keep K={out[-1][2]} (vLLM repeats the last range's K)")
     return out
