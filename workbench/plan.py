@@ -32,8 +32,14 @@ import math
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+
 from workbench import WorkbenchError, __version__
+from workbench.accuracies import read_accuracies
+from workbench.calibration import Calibration
+from workbench.io import read_csv, read_json
 from workbench.latency import latency_surface, max_tokens, read_latency, speedup_at, speedup_range, within_noise
+from workbench.optimize import best_first, expected_length, value_and_limits
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree, make_tree
 
 KINDS = ("tree", "chain", "none")
@@ -77,10 +83,6 @@ def check_acceptance(values, what: str = "--acceptance") -> list[float]:
 def read_acceptance(path) -> list[float]:
     """An acceptance vector from a CSV `position,acceptance` (positions 1..K, or 0..K-1, each once) or a JSON list
     (or an object holding one as `synthetic_acceptance_rates`, as in a vLLM --speculative-config), checked."""
-    import pandas as pd
-
-    from workbench.io import read_csv, read_json
-
     what = f"--acceptance {path}"
     if str(path).lower().endswith(".json"):
         data = read_json(path, what, object)  # a list, or a config object holding one
@@ -109,8 +111,6 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
     (provenance), "typical_context"}. A calibration predicts through Calibration.predict (`prediction`:
     independent, joint or replay; trees are optimal for the joint paths unless independent); an accuracy table
     through expected_length; an acceptance vector gives chains only."""
-    from workbench.optimize import expected_length, value_and_limits
-
     if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
         raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
     if acceptance is not None:
@@ -120,16 +120,12 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
                     info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
                               num_heads=len(rates)))
     if accuracies is not None:
-        from workbench.accuracies import read_accuracies
-
         acc = read_accuracies(accuracies)
         fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
         return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
                     chain_acceptance=_chain_values(fn, depth), typical_context=None,
                     info=dict(kind="accuracies", path=str(accuracies), prediction="predicted_independent",
                               num_heads=depth))
-    from workbench.calibration import Calibration
-
     if prediction not in PREDICTIONS:
         raise WorkbenchError(f"--prediction {prediction!r}: use {', '.join(PREDICTIONS)}")
     cal = Calibration(calibration)
@@ -167,8 +163,6 @@ def candidates(tokens_per_step, chain_acceptance: list[float], max_nodes: int, v
     """Every choice weighed, each {"kind", "tree", "nodes", "tokens_per_step"}: no speculation, the top-1 chain of
     every length with a positive last position (at most max_nodes), and with `value` the optimal tree at every
     budget 1..max_nodes (distinct shapes; a tree that is a chain counts as the chain)."""
-    from workbench.optimize import best_first, value_and_limits
-
     out = [dict(kind="none", tree=None, nodes=0, tokens_per_step=1.0)]
     seen = set()
     for k in range(1, min(len(chain_acceptance), max_nodes) + 1):
@@ -284,7 +278,7 @@ def looks_like_plan(path) -> bool:
         return False
     try:
         data = json.loads(p.read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+    except (OSError, ValueError, RecursionError):  # not a plan: the tree reader says what it is
         return False
     return isinstance(data, dict) and "plans" in data
 
@@ -297,8 +291,6 @@ def read_plan(path) -> dict:
     """A plan file, checked: rows with PLAN_ROW, distinct ascending batch sizes >= 1, each row's kind matching its
     medusa_choices (none: [], chain: [[0], [0, 0], ...]), nodes = their count, positive finite predictions; a
     chain_acceptance vector as check_acceptance wants it."""
-    from workbench.io import read_json
-
     what = f"plan {path}"
     data = read_json(path, what)
     if not isinstance(data, dict) or not isinstance(data.get("plans"), list) or not data["plans"]:
