@@ -20,6 +20,7 @@ the table; the exit status is 1 on any "mismatch" (a bug), or on any difference 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import sys
@@ -31,10 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.decode import Acceptance, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.decode import DECODER_VERSION, Acceptance, decoder_overhead, medusa_generate, vanilla_generate  # noqa: E402
 from workbench.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
-from workbench.generation import prepare_prompt  # noqa: E402
+from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.heads import DEMO_HEADS  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import load_model_and_heads, model_label  # noqa: E402
@@ -63,12 +64,17 @@ def prompts_for(spec: str | None, limit: int) -> list[str]:
     return load_prompts(spec, limit)
 
 
-def timed_generate(model, ids: list[int], n: int, cache: str | None, compile: bool) -> tuple[list[int], float]:
-    """HF generate, greedy; cache "static" preallocates (and, with compile, compiles the forward as transformers
-    does on CUDA by default; on CPU only when asked)."""
+def timed_generate(model, prompts: list[list[int]], n: int, cache: str | None, compile: bool, eos: set[int]
+                   ) -> tuple[list[list[int]], float]:
+    """HF generate, greedy, on a batch of prompts (left-padded, as generate wants); cache "static" preallocates (and,
+    with compile, compiles the forward as transformers does on CUDA by default; on CPU only when asked). Each output
+    is cut after its first EOS, as our decoder stops there."""
     from transformers import CompileConfig
 
-    x = torch.tensor([ids], device=model.device)
+    width = max(map(len, prompts))
+    pad = next(iter(eos), 0)
+    x = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=model.device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=model.device)
     kw = {}
     if cache == "static":
         kw["cache_implementation"] = "static"
@@ -81,9 +87,14 @@ def timed_generate(model, ids: list[int], n: int, cache: str | None, compile: bo
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     sync()
     t0 = time.perf_counter()
-    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n, **kw)
+    out = model.generate(x, attention_mask=mask, do_sample=False, max_new_tokens=n, pad_token_id=pad, **kw)
     sync()
-    return out[0, len(ids):].tolist(), time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    cut = []
+    for row in out[:, width:].tolist():
+        end = next((i + 1 for i, t in enumerate(row) if t in eos), len(row))
+        cut.append(row[:end])
+    return cut, seconds
 
 
 def main(argv=None) -> int:
@@ -94,12 +105,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tree", nargs="+", default=["mc_sim_7b_63"], help="one or more trees")
     ap.add_argument("--prompts", help="prompt set or file (default: mt-bench, else a few built-in prompts)")
     ap.add_argument("--limit", type=int, default=4)
+    ap.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (prompts decoded together)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--raw", action="store_true", help="no chat template")
     ap.add_argument("--device")
     ap.add_argument("--dtype")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="torch.compile the step (and HF generate's static-cache forward); default: on for CUDA")
+    ap.add_argument("--no-hf", action="store_true", help="skip HF generate (saves time on a slow machine)")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "decode.json"))
     args = ap.parse_args(argv)
@@ -112,7 +125,7 @@ def main(argv=None) -> int:
         return 2
 
 
-def run(args) -> int:
+def _setup(args):
     if args.tiny or (args.model is None and args.heads is None and not DEMO_HEADS.is_dir()):
         if not args.tiny:
             print(f"no demo heads at {DEMO_HEADS}: benchmarking a tiny random model instead", file=sys.stderr)
@@ -121,102 +134,123 @@ def run(args) -> int:
         model, tok, heads, label = tiny_setup()
         dev = pick_device(args.device)
         model = model.to(device=dev, dtype=pick_dtype(args.dtype, dev))
-        heads = heads.to(device=model.device, dtype=model.dtype)
-    else:
-        model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype)
-        label = model_label(args.model)
+        return model, tok, heads.to(device=model.device, dtype=model.dtype), label
+    model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype)
+    return model, tok, heads, model_label(args.model)
+
+
+def run(args) -> int:
+    batch_sizes = sorted({int(b) for b in str(args.batch_sizes).split(",") if b.strip()})
+    if not batch_sizes or batch_sizes[0] < 1:
+        raise WorkbenchError(f"--batch-sizes {args.batch_sizes}: give positive integers like 1,2,4")
+    model, tok, heads, label = _setup(args)
     trees = [load_tree(t, num_heads=heads.num_heads) for t in args.tree]
     names = [t.name or str(t.as_lists()) for t in trees]
     bufs = [tree_setup(t, model) for t in trees]
     root = root_setup(model)
     prompts = prompts_for(args.prompts, args.limit)
     encoded = [prepare_prompt(tok, p, args.raw) for p in prompts]
+    if batch_sizes[-1] > len(encoded):
+        raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(encoded)} prompts: raise --limit")
     n = args.max_new_tokens
     greedy = Acceptance()
     engine = StepEngine(model, compile=args.compile)
-    engine.reserve(max(map(len, encoded)) + n + max(b.size for b in bufs))
-    compiled = args.compile if args.compile is not None else engine.compile
-
-    # warm-up (and compilation) of every shape that is timed later
-    vanilla_generate(model, tok, encoded[0], 4, engine=engine)
-    for b in bufs:
-        medusa_generate(model, heads, tok, encoded[0], b, 4, greedy, engine=engine)
-    for cache in (None, "static"):
-        timed_generate(model, encoded[0], 4, cache, compiled)
+    compiled = engine.compile
+    eos = eos_ids(model, tok)
     rows = []
-    for i, ids in enumerate(encoded):
-        probe, fwd = forward_probe(engine, root)
-        van = vanilla_generate(model, tok, ids, n, engine=engine, on_step=probe)
-        rows.append(dict(prompt=i, method="vanilla", tree=None, tokens=len(van.token_ids), steps=len(van.steps),
-                         seconds=van.total_s, acceleration_rate=1.0,
-                         step_ms=1e3 * statistics.median(s.time_s for s in van.steps),
-                         forward_ms=1e3 * statistics.median(fwd), matches_greedy=True))
-        for cache in (None, "static"):
-            hf_ids, hf_s = timed_generate(model, ids, n, cache, compiled)
-            rows.append(dict(prompt=i, method=f"hf_generate_{cache or 'dynamic'}", tree=None, tokens=len(hf_ids),
-                             steps=len(hf_ids), seconds=hf_s, acceleration_rate=1.0, step_ms=None,
-                             matches_greedy=hf_ids == van.token_ids))
-        for name, b in zip(names, bufs):
-            probe, fwd = forward_probe(engine, b, heads)
-            med = medusa_generate(model, heads, tok, ids, b, n, greedy, engine=engine, on_step=probe)
-            rows.append(dict(prompt=i, method="medusa", tree=name, tokens=len(med.token_ids), steps=len(med.steps),
-                             seconds=med.total_s, acceleration_rate=med.acceleration_rate,
-                             step_ms=1e3 * statistics.median(s.time_s for s in med.steps),
-                             forward_ms=1e3 * statistics.median(fwd),
-                             matches_greedy=med.token_ids == van.token_ids,
-                             divergence=next(iter(divergences(med, van, model.dtype)), None)))
-        print(f"prompt {i + 1}/{len(encoded)} done", file=sys.stderr)
+    for bsz in batch_sizes:
+        chunks = [encoded[i:i + bsz] for i in range(0, len(encoded), bsz)]
+        # warm-up (and compilation) of every shape that is timed later
+        vanilla_generate(model, tok, chunks[0], 4, engine=engine)
+        for b in bufs:
+            medusa_generate(model, heads, tok, chunks[0], b, 4, greedy, engine=engine)
+        for cache in (() if args.no_hf else (None, "static")):
+            timed_generate(model, chunks[0], 4, cache, compiled, eos)
+        for i, chunk in enumerate(chunks):
+            base = dict(batch_size=bsz, chunk=i, prompts=len(chunk))
+            probe, fwd = forward_probe(engine, root)
+            van = vanilla_generate(model, tok, chunk, n, engine=engine, on_step=probe, record=True)
+            rows.append(base | _row("vanilla", None, van, fwd, [True] * len(chunk)))
+            for cache in (() if args.no_hf else (None, "static")):
+                hf, hf_s = timed_generate(model, chunk, n, cache, compiled, eos)
+                rows.append(base | dict(method=f"hf_generate_{cache or 'dynamic'}", tree=None,
+                                        tokens=sum(map(len, hf)), seq_steps=sum(map(len, hf)), steps=max(map(len, hf)),
+                                        seconds=hf_s, step_ms=None, forward_ms=None, step_times=[],
+                                        forward_times=[], matches=[h == v.token_ids for h, v in zip(hf, van)]))
+            for name, b in zip(names, bufs):
+                probe, fwd = forward_probe(engine, b, heads)
+                med = medusa_generate(model, heads, tok, chunk, b, n, greedy, engine=engine, on_step=probe,
+                                      record=True)
+                rows.append(base | _row("medusa", name, med, fwd, [m.token_ids == v.token_ids for m, v in zip(med, van)])
+                            | dict(divergences=[d for m, v in zip(med, van) for d in divergences(m, v, model.dtype)]))
+            print(f"batch {bsz}: {i + 1}/{len(chunks)} done", file=sys.stderr)
 
     summary = summarise(rows)
     atomic_write_json(args.out, dict(
         model=label, device=str(model.device), dtype=str(model.dtype).replace("torch.", ""),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
-        compiled=bool(engine.compile), max_new_tokens=n, prompts=prompts,
-        trees={name: t.as_lists() for name, t in zip(names, trees)}, summary=summary, runs=rows))
+        decoder_version=DECODER_VERSION, load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        compiled=bool(engine.compile), max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,
+        trees={name: t.as_lists() for name, t in zip(names, trees)}, summary=summary,
+        runs=[{k: v for k, v in r.items() if k not in ("step_times", "forward_times")} for r in rows]))
     print(table(summary, label, model, compiled))
     print(f"wrote {args.out}", file=sys.stderr)
     if model.dtype == torch.float32:
-        return 0 if all(r["matches_greedy"] for r in rows) else 1
+        return 0 if all(all(r["matches"]) for r in rows) else 1
     return 0 if not any(s.get("mismatches") for s in summary) else 1
 
 
+def _row(method: str, tree, results, forward_times: list[float], matches: list[bool]) -> dict:
+    """One batch of one method: its tokens, steps, wall time and step times (the batch's own steps)."""
+    longest = max(results, key=lambda r: len(r.steps))
+    return dict(method=method, tree=tree, tokens=sum(len(r.token_ids) for r in results),
+                seq_steps=sum(len(r.steps) for r in results), steps=len(longest.steps),
+                seconds=max(r.total_s for r in results), step_times=[s.time_s for s in longest.steps],
+                forward_times=forward_times, matches=matches)
+
+
 def summarise(rows: list[dict]) -> list[dict]:
-    """One line per (method, tree): tokens/s over all prompts (total tokens / total time), speedup against vanilla
-    (and the median of the per-prompt ratios, which cancels load changes between prompts), median step and bare
-    forward times, decoder_overhead = step_ms / forward_ms."""
+    """One line per (batch size, method, tree): goodput over all prompts (tokens / wall time of the batches),
+    speedup against vanilla at the same batch size (and the median of the per-batch ratios, which cancels load
+    changes between batches), tokens per step per sequence, median step and bare forward, decoder_overhead
+    (decode.decoder_overhead) and overhead (mean step over vanilla's: decode.overhead's definition)."""
     out = []
-    vanilla = {r["prompt"]: r for r in rows if r["method"] == "vanilla"}
-    for key in dict.fromkeys((r["method"], r["tree"]) for r in rows):
-        rs = [r for r in rows if (r["method"], r["tree"]) == key]
+    for key in dict.fromkeys((r["batch_size"], r["method"], r["tree"]) for r in rows):
+        rs = [r for r in rows if (r["batch_size"], r["method"], r["tree"]) == key]
+        van = {r["chunk"]: r for r in rows if r["batch_size"] == key[0] and r["method"] == "vanilla"}
         toks, secs = sum(r["tokens"] for r in rs), sum(r["seconds"] for r in rs)
-        line = dict(method=key[0], tree=key[1], prompts=len(rs), tokens=toks, tokens_per_s=toks / secs,
-                    acceleration_rate=toks / sum(r["steps"] for r in rs),
-                    speedup_median=statistics.median(
-                        (r["tokens"] / r["seconds"]) / (vanilla[r["prompt"]]["tokens"] / vanilla[r["prompt"]]["seconds"])
-                        for r in rs),
-                    matches_greedy=sum(r["matches_greedy"] for r in rs))
-        steps = [r["step_ms"] for r in rs if r["step_ms"] is not None]
-        fwd = [r["forward_ms"] for r in rs if r.get("forward_ms") is not None]
-        line["step_ms"] = statistics.median(steps) if steps else None
-        line["forward_ms"] = statistics.median(fwd) if fwd else None
-        line["decoder_overhead"] = line["step_ms"] / line["forward_ms"] if steps and fwd else None
-        if key[0] == "medusa":
-            line.update(divergence_counts([r["divergence"] for r in rs if r["divergence"]]))
+        line = dict(batch_size=key[0], method=key[1], tree=key[2], prompts=sum(r["prompts"] for r in rs),
+                    tokens=toks, tokens_per_s=toks / secs, acceleration_rate=toks / sum(r["seq_steps"] for r in rs),
+                    speedup_median=statistics.median((r["tokens"] / r["seconds"]) /
+                                                     (van[r["chunk"]]["tokens"] / van[r["chunk"]]["seconds"])
+                                                     for r in rs),
+                    matches_greedy=sum(sum(r["matches"]) for r in rs))
+        steps = [t for r in rs for t in r["step_times"]]
+        fwd = [t for r in rs for t in r["forward_times"]]
+        line["step_ms"] = 1e3 * statistics.median(steps) if steps else None
+        line["forward_ms"] = 1e3 * statistics.median(fwd) if fwd else None
+        line["decoder_overhead"] = decoder_overhead(steps, fwd) if steps and fwd else None
+        mean_step = sum(sum(r["step_times"]) for r in rs) / sum(r["steps"] for r in rs) if steps else None
+        line["mean_step_ms"] = 1e3 * mean_step if mean_step else None
+        if key[1] == "medusa":
+            line.update(divergence_counts([d for r in rs for d in r["divergences"]]))
         out.append(line)
-    base = next(s["tokens_per_s"] for s in out if s["method"] == "vanilla")
     for s in out:
-        s["speedup"] = s["tokens_per_s"] / base if base else None
+        base = next(v for v in out if v["batch_size"] == s["batch_size"] and v["method"] == "vanilla")
+        s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"]
+        s["overhead"] = s["mean_step_ms"] / base["mean_step_ms"] if s["mean_step_ms"] else None
     return out
 
 
 def table(summary: list[dict], label: str, model, compiled: bool) -> str:
-    head = (f"{'method':<20} {'tree':<28} {'tok/s':>7} {'tok/step':>8} {'step ms':>8} {'fwd ms':>7} "
+    head = (f"{'B':>3} {'method':<20} {'tree':<28} {'tok/s':>7} {'tok/step':>8} {'step ms':>8} {'fwd ms':>7} "
             f"{'overhead':>8} {'speedup':>8} {'median':>7} {'exact':>6} {'ties':>5} {'mism':>5}")
+    load = f", load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
     lines = [f"{label} on {model.device} ({str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
-             f"{'compiled' if compiled else 'eager'})", head, "-" * len(head)]
+             f"{'compiled' if compiled else 'eager'}{load})", head, "-" * len(head)]
     fmt = lambda v, spec, unit="": f"{'-':>{int(spec.split('.')[0]) + len(unit)}}" if v is None else f"{v:{spec}}{unit}"  # noqa: E731
     for s in summary:
-        lines.append(f"{s['method']:<20} {(s['tree'] or '-')[:28]:<28} {s['tokens_per_s']:>7.1f} "
+        lines.append(f"{s['batch_size']:>3} {s['method']:<20} {(s['tree'] or '-')[:28]:<28} {s['tokens_per_s']:>7.1f} "
                      f"{s['acceleration_rate']:>8.2f} {fmt(s['step_ms'], '8.1f')} {fmt(s['forward_ms'], '7.1f')} "
                      f"{fmt(s['decoder_overhead'], '7.2f', 'x')} {s['speedup']:>7.2f}x {s['speedup_median']:>6.2f}x "
                      f"{s['matches_greedy']:>3}/{s['prompts']} {s.get('near_tie_divergences', '-'):>5} "

@@ -203,7 +203,8 @@ def test_bad_inputs_are_one_line_errors(tiny_llama):
         (lambda: medusa_generate(m, h, tok, [1, 2], [[0]] * 1 + [[0] * d for d in range(2, 7)], 4), "exceeds the 5 Medusa heads"),
         (lambda: medusa_generate(m, h, tok, [], [[0]], 4), "empty"),
         (lambda: medusa_generate(m, h, tok, [1, 500], [[0]], 4), "[0, 128)"),
-        (lambda: medusa_generate(m, h, tok, [[1, 2], [3, 4]], [[0]], 4), "batch 1"),
+        (lambda: medusa_generate(m, h, tok, [[1, 2], [[3, 4], [5, 6]]], [[0]], 4), "one sequence of token ids"),
+        (lambda: medusa_generate(m, h, tok, [[1, 2], []], [[0]], 4), "empty"),
         (lambda: medusa_generate(m, h, tok, [1, 2], [[0]], 0), "--max-new-tokens 0"),
         (lambda: medusa_generate(m, random_heads(32, 128, 2, tied=True), tok, [1, 2], [[0]], 4), "hidden size 32"),
         (lambda: Acceptance("beam"), "unknown"),
@@ -246,8 +247,13 @@ def _tiny_tree_buffers():
     tree = load_tree([[0], [1], [0, 0]])
     b = tree_buffers(tree, 2)
     assert b["retrieve_indices"].tolist() == [[0, 1, 3], [0, 2, -1]]
-    return TreeBuffers(tree, 2, 2, b["tree_indices"], b["position_ids"], b["parents"], b["retrieve_indices"],
-                       torch.zeros(4, 4), [()] + tree.sorted_paths)
+    return TreeBuffers(tree, 2, 2, b["tree_indices"], b["position_ids"], b["parents"].clamp(min=0),
+                       b["retrieve_indices"], b["attn_mask"] != 0, [()] + tree.sorted_paths)
+
+
+def _one(rule, logits, tokens, *args):
+    """A rule applied to one sequence (batch of 1): (row, length, next token) as ints."""
+    return tuple(int(x[0]) for x in rule(logits[None], tokens[None], *args))
 
 
 def _logits(probs: dict, vocab=16):
@@ -267,16 +273,16 @@ def test_typical_rule_longest_path_then_likelihood():
     flat = torch.zeros(16)               # uniform: H = ln 16, threshold 0.3/16 = 0.019 < 1/16: token 9 passes
     leaf = _logits({3: 0.9})
     # longest accepted path wins even through the less likely first token
-    row, length, nxt = accept_typical(torch.stack([root, flat, leaf, leaf]), tokens, buf, 1.0, 0.09, 0.3)
-    assert (row, length, int(nxt)) == (0, 3, 3)
+    row, length, nxt = _one(accept_typical, torch.stack([root, flat, leaf, leaf]), tokens, buf, 1.0, 0.09, 0.3)
+    assert (row, length, nxt) == (0, 3, 3)
     # equal lengths: the likelier path (token 8, p .45 > .40); the next token is greedy at that node
-    row, length, nxt = accept_typical(torch.stack([root, peaked, _logits({11: 0.5}), leaf]), tokens, buf, 1.0, 0.09, 0.3)
-    assert (row, length, int(nxt)) == (1, 2, 11)
+    row, length, nxt = _one(accept_typical, torch.stack([root, peaked, _logits({11: 0.5}), leaf]), tokens, buf, 1.0, 0.09, 0.3)
+    assert (row, length, nxt) == (1, 2, 11)
     # epsilon caps the threshold: with epsilon 0.5 neither 0.40 nor 0.45 passes; only the root is kept
-    row, length, nxt = accept_typical(torch.stack([root, flat, leaf, leaf]), tokens, buf, 1.0, 0.5, 100.0)
-    assert length == 1 and int(nxt) == 8
+    row, length, nxt = _one(accept_typical, torch.stack([root, flat, leaf, leaf]), tokens, buf, 1.0, 0.5, 100.0)
+    assert length == 1 and nxt == 8
     # a higher temperature flattens p, lowering the threshold below token 9's probability in `peaked`
-    row, length, _ = accept_typical(torch.stack([root, peaked, leaf, leaf]), tokens, buf, 50.0, 0.09, 0.3)
+    row, length, _ = _one(accept_typical, torch.stack([root, peaked, leaf, leaf]), tokens, buf, 50.0, 0.09, 0.3)
     assert length == 3
 
 
@@ -284,13 +290,16 @@ def test_greedy_and_nucleus_rules():
     buf = _tiny_tree_buffers()
     tokens = torch.tensor([5, 7, 8, 9])
     logits = torch.stack([_logits({8: 0.6}), _logits({9: 0.6}), _logits({4: 0.6}), _logits({1: 0.6})])
-    assert [int(x) if not isinstance(x, int) else x for x in accept_greedy(logits, tokens, buf)] == [1, 2, 4]
-    logits[0] = _logits({7: 0.6})
-    assert [int(x) if not isinstance(x, int) else x for x in accept_greedy(logits, tokens, buf)] == [0, 3, 1]
+    assert _one(accept_greedy, logits, tokens, buf) == (1, 2, 4)
+    other = logits.clone()
+    other[0] = _logits({7: 0.6})
+    assert _one(accept_greedy, other, tokens, buf) == (0, 3, 1)
     # nucleus with top_p tiny keeps only the argmax: same as greedy
     g = torch.Generator().manual_seed(0)
-    out = accept_nucleus(logits, tokens, buf, 1.0, 1e-9, g)
-    assert [int(x) if not isinstance(x, int) else x for x in out] == [0, 3, 1]
+    assert _one(accept_nucleus, other, tokens, buf, 1.0, 1e-9, g) == (0, 3, 1)
+    # a batch: each sequence its own path and next token, in one call
+    row, length, nxt = accept_greedy(torch.stack([logits, other]), torch.stack([tokens, tokens]), buf)
+    assert (row.tolist(), length.tolist(), nxt.tolist()) == ([1, 0], [2, 3], [4, 1])
 
 
 def test_nucleus_samples_only_inside_the_nucleus():
@@ -473,9 +482,9 @@ def test_time_verify_keeps_the_context_fixed(tiny):
 
     engine = StepEngine(tiny.model, compile=False)
     with torch.inference_mode():
-        engine.prefill(torch.arange(1, 30)[None], 80)
+        engine.prefill([torch.arange(1, 30), torch.arange(1, 20)], 80)
     before = [layer.keys[:, :, :29].clone() for layer in engine.cache.layers]
     for buf in (root_setup(tiny.model), tree_setup("mc_sim_7b_63", tiny.model)):
         assert time_verify(engine, buf, random_heads(64, 128, 5, tied=True), repeats=3, warmup=1) > 0
-        assert engine.length == 29
+        assert engine.host_lengths == [29, 19] and engine.lengths.tolist() == [29, 19] and engine.start == 29
         assert all(torch.equal(b, layer.keys[:, :, :29]) for b, layer in zip(before, engine.cache.layers))

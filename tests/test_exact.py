@@ -61,7 +61,7 @@ class Reference:
         out = self.model.generate(torch.tensor([self.ids], device=device), do_sample=False,
                                   max_new_tokens=NEW + 5, eos_token_id=None)  # no early stop: all 512 compared
         self.truth = out[0].tolist()                                        # prompt + NEW + 5 tokens
-        self.vanilla = vanilla_generate(self.model, None, self.ids, NEW, eos_token_id=[])
+        self.vanilla = vanilla_generate(self.model, None, self.ids, NEW, eos_token_id=[], record=True)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +96,7 @@ def test_greedy_medusa_equals_vanilla_and_generate(reference, arch, tree_name, p
     oracle = Oracle(ref.truth, tree, seed=len(tree_name)) if proposer == "oracle" else None
     on_step, _ = _checked_steps(len(ref.ids))  # the cache holds exactly prompt + emitted after every step
     res = medusa_generate(ref.model, ref.heads, None, ref.ids, tree, NEW, eos_token_id=[], propose=oracle,
-                          on_step=on_step)
+                          on_step=on_step, record=True)
     assert res.token_ids == ref.truth[len(ref.ids):len(ref.ids) + NEW]
     assert divergences(res, ref.vanilla, ref.model.dtype) == []
     if oracle is not None and tree.nodes > 1:  # long accepted paths really happened, each the longest offered
@@ -199,8 +199,8 @@ def test_rounding_flip_in_bf16_is_a_near_tie_and_fp32_is_exact():
         for dtype in (torch.bfloat16, torch.float32):
             model = near_tie_model(seed, dtype)
             heads = random_heads(64, 128, 5, tied=True, seed=1).to(dtype)
-            van = vanilla_generate(model, None, NEAR_TIE_IDS, 64, eos_token_id=[])
-            med = medusa_generate(model, heads, None, NEAR_TIE_IDS, "mc_sim_7b_63", 64, eos_token_id=[])
+            van = vanilla_generate(model, None, NEAR_TIE_IDS, 64, eos_token_id=[], record=True)
+            med = medusa_generate(model, heads, None, NEAR_TIE_IDS, "mc_sim_7b_63", 64, eos_token_id=[], record=True)
             found = divergences(med, van, dtype)
             kinds.append([d["kind"] for d in found])
             if found:
@@ -225,13 +225,15 @@ def test_rounding_flip_in_bf16_is_a_near_tie_and_fp32_is_exact():
 def _accept_unverified(logits, tokens, buf):
     """A deliberately broken greedy acceptance: takes the first child of the root without checking it."""
     row = int((buf.retrieve[:, 1] == 1).nonzero()[0]) if (buf.retrieve[:, 1] == 1).any() else 0
-    return row, 2, logits[buf.retrieve[row, 1]].argmax()
+    batch = logits.shape[0]
+    rows = torch.full((batch,), row)
+    return rows, torch.full((batch,), 2), logits[:, buf.retrieve[row, 1]].argmax(dim=-1)
 
 
-def _keep_without_moving(engine, buf, row, length):
-    """A deliberately broken cache compaction: moves the write pointer past the accepted nodes but never moves
-    off-path nodes next to the prefix."""
-    engine.rewind(engine.length + length)
+def _keep_without_moving(engine, buf, row, count):
+    """A deliberately broken cache compaction: grows each prefix by the accepted nodes but never moves off-path
+    nodes next to it."""
+    engine.lengths += count * engine.alive
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -240,15 +242,15 @@ def test_a_decoder_bug_is_a_mismatch(tiny_llama, monkeypatch, dtype, bug):
     model = copy.deepcopy(tiny_llama.model).to(dtype)  # (the shared fixture stays fp32)
     ids = prepare_prompt(tiny_llama.tokenizer, "Write a short poem about the sea.")
     tree = load_tree("mc_sim_7b_63")
-    van = vanilla_generate(model, None, ids, 48, eos_token_id=[])
+    van = vanilla_generate(model, None, ids, 48, eos_token_id=[], record=True)
     truth = ids + van.token_ids + [0] * tree.depth
-    good = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree))
+    good = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree), record=True)
     assert divergences(good, van, dtype) == []  # long paths, many off rank 0: exact without the bug
     if bug == "acceptance":
         monkeypatch.setattr(decode, "accept_greedy", _accept_unverified)
     else:
         monkeypatch.setattr(StepEngine, "keep", _keep_without_moving)
-    bad = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree, miss=0.5))
+    bad = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree, miss=0.5), record=True)
     found = divergences(bad, van, dtype)
     assert [d["kind"] for d in found] == ["mismatch"]
 
@@ -307,15 +309,16 @@ def test_bench_decode_reports_each_prompts_divergence(tmp_path, capsys):
     spec.loader.exec_module(bench)
     out = tmp_path / "decode.json"
     code = bench.main(["--tiny", "--dtype", "bfloat16", "--device", "cpu", "--limit", "3", "--max-new-tokens", "48",
-                       "--tree", "mc_sim_7b_63", "[[0], [0, 0]]", "--out", str(out)])
+                       "--batch-sizes", "1,2", "--tree", "mc_sim_7b_63", "[[0], [0, 0]]", "--out", str(out)])
     report = json.loads(out.read_text())
     medusa = [r for r in report["runs"] if r["method"] == "medusa"]
-    assert len(medusa) == 2 * 3
+    assert len(medusa) == 2 * 3 + 2 * 2  # batch 1: 3 batches per tree; batch 2: 2 (the last holds one prompt)
     for r in medusa:
-        assert (r["divergence"] is None) == r["matches_greedy"]
-        assert r["divergence"] is None or r["divergence"]["kind"] in ("near-tie", "mismatch")
+        assert len(r["divergences"]) == len(r["matches"]) - sum(r["matches"])  # one per prompt that differs
+        assert all(d["kind"] in ("near-tie", "mismatch") for d in r["divergences"])
     for s in (s for s in report["summary"] if s["method"] == "medusa"):
         assert s["near_tie_divergences"] + s["mismatches"] == s["prompts"] - s["matches_greedy"]
         assert s["mismatches"] == 0
+    assert report["decoder_version"] == decode.DECODER_VERSION and report["batch_sizes"] == [1, 2]
     assert code == 0  # near-ties are expected in bf16; only a mismatch fails the run
     assert " ties  mism" in capsys.readouterr().out

@@ -72,13 +72,6 @@ def test_measure_latency_rows_and_columns(tiny_llama):
     assert (np.diff(order, axis=1) >= 0).all() and np.allclose(df["seconds"], (df["seconds_min"] + df["seconds_max"]) / 2)
 
 
-def _batched_engine() -> bool:
-    import workbench.engine as E
-
-    return hasattr(E, "verify_times")
-
-
-@pytest.mark.skipif(not _batched_engine(), reason="needs batched engine (workbench.engine.verify_times)")
 def test_measure_latency_per_batch_size(tiny_llama):
     """Every (batch, context, tokens) is timed; t(B, n) relative to t(B, 1) of the same batch size and context."""
     df = measure_latency(tiny_llama.model, sizes=[2, 4], contexts=[16], repeats=2, warmup=1,
@@ -91,7 +84,7 @@ def test_measure_latency_per_batch_size(tiny_llama):
 
 
 def test_latency_cli_batch_flag(tmp_path, capsys):
-    """`latency --batch` writes the batch and spread columns; a batch size the engine cannot time is one line."""
+    """`latency --batch` writes the batch and spread columns for every batch size asked."""
     out = tmp_path / "l.csv"
     argv = ["latency", "--random-config", "tiny", "--sizes", "2", "--context", "8", "--repeats", "3", "--warmup", "0",
             "--device", "cpu", "--out", str(out)]
@@ -101,9 +94,9 @@ def test_latency_cli_batch_flag(tmp_path, capsys):
     assert (df["repeats"] == 3).all() and "q1..q3" in capsys.readouterr().err
     assert main(argv + ["--batch", "0,2"]) == 2
     assert "--batch" in _error_line(capsys)
-    if not _batched_engine():
-        assert main(argv + ["--batch", "1,2"]) == 2
-        assert "--batch 1,2" in _error_line(capsys)
+    assert main(argv + ["--batch", "1,2"]) == 0
+    df = read_latency(out)
+    assert sorted(zip(df["batch"], df["tokens"])) == [(1, 1), (1, 2), (2, 1), (2, 2)]
 
 
 def test_latency_cli_default_path_in_calibration_folder(tmp_path, monkeypatch, capsys):

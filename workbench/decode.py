@@ -1,20 +1,24 @@
-"""The Medusa decoding loop: propose with the heads, verify the tree, accept a path; vanilla greedy beside it.
+"""The Medusa decoding loop for B prompts at once: propose with the heads, verify the trees, accept a path per
+sequence; vanilla greedy is the same loop with a root-only tree.
 
-One Medusa step (batch 1):
-  1. the root token (from the base logits at the last accepted position) is already known;
-  2. the heads, run on that position's hidden state only, give each head's top-k; `tree_indices` turns
-     [root] + top-k's into the tree's N tokens;
-  3. ONE forward of the N tokens with a 4-D mask (every cached position + the node's ancestors) and
-     position_ids = cached length + depth; logits only for those N rows;
-  4. acceptance picks the longest path the base model agrees with, and the token that follows it;
-  5. the cache keeps only the accepted nodes (moved next to the prefix), the write pointer moves after them.
+One step (B sequences, each at its own length L_b):
+  1. each sequence's root token (from the base logits at its last accepted position) is already known;
+  2. the heads, run on those B hidden states only, give each head's top-k; `tree_indices` turns
+     [root] + top-k's into each sequence's N tree tokens;
+  3. ONE forward of B x N tokens with a 4-D mask (each sequence's own prefix + the node's ancestors) and
+     position_ids = L_b + depth; logits only for those rows;
+  4. acceptance picks, per sequence, the longest path the base model agrees with and the token after it;
+  5. each sequence keeps only its accepted nodes (moved next to its own prefix): lengths are ragged;
+  6. ONE host read per step (accepted row, length, tokens and next root of every sequence) tells the host what was
+     emitted; a sequence that hit EOS or its budget stops emitting, its slot computes on until the batch ends.
 Steps 3 and 5 are the model work of engine.py (StepEngine: static cache, 4-D mask, torch.compile); this module
 chooses the tokens. The acceptance rules live here, so a new rule touches this file and the CLI/app option lists.
-Vanilla greedy runs through the same step as a root-only tree.
 """
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
@@ -28,6 +32,11 @@ from workbench.heads import check_heads_fit
 
 ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
 RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a near-tie may involve 3+ tokens)
+ENTROPY_FORMS = ("exact", "medusa")
+# The decoder whose speed a measurement reports (sweep CSVs, benchmarks): 1 = DynamicCache per step, 2 = static
+# cache and compiled step (batch 1), 3 = batched step with one host read per step. Accepted tokens are the same in
+# all; speeds measured by an older decoder are not this one's.
+DECODER_VERSION = 3  # -sum p log p, or Medusa's code: -sum p log(p + 1e-5)
 
 
 # ----------------------------------------------------------------------------------------------- settings, results
@@ -35,18 +44,26 @@ RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a nea
 @dataclass
 class Acceptance:
     """How a tree node is accepted. greedy: token == argmax (lossless). typical (Medusa paper §2.3.1): p(x) >
-    min(epsilon, delta * exp(-H(p))) at `temperature`, root greedy, longest path, ties by likelihood. nucleus:
-    one sample per node from the top_p nucleus, a child is accepted when it equals its parent's sample (so the
-    output is distributed exactly as vanilla nucleus sampling)."""
+    min(epsilon, delta * exp(-H(p))) at `temperature`, root greedy, longest path, ties by likelihood; delta
+    defaults to sqrt(epsilon), the rule of Medusa's code (posterior_alpha = sqrt(posterior_threshold): 0.3 at its
+    default 0.09), and any other delta is asked for explicitly. `entropy` "exact" is -sum p log p; "medusa" is
+    Medusa's code's -sum p log(p + 1e-5), for its exact behaviour. nucleus: one sample per node from the top_p
+    nucleus, a child is accepted when it equals its parent's sample (so the output is distributed exactly as
+    vanilla nucleus sampling)."""
 
     kind: str = "greedy"
     temperature: float = 0.0
     epsilon: float = 0.09
-    delta: float = 0.3
+    delta: float | str | None = None   # None or "sqrt": sqrt(epsilon)
     top_p: float = 0.8
     seed: int | None = None
+    entropy: str = "exact"
 
     def __post_init__(self):
+        if self.delta is None or self.delta == "sqrt":
+            self.delta = math.sqrt(self.epsilon) if 0 < self.epsilon <= 1 else 0.0
+        if self.entropy not in ENTROPY_FORMS:
+            raise WorkbenchError(f"entropy '{self.entropy}': unknown (use {', '.join(ENTROPY_FORMS)})")
         if self.kind not in ACCEPTANCE_KINDS:
             raise WorkbenchError(f"acceptance '{self.kind}': unknown (use {', '.join(ACCEPTANCE_KINDS)})")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
@@ -64,8 +81,8 @@ class Step:
     tokens: list[int]           # emitted this step: root + accepted tree tokens (cut at EOS / max_new_tokens)
     path: tuple[int, ...]       # top-k ranks of the deepest accepted node; () = only the root
     tree_size: int              # tokens in this step's forward (tree nodes + root; 1 for vanilla)
-    time_s: float               # wall time of the whole step (synchronised on CUDA)
-    cache_len: int              # cache length after the step (= prompt + tokens emitted so far)
+    time_s: float               # wall time of the whole batched step, up to its host read (which waits for the device)
+    cache_len: int              # this sequence's cache length after the step (= prompt + tokens emitted so far)
 
 
 @dataclass
@@ -77,6 +94,7 @@ class DecodeResult:
     stop_reason: str = ""       # "eos" | "max_new_tokens" | "context"
     text: str | None = None
     tree: str | None = None
+    batch_size: int = 1         # sequences decoded side by side (the steps' times are the batch's)
     chosen_by: list = field(default_factory=list, repr=False)  # record(): what each emitted token was chosen from
 
     def record(self, logits: torch.Tensor) -> None:
@@ -125,7 +143,8 @@ class DecodeResult:
 
     def to_dict(self) -> dict:
         return dict(method=self.method, tree=self.tree, token_ids=self.token_ids, text=self.text,
-                    prompt_len=self.prompt_len, new_tokens=len(self.token_ids), steps=len(self.steps),
+                    prompt_len=self.prompt_len, batch_size=self.batch_size, new_tokens=len(self.token_ids),
+                    steps=len(self.steps),
                     acceleration_rate=self.acceleration_rate, tokens_per_s=self.tokens_per_s,
                     prefill_s=self.prefill_s, decode_s=self.decode_s, mean_step_s=self.mean_step_s,
                     stop_reason=self.stop_reason, accepted_lengths=self.accepted_lengths,
@@ -134,13 +153,13 @@ class DecodeResult:
 
 # ------------------------------------------------------------------------------------- prompts, limits, tree tokens
 
-def _input_ids(input_ids, model) -> torch.Tensor:
-    """list / [T] / [1, T] -> LongTensor [1, T] on the model's device, checked against the context."""
-    ids = torch.as_tensor(input_ids, dtype=torch.long)
+def _one_prompt(ids, model) -> torch.Tensor:
+    """list / [T] / [1, T] -> LongTensor [T] on the model's device, checked against the vocabulary and context."""
+    ids = torch.as_tensor(ids, dtype=torch.long)
     if ids.ndim == 2 and ids.shape[0] == 1:
         ids = ids[0]
     if ids.ndim != 1:
-        raise WorkbenchError(f"input_ids must be one sequence (batch 1), got shape {list(ids.shape)}")
+        raise WorkbenchError(f"a prompt must be one sequence of token ids, got shape {list(ids.shape)}")
     if ids.numel() == 0:
         raise WorkbenchError("the prompt is empty: give at least one token")
     vocab = model.get_input_embeddings().weight.shape[0]
@@ -149,7 +168,21 @@ def _input_ids(input_ids, model) -> torch.Tensor:
     ctx = context_length(model)
     if ctx is not None and ids.numel() >= ctx:
         raise WorkbenchError(f"the prompt is {ids.numel()} tokens but the model's context is {ctx}: shorten it")
-    return ids.to(model.device)[None]
+    return ids.to(model.device)
+
+
+def _prompts(input_ids, model) -> tuple[list[torch.Tensor], bool]:
+    """One prompt (ids list, [T] or [1, T]) or several (a list of id lists / 1-D tensors, or [B, T] with B > 1)
+    -> ([T_b] tensors, whether several were given: the result is then a list in prompt order)."""
+    if isinstance(input_ids, torch.Tensor):
+        batched = input_ids.ndim == 2 and input_ids.shape[0] > 1
+        items = list(input_ids) if batched else [input_ids]
+    else:
+        batched = len(input_ids) > 0 and isinstance(input_ids[0], (list, tuple, torch.Tensor))
+        items = list(input_ids) if batched else [input_ids]
+    if not items:
+        raise WorkbenchError("no prompts given: give at least one")
+    return [_one_prompt(p, model) for p in items], batched
 
 
 def _budget(model, prompt_len: int, max_new_tokens: int) -> tuple[int, str]:
@@ -163,97 +196,111 @@ def _budget(model, prompt_len: int, max_new_tokens: int) -> tuple[int, str]:
 
 
 def tree_candidates(root: torch.Tensor, head_tokens: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
-    """root [], head_tokens [depth, topk] -> tree tokens [N] (node 0 = root)."""
-    flat = torch.cat([root.view(1), head_tokens.reshape(-1)])  # [1 + depth*topk]
-    return flat[buf.tree_indices]
+    """root [B], head_tokens [B, depth, topk] -> tree tokens [B, N] (node 0 = root)."""
+    flat = torch.cat([root[:, None], head_tokens.flatten(1)], dim=1)  # [B, 1 + depth*topk]
+    return flat[:, buf.tree_indices]
 
 
 # ----------------------------------------------------------------------------------------------- acceptance
 
-def best_path(ok: torch.Tensor, score: torch.Tensor, buf: TreeBuffers) -> tuple[int, int]:
-    """ok [N] (node accepted given its parent; ok[0] = root), score [N] -> (retrieve row, nodes accepted incl.
-    root). Longest accepted prefix over all root-to-leaf rows; ties by the summed score (log-likelihood)."""
-    idx = buf.retrieve.clamp(min=0)                                     # [R, D+1]
-    run = (ok[idx] & (buf.retrieve >= 0)).long().cumprod(dim=1)         # [R, D+1] 1 while accepted
-    length = run.sum(dim=1)                                             # [R]
-    total = (run * score[idx]).sum(dim=1)                               # [R]
-    total = torch.where(length == length.max(), total, torch.full_like(total, -math.inf))
-    row = total.argmax()
-    row, count = torch.stack([row, length[row]]).tolist()  # the one read of the path per step
-    return row, count
+def best_path(ok: torch.Tensor, score: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+    """ok [B, N] (node accepted given its parent; ok[:, 0] = root), score [B, N] -> (retrieve row [B], nodes
+    accepted incl. the root [B]), on the device. Longest accepted prefix over all root-to-leaf rows; ties by the
+    summed score (log-likelihood), then the first row."""
+    run = (ok[:, buf.gather] & buf.real).long().cumprod(dim=2)               # [B, R, D+1] 1 while accepted
+    length = run.sum(dim=2)                                                  # [B, R]
+    total = (run * score[:, buf.gather]).sum(dim=2)                          # [B, R]
+    total = torch.where(length == length.amax(dim=1, keepdim=True), total, -math.inf)
+    row = total.argmax(dim=1)                                                # [B]
+    return row, length.gather(1, row[:, None])[:, 0]
+
+
+def last_node(row: torch.Tensor, count: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
+    """row [B], count [B] -> the deepest accepted node of each sequence [B]."""
+    return buf.gather[row].gather(1, (count - 1)[:, None])[:, 0]
 
 
 def _parent_tokens_ok(tokens: torch.Tensor, target: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
-    """tokens [N], target [N] (what each node's logits emit) -> ok [N]: node i's token == its parent's target."""
-    ok = tokens == target[buf.parents.clamp(min=0)]
-    ok[0] = True
+    """tokens [B, N], target [B, N] (what each node's logits emit) -> ok [B, N]: node i's token == its parent's
+    target (the root always)."""
+    ok = tokens == target[:, buf.parents]
+    ok[:, 0] = True
     return ok
 
 
 def accept_greedy(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers):
-    """logits [N, V], tokens [N] -> (row, length, next token []). Lossless: the output is plain greedy's."""
-    target = logits.argmax(dim=-1)  # [N]
-    row, length = best_path(_parent_tokens_ok(tokens, target, buf), torch.zeros_like(logits[:, 0]), buf)
-    return row, length, target[buf.retrieve[row, length - 1]]
+    """logits [B, N, V], tokens [B, N] -> (row [B], length [B], next token [B]). Lossless: plain greedy's output."""
+    target = logits.argmax(dim=-1)                                           # [B, N]
+    row, length = best_path(_parent_tokens_ok(tokens, target, buf), torch.zeros_like(logits[..., 0]), buf)
+    return row, length, target.gather(1, last_node(row, length, buf)[:, None])[:, 0]
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[M, V] -> probabilities at temperature; temperature 0 is the one-hot argmax (the greedy limit)."""
+    """[..., V] -> probabilities at temperature; temperature 0 is the one-hot argmax (the greedy limit)."""
     if temperature == 0:
         return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
     return torch.softmax(logits / temperature, dim=-1)
 
 
+def entropy(p: torch.Tensor, form: str = "exact") -> torch.Tensor:
+    """p [..., V] -> H(p) [...]. "exact": -sum p log p (0 log 0 = 0); "medusa": Medusa's code's
+    -sum p log(p + 1e-5), which it uses for typical acceptance (slightly lower on peaked rows)."""
+    if form == "medusa":
+        return -(p * torch.log(p + 1e-5)).sum(dim=-1)
+    return -torch.special.xlogy(p, p).sum(dim=-1)
+
+
 def accept_typical(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
-                   epsilon: float, delta: float):
+                   epsilon: float, delta: float, form: str = "exact"):
     """Medusa §2.3.1: accept x if p(x) > min(epsilon, delta * exp(-H(p))); the next token is greedy."""
-    p = _probs(logits, temperature)                                      # [N, V]
-    entropy = -torch.special.xlogy(p, p).sum(dim=-1)                     # [N]
-    threshold = torch.clamp(delta * torch.exp(-entropy), max=epsilon)    # [N]
-    parent = buf.parents.clamp(min=0)                                    # [N]
-    p_tok = p[parent, tokens]                                            # [N] p_parent(node token)
-    ok = p_tok > threshold[parent]
-    ok[0] = True
+    p = _probs(logits, temperature)                                          # [B, N, V]
+    threshold = torch.clamp(delta * torch.exp(-entropy(p, form)), max=epsilon)  # [B, N]
+    p_tok = p[:, buf.parents].gather(2, tokens[..., None])[..., 0]          # [B, N] p_parent(node token)
+    ok = p_tok > threshold[:, buf.parents]
+    ok[:, 0] = True
     score = torch.log(p_tok.clamp(min=1e-30))
-    score[0] = 0
+    score[:, 0] = 0
     row, length = best_path(ok, score, buf)
-    return row, length, logits[buf.retrieve[row, length - 1]].argmax()
+    last = last_node(row, length, buf)
+    return row, length, logits[torch.arange(logits.shape[0], device=logits.device), last].argmax(dim=-1)
 
 
 def sample_nucleus(logits: torch.Tensor, temperature: float, top_p: float, generator=None) -> torch.Tensor:
-    """logits [M, V] -> one token per row from the top_p nucleus at temperature (argmax at temperature 0)."""
+    """logits [..., V] -> one token per row [...] from the top_p nucleus at temperature (argmax at temperature 0)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
-    p = torch.softmax(logits / temperature, dim=-1)
-    sp, order = p.sort(dim=-1, descending=True)                          # [M, V]
-    drop = (sp.cumsum(dim=-1) - sp) >= top_p                             # keep the smallest prefix reaching top_p
+    shape = logits.shape[:-1]
+    p = torch.softmax(logits.reshape(-1, logits.shape[-1]) / temperature, dim=-1)  # [M, V]
+    sp, order = p.sort(dim=-1, descending=True)                              # [M, V]
+    drop = (sp.cumsum(dim=-1) - sp) >= top_p                                 # keep the smallest prefix reaching top_p
     sp = sp.masked_fill(drop, 0)
-    pick = torch.multinomial(sp, 1, generator=generator)                 # [M, 1]
-    return order.gather(-1, pick)[:, 0]
+    pick = torch.multinomial(sp, 1, generator=generator)                     # [M, 1]
+    return order.gather(-1, pick)[:, 0].reshape(shape)
 
 
 def accept_nucleus(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
                    top_p: float, generator=None):
     """One nucleus sample per node; a child is accepted iff it equals its parent's sample, and the sample at the
     last accepted node is the next token: every emitted token is a nucleus sample given its prefix."""
-    target = sample_nucleus(logits, temperature, top_p, generator)      # [N]
-    row, length = best_path(_parent_tokens_ok(tokens, target, buf), torch.zeros_like(logits[:, 0]), buf)
-    return row, length, target[buf.retrieve[row, length - 1]]
+    target = sample_nucleus(logits, temperature, top_p, generator)          # [B, N]
+    row, length = best_path(_parent_tokens_ok(tokens, target, buf), torch.zeros_like(logits[..., 0]), buf)
+    return row, length, target.gather(1, last_node(row, length, buf)[:, None])[:, 0]
 
 
 def accept(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, acc: Acceptance, generator=None):
+    """The one acceptance selection for every rule: logits [B, N, V], tokens [B, N] -> (row, length, next) [B] each."""
     if acc.kind == "greedy":
         return accept_greedy(logits, tokens, buf)
     if acc.kind == "typical":
-        return accept_typical(logits, tokens, buf, acc.temperature, acc.epsilon, acc.delta)
+        return accept_typical(logits, tokens, buf, acc.temperature, acc.epsilon, acc.delta, acc.entropy)
     return accept_nucleus(logits, tokens, buf, acc.temperature, acc.top_p, generator)
 
 
 def first_token(logits: torch.Tensor, acc: Acceptance, generator=None) -> torch.Tensor:
-    """logits [V] -> the root of the first step: greedy (greedy, typical) or a nucleus sample."""
+    """logits [B, V] -> the roots of the first step [B]: greedy (greedy, typical) or a nucleus sample."""
     if acc.kind == "nucleus":
-        return sample_nucleus(logits[None], acc.temperature, acc.top_p, generator)[0]
-    return logits.argmax()
+        return sample_nucleus(logits, acc.temperature, acc.top_p, generator)
+    return logits.argmax(dim=-1)
 
 
 def _generator(acc: Acceptance, device: torch.device):
@@ -267,7 +314,7 @@ def _generator(acc: Acceptance, device: torch.device):
     return g
 
 
-# ----------------------------------------------------------------------------------------------- generation loops
+# ----------------------------------------------------------------------------------------------- the loop
 
 def _cut(new: list[int], emitted: int, limit: int, eos: set[int]) -> tuple[list[int], bool]:
     """Trim a step's tokens at the budget and just after the first EOS; True when that EOS ends the run."""
@@ -282,101 +329,151 @@ def _decode_text(tokenizer, ids: list[int]) -> str | None:
     return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else None
 
 
+def _per_sequence(propose, batch: int) -> Proposer:
+    """A caller's proposer of one sequence (hidden [H], tokens -> [depth, topk]; tests feed known continuations),
+    or a list of them, one per prompt -> a batched Proposer."""
+    fns = list(propose) if isinstance(propose, (list, tuple)) else [propose] * batch
+    if len(fns) != batch:
+        raise WorkbenchError(f"{len(fns)} proposers for {batch} prompts: give one, or one per prompt")
+    return lambda hidden, seqs: torch.stack([torch.as_tensor(f(hidden[b], seqs[b])) for b, f in enumerate(fns)])
+
+
 @torch.inference_mode()
+def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propose: Proposer | None,
+              custom: bool, max_new_tokens: int, acc: Acceptance, eos_token_id, on_step, engine: StepEngine | None,
+              record: bool):
+    """The decoding loop of both methods (vanilla: `buf` is the root alone, nothing proposed)."""
+    prompts, batched = _prompts(input_ids, model)
+    batch, dev = len(prompts), model.device
+    budgets = [_budget(model, len(p), max_new_tokens) for p in prompts]
+    check_window(model, max(len(p) + lim for p, (lim, _) in zip(prompts, budgets)))
+    eos, gen = eos_ids(model, tokenizer, eos_token_id), _generator(acc, dev)
+    if custom:
+        propose = _per_sequence(propose, batch)
+    engine = engine or StepEngine(model, compile=False)
+    name = buf.tree.name or None if buf.tree is not None else None
+
+    t0 = clock(dev)
+    hidden = engine.prefill(prompts, max(lim for lim, _ in budgets) + buf.size + buf.depth + 1)  # [B, H]
+    first = logits_of(model, hidden)                                                           # [B, V]
+    root = first_token(first, acc, gen)                                                        # [B]
+    prefill_s = clock(dev) - t0
+    results = [DecodeResult(method, len(p), prefill_s, tree=name, batch_size=batch) for p in prompts]
+    if record:
+        for b, r in enumerate(results):
+            r.record(first[b:b + 1])
+    seqs = [p.tolist() for p in prompts]
+    if custom:  # a caller's proposer reads the tokens on the host (tests): one more read, before the loop
+        for s, t in zip(seqs, root.tolist()):
+            s.append(t)
+    emitted = [0] * batch
+    rows = torch.arange(batch, device=dev)
+    while any(engine.host_alive):
+        t0 = time.perf_counter()  # the device is idle here: the previous step ended in its read
+        head_tokens = propose(hidden, seqs) if buf.depth else root.new_zeros(batch, 0, 1)      # [B, depth, topk]
+        tokens = tree_candidates(root, head_tokens.to(dev), buf)                               # [B, N]
+        tree_hidden, logits = engine.verify(tokens, buf)                                       # [B, N, H], [B, N, V]
+        row, count, root = accept(logits, tokens, buf, acc, gen)                               # [B] x 3
+        hidden = tree_hidden[rows, last_node(row, count, buf)]                                 # [B, H]
+        engine.keep(buf, row, count)
+        path = tokens.gather(1, buf.gather[row])                                               # [B, D+1]
+        read = torch.cat([row[:, None], count[:, None], path, root[:, None]], dim=1).tolist()  # THE host read
+        step_s = time.perf_counter() - t0
+        engine.advance([r[1] for r in read])
+        steps = [None] * batch
+        for b, (r, m, *toks) in enumerate(read):
+            if not engine.host_alive[b]:
+                continue
+            limit, reason = budgets[b]
+            new, hit_eos = _cut(toks[:m], emitted[b], limit, eos)
+            if record:  # the rows that chose the m tokens after this step's root (host ints: no read)
+                results[b].record(logits[b, buf.rows[r][:m]])
+            emitted[b] += len(new)
+            seqs[b][-1:] = new + [toks[-1]]  # the root was already there; the next root stands last
+            if hit_eos or emitted[b] >= limit:
+                results[b].stop_reason = "eos" if hit_eos else reason
+                engine.finish(b, len(prompts[b]) + emitted[b])
+            steps[b] = Step(new, buf.paths[buf.rows[r][m - 1]], buf.size, step_s, len(prompts[b]) + emitted[b])
+            results[b].steps.append(steps[b])
+        if on_step is not None:
+            on_step(steps if batched else steps[0])
+    for r in results:
+        r.text = _decode_text(tokenizer, r.token_ids)
+    return results if batched else results[0]
+
+
 def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: int = 256,
-                    acceptance: Acceptance | None = None, eos_token_id=None, propose: Proposer | None = None,
-                    on_step: Callable[[Step], None] | None = None, engine: StepEngine | None = None) -> DecodeResult:
-    """Medusa decoding of one prompt (batch 1). `tree`: prebuilt TreeBuffers (`tree_setup`, reused across
-    prompts), a Tree or any spec `load_tree` reads; `eos_token_id`: int or list (default: the generation
-    config's, as `generate`; [] never stops early); `propose` replaces the heads (tests feed known
-    continuations); `on_step` sees each Step as it is made (live views); `engine`: a StepEngine to reuse (its
-    cache and compiled step) across generations, else a fresh eager one."""
-    acc = acceptance or Acceptance()
-    ids = _input_ids(input_ids, model)                                   # [1, T]
-    prompt_len = ids.shape[1]
-    limit, limit_reason = _budget(model, prompt_len, max_new_tokens)
-    check_window(model, prompt_len + limit)
+                    acceptance: Acceptance | None = None, eos_token_id=None, propose=None,
+                    on_step: Callable | None = None, engine: StepEngine | None = None, record: bool = False):
+    """Medusa decoding of one prompt (-> DecodeResult) or several at once (a list of prompts -> a list of
+    DecodeResult in prompt order; ONE forward of B x N tree tokens per step). `tree`: prebuilt TreeBuffers
+    (`tree_setup`, reused across prompts), a Tree or any spec `load_tree` reads; `eos_token_id`: int or list
+    (default: the generation config's, as `generate`; [] never stops early); `propose` replaces the heads: a
+    function of one sequence (hidden [H], tokens -> [depth, topk]) or one per prompt (tests feed known
+    continuations); `on_step` sees each Step as it is made (a list of B Steps, None for finished sequences,
+    when several prompts were given); `engine`: a StepEngine to reuse (its cache and compiled step) across
+    generations, else a fresh eager one; `record`: keep the logits that chose each token (divergence reports)."""
     if heads is not None:
         check_heads_fit(heads, model)
     buf = tree_setup(tree, model, heads.num_heads if heads is not None else None)
     if heads is not None and buf.depth > heads.num_heads:
         raise WorkbenchError(f"the tree is {buf.depth} deep but there are only {heads.num_heads} heads")
-    if propose is None:
-        if heads is None:
-            raise WorkbenchError("medusa_generate needs heads (or a propose function)")
-        propose = head_proposer(heads, model, buf.depth, buf.topk)
-    eos, gen = eos_ids(model, tokenizer, eos_token_id), _generator(acc, model.device)
-    engine = engine or StepEngine(model, compile=False)
-
-    t0 = clock(model.device)
-    hidden = engine.prefill(ids, limit + buf.size)                       # [H]
-    first = logits_of(model, hidden)                                     # [V]
-    root = first_token(first, acc, gen)                                  # []
-    result = DecodeResult("medusa", prompt_len, clock(model.device) - t0, tree=buf.tree.name or None)
-    result.record(first[None])
-    seq = ids[0].tolist() + [int(root)]                                  # prompt + emitted + the next root
-    while True:
-        t0 = clock(model.device)
-        head_tokens = propose(hidden, seq)                               # [depth, topk]
-        tokens = tree_candidates(root, head_tokens.to(root.device), buf)  # [N]
-        tree_hidden, logits = engine.verify(tokens, buf)                 # [N, H], [N, V]
-        row, length, root = accept(logits, tokens, buf, acc, gen)
-        nodes = buf.retrieve[row, :length]                               # [m] accepted nodes, root first
-        result.record(logits[nodes])                                     # they chose the m tokens after the root
-        engine.keep(buf, row, length)
-        hidden = tree_hidden[nodes[-1]]                                  # [H] the last accepted position
-        *path, nxt = torch.cat([tokens[nodes], root.view(1)]).tolist()  # this step's tokens, the next root
-        new, hit_eos = _cut(seq[-1:] + path[1:], len(seq) - 1 - prompt_len, limit, eos)
-        if len(new) < length:
-            engine.rewind(engine.length - (length - len(new)))
-        seq[-1:] = new + [nxt]
-        step = Step(new, buf.paths[buf.rows[row][length - 1]], buf.size, clock(model.device) - t0, engine.length)
-        result.steps.append(step)
-        if on_step is not None:
-            on_step(step)
-        if hit_eos or len(seq) - 1 - prompt_len >= limit:
-            result.stop_reason = "eos" if hit_eos else limit_reason
-            break
-    result.text = _decode_text(tokenizer, result.token_ids)
-    return result
+    if propose is None and heads is None:
+        raise WorkbenchError("medusa_generate needs heads (or a propose function)")
+    batched = propose if propose is not None else head_proposer(heads, model, buf.depth, buf.topk)
+    return _generate("medusa", model, tokenizer, input_ids, buf, batched, propose is not None, max_new_tokens,
+                     acceptance or Acceptance(), eos_token_id, on_step, engine, record)
 
 
-@torch.inference_mode()
 def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos_token_id=None,
-                     on_step: Callable[[Step], None] | None = None, engine: StepEngine | None = None) -> DecodeResult:
-    """Plain greedy decoding, one token per forward, on the same engine (static cache, 4-D mask, compiled step
-    when asked), prefill and lm_head path as Medusa: a 1-node "tree" of the root alone."""
-    ids = _input_ids(input_ids, model)
-    prompt_len = ids.shape[1]
-    limit, limit_reason = _budget(model, prompt_len, max_new_tokens)
-    check_window(model, prompt_len + limit)  # the engine's 4-D mask is full attention, for vanilla too
-    eos = eos_ids(model, tokenizer, eos_token_id)
-    engine = engine or StepEngine(model, compile=False)
-    buf = root_setup(model)
-    t0 = clock(model.device)
-    first = logits_of(model, engine.prefill(ids, limit + 1))            # [V]
-    token = first.argmax()                                               # []
-    result = DecodeResult("vanilla", prompt_len, clock(model.device) - t0)
-    result.record(first[None])
-    emitted, nxt = 0, int(token)
-    while True:
-        t0 = clock(model.device)
-        new, hit_eos = _cut([nxt], emitted, limit, eos)
-        _, logits = engine.verify(token.view(1), buf)                   # [1, V]
-        engine.keep(buf, 0, 1)
-        token = logits[0].argmax()
-        result.record(logits)
-        nxt = int(token)
-        emitted += 1
-        step = Step(new, (), 1, clock(model.device) - t0, engine.length)
-        result.steps.append(step)
-        if on_step is not None:
-            on_step(step)
-        if hit_eos or emitted >= limit:
-            result.stop_reason = "eos" if hit_eos else limit_reason
-            break
-    result.text = _decode_text(tokenizer, result.token_ids)
-    return result
+                     on_step: Callable | None = None, engine: StepEngine | None = None, record: bool = False):
+    """Plain greedy decoding of one prompt or several, one token per sequence per forward: the same loop, engine
+    (static cache, 4-D mask, compiled step when asked), prefill and lm_head path as Medusa, with a tree of the
+    root alone."""
+    return _generate("vanilla", model, tokenizer, input_ids, root_setup(model), None, False, max_new_tokens,
+                     Acceptance(), eos_token_id, on_step, engine, record)
+
+
+# ----------------------------------------------------------------------------------------------- measured speed
+# One function per measured quantity. `batches`: the results of each generate call (a list per call; a single
+# DecodeResult counts as a batch of one): sequences of one call ran side by side, calls one after another.
+
+def _calls(batches) -> list[list[DecodeResult]]:
+    return [b if isinstance(b, list) else [b] for b in batches]
+
+
+def goodput(batches) -> float:
+    """Tokens per second over all sequences: tokens emitted / wall time, each call's wall time being its slowest
+    sequence's (prefill + its steps)."""
+    calls = _calls(batches)
+    wall = sum(max(r.total_s for r in c) for c in calls)
+    return sum(len(r.token_ids) for c in calls for r in c) / wall if wall > 0 else float("nan")
+
+
+def mean_step_s(batches) -> float:
+    """Seconds per decoding step: each call's decode time (its slowest sequence's) over its steps (its longest)."""
+    calls = _calls(batches)
+    steps = sum(max(len(r.steps) for r in c) for c in calls)
+    return sum(max(r.decode_s for r in c) for c in calls) / steps if steps else float("nan")
+
+
+def speedup(medusa, vanilla) -> float:
+    """Measured speedup: Medusa's goodput over vanilla greedy's on the same prompts (and batch size)."""
+    base = goodput(vanilla)
+    return goodput(medusa) / base if base > 0 else float("nan")
+
+
+def overhead(medusa, vanilla) -> float:
+    """The overhead of a Medusa step: its mean step time over vanilla's (`mean_step_s`) on the same prompts. The
+    one definition used by `decode --compare`, the sweep and the benchmark."""
+    base = mean_step_s(vanilla)
+    return mean_step_s(medusa) / base if base > 0 else float("nan")
+
+
+def decoder_overhead(step_times: list[float], forward_times: list[float]) -> float:
+    """What a step costs beyond its model work: median step time over the median bare verify forward of the same
+    tree at the same batch and contexts (`engine.forward_probe`)."""
+    return statistics.median(step_times) / statistics.median(forward_times)
 
 
 @torch.inference_mode()
@@ -385,13 +482,13 @@ def first_proposal(model, heads, input_ids, topk: int) -> dict:
     base model's top-k next tokens and each head's top-k at the last prompt position, with probabilities (fp32
     softmax). Plain lists: {"base": {"ids": [topk], "probs": [topk]}, "heads": [{"ids", "probs"}] * K}, ranks
     in order (base ids[0] is the root, heads[k]["ids"][i] is the token of node rank i at depth k + 1)."""
-    ids = _input_ids(input_ids, model)                                   # [1, T]
+    ids = _one_prompt(input_ids, model)[None]                            # [1, T]
     check_heads_fit(heads, model)
     vocab = model.get_output_embeddings().weight.shape[0]
     if not 1 <= topk <= vocab:
         raise WorkbenchError(f"top-k {topk}: must be in [1, {vocab}] (the vocabulary)")
     hidden = prefill(model, ids, new_cache(model))                       # [H]
     base = torch.softmax(logits_of(model, hidden), dim=-1).topk(topk)    # [topk]
-    per_head = torch.softmax(head_logits(heads, model, hidden, heads.num_heads).float(), dim=-1).topk(topk)  # [K, topk]
+    per_head = torch.softmax(head_logits(heads, model, hidden[None], heads.num_heads)[0].float(), dim=-1).topk(topk)  # [K, topk]
     return dict(base=dict(ids=base.indices.tolist(), probs=base.values.tolist()),
                 heads=[dict(ids=i, probs=p) for i, p in zip(per_head.indices.tolist(), per_head.values.tolist())])

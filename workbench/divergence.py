@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import torch
 
-from workbench.decode import DecodeResult
+from workbench import WorkbenchError
+from workbench.decode import DecodeResult, overhead, speedup
 
 def compare(medusa: DecodeResult, vanilla: DecodeResult) -> dict:
-    """speedup (tokens/s ratio), overhead (mean Medusa step / mean vanilla step) and exactness vs greedy."""
-    return dict(vanilla_tokens_per_s=vanilla.tokens_per_s,
-                speedup=medusa.tokens_per_s / vanilla.tokens_per_s if vanilla.tokens_per_s else float("nan"),
-                overhead=medusa.mean_step_s / vanilla.mean_step_s if vanilla.mean_step_s else float("nan"),
-                matches_greedy=medusa.token_ids == vanilla.token_ids)
+    """speedup, overhead (decode.speedup / decode.overhead) and exactness against greedy, of one prompt."""
+    return dict(vanilla_tokens_per_s=vanilla.tokens_per_s, speedup=speedup([medusa], [vanilla]),
+                overhead=overhead([medusa], [vanilla]), matches_greedy=medusa.token_ids == vanilla.token_ids)
 
 
 # Rounding bound on a top-2 logit margin, in units of u * max|logit| (u = the dtype's unit roundoff, half of
@@ -61,6 +60,8 @@ def divergences(medusa: DecodeResult, vanilla: DecodeResult, dtype: torch.dtype)
     a, b = medusa.token_ids, vanilla.token_ids
     if a == b:
         return []
+    if not (medusa.chosen_by and vanilla.chosen_by):
+        raise WorkbenchError("divergences need the logits each run chose its tokens from: decode with record=True")
     pos = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
     tok_m, tok_v = (a[pos] if pos < len(a) else None), (b[pos] if pos < len(b) else None)
     cm, cv = medusa.choice(pos), vanilla.choice(pos)

@@ -22,7 +22,7 @@ from workbench import WorkbenchError
 from workbench.generation import text_config
 from workbench.tree import Tree, load_tree, tree_buffers
 
-# propose(hidden [H], tokens so far incl. the root: list[int]) -> LongTensor [depth, topk]
+# propose(hidden [B, H], each sequence's tokens so far incl. its root: list of B lists) -> LongTensor [B, depth, topk]
 Proposer = Callable[[torch.Tensor, list], torch.Tensor]
 
 
@@ -96,26 +96,30 @@ def decode_one(model, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
 
 @dataclass
 class TreeBuffers:
-    """A tree's index tensors on the model's device, built once per tree and reused across prompts and runs."""
+    """A tree's constants on the model's device, built once per tree and reused across prompts, batches and runs:
+    nothing about the tree is recomputed inside a step."""
 
     tree: Tree | None           # None for the root-only step of vanilla decoding
     topk: int                   # top-k taken from each head (max rank + 1)
     depth: int                  # heads used
     tree_indices: torch.Tensor  # [N] into [root] + head_1 top-k + ... + head_depth top-k
     depths: torch.Tensor        # [N] 0 for the root
-    parents: torch.Tensor       # [N] parent node, -1 for the root
+    parents: torch.Tensor       # [N] parent node, 0 for the root (its own parent: never read)
     retrieve: torch.Tensor      # [R, depth+1] root-to-leaf node rows, -1 padded
-    mask_bias: torch.Tensor     # [N, N] 0 where a node sees a node (itself, its ancestors), dtype-min elsewhere
+    visible: torch.Tensor       # [N, N] bool: node i sees node j (itself, its ancestors)
     paths: list                 # [N] the top-k rank path of each node, () for the root
-    rows: list = field(default_factory=list)  # retrieve on the host: a step reads its path without a device sync
+    rows: list = field(default_factory=list)  # retrieve on the host: a step names its path without a device read
 
     def __post_init__(self):
         if not self.rows:
             self.rows = self.retrieve.tolist()
+        self.gather = self.retrieve.clamp(min=0)          # [R, D+1] node rows, padding -> the root
+        self.real = self.retrieve >= 0                    # [R, D+1]
+        self.steps = torch.arange(self.depth + 1, device=self.retrieve.device)  # [D+1] 0..depth
 
     @property
     def size(self) -> int:
-        """Tokens in one verify forward (tree nodes + the root)."""
+        """Tokens in one verify forward of one sequence (tree nodes + the root)."""
         return self.tree_indices.shape[0]
 
 
@@ -125,43 +129,61 @@ def tree_setup(tree, model, num_heads: int | None = None) -> TreeBuffers:
     t = load_tree(tree, num_heads=num_heads)
     topk = t.max_rank + 1
     b = tree_buffers(t, topk, device=model.device)
-    blocked = torch.finfo(model.dtype).min
-    mask = torch.zeros(b["attn_mask"].shape, dtype=model.dtype, device=model.device)
-    mask.masked_fill_(b["attn_mask"] == 0, blocked)
     return TreeBuffers(tree=t, topk=topk, depth=t.depth, tree_indices=b["tree_indices"], depths=b["position_ids"],
-                       parents=b["parents"], retrieve=b["retrieve_indices"], mask_bias=mask,
-                       paths=[()] + t.sorted_paths)
+                       parents=b["parents"].clamp(min=0), retrieve=b["retrieve_indices"],
+                       visible=b["attn_mask"] != 0, paths=[()] + t.sorted_paths)
 
 
 def root_setup(model) -> TreeBuffers:
     """The 1-token step of vanilla greedy as a tree of the root alone: it runs through the same verify path."""
     zero = torch.zeros(1, dtype=torch.long, device=model.device)
-    return TreeBuffers(tree=None, topk=1, depth=0, tree_indices=zero, depths=zero, parents=zero - 1,
-                       retrieve=zero[None], mask_bias=torch.zeros(1, 1, dtype=model.dtype, device=model.device),
+    return TreeBuffers(tree=None, topk=1, depth=0, tree_indices=zero, depths=zero, parents=zero,
+                       retrieve=zero[None], visible=torch.ones(1, 1, dtype=torch.bool, device=model.device),
                        paths=[()])
 
 
 def head_logits(heads, model, hidden: torch.Tensor, depth: int) -> torch.Tensor:
-    """hidden [H] -> logits [depth, V] of the first `depth` heads at that position."""
-    if heads.tied:  # the heads' `depth` rows through the base lm_head: the fast few-rows path of logits_of
-        return logits_of(model, heads.features(hidden, depth))  # [depth, V]
-    return heads(hidden, model.get_output_embeddings(), n=depth)  # [depth, V]
+    """hidden [B, H] -> logits [B, depth, V] of the first `depth` heads at those positions."""
+    if heads.tied:  # the heads' rows through the base lm_head: the fast few-rows path of logits_of
+        return logits_of(model, heads.features(hidden, depth)).transpose(0, 1)  # [B, depth, V]
+    return heads(hidden, model.get_output_embeddings(), n=depth).transpose(0, 1)  # [B, depth, V]
 
 
 def head_proposer(heads, model, depth: int, topk: int) -> Proposer:
-    """The heads' top-k at one position: only the `depth` heads the tree uses, on one hidden row."""
-    def propose(hidden: torch.Tensor, tokens: list) -> torch.Tensor:
-        return head_logits(heads, model, hidden, depth).topk(topk, dim=-1).indices  # [depth, topk]
+    """The heads' top-k at each sequence's last accepted position: only the `depth` heads the tree uses."""
+    def propose(hidden: torch.Tensor, seqs: list) -> torch.Tensor:
+        return head_logits(heads, model, hidden, depth).topk(topk, dim=-1).indices  # [B, depth, topk]
     return propose
 
 
 # ----------------------------------------------------------------------------------------------- the step engine
 
+class PointerLayer(StaticLayer):
+    """A static cache layer [B, kv_heads, capacity, d] that writes the rows of a forward at the engine's one shared
+    pointer, not at its own running count: every layer (and every sequence) then moves with ONE pointer update per
+    step, and rows may be overwritten (rejected tree rows, the next step's block)."""
+
+    def __init__(self, max_cache_len: int, pointer: torch.Tensor):
+        super().__init__(max_cache_len=max_cache_len)
+        self.pointer = pointer  # [] long, shared by all layers
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        at = self.pointer + torch.arange(key_states.shape[-2], device=self.pointer.device)  # [n]
+        self.keys.index_copy_(2, at, key_states)
+        self.values.index_copy_(2, at, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self):
+        return self.pointer
+
+
 def _verify(model, cache, input_ids, mask, position_ids):
-    """The step's model work, compiled as one graph when asked: input_ids [1, N], mask [1, 1, N, C],
-    position_ids [1, N] -> (hidden [N, H], logits [N, V] fp32). The cache writes its N rows in place."""
+    """The step's model work, compiled as one graph when asked: input_ids [B, N], mask [B, 1, N, C],
+    position_ids [B, N] -> (hidden [B, N, H], logits [B, N, V] fp32). The cache writes its B x N rows in place."""
     hidden = _decoder(model)(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True).last_hidden_state[0]
+                             past_key_values=cache, use_cache=True).last_hidden_state
     return hidden, logits_of(model, hidden)
 
 
@@ -171,152 +193,251 @@ def compile_mode(device: torch.device) -> str:
     return "reduce-overhead" if device.type == "cuda" else "max-autotune-no-cudagraphs"
 
 
-def compile_options(device: torch.device) -> dict:
+def compile_options(device: torch.device, backend: str | None = None) -> dict:
     """torch.compile keywords for the step. On CPU the weights are frozen (constants) so that inductor packs them
     once for its GEMM micro-kernels: measured on the demo model, the 1-token step 76 -> 41 ms (CPU time, loaded
-    2-core machine), after ~10 minutes of compilation per tree size."""
+    2-core machine), after ~10 minutes of compilation per tree size. `backend` other than inductor (tests:
+    "aot_eager", which traces the same graph in seconds) takes no inductor options."""
+    if backend not in (None, "inductor"):
+        return dict(backend=backend)
     if device.type == "cuda":
         return dict(mode=compile_mode(device))
     return dict(options=dict(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"))
 
 
-class StepEngine:
-    """One model's decoding step on a preallocated KV cache, shared by Medusa and vanilla greedy (same path).
+def default_compile(device: torch.device) -> bool:
+    """The one default for compiling the step: on CUDA (launch-bound without CUDA graphs), off elsewhere (CPU
+    compilation takes minutes per tree size)."""
+    return device.type == "cuda"
 
-    The cache (transformers StaticLayer per layer) is allocated once for the longest generation asked for and
-    reused by later ones; `length` is the write pointer. A verify step writes its N rows at [length, length + N)
-    through the model's own cache update and attends through a 4-D mask over [N, capacity] (0 = visible: the
-    prefix and the node's ancestors); `keep` moves the accepted rows next to the prefix and the pointer after
-    them. Rejected rows stay in memory, masked, until the next step overwrites them: nothing is concatenated
-    or cropped per step, and every shape is fixed per tree size, so `compile=True` compiles each tree once
-    (on by default on CUDA; where compilation fails, one warning and eager from then on).
+
+def cacheable_layers(model) -> None:
+    """Only attention layers can hold a tree: recurrent or linear-attention layers (Mamba, RWKV-style, gated
+    delta nets) keep one state per sequence that a rejected branch would corrupt. One line, not a shape error."""
+    types = getattr(text_config(model), "layer_types", None) or []
+    other = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
+    if other:
+        raise WorkbenchError(f"{type(model).__name__} has {', '.join(other)} layers, whose cache cannot hold a "
+                             "token tree or be batched by this decoder: only attention-only models are supported")
+
+
+def cache_bytes(model, batch: int, capacity: int) -> int:
+    """Bytes of a static KV cache for `batch` sequences of `capacity` positions (keys and values, every layer)."""
+    cfg = text_config(model)
+    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return 2 * cfg.num_hidden_layers * batch * kv * capacity * head_dim * model.dtype.itemsize
+
+
+def free_bytes(device: torch.device) -> int | None:
+    """Memory free for new tensors on the device (CUDA: the driver's figure; CPU: MemAvailable), None if unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+
+
+class StepEngine:
+    """One model's decoding step for B sequences on a preallocated KV cache, shared by Medusa and vanilla greedy.
+
+    Layout (per-sequence pointers with a mask, not left padding): sequence b's prefix is cache rows [0, L_b) of
+    its own batch row; every step writes all B trees at one common block [P, P + N), P = max_b L_b, with position
+    ids L_b + depth, and a 4-D mask [B, 1, N, C] that shows each node its own prefix and its ancestors. Sequences
+    behind P simply do not see the gap [L_b, P). `keep` then moves each sequence's accepted rows to
+    [L_b, L_b + m_b). Why not left padding: with ragged acceptance the prefixes drift apart every step anyway, and
+    left padding would need a growing pad column per step or a shift of whole caches; a length per sequence and a
+    mask cost nothing, and position ids stay each sequence's own (RoPE sees no pads).
+
+    The cache is a `PointerLayer` per layer (transformers' StaticLayer, written at one shared pointer): one pointer
+    update per step for all layers. Rejected rows stay in memory, masked, until overwritten: nothing is
+    concatenated or cropped, every shape is fixed per (B, N), so `compile=True` compiles each (B, N) once
+    (default `default_compile`: on CUDA; where compilation fails, one warning and eager from then on).
     """
 
-    def __init__(self, model, compile: bool | None = None):
+    def __init__(self, model, compile: bool | None = None, backend: str | None = None):
         self.model = model
+        cacheable_layers(model)
         self.cache: Cache | None = None
+        self.batch = 0
         self.capacity = 0
-        self.length = 0
-        self._masks: dict[int, list] = {}   # N -> [mask [1, 1, N, capacity], pointer it was built for]
-        self.compile = model.device.type == "cuda" if compile is None else bool(compile)
+        self.start = 0                              # P: where the next block is written (host)
+        self.lengths = torch.zeros(0, dtype=torch.long, device=model.device)  # [B] L_b (device)
+        self.host_lengths: list[int] = []          # [B] L_b (host), moved from the one read per step
+        self.host_alive: list[bool] = []           # [B] False once a sequence finished
+        self.alive = torch.zeros(0, dtype=torch.long, device=model.device)    # [B] 1 while a sequence emits
+        self.pointer = torch.zeros((), dtype=torch.long, device=model.device)
+        self.compile = default_compile(model.device) if compile is None else bool(compile)
         self._step = _verify
         if self.compile:
-            if model.device.type == "cpu" and torch.backends.mkldnn.is_available() is False:
+            if model.device.type == "cpu" and backend in (None, "inductor") and not torch.backends.mkldnn.is_available():
                 self._fail("no oneDNN/MKL build")
             else:
                 torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-                self._step = torch.compile(_verify, dynamic=False, **compile_options(model.device))
+                self._step = torch.compile(_verify, dynamic=False, **compile_options(model.device, backend))
 
     def _fail(self, why: str) -> None:
         print(f"warning: --compile: cannot compile the step on {self.model.device.type} ({why}); running eager",
               file=sys.stderr)
         self.compile, self._step = False, _verify
 
-    def reserve(self, capacity: int) -> None:
-        """A cache of at least `capacity` positions. Compiled, rounded up to 256 so that new prompts rarely change
-        shapes; eager, exact: attention (and, for N > 1 rows under a mask, transformers' repeat of grouped KV
-        heads) runs over every cached position, masked or not."""
-        if capacity <= self.capacity:
+    def reserve(self, batch: int, capacity: int) -> None:
+        """A cache for `batch` sequences of at least `capacity` positions. Compiled, rounded up to 256 so that new
+        prompts rarely change shapes; eager, exact: attention runs over every cached position, masked or not."""
+        if batch < 1:
+            raise WorkbenchError(f"--batch {batch}: must be >= 1")
+        if batch == self.batch and capacity <= self.capacity:
             return
         if self.compile:
             capacity = -(-capacity // 256) * 256
+        capacity = max(capacity, self.capacity if batch == self.batch else 0)
+        need, free = cache_bytes(self.model, batch, capacity), free_bytes(self.model.device)
+        if free is not None and need > free:
+            raise WorkbenchError(f"batch {batch} x {capacity} positions needs a {need / 2**30:.1f} GiB KV cache but "
+                                 f"{free / 2**30:.1f} GiB is free on {self.model.device}: lower --batch or "
+                                 "--max-new-tokens")
+        self.cache = None  # free the old one before allocating
         cfg = text_config(self.model)  # sliding windows: check_window, per generation
-        self.cache = Cache(layers=[StaticLayer(max_cache_len=capacity) for _ in range(cfg.num_hidden_layers)])
-        self.capacity, self.length, self._masks = capacity, 0, {}
+        self.cache = Cache(layers=[PointerLayer(capacity, self.pointer) for _ in range(cfg.num_hidden_layers)])
+        self.batch, self.capacity = batch, capacity
+        self._columns = torch.arange(capacity, device=self.model.device)  # [C]
 
-    def _point(self, length: int) -> None:
-        """Move the write pointer: the next rows the model writes go to `length`."""
-        self.length = length
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(length)
+    def _point(self, at: int) -> None:
+        """Move the write pointer: the next rows any layer writes go to column `at` (one fill for all layers)."""
+        self.start = at
+        self.pointer.fill_(at)
 
-    def prefill(self, ids: torch.Tensor, extra: int) -> torch.Tensor:
-        """ids [1, T] -> hidden [H] of the last position; room is kept for `extra` more rows (steps + a tree)."""
-        self.reserve(ids.shape[1] + extra)
+    def prefill(self, prompts, extra: int) -> torch.Tensor:
+        """prompts: LongTensor [B, T] or a list of B 1-D prompts (any lengths) -> hidden [B, H] of each prompt's last
+        position. Prompts sit at [0, T_b) of their rows (right-padded, the pad masked); room is kept for `extra`
+        more rows. All sequences start alive."""
+        if isinstance(prompts, torch.Tensor) and prompts.ndim == 2:
+            prompts = list(prompts)
+        lens = [int(p.shape[-1]) for p in prompts]
+        batch, width = len(prompts), max(lens)
+        self.reserve(batch, width + extra)
+        dev = self.model.device
+        ids = torch.zeros(batch, width, dtype=torch.long, device=dev)
+        for b, p in enumerate(prompts):
+            ids[b, : lens[b]] = p.to(dev)
+        self.lengths = torch.tensor(lens, device=dev)                                         # [B]
+        cols = self._columns                                                                  # [C]
+        rows = torch.arange(width, device=dev)                                                # [T]
+        seen = (cols[None, None] <= rows[None, :, None]) & (cols[None, None] < self.lengths[:, None, None])
+        mask = self._bias(seen)[:, None]                                                      # [B, 1, T, C]
         self._point(0)
-        out = _decoder(self.model)(input_ids=ids, past_key_values=self.cache, use_cache=True)
-        self.length = ids.shape[1]
-        return out.last_hidden_state[0, -1]  # [H]
+        out = _decoder(self.model)(input_ids=ids, attention_mask=mask, position_ids=rows[None].expand(batch, -1),
+                                   past_key_values=self.cache, use_cache=True).last_hidden_state  # [B, T, H]
+        self.host_lengths, self.host_alive = lens, [True] * batch
+        self.alive = torch.ones(batch, dtype=torch.long, device=dev)
+        self._point(width)
+        return out[torch.arange(batch, device=dev), self.lengths - 1]                        # [B, H]
+
+    def _bias(self, seen: torch.Tensor) -> torch.Tensor:
+        """bool visibility -> additive mask in the model's dtype (0 visible, dtype-min blocked: no NaN rows)."""
+        zero = torch.zeros((), dtype=self.model.dtype, device=self.model.device)
+        return torch.where(seen, zero, torch.finfo(self.model.dtype).min)
 
     def _mask(self, buf: TreeBuffers) -> torch.Tensor:
-        """[1, 1, N, capacity]: columns < length visible, the tree's own block at [length, length + N), the rest
-        blocked. Updated in place: only the columns the pointer moved over and the tree block are rewritten."""
-        n, at = buf.size, self.length
-        entry = self._masks.get(n)
-        if entry is None or entry[1] > at:
-            mask = torch.full((1, 1, n, self.capacity), torch.finfo(self.model.dtype).min, dtype=self.model.dtype,
-                              device=self.model.device)
-            entry = self._masks[n] = [mask, 0]
-        mask, built = entry
-        mask[..., built:at] = 0
-        mask[0, 0, :, at:at + n] = buf.mask_bias
-        entry[1] = at
-        return mask
+        """[B, 1, N, C]: each sequence's prefix columns < L_b, the tree's own block at [P, P + N), nothing else."""
+        n, at = buf.size, self.start
+        cols = self._columns                                                                   # [C]
+        rel = cols - at                                                                        # [C]
+        block = buf.visible[:, rel.clamp(0, n - 1)] & ((rel >= 0) & (rel < n))[None]           # [N, C]
+        seen = (cols[None] < self.lengths[:, None])[:, None] | block[None]                     # [B, N, C]
+        return self._bias(seen)[:, None]
 
     def verify(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [N] -> (hidden [N, H], logits [N, V]): one forward of the tree at the pointer (it stays put)."""
-        if self.length + buf.size > self.capacity:
+        """tokens [B, N] -> (hidden [B, N, H], logits [B, N, V]): one forward of every sequence's tree at the block
+        [P, P + N) (the lengths stay put)."""
+        if self.start + buf.size > self.capacity:
             raise WorkbenchError(f"the KV cache holds {self.capacity} positions, the step needs "
-                                 f"{self.length + buf.size}: reserve more")
+                                 f"{self.start + buf.size}: reserve more")
         mask = self._mask(buf)
-        position_ids = (buf.depths + self.length)[None]  # [1, N]
+        position_ids = self.lengths[:, None] + buf.depths[None]                                # [B, N]
+        self._point(self.start)
         try:
-            return self._step(self.model, self.cache, tokens[None], mask, position_ids)
+            return self._step(self.model, self.cache, tokens, mask, position_ids)
         except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds; eager is always right
             if not self.compile:
                 raise
             self._fail(f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
-            self._point(self.length)
-            return self._step(self.model, self.cache, tokens[None], mask, position_ids)
+            return self._step(self.model, self.cache, tokens, mask, position_ids)
 
-    def keep(self, buf: TreeBuffers, row: int, length: int) -> None:
-        """Keep the first `length` nodes of retrieve row `row` (root first) right after the prefix."""
-        at = self.length
-        if buf.rows[row][:length] != list(range(length)):  # a chain-like path is already in place
-            src = buf.retrieve[row, :length] + at  # [m] (host ints index the device tensor: no sync)
-            for layer in self.cache.layers:
-                layer.keys[:, :, at:at + length] = layer.keys[:, :, src]      # [B, kv_heads, m, d]
-                layer.values[:, :, at:at + length] = layer.values[:, :, src]
-        self._point(at + length)
+    def keep(self, buf: TreeBuffers, row: torch.Tensor, count: torch.Tensor) -> None:
+        """row [B], count [B] (device): move the first count_b nodes of retrieve row row_b (root first) right after
+        each alive sequence's prefix, and grow its length. Device work only (no read); `advance` follows on the host."""
+        take = torch.minimum(buf.steps[None], count[:, None] - 1)                              # [B, D+1]
+        src = buf.gather[row].gather(1, take) + self.start                                     # [B, D+1]
+        dst = self.lengths[:, None] + take                                                     # [B, D+1]
+        seq = torch.arange(self.batch, device=src.device)[:, None]                             # [B, 1]
+        for layer in self.cache.layers:  # padding columns repeat the last pair: same value, written twice
+            layer.keys[seq, :, dst] = layer.keys[seq, :, src]                                  # [B, D+1, kv, d]
+            layer.values[seq, :, dst] = layer.values[seq, :, src]
+        self.lengths += count * self.alive
 
-    def rewind(self, length: int) -> None:
-        """Put the pointer back (timing at a fixed context: rows past it are dropped)."""
-        self._point(length)
+    def advance(self, counts: list[int]) -> None:
+        """The host side of `keep`, from the step's one read: lengths, and the next block after the longest prefix."""
+        self.host_lengths = [n + c * a for n, c, a in zip(self.host_lengths, counts, self.host_alive)]
+        self._point(max(self.host_lengths))
+
+    def finish(self, b: int, length: int) -> None:
+        """Sequence b emits nothing more: its prefix is cut to `length` (a step may accept past its budget) and
+        frozen; its slot keeps computing until the batch ends."""
+        self.host_alive[b] = False
+        self.host_lengths[b] = length
+        self.alive[b] = 0
+        self.lengths[b] = length
+
+    def rewind(self, lengths: list[int]) -> None:
+        """Put every sequence's length back (timing at a fixed context: rows past it are dropped)."""
+        self.host_lengths = list(lengths)
+        self.lengths.copy_(torch.tensor(lengths, device=self.lengths.device))
+        self._point(max(lengths))
 
 
 # ----------------------------------------------------------------------------------------------- timing
 
 @torch.inference_mode()
-def time_verify(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
-                generator: torch.Generator | None = None) -> float:
-    """Median seconds of the bare verify work of one step at the engine's current context: the forward of the
-    tree's N tokens with logits for its rows and their argmax, plus (with heads, for trees) the heads' top-k on
-    one row. No acceptance, compaction or host sync of a path: what a step costs at the least."""
+def verify_times(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
+                 generator: torch.Generator | None = None) -> list[float]:
+    """Seconds of each repeat of the bare verify work of one step at the engine's current batch and context: the
+    forward of B x N tree tokens (the tree mask per sequence) with logits for their rows and their argmax, plus
+    (with heads, for trees) the heads' top-k for every sequence. No acceptance, compaction or host read of a path:
+    what a step costs at the least."""
     model = engine.model
     vocab = model.get_input_embeddings().weight.shape[0]
-    tokens = torch.randint(vocab, (buf.size,), generator=generator).to(model.device)
+    tokens = torch.randint(vocab, (engine.batch, buf.size), generator=generator).to(model.device)  # [B, N]
     propose = head_proposer(heads, model, buf.depth, buf.topk) if heads is not None and buf.depth else None
-    at, times = engine.length, []
+    times = []
     for i in range(warmup + repeats):
         t0 = clock(model.device)
         hidden, logits = engine.verify(tokens, buf)
         logits.argmax(dim=-1)
         if propose is not None:
-            propose(hidden[0], [])
+            propose(hidden[:, 0], [])
         t1 = clock(model.device)
-        engine.rewind(at)
         if i >= warmup:
             times.append(t1 - t0)
-    return statistics.median(times)
+    return times
+
+
+def time_verify(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
+                generator: torch.Generator | None = None) -> float:
+    """Median of `verify_times`."""
+    return statistics.median(verify_times(engine, buf, heads, repeats, warmup, generator))
 
 
 def forward_probe(engine: StepEngine, buf: TreeBuffers, heads=None) -> tuple[Callable[[object], None], list]:
-    """(on_step, times): an on_step callback that times the bare verify work (`time_verify`, once) right after
-    every step, at that step's context, and the list it fills (seconds). Step and bare forward then alternate,
-    so a load change on a shared machine hits both alike: decoder_overhead = median step / median of these."""
+    """(on_step, times): an on_step callback that times the bare verify work (`verify_times`, once) right after
+    every step, at that step's batch and context, and the list it fills (seconds). Step and bare forward then
+    alternate, so a load change on a shared machine hits both alike: decoder_overhead = median step / median of
+    these. Asks for step timing (the decoder times steps only when someone reads them)."""
     times: list[float] = []
 
     def on_step(step) -> None:  # a decode.Step; only its timing point matters
-        times.append(time_verify(engine, buf, heads, repeats=1, warmup=0))
+        times.append(verify_times(engine, buf, heads, repeats=1, warmup=0)[0])
+    on_step.needs_timing = True
     return on_step, times
-

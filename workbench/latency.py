@@ -62,20 +62,6 @@ def spread_row(times: list[float]) -> dict:
                 seconds_max=float(max(times)), repeats=len(times))
 
 
-def _verify_times():
-    """The engine's timer of the bare verify (one float per repeat). Until the batched engine lands, batch 1 is
-    timed through time_verify, one repeat per call (its median of one is that repeat)."""
-    import workbench.engine as E
-
-    if hasattr(E, "verify_times"):
-        return E.verify_times, True
-
-    def one_by_one(engine, buf, heads=None, repeats=1, warmup=0, generator=None):
-        return [E.time_verify(engine, buf, heads, repeats=1, warmup=0, generator=generator) for _ in range(repeats)]
-
-    return one_by_one, False
-
-
 @torch.inference_mode()
 def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repeats: int = 10, warmup: int = 3,
                     heads=None, label: str = "", progress: bool = True, engine=None,
@@ -89,7 +75,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     on a shared machine hits every size alike; each point keeps the spread of its rounds."""
     from tqdm.auto import tqdm
 
-    from workbench.engine import StepEngine, root_setup, tree_setup
+    from workbench.engine import StepEngine, root_setup, tree_setup, verify_times
     from workbench.generation import context_length
 
     sizes = sorted({1, *(int(s) for s in sizes)})
@@ -101,10 +87,6 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
         raise WorkbenchError("--sizes and --context must be positive integers")
     if not batches or batches[0] < 1:
         raise WorkbenchError("--batch must be positive integers (sequences per step)")
-    timer, batched = _verify_times()
-    if batches[-1] > 1 and not batched:
-        raise WorkbenchError(f"--batch {','.join(map(str, batches))}: this engine times one sequence only (no "
-                             "workbench.engine.verify_times yet): measure --batch 1")
     limit = context_length(model)
     if limit is not None and contexts[-1] + sizes[-1] > limit:
         raise WorkbenchError(f"context {contexts[-1]} + {sizes[-1]} tokens exceeds the model's {limit} positions: "
@@ -125,7 +107,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
             times: dict[int, list[float]] = {n: [] for n in sizes}
             for i in range(warmup + repeats):
                 for n in sizes:
-                    t = timer(engine, bufs[n], heads, repeats=1, warmup=0, generator=g)
+                    t = verify_times(engine, bufs[n], heads, repeats=1, warmup=0, generator=g)
                     if i >= warmup:
                         times[n] += t
                 bar.update(1)

@@ -18,7 +18,13 @@ import numpy as np
 import pandas as pd
 import torch
 
+from tqdm.auto import tqdm
+
 from workbench import WorkbenchError
+from workbench.decode import (DECODER_VERSION, Acceptance, decoder_overhead, goodput, mean_step_s, medusa_generate,
+                              overhead, speedup, vanilla_generate)
+from workbench.divergence import divergence_counts, divergences
+from workbench.engine import StepEngine, forward_probe, logits_of, root_setup, tree_setup
 from workbench.io import atomic_write_text, read_csv
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree
 
@@ -88,10 +94,6 @@ def tree_key(tree: Tree) -> str:
     return f"{tree.name}:{hashlib.sha1(json.dumps(tree.sorted_paths).encode()).hexdigest()[:10]}"
 
 
-def delta_for(delta: str | float, epsilon: float) -> float:
-    return math.sqrt(epsilon) if delta == "sqrt" else float(delta)
-
-
 def sweep_configs(trees: list[tuple[Tree, str]], temperatures=(0.0,), epsilons=(0.09,), delta="sqrt") -> list[dict]:
     """One config per tree at temperature 0 (greedy: epsilon/delta play no part), and per (tree, temperature,
     epsilon) for every temperature > 0 (typical acceptance)."""
@@ -103,7 +105,8 @@ def sweep_configs(trees: list[tuple[Tree, str]], temperatures=(0.0,), epsilons=(
                 continue
             for eps in epsilons:
                 out.append(dict(tree=tree, kind=kind, acceptance="typical", temperature=float(temp),
-                                epsilon=float(eps), delta=delta_for(delta, eps)))
+                                epsilon=float(eps),
+                                delta=Acceptance("typical", float(temp), float(eps), delta).delta))
     for c in out:
         c["config"] = (f"{tree_key(c['tree'])}|{c['acceptance']}|T={c['temperature']:g}" +
                        (f"|eps={c['epsilon']:g}|delta={c['delta']:g}" if c["epsilon"] is not None else ""))
@@ -116,7 +119,6 @@ def sweep_configs(trees: list[tuple[Tree, str]], temperatures=(0.0,), epsilons=(
 def mean_logprob(model, prompts: list[list[int]], outputs: list[list[int]]) -> float:
     """Mean log-probability of the generated tokens under the base model at temperature 1 (one teacher-forced
     forward per prompt; logits only at the generated positions)."""
-    from workbench.engine import logits_of
 
     total, count = 0.0, 0
     for p, o in zip(prompts, outputs):
@@ -138,13 +140,13 @@ def distinct_2(outputs: list[list[int]]) -> float:
 
 # ----------------------------------------------------------------------------------------------- sweep: run
 
-SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "epsilon", "delta",
+SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "batch_size", "acceptance", "temperature", "epsilon", "delta",
                  "acceleration_rate", "overhead", "speedup", "tokens_per_s", "vanilla_tokens_per_s", "mean_step_s",
                  "step_ms", "forward_ms", "decoder_overhead",
                  "predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept",
                  "exact_match", "near_tie_divergences", "mismatches",
                  "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
-                 "model", "prompts", "max_new_tokens", "device", "dtype", "calibration"]
+                 "model", "prompts", "max_new_tokens", "device", "dtype", "calibration", "decoder_version"]
 # Column names of sweep CSVs written before the predictions got one set of names (calibration.py): read_sweep
 # renames them, so older files still open in the app and the report. The only place the old names live.
 OLD_COLUMNS = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
@@ -178,6 +180,8 @@ def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
             raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} holds {str(df[c].iloc[i])[:40]!r}, "
                                  f"not a finite number")
         df[c] = num
+    if "batch_size" not in df.columns:  # sweeps before batched decoding ran one prompt at a time
+        df["batch_size"] = 1
     return df
 
 
@@ -238,73 +242,62 @@ def calibration_predictions(calibration, max_new_tokens: int | None = None, prom
     return predict
 
 
-def _aggregate(results) -> dict:
-    tokens = sum(len(r.token_ids) for r in results)
-    steps = sum(len(r.steps) for r in results)
-    total_s = sum(r.total_s for r in results)
-    decode_s = sum(r.decode_s for r in results)
-    return dict(tokens=tokens, steps=steps, acceleration_rate=tokens / max(steps, 1),
-                tokens_per_s=tokens / total_s if total_s > 0 else float("nan"),
-                mean_step_s=decode_s / max(steps, 1),
-                step_ms=1e3 * statistics.median(s.time_s for r in results for s in r.steps))
+def _aggregate(calls: list[list]) -> dict:
+    """Speed of one method over the calls of a sweep row (each call a batch of sequences decoded together)."""
+    tokens = sum(len(r.token_ids) for c in calls for r in c)
+    steps = sum(len(r.steps) for c in calls for r in c)
+    step_times = [s.time_s for c in calls for s in max(c, key=lambda r: len(r.steps)).steps]  # the batch's steps
+    return dict(tokens=tokens, steps=steps, acceleration_rate=tokens / max(steps, 1), tokens_per_s=goodput(calls),
+                mean_step_s=mean_step_s(calls), step_ms=1e3 * statistics.median(step_times), step_times=step_times)
 
 
 @torch.inference_mode()
 def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[dict], out,
               max_new_tokens: int = 128, run_info: dict | None = None, predict=None, progress: bool = True,
-              on_row=None, engine=None) -> pd.DataFrame:
-    """Run every configuration not yet in `out` on all prompts, and vanilla greedy on the same prompts first.
+              on_row=None, engine=None, batch_sizes=(1,)) -> pd.DataFrame:
+    """Run every configuration not yet in `out` on all prompts at every batch size, vanilla greedy first.
 
-    One CSV row per configuration (plus a `vanilla` row), the whole file rewritten atomically after each, so a
-    killed run loses at most the configuration in flight; a rerun skips rows whose (run, config) exist. `run`
-    hashes run_info (model, prompts, max_new_tokens, device, ...): other settings never count as done.
+    One CSV row per (configuration, batch size), plus a `vanilla` row per batch size; the whole file is rewritten
+    atomically after each, so a killed run loses at most the row in flight; a rerun skips rows whose (run,
+    config) exist. `run` hashes run_info (model, prompts, max_new_tokens, device, ...): other settings never count
+    as done. At batch size B the prompts are decoded B at a time (ragged lengths, one forward per step).
     `predict(tree) -> dict` adds calibration predictions; `on_row(row)` is called after each row is on disk.
-    Timing: each configuration's speedup and overhead are against vanilla run right before it on every prompt;
-    step_ms is the median step, forward_ms the median bare verify work of that tree timed right after every step at
-    its context (`engine.forward_probe`), decoder_overhead = step_ms / forward_ms. `engine`: a StepEngine to run on (e.g.
-    compiled); default a fresh one (compiled on CUDA).
+    Timing: each row's speedup (goodput ratio) and overhead (mean step ratio) are against vanilla greedy run right
+    before it on every batch of prompts, at the same batch size (decode.speedup / decode.overhead); step_ms is the
+    median step, forward_ms the median bare verify work of that tree at that batch, timed right after every step at
+    its context (`engine.forward_probe`), decoder_overhead = step_ms / forward_ms (decode.decoder_overhead).
+    `engine`: a StepEngine to run on (e.g. compiled); default a fresh one (compiled on CUDA).
     """
-    from tqdm.auto import tqdm
-
-    from workbench.decode import Acceptance, medusa_generate, vanilla_generate
-    from workbench.divergence import divergence_counts, divergences
-    from workbench.engine import StepEngine, forward_probe, root_setup, tree_setup
-
     if not prompts:
         raise WorkbenchError("the prompt set is empty: give prompts to sweep on")
     if max_new_tokens < 1:
         raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+    batch_sizes = sorted({int(b) for b in batch_sizes})
+    if not batch_sizes or batch_sizes[0] < 1:
+        raise WorkbenchError(f"--batch-sizes {batch_sizes}: every batch size must be >= 1")
+    if batch_sizes[-1] > len(prompts):
+        raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(prompts)} prompts: lower the batch "
+                             "size or give more prompts (--limit)")
     info = dict(run_info or {}, max_new_tokens=max_new_tokens, num_prompts=len(prompts),
                 prompts_sha=hashlib.sha1(json.dumps(prompts).encode()).hexdigest()[:10])
     run = hashlib.sha1(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:10]
     rows = read_sweep_rows(out)
-    done = {(r["run"], r["config"]) for r in rows}
-    todo = [c for c in configs if (run, c["config"]) not in done]
-    if not todo and (run, "vanilla") in done:
+    done = {(r["run"], r["config"], r["batch_size"]) for r in rows}  # a row: a configuration at one batch size
+    todo = {b: [c for c in configs if (run, c["config"], str(b)) not in done] for b in batch_sizes}
+    if not any(todo.values()) and all((run, "vanilla", str(b)) in done for b in batch_sizes):
         return pd.read_csv(out)
     common = dict(run=run, model=info.get("model", ""), prompts=info.get("prompts", ""),
                   max_new_tokens=max_new_tokens, device=str(model.device.type),
                   dtype=str(model.dtype).replace("torch.", ""), calibration=info.get("calibration", ""),
-                  num_prompts=len(prompts), mean_prompt_tokens=sum(map(len, prompts)) / len(prompts))
+                  num_prompts=len(prompts), mean_prompt_tokens=sum(map(len, prompts)) / len(prompts),
+                  decoder_version=DECODER_VERSION)
 
     # one engine (static cache, compiled step when asked) and one set of tree buffers for the whole sweep
     engine = engine or StepEngine(model)
-    bufs = {tree_key(c["tree"]): tree_setup(c["tree"], model, heads.num_heads) for c in todo}
+    bufs = {tree_key(c["tree"]): tree_setup(c["tree"], model, heads.num_heads) for c in configs}
     root = root_setup(model)
-    engine.reserve(max(map(len, prompts)) + max_new_tokens + max([b.size for b in bufs.values()], default=1))
-
-    bar = tqdm(total=(2 * len(todo) + 1) * len(prompts), desc="sweep", unit="gen", disable=not progress,
-               dynamic_ncols=True)
-    # warm-up (and compilation): every step shape is run before anything is timed
-    vanilla_generate(model, tokenizer, prompts[0], 2, engine=engine)
-    for buf in bufs.values():
-        medusa_generate(model, heads, tokenizer, prompts[0], buf, 2, engine=engine)
-    vanilla, (probe, van_forward) = [], forward_probe(engine, root)
-    for p in prompts:
-        vanilla.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine, on_step=probe))
-        bar.update(1)
-    van = _aggregate(vanilla)
-    van_outputs = [r.token_ids for r in vanilla]
+    gens = sum(-(-len(prompts) // b) * (1 + 2 * len(todo[b])) for b in batch_sizes)
+    bar = tqdm(total=gens, desc="sweep", unit="batch", disable=not progress, dynamic_ncols=True)
 
     def emit(row: dict) -> None:
         row = {**common, **row}
@@ -313,44 +306,57 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         if on_row is not None:
             on_row(row)
 
-    if (run, "vanilla") not in done:
-        fwd = 1e3 * statistics.median(van_forward)
-        emit(dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
-                  temperature=0.0, acceleration_rate=1.0, overhead=1.0, speedup=1.0,
-                  tokens_per_s=van["tokens_per_s"], vanilla_tokens_per_s=van["tokens_per_s"],
-                  mean_step_s=van["mean_step_s"], step_ms=van["step_ms"], forward_ms=fwd,
-                  decoder_overhead=van["step_ms"] / fwd, exact_match=1.0, near_tie_divergences=0, mismatches=0,
-                  mean_logprob=mean_logprob(model, prompts, van_outputs), distinct_2=distinct_2(van_outputs),
-                  new_tokens=van["tokens"], steps=van["steps"]))
-    for c in todo:
-        tree, buf = c["tree"], bufs[tree_key(c["tree"])]
-        acc = Acceptance(c["acceptance"], c["temperature"]) if c["epsilon"] is None else \
-            Acceptance(c["acceptance"], c["temperature"], c["epsilon"], c["delta"])
-        bar.set_postfix_str(c["config"].split("|", 1)[1])
-        results, baseline, (probe, forwards) = [], [], forward_probe(engine, buf, heads)
-        for p in prompts:  # vanilla right before Medusa on every prompt: a load change hits both alike
-            baseline.append(vanilla_generate(model, tokenizer, p, max_new_tokens, engine=engine))
+    for b in batch_sizes:
+        chunks = [prompts[i:i + b] for i in range(0, len(prompts), b)]
+        # warm-up (and compilation): every step shape at this batch size is run before anything is timed
+        vanilla_generate(model, tokenizer, chunks[0], 2, engine=engine)
+        for c in todo[b]:
+            medusa_generate(model, heads, tokenizer, chunks[0], bufs[tree_key(c["tree"])], 2, engine=engine)
+        vanilla, (probe, van_forward) = [], forward_probe(engine, root)
+        for chunk in chunks:
+            vanilla.append(vanilla_generate(model, tokenizer, chunk, max_new_tokens, engine=engine, on_step=probe))
             bar.update(1)
-            results.append(medusa_generate(model, heads, tokenizer, p, buf, max_new_tokens, acc, engine=engine,
-                                           on_step=probe))
-            bar.update(1)
-        agg, base = _aggregate(results), _aggregate(baseline)
-        outputs = [r.token_ids for r in results]
-        # greedy output must be vanilla's: each prompt's first divergence is a near-tie (rounding) or a bug
-        found = None if acc.temperature else \
-            [d for r, v in zip(results, baseline) for d in divergences(r, v, model.dtype)]
-        fwd = 1e3 * statistics.median(forwards)
-        row = dict(config=c["config"], tree=tree.name, kind=c["kind"], nodes=tree.nodes, depth=tree.depth,
-                   acceptance=c["acceptance"], temperature=c["temperature"], epsilon=c["epsilon"], delta=c["delta"],
-                   acceleration_rate=agg["acceleration_rate"], tokens_per_s=agg["tokens_per_s"],
-                   overhead=agg["step_ms"] / base["step_ms"],
-                   speedup=agg["tokens_per_s"] / base["tokens_per_s"], vanilla_tokens_per_s=base["tokens_per_s"],
-                   mean_step_s=agg["mean_step_s"], step_ms=agg["step_ms"], forward_ms=fwd,
-                   decoder_overhead=agg["step_ms"] / fwd,
-                   exact_match=sum(o == v for o, v in zip(outputs, van_outputs)) / len(prompts),
-                   **(divergence_counts(found) if found is not None else {}),
-                   mean_logprob=mean_logprob(model, prompts, outputs), distinct_2=distinct_2(outputs),
-                   new_tokens=agg["tokens"], steps=agg["steps"], **(predict(tree) if predict else {}))
-        emit(row)
+        van = _aggregate(vanilla)
+        van_outputs = [r.token_ids for c in vanilla for r in c]
+        if (run, "vanilla", str(b)) not in done:
+            emit(dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, batch_size=b,
+                      acceptance="greedy", temperature=0.0, acceleration_rate=1.0, overhead=1.0, speedup=1.0,
+                      tokens_per_s=van["tokens_per_s"], vanilla_tokens_per_s=van["tokens_per_s"],
+                      mean_step_s=van["mean_step_s"], step_ms=van["step_ms"], forward_ms=1e3 * statistics.median(van_forward),
+                      decoder_overhead=decoder_overhead(van["step_times"], van_forward), exact_match=1.0,
+                      near_tie_divergences=0, mismatches=0, mean_logprob=mean_logprob(model, prompts, van_outputs),
+                      distinct_2=distinct_2(van_outputs), new_tokens=van["tokens"], steps=van["steps"]))
+        for c in todo[b]:
+            tree, buf = c["tree"], bufs[tree_key(c["tree"])]
+            acc = Acceptance(c["acceptance"], c["temperature"]) if c["epsilon"] is None else \
+                Acceptance(c["acceptance"], c["temperature"], c["epsilon"], c["delta"])
+            bar.set_postfix_str(f"B={b} " + c["config"].split("|", 1)[1])
+            greedy = not acc.temperature
+            results, baseline, (probe, forwards) = [], [], forward_probe(engine, buf, heads)
+            for chunk in chunks:  # vanilla right before Medusa on every batch: a load change hits both alike
+                baseline.append(vanilla_generate(model, tokenizer, chunk, max_new_tokens, engine=engine,
+                                                 record=greedy))
+                bar.update(1)
+                results.append(medusa_generate(model, heads, tokenizer, chunk, buf, max_new_tokens, acc,
+                                               engine=engine, on_step=probe, record=greedy))
+                bar.update(1)
+            agg = _aggregate(results)
+            meds, vans = [r for c_ in results for r in c_], [r for c_ in baseline for r in c_]
+            outputs = [r.token_ids for r in meds]
+            # greedy output must be vanilla's: each prompt's first divergence is a near-tie (rounding) or a bug
+            found = [d for r, v in zip(meds, vans) for d in divergences(r, v, model.dtype)] if greedy else None
+            row = dict(config=c["config"], tree=tree.name, kind=c["kind"], nodes=tree.nodes,
+                       depth=tree.depth, batch_size=b, acceptance=c["acceptance"], temperature=c["temperature"],
+                       epsilon=c["epsilon"], delta=c["delta"], acceleration_rate=agg["acceleration_rate"],
+                       tokens_per_s=agg["tokens_per_s"], overhead=overhead(results, baseline),
+                       speedup=speedup(results, baseline), vanilla_tokens_per_s=goodput(baseline),
+                       mean_step_s=agg["mean_step_s"], step_ms=agg["step_ms"],
+                       forward_ms=1e3 * statistics.median(forwards),
+                       decoder_overhead=decoder_overhead(agg["step_times"], forwards),
+                       exact_match=sum(o == v.token_ids for o, v in zip(outputs, vans)) / len(prompts),
+                       **(divergence_counts(found) if found is not None else {}),
+                       mean_logprob=mean_logprob(model, prompts, outputs), distinct_2=distinct_2(outputs),
+                       new_tokens=agg["tokens"], steps=agg["steps"], **(predict(tree) if predict else {}))
+            emit(row)
     bar.close()
     return pd.read_csv(out)

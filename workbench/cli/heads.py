@@ -5,7 +5,7 @@ import json
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import model_args, parse_ints
+from workbench.cli.shared import model_args, parse_delta, parse_ints
 from workbench.io import check_output
 from workbench.tree import MEDUSA_TOPK
 
@@ -24,7 +24,8 @@ def _cmd_calibrate(args) -> int:
     check_output(args.trees_dir, "--trees-dir", "folder")
     meta = calibrate(CalibrateConfig(
         model=args.model, heads=args.heads, prompts=args.prompts, limit=args.limit, holdout=args.holdout,
-        max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=tuple(parse_ints(args.budgets, "--budgets")), name=args.name,
+        max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=tuple(parse_ints(args.budgets, "--budgets")),
+        name=args.name,
         out=args.out, device=args.device, dtype=args.dtype, batch_size=args.batch_size, force=args.force,
         continuations=args.continuations, trees_dir=args.trees_dir))
     print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
@@ -92,8 +93,8 @@ def _acceptance(args):
     temperature = args.temperature if args.temperature is not None else (0.0 if kind == "greedy" else 0.7)
     if kind == "greedy" and temperature:
         raise WorkbenchError("--acceptance greedy takes no --temperature (use typical or nucleus to sample)")
-    return Acceptance(kind, temperature, args.epsilon, args.delta, args.top_p if args.top_p is not None else 0.8,
-                      args.seed)
+    return Acceptance(kind, temperature, args.epsilon, parse_delta(args.delta), args.top_p if args.top_p is not None else 0.8,
+                      args.seed, "medusa" if args.medusa_entropy else "exact")
 
 
 def _divergence_line(d: dict, tok) -> str:
@@ -107,50 +108,75 @@ def _divergence_line(d: dict, tok) -> str:
             f"{num(d['gap_vanilla'])}, rounding bound {num(d['bound'])}")
 
 
+def _decode_prompts(args, tok) -> list[list[int]]:
+    """The prompts of `decode`: one (--prompt, --prompt-ids) or a set (--prompts FILE|NAME, --limit)."""
+    from workbench.data import load_prompt_records
+    from workbench.generation import prepare_prompt
+
+    if args.prompt_ids is not None:
+        return [_prompt_ids(args.prompt_ids)]
+    if args.prompts is not None:
+        return [prepare_prompt(tok, text, args.raw) for _, text in load_prompt_records(args.prompts, args.limit)]
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line
+        raise WorkbenchError("--prompt: not valid UTF-8 text") from None
+    return [prepare_prompt(tok, args.prompt, args.raw)]
+
+
 def cmd_decode(args) -> int:
     from workbench.decode import medusa_generate, vanilla_generate
     from workbench.divergence import compare, divergences
     from workbench.engine import StepEngine, tree_setup
-    from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads
     from workbench.tree import load_tree
 
     acc = _acceptance(args)
-    prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
-    try:
-        (args.prompt or "").encode("utf-8")
-    except UnicodeEncodeError:  # bytes that are not UTF-8 on the command line
-        raise WorkbenchError("--prompt: not valid UTF-8 text") from None
+    if args.batch < 1:
+        raise WorkbenchError(f"--batch {args.batch}: must be >= 1")
+    if args.prompt_ids is not None:
+        _prompt_ids(args.prompt_ids)  # malformed ids fail before the model loads
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
-                                             need_tokenizer=prompt_ids is None)
+                                             need_tokenizer=args.prompt_ids is None)
     tree = load_tree(args.tree, num_heads=heads.num_heads)
-    ids = prompt_ids if prompt_ids is not None else prepare_prompt(tok, args.prompt, args.raw)
+    prompts = _decode_prompts(args, tok)
+    if args.batch > len(prompts):
+        raise WorkbenchError(f"--batch {args.batch} but {len(prompts)} prompt(s) given: lower --batch or give more "
+                             "prompts (--prompts FILE --limit N)")
     if tok is None:
         print("note: the model folder has no tokenizer: the output is token ids", file=sys.stderr)
     engine, buf = StepEngine(model, compile=args.compile), tree_setup(tree, model)
+    several = args.prompts is not None
+    chunks = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
     if args.compare or engine.compile:  # warm-up (and compilation) of both step shapes, outside the timed runs
-        vanilla_generate(model, tok, ids, 2, engine=engine)
-        medusa_generate(model, heads, tok, ids, buf, 2, acc, engine=engine)
-    res = medusa_generate(model, heads, tok, ids, buf, args.max_new_tokens, acc, engine=engine)
-    out = res.to_dict()
-    out["acceptance"] = vars(acc)
-    if args.compare:
-        van = vanilla_generate(model, tok, ids, args.max_new_tokens, engine=engine)
-        out.update(compare(res, van))
-        # greedy (temperature 0) must reproduce vanilla: a difference is a near-tie flipped by rounding, or a bug
-        out["divergences"] = None if acc.temperature else divergences(res, van, model.dtype)
+        vanilla_generate(model, tok, chunks[0], 2, engine=engine)
+        medusa_generate(model, heads, tok, chunks[0], buf, 2, acc, engine=engine)
+    outs = []
+    for chunk in chunks:
+        res = medusa_generate(model, heads, tok, chunk, buf, args.max_new_tokens, acc, engine=engine,
+                              record=args.compare)
+        van = vanilla_generate(model, tok, chunk, args.max_new_tokens, engine=engine, record=True) \
+            if args.compare else [None] * len(chunk)
+        for r, v in zip(res, van):
+            out = r.to_dict() | dict(acceptance=vars(acc))
+            if v is not None:
+                out.update(compare(r, v))
+                # greedy must reproduce vanilla: a difference is a near-tie flipped by rounding, or a bug
+                out["divergences"] = None if acc.temperature else divergences(r, v, model.dtype)
+            outs.append(out)
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps(outs if several else outs[0]))
         return 0
-    print(res.text if res.text is not None else ",".join(map(str, res.token_ids)))
-    line = (f"[{res.stop_reason}] {len(res.token_ids)} tokens in {res.total_s:.2f} s, {len(res.steps)} steps: "
-            f"{res.acceleration_rate:.2f} tokens/step, {res.tokens_per_s:.1f} tokens/s")
-    if args.compare:
-        line += (f"; vanilla {out['vanilla_tokens_per_s']:.1f} tokens/s, speedup {out['speedup']:.2f}x, "
-                 f"overhead {out['overhead']:.2f}x, matches greedy: {'yes' if out['matches_greedy'] else 'no'}")
-    print(line)
-    for d in out.get("divergences") or []:
-        print(_divergence_line(d, tok))
+    for out in outs:
+        print(out["text"] if out["text"] is not None else ",".join(map(str, out["token_ids"])))
+        line = (f"[{out['stop_reason']}] {out['new_tokens']} tokens in {out['prefill_s'] + out['decode_s']:.2f} s, "
+                f"{out['steps']} steps: {out['acceleration_rate']:.2f} tokens/step, {out['tokens_per_s']:.1f} tokens/s")
+        if args.compare:
+            line += (f"; vanilla {out['vanilla_tokens_per_s']:.1f} tokens/s, speedup {out['speedup']:.2f}x, "
+                     f"overhead {out['overhead']:.2f}x, matches greedy: {'yes' if out['matches_greedy'] else 'no'}")
+        print(line)
+        for d in out.get("divergences") or []:
+            print(_divergence_line(d, tok))
     return 0
 
 
@@ -165,13 +191,21 @@ def add_decode(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="user message (wrapped in the chat template unless --raw)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, used as-is")
+    src.add_argument("--prompts", help="several prompts: a prompt file (JSON/JSONL/CSV/text) or a set name "
+                     "(alpaca-eval, mt-bench); --json then prints a list, one object per prompt in order")
+    p.add_argument("--limit", type=int, help="with --prompts: the first N prompts")
+    p.add_argument("--batch", type=int, default=1, help="prompts decoded together, one forward of batch x tree "
+                   "tokens per step (default 1)")
     p.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--acceptance", choices=["auto", *ACCEPTANCE_KINDS], default="auto",
                    help="auto: greedy at temperature 0, nucleus with --top-p, else typical")
     p.add_argument("--temperature", type=float, help="sampling temperature (default 0 = greedy; 0.7 for typical/nucleus)")
     p.add_argument("--epsilon", type=float, default=0.09, help="typical acceptance hard threshold")
-    p.add_argument("--delta", type=float, default=0.3, help="typical acceptance entropy-scaled threshold")
+    p.add_argument("--delta", default="sqrt", help="typical acceptance entropy-scaled threshold: "
+                   "'sqrt' (delta = sqrt(epsilon), Medusa's rule: 0.3 at epsilon 0.09; default) or a number")
+    p.add_argument("--medusa-entropy", action="store_true", help="typical acceptance with Medusa's code's entropy "
+                   "-sum p log(p + 1e-5) instead of the exact -sum p log p")
     p.add_argument("--top-p", type=float, help="nucleus acceptance (default 0.8 when --acceptance nucleus)")
     p.add_argument("--seed", type=int, help="seed for nucleus sampling")
     p.add_argument("--compare", action="store_true", help="also run vanilla greedy: speedup, overhead, exactness "

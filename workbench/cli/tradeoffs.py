@@ -87,6 +87,7 @@ def cmd_sweep(args) -> int:
     if eps[0] <= 0:
         raise WorkbenchError(f"--epsilon {args.epsilon}: every epsilon must be in (0, 1]")
     delta = parse_delta(args.delta)
+    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
     if args.max_new_tokens < 1:
         raise WorkbenchError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
     budgets = parse_ints(args.budgets, "--budgets") if args.budgets else (None if args.trees else list(S.DEFAULT_BUDGETS))
@@ -102,6 +103,9 @@ def cmd_sweep(args) -> int:
         records = cal.holdout_prompts(args.limit)
     else:
         records = load_prompt_records(args.prompts, args.limit)
+    if batch_sizes[-1] > len(records):
+        raise WorkbenchError(f"--batch-sizes {args.batch_sizes}: batch {batch_sizes[-1]} but {len(records)} prompts: "
+                             "lower the batch size or give more prompts (--limit)")
     from workbench.calibrate import heads_fingerprint
     from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
@@ -125,13 +129,14 @@ def cmd_sweep(args) -> int:
         if engine.compile:
             info["compiled"] = True  # compiled timings are another run than eager ones
         df = S.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
-                         progress=not args.quiet, engine=engine)
+                         progress=not args.quiet, engine=engine, batch_sizes=batch_sizes)
     df = df[df["run"] == df["run"].iloc[-1]]
-    print(f"{'tree':<22}{'nodes':>6}{'T':>5}{'eps':>6}{'tok/step':>9}{'speedup':>9}{'exact':>7}", file=sys.stderr)
+    print(f"{'tree':<22}{'nodes':>6}{'B':>4}{'T':>5}{'eps':>6}{'tok/step':>9}{'speedup':>9}{'exact':>7}",
+          file=sys.stderr)
     for r in df.itertuples(index=False):
         e = "" if r.epsilon != r.epsilon else f"{r.epsilon:g}"  # NaN for greedy rows
-        print(f"{str(r.tree)[:21]:<22}{r.nodes:>6}{r.temperature:>5g}{e:>6}{r.acceleration_rate:>9.3f}"
-              f"{r.speedup:>9.3f}{r.exact_match:>7.2f}", file=sys.stderr)
+        print(f"{str(r.tree)[:21]:<22}{r.nodes:>6}{int(r.batch_size):>4}{r.temperature:>5g}{e:>6}"
+              f"{r.acceleration_rate:>9.3f}{r.speedup:>9.3f}{r.exact_match:>7.2f}", file=sys.stderr)
     return 0
 
 
@@ -215,6 +220,9 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the first under calibration/ or "
                    "$WORKBENCH_CALIBRATION_ROOT)")
     s.add_argument("--epsilon", default="0.09", help="typical-acceptance epsilons: list or START:STOP:STEP (default 0.09)")
+    s.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes: at B, the prompts are decoded B "
+                   "at a time (one forward of B x tree tokens per step), against vanilla greedy at the same B "
+                   "(default 1)")
     s.add_argument("--delta", default="sqrt", help="'sqrt' (delta = sqrt(epsilon), default) or a fixed number")
     s.add_argument("--temperature", default="0", help="temperatures, e.g. 0,0.7 (0 = greedy acceptance; default 0)")
     s.add_argument("--prompts", default="alpaca-eval",
