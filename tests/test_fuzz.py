@@ -59,7 +59,7 @@ def env(tiny_llama, tmp_path_factory) -> dict:
     pd.DataFrame([dict(model="m", device="cpu", dtype="float32", batch=b, context=16, tokens=n, seconds=t,
                        seconds_min=t * 0.98, seconds_q1=t * 0.99, seconds_q3=t * 1.01, seconds_max=t * 1.02, repeats=5)
                   for b in (1, 2) for n in range(1, 9) for t in [0.01 * (1 + 0.001 * b * (n - 1))]]
-                 ).to_csv(root / "lat_b.csv", index=False)  # a batched surface with its spread, cheap enough to speculate
+                 ).to_csv(root / "lat_b.csv", index=False)  # batched, with its spread, cheap enough to speculate
     (root / "acc_vec.csv").write_text("position,acceptance\n1,0.6\n2,0.35\n3,0.2\n")
     (root / "acc_vec.json").write_text("[0.6, 0.35, 0.2]")
     assert main(["plan", "--accuracies", str(root / "acc.csv"), "--latency", str(root / "lat_b.csv"),

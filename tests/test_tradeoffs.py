@@ -69,7 +69,8 @@ def test_measure_latency_rows_and_columns(tiny_llama):
     # the spread of the 2 rounds, not one number: ordered, and the median is `seconds`
     assert set(df["batch"]) == {1} and (df["repeats"] == 2).all()
     order = df[["seconds_min", "seconds_q1", "seconds", "seconds_q3", "seconds_max"]].to_numpy()
-    assert (np.diff(order, axis=1) >= 0).all() and np.allclose(df["seconds"], (df["seconds_min"] + df["seconds_max"]) / 2)
+    assert (np.diff(order, axis=1) >= 0).all()
+    assert np.allclose(df["seconds"], (df["seconds_min"] + df["seconds_max"]) / 2)  # the median of two
 
 
 def test_measure_latency_per_batch_size(tiny_llama):
@@ -170,6 +171,29 @@ def test_optimize_latency_cli(tmp_path, capsys):
         assert curve["budget"].tolist() == list(range(1, 64))
         assert np.allclose(curve["speedup"], curve["expected_length"] / curve["relative_latency"])
         assert curve["speedup"].idxmax() == b - 1
+
+
+def test_optimize_latency_at_one_batch_size(tmp_path, capsys):
+    """--batch-size reads that batch size's rows of a batched CSV: a steeper cost per token, a smaller tree."""
+    acc = _acc(3)
+    write_accuracies(tmp_path / "acc.csv", acc)
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    lat = pd.concat([synthetic_latency(sizes, 24).assign(batch=1), synthetic_latency(sizes, 6).assign(batch=8)])
+    lat.to_csv(tmp_path / "lat.csv", index=False)
+    argv = ["optimize", "--accuracies", str(tmp_path / "acc.csv"), "--latency", str(tmp_path / "lat.csv"),
+            "--out", str(tmp_path / "t.json")]
+    budgets = {}
+    for b in (1, 8):
+        assert main(argv + ["--batch-size", str(b)]) == 0
+        capsys.readouterr()
+        tree = json.loads((tmp_path / "t.json").read_text())
+        assert tree["batch_size"] == b and tree["budget"] == _brute_force_best(acc, lat[lat["batch"] == b])[0]
+        budgets[b] = tree["budget"]
+    assert budgets[8] < budgets[1]
+    assert main(argv + ["--batch-size", "4"]) == 2
+    assert "no rows for batch size 4 (measured: 1, 8)" in _error_line(capsys)
+    assert main(["optimize", "--accuracies", str(tmp_path / "acc.csv"), "--budget", "4", "--batch-size", "2"]) == 2
+    assert "--latency" in _error_line(capsys)
 
 
 def test_optimize_latency_picks_context_of_calibration(calib, tmp_path, capsys):

@@ -241,7 +241,8 @@ TRTLLM_CURRENT = ("current TensorRT-LLM does not serve Medusa heads: medusa_choi
                   "flow, which was removed (NVIDIA/TensorRT-LLM PRs #15763, #15767, #15907, #15918, June-July 2026), "
                   "and the PyTorch backend refuses Medusa (llmapi/llm_args.py: MedusaDecodingConfig.supports_backend "
                   "is false for pytorch); its static eagle_choices went too (PR #18210). Use --format trtllm for a "
-                  "release that still has the TensorRT backend, or EAGLE-3/MTP with draft_len_schedule on a current one")
+                  "release that still has the TensorRT backend, or EAGLE-3/MTP with draft_len_schedule on a current "
+                  "one")
 
 
 def _plan_rows(plan: dict) -> list[dict]:

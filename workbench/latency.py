@@ -116,7 +116,8 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     bar.close()
     df = pd.DataFrame(rows, columns=LATENCY_COLUMNS)
     t1 = df[df["tokens"] == 1].set_index(["batch", "context"])["seconds"]
-    df["relative"] = df["seconds"].to_numpy() / t1.reindex(pd.MultiIndex.from_frame(df[["batch", "context"]])).to_numpy()
+    at = pd.MultiIndex.from_frame(df[["batch", "context"]])
+    df["relative"] = df["seconds"].to_numpy() / t1.reindex(at).to_numpy()  # t(B, n) / t(B, 1)
     return df
 
 
@@ -141,10 +142,11 @@ def read_latency(path) -> pd.DataFrame:
     present = [c for c in SPREAD_COLUMNS if c in df.columns]
     if present:
         spread = df[present].apply(pd.to_numeric, errors="coerce")
-        order = pd.concat([spread[["seconds_min", "seconds_q1"]], num["seconds"], spread[["seconds_q3", "seconds_max"]]],
-                          axis=1) if len(present) == 4 else None
+        order = pd.concat([spread[["seconds_min", "seconds_q1"]], num["seconds"],
+                           spread[["seconds_q3", "seconds_max"]]], axis=1) if len(present) == 4 else None
         if order is None or spread.isna().any().any() or np.isinf(spread).any().any() or \
-                not (spread > 0).all().all() or (order.diff(axis=1).iloc[:, 1:] < -1e-12 * order.iloc[:, 1:]).any().any():
+                not (spread > 0).all().all() or \
+                (order.diff(axis=1).iloc[:, 1:] < -1e-12 * order.iloc[:, 1:]).any().any():
             raise WorkbenchError(f"--latency {path}: the spread columns {', '.join(SPREAD_COLUMNS)} must all be there, "
                                  "finite and > 0 on every row, with min <= q1 <= seconds <= q3 <= max")
         df[SPREAD_COLUMNS] = spread
@@ -167,7 +169,8 @@ def _join(values) -> str:
 
 
 def latency_table(df: pd.DataFrame, context: int | None = None, target: float | None = None,
-                  what: str = "latency", batch: int | None = None, column: str = "seconds") -> tuple[dict[int, float], int]:
+                  what: str = "latency", batch: int | None = None,
+                  column: str = "seconds") -> tuple[dict[int, float], int]:
     """{tokens: seconds} of one batch size at one context: `context` exactly, else the measured one closest to
     `target`, else the only one. `batch` defaults to 1 (the only one a file without a batch column has).
     `column` picks another timing column (seconds_q1, ...). One (model, device, dtype) per file: mixing hardware
@@ -256,7 +259,8 @@ def _points(latency) -> tuple[list[int], list[float]]:
     try:
         pts = sorted((int(n), float(t)) for n, t in items)
     except (TypeError, ValueError):
-        raise WorkbenchError("latency must map a number of verify tokens to seconds, e.g. {1: 0.021, 64: 0.024}") from None
+        raise WorkbenchError("latency must map a number of verify tokens to seconds, e.g. {1: 0.021, 64: 0.024}") \
+            from None
     if not pts:
         raise WorkbenchError("latency table is empty")
     sizes, secs = [n for n, _ in pts], [t for _, t in pts]

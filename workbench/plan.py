@@ -197,7 +197,8 @@ def choose(cands: list[dict], latency: dict, spread=None) -> dict:
     best = max(scored, key=_rank)
     others = [c for c in scored if c["kind"] != best["kind"]]
     runner = max(others, key=_rank) if others else None
-    return dict(best=best, runner_up=runner, within_noise=within_noise(best["range"], runner["range"]) if runner else None,
+    noise = within_noise(best["range"], runner["range"]) if runner else None
+    return dict(best=best, runner_up=runner, within_noise=noise,
                 best_chain=max((c for c in scored if c["kind"] != "tree"), key=_rank))
 
 
@@ -244,7 +245,8 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
 def plan_table(plan: dict) -> str:
     """The plan as a text table: batch size, choice, nodes, tokens/step, predicted speedup, runner-up and whether
     it is within the latency noise."""
-    lines = [f"{'batch':>5}  {'choice':<10}{'nodes':>6}{'tok/step':>10}{'speedup':>9}  {'runner-up':<24}{'within noise':>13}"]
+    lines = [f"{'batch':>5}  {'choice':<10}{'nodes':>6}{'tok/step':>10}{'speedup':>9}  {'runner-up':<24}"
+             f"{'within noise':>13}"]
     for row, alt in zip(plan["plans"], plan["alternatives"]):
         choice = f"chain K={row['nodes']}" if row["kind"] == "chain" else row["kind"]
         r = alt["runner_up"]

@@ -105,6 +105,8 @@ def _cmd_optimize(args) -> int:
     check_output(args.out, "--out")
     check_output(args.curve_out, "--curve-out")
     acc, value = _objective(args)
+    if args.batch_size is not None and not args.latency:
+        raise WorkbenchError("--batch-size picks the latency rows of one batch size: add --latency FILE")
     if args.engine_safe and (args.latency or args.curve):
         raise WorkbenchError("--engine-safe gives one tree for --budget N; drop --latency / --curve")
     if args.latency:  # hardware-aware choice over all budgets
@@ -167,7 +169,8 @@ def _optimize_for_latency(args, acc, value) -> int:
     if args.dense:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
     target = Calibration(args.calibration).typical_context() if args.calibration else None
-    table, ctx = latency_table(read_latency(args.latency), args.context, target, f"--latency {args.latency}")
+    table, ctx = latency_table(read_latency(args.latency), args.context, target, f"--latency {args.latency}",
+                               batch=args.batch_size)
     heads, ranks = acc.shape
     res = hardware_aware(value, table, args.max_depth or heads, args.max_rank or ranks, args.budget)
     cols = ("budget", "verify_tokens", "expected_length", "relative_latency", "speedup")
@@ -185,7 +188,7 @@ def _optimize_for_latency(args, acc, value) -> int:
     name = args.name or f"hardware_{tree.nodes}"
     prov = dict(expected_acceptance_length=expected_length(tree, value), predicted_speedup=best["speedup"],
                 relative_latency=best["relative_latency"], budget=best["budget"], method="hardware-aware",
-                latency=str(args.latency), context=ctx, joint=bool(args.joint),
+                latency=str(args.latency), context=ctx, batch_size=args.batch_size or 1, joint=bool(args.joint),
                 accuracies=str(args.accuracies or args.calibration))
     write_output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
     if best["speedup"] <= 1:
@@ -309,6 +312,8 @@ def add_tree(sub) -> None:
                                                    "predicted speedup (--budget caps it)")
     o.add_argument("--context", type=int, metavar="N", help="with --latency: use rows at this context "
                                                           "(default: closest to the calibration's typical one)")
+    o.add_argument("--batch-size", type=int, metavar="B", help="with --latency: use rows at this batch size "
+                                                             "(default 1; `workbench plan` picks per batch size)")
     o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
     o.add_argument("--engine-safe", choices=SAFE_ENGINES, help="the best tree the engine builds exactly as "
                    "written: trtllm = first level ranks 0..k-1, vllm = dense per level; reports the cost")
