@@ -1,6 +1,7 @@
 """Write a tree in the formats other decoders import, with a one-line warning wherever the target engine would not
-build it exactly as written, `engine_safe` to repair a tree for one engine and `best_engine_safe` to design one. Each format targets one engine
-era (TARGETS, also printed in the export's header); checked against each project's own code, not run end to end:
+build it exactly as written, `engine_safe` to repair a tree for one engine and `best_engine_safe` to design one.
+Each format targets one engine era (TARGETS, also printed in the export's header); checked against each project's
+own code, not run end to end:
 
 - medusa: `name = [[0], [0, 0], ...]` as in Medusa's medusa/model/medusa_choices.py; generate_medusa_buffers
   hard-codes TOPK=10, so a rank >= 10 would index the next head's guesses.
@@ -19,6 +20,16 @@ era (TARGETS, also printed in the export's header); checked against each project
   (ea_model.py eagenerate's tree_choices default) both read that global, so the export replaces it. The draft
   buffer builder (utils_c.py generate_tree_buffers) indexes its per-level lists by the nodes that have children:
   a depth-1 tree has none and it fails, so depth-1 trees are refused.
+
+A plan (plan.py: one row per batch size) goes out through `export_plan` (PLAN_FORMATS):
+- vllm: vLLM's Dynamic SD `--speculative-config` with `num_speculative_tokens_per_batch_size` [[low, high, K], ...]
+  (vllm/v1/spec_decode/dynamic/utils.py checks it: K >= 0, the first range starting at 1; gaps take the previous K,
+  batch sizes above the last range the last K). vLLM drafts Medusa heads as a top-1 chain, so a tree row becomes
+  the plan's best chain at that batch size (its cost printed). Its Medusa proposer asserts the scheduled K equals
+  num_speculative_tokens, so a schedule below K_max is warned about. --synthetic adds the synthetic rejection
+  sampler at the top-1 chain's per-position acceptance (vllm/config/speculative.py: length K, non-increasing).
+- vllm-tree, trtllm, medusa, eagle, json: the tree of one row (batch size 1 by default), as export_tree writes it.
+- trtllm-current: an error saying why current TensorRT-LLM serves no Medusa heads (TRTLLM_CURRENT).
 """
 from __future__ import annotations
 

@@ -70,8 +70,8 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     (`engine.verify_times`: static cache, 4-D tree mask repeated per sequence, compiled when the engine is):
     tokens = 1 is the vanilla step, tokens = n > 1 a verify forward of an (n-1)-node tree for each of the B
     sequences. Both include the lm_head over their rows (and, with `heads`, the heads' top-k of every sequence
-    that a Medusa step needs). The caches are prefilled once per (batch, context) and the pointer put back after
-    every call, so the context stays fixed. Sizes are timed round-robin, `repeats` rounds, so that a load change
+    that a Medusa step needs). The caches are prefilled once per (batch, context) with random tokens and a verify
+    leaves the lengths where they were, so the context stays fixed. Sizes are timed round-robin, `repeats` rounds, so that a load change
     on a shared machine hits every size alike; each point keeps the spread of its rounds."""
     from tqdm.auto import tqdm
 
