@@ -47,8 +47,9 @@ DEFAULT_CHOICES = "mc_sim_7b_63"  # the tree both Medusa and EAGLE-1 use unless 
 TARGETS = {  # what each export is written for: the header line of each export, and the README's Formats section
     "medusa": "FasterDecoding/Medusa as released (pip medusa-llm 0.1, 2023-09) and its main branch: "
               "medusa/model/medusa_choices.py, generate_medusa_buffers with TOPK=10",
-    "trtllm": "TensorRT-LLM releases with the TensorRT backend (deprecated by NVIDIA/TensorRT-LLM PR #11723, removed "
-              "by #15763/#15767/#15907/#15918, June-July 2026), its Medusa flow: examples/run.py --medusa_choices or "
+    "trtllm": "TensorRT-LLM releases with the TensorRT backend (through the 1.2 series at least; deprecated by "
+              "NVIDIA/TensorRT-LLM PR #11723, removed by #15763/#15767/#15907/#15918, June-July 2026), its Medusa "
+              "flow: examples/run.py --medusa_choices or "
               "MedusaDecodingConfig; its Python runtime, runtime/medusa_utils.py, needs a first level of ranks 0..k-1",
     "vllm": "vLLM with tree attention: speculative_token_tree from vllm-project/vllm PR #20401 (merged July "
             "2025, v0.10 series) until PR #42121 removed tree attention (May 2026)",
