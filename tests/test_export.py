@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export import (FORMATS, SUFFIXES, TARGETS, best_engine_safe, engine_safe, export_tree,
+from workbench.export import (FORMATS, SUFFIXES, TARGETS, best_engine_safe, engine_safe, export_plan, export_tree,
                               first_level_gaps, vllm_uniform)
 from workbench.optimize import acc_value_fn, best_dense_tree, dense_tree, expected_length, optimal_tree
 from workbench.tree import load_tree, make_tree
@@ -190,3 +190,53 @@ def test_each_format_has_a_file_suffix_its_text_parses_as():
             assert json.loads(text)
         elif SUFFIXES[fmt].endswith(".py"):
             assert "[[0], [0, 0], [1]" in text and ast.parse(text).body
+
+
+def test_trtllm_target_names_the_tensorrt_backend_and_its_removal():
+    for pr in ("#11723", "#15763", "#15767", "#15907", "#15918"):
+        assert pr in TARGETS["trtllm"]
+    assert "runtime/medusa_utils.py" in TARGETS["trtllm"]
+
+
+def _plan_file(tmp_path, rows, chains):
+    """A plan file: rows (batch, kind, nodes, tokens/step, speedup), each row's best chain (k, tokens/step, speedup)."""
+    from workbench.plan import chain_tree, plan_json
+
+    plans, alts = [], []
+    for (b, kind, n, tps, s), (k, ctps, cs) in zip(rows, chains):
+        choices = [] if kind == "none" else chain_tree(n).as_lists() if kind == "chain" else \
+            optimal_tree(np.array([[0.6, 0.3], [0.5, 0.2]]), n).as_lists()
+        plans.append(dict(batch_size=b, kind=kind, medusa_choices=choices, nodes=n, predicted_tokens_per_step=tps,
+                          predicted_speedup=s))
+        alts.append(dict(batch_size=b, speedup_range=None, runner_up=None, runner_up_within_noise=None,
+                         best_chain=dict(k=k, predicted_tokens_per_step=ctps, predicted_speedup=cs)))
+    f = tmp_path / "plan.json"
+    f.write_text(plan_json(dict(plans=plans, alternatives=alts, chain_acceptance=[0.6, 0.3],
+                                source=dict(kind="accuracies", path="acc.csv"))))
+    return f
+
+
+def test_vllm_schedule_from_a_plan(tmp_path):
+    """Row i covers its batch size up to the next row's minus one; equal neighbours merge; a tree row becomes the
+    plan's best chain with its cost noted; batch sizes below the first row take the first row."""
+    from workbench.export import vllm_schedule
+    from workbench.plan import read_plan
+
+    f = _plan_file(tmp_path, [(2, "tree", 4, 1.9, 1.5), (4, "chain", 2, 1.8, 1.4), (8, "chain", 2, 1.8, 1.2),
+                              (32, "none", 0, 1.0, 1.0)],
+                   [(2, 1.8, 1.45), (2, 1.8, 1.4), (2, 1.8, 1.2), (0, 1.0, 1.0)])
+    plan, notes = read_plan(f), []
+    assert vllm_schedule(plan, notes) == [[1, 31, 2], [32, 32, 0]]
+    assert any("4-node tree" in n and "chain K=2" in n and "costs 0.100 tokens/step" in n for n in notes)
+    assert any("below 2 were not planned" in n for n in notes) and any("above 32 keep K=0" in n for n in notes)
+    text, warns, notes = export_plan(plan, "vllm")
+    cfg = json.loads(text)
+    assert cfg["num_speculative_tokens"] == 2 and "method" not in cfg  # an accuracy table names no heads
+    assert any("add your drafter" in n for n in notes) and not any("AssertionError" in w for w in warns)
+    text, _, _ = export_plan(plan, "vllm", batch_size=5)
+    assert json.loads(text) == {"num_speculative_tokens": 2}
+    with pytest.raises(WorkbenchError, match="no speculation at batch size 32"):
+        export_plan(plan, "vllm", batch_size=40)
+    text, _, notes = export_plan(plan, "trtllm", batch_size=3)  # the row of batch 2: its tree
+    assert _trtllm_list(text) == plan["plans"][0]["medusa_choices"]
+    assert any("not in the plan" in n for n in notes)

@@ -56,6 +56,14 @@ def env(tiny_llama, tmp_path_factory) -> dict:
                root / "acc.pt")
     pd.DataFrame(dict(model="m", device="cpu", dtype="float32", context=16, tokens=range(1, 9),
                       seconds=[0.01 * (1 + n / 4) for n in range(1, 9)])).to_csv(root / "lat.csv", index=False)
+    pd.DataFrame([dict(model="m", device="cpu", dtype="float32", batch=b, context=16, tokens=n, seconds=t,
+                       seconds_min=t * 0.98, seconds_q1=t * 0.99, seconds_q3=t * 1.01, seconds_max=t * 1.02, repeats=5)
+                  for b in (1, 2) for n in range(1, 9) for t in [0.01 * (1 + 0.001 * b * (n - 1))]]
+                 ).to_csv(root / "lat_b.csv", index=False)  # batched, with its spread, cheap enough to speculate
+    (root / "acc_vec.csv").write_text("position,acceptance\n1,0.6\n2,0.35\n3,0.2\n")
+    (root / "acc_vec.json").write_text("[0.6, 0.35, 0.2]")
+    assert main(["plan", "--accuracies", str(root / "acc.csv"), "--latency", str(root / "lat_b.csv"),
+                 "--batch-sizes", "1,2", "--out", str(root / "plan.json")]) == 0
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r1", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
                temperature=0.0, acceleration_rate=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
@@ -67,7 +75,9 @@ def env(tiny_llama, tmp_path_factory) -> dict:
                 heads_file=str(tiny_llama.heads_dirs["1"] / "medusa_lm_head.safetensors"),
                 heads_pt=str(tiny_llama.heads_dirs["1pt"] / "medusa_lm_head.pt"), prompts=str(prompts),
                 cal=str(cal), tree=str(root / "tree.json"), acc_csv=str(root / "acc.csv"),
-                acc_pt=str(root / "acc.pt"), lat=str(root / "lat.csv"), sweep=str(root / "sweep.csv"))
+                acc_pt=str(root / "acc.pt"), lat=str(root / "lat.csv"), sweep=str(root / "sweep.csv"),
+                lat_b=str(root / "lat_b.csv"), acc_vec_csv=str(root / "acc_vec.csv"),
+                acc_vec_json=str(root / "acc_vec.json"), plan=str(root / "plan.json"))
 
 
 # ----------------------------------------------------------------------------------------------- input slots
@@ -132,6 +142,20 @@ SLOTS = [
                                                        "--out", f"{O}/t.json", "--curve-out", f"{O}/c.csv"]),
     Slot("sweep-report --latency", "lat", lambda e, P, O: ["sweep-report", e["sweep"], "--latency", P,
                                                            "--out", f"{O}/r.md", "--figures", f"{O}/figs"]),
+    Slot("plan --latency", "lat_b", lambda e, P, O: ["plan", "--accuracies", e["acc_csv"], "--latency", P,
+                                                     "--batch-sizes", "1,2", "--out", f"{O}/p.json"]),
+    Slot("plan --accuracies", "acc_csv", lambda e, P, O: ["plan", "--accuracies", P, "--latency", e["lat_b"],
+                                                          "--batch-sizes", "1,2", "--out", f"{O}/p.json"]),
+    Slot("plan --acceptance csv", "acc_vec_csv", lambda e, P, O: ["plan", "--acceptance", P, "--latency", e["lat_b"],
+                                                                  "--batch-sizes", "1,2", "--out", f"{O}/p.json"]),
+    Slot("plan --acceptance json", "acc_vec_json", lambda e, P, O: ["plan", "--acceptance", P, "--latency",
+                                                                    e["lat_b"], "--batch-sizes", "1", "--out",
+                                                                    f"{O}/p.json"]),
+    Slot("plan --calibration ranks", "cal",
+         lambda e, P, O: ["plan", "--calibration", P, "--latency", e["lat_b"], "--batch-sizes", "1,2",
+                          "--prediction", "joint", "--out", f"{O}/p.json"], inside="ranks.parquet"),
+    Slot("export plan", "plan", lambda e, P, O: ["export", P, "--format", "vllm", "--synthetic", "--out",
+                                                 f"{O}/v.json"]),
     Slot("sweep-report", "sweep", lambda e, P, O: ["sweep-report", P, "--out", f"{O}/r.md", "--figures", f"{O}/figs"]),
     Slot("sweep --out (existing)", "sweep", lambda e, P, O: _with(_sweep(e, P, O), "--out", P)),
     Slot("tree eval --calibration meta", "cal", lambda e, P, O: ["tree", "eval", "[[0]]", "--calibration", P],
@@ -263,6 +287,74 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "text": _csv("context,tokens,seconds", "a,b,c"),
         "no-one-token-row": _csv("context,tokens,seconds", "16,2,0.02", "16,3,0.03"),
     },
+    "lat_b": {
+        "batch-zero": _csv("batch,context,tokens,seconds", "0,16,1,0.01", "0,16,2,0.02"),
+        "batch-text": _csv("batch,context,tokens,seconds", "one,16,1,0.01", "one,16,2,0.02"),
+        "batch-fraction": _csv("batch,context,tokens,seconds", "1.5,16,1,0.01", "1.5,16,2,0.02"),
+        "missing-batch-2": _csv("batch,context,tokens,seconds", "1,16,1,0.01", "1,16,2,0.02"),
+        "missing-one-token-row": _csv("batch,context,tokens,seconds", "1,16,2,0.02", "2,16,1,0.01", "2,16,2,0.02"),
+        "spread-unordered": _csv("batch,context,tokens,seconds,seconds_min,seconds_q1,seconds_q3,seconds_max",
+                                 "1,16,1,0.01,0.02,0.01,0.01,0.01", "2,16,1,0.01,0.01,0.01,0.01,0.01"),
+        "spread-partial": _csv("batch,context,tokens,seconds,seconds_q1", "1,16,1,0.01,0.009", "2,16,1,0.01,0.009"),
+        "spread-nan": _csv("batch,context,tokens,seconds,seconds_min,seconds_q1,seconds_q3,seconds_max",
+                           "1,16,1,0.01,nan,0.01,0.01,0.01", "2,16,1,0.01,0.01,0.01,0.01,0.01"),
+        "two-setups": _csv("device,batch,context,tokens,seconds", "cpu,1,16,1,0.01", "gpu,2,16,1,0.01"),
+        "two-contexts": _csv("batch,context,tokens,seconds", "1,16,1,0.01", "2,32,1,0.01"),
+    },
+    "acc_vec_csv": {
+        "increasing": _csv("position,acceptance", "1,0.3", "2,0.5"),
+        "zero": _csv("position,acceptance", "1,0.3", "2,0"),
+        "above-one": _csv("position,acceptance", "1,1.5"),
+        "negative": _csv("position,acceptance", "1,-0.2"),
+        "gap": _csv("position,acceptance", "1,0.5", "3,0.2"),
+        "duplicate": _csv("position,acceptance", "1,0.5", "1,0.4"),
+        "nan": _csv("position,acceptance", "1,nan"),
+        "text": _csv("position,acceptance", "first,high"),
+        "header-only": _csv("position,acceptance"),
+        "wrong-columns": _csv("k,rate", "1,0.5"),
+        "unterminated-quote": _csv("position,acceptance", '1,"0.5'),
+        "huge-position": _csv("position,acceptance", "1e300,0.5"),
+        "too-many": _csv("position,acceptance", *[f"{i},0.5" for i in range(1, 100)]),
+    },
+    "acc_vec_json": {
+        "increasing": b"[0.3, 0.5]",
+        "zero": b"[0.5, 0.0]",
+        "above-one": b"[1.5]",
+        "nan": b"[NaN]",
+        "bool": b"[true, false]",
+        "strings": b'["0.5", "0.3"]',
+        "nested": b"[[0.5], [0.3]]",
+        "empty-list": b"[]",
+        "object-without-rates": b'{"method": "eagle3", "num_speculative_tokens": 3}',
+        "rates-not-a-list": b'{"synthetic_acceptance_rates": 0.5}',
+        "number": b"0.5",
+        "huge": b"[1e400]",
+    },
+    "plan": {
+        "kind-mismatch": b'{"plans": [{"batch_size": 1, "kind": "none", "medusa_choices": [[0]], "nodes": 1, '
+                         b'"predicted_tokens_per_step": 1.5, "predicted_speedup": 1.2}]}',
+        "chain-not-a-chain": b'{"plans": [{"batch_size": 1, "kind": "chain", "medusa_choices": [[0], [1]], '
+                             b'"nodes": 2, "predicted_tokens_per_step": 1.5, "predicted_speedup": 1.2}]}',
+        "unsorted": b'{"plans": [{"batch_size": 2, "kind": "none", "medusa_choices": [], "nodes": 0, '
+                    b'"predicted_tokens_per_step": 1, "predicted_speedup": 1}, {"batch_size": 1, "kind": "none", '
+                    b'"medusa_choices": [], "nodes": 0, "predicted_tokens_per_step": 1, "predicted_speedup": 1}]}',
+        "batch-zero": b'{"plans": [{"batch_size": 0, "kind": "none", "medusa_choices": [], "nodes": 0, '
+                      b'"predicted_tokens_per_step": 1, "predicted_speedup": 1}]}',
+        "nan-speedup": b'{"plans": [{"batch_size": 1, "kind": "chain", "medusa_choices": [[0]], "nodes": 1, '
+                       b'"predicted_tokens_per_step": 1.5, "predicted_speedup": NaN}]}',
+        "missing-key": b'{"plans": [{"batch_size": 1, "kind": "chain", "medusa_choices": [[0]]}]}',
+        "empty-plans": b'{"plans": []}',
+        "plans-not-list": b'{"plans": {"1": "none"}}',
+        "all-none": b'{"plans": [{"batch_size": 1, "kind": "none", "medusa_choices": [], "nodes": 0, '
+                    b'"predicted_tokens_per_step": 1, "predicted_speedup": 1}]}',
+        "rising-acceptance": b'{"plans": [{"batch_size": 1, "kind": "chain", "medusa_choices": [[0]], "nodes": 1, '
+                             b'"predicted_tokens_per_step": 1.5, "predicted_speedup": 1.2}], '
+                             b'"chain_acceptance": [0.2, 0.5]}',
+        "tree-without-alternatives": b'{"plans": [{"batch_size": 1, "kind": "tree", "medusa_choices": [[0], [1]], '
+                                     b'"nodes": 2, "predicted_tokens_per_step": 1.5, "predicted_speedup": 1.2}]}',
+        "bad-choices": b'{"plans": [{"batch_size": 1, "kind": "tree", "medusa_choices": [[0], [2, 0]], "nodes": 2, '
+                       b'"predicted_tokens_per_step": 1.5, "predicted_speedup": 1.2}]}',
+    },
     "sweep": {
         "unterminated-quote": None,  # built below from the real header
         "text-in-numbers": None,
@@ -391,7 +483,7 @@ OUTPUTS = [
                                                                                   "--out", "folder"),
     ("calibrate --heads safetensors", "--trees-dir", "folder"), ("train-heads --prompts csv", "--out", "folder"),
     ("train-heads --prompts csv", "--work", "folder"), ("sweep --trees", "--out", "file"),
-    ("latency --heads pt", "--out", "file"),
+    ("latency --heads pt", "--out", "file"), ("plan --latency", "--out", "file"), ("export plan", "--out", "file"),
 ]
 
 

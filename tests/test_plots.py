@@ -172,6 +172,9 @@ def test_latency_and_speedup_curves():
                         for c in (1, 2) for n in (1, 4, 16)])
     ax = plots.latency_curve(lat).axes[0]
     assert len(ax.lines) == 2 and np.allclose(ax.lines[0].get_ydata(), 1000 * (0.01 * np.array([1, 4, 16]) + 1))
+    batched = pd.concat([lat.assign(batch=1), lat.assign(batch=4, seconds=lat["seconds"] * 2)])
+    ax = plots.latency_curve(batched).axes[0]
+    assert len(ax.lines) == 4  # one per batch size and context: batch sizes are not averaged together
     ax = plots.speedup_curve({"x": ([1, 2, 3], [1.2, 1.5, 1.4])}, {"x": (2, 1.5)}).axes[0]
     assert np.allclose(ax.lines[0].get_ydata(), [1.2, 1.5, 1.4])
 

@@ -67,6 +67,38 @@ def test_measure_latency_rows_and_columns(tiny_llama):
         assert rows.loc[rows["tokens"] == 1, "relative"].item() == 1.0
     assert (df["seconds"] > 0).all() and set(df["context"]) == {16, 40}
     assert set(df["device"]) == {"cpu"} and set(df["dtype"]) == {"float32"}
+    # the spread of the 2 rounds, not one number: ordered, and the median is `seconds`
+    assert set(df["batch"]) == {1} and (df["repeats"] == 2).all()
+    order = df[["seconds_min", "seconds_q1", "seconds", "seconds_q3", "seconds_max"]].to_numpy()
+    assert (np.diff(order, axis=1) >= 0).all()
+    assert np.allclose(df["seconds"], (df["seconds_min"] + df["seconds_max"]) / 2)  # the median of two
+
+
+def test_measure_latency_per_batch_size(tiny_llama):
+    """Every (batch, context, tokens) is timed; t(B, n) relative to t(B, 1) of the same batch size and context."""
+    df = measure_latency(tiny_llama.model, sizes=[2, 4], contexts=[16], repeats=2, warmup=1,
+                         heads=tiny_llama.heads["2"], label="tiny", progress=False, batches=[1, 3])
+    assert sorted(zip(df["batch"], df["tokens"])) == [(b, n) for b in (1, 3) for n in (1, 2, 4)]
+    for _, rows in df.groupby(["batch", "context"]):
+        assert rows.loc[rows["tokens"] == 1, "relative"].item() == 1.0
+        assert np.allclose(rows["relative"], rows["seconds"] / rows.loc[rows["tokens"] == 1, "seconds"].item())
+    assert (df["repeats"] == 2).all() and (df["seconds_q1"] <= df["seconds_q3"]).all()
+
+
+def test_latency_cli_batch_flag(tmp_path, capsys):
+    """`latency --batch` writes the batch and spread columns for every batch size asked."""
+    out = tmp_path / "l.csv"
+    argv = ["latency", "--random-config", "tiny", "--sizes", "2", "--context", "8", "--repeats", "3", "--warmup", "0",
+            "--device", "cpu", "--out", str(out)]
+    assert main(argv + ["--batch", "1"]) == 0
+    df = read_latency(out)
+    assert list(df.columns[:len(LATENCY_COLUMNS)]) == LATENCY_COLUMNS and set(df["batch"]) == {1}
+    assert (df["repeats"] == 3).all() and "q1..q3" in capsys.readouterr().err
+    assert main(argv + ["--batch", "0,2"]) == 2
+    assert "--batch" in _error_line(capsys)
+    assert main(argv + ["--batch", "1,2"]) == 0
+    df = read_latency(out)
+    assert sorted(zip(df["batch"], df["tokens"])) == [(1, 1), (1, 2), (2, 1), (2, 2)]
 
 
 def test_latency_cli_default_path_in_calibration_folder(tmp_path, monkeypatch, capsys):
@@ -140,6 +172,29 @@ def test_optimize_latency_cli(tmp_path, capsys):
         assert curve["budget"].tolist() == list(range(1, 64))
         assert np.allclose(curve["speedup"], curve["expected_length"] / curve["relative_latency"])
         assert curve["speedup"].idxmax() == b - 1
+
+
+def test_optimize_latency_at_one_batch_size(tmp_path, capsys):
+    """--batch-size reads that batch size's rows of a batched CSV: a steeper cost per token, a smaller tree."""
+    acc = _acc(3)
+    write_accuracies(tmp_path / "acc.csv", acc)
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    lat = pd.concat([synthetic_latency(sizes, 24).assign(batch=1), synthetic_latency(sizes, 6).assign(batch=8)])
+    lat.to_csv(tmp_path / "lat.csv", index=False)
+    argv = ["optimize", "--accuracies", str(tmp_path / "acc.csv"), "--latency", str(tmp_path / "lat.csv"),
+            "--out", str(tmp_path / "t.json")]
+    budgets = {}
+    for b in (1, 8):
+        assert main(argv + ["--batch-size", str(b)]) == 0
+        capsys.readouterr()
+        tree = json.loads((tmp_path / "t.json").read_text())
+        assert tree["batch_size"] == b and tree["budget"] == _brute_force_best(acc, lat[lat["batch"] == b])[0]
+        budgets[b] = tree["budget"]
+    assert budgets[8] < budgets[1]
+    assert main(argv + ["--batch-size", "4"]) == 2
+    assert "no rows for batch size 4 (measured: 1, 8)" in _error_line(capsys)
+    assert main(["optimize", "--accuracies", str(tmp_path / "acc.csv"), "--budget", "4", "--batch-size", "2"]) == 2
+    assert "--latency" in _error_line(capsys)
 
 
 def test_optimize_latency_picks_context_of_calibration(calib, tmp_path, capsys):

@@ -1,6 +1,7 @@
 """Write a tree in the formats other decoders import, with a one-line warning wherever the target engine would not
-build it exactly as written, `engine_safe` to repair a tree for one engine and `best_engine_safe` to design one. Each format targets one engine
-era (TARGETS, also printed in the export's header); checked against each project's own code, not run end to end:
+build it exactly as written, `engine_safe` to repair a tree for one engine and `best_engine_safe` to design one.
+Each format targets one engine era (TARGETS, also printed in the export's header); checked against each project's
+own code, not run end to end:
 
 - medusa: `name = [[0], [0, 0], ...]` as in Medusa's medusa/model/medusa_choices.py; generate_medusa_buffers
   hard-codes TOPK=10, so a rank >= 10 would index the next head's guesses.
@@ -19,6 +20,16 @@ era (TARGETS, also printed in the export's header); checked against each project
   (ea_model.py eagenerate's tree_choices default) both read that global, so the export replaces it. The draft
   buffer builder (utils_c.py generate_tree_buffers) indexes its per-level lists by the nodes that have children:
   a depth-1 tree has none and it fails, so depth-1 trees are refused.
+
+A plan (plan.py: one row per batch size) goes out through `export_plan` (PLAN_FORMATS):
+- vllm: vLLM's Dynamic SD `--speculative-config` with `num_speculative_tokens_per_batch_size` [[low, high, K], ...]
+  (vllm/v1/spec_decode/dynamic/utils.py checks it: K >= 0, the first range starting at 1; gaps take the previous K,
+  batch sizes above the last range the last K). vLLM drafts Medusa heads as a top-1 chain, so a tree row becomes
+  the plan's best chain at that batch size (its cost printed). Its Medusa proposer asserts the scheduled K equals
+  num_speculative_tokens, so a schedule below K_max is warned about. --synthetic adds the synthetic rejection
+  sampler at the top-1 chain's per-position acceptance (vllm/config/speculative.py: length K, non-increasing).
+- vllm-tree, trtllm, medusa, eagle, json: the tree of one row (batch size 1 by default), as export_tree writes it.
+- trtllm-current: an error saying why current TensorRT-LLM serves no Medusa heads (TRTLLM_CURRENT).
 """
 from __future__ import annotations
 
@@ -36,7 +47,9 @@ DEFAULT_CHOICES = "mc_sim_7b_63"  # the tree both Medusa and EAGLE-1 use unless 
 TARGETS = {  # what each export is written for: the header line of each export, and the README's Formats section
     "medusa": "FasterDecoding/Medusa as released (pip medusa-llm 0.1, 2023-09) and its main branch: "
               "medusa/model/medusa_choices.py, generate_medusa_buffers with TOPK=10",
-    "trtllm": "TensorRT-LLM's TensorRT-engine Medusa flow: examples/run.py --medusa_choices or "
+    "trtllm": "TensorRT-LLM releases with the TensorRT backend (through the 1.2 series at least; deprecated by "
+              "NVIDIA/TensorRT-LLM PR #11723, removed by #15763/#15767/#15907/#15918, June-July 2026), its Medusa "
+              "flow: examples/run.py --medusa_choices or "
               "MedusaDecodingConfig; its Python runtime, runtime/medusa_utils.py, needs a first level of ranks 0..k-1",
     "vllm": "vLLM with tree attention: speculative_token_tree from vllm-project/vllm PR #20401 (merged July "
             "2025, v0.10 series) until PR #42121 removed tree attention (May 2026)",
@@ -160,13 +173,12 @@ def best_engine_safe(value, engine: str, budget: int, max_depth: int, max_rank: 
     """The most valuable tree of at most `budget` nodes that `engine` builds exactly as written (optimize
     --engine-safe): trtllm, first level ranks 0..k-1 (exact over k); vllm, the best dense tree.
     `value` is acc[K, R] or a path value function."""
-    from workbench.optimize import acc_value_fn, best_dense_tree, optimal_tree_from
+    from workbench.optimize import best_dense_tree, optimal_tree
 
     _check_safe_engine(engine)
     if engine == "vllm":
         return best_dense_tree(value, budget, max_depth, max_rank)
-    return optimal_tree_from(value if callable(value) else acc_value_fn(value), budget, max_depth, max_rank,
-                             contiguous_first_level=True)
+    return optimal_tree(value, budget, max_depth, max_rank, contiguous_first_level=True)
 
 
 def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = None,
@@ -180,16 +192,15 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
     vllm: the best dense tree with at most as many nodes and no deeper than `heads` (needs `value`).
     `value` is acc[K, R] or a path value function; without it the cost is unknown and a stand-in ranks nodes.
     """
-    from workbench.accuracies import check_accuracies
-    from workbench.optimize import acc_value_fn, best_dense_tree, expected_length, optimal_tree_from
+    from workbench.optimize import best_dense_tree, expected_length, optimal_tree_from, value_and_limits
 
     _check_safe_engine(engine)
-    if value is not None and not callable(value):
-        value = check_accuracies(value)
-        if tree.depth > value.shape[0] or tree.max_rank >= value.shape[1]:
+    fn = depth = ranks = None
+    if value is not None:  # a table's limits are its shape; a value function's, the tree's own
+        fn, depth, ranks = value_and_limits(value, what="--engine-safe", fallback=(tree.depth, tree.max_rank + 1))
+        if tree.depth > depth or tree.max_rank >= ranks:
             raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the accuracies have "
-                                 f"{value.shape[0]} heads and top-{value.shape[1]}")
-    fn = None if value is None else (value if callable(value) else acc_value_fn(value))
+                                 f"{depth} heads and top-{ranks}")
     if engine == "trtllm":
         budget = min(tree.nodes, max_nodes or tree.nodes)
         if not first_level_gaps(tree) and tree.nodes <= budget:
@@ -208,7 +219,6 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
                                  "--calibration DIR")
         if vllm_uniform(tree):
             return tree, "engine-safe: already a dense tree, which vLLM drafts as written"
-        depth, ranks = (tree.depth, tree.max_rank + 1) if callable(value) else value.shape
         safe = best_dense_tree(fn, tree.nodes, min(depth, heads or depth), ranks)
         safe = Tree(safe.paths, tree.name or safe.name)
     gone, added = set(tree.paths) - set(safe.paths), set(safe.paths) - set(tree.paths)
@@ -225,3 +235,180 @@ def _short(paths) -> str:
     ps = sorted(paths, key=lambda p: (len(p), p))
     s = " ".join(str(list(p)).replace(" ", "") for p in ps[:6])
     return (s + (f" (+{len(ps) - 6} more)" if len(ps) > 6 else "")) or "nothing"
+
+
+# ----------------------------------------------------------------------------------------------- plans
+
+PLAN_FORMATS = ("vllm", "vllm-tree", "trtllm", "trtllm-current", "medusa", "eagle", "json")  # export PLAN --format
+VLLM_SCHEDULE = ("vLLM with Dynamic SD (vllm-project/vllm PR #32374, reported first released in v0.25.1): "
+                 "--speculative-config num_speculative_tokens_per_batch_size, a list of [low, high, K] with inclusive "
+                 "batch-size ranges, checked by vllm/v1/spec_decode/dynamic/utils.py "
+                 "validate_and_normalize_dynamic_sd_schedule (K >= 0, the first range starting at 1); Medusa heads "
+                 "draft a top-1 chain there (vllm/v1/spec_decode/medusa.py)")
+VLLM_MEDUSA_FIXED_K = ("vLLM's Medusa proposer asserts that the scheduled K equals num_speculative_tokens "
+                       "(vllm/v1/spec_decode/medusa.py propose()): at batch sizes whose K is below {k} it fails with "
+                       "an AssertionError (vllm-project/vllm PR #46399, open, would switch Dynamic SD off for Medusa "
+                       "instead); until that changes, serve Medusa with one K: export with --batch-size B")
+TRTLLM_CURRENT = ("current TensorRT-LLM does not serve Medusa heads: medusa_choices lived only in the TensorRT-engine "
+                  "flow, which was removed (NVIDIA/TensorRT-LLM PRs #15763, #15767, #15907, #15918, June-July 2026), "
+                  "and the PyTorch backend refuses Medusa (llmapi/llm_args.py: MedusaDecodingConfig.supports_backend "
+                  "is false for pytorch); its static eagle_choices went too (PR #18210). Use --format trtllm for a "
+                  "release that still has the TensorRT backend, or EAGLE-3/MTP with draft_len_schedule on a current "
+                  "one")
+
+
+def _plan_rows(plan: dict) -> list[dict]:
+    return plan["plans"]
+
+
+def _row_at(plan: dict, batch_size: int) -> tuple[dict, list[str]]:
+    """The plan row serving `batch_size`: the largest planned batch size <= it (below the first, the first)."""
+    rows = _plan_rows(plan)
+    if batch_size < 1:
+        raise WorkbenchError(f"--batch-size {batch_size}: must be >= 1")
+    below = [r for r in rows if r["batch_size"] <= batch_size]
+    if below:
+        row = below[-1]
+        return row, ([] if row["batch_size"] == batch_size else
+                     [f"batch size {batch_size} is not in the plan: using the row of batch size {row['batch_size']}"])
+    return rows[0], [f"batch size {batch_size} is below the plan's first ({rows[0]['batch_size']}): using that row"]
+
+
+def _chain_k(plan: dict, row: dict, notes: list[str]) -> int:
+    """K a chain-only engine runs at this row: the chain's length, 0 for none, and for a tree the plan's best
+    chain (or none) at that batch size, with its cost as a note."""
+    if row["kind"] != "tree":
+        return row["nodes"]
+    alt = next((a for a in plan.get("alternatives") or [] if a["batch_size"] == row["batch_size"]), None)
+    chain = (alt or {}).get("best_chain")
+    if not chain:
+        raise WorkbenchError("the plan has a tree row but no alternatives.best_chain to turn it into a chain: "
+                             "re-run `workbench plan`")
+    k = chain["k"]
+    notes.append(f"batch {row['batch_size']}: vLLM drafts no trees, so the plan's {row['nodes']}-node tree "
+                 f"({row['predicted_tokens_per_step']:.3f} tokens/step, {row['predicted_speedup']:.3f}x) becomes "
+                 + (f"the chain K={k}" if k else "no speculation")
+                 + f" ({chain['predicted_tokens_per_step']:.3f} tokens/step, {chain['predicted_speedup']:.3f}x): costs "
+                 f"{row['predicted_tokens_per_step'] - chain['predicted_tokens_per_step']:.3f} tokens/step")
+    return k
+
+
+def vllm_schedule(plan: dict, notes: list[str]) -> list[list[int]]:
+    """[[low, high, K], ...]: every batch size from 1 to the plan's largest exactly once (row i covers its batch
+    size up to the next row's minus one; adjacent ranges with the same K merged). vLLM keeps the last K above."""
+    rows = _plan_rows(plan)
+    ks = [_chain_k(plan, r, notes) for r in rows]
+    lows = [1] + [r["batch_size"] for r in rows[1:]]
+    highs = [r["batch_size"] - 1 for r in rows[1:]] + [rows[-1]["batch_size"]]
+    out: list[list[int]] = []
+    for low, high, k in zip(lows, highs, ks):
+        if out and out[-1][2] == k:
+            out[-1][1] = high
+        else:
+            out.append([low, high, k])
+    if rows[0]["batch_size"] > 1:
+        notes.append(f"batch sizes below {rows[0]['batch_size']} were not planned: they take the row of batch size "
+                     f"{rows[0]['batch_size']}")
+    notes.append(f"batch sizes above {rows[-1]['batch_size']} keep K={out[-1][2]} (vLLM repeats the last range's K)")
+    return out
+
+
+def check_plan_heads(plan: dict, heads_dir) -> tuple[int, list[str]]:
+    """(the heads' count, warnings) after checking that `heads_dir` holds the heads the plan was made for (the
+    calibration's heads_sha256) and enough heads for its deepest row: another model's heads are an error."""
+    from workbench.calibrate import heads_fingerprint  # deferred: loads the calibration machinery
+    from workbench.heads import load_heads
+
+    heads, _ = load_heads(heads_dir)
+    src = plan.get("source") or {}
+    want, warns = src.get("heads_sha256"), []
+    if want:
+        got = heads_fingerprint(heads)
+        if got != want:
+            raise WorkbenchError(f"--heads {heads_dir}: not the heads this plan was made for (plan: heads "
+                                 f"{src.get('heads')} of {src.get('model')}, fingerprint {want}; these: {got}): "
+                                 "calibrate these heads and plan again")
+    else:
+        warns.append(f"the plan records no heads fingerprint (made from {src.get('kind', 'an unknown source')}): "
+                     f"cannot check that {heads_dir} holds the heads it describes")
+    deepest = max(r["tree"].depth if "tree" in r else r["nodes"] for r in _plan_rows(plan))
+    if deepest > heads.num_heads:
+        raise WorkbenchError(f"--heads {heads_dir}: {heads.num_heads} heads, but the plan drafts {deepest} tokens deep")
+    return heads.num_heads, warns
+
+
+def _vllm_model(plan: dict, heads_dir) -> dict:
+    """method/model keys: the heads folder given, else the calibration's own heads (the demo heads' folder for
+    "demo"); none for an acceptance-vector plan (its drafter is not known here)."""
+    from workbench.heads import DEMO_HEADS
+
+    src = plan.get("source") or {}
+    if src.get("kind") == "acceptance" and heads_dir is None:
+        return {}
+    model = str(heads_dir) if heads_dir else (str(DEMO_HEADS) if src.get("heads") == "demo" else src.get("heads"))
+    return {"method": "medusa", "model": model} if model else {}
+
+
+def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, batch_size: int | None = None,
+                name: str | None = None, max_draft_len: int = TRTLLM_MAX_DRAFT_LEN) -> tuple[str, list[str], list[str]]:
+    """(text, warnings, notes) of a plan (plan.read_plan) for one engine. vllm: the --speculative-config JSON
+    with a per-batch-size schedule (or, with batch_size, one K); --synthetic adds vLLM's synthetic rejection
+    sampling at the plan's top-1 chain acceptance. The static formats (vllm-tree, trtllm, medusa, eagle, json)
+    write the tree of one row (batch_size, default 1) as export_tree does. trtllm-current is an error."""
+    if fmt not in PLAN_FORMATS:
+        raise WorkbenchError(f"unknown export format {fmt!r} for a plan; choose one of {', '.join(PLAN_FORMATS)}")
+    if fmt == "trtllm-current":
+        raise WorkbenchError(TRTLLM_CURRENT)
+    if synthetic and fmt != "vllm":
+        raise WorkbenchError("--synthetic is vLLM's synthetic rejection sampling: only with --format vllm")
+    warns, notes = [], []
+    num_heads = None
+    if heads_dir is not None:
+        num_heads, warns = check_plan_heads(plan, heads_dir)
+    if fmt != "vllm":
+        row, why = _row_at(plan, batch_size or 1)
+        notes += why
+        if row["kind"] == "none":
+            raise WorkbenchError(f"the plan says no speculation at batch size {row['batch_size']}: there is no tree to "
+                                 f"export for {fmt} (serve without speculation, or export another --batch-size)")
+        others = [f"{r['kind']}" + (f" of {r['nodes']} nodes" if r["kind"] != "none" else "") + f" at {r['batch_size']}"
+                  for r in _plan_rows(plan) if r["medusa_choices"] != row["medusa_choices"]]
+        notes.append(f"the batch-size {row['batch_size']} row ({row['kind']}, {row['nodes']} nodes, predicted "
+                     f"{row['predicted_speedup']:.3f}x); a static tree serves every batch size alike"
+                     + (f", where the plan picks: {', '.join(others)}" if others else ""))
+        tree = Tree(row["tree"].paths, name or f"plan_b{row['batch_size']}")
+        text, more = export_tree(tree, "vllm" if fmt == "vllm-tree" else fmt, name=name, heads=num_heads,
+                                 max_draft_len=max_draft_len, strict=True)
+        return text, warns + more, notes
+    notes.append(f"targets {VLLM_SCHEDULE}")
+    cfg = _vllm_model(plan, heads_dir)
+    if not cfg:
+        notes.append("no Medusa heads known for this plan: add your drafter's \"method\" and \"model\" to the config")
+    if batch_size is not None:
+        row, why = _row_at(plan, batch_size)
+        notes += why
+        k = _chain_k(plan, row, notes)
+        if k == 0:
+            raise WorkbenchError(f"the plan says no speculation at batch size {row['batch_size']}: serve without "
+                                 "--speculative-config there")
+        cfg["num_speculative_tokens"] = k
+    else:
+        schedule = vllm_schedule(plan, notes)
+        k = max(r[2] for r in schedule)
+        if k == 0:
+            raise WorkbenchError("the plan never speculates at any batch size: serve without --speculative-config")
+        cfg["num_speculative_tokens"] = k
+        cfg["num_speculative_tokens_per_batch_size"] = schedule
+        if cfg.get("method") == "medusa" and min(r[2] for r in schedule) < k:
+            warns.append(VLLM_MEDUSA_FIXED_K.format(k=k))
+    if num_heads is not None and k > num_heads:
+        raise WorkbenchError(f"--heads {heads_dir}: {num_heads} heads cannot draft K={k} tokens")
+    if synthetic:
+        rates = plan.get("chain_acceptance") or []
+        if len(rates) < k:
+            raise WorkbenchError(f"the plan's chain_acceptance has {len(rates)} positions, fewer than K={k}")
+        cfg["rejection_sample_method"] = "synthetic"
+        cfg["synthetic_acceptance_rates"] = rates[:k]
+        warns.append("synthetic rejection sampling accepts drafts at these rates whatever the tokens are: for timing "
+                     "the cost side only, never for serving (vLLM PRs #38045, #40662)")
+    return json.dumps(cfg) + "\n", warns, notes

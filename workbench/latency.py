@@ -1,16 +1,23 @@
-"""Latency: what one decoding step costs on this hardware per token count, and which tree is fastest given it.
+"""Latency: what one decoding step costs on this hardware per batch size and token count, and the speedup model.
 
-A tree with more nodes accepts more tokens per step but each step costs more (Medusa paper Fig. 4, App. G):
-  latency    t(n): wall time of one verify forward over n tokens (n - 1 tree nodes + the root) on a cache of
-             fixed length, next to the single-token step t(1);
-  choice     predicted speedup(tree) = expected tokens per step / (t(nodes + 1) / t(1)), best over all budgets.
+A tree with more nodes accepts more tokens per step but each step costs more (Medusa paper Fig. 4, App. G), and
+at batch size B every sequence of the batch pays for that step:
+  latency   t(B, n): wall time of one verify forward of B sequences x n tokens (n - 1 tree nodes + the root) on
+            caches of fixed length, next to the single-token step t(B, 1). The CSV keeps the spread of the
+            repeats (min, quartiles, max) beside the median: on a shared CPU t is not even monotone in n, and a
+            choice that rests on a difference inside that spread must say so;
+  speedup   goodput B * tokens_per_step / t(B, n) relative to vanilla's B / t(B, 1) (`speedup`: the one formula
+            every predicted speedup in the workbench goes through; B cancels);
+  noise     a candidate's speedup over the interquartile range of its t (`speedup_range`); two candidates whose
+            ranges overlap are within noise (`within_noise`).
 This module owns the latency CSV (LATENCY_COLUMNS, written by `workbench latency`); where it lives in a calibration
 folder, and the typical context it is read at, are calibration.py's.
 """
 from __future__ import annotations
 
 import math
-import statistics
+from bisect import bisect_left
+from typing import Mapping
 
 import numpy as np
 import pandas as pd
@@ -20,10 +27,12 @@ from workbench import WorkbenchError
 from workbench.io import read_csv
 from workbench.tree import MEDUSA_TOPK, Tree
 
-LATENCY_COLUMNS = ["model", "device", "dtype", "context", "tokens", "seconds"]
-LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup
+SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
+LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats"]
+LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 DEFAULT_CONTEXTS = (128, 1024)
+DEFAULT_BATCHES = (1,)
 
 
 def device_name(device: torch.device) -> str:
@@ -46,26 +55,38 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
 
 # ----------------------------------------------------------------------------------------------- latency
 
+def spread_row(times: list[float]) -> dict:
+    """The CSV's timing columns of one point from its repeats: median as `seconds`, min, quartiles, max."""
+    q1, med, q3 = np.quantile(times, [0.25, 0.5, 0.75])
+    return dict(seconds=float(med), seconds_min=float(min(times)), seconds_q1=float(q1), seconds_q3=float(q3),
+                seconds_max=float(max(times)), repeats=len(times))
+
+
 @torch.inference_mode()
 def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repeats: int = 10, warmup: int = 3,
-                    heads=None, label: str = "", progress: bool = True, engine=None) -> pd.DataFrame:
-    """Median wall time of one decoding step's model work per (context, tokens), on the decoder's own step
-    (`engine.time_verify`: static cache, 4-D mask, compiled when the engine is): tokens = 1 is the vanilla step,
-    tokens = n > 1 a verify forward of an (n-1)-node tree with its mask and position ids. Both include the
-    lm_head over their rows (and, with `heads`, the heads' top-k that a Medusa step needs). The cache is
-    prefilled once per context and the pointer put back after every call, so the context stays fixed. Sizes are
-    timed round-robin, `repeats` rounds, so that a load change on a shared machine hits every size alike."""
+                    heads=None, label: str = "", progress: bool = True, engine=None,
+                    batches=DEFAULT_BATCHES) -> pd.DataFrame:
+    """Wall time of one decoding step's model work per (batch, context, tokens), on the decoder's own step
+    (`engine.verify_times`: static cache, 4-D tree mask repeated per sequence, compiled when the engine is):
+    tokens = 1 is the vanilla step, tokens = n > 1 a verify forward of an (n-1)-node tree for each of the B
+    sequences. Both include the lm_head over their rows (and, with `heads`, the heads' top-k of every sequence
+    that a Medusa step needs). The caches are prefilled once per (batch, context) with random tokens and a verify
+    leaves the lengths where they were, so the context stays fixed. Sizes are timed round-robin, `repeats` rounds, so that a load change
+    on a shared machine hits every size alike; each point keeps the spread of its rounds."""
     from tqdm.auto import tqdm
 
-    from workbench.engine import StepEngine, root_setup, time_verify, tree_setup
+    from workbench.engine import StepEngine, root_setup, tree_setup, verify_times
     from workbench.generation import context_length
 
     sizes = sorted({1, *(int(s) for s in sizes)})
     contexts = sorted({int(c) for c in contexts})
+    batches = sorted({int(b) for b in batches})
     if repeats < 1 or warmup < 0:
         raise WorkbenchError(f"--repeats {repeats} / --warmup {warmup}: need repeats >= 1 and warmup >= 0")
     if sizes[0] < 1 or not contexts or contexts[0] < 1:
         raise WorkbenchError("--sizes and --context must be positive integers")
+    if not batches or batches[0] < 1:
+        raise WorkbenchError("--batch must be positive integers (sequences per step)")
     limit = context_length(model)
     if limit is not None and contexts[-1] + sizes[-1] > limit:
         raise WorkbenchError(f"context {contexts[-1]} + {sizes[-1]} tokens exceeds the model's {limit} positions: "
@@ -78,88 +99,261 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     g = torch.Generator().manual_seed(0)
     dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
     rows = []
-    bar = tqdm(total=len(contexts) * (warmup + repeats), desc="latency", unit="round", disable=not progress,
-               dynamic_ncols=True)
-    for ctx in contexts:
-        engine.prefill(torch.randint(vocab, (1, ctx), generator=g).to(dev), sizes[-1])
-        times: dict[int, list[float]] = {n: [] for n in sizes}
-        for i in range(warmup + repeats):
-            for n in sizes:
-                t = time_verify(engine, bufs[n], heads, repeats=1, warmup=0, generator=g)
-                if i >= warmup:
-                    times[n].append(t)
-            bar.update(1)
-        rows += [dict(model=label, device=dev_name, dtype=dtype, context=ctx, tokens=n,
-                      seconds=statistics.median(times[n])) for n in sizes]
+    bar = tqdm(total=len(batches) * len(contexts) * (warmup + repeats), desc="latency", unit="round",
+               disable=not progress, dynamic_ncols=True)
+    for b in batches:
+        for ctx in contexts:
+            engine.prefill(torch.randint(vocab, (b, ctx), generator=g).to(dev), sizes[-1])
+            times: dict[int, list[float]] = {n: [] for n in sizes}
+            for i in range(warmup + repeats):
+                for n in sizes:
+                    t = verify_times(engine, bufs[n], heads, repeats=1, warmup=0, generator=g)
+                    if i >= warmup:
+                        times[n] += t
+                bar.update(1)
+            rows += [dict(model=label, device=dev_name, dtype=dtype, batch=b, context=ctx, tokens=n,
+                          **spread_row(times[n])) for n in sizes]
     bar.close()
     df = pd.DataFrame(rows, columns=LATENCY_COLUMNS)
-    t1 = df[df["tokens"] == 1].set_index("context")["seconds"]
-    df["relative"] = df["seconds"] / df["context"].map(t1)
+    t1 = df[df["tokens"] == 1].set_index(["batch", "context"])["seconds"]
+    at = pd.MultiIndex.from_frame(df[["batch", "context"]])
+    df["relative"] = df["seconds"].to_numpy() / t1.reindex(at).to_numpy()  # t(B, n) / t(B, 1)
     return df
 
 
 def read_latency(path) -> pd.DataFrame:
-    """A latency CSV, checked: LATENCY_COLUMNS present, positive token counts and seconds."""
+    """A latency CSV, checked: LATENCY_REQUIRED present, positive integer batch sizes, contexts and token counts,
+    seconds finite and > 0. A file without a `batch` column (written before batch sizes were measured) reads as
+    batch 1; one with the spread columns has them on every row, ordered min <= q1 <= median <= q3 <= max."""
     df = read_csv(path, "--latency", LATENCY_REQUIRED, "workbench latency")
-    num = df[["context", "tokens", "seconds"]].apply(pd.to_numeric, errors="coerce")
-    ints = num[["context", "tokens"]]
+    if "batch" not in df.columns:
+        df.insert(int(df.columns.get_loc("context")), "batch", 1)
+    cols = ["batch", "context", "tokens", "seconds"]
+    num = df[cols].apply(pd.to_numeric, errors="coerce")
+    ints = num[["batch", "context", "tokens"]]
     if num.isna().any().any() or (ints % 1 != 0).any().any() or (num["context"] > 1 << 24).any() or \
             not num["tokens"].between(1, 1 << 16).all() or (num["context"] < 0).any() or \
+            not num["batch"].between(1, 1 << 20).all() or \
             not (num["seconds"] > 0).all() or np.isinf(num["seconds"]).any():
-        raise WorkbenchError(f"--latency {path}: context/tokens must be integers (tokens 1..{1 << 16}) and seconds "
-                             "finite numbers > 0 on every row")
-    df[["context", "tokens", "seconds"]] = num
-    df[["context", "tokens"]] = df[["context", "tokens"]].astype(int)
+        raise WorkbenchError(f"--latency {path}: batch/context/tokens must be integers (batch >= 1, tokens "
+                             f"1..{1 << 16}) and seconds finite numbers > 0 on every row")
+    df[cols] = num
+    df[["batch", "context", "tokens"]] = df[["batch", "context", "tokens"]].astype(int)
+    present = [c for c in SPREAD_COLUMNS if c in df.columns]
+    if present:
+        spread = df[present].apply(pd.to_numeric, errors="coerce")
+        order = pd.concat([spread[["seconds_min", "seconds_q1"]], num["seconds"],
+                           spread[["seconds_q3", "seconds_max"]]], axis=1) if len(present) == 4 else None
+        if order is None or spread.isna().any().any() or np.isinf(spread).any().any() or \
+                not (spread > 0).all().all() or \
+                (order.diff(axis=1).iloc[:, 1:] < -1e-12 * order.iloc[:, 1:]).any().any():
+            raise WorkbenchError(f"--latency {path}: the spread columns {', '.join(SPREAD_COLUMNS)} must all be there, "
+                                 "finite and > 0 on every row, with min <= q1 <= seconds <= q3 <= max")
+        df[SPREAD_COLUMNS] = spread
     return df
 
 
-def latency_table(df: pd.DataFrame, context: int | None = None, target: float | None = None,
-                  what: str = "latency") -> tuple[dict[int, float], int]:
-    """{tokens: seconds} at one context: `context` exactly, else the measured one closest to `target`, else the
-    only one. One (model, device, dtype) per file: mixing hardware in one table would be meaningless."""
+def _setup_check(df: pd.DataFrame, what: str) -> None:
     keys = [c for c in ("model", "device", "dtype") if c in df.columns]
     if keys and len(df[keys].drop_duplicates()) > 1:
         groups = "; ".join(" ".join(str(v) for v in r) for r in df[keys].drop_duplicates().itertuples(index=False))
         raise WorkbenchError(f"{what}: rows from several setups ({groups}): keep one model/device/dtype per file")
+
+
+def _batches(df: pd.DataFrame) -> list[int]:
+    return sorted(int(b) for b in df["batch"].unique()) if "batch" in df.columns else [1]
+
+
+def _join(values) -> str:
+    return ", ".join(map(str, values))
+
+
+def latency_table(df: pd.DataFrame, context: int | None = None, target: float | None = None,
+                  what: str = "latency", batch: int | None = None,
+                  column: str = "seconds") -> tuple[dict[int, float], int]:
+    """{tokens: seconds} of one batch size at one context: `context` exactly, else the measured one closest to
+    `target`, else the only one. `batch` defaults to 1 (the only one a file without a batch column has).
+    `column` picks another timing column (seconds_q1, ...). One (model, device, dtype) per file: mixing hardware
+    in one table would be meaningless."""
+    _setup_check(df, what)
+    have = _batches(df)
+    b = 1 if batch is None and 1 in have else batch
+    if b is None:
+        raise WorkbenchError(f"{what}: measured at batch sizes {_join(have)}; pick one")
+    if b not in have:
+        raise WorkbenchError(f"{what}: no rows for batch size {b} (measured: {_join(have)}): time it with "
+                             f"`workbench latency --batch {b}`")
+    df = df[df["batch"] == b] if "batch" in df.columns else df
     contexts = sorted(df["context"].unique().tolist())
     if context is not None:
         if context not in contexts:
-            raise WorkbenchError(f"{what}: no rows for context {context} (measured: {', '.join(map(str, contexts))})")
+            raise WorkbenchError(f"{what}: no rows for context {context} (measured: {_join(contexts)})")
         ctx = context
     elif target is not None:
         ctx = min(contexts, key=lambda c: (abs(c - target), c))
     elif len(contexts) == 1:
         ctx = contexts[0]
     else:
-        raise WorkbenchError(f"{what}: measured at contexts {', '.join(map(str, contexts))}; pick one with --context")
+        raise WorkbenchError(f"{what}: measured at contexts {_join(contexts)}; pick one with --context")
     rows = df[df["context"] == ctx]
     if rows["tokens"].duplicated().any():
-        raise WorkbenchError(f"{what}: context {ctx} lists a token count twice")
-    table = dict(zip(rows["tokens"].astype(int).tolist(), rows["seconds"].astype(float).tolist()))
+        raise WorkbenchError(f"{what}: batch {b} context {ctx} lists a token count twice")
+    if column not in rows.columns or rows[column].isna().any():
+        raise WorkbenchError(f"{what}: no {column} column (a file written before the spread was kept)")
+    table = dict(zip(rows["tokens"].astype(int).tolist(), rows[column].astype(float).tolist()))
     if 1 not in table:
-        raise WorkbenchError(f"{what}: context {ctx} has no 1-token row (the vanilla step every cost is relative to)")
+        raise WorkbenchError(f"{what}: batch {b} context {ctx} has no 1-token row (the vanilla step every cost is "
+                             "relative to)")
     return table, int(ctx)
+
+
+def latency_surface(df: pd.DataFrame, batches, context: int | None = None, target: float | None = None,
+                    what: str = "latency") -> tuple[dict[int, dict], int]:
+    """The surface t(B, n) at one context for every asked batch size: ({B: {"seconds": {tokens: s},
+    "spread": {tokens: (q1, q3)} or None}}, context). The context is `context`, else the one measured at every
+    asked batch size closest to `target`, else the only one. Batch sizes or a context the file lacks are one
+    error naming all of them."""
+    _setup_check(df, what)
+    batches = sorted({int(b) for b in batches})
+    have = _batches(df)
+    missing = [b for b in batches if b not in have]
+    if missing:
+        raise WorkbenchError(f"{what}: no rows for batch size(s) {_join(missing)} (measured: {_join(have)}): time "
+                             f"them with `workbench latency --batch {','.join(map(str, batches))}`")
+    per = {b: set(df.loc[df["batch"] == b, "context"].astype(int)) if "batch" in df.columns else
+           set(df["context"].astype(int)) for b in batches}
+    if context is not None:
+        lack = [b for b in batches if context not in per[b]]
+        if lack:
+            measured = sorted(set().union(*per.values()))
+            raise WorkbenchError(f"{what}: no rows at context {context} for batch size(s) {_join(lack)} (measured "
+                                 f"contexts: {_join(measured)})")
+        ctx = context
+    else:
+        common = sorted(set.intersection(*per.values()))
+        if not common:
+            raise WorkbenchError(f"{what}: no context is measured at every batch size {_join(batches)}: measure "
+                                 "them at one --context")
+        if target is not None:
+            ctx = min(common, key=lambda c: (abs(c - target), c))
+        elif len(common) == 1:
+            ctx = common[0]
+        else:
+            raise WorkbenchError(f"{what}: measured at contexts {_join(common)}; pick one with --context")
+    out = {}
+    for b in batches:
+        table, _ = latency_table(df, ctx, what=what, batch=b)
+        spread = None
+        if set(SPREAD_COLUMNS) <= set(df.columns):
+            q1, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q1")
+            q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3")
+            spread = {n: (q1[n], q3[n]) for n in table}
+        out[b] = dict(seconds=table, spread=spread)
+    return out, int(ctx)
+
+
+# ----------------------------------------------------------------------------------------------- the speedup model
+
+def _points(latency) -> tuple[list[int], list[float]]:
+    items = latency.items() if isinstance(latency, Mapping) else latency
+    try:
+        pts = sorted((int(n), float(t)) for n, t in items)
+    except (TypeError, ValueError):
+        raise WorkbenchError("latency must map a number of verify tokens to seconds, e.g. {1: 0.021, 64: 0.024}") \
+            from None
+    if not pts:
+        raise WorkbenchError("latency table is empty")
+    sizes, secs = [n for n, _ in pts], [t for _, t in pts]
+    if len(set(sizes)) != len(sizes):
+        raise WorkbenchError("latency table lists a number of verify tokens twice")
+    if sizes[0] < 1 or not all(math.isfinite(t) and t > 0 for t in secs):
+        raise WorkbenchError("latency table needs token counts >= 1 and positive, finite seconds")
+    return sizes, secs
+
+
+def interpolate_latency(latency, n: int) -> float:
+    """Seconds for a forward pass over n verify tokens, linear between measured sizes; no extrapolation."""
+    sizes, secs = _points(latency)
+    if not sizes[0] <= n <= sizes[-1]:
+        raise WorkbenchError(f"no latency for {n} verify tokens: measured range is {sizes[0]}..{sizes[-1]} "
+                             "(measure that size too)")
+    j = bisect_left(sizes, n)
+    if sizes[j] == n:
+        return secs[j]
+    w = (n - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+    return secs[j - 1] + w * (secs[j] - secs[j - 1])
+
+
+def max_tokens(latency) -> int:
+    """The largest verify token count a latency table covers (a tree of up to that minus one nodes)."""
+    return _points(latency)[0][-1]
+
+
+def speedup(tokens_per_step: float, t_verify: float, t_vanilla: float) -> float:
+    """Predicted speedup = goodput B * tokens_per_step / t(B, n) over vanilla's B / t(B, 1), at one batch size B
+    (B cancels): the one formula behind every predicted speedup."""
+    return (tokens_per_step / t_verify) / (1.0 / t_vanilla)
+
+
+def speedup_at(latency, tokens_per_step: float, nodes: int) -> float:
+    """speedup() of a tree of `nodes` nodes (n = nodes + 1 verify tokens) on a {tokens: seconds} table."""
+    return speedup(tokens_per_step, interpolate_latency(latency, nodes + 1), interpolate_latency(latency, 1))
+
+
+def speedup_range(latency, spread, tokens_per_step: float, nodes: int) -> tuple[float, float] | None:
+    """The speedup when t(n) moves over its interquartile range (t(1) at its median: it is every candidate's
+    shared denominator): (tokens_per_step * t1 / q3(n), tokens_per_step * t1 / q1(n)). For no speculation
+    (nodes = 0) that brackets 1. None without a spread (an older CSV)."""
+    if spread is None:
+        return None
+    q1 = interpolate_latency({n: v[0] for n, v in spread.items()}, nodes + 1)
+    q3 = interpolate_latency({n: v[1] for n, v in spread.items()}, nodes + 1)
+    t1 = interpolate_latency(latency, 1)
+    return speedup(tokens_per_step, q3, t1), speedup(tokens_per_step, q1, t1)
+
+
+def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:
+    """Whether two candidates' speedup ranges overlap: their order rests on a difference inside the latency
+    spread. None when either range is unknown."""
+    if a is None or b is None:
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def predicted_speedup(curve, latency, budgets=None) -> dict:
+    """speedup(n) of the optimal n-node tree for every budget: curve[n] (its expected tokens per step,
+    optimize.expected_curve) through `speedup` with t(n + 1) and t(1) of `latency` ({verify tokens: seconds}).
+    Budgets default to every n of the curve whose n+1 tokens were measured; an explicitly requested budget
+    outside the measured range is an error. Returns {"rows": [...], "best": row}."""
+    curve = np.asarray(curve, dtype=np.float64)
+    top = max_tokens(latency)
+    t1 = interpolate_latency(latency, 1)
+    if budgets is None:
+        budgets = [n for n in range(len(curve)) if n + 1 <= top]
+    rows = []
+    for n in budgets:
+        if not 0 <= n < len(curve):
+            raise WorkbenchError(f"budget {n} is outside the expected-length curve (0..{len(curve) - 1})")
+        t = interpolate_latency(latency, n + 1)
+        rows.append(dict(budget=int(n), verify_tokens=int(n + 1), expected_length=float(curve[n]),
+                         latency_s=t, relative_latency=t / t1, speedup=speedup(float(curve[n]), t, t1)))
+    if not rows:
+        raise WorkbenchError("no budget to evaluate: the latency table and the curve do not overlap")
+    best = max(rows, key=lambda row: (row["speedup"], -row["budget"]))
+    return dict(rows=rows, best=best)
 
 
 # ----------------------------------------------------------------------------------------------- hardware-aware choice
 
 def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank: int | None = None,
                    max_budget: int | None = None, name: str = "") -> dict:
-    """The optimal tree for every budget the latency table covers, its predicted speedup (tokens per step over
-    relative step cost), and the tree with the best one. `value` is acc[K, R] or a monotone path-value
-    function (then max_depth and max_rank are required). Returns {"rows", "best", "tree"}."""
-    from workbench.accuracies import check_accuracies
-    from workbench.optimize import acc_value_fn, expected_curve, optimal_tree_from, predicted_speedup
+    """The optimal tree for every budget the latency table covers, its predicted speedup, and the tree with the
+    best one. `value` is acc[K, R] or a monotone path-value function (then max_depth and max_rank are
+    required). Returns {"rows", "best", "tree"}."""
+    from workbench.optimize import expected_curve, optimal_tree, value_and_limits
 
-    if callable(value):
-        if max_depth is None or max_rank is None:
-            raise WorkbenchError("hardware_aware with a value function needs max_depth and max_rank")
-        fn = value
-    else:
-        acc = check_accuracies(value)
-        fn = acc_value_fn(acc)
-        max_depth, max_rank = max_depth or acc.shape[0], max_rank or acc.shape[1]
-    top = max(int(n) for n in latency) - 1
+    fn, max_depth, max_rank = value_and_limits(value, max_depth, max_rank, "hardware_aware")
+    top = max_tokens(latency) - 1
     if max_budget is not None:
         top = min(top, max_budget)
     if top < 1:
@@ -167,5 +361,5 @@ def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank:
     curve = expected_curve(fn, top, max_depth, max_rank)
     res = predicted_speedup(curve, latency, budgets=range(1, top + 1))
     best = res["best"]
-    tree = optimal_tree_from(fn, best["budget"], max_depth, max_rank, name=name or f"hardware_{best['budget']}")
+    tree = optimal_tree(fn, best["budget"], max_depth, max_rank, name=name or f"hardware_{best['budget']}")
     return dict(rows=res["rows"], best=best, tree=tree)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from bisect import bisect_left
 from itertools import product
 from typing import Callable, Mapping
 
@@ -135,9 +134,13 @@ def _limits(acc: np.ndarray, max_depth: int | None, max_rank: int | None) -> tup
     return (k if max_depth is None else max_depth), (r if max_rank is None else max_rank)
 
 
-def _value_and_limits(value, max_depth: int | None, max_rank: int | None, what: str) -> tuple[ValueFn, int, int]:
-    """`value` as acc[K, R] (limits default to its shape) or a value function (then both limits are required)."""
+def value_and_limits(value, max_depth: int | None = None, max_rank: int | None = None, what: str = "the optimizer",
+                     fallback: tuple[int, int] | None = None) -> tuple[ValueFn, int, int]:
+    """What the optimizer takes, from either kind of objective: (value function, max depth, max rank). `value` is
+    acc[K, R] (limits default to its shape and may not exceed it) or a monotone path-value function such as
+    Calibration.joint_value (limits required, or taken from `fallback`)."""
     if callable(value):
+        max_depth, max_rank = (max_depth or (fallback or (None, None))[0]), (max_rank or (fallback or (None, None))[1])
         if max_depth is None or max_rank is None:
             raise WorkbenchError(f"{what} with a value function needs max_depth and max_rank")
         return value, max_depth, max_rank
@@ -145,12 +148,12 @@ def _value_and_limits(value, max_depth: int | None, max_rank: int | None, what: 
     return (acc_value_fn(a), *_limits(a, max_depth, max_rank))
 
 
-def optimal_tree(acc, budget: int, max_depth: int | None = None, max_rank: int | None = None,
+def optimal_tree(value, budget: int, max_depth: int | None = None, max_rank: int | None = None,
                  name: str = "", contiguous_first_level: bool = False) -> Tree:
-    """Optimal tree for accuracies acc[K, R]; max_depth defaults to K, max_rank (ranks < it) to R."""
-    a = check_accuracies(acc)
-    d, r = _limits(a, max_depth, max_rank)
-    return optimal_tree_from(acc_value_fn(a), budget, d, r, name=name, contiguous_first_level=contiguous_first_level)
+    """Optimal tree for accuracies acc[K, R] (max_depth defaults to K, max_rank, ranks < it, to R) or for a
+    path-value function (both limits required)."""
+    fn, d, r = value_and_limits(value, max_depth, max_rank, "optimal_tree")
+    return optimal_tree_from(fn, budget, d, r, name=name, contiguous_first_level=contiguous_first_level)
 
 
 def dense_tree(sizes) -> Tree:
@@ -175,7 +178,7 @@ def best_dense_tree(value, budget: int, max_depth: int | None = None, max_rank: 
     Exact: every size vector within the budget is tried, each level's value summed once per prefix of sizes.
     Ties keep fewer nodes.
     """
-    fn, d, r = _value_and_limits(value, max_depth, max_rank, "best_dense_tree")
+    fn, d, r = value_and_limits(value, max_depth, max_rank, "best_dense_tree")
     best: list = [(-1.0, 0), None]  # (value, -nodes), sizes
 
     def walk(sizes: list[int], level: list[RankPath], nodes: int, total: float) -> None:
@@ -217,66 +220,9 @@ def expected_curve(value, max_budget: int, max_depth: int | None = None,
     `value` is acc[K, R] (depth/rank limits default to its shape) or a value function (then both limits are
     required). Past the last positive-value node the curve stays flat.
     """
-    fn, d, r = _value_and_limits(value, max_depth, max_rank, "expected_curve")
+    fn, d, r = value_and_limits(value, max_depth, max_rank, "expected_curve")
     gains = [v for _, v in best_first(fn, max_budget, d, r)]
     curve = np.ones(max_budget + 1)
     curve[1:len(gains) + 1] += np.cumsum(gains)
     curve[len(gains) + 1:] = curve[len(gains)]
     return curve
-
-
-# ----------------------------------------------------------------------------------------------- hardware
-
-def _latency_table(latency) -> tuple[list[int], list[float]]:
-    items = latency.items() if isinstance(latency, Mapping) else latency
-    try:
-        pts = sorted((int(n), float(t)) for n, t in items)
-    except (TypeError, ValueError):
-        raise WorkbenchError("latency must map a number of verify tokens to seconds, e.g. {1: 0.021, 64: 0.024}") from None
-    if not pts:
-        raise WorkbenchError("latency table is empty")
-    sizes, secs = [n for n, _ in pts], [t for _, t in pts]
-    if len(set(sizes)) != len(sizes):
-        raise WorkbenchError("latency table lists a number of verify tokens twice")
-    if sizes[0] < 1 or not all(math.isfinite(t) and t > 0 for t in secs):
-        raise WorkbenchError("latency table needs token counts >= 1 and positive, finite seconds")
-    return sizes, secs
-
-
-def interpolate_latency(latency, n: int) -> float:
-    """Seconds for a forward pass over n verify tokens, linear between measured sizes; no extrapolation."""
-    sizes, secs = _latency_table(latency)
-    if not sizes[0] <= n <= sizes[-1]:
-        raise WorkbenchError(f"no latency for {n} verify tokens: measured range is {sizes[0]}..{sizes[-1]} "
-                             "(measure that size too)")
-    j = bisect_left(sizes, n)
-    if sizes[j] == n:
-        return secs[j]
-    w = (n - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
-    return secs[j - 1] + w * (secs[j] - secs[j - 1])
-
-
-def predicted_speedup(curve, latency, budgets=None) -> dict:
-    """speedup(n) = expected_length(n) / (t(n+1) / t(1)): tokens per step over the relative cost of a step.
-
-    curve[n] is the expected length of an n-node tree (expected_curve); latency maps verify tokens (nodes + 1
-    root) to seconds. Budgets default to every n of the curve whose n+1 tokens were measured; an explicitly
-    requested budget outside the measured range is an error. Returns {"rows": [...], "best": row}.
-    """
-    curve = np.asarray(curve, dtype=np.float64)
-    sizes, _ = _latency_table(latency)
-    t1 = interpolate_latency(latency, 1)
-    if budgets is None:
-        budgets = [n for n in range(len(curve)) if n + 1 <= sizes[-1]]
-    rows = []
-    for n in budgets:
-        if not 0 <= n < len(curve):
-            raise WorkbenchError(f"budget {n} is outside the expected-length curve (0..{len(curve) - 1})")
-        t = interpolate_latency(latency, n + 1)
-        rel = t / t1
-        rows.append(dict(budget=int(n), verify_tokens=int(n + 1), expected_length=float(curve[n]),
-                         latency_s=t, relative_latency=rel, speedup=float(curve[n]) / rel))
-    if not rows:
-        raise WorkbenchError("no budget to evaluate: the latency table and the curve do not overlap")
-    best = max(rows, key=lambda row: (row["speedup"], -row["budget"]))
-    return dict(rows=rows, best=best)

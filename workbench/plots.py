@@ -366,10 +366,10 @@ def measured_speedups(sweep) -> tuple[list, list, list]:
 
 
 def latency_curve(latency):
-    """Forward-pass time against tokens per forward, one line per (device, dtype, context)."""
+    """Forward-pass time against tokens per forward, one line per (device, dtype, batch size, context)."""
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
-    keys = [c for c in ("model", "device", "dtype", "context") if c in latency.columns]
+    keys = [c for c in ("model", "device", "dtype", "batch", "context") if c in latency.columns]
     groups = latency.groupby(keys, sort=True) if keys else [((), latency)]
     for key, part in groups:
         part = part.groupby("tokens", as_index=False)["seconds"].mean().sort_values("tokens")

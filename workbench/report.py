@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
-from workbench.latency import latency_table, read_latency
+from workbench.latency import interpolate_latency, latency_table, read_latency, speedup_at
 from workbench.sweep import SWEEP_COLUMNS, read_sweep
 
 
@@ -24,11 +24,17 @@ def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
     return "\n".join([head, sep, *body])
 
 
-def _relative_cost(latency: dict, nodes: int) -> float:
-    from workbench.optimize import interpolate_latency
-
+def _speedup(latency: dict, tokens_per_step: float, nodes: int) -> float:
+    """latency.speedup_at, NaN where the table does not cover the tree (the report shows an empty cell)."""
     try:
-        return interpolate_latency(latency, nodes + 1) / interpolate_latency(latency, 1)
+        return speedup_at(latency, tokens_per_step, int(nodes))
+    except WorkbenchError:
+        return float("nan")
+
+
+def _relative_cost(latency: dict, nodes: int) -> float:
+    try:
+        return interpolate_latency(latency, int(nodes) + 1) / interpolate_latency(latency, 1)
     except WorkbenchError:
         return float("nan")
 
@@ -83,8 +89,8 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
         table, ctx = latency_table(lat, context, None if context is not None else van_ctx, f"--latency {latency_csv}")
         t = greedy[["tree", "kind", "nodes", "predicted_independent", "acceleration_rate", "speedup"]].copy()
         t["relative_cost"] = [_relative_cost(table, n) for n in t["nodes"]]
-        t["predicted_speedup"] = t["predicted_independent"] / t["relative_cost"]
-        t["latency_model_speedup"] = t["acceleration_rate"] / t["relative_cost"]
+        t["predicted_speedup"] = [_speedup(table, x, n) for x, n in zip(t["predicted_independent"], t["nodes"])]
+        t["latency_model_speedup"] = [_speedup(table, x, n) for x, n in zip(t["acceleration_rate"], t["nodes"])]
         parts.append(f"## Hardware-aware choice (latency `{Path(latency_csv).name}`, context {ctx})\n\n"
                      "predicted_speedup = predicted_independent / (t(nodes+1)/t(1)); latency_model_speedup uses the "
                      "measured tokens/step instead (its gap to the measured speedup is the decoder's own overhead)."

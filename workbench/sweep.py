@@ -55,7 +55,7 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
     answers accepts more with it); --dense adds Cartesian trees near every budget (or the given trees' sizes).
     `calibration`: a calibration.Calibration."""
     from workbench.calibration import decoder_walk
-    from workbench.optimize import best_by, optimal_tree, optimal_tree_from
+    from workbench.optimize import best_by, optimal_tree
 
     out: list[tuple[Tree, str]] = []
     for i, spec in enumerate(trees or []):
@@ -67,11 +67,11 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
         acc = calibration.accuracies("fit")
         depth = min(acc.shape[0], num_heads or acc.shape[0])
         rank = min(acc.shape[1], max_rank)
-        fn = calibration.joint_value("fit") if joint else None
+        value = calibration.joint_value("fit") if joint else acc
         answers = calibration.answers("fit", replay) if replay else None
         for b in budgets:
             name = f"opt-{'joint' if joint else 'indep'}-{b}"
-            t = optimal_tree_from(fn, b, depth, rank, name=name) if joint else optimal_tree(acc, b, depth, rank, name)
+            t = optimal_tree(value, b, depth, rank, name)
             if replay:  # what a live decoder measures decides between near-equal candidates
                 t = best_by(lambda c: decoder_walk(c, answers), t, b, depth, rank)
             out.append((t, "optimal"))

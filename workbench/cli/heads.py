@@ -5,22 +5,12 @@ import json
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import model_args, parse_delta
+from workbench.cli.shared import model_args, parse_delta, parse_ints
 from workbench.io import check_output
 from workbench.tree import MEDUSA_TOPK
 
 
 # ==== calibrate ===============================================================================================
-
-def _budgets(text: str) -> list[int]:
-    try:
-        out = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise WorkbenchError(f"--budgets {text!r}: expected node counts like 16,32,64") from None
-    if not out or min(out) < 1:
-        raise WorkbenchError(f"--budgets {text!r}: expected positive node counts like 16,32,64")
-    return out
-
 
 def _cmd_calibrate(args) -> int:
     from workbench.calibrate import CalibrateConfig, calibrate
@@ -34,7 +24,8 @@ def _cmd_calibrate(args) -> int:
     check_output(args.trees_dir, "--trees-dir", "folder")
     meta = calibrate(CalibrateConfig(
         model=args.model, heads=args.heads, prompts=args.prompts, limit=args.limit, holdout=args.holdout,
-        max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=tuple(_budgets(args.budgets)), name=args.name,
+        max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=tuple(parse_ints(args.budgets, "--budgets")),
+        name=args.name,
         out=args.out, device=args.device, dtype=args.dtype, batch_size=args.batch_size, force=args.force,
         continuations=args.continuations, trees_dir=args.trees_dir))
     print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "

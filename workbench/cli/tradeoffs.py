@@ -1,4 +1,5 @@
-"""Trade-off commands: `latency` (verify cost per tree size), `sweep` (live decoder grid) and `sweep-report`."""
+"""Trade-off commands: `latency` (verify cost per batch and tree size), `plan` (tree, chain or nothing per batch
+size), `sweep` (live decoder grid) and `sweep-report`."""
 from __future__ import annotations
 
 import sys
@@ -12,11 +13,12 @@ def cmd_latency(args) -> int:
     from pathlib import Path
 
     from workbench.calibration import default_latency_path, latency_path, read_meta
-    from workbench.latency import DEFAULT_CONTEXTS, DEFAULT_SIZES, device_name, measure_latency
+    from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, device_name, measure_latency
     from workbench.models import random_model
 
     sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DEFAULT_SIZES)
     contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
+    batches = parse_ints(args.batch, "--batch") if args.batch else list(DEFAULT_BATCHES)
     if args.calibration:
         read_meta(args.calibration)  # a finished calibration folder, or one line
     check_output(args.out, "--out")
@@ -40,13 +42,37 @@ def cmd_latency(args) -> int:
     from workbench.engine import StepEngine
 
     df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label,
-                         engine=StepEngine(model, compile=args.compile))
+                         engine=StepEngine(model, compile=args.compile), batches=batches)
     atomic_write_text(out, df.to_csv(index=False), "--out")
-    print(f"{dev} {df['dtype'].iloc[0]}, median of {args.repeats}:", file=sys.stderr)
-    print(f"{'context':>8}{'tokens':>8}{'ms':>10}{'t(n)/t(1)':>11}", file=sys.stderr)
+    print(f"{dev} {df['dtype'].iloc[0]}, median and interquartile range of {args.repeats}:", file=sys.stderr)
+    print(f"{'batch':>6}{'context':>8}{'tokens':>8}{'ms':>10}{'q1..q3 ms':>18}{'t(n)/t(1)':>11}", file=sys.stderr)
     for r in df.itertuples(index=False):
-        print(f"{r.context:>8}{r.tokens:>8}{1000 * r.seconds:>10.3f}{r.relative:>11.3f}", file=sys.stderr)
+        iqr = f"{1000 * r.seconds_q1:.3f}..{1000 * r.seconds_q3:.3f}"
+        print(f"{r.batch:>6}{r.context:>8}{r.tokens:>8}{1000 * r.seconds:>10.3f}{iqr:>18}{r.relative:>11.3f}",
+              file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from workbench.plan import make_plan, plan_json, plan_source, plan_table
+
+    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
+    check_output(args.out, "--out")
+    source = plan_source(args.calibration, args.accuracies, args.acceptance, args.prediction)
+    plan = make_plan(source, args.latency, batch_sizes, args.context)
+    write_output(plan_json(plan), args.out, "the plan")
+    lat, src = plan["latency"], plan["source"]
+    print(f"plan: {src['kind']} {src['path']} ({src['prediction']}), latency {lat['file']} at context "
+          f"{lat['context']} ({' '.join(str(lat[k]) for k in ('model', 'device', 'dtype') if k in lat)})",
+          file=sys.stderr)
+    print(plan_table(plan), file=sys.stderr)
+    if src["kind"] == "acceptance":
+        print("note: an acceptance vector describes a chain drafter: only chains (and no speculation) were weighed",
+              file=sys.stderr)
+    if not lat["spread"]:
+        print("note: the latency CSV has no spread columns (written before they were kept): whether a runner-up is "
+              "within the noise is unknown; re-measure with `workbench latency`", file=sys.stderr)
     return 0
 
 
@@ -134,9 +160,11 @@ def cmd_sweep_report(args) -> int:
 
 
 def add_tradeoffs(sub) -> None:
-    p = sub.add_parser("latency", help="time one verify forward per tree size and context (for optimize --latency)",
-                       description="Median wall time of a verify forward over n tree tokens (4-D tree mask, position "
-                                   "ids, lm_head) on a cache of fixed length, next to the single-token step.",
+    p = sub.add_parser("latency", help="time one verify forward per batch size, tree size and context (for optimize "
+                                       "--latency and plan)",
+                       description="Wall time (median and spread) of a verify forward of B sequences x n tree tokens "
+                                   "(4-D tree mask per sequence, position ids, lm_head) on caches of fixed length, "
+                                   "next to the single-token step.",
                        parents=[model_args("--model", "--device", "--dtype", "--attn", "--compile")])
     # its own --heads: optional here (no heads = time the verify forward alone), so the shared help would mislead
     p.add_argument("--heads", help="also time the heads' top-k in every tree step (a Medusa step's full cost)")
@@ -147,11 +175,37 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--sizes", metavar="N1,N2,..", help="verify tokens per step (tree nodes + root; default "
                                                       "1,2,4,...,256; 1 is always measured)")
     p.add_argument("--context", metavar="C1,C2,..", help="cache lengths (default 128,1024)")
-    p.add_argument("--repeats", type=int, default=10, help="timed calls per point (median; default 10)")
+    p.add_argument("--batch", metavar="B1,B2,..", help="batch sizes: sequences verified per step, each with its "
+                                                      "own cache of that length (default 1)")
+    p.add_argument("--repeats", type=int, default=10, help="timed calls per point (median, quartiles, min, max "
+                                                         "kept; default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed calls before each point (default 3)")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
     p.set_defaults(func=cmd_latency)
+
+    pl = sub.add_parser("plan", help="per batch size: the fastest tree, chain or no speculation on a latency CSV",
+                        description="For every batch size, the candidate with the best predicted speedup (goodput "
+                                    "B x tokens/step / t(B, n) over vanilla's B / t(B, 1)) among the optimal tree at "
+                                    "every budget the latency CSV covers, the top-1 chain of every length, and no "
+                                    "speculation. Prints a table and writes the plan JSON (workbench export PLAN "
+                                    "--format F turns it into each engine's settings).")
+    src = pl.add_mutually_exclusive_group(required=True)
+    src.add_argument("--calibration", metavar="DIR", help="a `workbench calibrate` folder (predictions through its "
+                                                         "Calibration.predict)")
+    src.add_argument("--accuracies", metavar="FILE", help="instead: an accuracy table (CSV or Medusa .pt)")
+    src.add_argument("--acceptance", metavar="FILE", help="instead: a per-position acceptance vector (CSV "
+                     "position,acceptance or a JSON list, e.g. vLLM's synthetic_acceptance_rates); chains only")
+    pl.add_argument("--latency", required=True, metavar="CSV", help="`workbench latency --batch ...` CSV")
+    pl.add_argument("--batch-sizes", default="1,2,4,8,16", metavar="B1,B2,..",
+                    help="batch sizes to plan for (default 1,2,4,8,16; each must be in the latency CSV)")
+    pl.add_argument("--context", type=int, metavar="N", help="latency rows at this context (default: the measured "
+                                                           "one nearest the calibration's typical context)")
+    pl.add_argument("--prediction", choices=["independent", "joint", "replay"], default="replay",
+                    help="with --calibration: which predicted tokens/step (default replay: a greedy decoder replayed "
+                         "over the held-out answers); trees are optimal for the joint paths unless independent")
+    pl.add_argument("--out", metavar="FILE", help="write the plan JSON here instead of stdout")
+    pl.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("sweep", help="live decoder over trees x temperatures x epsilons vs vanilla greedy -> CSV",
                        description="Run the live Medusa decoder for every configuration on the same prompts and "

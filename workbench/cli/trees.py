@@ -99,12 +99,14 @@ def _objective(args):
 
 def _cmd_optimize(args) -> int:
     from workbench.export import best_engine_safe
-    from workbench.optimize import dense_tree, expected_curve, expected_length, optimal_tree, optimal_tree_from
+    from workbench.optimize import dense_tree, expected_curve, expected_length, optimal_tree
     from workbench.tree import Tree, load_tree, record_json, tree_record
 
     check_output(args.out, "--out")
     check_output(args.curve_out, "--curve-out")
     acc, value = _objective(args)
+    if args.batch_size is not None and not args.latency:
+        raise WorkbenchError("--batch-size picks the latency rows of one batch size: add --latency FILE")
     if args.engine_safe and (args.latency or args.curve):
         raise WorkbenchError("--engine-safe gives one tree for --budget N; drop --latency / --curve")
     if args.latency:  # hardware-aware choice over all budgets
@@ -128,8 +130,7 @@ def _cmd_optimize(args) -> int:
             for n in range(1, len(curve)):
                 print(f"{n:>6}  {curve[n]:>15.4f}  {curve[n] - curve[n - 1]:>8.5f}")
         depth, rank = args.max_depth or heads, args.max_rank or ranks
-        tree = optimal_tree(acc, args.budget, args.max_depth, args.max_rank) if value is acc else \
-            optimal_tree_from(value, args.budget, depth, rank)
+        tree = optimal_tree(value, args.budget, depth, rank)
         method = "optimal"
         if args.engine_safe:  # the best tree under the engine's constraint, and what the constraint costs
             free = expected_length(tree, value)
@@ -168,7 +169,8 @@ def _optimize_for_latency(args, acc, value) -> int:
     if args.dense:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
     target = Calibration(args.calibration).typical_context() if args.calibration else None
-    table, ctx = latency_table(read_latency(args.latency), args.context, target, f"--latency {args.latency}")
+    table, ctx = latency_table(read_latency(args.latency), args.context, target, f"--latency {args.latency}",
+                               batch=args.batch_size)
     heads, ranks = acc.shape
     res = hardware_aware(value, table, args.max_depth or heads, args.max_rank or ranks, args.budget)
     cols = ("budget", "verify_tokens", "expected_length", "relative_latency", "speedup")
@@ -186,7 +188,7 @@ def _optimize_for_latency(args, acc, value) -> int:
     name = args.name or f"hardware_{tree.nodes}"
     prov = dict(expected_acceptance_length=expected_length(tree, value), predicted_speedup=best["speedup"],
                 relative_latency=best["relative_latency"], budget=best["budget"], method="hardware-aware",
-                latency=str(args.latency), context=ctx, joint=bool(args.joint),
+                latency=str(args.latency), context=ctx, batch_size=args.batch_size or 1, joint=bool(args.joint),
                 accuracies=str(args.accuracies or args.calibration))
     write_output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
     if best["speedup"] <= 1:
@@ -198,26 +200,59 @@ def _optimize_for_latency(args, acc, value) -> int:
 
 
 def _cmd_export(args) -> int:
-    from workbench.export import engine_safe, export_tree
+    from workbench.export import TRTLLM_CURRENT, engine_safe, export_tree
+    from workbench.plan import looks_like_plan
     from workbench.tree import load_tree
 
     check_output(args.out, "--out")
+    if looks_like_plan(args.tree):
+        return _export_plan(args)
+    if args.heads_dir is not None:
+        if args.heads_dir.strip().isdigit():  # the old --heads K of tree export
+            raise WorkbenchError(f"--heads {args.heads_dir}: this command counts heads with --num-heads "
+                                 f"{args.heads_dir.strip()} (--heads names a heads folder, for plan files)")
+        raise WorkbenchError("--heads DIR checks a plan file against its heads: give a plan (workbench plan --out), "
+                             "or --num-heads K for a tree")
+    if args.synthetic or args.batch_size is not None:
+        raise WorkbenchError("--synthetic and --batch-size read a plan file (workbench plan --out): this is a tree")
+    if args.format == "trtllm-current":
+        raise WorkbenchError(TRTLLM_CURRENT)
+    fmt = "vllm" if args.format == "vllm-tree" else args.format
     tree = load_tree(args.tree, num_heads=args.heads)
     if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
         value = _objective(args)[1] if (args.accuracies or args.calibration) else None
-        tree, note = engine_safe(tree, args.format, value, max_nodes=args.max_draft_len, heads=args.heads)
+        tree, note = engine_safe(tree, fmt, value, max_nodes=args.max_draft_len, heads=args.heads)
         print(f"note: {note}", file=sys.stderr)
     elif args.accuracies or args.calibration:
         raise WorkbenchError("--accuracies / --calibration only price an --engine-safe repair: add --engine-safe")
-    text, warns = export_tree(tree, args.format, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
+    text, warns = export_tree(tree, fmt, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
                               strict=True)
     for w in warns:
         print(f"warning: {w}", file=sys.stderr)
-    if args.format == "vllm":
+    if fmt == "vllm":
         print("note: a --speculative-config fragment; vLLM requires num_speculative_tokens == number of tree "
               "nodes, and drafts trees with EAGLE-style proposers (add method eagle/eagle3 and model)",
               file=sys.stderr)
-    write_output(text, args.out, f"{args.format} tree")
+    write_output(text, args.out, f"{fmt} tree")
+    return 0
+
+
+def _export_plan(args) -> int:
+    """`workbench export PLAN.json --format F`: one engine's settings from a plan (workbench/export.py)."""
+    from workbench.export import export_plan
+    from workbench.plan import read_plan
+
+    if args.engine_safe or args.accuracies or args.calibration or args.heads is not None:
+        raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-size; --engine-safe, "
+                             "--accuracies, --calibration and --num-heads are for trees")
+    plan = read_plan(args.tree)
+    text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_size, args.name,
+                                     args.max_draft_len)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    for w in warns:
+        print(f"warning: {w}", file=sys.stderr)
+    write_output(text, args.out, f"{args.format} settings")
     return 0
 
 
@@ -236,7 +271,7 @@ def _num_heads_arg(p, help_text: str) -> None:
 
 def add_tree(sub) -> None:
     """Register `tree` (show, list, buffers, eval), `optimize` and `export`."""
-    from workbench.export import FORMATS, SAFE_ENGINES
+    from workbench.export import PLAN_FORMATS, SAFE_ENGINES
 
     tree_help = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
     t = sub.add_parser("tree", help="inspect trees: show, list, buffers")
@@ -277,16 +312,30 @@ def add_tree(sub) -> None:
                                                    "predicted speedup (--budget caps it)")
     o.add_argument("--context", type=int, metavar="N", help="with --latency: use rows at this context "
                                                           "(default: closest to the calibration's typical one)")
+    o.add_argument("--batch-size", type=int, metavar="B", help="with --latency: use rows at this batch size "
+                                                             "(default 1; `workbench plan` picks per batch size)")
     o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
     o.add_argument("--engine-safe", choices=SAFE_ENGINES, help="the best tree the engine builds exactly as "
                    "written: trtllm = first level ranks 0..k-1, vllm = dense per level; reports the cost")
     o.set_defaults(func=_cmd_optimize)
 
-    e = sub.add_parser("export", help="write a tree for Medusa, TensorRT-LLM, vLLM or EAGLE")
-    e.add_argument("tree", metavar="TREE", help=tree_help)
-    e.add_argument("--format", required=True, choices=FORMATS)
+    e = sub.add_parser("export", help="write a tree or a plan for Medusa, TensorRT-LLM, vLLM or EAGLE",
+                       description="A tree: written for one engine. A plan (`workbench plan --out`): vllm writes a "
+                                   "--speculative-config with a K per batch-size range; the static formats write the "
+                                   "tree of one row (--batch-size, default 1).")
+    e.add_argument("tree", metavar="TREE|PLAN", help=tree_help + "; or a plan JSON file")
+    e.add_argument("--format", required=True, choices=PLAN_FORMATS,
+                   help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
+                        "trtllm-current: says why current TensorRT-LLM serves no Medusa heads")
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
-    _num_heads_arg(e, "number of Medusa heads: a deeper tree is an error")
+    e.add_argument("--num-heads", dest="heads", type=int, metavar="K", help="number of Medusa heads: a deeper tree "
+                                                                          "is an error")
+    e.add_argument("--heads", dest="heads_dir", metavar="DIR", help="with a plan: the heads to serve; another "
+                   "model's heads (not the calibration's) are an error")
+    e.add_argument("--synthetic", action="store_true", help="with a plan and --format vllm: vLLM's synthetic "
+                   "rejection sampling at the plan's top-1 chain acceptance (for benchmarking the cost side)")
+    e.add_argument("--batch-size", type=int, metavar="B", help="with a plan: the row for this batch size (static "
+                   "formats default to 1; for vllm, one K instead of the schedule)")
     e.add_argument("--max-draft-len", type=int, default=63, metavar="N",
                    help="TensorRT-LLM engine's max_draft_len (default 63)")
     e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "

@@ -1,0 +1,422 @@
+"""Plans per batch size: the latency surface with its spread, the planner exact against brute force over every
+tree, acceptance vectors, the plan file, and each engine's settings from a plan (vLLM's schedule checked with a
+re-implementation of vLLM's own validator and lookup). Bad input: one `error:` line, exit 2."""
+import ast
+import json
+import math
+from itertools import product
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workbench import WorkbenchError
+from workbench.accuracies import write_accuracies
+from workbench.calibrate import CalibrateConfig, calibrate
+from workbench.calibration import Calibration
+from workbench.cli import main
+from workbench.export import PLAN_FORMATS, export_plan
+from workbench.latency import (latency_surface, read_latency, speedup, speedup_at, speedup_range, within_noise)
+from workbench.optimize import expected_length
+from workbench.plan import (PLAN_ROW, check_acceptance, chain_tree, make_plan, plan_json, plan_source,
+                            read_acceptance, read_plan)
+from workbench.tree import load_tree, make_tree
+
+PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
+           "Write a haiku about rain.", "List some fruits", "How do magnets work?"]
+
+
+def _error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("Loading weights")]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def surface(batches=(1, 2, 4, 8), sizes=(1, 2, 3, 4, 6, 8, 12, 15), per_token=0.03, per_batch_token=0.02,
+            bump=None, context=128, spread=0.02) -> pd.DataFrame:
+    """t(B, n) = 10 ms * (1 + per_token * n + per_batch_token * B * n) (+ a bump at one n, to make it non-monotone),
+    with a symmetric interquartile range of +-spread."""
+    rows = []
+    for b in batches:
+        for n in sizes:
+            t = 0.01 * (1 + per_token * (n - 1) + per_batch_token * b * (n - 1) + (bump or {}).get(n, 0.0))
+            rows.append(dict(model="synthetic", device="test", dtype="float32", batch=b, context=context, tokens=n,
+                             seconds=t, seconds_min=t * (1 - 2 * spread), seconds_q1=t * (1 - spread),
+                             seconds_q3=t * (1 + spread), seconds_max=t * (1 + 2 * spread), repeats=10))
+    return pd.DataFrame(rows)
+
+
+def _acc(seed: int, k: int = 3, r: int = 2) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.dirichlet(np.ones(r + 1), size=k)[:, :r] * rng.uniform(0.6, 1, (k, 1)), axis=1)[:, ::-1]
+
+
+def every_tree(depth: int, ranks: int):
+    """Every non-empty prefix-closed set of paths with depth <= `depth` and ranks < `ranks` (676 for 3 x 2)."""
+    def below(prefix):  # every closed subtree hanging under `prefix` (as a list of node sets)
+        if len(prefix) == depth:
+            return [[]]
+        per_child = [[[]] + [[prefix + (r,)] + sub for sub in below(prefix + (r,))] for r in range(ranks)]
+        return [sum(choice, []) for choice in product(*per_child)]
+    return [make_tree([list(p) for p in nodes]) for nodes in below(()) if nodes]
+
+
+def brute_force(acc, table: dict) -> float:
+    """The best predicted speedup over every tree (and no speculation), each priced independently: expected length
+    and t by numpy interpolation."""
+    sizes, secs = np.array(sorted(table)), np.array([table[n] for n in sorted(table)])
+    best = 1.0
+    for t in every_tree(*acc.shape):
+        if t.nodes + 1 <= sizes.max():
+            best = max(best, expected_length(t, acc) / (np.interp(t.nodes + 1, sizes, secs) / secs[0]))
+    return best
+
+
+# ----------------------------------------------------------------------------------------------- the surface
+
+def test_old_latency_csvs_read_as_batch_1():
+    """The committed latency CSV (no batch, no spread) reads as batch 1, with the same table as before."""
+    from workbench import REPO_ROOT
+
+    f = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "latency-cpu.csv"
+    raw = pd.read_csv(f)
+    assert "batch" not in raw.columns and "seconds_q1" not in raw.columns
+    df = read_latency(f)
+    assert set(df["batch"]) == {1}
+    surf, ctx = latency_surface(df, [1], context=128)
+    want = raw[raw["context"] == 128]
+    assert ctx == 128 and surf[1]["seconds"] == dict(zip(want["tokens"], want["seconds"]))
+    assert surf[1]["spread"] is None  # unknown, not zero
+    with pytest.raises(WorkbenchError, match=r"no rows for batch size\(s\) 2, 4 \(measured: 1\)"):
+        latency_surface(df, [1, 2, 4], context=128)
+
+
+def test_surface_names_every_missing_batch_size_and_context():
+    df = pd.concat([surface(batches=(1, 2), context=128), surface(batches=(1,), context=512)])
+    surf, ctx = latency_surface(df, [1, 2], target=400)  # 512 is nearer, but only 128 has both batch sizes
+    assert ctx == 128 and set(surf) == {1, 2}
+    with pytest.raises(WorkbenchError, match=r"batch size\(s\) 4, 16 "):
+        latency_surface(df, [1, 4, 16])
+    with pytest.raises(WorkbenchError, match=r"no rows at context 512 for batch size\(s\) 2 "):
+        latency_surface(df, [1, 2], context=512)
+    with pytest.raises(WorkbenchError, match="pick one with --context"):
+        latency_surface(df, [1])
+
+
+def test_spread_columns_are_checked(tmp_path):
+    df = surface()
+    df.to_csv(tmp_path / "ok.csv", index=False)
+    assert read_latency(tmp_path / "ok.csv")["seconds_q3"].gt(read_latency(tmp_path / "ok.csv")["seconds"]).all()
+    bad = df.assign(seconds_q1=df["seconds"] * 1.5)  # q1 above the median
+    bad.to_csv(tmp_path / "bad.csv", index=False)
+    df.drop(columns="seconds_max").to_csv(tmp_path / "part.csv", index=False)
+    for f in ("bad.csv", "part.csv"):
+        with pytest.raises(WorkbenchError, match="min <= q1 <= seconds <= q3 <= max"):
+            read_latency(tmp_path / f)
+
+
+def test_one_speedup_formula_and_the_noise_test():
+    assert speedup(1.8, 0.03, 0.02) == pytest.approx(1.8 * 0.02 / 0.03)
+    table, spread = {1: 0.02, 5: 0.03}, {1: (0.019, 0.021), 5: (0.028, 0.033)}
+    assert speedup_at(table, 1.8, 4) == speedup(1.8, 0.03, 0.02)
+    lo, hi = speedup_range(table, spread, 1.8, 4)
+    assert lo == pytest.approx(1.8 * 0.02 / 0.033) and hi == pytest.approx(1.8 * 0.02 / 0.028)
+    none = speedup_range(table, spread, 1.0, 0)
+    assert none[0] < 1 < none[1]  # vanilla against itself: 1 inside its own spread
+    assert within_noise((1.0, 1.2), (1.1, 1.3)) is True and within_noise((1.0, 1.1), (1.2, 1.3)) is False
+    assert within_noise(None, (1.0, 1.1)) is None and speedup_range(table, None, 1.8, 4) is None
+
+
+# ----------------------------------------------------------------------------------------------- the planner
+
+def _plan(acc, df, tmp_path, batches):
+    write_accuracies(tmp_path / "acc.csv", acc)
+    df.to_csv(tmp_path / "lat.csv", index=False)
+    return make_plan(plan_source(accuracies=tmp_path / "acc.csv"), tmp_path / "lat.csv", batches)
+
+
+def test_every_tree_counted():
+    assert len(every_tree(3, 2)) == 676 - 1 and len(every_tree(2, 2)) == 24
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("shape", ["flat", "steep", "bump"])
+def test_plan_is_the_best_of_every_tree_per_batch_size(seed, shape, tmp_path):
+    """Per batch size the plan's predicted speedup equals the best over all 675 trees of depth <= 3 and ranks < 2
+    (and no speculation), each priced on its own; the chosen row's tree gives exactly that speedup."""
+    acc = _acc(seed)
+    df = {"flat": surface(per_token=0.005, per_batch_token=0.004),
+          "steep": surface(per_token=0.2, per_batch_token=0.15),
+          "bump": surface(per_token=0.02, per_batch_token=0.05, bump={3: 0.4, 2: 0.1})}[shape]
+    plan = _plan(acc, df, tmp_path, [1, 2, 4, 8])
+    for row in plan["plans"]:
+        table = dict(zip(*[df[df["batch"] == row["batch_size"]][c] for c in ("tokens", "seconds")]))
+        assert row["predicted_speedup"] == pytest.approx(brute_force(acc, table), rel=1e-12)
+        if row["kind"] == "none":
+            assert row["medusa_choices"] == [] and row["predicted_speedup"] == 1.0
+        else:
+            tree = load_tree(row["medusa_choices"])
+            assert row["predicted_tokens_per_step"] == pytest.approx(expected_length(tree, acc), rel=1e-12)
+            assert row["predicted_speedup"] == pytest.approx(speedup_at(table, expected_length(tree, acc),
+                                                                        tree.nodes), rel=1e-12)
+            assert (row["kind"] == "chain") == (tree.paths == chain_tree(tree.nodes).paths)
+
+
+def test_plan_kinds_move_with_batch_size(tmp_path):
+    """With verify cost growing in B x n: a big tree at batch 1, smaller ones, a chain, then no speculation."""
+    acc = np.array([[0.5, 0.1], [0.4, 0.05], [0.3, 0.02]])
+    plan = _plan(acc, surface(batches=(1, 2, 4, 8, 16, 32), per_token=0.0, per_batch_token=0.02), tmp_path,
+                 [1, 2, 4, 8, 16, 32])
+    kinds = [r["kind"] for r in plan["plans"]]
+    nodes = [r["nodes"] for r in plan["plans"]]
+    assert kinds[0] == "tree" and kinds[-1] == "none" and "chain" in kinds, kinds
+    assert nodes == sorted(nodes, reverse=True)  # the cost of a token grows with B: never more nodes
+    assert [r["batch_size"] for r in plan["plans"]] == [1, 2, 4, 8, 16, 32]
+    assert all(list(r) == list(PLAN_ROW) for r in plan["plans"])
+
+
+def test_runner_up_and_noise(tmp_path):
+    """The runner-up is the best of another kind; it is within noise when the speedup ranges over the IQR of t
+    overlap, and unknown without a spread."""
+    acc = np.array([[0.5, 0.01], [0.3, 0.01], [0.1, 0.01]])
+    wide, narrow = (_plan(acc, surface(per_token=0.01, per_batch_token=0.0, spread=s), tmp_path, [1])
+                    for s in (0.3, 0.001))
+    w, n = wide["alternatives"][0], narrow["alternatives"][0]
+    assert wide["plans"][0]["kind"] != w["runner_up"]["kind"]
+    assert w["runner_up_within_noise"] is True and n["runner_up_within_noise"] is False
+    lo, hi = w["speedup_range"]
+    assert lo < wide["plans"][0]["predicted_speedup"] < hi
+    old = _plan(acc, surface(per_token=0.01, per_batch_token=0.0).drop(columns=["seconds_q1", "seconds_q3",
+                                                                                  "seconds_min", "seconds_max"]),
+                tmp_path, [1])
+    assert old["alternatives"][0]["runner_up_within_noise"] is None and old["latency"]["spread"] is False
+
+
+# ----------------------------------------------------------------------------------------------- acceptance vectors
+
+def test_acceptance_vectors(tmp_path):
+    (tmp_path / "a.csv").write_text("position,acceptance\n2,0.4\n1,0.7\n3,0.2\n")
+    (tmp_path / "a.json").write_text("[0.7, 0.4, 0.2]")
+    (tmp_path / "cfg.json").write_text(json.dumps({"method": "eagle3", "synthetic_acceptance_rates": [0.7, 0.4, 0.2]}))
+    (tmp_path / "zero.csv").write_text("position,acceptance\n0,0.7\n1,0.4\n2,0.2\n")
+    for f in ("a.csv", "a.json", "cfg.json", "zero.csv"):
+        assert read_acceptance(tmp_path / f) == [0.7, 0.4, 0.2]
+    for bad, needle in [([0.5, 0.6], "rises from 0.5 at position 1 to 0.6 at position 2"), ([0.5, 0.0], "(0, 1]"),
+                        ([1.2], "(0, 1]"), ([], "non-empty"), (["x"], "(0, 1]"), ([0.5, float("nan")], "(0, 1]")]:
+        with pytest.raises(WorkbenchError, match=needle.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+            check_acceptance(bad)
+
+
+def test_plan_from_an_acceptance_vector_weighs_chains_only(tmp_path, capsys):
+    (tmp_path / "a.json").write_text("[0.8, 0.6, 0.45, 0.3]")
+    surface(per_token=0.01, per_batch_token=0.03).to_csv(tmp_path / "lat.csv", index=False)
+    assert main(["plan", "--acceptance", str(tmp_path / "a.json"), "--latency", str(tmp_path / "lat.csv"),
+                 "--batch-sizes", "1,2,4,8", "--out", str(tmp_path / "plan.json")]) == 0
+    err = capsys.readouterr().err
+    assert "only chains" in err
+    plan = read_plan(tmp_path / "plan.json")
+    rates = [0.8, 0.6, 0.45, 0.3]
+    for row in plan["plans"]:
+        assert row["kind"] in ("chain", "none")
+        df = surface(per_token=0.01, per_batch_token=0.03)
+        table = dict(zip(*[df[df["batch"] == row["batch_size"]][c] for c in ("tokens", "seconds")]))
+        best = max([1.0] + [speedup_at(table, 1 + sum(rates[:k]), k) for k in range(1, 5)])
+        assert row["predicted_speedup"] == pytest.approx(best, rel=1e-12)
+        assert row["predicted_tokens_per_step"] == pytest.approx(1 + sum(rates[:row["nodes"]]))
+    assert plan["chain_acceptance"] == rates and plan["source"]["kind"] == "acceptance"
+
+
+# ----------------------------------------------------------------------------------------------- a calibration
+
+@pytest.fixture(scope="module")
+def calib(tiny_llama, make_prompt_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("cal") / "tiny"
+    calibrate(CalibrateConfig(model=str(tiny_llama.model_dir), heads=str(tiny_llama.heads_dirs["2"]),
+                              prompts=str(make_prompt_file(PROMPTS)), name="tiny", out=out, holdout=0.25,
+                              max_new_tokens=12, topk=4, budgets=(3,), batch_size=8, device="cpu"), progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def flat_latency(tmp_path_factory):
+    """Verify tokens nearly free at small batch sizes (the tiny random heads' ~1.5% acceptance pays), dear at large
+    ones (0.6% of a step per token per sequence: beyond what any of their predictions accepts at batch 16)."""
+    f = tmp_path_factory.mktemp("lat") / "lat.csv"
+    surface(batches=(1, 2, 4, 8, 16), sizes=(1, 2, 3, 4, 5, 8, 16), per_token=0.0, per_batch_token=0.006,
+            spread=0.01).to_csv(f, index=False)
+    return f
+
+
+@pytest.mark.parametrize("prediction", ["replay", "joint", "independent"])
+def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, prediction):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1,2,4,8,16",
+                 "--prediction", prediction, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    table = [line.split() for line in err.splitlines() if line[:5].strip().isdigit()]
+    plan = read_plan(out)
+    assert [int(r[0]) for r in table] == [1, 2, 4, 8, 16] == [r["batch_size"] for r in plan["plans"]]
+    assert "within noise" in err and "runner-up" in err
+    cal = Calibration(calib)
+    key = f"predicted_{prediction}"
+    for row in plan["plans"]:
+        if row["kind"] != "none":  # the one producer of predictions
+            assert row["predicted_tokens_per_step"] == cal.predict(row["tree"])[key]
+    meta = json.loads((calib / "meta.json").read_text())
+    assert plan["source"] == dict(kind="calibration", path=str(calib), prediction=key, model=meta["model"],
+                                  heads=meta["heads"], heads_sha256=meta["args"]["heads_sha256"],
+                                  num_heads=meta["num_heads"])
+    assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, model="synthetic", device="test",
+                                   dtype="float32")
+    assert plan["workbench_version"] and plan["created"].startswith("20")
+    assert plan["plans"][-1]["kind"] == "none" and plan["plans"][0]["kind"] != "none"
+
+
+# ----------------------------------------------------------------------------------------------- engine outputs
+
+def vllm_lookup(schedule, max_batch: int, k_max: int) -> list[int]:
+    """vLLM's checks and dense lookup of num_speculative_tokens_per_batch_size, re-implemented from
+    vllm/v1/spec_decode/dynamic/utils.py (validate_and_normalize_dynamic_sd_schedule,
+    build_dynamic_sd_schedule_lookup, 3-item form): index b = K at batch size b."""
+    assert isinstance(schedule, list) and schedule
+    assert all(isinstance(e, list) and len(e) == 3 and all(isinstance(x, int) for x in e) for e in schedule)
+    assert all(lo > 0 and hi > 0 and lo <= hi and k >= 0 for lo, hi, k in schedule)
+    ranges = sorted((lo, hi) for lo, hi, _ in schedule)
+    prev = 0
+    for lo, hi in ranges:
+        assert lo > prev, "Batch-size ranges must be non-overlapping and sorted."
+        prev = hi
+    assert ranges[0][0] == 1, "The first batch-size range must start at 1"
+    dense, next_bs, last_k = [0] * (max_batch + 1), 1, None
+    for lo, hi, k in sorted(schedule):
+        if lo > next_bs and last_k is not None:
+            for b in range(next_bs, min(lo, max_batch + 1)):
+                dense[b] = min(k_max, last_k)
+        for b in range(max(lo, next_bs), min(hi, max_batch) + 1):
+            dense[b] = min(k_max, k)
+        next_bs, last_k = max(next_bs, hi + 1), k
+    for b in range(next_bs, max_batch + 1):
+        dense[b] = min(k_max, last_k)
+    return dense
+
+
+@pytest.fixture(scope="module")
+def plan_file(calib, flat_latency, tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "plan.json"
+    assert main(["plan", "--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1,2,4,8,16",
+                 "--prediction", "joint", "--out", str(out)]) == 0
+    return out
+
+
+def _k_of(plan, row) -> int:
+    if row["kind"] == "tree":
+        return next(a for a in plan["alternatives"] if a["batch_size"] == row["batch_size"])["best_chain"]["k"]
+    return row["nodes"]
+
+
+def test_vllm_schedule_covers_every_batch_size(plan_file, tiny_llama, tmp_path, capsys):
+    plan = read_plan(plan_file)
+    assert main(["export", str(plan_file), "--format", "vllm", "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--synthetic", "--out", str(tmp_path / "v.json")]) == 0
+    err = capsys.readouterr().err
+    cfg = json.loads((tmp_path / "v.json").read_text())
+    sched, k_max = cfg["num_speculative_tokens_per_batch_size"], cfg["num_speculative_tokens"]
+    assert cfg["method"] == "medusa" and cfg["model"] == str(tiny_llama.heads_dirs["2"])
+    covered = [b for lo, hi, _ in sched for b in range(lo, hi + 1)]
+    assert covered == list(range(1, 17))  # every batch size 1..16 exactly once: no gap, no overlap
+    dense = vllm_lookup(sched, 40, k_max)
+    rows = plan["plans"]
+    for b in range(1, 41):
+        row = [r for r in rows if r["batch_size"] <= b][-1]
+        assert dense[b] == _k_of(plan, row), b
+    assert k_max == max(r[2] for r in sched) > 0
+    rates = cfg["synthetic_acceptance_rates"]
+    assert cfg["rejection_sample_method"] == "synthetic" and len(rates) == k_max
+    assert all(0 < r <= 1 for r in rates) and rates == sorted(rates, reverse=True)
+    assert rates == plan["chain_acceptance"][:k_max]
+    assert "#32374" in err.splitlines()[0]  # the versions targeted come first
+    if any(r["kind"] == "tree" for r in rows):
+        assert "vLLM drafts no trees" in err and "costs" in err
+    if min(r[2] for r in sched) < k_max:
+        assert "AssertionError" in err and "#46399" in err
+
+
+def test_vllm_one_k_and_static_formats_from_a_plan(plan_file, capsys, tmp_path):
+    plan = read_plan(plan_file)
+    first = plan["plans"][0]
+    assert main(["export", str(plan_file), "--format", "vllm", "--batch-size", "3"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["num_speculative_tokens"] == _k_of(plan, plan["plans"][1]) and \
+        "num_speculative_tokens_per_batch_size" not in cfg
+    for fmt in ("medusa", "eagle", "trtllm", "vllm-tree", "json"):
+        rc = main(["export", str(plan_file), "--format", fmt])
+        out, err = capsys.readouterr()
+        if fmt == "eagle" and first["tree"].depth < 2:
+            assert rc == 2
+            continue
+        assert rc == 0, err
+        assert "batch-size 1 row" in err
+        if fmt in ("medusa", "eagle"):
+            rhs = ast.literal_eval([line for line in out.splitlines() if " = " in line][0].split(" = ", 1)[1])
+        elif fmt == "trtllm":
+            rhs = ast.literal_eval(out.splitlines()[1][len('--medusa_choices="'):-1])
+        elif fmt == "vllm-tree":
+            rhs = ast.literal_eval(json.loads(out)["speculative_token_tree"])
+        else:
+            rhs = json.loads(out)["medusa_choices"]
+        assert set(map(tuple, rhs)) == set(first["tree"].paths)
+
+
+def test_plan_outputs_refuse_what_engines_cannot_take(plan_file, tiny_llama, tmp_path, capsys):
+    plan = json.loads(plan_file.read_text())
+    none_everywhere = dict(plan, plans=[dict(r, kind="none", medusa_choices=[], nodes=0, predicted_speedup=1.0,
+                                             predicted_tokens_per_step=1.0) for r in plan["plans"]])
+    (tmp_path / "none.json").write_text(plan_json(none_everywhere))
+    bad_kind = dict(plan, plans=[dict(plan["plans"][0], kind="chain", medusa_choices=[[0], [1]], nodes=2)])
+    (tmp_path / "kind.json").write_text(json.dumps(bad_kind))
+    unsorted = dict(plan, plans=plan["plans"][::-1], alternatives=plan["alternatives"][::-1])
+    (tmp_path / "order.json").write_text(json.dumps(unsorted))
+    rising = dict(plan, chain_acceptance=[0.2, 0.3])
+    (tmp_path / "rising.json").write_text(json.dumps(rising))
+    P = str(plan_file)
+    for argv, needle in [
+        (["export", P, "--format", "trtllm-current"], "does not serve Medusa heads"),
+        (["export", "[[0], [0, 0]]", "--format", "trtllm-current"], "does not serve Medusa heads"),
+        (["export", P, "--format", "vllm", "--heads", str(tiny_llama.heads_dirs["1"])], "not the heads this plan"),
+        (["export", str(tmp_path / "none.json"), "--format", "vllm"], "never speculates"),
+        (["export", str(tmp_path / "none.json"), "--format", "medusa"], "no speculation at batch size 1"),
+        (["export", str(tmp_path / "kind.json"), "--format", "vllm"], "does not match its medusa_choices"),
+        (["export", str(tmp_path / "order.json"), "--format", "vllm"], "ascending and unique"),
+        (["export", str(tmp_path / "rising.json"), "--format", "vllm"], "rises from 0.2"),
+        (["export", P, "--format", "medusa", "--synthetic"], "only with --format vllm"),
+        (["export", "[[0], [0, 0]]", "--format", "vllm", "--synthetic"], "this is a tree"),
+        (["export", "[[0], [0, 0]]", "--format", "vllm", "--heads", str(tiny_llama.heads_dirs["2"])], "plan"),
+    ]:
+        assert main(argv) == 2, argv
+        assert needle in _error_line(capsys), argv
+
+
+def test_plan_bad_input_is_one_error_line(calib, flat_latency, tmp_path, capsys):
+    (tmp_path / "up.csv").write_text("position,acceptance\n1,0.5\n2,0.6\n")
+    (tmp_path / "zero.json").write_text("[0.5, 0]")
+    (tmp_path / "gap.csv").write_text("position,acceptance\n1,0.5\n3,0.4\n")
+    lat = str(flat_latency)
+    base = ["plan", "--calibration", str(calib), "--latency", lat]
+    for argv, needle in [
+        (base + ["--batch-sizes", "1,2,32,64"], "batch size(s) 32, 64"),
+        (base + ["--batch-sizes", "0,1"], "--batch-sizes"),
+        (base + ["--context", "512"], "no rows at context 512 for batch size(s) 1, 2, 4, 8, 16"),
+        (["plan", "--acceptance", str(tmp_path / "up.csv"), "--latency", lat], "rises from 0.5"),
+        (["plan", "--acceptance", str(tmp_path / "zero.json"), "--latency", lat], "(0, 1]"),
+        (["plan", "--acceptance", str(tmp_path / "gap.csv"), "--latency", lat], "positions must be 1..K"),
+    ]:
+        assert main(argv) == 2, argv
+        assert needle in _error_line(capsys), argv
+
+
+def test_plan_formats_cover_the_tree_formats():
+    from workbench.export import FORMATS
+
+    assert set(FORMATS) < set(PLAN_FORMATS) and {"vllm-tree", "trtllm-current"} <= set(PLAN_FORMATS)
+    with pytest.raises(WorkbenchError, match="unknown export format"):
+        export_plan({"plans": []}, "onnx")
