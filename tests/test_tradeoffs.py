@@ -530,3 +530,36 @@ def test_find_csvs_by_the_columns_their_reader_needs(tmp_path):
     (tmp_path / "binary.csv").write_bytes(b"\xff\xfe\x00tokens")
     assert find_csvs([tmp_path], LATENCY_REQUIRED) == [tmp_path / "sub" / "lat.csv"]
     assert find_csvs([tmp_path], SWEEP_REQUIRED) == []
+
+
+def test_a_plan_is_checked_live_per_batch_size(tiny_llama, calib, prompt_file, tmp_path, capsys):
+    """plan -> sweep --plan -> sweep-report --plan: the plan's choice and runner-up are decoded at their own batch
+    size against vanilla at that size, and the report puts each predicted speedup beside the measured one."""
+    sizes = list(range(1, 9))
+    lat = pd.concat([pd.DataFrame(dict(model="synthetic", device="test", dtype="float32", batch=b, context=16,
+                                       tokens=sizes, seconds=[0.01 * (1 + slope * (n - 1)) for n in sizes]))
+                     for b, slope in ((1, 0.01), (2, 2.0))])  # batch 1: trees nearly free; batch 2: dear
+    lat.to_csv(tmp_path / "lat.csv", index=False)
+    plan_file, sweep_csv = tmp_path / "plan.json", tmp_path / "plan-sweep.csv"
+    assert main(["plan", "--calibration", str(calib), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes", "1,2",
+                 "--out", str(plan_file)]) == 0
+    plan = json.loads(plan_file.read_text())
+    assert [r["kind"] for r in plan["plans"]][1] == "none" and plan["plans"][0]["kind"] != "none"
+    assert main(["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--plan", str(plan_file), "--prompts", str(prompt_file), "--limit", "4", "--max-new-tokens", "8",
+                 "--device", "cpu", "--quiet", "--out", str(sweep_csv)]) == 0
+    df = pd.read_csv(sweep_csv)
+    assert set(df.loc[df["kind"] == "plan", "batch_size"]) == {1, 2}  # each plan tree at its own batch size only
+    assert df.loc[df["kind"] == "plan", "tree"].str.match(r"plan_b\d_(choice|runner_up)_").all()
+    capsys.readouterr()
+    assert main(["sweep-report", str(sweep_csv), "--plan", str(plan_file)]) == 0
+    md = capsys.readouterr().out
+    assert "## Plan per batch size: predicted vs measured" in md and "## Goodput per batch size" in md
+    from workbench.plan import plan_check
+    check = plan_check(plan, read_sweep(sweep_csv))
+    choice = check[check["role"] == "choice"].set_index("batch_size")
+    assert list(choice.index) == [1, 2] and choice.loc[2, "measured_speedup"] == 1.0  # none is vanilla itself
+    assert np.isclose(choice.loc[1, "speedup_err_pct"],
+                      100 * (choice.loc[1, "measured_speedup"] / choice.loc[1, "predicted_speedup"] - 1))
+    assert (check["exact_match"] == 1.0).all()
+    assert main(["sweep", "--plan", str(plan_file), "--trees", "[[0]]", "--out", str(tmp_path / "x.csv")]) == 2

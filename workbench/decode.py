@@ -457,7 +457,7 @@ def mean_step_s(batches) -> float:
     return sum(max(r.decode_s for r in c) for c in calls) / steps if steps else float("nan")
 
 
-def speedup(medusa, vanilla) -> float:
+def measured_speedup(medusa, vanilla) -> float:
     """Measured speedup: Medusa's goodput over vanilla greedy's on the same prompts (and batch size)."""
     base = goodput(vanilla)
     return goodput(medusa) / base if base > 0 else float("nan")

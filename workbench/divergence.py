@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 
 from workbench import WorkbenchError
-from workbench.decode import DecodeResult, overhead, speedup
+from workbench.decode import DecodeResult, measured_speedup, overhead
 
 def compare(medusa: DecodeResult, vanilla: DecodeResult) -> dict:
-    """speedup, overhead (decode.speedup / decode.overhead) and exactness against greedy, of one prompt."""
-    return dict(vanilla_tokens_per_s=vanilla.tokens_per_s, speedup=speedup([medusa], [vanilla]),
+    """speedup, overhead (decode.measured_speedup / decode.overhead) and exactness against greedy, of one prompt."""
+    return dict(vanilla_tokens_per_s=vanilla.tokens_per_s, speedup=measured_speedup([medusa], [vanilla]),
                 overhead=overhead([medusa], [vanilla]), matches_greedy=medusa.token_ids == vanilla.token_ids)
 
 

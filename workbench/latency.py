@@ -95,7 +95,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     vocab = model.get_input_embeddings().weight.shape[0]
     depth = min(5, heads.num_heads) if heads is not None else 5
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
-    engine = engine or StepEngine(model, compile=False)
+    engine = engine or StepEngine(model)
     g = torch.Generator().manual_seed(0)
     dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
     rows = []

@@ -337,3 +337,55 @@ def read_plan(path) -> dict:
             raise WorkbenchError(f"{what}: alternatives best_chain k must be an integer >= 0")
     return data
 
+
+
+def plan_trees(plan: dict) -> list[tuple[Tree, int, dict]]:
+    """(tree, batch size, plan entry) for every tree or chain a plan weighs at each batch size: its choice and its
+    runner-up ("none" has no tree: vanilla runs at every batch size of a sweep anyway). The live check of a plan
+    (`workbench sweep --plan`) decodes exactly these; the name carries the batch size and role, so that
+    `plan_check` finds each sweep row's plan entry."""
+    out = []
+    alternatives = {a["batch_size"]: a for a in plan.get("alternatives", []) if isinstance(a, dict)}
+    for row in plan["plans"]:
+        b = row["batch_size"]
+        entries = [("choice", row)]
+        runner = (alternatives.get(b) or {}).get("runner_up")
+        if isinstance(runner, dict) and runner.get("medusa_choices"):
+            entries.append(("runner_up", runner))
+        for role, entry in entries:
+            if entry["medusa_choices"]:
+                name = f"plan_b{b}_{role}_{entry['kind']}_{len(entry['medusa_choices'])}"
+                out.append((make_tree(entry["medusa_choices"], name=name), b, entry))
+    return out
+
+
+def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
+    """The plan's prediction beside the live decoder's measurement, per batch size: the choice (and its
+    runner-up) as decoded by `workbench sweep --plan` at that batch size, greedy, against vanilla at the same batch
+    size. "none" is vanilla itself: speedup 1 by definition. err_% = measured / predicted - 1."""
+    rows = []
+    alternatives = {a["batch_size"]: a for a in plan.get("alternatives", []) if isinstance(a, dict)}
+    for row in plan["plans"]:
+        b = row["batch_size"]
+        at = sweep[(sweep["batch_size"] == b) & (sweep["acceptance"] == "greedy")]
+        runner = (alternatives.get(b) or {}).get("runner_up") or {}
+        for role, entry in (("choice", row), ("runner_up", runner)):
+            if not entry:
+                continue
+            if entry["kind"] == "none":
+                measured = at[at["kind"] == "vanilla"]
+                tps, spd, exact = 1.0, 1.0, 1.0
+                if measured.empty:
+                    continue
+            else:
+                name = f"plan_b{b}_{role}_{entry['kind']}_{len(entry['medusa_choices'])}"
+                measured = at[at["tree"] == name]
+                if measured.empty:
+                    continue
+                m = measured.iloc[-1]
+                tps, spd, exact = m["acceleration_rate"], m["speedup"], m["exact_match"]
+            rows.append(dict(batch_size=b, role=role, kind=entry["kind"], nodes=entry.get("nodes", 0),
+                             predicted_tokens_per_step=entry["predicted_tokens_per_step"], measured_tokens_per_step=tps,
+                             predicted_speedup=entry["predicted_speedup"], measured_speedup=spd,
+                             speedup_err_pct=100 * (spd / entry["predicted_speedup"] - 1), exact_match=exact))
+    return pd.DataFrame(rows)

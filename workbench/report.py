@@ -9,6 +9,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.latency import interpolate_latency, latency_table, read_latency, speedup_at
+from workbench.plan import plan_check
 from workbench.sweep import SWEEP_COLUMNS, read_sweep
 
 
@@ -39,15 +40,18 @@ def _relative_cost(latency: dict, nodes: int) -> float:
         return float("nan")
 
 
-def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
-    """Markdown tables for docs/tradeoffs.md from a sweep CSV (and a latency CSV): predicted vs measured tokens
-    per step, optimized vs dense (Fig. 4a/4b), the hardware-aware choice vs the best measured speedup, and
-    typical acceptance vs epsilon and temperature (Fig. 5)."""
+def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dict | None = None) -> str:
+    """Markdown tables for docs/tradeoffs.md from a sweep CSV (and a latency CSV, and a plan): predicted vs
+    measured tokens per step, optimized vs dense (Fig. 4a/4b), the hardware-aware choice vs the best measured
+    speedup and typical acceptance vs epsilon and temperature (Fig. 5), all at the sweep's smallest batch size;
+    goodput per batch size when it has several; the plan's predictions beside the live decoder's per batch size."""
     f = Path(sweep_csv)
-    df = read_sweep(f)
-    if not set(df.columns) <= set(SWEEP_COLUMNS) or df.empty:
+    full = read_sweep(f)
+    if not set(full.columns) <= set(SWEEP_COLUMNS) or full.empty:
         raise WorkbenchError(f"sweep CSV {sweep_csv}: not a sweep CSV with rows (columns differ or it is empty)")
-    df = df.reindex(columns=SWEEP_COLUMNS)  # columns an older sweep did not write yet read as empty
+    full = full.reindex(columns=SWEEP_COLUMNS)  # columns an older sweep did not write yet read as empty
+    full["batch_size"] = full["batch_size"].fillna(1).astype(int)
+    df = full[full["batch_size"] == full["batch_size"].min()]
     def values(col):
         return ", ".join(map(str, df[col].dropna().unique()))
     parts = [f"Sweep `{f.name}`: model {values('model')}, {values('num_prompts')} prompts ({values('prompts')}), "
@@ -104,6 +108,21 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None) -> str:
                     f"{pick['predicted_speedup']:.3f}x, measured {pick['speedup']:.3f}x = "
                     f"{100 * pick['speedup'] / best['speedup']:.1f}% of the best measured. " + line)
         parts.append(line)
+
+    if full["batch_size"].nunique() > 1:
+        g = full[full["acceptance"] == "greedy"].sort_values(["nodes", "tree", "batch_size"])
+        t = g[["tree", "kind", "nodes", "batch_size", "acceleration_rate", "tokens_per_s", "speedup", "overhead",
+               "step_ms", "forward_ms", "decoder_overhead", "exact_match"]]
+        parts.append("## Goodput per batch size\n\ntokens_per_s is goodput (all sequences of a batch); speedup and "
+                     "overhead are against vanilla greedy at the same batch size; acceleration_rate is tokens per "
+                     "step per sequence.\n\n" + markdown_table(t))
+    if plan is not None:
+        t = plan_check(plan, full)
+        if len(t):
+            t["within_10pct"] = t["speedup_err_pct"].abs() <= 10
+            parts.append("## Plan per batch size: predicted vs measured\n\nThe plan's choice and runner-up at each "
+                         "batch size, decoded live (`workbench sweep --plan`), greedy, against vanilla greedy at the "
+                         "same batch size; err = measured / predicted speedup - 1.\n\n" + markdown_table(t))
 
     typical = df[df["acceptance"] == "typical"]
     if len(typical):

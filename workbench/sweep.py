@@ -21,8 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
-from workbench.decode import (DECODER_VERSION, Acceptance, decoder_overhead, goodput, mean_step_s, medusa_generate,
-                              overhead, speedup, vanilla_generate)
+from workbench.decode import (DECODER_VERSION, Acceptance, decoder_overhead, goodput, mean_step_s, measured_speedup,
+                              medusa_generate, overhead, vanilla_generate)
 from workbench.divergence import divergence_counts, divergences
 from workbench.engine import StepEngine, forward_probe, logits_of, root_setup, tree_setup
 from workbench.io import atomic_write_text, read_csv
@@ -263,7 +263,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     as done. At batch size B the prompts are decoded B at a time (ragged lengths, one forward per step).
     `predict(tree) -> dict` adds calibration predictions; `on_row(row)` is called after each row is on disk.
     Timing: each row's speedup (goodput ratio) and overhead (mean step ratio) are against vanilla greedy run right
-    before it on every batch of prompts, at the same batch size (decode.speedup / decode.overhead); step_ms is the
+    before it on every batch of prompts, at the same batch size (decode.measured_speedup / decode.overhead); step_ms is the
     median step, forward_ms the median bare verify work of that tree at that batch, timed right after every step at
     its context (`engine.forward_probe`), decoder_overhead = step_ms / forward_ms (decode.decoder_overhead).
     `engine`: a StepEngine to run on (e.g. compiled); default a fresh one (compiled on CUDA).
@@ -283,7 +283,8 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     run = hashlib.sha1(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:10]
     rows = read_sweep_rows(out)
     done = {(r["run"], r["config"], r["batch_size"]) for r in rows}  # a row: a configuration at one batch size
-    todo = {b: [c for c in configs if (run, c["config"], str(b)) not in done] for b in batch_sizes}
+    todo = {b: [c for c in configs if (run, c["config"], str(b)) not in done and b in c.get("batch_sizes", [b])]
+            for b in batch_sizes}  # a configuration may ask for some batch sizes only (a plan's choice at its own)
     if not any(todo.values()) and all((run, "vanilla", str(b)) in done for b in batch_sizes):
         return pd.read_csv(out)
     common = dict(run=run, model=info.get("model", ""), prompts=info.get("prompts", ""),
@@ -349,7 +350,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
                        depth=tree.depth, batch_size=b, acceptance=c["acceptance"], temperature=c["temperature"],
                        epsilon=c["epsilon"], delta=c["delta"], acceleration_rate=agg["acceleration_rate"],
                        tokens_per_s=agg["tokens_per_s"], overhead=overhead(results, baseline),
-                       speedup=speedup(results, baseline), vanilla_tokens_per_s=goodput(baseline),
+                       speedup=measured_speedup(results, baseline), vanilla_tokens_per_s=goodput(baseline),
                        mean_step_s=agg["mean_step_s"], step_ms=agg["step_ms"],
                        forward_ms=1e3 * statistics.median(forwards),
                        decoder_overhead=decoder_overhead(agg["step_times"], forwards),

@@ -90,7 +90,17 @@ def cmd_sweep(args) -> int:
     batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
     if args.max_new_tokens < 1:
         raise WorkbenchError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
-    budgets = parse_ints(args.budgets, "--budgets") if args.budgets else (None if args.trees else list(S.DEFAULT_BUDGETS))
+    plan = None
+    if args.plan:  # the live check of a plan: its choice and runner-up at each of its batch sizes, greedy
+        from workbench.plan import read_plan
+
+        if args.trees or args.budgets or args.batch_sizes != "1":
+            raise WorkbenchError("--plan sweeps the plan's own trees at its own batch sizes: drop --trees, --budgets "
+                                 "and --batch-sizes")
+        plan = read_plan(args.plan)
+        batch_sizes, temps = [r["batch_size"] for r in plan["plans"]], [0.0]
+    budgets = parse_ints(args.budgets, "--budgets") if args.budgets else \
+        (None if args.trees or plan else list(S.DEFAULT_BUDGETS))
     calibration = args.calibration
     if calibration is None and (budgets or args.prompts == "holdout"):
         calibration = default_calibration()
@@ -114,9 +124,17 @@ def cmd_sweep(args) -> int:
 
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
-        trees = S.sweep_trees(budgets, args.trees, args.dense, cal, args.joint, heads.num_heads,
-                              replay=args.max_new_tokens if args.replay else None)
-        configs = S.sweep_configs(trees, temps, eps, delta)
+        if plan is not None:
+            from workbench.plan import plan_trees
+
+            planned = plan_trees(plan)
+            configs = S.sweep_configs([(t, "plan") for t, _, _ in planned], temps, eps, delta)
+            for c, (_, b, _) in zip(configs, planned):
+                c["batch_sizes"] = [b]
+        else:
+            trees = S.sweep_trees(budgets, args.trees, args.dense, cal, args.joint, heads.num_heads,
+                                  replay=args.max_new_tokens if args.replay else None)
+            configs = S.sweep_configs(trees, temps, eps, delta)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
         info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
                     limit=args.limit, calibration=str(calibration or ""),
@@ -144,13 +162,15 @@ def cmd_sweep_report(args) -> int:
     from pathlib import Path
 
     from workbench.latency import read_latency
+    from workbench.plan import read_plan
     from workbench.report import summarize
     from workbench.sweep import read_sweep
 
     check_output(args.out, "--out")
     check_output(args.figures, "--figures", "folder")
     sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
-    write_output(summarize(args.sweep, args.latency, args.context), args.out, "the report")
+    plan = read_plan(args.plan) if args.plan else None
+    write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
     if args.figures:
         from workbench.plots import report_figures
 
@@ -213,6 +233,9 @@ def add_tradeoffs(sub) -> None:
                                    "Resumable: rerun the same command to continue.",
                        parents=[model_args("--model", "--heads", "--device", "--dtype", "--attn", "--compile")])
     s.add_argument("--trees", nargs="+", metavar="TREE", help="tree files, reference names or literals")
+    s.add_argument("--plan", metavar="PLAN.json", help="the live check of a plan (`workbench plan`): its choice and "
+                   "runner-up at each of its batch sizes, greedy, against vanilla at that batch size; "
+                   "`sweep-report --plan` then puts predicted beside measured")
     s.add_argument("--budgets", metavar="B1,B2,..", help="optimal trees with these node budgets from --calibration "
                                                         "(default 4,8,16,32,64,128,256 unless --trees)")
     s.add_argument("--joint", action="store_true", help="build budget trees from measured joint path probabilities")
@@ -240,6 +263,8 @@ def add_tradeoffs(sub) -> None:
     r = sub.add_parser("sweep-report", help="markdown tables from a sweep CSV (+ latency CSV) for docs/tradeoffs.md")
     r.add_argument("sweep", metavar="SWEEP_CSV")
     r.add_argument("--latency", metavar="FILE", help="latency CSV: adds the hardware-aware choice")
+    r.add_argument("--plan", metavar="PLAN.json", help="a plan swept with `sweep --plan`: its predicted speedups "
+                   "beside the measured ones, per batch size")
     r.add_argument("--context", type=int, help="latency rows at this context (default: closest to the sweep's)")
     r.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
     r.add_argument("--figures", metavar="DIR", help="also write the figures (Fig. 4a/4b, predicted vs measured, "
