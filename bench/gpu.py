@@ -1,0 +1,308 @@
+"""The GPU evidence in one command: exactness on the device, the latency surface, the step's overhead and bandwidth,
+vanilla vs HF generate vs Medusa (the hardware-aware tree and the plan per batch size), predicted vs measured.
+
+    python bench/gpu.py                          # on a CUDA machine: < 9 minutes with the demo model (H100)
+    python bench/gpu.py --quick --device cpu     # the same plumbing in seconds (tiny sizes; run by the test suite)
+
+Sections run in order, each only if the time budget (--budget-s) leaves room for it; a skipped section says so in
+the JSON. Written: bench/results/gpu-DEVICE.json (--out) with every figure, the latency surfaces as CSVs beside it
+(`workbench latency` format: `workbench plan --latency` reads them) and a markdown summary (.md) that the docs
+quote. Exit status 1 if fp32 is not exact or bf16 has a mismatch (a bug), else 0.
+
+  env        device, torch/transformers, compile mode (CUDA graphs on CUDA), the model's weight bytes, and the
+             device's copy bandwidth (a large tensor copy: the practical limit of a weight-streaming step)
+  exact      tiny random models of three architectures, trees of 1 to 63 nodes, batch 1 and 3, plus the demo
+             model: fp32 must equal HF generate token for token; bf16 divergences are classified (near-tie or
+             mismatch, `workbench/divergence.py`)
+  latency    t(B, n) for batch 1..32 and tree tokens 1..128 (eager, with spread), and a sparser compiled grid
+  decode     per batch size: our vanilla greedy (compiled), HF generate (static cache, CompileConfig), Medusa
+             with the hardware-aware tree and with the plan's choice; decoder_overhead; bandwidth achieved per
+             vanilla step (weight bytes / step time) beside the copy bandwidth
+  plan       the plan's predicted speedup beside the measured one per batch size
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from workbench import WorkbenchError  # noqa: E402
+from workbench.calibration import Calibration, default_calibration  # noqa: E402
+from workbench.decode import (DECODER_VERSION, decoder_overhead, mean_step_s, measured_speedup,  # noqa: E402
+                              medusa_generate, vanilla_generate)
+from workbench.divergence import divergence_counts, divergences  # noqa: E402
+from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
+from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
+from workbench.heads import random_heads  # noqa: E402
+from workbench.io import atomic_write_json, atomic_write_text  # noqa: E402
+from workbench.latency import device_name, measure_latency  # noqa: E402
+from workbench.models import load_model_and_heads, pick_device, tiny_model  # noqa: E402
+from workbench.plan import make_plan, plan_source, plan_trees  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+FALLBACK_ACCURACIES = HERE.parent / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "accuracies.csv"
+FULL = dict(archs=("llama", "qwen2", "gpt_neox"), exact_new=256, batches=(1, 2, 4, 8, 16, 32),
+            sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128), compiled_batches=(1, 4, 16),
+            compiled_sizes=(1, 4, 16, 64), contexts=(256,), repeats=10, decode_batches=(1, 4, 16), prompts=16,
+            new_tokens=128, demo_prompts=4)
+QUICK = dict(archs=("llama", "qwen2"), exact_new=24, batches=(1, 2), sizes=(1, 2, 4), compiled_batches=(1,),
+             compiled_sizes=(1, 2), contexts=(32,), repeats=2, decode_batches=(1, 2), prompts=2, new_tokens=8,
+             demo_prompts=2)
+EXACT_TREES = {"one_node": [[0]], "chain": [[0], [0, 0], [0, 0, 0]], "mc_sim_7b_63": "mc_sim_7b_63"}
+
+
+def _load_bench_decode():
+    """bench/decode.py's HF-generate timing (one owner of how HF generate is run and timed)."""
+    spec = importlib.util.spec_from_file_location("bench_decode", HERE / "decode.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def copy_bandwidth(device: torch.device, mib: int = 512) -> float:
+    """Bytes per second of a large device-to-device copy (read + write): the practical ceiling of a step that
+    streams the weights once."""
+    x = torch.empty(mib << 18, dtype=torch.float32, device=device)  # mib MiB
+    y = torch.empty_like(x)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    y.copy_(x)
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        y.copy_(x)
+    sync()
+    return 5 * 2 * x.numel() * x.element_size() / (time.perf_counter() - t0)
+
+
+def weight_bytes(model) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+class Budget:
+    """Seconds left of the command's budget; a section runs only if its estimate fits."""
+
+    def __init__(self, seconds: float):
+        self.end = time.perf_counter() + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+def section_exact(device, cfg, demo, quick: bool) -> dict:
+    """fp32 identical to HF generate (tiny models, every tree, batch 1 and 3; the demo model); bf16 classified."""
+    out = dict(cases=0, fp32_identical=0, bf16_sequences=0, near_tie_divergences=0, mismatches=0)
+    prompts = [[5, 6, 7, 8, 9], list(range(10, 31)), [3, 4, 5]]
+    for arch in cfg["archs"]:
+        base = tiny_model(arch, seed=10, max_positions=1024).to(device)
+        heads = random_heads(64, 128, 5, seed=1).to(device)
+        for dtype in (torch.float32, torch.bfloat16):
+            model, h = base.to(dtype), heads.to(dtype)
+            truth = [model.generate(torch.tensor([p], device=device), do_sample=False, max_new_tokens=cfg["exact_new"],
+                                    eos_token_id=None)[0, len(p):].tolist() for p in prompts]
+            van = vanilla_generate(model, None, prompts, cfg["exact_new"], eos_token_id=[], record=True)
+            for spec in EXACT_TREES.values():
+                for group in ([prompts[0]], prompts):
+                    res = medusa_generate(model, h, None, group, spec, cfg["exact_new"], eos_token_id=[],
+                                          record=True)
+                    res = res if isinstance(res, list) else [res]
+                    for r, v, t in zip(res, van, truth):
+                        out["cases"] += 1
+                        if dtype == torch.float32:
+                            out["fp32_identical"] += r.token_ids == t
+                        else:
+                            out["bf16_sequences"] += 1
+                            for k, n in divergence_counts(divergences(r, v, dtype)).items():
+                                out[k] += n
+    if demo is not None:
+        model, tok, heads = demo
+        ids = [prepare_prompt(tok, q) for q in ("Explain KV caching.", "Write a haiku about GPUs.",
+                                                "List three prime numbers.", "What is speculative decoding?")]
+        ids = ids[: cfg["demo_prompts"]]
+        van = vanilla_generate(model, tok, ids, cfg["exact_new"], record=True)
+        med = medusa_generate(model, heads, tok, ids, "mc_sim_7b_63", cfg["exact_new"], record=True)
+        found = [d for m, v in zip(med, van) for d in divergences(m, v, model.dtype)]
+        out["demo"] = dict(dtype=str(model.dtype).replace("torch.", ""), prompts=len(ids),
+                           identical=sum(m.token_ids == v.token_ids for m, v in zip(med, van)),
+                           **divergence_counts(found))
+        if model.dtype != torch.bfloat16:
+            out["mismatches"] += out["demo"]["mismatches"]
+    out["fp32_cases"] = out["cases"] - out["bf16_sequences"]
+    out["fp32_exact"] = out["fp32_identical"] == out["fp32_cases"]
+    return out
+
+
+def section_latency(model, heads, cfg, out_dir: Path, tag: str, quick: bool) -> dict:
+    """The eager surface (every batch x size) and a sparser compiled one, with spread; both as latency CSVs.
+    --quick on CPU compiles with aot_eager (the same graph, seconds instead of inductor's minutes)."""
+    res = {}
+    backend = "aot_eager" if quick and model.device.type == "cpu" else None
+    for name, compile, batches, sizes in (("eager", False, cfg["batches"], cfg["sizes"]),
+                                          ("compiled", True, cfg["compiled_batches"], cfg["compiled_sizes"])):
+        engine = StepEngine(model, compile=compile, backend=backend)
+        df = measure_latency(model, sizes, cfg["contexts"], cfg["repeats"], 2, heads, "bench-gpu", progress=False,
+                             engine=engine, batches=batches)
+        path = out_dir / f"latency-{tag}-{name}.csv"
+        atomic_write_text(path, df.to_csv(index=False))
+        res[name] = dict(file=str(path), compiled=bool(engine.compile), rows=df.to_dict("records"))
+    return res
+
+
+def section_decode(model, tok, heads, cfg, latency_csv: Path, calibration, bench_decode) -> dict:
+    """Per batch size: vanilla (ours, compiled where the device compiles), HF generate (static cache, compiled),
+    Medusa with the hardware-aware tree of that batch size and with the plan's choice; overhead and bandwidth."""
+    from workbench.data import load_prompts
+
+    try:
+        texts = load_prompts("alpaca-eval", cfg["prompts"] * 4)[-cfg["prompts"]:]  # late rows: held out in calibration
+    except WorkbenchError:
+        texts = [f"Write a short note about topic {i}." for i in range(cfg["prompts"])]
+    prompts = [prepare_prompt(tok, t) for t in texts] if tok is not None else [[5 + i, 6, 7, 8] for i in range(len(texts))]
+    # a calibration predicts the demo's trees; a tiny random model borrows the committed accuracy table (plumbing)
+    source = plan_source(calibration) if calibration is not None else plan_source(accuracies=FALLBACK_ACCURACIES)
+    plan = make_plan(source, latency_csv, cfg["decode_batches"])
+    engine = StepEngine(model)  # compiled on CUDA (CUDA graphs), eager on CPU: the one default
+    eos = eos_ids(model, tok)
+    n, rows, bandwidth = cfg["new_tokens"], [], None
+    planned = {b: (t, e) for t, b, e in plan_trees(plan) if t.name.split("_")[2] == "choice"}
+    wbytes = weight_bytes(model)
+    for b in cfg["decode_batches"]:
+        chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]
+        trees = {"plan": planned[b][0]} if b in planned else {}
+        bufs = {k: tree_setup(t, model) for k, t in trees.items()}
+        vanilla_generate(model, tok, chunks[0], 4, engine=engine)  # warm-up and compilation of every shape
+        for buf in bufs.values():
+            medusa_generate(model, heads, tok, chunks[0], buf, 4, engine=engine)
+        bench_decode.timed_generate(model, chunks[0], 4, "static", engine.compile, eos)
+        van, hf_s, hf_tokens, med, probes = [], 0.0, 0, {k: [] for k in bufs}, {k: [] for k in ["vanilla", *bufs]}
+        for chunk in chunks:
+            probe, times = forward_probe(engine, root_setup(model))
+            van.append(vanilla_generate(model, tok, chunk, n, engine=engine, on_step=probe))
+            probes["vanilla"] += times
+            hf, s = bench_decode.timed_generate(model, chunk, n, "static", engine.compile, eos)
+            hf_s, hf_tokens = hf_s + s, hf_tokens + sum(map(len, hf))
+            for k, buf in bufs.items():
+                probe, times = forward_probe(engine, buf, heads)
+                med[k].append(medusa_generate(model, heads, tok, chunk, buf, n, engine=engine, on_step=probe))
+                probes[k] += times
+        van_goodput = sum(len(r.token_ids) for c in van for r in c) / sum(max(r.total_s for r in c) for c in van)
+        step = mean_step_s(van)
+        bandwidth = bandwidth or wbytes / step
+        row = dict(batch_size=b, vanilla_tokens_per_s=van_goodput, vanilla_step_ms=1e3 * step,
+                   vanilla_decoder_overhead=decoder_overhead([s.time_s for c in van for s in c[0].steps],
+                                                             probes["vanilla"]),
+                   bandwidth_per_step=wbytes / step, hf_generate_tokens_per_s=hf_tokens / hf_s)
+        for k, calls in med.items():
+            goodput = sum(len(r.token_ids) for c in calls for r in c) / sum(max(r.total_s for r in c) for c in calls)
+            steps = [s.time_s for c in calls for s in max(c, key=lambda r: len(r.steps)).steps]
+            row[k] = dict(tree=trees[k].as_lists(), nodes=trees[k].nodes, tokens_per_s=goodput,
+                          tokens_per_step=sum(len(r.token_ids) for c in calls for r in c) /
+                          sum(len(r.steps) for c in calls for r in c),
+                          speedup_vs_vanilla=measured_speedup(calls, van), speedup_vs_hf=goodput / (hf_tokens / hf_s),
+                          decoder_overhead=decoder_overhead(steps, probes[k]),
+                          predicted_speedup=planned[b][1]["predicted_speedup"],
+                          exact=all(r.token_ids == v.token_ids for c, vc in zip(calls, van) for r, v in zip(c, vc)))
+        rows.append(row)
+    return dict(plan=plan, batches=rows, weight_bytes=wbytes)
+
+
+def markdown(report: dict) -> str:
+    env, lines = report["env"], []
+    lines.append(f"# bench/gpu.py on {env['device_name']} ({env['dtype']}, torch {env['torch']}, transformers "
+                 f"{env['transformers']}, decoder version {report['decoder_version']})\n")
+    ex = report.get("exact") or {}
+    if ex:
+        lines.append(f"Exactness: fp32 {ex['fp32_identical']}/{ex['fp32_cases']} identical to HF generate; bf16 "
+                     f"{ex['bf16_sequences']} sequences, {ex['near_tie_divergences']} near-ties, {ex['mismatches']} "
+                     f"mismatches.\n")
+    dec = report.get("decode") or {}
+    if dec:
+        lines.append("| batch | vanilla tok/s | HF generate tok/s | step ms | bandwidth GB/s (copy "
+                     f"{env['copy_bandwidth'] / 1e9:.0f}) | plan choice | predicted | measured | vs HF | "
+                     "decoder_overhead | exact |")
+        lines.append("|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---|")
+        for r in dec["batches"]:
+            p = r.get("plan") or {}
+            lines.append(f"| {r['batch_size']} | {r['vanilla_tokens_per_s']:.1f} | {r['hf_generate_tokens_per_s']:.1f} "
+                         f"| {r['vanilla_step_ms']:.2f} | {r['bandwidth_per_step'] / 1e9:.0f} | "
+                         f"{p.get('nodes', 'none')} | {p.get('predicted_speedup', 1.0):.2f}x | "
+                         f"{p.get('speedup_vs_vanilla', 1.0):.2f}x | {p.get('speedup_vs_hf', float('nan')):.2f}x | "
+                         f"{p.get('decoder_overhead', r['vanilla_decoder_overhead']):.2f} | {p.get('exact', True)} |")
+    for name, why in report["skipped"].items():
+        lines.append(f"\nSkipped {name}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: the plumbing in seconds (CPU test suite)")
+    ap.add_argument("--device", help="cuda (default when present) or cpu")
+    ap.add_argument("--dtype", default=None, help="model dtype for latency and decode (default: bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument("--model", help="base model (default: the demo SmolLM2-135M-Instruct)")
+    ap.add_argument("--heads", help="Medusa heads (default: the demo heads)")
+    ap.add_argument("--calibration", help="calibration folder for the plan's predictions (default: the committed one)")
+    ap.add_argument("--tiny", action="store_true", help="a tiny random model instead of the demo (no model files)")
+    ap.add_argument("--budget-s", type=float, default=520.0, help="stop starting sections after this (default 520 s)")
+    ap.add_argument("--out", help="JSON report (default bench/results/gpu-DEVICE.json)")
+    args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except WorkbenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    cfg = QUICK if args.quick else FULL
+    budget = Budget(args.budget_s)
+    device = pick_device(args.device)
+    tag = "cpu" if device.type == "cpu" else device_name(device).replace(" ", "-").lower()
+    out = Path(args.out) if args.out else HERE / "results" / f"gpu-{tag}.json"
+    if args.tiny:
+        model = tiny_model("llama", seed=0, hidden_size=256, layers=4).to(device)
+        heads, tok, calibration = random_heads(256, 128, 5, tied=True, seed=1).to(device), None, None
+    else:
+        model, tok, heads = load_model_and_heads(args.model, args.heads, str(device), args.dtype)
+        calibration = args.calibration or default_calibration()
+        Calibration(calibration)  # one line if it is not a calibration folder
+    if args.tiny and args.dtype:
+        model, heads = model.to(getattr(torch, args.dtype)), heads.to(getattr(torch, args.dtype))
+    env = dict(device_name=device_name(device), device=str(device), dtype=str(model.dtype).replace("torch.", ""),
+               torch=torch.__version__, transformers=transformers.__version__, machine=platform.machine(),
+               compile_mode=compile_mode(device), cuda_graphs=device.type == "cuda",
+               weight_bytes=weight_bytes(model), copy_bandwidth=copy_bandwidth(device, 64 if args.quick else 1024),
+               load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+    report = dict(env=env, decoder_version=DECODER_VERSION, quick=args.quick, skipped={})
+    report["exact"] = section_exact(device, cfg, None if args.tiny else (model, tok, heads), args.quick)
+    print(f"exact: {report['exact']}", file=sys.stderr)
+    lat_csv = None
+    if budget.left() > (5 if args.quick else 240):
+        report["latency"] = section_latency(model, heads, cfg, out.parent, tag, args.quick)
+        lat_csv = Path(report["latency"]["eager"]["file"])
+    else:
+        report["skipped"]["latency"] = f"{budget.left():.0f} s left of the budget"
+    if lat_csv is not None and budget.left() > (2 if args.quick else 120):
+        report["decode"] = section_decode(model, tok, heads, cfg, lat_csv, calibration, _load_bench_decode())
+    else:
+        report["skipped"]["decode"] = "no latency surface" if lat_csv is None else f"{budget.left():.0f} s left"
+    atomic_write_json(out, report)
+    atomic_write_text(out.with_suffix(".md"), markdown(report))
+    print(markdown(report))
+    print(f"wrote {out}", file=sys.stderr)
+    ex = report["exact"]
+    return 0 if ex["fp32_exact"] and ex["mismatches"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
