@@ -245,16 +245,3 @@ def medusa2_heads_present(model: str) -> bool:
     """Does a model folder hold Medusa-2 `medusa_head.*` tensors (the heads then need no --heads)?"""
     p = Path(model)
     return p.is_dir() and bool(_medusa2_tensors(p))
-
-
-
-def random_heads(hidden_size: int, vocab_size: int, num_heads: int = 5, num_layers: int = 1, tied: bool = False,
-                 seed: int = 0, std: float = 0.2) -> MedusaHeads:
-    """Heads with every tensor random and non-zero (zero-initialised heads would hide a dropped weight)."""
-    heads = MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, tied)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-    return heads.requires_grad_(False)
-
