@@ -9,6 +9,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.latency import latency_table, read_latency
+from workbench.optimize import interpolate_latency
 from workbench.sweep import SWEEP_COLUMNS, read_sweep
 
 
@@ -25,8 +26,6 @@ def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
 
 
 def _relative_cost(latency: dict, nodes: int) -> float:
-    from workbench.optimize import interpolate_latency
-
     try:
         return interpolate_latency(latency, nodes + 1) / interpolate_latency(latency, 1)
     except WorkbenchError:
