@@ -79,13 +79,13 @@ class Oracle:
 
 # ----------------------------------------------------------------------------------------------- a constructed near-tie
 
-TIE = (40, 41)      # the constructed pair: 41 leads 40 by LEAD x its own logit at every position
+TIE = (40, 41)      # the constructed pair: 41 leads 40 by LEAD x logit 40 at every position
 LEAD = 2 ** -6      # 1/4 of bf16's rounding bound (1/16 of max|logit|), 512x fp32's
 _LEAD_DIM, _SCALE_DIM = 63, 62  # residual dimensions no layer writes: constant, so their normed value is too
 
 
 def tie_model(dtype=torch.bfloat16):
-    """A tiny Llama whose top two tokens are 41 then 40 at every position, 41 ahead by LEAD x logit 41.
+    """A tiny Llama whose top two tokens are 41 then 40 at every position, 41 ahead by LEAD x logit 40.
 
     Both logits read only two residual dimensions that the embedding sets to the same constant and no layer
     writes: logit 40 = B h_s, logit 41 = B h_s + LEAD B h_l, with h_s = h_l > 0 the final norm's value of that
