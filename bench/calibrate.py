@@ -28,9 +28,10 @@ from workbench.calibration import NULL, Calibration, head_accuracies, path_proba
 from workbench.data import load_prompt_records  # noqa: E402
 from workbench.engine import decode_one, logits_of, new_cache, prefill  # noqa: E402
 from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
-from workbench.heads import random_heads, save_heads  # noqa: E402
+from workbench.heads import save_heads  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import load_base, load_model_and_heads  # noqa: E402
+from workbench.testing import random_heads  # noqa: E402
 
 
 @torch.inference_mode()

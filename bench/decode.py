@@ -46,8 +46,7 @@ FALLBACK_PROMPTS = ["Explain how a rainbow forms.", "Write a haiku about autumn.
 
 
 def tiny_setup():
-    from workbench.heads import random_heads
-    from workbench.models import tiny_model, tiny_tokenizer
+    from workbench.testing import random_heads, tiny_model, tiny_tokenizer
 
     model = tiny_model("llama", seed=0, hidden_size=256, layers=4)
     return model, tiny_tokenizer(), random_heads(256, 128, 5, tied=True, seed=1), "tiny-random-llama"

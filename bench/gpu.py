@@ -43,11 +43,11 @@ from workbench.decode import (DECODER_VERSION, decoder_overhead, mean_step_s, me
 from workbench.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
 from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
-from workbench.heads import random_heads  # noqa: E402
 from workbench.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.latency import device_name, measure_latency  # noqa: E402
-from workbench.models import load_model_and_heads, pick_device, tiny_model  # noqa: E402
+from workbench.models import load_model_and_heads, pick_device  # noqa: E402
 from workbench.plan import make_plan, plan_source, plan_trees  # noqa: E402
+from workbench.testing import random_heads, tiny_model  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FALLBACK_ACCURACIES = HERE.parent / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "accuracies.csv"

@@ -50,8 +50,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.tiny:
-        from workbench.heads import random_heads
-        from workbench.models import pick_dtype, tiny_model
+        from workbench.models import pick_dtype
+        from workbench.testing import random_heads, tiny_model
 
         dtype = pick_dtype(args.dtype, torch.device("cpu"))
         model, heads, tok = tiny_model("llama", seed=10, max_positions=1024).to(dtype), \

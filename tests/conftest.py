@@ -26,8 +26,20 @@ from pathlib import Path
 import datasets  # noqa: F401 - its logging handler binds sys.stderr on import: do it here, not under a test's capsys
 import pytest
 import torch
+import transformers
+
+pytest.register_assert_rewrite("helpers")  # its asserts (checked_steps) explain themselves as a test file's do
+from helpers import TESTED_TRANSFORMERS  # noqa: E402
 
 torch.set_num_threads(1)
+
+
+def pytest_report_header(config) -> str:
+    """First thing to compare when a test fails on another machine: the versions it ran with."""
+    known = ".".join(transformers.__version__.split(".")[:2]) in TESTED_TRANSFORMERS
+    return (f"torch {torch.__version__}, transformers {transformers.__version__} "
+            f"({'a version' if known else 'NOT one of the versions'} the suite passed with: "
+            f"{', '.join(TESTED_TRANSFORMERS)})")
 
 TINY_HEADS = 5
 TINY_HIDDEN = 64
@@ -47,8 +59,8 @@ class Tiny:
 def _build(arch: str, root: Path, seed: int) -> Tiny:
     from safetensors.torch import load_file, save_file
 
-    from workbench.heads import random_heads, save_heads
-    from workbench.models import tiny_model, tiny_tokenizer
+    from workbench.heads import save_heads
+    from workbench.testing import random_heads, tiny_model, tiny_tokenizer
 
     model, tok = tiny_model(arch, seed=seed), tiny_tokenizer()
     t = Tiny(arch, model, tok, root / "model")

@@ -6,12 +6,12 @@ accuracies.csv, meta.json, latency and sweep CSVs), so the tests never depend on
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import make_calibration, make_latency, make_sweep
 
 from workbench import REPO_ROOT
 
@@ -19,76 +19,6 @@ AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
 APP = REPO_ROOT / "app.py"
 TIMEOUT = 60
-
-
-# ----------------------------------------------------------------------------------------------- synthetic data
-
-def make_calibration(folder: Path, num_heads: int = 4, topk: int = 10, prompts: int = 12, positions: int = 40,
-                     seed: int = 0) -> Path:
-    """A calibration folder in the format `workbench calibrate` writes: head k's rank is geometric, and a miss at
-    head k makes head k+1 likelier to miss (so measured paths differ from the independence product)."""
-    from workbench.accuracies import write_accuracies
-    from workbench.calibrate import head_accuracies, holdout_split, ranks_frame
-
-    rng = np.random.default_rng(seed)
-    ids, mats = [f"p{i}" for i in range(prompts)], []
-    for _ in ids:
-        mat = np.zeros((positions, num_heads), dtype=np.int64)
-        for t in range(positions):
-            missed = False
-            for k in range(num_heads):
-                p_hit = (0.75 - 0.12 * k) * (0.5 if missed else 1.0)
-                r = int(rng.geometric(0.55)) - 1 if rng.random() < p_hit else -1
-                mat[t, k] = r if r < topk else -1
-                missed = mat[t, k] != 0
-            for k in range(num_heads):  # past the end of the answer: null (NULL in memory)
-                if t + k + 1 >= positions:
-                    mat[t, k] = -2
-        mats.append(mat)
-    ranks = ranks_frame(ids, mats, num_heads)
-    folder.mkdir(parents=True, exist_ok=True)
-    ranks.to_parquet(folder / "ranks.parquet", index=False)
-    held = holdout_split(ids, 0.25)
-    fit = ranks[~ranks["prompt_id"].isin(held)]
-    acc, counts = head_accuracies(fit, topk)
-    write_accuracies(folder / "accuracies.csv", acc, counts)
-    meta = dict(model="synthetic", heads="synthetic", prompts="synthetic", num_prompts=prompts,
-                num_positions=len(ranks), num_heads=num_heads, topk=topk, holdout=0.25, holdout_ids=sorted(held))
-    (folder / "meta.json").write_text(json.dumps(meta))
-    return folder
-
-
-def make_latency(path: Path) -> Path:
-    rows = [dict(model="synthetic", device="cpu", dtype="float32", context=c, tokens=n,
-                 seconds=0.02 * (1 + 0.004 * n) * (1 + c / 4096)) for c in (128, 1024) for n in (1, 2, 4, 8, 16, 32,
-                                                                                                   64, 128, 256)]
-    pd.DataFrame(rows).to_csv(path, index=False)
-    return path
-
-
-def make_sweep(path: Path) -> Path:
-    """Rows shaped like `workbench sweep` output: vanilla, optimal and dense greedy trees, typical epsilons."""
-    from workbench.sweep import SWEEP_COLUMNS
-
-    rows = [dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
-                 temperature=0.0, acceleration_rate=1.0, speedup=1.0, tokens_per_s=50.0, exact_match=1.0,
-                 mean_logprob=-1.0, distinct_2=0.9)]
-    for n in (4, 8, 16, 32, 64):
-        rate = 1 + 1.2 * math.log2(n) / 3
-        rows.append(dict(config=f"opt{n}", tree=f"opt-indep-{n}", kind="optimal", nodes=n, depth=4,
-                         acceptance="greedy", temperature=0.0, acceleration_rate=rate, speedup=rate / 1.1,
-                         tokens_per_s=50 * rate / 1.1, exact_match=1.0, predicted_independent=rate * 1.05,
-                         predicted_joint=rate * 0.98))
-        rows.append(dict(config=f"dense{n}", tree=f"dense_{n}", kind="dense", nodes=n, depth=2, acceptance="greedy",
-                         temperature=0.0, acceleration_rate=rate * 0.8, speedup=rate * 0.8 / 1.1,
-                         tokens_per_s=40 * rate / 1.1, exact_match=1.0))
-    for eps in (0.01, 0.05, 0.09, 0.2):
-        rows.append(dict(config=f"typ{eps}", tree="opt-indep-32", kind="optimal", nodes=32, depth=4,
-                         acceptance="typical", temperature=0.7, epsilon=eps, delta=eps ** 0.5,
-                         acceleration_rate=2.5 - eps, speedup=2.0, tokens_per_s=100.0, exact_match=0.2 + eps,
-                         mean_logprob=-1.2, distinct_2=0.8))
-    pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).to_csv(path, index=False)
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from helpers import make_calibration, make_latency, make_sweep
 
 from workbench import REPO_ROOT
 
@@ -43,8 +44,6 @@ def _driver_path() -> str | None:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The app under `streamlit run`, reading a synthetic calibration folder; yields its base URL."""
-    from test_app import make_calibration, make_latency, make_sweep
-
     root = tmp_path_factory.mktemp("browser_calibration")
     cal = make_calibration(root / "synthetic")
     make_latency(cal / "latency-cpu.csv")

@@ -325,7 +325,8 @@ def test_one_line_errors(tiny_llama, prompt_file, tmp_path):
 
 
 def test_heads_for_another_model_are_refused(tiny_llama, prompt_file, tmp_path):
-    from workbench.heads import random_heads, save_heads
+    from workbench.heads import save_heads
+    from workbench.testing import random_heads
 
     other = save_heads(random_heads(32, 128, 2, tied=True), tmp_path / "h", "other")
     with pytest.raises(WorkbenchError, match="hidden size 32"):

@@ -1,11 +1,11 @@
 """The live decoder: lossless greedy Medusa on tiny random Llama and Qwen2 models, multi-token acceptance and
 cache compaction (with a proposer fed the true greedy continuation), typical / nucleus acceptance, limits, CLI."""
 import json
-import random
 import warnings
 
 import pytest
 import torch
+from helpers import Oracle, checked_steps
 
 from workbench import WorkbenchError
 from workbench.cli import main
@@ -13,8 +13,8 @@ from workbench.decode import (Acceptance, accept_greedy, accept_nucleus, accept_
                               medusa_generate, sample_nucleus, vanilla_generate)
 from workbench.engine import TreeBuffers
 from workbench.generation import prepare_prompt
-from workbench.heads import random_heads
-from workbench.models import load_model_and_heads, tiny_model, tiny_tokenizer
+from workbench.models import load_model_and_heads
+from workbench.testing import random_heads, tiny_model, tiny_tokenizer
 from workbench.tree import load_tree, tree_buffers
 
 PROMPTS = ["Hello world", "Write a short poem about the sea.", "2+2="]
@@ -41,51 +41,6 @@ def _greedy_no_cache(model, ids, n):
     return seq[len(ids):]
 
 
-def _checked_steps(prompt_len):
-    """on_step callback asserting the cache holds exactly prompt + emitted tokens after every step."""
-    seen = []
-
-    def on_step(step):
-        seen.append(step)
-        assert step.cache_len == prompt_len + sum(len(s.tokens) for s in seen)
-    return on_step, seen
-
-
-class Oracle:
-    """A proposer that knows the true greedy continuation: head k puts the right token at a rank the tree has
-    below the path offered so far (sometimes at another random rank) or, with probability `miss`, nowhere.
-    Records the rank path it offered at each position."""
-
-    def __init__(self, truth: list[int], tree, vocab: int = 128, miss: float = 0.2, seed: int = 0):
-        self.truth, self.tree, self.vocab, self.miss, self.seed = truth, tree, vocab, miss, seed
-        self.depth, self.topk = tree.depth, tree.max_rank + 1
-        self.offered = {}  # sequence length -> [rank or None per head]
-
-    def __call__(self, hidden, tokens):
-        n = len(tokens)
-        rows, ranks = [], []
-        for k in range(self.depth):
-            want = self.truth[n + k] if n + k < len(self.truth) else 0
-            g = random.Random(f"{self.seed}-{n}-{k}")
-            row = [t for t in g.sample(range(self.vocab), self.topk + 1) if t != want][: self.topk]
-            kids = sorted({p[k] for p in self.tree.paths if len(p) > k and list(p[:k]) == ranks})
-            rank = None if g.random() < self.miss else g.choice(kids) if kids and g.random() < 0.9 \
-                else g.randrange(self.topk)
-            if rank is not None:
-                row[rank] = want
-            rows.append(row)
-            ranks.append(rank)
-        self.offered[n] = ranks
-        return torch.tensor(rows)
-
-    def best_length(self, n: int, tree) -> int:
-        """1 + the deepest node of the tree on the offered path of right tokens (what greedy must accept)."""
-        ranks, paths, d = self.offered[n], set(tree.paths), 0
-        while d < len(ranks) and ranks[d] is not None and tuple(ranks[: d + 1]) in paths:
-            d += 1
-        return 1 + d
-
-
 def _ids(tok, prompt):
     return prepare_prompt(tok, prompt)
 
@@ -101,7 +56,7 @@ def test_greedy_medusa_equals_generate(tiny, tree_name, fmt):
         model, tok, heads = load_model_and_heads(str(model_dir), None if fmt == "3" else str(tiny.heads_dirs[fmt]), "cpu")
     for prompt in PROMPTS:
         ids = _ids(tok, prompt)
-        on_step, seen = _checked_steps(len(ids))
+        on_step, seen = checked_steps(len(ids))
         res = medusa_generate(model, heads, tok, ids, TREES[tree_name], NEW, on_step=on_step)
         ref = _generate(tiny.model, ids, NEW)
         assert res.token_ids == ref, prompt
@@ -113,7 +68,7 @@ def test_greedy_medusa_equals_generate(tiny, tree_name, fmt):
 def test_vanilla_equals_generate(tiny):
     for prompt in PROMPTS:
         ids = _ids(tiny.tokenizer, prompt)
-        on_step, _ = _checked_steps(len(ids))
+        on_step, _ = checked_steps(len(ids))
         res = vanilla_generate(tiny.model, tiny.tokenizer, ids, NEW, on_step=on_step)
         assert res.token_ids == _generate(tiny.model, ids, NEW)
         assert set(res.accepted_lengths) == {1} and res.acceleration_rate == 1.0
@@ -128,7 +83,7 @@ def test_multi_token_acceptance_with_known_continuation(tiny, tree_name):
         ids = _ids(tiny.tokenizer, prompt)
         truth = ids + _greedy_no_cache(tiny.model, ids, 40 + 6)
         oracle = Oracle(truth, tree, seed=i)
-        on_step, _ = _checked_steps(len(ids))
+        on_step, _ = checked_steps(len(ids))
         res = medusa_generate(tiny.model, None, tiny.tokenizer, ids, tree, 40, eos_token_id=[],
                               propose=oracle, on_step=on_step)
         assert res.token_ids == truth[len(ids):len(ids) + 40]
@@ -164,7 +119,7 @@ def test_stops_at_eos_inside_a_multi_token_step(tiny_llama):
     stop = cont[15]
     j = cont.index(stop)
     tree = load_tree("mc_sim_7b_63")
-    on_step, _ = _checked_steps(len(ids))
+    on_step, _ = checked_steps(len(ids))
     res = medusa_generate(tiny_llama.model, None, tok, ids, tree, 40, eos_token_id=stop,
                           propose=Oracle(truth, tree, miss=0.0), on_step=on_step)
     assert res.token_ids == cont[: j + 1] and res.stop_reason == "eos"
@@ -177,7 +132,7 @@ def test_max_new_tokens_is_exact_with_multi_token_steps(tiny_llama):
     truth = ids + _greedy_no_cache(tiny_llama.model, ids, 20)
     tree = load_tree("mc_sim_7b_63")
     for n in (1, 2, 7, 11):
-        on_step, _ = _checked_steps(len(ids))
+        on_step, _ = checked_steps(len(ids))
         res = medusa_generate(tiny_llama.model, None, None, ids, tree, n, eos_token_id=[],
                               propose=Oracle(truth, tree, miss=0.0), on_step=on_step)
         assert res.token_ids == truth[len(ids):len(ids) + n] and res.stop_reason == "max_new_tokens"
@@ -316,7 +271,7 @@ def test_sampling_runs_keep_the_cache_invariant_and_are_seeded(tiny_llama):
     ids = _ids(tiny_llama.tokenizer, PROMPTS[1])
     h = tiny_llama.heads["2"]
     for acc in (Acceptance("typical", 0.7), Acceptance("nucleus", 0.9, top_p=0.9, seed=3)):
-        on_step, _ = _checked_steps(len(ids))
+        on_step, _ = checked_steps(len(ids))
         a = medusa_generate(tiny_llama.model, h, None, ids, "mc_sim_7b_63", 30, acceptance=acc, on_step=on_step)
         b = medusa_generate(tiny_llama.model, h, None, ids, "mc_sim_7b_63", 30, acceptance=acc)
         assert a.token_ids == b.token_ids and 0 < len(a.token_ids) <= 30
@@ -476,7 +431,7 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
         ids = _ids(tiny.tokenizer, prompt)
         ref = _generate(tiny.model, ids, NEW)
         for buf in bufs:
-            on_step, _ = _checked_steps(len(ids))
+            on_step, _ = checked_steps(len(ids))
             res = medusa_generate(tiny.model, heads, tiny.tokenizer, ids, buf, NEW, on_step=on_step, engine=engine)
             assert res.token_ids == ref
             assert vanilla_generate(tiny.model, tiny.tokenizer, ids, NEW, engine=engine).token_ids == ref

@@ -66,7 +66,7 @@ def test_coloured_tokens_html_escapes():
 
 
 def test_token_pieces_join_to_the_text():
-    from workbench.models import tiny_tokenizer
+    from workbench.testing import tiny_tokenizer
 
     tok = tiny_tokenizer()
     ids = tok("hello world, ok").input_ids

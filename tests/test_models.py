@@ -1,12 +1,16 @@
 """Heads loading and saving in every format, strict checks with one-line errors, base-model loading."""
+import re
 import warnings
 
 import pytest
 import torch
+import transformers
+from helpers import TESTED_TRANSFORMERS
 
-from workbench import WorkbenchError
-from workbench.heads import MedusaHeads, check_heads_fit, load_heads, random_heads, save_heads
+from workbench import REPO_ROOT, WorkbenchError
+from workbench.heads import MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.models import load_base, load_model_and_heads, pick_device, pick_dtype
+from workbench.testing import random_heads
 
 
 def _same(a: MedusaHeads, b: MedusaHeads) -> None:
@@ -202,3 +206,18 @@ def test_heads_saved_in_fp16_load_back_as_float(tiny_llama, tmp_path):
     back, _ = load_heads(folder)
     for (k, a), (_, b) in zip(heads.state_dict().items(), back.state_dict().items()):
         assert b.dtype == torch.float32 and torch.allclose(a, b, rtol=1e-3, atol=1e-3), k
+
+
+def test_transformers_is_a_version_the_suite_passed_with():
+    """The README names the versions the suite passed with and pyproject allows none older (a range that starts at
+    an untested version promises what nobody checked: 4.57 lacks the StaticLayer write pointer engine.py moves).
+    Another installed version is a warning, not a failure: the suite may pass, but a failure there is to be
+    compared with a tested version first."""
+    line = re.search(r"tested with transformers ([\d.]+(?:(?:, | and )[\d.]+)*)", (REPO_ROOT / "README.md").read_text())
+    assert line and re.split(r", | and ", line.group(1)) == list(TESTED_TRANSFORMERS)
+    minimum = re.search(r'"transformers>=([\d.]+)"', (REPO_ROOT / "pyproject.toml").read_text()).group(1)
+    assert minimum == min(TESTED_TRANSFORMERS, key=lambda v: tuple(map(int, v.split("."))))
+    installed = ".".join(transformers.__version__.split(".")[:2])
+    if installed not in TESTED_TRANSFORMERS:
+        warnings.warn(f"transformers {transformers.__version__} is not among the versions this suite passed with "
+                      f"({', '.join(TESTED_TRANSFORMERS)}): compare a failure with one of those first")

@@ -12,7 +12,7 @@ from workbench import plots
 from workbench.accuracies import write_accuracies
 from workbench.cli import main
 from workbench.optimize import acc_value_fn, optimal_tree
-from workbench.tree import load_tree, make_tree, reference_trees, to_networkx, tree_buffers
+from workbench.tree import load_tree, make_tree, reference_trees, tree_buffers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -52,7 +52,7 @@ def test_draw_tree_labels_and_edge_widths(acc):
     assert sorted(texts) == sorted(["R"] + [str(p[-1]) for p in tree.paths])
     lines = [c for c in ax.collections if isinstance(c, LineCollection)][0]
     widths = np.asarray(lines.get_linewidths())
-    vals = np.array([probs[child] for _, child in to_networkx(tree).edges()])  # the drawing's edge order
+    vals = np.array([probs[child] for _, child in plots.to_networkx(tree).edges()])  # the drawing's edge order
     assert np.all(np.diff(widths[np.argsort(vals, kind="stable")]) >= 0)  # wider = more probable
     assert widths.max() > widths.min()
     labelled = plots.draw_tree(tree, None, {p: f"t{i}" for i, p in enumerate(tree.paths)} | {(): "root!"})

@@ -7,7 +7,7 @@ import torch
 from workbench import WorkbenchError
 from workbench.cli import main
 from workbench.heads import DEMO_HEADS, load_heads
-from workbench.models import tiny_tokenizer
+from workbench.testing import tiny_tokenizer
 from workbench.train import TrainConfig, default_folders, interleaved_prompts, load_dataset_tensors, train_heads
 
 

@@ -6,11 +6,15 @@ canonical CSV (`head,rank,accuracy[,count]`, 1-based) is written; read are that 
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+import torch
 
 from workbench import WorkbenchError
+from workbench.io import atomic_write_text
 
 SUM_SLACK = 1e-6  # a head's exact-rank accuracies may sum to at most 1 + this (float noise in CSVs)
 
@@ -42,8 +46,6 @@ def accuracies_from_hits(hits) -> tuple[np.ndarray, np.ndarray]:
     Each head is normalised by its own row count (head k has k fewer positions per prompt than head 0), not
     by a hard-coded prompts*steps as in Medusa's script.
     """
-    import torch
-
     if not isinstance(hits, (list, tuple)) or not hits:
         raise WorkbenchError("heads accuracy data: expected a non-empty list of per-head tensors [positions, topk]")
     rows, counts = [], []
@@ -78,8 +80,6 @@ def read_accuracies(path, return_counts: bool = False):
 
 
 def _read_pt(f: Path):
-    import torch
-
     try:
         hits = torch.load(f, map_location="cpu", weights_only=True)
     except Exception:  # the unpickler raises anything on a damaged file (KeyError, struct.error, ...): one line
@@ -89,8 +89,6 @@ def _read_pt(f: Path):
 
 
 def _read_csv(f: Path):
-    import pandas as pd
-
     what = f"accuracy file {f}"
     try:
         df = pd.read_csv(f)
@@ -143,8 +141,6 @@ def _read_csv(f: Path):
 
 def _topk_columns(df) -> dict[int, str]:
     """{k: column} of cumulative top-k accuracy columns `top1`, `top5`, `top_10`, `top-3` ..."""
-    import re
-
     out = {}
     for c in df.columns:
         m = re.fullmatch(r"top[_-]?(\d+)", c)
@@ -158,8 +154,6 @@ def _from_topk(df, what: str):
     numbers its heads, or 1-based) as head,rank,accuracy rows. Between two known k the gain is spread evenly over
     the ranks in between: top1=0.6, top5=0.8 gives rank 1 0.6 and ranks 2..5 0.05 each, so every top-k that the
     file states is kept exactly."""
-    import pandas as pd
-
     cols = _topk_columns(df)
     num = df[["head", *cols.values()]].apply(pd.to_numeric, errors="coerce")
     if num.isna().any().any():
@@ -181,8 +175,6 @@ def _from_topk(df, what: str):
 
 def accuracy_frame(acc, counts=None):
     """The canonical long table: one row per (head, rank), 1-based, as a pandas DataFrame."""
-    import pandas as pd
-
     a = check_accuracies(acc)
     k, r = a.shape
     df = pd.DataFrame({"head": np.repeat(np.arange(1, k + 1), r), "rank": np.tile(np.arange(1, r + 1), k),
@@ -194,6 +186,4 @@ def accuracy_frame(acc, counts=None):
 
 def write_accuracies(path, acc, counts=None) -> Path:
     """Write the canonical CSV (atomically); read_accuracies reads it back exactly."""
-    from workbench.io import atomic_write_text
-
     return atomic_write_text(path, accuracy_frame(acc, counts).to_csv(index=False))

@@ -26,7 +26,9 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.data import load_prompt_records
 from workbench.io import read_json
+from workbench.optimize import acc_value_fn, empirical_value_fn, expected_length
 
 NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
 META, RANKS, CONTINUATIONS, ACCURACIES = "meta.json", "ranks.parquet", "continuations.parquet", "accuracies.csv"
@@ -268,8 +270,6 @@ class Calibration:
 
     def joint_value(self, split: str = "fit"):
         """The path-value function of the measured joint paths (optimize's value for --joint)."""
-        from workbench.optimize import empirical_value_fn
-
         return self._cached(("joint", split), lambda: empirical_value_fn(self.path_probabilities(split)))
 
     def path_comparison(self, split: str = "fit", top: int = 40) -> pd.DataFrame:
@@ -277,8 +277,6 @@ class Calibration:
         independence product of the split's a_k^(i), the ratio (1 = independent heads) and depth. The two use
         different denominators (all positions vs the positions where head k has a target), so even a one-head
         path reads below 1: that part is the answers' ends, not head correlation."""
-        from workbench.optimize import acc_value_fn
-
         measured, value = self.path_probabilities(split), acc_value_fn(self.accuracies(split))
         paths = sorted(measured, key=lambda p: (-measured[p], len(p), p))[:top]
         df = pd.DataFrame({"path": paths, "measured": [measured[p] for p in paths],
@@ -308,8 +306,6 @@ class Calibration:
     def predict(self, tree, max_new_tokens: int | None = None) -> dict[str, float]:
         """The three predicted tokens per step of a tree (names in the module docstring); predicted_replay only
         when the calibration holds out prompts. max_new_tokens cuts the replayed answers, as a sweep does."""
-        from workbench.optimize import expected_length
-
         self.check_fits(tree)
         out = dict(predicted_independent=expected_length(tree, self.accuracies("fit")),
                    predicted_joint=expected_length(tree, self.joint_value("fit")))
@@ -328,8 +324,6 @@ class Calibration:
 
     def holdout_prompts(self, limit: int | None = None) -> list[tuple[str, str]]:
         """[(prompt_id, text)] of the held-out prompts (never used to fit its trees): the honest test set."""
-        from workbench.data import load_prompt_records
-
         limit_ = self.meta.get("limit")
         if not isinstance(self.meta.get("prompts"), str) or not (limit_ is None or isinstance(limit_, int)):
             raise WorkbenchError(f"{self.what} {self.folder}: meta.json does not say which prompts it used "
@@ -375,8 +369,6 @@ def tree_table(trees, acc: np.ndarray, calibration: Calibration | None = None, o
     predicted_replay, and with `optimal` (expected tokens/step of the optimal tree per node count, e.g.
     optimize.expected_curve) the optimum at the same size: the headroom of each shape. A tree that needs more
     heads or ranks than acc has gets a `note` instead of numbers."""
-    from workbench.optimize import expected_length
-
     rows = []
     K, R = acc.shape
     for t in trees:

@@ -7,6 +7,7 @@ import another to get them.
 from __future__ import annotations
 
 import torch
+from transformers import GenerationConfig
 
 from workbench import WorkbenchError
 
@@ -62,8 +63,6 @@ def greedy_continuations(model, prompts: list[list[int]], max_new_tokens: int, s
     logits chose c[t]: captured from the very forwards that generated the tokens (a hook on the decoder), so no
     second pass over the sequences is needed.
     """
-    from transformers import GenerationConfig
-
     B, P = len(prompts), max(map(len, prompts))
     ids = torch.full((B, P), pad_id, dtype=torch.long)
     mask = torch.zeros((B, P), dtype=torch.long)

@@ -16,8 +16,12 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from workbench import WorkbenchError
+from workbench.generation import text_config
+from workbench.io import atomic_write, atomic_write_json, read_json
 
 DEMO_HEADS = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
 HEADS_FILE = "medusa_lm_head"
@@ -70,8 +74,6 @@ class MedusaHeads(nn.ModuleList):
 
 def check_heads_fit(heads: MedusaHeads, model) -> None:
     """Heads trained for another base model are a clear error, not a shape mismatch deep inside torch."""
-    from workbench.generation import text_config
-
     cfg = text_config(model)
     if heads.hidden_size != cfg.hidden_size:
         raise WorkbenchError(f"heads have hidden size {heads.hidden_size} but the base model has {cfg.hidden_size}: "
@@ -143,7 +145,6 @@ def heads_from_state_dict(sd: dict[str, torch.Tensor], where: str, num_heads_hin
 def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
             return load_file(str(path))
         obj = torch.load(str(path), map_location="cpu", weights_only=True)
     except Exception as e:  # corrupt or foreign file: one line, whatever the library raised
@@ -155,8 +156,6 @@ def _read_tensors(path: Path) -> dict[str, torch.Tensor]:
 
 def _read_config(folder: Path) -> dict:
     """A heads folder's config.json; the numbers it may hold are checked (the weights decide everything else)."""
-    from workbench.io import read_json
-
     f = folder / "config.json"
     if not f.is_file():
         return {}
@@ -202,7 +201,6 @@ def _medusa2_tensors(folder: Path) -> dict[str, torch.Tensor]:
     out = {}
     for f in files:
         if f.suffix == ".safetensors":
-            from safetensors import safe_open
             try:
                 with safe_open(str(f), "pt") as sf:
                     for k in sf.keys():
@@ -222,15 +220,11 @@ def save_heads(heads: MedusaHeads, folder: str | Path, base_model: str, fmt: int
 
     `dtype` (e.g. torch.float16, as released Medusa heads are) halves the file; loading casts back to float.
     """
-    from safetensors.torch import save_file
-
     fmt = fmt or (2 if heads.tied else 1)
     if fmt == 1 and heads.tied:
         raise WorkbenchError("format 1 needs a per-head lm_head; these heads share the base lm_head (use format 2)")
     if fmt == 2 and not heads.tied:
         raise WorkbenchError("format 2 has no per-head lm_head; these heads have their own (use format 1)")
-    from workbench.io import atomic_write, atomic_write_json
-
     folder = Path(folder)
     sd = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
     atomic_write(folder / f"{HEADS_FILE}.safetensors", lambda tmp: save_file(sd, str(tmp)), "--out")
@@ -245,16 +239,3 @@ def medusa2_heads_present(model: str) -> bool:
     """Does a model folder hold Medusa-2 `medusa_head.*` tensors (the heads then need no --heads)?"""
     p = Path(model)
     return p.is_dir() and bool(_medusa2_tensors(p))
-
-
-
-def random_heads(hidden_size: int, vocab_size: int, num_heads: int = 5, num_layers: int = 1, tied: bool = False,
-                 seed: int = 0, std: float = 0.2) -> MedusaHeads:
-    """Heads with every tensor random and non-zero (zero-initialised heads would hide a dropped weight)."""
-    heads = MedusaHeads(hidden_size, vocab_size, num_heads, num_layers, tied)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * std)
-    return heads.requires_grad_(False)
-

@@ -14,6 +14,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
+import pandas as pd
+
 from workbench import WorkbenchError
 
 LOCK_NAME = ".workbench.lock"
@@ -184,8 +186,6 @@ def read_json(path: str | Path, what: str, kind: type = dict):
 def read_csv(path, what: str, columns: tuple[str, ...], maker: str):
     """A results CSV (a DataFrame) with at least one row and these columns, or one line naming what is wrong and
     who writes it: the one checked reader of the latency and sweep CSVs."""
-    import pandas as pd
-
     if not Path(path).is_file():
         raise WorkbenchError(f"{what} {path}: no such file (make one with `{maker}`)")
     try:

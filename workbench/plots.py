@@ -8,13 +8,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import networkx as nx
 import numpy as np
 from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from workbench.tree import RankPath, Tree, to_networkx, tree_buffers
+from workbench.io import atomic_write
+from workbench.tree import RankPath, Tree, tree_buffers
 
 CMAP = "viridis"
 STEP_COLOURS = ["#cfe8ff", "#ffe2b8", "#d6f5d6", "#f7d6e6", "#e6dcff", "#fff3b0", "#d9f2f2", "#f2d9c7"]
@@ -28,12 +31,20 @@ def legend_outside(ax, handles=None, labels=None, **kw) -> None:
 
 def save_png(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
     """Write a figure as PNG (atomically: an interrupted write never leaves half an image)."""
-    from workbench.io import atomic_write
-
     return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png"))
 
 
 # ----------------------------------------------------------------------------------------------- trees
+
+def to_networkx(tree: Tree) -> nx.DiGraph:
+    """DiGraph over paths (root = ()), edges parent -> child, node attributes rank and depth."""
+    g = nx.DiGraph()
+    g.add_node((), rank=None, depth=0)
+    for p in tree.sorted_paths:
+        g.add_node(p, rank=p[-1], depth=len(p))
+        g.add_edge(p[:-1], p)
+    return g
+
 
 def tree_positions(tree: Tree) -> dict[RankPath, tuple[float, float]]:
     """Root at the top, one row per depth, leaning left like Fig. 6 of the Medusa paper.
@@ -68,8 +79,6 @@ def _tree_width(tree: Tree) -> float:
 
 def _scalar_mappable(norm):
     """The colour bar's source for edge colours computed by hand (the edge collection carries no colormap)."""
-    from matplotlib.cm import ScalarMappable
-
     sm = ScalarMappable(norm=norm, cmap=CMAP)
     sm.set_array([])
     return sm
@@ -79,8 +88,6 @@ def draw_tree(tree: Tree, probs: dict[RankPath, float] | None = None, labels: di
               ax=None, title: str | None = None):
     """The tree as a graph: node label = rank (or `labels[path]`, e.g. the real token), edge colour and width =
     path probability of the child (`probs`, independence or measured). Returns the Figure (new if ax is None)."""
-    import networkx as nx
-
     fig = None
     if ax is None:
         fig = Figure(figsize=(_tree_width(tree), 1.2 * tree.depth + 1.6), layout="constrained")

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
+from workbench.io import atomic_write_text
 
 RankPath = tuple[int, ...]
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference_trees"  # package data: works from a wheel too
@@ -220,8 +221,6 @@ def record_json(record: dict) -> str:
 
 def save_tree(tree: Tree, path, **provenance) -> Path:
     """Write a tree file atomically: the one writer of tree records (optimize --out, calibrate's tuned trees)."""
-    from workbench.io import atomic_write_text
-
     return atomic_write_text(path, record_json(tree_record(tree, **provenance)))
 
 
@@ -281,18 +280,6 @@ def tree_stats(tree: Tree) -> dict:
         per_depth[len(p) - 1] += 1
     return dict(name=tree.name, nodes=tree.nodes, depth=tree.depth, nodes_per_depth=per_depth,
                 leaves=len(tree.leaves()), max_rank=tree.max_rank, min_topk=tree.max_rank + 1)
-
-
-def to_networkx(tree: Tree):
-    """DiGraph over paths (root = ()), edges parent -> child, node attributes rank and depth."""
-    import networkx as nx
-
-    g = nx.DiGraph()
-    g.add_node((), rank=None, depth=0)
-    for p in tree.sorted_paths:
-        g.add_node(p, rank=p[-1], depth=len(p))
-        g.add_edge(p[:-1], p)
-    return g
 
 
 def ascii_tree(tree: Tree, labels: dict | None = None) -> str:

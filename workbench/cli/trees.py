@@ -5,14 +5,20 @@ import argparse
 import sys
 
 from workbench import WorkbenchError
+from workbench.accuracies import read_accuracies
+from workbench.calibration import Calibration
 from workbench.cli.shared import write_json, write_output
+from workbench.export import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, best_engine_safe, engine_safe, export_plan,
+                              export_tree)
 from workbench.io import atomic_write_text, check_output
-from workbench.tree import MEDUSA_TOPK
+from workbench.latency import hardware_aware, latency_table, read_latency
+from workbench.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
+from workbench.plan import looks_like_plan, read_plan
+from workbench.tree import (MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
+                            tree_record, tree_stats)
 
 
 def _cmd_tree_show(args) -> int:
-    from workbench.tree import ascii_tree, load_tree, tree_stats
-
     check_output(args.png, "--png")
     tree = load_tree(args.tree, num_heads=args.heads)
     st = tree_stats(tree)
@@ -21,8 +27,6 @@ def _cmd_tree_show(args) -> int:
           f"{st['leaves']} root-to-leaf paths, ranks 0..{st['max_rank']} (needs top-{st['min_topk']})")
     print(f"nodes per depth: {', '.join(map(str, st['nodes_per_depth']))}")
     if args.accuracies:
-        from workbench.accuracies import read_accuracies
-        from workbench.optimize import acc_value_fn, expected_length
 
         acc = read_accuracies(args.accuracies)
         tree = load_tree(tree, topk=acc.shape[1], num_heads=acc.shape[0])
@@ -31,7 +35,7 @@ def _cmd_tree_show(args) -> int:
         print(f"expected acceptance length: {expected_length(tree, fn):.4f} tokens/step ({args.accuracies})")
     print(ascii_tree(tree, labels))
     if args.png:  # the app's tree drawing + attention mask (workbench/plots.py); edges by probability if known
-        from workbench.plots import save_png, tree_figure
+        from workbench.plots import save_png, tree_figure  # deferred: matplotlib costs ~1 s, only --png draws
 
         probs = {p: float(v) for p, v in labels.items()} if labels else None
         print(f"wrote {save_png(tree_figure(tree, probs), args.png)}", file=sys.stderr)
@@ -39,8 +43,6 @@ def _cmd_tree_show(args) -> int:
 
 
 def _cmd_tree_list(args) -> int:
-    from workbench.tree import reference_trees, tree_stats
-
     print(f"{'name':<28}{'nodes':>6}{'depth':>6}{'leaves':>7}{'max rank':>9}  nodes per depth")
     for name, tree in reference_trees().items():
         st = tree_stats(tree)
@@ -50,8 +52,6 @@ def _cmd_tree_list(args) -> int:
 
 
 def _cmd_tree_buffers(args) -> int:
-    from workbench.tree import buffers_record, load_tree
-
     if args.topk < 1:
         raise WorkbenchError(f"--topk must be >= 1, got {args.topk}")
     check_output(args.out, "--out")
@@ -61,8 +61,6 @@ def _cmd_tree_buffers(args) -> int:
 
 def _cmd_tree_eval(args) -> int:
     """`workbench tree eval TREE --calibration DIR`."""
-    from workbench.calibration import Calibration
-    from workbench.tree import load_tree
 
     rep = Calibration(args.calibration).report(load_tree(args.tree))
     print(f"tree {rep['tree'] or '(literal)'}: {rep['nodes']} nodes; calibration {rep['calibration']} "
@@ -79,10 +77,8 @@ def _cmd_tree_eval(args) -> int:
 
 def _objective(args):
     """(acc [K, R], value: acc or a path-probability fn) from --accuracies FILE or --calibration DIR [--joint]."""
-    from workbench.accuracies import read_accuracies
 
     if args.calibration or getattr(args, "joint", False):  # a calibration folder: its fit prompts
-        from workbench.calibration import Calibration
 
         if args.calibration is None:
             raise WorkbenchError("--joint needs --calibration DIR (joint path probabilities come from its ranks)")
@@ -98,10 +94,6 @@ def _objective(args):
 
 
 def _cmd_optimize(args) -> int:
-    from workbench.export import best_engine_safe
-    from workbench.optimize import dense_tree, expected_curve, expected_length, optimal_tree
-    from workbench.tree import Tree, load_tree, record_json, tree_record
-
     check_output(args.out, "--out")
     check_output(args.curve_out, "--curve-out")
     acc, value = _objective(args)
@@ -161,10 +153,6 @@ def _cmd_optimize(args) -> int:
 def _optimize_for_latency(args, acc, value) -> int:
     """`optimize --latency FILE`: the optimal tree for every budget, its predicted speedup on the measured
     hardware, and the tree with the best one (called from _cmd_optimize)."""
-    from workbench.optimize import expected_length
-    from workbench.tree import Tree, record_json, tree_record
-    from workbench.calibration import Calibration
-    from workbench.latency import hardware_aware, latency_table, read_latency
 
     if args.dense:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
@@ -200,10 +188,6 @@ def _optimize_for_latency(args, acc, value) -> int:
 
 
 def _cmd_export(args) -> int:
-    from workbench.export import TRTLLM_CURRENT, engine_safe, export_tree
-    from workbench.plan import looks_like_plan
-    from workbench.tree import load_tree
-
     check_output(args.out, "--out")
     if looks_like_plan(args.tree):
         return _export_plan(args)
@@ -239,8 +223,6 @@ def _cmd_export(args) -> int:
 
 def _export_plan(args) -> int:
     """`workbench export PLAN.json --format F`: one engine's settings from a plan (workbench/export.py)."""
-    from workbench.export import export_plan
-    from workbench.plan import read_plan
 
     if args.engine_safe or args.accuracies or args.calibration or args.heads is not None:
         raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-size; --engine-safe, "
@@ -271,7 +253,6 @@ def _num_heads_arg(p, help_text: str) -> None:
 
 def add_tree(sub) -> None:
     """Register `tree` (show, list, buffers, eval), `optimize` and `export`."""
-    from workbench.export import PLAN_FORMATS, SAFE_ENGINES
 
     tree_help = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
     t = sub.add_parser("tree", help="inspect trees: show, list, buffers")
