@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -346,3 +347,44 @@ def test_a_model_spread_over_devices_gives_the_same_ranks(tiny_llama, tmp_path):
         a = head_ranks(spread, heads, prompts, got[0], 4, hidden=None if teacher_forced else got[1])[0]
         b = head_ranks(tiny_llama.model, heads, prompts, want[0], 4, hidden=None if teacher_forced else want[1])[0]
         assert all((x == y).all() for x, y in zip(a, b))
+
+
+# ----------------------------------------------------------------------------------------------- train-heads
+
+def test_train_heads_data_is_sharded_like_calibrate_and_the_last_process_trains(tiny_llama, tmp_path, monkeypatch):
+    from workbench.heads import load_heads
+    from workbench.train import TrainConfig, build_data, part_infos, train_heads
+
+    cfg = dict(prompts=PROMPTS, max_new_tokens=12, gen_batch=2, gen_dtype="float32", steps=20, batch_size=32,
+               lr=1e-2, warmup=2, num_heads=3)
+    model, work, out = str(tiny_llama.model_dir), tmp_path / "work", tmp_path / "heads"
+    as_process(monkeypatch, 1, 2)  # the plan: 6 batches of 2 prompts; process 1 takes batches 3-5 ...
+    first = train_heads(work, TrainConfig(tokens=60, **cfg), model, out, log_every=5)
+    assert first == dict(trained=False, rank=1, num_processes=2, answer_tokens=first["answer_tokens"])
+    assert not out.exists()
+    ones = part_infos(work / "parts")
+    assert {p.name for p, _ in ones} <= {f"part-{i:05d}.pt" for i in (3, 4, 5)}
+    assert first["answer_tokens"] >= 30  # ... until it has its half of the 60 tokens asked for
+    as_process(monkeypatch, 0, 2)
+    summary = train_heads(work, TrainConfig(tokens=60, **cfg), model, out, log_every=5)
+    assert summary["trained"] and summary["answer_tokens"] >= 60 and load_heads(out)[0].num_heads == 3
+    infos = part_infos(work / "parts")
+    assert {p.name for p, _ in infos} - {p.name for p, _ in ones} <= {f"part-{i:05d}.pt" for i in (0, 1, 2)}
+    keys = [k for _, i in infos for k in i["prompt_keys"]]
+    assert len(keys) == len(set(keys))  # no prompt answered twice
+    # every part holds what one process generating the whole plan writes for that batch
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var)
+    build_data(tmp_path / "ref", TrainConfig(tokens=10**6, **cfg), model, None)
+    for p, _ in infos:
+        got, ref = (torch.load(f, weights_only=True) for f in (p, tmp_path / "ref" / "parts" / p.name))
+        assert all(torch.equal(got[k], ref[k]) for k in ("ids", "hidden", "seq")), p.name
+
+
+def test_train_heads_refuses_a_work_folder_of_another_model(tiny_llama, tiny_qwen2, tmp_path):
+    from workbench.train import TrainConfig, build_data
+
+    cfg = TrainConfig(prompts=PROMPTS[:4], tokens=10, max_new_tokens=6, gen_batch=4, gen_dtype="float32")
+    build_data(tmp_path / "work", cfg, str(tiny_llama.model_dir), None)
+    with pytest.raises(WorkbenchError, match=r"part-00000.pt holds answers of .*tiny_llama.*use another --work"):
+        build_data(tmp_path / "work", replace(cfg, tokens=10**6), str(tiny_qwen2.model_dir), None)

@@ -217,9 +217,9 @@ def cmd_train_heads(args) -> int:
                       init=str(Path(args.init).resolve()) if args.init else None,
                       time_budget=args.time_budget, gen_share=args.gen_share)
     if args.time_budget is not None and not args.time_budget > 0:
-        raise WorkbenchError(f"--time-budget {args.time_budget}: give the seconds the run may take, e.g. 540")
+        raise WorkbenchError(f"--time-budget {args.time_budget:g}: give the seconds the run may take, e.g. 540")
     if not 0 < args.gen_share < 1:
-        raise WorkbenchError(f"--gen-share {args.gen_share}: a share of --time-budget in (0, 1), e.g. 0.5")
+        raise WorkbenchError(f"--gen-share {args.gen_share:g}: a share of --time-budget in (0, 1), e.g. 0.5")
     if min(args.num_heads, args.num_layers, args.steps, args.tokens, args.answers_per_prompt) < 1:
         raise WorkbenchError("--num-heads, --num-layers, --steps, --tokens and --answers-per-prompt must be positive")
     if args.init and not Path(args.init).exists():
