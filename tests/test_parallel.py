@@ -101,7 +101,8 @@ def test_share_is_accelerates_split_between_processes():
 
 def test_the_launchers_variables_say_the_rank(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
-                "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "ACCELERATE_USE_CPU", "MASTER_ADDR"):
+                "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "ACCELERATE_USE_CPU", "MASTER_ADDR",
+                "WORKBENCH_LAUNCH_ID"):
         monkeypatch.delenv(var, raising=False)
     alone = current_launch()
     assert (alone.rank, alone.world, alone.launcher) == (0, 1, os.getpid())
@@ -114,7 +115,12 @@ def test_the_launchers_variables_say_the_rank(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     a, b = current_launch(), current_launch()
     assert (a.rank, a.world, a.local_rank) == (1, 4, 0) and a.id == b.id  # one launch: the same id every time
-    assert a.device("cpu") == "cpu"
+    assert a.device("cpu") == "cpu" and a.device(None, "auto") is None  # one process here: a map may take all GPUs
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(WorkbenchError, match="--device-map auto with 2 processes on this machine"):
+        current_launch().device(None, "auto")
+    monkeypatch.setenv("WORKBENCH_LAUNCH_ID", "job-17")  # processes on several machines: one launch by name
+    assert current_launch().id == "job-17"
     monkeypatch.setenv("RANK", "4")
     with pytest.raises(WorkbenchError, match=r"RANK=4 with WORLD_SIZE=4: .*\[0, 4\)"):
         current_launch()

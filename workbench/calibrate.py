@@ -171,7 +171,7 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
         raise WorkbenchError(f"{launch.world} processes for {len(records)} prompts in {batches} batch(es) of "
                              f"--batch-size {batch_size}: every process needs a batch; launch at most {batches} "
                              "(--num_processes) or lower --batch-size")
-    base, tok, hd = load_model_and_heads(model, heads, launch.device(cfg.device), cfg.dtype,
+    base, tok, hd = load_model_and_heads(model, heads, launch.device(cfg.device, cfg.device_map), cfg.dtype,
                                          device_map=cfg.device_map)
     if topk > hd.vocab_size:
         raise WorkbenchError(f"--topk {topk}: larger than the vocabulary ({hd.vocab_size})")

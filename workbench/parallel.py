@@ -56,13 +56,24 @@ class Launch:
         start = self.rank * per + min(self.rank, extra)
         return range(start, start + per + (self.rank < extra))
 
-    def device(self, device: str | None) -> str | None:
+    def device(self, device: str | None, device_map: str | None = None) -> str | None:
         """The device this process runs on: with several processes, `auto` or `cuda` means the GPU of its local
-        rank (each process its own GPU); anything else is taken as given."""
+        rank (each process its own GPU, made the current one); anything else is taken as given. A device map
+        spreads one model over every visible GPU, so it takes a machine (or a CUDA_VISIBLE_DEVICES group) per
+        process."""
         import torch
 
+        if device_map is not None:
+            if self.local_world > 1:
+                raise WorkbenchError(f"--device-map {device_map} with {self.local_world} processes on this machine: "
+                                     "each would spread its model over every visible GPU; start one process per "
+                                     "group of GPUs yourself (CUDA_VISIBLE_DEVICES, RANK, WORLD_SIZE: README, "
+                                     "'Bigger models')")
+            return device
         if self.world > 1 and device in (None, "auto", "cuda") and torch.cuda.is_available():
-            return f"cuda:{self.local_rank % torch.cuda.device_count()}"
+            index = self.local_rank % torch.cuda.device_count()
+            torch.cuda.set_device(index)  # what a library allocates on "cuda" lands on this process's GPU too
+            return f"cuda:{index}"
         return device
 
 
@@ -79,10 +90,10 @@ def current_launch() -> Launch:
         if not 0 <= rank < world:
             raise WorkbenchError(f"{names[0]}={rank} with {names[1]}={world}: a process's rank must be in "
                                  f"[0, {world})")
-        if world > 1:
+        if world > 1:  # across machines the parents differ: WORKBENCH_LAUNCH_ID, the same in every process, joins them
             ppid = os.getppid()
-            return Launch(rank, world, rank if local < 0 else local, world if local_world < 0 else local_world,
-                          ppid, f"{ppid}@{_start_time(ppid)}")
+            return Launch(rank, world, rank if local < 0 else local, 1 if local_world < 0 else local_world, ppid,
+                          os.environ.get("WORKBENCH_LAUNCH_ID") or f"{ppid}@{_start_time(ppid)}")
     pid = os.getpid()
     return Launch(launcher=pid, id=f"{pid}@{time.time_ns()}")  # a run of its own: every call is a new launch
 

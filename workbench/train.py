@@ -191,7 +191,7 @@ def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str
             out_of_time = True
             break
         if model is None:
-            model, tok = load_base(model_name, launch.device(device), cfg.gen_dtype, device_map=device_map)
+            model, tok = load_base(model_name, launch.device(device, device_map), cfg.gen_dtype, device_map=device_map)
             if not tok.chat_template:
                 raise WorkbenchError("the base model's tokenizer has no chat template: heads must learn the answers "
                                      "the model gives in chat, so pass a chat model (or a tokenizer with a template)")
@@ -317,7 +317,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     val_parts = parts[19::20] if len(parts) >= 20 else parts[-1:] if len(parts) > 2 else []
     train_parts = [p for p in parts if p not in val_parts]
     hidden, targets = load_dataset_tensors(train_parts, cfg.num_heads)
-    base, _ = load_base(model_name, launch.device(device), "float32", device_map=device_map)
+    base, _ = load_base(model_name, launch.device(device, device_map), "float32", device_map=device_map)
     full_head = base.get_output_embeddings()
     dev = full_head.weight.device  # the heads train where the lm_head is
     if dev.type == "meta":
