@@ -220,3 +220,16 @@ def test_time_budget_flags_are_checked(tiny_llama, prompt_file, tmp_path, capsys
         err = capsys.readouterr().err.strip().splitlines()
         assert rc == 2 and err[-1].startswith(f"error: {flag} {value}:"), err
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
+
+
+def test_default_training_files_come_from_the_data_folders_in_order(tmp_path, monkeypatch):
+    from workbench.data import data_dirs
+    from workbench.train import DEFAULT_TRAIN_FILES, default_prompt_files
+
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))  # what the GPU machine's environment points at
+    (tmp_path / DEFAULT_TRAIN_FILES[1]).write_text("[]")
+    files = default_prompt_files()
+    assert str(tmp_path / DEFAULT_TRAIN_FILES[1]) in files
+    shared = data_dirs()[1]
+    assert [f for f in files if not f.startswith(str(tmp_path))] == \
+        [str(shared / f) for f in DEFAULT_TRAIN_FILES if f != DEFAULT_TRAIN_FILES[1] and (shared / f).is_file()]

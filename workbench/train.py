@@ -21,14 +21,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from workbench import REPO_ROOT, WorkbenchError
+from workbench import WorkbenchError
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
 from workbench.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.models import cache_dir, load_base, model_label
 from workbench.parallel import Launch, Shard, current_launch
 
-SHARED = REPO_ROOT.parent / "shared" / "data"
 DEFAULT_TRAIN_FILES = ["alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json"]
 HELD_OUT = ("alpaca_eval", "mt_bench")  # calibration sets: never train on them
 
@@ -59,7 +58,12 @@ class TrainConfig:
 
 
 def default_prompt_files() -> list[str]:
-    return [str(SHARED / f) for f in DEFAULT_TRAIN_FILES if (SHARED / f).is_file()]
+    """The default training files, each from the first data folder holding it ($WORKBENCH_DATA_DIR first, as for
+    the named prompt sets: a GPU machine gets them carried there)."""
+    from workbench.data import data_dirs
+
+    return [next(str(d / f) for d in data_dirs() if (d / f).is_file())
+            for f in DEFAULT_TRAIN_FILES if any((d / f).is_file() for d in data_dirs())]
 
 
 def default_folders(model: str | None) -> tuple[Path, Path]:
