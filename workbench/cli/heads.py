@@ -206,8 +206,11 @@ def add_decode(sub) -> None:
 def cmd_train_heads(args) -> int:
     from pathlib import Path
 
+    from workbench.parallel import one_process_warning
     from workbench.train import TrainConfig, default_folders, default_prompt_files, interleaved_prompts, train_heads
 
+    if one_process_warning():
+        print(one_process_warning(), file=sys.stderr)
     files = args.prompts or default_prompt_files()
     cfg = TrainConfig(prompts=interleaved_prompts(files, args.seed), num_heads=args.num_heads,
                       num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
