@@ -16,8 +16,8 @@ Reliability: one part file per prompt batch in `parts/`, written atomically; a r
 skips finished batches, then merges. Data-parallel (`accelerate launch --num_processes N -m workbench.cli
 calibrate`, parallel.py): each process computes a contiguous share of the same batches and the last to finish
 merges, so the folder equals a one-process run's (a batch is the unit: its padding, and so its numbers, do not
-depend on who computes it); a relaunch with any N, or a plain rerun, computes only the missing batches. Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json,
-trees/NAME-{indep,joint}-B.json.
+depend on who computes it); a relaunch with any N, or a plain rerun, computes only the missing batches.
+Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json, trees/NAME-{indep,joint}-B.json.
 """
 from __future__ import annotations
 
