@@ -140,8 +140,8 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
 
     Under a launch of N processes (parallel.py) each process computes its contiguous share of the batches; the
     last one to finish merges and returns the meta, the others return {"folder", "merged": False, "rank",
-    "num_processes", "batches" (its share), "computed" (those not on disk yet)}; the merging one returns those
-    keys too, with merged True. The batches, and so every number, are those of a one-process run.
+    "num_processes", "batches" (its share), "computed" (those not on disk yet)}; the merging one adds those keys
+    to the meta, with merged True. The batches, and so every number, are those of a one-process run.
     `on_batch(i)` is called after batch i is safely on disk (tests use it to simulate a kill).
     `cfg.continuations`: a finished calibration folder of the same model, prompts and token limit whose greedy
     answers are reused (new heads on a fixed base: only one teacher-forced forward per batch, no generation).
@@ -217,7 +217,8 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
             _merge(folder, records, args, launch.world,
                    str(Path(continuations).resolve()) if reuse is not None else None)
         trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if out else Path("trees"))
-        return dict(_finish(folder, name, args, records, holdout, budgets, trees), **mine, merged=True)
+        meta = _finish(folder, name, args, records, holdout, budgets, trees)
+        return dict(meta, **mine, merged=True) if launch.world > 1 else meta
 
 
 def heads_fingerprint(heads) -> str:

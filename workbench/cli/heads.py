@@ -41,7 +41,7 @@ def _cmd_calibrate(args) -> int:
         out=args.out, device=args.device, dtype=args.dtype, device_map=args.device_map, batch_size=args.batch_size,
         force=args.force,
         continuations=args.continuations, trees_dir=args.trees_dir))
-    if meta["num_processes"] > 1:  # a process of a data-parallel launch
+    if "merged" in meta:  # a process of a data-parallel launch
         print(f"process {meta['rank']} of {meta['num_processes']}: computed {meta['computed']} of its "
               f"{meta['batches']} batch(es) (the others were on disk); "
               + ("merged every process's parts" if meta["merged"] else
