@@ -10,7 +10,8 @@ waits on another process, so a process that dies stops nobody and costs only its
 process unless accelerate itself was told --cpu, which starts several only through MPI.)
 
 The processes of one launch are told apart from those of another by their launcher: the parent process (the
-accelerate/torchrun agent, mpirun's proxy, the user's shell script) and its start time.
+accelerate/torchrun agent, mpirun's proxy, the user's shell script) and its start time, or, for processes on
+several machines, $WORKBENCH_LAUNCH_ID set to the same value in each.
 """
 from __future__ import annotations
 
