@@ -193,3 +193,43 @@ def test_base_without_chat_template_is_refused(tiny_llama, prompt_file, tmp_path
     with pytest.raises(WorkbenchError, match="chat template"):
         train_heads(tmp_path / "w", _cfg(interleaved_prompts([str(prompt_file)])), str(folder), tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_time_budget_stops_generation_and_training_in_time_and_writes_the_heads(tiny_llama, prompt_file, tmp_path):
+    import time
+
+    budget = 20
+    cfg = _cfg(interleaved_prompts([str(prompt_file)]), tokens=10**7, steps=10**6, answers_per_prompt=40,
+               time_budget=budget)
+    t0 = time.time()
+    summary = train_heads(tmp_path / "work", cfg, str(tiny_llama.model_dir), tmp_path / "heads", log_every=20)
+    took = time.time() - t0
+    assert took < budget, took  # validation and saving included
+    assert 0 < summary["answer_tokens"] < 10**7 and 0 < summary["steps"] < 10**6  # both phases cut short
+    heads, config = load_heads(tmp_path / "heads")
+    assert heads.num_heads == 3 and config["training"]["time_budget"] == budget
+    # the schedule ran on the time there was: after the warm-up, the cosine down to (almost) nothing at the end
+    lrs = [h["lr"] for h in summary["history"]]
+    assert lrs[-1] < 0.02 * cfg.lr and lrs == sorted(lrs, reverse=True)
+
+
+def test_time_budget_flags_are_checked(tiny_llama, prompt_file, tmp_path, capsys):
+    for flag, value in (("--time-budget", "0"), ("--gen-share", "1")):
+        rc = main(["train-heads", "--model", str(tiny_llama.model_dir), "--prompts", str(prompt_file), flag, value,
+                   "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert rc == 2 and err[-1].startswith(f"error: {flag} {value}:"), err
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
+
+
+def test_default_training_files_come_from_the_data_folders_in_order(tmp_path, monkeypatch):
+    from workbench.data import data_dirs
+    from workbench.train import DEFAULT_TRAIN_FILES, default_prompt_files
+
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))  # what the GPU machine's environment points at
+    (tmp_path / DEFAULT_TRAIN_FILES[1]).write_text("[]")
+    files = default_prompt_files()
+    assert str(tmp_path / DEFAULT_TRAIN_FILES[1]) in files
+    shared = data_dirs()[1]
+    assert [f for f in files if not f.startswith(str(tmp_path))] == \
+        [str(shared / f) for f in DEFAULT_TRAIN_FILES if f != DEFAULT_TRAIN_FILES[1] and (shared / f).is_file()]

@@ -13,8 +13,11 @@ step is captured from those same forwards (a hook on the decoder), and the heads
 positions in big chunks instead of a heads pass per step. This equals a teacher-forced forward over prompt +
 continuation (`generation.teacher_forced_hidden`, tested to give the same ranks) without paying for that second pass.
 Reliability: one part file per prompt batch in `parts/`, written atomically; a rerun with the same arguments
-skips finished batches, then merges. Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json,
-trees/NAME-{indep,joint}-B.json.
+skips finished batches, then merges. Data-parallel (`accelerate launch --num_processes N -m workbench.cli
+calibrate`, parallel.py): each process computes a contiguous share of the same batches and the last to finish
+merges, so the folder equals a one-process run's (a batch is the unit: its padding, and so its numbers, do not
+depend on who computes it); a relaunch with any N, or a plain rerun, computes only the missing batches.
+Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json, trees/NAME-{indep,joint}-B.json.
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from workbench.calibration import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS,
                                    ranks_frame, read_ranks, slug)
 from workbench.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
                                   teacher_forced_hidden)
-from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
+from workbench.io import atomic_write, atomic_write_json, gate, read_json, run_lock
+from workbench.parallel import Shard, current_launch
 from workbench.tree import MEDUSA_TOPK
 
 
@@ -61,7 +65,7 @@ def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], t
         for k in range(min(K, len(c) - 1) + 1):
             targets[k, offsets[b]:offsets[b + 1] - k] = c[k:]
     lm_head = model.get_output_embeddings()
-    dev = model.device
+    dev = next(heads.parameters()).device  # the last hidden state's (a model across devices: see models.py)
     with torch.no_grad():
         check = hidden is None
         hidden = teacher_forced_hidden(model, prompts, conts) if check else torch.cat(hidden)  # [M, H]
@@ -73,8 +77,8 @@ def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], t
             h = hidden[s:s + chunk]                                   # [m, H]
             tgt = targets[:, s:s + chunk].to(dev)                     # [K+1, m]
             if check:
-                mismatches[s:s + chunk] = (lm_head(h).argmax(-1) != tgt[0]).cpu()
-            top = heads(h, lm_head).topk(topk, dim=-1).indices        # [K, m, topk]
+                mismatches[s:s + chunk] = (lm_head(h).argmax(-1).to(dev) != tgt[0]).cpu()
+            top = heads(h, lm_head).topk(topk, dim=-1).indices.to(dev)  # [K, m, topk] (lm_head's device -> ours)
             hit = top == tgt[1:, :, None]
             r = torch.where(hit.any(-1), hit.int().argmax(-1), -1)
             ranks[:, s:s + chunk] = torch.where(tgt[1:] < 0, NULL, r).to(torch.int16).cpu()
@@ -124,6 +128,7 @@ class CalibrateConfig:
     out: str | Path | None = None       # instead of calibration/NAME
     device: str | None = None
     dtype: str | None = None
+    device_map: str | None = None       # "auto": one model across the visible devices (accelerate big-model loading)
     batch_size: int = 32
     force: bool = False                 # start over when the folder holds a run with other arguments
     continuations: str | Path | None = None  # reuse a finished calibration's greedy answers (new heads, same base)
@@ -133,6 +138,10 @@ class CalibrateConfig:
 def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> dict:
     """Run (or resume) a calibration and write its folder; returns meta.json's content plus `folder`.
 
+    Under a launch of N processes (parallel.py) each process computes its contiguous share of the batches; the
+    last one to finish merges and returns the meta, the others return {"folder", "merged": False, "rank",
+    "num_processes", "batches" (its share), "computed" (those not on disk yet)}; the merging one adds those keys
+    to the meta, with merged True. The batches, and so every number, are those of a one-process run.
     `on_batch(i)` is called after batch i is safely on disk (tests use it to simulate a kill).
     `cfg.continuations`: a finished calibration folder of the same model, prompts and token limit whose greedy
     answers are reused (new heads on a fixed base: only one teacher-forced forward per batch, no generation).
@@ -156,7 +165,14 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     records = load_prompt_records(prompts, limit)
     name = name or default_name(model, prompts)
     folder = Path(out) if out else calibration_root() / name
-    base, tok, hd = load_model_and_heads(model, heads, cfg.device, cfg.dtype)
+    launch = current_launch()
+    batches = -(-len(records) // batch_size)
+    if launch.world > batches:
+        raise WorkbenchError(f"{launch.world} processes for {len(records)} prompts in {batches} batch(es) of "
+                             f"--batch-size {batch_size}: every process needs a batch; launch at most {batches} "
+                             "(--num_processes) or lower --batch-size")
+    base, tok, hd = load_model_and_heads(model, heads, launch.device(cfg.device, cfg.device_map), cfg.dtype,
+                                         device_map=cfg.device_map)
     if topk > hd.vocab_size:
         raise WorkbenchError(f"--topk {topk}: larger than the vocabulary ({hd.vocab_size})")
     if base.base_model is base:
@@ -182,15 +198,27 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
     reuse = reused_continuations(continuations, args, [pid for pid, _ in records], hd.vocab_size) \
         if continuations is not None else None
-    with run_lock(folder, "--out" if out else "--name"):  # a second run on this folder refuses: no mixed parts
-        done = _prepare_folder(folder, name, args, cfg.force)
+    flag = "--out" if out else "--name"
+    # another run on this folder refuses (no mixed parts); the processes of this launch share it
+    with run_lock(folder, flag, launch=launch):
+        with gate(folder):  # the launch's processes check (and with --force clear) the folder one at a time
+            done = _prepare_folder(folder, name, args, cfg.force)
+        share = launch.share(batches) if not done else range(0)
+        mine = dict(folder=str(folder), rank=launch.rank, num_processes=launch.world, batches=len(share), computed=0)
+        if done and launch.rank:
+            return dict(mine, merged=False)
         if not done:
-            _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse)
-            if reuse is not None:
-                meta = read_json(folder / META, str(folder))
-                atomic_write_json(folder / META, dict(meta, continuations_from=str(Path(continuations).resolve())))
+            with Shard(folder / "parts", launch, f"{flag} {folder}") as shard:
+                mine["computed"] = _run_batches(folder, base, tok, hd, records, encoded, args, share, on_batch,
+                                                progress and launch.rank == 0, reuse)
+                last = shard.finish()
+            if not last:
+                return dict(mine, merged=False)
+            _merge(folder, records, args, launch.world,
+                   str(Path(continuations).resolve()) if reuse is not None else None)
         trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if out else Path("trees"))
-        return _finish(folder, name, args, records, holdout, budgets, trees)
+        meta = _finish(folder, name, args, records, holdout, budgets, trees)
+        return dict(meta, **mine, merged=True) if launch.world > 1 else meta
 
 
 def heads_fingerprint(heads) -> str:
@@ -234,7 +262,11 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
             except WorkbenchError:
                 recorded = {"unreadable": str(f)}
             break
-    if recorded is not None and recorded != args:
+    foreign = recorded is None and any((folder / "parts").glob("*.parquet"))
+    if foreign and not force:
+        raise WorkbenchError(f"{folder}/parts holds part files but no args.json: they are not this run's; remove "
+                             "that folder, use another --name/--out, or --force to start over")
+    if foreign or (recorded is not None and recorded != args):
         if not force:
             diff = [k for k in sorted(set(args) | set(recorded)) if args.get(k) != recorded.get(k)]
             shown = ", ".join(f"{k}: {recorded.get(k)!r} -> {args.get(k)!r}" for k in diff[:3])
@@ -252,16 +284,46 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
     return complete
 
 
-def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progress, reuse=None) -> None:
+def _part(parts: Path, i: int, kind: str) -> Path:
+    """Batch i's part file: kind 'ranks' (written last: the batch is done) or 'prompts'."""
+    return parts / f"{i:05d}.{kind}.parquet"
+
+
+def _batches(n: int, size: int) -> list[range]:
+    return [range(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def _check_part(parts: Path, i: int, pids: list[str]) -> None:
+    """A finished part must hold exactly batch i's prompts: parts copied from another run (other prompts, another
+    --batch-size) would otherwise be merged in silently."""
+    try:
+        got = pd.read_parquet(_part(parts, i, "prompts"), columns=["prompt_id"])["prompt_id"].tolist()
+    except Exception as e:  # a damaged or missing file
+        raise WorkbenchError(f"{_part(parts, i, 'prompts')}: not readable ({type(e).__name__}); rerun with --force "
+                             "to start over") from None
+    if got != pids:
+        raise WorkbenchError(f"{_part(parts, i, 'prompts')}: holds prompts {got[:3]}..., not batch {i} of this run "
+                             f"({pids[:3]}...): the parts are from another run; use --force to start over")
+
+
+def _run_batches(folder, base, tok, hd, records, encoded, args, share: range, on_batch, progress,
+                 reuse=None) -> int:
+    """Compute the batches of `share` (indices into the run's batches) that have no part file yet; returns how
+    many that was."""
     from tqdm.auto import tqdm
 
     parts = folder / "parts"
-    bs = args["batch_size"]
-    batches = [range(s, min(s + bs, len(records))) for s in range(0, len(records), bs)]
-    todo = [i for i in range(len(batches)) if not (parts / f"{i:05d}.ranks.parquet").is_file()]
+    batches = _batches(len(records), args["batch_size"])
+    todo = []
+    for i in share:
+        if _part(parts, i, "ranks").is_file():
+            _check_part(parts, i, [records[j][0] for j in batches[i]])
+        else:
+            todo.append(i)
     stop_ids = sorted(eos_ids(base, tok))  # the live decoder's stop tokens
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
-    bar = tqdm(total=len(records), initial=len(records) - sum(len(batches[i]) for i in todo), unit="prompt",
+    mine = sum(len(batches[i]) for i in share)
+    bar = tqdm(total=mine, initial=mine - sum(len(batches[i]) for i in todo), unit="prompt",
                desc="calibrate", disable=not progress, dynamic_ncols=True)
     for i in todo:
         t0 = time.perf_counter()
@@ -280,20 +342,34 @@ def _run_batches(folder, base, tok, hd, records, encoded, args, on_batch, progre
                              "continuation": [list(c) for c in conts],
                              "stopped": ["eos" if c and c[-1] in stop_ids else "length" for c in conts],
                              "seconds": [secs / len(idx)] * len(idx)})
-        _write_parquet(info, parts / f"{i:05d}.prompts.parquet")
-        _write_parquet(ranks_frame(pids, ranks, hd.num_heads), parts / f"{i:05d}.ranks.parquet")  # = batch done
+        _write_parquet(info, _part(parts, i, "prompts"))
+        _write_parquet(ranks_frame(pids, ranks, hd.num_heads), _part(parts, i, "ranks"))  # = batch done
         bar.update(len(idx))
         if on_batch is not None:
             on_batch(i)
     bar.close()
-    n = len(batches)
-    ranks = pd.concat([pd.read_parquet(parts / f"{i:05d}.ranks.parquet") for i in range(n)], ignore_index=True)
-    info = pd.concat([pd.read_parquet(parts / f"{i:05d}.prompts.parquet") for i in range(n)], ignore_index=True)
+    return len(todo)
+
+
+def _merge(folder: Path, records, args: dict, num_processes: int, continuations_from: str | None) -> None:
+    """Every batch's parts -> ranks.parquet and continuations.parquet in prompt order, then meta.json (which marks
+    the ranks complete), then the parts go. Whichever processes computed them, the files are a one-process run's."""
+    parts = folder / "parts"
+    batches = _batches(len(records), args["batch_size"])
+    missing = [i for i in range(len(batches)) if not _part(parts, i, "ranks").is_file()]
+    if missing:  # every process reported its share done: someone removed parts meanwhile
+        raise WorkbenchError(f"{parts}: batch(es) {missing[:5]} have no part file; run the same command again to "
+                             "compute them")
+    for i, idx in enumerate(batches):
+        _check_part(parts, i, [records[j][0] for j in idx])
+    ranks = pd.concat([pd.read_parquet(_part(parts, i, "ranks")) for i in range(len(batches))], ignore_index=True)
+    info = pd.concat([pd.read_parquet(_part(parts, i, "prompts")) for i in range(len(batches))], ignore_index=True)
     seconds = float(info.pop("seconds").sum())
     _write_parquet(info, folder / CONTINUATIONS)
     _write_parquet(ranks, folder / RANKS)
     atomic_write_json(folder / "parts" / "args.json", {"args": args, "compute_seconds": seconds})
-    meta = dict(args=args, compute_seconds=seconds)
+    meta = dict(args=args, compute_seconds=seconds, num_processes=num_processes,
+                **({"continuations_from": continuations_from} if continuations_from else {}))
     atomic_write_json(folder / META, meta)  # marks the ranks complete; _finish fills in the rest
     shutil.rmtree(parts, ignore_errors=True)
 
@@ -370,6 +446,7 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
                 fit_positions=len(fit), holdout_positions=len(test),
                 stopped_at_eos=int((stopped == "eos").sum()),
                 trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"),
+                num_processes=old.get("num_processes", 1),
                 **({"continuations_from": old["continuations_from"]} if "continuations_from" in old else {}))
     atomic_write_json(folder / META, meta)
     return dict(meta, folder=str(folder))

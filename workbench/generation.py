@@ -111,4 +111,5 @@ def teacher_forced_hidden(model, prompts, conts) -> torch.Tensor:
     hidden = model.base_model(input_ids=ids.to(dev), attention_mask=mask.to(dev)).last_hidden_state  # [B, L, H]
     rows = [b for b, c in enumerate(conts) for _ in c]
     cols = [len(p) - 1 + t for p, c in zip(prompts, conts) for t in range(len(c))]
-    return hidden[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)]  # [M, H]
+    at = hidden.device  # the last layer's, which is not the input's for a model spread across devices
+    return hidden[torch.tensor(rows, device=at), torch.tensor(cols, device=at)]  # [M, H]

@@ -120,13 +120,29 @@ def _check_output(path: Path, kind: str, label: str) -> None:
 
 
 @contextmanager
-def run_lock(target: str | Path, what: str, kind: str = "folder"):
-    """Hold an exclusive lock on a run's folder (or file) for the duration of the block.
+def gate(folder: str | Path):
+    """Hold `folder`'s own flock for the block: the short critical sections of every process on a folder (taking
+    or leaving its run lock, preparing it, checking who finished) happen one at a time. Blocks while another
+    process holds it."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
 
-    The lock file (`.workbench.lock` in the folder, `.NAME.lock` beside a file) holds the owner's pid; the lock
-    itself is an flock, which the kernel drops when the owner dies, so a lock left by a killed run (pid dead) is
-    simply taken over. A second run on the same target refuses in one line naming the owner's pid. A folder the
-    lock had to create is removed again if the run left it empty (a refused run writes nothing)."""
+
+@contextmanager
+def run_lock(target: str | Path, what: str, kind: str = "folder", launch=None):
+    """Hold a run's lock on its folder (or file) for the duration of the block.
+
+    The lock file (`.workbench.lock` in the folder, `.NAME.lock` beside a file) names its owner; the lock itself
+    is an flock, which the kernel drops when the owner dies, so a lock left by a killed run (pid dead) is simply
+    taken over. A plain run holds it alone (the file holds its pid). The processes of one data-parallel launch
+    (`launch`, a parallel.Launch of several processes) hold it together, shared (the file holds the launcher's
+    pid and the launch's id): they work on one folder by design, each on its own share. Any other run on the same
+    target refuses in one line naming the owner's pid. A folder the lock had to create is removed again if the run
+    left it empty (a refused run writes nothing)."""
     target = Path(target)
     folder = target if kind == "folder" else target.parent
     top = folder  # the outermost folder this lock creates (removed again if the run leaves it empty)
@@ -138,30 +154,38 @@ def run_lock(target: str | Path, what: str, kind: str = "folder"):
     except OSError as e:
         raise WorkbenchError(f"{what} {target}: cannot create the folder ({_reason(e)})") from None
     path = folder / LOCK_NAME if kind == "folder" else folder / f".{target.name}.lock"
-    while True:
+    shared = launch is not None and launch.world > 1
+    owner = f"{launch.launcher} {launch.id}" if shared else str(os.getpid())
+    with gate(folder):  # nobody else takes, converts or leaves the lock meanwhile
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{owner}\n".encode())
+            if shared:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # the launch's other processes join it
         except BlockingIOError:
-            owner = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise WorkbenchError(f"{what} {target}: another run (pid {owner}) is writing there right now; wait for "
-                                 f"it to finish or use another {what} (lock file {path})") from None
-        try:  # the holder before us may have removed the file between our open and flock: lock the new one
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+            held = os.read(fd, 200).decode(errors="replace").split()
+            if not (shared and held[1:] == [launch.id]):
+                os.close(fd)
+                raise WorkbenchError(f"{what} {target}: another run (pid {held[0] if held else 'unknown'}) is "
+                                     f"writing there right now; wait for it to finish or use another {what} (lock "
+                                     f"file {path})") from None
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # a process of the same launch holds it: join
     try:
         yield path
     finally:
-        path.unlink(missing_ok=True)
-        os.close(fd)
-        while created and folder.is_dir() and not any(folder.iterdir()):
+        with gate(folder):
+            last = True
+            if shared:  # the last process of the launch to leave removes the file
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    last = False
+            if last:
+                path.unlink(missing_ok=True)
+            os.close(fd)
+        while created and last and folder.is_dir() and not any(folder.iterdir()):
             folder.rmdir()
             if folder == top:
                 break

@@ -94,17 +94,30 @@ def demo_model_dir() -> Path:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 
 
+DEVICE_MAPS = ("auto",)
+
+
 def load_base(model: str | None = None, device: str | None = None, dtype: str | None = None,
-              attn_implementation: str | None = None, need_tokenizer: bool = True):
+              attn_implementation: str | None = None, need_tokenizer: bool = True, device_map: str | None = None):
     """(model, tokenizer) for a hub id, a local folder, a `.gguf` file, or (None) the embedded demo model.
 
     need_tokenizer=False: a local model folder without tokenizer files gives tokenizer None (token ids in and
-    out need none)."""
+    out need none). device_map="auto": accelerate's big-model loading spreads the layers over the visible GPUs
+    (then CPU memory) as they fit, for a model larger than one device; inputs go to `model.device` (the
+    embedding's), the last hidden state comes out on `hidden_device(model)`."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if device_map is not None:
+        if device_map not in DEVICE_MAPS:
+            raise WorkbenchError(f"--device-map {device_map}: unknown (use auto)")
+        if device not in (None, "auto"):
+            raise WorkbenchError(f"--device {device} with --device-map {device_map}: the device map places the "
+                                 "model itself; drop --device (CUDA_VISIBLE_DEVICES picks the GPUs)")
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     kwargs = dict(dtype=dt)
+    if device_map is not None:
+        kwargs["device_map"] = device_map
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if model is None:
@@ -132,7 +145,9 @@ def load_base(model: str | None = None, device: str | None = None, dtype: str | 
     if bad:  # transformers would fill them with random numbers: a model that silently talks nonsense
         raise WorkbenchError(f"--model {model}: its weights do not fit its config ({len(bad)} tensors missing or of "
                              f"the wrong shape, e.g. {str(bad[0])[:80]})")
-    m.to(dev).eval()
+    if device_map is None:  # a dispatched model stays where accelerate put each layer
+        m.to(dev)
+    m.eval()
     m.requires_grad_(False)
     if tok is not None and tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -145,10 +160,22 @@ def model_label(model: str | None) -> str:
 
 # ----------------------------------------------------------------------------------------------- base + heads
 
+def hidden_device(model) -> torch.device:
+    """Where the model's last hidden state comes out: its only device, or for a model spread across devices
+    (device_map) the one its final layers landed on, found by running one token (the map's names differ per
+    architecture). Medusa heads go there: they read that state."""
+    if len({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}) <= 1:
+        return model.device
+    with torch.no_grad():
+        return model.base_model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=model.device)
+                                ).last_hidden_state.device
+
+
 def load_model_and_heads(model: str | None = None, heads: str | None = None, device: str | None = None,
                          dtype: str | None = None, attn_implementation: str | None = None,
-                         need_tokenizer: bool = True):
-    """(base, tokenizer, heads) on one device/dtype, checked to fit each other (tokenizer: see load_base).
+                         need_tokenizer: bool = True, device_map: str | None = None):
+    """(base, tokenizer, heads) in one dtype, the heads on the device of the base's last hidden state, checked to
+    fit each other (tokenizer and device_map: see load_base).
 
     Without --model and --heads: the demo model and its shipped heads. With --model only: heads are required.
     """
@@ -159,11 +186,11 @@ def load_model_and_heads(model: str | None = None, heads: str | None = None, dev
     if heads is None and model is not None:
         heads = model  # full Medusa-2 checkpoint: the heads live in the model folder
     h, _ = load_heads(heads)  # before the base model: a bad heads path fails in a second, not after a model load
-    base, tok = load_base(model, device, dtype, attn_implementation, need_tokenizer)
+    base, tok = load_base(model, device, dtype, attn_implementation, need_tokenizer, device_map)
     if h.tied and not h.vocab_size:
         h.vocab_size = base.get_output_embeddings().weight.shape[0]
     check_heads_fit(h, base)
-    h.to(device=base.device, dtype=base.dtype).eval().requires_grad_(False)
+    h.to(device=hidden_device(base), dtype=base.dtype).eval().requires_grad_(False)
     return base, tok, h
 
 

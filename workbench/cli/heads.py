@@ -14,7 +14,10 @@ from workbench.tree import MEDUSA_TOPK
 
 def _cmd_calibrate(args) -> int:
     from workbench.calibrate import CalibrateConfig, calibrate
+    from workbench.parallel import one_process_warning
 
+    if one_process_warning():
+        print(one_process_warning(), file=sys.stderr)
     if args.out:
         check_output(args.out, "--out", "folder")
     elif args.name:
@@ -25,9 +28,16 @@ def _cmd_calibrate(args) -> int:
     meta = calibrate(CalibrateConfig(
         model=args.model, heads=args.heads, prompts=args.prompts, limit=args.limit, holdout=args.holdout,
         max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=tuple(parse_ints(args.budgets, "--budgets")),
-        name=args.name,
-        out=args.out, device=args.device, dtype=args.dtype, batch_size=args.batch_size, force=args.force,
+        name=args.name, out=args.out, device=args.device, dtype=args.dtype, device_map=args.device_map,
+        batch_size=args.batch_size, force=args.force,
         continuations=args.continuations, trees_dir=args.trees_dir))
+    if "merged" in meta:  # a process of a data-parallel launch
+        print(f"process {meta['rank']} of {meta['num_processes']}: computed {meta['computed']} of its "
+              f"{meta['batches']} batch(es) (the others were on disk); "
+              + ("merged every process's parts" if meta["merged"] else
+                 f"its parts are in {meta['folder']}/parts, the last process to finish merges them"), file=sys.stderr)
+        if not meta["merged"]:
+            return 0
     print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
           f"top-{meta['topk']}; holdout {len(meta['holdout_ids'])} prompts")
     held = bool(meta["holdout_ids"])
@@ -51,7 +61,7 @@ def add_calibrate(sub) -> None:
                                    "true token in each head's top-k; write ranks, accuracies and optimal trees "
                                    "(independent heads and measured joint path probabilities). Resumable: rerun the "
                                    "same command to continue.",
-                       parents=[model_args("--model", "--heads", "--device", "--dtype")])
+                       parents=[model_args("--model", "--heads", "--device", "--device-map", "--dtype")])
     p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns) or a JSON/JSONL/CSV/"
                    "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
     p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts")
@@ -137,7 +147,7 @@ def cmd_decode(args) -> int:
     if args.prompt_ids is not None:
         _prompt_ids(args.prompt_ids)  # malformed ids fail before the model loads
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
-                                             need_tokenizer=args.prompt_ids is None)
+                                             need_tokenizer=args.prompt_ids is None, device_map=args.device_map)
     tree = load_tree(args.tree, num_heads=heads.num_heads)
     prompts = _decode_prompts(args, tok)
     if args.batch > len(prompts):
@@ -186,7 +196,8 @@ def add_decode(sub) -> None:
     p = sub.add_parser("decode", help="generate with Medusa heads and a tree; --compare against vanilla greedy",
                        description="Medusa decoding of one prompt with a given tree. Greedy acceptance is lossless: "
                                    "--compare checks it token for token against plain greedy decoding.",
-                       parents=[model_args("--model", "--heads", "--device", "--dtype", "--attn", "--compile")])
+                       parents=[model_args("--model", "--heads", "--device", "--device-map", "--dtype", "--attn",
+                                           "--compile")])
     p.add_argument("--tree", required=True, help="reference tree name, tree file, or literal like '[[0],[0,0],[1]]'")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="user message (wrapped in the chat template unless --raw)")
@@ -218,15 +229,23 @@ def add_decode(sub) -> None:
 def cmd_train_heads(args) -> int:
     from pathlib import Path
 
+    from workbench.parallel import one_process_warning
     from workbench.train import TrainConfig, default_folders, default_prompt_files, interleaved_prompts, train_heads
 
+    if one_process_warning():
+        print(one_process_warning(), file=sys.stderr)
     files = args.prompts or default_prompt_files()
     cfg = TrainConfig(prompts=interleaved_prompts(files, args.seed), num_heads=args.num_heads,
                       num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
                       max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
                       steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                       active_steps=args.active_steps, answers_per_prompt=args.answers_per_prompt,
-                      init=str(Path(args.init).resolve()) if args.init else None)
+                      init=str(Path(args.init).resolve()) if args.init else None,
+                      time_budget=args.time_budget, gen_share=args.gen_share)
+    if args.time_budget is not None and not args.time_budget > 0:
+        raise WorkbenchError(f"--time-budget {args.time_budget:g}: give the seconds the run may take, e.g. 540")
+    if not 0 < args.gen_share < 1:
+        raise WorkbenchError(f"--gen-share {args.gen_share:g}: a share of --time-budget in (0, 1), e.g. 0.5")
     if min(args.num_heads, args.num_layers, args.steps, args.tokens, args.answers_per_prompt) < 1:
         raise WorkbenchError("--num-heads, --num-layers, --steps, --tokens and --answers-per-prompt must be positive")
     if args.init and not Path(args.init).exists():
@@ -237,7 +256,12 @@ def cmd_train_heads(args) -> int:
     work, out = Path(args.work or work), Path(args.out or out)
     check_output(work, "--work", "folder")
     check_output(out, "--out", "folder")
-    summary = train_heads(work, cfg, args.model, out, args.device)
+    summary = train_heads(work, cfg, args.model, out, args.device, device_map=args.device_map)
+    if not summary["trained"]:  # a process of a data-parallel launch that did not finish last
+        print(f"process {summary['rank']} of {summary['num_processes']}: its share of the data is in {work}/parts "
+              f"({summary['answer_tokens']} answer tokens there so far); the last process to finish trains",
+              file=sys.stderr)
+        return 0
     print(json.dumps({k: summary[k] for k in ("answer_tokens", "steps", "validation")}, indent=2))
     print(f"heads written to {out}", file=sys.stderr)
     return 0
@@ -249,7 +273,7 @@ def add_train_heads(sub) -> None:
                                    "Resumable: rerun the same command to continue.",
                        # no --heads (it writes heads: --out, --init); no --dtype (--gen-dtype for generating,
                        # training loads the base in fp32)
-                       parents=[model_args("--model", "--device")])
+                       parents=[model_args("--model", "--device", "--device-map")])
     p.add_argument("--prompts", nargs="+", metavar="FILE",
                    help="Alpaca-format prompt files (default: the training sets in shared/data)")
     p.add_argument("--num-heads", type=int, default=4)
@@ -270,6 +294,11 @@ def add_train_heads(sub) -> None:
                         "the remaining steps use the full vocabulary)")
     p.add_argument("--init", metavar="HEADS",
                    help="start from these heads instead of from zero (e.g. the same heads, once the data has grown)")
+    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+                   help="stop in time: generation, training, validation and saving end within SECONDS (the heads "
+                        "are written before it ends; the schedule is compressed to the time there is)")
+    p.add_argument("--gen-share", type=float, default=0.5, metavar="F",
+                   help="with --time-budget: the share of it generation may use (default 0.5)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")
     p.add_argument("--out", help="output heads folder (default: the demo heads folder for the demo model)")

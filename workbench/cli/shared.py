@@ -85,6 +85,9 @@ SHARED_FLAGS = {  # one declaration and help text per flag, whichever command ta
     "--device": dict(help="auto (default), cpu, cuda or cuda:N"),
     "--dtype": dict(help="auto (default: bf16, or fp16 where bf16 is unsupported, on CUDA; fp32 on CPU), float32, "
                          "bfloat16, float16"),
+    "--device-map": dict(choices=["auto"], help="auto: load one model across the visible GPUs (then CPU memory) "
+                         "with accelerate's big-model loading, for a model larger than one device; the heads go "
+                         "where its last hidden state comes out (instead of --device)"),
     "--attn": dict(choices=["sdpa", "eager"], help="attention implementation (default: the model's)"),
     "--compile": dict(action=argparse.BooleanOptionalAction, default=None, help=COMPILE_HELP),
 }

@@ -25,17 +25,19 @@ def cmd_latency(args) -> int:
     check_output(None if args.out else args.calibration, "--calibration", "folder")
     heads = None
     if args.random_config:
-        if args.model or args.heads:
-            raise WorkbenchError("--random-config builds its own model: drop --model/--heads")
+        if args.model or args.heads or args.device_map:
+            raise WorkbenchError("--random-config builds its own model on --device: drop --model/--heads/--device-map")
         model, label = random_model(args.random_config, args.device, args.dtype, args.attn), f"random:{args.random_config}"
     else:
         from workbench.models import load_base, load_model_and_heads, model_label
 
         label = model_label(args.model)
         if args.heads:
-            model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
+            model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
+                                                   device_map=args.device_map)
         else:
-            model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False)
+            model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False,
+                                 device_map=args.device_map)
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (latency_path(args.calibration, dev) if args.calibration
                                            else default_latency_path(label, dev))
@@ -123,7 +125,8 @@ def cmd_sweep(args) -> int:
     from workbench.engine import StepEngine
 
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
-        model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn)
+        model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
+                                                 device_map=args.device_map)
         if plan is not None:
             from workbench.plan import plan_trees
 
@@ -185,7 +188,7 @@ def add_tradeoffs(sub) -> None:
                        description="Wall time (median and spread) of a verify forward of B sequences x n tree tokens "
                                    "(4-D tree mask per sequence, position ids, lm_head) on caches of fixed length, "
                                    "next to the single-token step.",
-                       parents=[model_args("--model", "--device", "--dtype", "--attn", "--compile")])
+                       parents=[model_args("--model", "--device", "--device-map", "--dtype", "--attn", "--compile")])
     # its own --heads: optional here (no heads = time the verify forward alone), so the shared help would mislead
     p.add_argument("--heads", help="also time the heads' top-k in every tree step (a Medusa step's full cost)")
     p.add_argument("--random-config", metavar="SPEC",
@@ -231,7 +234,8 @@ def add_tradeoffs(sub) -> None:
                        description="Run the live Medusa decoder for every configuration on the same prompts and "
                                    "vanilla greedy on them in the same run; one CSV row per configuration. "
                                    "Resumable: rerun the same command to continue.",
-                       parents=[model_args("--model", "--heads", "--device", "--dtype", "--attn", "--compile")])
+                       parents=[model_args("--model", "--heads", "--device", "--device-map", "--dtype", "--attn",
+                                           "--compile")])
     s.add_argument("--trees", nargs="+", metavar="TREE", help="tree files, reference names or literals")
     s.add_argument("--plan", metavar="PLAN.json", help="the live check of a plan (`workbench plan`): its choice and "
                    "runner-up at each of its batch sizes, greedy, against vanilla at that batch size; "
