@@ -170,7 +170,7 @@ class PointerLayer(StaticLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        at = self.pointer + torch.arange(key_states.shape[-2], device=self.pointer.device)  # [n]
+        at = (self.pointer + torch.arange(key_states.shape[-2], device=self.pointer.device)).to(self.keys.device)  # [n]
         self.keys.index_copy_(2, at, key_states)
         self.values.index_copy_(2, at, value_states)
         return self.keys, self.values
@@ -373,9 +373,12 @@ class StepEngine:
         src = buf.gather[row].gather(1, take) + self.start                                     # [B, D+1]
         dst = self.lengths[:, None] + take                                                     # [B, D+1]
         seq = torch.arange(self.batch, device=src.device)[:, None]                             # [B, 1]
+        on = {src.device: (seq, dst, src)}  # the indices per device (--device-map spreads layers over several)
         for layer in self.cache.layers:  # padding columns repeat the last pair: same value, written twice
-            layer.keys[seq, :, dst] = layer.keys[seq, :, src]                                  # [B, D+1, kv, d]
-            layer.values[seq, :, dst] = layer.values[seq, :, src]
+            s_, d_, r_ = on.get(layer.keys.device) or on.setdefault(layer.keys.device, tuple(
+                t.to(layer.keys.device) for t in (seq, dst, src)))
+            layer.keys[s_, :, d_] = layer.keys[s_, :, r_]                                      # [B, D+1, kv, d]
+            layer.values[s_, :, d_] = layer.values[s_, :, r_]
         self.lengths += count * self.alive
 
     def advance(self, counts: list[int]) -> None:
