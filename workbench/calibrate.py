@@ -134,6 +134,20 @@ class CalibrateConfig:
     continuations: str | Path | None = None  # reuse a finished calibration's greedy answers (new heads, same base)
     trees_dir: str | Path | None = None      # default trees/ (or OUT/trees with --out)
 
+    def __post_init__(self):
+        """Every setting checked before any model loads: one line naming the flag."""
+        if self.max_new_tokens < 1:
+            raise WorkbenchError(f"--max-new-tokens {self.max_new_tokens}: must be at least 1")
+        if self.topk < 1:
+            raise WorkbenchError(f"--topk {self.topk}: must be at least 1")
+        if self.batch_size < 1:
+            raise WorkbenchError(f"--batch-size {self.batch_size}: must be at least 1")
+        budgets = sorted({int(b) for b in self.budgets})
+        if not budgets or budgets[0] < 1:
+            raise WorkbenchError(f"--budgets {budgets}: give positive node counts, e.g. 16,32,64")
+        object.__setattr__(self, "budgets", tuple(budgets))  # (frozen: set once, normalised)
+        holdout_split([], self.holdout)  # the share
+
 
 def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> dict:
     """Run (or resume) a calibration and write its folder; returns meta.json's content plus `folder`.
@@ -146,44 +160,32 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     `cfg.continuations`: a finished calibration folder of the same model, prompts and token limit whose greedy
     answers are reused (new heads on a fixed base: only one teacher-forced forward per batch, no generation).
     """
-    model, heads, prompts, limit, holdout = cfg.model, cfg.heads, cfg.prompts, cfg.limit, cfg.holdout
-    max_new_tokens, topk, batch_size, name, out = cfg.max_new_tokens, cfg.topk, cfg.batch_size, cfg.name, cfg.out
-    continuations = cfg.continuations
     from workbench.data import load_prompt_records
     from workbench.models import load_model_and_heads, model_label
 
-    if max_new_tokens < 1:
-        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
-    if topk < 1:
-        raise WorkbenchError(f"--topk {topk}: must be at least 1")
-    if batch_size < 1:
-        raise WorkbenchError(f"--batch-size {batch_size}: must be at least 1")
-    budgets = sorted({int(b) for b in cfg.budgets})
-    if not budgets or budgets[0] < 1:
-        raise WorkbenchError(f"--budgets {budgets}: give positive node counts, e.g. 16,32,64")
-    holdout_split([], holdout)  # validates the share before any model is loaded
-    records = load_prompt_records(prompts, limit)
-    name = name or default_name(model, prompts)
-    folder = Path(out) if out else calibration_root() / name
+    records = load_prompt_records(cfg.prompts, cfg.limit)
+    name = cfg.name or default_name(cfg.model, cfg.prompts)
+    folder = Path(cfg.out) if cfg.out else calibration_root() / name
     launch = current_launch()
-    batches = -(-len(records) // batch_size)
+    batches = -(-len(records) // cfg.batch_size)
     if launch.world > batches:
         raise WorkbenchError(f"{launch.world} processes for {len(records)} prompts in {batches} batch(es) of "
-                             f"--batch-size {batch_size}: every process needs a batch; launch at most {batches} "
+                             f"--batch-size {cfg.batch_size}: every process needs a batch; launch at most {batches} "
                              "(--num_processes) or lower --batch-size")
-    base, tok, hd = load_model_and_heads(model, heads, launch.device(cfg.device, cfg.device_map), cfg.dtype,
+    base, tok, hd = load_model_and_heads(cfg.model, cfg.heads, launch.device(cfg.device, cfg.device_map), cfg.dtype,
                                          device_map=cfg.device_map)
-    if topk > hd.vocab_size:
-        raise WorkbenchError(f"--topk {topk}: larger than the vocabulary ({hd.vocab_size})")
+    if cfg.topk > hd.vocab_size:
+        raise WorkbenchError(f"--topk {cfg.topk}: larger than the vocabulary ({hd.vocab_size})")
     if base.base_model is base:
         raise WorkbenchError(f"{type(base).__name__}: no inner decoder (base_model) to read hidden states from; "
                              "only decoder-only causal LMs with an lm_head are supported")
     def where(spec):  # local paths absolute, so a rerun from elsewhere (or a later reader of meta) finds them
         return str(Path(spec).resolve()) if spec and Path(spec).exists() else spec
 
-    args = dict(model=model_label(where(model)), heads=where(heads) or "demo", prompts=where(prompts), limit=limit,
-                prompts_sha256=hashlib.sha256(json.dumps(records).encode()).hexdigest(),
-                max_new_tokens=max_new_tokens, topk=topk, batch_size=batch_size, device=str(base.device.type),
+    args = dict(model=model_label(where(cfg.model)), heads=where(cfg.heads) or "demo", prompts=where(cfg.prompts),
+                limit=cfg.limit, prompts_sha256=hashlib.sha256(json.dumps(records).encode()).hexdigest(),
+                max_new_tokens=cfg.max_new_tokens, topk=cfg.topk, batch_size=cfg.batch_size,
+                device=str(base.device.type),
                 dtype=str(base.dtype).replace("torch.", ""), num_heads=hd.num_heads, heads_sha256=heads_fingerprint(hd))
     if not getattr(tok, "chat_template", None):
         raise WorkbenchError("the tokenizer has no chat template: calibrate on an instruction-tuned model whose "
@@ -191,14 +193,14 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     encoded = [prepare_prompt(tok, text) for _, text in records]  # the live decoder's exact prompt tokens
     context = context_length(base)
     for (pid, _), ids in zip(records, encoded):
-        if context and len(ids) + max_new_tokens > context:
-            raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {max_new_tokens} exceed the "
+        if context and len(ids) + cfg.max_new_tokens > context:
+            raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {cfg.max_new_tokens} exceed the "
                                  f"model's context of {context} (lower --max-new-tokens or drop the prompt)")
 
     # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
-    reuse = reused_continuations(continuations, args, [pid for pid, _ in records], hd.vocab_size) \
-        if continuations is not None else None
-    flag = "--out" if out else "--name"
+    reuse = reused_continuations(cfg.continuations, args, [pid for pid, _ in records], hd.vocab_size) \
+        if cfg.continuations is not None else None
+    flag = "--out" if cfg.out else "--name"
     # another run on this folder refuses (no mixed parts); the processes of this launch share it
     with run_lock(folder, flag, launch=launch):
         with gate(folder):  # the launch's processes check (and with --force clear) the folder one at a time
@@ -215,9 +217,9 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
             if not last:
                 return dict(mine, merged=False)
             _merge(folder, records, args, launch.world,
-                   str(Path(continuations).resolve()) if reuse is not None else None)
-        trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if out else Path("trees"))
-        meta = _finish(folder, name, args, records, holdout, budgets, trees)
+                   str(Path(cfg.continuations).resolve()) if reuse is not None else None)
+        trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if cfg.out else Path("trees"))
+        meta = _finish(folder, name, args, records, cfg.holdout, cfg.budgets, trees)
         return dict(meta, **mine, merged=True) if launch.world > 1 else meta
 
 

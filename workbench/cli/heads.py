@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import fields
 
 from workbench import WorkbenchError
 from workbench.cli.shared import model_args, parse_delta, parse_ints
@@ -25,12 +26,8 @@ def _cmd_calibrate(args) -> int:
 
         check_output(calibration_root() / args.name, "--name", "folder")
     check_output(args.trees_dir, "--trees-dir", "folder")
-    meta = calibrate(CalibrateConfig(
-        model=args.model, heads=args.heads, prompts=args.prompts, limit=args.limit, holdout=args.holdout,
-        max_new_tokens=args.max_new_tokens, topk=args.topk, budgets=tuple(parse_ints(args.budgets, "--budgets")),
-        name=args.name, out=args.out, device=args.device, dtype=args.dtype, device_map=args.device_map,
-        batch_size=args.batch_size, force=args.force,
-        continuations=args.continuations, trees_dir=args.trees_dir))
+    settings = {f.name: getattr(args, f.name) for f in fields(CalibrateConfig)}  # the flags are the fields
+    meta = calibrate(CalibrateConfig(**settings | dict(budgets=parse_ints(args.budgets, "--budgets"))))
     if "merged" in meta:  # a process of a data-parallel launch
         print(f"process {meta['rank']} of {meta['num_processes']}: computed {meta['computed']} of its "
               f"{meta['batches']} batch(es) (the others were on disk); "
