@@ -211,7 +211,7 @@ def default_compile(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-def cacheable_layers(model) -> None:
+def check_cacheable(model) -> None:
     """Only attention layers can hold a tree: recurrent or linear-attention layers (Mamba, RWKV-style, gated
     delta nets) keep one state per sequence that a rejected branch would corrupt. One line, not a shape error."""
     types = getattr(text_config(model), "layer_types", None) or []
@@ -259,7 +259,7 @@ class StepEngine:
 
     def __init__(self, model, compile: bool | None = None, backend: str | None = None):
         self.model = model
-        cacheable_layers(model)
+        check_cacheable(model)
         self.cache: Cache | None = None
         self.batch = 0
         self.capacity = 0

@@ -168,6 +168,17 @@ def _join(values) -> str:
     return ", ".join(map(str, values))
 
 
+def _pick_context(contexts: list[int], context: int | None, target: float | None, what: str) -> int:
+    """`context` (already checked to be measured), else the measured one closest to `target`, else the only one."""
+    if context is not None:
+        return context
+    if target is not None:
+        return min(contexts, key=lambda c: (abs(c - target), c))
+    if len(contexts) == 1:
+        return contexts[0]
+    raise WorkbenchError(f"{what}: measured at contexts {_join(contexts)}; pick one with --context")
+
+
 def latency_table(df: pd.DataFrame, context: int | None = None, target: float | None = None,
                   what: str = "latency", batch: int | None = None,
                   column: str = "seconds") -> tuple[dict[int, float], int]:
@@ -185,16 +196,9 @@ def latency_table(df: pd.DataFrame, context: int | None = None, target: float | 
                              f"`workbench latency --batch {b}`")
     df = df[df["batch"] == b] if "batch" in df.columns else df
     contexts = sorted(df["context"].unique().tolist())
-    if context is not None:
-        if context not in contexts:
-            raise WorkbenchError(f"{what}: no rows for context {context} (measured: {_join(contexts)})")
-        ctx = context
-    elif target is not None:
-        ctx = min(contexts, key=lambda c: (abs(c - target), c))
-    elif len(contexts) == 1:
-        ctx = contexts[0]
-    else:
-        raise WorkbenchError(f"{what}: measured at contexts {_join(contexts)}; pick one with --context")
+    if context is not None and context not in contexts:
+        raise WorkbenchError(f"{what}: no rows for context {context} (measured: {_join(contexts)})")
+    ctx = _pick_context(contexts, context, target, what)
     rows = df[df["context"] == ctx]
     if rows["tokens"].duplicated().any():
         raise WorkbenchError(f"{what}: batch {b} context {ctx} lists a token count twice")
@@ -234,12 +238,7 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
         if not common:
             raise WorkbenchError(f"{what}: no context is measured at every batch size {_join(batches)}: measure "
                                  "them at one --context")
-        if target is not None:
-            ctx = min(common, key=lambda c: (abs(c - target), c))
-        elif len(common) == 1:
-            ctx = common[0]
-        else:
-            raise WorkbenchError(f"{what}: measured at contexts {_join(common)}; pick one with --context")
+        ctx = _pick_context(common, None, target, what)
     out = {}
     for b in batches:
         table, _ = latency_table(df, ctx, what=what, batch=b)
