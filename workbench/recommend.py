@@ -29,7 +29,6 @@ from workbench.sweep import tree_key
 from workbench.tree import Tree, make_tree
 
 OLD_DECODER = "before the static-cache step"  # what made a sweep CSV that has no decoder_version column
-PREDICTIONS = ("predicted_replay", "predicted_joint", "predicted_independent")  # preferred first
 SPREADS = (("seconds_q1", "seconds_q3", "latency quartiles"), ("seconds_min", "seconds_max", "latency min-max"))
 
 
@@ -75,6 +74,23 @@ def speedup_range(tokens_per_step: float, nodes: int, tables: dict) -> tuple[flo
     return speedup(tokens_per_step, nodes, slow)["speedup"], speedup(tokens_per_step, nodes, fast)["speedup"]
 
 
+def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict) -> dict:
+    """A tree's (None: no speculation) predicted speedup on a latency table (latency_tables): {nodes,
+    tokens_per_step, speedup, relative_latency, range}; every speedup the app shows comes from here."""
+    nodes = 0 if tree is None else tree.nodes
+    fast = speedup(tokens_per_step, nodes, tables["seconds"]) if nodes else dict(speedup=1.0, relative_latency=1.0)
+    return dict(nodes=nodes, tokens_per_step=float(tokens_per_step), speedup=fast["speedup"],
+                relative_latency=fast["relative_latency"], range=speedup_range(tokens_per_step, nodes, tables))
+
+
+def prediction_name(calibration) -> str:
+    """Which predicted tokens/step the answer uses: the replay over held-out answers (what a live greedy decoder
+    measures) when the calibration holds prompts out, else the joint paths; independence for an accuracy table."""
+    if not isinstance(calibration, Calibration):
+        return "predicted_independent"
+    return "predicted_replay" if len(calibration.ranks("holdout")) else "predicted_joint"
+
+
 # ----------------------------------------------------------------------------------------------- candidates
 
 def chain(k: int) -> Tree:
@@ -111,6 +127,11 @@ def candidates(value, seconds: dict, max_depth: int, max_rank: int, max_budget: 
 
 # ----------------------------------------------------------------------------------------------- sweep evidence
 
+def shape(tree: Tree) -> str:
+    """A tree's shape hash, as the sweep CSV's config column carries it (sweep.tree_key)."""
+    return tree_key(tree).rsplit(":", 1)[1]
+
+
 def decoder_version(sweep: pd.DataFrame) -> pd.Series:
     """The decoder version of every row of a sweep: its decoder_version cell, else OLD_DECODER."""
     if "decoder_version" not in sweep.columns:
@@ -143,7 +164,8 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str |
             continue
         versions = decoder_version(df)
         greedy = df["acceptance"].eq("greedy") if "acceptance" in df.columns else pd.Series(True, index=df.index)
-        at = df["batch_size"].fillna(1).eq(batch) if "batch_size" in df.columns else pd.Series(batch == 1, index=df.index)
+        at = df["batch_size"].fillna(1).eq(batch) if "batch_size" in df.columns else \
+            pd.Series(batch == 1, index=df.index)
         rows = df[greedy & at & (df["nodes"] > 0) & df["speedup"].notna()]
         for i, r in rows.iterrows():
             head = str(r["config"]).split("|", 1)[0]
@@ -151,11 +173,12 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str |
                 continue
             noise = timing_noise(df, r["run"]) if "run" in df.columns else None
             version = str(versions[i])
+            prompts = r["num_prompts"] if "num_prompts" in df.columns else None
             out.setdefault(head.rsplit(":", 1)[1], []).append(dict(
                 sweep=name, tree=str(r["tree"]), nodes=int(r["nodes"]), speedup=float(r["speedup"]),
                 noise=None if noise is None else noise * float(r["speedup"]),
                 tokens_per_step=float(r["acceleration_rate"]),
-                num_prompts=int(r["num_prompts"]) if "num_prompts" in df.columns and pd.notna(r["num_prompts"]) else None,
+                num_prompts=int(prompts) if prompts is not None and pd.notna(prompts) else None,
                 decoder_version=version, old=version == OLD_DECODER or (decoder is not None and version != decoder)))
     return out
 
@@ -209,17 +232,13 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     cands = candidates(value or acc_value_fn(acc), seconds, max_depth, max_rank, max_budget, fits)
     predicted = iter(tree_table([t for _, t in cands if t is not None], acc, cal))
     found = measurements(sweeps or {}, batch, decoder)
-    prediction = PREDICTIONS[-1] if cal is None else \
-        next(k for k in PREDICTIONS if k != "predicted_replay" or len(cal.ranks("holdout")))
+    prediction = prediction_name(calibration)
     rows = []
     for kind, t in cands:
-        nodes = 0 if t is None else t.nodes
-        tokens = 1.0 if t is None else float(next(predicted)[prediction])
-        fast = speedup(tokens, nodes, seconds) if nodes else dict(speedup=1.0, relative_latency=1.0)
-        evidence = found.get(tree_key(t).rsplit(":", 1)[1], []) if t is not None else []
-        rows.append(dict(kind=kind, label=_label(kind, t), tree=t, nodes=nodes, tokens_per_step=tokens,
-                         speedup=fast["speedup"], relative_latency=fast["relative_latency"],
-                         range=speedup_range(tokens, nodes, tables), measured=evidence, current=summary(evidence)))
+        guess = tree_speedup(next(predicted)[prediction] if t is not None else 1.0, t, tables)
+        evidence = found.get(shape(t), []) if t is not None else []
+        rows.append(dict(kind=kind, label=_label(kind, t), tree=t, **guess, measured=evidence,
+                         current=summary(evidence)))
     rows.sort(key=lambda r: (-r["speedup"], r["nodes"], r["kind"] != "chain"))
     for r in rows:
         r["disagree"] = disagrees(r)
