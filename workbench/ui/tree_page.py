@@ -292,8 +292,11 @@ def _tree_page() -> None:
     cols = st.columns(4)
     cols[0].metric("nodes", tree.nodes)
     cols[1].metric("depth", tree.depth)
-    guess = None
-    if rec is not None and shown_row.get(rec["prediction"]) is not None:
+    guess, top = None, max(lat["tables"]["seconds"]) if lat is not None else 0
+    if rec is not None and shown_row.get(rec["prediction"]) is not None and tree.nodes + 1 > top:
+        cols[2].metric("predicted speedup", "n/a", help=f"{lat['path'].name} stops at {top} tokens per step: a "
+                                                        f"{tree.nodes}-node tree needs {tree.nodes + 1}")
+    elif rec is not None and shown_row.get(rec["prediction"]) is not None:
         guess = tree_speedup(shown_row[rec["prediction"]], tree, lat["tables"]) | {"prediction": rec["prediction"]}
         rng = f" (range {guess['range'][0]:.2f}x-{guess['range'][1]:.2f}x)" if guess["range"] else ""
         cols[2].metric("predicted speedup", f"{guess['speedup']:.2f}x",
@@ -344,7 +347,7 @@ def _tree_page() -> None:
               "grey points: named trees (hover for names); star: this tree.", key="tree_curves_chart")
     with right:
         if rec is not None:
-            speedup_view(rec, lat, tree, shown_row)
+            speedup_view(rec, lat, tree, guess)
         else:
             st.markdown("**Reading the tokens/step numbers** (tokens emitted per decoding step, the base model's "
                         "own token included):\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in TREE_HELP.items()))
@@ -475,11 +478,9 @@ def token_labels(R: int, tokens, labels) -> None:
                           f"top-{len(tokens['table'][0])} labelled"))
 
 
-def speedup_view(rec: dict, lat: dict, tree, shown_row: dict) -> None:
+def speedup_view(rec: dict, lat: dict, tree, guess: dict | None) -> None:
     """Predicted speedup of the optimal trees and chains at the recommendation's batch and context, the pick and
     this tree marked, and every sweep measurement (old decoders hollow, named old)."""
-    from workbench.recommend import tree_speedup
-
     rows = rec["candidates"]
     curves = {}
     for kind, name in (("optimal", "optimal trees"), ("chain", "chains")):
@@ -492,8 +493,8 @@ def speedup_view(rec: dict, lat: dict, tree, shown_row: dict) -> None:
                 c += ([r["range"][0] for r in part], [r["range"][1] for r in part])
             curves[name] = c
     picks = {f"pick: {rec['pick']['label']}": (rec["pick"]["nodes"], rec["pick"]["speedup"])}
-    if shown_row.get(rec["prediction"]) is not None:
-        picks["this tree"] = (tree.nodes, tree_speedup(shown_row[rec["prediction"]], tree, lat["tables"])["speedup"])
+    if guess is not None:
+        picks["this tree"] = (tree.nodes, guess["speedup"])
     measured = [m for r in rows for m in r["measured"]]
     chart(figures.speedup_chart(curves, picks, measured, title=f"predicted speedup, batch {rec['batch']}, context "
                                                                f"{rec['context']}"),

@@ -269,8 +269,9 @@ def slider(label: str, low: int, high: int, default: int, key: str, where=None, 
     budget of 63 when the latency table stops at 16 tokens) would otherwise raise StreamlitValueAboveMaxError.
     `disabled` with `help` saying why, when it does not apply to what is shown."""
     where = where or st.sidebar
-    if key in st.session_state and isinstance(st.session_state[key], (int, float)):
-        st.session_state[key] = int(min(max(st.session_state[key], low), high))
+    kept = st.session_state.get(key)
+    if isinstance(kept, (int, float)) and not low <= kept <= high:
+        st.session_state[key] = int(min(max(kept, low), high))
     if high <= low:  # sliders need two values
         where.caption(f"{label}: {low}" + (f" ({help})" if disabled and help else ""))
         return low
