@@ -203,10 +203,14 @@ def comparison_chart(a: Tree, b: Tree, title: str | None = None) -> go.Figure:
 # ----------------------------------------------------------------------------------------------- values to read
 
 def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
-    """Short title on the left, legend below the plot (never under the toolbar at the top right)."""
-    fig.update_layout(title=dict(text=title, x=0.0, xanchor="left", font=dict(size=14)), height=height,
-                      margin=dict(l=10, r=10, t=40, b=10), plot_bgcolor="white", hovermode="closest",
-                      legend=dict(orientation="h", yanchor="top", y=-0.22, xanchor="left", x=0.0), **kw)
+    """Short title on the left (the app writes it above the chart instead), legend in two columns at the bottom of
+    the figure, below the axis title in a margin sized for it: never over the data, the axis or the toolbar."""
+    entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
+    rows = (entries + 1) // 2
+    fig.update_layout(title=dict(text=title, x=0.0, xanchor="left", font=dict(size=14)), height=height + 22 * rows,
+                      margin=dict(l=10, r=10, t=40, b=64 + 22 * rows), plot_bgcolor="white", hovermode="closest",
+                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left", x=0.0,
+                                  entrywidthmode="fraction", entrywidth=0.5), **kw)
     fig.update_xaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
     fig.update_yaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
     return fig

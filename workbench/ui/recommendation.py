@@ -168,5 +168,22 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
                       "CSV has only medians)") + ". Measured: greedy sweep rows of the same tree shape.")
 
 
+def candidate_curves(rec: dict) -> dict:
+    """{name: (nodes, speedups[, low, high])} of the recommendation's optimal trees and chains, for speedup_chart."""
+    curves = {}
+    def family(r: dict) -> str | None:
+        if r["kind"] == "chain":
+            return "chains"
+        return "optimal trees" if r["tree"] is not None and r["tree"].name.startswith("optimal_") else None
+
+    for name in ("optimal trees", "chains"):
+        part = sorted((r for r in rec["candidates"] if family(r) == name), key=lambda r: r["nodes"])
+        if part:
+            curves[name] = ([r["nodes"] for r in part], [r["speedup"] for r in part])
+            if all(r["range"] for r in part):
+                curves[name] += ([r["range"][0] for r in part], [r["range"][1] for r in part])
+    return curves
+
+
 def provenance_of(src: Source) -> dict:
     return dict(accuracies=portable_path(src.folder) if src.folder else src.label)

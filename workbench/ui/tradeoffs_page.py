@@ -12,10 +12,10 @@ import streamlit as st
 
 from workbench import WorkbenchError
 from workbench import figures, plots
-from workbench.ui.recommendation import panel, provenance_of, ranked, readable_sweeps
+from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
-                                  found_csvs, latency_picker, read_latency_file, read_sweep_file, read_sweep_or_error,
-                                  slider, timed)
+                                  found_csvs, latency_files, latency_picker, read_latency_file, read_sweep_file,
+                                  read_sweep_or_error, slider, timed)
 
 
 def _show_in_designer(tree) -> None:
@@ -57,7 +57,7 @@ def _tradeoffs_page() -> None:
     src = accuracy_source("to")
     with st.sidebar:
         st.subheader("Latency")
-        lat_path = file_input("latency CSV", "to_lat", ["csv"], found_csvs("latency"))
+        lat_path = file_input("latency CSV", "to_lat", ["csv"], latency_files(src))
         st.subheader("Sweep (Fig. 4, predicted vs measured)")
         sweep_path = file_input("sweep CSV", "to_sweep", ["csv"], sweeps)
         st.subheader("Typical-acceptance sweep (Fig. 5)")
@@ -166,19 +166,20 @@ def _tradeoffs_page() -> None:
             st.error(clean_error(e))
             return
         found = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in evidence}, tables["batch"])
-        chart(figures.speedup_chart(
-            {f"optimizer's objective ({n})": ([row["budget"] for row in r["rows"]],
-                                              [row["speedup"] for row in r["rows"]]) for n, r in res.items()},
-            {f"best {n}: {r['best']['budget']} nodes": (r["best"]["budget"], r["best"]["speedup"])
-             for n, r in res.items()}
-            | ({f"pick: {rec['pick']['label']}": (rec["pick"]["nodes"], rec["pick"]["speedup"])} if rec else {}),
-            [m for ms in found.values() for m in ms],
-            title=f"predicted speedup, batch {tables['batch']}, context {tables['context']}"),
-            f"Optimizer's objective = expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; best: "
-            + "; ".join(f"{n} {r['best']['budget']} nodes, {r['best']['speedup']:.2f}x" for n, r in res.items())
-            + (f". The recommendation uses {rec['prediction']} (what a live decoder measures), hence its own "
-               "numbers." if rec else "") + " Diamonds: sweep measurements (hollow grey: an older decoder).",
-            key="to_speedup_chart")
+        curves = candidate_curves(rec) if rec else {}
+        curves |= {f"objective ({n})": ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
+                   for n, r in res.items()}
+        picks = {f"best ({n})": (r["best"]["budget"], r["best"]["speedup"]) for n, r in res.items()}
+        if rec:
+            picks["recommended"] = (rec["pick"]["nodes"], rec["pick"]["speedup"])
+        chart(figures.speedup_chart(curves, picks, [m for ms in found.values() for m in ms],
+                                    title=f"predicted speedup, batch {tables['batch']}, context {tables['context']}"),
+              (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
+               f"{rec['pick']['label']}). " if rec else "")
+              + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; "
+              "best: " + "; ".join(f"{n} {r['best']['budget']} nodes, {r['best']['speedup']:.2f}x"
+                                   for n, r in res.items())
+              + ". Diamonds: sweep measurements (hollow grey: an older decoder).", key="to_speedup_chart")
 
 
 def _goto_designer() -> None:

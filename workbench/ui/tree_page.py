@@ -17,9 +17,9 @@ import streamlit as st
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench import figures
-from workbench.ui.recommendation import panel, provenance_of, ranked, readable_sweeps
+from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
-                                  found_csvs, int_slider, kept_upload, latency_picker, load_model,
+                                  int_slider, kept_upload, latency_files, latency_picker, load_model,
                                   read_latency_file, read_sweep_file, timed)
 
 
@@ -361,9 +361,8 @@ def _tree_page() -> None:
 def hardware_input(src: Source) -> dict | None:
     """Sidebar: the latency CSV (from the calibration folder, the results folder, or given) and its setup, batch
     size and context. {"path", "tables"} or None (nothing found or unreadable: said on the page)."""
-    found = src.calib.latency_files() if src.calib else []
     with st.sidebar.expander("Hardware: latency table", expanded=True):
-        path = file_input("latency CSV", "tree_lat", ["csv"], found + found_csvs("latency"))
+        path = file_input("latency CSV", "tree_lat", ["csv"], latency_files(src))
         if path is None:
             return None
         try:
@@ -481,25 +480,14 @@ def token_labels(R: int, tokens, labels) -> None:
 def speedup_view(rec: dict, lat: dict, tree, guess: dict | None) -> None:
     """Predicted speedup of the optimal trees and chains at the recommendation's batch and context, the pick and
     this tree marked, and every sweep measurement (old decoders hollow, named old)."""
-    rows = rec["candidates"]
-    curves = {}
-    for kind, name in (("optimal", "optimal trees"), ("chain", "chains")):
-        part = sorted((r for r in rows if (r["kind"] == "chain" if kind == "chain" else
-                                           r["tree"] is not None and r["tree"].name.startswith("optimal_"))),
-                      key=lambda r: r["nodes"])
-        if part:
-            c = ([r["nodes"] for r in part], [r["speedup"] for r in part])
-            if all(r["range"] for r in part):
-                c += ([r["range"][0] for r in part], [r["range"][1] for r in part])
-            curves[name] = c
-    picks = {f"pick: {rec['pick']['label']}": (rec["pick"]["nodes"], rec["pick"]["speedup"])}
+    picks = {"recommended": (rec["pick"]["nodes"], rec["pick"]["speedup"])}
     if guess is not None:
         picks["this tree"] = (tree.nodes, guess["speedup"])
-    measured = [m for r in rows for m in r["measured"]]
-    chart(figures.speedup_chart(curves, picks, measured, title=f"predicted speedup, batch {rec['batch']}, context "
-                                                               f"{rec['context']}"),
-          f"Predicted from {rec['prediction']} and {lat['path'].name}; diamonds: sweep measurements of the same tree "
-          "shapes (hollow grey: an older decoder, not comparable).", key="tree_speedup_chart")
+    chart(figures.speedup_chart(candidate_curves(rec), picks, [m for r in rec["candidates"] for m in r["measured"]],
+                                title=f"predicted speedup, batch {rec['batch']}, context {rec['context']}"),
+          f"Predicted from {rec['prediction']} and {lat['path'].name} (recommended: {rec['pick']['label']}); "
+          "diamonds: sweep measurements of the same tree shapes (hollow grey: an older decoder, not comparable).",
+          key="tree_speedup_chart")
 
 
 def export_view(tree, base, designed, edit, shown: str, model: str, budget: int, max_depth: int, max_rank: int,

@@ -159,6 +159,13 @@ def found_csvs(kind: str) -> list[Path]:
     return find_csvs((calibration_root(), results_root()), {"sweep": SWEEP_REQUIRED, "latency": LATENCY_REQUIRED}[kind])
 
 
+def latency_files(src) -> list[Path]:
+    """The latency CSVs a page offers, the calibration folder's own first (then the results folder's): the designer
+    and the trade-offs page preselect the same one, so their recommendations agree."""
+    own = src.calib.latency_files() if src is not None and src.calib is not None else []
+    return list(dict.fromkeys(own + found_csvs("latency")))
+
+
 @dataclass
 class Source:
     """Accuracies a page works on: acc[K, R] (a calibration's fit prompts) and, for a calibration folder, the
