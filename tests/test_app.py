@@ -818,7 +818,7 @@ def test_engine_repair_is_a_button(demo_files, monkeypatch):
     from workbench.tree import load_tree
     assert not first_level_gaps(load_tree(rec["medusa_choices"]))
     assert not any("first level lacks" in w.value for w in at.warning)
-    assert any(c.value.startswith("engine-safe for trtllm: 4 -> ") for c in at.caption)
+    assert any(i.value.startswith("engine-safe for trtllm: 4 -> ") for i in at.info)
     at.button(key="tree_reset_btn").click().run()
     at.button(key="tree_best_vllm_btn").click().run()
     from workbench.export import vllm_uniform

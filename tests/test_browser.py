@@ -154,14 +154,15 @@ def browser(tmp_path_factory, downloads):
 # ----------------------------------------------------------------------------------------------- helpers
 
 def _wait(driver, predicate, timeout: float = 90, what: str = "", every: float = 0.5):
-    """predicate() once truthy; an element that a rerun redrew under it (stale) counts as not yet."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """predicate() once truthy; an element that a rerun redrew under it (stale) or has not drawn yet counts as not
+    yet."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
             value = predicate()
-        except StaleElementReferenceException:
+        except (StaleElementReferenceException, NoSuchElementException, AssertionError, StopIteration):
             value = None
         if value:
             return value
@@ -203,7 +204,11 @@ def _no_errors(driver) -> None:
 def _alerts(driver, kind: str = "Warning") -> list[str]:
     from selenium.webdriver.common.by import By
 
-    return [e.text for e in driver.find_elements(By.CSS_SELECTOR, f'[data-testid="stAlertContent{kind}"]')]
+    out = []
+    for e in driver.find_elements(By.CSS_SELECTOR, f'[data-testid="stAlertContent{kind}"]'):
+        text = e.find_elements(By.CSS_SELECTOR, '[data-testid="stMarkdownContainer"]')  # without the icon
+        out.append(text[0].text if text else e.text)
+    return out
 
 
 def _open(driver, url: str, heading: str) -> None:
@@ -253,6 +258,7 @@ def _type(driver, label: str, text: str) -> None:
     box = driver.find_element(By.CSS_SELECTOR, f'input[aria-label="{label}"]')
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
     box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(Keys.BACKSPACE)
     box.send_keys(text + Keys.ENTER)
     _wait(driver, lambda: box.get_attribute("value") == text, what=f"{label} to take {text!r}")
     _settled(driver)
@@ -275,7 +281,7 @@ def _expand(driver, starts: str) -> None:
     from selenium.webdriver.common.by import By
 
     summary = next(e for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stExpander"] summary')
-                   if e.text.startswith(starts))
+                   if starts in e.text)  # the text may begin with the arrow icon's name
     driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", summary)
     summary.click()
     time.sleep(0.5)
@@ -290,11 +296,21 @@ def _metric(driver, label: str) -> str:
     raise AssertionError(f"no metric {label!r}")
 
 
-def _slider(driver, label: str):
+def _range(driver, label: str):
+    """The slider's range input (value, min, max, disabled)."""
     from selenium.webdriver.common.by import By
 
-    return next(s for s in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stSlider"]')
-                if s.text.splitlines()[:1] == [label])
+    return driver.find_element(By.CSS_SELECTOR, f'input[type="range"][aria-label="{label}"]')
+
+
+def _slide(driver, label: str, *keys) -> None:
+    """Focus a slider and press keys (Home, End, arrows), as a keyboard user would."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    box = _range(driver, label)
+    thumb = box.find_element("xpath", "../..")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", thumb)
+    ActionChains(driver).click(thumb).send_keys(*keys).perform()
 
 
 def _shots(driver, name: str) -> list[Path]:
@@ -415,7 +431,7 @@ def test_recommendation_with_its_evidence(server, browser):
     assert re.match(r"use tree \S+ \(\d+ nodes\) at batch 1 and context 128: predicted [\d.]+ tokens/step and "
                     r"[\d.]+x \(no spread measured\), measured [\d.]+x \+- [\d.]+ on this machine \(c-current\.csv",
                     said), said
-    _expand(browser, "All ")
+    _expand(browser, "candidates, ranked by predicted speedup")
     _settled(browser)
     _shots(browser, "tradeoffs-recommendation")
     _nav(browser, "Tree designer")
@@ -428,23 +444,18 @@ def test_recommendation_with_its_evidence(server, browser):
 
 def test_budget_kept_from_a_longer_latency_table(server, browser):
     """The crash of the issue: the budget at 255 on the long table, then the table that stops at 16 tokens."""
-    from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
     url, _ = server
     _open(browser, f"{url}/tradeoffs", "Trade-offs")
-    thumb = _slider(browser, "budget (max tree nodes)").find_element(By.CSS_SELECTOR, '[role="slider"]')
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", thumb)
-    ActionChains(browser).click(thumb).send_keys(Keys.END).perform()
-    _wait(browser, lambda: _slider(browser, "budget (max tree nodes)").find_element(
-        By.CSS_SELECTOR, '[role="slider"]').get_attribute("aria-valuenow") == "255", what="budget 255")
+    _slide(browser, "budget (max tree nodes)", Keys.END)
+    _wait(browser, lambda: _range(browser, "budget (max tree nodes)").get_attribute("value") == "255",
+          what="budget 255")
     _settled(browser)
     short = _option_named(browser, "... or a latency CSV found here", "latency-batched.csv")
     _choose(browser, "... or a latency CSV found here", short)
     _no_errors(browser)
-    assert _slider(browser, "budget (max tree nodes)").find_element(
-        By.CSS_SELECTOR, '[role="slider"]').get_attribute("aria-valuenow") == "15"
+    assert _range(browser, "budget (max tree nodes)").get_attribute("value") == "15"
     assert "x from the latency quartiles)" in _body(browser)  # the batched table has a spread
     _choose(browser, "batch size", "4")
     assert "at batch 4 and context 128" in _body(browser)
@@ -479,8 +490,7 @@ def test_reference_tree_edited_repaired_and_compared(server, browser):
     _open(browser, f"{url}/tree", "Tree designer")
     _choose(browser, "Tree on display (drawn, masked, exported)", "reference: mc_sim_7b_63")
     assert _metric(browser, "nodes") == "63" and "mc_sim_7b_63: 63 nodes, depth 4" in _body(browser)
-    budget = _slider(browser, "Budget (tree nodes)").find_element(By.CSS_SELECTOR, '[role="slider"]')
-    assert budget.get_attribute("aria-disabled") == "true"
+    assert _range(browser, "Budget (tree nodes)").get_attribute("disabled")
     assert "applies to the optimizer's tree only; the tree on display is mc_sim_7b_63" in _body(browser)
     _expand(browser, "Edit mc_sim_7b_63")
     _type(browser, "Add node (0-based ranks, e.g. 0,1)", "1,9")
@@ -512,7 +522,7 @@ def test_reference_tree_edited_repaired_and_compared(server, browser):
     _choose(browser, "Tree on display (drawn, masked, exported)", "yours: your tree")
     assert any("first level lacks rank(s) 1" in w for w in _alerts(browser))
     _click_button(browser, "repair for trtllm")
-    _wait(browser, lambda: "engine-safe for trtllm: 4 -> " in _body(browser), what="the repair")
+    _wait(browser, lambda: re.search("engine-safe for trtllm: 4 (->|→) ", _body(browser)), what="the repair")
     assert not any("first level lacks" in w for w in _alerts(browser))
     assert "your tree_trtllm_safe" in _body(browser)
     _shots(browser, "tree-repaired")
@@ -594,7 +604,6 @@ def test_downloads_do_not_rerun_and_carry_no_server_path(server, browser, downlo
 def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
     """Budget 16 and the empirical model survive a trip to the calibration page and back; so does an uploaded
     accuracy table."""
-    from selenium.webdriver.common.action_chains import ActionChains
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
@@ -604,10 +613,9 @@ def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
     next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
          if o.text == "empirical paths").click()
     _settled(browser)
-    thumb = _slider(browser, "Budget (tree nodes)").find_element(By.CSS_SELECTOR, '[role="slider"]')
-    ActionChains(browser).click(thumb).send_keys(Keys.HOME).perform()
+    _slide(browser, "Budget (tree nodes)", Keys.HOME)
     _settled(browser)
-    ActionChains(browser).send_keys(*[Keys.ARROW_RIGHT] * 15).perform()
+    _slide(browser, "Budget (tree nodes)", *[Keys.ARROW_RIGHT] * 15)
     _wait(browser, lambda: _metric(browser, "nodes") == "16", what="a 16-node tree")
     _settled(browser)
     _nav(browser, "Calibration")
@@ -620,10 +628,10 @@ def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
     table = tmp_path / "mine.csv"
     table.write_text("head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n")
     next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
-         if o.text == "accuracy file or pasted CSV").click()
+         if o.text == "independence").click()
     _settled(browser)
     next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
-         if o.text == "independence").click()
+         if o.text == "accuracy file or pasted CSV").click()
     _settled(browser)
     uploader = next(u for u in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stFileUploader"]')
                     if "accuracy CSV" in u.text)

@@ -205,12 +205,13 @@ def comparison_chart(a: Tree, b: Tree, title: str | None = None) -> go.Figure:
 def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
     """Short title on the left (the app writes it above the chart instead), legend in two columns at the bottom of
     the figure, below the axis title in a margin sized for it: never over the data, the axis or the toolbar."""
-    entries = sum(1 for t in fig.data if t.showlegend is not False and t.name)
-    rows = (entries + 1) // 2
+    names = [t.name for t in fig.data if t.showlegend is not False and t.name]
+    columns = 2 if all(len(n) <= 26 for n in names) else 1  # a long name gets the whole width
+    rows = -(-len(names) // columns)
     fig.update_layout(title=dict(text=title, x=0.0, xanchor="left", font=dict(size=14)), height=height + 22 * rows,
                       margin=dict(l=10, r=10, t=40, b=64 + 22 * rows), plot_bgcolor="white", hovermode="closest",
                       legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left", x=0.0,
-                                  entrywidthmode="fraction", entrywidth=0.5), **kw)
+                                  entrywidthmode="fraction", entrywidth=1.0 / columns), **kw)
     fig.update_xaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
     fig.update_yaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
     return fig
@@ -326,12 +327,13 @@ def latency_chart(latency) -> go.Figure:
     """ms per verify forward against tokens per forward, one line per setup and context (and batch), with the
     spread of the repeats as error bars when the CSV has it (quartiles, else min/max)."""
     keys = [c for c in ("model", "device", "dtype", "batch", "context") if c in latency.columns]
+    keys = [c for c in keys if latency[c].nunique() > 1] or keys[-1:]  # name the lines by what differs
     spread = next(((lo, hi) for lo, hi in (("seconds_q1", "seconds_q3"), ("seconds_min", "seconds_max"))
                    if lo in latency.columns and hi in latency.columns), None)
     fig = go.Figure()
     for key, part in (latency.groupby(keys, sort=True) if keys else [((), latency)]):
         part = part.sort_values("tokens")
-        label = " / ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+        label = ", ".join(f"{k} {v}" for k, v in zip(keys, key if isinstance(key, tuple) else (key,)))
         err = {} if spread is None else dict(error_y=dict(
             type="data", symmetric=False, array=1000 * (part[spread[1]] - part["seconds"]),
             arrayminus=1000 * (part["seconds"] - part[spread[0]])))

@@ -153,8 +153,8 @@ def _live_page() -> None:
                 medusa_generate(base, hd, tok, ids, tree, 2, acc)
                 if vanilla:
                     vanilla_generate(base, tok, ids, 2)
-                status.update(label=f"Model ready ({loaded:.1f} s), warmed up ({time.perf_counter() - start:.1f} s); "
-                                    "decoding...", state="complete", expanded=False)
+                status.update(label=f"Model ready ({loaded:.1f} s), warmed up ({time.perf_counter() - start:.1f} s)",
+                              state="complete", expanded=False)
             on_step, finish = progress_view("Medusa", int(max_new), tok)
             med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc, on_step=on_step)
             finish(med)
@@ -177,19 +177,20 @@ def _live_page() -> None:
         return
     med, van, cmp = res["medusa"], res["vanilla"], res["compare"]
     pred = res.get("predicted")
-    cols = st.columns(6)
+    cols = st.columns(3)  # measured beside predicted, then the speeds
     cols[0].metric("tokens/step", f"{med['acceleration_rate']:.2f}",
                    help="tokens emitted per Medusa step (1 + accepted tree tokens), averaged over this answer")
     if pred and "error" not in pred:
         key = "predicted_replay" if "predicted_replay" in pred else "predicted_joint"
-        cols[5].metric("predicted tokens/step", f"{pred[key]:.2f}",
+        cols[1].metric("predicted tokens/step", f"{pred[key]:.2f}",
                        help=f"{key} of calibration {pred['folder']} (model {pred['model']}, heads {pred['heads']}), "
                             "answers cut at max new tokens; one prompt scatters around it")
-    cols[1].metric("new tokens", med["new_tokens"])
-    cols[2].metric("Medusa tokens/s", f"{med['tokens_per_s']:.1f}", help="new tokens / (prefill + decode time)")
+    cols[2].metric("new tokens", med["new_tokens"])
+    cols = st.columns(3)
+    cols[0].metric("Medusa tokens/s", f"{med['tokens_per_s']:.1f}", help="new tokens / (prefill + decode time)")
     if cmp:
-        cols[3].metric("vanilla tokens/s", f"{cmp['vanilla_tokens_per_s']:.1f}")
-        cols[4].metric("speedup (one prompt)", f"{cmp['speedup']:.2f}x",
+        cols[1].metric("vanilla tokens/s", f"{cmp['vanilla_tokens_per_s']:.1f}")
+        cols[2].metric("speedup (one prompt)", f"{cmp['speedup']:.2f}x",
                        help="Medusa tokens/s over vanilla tokens/s on this one prompt")
         st.caption("One prompt is a noisy measurement: timings of a single short answer vary by tens of percent "
                    "between runs (other processes, CPU frequency, the answer's own predictability). For a speedup "

@@ -526,6 +526,8 @@ def export_view(tree, base, designed, edit, shown: str, model: str, budget: int,
             text = tree_file
         col.download_button(fmt, text, file_name=f"{tree.name}{SUFFIXES[fmt]}", key=f"export_{fmt}",
                             on_click="ignore", help=f"{tree.name} in the {fmt} format")
+    if edit and edit.get("note"):  # what the last repair changed, where its button was
+        st.info(edit["note"])
     needs = {"trtllm": bool(first_level_gaps(tree)) or tree.nodes > 63, "vllm": not vllm_uniform(tree)}
     for fmt in FORMATS:
         for w in warns[fmt]:
