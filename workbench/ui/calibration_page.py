@@ -65,15 +65,15 @@ def _calibration_page() -> None:
         "path": st.column_config.TextColumn(help="0-based ranks, one per head (0 = top-1)", width="small"),
         "depth": st.column_config.NumberColumn(width="small"),
         "measured": st.column_config.NumberColumn(
-            width="small", format="%.4f",
+            format="%.4f",
             help="share of ALL positions whose heads' ranks start with this path (past the answer's end counts as a "
                  "miss: the decoder cannot accept tokens the answer does not have)"),
         "independence": st.column_config.NumberColumn(
-            width="small", format="%.4f",
+            "indep.", format="%.4f",
             help="product of a_k^(i); each a_k^(i) is a share of only the positions where head k HAS a target (it "
                  "excludes the last k positions of each answer)"),
         "measured / independence": st.column_config.NumberColumn(
-            "measured / indep.", width="small", format="%.3f",
+            "ratio", format="%.3f",
             help="measured / independence; 1 = heads independent. The two use different denominators, so even a "
                  "one-head path [i] reads below 1 (about positions with a head-k target / all positions): that part "
                  "is the answer's end, not head correlation")})

@@ -81,37 +81,40 @@ def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | 
 
 
 def candidates_frame(rec: dict) -> pd.DataFrame:
-    """The ranked candidates as a table: prediction, range, and what sweeps measured (current and old apart)."""
+    """The ranked candidates as a table that fits a 1280 px page: prediction, range, and what sweeps measured
+    (current and old apart); a column nothing fills is left out."""
     rows = []
     for r in rec["candidates"]:
         now = r["current"]
         old = [m for m in r["measured"] if m["old"]]
         rows.append({
-            "candidate": r["label"], "kind": r["kind"], "nodes": r["nodes"],
-            "predicted tokens/step": r["tokens_per_step"], "predicted speedup": r["speedup"],
-            "speedup low": r["range"][0] if r["range"] else None, "speedup high": r["range"][1] if r["range"] else None,
-            "measured speedup": now["speedup"] if now else None, "+-": now["noise"] if now else None,
-            "measured by": ", ".join(now["sweeps"]) if now else "",
-            "old measurement": (f"{old[0]['speedup']:.2f}x ({old[0]['sweep']}, decoder {old[0]['decoder_version']})"
-                                if old else ""),
+            "candidate": r["label"], "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
+            "range": f"{r['range'][0]:.2f}x-{r['range'][1]:.2f}x" if r["range"] else "",
+            "measured": (f"{now['speedup']:.2f}x" + (f" +- {now['noise']:.2f}" if now["noise"] is not None else "")
+                         + f" ({', '.join(now['sweeps'])})") if now else "",
+            "old measurement": f"{old[0]['speedup']:.2f}x ({old[0]['sweep']})" if old else "",
             "disagrees": "yes" if r["disagree"] else ""})
-    return pd.DataFrame(rows)
+    df = pd.DataFrame(rows)
+    return df[[c for c in df.columns if c in ("candidate", "tokens/step", "speedup") or (df[c] != "").any()]]
 
 
 COLUMNS = {
-    "predicted tokens/step": st.column_config.NumberColumn(
-        format="%.3f", help="Calibration.predict: the replay of a greedy decoder over held-out answers when the "
-                            "calibration holds prompts out"),
-    "predicted speedup": st.column_config.NumberColumn(format="%.3fx", help="predicted tokens/step / relative step "
-                                                       "cost t(nodes + 1) / t(1) at this batch and context"),
-    "speedup low": st.column_config.NumberColumn(format="%.3fx", help="with the latency spread: slow tree step over "
-                                                 "fast plain step"),
-    "speedup high": st.column_config.NumberColumn(format="%.3fx"),
-    "measured speedup": st.column_config.NumberColumn(format="%.3fx", help="sweeps by the current decoder only"),
-    "+-": st.column_config.NumberColumn(format="%.3f", help="run-to-run noise: the spread of the sweep's vanilla "
-                                        "baseline (re-measured before every configuration), or between repeats"),
-    "old measurement": st.column_config.TextColumn(help="measured by an older decoder (before the static-cache "
-                                                   "step): not evidence about the current one"),
+    "candidate": st.column_config.TextColumn(help="tree (its name and node count), chain K (the top-1 chain of K "
+                                                  "heads) or no speculation"),
+    "tokens/step": st.column_config.NumberColumn(
+        format="%.3f", help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over "
+                            "held-out answers when the calibration holds prompts out)"),
+    "speedup": st.column_config.NumberColumn(format="%.3fx", help="predicted: tokens/step / relative step cost "
+                                                                  "t(nodes + 1) / t(1) at this batch and context"),
+    "range": st.column_config.TextColumn(help="the predicted speedup with the latency spread: slow tree step over "
+                                              "fast plain step, and the other way round"),
+    "measured": st.column_config.TextColumn(help="sweeps by the current decoder: speedup +- run-to-run noise (the "
+                                                 "spread of the sweep's vanilla baseline, re-measured before every "
+                                                 "configuration, or between repeats)"),
+    "old measurement": st.column_config.TextColumn(help="measured by an older decoder (before the static-cache step):"
+                                                        " not evidence about the current one"),
+    "disagrees": st.column_config.TextColumn(help="the current measurement is outside the prediction by more than "
+                                                  "its noise"),
 }
 
 

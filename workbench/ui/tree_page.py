@@ -203,17 +203,7 @@ def _tree_page() -> None:
                                   "give every node the same top-c children, the only shape vLLM drafts as written; "
                                   "hardware-aware: best predicted speedup under a latency curve, up to the budget. "
                                   "It also colours any tree on display by its path probabilities.")
-    shown_label = st.session_state.get("tree_show", OPTIMIZER)
-    off = None if shown_label == OPTIMIZER else \
-        f"applies to the optimizer's tree only; the tree on display is {shown_label.split(': ', 1)[-1]} (pick " \
-        "\"the optimizer's\" above the drawing to use these settings)"
-    budget = st.sidebar.slider("Budget (tree nodes)", 1, 256, 63, key="tree_budget", disabled=off is not None,
-                               help=off or "most nodes the optimizer's tree may have (hardware-aware: the largest "
-                                           "budget it tries)")
-    max_depth = int_slider("Max depth (heads used)", K, K, "tree_depth", disabled=off is not None, help=off)
-    max_rank = int_slider("Max rank (top-k per head)", R, min(R, 10), "tree_rank", disabled=off is not None, help=off)
-    if off:
-        st.sidebar.caption(f"Budget, depth and rank: {off}.")
+    settings = st.sidebar.container()  # the optimizer's sliders go here, drawn once we know what is on display
 
     indep = acc_value_fn(src.acc)
     empirical = src.calib.joint_value("fit") if src.calib else None
@@ -231,6 +221,37 @@ def _tree_page() -> None:
     measured = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in readable_sweeps()})
     user = user_tree_input(K)
 
+    # the answer first: which tree (or chain, or none) to use, with its evidence
+    named = named_trees(user)
+    rec = None
+    if lat is not None:
+        rec = ranked(src, lat["path"], lat["tables"])
+        if rec is not None:
+            panel(rec, "tree", K, provenance_of(src) | dict(method="recommended", latency=lat["path"].name),
+                  show=_show, show_label="show this tree")
+    else:
+        st.info("No latency CSV found, so no recommendation: measure one with `workbench latency --calibration DIR` "
+                "or give one in the sidebar (Hardware).")
+    pick = rec["pick"]["tree"] if rec is not None else None
+
+    # the optimizer's settings apply to its tree only: disabled, saying why, while another tree is on display
+    shown_label = st.session_state.get("tree_show", OPTIMIZER)
+    if shown_label not in tree_options(None, user, pick):
+        shown_label = OPTIMIZER  # gone (a tree that stopped parsing): the selector below falls back to it too
+    off = None if shown_label == OPTIMIZER else \
+        f"applies to the optimizer's tree only; the tree on display is {shown_label.split(': ', 1)[-1]} (pick " \
+        "\"the optimizer's\" above the drawing to use these settings)"
+    with settings:
+        budget = st.slider("Budget (tree nodes)", 1, 256, 63, key="tree_budget", disabled=off is not None,
+                           help=off or "most nodes the optimizer's tree may have (hardware-aware: the largest budget "
+                                       "it tries)")
+        max_depth = int_slider("Max depth (heads used)", K, K, "tree_depth", disabled=off is not None, help=off,
+                               where=st)
+        max_rank = int_slider("Max rank (top-k per head)", R, min(R, 10), "tree_rank", disabled=off is not None,
+                              help=off, where=st)
+        if off:
+            st.caption(f"Budget, depth and rank: {off}.")
+
     try:
         if model == "hardware-aware":
             if lat is None:
@@ -245,18 +266,6 @@ def _tree_page() -> None:
     except WorkbenchError as e:
         st.error(clean_error(e))
         return
-
-    # the answer first: which tree (or chain, or none) to use, with its evidence
-    named = named_trees(user)
-    rec = None
-    if lat is not None:
-        rec = ranked(src, lat["path"], lat["tables"])
-        if rec is not None:
-            panel(rec, "tree", K, provenance_of(src) | dict(method="recommended", latency=lat["path"].name),
-                  show=_show, show_label="show this tree")
-    else:
-        st.info("No latency CSV found, so no recommendation: measure one with `workbench latency --calibration DIR` "
-                "or give one in the sidebar (Hardware).")
     if designed.nodes < budget and model != "hardware-aware" and off is None:
         st.caption(f"only {designed.nodes} nodes have a positive acceptance probability")
 
@@ -265,8 +274,9 @@ def _tree_page() -> None:
     options = tree_options(designed, user, pick)
     labels_list = list(options)
     c1, c2 = st.columns(2)
+    gone = st.session_state.get("tree_show", OPTIMIZER)
     if drop_stale("tree_show", labels_list, OPTIMIZER):
-        st.info(f"{shown_label.split(': ', 1)[-1]} is no longer available: showing the optimizer's tree.")
+        st.info(f"{gone.split(': ', 1)[-1]} is no longer available: showing the optimizer's tree.")
     shown = c1.selectbox("Tree on display (drawn, masked, exported)", labels_list, key="tree_show",
                          help="the optimizer's tree follows the sidebar settings; any other tree is shown as it "
                               "is, scored on the current calibration")

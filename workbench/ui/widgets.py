@@ -285,9 +285,10 @@ def slider(label: str, low: int, high: int, default: int, key: str, where=None, 
     return where.slider(label, low, high, min(max(default, low), high), key=key, disabled=disabled, help=help)
 
 
-def int_slider(label: str, high: int, default: int, key: str, disabled: bool = False, help: str | None = None) -> int:
-    """A 1..high sidebar slider; a one-value range (one head, one rank) is a caption."""
-    return slider(label, 1, high, default, key, disabled=disabled, help=help)
+def int_slider(label: str, high: int, default: int, key: str, disabled: bool = False, help: str | None = None,
+               where=None) -> int:
+    """A 1..high slider (default: in the sidebar); a one-value range (one head, one rank) is a caption."""
+    return slider(label, 1, high, default, key, where=where, disabled=disabled, help=help)
 
 
 def figure(fig, caption: str | None = None) -> None:
