@@ -327,8 +327,8 @@ def test_selected_node_highlights_its_mask_row(demo_files, monkeypatch):
     import plotly.io as pio
 
     charts = [pio.from_json(c.proto.spec, skip_invalid=True) for c in at.get("plotly_chart")]
-    mask = next(c for c in charts if "tree-attention mask" in c.layout.title.text)
-    assert "row 3 selected" in mask.layout.title.text
+    mask = next(c for c in charts if c.data and c.data[0].type == "heatmap" and len(c.data) == 2)
+    assert any(m.value == "**tree-attention mask (64x64; row 3 selected)**" for m in at.markdown)  # its title
     z = np.asarray(mask.data[0].z)
     assert (z[3] >= 2).all() and (z[np.arange(len(z)) != 3] < 2).all()  # only row 3 is highlighted
     assert any(m.value.startswith("**row 3**") for m in at.markdown)
@@ -483,6 +483,7 @@ def test_live_page_decodes_with_a_tiny_model(tiny_llama, demo_files, monkeypatch
     at.button(key="live_go").click().run()
     assert any("exceeds the 5 Medusa heads" in e for e in errors(at))
     assert "live_result" not in at.session_state and not at.metric
+    assert [s.state for s in at.status] == ["error"] and at.status[0].label == "Stopped: see the error below"
 
 
 def test_live_page_tree_too_deep_is_an_error(tiny_llama, demo_files, monkeypatch):

@@ -361,11 +361,12 @@ def _chart_points(driver, index: int):
 
 
 def _chart_index(driver, title_part: str) -> int:
-    """Which plotly chart on the page has this text in its SVG (its title)."""
-    from selenium.webdriver.common.by import By
-
-    charts = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')
-    return next(i for i, c in enumerate(charts) if title_part in c.get_attribute("innerHTML"))
+    """Which plotly chart on the page is the one whose title (written above it) has this text."""
+    return driver.execute_script(
+        "const charts = Array.from(document.querySelectorAll('[data-testid=\"stPlotlyChart\"]'));"
+        "return charts.findIndex(c => { let e = c; while (e && !e.previousElementSibling) e = e.parentElement;"
+        "  for (let p = e && e.previousElementSibling, n = 0; p && n < 3; p = p.previousElementSibling, n++)"
+        "    if (p.textContent.includes(arguments[0])) return true; return false; });", title_part)
 
 
 def _point(driver, chart: int, i: int, click: bool) -> None:
@@ -508,9 +509,9 @@ def test_reference_tree_edited_repaired_and_compared(server, browser):
     _wait(browser, lambda: "A = mc_sim_7b_63_edited vs B = optimal_63" in _body(browser), what="the comparison")
     body = _body(browser)
     assert "only in A" in body and "only in B" in body and "shared nodes" in body
-    assert len(browser.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')) >= 1
-    assert "as one tree" in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')[
-        _chart_index(browser, "as one tree")].get_attribute("innerHTML")
+    diff = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')[_chart_index(browser, "as one tree")]
+    legend = diff.get_attribute("innerHTML")
+    assert "shared" in legend and "only in A" in legend and "only in B" in legend  # one tree, coloured
     compare = next(h for h in browser.find_elements(By.TAG_NAME, "h3") if h.text.startswith("A = "))
     browser.execute_script("arguments[0].scrollIntoView()", compare)
     _shots(browser, "tree-compare")

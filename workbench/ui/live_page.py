@@ -139,12 +139,14 @@ def _live_page() -> None:
             tree = load_tree(spec)
             acc = Acceptance(kind, temperature, epsilon, delta, top_p)
             torch.set_num_threads(int(threads))
-            with st.status(f"Loading {model or 'the demo model'} and its heads...", expanded=True) as status:
+            status = st.status(f"Loading {model or 'the demo model'} and its heads...", expanded=True)
+            try:
                 start = time.perf_counter()
                 status.write("Loading the model and heads: the first use reads the weights from disk (up to a "
                              "minute on a CPU); later runs reuse the loaded model.")
                 base, tok, hd = load_model(model, heads, device)
                 loaded = time.perf_counter() - start
+                tree = load_tree(tree, num_heads=hd.num_heads)  # a tree deeper than the heads: say so before decoding
                 status.write(f"Model ready ({loaded:.1f} s). Warming up: the first steps initialise kernels and "
                              "caches (not timed)...")
                 status.update(label="Warming up (not timed)...")
@@ -155,6 +157,9 @@ def _live_page() -> None:
                     vanilla_generate(base, tok, ids, 2)
                 status.update(label=f"Model ready ({loaded:.1f} s), warmed up ({time.perf_counter() - start:.1f} s)",
                               state="complete", expanded=False)
+            except (WorkbenchError, OSError, RuntimeError):
+                status.update(label="Stopped: see the error below", state="error", expanded=False)
+                raise
             on_step, finish = progress_view("Medusa", int(max_new), tok)
             med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc, on_step=on_step)
             finish(med)

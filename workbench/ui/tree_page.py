@@ -440,14 +440,12 @@ def tree_view(tree, probs: dict, labels, title: str, caption: str) -> None:
         if node is not None and focus is None:
             st.session_state["tree_focus_node"] = None  # the selected node was removed
         st.session_state["tree_focus_pick"] = -1 if focus is None else focus
-        st.plotly_chart(figures.tree_chart(tree, probs, labels, focus, title=title), key="tree_chart",
-                        on_select=lambda: _focus_from_chart("tree_chart", names), selection_mode="points",
-                        config={"displaylogo": False})
-        st.caption(caption)
+        chart(figures.tree_chart(tree, probs, labels, focus, title=title), caption, key="tree_chart",
+              on_select=lambda: _focus_from_chart("tree_chart", names))
         left, right = st.columns([3, 2])
         with left:
-            st.plotly_chart(figures.mask_chart(tree, focus), key="mask_chart", selection_mode="points",
-                            on_select=lambda: _focus_from_chart("mask_chart", names), config={"displaylogo": False})
+            chart(figures.mask_chart(tree, focus), key="mask_chart",
+                  on_select=lambda: _focus_from_chart("mask_chart", names))
         with right:
             st.selectbox("Selected node (= mask row)", [-1] + list(range(len(names))), key="tree_focus_pick",
                          format_func=lambda i: "none" if i < 0 else f"row {i}: {list(names[i]) if i else 'root'}",
@@ -580,8 +578,8 @@ def compare_trees(a, b, indep, empirical, src: Source) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, column_config=TABLE_COLUMNS)
     st.caption(f"{len(d['shared'])} shared nodes, {len(d['only_a'])} only in A, {len(d['only_b'])} only in B; "
                "predicted tokens per step in the table (names as on the rest of the page)")
-    st.plotly_chart(figures.comparison_chart(a, b, title=f"A ({a.nodes} nodes) and B ({b.nodes} nodes) as one tree"),
-                    key="diff_chart", config={"displaylogo": False})
+    chart(figures.comparison_chart(a, b, title=f"A ({a.nodes} nodes) and B ({b.nodes} nodes) as one tree"),
+          key="diff_chart")
     diff = [{"node": str(list(p)), "in": side, "P(accepted)": value(p)}
             for side, ps in (("only A", d["only_a"]), ("only B", d["only_b"])) for p in ps]
     if diff:

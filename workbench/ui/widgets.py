@@ -297,14 +297,16 @@ def figure(fig, caption: str | None = None) -> None:
         st.caption(caption)
 
 
-def chart(fig, caption: str | None = None, key: str | None = None) -> None:
-    """An interactive plotly figure (hover for values, drag to zoom) with its caption. Its title is written above
-    it, so that in a narrow column a long title never runs under the chart's toolbar."""
+def chart(fig, caption: str | None = None, key: str | None = None, on_select=None) -> None:
+    """An interactive plotly figure (hover for values, drag to zoom; `on_select`: a click selects points) with its
+    caption. Its title is written above it, so that in a narrow column a long title never runs under the chart's
+    toolbar."""
     title = fig.layout.title.text
     if title:
         st.markdown(f"**{title}**")
         fig.update_layout(title=None, margin=dict(t=30))
-    st.plotly_chart(fig, key=key, config={"displaylogo": False})
+    select = {} if on_select is None else dict(on_select=on_select, selection_mode="points")
+    st.plotly_chart(fig, key=key, config={"displaylogo": False}, **select)
     if caption:
         st.caption(caption)
 
