@@ -162,3 +162,13 @@ def test_accuracy_table_only_uses_independence(cal):
     from workbench.optimize import expected_length
     pick = rec["pick"]
     assert pick["tokens_per_step"] == pytest.approx(expected_length(pick["tree"], cal.accuracies("fit")))
+
+
+def test_a_latency_table_that_is_not_monotone_is_named(cal):
+    df = latency(CHEAP)
+    df.loc[df["tokens"] == 4, "seconds"] = (CHEAP(2) + CHEAP(3)) / 2  # as on this CPU: 4 tokens cheaper than 3
+    rec = R.recommend(cal, df)
+    assert rec["cheaper"] == [(3, 4)]
+    assert R.latency_note(rec).startswith("the latency table is not monotone (4 tokens cheaper than 3)")
+    assert R.recommend(cal, latency(CHEAP))["cheaper"] == [] and R.latency_note(R.recommend(cal, latency(CHEAP))) \
+        is None

@@ -244,7 +244,14 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
         r["disagree"] = disagrees(r)
     return dict(pick=rows[0], candidates=rows, context=tables["context"], batch=batch, spread=tables["spread"],
                 prediction=prediction, disagree=[r for r in rows if r["disagree"]],
-                old=[r for r in rows if r["measured"] and r["current"] is None])
+                old=[r for r in rows if r["measured"] and r["current"] is None], cheaper=cheaper_larger(seconds))
+
+
+def cheaper_larger(seconds: dict) -> list[tuple[int, int]]:
+    """[(n, m)]: m > n tokens measured cheaper than n (a verify step over more tokens cannot really cost less): the
+    table's noise is at least that large, and a choice between those sizes rests on it."""
+    sizes = sorted(seconds)
+    return [(n, m) for i, n in enumerate(sizes) for m in sizes[i + 1:] if seconds[m] < seconds[n]]
 
 
 def disagrees(row: dict) -> bool:
@@ -285,6 +292,17 @@ def measured_text(row: dict) -> str:
         return (f"not measured with the current decoder (old: {m['speedup']:.2f}x by the decoder {m['decoder_version']}"
                 f", {m['sweep']}, {m['num_prompts']} prompts)")
     return "not measured by any sweep found"
+
+
+def latency_note(rec: dict) -> str | None:
+    """Words for cheaper_larger, or None when the table is monotone."""
+    pairs = rec["cheaper"]
+    if not pairs:
+        return None
+    said = ", ".join(f"{m} tokens cheaper than {n}" for n, m in pairs[:3]) + (" ..." if len(pairs) > 3 else "")
+    return (f"the latency table is not monotone ({said}): its medians differ by less than their noise there, so a "
+            "choice between those sizes rests on that noise" + ("" if rec["spread"] else "; re-measure with a spread "
+                                                                "(quartiles) to see how much"))
 
 
 def sentence(rec: dict) -> str:

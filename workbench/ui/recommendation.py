@@ -122,7 +122,7 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
     """Draw the recommendation: the warning first (when measurements contradict the prediction), the sentence, the
     pick's exports in every format, notes on closeness and old measurements, and the ranked candidates."""
     from workbench.export import FORMATS, SUFFIXES, export_tree
-    from workbench.recommend import disagreement_text, runner_up_close, sentence
+    from workbench.recommend import disagreement_text, latency_note, runner_up_close, sentence
     from workbench.tree import Tree, record_json, tree_record
 
     text = disagreement_text(rec)
@@ -137,7 +137,7 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
     box = st.container(border=True)
     box.markdown(f"**Recommendation:** {sentence(rec)}.")
     close = runner_up_close(rec)
-    notes = []
+    notes = [latency_note(rec)] if latency_note(rec) else []
     if close is not None:
         notes.append(f"the runner-up, {close['label']} at {close['speedup']:.2f}x, is within the latency spread of "
                      "the pick: on this table the two cannot be told apart")
