@@ -99,22 +99,26 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
 
 
 COLUMNS = {
-    "candidate": st.column_config.TextColumn(help="tree (its name and node count), chain K (the top-1 chain of K "
-                                                  "heads) or no speculation"),
+    "candidate": st.column_config.TextColumn(
+        help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation"),
     "tokens/step": st.column_config.NumberColumn(
-        format="%.3f", help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over "
-                            "held-out answers when the calibration holds prompts out)"),
-    "speedup": st.column_config.NumberColumn(format="%.3fx", help="predicted: tokens/step / relative step cost "
-                                                                  "t(nodes + 1) / t(1) at this batch and context"),
-    "range": st.column_config.TextColumn(help="the predicted speedup with the latency spread: slow tree step over "
-                                              "fast plain step, and the other way round"),
-    "measured": st.column_config.TextColumn(help="sweeps by the current decoder: speedup +- run-to-run noise (the "
-                                                 "spread of the sweep's vanilla baseline, re-measured before every "
-                                                 "configuration, or between repeats)"),
-    "old measurement": st.column_config.TextColumn(help="measured by an older decoder (before the static-cache step):"
-                                                        " not evidence about the current one"),
-    "disagrees": st.column_config.TextColumn(help="the current measurement is outside the prediction by more than "
-                                                  "its noise"),
+        format="%.3f", width="small",
+        help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over held-out answers "
+             "when the calibration holds prompts out)"),
+    "speedup": st.column_config.NumberColumn(
+        format="%.3fx", width="small",
+        help="predicted: tokens/step / relative step cost t(nodes + 1) / t(1) at this batch and context"),
+    "range": st.column_config.TextColumn(
+        help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
+             "round"),
+    "measured": st.column_config.TextColumn(
+        width="large", help="sweeps by the current decoder: speedup +- run-to-run noise (the spread of the sweep's "
+                            "vanilla baseline, re-measured before every configuration, or between repeats)"),
+    "old measurement": st.column_config.TextColumn(
+        width="medium", help="measured by an older decoder (before the static-cache step): not evidence about the "
+                             "current one"),
+    "disagrees": st.column_config.TextColumn(
+        width="small", help="the current measurement is outside the prediction by more than its noise"),
 }
 
 
