@@ -1,11 +1,11 @@
 """Streamlit face of the workbench: `streamlit run app.py` (offline; reads the committed calibration).
 
 Four pages, each with its own URL: /tree (designer), /calibration, /tradeoffs, /live (the only page that loads
-a model, and only on a button press). This file is the entry point only (page config, navigation, settings kept
-across pages); each page is a module of workbench/ui/, their shared inputs and cached readers are in
-workbench/ui/widgets.py, numbers come from `workbench/` modules, figures from `workbench/plots.py` and
-`workbench/figures.py`. Bad input (a missing folder, a malformed upload, a tree that does not fit the heads) is an
-`st.error` with the reason, never a crash.
+a model, and only on a button press); / opens the designer at /tree. This file is the entry point only (page
+config, navigation, settings kept across pages); each page is a module of workbench/ui/, their shared inputs and
+cached readers are in workbench/ui/widgets.py, numbers come from `workbench/` modules, figures from
+`workbench/plots.py` and `workbench/figures.py`. Bad input (a missing folder, a malformed upload, a tree that does
+not fit the heads) is an `st.error` with the reason, never a crash.
 
 Calibration folders are looked up under $WORKBENCH_CALIBRATION_ROOT (default: calibration/ in this checkout),
 sweep and latency CSVs also under $WORKBENCH_RESULTS_ROOT (default: docs/results/).
@@ -39,10 +39,15 @@ PAGES = [(tree_page, "Tree designer", "tree"), (calibration_page, "Calibration",
          (tradeoffs_page, "Trade-offs", "tradeoffs"), (live_page, "Live decode", "live")]
 
 
+def home() -> None:
+    """The address without a page (/): the designer, at its own URL /tree (a default page has no URL of its own)."""
+    st.switch_page(st.Page(tree_page, title="Tree designer", url_path="tree"))
+
+
 def main() -> None:
     st.set_page_config(page_title="Medusa tree workbench", layout="wide")
-    nav = st.navigation([st.Page(fn, title=title, url_path=url, default=i == 0)
-                         for i, (fn, title, url) in enumerate(PAGES)])
+    nav = st.navigation([st.Page(home, title="Home", url_path="home", default=True, visibility="hidden")]
+                        + [st.Page(fn, title=title, url_path=url) for fn, title, url in PAGES])
     keep_settings()
     nav.run()
 

@@ -133,3 +133,20 @@ def make_heads_dir(tmp_path):
             (folder / "config.json").write_text(json.dumps(config))
         return folder
     return make
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A browser test that fails leaves a screenshot of what the browser showed (tests/output/browser/failed-*.png)."""
+    outcome = yield
+    report = outcome.get_result()
+    driver = item.funcargs.get("browser") if hasattr(item, "funcargs") else None
+    if report.when == "call" and report.failed and driver is not None:
+        from workbench import REPO_ROOT
+
+        out = REPO_ROOT / "tests" / "output" / "browser"
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            driver.save_screenshot(str(out / f"failed-{item.name}.png"))
+        except Exception:  # the browser itself may be what failed
+            pass

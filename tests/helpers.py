@@ -207,3 +207,17 @@ def make_sweep(path: Path) -> Path:
                          mean_logprob=-1.2, distinct_2=0.8))
     pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).to_csv(path, index=False)
     return path
+
+
+def make_short_latency(path: Path) -> Path:
+    """A latency CSV as the batched `workbench latency` writes it: batch sizes 1 and 4, spread columns, and only up
+    to 16 tokens (so a budget kept from a longer table is out of range)."""
+    rows = []
+    for b in (1, 4):
+        for n in (1, 2, 4, 8, 16):
+            s = 0.02 * b ** 0.5 * (1 + 0.02 * n * b)
+            rows.append(dict(model="synthetic", device="cpu", dtype="float32", batch=b, context=128, tokens=n,
+                             seconds=s, seconds_min=0.9 * s, seconds_q1=0.97 * s, seconds_q3=1.03 * s,
+                             seconds_max=1.2 * s))
+    pd.DataFrame(rows).to_csv(path, index=False)
+    return path

@@ -1,10 +1,18 @@
 """End to end in a real browser: `streamlit run app.py` on a free localhost port, driven in headless Chromium
-(Debian's /usr/bin/chromium + chromedriver, via Selenium) as a user would: each page opened by its URL, then the
-tree designer's interactions (a reference tree picked, a node added, two trees compared, a tree node and a mask
-cell clicked, settings kept across a page change) and a live decode with its streamed progress. No exception box;
-screenshots under tests/output/browser/."""
+(Debian's /usr/bin/chromium + chromedriver, via Selenium) as a user would, at 1280 x 1000: every page by its URL
+(/ opens the designer at /tree), the recommendation with its evidence on both pages (old sweeps named old, a
+current sweep that contradicts the prediction warned about at the top), the budget kept from a longer latency table,
+the designer's interactions (reference tree with the optimizer's sliders disabled, node added, comparison drawn as
+one tree, engine repair, node and mask clicks with the selection following the node, downloads, a malformed pasted
+tree, an upload and settings kept across pages) and a live decode with its progress messages, prediction, and an
+error that clears the last result. No exception box; no page wider than the window at 1280 px.
+
+Screenshots at 1600 and 1280 px wide go to tests/output/browser/ (gitignored). The server's own time for node
+and mask clicks and downloads (`[workbench-app]` lines, $WORKBENCH_APP_TIMINGS) is printed and written to
+tests/output/browser/timings.txt; nothing asserts a time (the machine is shared)."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -15,15 +23,18 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pandas as pd
 import pytest
-from helpers import make_calibration, make_latency, make_sweep
+from helpers import make_calibration, make_latency, make_short_latency, make_sweep
 
 from workbench import REPO_ROOT
 
 CHROMIUM = Path("/usr/bin/chromium")
 OUT = REPO_ROOT / "tests" / "output" / "browser"
-PAGES = [("", "Tree designer"), ("calibration", "Calibration"), ("tradeoffs", "Trade-offs"),
-         ("live", "Live decode")]
+WIDTHS = (1600, 1280)
+PAGES = [("", "Tree designer"), ("tree", "Tree designer"), ("calibration", "Calibration"),
+         ("tradeoffs", "Trade-offs"), ("live", "Live decode")]
+OPTIMIZER = "the optimizer's (sidebar settings)"
 
 pytestmark = pytest.mark.browser
 
@@ -41,16 +52,46 @@ def _driver_path() -> str | None:
     return None
 
 
+def _current_sweep(root: Path, cal: Path) -> Path:
+    """A sweep by the current decoder (decoder_version) that measured the recommended tree at a third of its
+    predicted speedup: the page must say so at the top."""
+    from workbench.calibration import Calibration
+    from workbench.latency import read_latency
+    from workbench.recommend import recommend
+    from workbench.sweep import SWEEP_COLUMNS, tree_key
+
+    pick = recommend(Calibration(cal), read_latency(cal / "latency-cpu.csv"), target=128)["pick"]
+    rows = [dict(run="r", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",
+                 acceleration_rate=1.0, speedup=1.0, vanilla_tokens_per_s=50.0, num_prompts=20),
+            dict(run="r", config=f"{tree_key(pick['tree'])}|greedy|T=0", tree=pick["tree"].name, kind="given",
+                 nodes=pick["nodes"], acceptance="greedy", acceleration_rate=1.2, speedup=pick["speedup"] / 3,
+                 vanilla_tokens_per_s=51.0, num_prompts=20)]
+    df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
+    df["decoder_version"], df["batch_size"] = "static-cache-1", 1
+    df.to_csv(root / "c-current.csv", index=False)
+    return root / "c-current.csv"
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """The app under `streamlit run`, reading a synthetic calibration folder; yields its base URL."""
+    """The app under `streamlit run`, reading a synthetic calibration folder (a long latency table in it, a short
+    batched one with spread beside it, two old sweeps and a current one); yields (base URL, log path)."""
+    from workbench.sweep import read_sweep
+
     root = tmp_path_factory.mktemp("browser_calibration")
     cal = make_calibration(root / "synthetic")
     make_latency(cal / "latency-cpu.csv")
-    make_sweep(cal / "sweep.csv")
+    make_short_latency(root / "latency-batched.csv")
+    full = read_sweep(make_sweep(root / "all.csv"))
+    full[full["acceptance"] == "greedy"].to_csv(root / "a-greedy.csv", index=False)
+    full[full["acceptance"] != "greedy"].to_csv(root / "b-typical.csv", index=False)
+    (root / "all.csv").unlink()
+    _current_sweep(root, cal)
     port = _free_port()
-    env = dict(os.environ, WORKBENCH_CALIBRATION_ROOT=str(root), STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(tmp_path_factory.mktemp("streamlit_log") / "streamlit.log", "w+")
+    env = dict(os.environ, WORKBENCH_CALIBRATION_ROOT=str(root), WORKBENCH_RESULTS_ROOT=str(root),
+               WORKBENCH_APP_TIMINGS="1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    log_path = tmp_path_factory.mktemp("streamlit_log") / "streamlit.log"
+    log = open(log_path, "w+")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "app.py"),
                              "--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
                              "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
@@ -68,7 +109,7 @@ def server(tmp_path_factory):
                 log.seek(0)
                 pytest.fail(f"streamlit did not start:\n{log.read()[-3000:]}")
             time.sleep(0.5)
-        yield url
+        yield url, log_path
     finally:
         proc.terminate()
         try:
@@ -79,7 +120,12 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory):
+def downloads(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory, downloads):
     if not CHROMIUM.is_file():
         pytest.skip("/usr/bin/chromium is absent (apt-get install -y chromium chromium-driver)")
     webdriver = pytest.importorskip("selenium.webdriver")
@@ -92,25 +138,31 @@ def browser(tmp_path_factory):
     opts.binary_location = str(CHROMIUM)
     for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
                 "--no-first-run", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                "--window-size=1400,2200", f"--user-data-dir={tmp_path_factory.mktemp('chromium_profile')}"):
+                "--window-size=1280,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium_profile')}"):
         opts.add_argument(arg)
+    opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
+                                           "download.prompt_for_download": False})
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SE_OFFLINE", "true")  # never let Selenium Manager try to download a driver or browser
         driver = webdriver.Chrome(options=opts, service=Service(driver_path))
+    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
     driver.set_page_load_timeout(60)
     yield driver
     driver.quit()
 
 
+# ----------------------------------------------------------------------------------------------- helpers
+
 def _wait(driver, predicate, timeout: float = 90, what: str = "", every: float = 0.5):
-    """predicate() once truthy; an element that a rerun redrew under it (stale) counts as not yet."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    """predicate() once truthy; an element that a rerun redrew under it (stale) or has not drawn yet counts as not
+    yet."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
             value = predicate()
-        except StaleElementReferenceException:
+        except (StaleElementReferenceException, NoSuchElementException, AssertionError, StopIteration):
             value = None
         if value:
             return value
@@ -118,7 +170,7 @@ def _wait(driver, predicate, timeout: float = 90, what: str = "", every: float =
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _settled(driver, timeout: float = 90) -> None:
+def _settled(driver, timeout: float = 120) -> None:
     """Wait until the script run has finished (no "Running... / Stop" status) and the page stopped changing."""
     from selenium.webdriver.common.by import By
 
@@ -149,6 +201,16 @@ def _no_errors(driver) -> None:
     assert not boxes, boxes[0].text[:2000]
 
 
+def _alerts(driver, kind: str = "Warning") -> list[str]:
+    from selenium.webdriver.common.by import By
+
+    out = []
+    for e in driver.find_elements(By.CSS_SELECTOR, f'[data-testid="stAlertContent{kind}"]'):
+        text = e.find_elements(By.CSS_SELECTOR, '[data-testid="stMarkdownContainer"]')  # without the icon
+        out.append(text[0].text if text else e.text)
+    return out
+
+
 def _open(driver, url: str, heading: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -158,15 +220,34 @@ def _open(driver, url: str, heading: str) -> None:
     _settled(driver)
 
 
+def _nav(driver, title: str) -> None:
+    """In-app navigation (the sidebar's page links): session state stays."""
+    from selenium.webdriver.common.by import By
+
+    next(a for a in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebarNav"] a') if a.text == title).click()
+    heading = "Tree designer" if title == "Tree designer" else title
+    _wait(driver, lambda: any(h.text.strip() == heading for h in driver.find_elements(By.TAG_NAME, "h1")),
+          what=f"the page {title}")
+    _settled(driver)
+
+
+def _select(driver, label: str):
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, f'input[role="combobox"][aria-label="{label}"]')
+
+
 def _choose(driver, label: str, option: str) -> None:
     """Pick `option` in the selectbox labelled `label`."""
     from selenium.webdriver.common.by import By
 
-    driver.find_element(By.CSS_SELECTOR, f'input[role="combobox"][aria-label="{label}"]').click()
+    box = _select(driver, label)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
+    box.click()
     _wait(driver, lambda: [o for o in driver.find_elements(By.CSS_SELECTOR, '[role="option"]') if o.text == option],
           what=f"option {option!r}", timeout=20)[0].click()
-    _wait(driver, lambda: driver.find_element(By.CSS_SELECTOR, f'input[role="combobox"][aria-label="{label}"]')
-          .get_attribute("value") == option, what=f"{label} = {option}", timeout=20)
+    _wait(driver, lambda: _select(driver, label).get_attribute("value") == option, what=f"{label} = {option}",
+          timeout=30)
     _settled(driver)
 
 
@@ -175,17 +256,35 @@ def _type(driver, label: str, text: str) -> None:
     from selenium.webdriver.common.keys import Keys
 
     box = driver.find_element(By.CSS_SELECTOR, f'input[aria-label="{label}"]')
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
     box.send_keys(Keys.CONTROL, "a")
+    box.send_keys(Keys.BACKSPACE)
     box.send_keys(text + Keys.ENTER)
     _wait(driver, lambda: box.get_attribute("value") == text, what=f"{label} to take {text!r}")
     _settled(driver)
 
 
-def _click_button(driver, text: str) -> None:
+def _button(driver, text: str):
     from selenium.webdriver.common.by import By
 
-    next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == text).click()
+    return next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == text)
+
+
+def _click_button(driver, text: str) -> None:
+    b = _button(driver, text)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", b)
+    b.click()
     _settled(driver)
+
+
+def _expand(driver, starts: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    summary = next(e for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stExpander"] summary')
+                   if starts in e.text)  # the text may begin with the arrow icon's name
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", summary)
+    summary.click()
+    time.sleep(0.5)
 
 
 def _metric(driver, label: str) -> str:
@@ -197,11 +296,59 @@ def _metric(driver, label: str) -> str:
     raise AssertionError(f"no metric {label!r}")
 
 
-def _shot(driver, name: str) -> Path:
+def _range(driver, label: str):
+    """The slider's range input (value, min, max, disabled)."""
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, f'input[type="range"][aria-label="{label}"]')
+
+
+def _slide(driver, label: str, *keys) -> None:
+    """Focus a slider and press keys (Home, End, arrows), as a keyboard user would."""
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    box = _range(driver, label)
+    thumb = box.find_element("xpath", "../..")
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", thumb)
+    ActionChains(driver).click(thumb).send_keys(*keys).perform()
+
+
+def _shots(driver, name: str) -> list[Path]:
+    """Full-page screenshots at 1600 and 1280 px wide; the window goes back to 1280 x 1000. At 1280 the page must
+    not be wider than the window (nothing cut off at the side)."""
     OUT.mkdir(parents=True, exist_ok=True)
-    path = OUT / f"{name}.png"
-    driver.save_screenshot(str(path))
-    return path
+    paths = []
+    for width in WIDTHS:
+        driver.set_window_size(width, 1000)
+        time.sleep(1.0)
+        height = driver.execute_script(
+            "const m = document.querySelector('[data-testid=\"stMain\"]');"
+            "return Math.max(document.body.scrollHeight, m ? m.scrollHeight : 0)")
+        driver.set_window_size(width, min(int(height) + 120, 9000))
+        time.sleep(2.0)
+        if width == 1280:
+            over = driver.execute_script("return document.documentElement.scrollWidth - window.innerWidth")
+            assert over <= 1, f"{name}: the page is {over} px wider than a 1280 px window"
+        paths.append(OUT / f"{name}-{width}.png")
+        driver.save_screenshot(str(paths[-1]))
+    driver.set_window_size(1280, 1000)
+    time.sleep(1.0)
+    return paths
+
+
+def _log_lines(log: Path) -> list[str]:
+    return [line.strip() for line in log.read_text().splitlines() if line.startswith("[workbench-app]")]
+
+
+def _timed(log: Path, what: str, before: int) -> list[str]:
+    """The server's `[workbench-app]` lines since `before`, printed and appended to timings.txt."""
+    new = _log_lines(log)[before:]
+    line = f"{what}: " + ("; ".join(n.replace("[workbench-app] ", "") for n in new) or "no server run")
+    print(line)
+    OUT.mkdir(parents=True, exist_ok=True)
+    with open(OUT / "timings.txt", "a") as f:
+        f.write(line + "\n")
+    return new
 
 
 def _chart_points(driver, index: int):
@@ -211,6 +358,15 @@ def _chart_points(driver, index: int):
     charts = _wait(driver, lambda: driver.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')[index:],
                    what=f"plotly chart {index}")
     return charts[0].find_elements(By.CSS_SELECTOR, ".scatterlayer .trace .points path.point")
+
+
+def _chart_index(driver, title_part: str) -> int:
+    """Which plotly chart on the page is the one whose title (written above it) has this text."""
+    return driver.execute_script(
+        "const charts = Array.from(document.querySelectorAll('[data-testid=\"stPlotlyChart\"]'));"
+        "return charts.findIndex(c => { let e = c; while (e && !e.previousElementSibling) e = e.parentElement;"
+        "  for (let p = e && e.previousElementSibling, n = 0; p && n < 3; p = p.previousElementSibling, n++)"
+        "    if (p.textContent.includes(arguments[0])) return true; return false; });", title_part)
 
 
 def _point(driver, chart: int, i: int, click: bool) -> None:
@@ -235,30 +391,275 @@ def _hover_text(driver) -> str:
                                  ".map(e => e.textContent).join(' ')")
 
 
+def _focus_value(driver) -> str:
+    return _select(driver, "Selected node (= mask row)").get_attribute("value")
+
+
+# ----------------------------------------------------------------------------------------------- every page
+
 @pytest.mark.parametrize("path,heading", PAGES)
 def test_page_renders_in_chromium(server, browser, path, heading):
     from selenium.webdriver.common.by import By
 
-    name = path or "tree"  # the designer is the default page: it lives at /
-    _open(browser, f"{server}/{path}", heading)
-    if path != "live":  # every other page draws figures from the synthetic calibration
-        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, '[data-testid="stImage"] img'),
+    url, _ = server
+    _open(browser, f"{url}/{path}", heading)
+    assert "Page not found" not in _body(browser)
+    if heading == "Tree designer":  # / opens the designer at its own address
+        assert browser.current_url.rstrip("/").endswith("/tree")
+    if path != "live":  # every other page draws interactive figures from the synthetic calibration
+        _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]'),
               what="a figure")
-    OUT.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(OUT / f"{name}.png"))
-    assert "Page not found" not in browser.find_element(By.TAG_NAME, "body").text
+    _shots(browser, f"page-{path or 'root'}")
     boxes = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
     assert not boxes, boxes[0].text[:2000]
-    errors = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stAlertContentError"]')
-    assert not errors, errors[0].text[:2000]
+    errors = _alerts(browser, "Error")
+    assert not errors, errors[0][:2000]
 
 
-def test_live_decode_in_chromium(server, browser, tiny_llama):
-    """Type a (tiny random) model and heads into the live page, press the button, see the coloured answer."""
+# ----------------------------------------------------------------------------------------------- the answer
+
+def test_recommendation_with_its_evidence(server, browser):
+    """/tradeoffs opens with the warning (a current sweep contradicts the prediction), then the one sentence; old
+    sweeps are named old; the candidates are ranked; the designer gives the same sentence and shows the pick."""
+    url, _ = server
+    _open(browser, f"{url}/tradeoffs", "Trade-offs")
+    warnings = _alerts(browser)
+    assert warnings[0].startswith("Measurements disagree with the prediction by more than their noise: ")
+    assert "c-current.csv, decoder static-cache-1, 20 prompts" in warnings[0]
+    assert any("made by the decoder before the static-cache step (old)" in w for w in warnings)
+    body = _body(browser)
+    said = re.search(r"Recommendation: (use .*?)\.\n", body).group(1)
+    assert re.match(r"use tree \S+ \(\d+ nodes\) at batch 1 and context 128: predicted [\d.]+ tokens/step and "
+                    r"[\d.]+x \(no spread measured\), measured [\d.]+x \+- [\d.]+ on this machine \(c-current\.csv",
+                    said), said
+    _expand(browser, "candidates, ranked by predicted speedup")
+    _settled(browser)
+    _shots(browser, "tradeoffs-recommendation")
+    _nav(browser, "Tree designer")
+    assert f"Recommendation: {said}." in _body(browser)
+    _click_button(browser, "show this tree")
+    shown = _select(browser, "Tree on display (drawn, masked, exported)").get_attribute("value")
+    assert shown.startswith("recommended: ") and shown.split(": ")[1] in said
+    _no_errors(browser)
+
+
+def test_budget_kept_from_a_longer_latency_table(server, browser):
+    """The crash of the issue: the budget at 255 on the long table, then the table that stops at 16 tokens."""
+    from selenium.webdriver.common.keys import Keys
+
+    url, _ = server
+    _open(browser, f"{url}/tradeoffs", "Trade-offs")
+    _slide(browser, "budget (max tree nodes)", Keys.END)
+    _wait(browser, lambda: _range(browser, "budget (max tree nodes)").get_attribute("value") == "255",
+          what="budget 255")
+    _settled(browser)
+    short = _option_named(browser, "... or a latency CSV found here", "latency-batched.csv")
+    _choose(browser, "... or a latency CSV found here", short)
+    _no_errors(browser)
+    assert _range(browser, "budget (max tree nodes)").get_attribute("value") == "15"
+    assert "x from the latency quartiles)" in _body(browser)  # the batched table has a spread
+    _choose(browser, "batch size", "4")
+    assert "at batch 4 and context 128" in _body(browser)
+    _no_errors(browser)
+    _shots(browser, "tradeoffs-short-batched-latency")
+
+
+def _option_named(driver, label: str, ending: str) -> str:
+    """The shown text of the option of a selectbox that ends with `ending` (opens and closes the list)."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
-    browser.get(f"{server}/live")
+    box = _select(driver, label)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
+    box.click()
+    found = _wait(driver, lambda: [o.text for o in driver.find_elements(By.CSS_SELECTOR, '[role="option"]')
+                                   if o.text.endswith(ending)], what=f"an option ending {ending}", timeout=20)[0]
+    box.send_keys(Keys.ESCAPE)
+    time.sleep(0.5)
+    return found
+
+
+# ----------------------------------------------------------------------------------------------- the designer
+
+def test_reference_tree_edited_repaired_and_compared(server, browser):
+    """Show a reference tree (the optimizer's sliders disabled, saying why), add a node (a bad one refused in one
+    line), compare it with the optimizer's tree as one drawing; repair a pasted tree for TensorRT-LLM with a
+    button; a malformed paste puts the selector back on what is drawn."""
+    from selenium.webdriver.common.by import By
+
+    url, _ = server
+    _open(browser, f"{url}/tree", "Tree designer")
+    _choose(browser, "Tree on display (drawn, masked, exported)", "reference: mc_sim_7b_63")
+    assert _metric(browser, "nodes") == "63" and "mc_sim_7b_63: 63 nodes, depth 4" in _body(browser)
+    assert _range(browser, "Budget (tree nodes)").get_attribute("disabled")
+    assert "applies to the optimizer's tree only; the tree on display is mc_sim_7b_63" in _body(browser)
+    _expand(browser, "Edit mc_sim_7b_63")
+    _type(browser, "Add node (0-based ranks, e.g. 0,1)", "1,9")
+    _click_button(browser, "add node")
+    _wait(browser, lambda: _metric(browser, "nodes") == "64", what="the added node")
+    assert "mc_sim_7b_63_edited: 64 nodes" in _body(browser)
+    assert "edited from mc_sim_7b_63: added [[1, 9]], removed none" in _body(browser)
+    _no_errors(browser)
+    _type(browser, "Add node (0-based ranks, e.g. 0,1)", "1,8,0")
+    _click_button(browser, "add node")
+    err = _wait(browser, lambda: _alerts(browser, "Error"), what="the refusal")
+    assert err[0].strip() == "path [1, 8, 0]: parent [1, 8] is missing (every prefix must be a node)"
+    _shots(browser, "tree-edited")
+    _choose(browser, "Compare with", OPTIMIZER)
+    _wait(browser, lambda: "A = mc_sim_7b_63_edited vs B = optimal_63" in _body(browser), what="the comparison")
+    body = _body(browser)
+    assert "only in A" in body and "only in B" in body and "shared nodes" in body
+    diff = browser.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')[_chart_index(browser, "as one tree")]
+    legend = diff.get_attribute("innerHTML")
+    assert "shared" in legend and "only in A" in legend and "only in B" in legend  # one tree, coloured
+    compare = next(h for h in browser.find_elements(By.TAG_NAME, "h3") if h.text.startswith("A = "))
+    browser.execute_script("arguments[0].scrollIntoView()", compare)
+    _shots(browser, "tree-compare")
+    _choose(browser, "Compare with", "(nothing)")
+
+    # a pasted tree with a gap in its first level: TensorRT-LLM's runtime would not build it as written
+    _expand(browser, "Your own tree")
+    _type(browser, "... or a path, reference name, or literal like [[0], [0, 0], [1]]", "[[0], [2], [0, 0], [2, 0]]")
+    _choose(browser, "Tree on display (drawn, masked, exported)", "yours: your tree")
+    assert any("first level lacks rank(s) 1" in w for w in _alerts(browser))
+    _click_button(browser, "repair for trtllm")
+    _wait(browser, lambda: re.search("engine-safe for trtllm: 4 (->|→) ", _body(browser)), what="the repair")
+    assert not any("first level lacks" in w for w in _alerts(browser))
+    assert "your tree_trtllm_safe" in _body(browser)
+    _shots(browser, "tree-repaired")
+    _type(browser, "... or a path, reference name, or literal like [[0], [0, 0], [1]]", "[[0], [2], [0, 0], [2, 0")
+    _wait(browser, lambda: _select(browser, "Tree on display (drawn, masked, exported)").get_attribute("value")
+          == OPTIMIZER, what="the selector back on the optimizer's tree")
+    assert any(e.startswith("your tree: ") for e in _alerts(browser, "Error"))
+    assert "your tree is no longer available: showing the optimizer's tree" in _body(browser)
+    _shots(browser, "tree-malformed-paste")
+    _type(browser, "... or a path, reference name, or literal like [[0], [0, 0], [1]]", "")
+
+
+def test_tree_node_and_mask_row_are_linked(server, browser):
+    """Hover a node: its tooltip names its mask row; click it: the row lights up (the fragment alone reruns); click
+    a mask cell: its row's node is selected; after an edit the selection follows the node, and the remove box
+    forgets a removed node. Server time of each click is printed."""
+    url, log = server
+    _open(browser, f"{url}/tree", "Tree designer")
+    _choose(browser, "Tree on display (drawn, masked, exported)", OPTIMIZER)
+    tree_chart = _chart_index(browser, "optimal_63: 63 nodes")
+    _wait(browser, lambda: len(_chart_points(browser, tree_chart)) == 64, what="the 63-node tree's points")
+    _point(browser, tree_chart, 5, click=False)
+    hover = _wait(browser, lambda: _hover_text(browser), what="a tooltip", timeout=10)
+    row = int(hover.split("mask row ")[1].split("P(")[0].strip())
+    before = len(_log_lines(log))
+    _point(browser, tree_chart, 5, click=True)
+    _wait(browser, lambda: f"row {row} selected" in browser.page_source, what="the mask row to light up")
+    _settled(browser)
+    runs = _timed(log, "node click", before)
+    assert runs and all("fragment tree view" in r for r in runs), runs  # the tree and mask only, not the page
+    assert _focus_value(browser).startswith(f"row {row}:")
+    node = _focus_value(browser).split(": ", 1)[1]
+    _shots(browser, "tree-node-selected")
+    mask_chart = _chart_index(browser, "tree-attention mask")
+    before = len(_log_lines(log))
+    _point(browser, mask_chart, -1, click=True)  # the mask's allowed cells; the last one is on the last row's diagonal
+    _wait(browser, lambda: "row 63 selected" in browser.page_source, what="the clicked mask row")
+    _settled(browser)
+    _timed(log, "mask click", before)
+    assert _focus_value(browser).startswith("row 63:")
+    _no_errors(browser)
+    _shots(browser, "mask-row-selected")
+    # the selection follows its node through an edit that renumbers the rows
+    _point(browser, tree_chart, 5, click=True)
+    _wait(browser, lambda: _focus_value(browser).startswith(f"row {row}:"), what="node selected again")
+    _settled(browser)
+    _expand(browser, "Edit optimal_63")
+    _type(browser, "Add node (0-based ranks, e.g. 0,1)", "0,0,0,9" if row > 40 else "9")
+    _click_button(browser, "add node")
+    _no_errors(browser)
+    assert _focus_value(browser).endswith(f": {node}")  # same node, whatever its row now
+    _choose(browser, "Remove node (and its descendants)", node)
+    _click_button(browser, "remove node")
+    _no_errors(browser)
+    assert _focus_value(browser) == "none"
+    assert _select(browser, "Remove node (and its descendants)").get_attribute("value") in ("", "pick a node")
+    _click_button(browser, "reset edits")
+
+
+def test_downloads_do_not_rerun_and_carry_no_server_path(server, browser, downloads):
+    url, log = server
+    _open(browser, f"{url}/tree", "Tree designer")
+    _choose(browser, "Tree on display (drawn, masked, exported)", OPTIMIZER)
+    for fmt, name in (("json", "optimal_63.json"), ("medusa", "optimal_63.py")):
+        before = len(_log_lines(log))
+        b = next(b for b in reversed(browser.find_elements("css selector", '[data-testid="stDownloadButton"] button'))
+                 if b.text == fmt)  # the export section's (the recommendation's come first)
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", b)
+        b.click()
+        _wait(browser, lambda: (downloads / name).is_file(), what=f"{name} downloaded", timeout=60)
+        time.sleep(1.5)
+        assert not _timed(log, f"download {fmt}", before)  # a download reruns nothing on the server
+    record = json.loads((downloads / "optimal_63.json").read_text())
+    assert record["name"] == "optimal_63" and len(record["medusa_choices"]) == 63
+    assert record["accuracies"] == "synthetic"
+    assert all(not str(v).startswith("/") for k, v in record.items())  # relative or chosen paths only
+
+
+def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
+    """Budget 16 and the empirical model survive a trip to the calibration page and back; so does an uploaded
+    accuracy table."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    url, _ = server
+    _open(browser, f"{url}/tree", "Tree designer")
+    _choose(browser, "Tree on display (drawn, masked, exported)", OPTIMIZER)
+    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
+         if o.text == "empirical paths").click()
+    _settled(browser)
+    _slide(browser, "Budget (tree nodes)", Keys.HOME)
+    _settled(browser)
+    _slide(browser, "Budget (tree nodes)", *[Keys.ARROW_RIGHT] * 15)
+    _wait(browser, lambda: _metric(browser, "nodes") == "16", what="a 16-node tree")
+    _settled(browser)
+    _nav(browser, "Calibration")
+    _nav(browser, "Tree designer")
+    assert _metric(browser, "nodes") == "16"
+    assert "empirical_16: 16 nodes" in _body(browser)
+    _no_errors(browser)
+    _shots(browser, "tree-settings-kept")
+
+    table = tmp_path / "mine.csv"
+    table.write_text("head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n")
+    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
+         if o.text == "independence").click()
+    _settled(browser)
+    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
+         if o.text == "accuracy file or pasted CSV").click()
+    _settled(browser)
+    uploader = next(u for u in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stFileUploader"]')
+                    if "accuracy CSV" in u.text)
+    uploader.find_element(By.CSS_SELECTOR, 'input[type="file"]').send_keys(str(table))
+    _wait(browser, lambda: _metric(browser, "depth") == "2", what="the uploaded table's tree")
+    _settled(browser)
+    _nav(browser, "Calibration")
+    _nav(browser, "Tree designer")
+    assert _metric(browser, "depth") == "2"
+    assert "using the uploaded mine.csv (kept from before)" in _body(browser)
+    _shots(browser, "tree-upload-kept")
+    _click_button(browser, "forget mine.csv")
+    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
+         if o.text == "calibration folder").click()
+    _settled(browser)
+
+
+# ----------------------------------------------------------------------------------------------- live
+
+def test_live_decode_in_chromium(server, browser, tiny_llama):
+    """Type a (tiny random) model and heads into the live page, press the button: progress messages for the model
+    load and the warm-up, the coloured answer, the prediction beside the measurement; then an error clears it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    url, _ = server
+    browser.get(f"{url}/live")
     _wait(browser, lambda: any(h.text.strip() == "Live decode" for h in browser.find_elements(By.TAG_NAME, "h1")),
           what="the live page")
     for label, value in (("Model (blank: the demo SmolLM2-135M-Instruct)", tiny_llama.model_dir),
@@ -268,107 +669,28 @@ def test_live_decode_in_chromium(server, browser, tiny_llama):
         box.send_keys(str(value) + Keys.ENTER)
         _wait(browser, lambda: box.get_attribute("value") == str(value), what=f"{label} to take the value")
         time.sleep(1.0)
-    button = next(b for b in browser.find_elements(By.TAG_NAME, "button") if b.text == "Load model and generate")
-    button.click()
+    _settled(browser)
+    _choose(browser, "Tree", "other: a path or literal")
+    _type(browser, "Tree file or literal", "[[0], [1], [0, 0], [0, 0, 0]]")
+    _button(browser, "Load model and generate").click()
+    _wait(browser, lambda: "Loading the model and heads" in _body(browser) or "Model ready" in _body(browser),
+          what="the loading message", timeout=60, every=0.2)
     _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, 'span[title="step 1"]'), timeout=120,
           what="the coloured answer")
-    _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, '[data-testid="stImage"] img'), what="figures")
-    time.sleep(1.5)
-    OUT.mkdir(parents=True, exist_ok=True)
-    browser.save_screenshot(str(OUT / "live-decoded.png"))
-    assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
-    assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stAlertContentError"]')
-    body = browser.find_element(By.TAG_NAME, "body").text
+    _settled(browser)
+    _no_errors(browser)
+    body = _body(browser)
+    assert re.search(r"Model ready \([\d.]+ s\), warmed up \([\d.]+ s\)", body), body
     assert "Output equals vanilla greedy" in body
-    # the streamed progress, left at its last step: tokens so far / max, steps, tokens per step, tokens/s, ETA
     assert re.search(r"Medusa: \d+/64 tokens in \d+ steps \(\d\.\d\d tokens/step\), [\d.]+ tokens/s", body), body
     assert re.search(r"vanilla greedy: (\d+)/64 tokens in \1 steps \(1\.00 tokens/step\)", body), body
     assert "One prompt is a noisy measurement" in body
-
-
-def test_reference_tree_edited_and_compared(server, browser):
-    """Pick a reference tree for display, add a node (and see a bad one refused in one line), compare it with the
-    optimizer's tree."""
-    from selenium.webdriver.common.by import By
-
-    _open(browser, server, "Tree designer")
-    _choose(browser, "Tree on display (drawn, masked, exported)", "reference: mc_sim_7b_63")
-    assert _metric(browser, "nodes") == "63" and "mc_sim_7b_63: 63 nodes, depth 4" in _body(browser)
-    next(e for e in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stExpander"] summary')
-         if "Edit mc_sim_7b_63" in e.text).click()
-    _type(browser, "Add node (0-based ranks, e.g. 0,1)", "1,9")
-    _click_button(browser, "add node")
-    _wait(browser, lambda: _metric(browser, "nodes") == "64", what="the added node")
-    assert "mc_sim_7b_63_edited: 64 nodes" in _body(browser)
-    assert "edited from mc_sim_7b_63: added [[1, 9]], removed none" in _body(browser)
-    _no_errors(browser)
-    _type(browser, "Add node (0-based ranks, e.g. 0,1)", "1,8,0")
-    _click_button(browser, "add node")
-    err = _wait(browser, lambda: browser.find_elements(By.CSS_SELECTOR, '[data-testid="stAlertContentError"]'),
-                what="the refusal")
-    assert err[0].text.strip() == "path [1, 8, 0]: parent [1, 8] is missing (every prefix must be a node)"
-    _shot(browser, "tree-edited")
-    _choose(browser, "Compare with", "the optimizer's (sidebar settings)")
-    _wait(browser, lambda: "A = mc_sim_7b_63_edited vs B = optimal_63" in _body(browser), what="the comparison")
-    body = _body(browser)
-    assert "only in A" in body and "only in B" in body and "shared nodes" in body
-    compare = next(h for h in browser.find_elements(By.TAG_NAME, "h3") if h.text.startswith("A = "))
-    browser.execute_script("arguments[0].scrollIntoView()", compare)
-    _shot(browser, "tree-compare")
-
-
-def test_tree_node_and_mask_row_are_linked(server, browser):
-    """Hover a node: its tooltip names its mask row; click it: the row lights up; click a mask cell: its row's
-    node is selected."""
-    _open(browser, server, "Tree designer")
-    _wait(browser, lambda: len(_chart_points(browser, 0)) == 64, what="the 63-node tree's points")
-    _point(browser, 0, 5, click=False)
-    hover = _wait(browser, lambda: _hover_text(browser), what="a tooltip", timeout=10)
-    row = int(hover.split("mask row ")[1].split("P(")[0].strip())
-    _point(browser, 0, 5, click=True)
-    _wait(browser, lambda: f"row {row} selected" in browser.page_source, what="the mask row to light up")
-    _settled(browser)
-    assert f"row {row}:" in browser.find_element("css selector", 'input[aria-label="Selected node (= mask row)"]') \
-        .get_attribute("value")
-    _shot(browser, "tree-node-selected")
-    _point(browser, 1, -1, click=True)  # the mask's allowed cells; the last one is on the last row's diagonal
-    _wait(browser, lambda: "row 63 selected" in browser.page_source, what="the clicked mask row")
-    _settled(browser)
-    assert browser.find_element("css selector", 'input[aria-label="Selected node (= mask row)"]') \
-        .get_attribute("value").startswith("row 63:")
-    _no_errors(browser)
-    _shot(browser, "mask-row-selected")
-
-
-def test_settings_kept_across_pages(server, browser):
-    """Budget 16 and the empirical model survive a trip to the calibration page and back (in-app navigation)."""
-    from selenium.webdriver.common.action_chains import ActionChains
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-
-    _open(browser, server, "Tree designer")
-    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
-         if o.text == "empirical paths").click()
-    _settled(browser)
-    thumb = browser.find_element(By.CSS_SELECTOR, '[data-testid="stSlider"] [data-testid="stSliderThumbValue"]')
-    ActionChains(browser).click(thumb).send_keys(Keys.HOME).perform()
-    _settled(browser)
-    ActionChains(browser).send_keys(*[Keys.ARROW_RIGHT] * 15).perform()
-    _wait(browser, lambda: _metric(browser, "nodes") == "16", what="a 16-node tree")
-    _settled(browser)
-    next(a for a in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebarNav"] a')
-         if a.text == "Calibration").click()
-    _wait(browser, lambda: any(h.text.strip() == "Calibration" for h in browser.find_elements(By.TAG_NAME, "h1")),
-          what="the calibration page")
-    _settled(browser)
-    next(a for a in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebarNav"] a')
-         if a.text == "Tree designer").click()
-    _wait(browser, lambda: any(h.text.strip() == "Tree designer" for h in browser.find_elements(By.TAG_NAME, "h1")),
-          what="the designer again")
-    _settled(browser)
-    assert _metric(browser, "nodes") == "16"
-    assert browser.find_element(By.CSS_SELECTOR, 'input[type="range"][aria-label="Budget (tree nodes)"]') \
-        .get_attribute("value") == "16"
-    assert "empirical_16: 16 nodes" in _body(browser)
-    _no_errors(browser)
-    _shot(browser, "tree-settings-kept")
+    assert re.fullmatch(r"\d\.\d\d", _metric(browser, "predicted tokens/step"))
+    _shots(browser, "live-decoded")
+    _type(browser, "Tree file or literal",
+          "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]")
+    _click_button(browser, "Load model and generate")
+    assert any("exceeds the 5 Medusa heads" in e for e in _alerts(browser, "Error"))
+    assert not browser.find_elements(By.CSS_SELECTOR, 'span[title="step 1"]')  # no stale answer under the error
+    assert "Output equals vanilla greedy" not in _body(browser)
+    _shots(browser, "live-error")

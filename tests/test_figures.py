@@ -73,3 +73,46 @@ def test_token_pieces_join_to_the_text():
     pieces = figures.token_pieces(tok, ids)
     assert len(pieces) == len(ids)
     assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_comparison_is_one_tree_coloured_by_side():
+    a = make_tree([[0], [1], [0, 0]], name="a")
+    b = make_tree([[0], [2], [0, 1]], name="b")
+    fig = figures.comparison_chart(a, b)
+    groups = {t.name: sorted(c[1] for c in t.customdata) for t in node_trace(fig)}
+    assert groups == {"shared": ["[0]", "[]"], "only in A": ["[0, 0]", "[1]"], "only in B": ["[0, 1]", "[2]"]}
+    assert {t.name: t.marker.color for t in node_trace(fig)} == {k: v for k, v in figures.STATUS_COLOURS.items()}
+
+
+def test_values_to_read_are_in_the_hover():
+    acc = np.array([[0.5, 0.2], [0.3, 0.1]])
+    heat = figures.accuracy_chart(acc).data[0]
+    assert np.array_equal(np.asarray(heat.z), acc) and "%{z:.4f}" in heat.hovertemplate
+    paths = figures.paths_chart([(0,), (0, 0)], [0.5, 0.15], [0.45, 0.2])
+    points = [t for t in paths.data if t.mode == "markers"]
+    assert [list(t.customdata) for t in points] == [["[0]"], ["[0, 0]"]]  # hover names the path
+
+
+def test_speedup_chart_marks_old_measurements_and_the_spread():
+    measured = [dict(nodes=3, speedup=0.9, noise=0.05, tree="t", sweep="new.csv", decoder_version="v2", old=False),
+                dict(nodes=4, speedup=0.6, noise=None, tree="u", sweep="old.csv", decoder_version="before", old=True)]
+    fig = figures.speedup_chart({"optimal trees": ([1, 3], [1.1, 1.2], [1.0, 1.1], [1.2, 1.3])},
+                                {"recommended": (3, 1.2)}, measured)
+    names = [t.name for t in fig.data]
+    assert names == ["optimal trees: latency spread", "optimal trees", "recommended", "measured (current decoder)",
+                     "measured, older decoder (old)"]
+    assert list(fig.data[3].error_y.array) == [0.05] and fig.data[4].marker.symbol == "diamond-open"
+
+
+def test_latency_chart_names_lines_by_what_differs_and_draws_the_spread():
+    import pandas as pd
+
+    df = pd.DataFrame([dict(model="m", device="cpu", batch=b, context=128, tokens=n, seconds=0.01 * n * b,
+                            seconds_q1=0.009 * n * b, seconds_q3=0.012 * n * b) for b in (1, 4) for n in (1, 2)])
+    fig = figures.latency_chart(df)
+    assert [t.name for t in fig.data] == ["batch 1", "batch 4"]
+    assert np.allclose(fig.data[0].error_y.array, [2.0, 4.0])  # q3 - median, in ms
+    assert np.allclose(fig.data[0].error_y.arrayminus, [1.0, 2.0])  # median - q1
+    assert "no spread" not in fig.layout.title.text
+    medians = figures.latency_chart(df.drop(columns=["seconds_q1", "seconds_q3"]))
+    assert "no spread measured" in medians.layout.title.text

@@ -154,10 +154,19 @@ def decoder_walk(tree, ranks: pd.DataFrame) -> float:
     """Tokens per step a live greedy decoder with this tree would measure on these answers: per prompt, start at
     position 0, accept the longest tree prefix of the rank sequence, jump past it; total tokens / total steps.
     Differs from measured_acceptance (the mean over ALL positions) only by which positions get visited."""
+    return walk_answers(tree, answer_rows(ranks))
+
+
+def answer_rows(ranks: pd.DataFrame) -> list[list[list[int]]]:
+    """Each prompt's rank rows as plain lists (the grouping is most of a walk's cost: a Calibration keeps it)."""
+    return [rank_matrix(group).tolist() for _, group in ranks.groupby("prompt_id", sort=False)]
+
+
+def walk_answers(tree, answers: list[list[list[int]]]) -> float:
+    """decoder_walk over answer_rows."""
     nodes = set(tree.paths)
     tokens = steps = 0
-    for _, group in ranks.groupby("prompt_id", sort=False):
-        mat = rank_matrix(group).tolist()
+    for mat in answers:
         t = 0
         while t < len(mat):
             row, d = mat[t], 0
@@ -300,8 +309,9 @@ class Calibration:
         answers = self.answers(split, max_new_tokens)
         if not len(answers):
             return None
+        rows = self._cached(("rows", split, max_new_tokens), lambda: answer_rows(answers))
         return self._cached(("replay", tuple(map(tuple, tree.sorted_paths)), split, max_new_tokens),
-                            lambda: decoder_walk(tree, answers))
+                            lambda: walk_answers(tree, rows))
 
     def predict(self, tree, max_new_tokens: int | None = None) -> dict[str, float]:
         """The three predicted tokens per step of a tree (names in the module docstring); predicted_replay only

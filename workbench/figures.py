@@ -184,3 +184,248 @@ def coloured_tokens_html(pieces: list[str], steps: list[int]) -> str:
         spans.append(f'<span title="step {step + 1}" style="background:{colour};border-radius:3px;'
                      f'padding:0 1px">{html.escape(text)}</span>')
     return '<div style="line-height:1.9;white-space:pre-wrap;font-family:monospace">' + "".join(spans) + "</div>"
+
+
+# ----------------------------------------------------------------------------------------------- comparison
+
+def comparison_chart(a: Tree, b: Tree, title: str | None = None) -> go.Figure:
+    """Two trees drawn as one (their union): each node coloured shared / only in A / only in B, so a 63-node diff
+    reads at a glance and nothing overlaps."""
+    from workbench.tree import tree_diff
+
+    d = tree_diff(a, b)
+    union = Tree(tuple(d["shared"] + d["only_a"] + d["only_b"]), "union")
+    status = {p: "shared" for p in d["shared"]} | {p: "only in A" for p in d["only_a"]} | \
+        {p: "only in B" for p in d["only_b"]}
+    return tree_chart(union, status=status, title=title or f"A = {a.name} vs B = {b.name}")
+
+
+# ----------------------------------------------------------------------------------------------- values to read
+
+def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
+    """Short title on the left (the app writes it above the chart instead), legend in two columns at the bottom of
+    the figure, below the axis title in a margin sized for it: never over the data, the axis or the toolbar."""
+    names = [t.name for t in fig.data if t.showlegend is not False and t.name]
+    columns = 2 if all(len(n) <= 26 for n in names) else 1  # a long name gets the whole width
+    rows = -(-len(names) // columns)
+    fig.update_layout(title=dict(text=title, x=0.0, xanchor="left", font=dict(size=14)), height=height + 22 * rows,
+                      margin=dict(l=10, r=10, t=40, b=64 + 22 * rows), plot_bgcolor="white", hovermode="closest",
+                      legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left", x=0.0,
+                                  entrywidthmode="fraction", entrywidth=1.0 / columns), **kw)
+    fig.update_xaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
+    fig.update_yaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
+    return fig
+
+
+def accuracy_chart(acc: np.ndarray) -> go.Figure:
+    """a_k^(i) as a heat map, heads as rows, ranks as columns; values written in the cells while they fit, always
+    in the hover."""
+    acc = np.asarray(acc, dtype=float)
+    k, r = acc.shape
+    fig = go.Figure(go.Heatmap(
+        z=acc, x=[str(i) for i in range(r)], y=[f"head {i + 1}" for i in range(k)], colorscale="Viridis", zmin=0.0,
+        zmax=max(float(acc.max()), 1e-9), text=np.round(acc, 3), texttemplate="%{z:.2f}" if r <= 12 else None,
+        hovertemplate="%{y}, rank %{x}: a = %{z:.4f}<extra></extra>", colorbar=dict(title="a_k^(i)", thickness=12)))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title="rank i (0 = top-1)", type="category")
+    return _layout(fig, "per-head accuracy at each rank", height=140 + 45 * k)
+
+
+def topk_chart(acc: np.ndarray) -> go.Figure:
+    """Top-k accuracy of each head: the running sum of a_k^(i) over ranks."""
+    acc = np.asarray(acc, dtype=float)
+    fig = go.Figure()
+    for h, row in enumerate(acc):
+        fig.add_trace(go.Scatter(x=np.arange(1, acc.shape[1] + 1), y=np.cumsum(row), mode="lines+markers",
+                                 name=f"head {h + 1}",
+                                 hovertemplate=f"head {h + 1}, top-%{{x}}: %{{y:.4f}}<extra></extra>"))
+    fig.update_xaxes(title="k (top-k = ranks 0..k-1)", dtick=1)
+    fig.update_yaxes(title="top-k accuracy", range=[0, 1.02])
+    return _layout(fig, "top-k accuracy")
+
+
+def paths_chart(paths: list, independent, measured) -> go.Figure:
+    """Measured joint path probability against the independence product, one point per path (hover names it), on
+    log axes, with the diagonal: above it independence under-estimates a path."""
+    ind, mea = np.asarray(independent, dtype=float), np.asarray(measured, dtype=float)
+    ok = (ind > 0) & (mea > 0)
+    depth = np.array([len(p) for p in paths])
+    fig = go.Figure()
+    for d in sorted(set(depth[ok].tolist())):
+        sel = ok & (depth == d)
+        fig.add_trace(go.Scatter(
+            x=ind[sel], y=mea[sel], mode="markers", name=f"depth {d}", marker=dict(size=7, opacity=0.8),
+            customdata=[str(list(p)) for p, s in zip(paths, sel) if s],
+            hovertemplate="path %{customdata}<br>independence %{x:.4f}<br>measured %{y:.4f}<extra></extra>"))
+    if ok.any():
+        lo, hi = float(min(ind[ok].min(), mea[ok].min())), float(max(ind[ok].max(), mea[ok].max()))
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="independent heads",
+                                 line=dict(color="grey", dash="dash"), hoverinfo="skip"))
+    fig.update_xaxes(type="log", title="independence product of a_k^(i)")
+    fig.update_yaxes(type="log", title="measured joint frequency")
+    return _layout(fig, "measured vs independence, per path", height=440)
+
+
+def curves_chart(curves: dict[str, tuple], points: dict[str, tuple[float, float]] | None = None,
+                 current: tuple[float, float] | None = None, title: str = "expected tokens per step",
+                 ytitle: str = "expected tokens per step") -> go.Figure:
+    """Lines {name: (x, y)} against tree nodes, named trees as grey points (hover names them), this tree a star."""
+    fig = go.Figure()
+    for name, (x, y) in curves.items():
+        fig.add_trace(go.Scatter(x=list(x), y=list(y), mode="lines", name=name,
+                                 hovertemplate=f"{name}: %{{x}} nodes, %{{y:.3f}}<extra></extra>"))
+    if points:
+        names = list(points)
+        fig.add_trace(go.Scatter(x=[points[n][0] for n in names], y=[points[n][1] for n in names], mode="markers",
+                                 name=f"named trees ({len(names)})", marker=dict(color="dimgrey", size=7),
+                                 customdata=names, hovertemplate="%{customdata}: %{x} nodes, %{y:.3f}<extra></extra>"))
+    if current is not None:
+        fig.add_trace(go.Scatter(x=[current[0]], y=[current[1]], mode="markers", name="this tree",
+                                 marker=dict(symbol="star", size=16, color=FOCUS),
+                                 hovertemplate="this tree: %{x} nodes, %{y:.3f}<extra></extra>"))
+    fig.update_xaxes(title="tree nodes (budget)")
+    fig.update_yaxes(title=ytitle)
+    return _layout(fig, title)
+
+
+def speedup_chart(curves: dict[str, tuple], picks: dict[str, tuple] | None = None,
+                  measured: list[dict] | None = None, title: str = "predicted speedup") -> go.Figure:
+    """Predicted speedup against tree nodes {name: (x, y[, low, high])} (a band where a latency spread gives a
+    range), marked picks {label: (nodes, speedup)}, and sweep measurements [{nodes, speedup, noise, tree, sweep,
+    old}] as points with error bars: current ones black, older decoders' hollow grey and named old."""
+    fig = go.Figure()
+    for name, xs in curves.items():
+        x, y = list(xs[0]), list(xs[1])
+        if len(xs) == 4:
+            fig.add_trace(go.Scatter(x=x + x[::-1], y=list(xs[3]) + list(xs[2])[::-1], fill="toself", mode="lines",
+                                     line=dict(width=0), fillcolor="rgba(46,134,171,0.15)", hoverinfo="skip",
+                                     name=f"{name}: latency spread"))
+        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
+                                 hovertemplate=f"{name}: %{{x}} nodes, %{{y:.3f}}x<extra></extra>"))
+    for label, (x, y) in (picks or {}).items():
+        fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=label, marker=dict(symbol="star", size=16),
+                                 hovertemplate=f"{label}: %{{x}} nodes, %{{y:.3f}}x<extra></extra>"))
+    for old in (False, True):
+        ms = [m for m in measured or [] if m["old"] == old]
+        if not ms:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[m["nodes"] for m in ms], y=[m["speedup"] for m in ms], mode="markers",
+            name="measured, older decoder (old)" if old else "measured (current decoder)",
+            error_y=dict(type="data", array=[m["noise"] or 0 for m in ms], visible=True),
+            marker=dict(symbol="diamond-open" if old else "diamond", size=9, color="grey" if old else "black"),
+            customdata=[[m["tree"], m["sweep"], m["decoder_version"]] for m in ms],
+            hovertemplate="%{customdata[0]}: %{x} nodes, measured %{y:.3f}x<br>%{customdata[1]}, decoder "
+                          "%{customdata[2]}<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="grey", dash="dash", width=1))
+    fig.update_xaxes(title="tree nodes")
+    fig.update_yaxes(title="speedup over plain decoding")
+    return _layout(fig, title)
+
+
+def latency_chart(latency) -> go.Figure:
+    """ms per verify forward against tokens per forward, one line per setup and context (and batch), with the
+    spread of the repeats as error bars when the CSV has it (quartiles, else min/max)."""
+    keys = [c for c in ("model", "device", "dtype", "batch", "context") if c in latency.columns]
+    keys = [c for c in keys if latency[c].nunique() > 1] or keys[-1:]  # name the lines by what differs
+    spread = next(((lo, hi) for lo, hi in (("seconds_q1", "seconds_q3"), ("seconds_min", "seconds_max"))
+                   if lo in latency.columns and hi in latency.columns), None)
+    fig = go.Figure()
+    for key, part in (latency.groupby(keys, sort=True) if keys else [((), latency)]):
+        part = part.sort_values("tokens")
+        label = ", ".join(f"{k} {v}" for k, v in zip(keys, key if isinstance(key, tuple) else (key,)))
+        err = {} if spread is None else dict(error_y=dict(
+            type="data", symmetric=False, array=1000 * (part[spread[1]] - part["seconds"]),
+            arrayminus=1000 * (part["seconds"] - part[spread[0]])))
+        fig.add_trace(go.Scatter(x=part["tokens"], y=1000 * part["seconds"], mode="lines+markers", name=label, **err,
+                                 hovertemplate=f"{label}<br>%{{x}} tokens: %{{y:.2f}} ms<extra></extra>"))
+    fig.update_xaxes(title="tokens per forward (tree nodes + root)", type="log")
+    fig.update_yaxes(title="ms per forward")
+    return _layout(fig, "latency curve" + ("" if spread else " (medians; no spread measured)"))
+
+
+# ----------------------------------------------------------------------------------------------- sweeps
+
+def sweep_chart(sweep, y: str, ytitle: str, title: str) -> go.Figure:
+    """Paper Fig. 4: a measured column of the greedy rows against tree nodes, one line per tree family (the mean
+    where a size appears twice; hover names the trees), vanilla greedy as a dashed line."""
+    from workbench.plots import _tree_rows, _vanilla
+
+    df = _tree_rows(sweep).dropna(subset=[y])
+    fig = go.Figure()
+    for kind, part in df.groupby("_kind", sort=True):
+        part = part.groupby("nodes", as_index=False).agg(value=(y, "mean"), trees=("tree", lambda t: ", ".join(
+            dict.fromkeys(map(str, t))))).sort_values("nodes")
+        fig.add_trace(go.Scatter(x=part["nodes"], y=part["value"], mode="lines+markers", name=kind,
+                                 marker=dict(symbol="square" if kind == "dense" else "circle"),
+                                 customdata=part["trees"], hovertemplate="%{customdata}<br>%{x} nodes: %{y:.3f}"
+                                                                         "<extra></extra>"))
+    base = _vanilla(sweep, y)
+    if base is not None:
+        fig.add_hline(y=base, line=dict(color="grey", dash="dash", width=1), annotation_text="vanilla greedy",
+                      annotation_position="bottom right")
+    fig.update_xaxes(title="candidate tokens (tree nodes)")
+    fig.update_yaxes(title=ytitle)
+    return _layout(fig, title)
+
+
+def epsilon_chart(sweep, quality: str = "exact_match", mark: float | None = None,
+                  nodes: int | None = None) -> go.Figure:
+    """Paper Fig. 5: tokens per step (solid, left) and a quality measure (dashed, right) against epsilon, one colour
+    per temperature; the chosen epsilon marked."""
+    from plotly.colors import qualitative
+
+    from workbench.plots import _tree_rows, _vanilla
+
+    df = _tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
+    if nodes is not None:
+        df = df[df["nodes"] == nodes]
+    fig = go.Figure()
+    temps = df.groupby("temperature", sort=True) if "temperature" in df.columns else [(None, df)]
+    for j, (temp, part) in enumerate(temps):
+        part = part.groupby("epsilon", as_index=False)[["acceleration_rate", quality]].mean()
+        colour, tag = qualitative.Plotly[j % 10], (f"T={temp:g}" if temp is not None else "")
+        fig.add_trace(go.Scatter(x=part["epsilon"], y=part["acceleration_rate"], mode="lines+markers",
+                                 name=f"tokens/step {tag}", line=dict(color=colour),
+                                 hovertemplate=f"{tag} eps %{{x:g}}: %{{y:.3f}} tokens/step<extra></extra>"))
+        fig.add_trace(go.Scatter(x=part["epsilon"], y=part[quality], mode="lines+markers", yaxis="y2",
+                                 name=f"{quality} {tag}", line=dict(color=colour, dash="dash"),
+                                 marker=dict(symbol="square"),
+                                 hovertemplate=f"{tag} eps %{{x:g}}: {quality} %{{y:.3f}}<extra></extra>"))
+    base = _vanilla(sweep, quality)
+    if base is not None:
+        fig.add_trace(go.Scatter(x=[df["epsilon"].min(), df["epsilon"].max()], y=[base, base], yaxis="y2",
+                                 mode="lines", name=f"{quality} vanilla", line=dict(color="grey", dash="dot")))
+    if mark is not None:
+        fig.add_vline(x=mark, line=dict(color=FOCUS, dash="dashdot", width=1))
+    fig.update_xaxes(title="epsilon (posterior threshold)")
+    fig.update_layout(yaxis=dict(title="tokens per step (solid)"),
+                      yaxis2=dict(title=f"{quality.replace('_', ' ')} (dashed)", overlaying="y", side="right",
+                                  showgrid=False))
+    return _layout(fig, "tokens per step and quality vs epsilon")
+
+
+def predicted_chart(sweep) -> go.Figure:
+    """Each prediction of the calibration (plots.PREDICTED_COLUMNS) against the live decoder's measured tokens per
+    step, one point per greedy sweep row (hover names the tree); on the diagonal = exact."""
+    from workbench.plots import PREDICTED_COLUMNS, _tree_rows
+
+    df = _tree_rows(sweep).dropna(subset=["acceleration_rate"])
+    fig = go.Figure()
+    lo, hi = np.inf, -np.inf
+    for col in PREDICTED_COLUMNS:
+        part = df.dropna(subset=[col]) if col in df.columns else df.iloc[:0]
+        if not len(part):
+            continue
+        fig.add_trace(go.Scatter(x=part[col], y=part["acceleration_rate"], mode="markers", name=col,
+                                 customdata=part["tree"].astype(str),
+                                 hovertemplate="%{customdata}<br>" + col + " %{x:.3f}<br>measured %{y:.3f}"
+                                               "<extra></extra>"))
+        lo = min(lo, part[col].min(), part["acceleration_rate"].min())
+        hi = max(hi, part[col].max(), part["acceleration_rate"].max())
+    if np.isfinite(lo):
+        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", hoverinfo="skip",
+                                 line=dict(color="grey", dash="dash", width=1)))
+    fig.update_xaxes(title="predicted tokens per step")
+    fig.update_yaxes(title="measured tokens per step")
+    return _layout(fig, "predicted vs measured tokens per step")

@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench import plots
-from workbench.ui.widgets import accuracy_source, figure
+from workbench import figures
+from workbench.ui.widgets import accuracy_source, chart, timed
 
 
 def calibration_page() -> None:
+    with timed("page /calibration"):
+        _calibration_page()
+
+
+def _calibration_page() -> None:
     from workbench.accuracies import accuracy_frame
 
     st.title("Calibration")
@@ -24,22 +29,25 @@ def calibration_page() -> None:
         split = st.sidebar.radio("Prompts", ["fit", "holdout", "all"], key="cal_split",
                                  help="fit: what calibrate's trees are built from; holdout: the prompts kept aside")
         acc, ranks = src.calib.accuracies(split), src.calib.ranks(split)
-        cols = st.columns(5)
+        meta = src.calib.meta
+        st.markdown(f"**model** `{meta.get('model') or 'demo'}` &nbsp; **heads** `{meta.get('heads') or '?'}` "
+                    f"&nbsp; **prompts** `{meta.get('prompts') or '?'}`")
+        cols = st.columns(4)
         cols[0].metric("heads", acc.shape[0])
         cols[1].metric("top-k", acc.shape[1])
         cols[2].metric("positions", len(ranks))
         cols[3].metric("prompts", ranks["prompt_id"].nunique())
-        cols[4].metric("model", str(src.calib.meta.get("model") or "demo"))
         if not len(ranks):
             st.info(f"the {split} split of this calibration is empty")
             return
     left, right = st.columns(2)
     with left:
-        figure(plots.accuracy_heatmap(acc), "a_k^(i): share of positions where head k's rank-i guess is the token.")
+        chart(figures.accuracy_chart(acc), "a_k^(i): share of positions where head k's rank-i guess is the token "
+                                           "(hover a cell for its value).", key="cal_acc_chart")
     with right:
-        figure(plots.cumulative_topk(acc), "Top-k accuracy: the running sum over ranks.")
+        chart(figures.topk_chart(acc), "Top-k accuracy: the running sum over ranks.", key="cal_topk_chart")
     st.download_button("accuracies.csv", accuracy_frame(acc).to_csv(index=False), file_name="accuracies.csv",
-                       key="cal_download")
+                       key="cal_download", on_click="ignore")
     st.subheader("Independence vs measured path probability")
     if not src.calib:
         st.info("Measured path probabilities need the ranks of a calibration folder; an accuracy table has only "
@@ -49,20 +57,25 @@ def calibration_page() -> None:
     df = src.calib.path_comparison(split, n)
     left, right = st.columns(2)
     with left:
-        figure(plots.independence_vs_measured(list(df["path"]), df["independence"], df["measured"]),
-               "Above the diagonal the independence assumption under-estimates a path; below it over-estimates.")
+        chart(figures.paths_chart(list(df["path"]), df["independence"], df["measured"]),
+              "Above the diagonal the independence assumption under-estimates a path; below it over-estimates. "
+              "Hover a point for its path; drag to zoom.", key="cal_paths_chart")
     df["path"] = [str(list(p)) for p in df["path"]]
     right.dataframe(df, hide_index=True, column_config={
-        "path": st.column_config.TextColumn(help="0-based ranks, one per head (0 = top-1)"),
+        "path": st.column_config.TextColumn(help="0-based ranks, one per head (0 = top-1)", width="small"),
+        "depth": st.column_config.NumberColumn(width="small"),
         "measured": st.column_config.NumberColumn(
-            help="share of ALL positions whose heads' ranks start with this path (past the answer's end counts as "
-                 "a miss: the decoder cannot accept tokens the answer does not have)", format="%.4f"),
+            format="%.4f",
+            help="share of ALL positions whose heads' ranks start with this path (past the answer's end counts as a "
+                 "miss: the decoder cannot accept tokens the answer does not have)"),
         "independence": st.column_config.NumberColumn(
-            help="product of a_k^(i); each a_k^(i) is a share of only the positions where head k HAS a target "
-                 "(it excludes the last k positions of each answer)", format="%.4f"),
+            "indep.", format="%.4f",
+            help="product of a_k^(i); each a_k^(i) is a share of only the positions where head k HAS a target (it "
+                 "excludes the last k positions of each answer)"),
         "measured / independence": st.column_config.NumberColumn(
-            help="1 = heads independent. The two use different denominators, so even a one-head path [i] reads "
-                 "below 1 (about positions with a head-k target / all positions): that part is the answer's end, "
-                 "not head correlation", format="%.3f")})
+            "ratio", format="%.3f",
+            help="measured / independence; 1 = heads independent. The two use different denominators, so even a "
+                 "one-head path [i] reads below 1 (about positions with a head-k target / all positions): that part "
+                 "is the answer's end, not head correlation")})
     right.caption("measured / independence < 1 for one-head paths is the denominators, not an error: measured counts "
                   "over all positions, a_k^(i) over the positions where head k has a target.")

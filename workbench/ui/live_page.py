@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench import figures, plots
-from workbench.ui.widgets import clean_error, figure, load_model
+from workbench.ui.widgets import (calibration_folders, clean_error, figure, file_stamp, load_model, open_calibration,
+                                  timed)
 
 
 def tree_choice() -> str | None:
@@ -70,6 +72,26 @@ def progress_view(label: str, total: int, tokenizer):
 
 
 def live_page() -> None:
+    with timed("page /live"):
+        _live_page()
+
+
+def predicted_for(folder: str | None, spec: str | None, max_new: int) -> dict | None:
+    """What the calibration predicts for this tree (Calibration.predict, answers cut at max_new tokens, as the decode
+    cuts them), beside the measured tokens/step: {"folder", "model", "heads", **predictions} or {"error": ...}."""
+    from workbench.tree import load_tree
+
+    if not folder or not spec:
+        return None
+    try:
+        cal = open_calibration(folder, file_stamp(folder))
+        return dict(folder=Path(folder).name, model=cal.meta.get("model") or "demo", heads=cal.meta.get("heads"),
+                    **cal.predict(load_tree(spec), max_new))
+    except WorkbenchError as e:
+        return {"error": clean_error(e)}
+
+
+def _live_page() -> None:
     import torch
 
     from workbench.decode import ACCEPTANCE_KINDS, Acceptance, medusa_generate, vanilla_generate
@@ -83,10 +105,20 @@ def live_page() -> None:
         kind = st.selectbox("Acceptance", ACCEPTANCE_KINDS, key="live_kind",
                             help="greedy: lossless; typical: Medusa's posterior threshold; nucleus: exact sampling")
         temperature = st.number_input("temperature", 0.0, 5.0, 0.0 if kind == "greedy" else 0.7, 0.1,
-                                      key=f"live_temp_{kind}")
-        epsilon = st.number_input("epsilon", 0.001, 1.0, 0.09, 0.01, key="live_eps", disabled=kind != "typical")
-        delta = st.number_input("delta", 0.0, 5.0, 0.3, 0.05, key="live_delta", disabled=kind != "typical")
-        top_p = st.number_input("top_p", 0.01, 1.0, 0.8, 0.05, key="live_top_p", disabled=kind != "nucleus")
+                                      key=f"live_temp_{kind}", disabled=kind == "greedy",
+                                      help="greedy takes the argmax: temperature does not apply" if kind == "greedy"
+                                      else "softmax temperature of the sampled acceptance")
+        epsilon = st.number_input("epsilon", 0.001, 1.0, 0.09, 0.01, key="live_eps", disabled=kind != "typical",
+                                  help="typical acceptance's posterior threshold" + (
+                                      "; applies to typical acceptance only" if kind != "typical" else ""))
+        delta = st.number_input("delta", 0.0, 5.0, None, 0.05, key="live_delta", disabled=kind != "typical",
+                                placeholder="sqrt(epsilon)",
+                                help="typical acceptance's entropy scale; empty: sqrt(epsilon), Medusa's rule and "
+                                     "the default everywhere" + (
+                                    "; applies to typical acceptance only" if kind != "typical" else ""))
+        top_p = st.number_input("top_p", 0.01, 1.0, 0.8, 0.05, key="live_top_p", disabled=kind != "nucleus",
+                                help="nucleus mass" + ("; applies to nucleus acceptance only" if kind != "nucleus"
+                                                       else ""))
         max_new = st.number_input("max new tokens", 1, 2048, 64, key="live_max_new")
         model = st.text_input("Model (blank: the demo SmolLM2-135M-Instruct)", key="live_model").strip()
         heads = st.text_input("Heads (blank: the demo heads)", key="live_heads").strip()
@@ -96,20 +128,40 @@ def live_page() -> None:
                                   help="torch.set_num_threads for this decode (process-wide; default: the current "
                                        "setting); more threads than free cores slow small models down")
         vanilla = st.checkbox("also run vanilla greedy", value=True, key="live_vanilla")
+        folders = [str(f) for f in calibration_folders()]
+        cal = st.selectbox("calibration (for the predicted tokens/step)", folders + ["(none)"], key="live_cal",
+                           format_func=lambda f: Path(f).name, help="Calibration.predict for the tree, shown beside "
+                           "the measured tokens/step") if folders else None
     prompt = st.text_area("Prompt", "Give three tips for staying healthy.", key="live_prompt")
     if st.button("Load model and generate", type="primary", key="live_go"):
+        st.session_state.pop("live_result", None)  # a failed run must not leave the last result under its error
         try:
             if not spec:
                 raise WorkbenchError("no tree: pick one or type a literal like [[0], [0, 0], [1]]")
             tree = load_tree(spec)
             acc = Acceptance(kind, temperature, epsilon, delta, top_p)
             torch.set_num_threads(int(threads))
-            base, tok, hd = load_model(model, heads, device)
-            ids = prepare_prompt(tok, prompt)
-            with st.spinner("Warming up (lazy initialisation is not timed)..."):
+            status = st.status(f"Loading {model or 'the demo model'} and its heads...", expanded=True)
+            try:
+                start = time.perf_counter()
+                status.write("Loading the model and heads: the first use reads the weights from disk (up to a "
+                             "minute on a CPU); later runs reuse the loaded model.")
+                base, tok, hd = load_model(model, heads, device)
+                loaded = time.perf_counter() - start
+                tree = load_tree(tree, num_heads=hd.num_heads)  # a tree deeper than the heads: say so before decoding
+                status.write(f"Model ready ({loaded:.1f} s). Warming up: the first steps initialise kernels and "
+                             "caches (not timed)...")
+                status.update(label="Warming up (not timed)...")
+                ids = prepare_prompt(tok, prompt)
+                start = time.perf_counter()
                 medusa_generate(base, hd, tok, ids, tree, 2, acc)
                 if vanilla:
                     vanilla_generate(base, tok, ids, 2)
+                status.update(label=f"Model ready ({loaded:.1f} s), warmed up ({time.perf_counter() - start:.1f} s)",
+                              state="complete", expanded=False)
+            except (WorkbenchError, OSError, RuntimeError):
+                status.update(label="Stopped: see the error below", state="error", expanded=False)
+                raise
             on_step, finish = progress_view("Medusa", int(max_new), tok)
             med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc, on_step=on_step)
             finish(med)
@@ -122,7 +174,8 @@ def live_page() -> None:
             st.session_state["live_result"] = dict(
                 medusa=med.to_dict(), vanilla=van.to_dict() if van else None,
                 compare=compare(med, van) if van else None, pieces=figures.token_pieces(tok, med.token_ids),
-                steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo")
+                steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo",
+                predicted=predicted_for(cal if cal != "(none)" else None, spec, int(max_new)))
         except (WorkbenchError, OSError, RuntimeError) as e:
             st.error(clean_error(e))
     res = st.session_state.get("live_result")
@@ -130,18 +183,32 @@ def live_page() -> None:
         st.info("Press the button to load the model (once; it stays cached) and decode the prompt.")
         return
     med, van, cmp = res["medusa"], res["vanilla"], res["compare"]
-    cols = st.columns(5)
+    pred = res.get("predicted")
+    cols = st.columns(3)  # measured beside predicted, then the speeds
     cols[0].metric("tokens/step", f"{med['acceleration_rate']:.2f}",
                    help="tokens emitted per Medusa step (1 + accepted tree tokens), averaged over this answer")
-    cols[1].metric("new tokens", med["new_tokens"])
-    cols[2].metric("Medusa tokens/s", f"{med['tokens_per_s']:.1f}", help="new tokens / (prefill + decode time)")
+    if pred and "error" not in pred:
+        key = "predicted_replay" if "predicted_replay" in pred else "predicted_joint"
+        cols[1].metric("predicted tokens/step", f"{pred[key]:.2f}",
+                       help=f"{key} of calibration {pred['folder']} (model {pred['model']}, heads {pred['heads']}), "
+                            "answers cut at max new tokens; one prompt scatters around it")
+    cols[2].metric("new tokens", med["new_tokens"])
+    cols = st.columns(3)
+    cols[0].metric("Medusa tokens/s", f"{med['tokens_per_s']:.1f}", help="new tokens / (prefill + decode time)")
     if cmp:
-        cols[3].metric("vanilla tokens/s", f"{cmp['vanilla_tokens_per_s']:.1f}")
-        cols[4].metric("speedup (one prompt)", f"{cmp['speedup']:.2f}x",
+        cols[1].metric("vanilla tokens/s", f"{cmp['vanilla_tokens_per_s']:.1f}")
+        cols[2].metric("speedup (one prompt)", f"{cmp['speedup']:.2f}x",
                        help="Medusa tokens/s over vanilla tokens/s on this one prompt")
         st.caption("One prompt is a noisy measurement: timings of a single short answer vary by tens of percent "
                    "between runs (other processes, CPU frequency, the answer's own predictability). For a speedup "
                    "to rely on, run `workbench sweep` over many prompts and read it on the Trade-offs page.")
+    if pred and "error" in pred:
+        st.caption(f"No prediction: {pred['error']}")
+    elif pred:
+        st.caption(f"Predicted {pred.get('predicted_replay', pred['predicted_joint']):.2f} tokens/step by calibration "
+                   f"{pred['folder']}, made for model {pred['model']}"
+                   + ("" if res["model"] in ("demo", pred["model"]) else f": this decode used {res['model']}, so "
+                      "the prediction describes another model") + ".")
     st.caption(f"{res['model']}, tree {res['tree']}; each colour is one decoding step (hover for its number)."
                + ("" if not cmp else " Output equals vanilla greedy." if cmp["matches_greedy"] else
                   " Output differs from vanilla greedy (expected with typical/nucleus acceptance)."))

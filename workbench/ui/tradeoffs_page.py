@@ -1,8 +1,8 @@
-"""Page 3, the trade-offs (/tradeoffs): sweep results (paper Fig. 4 and 5), latency, and the predicted speedup.
+"""Page 3, the trade-offs (/tradeoffs): the recommendation with its evidence, then the sweep results (paper Fig. 4
+and 5), latency with its spread, and the predicted speedup against what sweeps measured.
 
-Reads the sweep and latency CSVs found in the calibration and results folders (or given): tokens per step and
-speed vs tree size, the typical-acceptance epsilon trade-off, predicted vs measured, and the hardware-aware
-speedup curve from a latency curve and the accuracies.
+Reads the sweep and latency CSVs found in the calibration and results folders (or given). A sweep written by an
+older decoder (no decoder_version column: before the static-cache step) is named old wherever its numbers show.
 """
 from __future__ import annotations
 
@@ -11,30 +11,58 @@ from pathlib import Path
 import streamlit as st
 
 from workbench import WorkbenchError
-from workbench import plots
-from workbench.ui.widgets import (accuracy_source, clean_error, drop_stale, figure, file_input, file_stamp,
-                                  found_csvs, latency_picker, read_latency_file, read_sweep_file,
-                                  read_sweep_or_error)
+from workbench import figures, plots
+from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
+from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
+                                  found_csvs, latency_files, latency_picker, read_latency_file, read_sweep_file,
+                                  read_sweep_or_error, slider, timed)
+
+
+def _show_in_designer(tree) -> None:
+    """The recommended tree on display in the designer (/tree)."""
+    from workbench.ui.tree_page import RECOMMENDED
+
+    st.session_state["tree_show"] = RECOMMENDED + tree.name
+    st.session_state.pop("tree_edit", None)
+    st.session_state["to_goto_designer"] = True
 
 
 def tradeoffs_page() -> None:
+    with timed("page /tradeoffs"):
+        _tradeoffs_page()
+
+
+def sweep_age(sweep) -> str | None:
+    """'old' text for a sweep made by an older decoder, None for a current one."""
+    from workbench.recommend import OLD_DECODER, decoder_version
+
+    versions = set(decoder_version(sweep))
+    if versions == {OLD_DECODER}:
+        return f"made by the decoder {OLD_DECODER} (old): its speeds are not the current decoder's"
+    if OLD_DECODER in versions:
+        return f"some rows were made by the decoder {OLD_DECODER} (old)"
+    return None
+
+
+def _tradeoffs_page() -> None:
     from workbench.latency import hardware_aware
+    from workbench.recommend import measurements
     from workbench.sweep import has_typical
 
+    if st.session_state.pop("to_goto_designer", False):  # set by the button's callback (no switch in callbacks)
+        _goto_designer()
     st.title("Trade-offs")
     sweeps = found_csvs("sweep")
     typical = [f for f in sweeps if _readable_typical(f)]
+    src = accuracy_source("to")
     with st.sidebar:
+        st.subheader("Latency")
+        lat_path = file_input("latency CSV", "to_lat", ["csv"], latency_files(src))
         st.subheader("Sweep (Fig. 4, predicted vs measured)")
         sweep_path = file_input("sweep CSV", "to_sweep", ["csv"], sweeps)
         st.subheader("Typical-acceptance sweep (Fig. 5)")
         typ_path = file_input("typical sweep CSV", "to_typ", ["csv"], sweeps, default=typical[0] if typical else None)
-        st.subheader("Latency")
-        lat_path = file_input("latency CSV", "to_lat", ["csv"], found_csvs("latency"))
     sweep, typ, lat = read_sweep_or_error(sweep_path), read_sweep_or_error(typ_path), None
-    if sweep_path is None:
-        st.info("No sweep CSV found: run `workbench sweep --out FILE.csv` (for example into the calibration folder), "
-                "or give one in the sidebar.")
     if lat_path is not None:
         try:
             lat = read_latency_file(str(lat_path), file_stamp(lat_path))
@@ -42,21 +70,53 @@ def tradeoffs_page() -> None:
             st.error(clean_error(e))
     else:
         st.info("No latency CSV found: run `workbench latency`, or give one in the sidebar.")
+    if sweep_path is None:
+        st.info("No sweep CSV found: run `workbench sweep --out FILE.csv` (for example into the calibration folder), "
+                "or give one in the sidebar.")
+
+    # the answer first: the same recommendation as the designer's, every readable sweep as its evidence
+    tables, rec = None, None
+    evidence = readable_sweeps([p for p, df in ((sweep_path, sweep), (typ_path, typ)) if df is not None])
+    if lat is not None and src is not None:
+        try:
+            with st.sidebar:
+                tables = latency_picker(lat, "to", lat_path.name, src.calib.typical_context() if src.calib else None)
+        except WorkbenchError as e:
+            st.error(clean_error(e))
+        if tables is not None:
+            rec = ranked(src, lat_path, tables, evidence)
+            if rec is not None:
+                panel(rec, "to", src.acc.shape[0], provenance_of(src) | dict(method="recommended",
+                                                                             latency=lat_path.name),
+                      show=_show_in_designer, show_label="open in the designer")
+    elif src is None:
+        st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
 
     if sweep is not None:
-        st.caption(f"sweep {sweep_path.name}: {len(sweep)} rows")
+        age = sweep_age(sweep)
+        st.subheader(f"Sweep {sweep_path.name}" + (" (old decoder)" if age else ""))
+        if age:
+            st.warning(f"{sweep_path.name}: {age}. Re-run `workbench sweep` to measure with this decoder.")
+        st.caption(f"{len(sweep)} rows")
         c1, c2 = st.columns(2)
+        speed = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() \
+            else "speedup"
         with c1:
-            figure(plots.tokens_vs_candidates(sweep), "Paper Fig. 4a: sparse (optimal) vs dense trees.")
+            chart(figures.sweep_chart(sweep, "acceleration_rate", "tokens per step", "tokens per step vs candidates"),
+                  "Paper Fig. 4a: sparse (optimal) vs dense trees; hover a point for its trees.", key="to_fig4a_chart")
         with c2:
-            figure(plots.speed_vs_candidates(sweep), "Paper Fig. 4b.")
+            chart(figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
+                                      "speed vs candidates" + (" (old decoder)" if age else "")),
+                  "Paper Fig. 4b" + (f": {age}." if age else "."), key="to_fig4b_chart")
     c1, c2 = st.columns(2)
     with c1:
         if typ is not None and has_typical(typ):
             rows = typ.dropna(subset=["epsilon"])
             sizes = sorted(int(n) for n in rows["nodes"].dropna().unique())
-            quality = st.selectbox("quality measure", [c for c in ("exact_match", "mean_logprob", "distinct_2")
-                                                       if c in typ.columns] or ["acceleration_rate"], key="to_quality")
+            qualities = [c for c in ("exact_match", "mean_logprob", "distinct_2") if c in typ.columns] or \
+                ["acceleration_rate"]
+            drop_stale("to_quality", qualities)
+            quality = st.selectbox("quality measure", qualities, key="to_quality")
             drop_stale("to_nodes", sizes)
             nodes = st.selectbox("tree size (nodes)", sizes, key="to_nodes") if len(sizes) > 1 else None
             rows = rows if nodes is None else rows[rows["nodes"] == nodes]
@@ -66,54 +126,66 @@ def tradeoffs_page() -> None:
                                    value=min(eps_values, key=lambda e: abs(e - 0.09))) \
                 if len(eps_values) > 1 else eps_values[0]
             at = rows[rows["epsilon"] == eps]
-            figure(plots.epsilon_plot(typ, quality, mark=eps, nodes=nodes),
-                   f"Paper Fig. 5 ({typ_path.name}): typical acceptance. At epsilon {eps:g}: "
+            age = sweep_age(typ)
+            chart(figures.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
+                  f"Paper Fig. 5 ({typ_path.name}): typical acceptance. At epsilon {eps:g}: "
                    f"{at['acceleration_rate'].mean():.2f} tokens/step, {quality} {at[quality].mean():.3f} "
-                   "(mean over temperatures).")
+                  "(mean over temperatures)." + (f" {typ_path.name}: {age}." if age else ""), key="to_fig5_chart")
         else:
             st.info("No typical-acceptance rows (epsilon) in the sweeps found: run the sweep with --temperature > 0 "
                     "and several --epsilon values for Fig. 5.")
     with c2:
         if sweep is not None and any(c in sweep.columns for c in plots.PREDICTED_COLUMNS):
-            figure(plots.predicted_vs_measured(sweep), "Calibration's prediction vs the live decoder; each point "
-                                                       "labelled by its tree (once, at its first prediction).")
+            chart(figures.predicted_chart(sweep), "Calibration's predictions vs the live decoder's tokens per step "
+                                                  "(hover a point for its tree).", key="to_predicted_chart")
     if sweep is not None:
         with st.expander("Sweep rows"):
             st.dataframe(sweep, hide_index=True)
 
-    if lat is not None:
-        c1, c2 = st.columns(2)
-        with c1:
-            figure(plots.latency_curve(lat), f"latency {lat_path.name}")
-        with c2:
-            src = accuracy_source("to")
-            if src is None:
-                st.info("The predicted-speedup curve needs accuracies (a calibration folder or table).")
-                return
-            try:
-                table, ctx = latency_picker(lat, "to", lat_path.name,
-                                            src.calib.typical_context() if src.calib else None)
-                top = max(int(n) for n in table) - 1
-                budget = st.slider("budget (max tree nodes)", 1, max(top, 2), top, key="to_budget") if top > 1 else 1
-                K, R = src.acc.shape
-                values = {"independence": src.acc}
-                if src.calib:
-                    values["empirical paths"] = src.calib.joint_value("fit")
-                res = {name: hardware_aware(v, table, K, min(R, 10), max_budget=budget) for name, v in values.items()}
-            except WorkbenchError as e:
-                st.error(clean_error(e))
-                return
-            measured = {f"measured (sweep {sweep_path.name})": plots.measured_speedups(sweep)} \
-                if sweep is not None and len(plots.measured_speedups(sweep)[0]) else None
-            figure(plots.speedup_curve({n: ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
-                                        for n, r in res.items()},
-                                       {n: (r["best"]["budget"], r["best"]["speedup"]) for n, r in res.items()},
-                                       measured),
-                   f"Predicted speedup = expected tokens per step / (t(n+1)/t(1)) at context {ctx}; best: " +
-                   "; ".join(f"{n} {r['best']['budget']} nodes, {r['best']['speedup']:.2f}x" for n, r in res.items()))
-            if max(r["best"]["speedup"] for r in res.values()) < 1:
-                st.warning(f"Speculation does not pay on this hardware at context {ctx}: no tree is predicted to "
-                           "beat vanilla greedy decoding.")
+    if lat is None:
+        return
+    c1, c2 = st.columns(2)
+    with c1:
+        chart(figures.latency_chart(lat), f"latency {lat_path.name}: ms per verify forward; error bars: the spread "
+                                          "of the repeats where the CSV has it.", key="to_latency_chart")
+    with c2:
+        if src is None or tables is None:
+            return
+        top = max(tables["seconds"]) - 1
+        budget = slider("budget (max tree nodes)", 1, max(top, 1), top, key="to_budget", where=st,
+                        help="the largest tree the optimizer's curves below try (the recommendation above ranks "
+                             "every size the latency table covers)")
+        K, R = src.acc.shape
+        values = {"independence": src.acc}
+        if src.calib:
+            values["empirical paths"] = src.calib.joint_value("fit")
+        try:
+            res = {name: hardware_aware(v, tables["seconds"], K, min(R, 10), max_budget=budget)
+                   for name, v in values.items()}
+        except WorkbenchError as e:
+            st.error(clean_error(e))
+            return
+        found = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in evidence}, tables["batch"])
+        curves = candidate_curves(rec) if rec else {}
+        curves |= {f"objective ({n})": ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
+                   for n, r in res.items()}
+        picks = {f"best ({n})": (r["best"]["budget"], r["best"]["speedup"]) for n, r in res.items()}
+        if rec:
+            picks["recommended"] = (rec["pick"]["nodes"], rec["pick"]["speedup"])
+        chart(figures.speedup_chart(curves, picks, [m for ms in found.values() for m in ms],
+                                    title=f"predicted speedup, batch {tables['batch']}, context {tables['context']}"),
+              (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
+               f"{rec['pick']['label']}). " if rec else "")
+              + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; "
+              "best: " + "; ".join(f"{n} {r['best']['budget']} nodes, {r['best']['speedup']:.2f}x"
+                                   for n, r in res.items())
+              + ". Diamonds: sweep measurements (hollow grey: an older decoder).", key="to_speedup_chart")
+
+
+def _goto_designer() -> None:
+    from workbench.ui.tree_page import tree_page
+
+    st.switch_page(st.Page(tree_page, title="Tree designer", url_path="tree"))
 
 
 def _readable_typical(path: Path) -> bool:

@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import sys
 import tempfile
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,6 +51,44 @@ def file_stamp(path) -> float:
 def clean_error(err: Exception) -> str:
     """An error message naming an upload by its file name, not by the hash folder it was written to."""
     return re.sub(re.escape(str(UPLOAD_DIR) + os.sep) + r"[0-9a-f]+" + re.escape(os.sep), "", str(err))
+
+
+def portable_path(path) -> str:
+    """A path as an exported file may carry it: relative to the repository when inside it, else its name (a server's
+    absolute path is no use to whoever downloads the file, and reveals the server's layout)."""
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return p.name
+
+
+def shown_path(path) -> str:
+    """A path as the app shows it in an input: relative to the repository when inside it (the server's layout is
+    none of the page's business), else as it is."""
+    p = Path(path)
+    try:
+        return p.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(p)
+
+
+def resolved(path: str) -> Path:
+    """A typed path: as typed when it exists (relative to the server's working folder), else from the repository."""
+    p = Path(path)
+    return p if p.is_absolute() or p.exists() else REPO_ROOT / p
+
+
+@contextmanager
+def timed(what: str):
+    """Server time of one page run or fragment run, printed to stderr as `[workbench-app] WHAT 0.123 s` when
+    $WORKBENCH_APP_TIMINGS is set (the browser test reads them; nothing is printed otherwise)."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        if os.environ.get("WORKBENCH_APP_TIMINGS"):
+            print(f"[workbench-app] {what} {time.perf_counter() - start:.3f} s", file=sys.stderr, flush=True)
 
 
 def _stored(data: bytes, name: str) -> Path:
@@ -101,7 +142,7 @@ def read_sweep_file(path: str, stamp: float) -> pd.DataFrame:
     return read_sweep(path)
 
 
-@st.cache_resource(show_spinner="Loading the model and heads...", max_entries=1)
+@st.cache_resource(show_spinner=False, max_entries=1)
 def load_model(model: str, heads: str, device: str):
     """(base, tokenizer, heads); one at a time, so switching models frees the last one."""
     from workbench.models import load_model_and_heads
@@ -116,6 +157,13 @@ def found_csvs(kind: str) -> list[Path]:
     from workbench.sweep import SWEEP_REQUIRED
 
     return find_csvs((calibration_root(), results_root()), {"sweep": SWEEP_REQUIRED, "latency": LATENCY_REQUIRED}[kind])
+
+
+def latency_files(src) -> list[Path]:
+    """The latency CSVs a page offers, the calibration folder's own first (then the results folder's): the designer
+    and the trade-offs page preselect the same one, so their recommendations agree."""
+    own = src.calib.latency_files() if src is not None and src.calib is not None else []
+    return list(dict.fromkeys(own + found_csvs("latency")))
 
 
 @dataclass
@@ -133,16 +181,43 @@ class Source:
 OTHER_FILE = "other: type a path"
 
 
+def _forget_upload(upload_key: str, kept_key: str) -> None:
+    """Uploader callback: the user removed (or replaced) the file, so the kept copy goes too."""
+    if st.session_state.get(upload_key) is None:
+        st.session_state.pop(kept_key, None)
+
+
+def kept_upload(label: str, upload_key: str, types: list[str]) -> Path | None:
+    """An uploaded file on disk, kept (as `{upload_key}_kept`) until the user removes it or presses `forget`:
+    Streamlit empties an uploader whenever its page is left, and coming back must not silently switch to another
+    input while the other settings were kept."""
+    kept_key = f"{upload_key}_kept"
+    up = st.file_uploader(label, type=types, key=upload_key, on_change=_forget_upload, args=(upload_key, kept_key))
+    if up is not None:
+        path = upload_path(up)
+        st.session_state[kept_key] = str(path)
+        return path
+    kept = st.session_state.get(kept_key)
+    if not kept or not Path(kept).is_file():
+        return None
+    st.caption(f"using the uploaded {Path(kept).name} (kept from before)")
+    if st.button(f"forget {Path(kept).name}", key=f"{upload_key}_forget_btn"):
+        st.session_state.pop(kept_key, None)
+        return None
+    return Path(kept)
+
+
 def file_input(label: str, key: str, types: list[str], found: list[Path] | None = None,
                paste: bool = False, default: Path | None = None) -> Path | None:
-    """A file from an upload, one of the `found` files (a selectbox; `default` or the first preselected), a path
-    typed in, or pasted text."""
-    up = st.file_uploader(f"Upload {label}", type=types, key=f"{key}_upload")
+    """A file from an upload (kept across pages), one of the `found` files (a selectbox; `default` or the first
+    preselected), a path typed in, or pasted text."""
+    up = kept_upload(f"Upload {label}", f"{key}_upload", types)
     if up is not None:
-        return upload_path(up)
+        return up
     typed = ""
     if found:
         names = list(dict.fromkeys(str(f) for f in found)) + [OTHER_FILE]
+        drop_stale(f"{key}_pick", names)
         pick = st.selectbox(f"... or a {label} found here", names, key=f"{key}_pick",
                             index=names.index(str(default)) if default is not None and str(default) in names else 0,
                             format_func=lambda f: f if f == OTHER_FILE else f"{Path(f).parent.name}/{Path(f).name}")
@@ -166,13 +241,15 @@ def accuracy_source(key: str) -> Source | None:
     kind = st.sidebar.radio("Accuracies from", ["calibration folder", "accuracy file or pasted CSV"], key=f"{key}_src")
     with st.sidebar:
         if kind == "calibration folder":
-            folder = st.text_input("Calibration folder", value=str(found[0]) if found else "", key=f"{key}_dir",
-                                   help=f"made by `workbench calibrate`; found under {calibration_root()}: "
+            folder = st.text_input("Calibration folder", value=shown_path(found[0]) if found else "",
+                                   key=f"{key}_dir",
+                                   help=f"made by `workbench calibrate`; found under {shown_path(calibration_root())}: "
                                         f"{', '.join(f.name for f in found) or 'none'}")
             if not folder.strip():
                 st.info(f"No calibration folder under {calibration_root()}: run `workbench calibrate`, type a "
                         "folder above, or switch to an accuracy file.")
                 return None
+            folder = str(resolved(folder.strip()))
             stamp = file_stamp(folder)
             try:
                 cal = open_calibration(folder.strip(), stamp)
@@ -193,12 +270,25 @@ def accuracy_source(key: str) -> Source | None:
         return Source(acc, path.name)
 
 
-def int_slider(label: str, high: int, default: int, key: str) -> int:
-    """A 1..high sidebar slider; a one-value range (one head, one rank) is a caption, as sliders need two."""
-    if high <= 1:
-        st.sidebar.caption(f"{label}: 1")
-        return 1
-    return st.sidebar.slider(label, 1, high, default, key=key)
+def slider(label: str, low: int, high: int, default: int, key: str, where=None, disabled: bool = False,
+           help: str | None = None) -> int:
+    """An integer slider whose kept value is first brought into low..high: a setting kept from a larger range (a
+    budget of 63 when the latency table stops at 16 tokens) would otherwise raise StreamlitValueAboveMaxError.
+    `disabled` with `help` saying why, when it does not apply to what is shown."""
+    where = where or st.sidebar
+    kept = st.session_state.get(key)
+    if isinstance(kept, (int, float)) and not low <= kept <= high:
+        st.session_state[key] = int(min(max(kept, low), high))
+    if high <= low:  # sliders need two values
+        where.caption(f"{label}: {low}" + (f" ({help})" if disabled and help else ""))
+        return low
+    return where.slider(label, low, high, min(max(default, low), high), key=key, disabled=disabled, help=help)
+
+
+def int_slider(label: str, high: int, default: int, key: str, disabled: bool = False, help: str | None = None,
+               where=None) -> int:
+    """A 1..high slider (default: in the sidebar); a one-value range (one head, one rank) is a caption."""
+    return slider(label, 1, high, default, key, where=where, disabled=disabled, help=help)
 
 
 def figure(fig, caption: str | None = None) -> None:
@@ -207,28 +297,63 @@ def figure(fig, caption: str | None = None) -> None:
         st.caption(caption)
 
 
-def drop_stale(key: str, options) -> None:
-    """Forget a kept choice that is no longer among a widget's options (e.g. a removed node), before drawing it."""
+def chart(fig, caption: str | None = None, key: str | None = None, on_select=None) -> None:
+    """An interactive plotly figure (hover for values, drag to zoom; `on_select`: a click selects points) with its
+    caption. Its title is written above it, so that in a narrow column a long title never runs under the chart's
+    toolbar."""
+    title = fig.layout.title.text
+    if title:
+        st.markdown(f"**{title}**")
+        fig.update_layout(title=None, margin=dict(t=30))
+    select = {} if on_select is None else dict(on_select=on_select, selection_mode="points")
+    st.plotly_chart(fig, key=key, config={"displaylogo": False}, **select)
+    if caption:
+        st.caption(caption)
+
+
+def drop_stale(key: str, options, fallback=None) -> bool:
+    """Replace a kept choice that is no longer among a widget's options (a removed node, a tree that stopped
+    parsing) by `fallback` (default: drop it, the widget's default applies), before drawing it. Assigning the
+    state, rather than deleting it, makes the browser show the value the page uses. True when it was stale."""
     if key in st.session_state and st.session_state[key] not in options:
-        del st.session_state[key]
+        if fallback is None:
+            del st.session_state[key]
+        else:
+            st.session_state[key] = fallback
+        return True
+    return False
 
 
-def latency_picker(df: pd.DataFrame, key: str, name: str, target: float | None) -> tuple[dict, int]:
-    """{tokens: seconds} of one setup (model/device/dtype) at one context, picked with selectboxes when the file
-    has several; the context defaults to the one nearest the calibration's typical cache length."""
-    from workbench.latency import latency_table
+def latency_picker(df: pd.DataFrame, key: str, name: str, target: float | None, where=None) -> dict:
+    """One latency table (recommend.latency_tables: seconds by token count, with its spread) of one setup
+    (model/device/dtype), batch size and context, picked with selectboxes where the file has several; the context
+    defaults to the one nearest the calibration's typical cache length, the batch to 1."""
+    from workbench.recommend import latency_tables
 
+    where = where or st.sidebar
     keys = [c for c in ("model", "device", "dtype") if c in df.columns]
     if keys:
         labels = df[keys].astype(str).agg(" / ".join, axis=1)
         setups = list(dict.fromkeys(labels))
         if len(setups) > 1:
-            df = df[labels == st.selectbox("latency setup", setups, key=f"{key}_setup")]
+            drop_stale(f"{key}_setup", setups)
+            df = df[labels == where.selectbox("latency setup", setups, key=f"{key}_setup")]
+    batch = 1
+    if "batch" in df.columns:
+        batches = sorted(int(b) for b in df["batch"].unique())
+        drop_stale(f"{key}_batch", batches)
+        batch = where.selectbox("batch size", batches, key=f"{key}_batch",
+                                index=batches.index(1) if 1 in batches else 0,
+                                help="sequences decoded together; the latency table and the sweeps are read at it") \
+            if len(batches) > 1 else batches[0]
+        df = df[df["batch"] == batch]
     contexts = sorted(int(c) for c in df["context"].unique())
     near = min(range(len(contexts)), key=lambda i: abs(contexts[i] - target)) if target else 0
-    ctx = st.selectbox("latency context (cache length)", contexts, index=near, key=f"{key}_ctx") \
-        if len(contexts) > 1 else contexts[0]
-    return latency_table(df, ctx, what=f"latency {name}")
+    drop_stale(f"{key}_ctx", contexts)
+    ctx = where.selectbox("latency context (cache length)", contexts, index=near, key=f"{key}_ctx",
+                          help="the cache length the step costs are read at (default: nearest the calibration's "
+                               "typical prompt + half answer)") if len(contexts) > 1 else contexts[0]
+    return latency_tables(df, ctx, batch, what=f"latency {name}")
 
 
 def read_sweep_or_error(path: Path | None) -> pd.DataFrame | None:

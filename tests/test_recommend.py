@@ -1,0 +1,174 @@
+"""The app's one answer (workbench/recommend.py): candidates ranked by predicted speedup, the pick, the range from
+the latency spread, and the sweep measurements of the same tree shapes, old decoders marked old."""
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from workbench import WorkbenchError
+from workbench import recommend as R
+from workbench.calibration import Calibration
+from workbench.sweep import SWEEP_COLUMNS, tree_key
+from workbench.tree import make_tree
+
+from helpers import make_calibration
+
+SIZES = (1, 2, 3, 4, 8, 16, 32)
+
+
+@pytest.fixture(scope="module")
+def cal(tmp_path_factory) -> Calibration:
+    return Calibration(make_calibration(tmp_path_factory.mktemp("rec") / "synthetic"))
+
+
+def latency(cost, contexts=(128,), batches=None, spread: float | None = None) -> pd.DataFrame:
+    """A latency frame: seconds = cost(tokens) (x batch), optional quartile columns +- spread."""
+    rows = []
+    for b in batches or [None]:
+        for c in contexts:
+            for n in SIZES:
+                s = cost(n) * (b or 1)
+                row = dict(model="m", device="cpu", dtype="float32", context=c, tokens=n, seconds=s)
+                if b is not None:
+                    row["batch"] = b
+                if spread is not None:
+                    row |= dict(seconds_q1=s * (1 - spread), seconds_q3=s * (1 + spread))
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+CHEAP = lambda n: 0.02 * (1 + 0.01 * n)  # noqa: E731 - a GPU-like curve: trees pay
+SLOW = lambda n: 0.01 * n  # noqa: E731 - every token costs a full step: nothing pays
+
+
+def sweep(rows: list[dict], version: str | None = None) -> pd.DataFrame:
+    df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS + (["decoder_version"] if version else []))
+    if version:
+        df["decoder_version"] = version
+    return df
+
+
+def swept(tree, speedup: float, baselines=(50.0, 50.0)) -> list[dict]:
+    """A vanilla row and a greedy row for `tree` as `workbench sweep` writes them (config = name:hash|...)."""
+    rows = [dict(run="r1", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",
+                 acceleration_rate=1.0, speedup=1.0, vanilla_tokens_per_s=baselines[0], num_prompts=12)]
+    rows.append(dict(run="r1", config=f"{tree_key(tree)}|greedy|T=0", tree=tree.name, kind="given", nodes=tree.nodes,
+                     acceptance="greedy", temperature=0.0, acceleration_rate=1.5, speedup=speedup,
+                     vanilla_tokens_per_s=baselines[1], num_prompts=12))
+    return rows
+
+
+def test_pick_is_the_best_predicted_speedup_with_its_numbers(cal):
+    rec = R.recommend(cal, latency(CHEAP))
+    rows = rec["candidates"]
+    assert rec["pick"] is rows[0] and rows[0]["kind"] == "tree"
+    assert [r["speedup"] for r in rows] == sorted((r["speedup"] for r in rows), reverse=True)
+    assert {r["kind"] for r in rows} == {"tree", "chain", "none"}
+    assert sorted(r["label"] for r in rows if r["kind"] == "chain") == [f"chain {k}" for k in (1, 2, 3, 4)]
+    pick = rec["pick"]
+    # predicted tokens/step: the calibration's replay over held-out answers; speedup: over the relative step cost
+    assert rec["prediction"] == "predicted_replay"
+    assert pick["tokens_per_step"] == pytest.approx(cal.predict(pick["tree"])["predicted_replay"])
+    assert pick["speedup"] == pytest.approx(pick["tokens_per_step"] / pick["relative_latency"])
+    none = next(r for r in rows if r["kind"] == "none")
+    assert none["speedup"] == 1.0 and none["tokens_per_step"] == 1.0
+    assert pick["range"] is None and "(no spread measured)" in R.sentence(rec)
+    assert R.sentence(rec).startswith(f"use {pick['label']} at batch 1 and context 128: predicted ")
+
+
+def test_hardware_aware_tree_is_named_by_its_node_count(cal):
+    rec = R.recommend(cal, latency(CHEAP), max_budget=63)
+    hw = [r for r in rec["candidates"] if r["tree"] is not None and r["tree"].name.startswith("hardware_")]
+    assert len(hw) == 1 and hw[0]["tree"].name == f"hardware_{hw[0]['nodes']}"
+
+
+def test_nothing_pays_recommends_no_speculation(cal):
+    rec = R.recommend(cal, latency(SLOW))
+    assert rec["pick"]["kind"] == "none"
+    assert R.sentence(rec).startswith("use no speculation at batch 1 and context 128: no tree or chain is predicted")
+
+
+def test_budget_and_latency_bound_the_candidates(cal):
+    rec = R.recommend(cal, latency(CHEAP), max_budget=3)
+    assert max(r["nodes"] for r in rec["candidates"]) <= 3
+    rec = R.recommend(cal, latency(CHEAP))
+    assert max(r["nodes"] for r in rec["candidates"]) <= max(SIZES) - 1  # no extrapolated latency
+
+
+def test_spread_gives_a_range(cal):
+    rec = R.recommend(cal, latency(CHEAP, spread=0.1))
+    pick = rec["pick"]
+    lo, hi = pick["range"]
+    rel = pick["relative_latency"]
+    # slow end: the tree step at q3 over the plain step at q1 (and the other way round)
+    assert lo == pytest.approx(pick["tokens_per_step"] / (rel * 1.1 / 0.9))
+    assert hi == pytest.approx(pick["tokens_per_step"] / (rel * 0.9 / 1.1))
+    assert "x from the latency quartiles)" in R.sentence(rec)
+
+
+def test_context_and_batch_are_picked_from_the_table(cal):
+    df = latency(CHEAP, contexts=(128, 1024), batches=(1, 4))
+    assert R.recommend(cal, df, target=900)["context"] == 1024
+    rec = R.recommend(cal, df, context=128, batch=4)
+    assert rec["batch"] == 4 and "at batch 4 and context 128" in R.sentence(rec)
+    with pytest.raises(WorkbenchError, match="no rows for batch 2"):
+        R.recommend(cal, df, context=128, batch=2)
+    with pytest.raises(WorkbenchError, match="batch 1 only"):
+        R.recommend(cal, latency(CHEAP), batch=2)
+
+
+def test_old_sweeps_are_marked_old_and_never_weighed(cal):
+    pick = R.recommend(cal, latency(CHEAP))["pick"]["tree"]
+    rec = R.recommend(cal, latency(CHEAP), sweeps={"old.csv": sweep(swept(pick, 0.3))})
+    assert rec["pick"]["measured"][0]["old"] and rec["pick"]["current"] is None
+    assert not rec["disagree"] and rec["old"]
+    assert "not measured with the current decoder (old: 0.30x by the decoder before the static-cache step, " \
+           "old.csv, 12 prompts)" in R.sentence(rec)
+
+
+def test_current_sweeps_are_evidence_and_disagreement_is_named(cal):
+    pick = R.recommend(cal, latency(CHEAP))["pick"]
+    tree, predicted = pick["tree"], pick["speedup"]
+    agree = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted * 1.02, (50, 51)),
+                                                                        "v2")})
+    m = agree["pick"]["current"]
+    assert m["speedup"] == pytest.approx(predicted * 1.02) and m["decoder_versions"] == ["v2"]
+    # noise: the vanilla baseline's spread in that run (50 vs 51 tokens/s), sqrt(2) for the ratio
+    import statistics
+    assert m["noise"] == pytest.approx(2 ** 0.5 * statistics.stdev([50, 51]) / 50.5 * predicted * 1.02)
+    assert not agree["disagree"]
+    assert f"measured {predicted * 1.02:.2f}x +- {m['noise']:.2f} on this machine (new.csv, decoder v2, 12 prompts)" \
+        in R.sentence(agree)
+    far = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted / 2, (50, 51)), "v2")})
+    assert far["disagree"] and far["disagree"][0]["tree"].paths == tree.paths
+    assert R.disagreement_text(far).startswith("Measurements disagree with the prediction by more than their noise")
+    # a version other than the current decoder's is old too
+    other = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted / 2), "v1")},
+                        decoder="v2")
+    assert not other["disagree"] and other["pick"]["measured"][0]["old"]
+
+
+def test_named_trees_are_ranked_and_find_their_measurements(cal):
+    mine = make_tree([[0], [1], [0, 0]], name="mine")
+    rec = R.recommend(cal, latency(CHEAP), trees=[mine], sweeps={"s.csv": sweep(swept(mine, 1.1), "v2")})
+    row = next(r for r in rec["candidates"] if r["tree"] is not None and r["tree"].paths == mine.paths)
+    assert row["current"]["speedup"] == pytest.approx(1.1)
+    assert row["tokens_per_step"] == pytest.approx(cal.predict(mine)["predicted_replay"])
+
+
+def test_accuracy_table_only_uses_independence(cal):
+    rec = R.recommend(cal.accuracies("fit"), latency(CHEAP))
+    assert rec["prediction"] == "predicted_independent"
+    from workbench.optimize import expected_length
+    pick = rec["pick"]
+    assert pick["tokens_per_step"] == pytest.approx(expected_length(pick["tree"], cal.accuracies("fit")))
+
+
+def test_a_latency_table_that_is_not_monotone_is_named(cal):
+    df = latency(CHEAP)
+    df.loc[df["tokens"] == 4, "seconds"] = (CHEAP(2) + CHEAP(3)) / 2  # as on this CPU: 4 tokens cheaper than 3
+    rec = R.recommend(cal, df)
+    assert rec["cheaper"] == [(3, 4)]
+    assert R.latency_note(rec).startswith("the latency table is not monotone (4 tokens cheaper than 3)")
+    assert R.recommend(cal, latency(CHEAP))["cheaper"] == [] and R.latency_note(R.recommend(cal, latency(CHEAP))) \
+        is None

@@ -1,0 +1,196 @@
+"""The recommendation panel the designer and /tradeoffs both open with: one sentence (workbench/recommend.py),
+a warning in words when current measurements contradict the prediction, one-click exports of the pick in every
+engine format, and the ranked candidates with their evidence.
+
+The ranking is computed once per input version (st.cache_data keyed by the files' modification times), so a
+click elsewhere on the page does not redo it.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from workbench import REPO_ROOT, WorkbenchError
+from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
+                                  read_sweep_file)
+
+
+@st.cache_data(max_entries=16, show_spinner="Ranking trees, chains and no speculation on this latency table...")
+def _ranked(source_key: tuple, _source, latency: str, latency_stamp: float, context: int, batch: int,
+            sweeps: tuple, joint: bool, max_depth: int, max_rank: int, max_budget: int | None,
+            trees: tuple) -> dict:
+    """recommend.recommend on files named by path and stamp (the cache key); `_source` (a Calibration or acc
+    table) is identified by `source_key`. trees: ((name, paths), ...)."""
+    from workbench.calibration import Calibration
+    from workbench.recommend import recommend
+    from workbench.tree import Tree
+
+    value = _source.joint_value("fit") if joint and isinstance(_source, Calibration) else None
+    frames = {Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}
+    return recommend(_source, read_latency_file(latency, latency_stamp), context, batch, frames, value, max_depth,
+                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees])
+
+
+def readable_sweeps(extra=()) -> list[Path]:
+    """Every sweep CSV found (and `extra` given ones) that reads: the evidence of the recommendation."""
+    out = []
+    for p in list(found_csvs("sweep")) + [Path(p) for p in extra if p is not None]:
+        try:
+            read_sweep_file(str(p), file_stamp(p))
+        except WorkbenchError:
+            continue  # a broken sweep is reported where it is picked (the trade-offs page)
+        if p not in out:
+            out.append(p)
+    return out
+
+
+def swept_trees(sweeps: list[Path]) -> list:
+    """The reference trees and the files under trees/ whose shape some sweep measured: ranked beside the optimizer's
+    candidates, so that their measurements stand next to their predictions."""
+    from workbench.recommend import measurements, shape
+    from workbench.tree import load_tree, reference_trees
+
+    found = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in sweeps})
+    trees = list(reference_trees().values())
+    for f in sorted((REPO_ROOT / "trees").glob("*.json")):
+        try:
+            trees.append(load_tree(str(f)))
+        except WorkbenchError:
+            continue
+    return [t for t in trees if shape(t) in found]
+
+
+def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | None:
+    """The recommendation for this source and latency table (tables: the picker's context and batch), with every
+    readable sweep found (and `extra_sweeps`) as evidence and the swept named trees as candidates: the designer and
+    the trade-offs page ask the same question the same way. None with an st.error when an input is unusable."""
+    key = (src.folder, src.stamp) if src.calib is not None else (src.label, src.acc.tobytes())
+    sweeps = readable_sweeps(extra_sweeps)
+    trees = swept_trees(sweeps)
+    max_depth, max_rank, max_budget, joint = None, None, None, False
+    try:
+        return _ranked(key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
+                       tables["context"], tables["batch"], tuple((str(p), file_stamp(p)) for p in sweeps), joint,
+                       max_depth or src.acc.shape[0], max_rank or src.acc.shape[1], max_budget,
+                       tuple((t.name, t.paths) for t in trees))
+    except WorkbenchError as e:
+        st.error(f"recommendation: {clean_error(e)}")
+        return None
+
+
+def candidates_frame(rec: dict) -> pd.DataFrame:
+    """The ranked candidates as a table that fits a 1280 px page: prediction, range, and what sweeps measured
+    (current and old apart); a column nothing fills is left out."""
+    rows = []
+    for r in rec["candidates"]:
+        now = r["current"]
+        old = [m for m in r["measured"] if m["old"]]
+        rows.append({
+            "candidate": r["label"], "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
+            "range": f"{r['range'][0]:.2f}x-{r['range'][1]:.2f}x" if r["range"] else "",
+            "measured": (f"{now['speedup']:.2f}x" + (f" +- {now['noise']:.2f}" if now["noise"] is not None else "")
+                         + f" ({', '.join(now['sweeps'])})") if now else "",
+            "old measurement": f"{old[0]['speedup']:.2f}x ({old[0]['sweep']})" if old else "",
+            "disagrees": "yes" if r["disagree"] else ""})
+    df = pd.DataFrame(rows)
+    return df[[c for c in df.columns if c in ("candidate", "tokens/step", "speedup") or (df[c] != "").any()]]
+
+
+COLUMNS = {
+    "candidate": st.column_config.TextColumn(
+        help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation"),
+    "tokens/step": st.column_config.NumberColumn(
+        format="%.3f", width="small",
+        help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over held-out answers "
+             "when the calibration holds prompts out)"),
+    "speedup": st.column_config.NumberColumn(
+        format="%.3fx", width="small",
+        help="predicted: tokens/step / relative step cost t(nodes + 1) / t(1) at this batch and context"),
+    "range": st.column_config.TextColumn(
+        help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
+             "round"),
+    "measured": st.column_config.TextColumn(
+        width="large", help="sweeps by the current decoder: speedup +- run-to-run noise (the spread of the sweep's "
+                            "vanilla baseline, re-measured before every configuration, or between repeats)"),
+    "old measurement": st.column_config.TextColumn(
+        width="medium", help="measured by an older decoder (before the static-cache step): not evidence about the "
+                             "current one"),
+    "disagrees": st.column_config.TextColumn(
+        width="small", help="the current measurement is outside the prediction by more than its noise"),
+}
+
+
+def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_label: str = "show it") -> None:
+    """Draw the recommendation: the warning first (when measurements contradict the prediction), the sentence, the
+    pick's exports in every format, notes on closeness and old measurements, and the ranked candidates."""
+    from workbench.export import FORMATS, SUFFIXES, export_tree
+    from workbench.recommend import disagreement_text, latency_note, runner_up_close, sentence
+    from workbench.tree import Tree, record_json, tree_record
+
+    text = disagreement_text(rec)
+    if text:
+        st.warning(text, icon="⚠️")
+    pick = rec["pick"]
+    if pick["kind"] == "none":
+        st.warning(f"Speculation does not pay on this hardware at batch {rec['batch']} and context {rec['context']}: "
+                   "no tree or chain is predicted faster than plain decoding, because a verify step costs more than "
+                   "its extra tokens bring. Decode without Medusa here, or measure latency on faster hardware "
+                   "(a GPU).")
+    box = st.container(border=True)
+    box.markdown(f"**Recommendation:** {sentence(rec)}.")
+    close = runner_up_close(rec)
+    notes = [latency_note(rec)] if latency_note(rec) else []
+    if close is not None:
+        notes.append(f"the runner-up, {close['label']} at {close['speedup']:.2f}x, is within the latency spread of "
+                     "the pick: on this table the two cannot be told apart")
+    if rec["old"]:
+        notes.append(f"{len(rec['old'])} candidate(s) were measured only by an older decoder (before the "
+                     "static-cache step): shown as old in the table, not weighed against the prediction; re-run "
+                     "`workbench sweep` to measure them with this decoder")
+    if notes:
+        box.caption("; ".join(notes).capitalize() + ".")
+    if pick["tree"] is not None:
+        tree: Tree = pick["tree"]
+        cols = box.columns([1.6] + [1] * len(FORMATS))
+        if show is not None:
+            cols[0].button(show_label, key=f"{key}_show_btn", on_click=show, args=(tree,),
+                           help="draw the pick in the designer, with its mask, edits and exports")
+        for col, fmt in zip(cols[1:], FORMATS):
+            data, _ = export_tree(tree, fmt, heads=heads)
+            if fmt == "json":
+                data = record_json(tree_record(tree, **provenance, predicted_tokens_per_step=pick["tokens_per_step"],
+                                               predicted_speedup=pick["speedup"], context=rec["context"],
+                                               batch=rec["batch"]))
+            col.download_button(fmt, data, file_name=f"{tree.name}{SUFFIXES[fmt]}", key=f"{key}_rec_{fmt}_download",
+                                on_click="ignore", help=f"the recommended {tree.name} in the {fmt} format")
+    else:
+        box.caption("Nothing to export: decode without Medusa heads on this hardware at this batch size.")
+    with st.expander(f"All {len(rec['candidates'])} candidates, ranked by predicted speedup (and their evidence)"):
+        st.dataframe(candidates_frame(rec), hide_index=True, column_config=COLUMNS)
+        st.caption(f"Predicted tokens/step: {rec['prediction']} (workbench/calibration.py); speedup at batch "
+                   f"{rec['batch']} and context {rec['context']}"
+                   + (f", range from the {rec['spread']}" if rec["spread"] else "; no spread measured (the latency "
+                      "CSV has only medians)") + ". Measured: greedy sweep rows of the same tree shape.")
+
+
+def candidate_curves(rec: dict) -> dict:
+    """{name: (nodes, speedups[, low, high])} of the recommendation's optimal trees and chains, for speedup_chart."""
+    curves = {}
+    def family(r: dict) -> str | None:
+        if r["kind"] == "chain":
+            return "chains"
+        return "optimal trees" if r["tree"] is not None and r["tree"].name.startswith("optimal_") else None
+
+    for name in ("optimal trees", "chains"):
+        part = sorted((r for r in rec["candidates"] if family(r) == name), key=lambda r: r["nodes"])
+        if part:
+            curves[name] = ([r["nodes"] for r in part], [r["speedup"] for r in part])
+            if all(r["range"] for r in part):
+                curves[name] += ([r["range"][0] for r in part], [r["range"][1] for r in part])
+    return curves
+
+
+def provenance_of(src: Source) -> dict:
+    return dict(accuracies=portable_path(src.folder) if src.folder else src.label)
