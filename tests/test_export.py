@@ -240,3 +240,16 @@ def test_vllm_schedule_from_a_plan(tmp_path):
     text, _, notes = export_plan(plan, "trtllm", batch_size=3)  # the row of batch 2: its tree
     assert _trtllm_list(text) == plan["plans"][0]["medusa_choices"]
     assert any("not in the plan" in n for n in notes)
+
+
+def test_app_warnings_name_the_apps_controls_not_cli_flags():
+    """The same warnings for both front ends, each fix worded for the one that shows it: the CLI's flags, the
+    app's controls (its repair buttons sit under the warnings)."""
+    bad = load_tree([[1], [1, 12], [1, 0], [1, 1], [1, 0, 0]])  # rank 12, a first-level gap, irregular levels
+    for fmt in ("medusa", "trtllm", "vllm", "eagle"):
+        _, cli = export_tree(bad, fmt)
+        _, app = export_tree(bad, fmt, front="app")
+        assert len(cli) == len(app) and cli
+        assert not any("--" in w for w in app), (fmt, app)
+    assert any("--engine-safe" in w for w in export_tree(bad, "trtllm")[1])
+    assert any("repair buttons" in w for w in export_tree(bad, "trtllm", front="app")[1])

@@ -73,11 +73,27 @@ def _header(fmt: str, what: str) -> str:
     return f"# workbench export for {what} (targets {TARGETS[fmt]})\n"
 
 
-def _rank_warning(tree: Tree, engine: str) -> list[str]:
+# How each front end words the fix a warning points to: the CLI names its flags, the app its own controls.
+FIXES = {
+    "max_rank": {"cli": f"or use --max-rank {MEDUSA_TOPK}",
+                 "app": f"or design with ranks below {MEDUSA_TOPK} (the optimizer's max rank)"},
+    "engine_safe": {"cli": "use --engine-safe", "app": "use the repair buttons below"},
+    "budget": {"cli": "or use a smaller --budget", "app": "or a smaller budget"},
+    "num_heads": {"cli": "pass --num-heads to check it here", "app": "the designer checks it against the loaded heads"},
+    "dense": {"cli": "use a dense tree (optimize --dense, --engine-safe vllm, or the app's dense option)",
+              "app": "use the designer's dense-per-level model or the vllm repair button below"},
+}
+
+
+def _fix(key: str, front: str) -> str:
+    return FIXES[key][front]
+
+
+def _rank_warning(tree: Tree, engine: str, front: str) -> list[str]:
     if tree.max_rank >= MEDUSA_TOPK:
         bad = next(p for p in tree.paths if max(p) >= MEDUSA_TOPK)
         return [f"path {list(bad)} has rank {max(bad)}: {engine} builds its buffers from each head's top-"
-                f"{MEDUSA_TOPK}, so ranks must be < {MEDUSA_TOPK} (raise TOPK there, or use --max-rank {MEDUSA_TOPK})"]
+                f"{MEDUSA_TOPK}, so ranks must be < {MEDUSA_TOPK} (raise TOPK there, {_fix('max_rank', front)})"]
     return []
 
 
@@ -104,8 +120,10 @@ def vllm_uniform(tree: Tree) -> bool:
 
 
 def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None = None,
-                max_draft_len: int = TRTLLM_MAX_DRAFT_LEN, strict: bool = False) -> tuple[str, list[str]]:
-    """(text to write, warnings: one line each). `heads` (when known) bounds the depth: a deeper tree is a
+                max_draft_len: int = TRTLLM_MAX_DRAFT_LEN, strict: bool = False,
+                front: str = "cli") -> tuple[str, list[str]]:
+    """(text to write, warnings: one line each, their fixes worded for `front`, "cli" or "app", see FIXES).
+    `heads` (when known) bounds the depth: a deeper tree is a
     WorkbenchError. A tree the target cannot take at all (a depth-1 tree for EAGLE-1) is a WorkbenchError with
     strict (the CLI); without it (the app, which renders every format at once) the refusal is the only warning
     and the text a comment saying why, so no downloaded file passes for a tree."""
@@ -115,7 +133,7 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
     name = name or tree.name or "medusa_choices"
     warns: list[str] = []
     if fmt == "medusa":
-        warns += _rank_warning(tree, "Medusa's generate_medusa_buffers")
+        warns += _rank_warning(tree, "Medusa's generate_medusa_buffers", front)
         note = ("# add it to medusa/model/medusa_choices.py and pass medusa_choices=" + _identifier(name)
                 + f" to medusa_generate (its default is {DEFAULT_CHOICES})\n")
         return _header(fmt, "Medusa") + note + f"{_identifier(name)} = {_py_list(tree)}\n", warns
@@ -126,22 +144,21 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
         if gaps:
             warns.append(f"first level lacks rank(s) {', '.join(map(str, gaps))}: TensorRT-LLM's Python runtime "
                          f"gives the first level ranks 0..{max(p[0] for p in tree.paths)} and would build other "
-                         "tree ids than written; use --engine-safe")
+                         f"tree ids than written; {_fix('engine_safe', front)}")
         if tree.nodes > max_draft_len:
             warns.append(f"tree has {tree.nodes} nodes but a TensorRT-LLM Medusa engine takes at most max_draft_len="
                          f"{max_draft_len} draft tokens: rebuild the engine with max_draft_len >= {tree.nodes} "
-                         "or use a smaller --budget")
+                         + _fix("budget", front))
         if heads is None:
             warns.append(f"TensorRT-LLM needs num_medusa_heads >= tree depth {tree.depth} "
-                         "(pass --num-heads to check it here)")
+                         f"({_fix('num_heads', front)})")
         return _header(fmt, f"TensorRT-LLM, tree {name}") + f'--medusa_choices="{_py_list(tree)}"\n', warns
     if fmt == "vllm":
         bfs = sorted(tree.paths, key=lambda p: (len(p), p))
         warns.append(VLLM_VERSIONS)
         if not vllm_uniform(tree):
             warns.append("vLLM's tree drafter gives every node of a level the same number of children (its top-c), "
-                         "so it will not draft this irregular tree as written; use a dense tree (optimize --dense, "
-                         "--engine-safe vllm, or the app's dense option)")
+                         f"so it will not draft this irregular tree as written; {_fix('dense', front)}")
         # vLLM requires num_speculative_tokens == number of nodes, so the fragment carries both.
         cfg = {"num_speculative_tokens": tree.nodes, "speculative_token_tree": str(bfs)}
         return json.dumps(cfg) + "\n", warns
@@ -152,7 +169,7 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
         if strict:
             raise WorkbenchError(why)
         return f"# not exported: {why}\n", [why]
-    warns += _rank_warning(tree, "EAGLE-1's generate_tree_buffers")
+    warns += _rank_warning(tree, "EAGLE-1's generate_tree_buffers", front)
     note = (f"# replaces the {DEFAULT_CHOICES} line of eagle/model/choices.py: both the draft model (cnets.py "
             f"init_tree) and the verifier (ea_model.py eagenerate) read that global; tree {name}, {tree.nodes} nodes\n")
     return _header(fmt, "EAGLE-1") + note + f"{DEFAULT_CHOICES} = {_py_list(tree)}\n", warns

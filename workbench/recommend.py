@@ -40,19 +40,12 @@ def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1,
     """The latency table at one batch size and context: {"seconds": {tokens: s}, "low"/"high": the same from the
     spread columns (None without), "spread": their name, "context", "batch"}. A CSV without a `batch` column is
     batch 1 only."""
-    if "batch" in df.columns:
-        batches = sorted(int(b) for b in df["batch"].unique())
-        if batch not in batches:
-            raise WorkbenchError(f"{what}: no rows for batch {batch} (measured: {', '.join(map(str, batches))})")
-        df = df[df["batch"] == batch]
-    elif batch != 1:
-        raise WorkbenchError(f"{what}: measured at batch 1 only (no batch column); run `workbench latency --batch`")
-    seconds, ctx = latency_table(df, context, target, what)
+    seconds, ctx = latency_table(df, context, target, what, batch=batch)  # (one error for a batch it lacks)
     out = dict(seconds=seconds, low=None, high=None, spread=None, context=ctx, batch=batch)
     for lo, hi, name in SPREADS:
         if lo in df.columns and hi in df.columns:
-            out |= dict(low=latency_table(df.assign(seconds=df[lo]), ctx, what=what)[0],
-                        high=latency_table(df.assign(seconds=df[hi]), ctx, what=what)[0], spread=name)
+            out |= dict(low=latency_table(df, ctx, what=what, batch=batch, column=lo)[0],
+                        high=latency_table(df, ctx, what=what, batch=batch, column=hi)[0], spread=name)
             break
     return out
 

@@ -152,7 +152,8 @@ SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "batch_size"
 OLD_COLUMNS = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
                "predicted_walk": "predicted_replay_fit", "replay": "replay_swept"}
 SWEEP_REQUIRED = ("tree", "nodes", "acceleration_rate")  # on every row of every sweep (read_sweep)
-SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration")
+SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration",
+              "decoder_version")
 
 
 def _fmt(v) -> str:

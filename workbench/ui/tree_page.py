@@ -529,7 +529,7 @@ def export_view(tree, base, designed, edit, shown: str, model: str, budget: int,
     cols = st.columns(len(FORMATS))
     warns = {}
     for col, fmt in zip(cols, FORMATS):
-        text, warns[fmt] = export_tree(tree, fmt, heads=K)
+        text, warns[fmt] = export_tree(tree, fmt, heads=K, front="app")
         if fmt == "json":  # a tree file like `workbench optimize --out` writes: with its provenance
             text = tree_file
         col.download_button(fmt, text, file_name=f"{tree.name}{SUFFIXES[fmt]}", key=f"export_{fmt}",
