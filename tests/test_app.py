@@ -743,3 +743,22 @@ def test_engine_repair_is_a_button(demo_files, monkeypatch):
     from workbench.export import vllm_uniform
     assert vllm_uniform(load_tree(tree_file(at)["medusa_choices"]))
     assert all("/" not in str(v) for k, v in tree_file(at).items() if k != "medusa_choices")  # no server paths
+
+
+def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
+    """A latency table with several batch sizes: the page plans per batch size (tree, chain or none), draws the
+    predicted speedup of each kind against batch size, and offers the plan and each engine's output."""
+    from workbench.calibration import Calibration
+    from workbench.plan import make_plan, plan_source
+
+    at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
+    batched = next(o for o in options(at, "to_lat_pick") if str(o).endswith("latency-batched.csv"))
+    at.selectbox(key="to_lat_pick").set_value(batched).run()
+    no_exception(at)
+    assert not errors(at)
+    assert any(h.value == "Plan per batch size" for h in at.subheader)
+    line = next(m.value for m in at.markdown if m.value.startswith("batch 1: **"))
+    plan = make_plan(plan_source(calibration=Calibration(walk_files["cal"]).folder),
+                     walk_files["root"] / "latency-batched.csv", [1, 4])
+    for row in plan["plans"]:  # the page says what the library planned
+        assert f"batch {row['batch_size']}: **" in line and f"{row['predicted_speedup']:.2f}x" in line

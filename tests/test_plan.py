@@ -420,3 +420,18 @@ def test_plan_formats_cover_the_tree_formats():
     assert set(FORMATS) < set(PLAN_FORMATS) and {"vllm-tree", "trtllm-current"} <= set(PLAN_FORMATS)
     with pytest.raises(WorkbenchError, match="unknown export format"):
         export_plan({"plans": []}, "onnx")
+
+
+def test_speedups_by_kind_list_each_kind_once_per_batch_size_and_mark_the_choice():
+    """What the app draws against batch size: per batch size, none at 1, the choice and the runner-up of another
+    kind and the best chain at their predicted speedups, the plan's own choice marked (the committed demo plan)."""
+    from workbench import REPO_ROOT
+    from workbench.plan import read_plan, speedups_by_kind
+
+    plan = read_plan(REPO_ROOT / "docs" / "results" / "plan-cpu.json")
+    df = speedups_by_kind(plan)
+    assert not df.duplicated(["batch_size", "kind"]).any()
+    for row in plan["plans"]:
+        at = df[df["batch_size"] == row["batch_size"]].set_index("kind")
+        assert at.loc["none", "predicted_speedup"] == 1.0 and at["chosen"].sum() == 1
+        assert at.loc[row["kind"], "chosen"] and at.loc[row["kind"], "predicted_speedup"] == row["predicted_speedup"]

@@ -429,3 +429,29 @@ def predicted_chart(sweep) -> go.Figure:
     fig.update_xaxes(title="predicted tokens per step")
     fig.update_yaxes(title="measured tokens per step")
     return _layout(fig, "predicted vs measured tokens per step")
+
+
+def plan_chart(by_kind, measured=None, title: str = "predicted speedup per batch size") -> go.Figure:
+    """Predicted speedup against batch size, one line per kind (tree, chain, none; plan.speedups_by_kind), the
+    plan's choice at each batch size starred, and the live decoder's measurements (plan.plan_check) as diamonds."""
+    fig = go.Figure()
+    for kind, rows in by_kind.groupby("kind", sort=False):
+        fig.add_trace(go.Scatter(x=rows["batch_size"], y=rows["predicted_speedup"], mode="lines+markers", name=kind,
+                                 customdata=rows[["nodes"]].to_numpy(),
+                                 hovertemplate=f"{kind}: batch %{{x}}, %{{customdata[0]}} nodes, "
+                                               "%{y:.3f}x<extra></extra>"))
+    chosen = by_kind[by_kind["chosen"]]
+    fig.add_trace(go.Scatter(x=chosen["batch_size"], y=chosen["predicted_speedup"], mode="markers", name="the plan",
+                             marker=dict(symbol="star", size=15), customdata=chosen[["kind", "nodes"]].to_numpy(),
+                             hovertemplate="plan at batch %{x}: %{customdata[0]} (%{customdata[1]} nodes), "
+                                           "%{y:.3f}x<extra></extra>"))
+    if measured is not None and len(measured):
+        fig.add_trace(go.Scatter(x=measured["batch_size"], y=measured["measured_speedup"], mode="markers",
+                                 name="measured (sweep --plan)", marker=dict(symbol="diamond", size=9, color="black"),
+                                 customdata=measured[["kind", "nodes", "predicted_speedup"]].to_numpy(),
+                                 hovertemplate="measured at batch %{x}: %{customdata[0]} (%{customdata[1]} nodes), "
+                                               "%{y:.3f}x, predicted %{customdata[2]:.3f}x<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="grey", dash="dash", width=1))
+    fig.update_xaxes(title="batch size", type="log")
+    fig.update_yaxes(title="speedup over plain decoding")
+    return _layout(fig, title)

@@ -290,11 +290,15 @@ def _number(v) -> bool:
 
 
 def read_plan(path) -> dict:
+    """A plan file, checked (check_plan)."""
+    what = f"plan {path}"
+    return check_plan(read_json(path, what), what)
+
+
+def check_plan(data, what: str = "plan") -> dict:
     """A plan file, checked: rows with PLAN_ROW, distinct ascending batch sizes >= 1, each row's kind matching its
     medusa_choices (none: [], chain: [[0], [0, 0], ...]), nodes = their count, positive finite predictions; a
     chain_acceptance vector as check_acceptance wants it."""
-    what = f"plan {path}"
-    data = read_json(path, what)
     if not isinstance(data, dict) or not isinstance(data.get("plans"), list) or not data["plans"]:
         raise WorkbenchError(f"{what}: not a plan file (an object with a non-empty \"plans\" list; `workbench plan` "
                              "writes it)")
@@ -389,3 +393,25 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
                              predicted_speedup=entry["predicted_speedup"], measured_speedup=spd,
                              speedup_err_pct=100 * (spd / entry["predicted_speedup"] - 1), exact_match=exact))
     return pd.DataFrame(rows)
+
+
+def speedups_by_kind(plan: dict) -> pd.DataFrame:
+    """The plan's predicted speedup per batch size for each kind it weighed (its choice, the runner-up of another
+    kind, the best chain, and none at 1): one row per (batch_size, kind), the best of that kind the plan knows.
+    What the app draws against batch size."""
+    rows = []
+    alternatives = {a["batch_size"]: a for a in plan.get("alternatives", []) if isinstance(a, dict)}
+    for row in plan["plans"]:
+        b, alt = row["batch_size"], alternatives.get(row["batch_size"]) or {}
+        seen = {"none": dict(batch_size=b, kind="none", nodes=0, predicted_speedup=1.0)}
+        for entry in (row, alt.get("runner_up") or {}):
+            if entry and entry["kind"] != "none":
+                seen.setdefault(entry["kind"], dict(batch_size=b, kind=entry["kind"], nodes=entry["nodes"],
+                                                    predicted_speedup=entry["predicted_speedup"]))
+        chain = alt.get("best_chain") or {}
+        if chain.get("k"):
+            seen.setdefault("chain", dict(batch_size=b, kind="chain", nodes=chain["k"],
+                                          predicted_speedup=chain["predicted_speedup"]))
+        for r in seen.values():
+            rows.append(r | dict(chosen=r["kind"] == row["kind"]))
+    return pd.DataFrame(rows, columns=["batch_size", "kind", "nodes", "predicted_speedup", "chosen"])

@@ -6,6 +6,7 @@ older decoder (no decoder_version column: before the static-cache step) is named
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import streamlit as st
@@ -91,6 +92,8 @@ def _tradeoffs_page() -> None:
                       show=_show_in_designer, show_label="open in the designer")
     elif src is None:
         st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
+    if lat is not None:
+        _plan_section(src, lat, lat_path, sweep, sweep_path)
 
     if sweep is not None:
         age = sweep_age(sweep)
@@ -181,6 +184,60 @@ def _tradeoffs_page() -> None:
                                    for n, r in res.items())
               + ". Diamonds: sweep measurements (hollow grey: an older decoder).", key="to_speedup_chart")
 
+
+def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
+    """The plan per batch size (tree, chain or none) on a latency table with several batch sizes: predicted
+    speedup of each kind against batch size, the live check where the chosen sweep is a `sweep --plan`, and the plan
+    with each engine's output to download."""
+    from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
+    from workbench.plan import check_plan, plan_check, speedups_by_kind
+
+    if "batch" not in lat.columns or lat["batch"].nunique() < 2 or src is None or src.calib is None:
+        return
+    st.subheader("Plan per batch size")
+    batches = sorted(int(b) for b in lat["batch"].unique())
+    try:
+        text = _cached_plan(str(src.calib.folder), str(lat_path), tuple(batches), file_stamp(lat_path))
+    except WorkbenchError as e:
+        st.error(clean_error(e))
+        return
+    plan = check_plan(json.loads(text))  # as `workbench export` reads it: each row with its tree
+    rows = plan["plans"]
+    st.markdown("; ".join(f"batch {r['batch_size']}: **{_plan_label(r)}** {r['predicted_speedup']:.2f}x"
+                          for r in rows))
+    measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
+    chart(figures.plan_chart(speedups_by_kind(plan), measured),
+          f"latency {lat_path.name} at context {plan['latency']['context']}; tokens/step "
+          f"{plan['source']['prediction']}. Lines: the best the plan weighed of each kind; stars: its choice"
+          + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if measured is not None and len(measured)
+             else "; run `workbench sweep --plan PLAN.json` for the live check."), key="to_plan_chart")
+    cols = st.columns(len(PLAN_FORMATS) + 1)
+    name = f"plan-{lat_path.stem}"
+    cols[0].download_button("plan", text, file_name=f"{name}.json", key="to_plan_dl", on_click="ignore",
+                            help="the plan file (`workbench export PLAN --format ...` reads it)")
+    for col, fmt in zip(cols[1:], PLAN_FORMATS):
+        try:
+            text, warns, notes = export_plan(plan, fmt)
+        except WorkbenchError as e:
+            col.caption(f"{fmt}: {clean_error(e)}")
+            continue
+        col.download_button(fmt, text, file_name=f"{name}{SUFFIXES.get(fmt, '.txt')}", key=f"to_plan_{fmt}",
+                            on_click="ignore", help="; ".join(warns + notes)[:500] or f"the plan for {fmt}")
+
+
+@st.cache_data(show_spinner="planning per batch size ...")
+def _cached_plan(folder: str, latency: str, batches: tuple, stamp: float) -> str:
+    """The plan file's text for this calibration and latency table (paths by name only)."""
+    from workbench.plan import make_plan, plan_json, plan_source
+
+    plan = make_plan(plan_source(calibration=folder), latency, batches)
+    plan["latency"]["file"] = Path(latency).name  # no server path in a downloaded plan
+    plan["source"]["path"] = Path(folder).name
+    return plan_json(plan)
+
+
+def _plan_label(row: dict) -> str:
+    return {"none": "no speculation", "chain": f"chain K={row['nodes']}"}.get(row["kind"], f"tree of {row['nodes']}")
 
 def _goto_designer() -> None:
     from workbench.ui.tree_page import tree_page
