@@ -213,7 +213,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
              else "; run `workbench sweep --plan PLAN.json` for the live check."), key="to_plan_chart")
     cols = st.columns(len(PLAN_FORMATS) + 1)
     name = f"plan-{lat_path.stem}"
-    cols[0].download_button("plan", text, file_name=f"{name}.json", key="to_plan_dl", on_click="ignore",
+    cols[0].download_button("plan", text, file_name=f"{name}.json", key="to_plan_download", on_click="ignore",
                             help="the plan file (`workbench export PLAN --format ...` reads it)")
     for col, fmt in zip(cols[1:], PLAN_FORMATS):
         try:
@@ -221,7 +221,8 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
         except WorkbenchError as e:
             col.caption(f"{fmt}: {clean_error(e)}")
             continue
-        col.download_button(fmt, text, file_name=f"{name}{SUFFIXES.get(fmt, '.txt')}", key=f"to_plan_{fmt}",
+        col.download_button(fmt, text, file_name=f"{name}{SUFFIXES.get(fmt, '.txt')}",
+                            key=f"to_plan_{fmt}_download",
                             on_click="ignore", help="; ".join(warns + notes)[:500] or f"the plan for {fmt}")
 
 
