@@ -206,10 +206,11 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
     st.markdown("; ".join(f"batch {r['batch_size']}: **{_plan_label(r)}** {r['predicted_speedup']:.2f}x"
                           for r in rows))
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
+    live = measured is not None and len(measured) > 0
     chart(figures.plan_chart(speedups_by_kind(plan), measured),
           f"latency {lat_path.name} at context {plan['latency']['context']}; tokens/step "
           f"{plan['source']['prediction']}. Lines: the best the plan weighed of each kind; stars: its choice"
-          + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if measured is not None and len(measured)
+          + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if live
              else "; run `workbench sweep --plan PLAN.json` for the live check."), key="to_plan_chart")
     cols = st.columns(len(PLAN_FORMATS) + 1)
     name = f"plan-{lat_path.stem}"
