@@ -38,7 +38,7 @@ import transformers  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibration import Calibration, default_calibration  # noqa: E402
-from workbench.decode import (DECODER_VERSION, decoder_overhead, mean_step_s, measured_speedup,  # noqa: E402
+from workbench.decode import (DECODER_VERSION, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
                               medusa_generate, vanilla_generate)
 from workbench.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
@@ -168,7 +168,8 @@ def section_decode(model, tok, heads, cfg, latency_csv: Path, calibration, bench
         texts = load_prompts("alpaca-eval", cfg["prompts"] * 4)[-cfg["prompts"]:]  # late rows: held out in calibration
     except WorkbenchError:
         texts = [f"Write a short note about topic {i}." for i in range(cfg["prompts"])]
-    prompts = [prepare_prompt(tok, t) for t in texts] if tok is not None else [[5 + i, 6, 7, 8] for i in range(len(texts))]
+    prompts = [prepare_prompt(tok, t) for t in texts] if tok is not None else \
+        [[5 + i, 6, 7, 8] for i in range(len(texts))]
     # a calibration predicts the demo's trees; a tiny random model borrows the committed accuracy table (plumbing)
     source = plan_source(calibration) if calibration is not None else plan_source(accuracies=FALLBACK_ACCURACIES)
     plan = make_plan(source, latency_csv, cfg["decode_batches"])
@@ -196,7 +197,7 @@ def section_decode(model, tok, heads, cfg, latency_csv: Path, calibration, bench
                 probe, times = forward_probe(engine, buf, heads)
                 med[k].append(medusa_generate(model, heads, tok, chunk, buf, n, engine=engine, on_step=probe))
                 probes[k] += times
-        van_goodput = sum(len(r.token_ids) for c in van for r in c) / sum(max(r.total_s for r in c) for c in van)
+        van_goodput = goodput(van)
         step = mean_step_s(van)
         bandwidth = bandwidth or wbytes / step
         row = dict(batch_size=b, vanilla_tokens_per_s=van_goodput, vanilla_step_ms=1e3 * step,
@@ -204,12 +205,12 @@ def section_decode(model, tok, heads, cfg, latency_csv: Path, calibration, bench
                                                              probes["vanilla"]),
                    bandwidth_per_step=wbytes / step, hf_generate_tokens_per_s=hf_tokens / hf_s)
         for k, calls in med.items():
-            goodput = sum(len(r.token_ids) for c in calls for r in c) / sum(max(r.total_s for r in c) for c in calls)
+            rate = goodput(calls)
             steps = [s.time_s for c in calls for s in max(c, key=lambda r: len(r.steps)).steps]
-            row[k] = dict(tree=trees[k].as_lists(), nodes=trees[k].nodes, tokens_per_s=goodput,
+            row[k] = dict(tree=trees[k].as_lists(), nodes=trees[k].nodes, tokens_per_s=rate,
                           tokens_per_step=sum(len(r.token_ids) for c in calls for r in c) /
                           sum(len(r.steps) for c in calls for r in c),
-                          speedup_vs_vanilla=measured_speedup(calls, van), speedup_vs_hf=goodput / (hf_tokens / hf_s),
+                          speedup_vs_vanilla=measured_speedup(calls, van), speedup_vs_hf=rate / (hf_tokens / hf_s),
                           decoder_overhead=decoder_overhead(steps, probes[k]),
                           predicted_speedup=planned[b][1]["predicted_speedup"],
                           exact=all(r.token_ids == v.token_ids for c, vc in zip(calls, van) for r, v in zip(c, vc)))
@@ -248,7 +249,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes: the plumbing in seconds (CPU test suite)")
     ap.add_argument("--device", help="cuda (default when present) or cpu")
-    ap.add_argument("--dtype", default=None, help="model dtype for latency and decode (default: bf16 on CUDA, fp32 on CPU)")
+    ap.add_argument("--dtype", default=None,
+                    help="model dtype for latency and decode (default: bf16 on CUDA, fp32 on CPU)")
     ap.add_argument("--model", help="base model (default: the demo SmolLM2-135M-Instruct)")
     ap.add_argument("--heads", help="Medusa heads (default: the demo heads)")
     ap.add_argument("--calibration", help="calibration folder for the plan's predictions (default: the committed one)")

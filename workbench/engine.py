@@ -272,7 +272,8 @@ class StepEngine:
         self.compile = default_compile(model.device) if compile is None else bool(compile)
         self._step = _verify
         if self.compile:
-            if model.device.type == "cpu" and backend in (None, "inductor") and not torch.backends.mkldnn.is_available():
+            inductor = backend in (None, "inductor")
+            if model.device.type == "cpu" and inductor and not torch.backends.mkldnn.is_available():
                 self._fail("no oneDNN/MKL build")
             else:
                 torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
@@ -357,8 +358,7 @@ class StepEngine:
                                  f"{self.start + buf.size}: reserve more")
         mask = self._mask(buf)
         position_ids = self.lengths[:, None] + buf.depths[None]                                # [B, N]
-        self._point(self.start)
-        try:
+        try:  # (the pointer is at the block already: only _point moves it, and the model's writes do not)
             return self._step(self.model, self.cache, tokens, mask, position_ids)
         except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds; eager is always right
             if not self.compile:
