@@ -19,7 +19,7 @@ import torch
 from transformers import LlamaModel
 
 from workbench.accuracies import write_accuracies
-from workbench.calibrate import holdout_split
+from workbench.measure_ranks import holdout_split
 from workbench.calibration import head_accuracies, ranks_frame
 from workbench.divergence import rounding_bound
 from workbench.sweep import SWEEP_COLUMNS
@@ -221,3 +221,38 @@ def make_short_latency(path: Path) -> Path:
                              seconds_max=1.2 * s))
     pd.DataFrame(rows).to_csv(path, index=False)
     return path
+
+
+def make_walk_files(root: Path, cal_name: str = "cal") -> Path:
+    """The app's test folder: a calibration (root/cal_name) with a long latency table, a short batched one with
+    spread beside it, and two old sweeps (greedy-only, typical). Returns the calibration folder."""
+    from workbench.sweep import read_sweep
+
+    cal = make_calibration(root / cal_name)
+    make_latency(cal / "latency-cpu.csv")
+    make_short_latency(root / "latency-batched.csv")
+    full = read_sweep(make_sweep(root / "all.csv"))
+    full[full["acceptance"] == "greedy"].to_csv(root / "a-greedy.csv", index=False)
+    full[full["acceptance"] != "greedy"].to_csv(root / "b-typical.csv", index=False)
+    (root / "all.csv").unlink()
+    return cal
+
+
+def make_current_sweep(root: Path, cal: Path) -> Path:
+    """A sweep by a current decoder (decoder_version) that measured the recommended tree at a third of its predicted
+    speedup: the pages must say so at the top."""
+    from workbench.calibration import Calibration
+    from workbench.latency import read_latency
+    from workbench.recommend import recommend
+    from workbench.sweep import SWEEP_COLUMNS, tree_key
+
+    pick = recommend(Calibration(cal), read_latency(cal / "latency-cpu.csv"), target=128)["pick"]
+    rows = [dict(run="r", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",
+                 acceleration_rate=1.0, speedup=1.0, vanilla_tokens_per_s=50.0, num_prompts=20),
+            dict(run="r", config=f"{tree_key(pick['tree'])}|greedy|T=0", tree=pick["tree"].name, kind="given",
+                 nodes=pick["nodes"], acceptance="greedy", acceleration_rate=1.2, speedup=pick["speedup"] / 3,
+                 vanilla_tokens_per_s=51.0, num_prompts=20)]
+    df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
+    df["decoder_version"], df["batch_size"] = "static-cache-1", 1
+    df.to_csv(root / "c-current.csv", index=False)
+    return root / "c-current.csv"

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import make_calibration, make_latency, make_short_latency, make_sweep
+from helpers import make_calibration, make_current_sweep, make_latency, make_sweep, make_walk_files
 
 from workbench import REPO_ROOT
 
@@ -477,19 +477,10 @@ def test_medusa_heads_accuracy_pt_upload(demo_files, monkeypatch):
 
 @pytest.fixture(scope="module")
 def walk_files(tmp_path_factory) -> dict:
-    """A calibration with two latency tables (one short, batched, with spread) and three sweeps: greedy-only,
-    typical, and one by the current decoder (decoder_version, batch_size)."""
-    from workbench.sweep import read_sweep
-
+    """A calibration with two latency tables (one short, batched, with spread) and two old sweeps: greedy-only and
+    typical (helpers.make_walk_files)."""
     root = tmp_path_factory.mktemp("walk")
-    cal = make_calibration(root / "cal")
-    make_latency(cal / "latency-cpu.csv")
-    make_short_latency(root / "latency-batched.csv")
-    full = read_sweep(make_sweep(root / "all.csv"))
-    full[full["acceptance"] == "greedy"].to_csv(root / "a-greedy.csv", index=False)
-    full[full["acceptance"] != "greedy"].to_csv(root / "b-typical.csv", index=False)
-    (root / "all.csv").unlink()
-    return dict(root=root, cal=cal)
+    return dict(root=root, cal=make_walk_files(root))
 
 
 def options(at: AppTest, key: str) -> list:
@@ -698,7 +689,6 @@ def test_old_and_current_measurements(walk_files, monkeypatch, tmp_path):
     from workbench.calibration import Calibration
     from workbench.latency import read_latency
     from workbench.recommend import recommend
-    from workbench.sweep import SWEEP_COLUMNS, tree_key
 
     at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
     assert any("a-greedy.csv: made by the decoder before the static-cache step (old)" in w.value for w in at.warning)
@@ -708,14 +698,7 @@ def test_old_and_current_measurements(walk_files, monkeypatch, tmp_path):
     root = tmp_path / "root"
     import shutil
     shutil.copytree(walk_files["root"], root)
-    rows = [dict(run="r", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",
-                 acceleration_rate=1.0, speedup=1.0, vanilla_tokens_per_s=50.0, num_prompts=20),
-            dict(run="r", config=f"{tree_key(pick['tree'])}|greedy|T=0", tree=pick["tree"].name, kind="given",
-                 nodes=pick["nodes"], acceptance="greedy", acceleration_rate=1.2, speedup=pick["speedup"] / 3,
-                 vanilla_tokens_per_s=50.5, num_prompts=20)]
-    df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
-    df["decoder_version"], df["batch_size"] = "static-cache-1", 1
-    df.to_csv(root / "c-current.csv", index=False)
+    make_current_sweep(root, walk_files["cal"])
     at = page("tradeoffs_page", root, monkeypatch).run()
     no_exception(at)
     warning = at.warning[0].value  # the first thing on the page

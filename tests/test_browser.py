@@ -23,9 +23,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pandas as pd
 import pytest
-from helpers import make_calibration, make_latency, make_short_latency, make_sweep
+from helpers import make_current_sweep, make_walk_files
 
 from workbench import REPO_ROOT
 
@@ -52,41 +51,12 @@ def _driver_path() -> str | None:
     return None
 
 
-def _current_sweep(root: Path, cal: Path) -> Path:
-    """A sweep by the current decoder (decoder_version) that measured the recommended tree at a third of its
-    predicted speedup: the page must say so at the top."""
-    from workbench.calibration import Calibration
-    from workbench.latency import read_latency
-    from workbench.recommend import recommend
-    from workbench.sweep import SWEEP_COLUMNS, tree_key
-
-    pick = recommend(Calibration(cal), read_latency(cal / "latency-cpu.csv"), target=128)["pick"]
-    rows = [dict(run="r", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",
-                 acceleration_rate=1.0, speedup=1.0, vanilla_tokens_per_s=50.0, num_prompts=20),
-            dict(run="r", config=f"{tree_key(pick['tree'])}|greedy|T=0", tree=pick["tree"].name, kind="given",
-                 nodes=pick["nodes"], acceptance="greedy", acceleration_rate=1.2, speedup=pick["speedup"] / 3,
-                 vanilla_tokens_per_s=51.0, num_prompts=20)]
-    df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
-    df["decoder_version"], df["batch_size"] = "static-cache-1", 1
-    df.to_csv(root / "c-current.csv", index=False)
-    return root / "c-current.csv"
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The app under `streamlit run`, reading a synthetic calibration folder (a long latency table in it, a short
     batched one with spread beside it, two old sweeps and a current one); yields (base URL, log path)."""
-    from workbench.sweep import read_sweep
-
     root = tmp_path_factory.mktemp("browser_calibration")
-    cal = make_calibration(root / "synthetic")
-    make_latency(cal / "latency-cpu.csv")
-    make_short_latency(root / "latency-batched.csv")
-    full = read_sweep(make_sweep(root / "all.csv"))
-    full[full["acceptance"] == "greedy"].to_csv(root / "a-greedy.csv", index=False)
-    full[full["acceptance"] != "greedy"].to_csv(root / "b-typical.csv", index=False)
-    (root / "all.csv").unlink()
-    _current_sweep(root, cal)
+    make_current_sweep(root, make_walk_files(root, "synthetic"))
     port = _free_port()
     env = dict(os.environ, WORKBENCH_CALIBRATION_ROOT=str(root), WORKBENCH_RESULTS_ROOT=str(root),
                WORKBENCH_APP_TIMINGS="1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
@@ -268,6 +238,13 @@ def _button(driver, text: str):
     from selenium.webdriver.common.by import By
 
     return next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == text)
+
+
+def _radio(driver, text: str) -> None:
+    """Click the radio option labelled `text`."""
+    from selenium.webdriver.common.by import By
+
+    next(o for o in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]') if o.text == text).click()
 
 
 def _click_button(driver, text: str) -> None:
@@ -611,8 +588,7 @@ def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
     url, _ = server
     _open(browser, f"{url}/tree", "Tree designer")
     _choose(browser, "Tree on display (drawn, masked, exported)", OPTIMIZER)
-    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
-         if o.text == "empirical paths").click()
+    _radio(browser, "empirical paths")
     _settled(browser)
     _slide(browser, "Budget (tree nodes)", Keys.HOME)
     _settled(browser)
@@ -628,11 +604,9 @@ def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
 
     table = tmp_path / "mine.csv"
     table.write_text("head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n")
-    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
-         if o.text == "independence").click()
+    _radio(browser, "independence")
     _settled(browser)
-    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
-         if o.text == "accuracy file or pasted CSV").click()
+    _radio(browser, "accuracy file or pasted CSV")
     _settled(browser)
     uploader = next(u for u in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stFileUploader"]')
                     if "accuracy CSV" in u.text)
@@ -645,8 +619,7 @@ def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
     assert "using the uploaded mine.csv (kept from before)" in _body(browser)
     _shots(browser, "tree-upload-kept")
     _click_button(browser, "forget mine.csv")
-    next(o for o in browser.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]')
-         if o.text == "calibration folder").click()
+    _radio(browser, "calibration folder")
     _settled(browser)
 
 
