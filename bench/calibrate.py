@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError, __version__  # noqa: E402
-from workbench.calibrate import CalibrateConfig, calibrate  # noqa: E402
+from workbench.measure_ranks import CalibrateConfig, calibrate  # noqa: E402
 from workbench.calibration import NULL, Calibration, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
 from workbench.data import load_prompt_records  # noqa: E402
 from workbench.engine import decode_one, logits_of, new_cache, prefill  # noqa: E402

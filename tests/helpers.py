@@ -19,7 +19,7 @@ import torch
 from transformers import LlamaModel
 
 from workbench.accuracies import write_accuracies
-from workbench.calibrate import holdout_split
+from workbench.measure_ranks import holdout_split
 from workbench.calibration import head_accuracies, ranks_frame
 from workbench.divergence import rounding_bound
 from workbench.sweep import SWEEP_COLUMNS

@@ -128,7 +128,7 @@ def test_finding_folders_and_file_names(tmp_path, monkeypatch):
 
 
 def test_calibrate_default_name_is_unchanged():
-    from workbench.calibrate import default_name
+    from workbench.measure_ranks import default_name
 
     assert default_name(None, "alpaca-eval") == NAME
     assert default_name("HuggingFaceTB/SmolLM2-135M-Instruct", "data/my.prompts.json") == \

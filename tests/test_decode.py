@@ -9,8 +9,8 @@ from helpers import Oracle, checked_steps
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import (Acceptance, accept_greedy, accept_nucleus, accept_typical, first_proposal,
-                              medusa_generate, sample_nucleus, vanilla_generate)
+from workbench.decode import (ENTROPY_FORMS, Acceptance, accept_greedy, accept_nucleus, accept_typical, entropy,
+                              first_proposal, medusa_generate, sample_nucleus, typical_decisions, vanilla_generate)
 from workbench.engine import TreeBuffers
 from workbench.generation import prepare_prompt
 from workbench.models import load_model_and_heads
@@ -239,6 +239,30 @@ def test_typical_rule_longest_path_then_likelihood():
     # a higher temperature flattens p, lowering the threshold below token 9's probability in `peaked`
     row, length, _ = _one(accept_typical, torch.stack([root, peaked, leaf, leaf]), tokens, buf, 50.0, 0.09, 0.3)
     assert length == 3
+
+
+def test_medusa_entropy_form_differs_only_between_its_two_thresholds():
+    """Medusa's code's entropy -sum p log(p + 1e-5) is a little lower than the exact one, so its threshold
+    delta * exp(-H) is a little higher: a token whose probability lies between the two is accepted under the exact
+    form and rejected under Medusa's, and the decision flips nowhere else."""
+    buf = _tiny_tree_buffers()
+    tokens = torch.tensor([5, 7, 8, 9])
+    root = _logits({7: 0.40, 8: 0.45}, vocab=4096).double()
+    p = torch.softmax(root, dim=-1)
+    h_exact, h_medusa = entropy(p, "exact"), entropy(p, "medusa")
+    assert h_medusa < h_exact < h_medusa + 0.05
+    between = float(torch.exp(-(h_exact + h_medusa) / 2))   # p(7) = delta * this: between the two thresholds
+    leaf, nine = _logits({3: 0.9}, vocab=4096).double(), _logits({9: 0.9}, vocab=4096).double()
+    logits = torch.stack([root, nine, leaf, leaf])[None]                     # node (0,) -> token 9 likely
+    delta = 0.40 / between                                                   # epsilon 0.5 caps no node here
+    ok = {f: typical_decisions(logits, tokens[None], buf, 1.0, 0.5, delta, f)[0][0].tolist() for f in ENTROPY_FORMS}
+    assert ok == {"exact": [True, True, True, True], "medusa": [True, False, True, True]}
+    # away from the band both forms agree
+    for d in (delta * 0.95, delta * 1.05):
+        assert torch.equal(*[typical_decisions(logits, tokens[None], buf, 1.0, 0.5, d, f)[0] for f in ENTROPY_FORMS])
+    # and acceptance follows the decisions: exact keeps 7 -> 9 (3 tokens), Medusa's form only 8 (2 tokens)
+    assert _one(accept_typical, logits[0], tokens, buf, 1.0, 0.5, delta, "exact") == (0, 3, 3)
+    assert _one(accept_typical, logits[0], tokens, buf, 1.0, 0.5, delta, "medusa") == (1, 2, 3)
 
 
 def test_greedy_and_nucleus_rules():

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from workbench.accuracies import write_accuracies
-from workbench.calibrate import CalibrateConfig, calibrate
+from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.cli import main
 from workbench.sweep import SWEEP_COLUMNS
 

@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from workbench import WorkbenchError
-from workbench.calibrate import CalibrateConfig, calibrate
+from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.cli import main
 from workbench.io import LOCK_NAME, run_lock
 from workbench.parallel import Launch, current_launch, one_process_warning
@@ -334,7 +334,7 @@ def test_a_model_spread_over_devices_gives_the_same_ranks(tiny_llama, tmp_path):
     the code must not assume one device for the model, the last hidden state and the heads."""
     from transformers import AutoModelForCausalLM
 
-    from workbench.calibrate import head_ranks
+    from workbench.measure_ranks import head_ranks
     from workbench.generation import greedy_continuations
     from workbench.models import hidden_device
 

@@ -3,7 +3,6 @@ tree, acceptance vectors, the plan file, and each engine's settings from a plan 
 re-implementation of vLLM's own validator and lookup). Bad input: one `error:` line, exit 2."""
 import ast
 import json
-import math
 from itertools import product
 
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 
 from workbench import WorkbenchError
 from workbench.accuracies import write_accuracies
-from workbench.calibrate import CalibrateConfig, calibrate
+from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
 from workbench.cli import main
 from workbench.export import PLAN_FORMATS, export_plan

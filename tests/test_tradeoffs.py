@@ -10,7 +10,7 @@ import pytest
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.accuracies import write_accuracies
-from workbench.calibrate import CalibrateConfig, calibrate
+from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
 from workbench.cli import main
 from workbench.cli.shared import parse_delta, parse_floats

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from workbench import WorkbenchError
-from workbench.plots import to_networkx
+from workbench.static_figures import to_networkx
 from workbench.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, buffers_record, load_tree, make_tree, parse_path,
                             record_json, reference_trees, remove_path, tree_buffers, tree_diff, tree_record,
                             tree_stats, validate)

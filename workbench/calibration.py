@@ -1,6 +1,6 @@
 """The calibration folder: the one module that knows its layout, and the questions a tree asks of it.
 
-`workbench calibrate` writes calibration/NAME/ (see calibrate.py for how the ranks are measured):
+`workbench calibrate` writes calibration/NAME/ (see measure_ranks.py for how the ranks are measured):
   ranks.parquet          prompt_id, position, head_1..head_K: 0-based rank of the true token in head k's top-k,
                          -1 when absent, null past the end of the answer
   continuations.parquet  prompt_id, prompt_tokens, continuation (the greedy answer's token ids), stopped
@@ -34,6 +34,7 @@ NULL = -2  # in-memory marker for "target past the end of the continuation" (nul
 META, RANKS, CONTINUATIONS, ACCURACIES = "meta.json", "ranks.parquet", "continuations.parquet", "accuracies.csv"
 SPLITS = ("all", "fit", "holdout")
 PREDICTIONS = ("predicted_independent", "predicted_joint", "predicted_replay")
+PREDICTED_COLUMNS = PREDICTIONS + ("predicted_replay_fit",)  # a sweep row's predictions
 
 
 # ----------------------------------------------------------------------------------------------- finding folders

@@ -250,14 +250,22 @@ def entropy(p: torch.Tensor, form: str = "exact") -> torch.Tensor:
     return -torch.special.xlogy(p, p).sum(dim=-1)
 
 
-def accept_typical(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
-                   epsilon: float, delta: float, form: str = "exact"):
-    """Medusa §2.3.1: accept x if p(x) > min(epsilon, delta * exp(-H(p))); the next token is greedy."""
+def typical_decisions(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
+                      epsilon: float, delta: float, form: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
+    """Medusa §2.3.1 per node: logits [B, N, V], tokens [B, N] -> (ok [B, N]: the node's token x has
+    p_parent(x) > min(epsilon, delta * exp(-H(p_parent))), the root always; p_parent(x) [B, N])."""
     p = _probs(logits, temperature)                                          # [B, N, V]
     threshold = torch.clamp(delta * torch.exp(-entropy(p, form)), max=epsilon)  # [B, N]
     p_tok = p[:, buf.parents].gather(2, tokens[..., None])[..., 0]          # [B, N] p_parent(node token)
     ok = p_tok > threshold[:, buf.parents]
     ok[:, 0] = True
+    return ok, p_tok
+
+
+def accept_typical(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
+                   epsilon: float, delta: float, form: str = "exact"):
+    """Typical acceptance: the longest prefix of nodes `typical_decisions` accepts; the next token is greedy."""
+    ok, p_tok = typical_decisions(logits, tokens, buf, temperature, epsilon, delta, form)
     score = torch.log(p_tok.clamp(min=1e-30))
     score[:, 0] = 0
     row, length = best_path(ok, score, buf)
@@ -287,28 +295,28 @@ def accept_nucleus(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers,
     return row, length, target.gather(1, last_node(row, length, buf)[:, None])[:, 0]
 
 
-def accept(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, acc: Acceptance, generator=None):
+def accept(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, rule: Acceptance, generator=None):
     """The one acceptance selection for every rule: logits [B, N, V], tokens [B, N] -> (row, length, next) [B] each."""
-    if acc.kind == "greedy":
+    if rule.kind == "greedy":
         return accept_greedy(logits, tokens, buf)
-    if acc.kind == "typical":
-        return accept_typical(logits, tokens, buf, acc.temperature, acc.epsilon, acc.delta, acc.entropy)
-    return accept_nucleus(logits, tokens, buf, acc.temperature, acc.top_p, generator)
+    if rule.kind == "typical":
+        return accept_typical(logits, tokens, buf, rule.temperature, rule.epsilon, rule.delta, rule.entropy)
+    return accept_nucleus(logits, tokens, buf, rule.temperature, rule.top_p, generator)
 
 
-def first_token(logits: torch.Tensor, acc: Acceptance, generator=None) -> torch.Tensor:
+def first_token(logits: torch.Tensor, rule: Acceptance, generator=None) -> torch.Tensor:
     """logits [B, V] -> the roots of the first step [B]: greedy (greedy, typical) or a nucleus sample."""
-    if acc.kind == "nucleus":
-        return sample_nucleus(logits, acc.temperature, acc.top_p, generator)
+    if rule.kind == "nucleus":
+        return sample_nucleus(logits, rule.temperature, rule.top_p, generator)
     return logits.argmax(dim=-1)
 
 
-def _generator(acc: Acceptance, device: torch.device):
-    if acc.kind != "nucleus" or acc.temperature == 0:
+def _generator(rule: Acceptance, device: torch.device):
+    if rule.kind != "nucleus" or rule.temperature == 0:
         return None
     g = torch.Generator(device=device)
-    if acc.seed is not None:
-        g.manual_seed(acc.seed)
+    if rule.seed is not None:
+        g.manual_seed(rule.seed)
     else:
         g.seed()
     return g
@@ -340,14 +348,14 @@ def _per_sequence(propose, batch: int) -> Proposer:
 
 @torch.inference_mode()
 def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propose: Proposer | None,
-              custom: bool, max_new_tokens: int, acc: Acceptance, eos_token_id, on_step, engine: StepEngine | None,
+              custom: bool, max_new_tokens: int, rule: Acceptance, eos_token_id, on_step, engine: StepEngine | None,
               record: bool):
     """The decoding loop of both methods (vanilla: `buf` is the root alone, nothing proposed)."""
     prompts, batched = _prompts(input_ids, model)
     batch, dev = len(prompts), model.device
     budgets = [_budget(model, len(p), max_new_tokens) for p in prompts]
     check_window(model, max(len(p) + lim for p, (lim, _) in zip(prompts, budgets)))
-    eos, gen = eos_ids(model, tokenizer, eos_token_id), _generator(acc, dev)
+    eos, gen = eos_ids(model, tokenizer, eos_token_id), _generator(rule, dev)
     if custom:
         propose = _per_sequence(propose, batch)
     engine = engine or StepEngine(model, compile=False)
@@ -356,7 +364,7 @@ def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propos
     t0 = clock(dev)
     hidden = engine.prefill(prompts, max(lim for lim, _ in budgets) + buf.size + buf.depth + 1)  # [B, H]
     first = logits_of(model, hidden)                                                           # [B, V]
-    root = first_token(first, acc, gen)                                                        # [B]
+    root = first_token(first, rule, gen)                                                        # [B]
     prefill_s = clock(dev) - t0
     results = [DecodeResult(method, len(p), prefill_s, tree=name, batch_size=batch) for p in prompts]
     if record:
@@ -373,7 +381,7 @@ def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propos
         head_tokens = propose(hidden, seqs) if buf.depth else root.new_zeros(batch, 0, 1)      # [B, depth, topk]
         tokens = tree_candidates(root, head_tokens.to(dev), buf)                               # [B, N]
         tree_hidden, logits = engine.verify(tokens, buf)                                       # [B, N, H], [B, N, V]
-        row, count, root = accept(logits, tokens, buf, acc, gen)                               # [B] x 3
+        row, count, root = accept(logits, tokens, buf, rule, gen)                               # [B] x 3
         hidden = tree_hidden[rows, last_node(row, count, buf)]                                 # [B, H]
         engine.keep(buf, row, count)
         path = tokens.gather(1, buf.gather[row])                                               # [B, D+1]

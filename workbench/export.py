@@ -333,7 +333,7 @@ def vllm_schedule(plan: dict, notes: list[str]) -> list[list[int]]:
 def check_plan_heads(plan: dict, heads_dir) -> tuple[int, list[str]]:
     """(the heads' count, warnings) after checking that `heads_dir` holds the heads the plan was made for (the
     calibration's heads_sha256) and enough heads for its deepest row: another model's heads are an error."""
-    from workbench.calibrate import heads_fingerprint  # deferred: loads the calibration machinery
+    from workbench.measure_ranks import heads_fingerprint  # deferred: loads the calibration machinery
     from workbench.heads import load_heads
 
     heads, _ = load_heads(heads_dir)

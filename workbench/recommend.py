@@ -21,7 +21,6 @@ import statistics
 import numpy as np
 import pandas as pd
 
-from workbench import WorkbenchError
 from workbench.calibration import Calibration, tree_table
 from workbench.latency import hardware_aware, latency_table, predicted_speedup
 from workbench.optimize import acc_value_fn, best_first

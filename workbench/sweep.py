@@ -330,16 +330,16 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
                       distinct_2=distinct_2(van_outputs), new_tokens=van["tokens"], steps=van["steps"]))
         for c in todo[b]:
             tree, buf = c["tree"], bufs[tree_key(c["tree"])]
-            acc = Acceptance(c["acceptance"], c["temperature"]) if c["epsilon"] is None else \
+            rule = Acceptance(c["acceptance"], c["temperature"]) if c["epsilon"] is None else \
                 Acceptance(c["acceptance"], c["temperature"], c["epsilon"], c["delta"])
             bar.set_postfix_str(f"B={b} " + c["config"].split("|", 1)[1])
-            greedy = not acc.temperature
+            greedy = not rule.temperature
             results, baseline, (probe, forwards) = [], [], forward_probe(engine, buf, heads)
             for chunk in chunks:  # vanilla right before Medusa on every batch: a load change hits both alike
                 baseline.append(vanilla_generate(model, tokenizer, chunk, max_new_tokens, engine=engine,
                                                  record=greedy))
                 bar.update(1)
-                results.append(medusa_generate(model, heads, tokenizer, chunk, buf, max_new_tokens, acc,
+                results.append(medusa_generate(model, heads, tokenizer, chunk, buf, max_new_tokens, rule,
                                                engine=engine, on_step=probe, record=greedy))
                 bar.update(1)
             agg = _aggregate(results)
@@ -362,3 +362,27 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
             emit(row)
     bar.close()
     return pd.read_csv(out)
+
+
+def _kind(df):
+    """Tree family per sweep row: the sweep's `kind` column (optimal / dense / given), else from the tree name."""
+    if "kind" in df.columns:
+        return df["kind"].fillna("").astype(str)
+    return df["tree"].astype(str).map(lambda t: "dense" if "dense" in t.lower() else "sparse")
+
+
+def tree_rows(sweep, acceptance: str | None = "greedy"):
+    """Sweep rows of real trees (not the vanilla baseline row), with one acceptance rule when the CSV says."""
+    df = sweep.assign(_kind=_kind(sweep))
+    df = df[df["_kind"] != "vanilla"]
+    if acceptance and "acceptance" in df.columns:
+        df = df[df["acceptance"] == acceptance]
+    return df
+
+
+def vanilla_value(sweep, column: str) -> float | None:
+    """The vanilla greedy baseline's value of `column` in a sweep (its last vanilla row), None when absent."""
+    if "kind" not in sweep.columns or column not in sweep.columns:
+        return None
+    v = sweep.loc[sweep["kind"] == "vanilla", column].dropna()
+    return float(v.iloc[-1]) if len(v) else None

@@ -14,7 +14,7 @@ from workbench.tree import MEDUSA_TOPK
 # ==== calibrate ===============================================================================================
 
 def _cmd_calibrate(args) -> int:
-    from workbench.calibrate import CalibrateConfig, calibrate
+    from workbench.measure_ranks import CalibrateConfig, calibrate
     from workbench.parallel import one_process_warning
 
     if one_process_warning():
@@ -138,7 +138,7 @@ def cmd_decode(args) -> int:
     from workbench.models import load_model_and_heads
     from workbench.tree import load_tree
 
-    acc = _acceptance(args)
+    rule = _acceptance(args)
     if args.batch < 1:
         raise WorkbenchError(f"--batch {args.batch}: must be >= 1")
     if args.prompt_ids is not None:
@@ -157,19 +157,19 @@ def cmd_decode(args) -> int:
     chunks = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
     if args.compare or engine.compile:  # warm-up (and compilation) of both step shapes, outside the timed runs
         vanilla_generate(model, tok, chunks[0], 2, engine=engine)
-        medusa_generate(model, heads, tok, chunks[0], buf, 2, acc, engine=engine)
+        medusa_generate(model, heads, tok, chunks[0], buf, 2, rule, engine=engine)
     outs = []
     for chunk in chunks:
-        res = medusa_generate(model, heads, tok, chunk, buf, args.max_new_tokens, acc, engine=engine,
+        res = medusa_generate(model, heads, tok, chunk, buf, args.max_new_tokens, rule, engine=engine,
                               record=args.compare)
         van = vanilla_generate(model, tok, chunk, args.max_new_tokens, engine=engine, record=True) \
             if args.compare else [None] * len(chunk)
         for r, v in zip(res, van):
-            out = r.to_dict() | dict(acceptance=vars(acc))
+            out = r.to_dict() | dict(acceptance=vars(rule))
             if v is not None:
                 out.update(compare(r, v))
                 # greedy must reproduce vanilla: a difference is a near-tie flipped by rounding, or a bug
-                out["divergences"] = None if acc.temperature else divergences(r, v, model.dtype)
+                out["divergences"] = None if rule.temperature else divergences(r, v, model.dtype)
             outs.append(out)
     if args.json:
         print(json.dumps(outs if several else outs[0]))

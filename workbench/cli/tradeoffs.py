@@ -118,7 +118,7 @@ def cmd_sweep(args) -> int:
     if batch_sizes[-1] > len(records):
         raise WorkbenchError(f"--batch-sizes {args.batch_sizes}: batch {batch_sizes[-1]} but {len(records)} prompts: "
                              "lower the batch size or give more prompts (--limit)")
-    from workbench.calibrate import heads_fingerprint
+    from workbench.measure_ranks import heads_fingerprint
     from workbench.generation import prepare_prompt
     from workbench.models import load_model_and_heads, model_label
 
@@ -175,7 +175,7 @@ def cmd_sweep_report(args) -> int:
     plan = read_plan(args.plan) if args.plan else None
     write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
     if args.figures:
-        from workbench.plots import report_figures
+        from workbench.static_figures import report_figures
 
         for f in report_figures(sweep, latency, args.figures, Path(args.sweep).stem):
             print(f"figure written to {f}", file=sys.stderr)

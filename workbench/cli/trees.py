@@ -34,8 +34,8 @@ def _cmd_tree_show(args) -> int:
         labels = {p: f"{fn(p):.4f}" for p in tree.paths}
         print(f"expected acceptance length: {expected_length(tree, fn):.4f} tokens/step ({args.accuracies})")
     print(ascii_tree(tree, labels))
-    if args.png:  # the app's tree drawing + attention mask (workbench/plots.py); edges by probability if known
-        from workbench.plots import save_png, tree_figure  # deferred: matplotlib costs ~1 s, only --png draws
+    if args.png:  # the app's tree drawing + attention mask (workbench/static_figures.py); edges by probability if known
+        from workbench.static_figures import save_png, tree_figure  # deferred: matplotlib costs ~1 s, only --png draws
 
         probs = {p: float(v) for p, v in labels.items()} if labels else None
         print(f"wrote {save_png(tree_figure(tree, probs), args.png)}", file=sys.stderr)

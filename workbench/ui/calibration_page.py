@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench import figures
+from workbench import interactive_figures
 from workbench.ui.widgets import accuracy_source, chart, timed
 
 
@@ -42,10 +42,11 @@ def _calibration_page() -> None:
             return
     left, right = st.columns(2)
     with left:
-        chart(figures.accuracy_chart(acc), "a_k^(i): share of positions where head k's rank-i guess is the token "
-                                           "(hover a cell for its value).", key="cal_acc_chart")
+        chart(interactive_figures.accuracy_chart(acc),
+              "a_k^(i): share of positions where head k's rank-i guess is the token (hover a cell for its value).",
+              key="cal_acc_chart")
     with right:
-        chart(figures.topk_chart(acc), "Top-k accuracy: the running sum over ranks.", key="cal_topk_chart")
+        chart(interactive_figures.topk_chart(acc), "Top-k accuracy: the running sum over ranks.", key="cal_topk_chart")
     st.download_button("accuracies.csv", accuracy_frame(acc).to_csv(index=False), file_name="accuracies.csv",
                        key="cal_download", on_click="ignore")
     st.subheader("Independence vs measured path probability")
@@ -57,7 +58,7 @@ def _calibration_page() -> None:
     df = src.calib.path_comparison(split, n)
     left, right = st.columns(2)
     with left:
-        chart(figures.paths_chart(list(df["path"]), df["independence"], df["measured"]),
+        chart(interactive_figures.paths_chart(list(df["path"]), df["independence"], df["measured"]),
               "Above the diagonal the independence assumption under-estimates a path; below it over-estimates. "
               "Hover a point for its path; drag to zoom.", key="cal_paths_chart")
     df["path"] = [str(list(p)) for p in df["path"]]

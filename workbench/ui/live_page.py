@@ -14,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench import figures, plots
+from workbench import interactive_figures, static_figures
 from workbench.ui.widgets import (calibration_folders, clean_error, figure, file_stamp, load_model, open_calibration,
                                   timed)
 
@@ -139,7 +139,7 @@ def _live_page() -> None:
             if not spec:
                 raise WorkbenchError("no tree: pick one or type a literal like [[0], [0, 0], [1]]")
             tree = load_tree(spec)
-            acc = Acceptance(kind, temperature, epsilon, delta, top_p)
+            rule = Acceptance(kind, temperature, epsilon, delta, top_p)
             torch.set_num_threads(int(threads))
             status = st.status(f"Loading {model or 'the demo model'} and its heads...", expanded=True)
             try:
@@ -154,7 +154,7 @@ def _live_page() -> None:
                 status.update(label="Warming up (not timed)...")
                 ids = prepare_prompt(tok, prompt)
                 start = time.perf_counter()
-                medusa_generate(base, hd, tok, ids, tree, 2, acc)
+                medusa_generate(base, hd, tok, ids, tree, 2, rule)
                 if vanilla:
                     vanilla_generate(base, tok, ids, 2)
                 status.update(label=f"Model ready ({loaded:.1f} s), warmed up ({time.perf_counter() - start:.1f} s)",
@@ -163,7 +163,7 @@ def _live_page() -> None:
                 status.update(label="Stopped: see the error below", state="error", expanded=False)
                 raise
             on_step, finish = progress_view("Medusa", int(max_new), tok)
-            med = medusa_generate(base, hd, tok, ids, tree, int(max_new), acc, on_step=on_step)
+            med = medusa_generate(base, hd, tok, ids, tree, int(max_new), rule, on_step=on_step)
             finish(med)
             van = None
             if vanilla:
@@ -173,7 +173,7 @@ def _live_page() -> None:
             steps = [i for i, s in enumerate(med.steps) for _ in s.tokens]
             st.session_state["live_result"] = dict(
                 medusa=med.to_dict(), vanilla=van.to_dict() if van else None,
-                compare=compare(med, van) if van else None, pieces=figures.token_pieces(tok, med.token_ids),
+                compare=compare(med, van) if van else None, pieces=interactive_figures.token_pieces(tok, med.token_ids),
                 steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo",
                 predicted=predicted_for(cal if cal != "(none)" else None, spec, int(max_new)))
         except (WorkbenchError, OSError, RuntimeError) as e:
@@ -212,12 +212,12 @@ def _live_page() -> None:
     st.caption(f"{res['model']}, tree {res['tree']}; each colour is one decoding step (hover for its number)."
                + ("" if not cmp else " Output equals vanilla greedy." if cmp["matches_greedy"] else
                   " Output differs from vanilla greedy (expected with typical/nucleus acceptance)."))
-    st.markdown(figures.coloured_tokens_html(res["pieces"], res["steps"]), unsafe_allow_html=True)
+    st.markdown(interactive_figures.coloured_tokens_html(res["pieces"], res["steps"]), unsafe_allow_html=True)
     c1, c2 = st.columns([2, 1])
     with c1:
-        figure(plots.accepted_lengths(med["accepted_lengths"]))
+        figure(static_figures.accepted_lengths(med["accepted_lengths"]))
     with c2:
         rates = {"Medusa": med["tokens_per_s"]} | ({"vanilla": van["tokens_per_s"]} if van else {})
-        figure(plots.throughput_bars(rates))
+        figure(static_figures.throughput_bars(rates))
     with st.expander("Per step"):
         st.dataframe(pd.DataFrame(med["per_step"]), hide_index=True)

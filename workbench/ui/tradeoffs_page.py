@@ -12,7 +12,8 @@ from pathlib import Path
 import streamlit as st
 
 from workbench import WorkbenchError
-from workbench import figures, plots
+from workbench import interactive_figures
+from workbench.calibration import PREDICTED_COLUMNS
 from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
                                   found_csvs, latency_files, latency_picker, read_latency_file, read_sweep_file,
@@ -105,10 +106,11 @@ def _tradeoffs_page() -> None:
         speed = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() \
             else "speedup"
         with c1:
-            chart(figures.sweep_chart(sweep, "acceleration_rate", "tokens per step", "tokens per step vs candidates"),
+            chart(interactive_figures.sweep_chart(sweep, "acceleration_rate", "tokens per step",
+                                                  "tokens per step vs candidates"),
                   "Paper Fig. 4a: sparse (optimal) vs dense trees; hover a point for its trees.", key="to_fig4a_chart")
         with c2:
-            chart(figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
+            chart(interactive_figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
                                       "speed vs candidates" + (" (old decoder)" if age else "")),
                   "Paper Fig. 4b" + (f": {age}." if age else "."), key="to_fig4b_chart")
     c1, c2 = st.columns(2)
@@ -130,7 +132,7 @@ def _tradeoffs_page() -> None:
                 if len(eps_values) > 1 else eps_values[0]
             at = rows[rows["epsilon"] == eps]
             age = sweep_age(typ)
-            chart(figures.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
+            chart(interactive_figures.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
                   f"Paper Fig. 5 ({typ_path.name}): typical acceptance. At epsilon {eps:g}: "
                    f"{at['acceleration_rate'].mean():.2f} tokens/step, {quality} {at[quality].mean():.3f} "
                   "(mean over temperatures)." + (f" {typ_path.name}: {age}." if age else ""), key="to_fig5_chart")
@@ -138,9 +140,10 @@ def _tradeoffs_page() -> None:
             st.info("No typical-acceptance rows (epsilon) in the sweeps found: run the sweep with --temperature > 0 "
                     "and several --epsilon values for Fig. 5.")
     with c2:
-        if sweep is not None and any(c in sweep.columns for c in plots.PREDICTED_COLUMNS):
-            chart(figures.predicted_chart(sweep), "Calibration's predictions vs the live decoder's tokens per step "
-                                                  "(hover a point for its tree).", key="to_predicted_chart")
+        if sweep is not None and any(c in sweep.columns for c in PREDICTED_COLUMNS):
+            chart(interactive_figures.predicted_chart(sweep),
+                  "Calibration's predictions vs the live decoder's tokens per step (hover a point for its tree).",
+                  key="to_predicted_chart")
     if sweep is not None:
         with st.expander("Sweep rows"):
             st.dataframe(sweep, hide_index=True)
@@ -149,8 +152,9 @@ def _tradeoffs_page() -> None:
         return
     c1, c2 = st.columns(2)
     with c1:
-        chart(figures.latency_chart(lat), f"latency {lat_path.name}: ms per verify forward; error bars: the spread "
-                                          "of the repeats where the CSV has it.", key="to_latency_chart")
+        chart(interactive_figures.latency_chart(lat),
+              f"latency {lat_path.name}: ms per verify forward; error bars: the spread of the repeats where the CSV "
+              "has it.", key="to_latency_chart")
     with c2:
         if src is None or tables is None:
             return
@@ -175,7 +179,7 @@ def _tradeoffs_page() -> None:
         picks = {f"best ({n})": (r["best"]["budget"], r["best"]["speedup"]) for n, r in res.items()}
         if rec:
             picks["recommended"] = (rec["pick"]["nodes"], rec["pick"]["speedup"])
-        chart(figures.speedup_chart(curves, picks, [m for ms in found.values() for m in ms],
+        chart(interactive_figures.speedup_chart(curves, picks, [m for ms in found.values() for m in ms],
                                     title=f"predicted speedup, batch {tables['batch']}, context {tables['context']}"),
               (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
                f"{rec['pick']['label']}). " if rec else "")
@@ -207,7 +211,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
                           for r in rows))
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
     live = measured is not None and len(measured) > 0
-    chart(figures.plan_chart(speedups_by_kind(plan), measured),
+    chart(interactive_figures.plan_chart(speedups_by_kind(plan), measured),
           f"latency {lat_path.name} at context {plan['latency']['context']}; tokens/step "
           f"{plan['source']['prediction']}. Lines: the best the plan weighed of each kind; stars: its choice"
           + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if live

@@ -16,7 +16,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench import figures
+from workbench import interactive_figures
 from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
                                   int_slider, kept_upload, latency_files, latency_picker, load_model,
@@ -137,7 +137,7 @@ def _focus_from_chart(chart_key: str, names: list) -> None:
     """Chart callback: a clicked tree node or mask cell selects that node (by its path, so the selection follows
     the node when an edit renumbers the rows)."""
     state = st.session_state.get(chart_key)
-    idx = figures.picked_index(state.get("selection") if state else None)
+    idx = interactive_figures.picked_index(state.get("selection") if state else None)
     if idx is not None and idx < len(names):
         st.session_state["tree_focus_node"] = names[idx] if idx else None
 
@@ -351,7 +351,7 @@ def _tree_page() -> None:
     named_rows = tree_table(named, src.acc, src.calib, curves["optimal (independence)"])
     points = {r["tree"]: (r["nodes"], r["predicted_independent"]) for r in named_rows if "predicted_independent" in r}
     with left:
-        chart(figures.curves_chart({k: (range(len(v)), v) for k, v in curves.items()}, points,
+        chart(interactive_figures.curves_chart({k: (range(len(v)), v) for k, v in curves.items()}, points,
                                    (tree.nodes, shown_row["predicted_independent"])),
               "Expected tokens per step (independence and empirical objectives) of the optimal tree at each budget; "
               "grey points: named trees (hover for names); star: this tree.", key="tree_curves_chart")
@@ -433,18 +433,18 @@ def edit_box(tree, base, sig: str, K: int, R: int) -> None:
 def tree_view(tree, probs: dict, labels, title: str, caption: str) -> None:
     """The tree and its mask, linked by the selected node: a click on either redraws this fragment only."""
     with timed("fragment tree view"):
-        names = figures.node_names(tree)
+        names = interactive_figures.node_names(tree)
         node = st.session_state.get("tree_focus_node")
         node = tuple(node) if node is not None else None
         focus = names.index(node) if node in names else None
         if node is not None and focus is None:
             st.session_state["tree_focus_node"] = None  # the selected node was removed
         st.session_state["tree_focus_pick"] = -1 if focus is None else focus
-        chart(figures.tree_chart(tree, probs, labels, focus, title=title), caption, key="tree_chart",
+        chart(interactive_figures.tree_chart(tree, probs, labels, focus, title=title), caption, key="tree_chart",
               on_select=lambda: _focus_from_chart("tree_chart", names))
         left, right = st.columns([3, 2])
         with left:
-            chart(figures.mask_chart(tree, focus), key="mask_chart",
+            chart(interactive_figures.mask_chart(tree, focus), key="mask_chart",
                   on_select=lambda: _focus_from_chart("mask_chart", names))
         with right:
             st.selectbox("Selected node (= mask row)", [-1] + list(range(len(names))), key="tree_focus_pick",
@@ -491,8 +491,9 @@ def speedup_view(rec: dict, lat: dict, tree, guess: dict | None) -> None:
     picks = {"recommended": (rec["pick"]["nodes"], rec["pick"]["speedup"])}
     if guess is not None:
         picks["this tree"] = (tree.nodes, guess["speedup"])
-    chart(figures.speedup_chart(candidate_curves(rec), picks, [m for r in rec["candidates"] for m in r["measured"]],
-                                title=f"predicted speedup, batch {rec['batch']}, context {rec['context']}"),
+    measured = [m for r in rec["candidates"] for m in r["measured"]]
+    chart(interactive_figures.speedup_chart(candidate_curves(rec), picks, measured,
+                                            title=f"predicted speedup, batch {rec['batch']}, context {rec['context']}"),
           f"Predicted from {rec['prediction']} and {lat['path'].name} (recommended: {rec['pick']['label']}); "
           "diamonds: sweep measurements of the same tree shapes (hollow grey: an older decoder, not comparable).",
           key="tree_speedup_chart")
@@ -578,7 +579,7 @@ def compare_trees(a, b, indep, empirical, src: Source) -> None:
     st.dataframe(pd.DataFrame(rows), hide_index=True, column_config=TABLE_COLUMNS)
     st.caption(f"{len(d['shared'])} shared nodes, {len(d['only_a'])} only in A, {len(d['only_b'])} only in B; "
                "predicted tokens per step in the table (names as on the rest of the page)")
-    chart(figures.comparison_chart(a, b, title=f"A ({a.nodes} nodes) and B ({b.nodes} nodes) as one tree"),
+    chart(interactive_figures.comparison_chart(a, b, title=f"A ({a.nodes} nodes) and B ({b.nodes} nodes) as one tree"),
           key="diff_chart")
     diff = [{"node": str(list(p)), "in": side, "P(accepted)": value(p)}
             for side, ps in (("only A", d["only_a"]), ("only B", d["only_b"])) for p in ps]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from workbench import WorkbenchError
 from workbench.accuracies import read_accuracies
-from workbench.calibrate import CalibrateConfig, calibrate, head_ranks, holdout_split
+from workbench.measure_ranks import CalibrateConfig, calibrate, head_ranks, holdout_split
 from workbench.calibration import (NULL, Calibration, decoder_walk, head_accuracies, measured_acceptance,
                                    path_probabilities, ranks_frame)
 from workbench.decode import medusa_generate
@@ -374,7 +374,7 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
 
 
 def test_no_tree_when_no_guess_was_ever_right(tmp_path):
-    from workbench.calibrate import build_trees
+    from workbench.measure_ranks import build_trees
 
     ranks = ranks_frame(["a"], [np.array([[-1, -1], [0, NULL], [-1, NULL]], dtype=np.int16)], 2)
     fit = ranks.iloc[[0, 2]]  # head 1 never right on the fit rows

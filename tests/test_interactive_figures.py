@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench import figures
+from workbench import interactive_figures
 from workbench.tree import load_tree, make_tree, tree_buffers
 
 SPEC = make_tree([[0], [0, 0], [0, 1], [1], [1, 0], [2]], name="spec")
@@ -15,9 +15,9 @@ def node_trace(fig):
 
 
 def test_tree_nodes_carry_their_mask_row():
-    fig = figures.tree_chart(SPEC, {p: 0.5 ** len(p) for p in SPEC.paths})
+    fig = interactive_figures.tree_chart(SPEC, {p: 0.5 ** len(p) for p in SPEC.paths})
     (nodes,) = node_trace(fig)
-    names = figures.node_names(SPEC)
+    names = interactive_figures.node_names(SPEC)
     assert [int(c[0]) for c in nodes.customdata] == list(range(SPEC.nodes + 1))
     assert [c[1] for c in nodes.customdata] == [str(list(p)) for p in names]
     assert list(nodes.text) == ["R"] + [str(p[-1]) for p in names[1:]]  # ranks, 0-based
@@ -28,39 +28,41 @@ def test_tree_nodes_carry_their_mask_row():
 
 
 def test_focus_lights_the_node_and_its_row():
-    fig = figures.tree_chart(SPEC, focus=4)
+    fig = interactive_figures.tree_chart(SPEC, focus=4)
     (nodes,) = node_trace(fig)
     assert [w for w in nodes.marker.line.width] == [3 if i == 4 else 1 for i in range(SPEC.nodes + 1)]
-    red = [t for t in fig.data if t.mode == "lines" and t.line.color == figures.FOCUS]
+    red = [t for t in fig.data if t.mode == "lines" and t.line.color == interactive_figures.FOCUS]
     assert len(red) == 1 and len(red[0].y) == 3  # root -> [0] -> [0, 0]: node 4 in Medusa's order
-    z = np.asarray(figures.mask_chart(SPEC, focus=4).data[0].z)
+    z = np.asarray(interactive_figures.mask_chart(SPEC, focus=4).data[0].z)
     assert (z[4] >= 2).all() and (np.delete(z, 4, axis=0) < 2).all()
     assert np.array_equal(z % 2, tree_buffers(SPEC)["attn_mask"].numpy())  # the mask itself is unchanged
 
 
 def test_mask_ticks_are_integers_and_cells_selectable():
-    small = figures.mask_chart(SPEC)
+    small = interactive_figures.mask_chart(SPEC)
     assert list(small.layout.xaxis.tickvals) == list(range(SPEC.nodes + 1))
     big = load_tree("mc_sim_7b_63")
-    assert figures.integer_ticks(64) == list(range(0, 64, 5)) and figures.integer_ticks(129)[:3] == [0, 10, 20]
-    cells = figures.mask_chart(big).data[1]
+    assert interactive_figures.integer_ticks(64) == list(range(0, 64, 5))
+    assert interactive_figures.integer_ticks(129)[:3] == [0, 10, 20]
+    cells = interactive_figures.mask_chart(big).data[1]
     assert len(cells.x) == int(tree_buffers(big)["attn_mask"].sum())
     sel = {"points": [{"customdata": [int(cells.customdata[7][0]), "x"]}]}
-    assert figures.picked_index(sel) == int(cells.y[7]) and figures.picked_index({"points": []}) is None
+    assert interactive_figures.picked_index(sel) == int(cells.y[7])
+    assert interactive_figures.picked_index({"points": []}) is None
 
 
 def test_token_labels_fit_and_diff_groups():
     labels = {(): "Paris", (0,): "Hello", (0, 0): "a", (0, 1): "abcdefgh", (1,): "x", (1, 0): "y", (2,): "z"}
-    (nodes,) = node_trace(figures.tree_chart(SPEC, labels=labels))
+    (nodes,) = node_trace(interactive_figures.tree_chart(SPEC, labels=labels))
     assert "abc…" in nodes.text and all(len(t) <= 4 for t in nodes.text)  # cut to fit, whole in the hover
     assert any("'abcdefgh'" in h for h in nodes.hovertext)
     status = {p: "only in A" for p in [(2,)]}
-    groups = {t.name: len(t.x) for t in node_trace(figures.tree_chart(SPEC, status=status))}
+    groups = {t.name: len(t.x) for t in node_trace(interactive_figures.tree_chart(SPEC, status=status))}
     assert groups == {"shared": SPEC.nodes, "only in A": 1}  # the root counts as shared
 
 
 def test_coloured_tokens_html_escapes():
-    out = figures.coloured_tokens_html(["<b>", " a&b"], [0, 1])
+    out = interactive_figures.coloured_tokens_html(["<b>", " a&b"], [0, 1])
     assert "&lt;b&gt;" in out and " a&amp;b" in out and "<b>" not in out
     assert 'title="step 1"' in out and 'title="step 2"' in out
 
@@ -70,7 +72,7 @@ def test_token_pieces_join_to_the_text():
 
     tok = tiny_tokenizer()
     ids = tok("hello world, ok").input_ids
-    pieces = figures.token_pieces(tok, ids)
+    pieces = interactive_figures.token_pieces(tok, ids)
     assert len(pieces) == len(ids)
     assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
 
@@ -78,17 +80,17 @@ def test_token_pieces_join_to_the_text():
 def test_comparison_is_one_tree_coloured_by_side():
     a = make_tree([[0], [1], [0, 0]], name="a")
     b = make_tree([[0], [2], [0, 1]], name="b")
-    fig = figures.comparison_chart(a, b)
+    fig = interactive_figures.comparison_chart(a, b)
     groups = {t.name: sorted(c[1] for c in t.customdata) for t in node_trace(fig)}
     assert groups == {"shared": ["[0]", "[]"], "only in A": ["[0, 0]", "[1]"], "only in B": ["[0, 1]", "[2]"]}
-    assert {t.name: t.marker.color for t in node_trace(fig)} == {k: v for k, v in figures.STATUS_COLOURS.items()}
+    assert {t.name: t.marker.color for t in node_trace(fig)} == dict(interactive_figures.STATUS_COLOURS)
 
 
 def test_values_to_read_are_in_the_hover():
     acc = np.array([[0.5, 0.2], [0.3, 0.1]])
-    heat = figures.accuracy_chart(acc).data[0]
+    heat = interactive_figures.accuracy_chart(acc).data[0]
     assert np.array_equal(np.asarray(heat.z), acc) and "%{z:.4f}" in heat.hovertemplate
-    paths = figures.paths_chart([(0,), (0, 0)], [0.5, 0.15], [0.45, 0.2])
+    paths = interactive_figures.paths_chart([(0,), (0, 0)], [0.5, 0.15], [0.45, 0.2])
     points = [t for t in paths.data if t.mode == "markers"]
     assert [list(t.customdata) for t in points] == [["[0]"], ["[0, 0]"]]  # hover names the path
 
@@ -96,7 +98,7 @@ def test_values_to_read_are_in_the_hover():
 def test_speedup_chart_marks_old_measurements_and_the_spread():
     measured = [dict(nodes=3, speedup=0.9, noise=0.05, tree="t", sweep="new.csv", decoder_version="v2", old=False),
                 dict(nodes=4, speedup=0.6, noise=None, tree="u", sweep="old.csv", decoder_version="before", old=True)]
-    fig = figures.speedup_chart({"optimal trees": ([1, 3], [1.1, 1.2], [1.0, 1.1], [1.2, 1.3])},
+    fig = interactive_figures.speedup_chart({"optimal trees": ([1, 3], [1.1, 1.2], [1.0, 1.1], [1.2, 1.3])},
                                 {"recommended": (3, 1.2)}, measured)
     names = [t.name for t in fig.data]
     assert names == ["optimal trees: latency spread", "optimal trees", "recommended", "measured (current decoder)",
@@ -109,10 +111,10 @@ def test_latency_chart_names_lines_by_what_differs_and_draws_the_spread():
 
     df = pd.DataFrame([dict(model="m", device="cpu", batch=b, context=128, tokens=n, seconds=0.01 * n * b,
                             seconds_q1=0.009 * n * b, seconds_q3=0.012 * n * b) for b in (1, 4) for n in (1, 2)])
-    fig = figures.latency_chart(df)
+    fig = interactive_figures.latency_chart(df)
     assert [t.name for t in fig.data] == ["batch 1", "batch 4"]
     assert np.allclose(fig.data[0].error_y.array, [2.0, 4.0])  # q3 - median, in ms
     assert np.allclose(fig.data[0].error_y.arrayminus, [1.0, 2.0])  # median - q1
     assert "no spread" not in fig.layout.title.text
-    medians = figures.latency_chart(df.drop(columns=["seconds_q1", "seconds_q3"]))
+    medians = interactive_figures.latency_chart(df.drop(columns=["seconds_q1", "seconds_q3"]))
     assert "no spread measured" in medians.layout.title.text

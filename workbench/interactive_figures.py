@@ -1,6 +1,6 @@
 """The app's interactive views: plotly figures of a tree and its attention mask, and the step-coloured answer.
 
-Zoomable, hover for details, click to select. Matplotlib figures for files stay in `workbench/plots.py`.
+Zoomable, hover for details, click to select. Matplotlib figures for files are in `workbench/static_figures.py`.
 
 Nodes and mask rows share one index, the buffer index of Medusa's generate_medusa_buffers (0 = root, node i =
 tree.sorted_paths[i - 1]); every selectable point carries it as customdata[0], so a click on a tree node or on a
@@ -13,10 +13,12 @@ import html
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.colors import sample_colorscale
+from plotly.colors import qualitative, sample_colorscale
 
-from workbench.plots import STEP_COLOURS, tree_positions
-from workbench.tree import RankPath, Tree, tree_buffers
+from workbench.calibration import PREDICTED_COLUMNS
+from workbench.static_figures import STEP_COLOURS, tree_positions
+from workbench.sweep import tree_rows, vanilla_value
+from workbench.tree import RankPath, Tree, tree_buffers, tree_diff
 
 FOCUS = "crimson"
 STATUS_COLOURS = {"shared": "#9aa5b1", "only in A": "#e4572e", "only in B": "#2e86ab"}
@@ -191,8 +193,6 @@ def coloured_tokens_html(pieces: list[str], steps: list[int]) -> str:
 def comparison_chart(a: Tree, b: Tree, title: str | None = None) -> go.Figure:
     """Two trees drawn as one (their union): each node coloured shared / only in A / only in B, so a 63-node diff
     reads at a glance and nothing overlaps."""
-    from workbench.tree import tree_diff
-
     d = tree_diff(a, b)
     union = Tree(tuple(d["shared"] + d["only_a"] + d["only_b"]), "union")
     status = {p: "shared" for p in d["shared"]} | {p: "only in A" for p in d["only_a"]} | \
@@ -349,9 +349,7 @@ def latency_chart(latency) -> go.Figure:
 def sweep_chart(sweep, y: str, ytitle: str, title: str) -> go.Figure:
     """Paper Fig. 4: a measured column of the greedy rows against tree nodes, one line per tree family (the mean
     where a size appears twice; hover names the trees), vanilla greedy as a dashed line."""
-    from workbench.plots import _tree_rows, _vanilla
-
-    df = _tree_rows(sweep).dropna(subset=[y])
+    df = tree_rows(sweep).dropna(subset=[y])
     fig = go.Figure()
     for kind, part in df.groupby("_kind", sort=True):
         part = part.groupby("nodes", as_index=False).agg(value=(y, "mean"), trees=("tree", lambda t: ", ".join(
@@ -360,7 +358,7 @@ def sweep_chart(sweep, y: str, ytitle: str, title: str) -> go.Figure:
                                  marker=dict(symbol="square" if kind == "dense" else "circle"),
                                  customdata=part["trees"], hovertemplate="%{customdata}<br>%{x} nodes: %{y:.3f}"
                                                                          "<extra></extra>"))
-    base = _vanilla(sweep, y)
+    base = vanilla_value(sweep, y)
     if base is not None:
         fig.add_hline(y=base, line=dict(color="grey", dash="dash", width=1), annotation_text="vanilla greedy",
                       annotation_position="bottom right")
@@ -373,11 +371,7 @@ def epsilon_chart(sweep, quality: str = "exact_match", mark: float | None = None
                   nodes: int | None = None) -> go.Figure:
     """Paper Fig. 5: tokens per step (solid, left) and a quality measure (dashed, right) against epsilon, one colour
     per temperature; the chosen epsilon marked."""
-    from plotly.colors import qualitative
-
-    from workbench.plots import _tree_rows, _vanilla
-
-    df = _tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
+    df = tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
     if nodes is not None:
         df = df[df["nodes"] == nodes]
     fig = go.Figure()
@@ -392,7 +386,7 @@ def epsilon_chart(sweep, quality: str = "exact_match", mark: float | None = None
                                  name=f"{quality} {tag}", line=dict(color=colour, dash="dash"),
                                  marker=dict(symbol="square"),
                                  hovertemplate=f"{tag} eps %{{x:g}}: {quality} %{{y:.3f}}<extra></extra>"))
-    base = _vanilla(sweep, quality)
+    base = vanilla_value(sweep, quality)
     if base is not None:
         fig.add_trace(go.Scatter(x=[df["epsilon"].min(), df["epsilon"].max()], y=[base, base], yaxis="y2",
                                  mode="lines", name=f"{quality} vanilla", line=dict(color="grey", dash="dot")))
@@ -406,11 +400,9 @@ def epsilon_chart(sweep, quality: str = "exact_match", mark: float | None = None
 
 
 def predicted_chart(sweep) -> go.Figure:
-    """Each prediction of the calibration (plots.PREDICTED_COLUMNS) against the live decoder's measured tokens per
+    """Each prediction of the calibration (calibration.PREDICTED_COLUMNS) against the live decoder's measured tokens per
     step, one point per greedy sweep row (hover names the tree); on the diagonal = exact."""
-    from workbench.plots import PREDICTED_COLUMNS, _tree_rows
-
-    df = _tree_rows(sweep).dropna(subset=["acceleration_rate"])
+    df = tree_rows(sweep).dropna(subset=["acceleration_rate"])
     fig = go.Figure()
     lo, hi = np.inf, -np.inf
     for col in PREDICTED_COLUMNS:

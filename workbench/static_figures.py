@@ -16,7 +16,9 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from workbench.calibration import PREDICTED_COLUMNS
 from workbench.io import atomic_write
+from workbench.sweep import tree_rows, vanilla_value
 from workbench.tree import RankPath, Tree, tree_buffers
 
 CMAP = "viridis"
@@ -241,33 +243,10 @@ def independence_vs_measured(paths: list[RankPath], independent, measured, annot
 
 # ----------------------------------------------------------------------------------------------- trade-offs
 
-def _kind(df):
-    """Tree family per sweep row: the sweep's `kind` column (optimal / dense / given), else from the tree name."""
-    if "kind" in df.columns:
-        return df["kind"].fillna("").astype(str)
-    return df["tree"].astype(str).map(lambda t: "dense" if "dense" in t.lower() else "sparse")
-
-
-def _tree_rows(sweep, acceptance: str | None = "greedy"):
-    """Sweep rows of real trees (not the vanilla baseline row), with one acceptance rule when the CSV says."""
-    df = sweep.assign(_kind=_kind(sweep))
-    df = df[df["_kind"] != "vanilla"]
-    if acceptance and "acceptance" in df.columns:
-        df = df[df["acceptance"] == acceptance]
-    return df
-
-
-def _vanilla(sweep, column: str):
-    if "kind" not in sweep.columns or column not in sweep.columns:
-        return None
-    v = sweep.loc[sweep["kind"] == "vanilla", column].dropna()
-    return float(v.iloc[-1]) if len(v) else None
-
-
 def _by_kind_vs_nodes(sweep, y: str, ylabel: str, title: str, baseline: float | None = None):
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
-    df = _tree_rows(sweep).dropna(subset=[y])
+    df = tree_rows(sweep).dropna(subset=[y])
     for kind, part in df.groupby("_kind", sort=True):
         part = part.groupby("nodes", as_index=False)[y].mean().sort_values("nodes")
         ax.plot(part["nodes"], part[y], marker="s" if kind == "dense" else "o", label=kind)
@@ -286,14 +265,14 @@ def tokens_vs_candidates(sweep):
     """Paper Fig. 4a: tokens per step (acceleration rate) against candidate tokens, sparse and dense trees
     (greedy rows; the mean where a size appears twice)."""
     return _by_kind_vs_nodes(sweep, "acceleration_rate", "tokens per step", "tokens per step vs candidates",
-                             _vanilla(sweep, "acceleration_rate"))
+                             vanilla_value(sweep, "acceleration_rate"))
 
 
 def speed_vs_candidates(sweep):
     """Paper Fig. 4b: measured speed against candidate tokens (tokens/s if the sweep has it, else speedup)."""
     y = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() else "speedup"
     return _by_kind_vs_nodes(sweep, y, "tokens / s" if y == "tokens_per_s" else "speedup over greedy",
-                             "speed vs candidates", _vanilla(sweep, y))
+                             "speed vs candidates", vanilla_value(sweep, y))
 
 
 def epsilon_plot(sweep, quality: str = "exact_match", mark: float | None = None, nodes: int | None = None):
@@ -302,7 +281,7 @@ def epsilon_plot(sweep, quality: str = "exact_match", mark: float | None = None,
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
     ax2 = ax.twinx()
-    df = _tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
+    df = tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
     if nodes is not None:  # one tree size (a sweep may hold typical rows of several trees)
         df = df[df["nodes"] == nodes]
     temps = df.groupby("temperature", sort=True) if "temperature" in df.columns else [(None, df)]
@@ -312,7 +291,7 @@ def epsilon_plot(sweep, quality: str = "exact_match", mark: float | None = None,
         tag = f"T={temp:g}" if temp is not None else ""
         ax.plot(part["epsilon"], part["acceleration_rate"], marker="o", color=colour, label=f"tokens/step {tag}")
         ax2.plot(part["epsilon"], part[quality], marker="s", ls="--", color=colour, label=f"{quality} {tag}")
-    base = _vanilla(sweep, quality)
+    base = vanilla_value(sweep, quality)
     if base is not None:
         ax2.axhline(base, color="grey", lw=1, ls=":", label=f"{quality} vanilla")
     if mark is not None:
@@ -330,7 +309,6 @@ def epsilon_plot(sweep, quality: str = "exact_match", mark: float | None = None,
 
 
 # the calibration's predictions (names and meaning in calibration.py), each its own series
-PREDICTED_COLUMNS = ("predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit")
 
 
 def predicted_vs_measured(sweep):
@@ -338,7 +316,7 @@ def predicted_vs_measured(sweep):
     measured acceleration of the live decoder, one point per greedy sweep row; on the diagonal = exact."""
     fig = Figure(figsize=(5.4, 4.8), layout="constrained")
     ax = fig.add_subplot()
-    df = _tree_rows(sweep).dropna(subset=["acceleration_rate"])
+    df = tree_rows(sweep).dropna(subset=["acceleration_rate"])
     lo, hi = np.inf, -np.inf
     named = False
     for col in PREDICTED_COLUMNS:
@@ -367,7 +345,7 @@ def predicted_vs_measured(sweep):
 def measured_speedups(sweep) -> tuple[list, list, list]:
     """(nodes, measured speedup, tree name) of each greedy tree in a sweep (mean over its rows), to draw on a
     predicted speedup curve."""
-    df = _tree_rows(sweep).dropna(subset=["speedup", "nodes"]) if "speedup" in sweep.columns else sweep.iloc[:0]
+    df = tree_rows(sweep).dropna(subset=["speedup", "nodes"]) if "speedup" in sweep.columns else sweep.iloc[:0]
     part = df.groupby("tree", as_index=False, sort=False).agg(nodes=("nodes", "first"), speedup=("speedup", "mean"))
     return part["nodes"].astype(int).tolist(), part["speedup"].tolist(), part["tree"].astype(str).tolist()
 
@@ -454,10 +432,10 @@ def report_figures(sweep, latency=None, folder: str | Path = ".", stem: str = "s
     Fig. 5 from typical rows (quality = mean log-probability), and the latency curve when given."""
     folder = Path(folder)
     figs = {}
-    if len(_tree_rows(sweep)):
+    if len(tree_rows(sweep)):
         figs.update({"fig4a-tokens-per-step": tokens_vs_candidates(sweep), "fig4b-speed": speed_vs_candidates(sweep),
                      "predicted-vs-measured": predicted_vs_measured(sweep)})
-    if len(_tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])):
+    if len(tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])):
         figs["fig5-typical"] = epsilon_plot(sweep, "mean_logprob")
     if latency is not None:
         figs["latency"] = latency_curve(latency)

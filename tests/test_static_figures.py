@@ -1,5 +1,5 @@
-"""workbench/plots.py: each figure draws the numbers it is given (read back from the matplotlib artists), the tree
-layout follows its rules, and `workbench tree show --png` writes the same drawing."""
+"""workbench/static_figures.py: each figure draws the numbers it is given (read back from the matplotlib artists),
+the tree layout follows its rules, and `workbench tree show --png` writes the same drawing."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,7 +8,7 @@ import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
-from workbench import plots
+from workbench import static_figures
 from workbench.accuracies import write_accuracies
 from workbench.cli import main
 from workbench.optimize import acc_value_fn, optimal_tree
@@ -28,7 +28,7 @@ def acc():
 @pytest.mark.parametrize("name", sorted(reference_trees()))
 def test_layout_rows_and_left_lean(name):
     tree = reference_trees()[name]
-    pos = plots.tree_positions(tree)
+    pos = static_figures.tree_positions(tree)
     assert set(pos) == set(tree.paths) | {()}
     for p, (x, y) in pos.items():
         assert y == -len(p)  # one row per depth, root on top
@@ -46,31 +46,31 @@ def test_draw_tree_labels_and_edge_widths(acc):
     tree = optimal_tree(acc, 12)
     fn = acc_value_fn(acc)
     probs = {p: fn(p) for p in tree.paths}
-    fig = plots.draw_tree(tree, probs)
+    fig = static_figures.draw_tree(tree, probs)
     ax = fig.axes[0]
     texts = [t.get_text() for t in ax.texts]
     assert sorted(texts) == sorted(["R"] + [str(p[-1]) for p in tree.paths])
     lines = [c for c in ax.collections if isinstance(c, LineCollection)][0]
     widths = np.asarray(lines.get_linewidths())
-    vals = np.array([probs[child] for _, child in plots.to_networkx(tree).edges()])  # the drawing's edge order
+    vals = np.array([probs[child] for _, child in static_figures.to_networkx(tree).edges()])  # the drawing's edge order
     assert np.all(np.diff(widths[np.argsort(vals, kind="stable")]) >= 0)  # wider = more probable
     assert widths.max() > widths.min()
-    labelled = plots.draw_tree(tree, None, {p: f"t{i}" for i, p in enumerate(tree.paths)} | {(): "root!"})
+    labelled = static_figures.draw_tree(tree, None, {p: f"t{i}" for i, p in enumerate(tree.paths)} | {(): "root!"})
     assert {"root!", "t0", f"t{tree.nodes - 1}"} <= {t.get_text() for t in labelled.axes[0].texts}
 
 
 def test_mask_heatmap_is_the_buffer():
     tree = reference_trees()["vicuna_7b_stage2"]
-    fig = plots.mask_heatmap(tree, 10)
+    fig = static_figures.mask_heatmap(tree, 10)
     img = fig.axes[0].images[0].get_array()
     assert np.array_equal(np.asarray(img), tree_buffers(tree, 10)["attn_mask"].numpy())
 
 
 def test_tree_figure_has_tree_and_mask(tmp_path):
     tree = load_tree("[[0], [0, 0], [1], [0, 1]]")
-    fig = plots.tree_figure(tree)
+    fig = static_figures.tree_figure(tree)
     assert isinstance(fig, Figure) and len(fig.axes) == 2 and fig.axes[1].images
-    out = plots.save_png(fig, tmp_path / "sub" / "t.png")
+    out = static_figures.save_png(fig, tmp_path / "sub" / "t.png")
     assert out.read_bytes()[:8] == PNG_MAGIC
     assert not list(out.parent.glob(".*tmp*"))  # atomic write left nothing behind
 
@@ -87,7 +87,7 @@ def test_cli_tree_show_png(tmp_path, acc, capsys):
 
 def test_expected_curve_plot():
     x = np.arange(5)
-    fig = plots.expected_curve_plot({"a": (x, 1 + x / 10)}, {"ref": (3, 1.2), "ref2": (4, 1.1)}, (2, 1.2))
+    fig = static_figures.expected_curve_plot({"a": (x, 1 + x / 10)}, {"ref": (3, 1.2), "ref2": (4, 1.1)}, (2, 1.2))
     ax = fig.axes[0]
     assert np.allclose(ax.lines[0].get_ydata(), 1 + x / 10)
     points = [c for c in ax.collections if isinstance(c, PathCollection)]
@@ -98,9 +98,9 @@ def test_expected_curve_plot():
 # ----------------------------------------------------------------------------------------------- calibration
 
 def test_accuracy_heatmap_and_cumulative(acc):
-    img = plots.accuracy_heatmap(acc).axes[0].images[0].get_array()
+    img = static_figures.accuracy_heatmap(acc).axes[0].images[0].get_array()
     assert np.allclose(np.asarray(img), acc)
-    lines = plots.cumulative_topk(acc).axes[0].lines
+    lines = static_figures.cumulative_topk(acc).axes[0].lines
     assert len(lines) == acc.shape[0]
     for line, row in zip(lines, acc):
         assert np.allclose(line.get_ydata(), np.cumsum(row))
@@ -110,12 +110,12 @@ def test_accuracy_heatmap_and_cumulative(acc):
 def test_independence_vs_measured_points():
     paths = [(0,), (1,), (0, 0), (0, 1)]
     ind, mea = [0.5, 0.2, 0.25, 0.05], [0.5, 0.15, 0.35, 0.02]
-    ax = plots.independence_vs_measured(paths, ind, mea, annotate=2).axes[0]
+    ax = static_figures.independence_vs_measured(paths, ind, mea, annotate=2).axes[0]
     pts = [c for c in ax.collections if isinstance(c, PathCollection)][0]
     assert np.allclose(pts.get_offsets(), np.column_stack([ind, mea]))
     assert {t.get_text() for t in ax.texts} == {"[0, 0]", "[0, 1]"}  # the two largest |log measured/independence|
     assert ax.get_xscale() == "log"
-    ax = plots.independence_vs_measured(paths, [0.5, 0.0, 0.25, 0.05], mea, annotate=1).axes[0]
+    ax = static_figures.independence_vs_measured(paths, [0.5, 0.0, 0.25, 0.05], mea, annotate=1).axes[0]
     assert ax.get_xscale() == "linear" and [t.get_text() for t in ax.texts] == ["[1]"]  # a zero: linear axes
 
 
@@ -138,7 +138,7 @@ def sweep():
 
 
 def test_tokens_vs_candidates(sweep):
-    ax = plots.tokens_vs_candidates(sweep).axes[0]
+    ax = static_figures.tokens_vs_candidates(sweep).axes[0]
     lines = {l.get_label(): l for l in ax.lines}
     assert set(lines) == {"dense", "optimal", "vanilla greedy"}
     assert list(lines["optimal"].get_xdata()) == [4, 8, 16]
@@ -147,13 +147,13 @@ def test_tokens_vs_candidates(sweep):
 
 
 def test_speed_vs_candidates(sweep):
-    lines = {l.get_label(): l for l in plots.speed_vs_candidates(sweep).axes[0].lines}
+    lines = {l.get_label(): l for l in static_figures.speed_vs_candidates(sweep).axes[0].lines}
     assert np.allclose(lines["dense"].get_ydata(), [12, 14.4, 16])
     assert np.allclose(lines["vanilla greedy"].get_ydata(), [10, 10])
 
 
 def test_epsilon_plot(sweep):
-    fig = plots.epsilon_plot(sweep)
+    fig = static_figures.epsilon_plot(sweep)
     ax, ax2 = fig.axes[:2]
     assert len(ax.lines) == 2  # one per temperature
     assert list(ax.lines[0].get_xdata()) == [0.05, 0.1, 0.3]
@@ -162,7 +162,7 @@ def test_epsilon_plot(sweep):
 
 
 def test_predicted_vs_measured(sweep):
-    ax = plots.predicted_vs_measured(sweep).axes[0]
+    ax = static_figures.predicted_vs_measured(sweep).axes[0]
     pts = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert len(pts) == 1 and np.allclose(pts[0].get_offsets(), [[1.6, 1.5], [1.9, 1.8], [2.1, 2.0]])
 
@@ -170,26 +170,26 @@ def test_predicted_vs_measured(sweep):
 def test_latency_and_speedup_curves():
     lat = pd.DataFrame([dict(model="m", device="cpu", dtype="float32", context=c, tokens=n, seconds=0.01 * n + c)
                         for c in (1, 2) for n in (1, 4, 16)])
-    ax = plots.latency_curve(lat).axes[0]
+    ax = static_figures.latency_curve(lat).axes[0]
     assert len(ax.lines) == 2 and np.allclose(ax.lines[0].get_ydata(), 1000 * (0.01 * np.array([1, 4, 16]) + 1))
     batched = pd.concat([lat.assign(batch=1), lat.assign(batch=4, seconds=lat["seconds"] * 2)])
-    ax = plots.latency_curve(batched).axes[0]
+    ax = static_figures.latency_curve(batched).axes[0]
     assert len(ax.lines) == 4  # one per batch size and context: batch sizes are not averaged together
-    ax = plots.speedup_curve({"x": ([1, 2, 3], [1.2, 1.5, 1.4])}, {"x": (2, 1.5)}).axes[0]
+    ax = static_figures.speedup_curve({"x": ([1, 2, 3], [1.2, 1.5, 1.4])}, {"x": (2, 1.5)}).axes[0]
     assert np.allclose(ax.lines[0].get_ydata(), [1.2, 1.5, 1.4])
 
 
 # ----------------------------------------------------------------------------------------------- live decode
 
 def test_accepted_lengths_and_throughput():
-    ax = plots.accepted_lengths([1, 3, 2]).axes[0]
+    ax = static_figures.accepted_lengths([1, 3, 2]).axes[0]
     assert [p.get_height() for p in ax.patches] == [1, 3, 2]
-    ax = plots.throughput_bars({"Medusa": 30.0, "vanilla": 12.0}).axes[0]
+    ax = static_figures.throughput_bars({"Medusa": 30.0, "vanilla": 12.0}).axes[0]
     assert [p.get_height() for p in ax.patches] == [30.0, 12.0]
 
 
 def test_big_tree_stays_drawable():
     tree = make_tree([(i,) for i in range(10)] + [(0, i) for i in range(10)] + [(0, 0, i) for i in range(10)] +
                      [(1, i) for i in range(10)] + [(0, 0, 0, i) for i in range(10)])
-    fig = plots.tree_figure(tree)
+    fig = static_figures.tree_figure(tree)
     assert fig.get_figwidth() <= 24 + 4.5 + 1e-9
