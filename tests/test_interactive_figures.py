@@ -99,7 +99,7 @@ def test_speedup_chart_marks_old_measurements_and_the_spread():
     measured = [dict(nodes=3, speedup=0.9, noise=0.05, tree="t", sweep="new.csv", decoder_version="v2", old=False),
                 dict(nodes=4, speedup=0.6, noise=None, tree="u", sweep="old.csv", decoder_version="before", old=True)]
     fig = interactive_figures.speedup_chart({"optimal trees": ([1, 3], [1.1, 1.2], [1.0, 1.1], [1.2, 1.3])},
-                                {"recommended": (3, 1.2)}, measured)
+                                            {"recommended": (3, 1.2)}, measured)
     names = [t.name for t in fig.data]
     assert names == ["optimal trees: latency spread", "optimal trees", "recommended", "measured (current decoder)",
                      "measured, older decoder (old)"]

@@ -42,7 +42,7 @@ def run(tiny_llama, prompt_file, tmp_path_factory):
     """One uninterrupted calibration of the tiny Llama with tied heads: (folder, meta)."""
     out = tmp_path_factory.mktemp("cal") / "full"
     meta = cal(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), str(prompt_file), name="tiny",
-                     out=out, **ARGS)
+               out=out, **ARGS)
     return out, meta
 
 
@@ -392,7 +392,7 @@ def test_new_heads_reuse_the_answers_of_an_earlier_calibration(run, tiny_llama, 
     other = str(tiny_llama.heads_dirs["1"])
     fresh = cal(str(tiny_llama.model_dir), other, str(prompt_file), name="fresh", out=tmp_path / "fresh", **ARGS)
     reused = cal(str(tiny_llama.model_dir), other, str(prompt_file), name="reused", out=tmp_path / "reused",
-                       continuations=folder, **ARGS)
+                 continuations=folder, **ARGS)
     a = pd.read_parquet(tmp_path / "fresh" / "ranks.parquet")
     b = pd.read_parquet(tmp_path / "reused" / "ranks.parquet")
     pd.testing.assert_frame_equal(a, b)

@@ -10,19 +10,20 @@ import pytest
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.accuracies import write_accuracies
-from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
 from workbench.cli import main
 from workbench.cli.shared import parse_delta, parse_floats
+from workbench.decode import DECODER_VERSION
 from workbench.generation import prepare_prompt
 from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, measure_latency, read_latency
+from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.models import random_model
 from workbench.optimize import dense_tree, expected_length, optimal_tree
 from workbench.report import summarize
-from workbench.decode import DECODER_VERSION
 from workbench.sweep import SWEEP_COLUMNS, dense_near, read_sweep, run_sweep, sweep_configs, sweep_trees
 from workbench.tree import load_tree
 
+V1_SWEEP = REPO_ROOT / "tests" / "data" / "sweep-greedy-v1.csv"  # a sweep of decoder version 1, as written
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
            "Write a haiku about rain.", "List some fruits", "How do magnets work?"]
 
@@ -267,7 +268,7 @@ def test_sweep_batch_sizes_give_one_row_per_configuration_and_batch(tiny_llama, 
             df[df["batch_size"] == 1].set_index("tree")["acceleration_rate"].to_dict()
     assert main(base[:-1] + [str(tmp_path / "other.csv"), "--batch-sizes", "9"]) == 2
     assert "batch 9 but 5 prompts" in capsys.readouterr().err and not (tmp_path / "other.csv").exists()
-    old = read_sweep(REPO_ROOT / "docs" / "results" / "sweep-greedy-cpu.csv")  # before batching: batch 1
+    old = read_sweep(V1_SWEEP)  # before batching: batch 1
     assert (old["batch_size"] == 1).all() and "decoder_version" not in old.columns
 
 
@@ -482,13 +483,12 @@ def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
 
 
 def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
-    """The committed sweeps (written before the predictions were renamed, without the step timing columns) and a
-    CSV with the old prediction names read with today's names, in read_sweep and in the report."""
-    from workbench import REPO_ROOT
+    """A sweep of decoder version 1 (written before the predictions were renamed, without the step timing
+    columns) and a CSV with the old prediction names read with today's names, in read_sweep and in the report."""
     from workbench.calibration import PREDICTIONS
     from workbench.sweep import OLD_COLUMNS, read_sweep
 
-    committed = REPO_ROOT / "docs" / "results" / "sweep-greedy-cpu.csv"
+    committed = V1_SWEEP
     old = pd.read_csv(committed).rename(columns={v: k for k, v in OLD_COLUMNS.items()})
     assert set(OLD_COLUMNS) <= set(old.columns) and not set(OLD_COLUMNS.values()) & set(old.columns)
     old.to_csv(tmp_path / "old.csv", index=False)
@@ -497,7 +497,7 @@ def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
     assert not set(OLD_COLUMNS) & set(df.columns)
     pd.testing.assert_frame_equal(df, read_sweep(committed), check_like=True)
     md = summarize(tmp_path / "old.csv")
-    assert md == summarize(committed).replace("sweep-greedy-cpu.csv", "old.csv")
+    assert md == summarize(committed).replace(V1_SWEEP.name, "old.csv")
     assert "| predicted_independent | predicted_joint | predicted_replay |" in md
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 
 from workbench import WorkbenchError
+from workbench.optimize import best_dense_tree, expected_length, optimal_tree, optimal_tree_from, value_and_limits
 from workbench.tree import MEDUSA_TOPK, RankPath, Tree, load_tree
 
 SUFFIXES = {"medusa": ".py", "json": ".json", "trtllm": ".trtllm.txt", "vllm": ".vllm.json",  # file name ends
@@ -190,8 +191,6 @@ def best_engine_safe(value, engine: str, budget: int, max_depth: int, max_rank: 
     """The most valuable tree of at most `budget` nodes that `engine` builds exactly as written (optimize
     --engine-safe): trtllm, first level ranks 0..k-1 (exact over k); vllm, the best dense tree.
     `value` is acc[K, R] or a path value function."""
-    from workbench.optimize import best_dense_tree, optimal_tree
-
     _check_safe_engine(engine)
     if engine == "vllm":
         return best_dense_tree(value, budget, max_depth, max_rank)
@@ -209,8 +208,6 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
     vllm: the best dense tree with at most as many nodes and no deeper than `heads` (needs `value`).
     `value` is acc[K, R] or a path value function; without it the cost is unknown and a stand-in ranks nodes.
     """
-    from workbench.optimize import best_dense_tree, expected_length, optimal_tree_from, value_and_limits
-
     _check_safe_engine(engine)
     fn = depth = ranks = None
     if value is not None:  # a table's limits are its shape; a value function's, the tree's own
@@ -333,8 +330,9 @@ def vllm_schedule(plan: dict, notes: list[str]) -> list[list[int]]:
 def check_plan_heads(plan: dict, heads_dir) -> tuple[int, list[str]]:
     """(the heads' count, warnings) after checking that `heads_dir` holds the heads the plan was made for (the
     calibration's heads_sha256) and enough heads for its deepest row: another model's heads are an error."""
-    from workbench.measure_ranks import heads_fingerprint  # deferred: loads the calibration machinery
+    # deferred (here and in _vllm_model): these load transformers, which the `workbench tree` commands never need
     from workbench.heads import load_heads
+    from workbench.measure_ranks import heads_fingerprint
 
     heads, _ = load_heads(heads_dir)
     src = plan.get("source") or {}

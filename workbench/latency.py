@@ -22,9 +22,11 @@ from typing import Mapping
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
 from workbench.io import read_csv
+from workbench.optimize import expected_curve, optimal_tree, optimal_tree_from, value_and_limits
 from workbench.tree import MEDUSA_TOPK, Tree
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
@@ -43,8 +45,6 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
     """An n-node tree shaped like optimal trees (wide near the root, narrowing with depth): node value
     prod_d 0.7 * 0.45^rank, best-first. For dense-mask kernels only the token count matters; the shape makes
     the 4-D mask and position ids the decoder's own, so a kernel that exploits structure is timed as used."""
-    from workbench.optimize import optimal_tree_from
-
     tree = optimal_tree_from(lambda p: math.prod(0.7 * 0.45 ** r for r in p), nodes, depth, topk,
                              name=f"latency_{nodes}")
     if tree.nodes < nodes:
@@ -73,8 +73,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     that a Medusa step needs). The caches are prefilled once per (batch, context) with random tokens and a verify
     leaves the lengths where they were, so the context stays fixed. Sizes are timed round-robin, `repeats` rounds, so that a load change
     on a shared machine hits every size alike; each point keeps the spread of its rounds."""
-    from tqdm.auto import tqdm
-
+    # deferred: these load transformers, which the CLI's tree commands (importing this module) never need
     from workbench.engine import StepEngine, root_setup, tree_setup, verify_times
     from workbench.generation import context_length
 
@@ -349,8 +348,6 @@ def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank:
     """The optimal tree for every budget the latency table covers, its predicted speedup, and the tree with the
     best one. `value` is acc[K, R] or a monotone path-value function (then max_depth and max_rank are
     required). Returns {"rows", "best", "tree"}."""
-    from workbench.optimize import expected_curve, optimal_tree, value_and_limits
-
     fn, max_depth, max_rank = value_and_limits(value, max_depth, max_rank, "hardware_aware")
     top = max_tokens(latency) - 1
     if max_budget is not None:

@@ -22,10 +22,10 @@ Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json, trees/
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +33,18 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
+from workbench.accuracies import write_accuracies
 from workbench.calibration import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS, Calibration, calibration_root,
                                    decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
                                    ranks_frame, read_ranks, slug)
+from workbench.data import load_prompt_records
 from workbench.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
                                   teacher_forced_hidden)
 from workbench.io import atomic_write, atomic_write_json, gate, read_json, run_lock
+from workbench.models import load_model_and_heads, model_label
+from workbench.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
 from workbench.parallel import Shard, current_launch
-from workbench.tree import MEDUSA_TOPK
+from workbench.tree import MEDUSA_TOPK, save_tree
 
 
 
@@ -105,8 +109,6 @@ def _write_parquet(df: pd.DataFrame, path: Path) -> None:
 
 
 def default_name(model: str | None, prompts: str) -> str:
-    from workbench.models import model_label
-
     return f"{slug(model_label(model), True)}-{slug(prompts, True)}"
 
 
@@ -160,9 +162,6 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     `cfg.continuations`: a finished calibration folder of the same model, prompts and token limit whose greedy
     answers are reused (new heads on a fixed base: only one teacher-forced forward per batch, no generation).
     """
-    from workbench.data import load_prompt_records
-    from workbench.models import load_model_and_heads, model_label
-
     records = load_prompt_records(cfg.prompts, cfg.limit)
     name = cfg.name or default_name(cfg.model, cfg.prompts)
     folder = Path(cfg.out) if cfg.out else calibration_root() / name
@@ -388,9 +387,6 @@ def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarra
     predicted_joint from `fit`, predicted_replay over the `test` answers when there are any, predicted_replay_fit
     over the fit answers) and holdout_acceptance_length, the joint all-position mean on `test`. A model where no
     node was ever right yields no tree (listed in skipped)."""
-    from workbench.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
-    from workbench.tree import save_tree
-
     K, topk = acc.shape
     indep_fn, joint_fn = acc_value_fn(acc), empirical_value_fn(path_probabilities(fit))
     summary, skipped = [], []
@@ -419,8 +415,6 @@ def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarra
 def _finish(folder: Path, name: str, args: dict, records, holdout: float, budgets: list[int],
             trees_dir: Path) -> dict:
     """Accuracies, trees and meta from the merged ranks (cheap: reruns with new budgets/holdout redo only this)."""
-    from workbench.accuracies import write_accuracies
-
     shutil.rmtree(folder / "parts", ignore_errors=True)  # left over if a kill came right after the merge
     old = read_json(folder / META, str(folder))
     ranks = read_ranks(folder / RANKS, str(folder))

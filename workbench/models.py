@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -84,7 +85,6 @@ def demo_model_dir() -> Path:
     tok.save_pretrained(tmp)
     tmp.mkdir(parents=True, exist_ok=True)
     if out.exists():  # another process won the race
-        import shutil
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         tmp.rename(out)

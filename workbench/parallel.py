@@ -21,6 +21,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from workbench import WorkbenchError
 from workbench.io import gate
 
@@ -62,8 +64,6 @@ class Launch:
         rank (each process its own GPU, made the current one); anything else is taken as given. A device map
         spreads one model over every visible GPU, so it takes a machine (or a CUDA_VISIBLE_DEVICES group) per
         process."""
-        import torch
-
         if device_map is not None:
             if self.local_world > 1:
                 raise WorkbenchError(f"--device-map {device_map} with {self.local_world} processes on this machine: "

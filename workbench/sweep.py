@@ -21,11 +21,13 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
+from workbench.calibration import decoder_walk
 from workbench.decode import (DECODER_VERSION, Acceptance, decoder_overhead, goodput, mean_step_s, measured_speedup,
                               medusa_generate, overhead, vanilla_generate)
 from workbench.divergence import divergence_counts, divergences
 from workbench.engine import StepEngine, forward_probe, logits_of, root_setup, tree_setup
 from workbench.io import atomic_write_text, read_csv
+from workbench.optimize import best_by, dense_nodes, dense_tree, optimal_tree
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree
 
 DEFAULT_BUDGETS = (4, 8, 16, 32, 64, 128, 256)
@@ -36,8 +38,6 @@ DEFAULT_BUDGETS = (4, 8, 16, 32, 64, 128, 256)
 def dense_near(budget: int, max_depth: int, max_rank: int = MEDUSA_TOPK, slack: float = 1.5) -> list[Tree]:
     """Cartesian trees [s], [s, s], [s, s, s], ... (paper §2.1.2) whose node count is the one closest to
     `budget` for that depth, kept when within a factor `slack` of it."""
-    from workbench.optimize import dense_nodes, dense_tree
-
     out = []
     for d in range(1, max_depth + 1):
         s = min(range(1, max_rank + 1), key=lambda s: (abs(dense_nodes(s, d) - budget), s))
@@ -54,9 +54,6 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
     tree within the budget replaces the optimum when a greedy decoder replayed over the first N tokens of the fit
     answers accepts more with it); --dense adds Cartesian trees near every budget (or the given trees' sizes).
     `calibration`: a calibration.Calibration."""
-    from workbench.calibration import decoder_walk
-    from workbench.optimize import best_by, optimal_tree
-
     out: list[tuple[Tree, str]] = []
     for i, spec in enumerate(trees or []):
         t = load_tree(spec, num_heads=num_heads)
@@ -225,8 +222,6 @@ def calibration_predictions(calibration, max_new_tokens: int | None = None, prom
     predicted_replay_fit (the replay over the fit answers), and replay_swept: the replay over the calibration's own
     answers to *these* prompts, which a lossless greedy decoder must match exactly. Answers are cut to
     max_new_tokens, as the sweep cuts them; a tree the calibration cannot score gets no predictions."""
-    from workbench.calibration import decoder_walk
-
     ours = None
     if prompt_ids is not None:
         every = calibration.answers("all", max_new_tokens)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
+from workbench.data import data_dirs, load_prompts
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
 from workbench.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
@@ -60,8 +61,6 @@ class TrainConfig:
 def default_prompt_files() -> list[str]:
     """The default training files, each from the first data folder holding it ($WORKBENCH_DATA_DIR first, as for
     the named prompt sets: a GPU machine gets them carried there)."""
-    from workbench.data import data_dirs
-
     return [next(str(d / f) for d in data_dirs() if (d / f).is_file())
             for f in DEFAULT_TRAIN_FILES if any((d / f).is_file() for d in data_dirs())]
 
@@ -75,8 +74,6 @@ def default_folders(model: str | None) -> tuple[Path, Path]:
 
 def interleaved_prompts(files: list[str], seed: int = 0) -> list[str]:
     """Shuffle each file, then interleave them so any prefix of the stream mixes every source."""
-    from workbench.data import load_prompts
-
     if not files:
         raise WorkbenchError("no training prompt files: pass --prompts FILE [FILE ...] (Alpaca-format JSON/JSONL/CSV)")
     for f in files:

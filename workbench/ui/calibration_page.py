@@ -8,6 +8,7 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench import interactive_figures
+from workbench.accuracies import accuracy_frame
 from workbench.ui.widgets import accuracy_source, chart, timed
 
 
@@ -17,8 +18,6 @@ def calibration_page() -> None:
 
 
 def _calibration_page() -> None:
-    from workbench.accuracies import accuracy_frame
-
     st.title("Calibration")
     src = accuracy_source("cal")
     if src is None:

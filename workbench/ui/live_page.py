@@ -12,17 +12,19 @@ from pathlib import Path
 
 import pandas as pd
 import streamlit as st
+import torch
 
-from workbench import REPO_ROOT, WorkbenchError
-from workbench import interactive_figures, static_figures
+from workbench import REPO_ROOT, WorkbenchError, interactive_figures, static_figures
+from workbench.decode import ACCEPTANCE_KINDS, Acceptance, medusa_generate, vanilla_generate
+from workbench.divergence import compare
+from workbench.generation import prepare_prompt
+from workbench.tree import REFERENCE_DIR, load_tree
 from workbench.ui.widgets import (calibration_folders, clean_error, figure, file_stamp, load_model, open_calibration,
                                   timed)
 
 
 def tree_choice() -> str | None:
     """A tree spec for the live decoder: the designer's tree, a reference, a calibrated tree file, or typed in."""
-    from workbench.tree import REFERENCE_DIR
-
     options = []
     designed = st.session_state.get("designed_tree")
     if designed:
@@ -79,8 +81,6 @@ def live_page() -> None:
 def predicted_for(folder: str | None, spec: str | None, max_new: int) -> dict | None:
     """What the calibration predicts for this tree (Calibration.predict, answers cut at max_new tokens, as the decode
     cuts them), beside the measured tokens/step: {"folder", "model", "heads", **predictions} or {"error": ...}."""
-    from workbench.tree import load_tree
-
     if not folder or not spec:
         return None
     try:
@@ -92,13 +92,6 @@ def predicted_for(folder: str | None, spec: str | None, max_new: int) -> dict | 
 
 
 def _live_page() -> None:
-    import torch
-
-    from workbench.decode import ACCEPTANCE_KINDS, Acceptance, medusa_generate, vanilla_generate
-    from workbench.divergence import compare
-    from workbench.generation import prepare_prompt
-    from workbench.tree import load_tree
-
     st.title("Live decode")
     with st.sidebar:
         spec = tree_choice()

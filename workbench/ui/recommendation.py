@@ -13,6 +13,11 @@ import pandas as pd
 import streamlit as st
 
 from workbench import REPO_ROOT, WorkbenchError
+from workbench.calibration import Calibration
+from workbench.export import FORMATS, SUFFIXES, export_tree
+from workbench.recommend import (disagreement_text, latency_note, measurements, recommend, runner_up_close, sentence,
+                                 shape)
+from workbench.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file)
 
@@ -23,10 +28,6 @@ def _ranked(source_key: tuple, _source, latency: str, latency_stamp: float, cont
             trees: tuple) -> dict:
     """recommend.recommend on files named by path and stamp (the cache key); `_source` (a Calibration or acc
     table) is identified by `source_key`. trees: ((name, paths), ...)."""
-    from workbench.calibration import Calibration
-    from workbench.recommend import recommend
-    from workbench.tree import Tree
-
     value = _source.joint_value("fit") if joint and isinstance(_source, Calibration) else None
     frames = {Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}
     return recommend(_source, read_latency_file(latency, latency_stamp), context, batch, frames, value, max_depth,
@@ -49,9 +50,6 @@ def readable_sweeps(extra=()) -> list[Path]:
 def swept_trees(sweeps: list[Path]) -> list:
     """The reference trees and the files under trees/ whose shape some sweep measured: ranked beside the optimizer's
     candidates, so that their measurements stand next to their predictions."""
-    from workbench.recommend import measurements, shape
-    from workbench.tree import load_tree, reference_trees
-
     found = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in sweeps})
     trees = list(reference_trees().values())
     for f in sorted((REPO_ROOT / "trees").glob("*.json")):
@@ -125,10 +123,6 @@ COLUMNS = {
 def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_label: str = "show it") -> None:
     """Draw the recommendation: the warning first (when measurements contradict the prediction), the sentence, the
     pick's exports in every format, notes on closeness and old measurements, and the ranked candidates."""
-    from workbench.export import FORMATS, SUFFIXES, export_tree
-    from workbench.recommend import disagreement_text, latency_note, runner_up_close, sentence
-    from workbench.tree import Tree, record_json, tree_record
-
     text = disagreement_text(rec)
     if text:
         st.warning(text, icon="⚠️")

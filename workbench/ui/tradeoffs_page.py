@@ -11,19 +11,22 @@ from pathlib import Path
 
 import streamlit as st
 
-from workbench import WorkbenchError
-from workbench import interactive_figures
+from workbench import WorkbenchError, interactive_figures
 from workbench.calibration import PREDICTED_COLUMNS
+from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
+from workbench.latency import hardware_aware
+from workbench.plan import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
+from workbench.recommend import OLD_DECODER, decoder_version, measurements
+from workbench.sweep import has_typical
 from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
-from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
-                                  found_csvs, latency_files, latency_picker, read_latency_file, read_sweep_file,
+from workbench.ui.tree_page import RECOMMENDED, tree_page
+from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
+                                  latency_files, latency_picker, read_latency_file, read_sweep_file,
                                   read_sweep_or_error, slider, timed)
 
 
 def _show_in_designer(tree) -> None:
     """The recommended tree on display in the designer (/tree)."""
-    from workbench.ui.tree_page import RECOMMENDED
-
     st.session_state["tree_show"] = RECOMMENDED + tree.name
     st.session_state.pop("tree_edit", None)
     st.session_state["to_goto_designer"] = True
@@ -36,8 +39,6 @@ def tradeoffs_page() -> None:
 
 def sweep_age(sweep) -> str | None:
     """'old' text for a sweep made by an older decoder, None for a current one."""
-    from workbench.recommend import OLD_DECODER, decoder_version
-
     versions = set(decoder_version(sweep))
     if versions == {OLD_DECODER}:
         return f"made by the decoder {OLD_DECODER} (old): its speeds are not the current decoder's"
@@ -47,10 +48,6 @@ def sweep_age(sweep) -> str | None:
 
 
 def _tradeoffs_page() -> None:
-    from workbench.latency import hardware_aware
-    from workbench.recommend import measurements
-    from workbench.sweep import has_typical
-
     if st.session_state.pop("to_goto_designer", False):  # set by the button's callback (no switch in callbacks)
         _goto_designer()
     st.title("Trade-offs")
@@ -111,7 +108,7 @@ def _tradeoffs_page() -> None:
                   "Paper Fig. 4a: sparse (optimal) vs dense trees; hover a point for its trees.", key="to_fig4a_chart")
         with c2:
             chart(interactive_figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
-                                      "speed vs candidates" + (" (old decoder)" if age else "")),
+                                                  "speed vs candidates" + (" (old decoder)" if age else "")),
                   "Paper Fig. 4b" + (f": {age}." if age else "."), key="to_fig4b_chart")
     c1, c2 = st.columns(2)
     with c1:
@@ -179,8 +176,10 @@ def _tradeoffs_page() -> None:
         picks = {f"best ({n})": (r["best"]["budget"], r["best"]["speedup"]) for n, r in res.items()}
         if rec:
             picks["recommended"] = (rec["pick"]["nodes"], rec["pick"]["speedup"])
-        chart(interactive_figures.speedup_chart(curves, picks, [m for ms in found.values() for m in ms],
-                                    title=f"predicted speedup, batch {tables['batch']}, context {tables['context']}"),
+        measured = [m for ms in found.values() for m in ms]
+        chart(interactive_figures.speedup_chart(curves, picks, measured,
+                                                title=f"predicted speedup, batch {tables['batch']}, context "
+                                                      f"{tables['context']}"),
               (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
                f"{rec['pick']['label']}). " if rec else "")
               + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; "
@@ -193,9 +192,6 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
     """The plan per batch size (tree, chain or none) on a latency table with several batch sizes: predicted
     speedup of each kind against batch size, the live check where the chosen sweep is a `sweep --plan`, and the plan
     with each engine's output to download."""
-    from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
-    from workbench.plan import check_plan, plan_check, speedups_by_kind
-
     if "batch" not in lat.columns or lat["batch"].nunique() < 2 or src is None or src.calib is None:
         return
     st.subheader("Plan per batch size")
@@ -234,8 +230,6 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
 @st.cache_data(show_spinner="planning per batch size ...")
 def _cached_plan(folder: str, latency: str, batches: tuple, stamp: float) -> str:
     """The plan file's text for this calibration and latency table (paths by name only)."""
-    from workbench.plan import make_plan, plan_json, plan_source
-
     plan = make_plan(plan_source(calibration=folder), latency, batches)
     plan["latency"]["file"] = Path(latency).name  # no server path in a downloaded plan
     plan["source"]["path"] = Path(folder).name
@@ -246,14 +240,10 @@ def _plan_label(row: dict) -> str:
     return {"none": "no speculation", "chain": f"chain K={row['nodes']}"}.get(row["kind"], f"tree of {row['nodes']}")
 
 def _goto_designer() -> None:
-    from workbench.ui.tree_page import tree_page
-
     st.switch_page(st.Page(tree_page, title="Tree designer", url_path="tree"))
 
 
 def _readable_typical(path: Path) -> bool:
-    from workbench.sweep import has_typical
-
     try:
         return has_typical(read_sweep_file(str(path), file_stamp(path)))
     except WorkbenchError:

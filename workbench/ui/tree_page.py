@@ -15,20 +15,27 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from workbench import REPO_ROOT, WorkbenchError
-from workbench import interactive_figures
+from workbench import REPO_ROOT, WorkbenchError, interactive_figures
+from workbench.calibration import tree_table
+from workbench.decode import first_proposal
+from workbench.export import (FORMATS, SAFE_ENGINES, SUFFIXES, TRTLLM_MAX_DRAFT_LEN, best_engine_safe, engine_safe,
+                              export_tree, first_level_gaps, vllm_uniform)
+from workbench.generation import prepare_prompt
+from workbench.latency import hardware_aware
+from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
+                                optimal_tree_from)
+from workbench.recommend import measurements, shape, tree_speedup
+from workbench.tree import (Tree, add_path, load_tree, parse_path, record_json, reference_trees, remove_path,
+                            tree_buffers, tree_diff, tree_record)
 from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
-                                  int_slider, kept_upload, latency_files, latency_picker, load_model,
-                                  read_latency_file, read_sweep_file, timed)
+                                  int_slider, kept_upload, latency_files, latency_picker, load_model, read_latency_file,
+                                  read_sweep_file, timed)
 
 
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
     """The model's next token and every head's top-k tokens at the end of `prompt` (node labels); blank model
     and heads = the demo."""
-    from workbench.decode import first_proposal
-    from workbench.generation import prepare_prompt
-
     base, tok, heads = load_model(model, heads_path, "auto")
     found = first_proposal(base, heads, prepare_prompt(tok, prompt), topk)
     show = lambda i: tok.decode([int(i)]).replace("\n", "\\n").strip() or repr(tok.decode([int(i)]))  # noqa: E731
@@ -55,8 +62,6 @@ TABLE_COLUMNS = {k: st.column_config.NumberColumn(k.replace("predicted_", "").re
 
 def tree_options(designed, user: list, recommended=None) -> dict[str, object]:
     """Every tree the designer can show, compare or export: {label: Tree or file path}; files load on pick."""
-    from workbench.tree import reference_trees
-
     out: dict[str, object] = {OPTIMIZER: designed}
     if recommended is not None:
         out[RECOMMENDED + recommended.name] = recommended
@@ -68,8 +73,6 @@ def tree_options(designed, user: list, recommended=None) -> dict[str, object]:
 
 def pick_tree(label: str, options: dict, num_heads: int, topk: int):
     """The tree behind an option label, checked against the heads and ranks of the accuracies (st.error if not)."""
-    from workbench.tree import load_tree
-
     spec = options[label]
     try:
         return load_tree(str(spec) if isinstance(spec, Path) else spec, topk=topk, num_heads=num_heads)
@@ -83,8 +86,6 @@ def pick_tree(label: str, options: dict, num_heads: int, topk: int):
 def _edit_tree(action: str, tree, sig: str, num_heads: int, topk: int) -> None:
     """Button callback: add or remove a node of the tree on display (kept per source tree), or reset it. After a
     removal the remove box shows no node (the removed one is gone from its options)."""
-    from workbench.tree import add_path, parse_path, remove_path
-
     st.session_state["tree_edit_error"] = None
     try:
         if action == "add":
@@ -108,9 +109,6 @@ def _repair(tree, sig: str, engine: str, value, num_heads: int, best: bool, budg
             rank: int) -> None:
     """Button callback: the shown tree repaired for an engine (export.engine_safe), or the best tree that engine
     builds as written within the same node count (export.best_engine_safe); shown as an edit of the tree."""
-    from workbench.export import TRTLLM_MAX_DRAFT_LEN, best_engine_safe, engine_safe
-    from workbench.optimize import expected_length
-
     st.session_state["tree_edit_error"] = None
     try:
         if best:
@@ -152,8 +150,6 @@ def _focus_from_pick(names: list) -> None:
 @st.cache_data(max_entries=32, show_spinner=False)
 def _designed(source_key: tuple, _src: Source, model: str, budget: int, depth: int, rank: int):
     """The optimizer's tree for the sidebar settings (not hardware-aware), once per setting."""
-    from workbench.optimize import best_dense_tree, optimal_tree, optimal_tree_from
-
     if model == "empirical paths":
         return optimal_tree_from(_src.calib.joint_value("fit"), budget, depth, rank, name=f"empirical_{budget}")
     if model.startswith("dense"):
@@ -163,8 +159,6 @@ def _designed(source_key: tuple, _src: Source, model: str, budget: int, depth: i
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def _curves(source_key: tuple, _src: Source, depth: int, rank: int, top: int = 256) -> dict:
-    from workbench.optimize import expected_curve
-
     curves = {"optimal (independence)": expected_curve(_src.acc, top, depth, rank)}
     if _src.calib is not None:
         curves["optimal (empirical)"] = expected_curve(_src.calib.joint_value("fit"), top, depth, rank)
@@ -183,12 +177,6 @@ def tree_page() -> None:
 
 
 def _tree_page() -> None:
-    from workbench.calibration import tree_table
-    from workbench.latency import hardware_aware
-    from workbench.optimize import acc_value_fn
-    from workbench.recommend import measurements, shape, tree_speedup
-    from workbench.tree import Tree
-
     st.title("Tree designer")
     src = accuracy_source("tree")
     if src is None:
@@ -389,8 +377,6 @@ def hardware_input(src: Source) -> dict | None:
 
 def named_trees(user: list) -> list:
     """The named trees of the table and the curve: references, files under trees/, the user's."""
-    from workbench.tree import Tree
-
     out = []
     for label, spec in tree_options(None, user).items():
         if label == OPTIMIZER:
@@ -403,8 +389,6 @@ def named_trees(user: list) -> list:
 
 def edit_box(tree, base, sig: str, K: int, R: int) -> None:
     """Add / remove / reset, the engine repair's note, and what the edits changed."""
-    from workbench.tree import tree_diff
-
     edit = st.session_state.get("tree_edit")
     with st.expander(f"Edit {tree.name or 'this tree'} (add or remove nodes)", expanded=tree is not base):
         c1, c2, c3 = st.columns([2, 2, 1])
@@ -503,10 +487,6 @@ def export_view(tree, base, designed, edit, shown: str, model: str, budget: int,
                 K: int, value, empirical, src: Source, guess: dict | None, lat, sig: str) -> None:
     """Tree buffers, downloads in every format (no rerun on click), and each export warning with the in-app repair
     beside it."""
-    from workbench.export import FORMATS, SAFE_ENGINES, SUFFIXES, export_tree, first_level_gaps, vllm_uniform
-    from workbench.optimize import expected_length
-    from workbench.tree import Tree, record_json, tree_buffers, tree_record
-
     with st.expander("Tree buffers (Medusa's generate_medusa_buffers)"):
         buf = tree_buffers(tree, max(tree.max_rank + 1, 10))
         c1, c2 = st.columns(2)
@@ -559,8 +539,6 @@ def export_view(tree, base, designed, edit, shown: str, model: str, budget: int,
 
 def pick_quiet(spec):
     """A named tree for the table (None if a file there cannot be read: the selectbox reports it when picked)."""
-    from workbench.tree import load_tree
-
     try:
         return load_tree(str(spec) if isinstance(spec, Path) else spec)
     except WorkbenchError:
@@ -569,9 +547,6 @@ def pick_quiet(spec):
 
 def compare_trees(a, b, indep, empirical, src: Source) -> None:
     """Two trees as one drawing (their union, coloured shared / only in A / only in B) and what each brings."""
-    from workbench.calibration import tree_table
-    from workbench.tree import Tree, tree_diff
-
     d = tree_diff(a, b)
     st.subheader(f"A = {a.name} vs B = {b.name}")
     value = empirical or indep
@@ -592,8 +567,6 @@ def compare_trees(a, b, indep, empirical, src: Source) -> None:
 def user_tree_input(num_heads: int) -> list:
     """An extra tree to compare: uploaded file, path, reference name or literal. A bad one is an st.error (and the
     tree on display says what it shows instead)."""
-    from workbench.tree import Tree, load_tree
-
     with st.sidebar.expander("Your own tree (to show, edit, compare)"):
         up = kept_upload("Tree file (JSON or Medusa choices .py)", "tree_user_up", ["json", "py", "txt"])
         spec = str(up) if up is not None else st.text_input(

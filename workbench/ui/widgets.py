@@ -19,15 +19,21 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from workbench import REPO_ROOT, WorkbenchError
+from workbench import REPO_ROOT, WorkbenchError, calibration
+from workbench.accuracies import read_accuracies
+from workbench.calibration import Calibration, list_calibrations
+from workbench.io import find_csvs
+from workbench.latency import LATENCY_REQUIRED, read_latency
+from workbench.models import load_model_and_heads
+from workbench.recommend import latency_tables
+from workbench.sweep import SWEEP_REQUIRED, read_sweep
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "workbench-app"
 EXAMPLE_CSV = "head,rank,accuracy\n1,1,0.55\n1,2,0.12\n1,3,0.05\n2,1,0.30\n2,2,0.10\n2,3,0.05\n"
 
-def calibration_root() -> Path:
-    from workbench.calibration import calibration_root
 
-    return calibration_root(REPO_ROOT / "calibration")
+def calibration_root() -> Path:
+    return calibration.calibration_root(REPO_ROOT / "calibration")
 
 
 def results_root() -> Path:
@@ -36,8 +42,6 @@ def results_root() -> Path:
 
 
 def calibration_folders() -> list[Path]:
-    from workbench.calibration import list_calibrations
-
     return list_calibrations(calibration_root())
 
 
@@ -114,8 +118,6 @@ def _text_path(text: str, name: str) -> Path:
 @st.cache_resource(show_spinner="Reading the calibration...", max_entries=4)
 def open_calibration(folder: str, stamp: float):
     """The calibration folder, opened once per version (it keeps what it reads); cache_resource: never copied."""
-    from workbench.calibration import Calibration
-
     cal = Calibration(folder)
     cal.path_probabilities("fit")  # read and checked here, under the spinner, not halfway through a page
     return cal
@@ -123,39 +125,27 @@ def open_calibration(folder: str, stamp: float):
 
 @st.cache_data(max_entries=16)
 def read_accuracy_file(path: str, stamp: float):
-    from workbench.accuracies import read_accuracies
-
     return read_accuracies(path, return_counts=True)
 
 
 @st.cache_data(max_entries=8)
 def read_latency_file(path: str, stamp: float) -> pd.DataFrame:
-    from workbench.latency import read_latency
-
     return read_latency(path)
 
 
 @st.cache_data(max_entries=8)
 def read_sweep_file(path: str, stamp: float) -> pd.DataFrame:
-    from workbench.sweep import read_sweep
-
     return read_sweep(path)
 
 
 @st.cache_resource(show_spinner=False, max_entries=1)
 def load_model(model: str, heads: str, device: str):
     """(base, tokenizer, heads); one at a time, so switching models frees the last one."""
-    from workbench.models import load_model_and_heads
-
     return load_model_and_heads(model or None, heads or None, None if device == "auto" else device)
 
 
 def found_csvs(kind: str) -> list[Path]:
     """Sweep or latency CSVs in the calibration folders and the results folder, recognised by their header."""
-    from workbench.io import find_csvs
-    from workbench.latency import LATENCY_REQUIRED
-    from workbench.sweep import SWEEP_REQUIRED
-
     return find_csvs((calibration_root(), results_root()), {"sweep": SWEEP_REQUIRED, "latency": LATENCY_REQUIRED}[kind])
 
 
@@ -328,8 +318,6 @@ def latency_picker(df: pd.DataFrame, key: str, name: str, target: float | None, 
     """One latency table (recommend.latency_tables: seconds by token count, with its spread) of one setup
     (model/device/dtype), batch size and context, picked with selectboxes where the file has several; the context
     defaults to the one nearest the calibration's typical cache length, the batch to 1."""
-    from workbench.recommend import latency_tables
-
     where = where or st.sidebar
     keys = [c for c in ("model", "device", "dtype") if c in df.columns]
     if keys:
