@@ -3,13 +3,17 @@
     Oracle, checked_steps            a proposer that knows the true continuation; the cache-length invariant
     tie_model, rounding_in_tree      a constructed bf16 near-tie and a stand-in for the tree forward's rounding
     make_calibration, make_latency, make_sweep   synthetic files in the formats the app reads
+    freeze_when                      stop a running process right after it reaches a point (fault injection)
     TESTED_TRANSFORMERS              the transformers versions the whole suite has passed with
 """
 from __future__ import annotations
 
 import json
 import math
+import os
 import random
+import signal
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -256,3 +260,23 @@ def make_current_sweep(root: Path, cal: Path) -> Path:
     df["decoder_version"], df["batch_size"] = "static-cache-1", 1
     df.to_csv(root / "c-current.csv", index=False)
     return root / "c-current.csv"
+
+
+# ----------------------------------------------------------------------------------------------- fault injection
+
+def freeze_when(pid: int, ready, rng: random.Random, what: str, alive=lambda: True, timeout: float = 300) -> None:
+    """SIGSTOP process `pid` right after ready() first holds (its N-th part is on disk). The process runs in slices
+    of a millisecond or two, stopped between them while ready() is checked, so it is frozen within a slice of the
+    point however fast the machine is (free running, a fast machine finished the whole run before a signal landed);
+    where in its work the last slice ends is random. `alive()` False (the run ended) fails the test."""
+    t0 = time.time()
+    os.kill(pid, signal.SIGSTOP)
+    while not ready():
+        assert alive(), f"{what}: the run ended before the kill point"
+        assert time.time() - t0 < timeout, f"{what}: no progress in {timeout} s"
+        try:
+            os.kill(pid, signal.SIGCONT)
+            time.sleep(rng.uniform(0.0005, 0.002))
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            raise AssertionError(f"{what}: process {pid} ended before the kill point") from None

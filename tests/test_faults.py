@@ -2,7 +2,7 @@
 the output of an uninterrupted run, and a second run on the same folder refuses while the first lives.
 
 Each test runs the real CLI (`python -m workbench.cli`) as a subprocess on a tiny random model, freezes it
-(SIGSTOP) at a random point once its N-th part is on disk, checks that a second run on the same folder refuses in
+(SIGSTOP) right after its N-th part is on disk, checks that a second run on the same folder refuses in
 one line naming the owner's pid, kills the first with SIGKILL (leaving its lock file behind, with a dead pid) and
 reruns to the end in-process. The rerun takes the stale lock over and must equal an uninterrupted run.
 The seed of the random point is in every assertion message.
@@ -15,7 +15,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -23,6 +22,8 @@ import pytest
 
 from workbench.cli import main
 from workbench.io import LOCK_NAME, run_lock
+
+from helpers import freeze_when
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"Say something about the number {i}." for i in range(12)]
@@ -41,18 +42,11 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _freeze_when(proc: subprocess.Popen, ready, rng: random.Random, what: str, timeout: float = 240) -> None:
-    """Wait until ready() (the N-th part is on disk), a random moment more, then SIGSTOP the run."""
-    t0 = time.time()
-    while not ready():
-        if proc.poll() is not None:
-            pytest.fail(f"{what}: the run ended (status {proc.returncode}) before the kill point: "
-                        f"{proc.stderr.read().decode()[-800:]}")
-        assert time.time() - t0 < timeout, f"{what}: no progress in {timeout} s"
-        time.sleep(0.01)
-    time.sleep(rng.uniform(0, 0.15))
-    proc.send_signal(signal.SIGSTOP)
-    assert proc.poll() is None, f"{what}: finished before the kill point; lower N"
+def _freeze_when(proc: subprocess.Popen, ready, rng: random.Random, what: str) -> None:
+    """Freeze the run (SIGSTOP) right after ready() holds (the N-th part is on disk)."""
+    alive = lambda: proc.poll() is None
+    freeze_when(proc.pid, ready, rng, what, alive=alive)
+    assert alive(), f"{what}: finished before the kill point; lower N"
 
 
 def _refused_then_killed(proc, argv, lock: Path, capsys, what: str) -> None:

@@ -31,6 +31,8 @@ from workbench.cli import main
 from workbench.io import LOCK_NAME, run_lock
 from workbench.parallel import Launch, current_launch, one_process_warning
 
+from helpers import freeze_when
+
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"Say something about the number {i}." for i in range(12)]
 ARGS = dict(max_new_tokens=24, topk=3, budgets=(3, 5), batch_size=1, device="cpu", holdout=0.25)
@@ -291,16 +293,15 @@ def test_a_killed_process_costs_only_its_missing_share(tiny_llama, prompts, sing
     rng, what = random.Random(seed), f"seed {seed} (WORKBENCH_FAULT_SEED={seed} reproduces it)"
     out, log = tmp_path / "dp", tmp_path / "log1"
     launcher = _launch(_argv(tiny_llama, prompts, out), tmp_path, log)
-    n = rng.randrange(1, 5)  # process 1 (batches 6-11) is frozen once n of its parts are on disk
-    t0 = time.time()
-    while not (out / "parts" / f"{5 + n:05d}.ranks.parquet").is_file():
+    n = rng.randrange(1, 4)  # process 1 (batches 6-11) is frozen once n of its parts are on disk
+    lock, t0 = out / "parts" / ".rank-1.lock", time.time()
+    while len(state := (lock.read_text().split() if lock.is_file() else [])) < 2:  # LAUNCH_ID PID running
         assert launcher.poll() is None, f"{what}: the launch ended early: {log.read_text()[-1500:]}"
         assert time.time() - t0 < 300, what
-        time.sleep(0.01)
-    time.sleep(rng.uniform(0, 0.15))
-    state = (out / "parts" / ".rank-1.lock").read_text().split()  # LAUNCH_ID PID running
+        time.sleep(0.005)
     pid = int(state[1])
-    os.kill(pid, signal.SIGSTOP)
+    freeze_when(pid, lambda: (out / "parts" / f"{5 + n:05d}.ranks.parquet").is_file(), rng, what,
+                alive=lambda: launcher.poll() is None)
     # while it lives, a plain run on the folder refuses in one line naming the launcher
     assert main(_argv(tiny_llama, prompts, out)) == 2, what
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
