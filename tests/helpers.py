@@ -264,11 +264,12 @@ def make_current_sweep(root: Path, cal: Path) -> Path:
 
 # ----------------------------------------------------------------------------------------------- fault injection
 
-def freeze_when(pid: int, ready, rng: random.Random, what: str, alive=lambda: True, timeout: float = 300) -> None:
+def freeze_when(pid: int, ready, alive, rng: random.Random, what: str, timeout: float = 300) -> None:
     """SIGSTOP process `pid` right after ready() first holds (its N-th part is on disk). The process runs in slices
     of a millisecond or two, stopped between them while ready() is checked, so it is frozen within a slice of the
     point however fast the machine is (free running, a fast machine finished the whole run before a signal landed);
-    where in its work the last slice ends is random. `alive()` False (the run ended) fails the test."""
+    where in its work the last slice ends is random. `alive()` False (the run ended) fails the test; it may
+    fail it itself, with the run's output."""
     t0 = time.time()
     os.kill(pid, signal.SIGSTOP)
     while not ready():

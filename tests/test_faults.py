@@ -44,9 +44,13 @@ def _start(argv: list[str], cwd: Path) -> subprocess.Popen:
 
 def _freeze_when(proc: subprocess.Popen, ready, rng: random.Random, what: str) -> None:
     """Freeze the run (SIGSTOP) right after ready() holds (the N-th part is on disk)."""
-    alive = lambda: proc.poll() is None
-    freeze_when(proc.pid, ready, rng, what, alive=alive)
-    assert alive(), f"{what}: finished before the kill point; lower N"
+    def alive() -> bool:
+        if proc.poll() is not None:
+            pytest.fail(f"{what}: the run ended (status {proc.returncode}) before the kill point: "
+                        f"{proc.stderr.read().decode()[-800:]}")
+        return True
+    freeze_when(proc.pid, ready, alive, rng, what)
+    assert proc.poll() is None, f"{what}: finished before the kill point; lower N"
 
 
 def _refused_then_killed(proc, argv, lock: Path, capsys, what: str) -> None:

@@ -300,8 +300,8 @@ def test_a_killed_process_costs_only_its_missing_share(tiny_llama, prompts, sing
         assert time.time() - t0 < 300, what
         time.sleep(0.005)
     pid = int(state[1])
-    freeze_when(pid, lambda: (out / "parts" / f"{5 + n:05d}.ranks.parquet").is_file(), rng, what,
-                alive=lambda: launcher.poll() is None)
+    freeze_when(pid, lambda: (out / "parts" / f"{5 + n:05d}.ranks.parquet").is_file(),
+                lambda: launcher.poll() is None, rng, what)
     # while it lives, a plain run on the folder refuses in one line naming the launcher
     assert main(_argv(tiny_llama, prompts, out)) == 2, what
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
