@@ -91,10 +91,13 @@ OFFLINE = ("import socket, sys\n"
 
 
 def clone_without_shared(tmp_path) -> tuple[Path, dict]:
-    """A copy of the package with no shared/ beside it, and an environment with no network and no data folder."""
+    """A copy of the checkout (package, app, committed calibration) with no shared/ beside it, and an environment
+    with no network and no data folder."""
     import shutil
     clone = tmp_path / "fresh" / "repo"
-    shutil.copytree(REPO_ROOT / "workbench", clone / "workbench", ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("workbench", "calibration"):
+        shutil.copytree(REPO_ROOT / name, clone / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "app.py", clone / "app.py")
     env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_DATA_DIR"}
     env.update(PYTHONPATH=str(clone), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
     return clone, env
@@ -113,6 +116,20 @@ def test_prompt_sets_resolve_in_a_clone_without_shared_and_offline(tmp_path):
     assert out.returncode == 0, out.stderr
     where, counts = out.stdout.split("\n")[:2]
     assert where.startswith(str(clone)) and counts == "805 80"
+
+
+def test_app_front_page_runs_in_a_clone_without_shared_and_offline(tmp_path):
+    """The app's front page (the tree designer on the committed calibration) from the same copy, no network."""
+    pytest.importorskip("streamlit.testing.v1")
+    clone, env = clone_without_shared(tmp_path)
+    code = OFFLINE + ("from streamlit.testing.v1 import AppTest\n"
+                      f"at = AppTest.from_file({str(clone / 'app.py')!r}, default_timeout=300).run()\n"
+                      "assert not at.exception, [e.value for e in at.exception]\n"
+                      "assert not at.error, [e.value for e in at.error]\n"
+                      "print([t.value for t in at.title])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "Tree designer" in out.stdout, out.stdout + out.stderr[-2000:]
 
 
 @pytest.mark.slow
