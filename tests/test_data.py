@@ -1,14 +1,16 @@
-"""Prompt loading: the real shared sets, user files in every supported format, and one-line errors."""
+"""Prompt loading: the packaged sets (equal to the original files), user files in every supported format, one-line
+errors, and the main job's prompts resolved from a copy of the package with no shared/ beside it and no network."""
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.data import data_dirs, load_prompt_records, load_prompts
+from workbench.data import PROMPTS_DIR, data_dirs, load_prompt_records, load_prompts
 
 SHARED = REPO_ROOT.parent / "shared" / "data"
 needs_shared = pytest.mark.skipif(not (SHARED / "alpaca_eval.json").is_file(), reason="no shared/data beside the repo")
@@ -50,11 +52,100 @@ def test_alpaca_training_file_appends_non_empty_input():
     assert texts[j] == raw[j]["instruction"].strip()
 
 
-def test_data_dir_env_overrides_shared(tmp_path, monkeypatch):
+@needs_shared
+@pytest.mark.parametrize("name", ["alpaca-eval", "mt-bench"])
+def test_packaged_sets_give_the_records_of_the_original_files(name, monkeypatch):
+    """Same ids, same texts, same order: calibrations made on the original files stay comparable."""
+    monkeypatch.delenv("WORKBENCH_DATA_DIR", raising=False)
+    packaged = load_prompt_records(name)
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(SHARED))
+    assert packaged == load_prompt_records(name)
+
+
+def test_named_sets_are_read_from_the_package_by_default(tmp_path, monkeypatch):
+    monkeypatch.delenv("WORKBENCH_DATA_DIR", raising=False)
+    assert len(load_prompt_records("alpaca-eval")) == 805
+    mt = load_prompt_records("mt-bench")
+    assert len(mt) == 80 and [pid for pid, _ in mt] == [str(i) for i in range(81, 161)]
+    (tmp_path / "alpaca-eval.jsonl").write_text(json.dumps({"instruction": "packaged"}) + "\n")
+    monkeypatch.setattr("workbench.data.PROMPTS_DIR", tmp_path)
+    assert load_prompts("alpaca-eval") == ["packaged"]
+
+
+def test_packaged_sets_carry_their_notice():
+    notice = (PROMPTS_DIR / "NOTICE").read_text()
+    assert "CC BY-NC 4.0" in notice and "NON-COMMERCIAL" in notice and "Apache License 2.0" in notice
+    assert sorted(f.name for f in PROMPTS_DIR.glob("*.jsonl")) == ["alpaca-eval.jsonl", "mt-bench.jsonl"]
+
+
+def test_data_dir_env_overrides_the_packaged_copy(tmp_path, monkeypatch):
     (tmp_path / "alpaca_eval.json").write_text(json.dumps([{"instruction": "only one"}]))
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))
     assert data_dirs()[0] == tmp_path
     assert load_prompts("alpaca-eval") == ["only one"]
+
+
+OFFLINE = ("import socket, sys\n"
+           "def deny(*a, **k): raise OSError('network disabled by the test')\n"
+           "socket.socket.connect = deny; socket.create_connection = deny\n")
+
+
+def clone_without_shared(tmp_path) -> tuple[Path, dict]:
+    """A copy of the checkout (package, app, committed calibration) with no shared/ beside it, and an environment
+    with no network and no data folder."""
+    import shutil
+    clone = tmp_path / "fresh" / "repo"
+    for name in ("workbench", "calibration"):
+        shutil.copytree(REPO_ROOT / name, clone / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(REPO_ROOT / "app.py", clone / "app.py")
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_DATA_DIR"}
+    env.update(PYTHONPATH=str(clone), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    return clone, env
+
+
+def test_prompt_sets_resolve_in_a_clone_without_shared_and_offline(tmp_path):
+    """What `workbench calibrate` (default --prompts alpaca-eval) and `--prompts mt-bench` resolve, from a copy of
+    the package that has no ../shared/data and no network."""
+    clone, env = clone_without_shared(tmp_path)
+    code = OFFLINE + ("import workbench, workbench.data as d\n"
+                      "assert not (workbench.REPO_ROOT.parent / 'shared').exists(), workbench.REPO_ROOT\n"
+                      "print(workbench.__file__)\n"
+                      "print(len(d.load_prompt_records('alpaca-eval')), len(d.load_prompt_records('mt-bench')))\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    where, counts = out.stdout.split("\n")[:2]
+    assert where.startswith(str(clone)) and counts == "805 80"
+
+
+def test_app_front_page_runs_in_a_clone_without_shared_and_offline(tmp_path):
+    """The app's front page (the tree designer on the committed calibration) from the same copy, no network."""
+    pytest.importorskip("streamlit.testing.v1")
+    clone, env = clone_without_shared(tmp_path)
+    code = OFFLINE + ("from streamlit.testing.v1 import AppTest\n"
+                      f"at = AppTest.from_file({str(clone / 'app.py')!r}, default_timeout=300).run()\n"
+                      "assert not at.exception, [e.value for e in at.exception]\n"
+                      "assert not at.error, [e.value for e in at.error]\n"
+                      "print([t.value for t in at.title])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "Tree designer" in out.stdout, out.stdout + out.stderr[-2000:]
+
+
+@pytest.mark.slow
+def test_main_job_runs_in_a_clone_without_shared_and_offline(tmp_path):
+    """README's main command (`workbench calibrate`) cut to 4 prompts x 8 tokens, from a copy of the package with no
+    ../shared/data beside it, the network refused: it writes a calibration on the packaged Alpaca-eval."""
+    clone, env = clone_without_shared(tmp_path)
+    argv = ["calibrate", "--limit", "4", "--batch-size", "4", "--max-new-tokens", "8", "--budgets", "4",
+            "--out", str(tmp_path / "cal"), "--trees-dir", str(tmp_path / "trees")]
+    code = OFFLINE + f"from workbench.cli import main\nsys.exit(main({argv!r}))\n"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    meta = json.loads((tmp_path / "cal" / "meta.json").read_text())
+    assert meta["prompts"] == "alpaca-eval" and meta["num_prompts"] == 4
+    assert len(list((tmp_path / "trees").glob("*.json"))) == 2
 
 
 @pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "parquet"])
@@ -105,14 +196,16 @@ def test_missing_file_and_unknown_type(tmp_path):
         load_prompts(str(tmp_path / "p.txt"))
 
 
-def test_named_set_without_local_copy_offline_is_one_line(tmp_path):
-    """No local copy and no hub: a one-line error naming where it looked (run offline in a subprocess)."""
-    code = ("import workbench.data as d\nd.data_dirs = lambda: []\n"
+def test_named_set_without_packaged_copy_offline_is_one_line(tmp_path):
+    """No packaged copy (a stripped install) and no hub: a one-line error naming where it looked (run offline in a
+    subprocess)."""
+    code = (f"import workbench.data as d, pathlib\nd.PROMPTS_DIR = pathlib.Path({str(tmp_path / 'none')!r})\n"
             "from workbench import WorkbenchError\n"
             "try:\n    d.load_prompts('alpaca-eval')\nexcept WorkbenchError as e:\n    print('ERR', e)\n")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path))
+    env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_DATA_DIR"}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
     lines = [line for line in out.stdout.splitlines() if line.startswith("ERR")]
-    assert len(lines) == 1 and "no local alpaca_eval.json" in lines[0], out.stdout + out.stderr
-
+    assert len(lines) == 1 and "no packaged copy" in lines[0] and "give a prompt file" in lines[0], \
+        out.stdout + out.stderr

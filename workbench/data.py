@@ -3,8 +3,9 @@ module, CSV/parquet read with `datasets`).
 
 Chat-template wrapping and tokenisation live in `generation.prepare_prompt` (one copy, shared with the live decoder).
 
-Named sets are read from local copies first ($WORKBENCH_DATA_DIR, then `shared/data/` beside the repository) so
-calibration runs offline; only if neither holds the file do we ask the Hugging Face hub.
+The named sets ship with the package (`workbench/prompts/`, instructions only; licences in its NOTICE), so the main
+job runs on a fresh offline install. `$WORKBENCH_DATA_DIR` holding the original file takes precedence; the Hugging
+Face hub is asked only when the packaged copy is missing. `data_dirs()` is where the training files are looked for.
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from pathlib import Path
 
 from workbench import REPO_ROOT, WorkbenchError
 
-# name -> (local file name, hub loader args); the hub copies have the same columns as the local files.
+PROMPTS_DIR = Path(__file__).resolve().parent / "prompts"  # package data: <name>.jsonl per named set
+# name -> (original file name, as in $WORKBENCH_DATA_DIR; hub loader args); every copy has the same columns.
 NAMED_SETS = {
     "alpaca-eval": ("alpaca_eval.json", dict(path="json", split="train",
                                              data_files="hf://datasets/tatsu-lab/alpaca_eval/alpaca_eval.json")),
@@ -26,6 +28,8 @@ FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "p
 
 
 def data_dirs() -> list[Path]:
+    """Folders holding the original data files (training sets, full prompt sets): $WORKBENCH_DATA_DIR, then
+    `shared/data/` beside the repository."""
     dirs = [Path(os.environ["WORKBENCH_DATA_DIR"])] if os.environ.get("WORKBENCH_DATA_DIR") else []
     return dirs + [REPO_ROOT.parent / "shared" / "data"]
 
@@ -77,19 +81,22 @@ def _table(ds) -> tuple[list[str], list[dict]]:
 
 
 def _read_named(name: str):
+    """(columns, rows), where: $WORKBENCH_DATA_DIR's original file, else the packaged copy, else the hub."""
     local, hub = NAMED_SETS[name]
-    for d in data_dirs():
-        if (d / local).is_file():
-            return _read_file(d / local), str(d / local)
+    env_dir = os.environ.get("WORKBENCH_DATA_DIR")
+    for path in ([Path(env_dir) / local] if env_dir else []) + [PROMPTS_DIR / f"{name}.jsonl"]:
+        if path.is_file():
+            return _read_file(path), str(path)
     import datasets
 
     datasets.disable_progress_bars()
     try:
         return _table(datasets.load_dataset(**hub)), f"hub:{hub['path']}"
-    except Exception as e:  # offline, or the hub moved: say where we looked
+    except Exception as e:  # a stripped install offline, or the hub moved: say where we looked
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise WorkbenchError(f"--prompts {name}: no local {local} (looked in $WORKBENCH_DATA_DIR and "
-                             f"{REPO_ROOT.parent / 'shared' / 'data'}) and the hub copy failed ({msg[:160]})") from None
+        raise WorkbenchError(f"--prompts {name}: no packaged copy {PROMPTS_DIR / (name + '.jsonl')} (nor {local} in "
+                             f"$WORKBENCH_DATA_DIR) and the hub copy failed ({msg[:160]}); reinstall the package "
+                             "or give a prompt file") from None
 
 
 def _text(value) -> str:

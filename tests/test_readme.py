@@ -1,0 +1,153 @@
+"""README.md as written: at most 10,000 characters, every link resolves, and every command in its shell blocks runs.
+
+The install lines and the test command are those of `.ci/run` (which runs them: pip needs the network, and the
+suite cannot run itself). The other commands run here, as written, each block as one bash script in a scratch
+folder holding a copy of `calibration/` (so outputs never land in the checkout): the quick ones in one test, the
+ones that load the demo model (SLOW) in a slow test, `streamlit run` until the server answers.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from workbench import REPO_ROOT
+
+README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+CI = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")
+CHECKED_BY_CI = ("pip install", "python -m pytest")
+SLOW = ("workbench calibrate", "workbench decode", "workbench latency", "workbench sweep ", "workbench train-heads")
+SERVER = "streamlit run"
+
+
+def shell_blocks(text: str) -> list[list[str]]:
+    """The commands of each ```bash block, continuation lines joined."""
+    blocks = []
+    for body in re.findall(r"```(?:bash|sh|shell)\n(.*?)```", text, re.S):
+        blocks.append([c.strip() for c in body.replace("\\\n", " ").splitlines() if c.strip()])
+    return blocks
+
+
+def kind(command: str) -> str:
+    for prefixes, name in ((CHECKED_BY_CI, "ci"), ((SERVER,), "server"), (SLOW, "slow")):
+        if command.startswith(prefixes):
+            return name
+    return "quick"
+
+
+BLOCKS = shell_blocks(README)
+
+
+def test_readme_is_at_most_10000_characters():
+    assert len(README) <= 10_000, f"README.md has {len(README)} characters: move reference text to docs/"
+
+
+def test_readme_has_the_two_commands_and_its_install_and_test_lines_are_what_ci_runs():
+    ci_lines = [re.sub(r"^pip install -q ", "pip install ", line.strip()) for line in CI.splitlines()]
+    ci_commands = [c for c in ci_lines if c.startswith(CHECKED_BY_CI)]
+    installs = [c for b in BLOCKS for c in b if c.startswith("pip install")]
+    assert installs, "README has no install commands"
+    ci_installs = [c for c in ci_commands if c.startswith("pip install")]
+    for block in BLOCKS:
+        if any(c.startswith("pip install") for c in block):  # each install block: exactly CI's install, in order
+            assert [c for c in block if c.startswith("pip install")] == ci_installs
+    tests = [c for b in BLOCKS for c in b if c.startswith("python -m pytest")]
+    assert tests and all(t in ci_commands for t in tests)
+    assert any("workbench calibrate" in c for b in BLOCKS for c in b if b[0].startswith("pip install")), \
+        "the main job's block (install + calibrate)"
+
+
+def test_every_relative_link_in_readme_and_docs_resolves():
+    docs = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
+    missing = []
+    for doc in docs:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue
+            if not (doc.parent / target.split("#")[0]).exists():
+                missing.append(f"{doc.relative_to(REPO_ROOT)}: {target}")
+    assert not missing, missing
+
+
+@pytest.fixture
+def scratch(tmp_path) -> tuple[Path, dict]:
+    """A folder to run README commands in: a copy of calibration/, docs/ and app.py linked (read only)."""
+    if shutil.which("workbench") is None:
+        pytest.skip("no `workbench` command on PATH (install the package: pip install -e .)")
+    shutil.copytree(REPO_ROOT / "calibration", tmp_path / "calibration")
+    for name in ("docs", "app.py"):
+        (tmp_path / name).symlink_to(REPO_ROOT / name)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
+               OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.pop("WORKBENCH_CALIBRATION_ROOT", None)
+    return tmp_path, env
+
+
+def run_blocks(scratch, kinds: set[str]) -> int:
+    """Each block as one bash script of its commands of these kinds (and its variable assignments); returns how many
+    commands ran."""
+    folder, env = scratch
+    ran = 0
+    for block in BLOCKS:
+        lines = [c for c in block if re.match(r"[A-Z_]+=\S+(\s*#.*)?$", c) or kind(c) in kinds]
+        commands = [c for c in lines if not re.match(r"[A-Z_]+=", c)]
+        if not commands:
+            continue
+        out = subprocess.run(["bash", "-euo", "pipefail", "-c", "\n".join(lines)], cwd=folder, env=env,
+                             capture_output=True, text=True, timeout=1800)
+        assert out.returncode == 0, f"{commands}\n{out.stderr[-3000:]}"
+        assert not re.search(r"^error:", out.stderr, re.M), out.stderr[-3000:]
+        ran += len(commands)
+    return ran
+
+
+def test_quick_readme_commands_run_as_written(scratch):
+    assert run_blocks(scratch, {"quick"}) >= 5
+
+
+@pytest.mark.slow
+def test_every_readme_command_runs_as_written(scratch):
+    """The main job (calibrate --limit 32) and the live decode included: minutes on a CPU."""
+    ran = run_blocks(scratch, {"quick", "slow"})
+    assert ran == sum(kind(c) in ("quick", "slow") for b in BLOCKS for c in b if not re.match(r"[A-Z_]+=", c))
+    assert (scratch[0] / "calibration" / "quick" / "meta.json").is_file()
+
+
+def test_streamlit_command_serves_the_app(scratch):
+    commands = [c for b in BLOCKS for c in b if kind(c) == "server"]
+    if not commands:
+        pytest.skip("README runs no server")
+    if shutil.which("streamlit") is None:
+        pytest.skip("streamlit is not installed")
+    folder, env = scratch
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(env, STREAMLIT_SERVER_PORT=str(port), STREAMLIT_SERVER_HEADLESS="true",
+               STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    for command in commands:
+        proc = subprocess.Popen(["bash", "-c", "exec " + command], cwd=folder, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline, status = time.monotonic() + 120, None
+            while time.monotonic() < deadline and proc.poll() is None and status != 200:
+                time.sleep(1)
+                try:
+                    status = urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5).status
+                except OSError:
+                    pass
+            assert status == 200, f"{command}: no answer on port {port} (exit {proc.poll()})"
+            assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).status == 200
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
