@@ -38,7 +38,9 @@ from workbench import WorkbenchError, __version__
 from workbench.accuracies import read_accuracies
 from workbench.calibration import Calibration
 from workbench.io import read_csv, read_json
-from workbench.latency import latency_surface, max_tokens, read_latency, speedup_at, speedup_range, within_noise
+from workbench.latency import latency_surface, read_latency
+from workbench.provenance import read_setting
+from workbench.speed import max_tokens, speedup_at, speedup_range, within_noise
 from workbench.optimize import best_first, expected_length, value_and_limits
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree, make_tree
 
@@ -105,12 +107,13 @@ def read_acceptance(path) -> list[float]:
 # ----------------------------------------------------------------------------------------------- sources
 
 def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: str = "replay",
-                max_rank: int = MEDUSA_TOPK) -> dict:
+                max_rank: int = MEDUSA_TOPK, max_new_tokens: int | None = None) -> dict:
     """What the planner weighs, from exactly one source: {"tokens_per_step": tree -> float, "value" (path values
     the trees are optimal for, None for chains only), "max_depth", "max_rank", "chain_acceptance", "info"
     (provenance), "typical_context"}. A calibration predicts through Calibration.predict (`prediction`:
-    independent, joint or replay; trees are optimal for the joint paths unless independent); an accuracy table
-    through expected_length; an acceptance vector gives chains only."""
+    independent, joint or replay; trees are optimal for the joint paths unless independent) for answers of
+    `max_new_tokens` tokens (default: the calibration's own length); an accuracy table through expected_length;
+    an acceptance vector gives chains only. info["regime"] says which statistic and answers a prediction assumes."""
     if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
         raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
     if acceptance is not None:
@@ -138,11 +141,39 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
                              "use --prediction joint or independent (or calibrate with --holdout 0.2)")
     fn = value_and_limits(value, depth, rank)[0]
     meta = cal.meta
-    return dict(tokens_per_step=lambda t: cal.predict(t)[key], value=value, max_depth=depth, max_rank=rank,
-                chain_acceptance=_chain_values(fn, depth), typical_context=cal.typical_context(),
+    length = generation_length(cal, max_new_tokens)
+    return dict(tokens_per_step=lambda t: cal.predict(t, length)[key], value=value, max_depth=depth, max_rank=rank,
+                chain_acceptance=_chain_values(fn, depth), typical_context=cal.typical_context(length),
                 info=dict(kind="calibration", path=str(calibration), prediction=key, model=meta.get("model"),
                           heads=meta.get("heads"), heads_sha256=(meta.get("args") or {}).get("heads_sha256"),
-                          num_heads=depth))
+                          num_heads=depth, max_new_tokens=length, regime=regime(key, length)))
+
+
+def generation_length(cal: Calibration, max_new_tokens: int | None) -> int | None:
+    """The answer length predictions are made for: `max_new_tokens`, at most the calibration's own answers' (its
+    meta max_new_tokens: longer answers were never measured), default that."""
+    have = cal.meta.get("max_new_tokens")
+    if max_new_tokens is None:
+        return have if isinstance(have, int) and have > 0 else None
+    if max_new_tokens < 1:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+    if isinstance(have, int) and max_new_tokens > have:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: the calibration's answers are {have} tokens long, so "
+                             f"acceptance past token {have} was never measured; plan for <= {have} or calibrate with "
+                             "a larger --max-new-tokens")
+    return max_new_tokens
+
+
+def regime(prediction: str, max_new_tokens: int | None) -> str:
+    """In words: what a calibration prediction assumes, and why (docs/prediction.md)."""
+    cut = f"the first {max_new_tokens} tokens of" if max_new_tokens else "all of"
+    if prediction == "predicted_replay":
+        return (f"a greedy decoder replayed over {cut} each held-out prompt's greedy answer: tokens/step = tokens / "
+                "steps at the positions a decoder starts its steps at (the statistic live decoding measures; the "
+                "answers are cut to the generation length because acceptance rises along an answer)")
+    what = "measured joint path frequencies" if prediction == "predicted_joint" else "independent head accuracies"
+    return (f"{what} of the fit prompts, averaged over every position of {cut} their answers: over-predicts a live "
+            "decoder, which starts its steps only at the positions after each accepted run (harder on average)")
 
 
 def _chain_values(fn, depth: int) -> list[float]:
@@ -235,10 +266,12 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
                                  best_chain=dict(k=chain["nodes"], predicted_tokens_per_step=chain["tokens_per_step"],
                                                  predicted_speedup=chain["speedup"])))
     setup = {c: str(df[c].iloc[0]) for c in ("model", "device", "dtype") if c in df.columns}
+    where = read_setting(df)
     return dict(plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
                 source=source["info"],
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
-                             **setup),
+                             **setup, setting=where,
+                             mode=(where or {}).get("mode", "unknown (a file written before the setting was kept)")),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 

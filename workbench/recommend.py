@@ -22,7 +22,8 @@ import numpy as np
 import pandas as pd
 
 from workbench.calibration import Calibration, tree_table
-from workbench.latency import hardware_aware, latency_table, predicted_speedup
+from workbench.latency import hardware_aware, latency_table
+from workbench.speed import speedup_curve
 from workbench.optimize import acc_value_fn, best_first
 from workbench.plan import chain_tree
 from workbench.sweep import tree_key
@@ -53,7 +54,7 @@ def speedup(tokens_per_step: float, nodes: int, seconds: dict) -> dict:
     """latency.predicted_speedup for one tree of `nodes` nodes whose predicted tokens per step are given (the
     curve it takes is tokens per step by node count); its row: relative_latency, speedup, latency_s."""
     curve = np.full(nodes + 1, float(tokens_per_step))
-    return predicted_speedup(curve, seconds, budgets=[nodes])["best"]
+    return speedup_curve(curve, seconds, budgets=[nodes])["best"]
 
 
 def speedup_range(tokens_per_step: float, nodes: int, tables: dict) -> tuple[float, float] | None:
