@@ -15,7 +15,8 @@ from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
 from workbench.cli import main
 from workbench.export import PLAN_FORMATS, export_plan
-from workbench.latency import (latency_surface, read_latency, speedup, speedup_at, speedup_range, within_noise)
+from workbench.latency import latency_surface, read_latency
+from workbench.speed import relative_latency, speedup, speedup_at, speedup_range, within_noise
 from workbench.optimize import expected_length
 from workbench.plan import (PLAN_ROW, check_acceptance, chain_tree, make_plan, plan_json, plan_source,
                             read_acceptance, read_plan)
@@ -115,9 +116,10 @@ def test_spread_columns_are_checked(tmp_path):
 
 
 def test_one_speedup_formula_and_the_noise_test():
-    assert speedup(1.8, 0.03, 0.02) == pytest.approx(1.8 * 0.02 / 0.03)
     table, spread = {1: 0.02, 5: 0.03}, {1: (0.019, 0.021), 5: (0.028, 0.033)}
-    assert speedup_at(table, 1.8, 4) == speedup(1.8, 0.03, 0.02)
+    assert relative_latency(table, 4) == pytest.approx(0.03 / 0.02)
+    assert speedup(1.8, relative_latency(table, 4)) == pytest.approx(1.8 * 0.02 / 0.03)
+    assert speedup_at(table, 1.8, 4) == speedup(1.8, 0.03 / 0.02)
     lo, hi = speedup_range(table, spread, 1.8, 4)
     assert lo == pytest.approx(1.8 * 0.02 / 0.033) and hi == pytest.approx(1.8 * 0.02 / 0.028)
     none = speedup_range(table, spread, 1.0, 0)

@@ -123,15 +123,25 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
                     info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
                               num_heads=len(rates)))
     if accuracies is not None:
-        acc = read_accuracies(accuracies)
-        fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
-        return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
-                    chain_acceptance=_chain_values(fn, depth), typical_context=None,
-                    info=dict(kind="accuracies", path=str(accuracies), prediction="predicted_independent",
-                              num_heads=depth))
+        return accuracy_source(read_accuracies(accuracies), str(accuracies), max_rank)
+    return calibration_source(Calibration(calibration), prediction, max_rank, max_new_tokens)
+
+
+def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> dict:
+    """plan_source of an accuracy table acc[K, R] (independent heads; `path` names it)."""
+    fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
+    return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
+                chain_acceptance=_chain_values(fn, depth), typical_context=None,
+                info=dict(kind="accuracies", path=path, prediction="predicted_independent", num_heads=depth,
+                          regime=regime("predicted_independent", None)))
+
+
+def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: int = MEDUSA_TOPK,
+                       max_new_tokens: int | None = None) -> dict:
+    """plan_source of an opened calibration folder."""
     if prediction not in PREDICTIONS:
         raise WorkbenchError(f"--prediction {prediction!r}: use {', '.join(PREDICTIONS)}")
-    cal = Calibration(calibration)
+    calibration = cal.folder
     acc = cal.accuracies("fit")
     key = PREDICTIONS[prediction]
     value = acc if prediction == "independent" else cal.joint_value("fit")
@@ -217,19 +227,26 @@ def _rank(c: dict) -> tuple:
     return c["speedup"], SIMPLER[c["kind"]], -c["nodes"]
 
 
-def choose(cands: list[dict], latency: dict, spread=None) -> dict:
-    """The best candidate at one batch size ({tokens: seconds} of that batch): {"best", "runner_up" (best of
-    another kind, or None), "within_noise", "best_chain" (best chain or none)}, each candidate with its
-    "speedup" and "range" (over the interquartile range of t; None without a spread)."""
+def rank(cands: list[dict], latency: dict, spread=None) -> list[dict]:
+    """The candidates a latency table covers ({tokens: seconds} of one batch size), each with its "speedup"
+    (speed.speedup_at) and "range" (speed.speedup_range over the interquartile range of t; None without a
+    spread), best first: the one ranking every answer (CLI, app, exports) comes from."""
     top = max_tokens(latency)
     scored = [dict(c, speedup=speedup_at(latency, c["tokens_per_step"], c["nodes"]),
                    range=speedup_range(latency, spread, c["tokens_per_step"], c["nodes"]))
               for c in cands if c["nodes"] + 1 <= top]
-    best = max(scored, key=_rank)
+    return sorted(scored, key=_rank, reverse=True)
+
+
+def choose(cands: list[dict], latency: dict, spread=None) -> dict:
+    """The best candidate at one batch size (`rank`): {"best", "runner_up" (best of another kind, or None),
+    "within_noise", "best_chain" (best chain or none), "ranked" (every candidate, best first)}."""
+    scored = rank(cands, latency, spread)
+    best = scored[0]
     others = [c for c in scored if c["kind"] != best["kind"]]
     runner = max(others, key=_rank) if others else None
     noise = within_noise(best["range"], runner["range"]) if runner else None
-    return dict(best=best, runner_up=runner, within_noise=noise,
+    return dict(best=best, runner_up=runner, within_noise=noise, ranked=scored,
                 best_chain=max((c for c in scored if c["kind"] != "tree"), key=_rank))
 
 

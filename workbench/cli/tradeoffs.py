@@ -92,13 +92,28 @@ def cmd_plan(args) -> int:
 
     batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
     check_output(args.out, "--out")
-    source = plan_source(args.calibration, args.accuracies, args.acceptance, args.prediction)
+    from workbench.provenance import describe, loaded
+
+    if args.max_new_tokens is not None and not args.calibration:
+        raise WorkbenchError("--max-new-tokens applies to --calibration predictions (the replayed answers' length)")
+    source = plan_source(args.calibration, args.accuracies, args.acceptance, args.prediction,
+                         max_new_tokens=args.max_new_tokens)
     plan = make_plan(source, args.latency, batch_sizes, args.context)
     write_output(plan_json(plan), args.out, "the plan")
     lat, src = plan["latency"], plan["source"]
     print(f"plan: {src['kind']} {src['path']} ({src['prediction']}), latency {lat['file']} at context "
           f"{lat['context']} ({' '.join(str(lat[k]) for k in ('model', 'device', 'dtype') if k in lat)})",
           file=sys.stderr)
+    if src.get("regime"):
+        print(f"prediction assumes: {src['regime']}", file=sys.stderr)
+    print(f"latency setting: {describe(lat['setting'])}", file=sys.stderr)
+    if lat["setting"] is None or lat["setting"].get("mode") != "decoder-step":
+        print("WARNING: the latency table times the bare verify forward (or does not say what it timed): the "
+              "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
+              "over-predicted; measure with `workbench latency` (decoder-step)", file=sys.stderr)
+    if loaded(lat["setting"]):
+        print("WARNING: the latency table was measured on a busy machine (load average above half its cores)",
+              file=sys.stderr)
     print(plan_table(plan), file=sys.stderr)
     if src["kind"] == "acceptance":
         print("note: an acceptance vector describes a chain drafter: only chains (and no speculation) were weighed",
@@ -271,6 +286,9 @@ def add_tradeoffs(sub) -> None:
     pl.add_argument("--prediction", choices=["independent", "joint", "replay"], default="replay",
                     help="with --calibration: which predicted tokens/step (default replay: a greedy decoder replayed "
                          "over the held-out answers); trees are optimal for the joint paths unless independent")
+    pl.add_argument("--max-new-tokens", type=int, metavar="N",
+                    help="with --calibration: the generation length you decode (default: the calibration's); "
+                         "acceptance rises along an answer, so tokens/step is predicted over its first N tokens")
     pl.add_argument("--out", metavar="FILE", help="write the plan JSON here instead of stdout")
     pl.set_defaults(func=cmd_plan)
 
