@@ -264,11 +264,18 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
         if row["kind"] != "none":  # the one producer of predictions
             assert row["predicted_tokens_per_step"] == cal.predict(row["tree"])[key]
     meta = json.loads((calib / "meta.json").read_text())
+    regime = plan["source"].pop("regime")
     assert plan["source"] == dict(kind="calibration", path=str(calib), prediction=key, model=meta["model"],
                                   heads=meta["heads"], heads_sha256=meta["args"]["heads_sha256"],
-                                  num_heads=meta["num_heads"])
+                                  num_heads=meta["num_heads"], max_new_tokens=meta["max_new_tokens"])
+    # the plan says which statistic and answers its predictions assume
+    assert (f"the first {meta['max_new_tokens']} tokens" in regime) and \
+        ("replayed" in regime) == (prediction == "replay")
+    # a latency file without a setting column: provenance unknown, said loudly
     assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, model="synthetic", device="test",
-                                   dtype="float32")
+                                   dtype="float32", setting=None,
+                                   mode="unknown (a file written before the setting was kept)")
+    assert "WARNING: the latency table times the bare verify forward (or does not say what it timed)" in err
     assert plan["workbench_version"] and plan["created"].startswith("20")
     assert plan["plans"][-1]["kind"] == "none" and plan["plans"][0]["kind"] != "none"
 
@@ -436,3 +443,18 @@ def test_speedups_by_kind_list_each_kind_once_per_batch_size_and_mark_the_choice
         at = df[df["batch_size"] == row["batch_size"]].set_index("kind")
         assert at.loc["none", "predicted_speedup"] == 1.0 and at["chosen"].sum() == 1
         assert at.loc[row["kind"], "chosen"] and at.loc[row["kind"], "predicted_speedup"] == row["predicted_speedup"]
+
+
+def test_plan_predicts_for_the_generation_length(calib, flat_latency, tmp_path, capsys):
+    """Acceptance rises along an answer, so a plan for 6-token answers replays only their first 6 tokens; a length
+    the calibration never measured is one error line."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1",
+                 "--max-new-tokens", "6", "--out", str(out)]) == 0
+    plan, cal = read_plan(out), Calibration(calib)
+    assert plan["source"]["max_new_tokens"] == 6 and "the first 6 tokens" in plan["source"]["regime"]
+    for row in plan["plans"]:
+        if row["kind"] != "none":
+            assert row["predicted_tokens_per_step"] == cal.predict(row["tree"], 6)["predicted_replay"]
+    assert main(["plan", "--calibration", str(calib), "--latency", str(flat_latency), "--max-new-tokens", "999"]) == 2
+    assert "never measured" in capsys.readouterr().err

@@ -82,7 +82,7 @@ def timing_noise(sweep: pd.DataFrame, run, batch: int = 1) -> float | None:
     at = (sweep["run"] == run) if "run" in sweep.columns else pd.Series(True, index=sweep.index)
     if "batch_size" in sweep.columns:
         at &= sweep["batch_size"].fillna(1).eq(batch)
-    base = sweep.loc[at & (sweep["nodes"] > 0), "vanilla_tokens_per_s"].dropna()  # the baseline of each row
+    base = sweep.loc[at, "vanilla_tokens_per_s"].dropna()  # the baseline of each row at this batch size
     if len(base) < 2 or base.mean() <= 0:
         return None
     return math.sqrt(2) * statistics.stdev(base) / base.mean()
