@@ -458,3 +458,30 @@ def test_plan_predicts_for_the_generation_length(calib, flat_latency, tmp_path, 
             assert row["predicted_tokens_per_step"] == cal.predict(row["tree"], 6)["predicted_replay"]
     assert main(["plan", "--calibration", str(calib), "--latency", str(flat_latency), "--max-new-tokens", "999"]) == 2
     assert "never measured" in capsys.readouterr().err
+
+
+def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, capsys):
+    """bench/prediction.py end to end: plan's top candidates at two batch sizes, predicted beside measured with
+    spreads, the setting of the run; a greedy decoder measures exactly the replay over the answers of the prompts
+    it decoded (`replay_these`), which the calibration recorded in fp32."""
+    import importlib.util
+
+    from workbench import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_prediction", REPO_ROOT / "bench" / "prediction.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "prediction.json"
+    assert bench.main(["--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1,2",
+                       "--top", "2", "--limit", "2", "--max-new-tokens", "6", "--repeats", "2", "--device", "cpu",
+                       "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [(r["batch_size"]) for r in res["rows"]] == [1, 1, 2, 2] and res["prompts"] == 2
+    assert res["setting"]["threads"] >= 1 and "load_average" in res["setting"] and res["latency_setting"] is None
+    assert "provenance unknown" in res["setting_warning"]
+    for r in res["rows"]:
+        assert r["repeats"] == 2 and r["speedup_q1"] <= r["measured_speedup"] <= r["speedup_q3"]
+        assert r["measured_tokens_per_step"] == pytest.approx(r["replay_these"])
+        assert r["speedup_err_pct"] == pytest.approx(100 * (r["predicted_speedup"] / r["measured_speedup"] - 1))
+    printed = capsys.readouterr()
+    assert "speedup pred (range)" in printed.out and "WARNING" in printed.err
