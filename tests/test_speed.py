@@ -15,6 +15,13 @@ from workbench.speed import (acceptance_per_position, goodput, mean_step_s, meas
                              tokens_per_step)
 
 OWNER = "workbench/speed.py"
+# Not measured speed: calibration.py's replay is the *prediction* of tokens/step (its one owner). DecodeResult's
+# per-result properties live in the decoder's loop (another helper's file): they should call speed.tokens_per_step
+# / speed.mean_step_s on [self]; until then they are the two known exceptions.
+ALLOWED = {("workbench/calibration.py", "tokens / steps"),
+           ("workbench/decode.py", "len(self.token_ids) / max(len(self.steps), 1)"),
+           ("workbench/decode.py", "self.decode_s / max(len(self.steps), 1)"),
+           ("workbench/decode.py", "def mean_step_s")}
 # Each quantity's formula as an expression shape; anywhere but speed.py it is a second owner.
 SOURCES = [p for d in ("workbench", "bench", "app.py") for p in
            ((REPO_ROOT / d).rglob("*.py") if (REPO_ROOT / d).is_dir() else [REPO_ROOT / d])]
@@ -52,9 +59,7 @@ def test_speed_quantities_have_one_owner():
         rel = f.relative_to(REPO_ROOT).as_posix()
         if rel == OWNER or rel == "bench/gpu.py":
             continue
-        hits = _second_owners(ast.parse(f.read_text()))
-        # DecodeResult's own per-result properties (acceleration_rate, mean_step_s) describe one result
-        hits = [h for h in hits if not (rel == "workbench/decode.py" and "max(len(self.steps)" in h)]
+        hits = [h for h in _second_owners(ast.parse(f.read_text())) if (rel, h.split(" (line")[0]) not in ALLOWED]
         if hits:
             offenders[rel] = hits
     assert not offenders, f"speed quantities computed outside {OWNER}: {offenders}"
