@@ -39,7 +39,7 @@ from workbench.accuracies import read_accuracies
 from workbench.calibration import Calibration
 from workbench.io import read_csv, read_json
 from workbench.latency import latency_surface, read_latency
-from workbench.provenance import read_setting
+from workbench.provenance import differences, read_setting
 from workbench.speed import max_tokens, speedup_at, speedup_range, within_noise
 from workbench.optimize import best_first, expected_length, value_and_limits
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree, make_tree
@@ -416,7 +416,9 @@ def plan_trees(plan: dict) -> list[tuple[Tree, int, dict]]:
 def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
     """The plan's prediction beside the live decoder's measurement, per batch size: the choice (and its
     runner-up) as decoded by `workbench sweep --plan` at that batch size, greedy, against vanilla at the same batch
-    size. "none" is vanilla itself: speedup 1 by definition. err_% = measured / predicted - 1."""
+    size. "none" is vanilla itself: speedup 1 by definition. err_% = measured / predicted - 1. setting_differs: how
+    the sweep's setting differs from the plan's latency table's (provenance.differences; empty when they match):
+    a prediction from another setting is not comparable."""
     rows = []
     alternatives = {a["batch_size"]: a for a in plan.get("alternatives", []) if isinstance(a, dict)}
     for row in plan["plans"]:
@@ -438,10 +440,13 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
                     continue
                 m = measured.iloc[-1]
                 tps, spd, exact = m["acceleration_rate"], m["speedup"], m["exact_match"]
+            where = read_setting(measured.iloc[-1].to_dict()) if "setting" in measured.columns else None
             rows.append(dict(batch_size=b, role=role, kind=entry["kind"], nodes=entry.get("nodes", 0),
                              predicted_tokens_per_step=entry["predicted_tokens_per_step"], measured_tokens_per_step=tps,
                              predicted_speedup=entry["predicted_speedup"], measured_speedup=spd,
-                             speedup_err_pct=100 * (spd / entry["predicted_speedup"] - 1), exact_match=exact))
+                             speedup_err_pct=100 * (spd / entry["predicted_speedup"] - 1), exact_match=exact,
+                             setting_differs="; ".join(differences((plan.get("latency") or {}).get("setting"),
+                                                                   where))))
     return pd.DataFrame(rows)
 
 
