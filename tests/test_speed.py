@@ -133,3 +133,20 @@ def test_decoder_step_surface(tiny_llama):
     assert read_setting(df)["mode"] == "decoder-step"
     surface, ctx = latency_surface(df, [1, 2])
     assert set(surface) == {1, 2} and surface[2]["spread"] is not None
+
+
+def test_latency_cli_times_the_decoder_step_by_default(tiny_llama, make_prompt_file, tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.latency import read_latency
+
+    out = tmp_path / "step.csv"
+    prompts = make_prompt_file(["Tell me a story.", "What is 2+2?"])
+    assert main(["latency", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--prompts", str(prompts), "--limit", "2", "--sizes", "2", "--batch", "1,2", "--repeats", "1",
+                 "--warmup", "0", "--max-new-tokens", "3", "--device", "cpu", "--out", str(out)]) == 0
+    df = read_latency(out)
+    assert sorted(zip(df["batch"], df["tokens"])) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert read_setting(df)["mode"] == "decoder-step"
+    err = capsys.readouterr().err
+    assert "decoder-step" in err and "bare fwd ms" in err and "setting: cpu" in err
+    assert main(["latency", "--random-config", "tiny", "--mode", "decoder-step", "--out", str(out)]) == 2
