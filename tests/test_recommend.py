@@ -194,3 +194,20 @@ def test_a_latency_table_that_is_not_monotone_is_named(cal):
     assert R.latency_note(rec).startswith("the latency table is not monotone (4 tokens cheaper than 3)")
     assert R.recommend(cal, latency(CHEAP))["cheaper"] == [] and R.latency_note(R.recommend(cal, latency(CHEAP))) \
         is None
+
+
+def test_measurements_from_another_setting_are_named(cal):
+    from workbench.provenance import setting, setting_cell
+
+    here = setting("cpu", "float32", 2, False)
+    df = latency(CHEAP)
+    df["setting"] = setting_cell(here)
+    pick = R.recommend(cal, df)["pick"]
+    rows = swept(pick["tree"], pick["speedup"])
+    for r in rows:
+        r["setting"] = setting_cell(dict(here, threads=1))
+    rec = R.recommend(cal, df, sweeps={"s.csv": sweep(rows, "v2")})
+    assert "threads 2 vs 1" in R.setting_text(rec) and R.provenance_note(rec) is None
+    # older files: the setting is unknown, said in words, not as a difference
+    old = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 1.0), "v2")})
+    assert R.setting_text(old) is None and "does not record the setting" in R.provenance_note(old)

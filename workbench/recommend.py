@@ -298,17 +298,30 @@ def sentence(rec: dict) -> str:
 
 
 def setting_text(rec: dict) -> str | None:
-    """The loud note when a measurement shown beside a prediction comes from another setting than the latency
-    table (provenance.mismatch_warning), or None."""
+    """The loud note when a measurement shown beside a prediction was made in another setting than the latency table
+    (both recorded, provenance.differences), or None."""
     from workbench.provenance import differences
 
-    diffs = sorted({d for r in rec["candidates"] + rec["measured_trees"] for m in r["measured"] if not m["old"]
-                    for d in differences(rec["setting"], m["setting"])})
+    known = [m["setting"] for r in rec["candidates"] + rec["measured_trees"] for m in r["measured"]
+             if not m["old"] and m["setting"] is not None]
+    diffs = sorted({d for m in known for d in differences(rec["setting"], m)}) if rec["setting"] else []
     if not diffs:
         return None
     return ("The measurements were made in another setting than the latency table the predictions use ("
             + "; ".join(diffs[:4]) + "): prediction and measurement are not comparable until latency is re-measured "
             "where the sweeps ran (`workbench latency`).")
+
+
+def provenance_note(rec: dict) -> str | None:
+    """Words for measurements or a latency table whose setting was not recorded (older files), or None."""
+    unknown_sweeps = any(m["setting"] is None for r in rec["candidates"] + rec["measured_trees"]
+                         for m in r["measured"] if not m["old"])
+    if rec["setting"] is None:
+        return ("the latency table does not record the setting it was measured in (machine, vector units, threads, "
+                "load) nor whether it timed the decoder's whole step: re-measure it with `workbench latency`")
+    if unknown_sweeps:
+        return "some measurements do not record their setting: whether they match the latency table is unknown"
+    return None
 
 
 def disagreement_text(rec: dict) -> str | None:

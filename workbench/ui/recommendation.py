@@ -16,7 +16,7 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibration import Calibration
 from workbench.export import FORMATS, SUFFIXES, export_tree
 from workbench.recommend import (disagreement_text, latency_note, measurements, recommend, runner_up_close, sentence,
-                                 setting_text, shape)
+                                 provenance_note, setting_text, shape)
 from workbench.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file)
@@ -124,7 +124,7 @@ COLUMNS = {
 def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_label: str = "show it") -> None:
     """Draw the recommendation: the warning first (when measurements contradict the prediction), the sentence, the
     pick's exports in every format, notes on closeness and old measurements, and the ranked candidates."""
-    for text in (setting_text(rec), disagreement_text(rec)):
+    for text in (disagreement_text(rec), setting_text(rec)):
         if text:
             st.warning(text, icon="⚠️")
     pick = rec["pick"] if rec["answer"]["kind"] == "plan" else dict(rec["pick"], kind="none", tree=None)
@@ -140,7 +140,7 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
     box = st.container(border=True)
     box.markdown(f"**Recommendation:** {sentence(rec)}.")
     close = runner_up_close(rec)
-    notes = [latency_note(rec)] if latency_note(rec) else []
+    notes = [n for n in (latency_note(rec), provenance_note(rec)) if n]
     if close is not None:
         notes.append(f"the runner-up, {close['label']} at {close['speedup']:.2f}x, is within the latency spread of "
                      "the pick: on this table the two cannot be told apart")
