@@ -10,8 +10,10 @@ to vanilla decoding while acceptance stays the same. The candidates:
          ever accepted: what vLLM's Medusa drafter runs (vllm/v1/spec_decode/medusa.py takes each head's argmax);
   none   no speculation, speedup 1 by definition.
 Tokens per step have one producer per source: Calibration.predict (a calibration folder), optimize.expected_length
-(an accuracy table), 1 + the sum of the first K entries of a per-position acceptance vector (chains only). Each
-candidate's speedup is latency.speedup; the choice is exact over the candidates, ties going to the simpler kind
+(an accuracy table), 1 + the sum of the first K entries of a per-position acceptance vector (chains only); a
+calibration predicts for answers of the generation length (`max_new_tokens`: acceptance rises along an answer) and the
+plan says which statistic and answers it assumes (source.regime; docs/prediction.md). Each candidate's speedup is
+speed.speedup_at, ranked by `rank` (the one ranking: the app's recommendation is this one); the choice is exact over the candidates, ties going to the simpler kind
 (none, then chain, then tree) and then to fewer nodes.
 
 The plan file (read and written here only):
@@ -19,7 +21,9 @@ The plan file (read and written here only):
               "predicted_tokens_per_step", "predicted_speedup"}, ...],          # one row per batch size, ascending
    "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain"}, ...],
    "chain_acceptance": [p_1, ..., p_K],  # per-position unconditional acceptance of the top-1 chain
-   "source": {...}, "latency": {...}, "workbench_version", "created"}
+   "source": {..., "prediction", "max_new_tokens", "regime"},
+   "latency": {"file", "context", "spread", "model", "device", "dtype", "setting" (provenance.setting of the table, null
+               when it was not recorded), "mode" (decoder-step | verify | unknown)}, "workbench_version", "created"}
 `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length K. `runner_up` is the best candidate
 of another kind; `runner_up_within_noise` says whether the two speedup ranges over the latency's interquartile
 range overlap (null without a spread in the CSV). `best_chain` is the best chain or none (k = 0) at that batch size:
