@@ -20,8 +20,7 @@ import pandas as pd
 from workbench import WorkbenchError
 from workbench.io import read_csv
 from workbench.optimize import expected_curve, optimal_tree, value_and_limits
-from workbench.speed import (interpolate_latency, max_tokens, relative_latency, speedup, speedup_at,  # noqa: F401
-                             speedup_curve, speedup_range, spread, within_noise)
+from workbench.speed import interpolate_latency, max_tokens, speedup_at, speedup_curve, spread  # noqa: F401 (report.py)
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
 LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats",
