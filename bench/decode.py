@@ -26,19 +26,23 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.decode import DECODER_VERSION, Acceptance, decoder_overhead, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.decode import DECODER_VERSION, Acceptance, medusa_generate, vanilla_generate  # noqa: E402
 from workbench.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
 from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.heads import DEMO_HEADS  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import load_model_and_heads, model_label  # noqa: E402
+from workbench.provenance import setting  # noqa: E402
+from workbench.speed import (acceptance_per_position, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
+                             overhead, step_times, tokens_per_step)
 from workbench.tree import load_tree  # noqa: E402
 
 FALLBACK_PROMPTS = ["Explain how a rainbow forms.", "Write a haiku about autumn.",
@@ -172,9 +176,9 @@ def run(args) -> int:
             rows.append(base | _row("vanilla", None, van, fwd, [True] * len(chunk)))
             for cache in (() if args.no_hf else (None, "static")):
                 hf, hf_s = timed_generate(model, chunk, n, cache, compiled, eos)
-                rows.append(base | dict(method=f"hf_generate_{cache or 'dynamic'}", tree=None,
-                                        tokens=sum(map(len, hf)), seq_steps=sum(map(len, hf)), steps=max(map(len, hf)),
-                                        seconds=hf_s, step_ms=None, forward_ms=None, step_times=[],
+                # generate reports no steps: one result per sequence with its tokens and the call's wall time
+                results = [SimpleNamespace(token_ids=h, steps=[], total_s=hf_s, decode_s=hf_s) for h in hf]
+                rows.append(base | dict(method=f"hf_generate_{cache or 'dynamic'}", tree=None, results=results,
                                         forward_times=[], matches=[h == v.token_ids for h, v in zip(hf, van)]))
             for name, b in zip(names, bufs):
                 probe, fwd = forward_probe(engine, b, heads)
@@ -184,14 +188,16 @@ def run(args) -> int:
                             | dict(divergences=[d for m, v in zip(med, van) for d in divergences(m, v, model.dtype)]))
             print(f"batch {bsz}: {i + 1}/{len(chunks)} done", file=sys.stderr)
 
-    summary = summarise(rows)
+    summary = summarise(rows, max((b.depth for b in bufs), default=0))
+    gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
     atomic_write_json(args.out, dict(
         model=label, device=str(model.device), dtype=str(model.dtype).replace("torch.", ""),
+        setting=setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile), gpu),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
         decoder_version=DECODER_VERSION, load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         compiled=bool(engine.compile), max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,
         trees={name: t.as_lists() for name, t in zip(names, trees)}, summary=summary,
-        runs=[{k: v for k, v in r.items() if k not in ("step_times", "forward_times")} for r in rows]))
+        runs=[{k: v for k, v in r.items() if k not in ("results", "forward_times")} for r in rows]))
     print(table(summary, label, model, compiled))
     print(f"wrote {args.out}", file=sys.stderr)
     if model.dtype == torch.float32:
@@ -200,44 +206,39 @@ def run(args) -> int:
 
 
 def _row(method: str, tree, results, forward_times: list[float], matches: list[bool]) -> dict:
-    """One batch of one method: its tokens, steps, wall time and step times (the batch's own steps)."""
-    longest = max(results, key=lambda r: len(r.steps))
-    return dict(method=method, tree=tree, tokens=sum(len(r.token_ids) for r in results),
-                seq_steps=sum(len(r.steps) for r in results), steps=len(longest.steps),
-                seconds=max(r.total_s for r in results), step_times=[s.time_s for s in longest.steps],
-                forward_times=forward_times, matches=matches)
+    """One batch of one method: its results (every speed below is speed.py's over them) and the bare forwards."""
+    return dict(method=method, tree=tree, results=results, forward_times=forward_times, matches=matches)
 
 
-def summarise(rows: list[dict]) -> list[dict]:
-    """One line per (batch size, method, tree): goodput over all prompts (tokens / wall time of the batches),
-    speedup against vanilla at the same batch size (and the median of the per-batch ratios, which cancels load
-    changes between batches), tokens per step per sequence, median step and bare forward, decoder_overhead
-    (decode.decoder_overhead) and overhead (mean step over vanilla's: decode.overhead's definition)."""
+def summarise(rows: list[dict], depth: int = 0) -> list[dict]:
+    """One line per (batch size, method, tree), each quantity from speed.py: goodput over all prompts, speedup
+    against vanilla at the same batch size (and the median of the per-batch ratios, which cancels load changes
+    between batches), tokens per step per sequence, acceptance per position (Medusa), median step and bare
+    forward, decoder_overhead and overhead (mean step over vanilla's)."""
     out = []
     for key in dict.fromkeys((r["batch_size"], r["method"], r["tree"]) for r in rows):
         rs = [r for r in rows if (r["batch_size"], r["method"], r["tree"]) == key]
         van = {r["chunk"]: r for r in rows if r["batch_size"] == key[0] and r["method"] == "vanilla"}
-        toks, secs = sum(r["tokens"] for r in rs), sum(r["seconds"] for r in rs)
+        calls = [r["results"] for r in rs]
+        van_calls = [van[r["chunk"]]["results"] for r in rs]
+        stepped = key[1] in ("medusa", "vanilla")  # HF generate reports no steps: 1 token per step
+        steps, fwd = step_times(calls) if stepped else [], [t for r in rs for t in r["forward_times"]]
         line = dict(batch_size=key[0], method=key[1], tree=key[2], prompts=sum(r["prompts"] for r in rs),
-                    tokens=toks, tokens_per_s=toks / secs, acceleration_rate=toks / sum(r["seq_steps"] for r in rs),
-                    speedup_median=statistics.median((r["tokens"] / r["seconds"]) /
-                                                     (van[r["chunk"]]["tokens"] / van[r["chunk"]]["seconds"])
+                    tokens=sum(len(x.token_ids) for c in calls for x in c), tokens_per_s=goodput(calls),
+                    acceleration_rate=tokens_per_step(calls) if stepped else 1.0,
+                    speedup=measured_speedup(calls, van_calls),
+                    speedup_median=statistics.median(measured_speedup([r["results"]], [van[r["chunk"]]["results"]])
                                                      for r in rs),
-                    matches_greedy=sum(sum(r["matches"]) for r in rs))
-        steps = [t for r in rs for t in r["step_times"]]
-        fwd = [t for r in rs for t in r["forward_times"]]
-        line["step_ms"] = 1e3 * statistics.median(steps) if steps else None
-        line["forward_ms"] = 1e3 * statistics.median(fwd) if fwd else None
-        line["decoder_overhead"] = decoder_overhead(steps, fwd) if steps and fwd else None
-        mean_step = sum(sum(r["step_times"]) for r in rs) / sum(r["steps"] for r in rs) if steps else None
-        line["mean_step_ms"] = 1e3 * mean_step if mean_step else None
+                    matches_greedy=sum(sum(r["matches"]) for r in rs),
+                    step_ms=1e3 * statistics.median(steps) if steps else None,
+                    forward_ms=1e3 * statistics.median(fwd) if fwd else None,
+                    decoder_overhead=decoder_overhead(steps, fwd) if steps and fwd else None,
+                    mean_step_ms=1e3 * mean_step_s(calls) if steps else None,
+                    overhead=overhead(calls, van_calls) if steps else None)
         if key[1] == "medusa":
+            line["acceptance_per_position"] = acceptance_per_position(calls, depth)
             line.update(divergence_counts([d for r in rs for d in r["divergences"]]))
         out.append(line)
-    for s in out:
-        base = next(v for v in out if v["batch_size"] == s["batch_size"] and v["method"] == "vanilla")
-        s["speedup"] = s["tokens_per_s"] / base["tokens_per_s"]
-        s["overhead"] = s["mean_step_ms"] / base["mean_step_ms"] if s["mean_step_ms"] else None
     return out
 
 

@@ -661,8 +661,9 @@ def test_recommendation_is_the_same_on_both_pages_and_shows_its_tree(walk_files,
     assert tree.selectbox(key="tree_lat_pick").value == trade.selectbox(key="to_lat_pick").value
     said = sentence(tree)
     assert said == sentence(trade)
-    assert said.startswith("**Recommendation:** use tree ") and " at batch 1 and context 128: predicted " \
-        in said and "tokens/step and " in said
+    # the answer names the calibration, its statistic and the latency table it rests on
+    assert said.startswith("**Recommendation:** use tree ") and " at batch 1 and context 128 (calibration cal, " \
+        "predicted_replay; latency latency-cpu.csv): predicted " in said and "tokens/step and " in said
     assert "(no spread measured)" in said  # the calibration's latency CSV has medians only
     candidates = table(tree, "candidate")
     assert list(candidates["speedup"]) == sorted(candidates["speedup"], reverse=True)

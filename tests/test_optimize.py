@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 
 from workbench import WorkbenchError
 from workbench.accuracies import accuracies_from_hits, check_accuracies, read_accuracies, write_accuracies
-from workbench.latency import interpolate_latency, predicted_speedup
+from workbench.speed import interpolate_latency, speedup_curve as predicted_speedup
 from workbench.optimize import (acc_value_fn, best_dense_tree, best_first, dense_tree, empirical_value_fn,
                                 expected_curve, expected_length, optimal_tree, optimal_tree_from)
 from workbench.tree import load_tree, reference_trees

@@ -15,7 +15,8 @@ from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
 from workbench.cli import main
 from workbench.export import PLAN_FORMATS, export_plan
-from workbench.latency import (latency_surface, read_latency, speedup, speedup_at, speedup_range, within_noise)
+from workbench.latency import latency_surface, read_latency
+from workbench.speed import relative_latency, speedup, speedup_at, speedup_range, within_noise
 from workbench.optimize import expected_length
 from workbench.plan import (PLAN_ROW, check_acceptance, chain_tree, make_plan, plan_json, plan_source,
                             read_acceptance, read_plan)
@@ -115,9 +116,10 @@ def test_spread_columns_are_checked(tmp_path):
 
 
 def test_one_speedup_formula_and_the_noise_test():
-    assert speedup(1.8, 0.03, 0.02) == pytest.approx(1.8 * 0.02 / 0.03)
     table, spread = {1: 0.02, 5: 0.03}, {1: (0.019, 0.021), 5: (0.028, 0.033)}
-    assert speedup_at(table, 1.8, 4) == speedup(1.8, 0.03, 0.02)
+    assert relative_latency(table, 4) == pytest.approx(0.03 / 0.02)
+    assert speedup(1.8, relative_latency(table, 4)) == pytest.approx(1.8 * 0.02 / 0.03)
+    assert speedup_at(table, 1.8, 4) == speedup(1.8, 0.03 / 0.02)
     lo, hi = speedup_range(table, spread, 1.8, 4)
     assert lo == pytest.approx(1.8 * 0.02 / 0.033) and hi == pytest.approx(1.8 * 0.02 / 0.028)
     none = speedup_range(table, spread, 1.0, 0)
@@ -262,11 +264,18 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
         if row["kind"] != "none":  # the one producer of predictions
             assert row["predicted_tokens_per_step"] == cal.predict(row["tree"])[key]
     meta = json.loads((calib / "meta.json").read_text())
+    regime = plan["source"].pop("regime")
     assert plan["source"] == dict(kind="calibration", path=str(calib), prediction=key, model=meta["model"],
                                   heads=meta["heads"], heads_sha256=meta["args"]["heads_sha256"],
-                                  num_heads=meta["num_heads"])
+                                  num_heads=meta["num_heads"], max_new_tokens=meta["max_new_tokens"])
+    # the plan says which statistic and answers its predictions assume
+    assert (f"the first {meta['max_new_tokens']} tokens" in regime) and \
+        ("replayed" in regime) == (prediction == "replay")
+    # a latency file without a setting column: provenance unknown, said loudly
     assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, model="synthetic", device="test",
-                                   dtype="float32")
+                                   dtype="float32", setting=None,
+                                   mode="unknown (a file written before the setting was kept)")
+    assert "WARNING: the latency table times the bare verify forward (or does not say what it timed)" in err
     assert plan["workbench_version"] and plan["created"].startswith("20")
     assert plan["plans"][-1]["kind"] == "none" and plan["plans"][0]["kind"] != "none"
 
@@ -434,3 +443,45 @@ def test_speedups_by_kind_list_each_kind_once_per_batch_size_and_mark_the_choice
         at = df[df["batch_size"] == row["batch_size"]].set_index("kind")
         assert at.loc["none", "predicted_speedup"] == 1.0 and at["chosen"].sum() == 1
         assert at.loc[row["kind"], "chosen"] and at.loc[row["kind"], "predicted_speedup"] == row["predicted_speedup"]
+
+
+def test_plan_predicts_for_the_generation_length(calib, flat_latency, tmp_path, capsys):
+    """Acceptance rises along an answer, so a plan for 6-token answers replays only their first 6 tokens; a length
+    the calibration never measured is one error line."""
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1",
+                 "--max-new-tokens", "6", "--out", str(out)]) == 0
+    plan, cal = read_plan(out), Calibration(calib)
+    assert plan["source"]["max_new_tokens"] == 6 and "the first 6 tokens" in plan["source"]["regime"]
+    for row in plan["plans"]:
+        if row["kind"] != "none":
+            assert row["predicted_tokens_per_step"] == cal.predict(row["tree"], 6)["predicted_replay"]
+    assert main(["plan", "--calibration", str(calib), "--latency", str(flat_latency), "--max-new-tokens", "999"]) == 2
+    assert "never measured" in capsys.readouterr().err
+
+
+def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, capsys):
+    """bench/prediction.py end to end: plan's top candidates at two batch sizes, predicted beside measured with
+    spreads, the setting of the run; a greedy decoder measures exactly the replay over the answers of the prompts
+    it decoded (`replay_these`), which the calibration recorded in fp32."""
+    import importlib.util
+
+    from workbench import REPO_ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_prediction", REPO_ROOT / "bench" / "prediction.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "prediction.json"
+    assert bench.main(["--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1,2",
+                       "--top", "2", "--limit", "2", "--max-new-tokens", "6", "--repeats", "2", "--device", "cpu",
+                       "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [(r["batch_size"]) for r in res["rows"]] == [1, 1, 2, 2] and res["prompts"] == 2
+    assert res["setting"]["threads"] >= 1 and "load_average" in res["setting"] and res["latency_setting"] is None
+    assert "provenance unknown" in res["setting_warning"]
+    for r in res["rows"]:
+        assert r["repeats"] == 2 and r["speedup_q1"] <= r["measured_speedup"] <= r["speedup_q3"]
+        assert r["measured_tokens_per_step"] == pytest.approx(r["replay_these"])
+        assert r["speedup_err_pct"] == pytest.approx(100 * (r["predicted_speedup"] / r["measured_speedup"] - 1))
+    printed = capsys.readouterr()
+    assert "speedup pred (range)" in printed.out and "WARNING" in printed.err

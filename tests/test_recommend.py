@@ -32,7 +32,8 @@ def latency(cost, contexts=(128,), batches=None, spread: float | None = None) ->
                 if b is not None:
                     row["batch"] = b
                 if spread is not None:
-                    row |= dict(seconds_q1=s * (1 - spread), seconds_q3=s * (1 + spread))
+                    row |= dict(seconds_min=s * (1 - spread), seconds_q1=s * (1 - spread),
+                                seconds_q3=s * (1 + spread), seconds_max=s * (1 + spread))
                 rows.append(row)
     return pd.DataFrame(rows)
 
@@ -73,19 +74,39 @@ def test_pick_is_the_best_predicted_speedup_with_its_numbers(cal):
     none = next(r for r in rows if r["kind"] == "none")
     assert none["speedup"] == 1.0 and none["tokens_per_step"] == 1.0
     assert pick["range"] is None and "(no spread measured)" in R.sentence(rec)
-    assert R.sentence(rec).startswith(f"use {pick['label']} at batch 1 and context 128: predicted ")
+    assert R.sentence(rec).startswith(f"use {pick['label']} at batch 1 and context 128 (calibration synthetic, "
+                                      "predicted_replay; the latency table): predicted ")
 
 
-def test_hardware_aware_tree_is_named_by_its_node_count(cal):
-    rec = R.recommend(cal, latency(CHEAP), max_budget=63)
-    hw = [r for r in rec["candidates"] if r["tree"] is not None and r["tree"].name.startswith("hardware_")]
-    assert len(hw) == 1 and hw[0]["tree"].name == f"hardware_{hw[0]['nodes']}"
+def test_the_answer_is_plans_choice_with_plans_numbers(cal, tmp_path):
+    """One ranker: the app's pick, its tokens/step and speedup are `workbench plan`'s for the same inputs."""
+    from workbench.plan import make_plan, plan_source
+
+    f = tmp_path / "lat.csv"
+    latency(CHEAP, batches=(1, 2), spread=0.05).to_csv(f, index=False)
+    from workbench.latency import read_latency
+    plan = make_plan(plan_source(calibration=cal.folder), f, [1, 2])
+    for row in plan["plans"]:
+        rec = R.recommend(cal, read_latency(f), batch=row["batch_size"], latency_name=f.name)
+        assert rec["pick"]["kind"] == row["kind"] and rec["pick"]["nodes"] == row["nodes"]
+        assert rec["pick"]["speedup"] == pytest.approx(row["predicted_speedup"])
+        assert rec["pick"]["tokens_per_step"] == pytest.approx(row["predicted_tokens_per_step"])
+        assert f"latency {f.name})" in R.sentence(rec)
+
+
+def test_measured_slower_than_plain_answers_no_speculation(cal):
+    pick = R.recommend(cal, latency(CHEAP))["pick"]
+    rec = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 0.8), "v2")})
+    assert rec["answer"]["kind"] == "measured-none" and rec["pick"]["kind"] == "tree"
+    text = R.sentence(rec)
+    assert text.startswith("use no speculation at batch 1") and f"{pick['label']}, ran at 0.80x" in text
 
 
 def test_nothing_pays_recommends_no_speculation(cal):
     rec = R.recommend(cal, latency(SLOW))
     assert rec["pick"]["kind"] == "none"
-    assert R.sentence(rec).startswith("use no speculation at batch 1 and context 128: no tree or chain is predicted")
+    assert R.sentence(rec).startswith("use no speculation at batch 1 and context 128")
+    assert "no tree or chain is predicted faster than plain decoding" in R.sentence(rec)
 
 
 def test_budget_and_latency_bound_the_candidates(cal):
@@ -100,9 +121,9 @@ def test_spread_gives_a_range(cal):
     pick = rec["pick"]
     lo, hi = pick["range"]
     rel = pick["relative_latency"]
-    # slow end: the tree step at q3 over the plain step at q1 (and the other way round)
-    assert lo == pytest.approx(pick["tokens_per_step"] / (rel * 1.1 / 0.9))
-    assert hi == pytest.approx(pick["tokens_per_step"] / (rel * 0.9 / 1.1))
+    # plan's range: the tree step over its interquartile range, the plain step at its median
+    assert lo == pytest.approx(pick["tokens_per_step"] / (rel * 1.1))
+    assert hi == pytest.approx(pick["tokens_per_step"] / (rel * 0.9))
     assert "x from the latency quartiles)" in R.sentence(rec)
 
 
@@ -111,9 +132,9 @@ def test_context_and_batch_are_picked_from_the_table(cal):
     assert R.recommend(cal, df, target=900)["context"] == 1024
     rec = R.recommend(cal, df, context=128, batch=4)
     assert rec["batch"] == 4 and "at batch 4 and context 128" in R.sentence(rec)
-    with pytest.raises(WorkbenchError, match="no rows for batch size 2 \\(measured: 1, 4\\)"):
+    with pytest.raises(WorkbenchError, match="no rows for batch size\\(s\\) 2 \\(measured: 1, 4\\)"):
         R.recommend(cal, df, context=128, batch=2)
-    with pytest.raises(WorkbenchError, match="no rows for batch size 2 \\(measured: 1\\)"):
+    with pytest.raises(WorkbenchError, match="no rows for batch size\\(s\\) 2 \\(measured: 1\\)"):
         R.recommend(cal, latency(CHEAP), batch=2)
 
 
@@ -148,10 +169,11 @@ def test_current_sweeps_are_evidence_and_disagreement_is_named(cal):
     assert not other["disagree"] and other["pick"]["measured"][0]["old"]
 
 
-def test_named_trees_are_ranked_and_find_their_measurements(cal):
-    mine = make_tree([[0], [1], [0, 0]], name="mine")
+def test_named_trees_are_evidence_not_candidates(cal):
+    mine = make_tree([[0], [1], [0, 2]], name="mine")
     rec = R.recommend(cal, latency(CHEAP), trees=[mine], sweeps={"s.csv": sweep(swept(mine, 1.1), "v2")})
-    row = next(r for r in rec["candidates"] if r["tree"] is not None and r["tree"].paths == mine.paths)
+    assert all(r["tree"] is None or r["tree"].paths != mine.paths for r in rec["candidates"])
+    row = next(r for r in rec["measured_trees"] if r["tree"].paths == mine.paths)
     assert row["current"]["speedup"] == pytest.approx(1.1)
     assert row["tokens_per_step"] == pytest.approx(cal.predict(mine)["predicted_replay"])
 
@@ -172,3 +194,20 @@ def test_a_latency_table_that_is_not_monotone_is_named(cal):
     assert R.latency_note(rec).startswith("the latency table is not monotone (4 tokens cheaper than 3)")
     assert R.recommend(cal, latency(CHEAP))["cheaper"] == [] and R.latency_note(R.recommend(cal, latency(CHEAP))) \
         is None
+
+
+def test_measurements_from_another_setting_are_named(cal):
+    from workbench.provenance import setting, setting_cell
+
+    here = setting("cpu", "float32", 2, False)
+    df = latency(CHEAP)
+    df["setting"] = setting_cell(here)
+    pick = R.recommend(cal, df)["pick"]
+    rows = swept(pick["tree"], pick["speedup"])
+    for r in rows:
+        r["setting"] = setting_cell(dict(here, threads=1))
+    rec = R.recommend(cal, df, sweeps={"s.csv": sweep(rows, "v2")})
+    assert "threads 2 vs 1" in R.setting_text(rec) and R.provenance_note(rec) is None
+    # older files: the setting is unknown, said in words, not as a difference
+    old = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 1.0), "v2")})
+    assert R.setting_text(old) is None and "does not record the setting" in R.provenance_note(old)

@@ -15,7 +15,8 @@ from workbench.cli import main
 from workbench.cli.shared import parse_delta, parse_floats
 from workbench.decode import DECODER_VERSION
 from workbench.generation import prepare_prompt
-from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, measure_latency, read_latency
+from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, read_latency
+from workbench.measure_latency import measure_latency
 from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.models import random_model
 from workbench.optimize import dense_tree, expected_length, optimal_tree

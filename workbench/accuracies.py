@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 
 from workbench import WorkbenchError
 from workbench.io import atomic_write_text
@@ -46,6 +45,8 @@ def accuracies_from_hits(hits) -> tuple[np.ndarray, np.ndarray]:
     Each head is normalised by its own row count (head k has k fewer positions per prompt than head 0), not
     by a hard-coded prompts*steps as in Medusa's script.
     """
+    import torch  # deferred: a CSV table is read without torch (the planner and the app never load it)
+
     if not isinstance(hits, (list, tuple)) or not hits:
         raise WorkbenchError("heads accuracy data: expected a non-empty list of per-head tensors [positions, topk]")
     rows, counts = [], []
@@ -80,6 +81,8 @@ def read_accuracies(path, return_counts: bool = False):
 
 
 def _read_pt(f: Path):
+    import torch  # deferred (see accuracies_from_hits)
+
     try:
         hits = torch.load(f, map_location="cpu", weights_only=True)
     except Exception:  # the unpickler raises anything on a damaged file (KeyError, struct.error, ...): one line

@@ -352,12 +352,13 @@ class Calibration:
         return self._cached("cont", lambda: read_continuations(self.folder / CONTINUATIONS,
                                                                f"{self.what} {self.folder}"))
 
-    def typical_context(self) -> float | None:
-        """Mean cache length a decoding step sees on the calibration's prompts: prompt + half the answer (None
-        without continuations.parquet); a latency table is read at the measured context closest to it."""
-        return self._cached("typical", self._typical_context)
+    def typical_context(self, max_new_tokens: int | None = None) -> float | None:
+        """Mean cache length a decoding step sees on the calibration's prompts: prompt + half the answer (cut to
+        max_new_tokens, as a decoder cuts it; None without continuations.parquet); a latency table is read at the
+        measured context closest to it."""
+        return self._cached(("typical", max_new_tokens), lambda: self._typical_context(max_new_tokens))
 
-    def _typical_context(self) -> float | None:
+    def _typical_context(self, max_new_tokens: int | None = None) -> float | None:
         f = self.folder / CONTINUATIONS
         if not f.is_file():
             return None
@@ -365,7 +366,10 @@ class Calibration:
             info = pd.read_parquet(f, columns=["prompt_tokens", "continuation"])
             if not all(isinstance(c, (list, np.ndarray)) for c in info["continuation"]):
                 raise TypeError("continuation cells are not token lists")
-            return float((info["prompt_tokens"] + info["continuation"].map(len) / 2).mean()) if len(info) else None
+            length = info["continuation"].map(len)
+            if max_new_tokens:
+                length = length.clip(upper=max_new_tokens)
+            return float((info["prompt_tokens"] + length / 2).mean()) if len(info) else None
         except Exception as e:  # truncated file, wrong columns or types
             raise WorkbenchError(f"{self.what} {self.folder}: {f.name} is not a readable continuations file "
                                  f"(prompt_tokens, continuation token lists; {type(e).__name__})") from None

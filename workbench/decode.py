@@ -443,45 +443,8 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
 
 
 # ----------------------------------------------------------------------------------------------- measured speed
-# One function per measured quantity. `batches`: the results of each generate call (a list per call; a single
-# DecodeResult counts as a batch of one): sequences of one call ran side by side, calls one after another.
-
-def _calls(batches) -> list[list[DecodeResult]]:
-    return [b if isinstance(b, list) else [b] for b in batches]
-
-
-def goodput(batches) -> float:
-    """Tokens per second over all sequences: tokens emitted / wall time, each call's wall time being its slowest
-    sequence's (prefill + its steps)."""
-    calls = _calls(batches)
-    wall = sum(max(r.total_s for r in c) for c in calls)
-    return sum(len(r.token_ids) for c in calls for r in c) / wall if wall > 0 else float("nan")
-
-
-def mean_step_s(batches) -> float:
-    """Seconds per decoding step: each call's decode time (its slowest sequence's) over its steps (its longest)."""
-    calls = _calls(batches)
-    steps = sum(max(len(r.steps) for r in c) for c in calls)
-    return sum(max(r.decode_s for r in c) for c in calls) / steps if steps else float("nan")
-
-
-def measured_speedup(medusa, vanilla) -> float:
-    """Measured speedup: Medusa's goodput over vanilla greedy's on the same prompts (and batch size)."""
-    base = goodput(vanilla)
-    return goodput(medusa) / base if base > 0 else float("nan")
-
-
-def overhead(medusa, vanilla) -> float:
-    """The overhead of a Medusa step: its mean step time over vanilla's (`mean_step_s`) on the same prompts. The
-    one definition used by `decode --compare`, the sweep and the benchmark."""
-    base = mean_step_s(vanilla)
-    return mean_step_s(medusa) / base if base > 0 else float("nan")
-
-
-def decoder_overhead(step_times: list[float], forward_times: list[float]) -> float:
-    """What a step costs beyond its model work: median step time over the median bare verify forward of the same
-    tree at the same batch and contexts (`engine.forward_probe`)."""
-    return statistics.median(step_times) / statistics.median(forward_times)
+# Owned by speed.py (torch-free, one function per quantity); re-exported here for older importers.
+from workbench.speed import decoder_overhead, goodput, mean_step_s, measured_speedup, overhead  # noqa: E402,F401
 
 
 @torch.inference_mode()

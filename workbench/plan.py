@@ -10,8 +10,10 @@ to vanilla decoding while acceptance stays the same. The candidates:
          ever accepted: what vLLM's Medusa drafter runs (vllm/v1/spec_decode/medusa.py takes each head's argmax);
   none   no speculation, speedup 1 by definition.
 Tokens per step have one producer per source: Calibration.predict (a calibration folder), optimize.expected_length
-(an accuracy table), 1 + the sum of the first K entries of a per-position acceptance vector (chains only). Each
-candidate's speedup is latency.speedup; the choice is exact over the candidates, ties going to the simpler kind
+(an accuracy table), 1 + the sum of the first K entries of a per-position acceptance vector (chains only); a
+calibration predicts for answers of the generation length (`max_new_tokens`: acceptance rises along an answer) and the
+plan says which statistic and answers it assumes (source.regime; docs/prediction.md). Each candidate's speedup is
+speed.speedup_at, ranked by `rank` (the one ranking: the app's recommendation is this one); the choice is exact over the candidates, ties going to the simpler kind
 (none, then chain, then tree) and then to fewer nodes.
 
 The plan file (read and written here only):
@@ -19,7 +21,9 @@ The plan file (read and written here only):
               "predicted_tokens_per_step", "predicted_speedup"}, ...],          # one row per batch size, ascending
    "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain"}, ...],
    "chain_acceptance": [p_1, ..., p_K],  # per-position unconditional acceptance of the top-1 chain
-   "source": {...}, "latency": {...}, "workbench_version", "created"}
+   "source": {..., "prediction", "max_new_tokens", "regime"},
+   "latency": {"file", "context", "spread", "model", "device", "dtype", "setting" (provenance.setting of the table, null
+               when it was not recorded), "mode" (decoder-step | verify | unknown)}, "workbench_version", "created"}
 `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length K. `runner_up` is the best candidate
 of another kind; `runner_up_within_noise` says whether the two speedup ranges over the latency's interquartile
 range overlap (null without a spread in the CSV). `best_chain` is the best chain or none (k = 0) at that batch size:
@@ -38,7 +42,9 @@ from workbench import WorkbenchError, __version__
 from workbench.accuracies import read_accuracies
 from workbench.calibration import Calibration
 from workbench.io import read_csv, read_json
-from workbench.latency import latency_surface, max_tokens, read_latency, speedup_at, speedup_range, within_noise
+from workbench.latency import latency_surface, read_latency
+from workbench.provenance import differences, read_setting
+from workbench.speed import max_tokens, speedup_at, speedup_range, within_noise
 from workbench.optimize import best_first, expected_length, value_and_limits
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree, make_tree
 
@@ -105,12 +111,13 @@ def read_acceptance(path) -> list[float]:
 # ----------------------------------------------------------------------------------------------- sources
 
 def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: str = "replay",
-                max_rank: int = MEDUSA_TOPK) -> dict:
+                max_rank: int = MEDUSA_TOPK, max_new_tokens: int | None = None) -> dict:
     """What the planner weighs, from exactly one source: {"tokens_per_step": tree -> float, "value" (path values
     the trees are optimal for, None for chains only), "max_depth", "max_rank", "chain_acceptance", "info"
     (provenance), "typical_context"}. A calibration predicts through Calibration.predict (`prediction`:
-    independent, joint or replay; trees are optimal for the joint paths unless independent); an accuracy table
-    through expected_length; an acceptance vector gives chains only."""
+    independent, joint or replay; trees are optimal for the joint paths unless independent) for answers of
+    `max_new_tokens` tokens (default: the calibration's own length); an accuracy table through expected_length;
+    an acceptance vector gives chains only. info["regime"] says which statistic and answers a prediction assumes."""
     if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
         raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
     if acceptance is not None:
@@ -120,15 +127,25 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
                     info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
                               num_heads=len(rates)))
     if accuracies is not None:
-        acc = read_accuracies(accuracies)
-        fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
-        return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
-                    chain_acceptance=_chain_values(fn, depth), typical_context=None,
-                    info=dict(kind="accuracies", path=str(accuracies), prediction="predicted_independent",
-                              num_heads=depth))
+        return accuracy_source(read_accuracies(accuracies), str(accuracies), max_rank)
+    return calibration_source(Calibration(calibration), prediction, max_rank, max_new_tokens)
+
+
+def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> dict:
+    """plan_source of an accuracy table acc[K, R] (independent heads; `path` names it)."""
+    fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
+    return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
+                chain_acceptance=_chain_values(fn, depth), typical_context=None,
+                info=dict(kind="accuracies", path=path, prediction="predicted_independent", num_heads=depth,
+                          regime=regime("predicted_independent", None)))
+
+
+def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: int = MEDUSA_TOPK,
+                       max_new_tokens: int | None = None) -> dict:
+    """plan_source of an opened calibration folder."""
     if prediction not in PREDICTIONS:
         raise WorkbenchError(f"--prediction {prediction!r}: use {', '.join(PREDICTIONS)}")
-    cal = Calibration(calibration)
+    calibration = cal.folder
     acc = cal.accuracies("fit")
     key = PREDICTIONS[prediction]
     value = acc if prediction == "independent" else cal.joint_value("fit")
@@ -138,11 +155,39 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
                              "use --prediction joint or independent (or calibrate with --holdout 0.2)")
     fn = value_and_limits(value, depth, rank)[0]
     meta = cal.meta
-    return dict(tokens_per_step=lambda t: cal.predict(t)[key], value=value, max_depth=depth, max_rank=rank,
-                chain_acceptance=_chain_values(fn, depth), typical_context=cal.typical_context(),
+    length = generation_length(cal, max_new_tokens)
+    return dict(tokens_per_step=lambda t: cal.predict(t, length)[key], value=value, max_depth=depth, max_rank=rank,
+                chain_acceptance=_chain_values(fn, depth), typical_context=cal.typical_context(length),
                 info=dict(kind="calibration", path=str(calibration), prediction=key, model=meta.get("model"),
                           heads=meta.get("heads"), heads_sha256=(meta.get("args") or {}).get("heads_sha256"),
-                          num_heads=depth))
+                          num_heads=depth, max_new_tokens=length, regime=regime(key, length)))
+
+
+def generation_length(cal: Calibration, max_new_tokens: int | None) -> int | None:
+    """The answer length predictions are made for: `max_new_tokens`, at most the calibration's own answers' (its
+    meta max_new_tokens: longer answers were never measured), default that."""
+    have = cal.meta.get("max_new_tokens")
+    if max_new_tokens is None:
+        return have if isinstance(have, int) and have > 0 else None
+    if max_new_tokens < 1:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+    if isinstance(have, int) and max_new_tokens > have:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: the calibration's answers are {have} tokens long, so "
+                             f"acceptance past token {have} was never measured; plan for <= {have} or calibrate with "
+                             "a larger --max-new-tokens")
+    return max_new_tokens
+
+
+def regime(prediction: str, max_new_tokens: int | None) -> str:
+    """In words: what a calibration prediction assumes, and why (docs/prediction.md)."""
+    cut = f"the first {max_new_tokens} tokens of" if max_new_tokens else "all of"
+    if prediction == "predicted_replay":
+        return (f"a greedy decoder replayed over {cut} each held-out prompt's greedy answer: tokens/step = tokens / "
+                "steps at the positions a decoder starts its steps at (the statistic live decoding measures; the "
+                "answers are cut to the generation length because acceptance rises along an answer)")
+    what = "measured joint path frequencies" if prediction == "predicted_joint" else "independent head accuracies"
+    return (f"{what} of the fit prompts, averaged over every position of {cut} their answers: over-predicts a live "
+            "decoder, which starts its steps only at the positions after each accepted run (harder on average)")
 
 
 def _chain_values(fn, depth: int) -> list[float]:
@@ -186,19 +231,26 @@ def _rank(c: dict) -> tuple:
     return c["speedup"], SIMPLER[c["kind"]], -c["nodes"]
 
 
-def choose(cands: list[dict], latency: dict, spread=None) -> dict:
-    """The best candidate at one batch size ({tokens: seconds} of that batch): {"best", "runner_up" (best of
-    another kind, or None), "within_noise", "best_chain" (best chain or none)}, each candidate with its
-    "speedup" and "range" (over the interquartile range of t; None without a spread)."""
+def rank(cands: list[dict], latency: dict, spread=None) -> list[dict]:
+    """The candidates a latency table covers ({tokens: seconds} of one batch size), each with its "speedup"
+    (speed.speedup_at) and "range" (speed.speedup_range over the interquartile range of t; None without a
+    spread), best first: the one ranking every answer (CLI, app, exports) comes from."""
     top = max_tokens(latency)
     scored = [dict(c, speedup=speedup_at(latency, c["tokens_per_step"], c["nodes"]),
                    range=speedup_range(latency, spread, c["tokens_per_step"], c["nodes"]))
               for c in cands if c["nodes"] + 1 <= top]
-    best = max(scored, key=_rank)
+    return sorted(scored, key=_rank, reverse=True)
+
+
+def choose(cands: list[dict], latency: dict, spread=None) -> dict:
+    """The best candidate at one batch size (`rank`): {"best", "runner_up" (best of another kind, or None),
+    "within_noise", "best_chain" (best chain or none), "ranked" (every candidate, best first)}."""
+    scored = rank(cands, latency, spread)
+    best = scored[0]
     others = [c for c in scored if c["kind"] != best["kind"]]
     runner = max(others, key=_rank) if others else None
     noise = within_noise(best["range"], runner["range"]) if runner else None
-    return dict(best=best, runner_up=runner, within_noise=noise,
+    return dict(best=best, runner_up=runner, within_noise=noise, ranked=scored,
                 best_chain=max((c for c in scored if c["kind"] != "tree"), key=_rank))
 
 
@@ -235,10 +287,12 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
                                  best_chain=dict(k=chain["nodes"], predicted_tokens_per_step=chain["tokens_per_step"],
                                                  predicted_speedup=chain["speedup"])))
     setup = {c: str(df[c].iloc[0]) for c in ("model", "device", "dtype") if c in df.columns}
+    where = read_setting(df)
     return dict(plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
                 source=source["info"],
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
-                             **setup),
+                             **setup, setting=where,
+                             mode=(where or {}).get("mode", "unknown (a file written before the setting was kept)")),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -366,7 +420,9 @@ def plan_trees(plan: dict) -> list[tuple[Tree, int, dict]]:
 def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
     """The plan's prediction beside the live decoder's measurement, per batch size: the choice (and its
     runner-up) as decoded by `workbench sweep --plan` at that batch size, greedy, against vanilla at the same batch
-    size. "none" is vanilla itself: speedup 1 by definition. err_% = measured / predicted - 1."""
+    size. "none" is vanilla itself: speedup 1 by definition. err_% = measured / predicted - 1. setting_differs: how
+    the sweep's setting differs from the plan's latency table's (provenance.differences; empty when they match):
+    a prediction from another setting is not comparable."""
     rows = []
     alternatives = {a["batch_size"]: a for a in plan.get("alternatives", []) if isinstance(a, dict)}
     for row in plan["plans"]:
@@ -388,10 +444,13 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
                     continue
                 m = measured.iloc[-1]
                 tps, spd, exact = m["acceleration_rate"], m["speedup"], m["exact_match"]
+            where = read_setting(measured.iloc[-1].to_dict()) if "setting" in measured.columns else None
             rows.append(dict(batch_size=b, role=role, kind=entry["kind"], nodes=entry.get("nodes", 0),
                              predicted_tokens_per_step=entry["predicted_tokens_per_step"], measured_tokens_per_step=tps,
                              predicted_speedup=entry["predicted_speedup"], measured_speedup=spd,
-                             speedup_err_pct=100 * (spd / entry["predicted_speedup"] - 1), exact_match=exact))
+                             speedup_err_pct=100 * (spd / entry["predicted_speedup"] - 1), exact_match=exact,
+                             setting_differs="; ".join(differences((plan.get("latency") or {}).get("setting"),
+                                                                   where))))
     return pd.DataFrame(rows)
 
 

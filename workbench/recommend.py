@@ -1,79 +1,52 @@
-"""One answer with its evidence: decode with which tree, chain or nothing, how fast it should be, how sure we are.
+"""One answer with its evidence: plan's ranking at one batch size and context, joined to what sweeps measured.
 
-`recommend` ranks the candidates a deployment can choose from at one batch size and context by predicted speedup:
-  tree     the optimal tree at every budget the latency table measured, the hardware-aware optimum (which may sit
-           between measured sizes), and any named tree the caller passes (e.g. the trees a sweep measured);
-  chain K  the top-1 chain of K heads ([0], [0, 0], ...): what a chain drafter (vLLM's Medusa) runs;
-  none     plain decoding, 1 token per step at speedup 1.
-Predicted tokens per step are `Calibration.predict`'s (the replay over held-out answers when the calibration holds
-prompts out: what a live greedy decoder measures), the speedup is the one formula of `latency.speedup` (through `latency.predicted_speedup`),
-and its range comes from the latency spread columns (quartiles, else min/max) when the table has them. Evidence:
-every greedy sweep row that measured the same tree shape, with the sweep's name, decoder version and prompt count;
-a sweep written without a `decoder_version` column was made by the decoder before the static-cache step and is
-marked old (never weighed against the prediction). A later planner (per batch size) can replace `candidates`
-without changing what the app shows.
+This module does not rank: the candidates, their predicted tokens/step (plan.calibration_source: the replay over
+held-out answers cut to the generation length when the calibration holds prompts out) and their speedups and
+ranges (speed.py) are `workbench plan`'s own (plan.candidates, plan.rank), so the app, the CLI and the exports show
+the same number for the same candidate. What it adds is the evidence: every greedy sweep row at the same batch
+size that measured the same tree shape, with the sweep's name, decoder version and prompt count, its noise from
+the repeats at that batch size (never pooled across batch sizes); a sweep written without a `decoder_version`
+column was made by the decoder before the static-cache step and is marked old. The answer is measured where it
+can be: when the best current measurement at this batch size is slower than plain decoding, it is "no
+speculation", with that figure.
 """
 from __future__ import annotations
 
 import math
 import statistics
 
-import numpy as np
 import pandas as pd
 
-from workbench.calibration import Calibration, tree_table
-from workbench.latency import hardware_aware, latency_table, predicted_speedup
-from workbench.optimize import acc_value_fn, best_first
-from workbench.plan import chain_tree
-from workbench.sweep import tree_key
-from workbench.tree import Tree, make_tree
+from workbench.calibration import Calibration
+from workbench.latency import latency_surface
+from workbench.plan import accuracy_source, calibration_source, candidates as plan_candidates, choose
+from workbench.provenance import read_setting
+from workbench.speed import speedup_at, speedup_range
+from workbench.tree import Tree, tree_key
 
 OLD_DECODER = "before the static-cache step"  # what made a sweep CSV that has no decoder_version column
-SPREADS = (("seconds_q1", "seconds_q3", "latency quartiles"), ("seconds_min", "seconds_max", "latency min-max"))
 
 
 # ----------------------------------------------------------------------------------------------- latency
 
 def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1, target: float | None = None,
                    what: str = "latency") -> dict:
-    """The latency table at one batch size and context: {"seconds": {tokens: s}, "low"/"high": the same from the
-    spread columns (None without), "spread": their name, "context", "batch"}. A CSV without a `batch` column is
-    batch 1 only."""
-    seconds, ctx = latency_table(df, context, target, what, batch=batch)  # (one error for a batch it lacks)
-    out = dict(seconds=seconds, low=None, high=None, spread=None, context=ctx, batch=batch)
-    for lo, hi, name in SPREADS:
-        if lo in df.columns and hi in df.columns:
-            out |= dict(low=latency_table(df, ctx, what=what, batch=batch, column=lo)[0],
-                        high=latency_table(df, ctx, what=what, batch=batch, column=hi)[0], spread=name)
-            break
-    return out
-
-
-def speedup(tokens_per_step: float, nodes: int, seconds: dict) -> dict:
-    """latency.predicted_speedup for one tree of `nodes` nodes whose predicted tokens per step are given (the
-    curve it takes is tokens per step by node count); its row: relative_latency, speedup, latency_s."""
-    curve = np.full(nodes + 1, float(tokens_per_step))
-    return predicted_speedup(curve, seconds, budgets=[nodes])["best"]
-
-
-def speedup_range(tokens_per_step: float, nodes: int, tables: dict) -> tuple[float, float] | None:
-    """(lowest, highest) speedup the latency spread allows: the tree step at its slow end over the plain step at its
-    fast end, and the other way round. None when the table has no spread columns."""
-    if tables["low"] is None or nodes == 0:
-        return None
-    lo, hi = tables["low"], tables["high"]
-    slow = {n: (lo[n] if n == 1 else hi[n]) for n in hi}
-    fast = {n: (hi[n] if n == 1 else lo[n]) for n in lo}
-    return speedup(tokens_per_step, nodes, slow)["speedup"], speedup(tokens_per_step, nodes, fast)["speedup"]
+    """The latency table at one batch size and context, as plan reads it (latency.latency_surface): {"seconds":
+    {tokens: s}, "quartiles": {tokens: (q1, q3)} or None, "spread": its name or None, "context", "batch"}."""
+    surface, ctx = latency_surface(df, [batch], context, target, what)
+    quartiles = surface[batch]["spread"]
+    return dict(seconds=surface[batch]["seconds"], quartiles=quartiles,
+                spread="latency quartiles" if quartiles else None, context=ctx, batch=batch)
 
 
 def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict) -> dict:
-    """A tree's (None: no speculation) predicted speedup on a latency table (latency_tables): {nodes,
-    tokens_per_step, speedup, relative_latency, range}; every speedup the app shows comes from here."""
+    """A tree's (None: no speculation) predicted speedup on a latency table (latency_tables), as plan scores it:
+    {nodes, tokens_per_step, speedup, relative_latency, range}."""
     nodes = 0 if tree is None else tree.nodes
-    fast = speedup(tokens_per_step, nodes, tables["seconds"]) if nodes else dict(speedup=1.0, relative_latency=1.0)
-    return dict(nodes=nodes, tokens_per_step=float(tokens_per_step), speedup=fast["speedup"],
-                relative_latency=fast["relative_latency"], range=speedup_range(tokens_per_step, nodes, tables))
+    fast = speedup_at(tables["seconds"], tokens_per_step, nodes)
+    return dict(nodes=nodes, tokens_per_step=float(tokens_per_step), speedup=fast,
+                relative_latency=float(tokens_per_step) / fast,
+                range=speedup_range(tables["seconds"], tables["quartiles"], tokens_per_step, nodes))
 
 
 def prediction_name(calibration) -> str:
@@ -82,35 +55,6 @@ def prediction_name(calibration) -> str:
     if not isinstance(calibration, Calibration):
         return "predicted_independent"
     return "predicted_replay" if len(calibration.ranks("holdout")) else "predicted_joint"
-
-
-# ----------------------------------------------------------------------------------------------- candidates
-
-def candidates(value, seconds: dict, max_depth: int, max_rank: int, max_budget: int | None = None,
-               trees: list[Tree] | None = None) -> list[tuple[str, Tree | None]]:
-    """[(kind, tree)]: none, the chains 1..max_depth, the optimal tree (under `value`, a path-value function) at
-    every measured size, the hardware-aware optimum (latency.hardware_aware: best predicted speedup over every
-    budget, measured or interpolated), and `trees`; deduplicated by shape (first kept). Only trees the latency
-    table covers (nodes + 1 <= its largest token count) with at most `max_budget` nodes."""
-    top = max(seconds) - 1
-    if max_budget is not None:
-        top = min(top, max_budget)
-    out: list[tuple[str, Tree | None]] = [("none", None)]
-    if top >= 1:
-        out += [("chain", chain_tree(k)) for k in range(1, min(max_depth, top) + 1)]
-        best = hardware_aware(value, seconds, max_depth, max_rank, max_budget=top)["tree"]
-        out.append(("tree", Tree(best.paths, f"hardware_{best.nodes}")))  # named by what it is: its node count
-        order = [p for p, _ in best_first(value, top, max_depth, max_rank)]  # prefix n = the optimal n-node tree
-        out += [("tree", make_tree(order[:n - 1], name=f"optimal_{n - 1}")) for n in sorted(seconds)
-                if 1 <= n - 1 <= len(order)]
-    out += [("tree", t) for t in trees or [] if t.nodes <= top]
-    seen, unique = set(), []
-    for kind, t in out:
-        key = None if t is None else tuple(t.sorted_paths)
-        if key not in seen:
-            seen.add(key)
-            unique.append((kind, t))
-    return unique
 
 
 # ----------------------------------------------------------------------------------------------- sweep evidence
@@ -128,14 +72,17 @@ def decoder_version(sweep: pd.DataFrame) -> pd.Series:
                                                                              .str.strip() != ""), OLD_DECODER)
 
 
-def timing_noise(sweep: pd.DataFrame, run) -> float | None:
-    """Relative run-to-run noise of one speedup measured in `run`: the spread (coefficient of variation) of the
-    vanilla baseline, which the sweep re-measures before every configuration, times sqrt(2) (a speedup is a ratio
-    of two such measurements). None with fewer than two baselines."""
+def timing_noise(sweep: pd.DataFrame, run, batch: int = 1) -> float | None:
+    """Relative run-to-run noise of one speedup measured in `run` at batch size `batch`: the spread (coefficient of
+    variation) of the vanilla baseline, which the sweep re-measures before every configuration at that batch size
+    (never pooled across batch sizes: their speeds differ), times sqrt(2) (a speedup is a ratio of two such
+    measurements). None with fewer than two baselines."""
     if "vanilla_tokens_per_s" not in sweep.columns:
         return None
-    base = sweep.loc[(sweep["run"] == run) if "run" in sweep.columns else sweep.index, "vanilla_tokens_per_s"]
-    base = base.dropna()
+    at = (sweep["run"] == run) if "run" in sweep.columns else pd.Series(True, index=sweep.index)
+    if "batch_size" in sweep.columns:
+        at &= sweep["batch_size"].fillna(1).eq(batch)
+    base = sweep.loc[at, "vanilla_tokens_per_s"].dropna()  # the baseline of each row at this batch size
     if len(base) < 2 or base.mean() <= 0:
         return None
     return math.sqrt(2) * statistics.stdev(base) / base.mean()
@@ -159,7 +106,7 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str |
             head = str(r["config"]).split("|", 1)[0]
             if ":" not in head:
                 continue
-            noise = timing_noise(df, r["run"]) if "run" in df.columns else None
+            noise = timing_noise(df, r["run"], batch) if "run" in df.columns else None
             version = str(versions[i])
             prompts = r["num_prompts"] if "num_prompts" in df.columns else None
             out.setdefault(head.rsplit(":", 1)[1], []).append(dict(
@@ -167,7 +114,8 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str |
                 noise=None if noise is None else noise * float(r["speedup"]),
                 tokens_per_step=float(r["acceleration_rate"]),
                 num_prompts=int(prompts) if prompts is not None and pd.notna(prompts) else None,
-                decoder_version=version, old=version == OLD_DECODER or (decoder is not None and version != decoder)))
+                decoder_version=version, old=version == OLD_DECODER or (decoder is not None and version != decoder),
+                setting=read_setting(r.get("setting"))))
     return out
 
 
@@ -195,44 +143,72 @@ def _label(kind: str, tree: Tree | None) -> str:
     return f"tree {tree.name} ({tree.nodes} nodes)"
 
 
+def _source(calibration, max_new_tokens: int | None) -> dict:
+    """plan's source of a Calibration (replay when it holds prompts out, else joint) or an accuracy table."""
+    if isinstance(calibration, Calibration):
+        return calibration_source(calibration, prediction_name(calibration).removeprefix("predicted_"),
+                                  max_new_tokens=max_new_tokens)
+    return accuracy_source(calibration, "accuracy table")
+
+
+def _row(c: dict, tables: dict, found: dict) -> dict:
+    t = c["tree"]
+    evidence = found.get(shape(t), []) if t is not None else []
+    row = dict(kind=c["kind"], label=_label(c["kind"], t), tree=t,
+               **tree_speedup(c["tokens_per_step"], t, tables), measured=evidence, current=summary(evidence))
+    row["disagree"] = disagrees(row)
+    return row
+
+
 def recommend(calibration, latency: pd.DataFrame, context: int | None = None, batch: int = 1,
               sweeps: dict[str, pd.DataFrame] | None = None, value=None, max_depth: int | None = None,
               max_rank: int | None = None, max_budget: int | None = None, trees: list[Tree] | None = None,
-              target: float | None = None, decoder: str | None = None) -> dict:
-    """The ranked candidates, the pick and its evidence at one batch size and context.
+              target: float | None = None, decoder: str | None = None, max_new_tokens: int | None = None,
+              latency_name: str | None = None) -> dict:
+    """plan's ranking at one batch size and context, joined to the measurements of every candidate.
 
-    calibration: a Calibration (predictions: Calibration.predict) or an accuracy table acc[K, R] (independence
-    only). latency: a latency CSV's frame (latency.read_latency); its context `context`, else the one nearest
-    `target` (e.g. Calibration.typical_context), else its only one. value: the optimizer's path-value function
-    (default: independence). trees: named trees to rank too (swept trees find their measurements this way).
-    sweeps: {name: sweep frame} whose greedy rows are the measured evidence; `decoder`: the current decoder version.
-    Returns {"pick", "candidates" (ranked by predicted speedup, ties: fewer nodes), "context", "batch", "spread",
-    "prediction" (which predicted tokens/step), "disagree" (current measurements outside the predicted range by
-    more than their noise), "old" (candidates with only older-decoder measurements)}.
+    calibration: a Calibration or an accuracy table acc[K, R]; its predictions are plan's (plan.calibration_source
+    for answers of `max_new_tokens` tokens). latency: a latency CSV's frame; its context `context`, else the one
+    nearest `target` (default: the calibration's typical context), else its only one. trees: named trees that are
+    not plan candidates but whose measurements are evidence (`measured_trees`, scored the same way, never ranked).
+    sweeps: {name: sweep frame}; `decoder`: the current decoder version. Returns {"pick" (plan's choice),
+    "candidates" (plan's ranking, best first), "measured_trees", "answer" (what to do, measured where it can be),
+    "context", "batch", "spread", "prediction", "regime", "calibration", "latency", "setting", "disagree", "old"}.
     """
-    acc = calibration.accuracies("fit") if isinstance(calibration, Calibration) else np.asarray(calibration)
-    K, R = acc.shape
-    max_depth, max_rank = min(max_depth or K, K), min(max_rank or R, R)
-    cal = calibration if isinstance(calibration, Calibration) else None
-    tables = latency_tables(latency, context, batch, target)
-    seconds = tables["seconds"]
-    fits = [t for t in trees or [] if t.depth <= max_depth and t.max_rank < max_rank]
-    cands = candidates(value or acc_value_fn(acc), seconds, max_depth, max_rank, max_budget, fits)
-    predicted = iter(tree_table([t for _, t in cands if t is not None], acc, cal))
+    src = _source(calibration, max_new_tokens)
+    tables = latency_tables(latency, context, batch, src["typical_context"] if target is None else target)
+    top = max(tables["seconds"]) - 1
+    top = top if max_budget is None else min(top, max_budget)
+    depth = min(max_depth or src["max_depth"], src["max_depth"])
+    ranks = min(max_rank or src["max_rank"], src["max_rank"])
+    cands = plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth, ranks)
     found = measurements(sweeps or {}, batch, decoder)
-    prediction = prediction_name(calibration)
-    rows = []
-    for kind, t in cands:
-        guess = tree_speedup(next(predicted)[prediction] if t is not None else 1.0, t, tables)
-        evidence = found.get(shape(t), []) if t is not None else []
-        rows.append(dict(kind=kind, label=_label(kind, t), tree=t, **guess, measured=evidence,
-                         current=summary(evidence)))
-    rows.sort(key=lambda r: (-r["speedup"], r["nodes"], r["kind"] != "chain"))
-    for r in rows:
-        r["disagree"] = disagrees(r)
-    return dict(pick=rows[0], candidates=rows, context=tables["context"], batch=batch, spread=tables["spread"],
-                prediction=prediction, disagree=[r for r in rows if r["disagree"]],
-                old=[r for r in rows if r["measured"] and r["current"] is None], cheaper=cheaper_larger(seconds))
+    chosen = choose(cands, tables["seconds"], tables["quartiles"])
+    rows = [_row(c, tables, found) for c in chosen["ranked"]]
+    planned = {c["tree"].paths for c in cands if c["tree"] is not None}
+    extra = [_row(dict(kind="tree", tree=t, tokens_per_step=src["tokens_per_step"](t)), tables, found)
+             for t in trees or [] if t.depth <= depth and t.max_rank < ranks and t.nodes <= top
+             and t.paths not in planned and shape(t) in found]
+    every = rows + extra
+    rec = dict(pick=rows[0], candidates=rows, measured_trees=extra, context=tables["context"], batch=batch,
+               spread=tables["spread"], prediction=src["info"]["prediction"], regime=src["info"].get("regime"),
+               calibration=str(getattr(calibration, "folder", "accuracy table")), latency=latency_name,
+               setting=read_setting(latency), disagree=[r for r in every if r["disagree"]],
+               old=[r for r in every if r["measured"] and r["current"] is None],
+               cheaper=cheaper_larger(tables["seconds"]))
+    rec["answer"] = answer(rec)
+    return rec
+
+
+def answer(rec: dict) -> dict:
+    """What to do: plan's pick, unless the best current measurement at this batch size (over plan's candidates and
+    the measured trees) is slower than plain decoding: then no speculation, with that figure. {"kind": "plan" |
+    "measured-none", "row": the pick or the best measured row}."""
+    measured = [r for r in rec["candidates"] + rec["measured_trees"] if r["current"] is not None]
+    best = max(measured, key=lambda r: r["current"]["speedup"], default=None)
+    if best is not None and best["current"]["speedup"] < 1 and rec["pick"]["kind"] != "none":
+        return dict(kind="measured-none", row=best)
+    return dict(kind="plan", row=rec["pick"])
 
 
 def cheaper_larger(seconds: dict) -> list[tuple[int, int]]:
@@ -254,8 +230,8 @@ def disagrees(row: dict) -> bool:
 
 
 def runner_up_close(rec: dict) -> dict | None:
-    """The runner-up when its predicted speedup range overlaps the pick's (the choice rests on a difference inside
-    the latency noise), else None. Without spread columns nothing is known to overlap."""
+    """The runner-up of plan's ranking when its predicted speedup range overlaps the pick's (the choice rests on a
+    difference inside the latency noise), else None. Without spread columns nothing is known to overlap."""
     rows = rec["candidates"]
     if len(rows) < 2 or rows[0]["range"] is None:
         return None
@@ -293,11 +269,24 @@ def latency_note(rec: dict) -> str | None:
                                                                 "(quartiles) to see how much"))
 
 
+def _inputs(rec: dict) -> str:
+    from pathlib import Path
+
+    lat = f"latency {rec['latency']}" if rec.get("latency") else "the latency table"
+    return f"(calibration {Path(rec['calibration']).name}, {rec['prediction']}; {lat})"
+
+
 def sentence(rec: dict) -> str:
-    """The recommendation in one sentence: use X at batch B and context C: predicted P tokens/step and S x (range),
-    measured M x +- s (where from)."""
-    pick = rec["pick"]
-    where = f"at batch {rec['batch']} and context {rec['context']}"
+    """The answer in one sentence, naming the calibration and latency table it rests on: use X at batch B and
+    context C: predicted P tokens/step and S x (range), measured M x +- s (where from); or no speculation, with the
+    best measured figure when every measured option was slower than plain decoding."""
+    pick, ans = rec["pick"], rec["answer"]
+    where = f"at batch {rec['batch']} and context {rec['context']} {_inputs(rec)}"
+    if ans["kind"] == "measured-none":
+        best = ans["row"]
+        return (f"use no speculation {where}: the best measured option, {best['label']}, ran at "
+                f"{best['current']['speedup']:.2f}x of plain decoding ({measured_text(best).removeprefix('measured ')}"
+                f"); the plan predicted {pick['label']} at {pick['speedup']:.2f}x")
     if pick["kind"] == "none":
         best = next((r for r in rec["candidates"] if r["kind"] != "none"), None)
         why = f" (the best speculation, {best['label']}, is predicted at {best['speedup']:.2f}x)" if best else ""
@@ -306,6 +295,33 @@ def sentence(rec: dict) -> str:
               else " (no spread measured)")
     return (f"use {pick['label']} {where}: predicted {pick['tokens_per_step']:.2f} tokens/step and "
             f"{pick['speedup']:.2f}x{spread}, {measured_text(pick)}")
+
+
+def setting_text(rec: dict) -> str | None:
+    """The loud note when a measurement shown beside a prediction was made in another setting than the latency table
+    (both recorded, provenance.differences), or None."""
+    from workbench.provenance import differences
+
+    known = [m["setting"] for r in rec["candidates"] + rec["measured_trees"] for m in r["measured"]
+             if not m["old"] and m["setting"] is not None]
+    diffs = sorted({d for m in known for d in differences(rec["setting"], m)}) if rec["setting"] else []
+    if not diffs:
+        return None
+    return ("The measurements were made in another setting than the latency table the predictions use ("
+            + "; ".join(diffs[:4]) + "): prediction and measurement are not comparable until latency is re-measured "
+            "where the sweeps ran (`workbench latency`).")
+
+
+def provenance_note(rec: dict) -> str | None:
+    """Words for measurements or a latency table whose setting was not recorded (older files), or None."""
+    unknown_sweeps = any(m["setting"] is None for r in rec["candidates"] + rec["measured_trees"]
+                         for m in r["measured"] if not m["old"])
+    if rec["setting"] is None:
+        return ("the latency table does not record the setting it was measured in (machine, vector units, threads, "
+                "load) nor whether it timed the decoder's whole step: re-measure it with `workbench latency`")
+    if unknown_sweeps:
+        return "some measurements do not record their setting: whether they match the latency table is unknown"
+    return None
 
 
 def disagreement_text(rec: dict) -> str | None:

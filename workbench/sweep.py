@@ -22,13 +22,15 @@ from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
 from workbench.calibration import decoder_walk
-from workbench.decode import (DECODER_VERSION, Acceptance, decoder_overhead, goodput, mean_step_s, measured_speedup,
-                              medusa_generate, overhead, vanilla_generate)
+from workbench.decode import DECODER_VERSION, Acceptance, medusa_generate, vanilla_generate
 from workbench.divergence import divergence_counts, divergences
 from workbench.engine import StepEngine, forward_probe, logits_of, root_setup, tree_setup
 from workbench.io import atomic_write_text, read_csv
 from workbench.optimize import best_by, dense_nodes, dense_tree, optimal_tree
-from workbench.tree import MEDUSA_TOPK, Tree, load_tree
+from workbench.provenance import setting, setting_cell
+from workbench.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, overhead, step_times,
+                             tokens_per_step)
+from workbench.tree import MEDUSA_TOPK, Tree, load_tree, tree_key
 
 DEFAULT_BUDGETS = (4, 8, 16, 32, 64, 128, 256)
 
@@ -87,10 +89,6 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
     return unique
 
 
-def tree_key(tree: Tree) -> str:
-    return f"{tree.name}:{hashlib.sha1(json.dumps(tree.sorted_paths).encode()).hexdigest()[:10]}"
-
-
 def sweep_configs(trees: list[tuple[Tree, str]], temperatures=(0.0,), epsilons=(0.09,), delta="sqrt") -> list[dict]:
     """One config per tree at temperature 0 (greedy: epsilon/delta play no part), and per (tree, temperature,
     epsilon) for every temperature > 0 (typical acceptance)."""
@@ -143,14 +141,15 @@ SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "batch_size"
                  "predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept",
                  "exact_match", "near_tie_divergences", "mismatches",
                  "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
-                 "model", "prompts", "max_new_tokens", "device", "dtype", "calibration", "decoder_version"]
+                 "model", "prompts", "max_new_tokens", "device", "dtype", "calibration", "decoder_version", "setting"]
+SETTING_COLUMNS_BEFORE = SWEEP_COLUMNS[:-1]  # sweeps written before `setting` (provenance.py) was kept: resumable
 # Column names of sweep CSVs written before the predictions got one set of names (calibration.py): read_sweep
 # renames them, so older files still open in the app and the report. The only place the old names live.
 OLD_COLUMNS = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
                "predicted_walk": "predicted_replay_fit", "replay": "replay_swept"}
 SWEEP_REQUIRED = ("tree", "nodes", "acceleration_rate")  # on every row of every sweep (read_sweep)
 SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration",
-              "decoder_version")
+              "decoder_version", "setting")
 
 
 def _fmt(v) -> str:
@@ -196,7 +195,7 @@ def read_sweep_rows(path) -> list[dict]:
     try:
         with f.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            same = reader.fieldnames == SWEEP_COLUMNS
+            same = reader.fieldnames in (SWEEP_COLUMNS, SETTING_COLUMNS_BEFORE)
             rows = list(reader) if same else []
     except (UnicodeDecodeError, csv.Error) as e:
         raise WorkbenchError(f"--out {path}: exists but is not a readable CSV ({str(e)[:100]}); use another --out") from None
@@ -239,12 +238,12 @@ def calibration_predictions(calibration, max_new_tokens: int | None = None, prom
 
 
 def _aggregate(calls: list[list]) -> dict:
-    """Speed of one method over the calls of a sweep row (each call a batch of sequences decoded together)."""
-    tokens = sum(len(r.token_ids) for c in calls for r in c)
-    steps = sum(len(r.steps) for c in calls for r in c)
-    step_times = [s.time_s for c in calls for s in max(c, key=lambda r: len(r.steps)).steps]  # the batch's steps
-    return dict(tokens=tokens, steps=steps, acceleration_rate=tokens / max(steps, 1), tokens_per_s=goodput(calls),
-                mean_step_s=mean_step_s(calls), step_ms=1e3 * statistics.median(step_times), step_times=step_times)
+    """Speed of one method over the calls of a sweep row (each call a batch of sequences decoded together), every
+    quantity from speed.py."""
+    times = step_times(calls)
+    return dict(tokens=sum(len(r.token_ids) for c in calls for r in c), steps=sum(len(r.steps) for c in calls for r in c),
+                acceleration_rate=tokens_per_step(calls), tokens_per_s=goodput(calls), mean_step_s=mean_step_s(calls),
+                step_ms=1e3 * statistics.median(times), step_times=times)
 
 
 @torch.inference_mode()
@@ -296,8 +295,12 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     gens = sum(-(-len(prompts) // b) * (1 + 2 * len(todo[b])) for b in batch_sizes)
     bar = tqdm(total=gens, desc="sweep", unit="batch", disable=not progress, dynamic_ncols=True)
 
-    def emit(row: dict) -> None:
-        row = {**common, **row}
+    compiled = bool(getattr(engine, "compile", False))
+    gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
+
+    def emit(row: dict) -> None:  # the setting now (its load average is this row's)
+        where = setting(model.device.type, str(model.dtype), torch.get_num_threads(), compiled, gpu)
+        row = {**common, "setting": setting_cell(where), **row}
         rows.append({k: _fmt(row.get(k)) for k in SWEEP_COLUMNS})
         _write_rows(out, rows)
         if on_row is not None:

@@ -7,14 +7,17 @@ token) implicit: `[1, 0]` is "the 2nd guess of head 1, then the 1st guess of hea
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from workbench import WorkbenchError
 from workbench.io import atomic_write_text
+
+if TYPE_CHECKING:
+    import torch
 
 RankPath = tuple[int, ...]
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference_trees"  # package data: works from a wheel too
@@ -234,6 +237,8 @@ def tree_buffers(tree: Tree, topk: int = MEDUSA_TOPK, device=None) -> dict[str, 
     [leaves, depth+1], one root-to-leaf path per row (longest-first as Medusa emits them), padded with -1.
     Also parents [n+1] (-1 for the root), handy for acceptance.
     """
+    import torch  # deferred: trees are read and planned without torch (the planner and the app never load it)
+
     validate(tree.paths, topk)
     order = tree.sorted_paths
     index = {p: i + 1 for i, p in enumerate(order)}  # buffer index of each node; the root is 0
@@ -299,3 +304,8 @@ def ascii_tree(tree: Tree, labels: dict | None = None) -> str:
 
     walk((), "")
     return "\n".join(lines)
+
+
+def tree_key(tree: Tree) -> str:
+    """name:shape-hash, the sweep CSV's identity of a tree (the hash of its sorted paths names its shape)."""
+    return f"{tree.name}:{hashlib.sha1(json.dumps(tree.sorted_paths).encode()).hexdigest()[:10]}"

@@ -12,18 +12,29 @@ from workbench.io import atomic_write_text, check_output, run_lock
 def cmd_latency(args) -> int:
     from pathlib import Path
 
-    from workbench.calibration import default_latency_path, latency_path, read_meta
-    from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, device_name, measure_latency
+    from workbench.calibration import Calibration, default_latency_path, latency_path, read_meta
+    from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES
+    from workbench.measure_latency import (DECODER_BATCHES, DECODER_SIZES, device_name, measure_decoder_steps,
+                                           measure_latency)
     from workbench.models import random_model
 
-    sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DEFAULT_SIZES)
+    mode = args.mode or ("verify" if args.random_config or args.context else "decoder-step")
+    if mode == "decoder-step" and (args.random_config or args.context):
+        raise WorkbenchError("--mode decoder-step decodes real prompts (their contexts grow as in decoding): drop "
+                             "--random-config/--context, or use --mode verify")
+    step = mode == "decoder-step"
+    sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DECODER_SIZES if step else DEFAULT_SIZES)
     contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
-    batches = parse_ints(args.batch, "--batch") if args.batch else list(DEFAULT_BATCHES)
+    batches = parse_ints(args.batch, "--batch") if args.batch else list(DECODER_BATCHES if step else DEFAULT_BATCHES)
+    repeats = args.repeats if args.repeats is not None else (5 if step else 10)
+    warmup = args.warmup if args.warmup is not None else (1 if step else 3)
     if args.calibration:
         read_meta(args.calibration)  # a finished calibration folder, or one line
+    if step and args.prompts == "holdout" and not args.calibration:
+        raise WorkbenchError("--prompts holdout needs --calibration DIR (its held-out prompts)")
     check_output(args.out, "--out")
     check_output(None if args.out else args.calibration, "--calibration", "folder")
-    heads = None
+    heads = tok = None
     if args.random_config:
         if args.model or args.heads or args.device_map:
             raise WorkbenchError("--random-config builds its own model on --device: drop --model/--heads/--device-map")
@@ -32,9 +43,9 @@ def cmd_latency(args) -> int:
         from workbench.models import load_base, load_model_and_heads, model_label
 
         label = model_label(args.model)
-        if args.heads:
-            model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
-                                                   device_map=args.device_map)
+        if args.heads or step:
+            model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
+                                                     device_map=args.device_map)
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False,
                                  device_map=args.device_map)
@@ -43,15 +54,35 @@ def cmd_latency(args) -> int:
                                            else default_latency_path(label, dev))
     from workbench.engine import StepEngine
 
-    df = measure_latency(model, sizes, contexts, args.repeats, args.warmup, heads, label,
-                         engine=StepEngine(model, compile=args.compile), batches=batches)
+    engine = StepEngine(model, compile=args.compile)
+    if step:
+        from workbench.data import load_prompt_records
+        from workbench.generation import prepare_prompt
+
+        records = Calibration(args.calibration).holdout_prompts(args.limit) if args.prompts == "holdout" else \
+            load_prompt_records(args.prompts, args.limit)
+        prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
+        df = measure_decoder_steps(model, heads, tok, prompts, sizes, batches, repeats, warmup, args.max_new_tokens,
+                                   label, engine=engine)
+    else:
+        df = measure_latency(model, sizes, contexts, repeats, warmup, heads, label, engine=engine, batches=batches)
     atomic_write_text(out, df.to_csv(index=False), "--out")
-    print(f"{dev} {df['dtype'].iloc[0]}, median and interquartile range of {args.repeats}:", file=sys.stderr)
-    print(f"{'batch':>6}{'context':>8}{'tokens':>8}{'ms':>10}{'q1..q3 ms':>18}{'t(n)/t(1)':>11}", file=sys.stderr)
-    for r in df.itertuples(index=False):
-        iqr = f"{1000 * r.seconds_q1:.3f}..{1000 * r.seconds_q3:.3f}"
-        print(f"{r.batch:>6}{r.context:>8}{r.tokens:>8}{1000 * r.seconds:>10.3f}{iqr:>18}{r.relative:>11.3f}",
-              file=sys.stderr)
+    print(f"{dev} {df['dtype'].iloc[0]}, {mode}, median and interquartile range of {repeats}:", file=sys.stderr)
+    extra = f"{'bare fwd ms':>12}" if step else ""
+    print(f"{'batch':>6}{'context':>8}{'tokens':>8}{'ms':>10}{'q1..q3 ms':>18}{'t(n)/t(1)':>11}{extra}", file=sys.stderr)
+    for r in df.to_dict("records"):
+        iqr = f"{1000 * r['seconds_q1']:.3f}..{1000 * r['seconds_q3']:.3f}"
+        fwd = f"{1000 * r['forward_seconds']:>12.3f}" if step and r.get("forward_seconds") == r.get("forward_seconds") \
+            and r.get("forward_seconds") is not None else ""
+        print(f"{r['batch']:>6}{r['context']:>8}{r['tokens']:>8}{1000 * r['seconds']:>10.3f}{iqr:>18}"
+              f"{r['relative']:>11.3f}{fwd}", file=sys.stderr)
+    from workbench.provenance import describe, loaded, read_setting
+
+    where = read_setting(df)
+    print(f"setting: {describe(where)}", file=sys.stderr)
+    if loaded(where):
+        print("WARNING: the machine was busy while measuring (load average above half its cores): these times are "
+              "not this machine's; re-measure when it is idle", file=sys.stderr)
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -61,13 +92,28 @@ def cmd_plan(args) -> int:
 
     batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
     check_output(args.out, "--out")
-    source = plan_source(args.calibration, args.accuracies, args.acceptance, args.prediction)
+    from workbench.provenance import describe, loaded
+
+    if args.max_new_tokens is not None and not args.calibration:
+        raise WorkbenchError("--max-new-tokens applies to --calibration predictions (the replayed answers' length)")
+    source = plan_source(args.calibration, args.accuracies, args.acceptance, args.prediction,
+                         max_new_tokens=args.max_new_tokens)
     plan = make_plan(source, args.latency, batch_sizes, args.context)
     write_output(plan_json(plan), args.out, "the plan")
     lat, src = plan["latency"], plan["source"]
     print(f"plan: {src['kind']} {src['path']} ({src['prediction']}), latency {lat['file']} at context "
           f"{lat['context']} ({' '.join(str(lat[k]) for k in ('model', 'device', 'dtype') if k in lat)})",
           file=sys.stderr)
+    if src.get("regime"):
+        print(f"prediction assumes: {src['regime']}", file=sys.stderr)
+    print(f"latency setting: {describe(lat['setting'])}", file=sys.stderr)
+    if lat["setting"] is None or lat["setting"].get("mode") != "decoder-step":
+        print("WARNING: the latency table times the bare verify forward (or does not say what it timed): the "
+              "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
+              "over-predicted; measure with `workbench latency` (decoder-step)", file=sys.stderr)
+    if loaded(lat["setting"]):
+        print("WARNING: the latency table was measured on a busy machine (load average above half its cores)",
+              file=sys.stderr)
     print(plan_table(plan), file=sys.stderr)
     if src["kind"] == "acceptance":
         print("note: an acceptance vector describes a chain drafter: only chains (and no speculation) were weighed",
@@ -183,11 +229,15 @@ def cmd_sweep_report(args) -> int:
 
 
 def add_tradeoffs(sub) -> None:
-    p = sub.add_parser("latency", help="time one verify forward per batch size, tree size and context (for optimize "
+    p = sub.add_parser("latency", help="time the decoder's step per batch size and tree size (for optimize "
                                        "--latency and plan)",
-                       description="Wall time (median and spread) of a verify forward of B sequences x n tree tokens "
-                                   "(4-D tree mask per sequence, position ids, lm_head) on caches of fixed length, "
-                                   "next to the single-token step.",
+                       description="Wall time (median and spread over repeats) of one decoding step of B sequences x "
+                                   "n tree tokens. decoder-step (default): the decoder's whole step (heads, tree "
+                                   "tokens, verify, acceptance, cache bookkeeping) while decoding real prompts, the "
+                                   "context growing as in decoding, with the bare verify forward beside it. verify: "
+                                   "the bare verify forward (4-D tree mask, position ids, lm_head) on caches of fixed "
+                                   "length. Every row records the setting (CPU and vector extension or GPU, threads, "
+                                   "dtype, compiled, versions, load).",
                        parents=[model_args("--model", "--device", "--device-map", "--dtype", "--attn", "--compile")])
     # its own --heads: optional here (no heads = time the verify forward alone), so the shared help would mislead
     p.add_argument("--heads", help="also time the heads' top-k in every tree step (a Medusa step's full cost)")
@@ -195,14 +245,23 @@ def add_tradeoffs(sub) -> None:
                    help="instead: random weights of a given shape, a preset (llama-1b, llama-3b, llama-8b, vicuna-7b, "
                         "smollm2-135m, tiny) or key=value pairs hidden=2048,layers=16,heads=32,kv_heads=8,"
                         "vocab=128256,intermediate=8192[,arch=llama]")
-    p.add_argument("--sizes", metavar="N1,N2,..", help="verify tokens per step (tree nodes + root; default "
-                                                      "1,2,4,...,256; 1 is always measured)")
-    p.add_argument("--context", metavar="C1,C2,..", help="cache lengths (default 128,1024)")
-    p.add_argument("--batch", metavar="B1,B2,..", help="batch sizes: sequences verified per step, each with its "
-                                                      "own cache of that length (default 1)")
-    p.add_argument("--repeats", type=int, default=10, help="timed calls per point (median, quartiles, min, max "
-                                                         "kept; default 10)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls before each point (default 3)")
+    p.add_argument("--mode", choices=["decoder-step", "verify"],
+                   help="decoder-step: the decoder's whole step on real prompts (default); verify: the bare verify "
+                        "forward at fixed --context (default with --random-config or --context)")
+    p.add_argument("--sizes", metavar="N1,N2,..", help="tokens per step (tree nodes + root; default 1,2,3,4,5,8,16,32,"
+                                                      "64 for decoder-step, 1,2,4,...,256 for verify; 1 is always "
+                                                      "measured)")
+    p.add_argument("--context", metavar="C1,C2,..", help="verify: cache lengths (default 128,1024)")
+    p.add_argument("--batch", metavar="B1,B2,..", help="batch sizes: sequences per step (default 1,2,4,8 for "
+                                                      "decoder-step, 1 for verify)")
+    p.add_argument("--repeats", type=int, help="timed repeats per point (median, quartiles, min, max kept; default 5 "
+                                               "generate calls for decoder-step, 10 calls for verify)")
+    p.add_argument("--warmup", type=int, help="untimed repeats first (default 1 / 3)")
+    p.add_argument("--prompts", default="alpaca-eval", help="decoder-step: the prompts decoded (alpaca-eval, "
+                   "mt-bench, a file, or 'holdout': the calibration's held-out prompts; default alpaca-eval)")
+    p.add_argument("--limit", type=int, default=40, help="decoder-step: first N prompts, used in turn (default 40)")
+    p.add_argument("--max-new-tokens", type=int, default=64, help="decoder-step: tokens decoded per call (default 64)")
+    p.add_argument("--raw", action="store_true", help="decoder-step: prompts as-is, without the chat template")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
     p.set_defaults(func=cmd_latency)
@@ -227,6 +286,9 @@ def add_tradeoffs(sub) -> None:
     pl.add_argument("--prediction", choices=["independent", "joint", "replay"], default="replay",
                     help="with --calibration: which predicted tokens/step (default replay: a greedy decoder replayed "
                          "over the held-out answers); trees are optimal for the joint paths unless independent")
+    pl.add_argument("--max-new-tokens", type=int, metavar="N",
+                    help="with --calibration: the generation length you decode (default: the calibration's); "
+                         "acceptance rises along an answer, so tokens/step is predicted over its first N tokens")
     pl.add_argument("--out", metavar="FILE", help="write the plan JSON here instead of stdout")
     pl.set_defaults(func=cmd_plan)
 

@@ -16,6 +16,7 @@ import torch
 
 from workbench import REPO_ROOT, WorkbenchError, interactive_figures, static_figures
 from workbench.decode import ACCEPTANCE_KINDS, Acceptance, medusa_generate, vanilla_generate
+from workbench.speed import goodput, tokens_per_step
 from workbench.divergence import compare
 from workbench.generation import prepare_prompt
 from workbench.tree import REFERENCE_DIR, load_tree
@@ -41,6 +42,11 @@ def tree_choice() -> str | None:
         return st.text_input("Tree file or literal", "[[0], [0, 0], [1], [0, 1], [0, 0, 0]]",
                              key="live_tree_spec").strip() or None
     return pick
+
+
+def measured(result) -> dict:
+    """The measured quantities of one decode, from speed.py (the one owner): tokens/step and goodput."""
+    return dict(tokens_per_step=tokens_per_step([result]), goodput=goodput([result]))
 
 
 def progress_line(label: str, done: int, total: int, steps: int, elapsed: float, stop: str | None = None) -> str:
@@ -165,7 +171,7 @@ def _live_page() -> None:
                 finish(van)
             steps = [i for i, s in enumerate(med.steps) for _ in s.tokens]
             st.session_state["live_result"] = dict(
-                medusa=med.to_dict(), vanilla=van.to_dict() if van else None,
+                medusa=med.to_dict() | measured(med), vanilla=van.to_dict() | measured(van) if van else None,
                 compare=compare(med, van) if van else None, pieces=interactive_figures.token_pieces(tok, med.token_ids),
                 steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo",
                 predicted=predicted_for(cal if cal != "(none)" else None, spec, int(max_new)))
@@ -178,7 +184,7 @@ def _live_page() -> None:
     med, van, cmp = res["medusa"], res["vanilla"], res["compare"]
     pred = res.get("predicted")
     cols = st.columns(3)  # measured beside predicted, then the speeds
-    cols[0].metric("tokens/step", f"{med['acceleration_rate']:.2f}",
+    cols[0].metric("tokens/step", f"{med['tokens_per_step']:.2f}",
                    help="tokens emitted per Medusa step (1 + accepted tree tokens), averaged over this answer")
     if pred and "error" not in pred:
         key = "predicted_replay" if "predicted_replay" in pred else "predicted_joint"
@@ -187,9 +193,9 @@ def _live_page() -> None:
                             "answers cut at max new tokens; one prompt scatters around it")
     cols[2].metric("new tokens", med["new_tokens"])
     cols = st.columns(3)
-    cols[0].metric("Medusa tokens/s", f"{med['tokens_per_s']:.1f}", help="new tokens / (prefill + decode time)")
+    cols[0].metric("Medusa tokens/s", f"{med['goodput']:.1f}", help="new tokens / (prefill + decode time)")
     if cmp:
-        cols[1].metric("vanilla tokens/s", f"{cmp['vanilla_tokens_per_s']:.1f}")
+        cols[1].metric("vanilla tokens/s", f"{van['goodput']:.1f}")
         cols[2].metric("speedup (one prompt)", f"{cmp['speedup']:.2f}x",
                        help="Medusa tokens/s over vanilla tokens/s on this one prompt")
         st.caption("One prompt is a noisy measurement: timings of a single short answer vary by tens of percent "
@@ -210,7 +216,7 @@ def _live_page() -> None:
     with c1:
         figure(static_figures.accepted_lengths(med["accepted_lengths"]))
     with c2:
-        rates = {"Medusa": med["tokens_per_s"]} | ({"vanilla": van["tokens_per_s"]} if van else {})
+        rates = {"Medusa": med["goodput"]} | ({"vanilla": van["goodput"]} if van else {})
         figure(static_figures.throughput_bars(rates))
     with st.expander("Per step"):
         st.dataframe(pd.DataFrame(med["per_step"]), hide_index=True)

@@ -16,22 +16,22 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibration import Calibration
 from workbench.export import FORMATS, SUFFIXES, export_tree
 from workbench.recommend import (disagreement_text, latency_note, measurements, recommend, runner_up_close, sentence,
-                                 shape)
+                                 provenance_note, setting_text, shape)
 from workbench.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file)
 
 
-@st.cache_data(max_entries=16, show_spinner="Ranking trees, chains and no speculation on this latency table...")
+@st.cache_data(max_entries=16, show_spinner="Planning: trees, chains and no speculation on this latency table...")
 def _ranked(source_key: tuple, _source, latency: str, latency_stamp: float, context: int, batch: int,
             sweeps: tuple, joint: bool, max_depth: int, max_rank: int, max_budget: int | None,
             trees: tuple) -> dict:
-    """recommend.recommend on files named by path and stamp (the cache key); `_source` (a Calibration or acc
-    table) is identified by `source_key`. trees: ((name, paths), ...)."""
+    """recommend.recommend (plan's ranking joined to the sweeps) on files named by path and stamp (the cache key);
+    `_source` (a Calibration or acc table) is identified by `source_key`. trees: ((name, paths), ...)."""
     value = _source.joint_value("fit") if joint and isinstance(_source, Calibration) else None
     frames = {Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}
     return recommend(_source, read_latency_file(latency, latency_stamp), context, batch, frames, value, max_depth,
-                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees])
+                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees], latency_name=Path(latency).name)
 
 
 def readable_sweeps(extra=()) -> list[Path]:
@@ -82,11 +82,12 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
     """The ranked candidates as a table that fits a 1280 px page: prediction, range, and what sweeps measured
     (current and old apart); a column nothing fills is left out."""
     rows = []
-    for r in rec["candidates"]:
+    for r in rec["candidates"] + rec["measured_trees"]:
         now = r["current"]
         old = [m for m in r["measured"] if m["old"]]
         rows.append({
-            "candidate": r["label"], "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
+            "candidate": r["label"] + ("" if any(r is c for c in rec["candidates"]) else " (measured, not planned)"),
+            "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
             "range": f"{r['range'][0]:.2f}x-{r['range'][1]:.2f}x" if r["range"] else "",
             "measured": (f"{now['speedup']:.2f}x" + (f" +- {now['noise']:.2f}" if now["noise"] is not None else "")
                          + f" ({', '.join(now['sweeps'])})") if now else "",
@@ -123,11 +124,15 @@ COLUMNS = {
 def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_label: str = "show it") -> None:
     """Draw the recommendation: the warning first (when measurements contradict the prediction), the sentence, the
     pick's exports in every format, notes on closeness and old measurements, and the ranked candidates."""
-    text = disagreement_text(rec)
-    if text:
-        st.warning(text, icon="⚠️")
-    pick = rec["pick"]
-    if pick["kind"] == "none":
+    for text in (disagreement_text(rec), setting_text(rec)):
+        if text:
+            st.warning(text, icon="⚠️")
+    pick = rec["pick"] if rec["answer"]["kind"] == "plan" else dict(rec["pick"], kind="none", tree=None)
+    if rec["answer"]["kind"] == "measured-none":
+        best = rec["answer"]["row"]
+        st.warning(f"Speculation was measured slower than plain decoding at batch {rec['batch']}: the best measured "
+                   f"option, {best['label']}, ran at {best['current']['speedup']:.2f}x. Decode without Medusa here.")
+    elif pick["kind"] == "none":
         st.warning(f"Speculation does not pay on this hardware at batch {rec['batch']} and context {rec['context']}: "
                    "no tree or chain is predicted faster than plain decoding, because a verify step costs more than "
                    "its extra tokens bring. Decode without Medusa here, or measure latency on faster hardware "
@@ -135,7 +140,7 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
     box = st.container(border=True)
     box.markdown(f"**Recommendation:** {sentence(rec)}.")
     close = runner_up_close(rec)
-    notes = [latency_note(rec)] if latency_note(rec) else []
+    notes = [n for n in (latency_note(rec), provenance_note(rec)) if n]
     if close is not None:
         notes.append(f"the runner-up, {close['label']} at {close['speedup']:.2f}x, is within the latency spread of "
                      "the pick: on this table the two cannot be told apart")
@@ -161,9 +166,9 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
                                 on_click="ignore", help=f"the recommended {tree.name} in the {fmt} format")
     else:
         box.caption("Nothing to export: decode without Medusa heads on this hardware at this batch size.")
-    with st.expander(f"All {len(rec['candidates'])} candidates, ranked by predicted speedup (and their evidence)"):
+    with st.expander(f"All {len(rec['candidates'])} candidates, ranked by `workbench plan` (and their evidence)"):
         st.dataframe(candidates_frame(rec), hide_index=True, column_config=COLUMNS)
-        st.caption(f"Predicted tokens/step: {rec['prediction']} (workbench/calibration.py); speedup at batch "
+        st.caption(f"Predicted tokens/step: {rec['prediction']} ({rec['regime']}); speedup at batch "
                    f"{rec['batch']} and context {rec['context']}"
                    + (f", range from the {rec['spread']}" if rec["spread"] else "; no spread measured (the latency "
                       "CSV has only medians)") + ". Measured: greedy sweep rows of the same tree shape.")

@@ -1,0 +1,188 @@
+"""Predicted beside measured: for the top candidates of `workbench plan` at each batch size, the plan's predicted
+speedup and tokens/step next to what the live decoder measures on held-out prompts, with spreads, in one run.
+
+    python bench/prediction.py --limit 4 --max-new-tokens 16                    # quick check on the demo
+    python bench/prediction.py --latency calibration/X/latency-cpu.csv --limit 64 --repeats 3 --threads 2
+
+Prediction: `plan` itself (plan.calibration_source + plan.rank: the calibration's replay over its held-out answers cut
+to --max-new-tokens, and speedup = tokens/step / (t(n+1)/t(1)) from the latency table, with its range over the
+latency quartiles). `replay_these` is the replay over the answers of exactly the prompts decoded here: a lossless
+greedy decoder must measure it (it separates the prompt sample from the model). Measurement: at every batch size the
+held-out prompts are decoded B at a time, vanilla greedy right before each candidate on every batch (a load change
+hits both alike); one repeat = one pass over the prompts; every quantity from speed.py, its spread over repeats.
+Writes a table (stdout) and JSON (--out) with the setting of this run and of the latency table, and says loudly
+when they differ.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workbench import WorkbenchError  # noqa: E402
+from workbench.calibration import Calibration, decoder_walk, default_calibration  # noqa: E402
+from workbench.io import atomic_write_json  # noqa: E402
+from workbench.latency import latency_surface, read_latency  # noqa: E402
+from workbench.plan import calibration_source, candidates, rank  # noqa: E402
+from workbench.provenance import describe, loaded, mismatch_warning, read_setting, setting  # noqa: E402
+from workbench.speed import measured_speedup, spread, tokens_per_step  # noqa: E402
+
+DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
+
+
+def plan_top(cal: Calibration, latency_df, batch_sizes, top: int, max_new_tokens: int | None) -> tuple[dict, dict]:
+    """({batch: [the `top` best candidates of plan at that batch, speculation only]}, the source's info)."""
+    src = calibration_source(cal, "replay", max_new_tokens=max_new_tokens)
+    surface, ctx = latency_surface(latency_df, batch_sizes, None, src["typical_context"], "--latency")
+    most = max(max(s["seconds"]) for s in surface.values()) - 1
+    cands = candidates(src["tokens_per_step"], src["chain_acceptance"], most, src["value"], src["max_depth"],
+                       src["max_rank"])
+    out = {b: [c for c in rank(cands, surface[b]["seconds"], surface[b]["spread"]) if c["kind"] != "none"][:top]
+           for b in batch_sizes}
+    return out, dict(src["info"], context=ctx)
+
+
+def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeats: int, engine,
+            progress=print) -> dict:
+    """{batch: {tree name: {"speedup": [per repeat], "tokens_per_step": [per repeat]}}}, every number speed.py's."""
+    import torch
+
+    from workbench.decode import medusa_generate, vanilla_generate
+    from workbench.engine import tree_setup
+
+    out = {}
+    with torch.inference_mode():
+        for b, top in picks.items():
+            chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]  # full batches only
+            bufs = {c["tree"].name: tree_setup(c["tree"], model) for c in top}
+            vanilla_generate(model, tok, chunks[0], 2, engine=engine)  # warm-up of every shape
+            for buf in bufs.values():
+                medusa_generate(model, heads, tok, chunks[0], buf, 2, engine=engine)
+            got = {name: dict(speedup=[], tokens_per_step=[]) for name in bufs}
+            for r in range(repeats):
+                for name, buf in bufs.items():
+                    van, med = [], []
+                    for chunk in chunks:
+                        van.append(vanilla_generate(model, tok, chunk, max_new_tokens, engine=engine))
+                        med.append(medusa_generate(model, heads, tok, chunk, buf, max_new_tokens, engine=engine))
+                    got[name]["speedup"].append(measured_speedup(med, van))
+                    got[name]["tokens_per_step"].append(tokens_per_step(med))
+                progress(f"batch {b}: repeat {r + 1}/{repeats} done")
+            out[b] = got
+    return out
+
+
+def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_tokens: int) -> list[dict]:
+    answers = cal.answers("all", max_new_tokens)
+    these = answers[answers["prompt_id"].isin([str(i) for i in prompt_ids])]
+    rows = []
+    for b, top in picks.items():
+        for c in top:
+            m = measured[b][c["tree"].name]
+            sp, tps = spread(m["speedup"]), spread(m["tokens_per_step"])
+            rows.append(dict(batch_size=b, candidate=c["tree"].name, kind=c["kind"], nodes=c["nodes"],
+                             medusa_choices=c["tree"].as_lists(),
+                             predicted_tokens_per_step=c["tokens_per_step"], replay_these=decoder_walk(c["tree"], these),
+                             measured_tokens_per_step=tps["median"], tokens_per_step_q1=tps["q1"],
+                             tokens_per_step_q3=tps["q3"], predicted_speedup=c["speedup"],
+                             predicted_range=list(c["range"]) if c["range"] else None,
+                             measured_speedup=sp["median"], speedup_q1=sp["q1"], speedup_q3=sp["q3"],
+                             repeats=sp["repeats"],
+                             speedup_err_pct=100 * (c["speedup"] / sp["median"] - 1),
+                             tokens_per_step_err_pct=100 * (c["tokens_per_step"] / tps["median"] - 1)))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = (f"{'B':>2} {'candidate':<14}{'nodes':>6} {'tok/step pred':>13} {'these':>6} {'measured (q1..q3)':>22} "
+            f"{'err':>6}  {'speedup pred (range)':>22} {'measured (q1..q3)':>22} {'err':>6}")
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        rng = f"({r['predicted_range'][0]:.2f}..{r['predicted_range'][1]:.2f})" if r["predicted_range"] else ""
+        lines.append(
+            f"{r['batch_size']:>2} {r['candidate'][:13]:<14}{r['nodes']:>6} {r['predicted_tokens_per_step']:>13.3f} "
+            f"{r['replay_these']:>6.3f} {r['measured_tokens_per_step']:>7.3f} "
+            f"({r['tokens_per_step_q1']:.3f}..{r['tokens_per_step_q3']:.3f}) {r['tokens_per_step_err_pct']:>+5.1f}%  "
+            f"{r['predicted_speedup']:>8.3f}x {rng:>12} {r['measured_speedup']:>7.3f}x "
+            f"({r['speedup_q1']:.2f}..{r['speedup_q3']:.2f}) {r['speedup_err_pct']:>+5.1f}%")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--calibration", help="calibration folder (default: the first under calibration/)")
+    ap.add_argument("--latency", help="latency CSV (default: the calibration's only latency-*.csv)")
+    ap.add_argument("--model", help="default: the calibration's model")
+    ap.add_argument("--heads", help="default: the calibration's heads")
+    ap.add_argument("--batch-sizes", default="1,2,4,8")
+    ap.add_argument("--top", type=int, default=5, help="candidates of plan per batch size (default 5)")
+    ap.add_argument("--limit", type=int, default=64, help="held-out prompts decoded (default 64)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the prompts (the spread; default 3)")
+    ap.add_argument("--threads", type=int, help="torch CPU threads")
+    ap.add_argument("--device")
+    ap.add_argument("--out", default=str(DEFAULT_OUT))
+    args = ap.parse_args(argv)
+    try:
+        return run(args)
+    except WorkbenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def run(args) -> int:
+    import torch
+
+    from workbench.generation import prepare_prompt
+    from workbench.models import load_model_and_heads
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batch_sizes = sorted({int(b) for b in str(args.batch_sizes).split(",") if b.strip()})
+    if not batch_sizes or batch_sizes[0] < 1 or args.top < 1 or args.repeats < 1 or args.max_new_tokens < 1:
+        raise WorkbenchError("--batch-sizes, --top, --repeats and --max-new-tokens must be positive")
+    cal = Calibration(args.calibration or default_calibration())
+    lat = args.latency or next(iter(cal.latency_files()), None)
+    if lat is None:
+        raise WorkbenchError(f"no latency CSV in {cal.folder}: measure one (`workbench latency --calibration "
+                             f"{cal.folder}`) or pass --latency")
+    latency_df = read_latency(lat)
+    records = cal.holdout_prompts(args.limit)
+    if batch_sizes[-1] > len(records):
+        raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(records)} held-out prompts: raise "
+                             "--limit")
+    picks, info = plan_top(cal, latency_df, batch_sizes, args.top, args.max_new_tokens)
+    heads = args.heads or (None if cal.meta.get("heads") in (None, "demo") else cal.meta["heads"])
+    model_name = args.model or (None if heads is None else cal.meta.get("model"))
+    model, tok, hd = load_model_and_heads(model_name, heads, args.device)
+    prompts = [prepare_prompt(tok, text, False) for _, text in records]
+    from workbench.engine import StepEngine
+
+    engine = StepEngine(model)  # compiled on CUDA (the GPU decoder), eager on CPU
+    here = setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile),
+                   torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None)
+    measured = measure(model, hd, tok, prompts, picks, args.max_new_tokens, args.repeats, engine,
+                       lambda s: print(s, file=sys.stderr))
+    rows = rows_of(picks, measured, cal, [pid for pid, _ in records], args.max_new_tokens)
+    lat_setting = read_setting(latency_df)
+    here["load_average_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    warning = mismatch_warning(lat_setting, here, "bench/prediction.py")
+    atomic_write_json(args.out, dict(calibration=str(cal.folder), latency=str(lat), source=info, setting=here,
+                                     latency_setting=lat_setting, setting_warning=warning, prompts=len(prompts),
+                                     max_new_tokens=args.max_new_tokens, repeats=args.repeats, rows=rows))
+    print(f"{cal.folder.name}: {len(prompts)} held-out prompts, {args.max_new_tokens} new tokens, {args.repeats} "
+          f"repeats; latency {Path(lat).name} at context {info['context']}\nthis run: {describe(here)}\n"
+          f"latency:  {describe(lat_setting)}")
+    print(table(rows))
+    for note in ([warning] if warning else []) + (["WARNING: busy machine (load average above half the cores): the "
+                                                   "measured speeds are not this machine's"] if loaded(here) else []):
+        print(note, file=sys.stderr)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,151 @@
+"""speed.py: one owner per speed quantity (pinned by an AST scan of the tree), its measured quantities on real
+decodes, provenance of measurements, and the decoder-step latency surface."""
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+
+import pytest
+
+from workbench import REPO_ROOT
+from workbench.provenance import differences, mismatch_warning, read_setting, setting, setting_cell
+from workbench.speed import (acceptance_per_position, goodput, mean_step_s, measured_speedup, spread, step_times,
+                             tokens_per_step)
+
+OWNER = "workbench/speed.py"
+# Not measured speed: calibration.py's replay is the *prediction* of tokens/step (its one owner). DecodeResult's
+# per-result properties live in the decoder's loop (another helper's file): they should call speed.tokens_per_step
+# / speed.mean_step_s on [self]; until then they are the two known exceptions.
+ALLOWED = {("workbench/calibration.py", "tokens / steps"),
+           ("workbench/decode.py", "len(self.token_ids) / max(len(self.steps), 1)"),
+           ("workbench/decode.py", "self.decode_s / max(len(self.steps), 1)"),
+           ("workbench/decode.py", "def mean_step_s")}
+# Each quantity's formula as an expression shape; anywhere but speed.py it is a second owner.
+SOURCES = [p for d in ("workbench", "bench", "app.py") for p in
+           ((REPO_ROOT / d).rglob("*.py") if (REPO_ROOT / d).is_dir() else [REPO_ROOT / d])]
+
+
+def _names(node) -> set[str]:
+    return {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(node)
+            if isinstance(n, (ast.Attribute, ast.Name))}
+
+
+def _second_owners(tree: ast.AST) -> list[str]:
+    """Divisions that compute a speed quantity: tokens / steps (tokens per step), a goodput / another goodput or
+    tokens_per_s / tokens_per_s (measured speedup), tokens_per_step / relative or t_verify / t_vanilla (predicted
+    speedup), step / forward (decoder overhead), and definitions of the speed functions."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and node.name in (
+                "speedup", "speedup_at", "speedup_range", "relative_latency", "goodput", "measured_speedup",
+                "overhead", "decoder_overhead", "mean_step_s", "tokens_per_step", "acceptance_per_position"):
+            found.append(f"def {node.name} (line {node.lineno})")
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            left, right = " ".join(sorted(_names(node.left))).lower(), " ".join(sorted(_names(node.right))).lower()
+            pairs = [("token", "step"), ("tokens_per_s", "tokens_per_s"), ("goodput", "goodput"),
+                     ("step_times", "forward"), ("seconds", "tokens_per_s")]
+            if any(a in left and b in right for a, b in pairs) and "prompt" not in right:
+                found.append(f"{ast.unparse(node)[:60]} (line {node.lineno})")
+    return found
+
+
+def test_speed_quantities_have_one_owner():
+    """No module but speed.py defines or computes a speed quantity (bench/ and the app included). bench/gpu.py
+    belongs to the GPU decoder's work and is listed in the report until it calls speed.py."""
+    offenders = {}
+    for f in SOURCES:
+        rel = f.relative_to(REPO_ROOT).as_posix()
+        if rel == OWNER or rel == "bench/gpu.py":
+            continue
+        hits = [h for h in _second_owners(ast.parse(f.read_text())) if (rel, h.split(" (line")[0]) not in ALLOWED]
+        if hits:
+            offenders[rel] = hits
+    assert not offenders, f"speed quantities computed outside {OWNER}: {offenders}"
+
+
+def test_the_scan_finds_a_second_owner():
+    """The scan is not blind: a copy of the tokens/step and speedup formulas is caught."""
+    copy = "def f(r, v):\n    a = r.tokens / r.steps\n    return r.tokens_per_s / v.tokens_per_s\n"
+    assert len(_second_owners(ast.parse(copy))) == 2
+
+
+def test_planner_and_latency_do_not_import_torch():
+    code = "import sys, workbench.plan, workbench.latency, workbench.recommend, workbench.speed; " \
+           "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_measured_quantities_on_a_real_decode(tiny_llama):
+    from workbench.decode import medusa_generate, vanilla_generate
+
+    t = tiny_llama
+    prompts = [[1, 5, 9, 3], [2, 7, 4, 4, 8]]
+    med = medusa_generate(t.model, t.heads["2"], t.tokenizer, prompts, [[0], [0, 0], [1]], 12, eos_token_id=[])
+    van = vanilla_generate(t.model, t.tokenizer, prompts, 12, eos_token_id=[])
+    steps = sum(len(r.steps) for r in med)
+    assert tokens_per_step([med]) == pytest.approx(24 / steps)
+    assert tokens_per_step([van]) == 1.0
+    p = acceptance_per_position([med], 2)
+    accepted = [len(s.tokens) - 1 for r in med for s in r.steps]
+    assert p == [sum(a >= 1 for a in accepted) / steps, sum(a >= 2 for a in accepted) / steps] and p[0] >= p[1]
+    assert step_times([med]) == [s.time_s for s in max(med, key=lambda r: len(r.steps)).steps]
+    assert mean_step_s([med]) == pytest.approx(max(r.decode_s for r in med) / max(len(r.steps) for r in med))
+    assert measured_speedup([med], [van]) == pytest.approx(goodput([med]) / goodput([van]))
+
+
+def test_spread_of_repeats():
+    s = spread([3.0, 1.0, 2.0, 4.0])
+    assert (s["min"], s["median"], s["max"], s["repeats"]) == (1.0, 2.5, 4.0, 4) and s["q1"] <= s["median"] <= s["q3"]
+    assert spread([2.0])["q1"] == spread([2.0])["q3"] == 2.0
+
+
+def test_provenance_round_trip_and_mismatch():
+    import pandas as pd
+
+    a = setting("cpu", "torch.float32", 2, False)
+    assert a["dtype"] == "float32" and a["threads"] == 2 and a["torch"] and "load_average" in a
+    df = pd.DataFrame(dict(tokens=[1, 2], setting=[setting_cell(a)] * 2))
+    assert read_setting(df) == a and read_setting(pd.DataFrame(dict(tokens=[1]))) is None
+    b = dict(a, threads=1, load_average=9.0)
+    assert differences(a, dict(a, load_average=9.0)) == []  # the load is recorded, not a different setting
+    assert differences(a, b) == ["threads 2 vs 1"]
+    assert "threads 2 vs 1" in mismatch_warning(a, b, "plan") and mismatch_warning(a, a, "plan") is None
+    assert "unknown" in differences(None, a)[0]
+
+
+def test_decoder_step_surface(tiny_llama):
+    """The decoder's own step, timed on real decodes at batch sizes 1 and 2: every (batch, tokens) with its spread,
+    the bare forward beside it, the context the steps saw, and the setting."""
+    from workbench.latency import LATENCY_COLUMNS, latency_surface
+    from workbench.measure_latency import measure_decoder_steps
+
+    t = tiny_llama
+    prompts = [[1, 5, 9, 3], [2, 7, 4, 4, 8], [3, 3, 1]]
+    df = measure_decoder_steps(t.model, t.heads["2"], t.tokenizer, prompts, sizes=[3], batches=[1, 2], repeats=2,
+                               warmup=0, max_new_tokens=6, label="tiny", progress=False)
+    assert list(df.columns[:len(LATENCY_COLUMNS)]) == LATENCY_COLUMNS
+    assert sorted(zip(df["batch"], df["tokens"])) == [(1, 1), (1, 3), (2, 1), (2, 3)]
+    assert (df["repeats"] == 2).all() and (df["forward_seconds"] > 0).all()
+    assert df["context"].nunique() == 1 and 3 <= df["context"].iloc[0] <= 5 + 6
+    assert read_setting(df)["mode"] == "decoder-step"
+    surface, ctx = latency_surface(df, [1, 2])
+    assert set(surface) == {1, 2} and surface[2]["spread"] is not None
+
+
+def test_latency_cli_times_the_decoder_step_by_default(tiny_llama, make_prompt_file, tmp_path, capsys):
+    from workbench.cli import main
+    from workbench.latency import read_latency
+
+    out = tmp_path / "step.csv"
+    prompts = make_prompt_file(["Tell me a story.", "What is 2+2?"])
+    assert main(["latency", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--prompts", str(prompts), "--limit", "2", "--sizes", "2", "--batch", "1,2", "--repeats", "1",
+                 "--warmup", "0", "--max-new-tokens", "3", "--device", "cpu", "--out", str(out)]) == 0
+    df = read_latency(out)
+    assert sorted(zip(df["batch"], df["tokens"])) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert read_setting(df)["mode"] == "decoder-step"
+    err = capsys.readouterr().err
+    assert "decoder-step" in err and "bare fwd ms" in err and "setting: cpu" in err
+    assert main(["latency", "--random-config", "tiny", "--mode", "decoder-step", "--out", str(out)]) == 2

@@ -1,0 +1,175 @@
+"""Measuring the latency surface t(B, n) on this machine (torch): the decoder's own step, or its bare verify forward.
+
+Two modes, one CSV format (latency.py owns it; every row carries the setting it was measured in, provenance.py):
+  decoder-step  (default) the wall time of a whole decoding step as `decode` runs it: heads, tree tokens, the
+                verify forward, acceptance, cache bookkeeping and the host read, on real prompts decoded for
+                `max_new_tokens`, so the context grows as in decoding. tokens = 1 is vanilla's step, tokens = n a
+                Medusa step with an (n - 1)-node tree. One repeat = one generate call of B prompts; a point is the
+                median step of its repeats, with their spread. `forward_seconds` keeps the bare verify forward of
+                the same tree timed after every step (engine.forward_probe), so the decoder's overhead over the
+                model work is shown beside it (seconds / forward_seconds).
+  verify        the bare verify forward at fixed contexts (random tokens): the model work alone, cheaper to measure
+                at many contexts and sizes; what the decoder adds on top is not in it.
+"""
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from workbench import WorkbenchError
+from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, LATENCY_COLUMNS, spread_row
+from workbench.optimize import optimal_tree_from
+from workbench.provenance import setting, setting_cell
+from workbench.tree import MEDUSA_TOPK, Tree
+
+DECODER_SIZES = (1, 2, 3, 4, 5, 8, 16, 32, 64)
+DECODER_BATCHES = (1, 2, 4, 8)
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def measured_setting(model, engine, mode: str, processes: int = 1) -> dict:
+    """provenance.setting of a measurement with this model and engine in this process."""
+    dev = model.device
+    return setting(dev.type, str(model.dtype), torch.get_num_threads(), bool(getattr(engine, "compile", False)),
+                   gpu=device_name(dev) if dev.type == "cuda" else None, processes=processes, mode=mode)
+
+
+def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
+    """An n-node tree shaped like optimal trees (wide near the root, narrowing with depth): node value
+    prod_d 0.7 * 0.45^rank, best-first. For dense-mask kernels only the token count matters; the shape makes
+    the 4-D mask and position ids the decoder's own, so a kernel that exploits structure is timed as used."""
+    tree = optimal_tree_from(lambda p: math.prod(0.7 * 0.45 ** r for r in p), nodes, depth, topk,
+                             name=f"latency_{nodes}")
+    if tree.nodes < nodes:
+        raise WorkbenchError(f"a tree of depth {depth} with top-{topk} per head has at most {tree.nodes} nodes, "
+                             f"not {nodes}: use smaller --sizes (or heads with more heads)")
+    return tree
+
+
+def _relative(df: pd.DataFrame) -> pd.DataFrame:
+    t1 = df[df["tokens"] == 1].set_index(["batch", "context"])["seconds"]
+    at = pd.MultiIndex.from_frame(df[["batch", "context"]])
+    df["relative"] = df["seconds"].to_numpy() / t1.reindex(at).to_numpy()  # t(B, n) / t(B, 1)
+    return df
+
+
+def _checked(sizes, batches, repeats: int, warmup: int) -> tuple[list[int], list[int]]:
+    sizes = sorted({1, *(int(s) for s in sizes)})
+    batches = sorted({int(b) for b in batches})
+    if repeats < 1 or warmup < 0:
+        raise WorkbenchError(f"--repeats {repeats} / --warmup {warmup}: need repeats >= 1 and warmup >= 0")
+    if sizes[0] < 1:
+        raise WorkbenchError("--sizes must be positive integers")
+    if not batches or batches[0] < 1:
+        raise WorkbenchError("--batch must be positive integers (sequences per step)")
+    return sizes, batches
+
+
+@torch.inference_mode()
+def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repeats: int = 10, warmup: int = 3,
+                    heads=None, label: str = "", progress: bool = True, engine=None,
+                    batches=DEFAULT_BATCHES) -> pd.DataFrame:
+    """The verify mode: wall time of one step's model work per (batch, context, tokens) (`engine.verify_times`:
+    static cache, 4-D tree mask repeated per sequence, compiled when the engine is): tokens = 1 is the vanilla
+    step, tokens = n > 1 a verify forward of an (n-1)-node tree for each of the B sequences; both include the
+    lm_head over their rows (and, with `heads`, the heads' top-k a Medusa step needs). The caches are prefilled
+    once per (batch, context) with random tokens and a verify leaves the lengths where they were, so the context
+    stays fixed. Sizes are timed round-robin, `repeats` rounds, so a load change hits every size alike."""
+    from workbench.engine import StepEngine, root_setup, tree_setup, verify_times
+    from workbench.generation import context_length
+
+    sizes, batches = _checked(sizes, batches, repeats, warmup)
+    contexts = sorted({int(c) for c in contexts})
+    if not contexts or contexts[0] < 1:
+        raise WorkbenchError("--context must be positive integers")
+    limit = context_length(model)
+    if limit is not None and contexts[-1] + sizes[-1] > limit:
+        raise WorkbenchError(f"context {contexts[-1]} + {sizes[-1]} tokens exceeds the model's {limit} positions: "
+                             "use smaller --context/--sizes")
+    dev = model.device
+    vocab = model.get_input_embeddings().weight.shape[0]
+    depth = min(5, heads.num_heads) if heads is not None else 5
+    bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
+    engine = engine or StepEngine(model)
+    cell = setting_cell(measured_setting(model, engine, "verify"))
+    g = torch.Generator().manual_seed(0)
+    dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
+    rows = []
+    bar = tqdm(total=len(batches) * len(contexts) * (warmup + repeats), desc="latency", unit="round",
+               disable=not progress, dynamic_ncols=True)
+    for b in batches:
+        for ctx in contexts:
+            engine.prefill(torch.randint(vocab, (b, ctx), generator=g).to(dev), sizes[-1])
+            times: dict[int, list[float]] = {n: [] for n in sizes}
+            for i in range(warmup + repeats):
+                for n in sizes:
+                    t = verify_times(engine, bufs[n], heads, repeats=1, warmup=0, generator=g)
+                    if i >= warmup:
+                        times[n] += t
+                bar.update(1)
+            rows += [dict(model=label, device=dev_name, dtype=dtype, batch=b, context=ctx, tokens=n,
+                          **spread_row(times[n]), setting=cell) for n in sizes]
+    bar.close()
+    return _relative(pd.DataFrame(rows, columns=LATENCY_COLUMNS))
+
+
+@torch.inference_mode()
+def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], sizes=DECODER_SIZES,
+                          batches=DECODER_BATCHES, repeats: int = 5, warmup: int = 1, max_new_tokens: int = 64,
+                          label: str = "", progress: bool = True, engine=None) -> pd.DataFrame:
+    """The decoder-step mode: per (batch B, tokens n) the median wall time of the decoder's step (decode.Step.time_s,
+    the step `medusa_generate` / `vanilla_generate` run) over `repeats` generate calls of B prompts each (prompts
+    taken in turn, cycling), every size run on the same prompts back to back so a load change hits all alike.
+    The context is each step's own (prompt + tokens so far): the CSV's `context` is their mean over the whole
+    measurement, one value per file (what the planner reads it at). `forward_seconds` is the median bare verify
+    of the same tree timed after every step (engine.forward_probe)."""
+    from workbench.decode import medusa_generate, vanilla_generate
+    from workbench.engine import StepEngine, forward_probe, root_setup, tree_setup
+
+    sizes, batches = _checked(sizes, batches, repeats, warmup)
+    if not prompts:
+        raise WorkbenchError("no prompts to decode: give a prompt set (--prompts)")
+    if max_new_tokens < 2:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: need >= 2 (a step after the first token)")
+    depth = min(5, heads.num_heads)
+    bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
+    engine = engine or StepEngine(model)
+    cell = setting_cell(measured_setting(model, engine, "decoder-step"))
+    dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
+    times = {(b, n): [] for b in batches for n in sizes}      # per repeat: the median step of that call
+    forwards = {(b, n): [] for b in batches for n in sizes}   # every bare forward after a step
+    contexts: list[int] = []
+    bar = tqdm(total=len(batches) * (warmup + repeats) * len(sizes), desc="decoder steps", unit="call",
+               disable=not progress, dynamic_ncols=True)
+    turn = 0
+    for b in batches:
+        for i in range(warmup + repeats):
+            chunk = [prompts[(turn + j) % len(prompts)] for j in range(b)]
+            turn += b
+            for n in sizes:
+                probe, fwd = forward_probe(engine, bufs[n], heads if n > 1 else None)
+                if n == 1:
+                    out = vanilla_generate(model, tokenizer, chunk, max_new_tokens, eos_token_id=[], engine=engine,
+                                           on_step=probe)
+                else:
+                    out = medusa_generate(model, heads, tokenizer, chunk, bufs[n], max_new_tokens, eos_token_id=[],
+                                          engine=engine, on_step=probe)
+                out = out if isinstance(out, list) else [out]
+                steps = max(out, key=lambda r: len(r.steps)).steps
+                if i >= warmup and steps:
+                    times[(b, n)].append(float(pd.Series([s.time_s for s in steps]).median()))
+                    forwards[(b, n)] += fwd
+                    contexts += [s.cache_len for r in out for s in r.steps]
+                bar.update(1)
+    bar.close()
+    ctx = int(round(sum(contexts) / len(contexts)))
+    rows = [dict(model=label, device=dev_name, dtype=dtype, batch=b, context=ctx, tokens=n, **spread_row(times[(b, n)]),
+                 forward_seconds=float(pd.Series(forwards[(b, n)]).median()) if forwards[(b, n)] else None,
+                 setting=cell) for b in batches for n in sizes]
+    return _relative(pd.DataFrame(rows, columns=LATENCY_COLUMNS + ["forward_seconds"]))

@@ -1,0 +1,193 @@
+"""Speed: the one owner of every predicted and measured speed quantity, each computed in exactly one function.
+
+Torch-free (plain numbers and duck-typed decode results), so the planner, the app and the CLI's tree commands never
+load torch. tests/test_speed.py pins that no other module in the tree computes these.
+
+Predicted (a latency table {verify tokens: seconds} at one batch size and context; `nodes` tree nodes verify
+n = nodes + 1 tokens, the root included):
+  relative_latency   t(nodes + 1) / t(1): what one step of the tree costs relative to a plain step;
+  speedup            goodput ratio: tokens_per_step / relative_latency (B sequences cancel: both methods run B);
+  speedup_range      the speedup with t(n) moved over its interquartile range (t(1) at its median);
+  speedup_curve      the speedup of a tokens-per-step curve over every budget.
+Measured (`batches`: the results of each generate call, a list per call; sequences of one call ran side by side,
+calls one after another; a result has token_ids, steps (each with tokens and time_s), decode_s, total_s):
+  tokens_per_step, acceptance_per_position, step_times / mean_step_s, goodput, measured_speedup, overhead,
+  decoder_overhead, and spread (the median and quartiles of repeated measurements of one quantity).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from bisect import bisect_left
+from typing import Mapping
+
+from workbench import WorkbenchError
+
+
+# ----------------------------------------------------------------------------------------------- latency tables
+
+def _points(latency) -> tuple[list[int], list[float]]:
+    items = latency.items() if isinstance(latency, Mapping) else latency
+    try:
+        pts = sorted((int(n), float(t)) for n, t in items)
+    except (TypeError, ValueError):
+        raise WorkbenchError("latency must map a number of verify tokens to seconds, e.g. {1: 0.021, 64: 0.024}") \
+            from None
+    if not pts:
+        raise WorkbenchError("latency table is empty")
+    sizes, secs = [n for n, _ in pts], [t for _, t in pts]
+    if len(set(sizes)) != len(sizes):
+        raise WorkbenchError("latency table lists a number of verify tokens twice")
+    if sizes[0] < 1 or not all(math.isfinite(t) and t > 0 for t in secs):
+        raise WorkbenchError("latency table needs token counts >= 1 and positive, finite seconds")
+    return sizes, secs
+
+
+def interpolate_latency(latency, n: int) -> float:
+    """Seconds for a step over n verify tokens, linear between measured sizes; no extrapolation."""
+    sizes, secs = _points(latency)
+    if not sizes[0] <= n <= sizes[-1]:
+        raise WorkbenchError(f"no latency for {n} verify tokens: measured range is {sizes[0]}..{sizes[-1]} "
+                             "(measure that size too)")
+    j = bisect_left(sizes, n)
+    if sizes[j] == n:
+        return secs[j]
+    w = (n - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+    return secs[j - 1] + w * (secs[j] - secs[j - 1])
+
+
+def max_tokens(latency) -> int:
+    """The largest verify token count a latency table covers (a tree of up to that minus one nodes)."""
+    return _points(latency)[0][-1]
+
+
+# ----------------------------------------------------------------------------------------------- predicted
+
+def relative_latency(latency, nodes: int, base=None) -> float:
+    """t(nodes + 1) / t(1): the step cost of a `nodes`-node tree relative to a plain step (t(1) from `base`, a
+    table of the same batch and context, when given: the range keeps t(1) at its median)."""
+    return interpolate_latency(latency, nodes + 1) / interpolate_latency(latency if base is None else base, 1)
+
+
+def speedup(tokens_per_step: float, relative: float) -> float:
+    """Predicted speedup = goodput B * tokens_per_step / t(B, n) over vanilla's B / t(B, 1) = tokens_per_step /
+    relative_latency: the one formula behind every predicted speedup."""
+    return tokens_per_step / relative
+
+
+def speedup_at(latency, tokens_per_step: float, nodes: int) -> float:
+    """speedup() of a tree of `nodes` nodes on a {tokens: seconds} table."""
+    return speedup(tokens_per_step, relative_latency(latency, nodes))
+
+
+def speedup_range(latency, spread, tokens_per_step: float, nodes: int) -> tuple[float, float] | None:
+    """The speedup when t(nodes + 1) moves over its interquartile range and t(1) stays at its median (every
+    candidate's shared denominator): (low, high). For no speculation (nodes = 0) that brackets 1. None without a
+    spread ({tokens: (q1, q3)}; an older CSV has none)."""
+    if spread is None:
+        return None
+    q1 = {n: v[0] for n, v in spread.items()}
+    q3 = {n: v[1] for n, v in spread.items()}
+    return (speedup(tokens_per_step, relative_latency(q3, nodes, latency)),
+            speedup(tokens_per_step, relative_latency(q1, nodes, latency)))
+
+
+def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:
+    """Whether two ranges overlap: an order resting on a difference inside the noise. None when either is unknown."""
+    if a is None or b is None:
+        return None
+    return a[0] <= b[1] and b[0] <= a[1]
+
+
+def speedup_curve(curve, latency, budgets=None) -> dict:
+    """The speedup of the optimal n-node tree for every budget n: curve[n] (its expected tokens per step,
+    optimize.expected_curve) at relative_latency(n). Budgets default to every n whose n + 1 tokens were measured;
+    an explicitly requested budget outside the curve is an error. Returns {"rows": [...], "best": row}."""
+    curve = [float(x) for x in curve]
+    top = max_tokens(latency)
+    if budgets is None:
+        budgets = [n for n in range(len(curve)) if n + 1 <= top]
+    rows = []
+    for n in budgets:
+        if not 0 <= n < len(curve):
+            raise WorkbenchError(f"budget {n} is outside the expected-length curve (0..{len(curve) - 1})")
+        rel = relative_latency(latency, n)
+        rows.append(dict(budget=int(n), verify_tokens=int(n + 1), expected_length=curve[n],
+                         latency_s=interpolate_latency(latency, n + 1), relative_latency=rel,
+                         speedup=speedup(curve[n], rel)))
+    if not rows:
+        raise WorkbenchError("no budget to evaluate: the latency table and the curve do not overlap")
+    best = max(rows, key=lambda row: (row["speedup"], -row["budget"]))
+    return dict(rows=rows, best=best)
+
+
+# ----------------------------------------------------------------------------------------------- measured
+
+def _calls(batches) -> list[list]:
+    return [b if isinstance(b, list) else [b] for b in batches]
+
+
+def tokens_per_step(batches) -> float:
+    """Measured tokens per step per sequence: tokens emitted / steps taken, over every sequence of every call."""
+    calls = _calls(batches)
+    steps = sum(len(r.steps) for c in calls for r in c)
+    return sum(len(r.token_ids) for c in calls for r in c) / steps if steps else float("nan")
+
+
+def acceptance_per_position(batches, depth: int) -> list[float]:
+    """[p_1..p_depth]: the share of steps whose first k drafted tokens were all accepted (unconditional, vLLM's
+    convention); a step emits 1 + accepted tokens (fewer where EOS or the budget cut it)."""
+    counts = [len(s.tokens) - 1 for c in _calls(batches) for r in c for s in r.steps]
+    return [sum(n >= k for n in counts) / len(counts) if counts else float("nan") for k in range(1, depth + 1)]
+
+
+def step_times(batches) -> list[float]:
+    """The wall time of every step each call took (a step of a batch is the whole batch's: its longest sequence's
+    steps), in order."""
+    return [s.time_s for c in _calls(batches) for s in max(c, key=lambda r: len(r.steps)).steps]
+
+
+def mean_step_s(batches) -> float:
+    """Seconds per decoding step: each call's decode time (its slowest sequence's) over its steps (its longest)."""
+    calls = _calls(batches)
+    steps = sum(max(len(r.steps) for r in c) for c in calls)
+    return sum(max(r.decode_s for r in c) for c in calls) / steps if steps else float("nan")
+
+
+def goodput(batches) -> float:
+    """Tokens per second over all sequences: tokens emitted / wall time, each call's wall time being its slowest
+    sequence's (prefill + its steps)."""
+    calls = _calls(batches)
+    wall = sum(max(r.total_s for r in c) for c in calls)
+    return sum(len(r.token_ids) for c in calls for r in c) / wall if wall > 0 else float("nan")
+
+
+def measured_speedup(medusa, vanilla) -> float:
+    """Measured speedup: Medusa's goodput over vanilla greedy's on the same prompts (and batch size)."""
+    base = goodput(vanilla)
+    return goodput(medusa) / base if base > 0 else float("nan")
+
+
+def overhead(medusa, vanilla) -> float:
+    """The overhead of a Medusa step: its mean step time over vanilla's (mean_step_s) on the same prompts."""
+    base = mean_step_s(vanilla)
+    return mean_step_s(medusa) / base if base > 0 else float("nan")
+
+
+def decoder_overhead(step_times: list[float], forward_times: list[float]) -> float:
+    """What a step costs beyond its model work: median step time over the median bare verify forward of the same
+    tree at the same batch and contexts (`engine.forward_probe`)."""
+    return statistics.median(step_times) / statistics.median(forward_times)
+
+
+def spread(values) -> dict:
+    """Median and quartiles of repeated measurements of one quantity (e.g. a speedup per repeat): {median, q1, q3,
+    min, max, repeats}; q1 = q3 = median for one repeat."""
+    v = sorted(float(x) for x in values)
+    if not v:
+        raise WorkbenchError("no measurements to summarise")
+    if len(v) == 1:
+        q1 = med = q3 = v[0]
+    else:
+        q1, med, q3 = statistics.quantiles(v, n=4, method="inclusive")
+    return dict(median=med, q1=q1, q3=q3, min=v[0], max=v[-1], repeats=len(v))
