@@ -154,6 +154,7 @@ def run(args) -> int:
     n = args.max_new_tokens
     greedy = Acceptance()
     engine = StepEngine(model, compile=args.compile)
+    engine.size_for(encoded, n, [root, *bufs])  # one capacity for the run: each (batch, tree size) compiles once
     compiled = engine.compile
     eos = eos_ids(model, tok)
     rows = []
@@ -189,7 +190,7 @@ def run(args) -> int:
         model=label, device=str(model.device), dtype=str(model.dtype).replace("torch.", ""),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
         decoder_version=DECODER_VERSION, load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        compiled=bool(engine.compile), max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,
+        compiled=bool(engine.compile), compile_s=engine.compile_s, recompiled=engine.resized, max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,
         trees={name: t.as_lists() for name, t in zip(names, trees)}, summary=summary,
         runs=[{k: v for k, v in r.items() if k not in ("step_times", "forward_times")} for r in rows]))
     print(table(summary, label, model, compiled))

@@ -95,6 +95,7 @@ class DecodeResult:
     text: str | None = None
     tree: str | None = None
     batch_size: int = 1         # sequences decoded side by side (the steps' times are the batch's)
+    compile_s: float = 0.0      # compiling / capturing the step for this batch and tree, before any step (untimed)
     chosen_by: list = field(default_factory=list, repr=False)  # record(): what each emitted token was chosen from
 
     def record(self, logits: torch.Tensor) -> None:
@@ -147,6 +148,7 @@ class DecodeResult:
                     steps=len(self.steps),
                     acceleration_rate=self.acceleration_rate, tokens_per_s=self.tokens_per_s,
                     prefill_s=self.prefill_s, decode_s=self.decode_s, mean_step_s=self.mean_step_s,
+                    compile_s=self.compile_s,
                     stop_reason=self.stop_reason, accepted_lengths=self.accepted_lengths,
                     per_step=[asdict(s) | {"path": list(s.path)} for s in self.steps])
 
@@ -366,7 +368,9 @@ def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propos
     first = logits_of(model, hidden)                                                           # [B, V]
     root = first_token(first, rule, gen)                                                        # [B]
     prefill_s = clock(dev) - t0
-    results = [DecodeResult(method, len(p), prefill_s, tree=name, batch_size=batch) for p in prompts]
+    compile_s = engine.warm(buf)  # compiled: the step's compilation / CUDA graph capture happens here, untimed
+    results = [DecodeResult(method, len(p), prefill_s, tree=name, batch_size=batch, compile_s=compile_s)
+               for p in prompts]
     if record:
         for b, r in enumerate(results):
             r.record(first[b:b + 1])

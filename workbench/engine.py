@@ -8,6 +8,7 @@ top-k (head_proposer). No modelling code is copied: the model's own attention re
 """
 from __future__ import annotations
 
+import inspect
 import statistics
 import sys
 import time
@@ -44,6 +45,27 @@ def _decoder(model):
     return dec
 
 
+_CACHE_KW: dict[type, str] = {}  # decoder class -> the name of its cache argument
+
+
+def cache_kwarg(model) -> str:
+    """The decoder's keyword for the KV cache: transformers 5.x renamed `past_key_values` to `cache` (the old name
+    warns and goes in 5.40); a release that only knows the old name gets it. Looked up once per class, outside
+    any compiled region (the step reads the dict)."""
+    dec = type(_decoder(model))
+    if dec not in _CACHE_KW:
+        _CACHE_KW[dec] = "cache" if "cache" in inspect.signature(dec.forward).parameters else "past_key_values"
+    return _CACHE_KW[dec]
+
+
+def forward(model, input_ids: torch.Tensor, mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+            cache: Cache) -> torch.Tensor:
+    """The inner decoder on `cache` -> hidden [B, T, H] (no lm_head: logits only for the rows we use)."""
+    dec = _decoder(model)
+    return dec(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
+               **{_CACHE_KW[type(dec)]: cache}).last_hidden_state
+
+
 def new_cache(model) -> DynamicCache:
     """A cache of plain full-attention layers (no sliding window), which compaction can edit in place."""
     return DynamicCache()
@@ -51,8 +73,8 @@ def new_cache(model) -> DynamicCache:
 
 def prefill(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """input_ids [1, T] -> hidden [H] of the last position; the cache then holds T positions."""
-    out = _decoder(model)(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[0, -1]  # [H]
+    cache_kwarg(model)
+    return forward(model, input_ids, None, None, cache)[0, -1]  # [H]
 
 
 def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
@@ -88,8 +110,8 @@ def check_window(model, total: int) -> None:
 
 def decode_one(model, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
     """token [] -> hidden [H] of that token, appended to the cache (a plain step on a DynamicCache)."""
-    out = _decoder(model)(input_ids=token.view(1, 1), past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[0, -1]
+    cache_kwarg(model)
+    return forward(model, token.view(1, 1), None, None, cache)[0, -1]
 
 
 # ----------------------------------------------------------------------------------------------- tree buffers, heads
@@ -163,9 +185,10 @@ class PointerLayer(StaticLayer):
     pointer, not at its own running count: every layer (and every sequence) then moves with ONE pointer update per
     step, and rows may be overwritten (rejected tree rows, the next step's block)."""
 
-    def __init__(self, max_cache_len: int, pointer: torch.Tensor):
+    def __init__(self, max_cache_len: int, pointer: torch.Tensor, host: list):
         super().__init__(max_cache_len=max_cache_len)
         self.pointer = pointer  # [] long, shared by all layers
+        self.host = host        # [P]: the same pointer on the host, shared by all layers
 
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
@@ -175,16 +198,30 @@ class PointerLayer(StaticLayer):
         self.values.index_copy_(2, at, value_states)
         return self.keys, self.values
 
-    def get_seq_length(self):
-        return self.pointer
+    def get_seq_length(self) -> int:
+        """The write pointer as a host int (a device tensor here would make its readers wait for the device). The
+        step passes position ids and a 4-D mask, so the model itself never asks."""
+        return self.host[0]
 
 
-def _verify(model, cache, input_ids, mask, position_ids):
-    """The step's model work, compiled as one graph when asked: input_ids [B, N], mask [B, 1, N, C],
-    position_ids [B, N] -> (hidden [B, N, H], logits [B, N, V] fp32). The cache writes its B x N rows in place."""
-    hidden = _decoder(model)(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True).last_hidden_state
+def _verify(model, cache, tokens, lengths, pointer, columns, visible, depths):
+    """The step's model work, compiled as one graph when asked: tokens [B, N] of each sequence's tree at the block
+    [P, P + N) (P = pointer []), lengths [B] L_b, columns [C] 0..C-1, visible [N, N], depths [N] -> (hidden [B, N, H],
+    logits [B, N, V] fp32). The mask and position ids are built here, inside the graph: every input is a tensor
+    whose shape depends on (B, N) and the fixed capacity C only. The cache writes its B x N rows in place."""
+    n = tokens.shape[1]
+    rel = columns - pointer                                                                # [C]
+    block = visible[:, rel.clamp(0, n - 1)] & ((rel >= 0) & (rel < n))[None]               # [N, C]
+    seen = (columns[None] < lengths[:, None])[:, None] | block[None]                       # [B, N, C]
+    mask = additive_mask(seen, model.dtype)[:, None]                                       # [B, 1, N, C]
+    position_ids = lengths[:, None] + depths[None]                                         # [B, N]
+    hidden = forward(model, tokens, mask, position_ids, cache)                             # [B, N, H]
     return hidden, logits_of(model, hidden)
+
+
+def additive_mask(seen: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool visibility -> additive mask in the model's dtype (0 visible, dtype-min blocked: no NaN rows)."""
+    return torch.where(seen, torch.zeros((), dtype=dtype, device=seen.device), torch.finfo(dtype).min)
 
 
 def compile_mode(device: torch.device) -> str:
@@ -257,18 +294,24 @@ class StepEngine:
     (default `default_compile`: on CUDA; where compilation fails, one warning and eager from then on).
     """
 
-    def __init__(self, model, compile: bool | None = None, backend: str | None = None):
+    def __init__(self, model, compile: bool | None = None, backend: str | None = None, capacity: int = 0):
         self.model = model
         check_cacheable(model)
+        cache_kwarg(model)
         self.cache: Cache | None = None
         self.batch = 0
-        self.capacity = 0
+        self.capacity = int(capacity)               # C: cache positions, fixed for the run once set (size_for)
+        self.compile_s = 0.0                        # seconds spent compiling / capturing the step (untimed warm-ups)
+        self.resized = 0                            # capacity grown after compiling: each one compiles the step again
+        self._warm: set[tuple[int, int]] = set()    # (B, N) run through the compiled step on the current cache
+        self.graphs: set[tuple[int, int, int]] = set()  # (B, N, C) the compiled step has been warmed up for
         self.start = 0                              # P: where the next block is written (host)
         self.lengths = torch.zeros(0, dtype=torch.long, device=model.device)  # [B] L_b (device)
         self.host_lengths: list[int] = []          # [B] L_b (host), moved from the one read per step
         self.host_alive: list[bool] = []           # [B] False once a sequence finished
         self.alive = torch.zeros(0, dtype=torch.long, device=model.device)    # [B] 1 while a sequence emits
         self.pointer = torch.zeros((), dtype=torch.long, device=model.device)
+        self._host = [0]                            # the pointer on the host, for PointerLayer.get_seq_length
         self.compile = default_compile(model.device) if compile is None else bool(compile)
         self._step = _verify
         if self.compile:
@@ -284,16 +327,29 @@ class StepEngine:
               file=sys.stderr)
         self.compile, self._step = False, _verify
 
+    def size_for(self, prompts, max_new_tokens: int, trees) -> int:
+        """Fix the cache capacity for a whole run before its first step: its longest prompt + `max_new_tokens` + the
+        largest tree's block (nodes + depth + 1: a step may accept past its budget). The compiled step's shapes are
+        then (B, N) only, so each (batch, tree size) compiles once; a later generation that needs more grows the
+        cache and, compiled, says so on stderr and compiles again (untimed, counted in `compile_s`)."""
+        width = max(int(p.shape[-1]) if isinstance(p, torch.Tensor) else len(p) for p in prompts)
+        need = width + max_new_tokens + max(b.size + b.depth for b in trees) + 1
+        self.capacity = max(self.capacity, need)
+        return self.capacity
+
     def reserve(self, batch: int, capacity: int) -> None:
-        """A cache for `batch` sequences of at least `capacity` positions. Compiled, rounded up to 256 so that new
-        prompts rarely change shapes; eager, exact: attention runs over every cached position, masked or not."""
+        """A cache for `batch` sequences of the run's capacity (`size_for`), or of `capacity` positions if more.
+        Attention runs over every cached position, masked or not: the capacity is part of the compiled shapes."""
         if batch < 1:
             raise WorkbenchError(f"--batch {batch}: must be >= 1")
-        if batch == self.batch and capacity <= self.capacity:
+        if self.cache is not None and batch == self.batch and capacity <= self.capacity:
             return
-        if self.compile:
-            capacity = -(-capacity // 256) * 256
-        capacity = max(capacity, self.capacity if batch == self.batch else 0)
+        if capacity > self.capacity and self.compile and self.graphs:
+            self.resized += 1
+            print(f"warning: a generation needs {capacity} KV cache positions but the engine was sized for "
+                  f"{self.capacity}: the compiled step compiles again for the new size (untimed; size the engine "
+                  "for the run's longest prompt first: StepEngine.size_for)", file=sys.stderr)
+        capacity = max(capacity, self.capacity)
         need, free = cache_bytes(self.model, batch, capacity), free_bytes(self.model.device)
         if free is not None and need > free:
             raise WorkbenchError(f"batch {batch} x {capacity} positions needs a {need / 2**30:.1f} GiB KV cache but "
@@ -301,13 +357,14 @@ class StepEngine:
                                  "--max-new-tokens")
         self.cache = None  # free the old one before allocating
         cfg = text_config(self.model)  # sliding windows: check_window, per generation
-        self.cache = Cache(layers=[PointerLayer(capacity, self.pointer) for _ in range(cfg.num_hidden_layers)])
+        self.cache = Cache(layers=[PointerLayer(capacity, self.pointer, self._host) for _ in range(cfg.num_hidden_layers)])
         self.batch, self.capacity = batch, capacity
+        self._warm = set()  # new cache tensors: CUDA graphs record again (dynamo reuses a graph of equal shapes)
         self._columns = torch.arange(capacity, device=self.model.device)  # [C]
 
     def _point(self, at: int) -> None:
         """Move the write pointer: the next rows any layer writes go to column `at` (one fill for all layers)."""
-        self.start = at
+        self.start = self._host[0] = at
         self.pointer.fill_(at)
 
     def prefill(self, prompts, extra: int) -> torch.Tensor:
@@ -327,44 +384,51 @@ class StepEngine:
         cols = self._columns                                                                  # [C]
         rows = torch.arange(width, device=dev)                                                # [T]
         seen = (cols[None, None] <= rows[None, :, None]) & (cols[None, None] < self.lengths[:, None, None])
-        mask = self._bias(seen)[:, None]                                                      # [B, 1, T, C]
+        mask = additive_mask(seen, self.model.dtype)[:, None]                                 # [B, 1, T, C]
         self._point(0)
-        out = _decoder(self.model)(input_ids=ids, attention_mask=mask, position_ids=rows[None].expand(batch, -1),
-                                   past_key_values=self.cache, use_cache=True).last_hidden_state  # [B, T, H]
+        out = forward(self.model, ids, mask, rows[None].expand(batch, -1), self.cache)         # [B, T, H]
         self.host_lengths, self.host_alive = lens, [True] * batch
         self.alive = torch.ones(batch, dtype=torch.long, device=dev)
         self._point(width)
         return out[torch.arange(batch, device=dev), self.lengths - 1]                        # [B, H]
 
-    def _bias(self, seen: torch.Tensor) -> torch.Tensor:
-        """bool visibility -> additive mask in the model's dtype (0 visible, dtype-min blocked: no NaN rows)."""
-        zero = torch.zeros((), dtype=self.model.dtype, device=self.model.device)
-        return torch.where(seen, zero, torch.finfo(self.model.dtype).min)
-
-    def _mask(self, buf: TreeBuffers) -> torch.Tensor:
-        """[B, 1, N, C]: each sequence's prefix columns < L_b, the tree's own block at [P, P + N), nothing else."""
-        n, at = buf.size, self.start
-        cols = self._columns                                                                   # [C]
-        rel = cols - at                                                                        # [C]
-        block = buf.visible[:, rel.clamp(0, n - 1)] & ((rel >= 0) & (rel < n))[None]           # [N, C]
-        seen = (cols[None] < self.lengths[:, None])[:, None] | block[None]                     # [B, N, C]
-        return self._bias(seen)[:, None]
-
     def verify(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [B, N] -> (hidden [B, N, H], logits [B, N, V]): one forward of every sequence's tree at the block
-        [P, P + N) (the lengths stay put)."""
+        [P, P + N) (the lengths stay put). Compiled, a (B, N) not yet run is warmed up first (`warm`)."""
         if self.start + buf.size > self.capacity:
             raise WorkbenchError(f"the KV cache holds {self.capacity} positions, the step needs "
                                  f"{self.start + buf.size}: reserve more")
-        mask = self._mask(buf)
-        position_ids = self.lengths[:, None] + buf.depths[None]                                # [B, N]
+        if self.compile and (self.batch, buf.size) not in self._warm:
+            self.warm(buf)
+        return self._run(tokens, buf)
+
+    def _run(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+        args = (self.model, self.cache, tokens, self.lengths, self.pointer, self._columns, buf.visible, buf.depths)
         try:  # (the pointer is at the block already: only _point moves it, and the model's writes do not)
-            return self._step(self.model, self.cache, tokens, mask, position_ids)
+            return self._step(*args)
         except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds; eager is always right
             if not self.compile:
                 raise
             self._fail(f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
-            return self._step(self.model, self.cache, tokens, mask, position_ids)
+            return self._step(*args)
+
+    def warm(self, buf: TreeBuffers) -> float:
+        """Compile (and on CUDA capture as a CUDA graph) the step for this batch and tree before any step is timed:
+        the first call compiles, CUDA graphs record on a later one. It runs on the block past every prefix, which
+        the next step overwrites: nothing the decoder reads changes. Returns the seconds it took (also added to
+        `compile_s`); 0 when eager or already warm."""
+        if not self.compile or (self.batch, buf.size) in self._warm:
+            return 0.0
+        dev = self.model.device
+        t0 = clock(dev)
+        tokens = torch.zeros(self.batch, buf.size, dtype=torch.long, device=dev)               # [B, N]
+        for _ in range(3 if dev.type == "cuda" else 1):
+            self._run(tokens, buf)
+        seconds = clock(dev) - t0
+        self._warm.add((self.batch, buf.size))
+        self.graphs.add((self.batch, buf.size, self.capacity))
+        self.compile_s += seconds
+        return seconds
 
     def keep(self, buf: TreeBuffers, row: torch.Tensor, count: torch.Tensor) -> None:
         """row [B], count [B] (device): move the first count_b nodes of retrieve row row_b (root first) right after
