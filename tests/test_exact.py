@@ -466,7 +466,7 @@ def test_compiled_step_is_exact(tiny_llama):
 
 
 def test_batch_bad_inputs_are_one_line_errors(tiny_llama, monkeypatch):
-    from workbench import engine as E
+    from workbench import kvcache as E
 
     model, heads = tiny_llama.model, tiny_llama.heads["2"]
     monkeypatch.setattr(E, "free_bytes", lambda device: 1 << 20)  # 1 MiB free: no batch of 512 x 4096 fits
