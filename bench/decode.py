@@ -63,12 +63,13 @@ def prompts_for(spec: str | None, limit: int) -> list[str]:
     return load_prompts(spec, limit)
 
 
-def timed_generate(model, prompts: list[list[int]], n: int, cache: str | None, compile: bool, eos: set[int]
-                   ) -> tuple[list[list[int]], float]:
+def timed_generate(model, prompts: list[list[int]], n: int, cache: str | None, compile: bool, eos: set[int],
+                   max_cache_len: int | None = None) -> tuple[list[list[int]], float]:
     """HF generate, greedy, on a batch of prompts (left-padded, as generate wants); cache "static" preallocates (and,
     with compile, compiles the forward as transformers does on CUDA by default; on CPU only when asked). Each output
-    is cut after its first EOS, as our decoder stops there."""
-    from transformers import CompileConfig
+    is cut after its first EOS, as our decoder stops there. `max_cache_len`: one static cache size for every call
+    (transformers >= 5.24), so the compiled forward is compiled once per batch size, not per prompt length."""
+    from transformers import CompileConfig, GenerationConfig
 
     width = max(map(len, prompts))
     pad = next(iter(eos), 0)
@@ -77,6 +78,8 @@ def timed_generate(model, prompts: list[list[int]], n: int, cache: str | None, c
     kw = {}
     if cache == "static":
         kw["cache_implementation"] = "static"
+        if max_cache_len is not None and hasattr(GenerationConfig(), "max_cache_len"):
+            kw["max_cache_len"] = max_cache_len
         if compile:
             cfg = CompileConfig(mode=compile_mode(model.device))
             cfg._compile_all_devices = model.device.type != "cuda"
@@ -154,7 +157,7 @@ def run(args) -> int:
     n = args.max_new_tokens
     greedy = Acceptance()
     engine = StepEngine(model, compile=args.compile)
-    engine.size_for(encoded, n, [root, *bufs])  # one capacity for the run: each (batch, tree size) compiles once
+    hf_cache = engine.size_for(encoded, n, [root, *bufs])  # one capacity for the run: each (B, N) compiles once
     compiled = engine.compile
     eos = eos_ids(model, tok)
     rows = []
@@ -165,14 +168,14 @@ def run(args) -> int:
         for b in bufs:
             medusa_generate(model, heads, tok, chunks[0], b, 4, greedy, engine=engine)
         for cache in (() if args.no_hf else (None, "static")):
-            timed_generate(model, chunks[0], 4, cache, compiled, eos)
+            timed_generate(model, chunks[0], 4, cache, compiled, eos, hf_cache)
         for i, chunk in enumerate(chunks):
             base = dict(batch_size=bsz, chunk=i, prompts=len(chunk))
             probe, fwd = forward_probe(engine, root)
             van = vanilla_generate(model, tok, chunk, n, engine=engine, on_step=probe, record=True)
             rows.append(base | _row("vanilla", None, van, fwd, [True] * len(chunk)))
             for cache in (() if args.no_hf else (None, "static")):
-                hf, hf_s = timed_generate(model, chunk, n, cache, compiled, eos)
+                hf, hf_s = timed_generate(model, chunk, n, cache, compiled, eos, hf_cache)
                 rows.append(base | dict(method=f"hf_generate_{cache or 'dynamic'}", tree=None,
                                         tokens=sum(map(len, hf)), seq_steps=sum(map(len, hf)), steps=max(map(len, hf)),
                                         seconds=hf_s, step_ms=None, forward_ms=None, step_times=[],

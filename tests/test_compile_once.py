@@ -56,7 +56,7 @@ def test_one_compiled_graph_per_batch_and_tree_size_whatever_the_prompt_lengths(
     pairs = _decode_all(model, heads, prompts, engine, bufs, (1, 3))
     assert engine.compile and len(pairs) == 6
     assert counter.graphs == len(pairs), f"{counter.graphs} graphs compiled for {len(pairs)} (batch, tree size) pairs"
-    assert engine.resized == 0 and engine.compile_s > 0 and len(engine.graphs) == len(pairs)
+    assert engine.resized == 0 and engine.unplanned == 0 and engine.compile_s > 0 and len(engine.graphs) == len(pairs)
 
 
 def test_a_longer_prompt_than_reserved_recompiles_untimed_and_says_so(capsys):

@@ -12,6 +12,7 @@ import sys
 from typing import Callable
 
 import torch
+from torch._dynamo.utils import counters
 from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError
@@ -89,12 +90,14 @@ class StepEngine:
         self.resized = 0                            # capacity grown after compiling: each one compiles the step again
         self._warm: set[tuple[int, int]] = set()    # (B, N) run through the compiled step on the current cache
         self.graphs: set[tuple[int, int, int]] = set()  # (B, N, C) the compiled step has been warmed up for
+        self.unplanned = 0                          # compilations that happened inside a step (a bug: warned)
         self.start = 0                              # P: where the next block is written (host)
-        self.lengths = torch.zeros(0, dtype=torch.long, device=model.device)  # [B] L_b (device)
+        with torch.inference_mode():  # every tensor the compiled step sees is an inference tensor (same guards)
+            self.lengths = torch.zeros(0, dtype=torch.long, device=model.device)  # [B] L_b (device)
+            self.alive = torch.zeros(0, dtype=torch.long, device=model.device)    # [B] 1 while a sequence emits
+            self.pointer = torch.zeros((), dtype=torch.long, device=model.device)
         self.host_lengths: list[int] = []          # [B] L_b (host), moved from the one read per step
         self.host_alive: list[bool] = []           # [B] False once a sequence finished
-        self.alive = torch.zeros(0, dtype=torch.long, device=model.device)    # [B] 1 while a sequence emits
-        self.pointer = torch.zeros((), dtype=torch.long, device=model.device)
         self._host = [0]                            # the pointer on the host, for PointerLayer.get_seq_length
         self.compile = default_compile(model.device) if compile is None else bool(compile)
         self._step = _verify
@@ -121,6 +124,7 @@ class StepEngine:
         self.capacity = max(self.capacity, need)
         return self.capacity
 
+    @torch.inference_mode()
     def reserve(self, batch: int, capacity: int) -> None:
         """A cache for `batch` sequences of the run's capacity (`size_for`), or of `capacity` positions if more.
         Attention runs over every cached position, masked or not: the capacity is part of the compiled shapes."""
@@ -145,6 +149,7 @@ class StepEngine:
         self.start = self._host[0] = at
         self.pointer.fill_(at)
 
+    @torch.inference_mode()
     def prefill(self, prompts, extra: int) -> torch.Tensor:
         """prompts: LongTensor [B, T] or a list of B 1-D prompts (any lengths) -> hidden [B, H] of each prompt's last
         position. Prompts sit at [0, T_b) of their rows (right-padded, the pad masked); room is kept for `extra`
@@ -168,6 +173,7 @@ class StepEngine:
         self._point(width)
         return out[torch.arange(batch, device=dev), self.lengths - 1]                        # [B, H]
 
+    @torch.inference_mode()
     def verify(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
         """tokens [B, N] -> (hidden [B, N, H], logits [B, N, V]): one forward of every sequence's tree at the block
         [P, P + N) (the lengths stay put). Compiled, a (B, N) not yet run is warmed up first (`warm`)."""
@@ -176,7 +182,16 @@ class StepEngine:
                                  f"{self.start + buf.size}: reserve more")
         if self.compile and (self.batch, buf.size) not in self._warm:
             self.warm(buf)
-        return self._run(tokens, buf)
+        if not self.compile:
+            return self._run(tokens, buf)
+        graphs = counters["stats"]["unique_graphs"]
+        out = self._run(tokens if tokens.is_inference() else tokens.clone(), buf)
+        if counters["stats"]["unique_graphs"] != graphs:  # dynamo compiled inside this step: never silently
+            self.unplanned += 1
+            print(f"warning: the compiled step compiled again inside a step at batch {self.batch}, tree size "
+                  f"{buf.size} (TORCH_LOGS=recompiles says why): that step's time includes the compilation",
+                  file=sys.stderr)
+        return out
 
     def _run(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
         args = (self.model, self.cache, tokens, self.lengths, self.pointer, self._columns, buf.visible, buf.depths)
@@ -188,6 +203,7 @@ class StepEngine:
             self._fail(f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
             return self._step(*args)
 
+    @torch.inference_mode()
     def warm(self, buf: TreeBuffers) -> float:
         """Compile (and on CUDA capture as a CUDA graph) the step for this batch and tree before any step is timed:
         the first call compiles, CUDA graphs record on a later one. It runs on the block past every prefix, which
@@ -206,6 +222,7 @@ class StepEngine:
         self.compile_s += seconds
         return seconds
 
+    @torch.inference_mode()
     def keep(self, buf: TreeBuffers, row: torch.Tensor, count: torch.Tensor) -> None:
         """row [B], count [B] (device): move the first count_b nodes of retrieve row row_b (root first) right after
         each alive sequence's prefix, and grow its length. Device work only (no read); `advance` follows on the host."""
@@ -215,11 +232,13 @@ class StepEngine:
         move_rows(self.cache, src, dst)
         self.lengths += count * self.alive
 
+    @torch.inference_mode()
     def advance(self, counts: list[int]) -> None:
         """The host side of `keep`, from the step's one read: lengths, and the next block after the longest prefix."""
         self.host_lengths = [n + c * a for n, c, a in zip(self.host_lengths, counts, self.host_alive)]
         self._point(max(self.host_lengths))
 
+    @torch.inference_mode()
     def finish(self, b: int, length: int) -> None:
         """Sequence b emits nothing more: its prefix is cut to `length` (a step may accept past its budget) and
         frozen; its slot keeps computing until the batch ends."""
@@ -228,6 +247,7 @@ class StepEngine:
         self.alive[b] = 0
         self.lengths[b] = length
 
+    @torch.inference_mode()
     def rewind(self, lengths: list[int]) -> None:
         """Put every sequence's length back (timing at a fixed context: rows past it are dropped)."""
         self.host_lengths = list(lengths)
@@ -248,6 +268,7 @@ def verify_times(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int 
     vocab = model.get_input_embeddings().weight.shape[0]
     tokens = torch.randint(vocab, (engine.batch, buf.size), generator=generator).to(model.device)  # [B, N]
     propose = head_proposer(heads, model, buf.depth, buf.topk) if heads is not None and buf.depth else None
+    engine.warm(buf)  # compiled: compilation is never inside a timed repeat
     times = []
     for i in range(warmup + repeats):
         t0 = clock(model.device)

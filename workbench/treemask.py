@@ -38,6 +38,7 @@ class TreeBuffers:
         return self.tree_indices.shape[0]
 
 
+@torch.inference_mode()  # inference tensors, as everything the compiled step reads
 def tree_setup(tree, model, num_heads: int | None = None) -> TreeBuffers:
     if isinstance(tree, TreeBuffers):
         return tree
@@ -49,6 +50,7 @@ def tree_setup(tree, model, num_heads: int | None = None) -> TreeBuffers:
                        visible=b["attn_mask"] != 0, paths=[()] + t.sorted_paths)
 
 
+@torch.inference_mode()
 def root_setup(model) -> TreeBuffers:
     """The 1-token step of vanilla greedy as a tree of the root alone: it runs through the same verify path."""
     zero = torch.zeros(1, dtype=torch.long, device=model.device)
