@@ -67,12 +67,13 @@ def prompts_for(spec: str | None, limit: int) -> list[str]:
     return load_prompts(spec, limit)
 
 
-def timed_generate(model, prompts: list[list[int]], n: int, cache: str | None, compile: bool, eos: set[int]
-                   ) -> tuple[list[list[int]], float]:
+def timed_generate(model, prompts: list[list[int]], n: int, cache: str | None, compile: bool, eos: set[int],
+                   max_cache_len: int | None = None) -> tuple[list[list[int]], float]:
     """HF generate, greedy, on a batch of prompts (left-padded, as generate wants); cache "static" preallocates (and,
     with compile, compiles the forward as transformers does on CUDA by default; on CPU only when asked). Each output
-    is cut after its first EOS, as our decoder stops there."""
-    from transformers import CompileConfig
+    is cut after its first EOS, as our decoder stops there. `max_cache_len`: one static cache size for every call
+    (transformers >= 5.24), so the compiled forward is compiled once per batch size, not per prompt length."""
+    from transformers import CompileConfig, GenerationConfig
 
     width = max(map(len, prompts))
     pad = next(iter(eos), 0)
@@ -81,6 +82,8 @@ def timed_generate(model, prompts: list[list[int]], n: int, cache: str | None, c
     kw = {}
     if cache == "static":
         kw["cache_implementation"] = "static"
+        if max_cache_len is not None and hasattr(GenerationConfig(), "max_cache_len"):
+            kw["max_cache_len"] = max_cache_len
         if compile:
             cfg = CompileConfig(mode=compile_mode(model.device))
             cfg._compile_all_devices = model.device.type != "cuda"
@@ -158,6 +161,7 @@ def run(args) -> int:
     n = args.max_new_tokens
     greedy = Acceptance()
     engine = StepEngine(model, compile=args.compile)
+    hf_cache = engine.size_for(encoded, n, [root, *bufs])  # one capacity for the run: each (B, N) compiles once
     compiled = engine.compile
     eos = eos_ids(model, tok)
     rows = []
@@ -168,14 +172,14 @@ def run(args) -> int:
         for b in bufs:
             medusa_generate(model, heads, tok, chunks[0], b, 4, greedy, engine=engine)
         for cache in (() if args.no_hf else (None, "static")):
-            timed_generate(model, chunks[0], 4, cache, compiled, eos)
+            timed_generate(model, chunks[0], 4, cache, compiled, eos, hf_cache)
         for i, chunk in enumerate(chunks):
             base = dict(batch_size=bsz, chunk=i, prompts=len(chunk))
             probe, fwd = forward_probe(engine, root)
             van = vanilla_generate(model, tok, chunk, n, engine=engine, on_step=probe, record=True)
             rows.append(base | _row("vanilla", None, van, fwd, [True] * len(chunk)))
             for cache in (() if args.no_hf else (None, "static")):
-                hf, hf_s = timed_generate(model, chunk, n, cache, compiled, eos)
+                hf, hf_s = timed_generate(model, chunk, n, cache, compiled, eos, hf_cache)
                 # generate reports no steps: one result per sequence with its tokens and the call's wall time
                 results = [SimpleNamespace(token_ids=h, steps=[], total_s=hf_s, decode_s=hf_s) for h in hf]
                 rows.append(base | dict(method=f"hf_generate_{cache or 'dynamic'}", tree=None, results=results,
@@ -195,7 +199,7 @@ def run(args) -> int:
         setting=setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile), gpu),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
         decoder_version=DECODER_VERSION, load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
-        compiled=bool(engine.compile), max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,
+        compiled=bool(engine.compile), compile_s=engine.compile_s, recompiled=engine.resized, max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,
         trees={name: t.as_lists() for name, t in zip(names, trees)}, summary=summary,
         runs=[{k: v for k, v in r.items() if k not in ("results", "forward_times")} for r in rows]))
     print(table(summary, label, model, compiled))

@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers import TIE, Oracle, checked_steps, rounding_in_tree, tie_model, within_rounding
 
-from workbench import WorkbenchError, decode
+from workbench import WorkbenchError, acceptance, decode
 from workbench.cli import main
 from workbench.decode import DecodeResult, Step, medusa_generate, vanilla_generate
 from workbench.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
@@ -244,7 +244,7 @@ def test_a_decoder_bug_is_a_mismatch(tiny_llama, monkeypatch, dtype, bug):
     kinds = [d["kind"] for d in divergences(good, van, dtype)]  # long paths, many off rank 0
     assert kinds == [] if dtype == torch.float32 else set(kinds) <= {"near-tie"}  # (bf16 ties may flip: CPU's call)
     if bug == "acceptance":
-        monkeypatch.setattr(decode, "accept_greedy", _accept_unverified)
+        monkeypatch.setattr(acceptance, "accept_greedy", _accept_unverified)
     else:
         monkeypatch.setattr(StepEngine, "keep", _keep_without_moving)
     bad = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree, miss=0.5),
@@ -466,7 +466,7 @@ def test_compiled_step_is_exact(tiny_llama):
 
 
 def test_batch_bad_inputs_are_one_line_errors(tiny_llama, monkeypatch):
-    from workbench import engine as E
+    from workbench import kvcache as E
 
     model, heads = tiny_llama.model, tiny_llama.heads["2"]
     monkeypatch.setattr(E, "free_bytes", lambda device: 1 << 20)  # 1 MiB free: no batch of 512 x 4096 fits

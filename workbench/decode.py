@@ -11,12 +11,11 @@ One step (B sequences, each at its own length L_b):
   5. each sequence keeps only its accepted nodes (moved next to its own prefix): lengths are ragged;
   6. ONE host read per step (accepted row, length, tokens and next root of every sequence) tells the host what was
      emitted; a sequence that hit EOS or its budget stops emitting, its slot computes on until the batch ends.
-Steps 3 and 5 are the model work of engine.py (StepEngine: static cache, 4-D mask, torch.compile); this module
-chooses the tokens. The acceptance rules live here, so a new rule touches this file and the CLI/app option lists.
+Steps 3 and 5 are the model work of engine.py (StepEngine: static cache, 4-D mask, torch.compile), step 4 is
+acceptance.py; this module runs the loop and owns its results.
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,55 +24,23 @@ from typing import Callable
 import torch
 
 from workbench import WorkbenchError
-from workbench.engine import (Proposer, StepEngine, TreeBuffers, check_window, clock, head_logits, head_proposer,
-                              logits_of, new_cache, prefill, root_setup, tree_setup)
+from workbench.acceptance import (ACCEPTANCE_KINDS, ENTROPY_FORMS, Acceptance, accept, accept_greedy,  # noqa: F401
+                                  accept_nucleus, accept_typical, best_path, entropy, first_token, generator_for,
+                                  last_node, sample_nucleus, typical_decisions)
+from workbench.engine import StepEngine
+from workbench.forward import Proposer, check_window, clock, head_logits, head_proposer, logits_of, new_cache, prefill
 from workbench.generation import context_length, eos_ids
 from workbench.heads import check_heads_fit
+from workbench.treemask import TreeBuffers, root_setup, tree_candidates, tree_setup  # noqa: F401
 
-ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
 RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a near-tie may involve 3+ tokens)
-ENTROPY_FORMS = ("exact", "medusa")
 # The decoder whose speed a measurement reports (sweep CSVs, benchmarks): 1 = DynamicCache per step, 2 = static
 # cache and compiled step (batch 1), 3 = batched step with one host read per step. Accepted tokens are the same in
 # all; speeds measured by an older decoder are not this one's.
-DECODER_VERSION = 3  # -sum p log p, or Medusa's code: -sum p log(p + 1e-5)
+DECODER_VERSION = 3
 
 
-# ----------------------------------------------------------------------------------------------- settings, results
-
-@dataclass
-class Acceptance:
-    """How a tree node is accepted. greedy: token == argmax (lossless). typical (Medusa paper §2.3.1): p(x) >
-    min(epsilon, delta * exp(-H(p))) at `temperature`, root greedy, longest path, ties by likelihood; delta
-    defaults to sqrt(epsilon), the rule of Medusa's code (posterior_alpha = sqrt(posterior_threshold): 0.3 at its
-    default 0.09), and any other delta is asked for explicitly. `entropy` "exact" is -sum p log p; "medusa" is
-    Medusa's code's -sum p log(p + 1e-5), for its exact behaviour. nucleus: one sample per node from the top_p
-    nucleus, a child is accepted when it equals its parent's sample (so the output is distributed exactly as
-    vanilla nucleus sampling)."""
-
-    kind: str = "greedy"
-    temperature: float = 0.0
-    epsilon: float = 0.09
-    delta: float | str | None = None   # None or "sqrt": sqrt(epsilon)
-    top_p: float = 0.8
-    seed: int | None = None
-    entropy: str = "exact"
-
-    def __post_init__(self):
-        if self.delta is None or self.delta == "sqrt":
-            self.delta = math.sqrt(self.epsilon) if 0 < self.epsilon <= 1 else 0.0
-        if self.entropy not in ENTROPY_FORMS:
-            raise WorkbenchError(f"entropy '{self.entropy}': unknown (use {', '.join(ENTROPY_FORMS)})")
-        if self.kind not in ACCEPTANCE_KINDS:
-            raise WorkbenchError(f"acceptance '{self.kind}': unknown (use {', '.join(ACCEPTANCE_KINDS)})")
-        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise WorkbenchError(f"--temperature {self.temperature}: must be a finite number >= 0")
-        if not 0 < self.epsilon <= 1:
-            raise WorkbenchError(f"--epsilon {self.epsilon}: must be in (0, 1]")
-        if not (self.delta >= 0 and math.isfinite(self.delta)):
-            raise WorkbenchError(f"--delta {self.delta}: must be a finite number >= 0")
-        if not 0 < self.top_p <= 1:
-            raise WorkbenchError(f"--top-p {self.top_p}: must be in (0, 1]")
+# ----------------------------------------------------------------------------------------------- results
 
 
 @dataclass
@@ -95,6 +62,7 @@ class DecodeResult:
     text: str | None = None
     tree: str | None = None
     batch_size: int = 1         # sequences decoded side by side (the steps' times are the batch's)
+    compile_s: float = 0.0      # compiling / capturing the step for this batch and tree, before any step (untimed)
     chosen_by: list = field(default_factory=list, repr=False)  # record(): what each emitted token was chosen from
 
     def record(self, logits: torch.Tensor) -> None:
@@ -147,6 +115,7 @@ class DecodeResult:
                     steps=len(self.steps),
                     acceleration_rate=self.acceleration_rate, tokens_per_s=self.tokens_per_s,
                     prefill_s=self.prefill_s, decode_s=self.decode_s, mean_step_s=self.mean_step_s,
+                    compile_s=self.compile_s,
                     stop_reason=self.stop_reason, accepted_lengths=self.accepted_lengths,
                     per_step=[asdict(s) | {"path": list(s.path)} for s in self.steps])
 
@@ -195,132 +164,6 @@ def _budget(model, prompt_len: int, max_new_tokens: int) -> tuple[int, str]:
     return max_new_tokens, "max_new_tokens"
 
 
-def tree_candidates(root: torch.Tensor, head_tokens: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
-    """root [B], head_tokens [B, depth, topk] -> tree tokens [B, N] (node 0 = root)."""
-    flat = torch.cat([root[:, None], head_tokens.flatten(1)], dim=1)  # [B, 1 + depth*topk]
-    return flat[:, buf.tree_indices]
-
-
-# ----------------------------------------------------------------------------------------------- acceptance
-
-def best_path(ok: torch.Tensor, score: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-    """ok [B, N] (node accepted given its parent; ok[:, 0] = root), score [B, N] -> (retrieve row [B], nodes
-    accepted incl. the root [B]), on the device. Longest accepted prefix over all root-to-leaf rows; ties by the
-    summed score (log-likelihood), then the first row."""
-    run = (ok[:, buf.gather] & buf.real).long().cumprod(dim=2)               # [B, R, D+1] 1 while accepted
-    length = run.sum(dim=2)                                                  # [B, R]
-    total = (run * score[:, buf.gather]).sum(dim=2)                          # [B, R]
-    total = torch.where(length == length.amax(dim=1, keepdim=True), total, -math.inf)
-    row = total.argmax(dim=1)                                                # [B]
-    return row, length.gather(1, row[:, None])[:, 0]
-
-
-def last_node(row: torch.Tensor, count: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
-    """row [B], count [B] -> the deepest accepted node of each sequence [B]."""
-    return buf.gather[row].gather(1, (count - 1)[:, None])[:, 0]
-
-
-def _parent_tokens_ok(tokens: torch.Tensor, target: torch.Tensor, buf: TreeBuffers) -> torch.Tensor:
-    """tokens [B, N], target [B, N] (what each node's logits emit) -> ok [B, N]: node i's token == its parent's
-    target (the root always)."""
-    ok = tokens == target[:, buf.parents]
-    ok[:, 0] = True
-    return ok
-
-
-def accept_greedy(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers):
-    """logits [B, N, V], tokens [B, N] -> (row [B], length [B], next token [B]). Lossless: plain greedy's output."""
-    target = logits.argmax(dim=-1)                                           # [B, N]
-    row, length = best_path(_parent_tokens_ok(tokens, target, buf), torch.zeros_like(logits[..., 0]), buf)
-    return row, length, target.gather(1, last_node(row, length, buf)[:, None])[:, 0]
-
-
-def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """[..., V] -> probabilities at temperature; temperature 0 is the one-hot argmax (the greedy limit)."""
-    if temperature == 0:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(logits.dtype)
-    return torch.softmax(logits / temperature, dim=-1)
-
-
-def entropy(p: torch.Tensor, form: str = "exact") -> torch.Tensor:
-    """p [..., V] -> H(p) [...]. "exact": -sum p log p (0 log 0 = 0); "medusa": Medusa's code's
-    -sum p log(p + 1e-5), which it uses for typical acceptance (slightly lower on peaked rows)."""
-    if form == "medusa":
-        return -(p * torch.log(p + 1e-5)).sum(dim=-1)
-    return -torch.special.xlogy(p, p).sum(dim=-1)
-
-
-def typical_decisions(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
-                      epsilon: float, delta: float, form: str = "exact") -> tuple[torch.Tensor, torch.Tensor]:
-    """Medusa §2.3.1 per node: logits [B, N, V], tokens [B, N] -> (ok [B, N]: the node's token x has
-    p_parent(x) > min(epsilon, delta * exp(-H(p_parent))), the root always; p_parent(x) [B, N])."""
-    p = _probs(logits, temperature)                                          # [B, N, V]
-    threshold = torch.clamp(delta * torch.exp(-entropy(p, form)), max=epsilon)  # [B, N]
-    p_tok = p[:, buf.parents].gather(2, tokens[..., None])[..., 0]          # [B, N] p_parent(node token)
-    ok = p_tok > threshold[:, buf.parents]
-    ok[:, 0] = True
-    return ok, p_tok
-
-
-def accept_typical(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
-                   epsilon: float, delta: float, form: str = "exact"):
-    """Typical acceptance: the longest prefix of nodes `typical_decisions` accepts; the next token is greedy."""
-    ok, p_tok = typical_decisions(logits, tokens, buf, temperature, epsilon, delta, form)
-    score = torch.log(p_tok.clamp(min=1e-30))
-    score[:, 0] = 0
-    row, length = best_path(ok, score, buf)
-    last = last_node(row, length, buf)
-    return row, length, logits[torch.arange(logits.shape[0], device=logits.device), last].argmax(dim=-1)
-
-
-def sample_nucleus(logits: torch.Tensor, temperature: float, top_p: float, generator=None) -> torch.Tensor:
-    """logits [..., V] -> one token per row [...] from the top_p nucleus at temperature (argmax at temperature 0)."""
-    if temperature == 0:
-        return logits.argmax(dim=-1)
-    shape = logits.shape[:-1]
-    p = torch.softmax(logits.reshape(-1, logits.shape[-1]) / temperature, dim=-1)  # [M, V]
-    sp, order = p.sort(dim=-1, descending=True)                              # [M, V]
-    drop = (sp.cumsum(dim=-1) - sp) >= top_p                                 # keep the smallest prefix reaching top_p
-    sp = sp.masked_fill(drop, 0)
-    pick = torch.multinomial(sp, 1, generator=generator)                     # [M, 1]
-    return order.gather(-1, pick)[:, 0].reshape(shape)
-
-
-def accept_nucleus(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, temperature: float,
-                   top_p: float, generator=None):
-    """One nucleus sample per node; a child is accepted iff it equals its parent's sample, and the sample at the
-    last accepted node is the next token: every emitted token is a nucleus sample given its prefix."""
-    target = sample_nucleus(logits, temperature, top_p, generator)          # [B, N]
-    row, length = best_path(_parent_tokens_ok(tokens, target, buf), torch.zeros_like(logits[..., 0]), buf)
-    return row, length, target.gather(1, last_node(row, length, buf)[:, None])[:, 0]
-
-
-def accept(logits: torch.Tensor, tokens: torch.Tensor, buf: TreeBuffers, rule: Acceptance, generator=None):
-    """The one acceptance selection for every rule: logits [B, N, V], tokens [B, N] -> (row, length, next) [B] each."""
-    if rule.kind == "greedy":
-        return accept_greedy(logits, tokens, buf)
-    if rule.kind == "typical":
-        return accept_typical(logits, tokens, buf, rule.temperature, rule.epsilon, rule.delta, rule.entropy)
-    return accept_nucleus(logits, tokens, buf, rule.temperature, rule.top_p, generator)
-
-
-def first_token(logits: torch.Tensor, rule: Acceptance, generator=None) -> torch.Tensor:
-    """logits [B, V] -> the roots of the first step [B]: greedy (greedy, typical) or a nucleus sample."""
-    if rule.kind == "nucleus":
-        return sample_nucleus(logits, rule.temperature, rule.top_p, generator)
-    return logits.argmax(dim=-1)
-
-
-def _generator(rule: Acceptance, device: torch.device):
-    if rule.kind != "nucleus" or rule.temperature == 0:
-        return None
-    g = torch.Generator(device=device)
-    if rule.seed is not None:
-        g.manual_seed(rule.seed)
-    else:
-        g.seed()
-    return g
-
 
 # ----------------------------------------------------------------------------------------------- the loop
 
@@ -346,17 +189,33 @@ def _per_sequence(propose, batch: int) -> Proposer:
     return lambda hidden, seqs: torch.stack([torch.as_tensor(f(hidden[b], seqs[b])) for b, f in enumerate(fns)])
 
 
+
+@dataclass
+class Request:
+    """One call of the decoding loop: what to decode and how (the method's tree, proposer and rule)."""
+
+    method: str                          # "medusa" | "vanilla"
+    input_ids: object                    # one prompt or several (`_prompts`)
+    buf: TreeBuffers                     # the tree (the root alone for vanilla)
+    max_new_tokens: int
+    rule: Acceptance = field(default_factory=Acceptance)
+    propose: Proposer | None = None      # batched proposer (None: vanilla)
+    custom: bool = False                 # `propose` is a caller's per-sequence function (reads tokens on the host)
+    eos_token_id: object = None
+    on_step: Callable | None = None
+    record: bool = False                 # keep the logits that chose each token
+
+
 @torch.inference_mode()
-def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propose: Proposer | None,
-              custom: bool, max_new_tokens: int, rule: Acceptance, eos_token_id, on_step, engine: StepEngine | None,
-              record: bool):
-    """The decoding loop of both methods (vanilla: `buf` is the root alone, nothing proposed)."""
-    prompts, batched = _prompts(input_ids, model)
+def _generate(model, tokenizer, req: Request, engine: StepEngine | None):
+    """The decoding loop of both methods (vanilla: `req.buf` is the root alone, nothing proposed)."""
+    buf, rule, propose = req.buf, req.rule, req.propose
+    prompts, batched = _prompts(req.input_ids, model)
     batch, dev = len(prompts), model.device
-    budgets = [_budget(model, len(p), max_new_tokens) for p in prompts]
+    budgets = [_budget(model, len(p), req.max_new_tokens) for p in prompts]
     check_window(model, max(len(p) + lim for p, (lim, _) in zip(prompts, budgets)))
-    eos, gen = eos_ids(model, tokenizer, eos_token_id), _generator(rule, dev)
-    if custom:
+    eos, gen = eos_ids(model, tokenizer, req.eos_token_id), generator_for(rule, dev)
+    if req.custom:
         propose = _per_sequence(propose, batch)
     engine = engine or StepEngine(model, compile=False)
     name = buf.tree.name or None if buf.tree is not None else None
@@ -366,12 +225,14 @@ def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propos
     first = logits_of(model, hidden)                                                           # [B, V]
     root = first_token(first, rule, gen)                                                        # [B]
     prefill_s = clock(dev) - t0
-    results = [DecodeResult(method, len(p), prefill_s, tree=name, batch_size=batch) for p in prompts]
-    if record:
+    compile_s = engine.warm(buf)  # compiled: the step's compilation / CUDA graph capture happens here, untimed
+    results = [DecodeResult(req.method, len(p), prefill_s, tree=name, batch_size=batch, compile_s=compile_s)
+               for p in prompts]
+    if req.record:
         for b, r in enumerate(results):
             r.record(first[b:b + 1])
     seqs = [p.tolist() for p in prompts]
-    if custom:  # a caller's proposer reads the tokens on the host (tests): one more read, before the loop
+    if req.custom:  # a caller's proposer reads the tokens on the host (tests): one more read, before the loop
         for s, t in zip(seqs, root.tolist()):
             s.append(t)
     emitted = [0] * batch
@@ -394,7 +255,7 @@ def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propos
                 continue
             limit, reason = budgets[b]
             new, hit_eos = _cut(toks[:m], emitted[b], limit, eos)
-            if record:  # the rows that chose the m tokens after this step's root (host ints: no read)
+            if req.record:  # the rows that chose the m tokens after this step's root (host ints: no read)
                 results[b].record(logits[b, buf.rows[r][:m]])
             emitted[b] += len(new)
             seqs[b][-1:] = new + [toks[-1]]  # the root was already there; the next root stands last
@@ -403,8 +264,8 @@ def _generate(method: str, model, tokenizer, input_ids, buf: TreeBuffers, propos
                 engine.finish(b, len(prompts[b]) + emitted[b])
             steps[b] = Step(new, buf.paths[buf.rows[r][m - 1]], buf.size, step_s, len(prompts[b]) + emitted[b])
             results[b].steps.append(steps[b])
-        if on_step is not None:
-            on_step(steps if batched else steps[0])
+        if req.on_step is not None:
+            req.on_step(steps if batched else steps[0])
     for r in results:
         r.text = _decode_text(tokenizer, r.token_ids)
     return results if batched else results[0]
@@ -429,8 +290,8 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
     if propose is None and heads is None:
         raise WorkbenchError("medusa_generate needs heads (or a propose function)")
     batched = propose if propose is not None else head_proposer(heads, model, buf.depth, buf.topk)
-    return _generate("medusa", model, tokenizer, input_ids, buf, batched, propose is not None, max_new_tokens,
-                     acceptance or Acceptance(), eos_token_id, on_step, engine, record)
+    return _generate(model, tokenizer, Request("medusa", input_ids, buf, max_new_tokens, acceptance or Acceptance(),
+                                               batched, propose is not None, eos_token_id, on_step, record), engine)
 
 
 def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos_token_id=None,
@@ -438,8 +299,8 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
     """Plain greedy decoding of one prompt or several, one token per sequence per forward: the same loop, engine
     (static cache, 4-D mask, compiled step when asked), prefill and lm_head path as Medusa, with a tree of the
     root alone."""
-    return _generate("vanilla", model, tokenizer, input_ids, root_setup(model), None, False, max_new_tokens,
-                     Acceptance(), eos_token_id, on_step, engine, record)
+    return _generate(model, tokenizer, Request("vanilla", input_ids, root_setup(model), max_new_tokens,
+                                               eos_token_id=eos_token_id, on_step=on_step, record=record), engine)
 
 
 # ----------------------------------------------------------------------------------------------- measured speed

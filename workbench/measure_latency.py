@@ -97,6 +97,8 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     depth = min(5, heads.num_heads) if heads is not None else 5
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
     engine = engine or StepEngine(model)
+    if engine.compile:  # one capacity for every context: each (batch, size) compiles once (eager: exact per context)
+        engine.size_for([[0] * contexts[-1]], 0, [bufs[sizes[-1]]])
     cell = setting_cell(measured_setting(model, engine, "verify"))
     g = torch.Generator().manual_seed(0)
     dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
@@ -140,6 +142,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     depth = min(5, heads.num_heads)
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
     engine = engine or StepEngine(model)
+    engine.size_for(prompts, max_new_tokens, list(bufs.values()))  # one capacity: each (batch, size) compiles once
     cell = setting_cell(measured_setting(model, engine, "decoder-step"))
     dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
     times = {(b, n): [] for b in batches for n in sizes}      # per repeat: the median step of that call

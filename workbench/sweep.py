@@ -292,6 +292,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     engine = engine or StepEngine(model)
     bufs = {tree_key(c["tree"]): tree_setup(c["tree"], model, heads.num_heads) for c in configs}
     root = root_setup(model)
+    engine.size_for(prompts, max_new_tokens, [root, *bufs.values()])  # one capacity: each (B, N) compiles once
     gens = sum(-(-len(prompts) // b) * (1 + 2 * len(todo[b])) for b in batch_sizes)
     bar = tqdm(total=gens, desc="sweep", unit="batch", disable=not progress, dynamic_ncols=True)
 

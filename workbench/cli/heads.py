@@ -153,6 +153,7 @@ def cmd_decode(args) -> int:
     if tok is None:
         print("note: the model folder has no tokenizer: the output is token ids", file=sys.stderr)
     engine, buf = StepEngine(model, compile=args.compile), tree_setup(tree, model)
+    engine.size_for(prompts, args.max_new_tokens, [buf])  # one capacity for every chunk: compiled once
     several = args.prompts is not None
     chunks = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
     if args.compare or engine.compile:  # warm-up (and compilation) of both step shapes, outside the timed runs
