@@ -656,6 +656,90 @@ def run_subprocess(repo: str, e: dict, out_root: Path, limit: float = 40.0, only
     return results
 
 
+def run_case_inprocess(e: dict, O: Path, case, limit: float = 30.0) -> dict | None:
+    """One case through workbench.cli.main in this process: stdout and stderr captured (a closed stdout is None,
+    a full one /dev/full), a SIGALRM after `limit` seconds counted as a hang."""
+    import contextlib
+    import io
+    import signal
+    import time
+    import traceback
+
+    from workbench.cli import main
+
+    sub, kind, cid, argv, expect = case
+    O.mkdir(parents=True, exist_ok=True)
+    try:
+        built = argv(e, O)
+    except KeyError:
+        built = None
+    if built is None:
+        return None
+    args = [str(a) for a in built]
+    before = snapshot(Path(e["in"]))
+    err = io.StringIO()
+    out = None if "stdout=closed" in cid else open("/dev/full", "w") if "stdout=full" in cid else io.StringIO()
+
+    def alarm(*_):
+        raise TimeoutError(f"over {limit} s")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    cwd, saved_out, t0, timed_out = os.getcwd(), sys.stdout, time.time(), False
+    try:
+        os.chdir(O)
+        sys.stdout = out
+        with contextlib.redirect_stderr(err):
+            rc = main(args)
+    except TimeoutError:
+        rc, timed_out = None, True
+    except BaseException:  # noqa: BLE001 - anything escaping main is the finding
+        rc = "exception"
+        err.write(traceback.format_exc())
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        sys.stdout = saved_out
+        os.chdir(cwd)
+        if out is not None and not isinstance(out, io.StringIO):
+            try:
+                out.close()
+            except OSError:
+                pass
+    dt = time.time() - t0
+    text = err.getvalue()
+    changed = snapshot(Path(e["in"])) != before
+    last = ([line for line in text.splitlines() if line.strip()] or [""])[-1][:200]
+    return dict(sub=sub, kind=kind, id=cid, expect=expect, rc=rc, last=last, traceback="Traceback" in text,
+                seconds=round(dt, 1), changed=changed, wrong=verdict(expect, rc, text, changed, timed_out),
+                stdout=out.getvalue()[:2000] if isinstance(out, io.StringIO) else None, argv=args)
+
+
+def run_inprocess(e: dict, out_root: Path, limit: float = 30.0, only=None, shard=(0, 1)) -> list[dict]:
+    """Every case in this process (memory capped at 8 GiB, so a blow-up is a MemoryError, not the OOM killer);
+    the inputs are restored from a pristine copy after any case that changed them."""
+    import resource
+    import shutil
+
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    pristine = Path(e["root"]) / "pristine"
+    if not pristine.exists():
+        shutil.copytree(e["in"], pristine, symlinks=True)
+    results = []
+    for i, c in enumerate(CASES):
+        if (only and only not in c[2]) or i % shard[1] != shard[0]:
+            continue
+        r = run_case_inprocess(e, out_root / f"c{i}", c, limit)
+        if r is None:
+            continue
+        results.append(r)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("argv", "stdout")}), file=sys.__stderr__,
+              flush=True)
+        if r["changed"]:
+            shutil.rmtree(e["in"])
+            shutil.copytree(pristine, e["in"], symlinks=True)
+    return results
+
+
 if __name__ == "__main__":
     import argparse
     import tempfile
@@ -665,9 +749,14 @@ if __name__ == "__main__":
     ap.add_argument("--out", required=True, help="results JSON lines")
     ap.add_argument("--only", help="substring of case ids")
     ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--limit", type=float, default=30.0, help="seconds per case before it counts as a hang")
+    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th")
+    ap.add_argument("--subprocess", action="store_true", help="one subprocess per case (slow: seconds of imports "
+                    "each); default: in-process")
     a = ap.parse_args()
     sys.path.insert(0, a.repo)
     root = Path(tempfile.mkdtemp(prefix="hostile-"))
     e = build_env(root)
-    res = run_subprocess(a.repo, e, root / "out", only=a.only, workers=a.workers)
+    res = run_subprocess(a.repo, e, root / "out", only=a.only, workers=a.workers) if a.subprocess else \
+        run_inprocess(e, root / "out", a.limit, a.only, tuple(map(int, a.shard.split("/"))))
     Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in res))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import model_args, parse_delta, parse_floats, parse_ints, write_output
+from workbench.cli.shared import bounded, model_args, parse_delta, parse_floats, parse_ints, write_output
 from workbench.io import atomic_write_text, check_output, run_lock
 
 
@@ -16,9 +16,9 @@ def cmd_latency(args) -> int:
     from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, device_name, measure_latency
     from workbench.models import random_model
 
-    sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DEFAULT_SIZES)
-    contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
-    batches = parse_ints(args.batch, "--batch") if args.batch else list(DEFAULT_BATCHES)
+    sizes = parse_ints(args.sizes, "--sizes", "nodes") if args.sizes else list(DEFAULT_SIZES)
+    contexts = parse_ints(args.context, "--context", "context") if args.context else list(DEFAULT_CONTEXTS)
+    batches = parse_ints(args.batch, "--batch", "batch") if args.batch else list(DEFAULT_BATCHES)
     if args.calibration:
         read_meta(args.calibration)  # a finished calibration folder, or one line
     check_output(args.out, "--out")
@@ -59,7 +59,7 @@ def cmd_latency(args) -> int:
 def cmd_plan(args) -> int:
     from workbench.plan import make_plan, plan_json, plan_source, plan_table
 
-    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
+    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
     check_output(args.out, "--out")
     source = plan_source(args.calibration, args.accuracies, args.acceptance, args.prediction)
     plan = make_plan(source, args.latency, batch_sizes, args.context)
@@ -89,7 +89,7 @@ def cmd_sweep(args) -> int:
     if eps[0] <= 0:
         raise WorkbenchError(f"--epsilon {args.epsilon}: every epsilon must be in (0, 1]")
     delta = parse_delta(args.delta)
-    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
+    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
     if args.max_new_tokens < 1:
         raise WorkbenchError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
     plan = None
@@ -101,7 +101,7 @@ def cmd_sweep(args) -> int:
                                  "and --batch-sizes")
         plan = read_plan(args.plan)
         batch_sizes, temps = [r["batch_size"] for r in plan["plans"]], [0.0]
-    budgets = parse_ints(args.budgets, "--budgets") if args.budgets else \
+    budgets = parse_ints(args.budgets, "--budgets", "nodes") if args.budgets else \
         (None if args.trees or plan else list(S.DEFAULT_BUDGETS))
     calibration = args.calibration
     if calibration is None and (budgets or args.prompts == "holdout"):
@@ -200,9 +200,9 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--context", metavar="C1,C2,..", help="cache lengths (default 128,1024)")
     p.add_argument("--batch", metavar="B1,B2,..", help="batch sizes: sequences verified per step, each with its "
                                                       "own cache of that length (default 1)")
-    p.add_argument("--repeats", type=int, default=10, help="timed calls per point (median, quartiles, min, max "
+    p.add_argument("--repeats", type=bounded("repeats"), default=10, help="timed calls per point (median, quartiles, min, max "
                                                          "kept; default 10)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls before each point (default 3)")
+    p.add_argument("--warmup", type=bounded("repeats", 0), default=3, help="untimed calls before each point (default 3)")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
     p.set_defaults(func=cmd_latency)
@@ -222,7 +222,7 @@ def add_tradeoffs(sub) -> None:
     pl.add_argument("--latency", required=True, metavar="CSV", help="`workbench latency --batch ...` CSV")
     pl.add_argument("--batch-sizes", default="1,2,4,8,16", metavar="B1,B2,..",
                     help="batch sizes to plan for (default 1,2,4,8,16; each must be in the latency CSV)")
-    pl.add_argument("--context", type=int, metavar="N", help="latency rows at this context (default: the measured "
+    pl.add_argument("--context", type=bounded("context", 0), metavar="N", help="latency rows at this context (default: the measured "
                                                            "one nearest the calibration's typical context)")
     pl.add_argument("--prediction", choices=["independent", "joint", "replay"], default="replay",
                     help="with --calibration: which predicted tokens/step (default replay: a greedy decoder replayed "
@@ -254,9 +254,9 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--temperature", default="0", help="temperatures, e.g. 0,0.7 (0 = greedy acceptance; default 0)")
     s.add_argument("--prompts", default="alpaca-eval",
                    help="alpaca-eval, mt-bench, a prompt file, or 'holdout' (the calibration's held-out prompts)")
-    s.add_argument("--limit", type=int, default=20, help="first N prompts (default 20)")
+    s.add_argument("--limit", type=bounded("count"), default=20, help="first N prompts (default 20)")
     s.add_argument("--raw", action="store_true", help="use prompts as-is, without the chat template")
-    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--max-new-tokens", type=bounded("tokens"), default=128)
     s.add_argument("--out", required=True, metavar="FILE.csv", help="sweep CSV (rows already there are skipped)")
     s.add_argument("--replay", action="store_true",
                    help="budget trees: keep the optimum or a dense tree within the budget, whichever a greedy "
@@ -269,7 +269,7 @@ def add_tradeoffs(sub) -> None:
     r.add_argument("--latency", metavar="FILE", help="latency CSV: adds the hardware-aware choice")
     r.add_argument("--plan", metavar="PLAN.json", help="a plan swept with `sweep --plan`: its predicted speedups "
                    "beside the measured ones, per batch size")
-    r.add_argument("--context", type=int, help="latency rows at this context (default: closest to the sweep's)")
+    r.add_argument("--context", type=bounded("context", 0), help="latency rows at this context (default: closest to the sweep's)")
     r.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
     r.add_argument("--figures", metavar="DIR", help="also write the figures (Fig. 4a/4b, predicted vs measured, "
                                                     "Fig. 5, latency) as PNGs here")
