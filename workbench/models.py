@@ -29,6 +29,9 @@ def pick_device(device: str | None = None) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise WorkbenchError(f"--device {device}: unknown device (use auto, cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+        raise WorkbenchError(f"--device {device}: not supported (use auto, cpu, cuda or cuda:N; the decoder's static "
+                             "cache and timings are written for CPU and CUDA)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise WorkbenchError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
     return dev

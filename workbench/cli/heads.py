@@ -6,7 +6,7 @@ import sys
 from dataclasses import fields
 
 from workbench import WorkbenchError
-from workbench.cli.shared import bounded, finite, model_args, parse_delta, parse_ints
+from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, parse_ints
 from workbench.io import check_output
 from workbench.tree import MEDUSA_TOPK
 
@@ -100,6 +100,16 @@ def _acceptance(args):
     temperature = args.temperature if args.temperature is not None else (0.0 if kind == "greedy" else 0.7)
     if kind == "greedy" and temperature:
         raise WorkbenchError("--acceptance greedy takes no --temperature (use typical or nucleus to sample)")
+    unused = [flag for flag, given, used in (("--top-p", args.top_p is not None, kind == "nucleus"),
+                                             ("--seed", args.seed is not None, kind == "nucleus"),
+                                             ("--epsilon", args.epsilon != 0.09, kind == "typical"),
+                                             ("--delta", str(args.delta) != "sqrt", kind == "typical"),
+                                             ("--medusa-entropy", args.medusa_entropy, kind == "typical"))
+              if given and not used]
+    if unused:
+        raise WorkbenchError(f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with "
+                             f"--acceptance {kind}: drop {'it' if len(unused) == 1 else 'them'} or pick the "
+                             "acceptance that uses it (--top-p/--seed: nucleus; --epsilon/--delta: typical)")
     return Acceptance(kind, temperature, args.epsilon, parse_delta(args.delta), args.top_p if args.top_p is not None else 0.8,
                       args.seed, "medusa" if args.medusa_entropy else "exact")
 
@@ -139,14 +149,15 @@ def cmd_decode(args) -> int:
     from workbench.tree import load_tree
 
     rule = _acceptance(args)
-    if args.batch < 1:
-        raise WorkbenchError(f"--batch {args.batch}: must be >= 1")
+    if args.limit is not None and args.prompts is None:
+        raise WorkbenchError("--limit picks the first N of --prompts FILE|NAME: give --prompts, or drop --limit")
     if args.prompt_ids is not None:
         _prompt_ids(args.prompt_ids)  # malformed ids fail before the model loads
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                              need_tokenizer=args.prompt_ids is None, device_map=args.device_map)
     tree = load_tree(args.tree, num_heads=heads.num_heads)
     prompts = _decode_prompts(args, tok)
+    check_positions(model, max(map(len, prompts)) + args.max_new_tokens + tree.nodes + 1)
     if args.batch > len(prompts):
         raise WorkbenchError(f"--batch {args.batch} but {len(prompts)} prompt(s) given: lower --batch or give more "
                              "prompts (--prompts FILE --limit N)")

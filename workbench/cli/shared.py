@@ -78,6 +78,28 @@ def finite(low: float = -math.inf, high: float = math.inf, open_low: bool = Fals
     return parse
 
 
+def check_positions(model, total: int) -> None:
+    """Refuse a run whose longest sequence (prompt + --max-new-tokens + one step's tree) passes the model's
+    positions, before the cache for it is allocated or the generation starts."""
+    from workbench.generation import context_length
+
+    limit = context_length(model)
+    if limit is not None and total > limit:
+        raise WorkbenchError(f"prompt + --max-new-tokens + the tree = {total} positions, more than the model's "
+                             f"{limit}: lower --max-new-tokens")
+
+
+def check_memory(need: int, what: str, device=None) -> None:
+    """Refuse, before allocating, what would not fit the device's free memory."""
+    from workbench.engine import free_bytes
+
+    import torch
+    free = free_bytes(device or torch.device("cpu"))
+    if free is not None and need > free:
+        raise WorkbenchError(f"{what} needs about {need / 2 ** 30:.1f} GiB but {free / 2 ** 30:.1f} GiB are free: "
+                             "ask for less")
+
+
 def parse_ints(text, what: str, limit: str = "count") -> list[int]:
     """'1,2,4' -> [1, 2, 4]: positive, sorted, unique, each at most LIMITS[limit]."""
     try:

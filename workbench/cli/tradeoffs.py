@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import bounded, model_args, parse_delta, parse_floats, parse_ints, write_output
+from workbench.cli.shared import bounded, check_memory, check_positions, model_args, parse_delta, parse_floats, parse_ints, write_output
 from workbench.io import atomic_write_text, check_output, run_lock
 
 
@@ -27,6 +27,18 @@ def cmd_latency(args) -> int:
     if args.random_config:
         if args.model or args.heads or args.device_map:
             raise WorkbenchError("--random-config builds its own model on --device: drop --model/--heads/--device-map")
+        from workbench.models import parse_random_config, pick_device
+
+        _, kw = parse_random_config(args.random_config)
+        numbers = {k: v for k, v in kw.items() if isinstance(v, int) and k != "max_position_embeddings"}
+        bad = {k: v for k, v in numbers.items() if not 1 <= v <= 1 << 20}
+        if bad:
+            k, v = next(iter(bad.items()))
+            raise WorkbenchError(f"--random-config {args.random_config!r}: {k}={v} is outside 1..{1 << 20}")
+        h, n = kw["hidden_size"], kw["num_hidden_layers"]
+        params = 2 * kw["vocab_size"] * h + n * (4 * h * h + 3 * h * kw["intermediate_size"])
+        check_memory(params * 4, f"--random-config {args.random_config!r} ({params / 1e9:.1f} B parameters)",
+                     pick_device(args.device))
         model, label = random_model(args.random_config, args.device, args.dtype, args.attn), f"random:{args.random_config}"
     else:
         from workbench.models import load_base, load_model_and_heads, model_label
@@ -38,6 +50,12 @@ def cmd_latency(args) -> int:
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False,
                                  device_map=args.device_map)
+    from workbench.engine import cache_bytes
+
+    vocab = model.get_output_embeddings().weight.shape[0]
+    check_memory(cache_bytes(model, batches[-1], contexts[-1] + sizes[-1]) + 4 * batches[-1] * sizes[-1] * vocab,
+                 f"the cache and logits of --batch {batches[-1]} x --context {contexts[-1]} + {sizes[-1]} tokens",
+                 model.device)
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (latency_path(args.calibration, dev) if args.calibration
                                            else default_latency_path(label, dev))
@@ -90,8 +108,10 @@ def cmd_sweep(args) -> int:
         raise WorkbenchError(f"--epsilon {args.epsilon}: every epsilon must be in (0, 1]")
     delta = parse_delta(args.delta)
     batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
-    if args.max_new_tokens < 1:
-        raise WorkbenchError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    if args.joint and not args.budgets and (args.trees or args.plan):
+        raise WorkbenchError("--joint builds the --budgets trees from measured joint paths: add --budgets")
+    if args.replay and not args.budgets and (args.trees or args.plan):
+        raise WorkbenchError("--replay chooses between the optimum and a dense tree per budget: add --budgets")
     plan = None
     if args.plan:  # the live check of a plan: its choice and runner-up at each of its batch sizes, greedy
         from workbench.plan import read_plan
@@ -139,6 +159,8 @@ def cmd_sweep(args) -> int:
                                   replay=args.max_new_tokens if args.replay else None)
             configs = S.sweep_configs(trees, temps, eps, delta)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
+        check_positions(model, max(map(len, prompts)) + args.max_new_tokens + max(
+            [c["tree"].nodes for c in configs if c.get("tree") is not None] or [0]) + 1)
         info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
                     limit=args.limit, calibration=str(calibration or ""),
                     heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from workbench import WorkbenchError
@@ -14,7 +15,7 @@ from workbench.io import atomic_write_text, check_output
 from workbench.latency import hardware_aware, latency_table, read_latency
 from workbench.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
 from workbench.plan import looks_like_plan, read_plan
-from workbench.tree import (MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
+from workbench.tree import (MAX_DEPTH, MAX_NODES, MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
                             tree_record, tree_stats)
 
 
@@ -111,6 +112,10 @@ def _cmd_optimize(args) -> int:
             sizes = [int(x) for x in args.dense.split(",")]
         except ValueError:
             raise WorkbenchError(f"--dense {args.dense!r}: expected sizes per depth like 4,3,2") from None
+        if not sizes or min(sizes) < 1 or len(sizes) > MAX_DEPTH or \
+                sum(math.prod(sizes[:d + 1]) for d in range(len(sizes))) > MAX_NODES:
+            raise WorkbenchError(f"--dense {args.dense!r}: sizes per depth must be >= 1, at most {MAX_DEPTH} levels "
+                                 f"and {MAX_NODES} nodes in all (the product of the sizes per level, summed)")
         tree = load_tree(dense_tree(sizes), topk=ranks, num_heads=heads)
         method = "dense"
     else:
