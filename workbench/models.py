@@ -265,5 +265,9 @@ def random_model(spec: str, device: str | None = None, dtype: str | None = None,
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     with torch.random.fork_rng(devices=[]), torch.device(dev):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dt, **extra)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dt, **extra)
+        except ValueError as e:  # an architecture with no causal-LM class (an encoder-decoder, a vision model)
+            raise WorkbenchError(f"--random-config arch={arch}: no decoder-only (causal LM) model of this "
+                                 f"architecture ({str(e).splitlines()[0][:80]})") from None
     return model.to(dev).eval().requires_grad_(False)

@@ -92,6 +92,17 @@ def _silence_stdout(stream) -> None:
         pass
 
 
+def _close_progress_bars() -> None:
+    """A run that fails mid-way leaves its progress bar open; closed here, its last redraw lands before the error
+    line instead of after it (the error stays the last line)."""
+    tqdm = sys.modules.get("tqdm")
+    for bar in list(getattr(getattr(tqdm, "tqdm", None), "_instances", None) or []):
+        try:
+            bar.close()
+        except Exception:  # noqa: BLE001 - a bar that cannot draw any more: nothing to tidy
+            pass
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="workbench", description="Design, calibrate and validate Medusa decoding trees.")
     p.add_argument("--version", action="version", version=f"workbench {__version__}")
@@ -120,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         if "standard output" in str(e):
             _silence_stdout(real)
+        _close_progress_bars()
         print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)  # one line, whatever a library said
         return 2
     except MemoryError:

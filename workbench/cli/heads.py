@@ -293,7 +293,7 @@ def add_train_heads(sub) -> None:
                         "then goes on greedily (more on-policy data once the prompts run out)")
     p.add_argument("--max-new-tokens", type=bounded("tokens"), default=256)
     p.add_argument("--gen-batch", type=bounded("batch"), default=64)
-    p.add_argument("--gen-dtype", default="bfloat16", help="dtype for generating the data (bf16 is ~3x faster on CPU)")
+    p.add_argument("--gen-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "bf16", "fp16", "fp32"], help="dtype for generating the data (bf16 is ~3x faster on CPU)")
     p.add_argument("--steps", type=bounded("count"), default=3000)
     p.add_argument("--batch-size", type=bounded("batch"), default=256, help="positions per optimizer step")
     p.add_argument("--lr", type=finite(0, 1e3, open_low=True), default=1e-3)
