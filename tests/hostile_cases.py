@@ -282,7 +282,8 @@ def _cases() -> list[tuple]:
             lambda e, O, v=v: ["sweep-report", e["sweep"], "--latency", e["lat"], "--context", v])
         add("train-heads", "sizes", f"--num-heads {tag}", lambda e, O, v=v: _with(_train(e, O), "--num-heads", v))
         add("train-heads", "sizes", f"--num-layers {tag}", lambda e, O, v=v: _train(e, O, "--num-layers", v))
-        add("train-heads", "sizes", f"--tokens {tag}", lambda e, O, v=v: _with(_train(e, O), "--tokens", v))
+        add("train-heads", "sizes", f"--tokens {tag}", lambda e, O, v=v: _with(_train(e, O), "--tokens", v),
+            "either")  # within 2^40: generation stops when the prompts run out
         add("train-heads", "sizes", f"--batch-size {tag}", lambda e, O, v=v: _with(_train(e, O), "--batch-size", v))
         add("train-heads", "sizes", f"--seed {tag}", lambda e, O, v=v: _train(e, O, "--seed", v), "either")
         add("train-heads", "sizes", f"--gen-batch {tag}", lambda e, O, v=v: _train(e, O, "--gen-batch", v), "either")
@@ -355,24 +356,25 @@ def _cases() -> list[tuple]:
                                   "--out", o], "lat"),
         "sweep-report": (lambda e, O, o: ["sweep-report", e["sweep"], "--out", o], "sweep"),
         "tree show": (lambda e, O, o: ["tree", "show", e["tree"], "--png", o], "tree"),
-        "latency": (lambda e, O, o: _with(_lat(e, O), "--out", o), "lat"),
+        "latency": (lambda e, O, o: _with(_lat(e, O), "--out", o), None),  # reads no file: see the heads case
         "sweep": (lambda e, O, o: _with(_sweep(e, O), "--out", o), "prompts"),
     }
     for sub, (argv, key) in file_outs.items():
-        add(sub, "outputs", "--out = its input", lambda e, O, a=argv, k=key: a(e, O, e[k]))
-        add(sub, "outputs", "--out = a symlink to its input", lambda e, O, a=argv, k=key: a(e, O, _link(O, e[k])))
+        if key is not None:
+            add(sub, "outputs", "--out = its input", lambda e, O, a=argv, k=key: a(e, O, e[k]))
+            add(sub, "outputs", "--out = a symlink to its input", lambda e, O, a=argv, k=key: a(e, O, _link(O, e[k])))
         add(sub, "outputs", "--out = a dangling symlink",
             lambda e, O, a=argv: a(e, O, _link(O, f"{O}/nowhere/x.out")), "either")
         add(sub, "outputs", "--out /dev/full", lambda e, O, a=argv: a(e, O, e["devfull"]) if e.get("devfull") else None)
         add(sub, "outputs", "--out /dev/null", lambda e, O, a=argv: a(e, O, e["devnull"]) if e.get("devnull") else None,
-            "ok")
+            "refuse" if sub == "sweep" else "ok")  # a sweep resumes from its --out: a device is no CSV
     # the symlink case must point at the subcommand's own input: tree file for the tree commands
     add("optimize", "outputs", "--curve-out = --latency input",
         lambda e, O: _opt(e, O, "--latency", e["lat"], "--curve-out", e["lat"]))
     add("optimize", "outputs", "--out inside --calibration (its meta.json)",
         lambda e, O: ["optimize", "--calibration", e["cal"], "--budget", "3", "--out", f"{e['cal']}/meta.json"])
-    add("sweep-report", "outputs", "--figures = an input folder (calibration)",
-        lambda e, O: ["sweep-report", e["sweep"], "--figures", e["cal"]], "either")
+    add("sweep-report", "outputs", "--figures = the sweep CSV itself",
+        lambda e, O: ["sweep-report", e["sweep"], "--figures", e["sweep"]])
     add("calibrate", "outputs", "--out = the heads folder", lambda e, O: _with(_cal(e, O), "--out", e["heads"]))
     add("calibrate", "outputs", "--out = the model folder --force",
         lambda e, O: _with(_cal(e, O, "--force"), "--out", e["model"]))
@@ -386,7 +388,7 @@ def _cases() -> list[tuple]:
     add("train-heads", "outputs", "--work = the model folder", lambda e, O: _with(_train(e, O), "--work", e["model"]))
     add("train-heads", "outputs", "--out = --init heads", lambda e, O: _with(_train(e, O, "--init", e["heads"]),
                                                                            "--out", e["heads"]))
-    add("train-heads", "outputs", "--out = --work", lambda e, O: _with(_train(e, O), "--out", f"{O}/w"))
+    add("train-heads", "outputs", "--out = --work", lambda e, O: _with(_train(e, O), "--out", f"{O}/w"), "either")
     add("latency", "outputs", "--out = the heads file", lambda e, O: ["latency", "--model", e["model"], "--heads",
                                                                        e["heads"], "--sizes", "1,2", "--context", "8",
                                                                        "--repeats", "1", "--warmup", "0", "--out",
@@ -459,13 +461,15 @@ def _cases() -> list[tuple]:
     for arch in ("bert", "t5", "mamba"):
         add("decode", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_decode(e), "--model", e[f"arch_{a}"]))
         add("calibrate", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_cal(e, O), "--model",
-                                                                                 e[f"arch_{a}"]))
+                                                                                 e[f"arch_{a}"]),
+            "either" if arch == "mamba" else "refuse")  # ranks of a Mamba's heads are well defined; decoding is not
         add("latency", "garbage", f"{arch} model", lambda e, O, a=arch: ["latency", "--model", e[f"arch_{a}"],
                                                                          "--sizes", "1,2", "--context", "8",
                                                                          "--repeats", "1", "--warmup", "0", "--out",
                                                                          f"{O}/l.csv"])
         add("train-heads", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_train(e, O), "--model",
-                                                                                   e[f"arch_{a}"]))
+                                                                                   e[f"arch_{a}"]),
+            "either" if arch == "mamba" else "refuse")
     add("latency", "garbage", "--random-config arch=bert", lambda e, O: _with(_lat(e, O), "--random-config",
                                                                                 "tiny,arch=bert"))
     add("latency", "garbage", "--random-config arch=t5", lambda e, O: _with(_lat(e, O), "--random-config",

@@ -124,7 +124,8 @@ def check_not_inputs(outputs: dict, inputs: dict) -> None:
             i = _resolved(inp)
             same = o == i
             inside = i.is_dir() and i in o.parents and o.exists() and _part_of_folder_input(o)
-            holds = kind == "folder" and o in i.parents  # an output folder that holds an input
+            holds = kind == "folder" and o in i.parents and flag != "--figures"  # a folder output (of fixed file
+            # names: heads, a calibration, trees) that holds an input; figures are named after their sweep
             if same or inside or holds:
                 how = "is" if same else "would overwrite a file inside" if inside else "holds"
                 link = f" (through the link to {o})" if Path(out).is_symlink() or str(o) != os.path.abspath(out) \

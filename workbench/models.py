@@ -260,6 +260,11 @@ def random_model(spec: str, device: str | None = None, dtype: str | None = None,
         cfg = AutoConfig.for_model(arch, **kw)
     except (ValueError, KeyError) as e:
         raise WorkbenchError(f"--random-config arch={arch}: not a transformers architecture ({str(e)[:80]})") from None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if cfg.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:  # BERT & co: a causal-LM class exists, but no decoder
+        raise WorkbenchError(f"--random-config arch={arch}: an encoder (masked-LM) architecture; give a decoder-only "
+                             "one (llama, qwen2, mistral, ...)")
     if hasattr(cfg, "sliding_window"):
         cfg.sliding_window = None
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}

@@ -50,8 +50,9 @@ def cmd_latency(args) -> int:
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False,
                                  device_map=args.device_map)
-    from workbench.engine import cache_bytes
+    from workbench.engine import cache_bytes, check_cacheable
 
+    check_cacheable(model)
     vocab = model.get_output_embeddings().weight.shape[0]
     check_memory(cache_bytes(model, batches[-1], contexts[-1] + sizes[-1]) + 4 * batches[-1] * sizes[-1] * vocab,
                  f"the cache and logits of --batch {batches[-1]} x --context {contexts[-1]} + {sizes[-1]} tokens",
@@ -97,6 +98,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from pathlib import Path
+
     from workbench import sweep as S
     from workbench.calibration import Calibration, default_calibration
     from workbench.data import load_prompt_records
@@ -130,6 +133,8 @@ def cmd_sweep(args) -> int:
     for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
         load_tree(spec)
     check_output(args.out, "--out")
+    if Path(args.out).exists() and not Path(args.out).is_file():
+        raise WorkbenchError(f"--out {args.out}: not a regular file; a sweep resumes from its own CSV: give a file")
     S.read_sweep_rows(args.out)  # a foreign --out file, too
     if args.prompts == "holdout":
         records = cal.holdout_prompts(args.limit)
