@@ -58,9 +58,13 @@ def atomic_write(path: str | Path, write, what: str = "") -> Path:
     (/dev/null, /dev/stdout) is written in place: a rename would replace the device node itself."""
     label = f"{what} {path}" if what else str(path)
     path = Path(path)
-    if path.is_symlink():
-        path = Path(os.path.realpath(path))
-    if path.exists() and not path.is_file() and not path.is_dir():  # a character device, a fifo
+    try:
+        if path.is_symlink():
+            path = Path(os.path.realpath(path))
+        device = path.exists() and not path.is_file() and not path.is_dir()  # a character device, a fifo
+    except OSError as e:  # a name too long, a loop of links
+        raise WorkbenchError(f"{label}: cannot write it ({_reason(e)})") from None
+    if device:
         try:
             write(path)
         except OSError as e:
