@@ -302,10 +302,10 @@ def add_train_heads(sub) -> None:
                         "the remaining steps use the full vocabulary)")
     p.add_argument("--init", metavar="HEADS",
                    help="start from these heads instead of from zero (e.g. the same heads, once the data has grown)")
-    p.add_argument("--time-budget", type=finite(0, 1e9, open_low=True), metavar="SECONDS",
+    p.add_argument("--time-budget", type=finite(), metavar="SECONDS",
                    help="stop in time: generation, training, validation and saving end within SECONDS (the heads "
                         "are written before it ends; the schedule is compressed to the time there is)")
-    p.add_argument("--gen-share", type=finite(0, 1), default=0.5, metavar="F",
+    p.add_argument("--gen-share", type=finite(), default=0.5, metavar="F",
                    help="with --time-budget: the share of it generation may use (default 0.5)")
     p.add_argument("--seed", type=bounded("seed", 0), default=0)
     p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")

@@ -71,7 +71,9 @@ def finite(low: float = -math.inf, high: float = math.inf, open_low: bool = Fals
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(v) or v < low or v > high or (open_low and v == low):
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if v < low or v > high or (open_low and v == low):
             raise argparse.ArgumentTypeError(f"{text} is outside {'(' if open_low else '['}{low:g}, {high:g}]")
         return v
     parse.__name__ = "number"
