@@ -130,7 +130,7 @@ BAD = [
     (["tree", "show", "[[0], [1, 0]]"], "parent [1] is missing"),
     (["tree", "buffers", "[[0], [0], [1]]"], "duplicate path"),
     (["tree", "buffers", "[[0], [7]]", "--topk", "5"], "rank 7 out of range"),
-    (["tree", "buffers", "[[0]]", "--topk", "0"], "--topk must be >= 1"),
+    (["tree", "buffers", "[[0]]", "--topk", "0"], "argument --topk: 0 is outside 1.."),
     (["tree", "show", "mc_sim_7b_63", "--num-heads", "2"], "exceeds the 2 Medusa heads"),
     (["export", "mc_sim_7b_63", "--format", "trtllm", "--num-heads", "3"], "exceeds the 3 Medusa heads"),
     (["tree", "show", "mc_sim_7b_63", "--heads", "4"], "--num-heads 4"),  # the flag's old name says the new one
@@ -141,7 +141,7 @@ BAD = [
     (["optimize", "--accuracies", "{d}/over.csv", "--budget", "5"], "not a number in [0, 1]"),
     (["optimize", "--accuracies", "{d}/nan.csv", "--budget", "5"], "not a number in [0, 1]"),
     (["optimize", "--accuracies", "{d}/garbage.pt", "--budget", "5"], "not a readable torch file"),
-    (["optimize", "--accuracies", "{acc}", "--budget", "0"], "budget must be a positive integer"),
+    (["optimize", "--accuracies", "{acc}", "--budget", "0"], "argument --budget: 0 is outside 1.."),
     (["optimize", "--accuracies", "{acc}"], "--budget N is required"),
     (["optimize", "--accuracies", "{acc}", "--budget", "5", "--max-depth", "9"], "exceeds the 4 heads"),
     (["optimize", "--accuracies", "{acc}", "--dense", "2,x"], "expected sizes per depth"),

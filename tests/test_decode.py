@@ -373,7 +373,7 @@ def test_cli_errors_are_one_line(capsys, tiny_llama, tmp_path):
         (base + ["--prompt", "hi", "--raw", "--acceptance", "greedy", "--temperature", "0.5"], "greedy"),
         (["decode", "--model", str(plain), "--tree", "[[0]]", "--prompt", "hi"], "--heads"),
         (base[:-1] + ["[[0,0,0,0,0,0]]", "--prompt", "hi", "--raw"], "exceeds"),
-        (base + ["--prompt-ids", "1,2", "--batch", "0"], "--batch 0: must be >= 1"),
+        (base + ["--prompt-ids", "1,2", "--batch", "0"], "argument --batch: 0 is outside 1.."),
         (base + ["--prompt-ids", "1,2", "--batch", "2"], "--batch 2 but 1 prompt(s) given"),
         (base + ["--prompts", str(tmp_path / "missing.json"), "--raw"], "missing.json"),
     ]:

@@ -216,6 +216,9 @@ def read_ranks(f: Path, what: str, topk: int = 1 << 15) -> pd.DataFrame:
         if not pd.api.types.is_integer_dtype(ranks[c]) or not ranks[c].fillna(0).between(low, high - 1).all():
             raise WorkbenchError(f"{what}: {f.name} column {c} should hold integers in [{low}, {high})"
                                  f"{'' if c == 'position' else ' (or null)'}")
+    if ranks.empty:
+        raise WorkbenchError(f"{what}: {f.name} holds no rows (no position was measured): rerun `workbench "
+                             "calibrate` with more prompts or --max-new-tokens")
     ranks["prompt_id"] = ranks["prompt_id"].astype("string")
     return ranks
 

@@ -99,11 +99,22 @@ def _read_named(name: str):
                              "or give a prompt file") from None
 
 
-def _text(value) -> str:
-    """A cell as prompt text: MT-bench-style `turns` lists give their first turn."""
-    if isinstance(value, (list, tuple)):
+def _text(value, column: str = "turns", where: str = "", row: int = 0) -> str:
+    """A cell as prompt text: MT-bench-style `turns` lists give their first turn; a list or object in any other
+    column (e.g. a JSON object of columns, {"instruction": [...]}, read as one row) or a non-text value (NaN) is an
+    error, never one prompt made of the first item."""
+    if isinstance(value, (list, tuple)) and column == "turns":
         value = value[0] if value else ""
-    return "" if value is None else str(value).strip()
+    if value is None:
+        return ""
+    if isinstance(value, int) and not isinstance(value, bool) or isinstance(value, float) and value == value:
+        return str(value)  # a CSV column of numbers: datasets typed it
+    if not isinstance(value, str):
+        hint = (" (a JSON object of columns? give one object per prompt: a list of objects, or JSON lines)"
+                if isinstance(value, (list, tuple, dict)) else "")
+        raise WorkbenchError(f"--prompts {where}: row {row + 1}: column '{column}' holds a {type(value).__name__}, "
+                             f"not text{hint}")
+    return value.strip()
 
 
 def load_prompt_records(spec: str, limit: int | None = None) -> list[tuple[str, str]]:
@@ -129,8 +140,8 @@ def load_prompt_records(spec: str, limit: int | None = None) -> list[tuple[str, 
     id_col = next((c for c in ID_COLUMNS if c in columns), None)
     records, seen = [], set()
     for i, row in enumerate(rows):
-        text = _text(row.get(column))
-        extra = _text(row.get("input")) if column == "instruction" else ""
+        text = _text(row.get(column), column, where, i)
+        extra = _text(row.get("input"), "input", where, i) if column == "instruction" else ""
         if extra:
             text = f"{text}\n\n{extra}"
         if not text:

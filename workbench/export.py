@@ -170,7 +170,7 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
         if strict:
             raise WorkbenchError(why)
         return f"# not exported: {why}\n", [why]
-    warns += _rank_warning(tree, "EAGLE-1's generate_tree_buffers", front)
+    warns += _rank_warning(tree, "EAGLE-1's generate_tree_buffers", front) + eagle1_warnings(tree)
     note = (f"# replaces the {DEFAULT_CHOICES} line of eagle/model/choices.py: both the draft model (cnets.py "
             f"init_tree) and the verifier (ea_model.py eagenerate) read that global; tree {name}, {tree.nodes} nodes\n")
     return _header(fmt, "EAGLE-1") + note + f"{DEFAULT_CHOICES} = {_py_list(tree)}\n", warns
@@ -427,3 +427,36 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
         warns.append("synthetic rejection sampling accepts drafts at these rates whatever the tokens are: for timing "
                      "the cost side only, never for serving (vLLM PRs #38045, #40662)")
     return json.dumps(cfg) + "\n", warns, notes
+
+
+# ----------------------------------------------------------------------------------------------- engines' readings
+
+def eagle1_misdrafted(tree: Tree) -> list[RankPath]:
+    """The nodes EAGLE-1's draft builder expands from the wrong parent. Its generate_tree_buffers
+    (SafeAILab/EAGLE eagle/model/utils_c.py) feeds, level by level, only the nodes that have children, and finds a
+    node's parent row in the previous level's top-k by counting parent changes among the nodes with children of
+    its own level: a parent whose children are all leaves is not counted, so every later parent's row is off by
+    one. E.g. [[0], [1], [0, 0], [1, 0], [1, 0, 0]]: [1, 0] is drafted from [0]'s row, so [1, 0, 0] continues
+    [0, 0]'s text. Our decoder (and Medusa's buffers) read every node as written."""
+    inner = sorted({p[:-1] for p in tree.paths if len(p) > 1}, key=lambda p: (len(p), p))  # nodes with children
+    wrong = []
+    for d in range(1, tree.depth):
+        parents = [p for p in inner if len(p) == d]  # rows of level d's top-k, in EAGLE-1's order
+        row, last = -1, None
+        for n in (p for p in inner if len(p) == d + 1):
+            if n[:-1] != last:
+                row, last = row + 1, n[:-1]
+            if parents.index(n[:-1]) != row:
+                wrong.append(n)
+    return wrong
+
+
+def eagle1_warnings(tree: Tree) -> list[str]:
+    """The EAGLE-1 export's warning when its draft builder reads the tree otherwise than written."""
+    wrong = eagle1_misdrafted(tree)
+    if not wrong:
+        return []
+    return [f"EAGLE-1's draft builder (utils_c.py generate_tree_buffers) expands {len(wrong)} node(s) from another "
+            f"parent's draft, e.g. {list(wrong[0])} (a node whose children are all leaves precedes one with "
+            "grandchildren at that level): those subtrees hold other tokens than written and accept less; give "
+            "each earlier node with children a grandchild too, or drop the deeper branch"]

@@ -136,7 +136,7 @@ def heads_from_state_dict(sd: dict[str, torch.Tensor], where: str, num_heads_hin
             raise WorkbenchError(f"{where}: tensor '{k}' has shape {list(sd[k].shape)}, expected {list(v.shape)}")
         if not sd[k].is_floating_point():
             raise WorkbenchError(f"{where}: tensor '{k}' has dtype {sd[k].dtype}, expected a floating-point type")
-        if not torch.isfinite(sd[k]).all():
+        if not torch.isfinite(sd[k].float()).all():  # fp8 has no isfinite of its own
             raise WorkbenchError(f"{where}: tensor '{k}' holds NaN or infinite values (a diverged or corrupt checkpoint)")
     heads.load_state_dict({k: t.float() for k, t in sd.items()}, strict=True)
     return heads

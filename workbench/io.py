@@ -53,9 +53,26 @@ def _reason(e: OSError) -> str:
 def atomic_write(path: str | Path, write, what: str = "") -> Path:
     """`write(tmp)` fills a temp file beside `path` (same suffix, so savefig/to_parquet see the format), which
     then replaces `path` in one rename. Any OS failure is one WorkbenchError naming `what` (e.g. '--out') and
-    the path. The temp file goes on failure; one a killed writer left goes with the next write of `path`."""
-    path = Path(path)
+    the path. The temp file goes on failure; one a killed writer left goes with the next write of `path`.
+    A symbolic link is followed (its target is what gets written, as `>` in a shell would); a device or pipe
+    (/dev/null, /dev/stdout) is written in place: a rename would replace the device node itself."""
     label = f"{what} {path}" if what else str(path)
+    path = Path(path)
+    try:
+        if path.is_symlink():
+            path = Path(os.path.realpath(path))
+        device = path.exists() and not path.is_file() and not path.is_dir()  # a character device, a fifo
+    except OSError as e:  # a name too long, a loop of links
+        raise WorkbenchError(f"{label}: cannot write it ({_reason(e)})") from None
+    if device:
+        try:
+            write(path)
+        except OSError as e:
+            raise WorkbenchError(f"{label}: cannot write it ({_reason(e)})") from None
+        except Exception:
+            check_output(path, what, "file", label)
+            raise
+        return path
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp{path.suffix}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,12 +91,51 @@ def atomic_write(path: str | Path, write, what: str = "") -> Path:
     return path
 
 
+def _write_text(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:  # the close, where a full device reports, raises here too
+        f.write(text)
+
+
 def atomic_write_text(path: str | Path, text: str, what: str = "") -> Path:
-    return atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"), what)
+    return atomic_write(path, lambda tmp: _write_text(Path(tmp), text), what)
 
 
 def atomic_write_json(path: str | Path, obj, what: str = "") -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n", what)
+
+
+def _resolved(p) -> Path:
+    return Path(os.path.realpath(p))
+
+
+FOLDER_PARTS = {"meta.json", "ranks.parquet", "continuations.parquet", "accuracies.csv", "config.json",
+                "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                "chat_template.jinja", "args.json"}  # what model, heads and calibration folders are made of
+
+
+def _part_of_folder_input(f: Path) -> bool:
+    return f.name in FOLDER_PARTS or f.suffix in (".safetensors", ".bin", ".pt", ".parquet", ".gguf") or \
+        f.parent.name == "trees"
+
+
+def check_not_inputs(outputs: dict, inputs: dict) -> None:
+    """Refuse an output (flag -> (path, 'file'|'folder')) that is, or through a link reaches, one of the inputs
+    (flag -> path): an input file itself, an existing file inside an input folder, an input folder itself, or (for
+    a folder output) a folder holding an input. Writing there would change the user's files."""
+    for flag, (out, kind) in outputs.items():
+        o = _resolved(out)
+        for iflag, inp in inputs.items():
+            i = _resolved(inp)
+            same = o == i
+            inside = i.is_dir() and i in o.parents and o.exists() and _part_of_folder_input(o)
+            holds = kind == "folder" and o in i.parents and flag != "--figures"  # a folder output (of fixed file
+            # names: heads, a calibration, trees) that holds an input; figures are named after their sweep
+            if same or inside or holds:
+                how = "is" if same else "would overwrite a file inside" if inside else "holds"
+                link = f" (through the link to {o})" if Path(out).is_symlink() or str(o) != os.path.abspath(out) \
+                    else ""
+                raise WorkbenchError(f"{flag} {out}{link} {how} the input {iflag} {inp}: writing there would change "
+                                     f"the input; give another {flag}")
 
 
 def check_output(path: str | Path | None, flag: str, kind: str = "file", label: str = "") -> None:

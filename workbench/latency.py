@@ -27,6 +27,7 @@ LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "se
                    "setting"]  # setting: provenance.setting_cell of the measurement (absent in older files)
 LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MIN_SECONDS, MAX_SECONDS = 1e-9, 1e5  # a step faster than a nanosecond or slower than a day is not a timing
 DEFAULT_CONTEXTS = (128, 1024)
 DEFAULT_BATCHES = (1,)
 
@@ -55,9 +56,11 @@ def read_latency(path) -> pd.DataFrame:
     if num.isna().any().any() or (ints % 1 != 0).any().any() or (num["context"] > 1 << 24).any() or \
             not num["tokens"].between(1, 1 << 16).all() or (num["context"] < 0).any() or \
             not num["batch"].between(1, 1 << 20).all() or \
-            not (num["seconds"] > 0).all() or np.isinf(num["seconds"]).any():
+            not num["seconds"].between(MIN_SECONDS, MAX_SECONDS).all():
         raise WorkbenchError(f"--latency {path}: batch/context/tokens must be integers (batch >= 1, tokens "
-                             f"1..{1 << 16}) and seconds finite numbers > 0 on every row")
+                             f"1..{1 << 16}) and seconds numbers in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] on every row "
+                             "(outside: a unit slip, or a ratio that under- or overflows); `workbench latency` "
+                             "writes it")
     df[cols] = num
     df[["batch", "context", "tokens"]] = df[["batch", "context", "tokens"]].astype(int)
     present = [c for c in SPREAD_COLUMNS if c in df.columns]

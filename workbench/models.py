@@ -29,6 +29,9 @@ def pick_device(device: str | None = None) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
         raise WorkbenchError(f"--device {device}: unknown device (use auto, cpu, cuda or cuda:N)") from None
+    if dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
+        raise WorkbenchError(f"--device {device}: not supported (use auto, cpu, cuda or cuda:N; the decoder's static "
+                             "cache and timings are written for CPU and CUDA)")
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise WorkbenchError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
     return dev
@@ -257,10 +260,19 @@ def random_model(spec: str, device: str | None = None, dtype: str | None = None,
         cfg = AutoConfig.for_model(arch, **kw)
     except (ValueError, KeyError) as e:
         raise WorkbenchError(f"--random-config arch={arch}: not a transformers architecture ({str(e)[:80]})") from None
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    if cfg.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:  # BERT & co: a causal-LM class exists, but no decoder
+        raise WorkbenchError(f"--random-config arch={arch}: an encoder (masked-LM) architecture; give a decoder-only "
+                             "one (llama, qwen2, mistral, ...)")
     if hasattr(cfg, "sliding_window"):
         cfg.sliding_window = None
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     with torch.random.fork_rng(devices=[]), torch.device(dev):
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dt, **extra)
+        try:
+            model = AutoModelForCausalLM.from_config(cfg, dtype=dt, **extra)
+        except ValueError as e:  # an architecture with no causal-LM class (an encoder-decoder, a vision model)
+            raise WorkbenchError(f"--random-config arch={arch}: no decoder-only (causal LM) model of this "
+                                 f"architecture ({str(e).splitlines()[0][:80]})") from None
     return model.to(dev).eval().requires_grad_(False)

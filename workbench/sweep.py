@@ -179,6 +179,18 @@ def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
         df[c] = num
     if "batch_size" not in df.columns:  # sweeps before batched decoding ran one prompt at a time
         df["batch_size"] = 1
+    rules = {"nodes": (0, 1 << 12, True), "depth": (0, 64, True), "batch_size": (1, 1 << 16, True),
+             "acceleration_rate": (1 - 1e-9, 1e4, False)}  # every step emits at least one token
+    for c, (low, high, integer) in rules.items():
+        if c not in df.columns:
+            continue
+        v = df[c]
+        bad = v.notna() & (~v.between(low, high) | ((v % 1 != 0) if integer else False))
+        if bad.any():
+            i = int(np.argmax(bad.to_numpy()))
+            raise WorkbenchError(f"{what} {path}: row {i + 2}: {c} {v.iloc[i]:g} is not "
+                                 f"{'an integer' if integer else 'a number'} in [{low:g}, {high:g}]"
+                                 f"{' (tokens per step: every step emits at least one)' if c == 'acceleration_rate' else ''}")
     return df
 
 

@@ -23,6 +23,8 @@ RankPath = tuple[int, ...]
 REFERENCE_DIR = Path(__file__).resolve().parent / "reference_trees"  # package data: works from a wheel too
 MEDUSA_TOPK = 10  # Medusa's and EAGLE-1's buffer code take each head's top-10: the default top-k everywhere
 MAX_RANK = 1 << 20  # above any vocabulary: a larger rank is a typo (and would overflow the int64 buffers)
+MAX_NODES = 1 << 12  # the verify mask is nodes^2 per sequence; engines verify a few hundred nodes at most
+MAX_DEPTH = 64  # one Medusa head per level; no engine drafts deeper (vLLM, TensorRT-LLM: tens of tokens)
 
 
 @dataclass(frozen=True)
@@ -152,10 +154,15 @@ def validate(paths, topk: int | None = None, num_heads: int | None = None) -> No
     """Raise WorkbenchError naming the first offending path and the rule it breaks."""
     if len(paths) == 0:
         raise WorkbenchError("tree is empty: give at least one path, e.g. [[0]]")
+    if len(paths) > MAX_NODES:
+        raise WorkbenchError(f"tree has {len(paths)} nodes; at most {MAX_NODES} (the verify step's attention mask "
+                             "grows as nodes^2): use a smaller tree")
     seen = set()
     for p in paths:
         if len(p) == 0:
             raise WorkbenchError("path []: the root is implicit, every path needs at least one rank")
+        if len(p) > MAX_DEPTH:
+            raise WorkbenchError(f"path of depth {len(p)}: at most {MAX_DEPTH} levels (one Medusa head each)")
         if p in seen:
             raise WorkbenchError(f"path {list(p)}: duplicate path (each node must appear once)")
         seen.add(p)

@@ -6,7 +6,7 @@ import sys
 from dataclasses import fields
 
 from workbench import WorkbenchError
-from workbench.cli.shared import model_args, parse_delta, parse_ints
+from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, parse_ints
 from workbench.io import check_output
 from workbench.tree import MEDUSA_TOPK
 
@@ -27,7 +27,7 @@ def _cmd_calibrate(args) -> int:
         check_output(calibration_root() / args.name, "--name", "folder")
     check_output(args.trees_dir, "--trees-dir", "folder")
     settings = {f.name: getattr(args, f.name) for f in fields(CalibrateConfig)}  # the flags are the fields
-    meta = calibrate(CalibrateConfig(**settings | dict(budgets=parse_ints(args.budgets, "--budgets"))))
+    meta = calibrate(CalibrateConfig(**settings | dict(budgets=parse_ints(args.budgets, "--budgets", "nodes"))))
     if "merged" in meta:  # a process of a data-parallel launch
         print(f"process {meta['rank']} of {meta['num_processes']}: computed {meta['computed']} of its "
               f"{meta['batches']} batch(es) (the others were on disk); "
@@ -61,14 +61,14 @@ def add_calibrate(sub) -> None:
                        parents=[model_args("--model", "--heads", "--device", "--device-map", "--dtype")])
     p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns) or a JSON/JSONL/CSV/"
                    "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
-    p.add_argument("--limit", type=int, metavar="N", help="use the first N prompts")
-    p.add_argument("--holdout", type=float, default=0.2, help="share of prompts kept out of the fit (default 0.2)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--topk", type=int, default=MEDUSA_TOPK, help="ranks recorded per head (Medusa's buffers use 10)")
+    p.add_argument("--limit", type=bounded("count"), metavar="N", help="use the first N prompts")
+    p.add_argument("--holdout", type=finite(0, 1), default=0.2, help="share of prompts kept out of the fit (default 0.2)")
+    p.add_argument("--max-new-tokens", type=bounded("tokens"), default=128)
+    p.add_argument("--topk", type=bounded("rank"), default=MEDUSA_TOPK, help="ranks recorded per head (Medusa's buffers use 10)")
     p.add_argument("--budgets", default="16,32,64", help="tree sizes to build (default 16,32,64)")
     p.add_argument("--name", help="calibration name (default: MODEL-PROMPTS)")
     p.add_argument("--out", help="output folder (default: calibration/NAME)")
-    p.add_argument("--batch-size", type=int, default=32, help="prompts per generate batch (and per part file)")
+    p.add_argument("--batch-size", type=bounded("batch"), default=32, help="prompts per generate batch (and per part file)")
     p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
     p.add_argument("--continuations", metavar="DIR", help="reuse the greedy answers of a finished calibration of the "
                    "same model and prompts (new heads: skips generation)")
@@ -100,6 +100,16 @@ def _acceptance(args):
     temperature = args.temperature if args.temperature is not None else (0.0 if kind == "greedy" else 0.7)
     if kind == "greedy" and temperature:
         raise WorkbenchError("--acceptance greedy takes no --temperature (use typical or nucleus to sample)")
+    unused = [flag for flag, given, used in (("--top-p", args.top_p is not None, kind == "nucleus"),
+                                             ("--seed", args.seed is not None, kind == "nucleus"),
+                                             ("--epsilon", args.epsilon != 0.09, kind == "typical"),
+                                             ("--delta", str(args.delta) != "sqrt", kind == "typical"),
+                                             ("--medusa-entropy", args.medusa_entropy, kind == "typical"))
+              if given and not used]
+    if unused:
+        raise WorkbenchError(f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with "
+                             f"--acceptance {kind}: drop {'it' if len(unused) == 1 else 'them'} or pick the "
+                             "acceptance that uses it (--top-p/--seed: nucleus; --epsilon/--delta: typical)")
     return Acceptance(kind, temperature, args.epsilon, parse_delta(args.delta), args.top_p if args.top_p is not None else 0.8,
                       args.seed, "medusa" if args.medusa_entropy else "exact")
 
@@ -139,14 +149,15 @@ def cmd_decode(args) -> int:
     from workbench.tree import load_tree
 
     rule = _acceptance(args)
-    if args.batch < 1:
-        raise WorkbenchError(f"--batch {args.batch}: must be >= 1")
+    if args.limit is not None and args.prompts is None:
+        raise WorkbenchError("--limit picks the first N of --prompts FILE|NAME: give --prompts, or drop --limit")
     if args.prompt_ids is not None:
         _prompt_ids(args.prompt_ids)  # malformed ids fail before the model loads
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                              need_tokenizer=args.prompt_ids is None, device_map=args.device_map)
     tree = load_tree(args.tree, num_heads=heads.num_heads)
     prompts = _decode_prompts(args, tok)
+    check_positions(model, max(map(len, prompts)) + args.max_new_tokens + tree.nodes + 1)
     if args.batch > len(prompts):
         raise WorkbenchError(f"--batch {args.batch} but {len(prompts)} prompt(s) given: lower --batch or give more "
                              "prompts (--prompts FILE --limit N)")
@@ -202,21 +213,21 @@ def add_decode(sub) -> None:
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, used as-is")
     src.add_argument("--prompts", help="several prompts: a prompt file (JSON/JSONL/CSV/text) or a set name "
                      "(alpaca-eval, mt-bench); --json then prints a list, one object per prompt in order")
-    p.add_argument("--limit", type=int, help="with --prompts: the first N prompts")
-    p.add_argument("--batch", type=int, default=1, help="prompts decoded together, one forward of batch x tree "
+    p.add_argument("--limit", type=bounded("count"), help="with --prompts: the first N prompts")
+    p.add_argument("--batch", type=bounded("batch"), default=1, help="prompts decoded together, one forward of batch x tree "
                    "tokens per step (default 1)")
     p.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=bounded("tokens"), default=256)
     p.add_argument("--acceptance", choices=["auto", *ACCEPTANCE_KINDS], default="auto",
                    help="auto: greedy at temperature 0, nucleus with --top-p, else typical")
-    p.add_argument("--temperature", type=float, help="sampling temperature (default 0 = greedy; 0.7 for typical/nucleus)")
-    p.add_argument("--epsilon", type=float, default=0.09, help="typical acceptance hard threshold")
+    p.add_argument("--temperature", type=finite(0), help="sampling temperature (default 0 = greedy; 0.7 for typical/nucleus)")
+    p.add_argument("--epsilon", type=finite(0, 1, open_low=True), default=0.09, help="typical acceptance hard threshold")
     p.add_argument("--delta", default="sqrt", help="typical acceptance entropy-scaled threshold: "
                    "'sqrt' (delta = sqrt(epsilon), Medusa's rule: 0.3 at epsilon 0.09; default) or a number")
     p.add_argument("--medusa-entropy", action="store_true", help="typical acceptance with Medusa's code's entropy "
                    "-sum p log(p + 1e-5) instead of the exact -sum p log p")
-    p.add_argument("--top-p", type=float, help="nucleus acceptance (default 0.8 when --acceptance nucleus)")
-    p.add_argument("--seed", type=int, help="seed for nucleus sampling")
+    p.add_argument("--top-p", type=finite(0, 1, open_low=True), help="nucleus acceptance (default 0.8 when --acceptance nucleus)")
+    p.add_argument("--seed", type=bounded("seed", 0), help="seed for nucleus sampling")
     p.add_argument("--compare", action="store_true", help="also run vanilla greedy: speedup, overhead, exactness "
                    "(a greedy difference is reported as a near-tie within the dtype's rounding, or a mismatch)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text + summary")
@@ -274,30 +285,30 @@ def add_train_heads(sub) -> None:
                        parents=[model_args("--model", "--device", "--device-map")])
     p.add_argument("--prompts", nargs="+", metavar="FILE",
                    help="Alpaca-format prompt files (default: the training sets in shared/data)")
-    p.add_argument("--num-heads", type=int, default=4)
-    p.add_argument("--num-layers", type=int, default=1, help="ResBlocks per head")
+    p.add_argument("--num-heads", type=bounded("depth"), default=4)
+    p.add_argument("--num-layers", type=bounded("depth"), default=1, help="ResBlocks per head")
     p.add_argument("--untied", action="store_true", help="give each head its own lm_head (format 1, large files)")
-    p.add_argument("--tokens", type=int, default=200_000, help="self-distilled answer tokens to generate")
-    p.add_argument("--answers-per-prompt", type=int, default=1, metavar="N",
+    p.add_argument("--tokens", type=bounded("data"), default=200_000, help="self-distilled answer tokens to generate")
+    p.add_argument("--answers-per-prompt", type=bounded("rank"), default=1, metavar="N",
                    help="answers per prompt: answer j > 0 opens with the model's (j+1)-th likeliest first token, "
                         "then goes on greedily (more on-policy data once the prompts run out)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--gen-batch", type=int, default=64)
-    p.add_argument("--gen-dtype", default="bfloat16", help="dtype for generating the data (bf16 is ~3x faster on CPU)")
-    p.add_argument("--steps", type=int, default=3000)
-    p.add_argument("--batch-size", type=int, default=256, help="positions per optimizer step")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--active-steps", type=int, default=0, metavar="N",
+    p.add_argument("--max-new-tokens", type=bounded("tokens"), default=256)
+    p.add_argument("--gen-batch", type=bounded("batch"), default=64)
+    p.add_argument("--gen-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "bf16", "fp16", "fp32"], help="dtype for generating the data (bf16 is ~3x faster on CPU)")
+    p.add_argument("--steps", type=bounded("count"), default=3000)
+    p.add_argument("--batch-size", type=bounded("batch"), default=256, help="positions per optimizer step")
+    p.add_argument("--lr", type=finite(0, 1e3, open_low=True), default=1e-3)
+    p.add_argument("--active-steps", type=bounded("count", 0), default=0, metavar="N",
                    help="the first N steps use a softmax over only the tokens the data emits (~6x faster on CPU; "
                         "the remaining steps use the full vocabulary)")
     p.add_argument("--init", metavar="HEADS",
                    help="start from these heads instead of from zero (e.g. the same heads, once the data has grown)")
-    p.add_argument("--time-budget", type=float, metavar="SECONDS",
+    p.add_argument("--time-budget", type=finite(), metavar="SECONDS",
                    help="stop in time: generation, training, validation and saving end within SECONDS (the heads "
                         "are written before it ends; the schedule is compressed to the time there is)")
-    p.add_argument("--gen-share", type=float, default=0.5, metavar="F",
+    p.add_argument("--gen-share", type=finite(), default=0.5, metavar="F",
                    help="with --time-budget: the share of it generation may use (default 0.5)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=bounded("seed", 0), default=0)
     p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")
     p.add_argument("--out", help="output heads folder (default: the demo heads folder for the demo model)")
     p.set_defaults(func=cmd_train_heads)

@@ -8,6 +8,9 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.io import atomic_write_text
+from workbench.tree import MAX_DEPTH, MAX_NODES, MAX_RANK
+
+MAX_VALUES = 1000  # values in one --epsilon / --temperature list or range
 
 
 def write_output(text: str, out: str | None, what: str = "") -> None:
@@ -27,14 +30,89 @@ def write_json(obj, out: str | None) -> None:
 
 # flag values: lists and ranges of numbers, one clear error line when malformed
 
-def parse_ints(text, what: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4]: positive, sorted, unique."""
+# Upper limits of the integer flags, each with the reason it applies: a larger value is a typo, and refusing it
+# at parse time (before any model loads or any array is allocated) beats a MemoryError or an hour-long loop.
+LIMITS = {
+    "nodes": (MAX_NODES, "tree nodes (the verify step's mask is nodes^2; engines verify a few hundred at most)"),
+    "depth": (MAX_DEPTH, "tree levels (one Medusa head per level)"),
+    "rank": (MAX_RANK, "ranks per head (above any vocabulary)"),
+    "tokens": (1 << 20, "new tokens per answer (beyond any model's context)"),
+    "batch": (1 << 16, "sequences per step"),
+    "context": (1 << 24, "cache positions"),
+    "repeats": (10_000, "timed repeats per point"),
+    "count": (1 << 31, "(a 32-bit count)"),
+    "seed": ((1 << 32) - 1, "(numpy and torch both take seeds in 0..2^32-1)"),
+    "data": (1 << 40, "(more than any run can use)"),
+}
+
+
+def bounded(limit: str, low: int = 1):
+    """An argparse `type` for an integer flag in [low, LIMITS[limit]]: anything else is the parser's one error
+    line, naming the value, the range and why."""
+    high, why = LIMITS[limit]
+
+    def parse(text: str) -> int:
+        try:
+            v = int(str(text).strip().replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer (give a whole number in {low}..{high})") \
+                from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{v} is outside {low}..{high} {why}")
+        return v
+    parse.__name__ = "integer"
+    return parse
+
+
+def finite(low: float = -math.inf, high: float = math.inf, open_low: bool = False):
+    """An argparse `type` for a finite float in [low, high] ((low, high] with open_low): NaN and inf refused."""
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text} is not a finite number")
+        if v < low or v > high or (open_low and v == low):
+            raise argparse.ArgumentTypeError(f"{text} is outside {'(' if open_low else '['}{low:g}, {high:g}]")
+        return v
+    parse.__name__ = "number"
+    return parse
+
+
+def check_positions(model, total: int) -> None:
+    """Refuse a run whose longest sequence (prompt + --max-new-tokens + one step's tree) passes the model's
+    positions, before the cache for it is allocated or the generation starts."""
+    from workbench.generation import context_length
+
+    limit = context_length(model)
+    if limit is not None and total > limit:
+        raise WorkbenchError(f"prompt + --max-new-tokens + the tree = {total} positions, more than the model's "
+                             f"{limit}: lower --max-new-tokens")
+
+
+def check_memory(need: int, what: str, device=None) -> None:
+    """Refuse, before allocating, what would not fit the device's free memory."""
+    from workbench.engine import free_bytes
+
+    import torch
+    free = free_bytes(device or torch.device("cpu"))
+    if free is not None and need > free:
+        raise WorkbenchError(f"{what} needs about {need / 2 ** 30:.1f} GiB but {free / 2 ** 30:.1f} GiB are free: "
+                             "ask for less")
+
+
+def parse_ints(text, what: str, limit: str = "count") -> list[int]:
+    """'1,2,4' -> [1, 2, 4]: positive, sorted, unique, each at most LIMITS[limit]."""
     try:
         vals = sorted({int(x) for x in str(text).replace(" ", "").split(",") if x})
     except ValueError:
         raise WorkbenchError(f"{what} {text!r}: give comma-separated positive integers like 4,8,16") from None
     if not vals or vals[0] < 1:
         raise WorkbenchError(f"{what} {text!r}: give comma-separated positive integers like 4,8,16")
+    high, why = LIMITS[limit]
+    if vals[-1] > high:
+        raise WorkbenchError(f"{what} {text!r}: {vals[-1]} is above {high} {why}")
     return vals
 
 
@@ -50,11 +128,16 @@ def parse_floats(text, what: str, low: float = 0.0, high: float = math.inf) -> l
             raise WorkbenchError(f"{what} {text!r}: a range is START:STOP:STEP with START <= STOP and STEP > 0, "
                                  "e.g. 0.01:0.25:0.04")
         start, stop, step = parts
+        if (stop - start) / step > MAX_VALUES:  # each value is a full configuration of a sweep
+            raise WorkbenchError(f"{what} {text!r}: {int((stop - start) / step) + 1} values; at most {MAX_VALUES} "
+                                 "(each one is a configuration run over every prompt): use a larger STEP")
         vals = [round(start + i * step, 10) for i in range(int(math.floor((stop - start) / step + 1e-9)) + 1)]
     else:
         vals = parts
     if not vals:
         raise WorkbenchError(f"{what} is empty: give numbers like 0.05,0.09 or a range like 0.01:0.25:0.04")
+    if len(vals) > MAX_VALUES:
+        raise WorkbenchError(f"{what}: {len(vals)} values; at most {MAX_VALUES}")
     for v in vals:
         if not (low <= v <= high and math.isfinite(v)):
             raise WorkbenchError(f"{what} {text!r}: value {v:g} is outside [{low:g}, {high:g}]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import model_args, parse_delta, parse_floats, parse_ints, write_output
+from workbench.cli.shared import bounded, check_memory, check_positions, model_args, parse_delta, parse_floats, parse_ints, write_output
 from workbench.io import atomic_write_text, check_output, run_lock
 
 
@@ -23,9 +23,9 @@ def cmd_latency(args) -> int:
         raise WorkbenchError("--mode decoder-step decodes real prompts (their contexts grow as in decoding): drop "
                              "--random-config/--context, or use --mode verify")
     step = mode == "decoder-step"
-    sizes = parse_ints(args.sizes, "--sizes") if args.sizes else list(DECODER_SIZES if step else DEFAULT_SIZES)
-    contexts = parse_ints(args.context, "--context") if args.context else list(DEFAULT_CONTEXTS)
-    batches = parse_ints(args.batch, "--batch") if args.batch else list(DECODER_BATCHES if step else DEFAULT_BATCHES)
+    sizes = parse_ints(args.sizes, "--sizes", "nodes") if args.sizes else list(DECODER_SIZES if step else DEFAULT_SIZES)
+    contexts = parse_ints(args.context, "--context", "context") if args.context else list(DEFAULT_CONTEXTS)
+    batches = parse_ints(args.batch, "--batch", "batch") if args.batch else list(DECODER_BATCHES if step else DEFAULT_BATCHES)
     repeats = args.repeats if args.repeats is not None else (5 if step else 10)
     warmup = args.warmup if args.warmup is not None else (1 if step else 3)
     if args.calibration:
@@ -38,6 +38,18 @@ def cmd_latency(args) -> int:
     if args.random_config:
         if args.model or args.heads or args.device_map:
             raise WorkbenchError("--random-config builds its own model on --device: drop --model/--heads/--device-map")
+        from workbench.models import parse_random_config, pick_device
+
+        _, kw = parse_random_config(args.random_config)
+        numbers = {k: v for k, v in kw.items() if isinstance(v, int) and k != "max_position_embeddings"}
+        bad = {k: v for k, v in numbers.items() if not 1 <= v <= 1 << 20}
+        if bad:
+            k, v = next(iter(bad.items()))
+            raise WorkbenchError(f"--random-config {args.random_config!r}: {k}={v} is outside 1..{1 << 20}")
+        h, n = kw["hidden_size"], kw["num_hidden_layers"]
+        params = 2 * kw["vocab_size"] * h + n * (4 * h * h + 3 * h * kw["intermediate_size"])
+        check_memory(params * 4, f"--random-config {args.random_config!r} ({params / 1e9:.1f} B parameters)",
+                     pick_device(args.device))
         model, label = random_model(args.random_config, args.device, args.dtype, args.attn), f"random:{args.random_config}"
     else:
         from workbench.models import load_base, load_model_and_heads, model_label
@@ -49,6 +61,13 @@ def cmd_latency(args) -> int:
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False,
                                  device_map=args.device_map)
+    from workbench.engine import cache_bytes, check_cacheable
+
+    check_cacheable(model)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    check_memory(cache_bytes(model, batches[-1], contexts[-1] + sizes[-1]) + 4 * batches[-1] * sizes[-1] * vocab,
+                 f"the cache and logits of --batch {batches[-1]} x --context {contexts[-1]} + {sizes[-1]} tokens",
+                 model.device)
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (latency_path(args.calibration, dev) if args.calibration
                                            else default_latency_path(label, dev))
@@ -90,7 +109,7 @@ def cmd_latency(args) -> int:
 def cmd_plan(args) -> int:
     from workbench.plan import make_plan, plan_json, plan_source, plan_table
 
-    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
+    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
     check_output(args.out, "--out")
     from workbench.provenance import describe, loaded
 
@@ -125,6 +144,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from pathlib import Path
+
     from workbench import sweep as S
     from workbench.calibration import Calibration, default_calibration
     from workbench.data import load_prompt_records
@@ -135,9 +156,11 @@ def cmd_sweep(args) -> int:
     if eps[0] <= 0:
         raise WorkbenchError(f"--epsilon {args.epsilon}: every epsilon must be in (0, 1]")
     delta = parse_delta(args.delta)
-    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes")
-    if args.max_new_tokens < 1:
-        raise WorkbenchError(f"--max-new-tokens {args.max_new_tokens}: must be >= 1")
+    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
+    if args.joint and not args.budgets and (args.trees or args.plan):
+        raise WorkbenchError("--joint builds the --budgets trees from measured joint paths: add --budgets")
+    if args.replay and not args.budgets and (args.trees or args.plan):
+        raise WorkbenchError("--replay chooses between the optimum and a dense tree per budget: add --budgets")
     plan = None
     if args.plan:  # the live check of a plan: its choice and runner-up at each of its batch sizes, greedy
         from workbench.plan import read_plan
@@ -147,7 +170,7 @@ def cmd_sweep(args) -> int:
                                  "and --batch-sizes")
         plan = read_plan(args.plan)
         batch_sizes, temps = [r["batch_size"] for r in plan["plans"]], [0.0]
-    budgets = parse_ints(args.budgets, "--budgets") if args.budgets else \
+    budgets = parse_ints(args.budgets, "--budgets", "nodes") if args.budgets else \
         (None if args.trees or plan else list(S.DEFAULT_BUDGETS))
     calibration = args.calibration
     if calibration is None and (budgets or args.prompts == "holdout"):
@@ -156,6 +179,8 @@ def cmd_sweep(args) -> int:
     for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
         load_tree(spec)
     check_output(args.out, "--out")
+    if Path(args.out).exists() and not Path(args.out).is_file():
+        raise WorkbenchError(f"--out {args.out}: not a regular file; a sweep resumes from its own CSV: give a file")
     S.read_sweep_rows(args.out)  # a foreign --out file, too
     if args.prompts == "holdout":
         records = cal.holdout_prompts(args.limit)
@@ -185,6 +210,8 @@ def cmd_sweep(args) -> int:
                                   replay=args.max_new_tokens if args.replay else None)
             configs = S.sweep_configs(trees, temps, eps, delta)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
+        check_positions(model, max(map(len, prompts)) + args.max_new_tokens + max(
+            [c["tree"].nodes for c in configs if c.get("tree") is not None] or [0]) + 1)
         info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
                     limit=args.limit, calibration=str(calibration or ""),
                     heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
@@ -254,13 +281,13 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--context", metavar="C1,C2,..", help="verify: cache lengths (default 128,1024)")
     p.add_argument("--batch", metavar="B1,B2,..", help="batch sizes: sequences per step (default 1,2,4,8 for "
                                                       "decoder-step, 1 for verify)")
-    p.add_argument("--repeats", type=int, help="timed repeats per point (median, quartiles, min, max kept; default 5 "
+    p.add_argument("--repeats", type=bounded("repeats"), help="timed repeats per point (median, quartiles, min, max kept; default 5 "
                                                "generate calls for decoder-step, 10 calls for verify)")
-    p.add_argument("--warmup", type=int, help="untimed repeats first (default 1 / 3)")
+    p.add_argument("--warmup", type=bounded("repeats", 0), help="untimed repeats first (default 1 / 3)")
     p.add_argument("--prompts", default="alpaca-eval", help="decoder-step: the prompts decoded (alpaca-eval, "
                    "mt-bench, a file, or 'holdout': the calibration's held-out prompts; default alpaca-eval)")
-    p.add_argument("--limit", type=int, default=40, help="decoder-step: first N prompts, used in turn (default 40)")
-    p.add_argument("--max-new-tokens", type=int, default=64, help="decoder-step: tokens decoded per call (default 64)")
+    p.add_argument("--limit", type=bounded("count"), default=40, help="decoder-step: first N prompts, used in turn (default 40)")
+    p.add_argument("--max-new-tokens", type=bounded("tokens"), default=64, help="decoder-step: tokens decoded per call (default 64)")
     p.add_argument("--raw", action="store_true", help="decoder-step: prompts as-is, without the chat template")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
@@ -281,12 +308,12 @@ def add_tradeoffs(sub) -> None:
     pl.add_argument("--latency", required=True, metavar="CSV", help="`workbench latency --batch ...` CSV")
     pl.add_argument("--batch-sizes", default="1,2,4,8,16", metavar="B1,B2,..",
                     help="batch sizes to plan for (default 1,2,4,8,16; each must be in the latency CSV)")
-    pl.add_argument("--context", type=int, metavar="N", help="latency rows at this context (default: the measured "
+    pl.add_argument("--context", type=bounded("context", 0), metavar="N", help="latency rows at this context (default: the measured "
                                                            "one nearest the calibration's typical context)")
     pl.add_argument("--prediction", choices=["independent", "joint", "replay"], default="replay",
                     help="with --calibration: which predicted tokens/step (default replay: a greedy decoder replayed "
                          "over the held-out answers); trees are optimal for the joint paths unless independent")
-    pl.add_argument("--max-new-tokens", type=int, metavar="N",
+    pl.add_argument("--max-new-tokens", type=bounded("tokens"), metavar="N",
                     help="with --calibration: the generation length you decode (default: the calibration's); "
                          "acceptance rises along an answer, so tokens/step is predicted over its first N tokens")
     pl.add_argument("--out", metavar="FILE", help="write the plan JSON here instead of stdout")
@@ -316,9 +343,9 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--temperature", default="0", help="temperatures, e.g. 0,0.7 (0 = greedy acceptance; default 0)")
     s.add_argument("--prompts", default="alpaca-eval",
                    help="alpaca-eval, mt-bench, a prompt file, or 'holdout' (the calibration's held-out prompts)")
-    s.add_argument("--limit", type=int, default=20, help="first N prompts (default 20)")
+    s.add_argument("--limit", type=bounded("count"), default=20, help="first N prompts (default 20)")
     s.add_argument("--raw", action="store_true", help="use prompts as-is, without the chat template")
-    s.add_argument("--max-new-tokens", type=int, default=128)
+    s.add_argument("--max-new-tokens", type=bounded("tokens"), default=128)
     s.add_argument("--out", required=True, metavar="FILE.csv", help="sweep CSV (rows already there are skipped)")
     s.add_argument("--replay", action="store_true",
                    help="budget trees: keep the optimum or a dense tree within the budget, whichever a greedy "
@@ -331,7 +358,7 @@ def add_tradeoffs(sub) -> None:
     r.add_argument("--latency", metavar="FILE", help="latency CSV: adds the hardware-aware choice")
     r.add_argument("--plan", metavar="PLAN.json", help="a plan swept with `sweep --plan`: its predicted speedups "
                    "beside the measured ones, per batch size")
-    r.add_argument("--context", type=int, help="latency rows at this context (default: closest to the sweep's)")
+    r.add_argument("--context", type=bounded("context", 0), help="latency rows at this context (default: closest to the sweep's)")
     r.add_argument("--out", metavar="FILE.md", help="write here instead of stdout")
     r.add_argument("--figures", metavar="DIR", help="also write the figures (Fig. 4a/4b, predicted vs measured, "
                                                     "Fig. 5, latency) as PNGs here")

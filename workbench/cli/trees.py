@@ -2,19 +2,20 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from workbench import WorkbenchError
 from workbench.accuracies import read_accuracies
 from workbench.calibration import Calibration
-from workbench.cli.shared import write_json, write_output
+from workbench.cli.shared import bounded, write_json, write_output
 from workbench.export import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, best_engine_safe, engine_safe, export_plan,
                               export_tree)
 from workbench.io import atomic_write_text, check_output
 from workbench.latency import hardware_aware, latency_table, read_latency
 from workbench.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
 from workbench.plan import looks_like_plan, read_plan
-from workbench.tree import (MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
+from workbench.tree import (MAX_DEPTH, MAX_NODES, MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
                             tree_record, tree_stats)
 
 
@@ -111,6 +112,10 @@ def _cmd_optimize(args) -> int:
             sizes = [int(x) for x in args.dense.split(",")]
         except ValueError:
             raise WorkbenchError(f"--dense {args.dense!r}: expected sizes per depth like 4,3,2") from None
+        if not sizes or min(sizes) < 1 or len(sizes) > MAX_DEPTH or \
+                sum(math.prod(sizes[:d + 1]) for d in range(len(sizes))) > MAX_NODES:
+            raise WorkbenchError(f"--dense {args.dense!r}: sizes per depth must be >= 1, at most {MAX_DEPTH} levels "
+                                 f"and {MAX_NODES} nodes in all (the product of the sizes per level, summed)")
         tree = load_tree(dense_tree(sizes), topk=ranks, num_heads=heads)
         method = "dense"
     else:
@@ -247,7 +252,7 @@ class _RenamedHeads(argparse.Action):
 
 
 def _num_heads_arg(p, help_text: str) -> None:
-    p.add_argument("--num-heads", dest="heads", type=int, metavar="K", help=help_text)
+    p.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help=help_text)
     p.add_argument("--heads", action=_RenamedHeads, help=argparse.SUPPRESS)
 
 
@@ -267,7 +272,7 @@ def add_tree(sub) -> None:
     ls.set_defaults(func=_cmd_tree_list)
     b = tsub.add_parser("buffers", help="Medusa tree-attention buffers as JSON")
     b.add_argument("tree", metavar="TREE", help=tree_help)
-    b.add_argument("--topk", type=int, default=MEDUSA_TOPK, help="top-k per head in the candidate layout (Medusa: 10)")
+    b.add_argument("--topk", type=bounded("rank"), default=MEDUSA_TOPK, help="top-k per head in the candidate layout (Medusa: 10)")
     b.add_argument("--out", metavar="FILE", help="write the JSON here instead of stdout")
     b.set_defaults(func=_cmd_tree_buffers)
     ev = tsub.add_parser("eval", help="a tree's predicted tokens per step on a calibration folder")
@@ -281,9 +286,9 @@ def add_tree(sub) -> None:
     o.add_argument("--calibration", metavar="DIR", help="instead: a `workbench calibrate` folder (its fit prompts)")
     o.add_argument("--joint", action="store_true",
                    help="with --calibration: measured joint path probabilities instead of independent heads")
-    o.add_argument("--budget", type=int, metavar="N", help="number of tree nodes (root not counted)")
-    o.add_argument("--max-depth", type=int, metavar="D", help="deepest level (default: number of heads)")
-    o.add_argument("--max-rank", type=int, metavar="R", help="use only each head's top-R guesses")
+    o.add_argument("--budget", type=bounded("nodes"), metavar="N", help="number of tree nodes (root not counted)")
+    o.add_argument("--max-depth", type=bounded("depth"), metavar="D", help="deepest level (default: number of heads)")
+    o.add_argument("--max-rank", type=bounded("rank"), metavar="R", help="use only each head's top-R guesses")
     o.add_argument("--dense", metavar="S1,S2,..", help="instead: the dense Cartesian tree with these sizes per depth")
     o.add_argument("--curve", action="store_true",
                    help="print expected length for every budget 1..N on stdout (tree JSON only with --out)")
@@ -291,9 +296,9 @@ def add_tree(sub) -> None:
     o.add_argument("--out", metavar="FILE", help="write the tree JSON here instead of stdout")
     o.add_argument("--latency", metavar="FILE", help="`workbench latency` CSV: pick the budget with the best "
                                                    "predicted speedup (--budget caps it)")
-    o.add_argument("--context", type=int, metavar="N", help="with --latency: use rows at this context "
+    o.add_argument("--context", type=bounded("context", 0), metavar="N", help="with --latency: use rows at this context "
                                                           "(default: closest to the calibration's typical one)")
-    o.add_argument("--batch-size", type=int, metavar="B", help="with --latency: use rows at this batch size "
+    o.add_argument("--batch-size", type=bounded("batch"), metavar="B", help="with --latency: use rows at this batch size "
                                                              "(default 1; `workbench plan` picks per batch size)")
     o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
     o.add_argument("--engine-safe", choices=SAFE_ENGINES, help="the best tree the engine builds exactly as "
@@ -309,15 +314,15 @@ def add_tree(sub) -> None:
                    help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
                         "trtllm-current: says why current TensorRT-LLM serves no Medusa heads")
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
-    e.add_argument("--num-heads", dest="heads", type=int, metavar="K", help="number of Medusa heads: a deeper tree "
+    e.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help="number of Medusa heads: a deeper tree "
                                                                           "is an error")
     e.add_argument("--heads", dest="heads_dir", metavar="DIR", help="with a plan: the heads to serve; another "
                    "model's heads (not the calibration's) are an error")
     e.add_argument("--synthetic", action="store_true", help="with a plan and --format vllm: vLLM's synthetic "
                    "rejection sampling at the plan's top-1 chain acceptance (for benchmarking the cost side)")
-    e.add_argument("--batch-size", type=int, metavar="B", help="with a plan: the row for this batch size (static "
+    e.add_argument("--batch-size", type=bounded("batch"), metavar="B", help="with a plan: the row for this batch size (static "
                    "formats default to 1; for vllm, one K instead of the schedule)")
-    e.add_argument("--max-draft-len", type=int, default=63, metavar="N",
+    e.add_argument("--max-draft-len", type=bounded("nodes"), default=63, metavar="N",
                    help="TensorRT-LLM engine's max_draft_len (default 63)")
     e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "
                    "written (trtllm, vllm) and report the cost in expected acceptance length")

@@ -1,0 +1,766 @@
+"""The hostile-input corpus of issue 36: absurd sizes, hostile outputs, silent garbage and odd types, for every
+subcommand. One list (CASES), two runners: tests/test_hostile.py runs it in-process (fast, on every test run);
+`python tests/hostile_cases.py --repo DIR` runs every case as a subprocess of DIR's workbench with a 30 s limit
+and prints, per case, the exit status, the last stderr line, whether a traceback appeared, the duration and
+whether any input's bytes changed (the before/after table of the issue).
+
+A case is (subcommand, kind, id, argv(e, O), expect): `e` holds the paths of real, valid inputs (build_env), O a
+fresh output folder; expect is "refuse" (exit 2, one `error:` line), "ok" (exit 0) or "either" (0 or 2: both are
+right, e.g. an extreme value that is still legal). Cases with stdout in another state than a pipe carry it in
+their id (`stdout=closed`, `stdout=full`): only the subprocess runner runs them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BIG = {"2^31": str(2 ** 31), "2^62": str(2 ** 62), "2^63": str(2 ** 63), "1e12": "1000000000000"}
+PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
+
+
+# ----------------------------------------------------------------------------------------------- inputs
+
+def build_env(root: Path) -> dict:
+    """Valid inputs of every kind under root/in (the tiny model, its heads, a calibration, files of every format),
+    plus hostile variants beside them. Everything under root/in is an input: no case may change its bytes."""
+    import numpy as np
+    import pandas as pd
+    import torch
+    from safetensors.torch import save_file
+
+    from workbench.accuracies import write_accuracies
+    from workbench.heads import save_heads
+    from workbench.measure_ranks import CalibrateConfig, calibrate
+    from workbench.sweep import SWEEP_COLUMNS
+    from workbench.testing import random_heads, tiny_model, tiny_tokenizer
+
+    d = root / "in"
+    d.mkdir(parents=True, exist_ok=True)
+    e = {"root": str(root), "in": str(d)}
+    model, tok = tiny_model("llama", seed=0), tiny_tokenizer()
+    model.save_pretrained(d / "model")
+    tok.save_pretrained(d / "model")
+    heads = random_heads(64, 128, 3, tied=True, seed=1)
+    save_heads(heads, d / "heads", str(d / "model"), fmt=2)
+    e.update(model=str(d / "model"), heads=str(d / "heads"), heads_file=str(d / "heads" / "medusa_lm_head.safetensors"))
+    sd = {k: v.clone() for k, v in heads.state_dict().items()}
+    (d / "fp8").mkdir()
+    save_file({k: v.to(torch.float8_e4m3fn) for k, v in sd.items()}, str(d / "fp8" / "medusa_lm_head.safetensors"))
+    (d / "w3d").mkdir()
+    save_file({k: (v.unsqueeze(0).contiguous() if v.ndim == 2 else v) for k, v in sd.items()},
+              str(d / "w3d" / "medusa_lm_head.safetensors"))
+    (d / "pickle").mkdir()  # a pickle that runs code, named like a safe heads file
+    import pickle
+
+    class Boom:
+        def __reduce__(self):
+            return (os.system, (f"touch {d}/pwned",))
+    (d / "pickle" / "medusa_lm_head.safetensors").write_bytes(pickle.dumps(Boom()))
+    (d / "pickle_pt").mkdir()
+    (d / "pickle_pt" / "medusa_lm_head.pt").write_bytes(pickle.dumps(Boom()))
+    e.update(fp8=str(d / "fp8"), w3d=str(d / "w3d"), pickle=str(d / "pickle"), pickle_pt=str(d / "pickle_pt"))
+    # an architecture we cannot decode: an encoder (BERT) and an encoder-decoder (T5) saved as a model folder
+    from transformers import AutoConfig, AutoModel
+    for arch, kw in (("bert", dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+                                    vocab_size=128)),
+                     ("t5", dict(d_model=64, num_layers=1, num_heads=4, d_ff=64, d_kv=16, vocab_size=128)),
+                     ("mamba", dict(hidden_size=64, num_hidden_layers=1, vocab_size=128, state_size=4))):
+        try:
+            m = AutoModel.from_config(AutoConfig.for_model(arch, **kw))
+            m.save_pretrained(d / f"arch_{arch}")
+            tok.save_pretrained(d / f"arch_{arch}")
+            e[f"arch_{arch}"] = str(d / f"arch_{arch}")
+        except Exception:  # an architecture this transformers lacks: its cases are skipped
+            pass
+
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n"
+                                              for i, p in enumerate(PROMPTS)))
+    (d / "dict_of_lists.json").write_text(json.dumps({"instruction": PROMPTS, "id": list(range(len(PROMPTS)))}))
+    (d / "nan_prompts.json").write_text('[{"instruction": NaN}, {"instruction": "hi"}]')
+    (d / "pickle_prompts.json").write_bytes(pickle.dumps({"instruction": "hi"}))
+    e.update(prompts=str(d / "prompts.jsonl"), dict_of_lists=str(d / "dict_of_lists.json"),
+             nan_prompts=str(d / "nan_prompts.json"), pickle_prompts=str(d / "pickle_prompts.json"))
+
+    (d / "tree.json").write_text(json.dumps({"name": "t", "medusa_choices": [[0], [0, 0], [1]]}))
+    (d / "tree_nan.json").write_text('{"medusa_choices": [[0], [NaN]]}')
+    (d / "tree_big.json").write_text(json.dumps({"medusa_choices": [[0], [0, 2 ** 63]]}))
+    (d / "tree_deep.json").write_text(json.dumps({"medusa_choices": [[0] * k for k in range(1, 2001)]}))
+    os.symlink(d / "tree.json", d / "tree_link.json")
+    e.update(tree=str(d / "tree.json"), tree_nan=str(d / "tree_nan.json"), tree_big=str(d / "tree_big.json"),
+             tree_deep=str(d / "tree_deep.json"), tree_link=str(d / "tree_link.json"))
+
+    acc = np.random.default_rng(0).dirichlet(np.ones(5), size=3)[:, :4]
+    write_accuracies(d / "acc.csv", acc)
+    (d / "acc_over.csv").write_text("head,rank,accuracy\n1,1,0.7\n1,2,0.6\n2,1,0.5\n2,2,0.2\n")
+    (d / "acc_cum.csv").write_text("head,top1,top2\n0,0.7,0.6\n")
+    (d / "acc_nan.csv").write_text("head,rank,accuracy\n1,1,NaN\n")
+    (d / "acc_zero_count.csv").write_text("head,rank,accuracy,count\n1,1,0.5,0\n2,1,0.3,0\n")
+    (d / "acc_wide.csv").write_text("head,rank,accuracy\n1,1,0.5\n1,1000000,0.1\n")
+    (d / "acc_many_heads.csv").write_text("head,rank,accuracy\n1,1,0.5\n1024,1,0.1\n")
+    (d / "acc_pickle.pt").write_bytes(pickle.dumps(Boom()))
+    for name in ("acc_over", "acc_cum", "acc_nan", "acc_zero_count", "acc_wide", "acc_many_heads", "acc_pickle"):
+        e[name] = str(d / (name + (".pt" if name == "acc_pickle" else ".csv")))
+    e["acc"] = str(d / "acc.csv")
+
+    def lat_rows(seconds):
+        return [dict(model="m", device="cpu", dtype="float32", batch=b, context=16, tokens=n, seconds=t,
+                     seconds_min=t * 0.98, seconds_q1=t * 0.99, seconds_q3=t * 1.01, seconds_max=t * 1.02, repeats=5)
+                for b in (1, 2) for n in range(1, 9) for t in [seconds(b, n)]]
+    pd.DataFrame(lat_rows(lambda b, n: 0.01 * (1 + 0.001 * b * (n - 1)))).to_csv(d / "lat.csv", index=False)
+    pd.DataFrame(lat_rows(lambda b, n: 1e-320 * n)).to_csv(d / "lat_tiny.csv", index=False)  # denormals
+    (d / "lat_huge.csv").write_text("context,tokens,seconds\n16,1,0.01\n16,2,1e400\n")  # overflows to inf
+    (d / "lat_ratio.csv").write_text("context,tokens,seconds\n16,1,1e-300\n16,2,1e300\n16,3,1e300\n")
+    (d / "lat_nocols.csv").write_text("context,tokens\n16,1\n")
+    (d / "lat_rows0.csv").write_text(",".join(pd.read_csv(d / "lat.csv").columns) + "\n")
+    (d / "lat_neg_ctx.csv").write_text("context,tokens,seconds\n-5,1,0.01\n-5,2,0.02\n")
+    for name in ("lat", "lat_tiny", "lat_huge", "lat_ratio", "lat_nocols", "lat_rows0", "lat_neg_ctx"):
+        e[name] = str(d / f"{name}.csv")
+
+    (d / "acc_vec.json").write_text("[0.6, 0.35, 0.2]")
+    (d / "acc_vec_nan.json").write_text("[0.6, NaN]")
+    (d / "acc_vec_inf.json").write_text("[Infinity]")
+    e.update(acc_vec=str(d / "acc_vec.json"), acc_vec_nan=str(d / "acc_vec_nan.json"),
+             acc_vec_inf=str(d / "acc_vec_inf.json"))
+
+    from workbench.cli import main
+    rc = main(["plan", "--accuracies", str(d / "acc.csv"), "--latency", str(d / "lat.csv"), "--batch-sizes", "1,2",
+               "--out", str(d / "plan.json")])
+    assert rc == 0, "the valid plan"
+    plan = json.loads((d / "plan.json").read_text())
+    bad = json.loads(json.dumps(plan))
+    bad["plans"][0]["predicted_speedup"] = float("nan")
+    (d / "plan_nan.json").write_text(json.dumps(bad))
+    bad = json.loads(json.dumps(plan))
+    bad["plans"][0]["batch_size"] = 2 ** 63
+    bad["plans"] = bad["plans"][:1]
+    bad.pop("alternatives", None)
+    (d / "plan_bigb.json").write_text(json.dumps(bad))
+    e.update(plan=str(d / "plan.json"), plan_nan=str(d / "plan_nan.json"), plan_bigb=str(d / "plan_bigb.json"))
+
+    row = {c: "" for c in SWEEP_COLUMNS}
+    row.update(run="r1", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
+               temperature=0.0, acceleration_rate=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
+               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4, batch_size=1)
+    tree_row = dict(row, config="t:abc|greedy|T=0", tree="t", kind="given", nodes=3, depth=2,
+                    acceleration_rate=1.5, speedup=1.2, predicted_independent=1.6)
+    pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS).to_csv(d / "sweep.csv", index=False)
+    for name, change in {"sweep_negnodes": dict(nodes=-3), "sweep_huge": dict(acceleration_rate=1e308, speedup=1e308),
+                         "sweep_zero_rate": dict(acceleration_rate=0.0, speedup=0.0),
+                         "sweep_frac_nodes": dict(nodes=2.5), "sweep_bigb": dict(batch_size=2 ** 63)}.items():
+        pd.DataFrame([row, dict(tree_row, **change)], columns=SWEEP_COLUMNS).to_csv(d / f"{name}.csv", index=False)
+        e[name] = str(d / f"{name}.csv")
+    pd.DataFrame([row], columns=SWEEP_COLUMNS).drop(columns=["acceleration_rate"]).to_csv(d / "sweep_nocol.csv",
+                                                                                           index=False)
+    (d / "sweep_empty.csv").write_text(",".join(SWEEP_COLUMNS) + "\n")
+    e.update(sweep=str(d / "sweep.csv"), sweep_nocol=str(d / "sweep_nocol.csv"), sweep_empty=str(d / "sweep_empty.csv"))
+
+    cal = d / "cal"
+    calibrate(CalibrateConfig(model=e["model"], heads=e["heads"], prompts=e["prompts"], name="hc", out=cal,
+                              holdout=0.34, max_new_tokens=6, topk=40, budgets=(2,), batch_size=6, device="cpu"),
+              progress=False)
+    e["cal"] = str(cal)
+    zero = d / "cal_zero"  # a calibration whose ranks hold no rows
+    import shutil
+    shutil.copytree(cal, zero)
+    r = pd.read_parquet(zero / "ranks.parquet")
+    r.iloc[:0].to_parquet(zero / "ranks.parquet")
+    e["cal_zero"] = str(zero)
+    for name, minor in (("devfull", 7), ("devnull", 3)):  # private copies of /dev/full and /dev/null: a run that
+        try:                                            # replaced the device node would break only its own copy
+            os.mknod(root / name, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, minor))
+            e[name] = str(root / name)
+        except OSError:
+            pass
+    return e
+
+
+# ----------------------------------------------------------------------------------------------- the cases
+
+def _decode(e, *extra):
+    return ["decode", "--model", e["model"], "--heads", e["heads"], "--tree", "[[0],[0,0],[1]]", "--prompt-ids",
+            "5,6,7", "--max-new-tokens", "3", "--device", "cpu", *extra]
+
+
+def _cal(e, O, *extra):
+    return ["calibrate", "--model", e["model"], "--heads", e["heads"], "--prompts", e["prompts"], "--max-new-tokens",
+            "3", "--topk", "4", "--budgets", "2", "--batch-size", "6", "--device", "cpu", "--out", f"{O}/cal", *extra]
+
+
+def _lat(e, O, *extra):
+    return ["latency", "--random-config", "tiny", "--device", "cpu", "--sizes", "1,2", "--context", "8",
+            "--repeats", "1", "--warmup", "0", "--out", f"{O}/l.csv", *extra]
+
+
+def _sweep(e, O, *extra):
+    return ["sweep", "--model", e["model"], "--heads", e["heads"], "--trees", "[[0]]", "--prompts", e["prompts"],
+            "--limit", "2", "--max-new-tokens", "3", "--device", "cpu", "--quiet", "--out", f"{O}/s.csv", *extra]
+
+
+def _train(e, O, *extra):
+    return ["train-heads", "--model", e["model"], "--prompts", e["prompts"], "--tokens", "8", "--max-new-tokens",
+            "3", "--gen-dtype", "float32", "--steps", "1", "--batch-size", "4", "--num-heads", "2", "--work",
+            f"{O}/w", "--out", f"{O}/h", *extra]
+
+
+def _opt(e, O, *extra):
+    return ["optimize", "--accuracies", e["acc"], "--budget", "3", "--out", f"{O}/t.json", *extra]
+
+
+def _plan(e, O, *extra):
+    return ["plan", "--accuracies", e["acc"], "--latency", e["lat"], "--batch-sizes", "1,2", "--out", f"{O}/p.json",
+            *extra]
+
+
+def _link(O, target) -> str:
+    """A symlink in the output folder O pointing at target."""
+    link = Path(O) / "link.out"
+    if not link.is_symlink():
+        os.symlink(target, link)
+    return str(link)
+
+
+def _with(argv, flag, value):
+    argv = list(argv)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    return argv
+
+
+def _cases() -> list[tuple]:
+    C = []
+
+    def add(sub, kind, cid, argv, expect="refuse"):
+        C.append((sub, kind, f"{sub}|{cid}", argv, expect))
+
+    # ---- absurd sizes and numbers
+    for tag, v in BIG.items():
+        add("tree buffers", "sizes", f"--topk {tag}", lambda e, O, v=v: ["tree", "buffers", "[[0],[0,1]]", "--topk", v],
+            "either")
+        add("tree show", "sizes", f"--num-heads {tag}", lambda e, O, v=v: ["tree", "show", "[[0]]", "--num-heads", v],
+            "either")
+        add("optimize", "sizes", f"--budget {tag}", lambda e, O, v=v: _with(_opt(e, O), "--budget", v), "either")
+        add("optimize", "sizes", f"--max-rank {tag}", lambda e, O, v=v: _opt(e, O, "--max-rank", v), "either")
+        add("optimize", "sizes", f"--max-depth {tag}", lambda e, O, v=v: _opt(e, O, "--max-depth", v), "either")
+        add("optimize", "sizes", f"--curve --budget {tag}", lambda e, O, v=v: _with(_opt(e, O, "--curve"), "--budget", v))
+        add("export", "sizes", f"--max-draft-len {tag}",
+            lambda e, O, v=v: ["export", e["tree"], "--format", "trtllm", "--max-draft-len", v], "either")
+        add("export", "sizes", f"--num-heads {tag}",
+            lambda e, O, v=v: ["export", e["tree"], "--format", "medusa", "--num-heads", v], "either")
+        add("decode", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: _with(_decode(e), "--max-new-tokens", v))
+        add("decode", "sizes", f"--batch {tag}", lambda e, O, v=v: _decode(e, "--batch", v))
+        add("decode", "sizes", f"--seed {tag}",
+            lambda e, O, v=v: _decode(e, "--acceptance", "nucleus", "--temperature", "0.7", "--seed", v), "either")
+        add("calibrate", "sizes", f"--topk {tag}", lambda e, O, v=v: _with(_cal(e, O), "--topk", v))
+        add("calibrate", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: _with(_cal(e, O), "--max-new-tokens", v))
+        add("calibrate", "sizes", f"--batch-size {tag}", lambda e, O, v=v: _with(_cal(e, O), "--batch-size", v),
+            "either")
+        add("calibrate", "sizes", f"--budgets {tag}", lambda e, O, v=v: _with(_cal(e, O), "--budgets", v), "either")
+        add("latency", "sizes", f"--sizes {tag}", lambda e, O, v=v: _with(_lat(e, O), "--sizes", v))
+        add("latency", "sizes", f"--context {tag}", lambda e, O, v=v: _with(_lat(e, O), "--context", v))
+        add("latency", "sizes", f"--batch {tag}", lambda e, O, v=v: _lat(e, O, "--batch", v))
+        add("latency", "sizes", f"--repeats {tag}", lambda e, O, v=v: _with(_lat(e, O), "--repeats", v))
+        add("latency", "sizes", f"--random-config hidden={tag}",
+            lambda e, O, v=v: _with(_lat(e, O), "--random-config", f"tiny,hidden={v},heads=4,kv_heads=2"))
+        add("latency", "sizes", f"--random-config vocab={tag}",
+            lambda e, O, v=v: _with(_lat(e, O), "--random-config", f"tiny,vocab={v}"))
+        add("latency", "sizes", f"--random-config layers={tag}",
+            lambda e, O, v=v: _with(_lat(e, O), "--random-config", f"tiny,layers={v}"))
+        add("plan", "sizes", f"--batch-sizes {tag}", lambda e, O, v=v: _with(_plan(e, O), "--batch-sizes", v))
+        add("plan", "sizes", f"--context {tag}", lambda e, O, v=v: _plan(e, O, "--context", v))
+        add("sweep", "sizes", f"--budgets {tag}",
+            lambda e, O, v=v: _sweep(e, O, "--budgets", v, "--calibration", e["cal"]))
+        add("sweep", "sizes", f"--batch-sizes {tag}", lambda e, O, v=v: _sweep(e, O, "--batch-sizes", v))
+        add("sweep", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: _with(_sweep(e, O), "--max-new-tokens", v))
+        add("sweep", "sizes", f"--limit {tag}", lambda e, O, v=v: _with(_sweep(e, O), "--limit", v), "either")
+        add("sweep-report", "sizes", f"--context {tag}",
+            lambda e, O, v=v: ["sweep-report", e["sweep"], "--latency", e["lat"], "--context", v])
+        add("train-heads", "sizes", f"--num-heads {tag}", lambda e, O, v=v: _with(_train(e, O), "--num-heads", v))
+        add("train-heads", "sizes", f"--num-layers {tag}", lambda e, O, v=v: _train(e, O, "--num-layers", v))
+        add("train-heads", "sizes", f"--tokens {tag}", lambda e, O, v=v: _with(_train(e, O), "--tokens", v),
+            "either")  # within 2^40: generation stops when the prompts run out
+        add("train-heads", "sizes", f"--batch-size {tag}", lambda e, O, v=v: _with(_train(e, O), "--batch-size", v))
+        add("train-heads", "sizes", f"--seed {tag}", lambda e, O, v=v: _train(e, O, "--seed", v), "either")
+        add("train-heads", "sizes", f"--gen-batch {tag}", lambda e, O, v=v: _train(e, O, "--gen-batch", v), "either")
+    add("tree show", "sizes", "rank 2^63 in a file", lambda e, O: ["tree", "show", e["tree_big"]])
+    add("tree show", "sizes", "2000-deep chain", lambda e, O: ["tree", "show", e["tree_deep"]], "either")
+    add("tree buffers", "sizes", "2000-deep chain", lambda e, O: ["tree", "buffers", e["tree_deep"], "--out",
+                                                                  f"{O}/b.json"], "either")
+    add("optimize", "sizes", "--dense 100000,100000", lambda e, O: ["optimize", "--accuracies", e["acc"], "--dense",
+                                                                    "100000,100000"])
+    add("optimize", "sizes", "--dense 0", lambda e, O: ["optimize", "--accuracies", e["acc"], "--dense", "0"])
+    add("optimize", "sizes", "--dense -2,3", lambda e, O: ["optimize", "--accuracies", e["acc"], "--dense", "-2,3"])
+    add("optimize", "sizes", "--budget 0", lambda e, O: _with(_opt(e, O), "--budget", "0"))
+    add("optimize", "sizes", "--budget -5", lambda e, O: _with(_opt(e, O), "--budget", "-5"))
+    add("optimize", "sizes", "--max-depth 0", lambda e, O: _opt(e, O, "--max-depth", "0"))
+    add("optimize", "sizes", "--max-rank -1", lambda e, O: _opt(e, O, "--max-rank", "-1"))
+    add("optimize", "sizes", "--latency --batch-size 0",
+        lambda e, O: _opt(e, O, "--latency", e["lat"], "--batch-size", "0"))
+    add("tree buffers", "sizes", "--topk 0", lambda e, O: ["tree", "buffers", "[[0]]", "--topk", "0"])
+    add("tree show", "sizes", "--num-heads 0", lambda e, O: ["tree", "show", "[[0]]", "--num-heads", "0"])
+    add("tree show", "sizes", "--num-heads -1", lambda e, O: ["tree", "show", "[[0]]", "--num-heads", "-1"])
+    add("export", "sizes", "--max-draft-len 0", lambda e, O: ["export", e["tree"], "--format", "trtllm",
+                                                              "--max-draft-len", "0"])
+    add("export", "sizes", "--num-heads 0", lambda e, O: ["export", e["tree"], "--format", "json", "--num-heads", "0"])
+    add("export", "sizes", "plan --batch-size 2^63", lambda e, O: ["export", e["plan"], "--format", "medusa",
+                                                                   "--batch-size", BIG["2^63"]])
+    add("decode", "sizes", "--max-new-tokens 0", lambda e, O: _with(_decode(e), "--max-new-tokens", "0"))
+    add("decode", "sizes", "--limit 0", lambda e, O: ["decode", "--model", e["model"], "--heads", e["heads"], "--tree",
+                                                      "[[0]]", "--prompts", e["prompts"], "--limit", "0",
+                                                      "--device", "cpu"])
+    add("decode", "sizes", "--prompt-ids past the vocabulary", lambda e, O: _with(_decode(e), "--prompt-ids", "5,4000"))
+    add("decode", "sizes", "--seed -1", lambda e, O: _decode(e, "--acceptance", "nucleus", "--temperature", "0.7",
+                                                              "--seed", "-1"), "either")
+    add("calibrate", "sizes", "--holdout 1", lambda e, O: _with(_cal(e, O), "--holdout", "1"), "either")
+    add("calibrate", "sizes", "--holdout nan", lambda e, O: _with(_cal(e, O), "--holdout", "nan"))
+    add("calibrate", "sizes", "--holdout -0.5", lambda e, O: _with(_cal(e, O), "--holdout", "-0.5"))
+    add("calibrate", "sizes", "--limit 0", lambda e, O: _cal(e, O, "--limit", "0"))
+    add("calibrate", "sizes", "--topk 200 (past the vocabulary)", lambda e, O: _with(_cal(e, O), "--topk", "200"))
+    add("latency", "sizes", "--repeats 0", lambda e, O: _with(_lat(e, O), "--repeats", "0"))
+    add("latency", "sizes", "--warmup -1", lambda e, O: _with(_lat(e, O), "--warmup", "-1"))
+    add("latency", "sizes", "--sizes 0", lambda e, O: _with(_lat(e, O), "--sizes", "0"))
+    add("latency", "sizes", "--context 0", lambda e, O: _with(_lat(e, O), "--context", "0,8"), "either")
+    add("latency", "sizes", "--random-config hidden=0", lambda e, O: _with(_lat(e, O), "--random-config",
+                                                                             "tiny,hidden=0"))
+    add("latency", "sizes", "--random-config layers=-1", lambda e, O: _with(_lat(e, O), "--random-config",
+                                                                              "tiny,layers=-1"))
+    add("sweep", "sizes", "--epsilon range of a billion", lambda e, O: _sweep(e, O, "--epsilon", "0.000000001:1:1e-9",
+                                                                            "--temperature", "0.7"))
+    add("sweep", "sizes", "--temperature range of a billion", lambda e, O: _sweep(e, O, "--temperature", "0:1:1e-9"))
+    add("sweep", "sizes", "--limit 0", lambda e, O: _with(_sweep(e, O), "--limit", "0"))
+    add("sweep", "sizes", "--max-new-tokens 0", lambda e, O: _with(_sweep(e, O), "--max-new-tokens", "0"))
+    add("train-heads", "sizes", "--steps 0", lambda e, O: _with(_train(e, O), "--steps", "0"))
+    add("train-heads", "sizes", "--batch-size 0", lambda e, O: _with(_train(e, O), "--batch-size", "0"))
+    add("train-heads", "sizes", "--gen-batch 0", lambda e, O: _train(e, O, "--gen-batch", "0"))
+    add("train-heads", "sizes", "--max-new-tokens 0", lambda e, O: _with(_train(e, O), "--max-new-tokens", "0"))
+    add("train-heads", "sizes", "--lr nan", lambda e, O: _train(e, O, "--lr", "nan"))
+    add("train-heads", "sizes", "--lr -1", lambda e, O: _train(e, O, "--lr", "-1"))
+    add("train-heads", "sizes", "--lr inf", lambda e, O: _train(e, O, "--lr", "inf"))
+    add("train-heads", "sizes", "--time-budget inf", lambda e, O: _train(e, O, "--time-budget", "inf"))
+    add("train-heads", "sizes", "--time-budget nan", lambda e, O: _train(e, O, "--time-budget", "nan"))
+    add("train-heads", "sizes", "--seed -1", lambda e, O: _train(e, O, "--seed", "-1"), "either")
+    add("train-heads", "sizes", "--answers-per-prompt 2^31",
+        lambda e, O: _train(e, O, "--answers-per-prompt", BIG["2^31"]))
+
+    # ---- outputs
+    file_outs = {  # subcommand: argv with an --out FILE whose input is e[key]
+        "tree buffers": (lambda e, O, o: ["tree", "buffers", e["tree"], "--out", o], "tree"),
+        "optimize": (lambda e, O, o: ["optimize", "--accuracies", e["acc"], "--budget", "3", "--out", o], "acc"),
+        "export": (lambda e, O, o: ["export", e["tree"], "--format", "medusa", "--out", o], "tree"),
+        "plan": (lambda e, O, o: ["plan", "--accuracies", e["acc"], "--latency", e["lat"], "--batch-sizes", "1,2",
+                                  "--out", o], "lat"),
+        "sweep-report": (lambda e, O, o: ["sweep-report", e["sweep"], "--out", o], "sweep"),
+        "tree show": (lambda e, O, o: ["tree", "show", e["tree"], "--png", o], "tree"),
+        "latency": (lambda e, O, o: _with(_lat(e, O), "--out", o), None),  # reads no file: see the heads case
+        "sweep": (lambda e, O, o: _with(_sweep(e, O), "--out", o), "prompts"),
+    }
+    for sub, (argv, key) in file_outs.items():
+        if key is not None:
+            add(sub, "outputs", "--out = its input", lambda e, O, a=argv, k=key: a(e, O, e[k]))
+            add(sub, "outputs", "--out = a symlink to its input", lambda e, O, a=argv, k=key: a(e, O, _link(O, e[k])))
+        add(sub, "outputs", "--out = a dangling symlink",
+            lambda e, O, a=argv: a(e, O, _link(O, f"{O}/nowhere/x.out")), "either")
+        add(sub, "outputs", "--out /dev/full", lambda e, O, a=argv: a(e, O, e["devfull"]) if e.get("devfull") else None)
+        add(sub, "outputs", "--out /dev/null", lambda e, O, a=argv: a(e, O, e["devnull"]) if e.get("devnull") else None,
+            "refuse" if sub == "sweep" else "ok")  # a sweep resumes from its --out: a device is no CSV
+    # the symlink case must point at the subcommand's own input: tree file for the tree commands
+    add("optimize", "outputs", "--curve-out = --latency input",
+        lambda e, O: _opt(e, O, "--latency", e["lat"], "--curve-out", e["lat"]))
+    add("optimize", "outputs", "--out inside --calibration (its meta.json)",
+        lambda e, O: ["optimize", "--calibration", e["cal"], "--budget", "3", "--out", f"{e['cal']}/meta.json"])
+    add("sweep-report", "outputs", "--figures = the sweep CSV itself",
+        lambda e, O: ["sweep-report", e["sweep"], "--figures", e["sweep"]])
+    add("calibrate", "outputs", "--out = the heads folder", lambda e, O: _with(_cal(e, O), "--out", e["heads"]))
+    add("calibrate", "outputs", "--out = the model folder --force",
+        lambda e, O: _with(_cal(e, O, "--force"), "--out", e["model"]))
+    add("calibrate", "outputs", "--out = --continuations --force",
+        lambda e, O: _with(_cal(e, O, "--continuations", e["cal"], "--force"), "--out", e["cal"]))
+    add("calibrate", "outputs", "--trees-dir = the model folder",
+        lambda e, O: _cal(e, O, "--trees-dir", e["model"]))
+    add("calibrate", "outputs", "--out /dev/full", lambda e, O: _with(_cal(e, O), "--out", e["devfull"])
+        if e.get("devfull") else None)
+    add("train-heads", "outputs", "--out = the model folder", lambda e, O: _with(_train(e, O), "--out", e["model"]))
+    add("train-heads", "outputs", "--work = the model folder", lambda e, O: _with(_train(e, O), "--work", e["model"]))
+    add("train-heads", "outputs", "--out = --init heads", lambda e, O: _with(_train(e, O, "--init", e["heads"]),
+                                                                           "--out", e["heads"]))
+    add("train-heads", "outputs", "--out = --work", lambda e, O: _with(_train(e, O), "--out", f"{O}/w"), "either")
+    add("latency", "outputs", "--out = the heads file", lambda e, O: ["latency", "--model", e["model"], "--heads",
+                                                                       e["heads"], "--sizes", "1,2", "--context", "8",
+                                                                       "--repeats", "1", "--warmup", "0", "--out",
+                                                                       e["heads_file"]])
+    add("sweep", "outputs", "--out = the prompts file", lambda e, O: _with(_sweep(e, O), "--out", e["prompts"]))
+    for sub, argv in {"tree list": lambda e, O: ["tree", "list"],
+                      "tree show": lambda e, O: ["tree", "show", e["tree"]],
+                      "tree buffers": lambda e, O: ["tree", "buffers", e["tree"]],
+                      "tree eval": lambda e, O: ["tree", "eval", e["tree"], "--calibration", e["cal"]],
+                      "optimize": lambda e, O: ["optimize", "--accuracies", e["acc"], "--budget", "3"],
+                      "export": lambda e, O: ["export", e["tree"], "--format", "json"],
+                      "plan": lambda e, O: ["plan", "--accuracies", e["acc"], "--latency", e["lat"],
+                                            "--batch-sizes", "1,2"],
+                      "sweep-report": lambda e, O: ["sweep-report", e["sweep"]],
+                      "decode": lambda e, O: _decode(e)}.items():
+        add(sub, "outputs", "stdout=closed", argv)
+        add(sub, "outputs", "stdout=full", argv)
+
+    # ---- silent garbage
+    add("tree show", "garbage", "--accuracies summing past 1", lambda e, O: ["tree", "show", e["tree"], "--accuracies",
+                                                                            e["acc_over"]])
+    add("optimize", "garbage", "accuracies summing past 1", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_over"]))
+    add("optimize", "garbage", "cumulative top-k falling", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_cum"]))
+    add("optimize", "garbage", "NaN accuracy", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_nan"]))
+    add("optimize", "garbage", "zero counts", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_zero_count"]),
+        "either")
+    add("optimize", "garbage", "rank 1000000 (1M columns)", lambda e, O: _with(_opt(e, O), "--accuracies",
+                                                                               e["acc_wide"]), "either")
+    add("plan", "garbage", "accuracies summing past 1", lambda e, O: _with(_plan(e, O), "--accuracies", e["acc_over"]))
+    add("plan", "garbage", "latency underflowing (denormal seconds)",
+        lambda e, O: _with(_plan(e, O), "--latency", e["lat_tiny"]))
+    add("plan", "garbage", "latency overflowing (1e300 squared)",
+        lambda e, O: _with(_plan(e, O), "--latency", e["lat_huge"]))
+    add("plan", "garbage", "latency ratio overflowing", lambda e, O: _with(_plan(e, O), "--latency", e["lat_ratio"]))
+    add("optimize", "garbage", "--latency underflowing", lambda e, O: _opt(e, O, "--latency", e["lat_tiny"]))
+    add("optimize", "garbage", "--latency ratio overflowing", lambda e, O: _opt(e, O, "--latency", e["lat_ratio"]))
+    add("sweep-report", "garbage", "--latency ratio overflowing",
+        lambda e, O: ["sweep-report", e["sweep"], "--latency", e["lat_ratio"]])
+    add("plan", "garbage", "latency negative context", lambda e, O: _with(_plan(e, O), "--latency", e["lat_neg_ctx"]))
+    add("plan", "garbage", "latency header only", lambda e, O: _with(_plan(e, O), "--latency", e["lat_rows0"]))
+    add("plan", "garbage", "--acceptance NaN", lambda e, O: ["plan", "--acceptance", e["acc_vec_nan"], "--latency",
+                                                             e["lat"], "--batch-sizes", "1"])
+    add("plan", "garbage", "--acceptance Infinity", lambda e, O: ["plan", "--acceptance", e["acc_vec_inf"],
+                                                                  "--latency", e["lat"], "--batch-sizes", "1"])
+    add("plan", "garbage", "--calibration with zero rows", lambda e, O: ["plan", "--calibration", e["cal_zero"],
+                                                                         "--latency", e["lat"], "--batch-sizes", "1"])
+    add("tree eval", "garbage", "calibration with zero rows", lambda e, O: ["tree", "eval", e["tree"], "--calibration",
+                                                                            e["cal_zero"]])
+    add("optimize", "garbage", "calibration with zero rows", lambda e, O: ["optimize", "--calibration", e["cal_zero"],
+                                                                           "--budget", "3"])
+    add("sweep", "garbage", "calibration with zero rows", lambda e, O: _sweep(e, O, "--budgets", "2", "--calibration",
+                                                                              e["cal_zero"]))
+    add("export", "garbage", "plan with NaN", lambda e, O: ["export", e["plan_nan"], "--format", "medusa"])
+    add("export", "garbage", "plan with batch 2^63", lambda e, O: ["export", e["plan_bigb"], "--format", "vllm"],
+        "either")
+    add("sweep", "garbage", "--plan with NaN", lambda e, O: _sweep(e, O, "--plan", e["plan_nan"])[:0] +
+        ["sweep", "--model", e["model"], "--heads", e["heads"], "--plan", e["plan_nan"], "--prompts", e["prompts"],
+         "--limit", "2", "--max-new-tokens", "3", "--device", "cpu", "--quiet", "--out", f"{O}/s.csv"])
+    add("tree show", "garbage", "NaN rank in a tree file", lambda e, O: ["tree", "show", e["tree_nan"]])
+    add("decode", "garbage", "dict-of-lists prompts", lambda e, O: ["decode", "--model", e["model"], "--heads",
+                                                                    e["heads"], "--tree", "[[0]]", "--prompts",
+                                                                    e["dict_of_lists"], "--max-new-tokens", "2",
+                                                                    "--device", "cpu"])
+    add("calibrate", "garbage", "dict-of-lists prompts", lambda e, O: _with(_cal(e, O), "--prompts",
+                                                                             e["dict_of_lists"]))
+    add("sweep", "garbage", "dict-of-lists prompts", lambda e, O: _with(_sweep(e, O), "--prompts", e["dict_of_lists"]))
+    add("train-heads", "garbage", "dict-of-lists prompts", lambda e, O: _with(_train(e, O), "--prompts",
+                                                                               e["dict_of_lists"]))
+    add("calibrate", "garbage", "NaN prompt", lambda e, O: _with(_cal(e, O), "--prompts", e["nan_prompts"]))
+    for arch in ("bert", "t5", "mamba"):
+        add("decode", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_decode(e), "--model", e[f"arch_{a}"]))
+        add("calibrate", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_cal(e, O), "--model",
+                                                                                 e[f"arch_{a}"]),
+            "either" if arch == "mamba" else "refuse")  # ranks of a Mamba's heads are well defined; decoding is not
+        add("latency", "garbage", f"{arch} model", lambda e, O, a=arch: ["latency", "--model", e[f"arch_{a}"],
+                                                                         "--sizes", "1,2", "--context", "8",
+                                                                         "--repeats", "1", "--warmup", "0", "--out",
+                                                                         f"{O}/l.csv"])
+        add("train-heads", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_train(e, O), "--model",
+                                                                                   e[f"arch_{a}"]),
+            "either" if arch == "mamba" else "refuse")
+    add("latency", "garbage", "--random-config arch=bert", lambda e, O: _with(_lat(e, O), "--random-config",
+                                                                                "tiny,arch=bert"))
+    add("latency", "garbage", "--random-config arch=t5", lambda e, O: _with(_lat(e, O), "--random-config",
+                                                                              "tiny,arch=t5"))
+    add("sweep-report", "garbage", "sweep negative nodes", lambda e, O: ["sweep-report", e["sweep_negnodes"]])
+    add("sweep-report", "garbage", "sweep fractional nodes", lambda e, O: ["sweep-report", e["sweep_frac_nodes"]])
+    add("sweep-report", "garbage", "sweep zero tokens/step", lambda e, O: ["sweep-report", e["sweep_zero_rate"]])
+    add("sweep-report", "garbage", "sweep 1e308 speedups", lambda e, O: ["sweep-report", e["sweep_huge"], "--figures",
+                                                                         f"{O}/f"], "either")
+    add("sweep-report", "garbage", "sweep batch 2^63", lambda e, O: ["sweep-report", e["sweep_bigb"]])
+
+    # ---- odd types and values
+    for flag, bad in (("--budget", "3.5"), ("--budget", "ten"), ("--budget", "1e3"), ("--budget", "")):
+        add("optimize", "types", f"{flag} {bad!r}", lambda e, O, f=flag, b=bad: _with(_opt(e, O), f, b))
+    add("tree buffers", "types", "--topk 'x'", lambda e, O: ["tree", "buffers", "[[0]]", "--topk", "x"])
+    add("decode", "types", "--temperature nan", lambda e, O: _decode(e, "--temperature", "nan"))
+    add("decode", "types", "--temperature inf", lambda e, O: _decode(e, "--temperature", "inf", "--acceptance",
+                                                                     "typical"))
+    add("decode", "types", "--top-p 2", lambda e, O: _decode(e, "--acceptance", "nucleus", "--top-p", "2"))
+    add("decode", "types", "--top-p with typical", lambda e, O: _decode(e, "--acceptance", "typical", "--top-p", "0.5"))
+    add("decode", "types", "--epsilon with greedy", lambda e, O: _decode(e, "--acceptance", "greedy", "--epsilon",
+                                                                         "0.3"))
+    add("decode", "types", "--seed with greedy", lambda e, O: _decode(e, "--seed", "3"))
+    add("decode", "types", "--prompt and --prompts", lambda e, O: _decode(e, "--prompt", "hi"))
+    add("decode", "types", "--limit without --prompts", lambda e, O: _decode(e, "--limit", "3"))
+    for dev in ("mps", "meta", "cuda:99", "tpu", "cpu:3", "cpu:-1"):
+        add("decode", "types", f"--device {dev}", lambda e, O, d=dev: _with(_decode(e), "--device", d))
+        add("latency", "types", f"--device {dev}", lambda e, O, d=dev: _with(_lat(e, O), "--device", d))
+    add("calibrate", "types", "--device meta", lambda e, O: _with(_cal(e, O), "--device", "meta"))
+    add("sweep", "types", "--device mps", lambda e, O: _with(_sweep(e, O), "--device", "mps"))
+    add("train-heads", "types", "--device meta", lambda e, O: _train(e, O, "--device", "meta"))
+    add("train-heads", "types", "--device mps", lambda e, O: _train(e, O, "--device", "mps"))
+    add("decode", "types", "--dtype float8", lambda e, O: _decode(e, "--dtype", "float8_e4m3fn"))
+    add("train-heads", "types", "--gen-dtype int8", lambda e, O: _with(_train(e, O), "--gen-dtype", "int8"))
+    add("train-heads", "types", "--gen-dtype float8_e4m3fn", lambda e, O: _with(_train(e, O), "--gen-dtype",
+                                                                                "float8_e4m3fn"))
+    add("latency", "types", "--threads 0", lambda e, O: _lat(e, O, "--threads", "0"))
+    add("latency", "types", "--random-config hidden=2.5", lambda e, O: _with(_lat(e, O), "--random-config",
+                                                                               "tiny,hidden=2.5"))
+    add("latency", "types", "--random-config rope_theta=x", lambda e, O: _with(_lat(e, O), "--random-config",
+                                                                                 "tiny,rope_theta=x"))
+    add("latency", "types", "--random-config and --model", lambda e, O: _lat(e, O, "--model", e["model"]))
+    add("latency", "types", "--sizes 1.5", lambda e, O: _with(_lat(e, O), "--sizes", "1.5"))
+    for what, key in (("fp8", "fp8"), ("3-D", "w3d"), ("pickle as safetensors", "pickle"),
+                      ("pickle as .pt", "pickle_pt")):
+        add("decode", "types", f"{what} heads", lambda e, O, k=key: _with(_decode(e), "--heads", e[k]),
+            "either" if key == "fp8" else "refuse")
+        add("calibrate", "types", f"{what} heads", lambda e, O, k=key: _with(_cal(e, O), "--heads", e[k]),
+            "either" if key == "fp8" else "refuse")
+        add("sweep", "types", f"{what} heads", lambda e, O, k=key: _with(_sweep(e, O), "--heads", e[k]),
+            "either" if key == "fp8" else "refuse")
+        add("latency", "types", f"{what} heads", lambda e, O, k=key: ["latency", "--model", e["model"], "--heads",
+                                                                      e[k], "--sizes", "1,2", "--context", "8",
+                                                                      "--repeats", "1", "--warmup", "0", "--out",
+                                                                      f"{O}/l.csv"],
+            "either" if key == "fp8" else "refuse")
+        add("train-heads", "types", f"{what} --init", lambda e, O, k=key: _train(e, O, "--init", e[k]),
+            "either" if key == "fp8" else "refuse")
+    add("optimize", "types", "pickle accuracies", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_pickle"]))
+    add("calibrate", "types", "pickle prompts", lambda e, O: _with(_cal(e, O), "--prompts", e["pickle_prompts"]))
+    add("export", "types", "pickle tree", lambda e, O: ["export", e["acc_pickle"], "--format", "json"])
+    add("sweep-report", "types", "sweep missing a column", lambda e, O: ["sweep-report", e["sweep_nocol"]])
+    add("sweep-report", "types", "sweep with no rows", lambda e, O: ["sweep-report", e["sweep_empty"]])
+    add("sweep-report", "types", "latency missing columns", lambda e, O: ["sweep-report", e["sweep"], "--latency",
+                                                                         e["lat_nocols"]])
+    add("plan", "types", "--batch-sizes 1.5", lambda e, O: _with(_plan(e, O), "--batch-sizes", "1.5"))
+    add("plan", "types", "--calibration and --accuracies", lambda e, O: _plan(e, O, "--calibration", e["cal"]))
+    add("export", "types", "--engine-safe with --format medusa", lambda e, O: ["export", e["tree"], "--format", "medusa",
+                                                                              "--engine-safe"])
+    add("export", "types", "plan with --num-heads", lambda e, O: ["export", e["plan"], "--format", "medusa",
+                                                                  "--num-heads", "3"])
+    add("tree eval", "types", "--calibration a file", lambda e, O: ["tree", "eval", e["tree"], "--calibration",
+                                                                    e["acc"]])
+    add("sweep", "types", "--joint without budgets", lambda e, O: _sweep(e, O, "--joint"))
+    add("sweep", "types", "--replay with --trees", lambda e, O: _sweep(e, O, "--replay"))
+    add("sweep", "types", "--delta -1", lambda e, O: _sweep(e, O, "--delta", "-1"))
+    add("sweep", "types", "--epsilon 0", lambda e, O: _sweep(e, O, "--epsilon", "0"))
+    add("calibrate", "types", "--continuations a file", lambda e, O: _cal(e, O, "--continuations", e["acc"]))
+    add("train-heads", "types", "--gen-share 1", lambda e, O: _train(e, O, "--time-budget", "10", "--gen-share", "1"))
+    add("train-heads", "types", "--active-steps > --steps", lambda e, O: _train(e, O, "--active-steps", "5"))
+    add("train-heads", "types", "--untied --init tied heads", lambda e, O: _train(e, O, "--untied", "--init",
+                                                                                e["heads"]))
+    add("train-heads", "types", "--init with other --num-heads", lambda e, O: _with(_train(e, O, "--init", e["heads"]),
+                                                                                  "--num-heads", "5"))
+    return C
+
+
+CASES = _cases()
+
+
+# ----------------------------------------------------------------------------------------------- the subprocess runner
+
+def snapshot(folder: Path) -> dict:
+    """{relative path: sha256 (or link target)} of every file under folder."""
+    out = {}
+    for p in sorted(Path(folder).rglob("*")):
+        key = str(p.relative_to(folder))
+        if p.is_symlink():
+            out[key] = "link:" + os.readlink(p)
+        elif p.is_file():
+            out[key] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def verdict(expect: str, rc, err: str, changed: bool, timed_out: bool) -> str:
+    """'' when the case was handled right, else what went wrong."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    if timed_out:
+        return "hang"
+    if changed:
+        return "input changed"
+    if "Traceback" in err:
+        return "traceback"
+    if rc == 2:
+        errs = [line for line in lines if line.startswith("error: ")]
+        if not (len(errs) == 1 and lines and lines[-1] == errs[0]):
+            return "not one error line"
+        return "refused a valid input" if expect == "ok" else ""
+    if rc == 0:
+        return "exit 0 on bad input" if expect == "refuse" else ""
+    return f"exit {rc}"
+
+
+def _run_one(repo: str, e: dict, out_root: Path, i: int, case, limit: float):
+    import subprocess
+    import time
+
+    sub, kind, cid, argv, expect = case
+    O = out_root / f"c{i}"
+    O.mkdir(parents=True, exist_ok=True)
+    try:
+        built = argv(e, O)
+    except KeyError:  # an architecture this transformers lacks
+        built = None
+    if built is None:  # needs something this machine lacks (a device node, an architecture)
+        return None
+    args = [str(a) for a in built]
+    before = snapshot(Path(e["in"]))
+    stdout, pre = subprocess.PIPE, None
+    if "stdout=full" in cid:
+        stdout = open("/dev/full", "w")
+    elif "stdout=closed" in cid:
+        pre = lambda: os.close(1)  # noqa: E731
+    env = dict(os.environ, PYTHONPATH=repo, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    t0 = time.time()
+    try:
+        p = subprocess.run([sys.executable, "-m", "workbench.cli", *args], cwd=O, env=env, stdout=stdout,
+                           stderr=subprocess.PIPE, timeout=limit, preexec_fn=pre)
+        rc, err, timed_out = p.returncode, p.stderr.decode(errors="replace"), False
+    except subprocess.TimeoutExpired as ex:
+        rc, err, timed_out = None, (ex.stderr or b"").decode(errors="replace"), True
+    dt = time.time() - t0
+    changed = snapshot(Path(e["in"])) != before
+    last = ([line for line in err.splitlines() if line.strip()] or [""])[-1][:200]
+    return dict(sub=sub, kind=kind, id=cid, expect=expect, rc=rc, last=last, traceback="Traceback" in err,
+                seconds=round(dt, 1), changed=changed, wrong=verdict(expect, rc, err, changed, timed_out),
+                argv=args)
+
+
+def run_subprocess(repo: str, e: dict, out_root: Path, limit: float = 40.0, only=None, workers: int = 3):
+    """Every case as a subprocess. Cases that may write where an input is run one at a time, each followed by a
+    restore of the inputs (so one damaging case cannot spoil the next); the others run `workers` at a time."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    pristine = Path(e["root"]) / "pristine"
+    if not pristine.exists():
+        shutil.copytree(e["in"], pristine, symlinks=True)
+    cases = [(i, c) for i, c in enumerate(CASES) if not only or only in c[2]]
+    risky = [(i, c) for i, c in cases if c[1] == "outputs"]
+    safe = [(i, c) for i, c in cases if c[1] != "outputs"]
+    results = []
+
+    def done(r):
+        if r is not None:
+            results.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "argv"}), flush=True)
+
+    with ThreadPoolExecutor(workers) as pool:
+        for r in pool.map(lambda ic: _run_one(repo, e, out_root, ic[0], ic[1], limit), safe):
+            done(r)
+    for i, c in risky:
+        r = _run_one(repo, e, out_root, i, c, limit)
+        done(r)
+        if snapshot(Path(e["in"])) != snapshot(pristine) or r and r["changed"]:
+            shutil.rmtree(e["in"])
+            shutil.copytree(pristine, e["in"], symlinks=True)
+    return results
+
+
+def run_case_inprocess(e: dict, O: Path, case, limit: float = 30.0) -> dict | None:
+    """One case through workbench.cli.main in this process: stdout and stderr captured (a closed stdout is None,
+    a full one /dev/full), a SIGALRM after `limit` seconds counted as a hang."""
+    import contextlib
+    import io
+    import signal
+    import time
+    import traceback
+
+    from workbench.cli import main
+
+    sub, kind, cid, argv, expect = case
+    O.mkdir(parents=True, exist_ok=True)
+    try:
+        built = argv(e, O)
+    except KeyError:
+        built = None
+    if built is None:
+        return None
+    args = [str(a) for a in built]
+    before = snapshot(Path(e["in"]))
+    err = io.StringIO()
+    out = None if "stdout=closed" in cid else open("/dev/full", "w") if "stdout=full" in cid else io.StringIO()
+
+    def alarm(*_):
+        raise TimeoutError(f"over {limit} s")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    cwd, saved_out, t0, timed_out = os.getcwd(), sys.stdout, time.time(), False
+    try:
+        os.chdir(O)
+        sys.stdout = out
+        with contextlib.redirect_stderr(err):
+            rc = main(args)
+    except TimeoutError:
+        rc, timed_out = None, True
+    except BaseException:  # noqa: BLE001 - anything escaping main is the finding
+        rc = "exception"
+        err.write(traceback.format_exc())
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        sys.stdout = saved_out
+        os.chdir(cwd)
+        if out is not None and not isinstance(out, io.StringIO):
+            try:
+                out.close()
+            except OSError:
+                pass
+    dt = time.time() - t0
+    text = err.getvalue()
+    changed = snapshot(Path(e["in"])) != before
+    last = ([line for line in text.splitlines() if line.strip()] or [""])[-1][:200]
+    return dict(sub=sub, kind=kind, id=cid, expect=expect, rc=rc, last=last, traceback="Traceback" in text,
+                seconds=round(dt, 1), changed=changed, wrong=verdict(expect, rc, text, changed, timed_out),
+                stdout=out.getvalue()[:2000] if isinstance(out, io.StringIO) else None, argv=args)
+
+
+def run_inprocess(e: dict, out_root: Path, limit: float = 30.0, only=None, shard=(0, 1)) -> list[dict]:
+    """Every case in this process (memory capped at 8 GiB, so a blow-up is a MemoryError, not the OOM killer);
+    the inputs are restored from a pristine copy after any case that changed them."""
+    import resource
+    import shutil
+
+    resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    pristine = Path(e["root"]) / "pristine"
+    if not pristine.exists():
+        shutil.copytree(e["in"], pristine, symlinks=True)
+    results = []
+    for i, c in enumerate(CASES):
+        if (only and only not in c[2]) or i % shard[1] != shard[0]:
+            continue
+        r = run_case_inprocess(e, out_root / f"c{i}", c, limit)
+        if r is None:
+            continue
+        results.append(r)
+        print(json.dumps({k: v for k, v in r.items() if k not in ("argv", "stdout")}), file=sys.__stderr__,
+              flush=True)
+        if r["changed"]:
+            shutil.rmtree(e["in"])
+            shutil.copytree(pristine, e["in"], symlinks=True)
+    return results
+
+
+if __name__ == "__main__":
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repo", required=True)
+    ap.add_argument("--out", required=True, help="results JSON lines")
+    ap.add_argument("--only", help="substring of case ids")
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--limit", type=float, default=30.0, help="seconds per case before it counts as a hang")
+    ap.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th")
+    ap.add_argument("--subprocess", action="store_true", help="one subprocess per case (slow: seconds of imports "
+                    "each); default: in-process")
+    a = ap.parse_args()
+    sys.path.insert(0, a.repo)
+    root = Path(tempfile.mkdtemp(prefix="hostile-"))
+    e = build_env(root)
+    res = run_subprocess(a.repo, e, root / "out", only=a.only, workers=a.workers) if a.subprocess else \
+        run_inprocess(e, root / "out", a.limit, a.only, tuple(map(int, a.shard.split("/"))))
+    Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in res))
