@@ -596,28 +596,35 @@ def check_vllm_heads(heads, base) -> None:
                              f"{heads.hidden_size}]: vLLM's Medusa lm_head cannot take it")
 
 
-def export_vllm_heads(heads_dir, model, out) -> tuple[dict, list[str]]:
-    """Write `out`: a heads folder for vLLM <= 0.32.0 (--speculative-config '{"method": "medusa", "model": OUT,
-    "num_speculative_tokens": K}'). (config written, notes). Atomic per file."""
+def write_vllm_heads(heads, base, out, base_label: str) -> dict:
+    """Check, then write the vLLM Medusa folder `out` for heads on a loaded base model (fp32); its config."""
     from safetensors.torch import save_file
 
-    from workbench.heads import load_heads
     from workbench.io import atomic_write, atomic_write_json
-    from workbench.models import load_base, model_label
 
-    heads, _ = load_heads(heads_dir)
-    base, _ = load_base(model, "cpu", "float32", need_tokenizer=False)
     if heads.tied and not heads.vocab_size:
         heads.vocab_size = base.get_output_embeddings().weight.shape[0]
     check_vllm_heads(heads, base)
     sd, cfg = vllm_heads_tensors(heads, base.get_output_embeddings().weight)
-    cfg["base_model_name_or_path"] = model_label(model)
+    cfg["base_model_name_or_path"] = base_label
     atomic_write(Path(out) / VLLM_HEADS_WEIGHTS, lambda tmp: save_file(sd, str(tmp)), "--out")
     atomic_write_json(Path(out) / "config.json", cfg, "--out")
+    return cfg
+
+
+def export_vllm_heads(heads_dir, model, out) -> tuple[dict, list[str]]:
+    """Write `out`: a heads folder for vLLM <= 0.32.0 (--speculative-config '{"method": "medusa", "model": OUT,
+    "num_speculative_tokens": K}'). (config written, notes). Atomic per file."""
+    from workbench.heads import load_heads
+    from workbench.models import load_base, model_label
+
+    heads, _ = load_heads(heads_dir)
+    base, _ = load_base(model, "cpu", "float32", need_tokenizer=False)
+    cfg = write_vllm_heads(heads, base, out, model_label(model))
     notes = [f"{heads.num_heads} heads x {heads.num_layers} ResBlock(s), "
              + ("tied: the base model's output embedding written as lm_head.weight (original_lm_head)" if heads.tied
                 else "untied: each head's own lm_head"),
-             f"serve with vLLM <= 0.32.0 (checked on 0.32.0): --speculative-config '{{\"method\": \"medusa\", \"model\": "
-             f"\"{Path(out).resolve()}\", \"num_speculative_tokens\": K}}' with K <= {heads.num_heads} "
+             f"serve with vLLM <= 0.32.0 (checked on 0.32.0): --speculative-config '{{\"method\": \"medusa\", "
+             f"\"model\": \"{Path(out).resolve()}\", \"num_speculative_tokens\": K}}' with K <= {heads.num_heads} "
              "(vLLM 0.33.0 removed Medusa)"]
     return cfg, notes
