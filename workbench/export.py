@@ -63,8 +63,8 @@ TARGETS = {  # what each export is written for: the header line of each export, 
     "eagle": "EAGLE-1 (SafeAILab/EAGLE before EAGLE-2; pip eagle-llm 1.x, last 1.2.1 of 2024-04): "
              "eagle/model/choices.py",
 }
-VLLM_VERSIONS = ("speculative_token_tree is used only by vLLM 0.10.1 to 0.20.2 (0.10.0 ignores it and drafts a "
-                 "chain; 0.21.0 and later reject the key)")
+VLLM_VERSIONS = ("speculative_token_tree is used only by vLLM 0.10.1 to 0.20.2 (0.10.0 ignores it; 0.21.0 and "
+                 "later reject the key)")
 
 
 def _py_list(tree: Tree) -> str:

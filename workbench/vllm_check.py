@@ -105,8 +105,11 @@ def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, p
         res = [r for c in chunks for r in medusa_generate(model, heads, tok, c, buf, max_new_tokens,
                                                             eos_token_id=eos, engine=engine)]
         accepted = [len(s.path) for r in res for s in r.steps]  # drafts accepted per step, before any cut
+        # vLLM schedules no drafts once max_tokens leaves room for one token: our steps without that last one
+        capped = [len(s.path) for r in res for s in (r.steps if r.stop_reason == "eos" else r.steps[:-1])]
         out[k] = dict(outputs=[r.token_ids for r in res], steps=len(accepted), accepted_per_pos=per_position(
-            accepted, k), mean_accepted_length=1 + sum(accepted) / max(len(accepted), 1))
+            accepted, k), mean_accepted_length=1 + sum(accepted) / max(len(accepted), 1),
+            steps_drafting_like_vllm=len(capped), accepted_per_pos_like_vllm=per_position(capped, k))
         progress(f"ours: K={k} done ({out[k]['mean_accepted_length']:.3f} tokens/step)")
     return out
 
@@ -184,8 +187,8 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     rows, speed = [], []
     for k, res in zip(all_ks, results[1:]):
         runs = {r["batch_size"]: r for r in res["runs"]}
-        drafts = sum(r["num_drafts"] for r in runs.values())
-        pos = [sum(r["accepted_per_pos"][i] for r in runs.values()) for i in range(k)]
+        first = runs[batch_sizes[0]]  # beside our decoder (batch 1): the same prompts, decoded once
+        drafts, pos = first["num_drafts"], first["accepted_per_pos"][:k]
         pred = {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
         measured = 1 + sum(pos) / max(drafts, 1)
         key = next(p for p in PREDICTIONS if p in pred)
@@ -194,7 +197,12 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
             vllm_acceptance_per_pos=[p / max(drafts, 1) for p in pos], vllm_mean_accepted_length=measured,
             ours_steps=mine[k]["steps"], ours_accepted_per_pos=mine[k]["accepted_per_pos"],
             ours_acceptance_per_pos=[p / max(mine[k]["steps"], 1) for p in mine[k]["accepted_per_pos"]],
-            ours_mean_accepted_length=mine[k]["mean_accepted_length"], **pred, prediction=key,
+            ours_mean_accepted_length=mine[k]["mean_accepted_length"],
+            ours_steps_drafting_like_vllm=mine[k]["steps_drafting_like_vllm"],
+            ours_accepted_per_pos_like_vllm=mine[k]["accepted_per_pos_like_vllm"],
+            vllm_by_batch_size={b: dict(drafts=r["num_drafts"], accepted_per_pos=r["accepted_per_pos"][:k])
+                                for b, r in runs.items()},
+            vllm_batch_size=batch_sizes[0], **pred, prediction=key,
             prediction_error=pred[key] / measured - 1,
             vllm_spec_vs_vllm_plain={b: compare_outputs(runs[b]["outputs"], plain[b]["outputs"]) for b in runs},
             ours_medusa_vs_ours_plain=compare_outputs(mine[k]["outputs"], mine["plain"])))
@@ -226,9 +234,9 @@ def check_table(res: dict) -> str:
     lines = [f"vLLM {res['vllm_version']} vs the workbench on {res['model']} (fp32, greedy), {len(res['prompt_ids'])} "
              f"{res['prompts']} prompts, {res['max_new_tokens']} new tokens; load average {res['load_average']}: "
              f"{res['note']}.", "",
-             "| K | vLLM tokens/step | ours | predicted | prediction vs vLLM | vLLM acceptance per position | ours "
-             "| vLLM spec = vLLM plain | ours Medusa = ours plain |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| K | vLLM tokens/step | ours | predicted | prediction vs vLLM | vLLM accepted per position / drafts "
+             "| ours / steps | ours, steps vLLM drafts in | vLLM spec = vLLM plain | ours Medusa = ours plain |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["acceptance"]:
         same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in r["vllm_spec_vs_vllm_plain"].items())
         lines.append(
@@ -236,7 +244,8 @@ def check_table(res: dict) -> str:
             f"{r[r['prediction']]:.3f} ({r['prediction'].removeprefix('predicted_')}) | "
             f"{100 * r['prediction_error']:+.1f}% | "
             f"{_counts(r['vllm_accepted_per_pos'], r['vllm_drafts'])} | "
-            f"{_counts(r['ours_accepted_per_pos'], r['ours_steps'])} | {same} | "
+            f"{_counts(r['ours_accepted_per_pos'], r['ours_steps'])} | "
+            f"{_counts(r['ours_accepted_per_pos_like_vllm'], r['ours_steps_drafting_like_vllm'])} | {same} | "
             f"{r['ours_medusa_vs_ours_plain']['identical']}/{r['ours_medusa_vs_ours_plain']['prompts']} |")
     same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in res["vllm_plain_vs_ours_plain"].items())
     lines += ["", f"vLLM plain greedy = our plain greedy: {same} prompts identical.", "",
