@@ -160,3 +160,17 @@ def test_our_counts_are_vllms_per_position_counts():
     assert first_difference([1, 2], [1, 2, 3]) == 2  # a shorter output differs where it ends
     assert compare_outputs([[1], [2, 3]], [[1], [2, 4]]) == {"identical": 1, "prompts": 2,
                                                              "first_difference": [None, 1]}
+
+
+def test_a_worker_without_vllm_fails_in_one_line():
+    """The worker runs under an interpreter without vLLM (this one, when vLLM is not installed here): its error
+    comes back as one WorkbenchError line, not a hang or a traceback."""
+    import importlib.util
+    import sys
+
+    from workbench.vllm_check import run_worker
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is importable here: the worker would start an engine")
+    with pytest.raises(WorkbenchError, match="vLLM failed .ModuleNotFoundError"):
+        run_worker(sys.executable, {"engines": [None]}, lambda text: None)

@@ -16,6 +16,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,26 +58,28 @@ def worker_env(py: str) -> dict:
 
 def run_worker(py: str, request: dict, progress) -> list[dict]:
     """Run vllm_worker.py under `py`; its results (one per engine). Its log goes to stderr only when it fails."""
-    proc = subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=worker_env(py))
-    proc.stdin.write(json.dumps(request))
-    proc.stdin.close()
     results, error = [], None
-    for line in proc.stdout:  # vLLM logs to stdout too: only our JSON lines count
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(msg, dict) or "event" not in msg:
-            continue
-        if msg["event"] == "progress":
-            progress("vLLM: " + msg["text"])
-        elif msg["event"] == "result":
-            results.append(msg)
-        elif msg["event"] == "error":
-            error = msg["text"]
-    err = proc.stderr.read()
-    rc = proc.wait()
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: vLLM's log never fills a buffer and blocks
+        with subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                              text=True, env=worker_env(py)) as proc:
+            proc.stdin.write(json.dumps(request))
+            proc.stdin.close()
+            for line in proc.stdout:  # vLLM logs to stdout too: only our JSON lines count
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(msg, dict) or "event" not in msg:
+                    continue
+                if msg["event"] == "progress":
+                    progress("vLLM: " + msg["text"])
+                elif msg["event"] == "result":
+                    results.append(msg)
+                elif msg["event"] == "error":
+                    error = msg["text"]
+            rc = proc.wait()
+        log.seek(0)
+        err = log.read()
     if error or rc != 0 or len(results) != len(request["engines"]):
         tail = " | ".join(err.strip().splitlines()[-3:])[-400:]
         raise WorkbenchError(f"vLLM failed ({error or f'exit status {rc}'}): {tail}")
