@@ -324,29 +324,49 @@ def _k_of(plan, row) -> int:
 
 def test_vllm_schedule_covers_every_batch_size(plan_file, tiny_llama, tmp_path, capsys):
     plan = read_plan(plan_file)
-    assert main(["export", str(plan_file), "--format", "vllm", "--heads", str(tiny_llama.heads_dirs["2"]),
-                 "--synthetic", "--out", str(tmp_path / "v.json")]) == 0
-    err = capsys.readouterr().err
-    cfg = json.loads((tmp_path / "v.json").read_text())
-    sched, k_max = cfg["num_speculative_tokens_per_batch_size"], cfg["num_speculative_tokens"]
-    assert cfg["method"] == "medusa" and cfg["model"] == str(tiny_llama.heads_dirs["2"])
-    covered = [b for lo, hi, _ in sched for b in range(lo, hi + 1)]
-    assert covered == list(range(1, 17))  # every batch size 1..16 exactly once: no gap, no overlap
-    dense = vllm_lookup(sched, 40, k_max)
     rows = plan["plans"]
-    for b in range(1, 41):
-        row = [r for r in rows if r["batch_size"] <= b][-1]
-        assert dense[b] == _k_of(plan, row), b
-    assert k_max == max(r[2] for r in sched) > 0
+    ks = [_k_of(plan, row) for row in rows]
+    # another drafter: one Dynamic SD schedule, looked up as vLLM does
+    assert main(["export", str(plan_file), "--format", "vllm", "--method", "eagle3", "--draft-model", str(tmp_path),
+                 "--synthetic", "--out", str(tmp_path / "e.json")]) == 0
+    err = capsys.readouterr().err
+    cfg = json.loads((tmp_path / "e.json").read_text())
+    assert cfg["method"] == "eagle3" and cfg["model"] == str(tmp_path.resolve())
+    k_max = cfg["num_speculative_tokens"]
+    assert k_max == max(ks) > 0
+    if len(set(ks)) > 1:
+        sched = cfg["num_speculative_tokens_per_batch_size"]
+        covered = [b for lo, hi, _ in sched for b in range(lo, hi + 1)]
+        assert covered == list(range(1, 17))  # every batch size 1..16 exactly once: no gap, no overlap
+        dense = vllm_lookup(sched, 40, k_max)
+        for b in range(1, 41):
+            row = [r for r in rows if r["batch_size"] <= b][-1]
+            assert dense[b] == _k_of(plan, row), b
+        assert "0.24.0" in err
     rates = cfg["synthetic_acceptance_rates"]
     assert cfg["rejection_sample_method"] == "synthetic" and len(rates) == k_max
     assert all(0 < r <= 1 for r in rates) and rates == sorted(rates, reverse=True)
     assert rates == plan["chain_acceptance"][:k_max]
-    assert "#32374" in err.splitlines()[0]  # the versions targeted come first
     if any(r["kind"] == "tree" for r in rows):
         assert "vLLM drafts no trees" in err and "costs" in err
-    if min(r[2] for r in sched) < k_max:
-        assert "AssertionError" in err and "#46399" in err
+    # Medusa: never a schedule (its proposer asserts K == num_speculative_tokens): one constant K per range
+    assert main(["export", str(plan_file), "--format", "vllm", "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--out", str(tmp_path / "m.json")]) == 0
+    err = capsys.readouterr().err
+    out = json.loads((tmp_path / "m.json").read_text())
+    entries = out if isinstance(out, list) else [{"batch_sizes": [1, 16], "speculative_config": out}]
+    assert len(set(ks)) == len({(e["speculative_config"] or {}).get("num_speculative_tokens", 0) for e in entries})
+    for e in entries:
+        cfg = e["speculative_config"]
+        lo, hi = e["batch_sizes"]
+        if cfg is not None:
+            assert "num_speculative_tokens_per_batch_size" not in cfg
+            assert cfg["method"] == "medusa" and cfg["model"] == str(tiny_llama.heads_dirs["2"].resolve())
+        for b in range(lo, hi + 1):
+            row = [r for r in rows if r["batch_size"] <= b][-1]
+            assert (cfg or {}).get("num_speculative_tokens", 0) == _k_of(plan, row)
+    if isinstance(out, list):
+        assert "AssertionError" in err and "one constant-K config per batch-size range" in err
 
 
 def test_vllm_one_k_and_static_formats_from_a_plan(plan_file, capsys, tmp_path):
@@ -354,6 +374,7 @@ def test_vllm_one_k_and_static_formats_from_a_plan(plan_file, capsys, tmp_path):
     first = plan["plans"][0]
     assert main(["export", str(plan_file), "--format", "vllm", "--batch-size", "3"]) == 0
     cfg = json.loads(capsys.readouterr().out)
+    assert cfg["method"] == "medusa"  # the calibration's own heads
     assert cfg["num_speculative_tokens"] == _k_of(plan, plan["plans"][1]) and \
         "num_speculative_tokens_per_batch_size" not in cfg
     for fmt in ("medusa", "eagle", "trtllm", "vllm-tree", "json"):

@@ -22,18 +22,24 @@ own code, not run end to end:
   a depth-1 tree has none and it fails, so depth-1 trees are refused.
 
 A plan (plan.py: one row per batch size) goes out through `export_plan` (PLAN_FORMATS):
-- vllm: vLLM's Dynamic SD `--speculative-config` with `num_speculative_tokens_per_batch_size` [[low, high, K], ...]
-  (vllm/v1/spec_decode/dynamic/utils.py checks it: K >= 0, the first range starting at 1; gaps take the previous K,
-  batch sizes above the last range the last K). vLLM drafts Medusa heads as a top-1 chain, so a tree row becomes
-  the plan's best chain at that batch size (its cost printed). Its Medusa proposer asserts the scheduled K equals
-  num_speculative_tokens, so a schedule below K_max is warned about. --synthetic adds the synthetic rejection
-  sampler at the top-1 chain's per-position acceptance (vllm/config/speculative.py: length K, non-increasing).
+- vllm: vLLM's `--speculative-config`. vLLM drafts Medusa heads as a top-1 chain, so a tree row becomes the plan's
+  best chain at that batch size (its cost printed). Medusa (vLLM <= 0.32.0): vLLM's Medusa proposer asserts the
+  scheduled K equals num_speculative_tokens (vllm/v1/spec_decode/medusa.py propose()), so a plan whose K changes
+  with the batch size becomes one config per batch-size range (a JSON list of {"batch_sizes": [low, high],
+  "speculative_config"}: serve each range with its own --max-num-seqs), never a schedule that asserts. Other
+  drafters (--method eagle3 --draft-model DIR, ...; the usual case for an acceptance-vector plan): Dynamic SD's
+  `num_speculative_tokens_per_batch_size` [[low, high, K], ...] (vLLM >= 0.24.0), checked here exactly as
+  vllm/v1/spec_decode/dynamic/utils.py does. --synthetic adds the synthetic rejection sampler at the top-1 chain's
+  per-position acceptance (checked as vllm/config/speculative.py does: length K, each in [0, 1], non-increasing).
+- vllm-heads (`export_vllm_heads`): a heads folder vLLM's Medusa drafter loads (config model_type medusa, biases
+  kept with medusa_fc_bias, the base model's output embedding as lm_head.weight for tied heads; fp32).
 - vllm-tree, trtllm, medusa, eagle, json: the tree of one row (batch size 1 by default), as export_tree writes it.
 - trtllm-current: an error saying why current TensorRT-LLM serves no Medusa heads (TRTLLM_CURRENT).
 """
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from workbench import WorkbenchError
 from workbench.optimize import best_dense_tree, expected_length, optimal_tree, optimal_tree_from, value_and_limits
@@ -52,13 +58,13 @@ TARGETS = {  # what each export is written for: the header line of each export, 
               "NVIDIA/TensorRT-LLM PR #11723, removed by #15763/#15767/#15907/#15918, June-July 2026), its Medusa "
               "flow: examples/run.py --medusa_choices or "
               "MedusaDecodingConfig; its Python runtime, runtime/medusa_utils.py, needs a first level of ranks 0..k-1",
-    "vllm": "vLLM with tree attention: speculative_token_tree from vllm-project/vllm PR #20401 (merged July "
-            "2025, v0.10 series) until PR #42121 removed tree attention (May 2026)",
+    "vllm": "vLLM with tree attention: speculative_token_tree, ignored by 0.10.0, used by 0.10.1 to 0.20.2, gone "
+            "from 0.21.0 (PR #20401 added it, PR #42121 removed tree attention)",
     "eagle": "EAGLE-1 (SafeAILab/EAGLE before EAGLE-2; pip eagle-llm 1.x, last 1.2.1 of 2024-04): "
              "eagle/model/choices.py",
 }
-VLLM_VERSIONS = ("speculative_token_tree is accepted only by the vLLM releases with tree attention (added by PR "
-                 "#20401, July 2025, v0.10 series; removed by PR #42121, May 2026): later vLLM rejects the key")
+VLLM_VERSIONS = ("speculative_token_tree is used only by vLLM 0.10.1 to 0.20.2 (0.10.0 ignores it; 0.21.0 and "
+                 "later reject the key)")
 
 
 def _py_list(tree: Tree) -> str:
@@ -254,15 +260,23 @@ def _short(paths) -> str:
 # ----------------------------------------------------------------------------------------------- plans
 
 PLAN_FORMATS = ("vllm", "vllm-tree", "trtllm", "trtllm-current", "medusa", "eagle", "json")  # export PLAN --format
-VLLM_SCHEDULE = ("vLLM with Dynamic SD (vllm-project/vllm PR #32374, reported first released in v0.25.1): "
-                 "--speculative-config num_speculative_tokens_per_batch_size, a list of [low, high, K] with inclusive "
-                 "batch-size ranges, checked by vllm/v1/spec_decode/dynamic/utils.py "
-                 "validate_and_normalize_dynamic_sd_schedule (K >= 0, the first range starting at 1); Medusa heads "
-                 "draft a top-1 chain there (vllm/v1/spec_decode/medusa.py)")
-VLLM_MEDUSA_FIXED_K = ("vLLM's Medusa proposer asserts that the scheduled K equals num_speculative_tokens "
-                       "(vllm/v1/spec_decode/medusa.py propose()): at batch sizes whose K is below {k} it fails with "
-                       "an AssertionError (vllm-project/vllm PR #46399, open, would switch Dynamic SD off for Medusa "
-                       "instead); until that changes, serve Medusa with one K: export with --batch-size B")
+# vLLM version windows, read in vLLM's own code at its release tags (not its docs): (first, last), None = open
+VLLM_WINDOWS = {
+    "speculative_token_tree": ("0.10.1", "0.20.2"),  # 0.10.0 ignores the key; 0.21.0 removed tree attention
+    "num_speculative_tokens_per_batch_size": ("0.24.0", None),  # Dynamic SD's per-batch-size schedule
+    "medusa": (None, "0.32.0"),  # 0.33.0 removed the Medusa drafter (eagle, eagle3, mtp, draft_model, ngram remain)
+}
+VLLM_METHODS = ("medusa", "eagle", "eagle3", "mtp", "draft_model", "ngram")  # --method: vLLM's drafters
+VLLM_NEWEST = "0.33.0"  # the newest vLLM these windows were checked against
+VLLM_SCHEDULE = ("vLLM >= 0.24.0 (Dynamic SD): --speculative-config num_speculative_tokens_per_batch_size, a list of "
+                 "[low, high, K] with inclusive batch-size ranges, checked as vllm/v1/spec_decode/dynamic/utils.py "
+                 "validate_and_normalize_dynamic_sd_schedule does (positive ranges, low <= high, K >= 0, "
+                 "non-overlapping once sorted by low, the first starting at 1)")
+VLLM_MEDUSA_PER_RANGE = ("vLLM's Medusa proposer asserts that the scheduled K equals num_speculative_tokens "
+                         "(vllm/v1/spec_decode/medusa.py propose()), so a per-batch-size schedule with a K below the "
+                         "largest fails with an AssertionError: this plan's K changes with the batch size, so it is "
+                         "written as one constant-K config per batch-size range (serve each range with its own "
+                         "--max-num-seqs HIGH), or export one with --batch-size B")
 TRTLLM_CURRENT = ("current TensorRT-LLM does not serve Medusa heads: medusa_choices lived only in the TensorRT-engine "
                   "flow, which was removed (NVIDIA/TensorRT-LLM PRs #15763, #15767, #15907, #15918, June-July 2026), "
                   "and the PyTorch backend refuses Medusa (llmapi/llm_args.py: MedusaDecodingConfig.supports_backend "
@@ -352,30 +366,127 @@ def check_plan_heads(plan: dict, heads_dir) -> tuple[int, list[str]]:
     return heads.num_heads, warns
 
 
-def _vllm_model(plan: dict, heads_dir) -> dict:
-    """method/model keys: the heads folder given, else the calibration's own heads (the demo heads' folder for
-    "demo"); none for an acceptance-vector plan (its drafter is not known here)."""
+def _version(v: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in str(v).split(".")[:3])
+    except ValueError:
+        raise WorkbenchError(f"--vllm-version {v!r}: give a release like 0.32.0") from None
+
+
+def vllm_window_error(key: str, version: str) -> str | None:
+    """Why vLLM `version` cannot take `key` (a VLLM_WINDOWS key), or None when it can."""
+    first, last = VLLM_WINDOWS[key]
+    v = _version(version)
+    if first and v < _version(first):
+        return f"vLLM {version} has no {key} (first in {first})"
+    if last and v > _version(last):
+        return f"vLLM {version} has no {key} (last in {last})"
+    return None
+
+
+def check_vllm_schedule(schedule) -> list[tuple[int, int, int]]:
+    """vLLM's own check of num_speculative_tokens_per_batch_size (validate_and_normalize_dynamic_sd_schedule,
+    vllm/v1/spec_decode/dynamic/utils.py, 0.24.0-0.33.0), rule for rule: the schedule sorted by range start."""
+    if not isinstance(schedule, list) or not schedule:
+        raise WorkbenchError("num_speculative_tokens_per_batch_size must be a non-empty list of [low, high, K]")
+    parsed = []
+    for e in schedule:
+        if not isinstance(e, (list, tuple)) or len(e) != 3:
+            raise WorkbenchError(f"schedule entry {e!r}: must be [low, high, K]")
+        lo, hi, k = (int(x) for x in e)
+        if lo <= 0 or hi <= 0:
+            raise WorkbenchError(f"batch-size range ({lo}, {hi}) must be positive")
+        if lo > hi:
+            raise WorkbenchError(f"batch-size range start must be <= end for ({lo}, {hi}, {k})")
+        if k < 0:
+            raise WorkbenchError("num_speculative_tokens_per_batch_size values must be >= 0")
+        parsed.append((lo, hi, k))
+    parsed.sort(key=lambda e: e[0])
+    prev = 0
+    for lo, hi, _ in parsed:
+        if lo <= prev:
+            raise WorkbenchError("batch-size ranges must be non-overlapping and sorted")
+        prev = hi
+    if parsed[0][0] != 1:
+        raise WorkbenchError("the first batch-size range must start at 1")
+    return parsed
+
+
+def check_synthetic_rates(rates, k: int) -> list[float]:
+    """vLLM's check of synthetic_acceptance_rates (SpeculativeConfig._resolve_synthetic_acceptance_rates): length
+    K, each in [0, 1], never rising (exactly: rates[i] > rates[i-1] is refused)."""
+    if len(rates) != k:
+        raise WorkbenchError(f"synthetic_acceptance_rates must have length {k}, got {len(rates)}")
+    if not all(0.0 <= r <= 1.0 for r in rates):
+        raise WorkbenchError(f"synthetic_acceptance_rates entries must be in [0, 1], got {rates}")
+    if any(rates[i] > rates[i - 1] for i in range(1, k)):
+        raise WorkbenchError(f"synthetic_acceptance_rates must be non-increasing, got {rates}")
+    return list(rates)
+
+
+def _vllm_drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
+    """method/model keys with an absolute model path: --method/--draft-model when given, else the heads folder
+    given, else the calibration's own heads (the demo heads' folder for "demo"). A plan from an acceptance vector
+    names no drafter: without --method it is an error (vLLM rejects a config without one)."""
     from workbench.heads import DEMO_HEADS
 
+    if method is not None and method not in VLLM_METHODS:
+        raise WorkbenchError(f"--method {method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
     src = plan.get("source") or {}
-    if src.get("kind") == "acceptance" and heads_dir is None:
-        return {}
-    model = str(heads_dir) if heads_dir else (str(DEMO_HEADS) if src.get("heads") == "demo" else src.get("heads"))
-    return {"method": "medusa", "model": model} if model else {}
+    if method not in (None, "medusa"):
+        if draft_model is None and method in ("eagle", "eagle3", "draft_model"):
+            raise WorkbenchError(f"--method {method} needs --draft-model DIR (the drafter's weights)")
+        return {"method": method} | ({"model": str(Path(draft_model).resolve())} if draft_model else {})
+    model = draft_model or heads_dir or (DEMO_HEADS if src.get("heads") == "demo" else None)
+    if model is None and src.get("kind") == "calibration" and src.get("heads"):
+        model = src["heads"]
+    if model is None:
+        raise WorkbenchError("the plan names no drafter (it comes from an acceptance vector): give --method "
+                             "(e.g. eagle3) and --draft-model DIR, or --heads DIR for Medusa heads")
+    return {"method": "medusa", "model": str(Path(model).resolve())}
+
+
+def vllm_plan_configs(plan: dict, notes: list[str], drafter: dict, synthetic: bool = False,
+                      num_heads: int | None = None) -> list[dict]:
+    """[{"batch_sizes": [low, high], "speculative_config": {...} or None}, ...]: one constant-K config per
+    batch-size range of the plan's schedule (None where the plan does not speculate)."""
+    out = []
+    for lo, hi, k in vllm_schedule(plan, notes):
+        cfg = None
+        if k:
+            cfg = dict(drafter, num_speculative_tokens=k)
+            if num_heads is not None and k > num_heads:
+                raise WorkbenchError(f"{num_heads} heads cannot draft K={k} tokens")
+            if synthetic:
+                cfg |= _synthetic(plan, k)
+        out.append({"batch_sizes": [lo, hi], "speculative_config": cfg})
+    return out
+
+
+def _synthetic(plan: dict, k: int) -> dict:
+    rates = plan.get("chain_acceptance") or []
+    if len(rates) < k:
+        raise WorkbenchError(f"the plan's chain_acceptance has {len(rates)} positions, fewer than K={k}")
+    return {"rejection_sample_method": "synthetic", "synthetic_acceptance_rates": check_synthetic_rates(rates[:k], k)}
 
 
 def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, batch_size: int | None = None,
-                name: str | None = None, max_draft_len: int = TRTLLM_MAX_DRAFT_LEN) -> tuple[str, list[str], list[str]]:
+                name: str | None = None, max_draft_len: int = TRTLLM_MAX_DRAFT_LEN, method: str | None = None,
+                draft_model=None, vllm_version: str | None = None) -> tuple[str, list[str], list[str]]:
     """(text, warnings, notes) of a plan (plan.read_plan) for one engine. vllm: the --speculative-config JSON
-    with a per-batch-size schedule (or, with batch_size, one K); --synthetic adds vLLM's synthetic rejection
-    sampling at the plan's top-1 chain acceptance. The static formats (vllm-tree, trtllm, medusa, eagle, json)
-    write the tree of one row (batch_size, default 1) as export_tree does. trtllm-current is an error."""
+    for vLLM `vllm_version` (default: the newest that serves the drafter): with batch_size one K; else for
+    Medusa one config per batch-size range where K changes (a JSON list, see the module docstring), for other
+    drafters a Dynamic SD schedule. --synthetic adds vLLM's synthetic rejection sampling at the plan's top-1 chain
+    acceptance. The static formats (vllm-tree, trtllm, medusa, eagle, json) write the tree of one row
+    (batch_size, default 1) as export_tree does. trtllm-current is an error."""
     if fmt not in PLAN_FORMATS:
         raise WorkbenchError(f"unknown export format {fmt!r} for a plan; choose one of {', '.join(PLAN_FORMATS)}")
     if fmt == "trtllm-current":
         raise WorkbenchError(TRTLLM_CURRENT)
     if synthetic and fmt != "vllm":
         raise WorkbenchError("--synthetic is vLLM's synthetic rejection sampling: only with --format vllm")
+    if (method or draft_model or vllm_version) and fmt != "vllm":
+        raise WorkbenchError("--method, --draft-model and --vllm-version are for --format vllm")
     warns, notes = [], []
     num_heads = None
     if heads_dir is not None:
@@ -395,10 +506,17 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
         text, more = export_tree(tree, "vllm" if fmt == "vllm-tree" else fmt, name=name, heads=num_heads,
                                  max_draft_len=max_draft_len, strict=True)
         return text, warns + more, notes
-    notes.append(f"targets {VLLM_SCHEDULE}")
-    cfg = _vllm_model(plan, heads_dir)
-    if not cfg:
-        notes.append("no Medusa heads known for this plan: add your drafter's \"method\" and \"model\" to the config")
+    drafter = _vllm_drafter(plan, heads_dir, method, draft_model)
+    if synthetic:
+        warns.append("synthetic rejection sampling accepts drafts at these rates whatever the tokens are: for timing "
+                     "the cost side only, never for serving (vLLM PRs #38045, #40662)")
+    medusa = drafter["method"] == "medusa"
+    version = vllm_version or ("0.32.0" if medusa else VLLM_NEWEST)
+    if medusa and vllm_window_error("medusa", version):
+        raise WorkbenchError(vllm_window_error("medusa", version) + ": serve Medusa heads with vLLM <= 0.32.0, or "
+                             "another drafter (--method eagle3 --draft-model DIR)")
+    notes.append(f"for vLLM {version}, drafter {drafter['method']}" + (f" at {drafter['model']}" if "model" in drafter
+                                                                        else ""))
     if batch_size is not None:
         row, why = _row_at(plan, batch_size)
         notes += why
@@ -406,26 +524,30 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
         if k == 0:
             raise WorkbenchError(f"the plan says no speculation at batch size {row['batch_size']}: serve without "
                                  "--speculative-config there")
-        cfg["num_speculative_tokens"] = k
-    else:
-        schedule = vllm_schedule(plan, notes)
-        k = max(r[2] for r in schedule)
-        if k == 0:
-            raise WorkbenchError("the plan never speculates at any batch size: serve without --speculative-config")
-        cfg["num_speculative_tokens"] = k
-        cfg["num_speculative_tokens_per_batch_size"] = schedule
-        if cfg.get("method") == "medusa" and min(r[2] for r in schedule) < k:
-            warns.append(VLLM_MEDUSA_FIXED_K.format(k=k))
-    if num_heads is not None and k > num_heads:
-        raise WorkbenchError(f"--heads {heads_dir}: {num_heads} heads cannot draft K={k} tokens")
+        if num_heads is not None and k > num_heads:
+            raise WorkbenchError(f"--heads {heads_dir}: {num_heads} heads cannot draft K={k} tokens")
+        cfg = dict(drafter, num_speculative_tokens=k) | (_synthetic(plan, k) if synthetic else {})
+        return json.dumps(cfg) + "\n", warns, notes
+    per_range = vllm_plan_configs(plan, notes, drafter, synthetic, num_heads)
+    ks = [e["speculative_config"]["num_speculative_tokens"] if e["speculative_config"] else 0 for e in per_range]
+    k = max(ks)
+    if k == 0:
+        raise WorkbenchError("the plan never speculates at any batch size: serve without --speculative-config")
+    if len(set(ks)) == 1:  # one K everywhere: a plain config, no schedule needed
+        notes.append(f"one K ({k}) at every batch size: a constant-K config (no schedule needed)")
+        return json.dumps(per_range[0]["speculative_config"]) + "\n", warns, notes
+    if medusa:
+        notes.append(VLLM_MEDUSA_PER_RANGE)
+        return json.dumps(per_range, indent=1) + "\n", warns, notes
+    if vllm_window_error("num_speculative_tokens_per_batch_size", version):
+        raise WorkbenchError(vllm_window_error("num_speculative_tokens_per_batch_size", version)
+                             + ": export one K with --batch-size B, or target vLLM >= 0.24.0")
+    notes.append(f"targets {VLLM_SCHEDULE}")
+    schedule = [[lo, hi, kk] for (lo, hi), kk in zip((e["batch_sizes"] for e in per_range), ks)]
+    check_vllm_schedule(schedule)
+    cfg = dict(drafter, num_speculative_tokens=k, num_speculative_tokens_per_batch_size=schedule)
     if synthetic:
-        rates = plan.get("chain_acceptance") or []
-        if len(rates) < k:
-            raise WorkbenchError(f"the plan's chain_acceptance has {len(rates)} positions, fewer than K={k}")
-        cfg["rejection_sample_method"] = "synthetic"
-        cfg["synthetic_acceptance_rates"] = rates[:k]
-        warns.append("synthetic rejection sampling accepts drafts at these rates whatever the tokens are: for timing "
-                     "the cost side only, never for serving (vLLM PRs #38045, #40662)")
+        cfg |= _synthetic(plan, k)
     return json.dumps(cfg) + "\n", warns, notes
 
 
@@ -460,3 +582,82 @@ def eagle1_warnings(tree: Tree) -> list[str]:
             f"parent's draft, e.g. {list(wrong[0])} (a node whose children are all leaves precedes one with "
             "grandchildren at that level): those subtrees hold other tokens than written and accept less; give "
             "each earlier node with children a grandchild too, or drop the deeper branch"]
+
+
+# ----------------------------------------------------------------------------------------------- vLLM heads folder
+
+VLLM_HEADS_WEIGHTS = "model.safetensors"  # vLLM's loader reads every *.safetensors of the folder
+LOGIT_SCALES = ("final_logit_softcapping", "logit_scale", "logits_scaling", "output_multiplier_scale")
+
+
+def vllm_heads_tensors(heads, output_embedding) -> tuple[dict, dict]:
+    """(tensors, config) of the heads folder vLLM's Medusa drafter loads (vllm/model_executor/models/medusa.py,
+    transformers_utils/configs/medusa.py, 0.32.0): the ResBlocks under Medusa's own `{head}.{layer}.linear.*`
+    names (vLLM maps them to blocks.{head}.layers.{layer}.*), with medusa_fc_bias so their biases load (without
+    it vLLM drops them silently); tied heads (format 2) share the base model's output embedding, written as
+    `lm_head.weight` with original_lm_head; untied heads keep `{head}.{L}.weight` (vLLM's lm_heads.{head}). fp32.
+    `output_embedding` [V, H]: the base model's (`get_output_embeddings().weight`, right for tied and untied)."""
+    sd = {k: v.detach().float().contiguous().cpu() for k, v in heads.state_dict().items()}
+    vocab = int(output_embedding.shape[0])
+    if heads.tied:
+        sd["lm_head.weight"] = output_embedding.detach().float().contiguous().cpu()
+    cfg = {"model_type": "medusa", "architectures": ["MedusaModel"], "num_heads": heads.num_heads,
+           "num_hidden_layers": heads.num_layers, "hidden_size": heads.hidden_size, "vocab_size": vocab,
+           "truncated_vocab_size": vocab, "medusa_fc_bias": True, "original_lm_head": bool(heads.tied),
+           "torch_dtype": "float32"}
+    return sd, cfg
+
+
+def check_vllm_heads(heads, base) -> None:
+    """What vLLM's Medusa module cannot represent is an error, never a folder that drafts garbage."""
+    from workbench.heads import check_heads_fit
+    from workbench.generation import text_config
+
+    check_heads_fit(heads, base)
+    out = base.get_output_embeddings()
+    if getattr(out, "bias", None) is not None:
+        raise WorkbenchError("the base model's output layer has a bias; vLLM's Medusa lm_head has none, so its "
+                             "drafts would differ from these heads': use heads with their own lm_head (untied)")
+    cfg = text_config(base)
+    for key in LOGIT_SCALES:
+        v = getattr(cfg, key, None)
+        if v not in (None, 1, 1.0) and heads.tied:
+            raise WorkbenchError(f"the base model scales its logits ({key}={v}); vLLM's Medusa drafter would draft "
+                                 "from unscaled ones: not representable as a vLLM Medusa folder")
+    if out.weight.shape[1] != heads.hidden_size:
+        raise WorkbenchError(f"the base model's output embedding is {list(out.weight.shape)}, not [V, "
+                             f"{heads.hidden_size}]: vLLM's Medusa lm_head cannot take it")
+
+
+def write_vllm_heads(heads, base, out, base_label: str) -> dict:
+    """Check, then write the vLLM Medusa folder `out` for heads on a loaded base model (fp32); its config."""
+    from safetensors.torch import save_file
+
+    from workbench.io import atomic_write, atomic_write_json
+
+    if heads.tied and not heads.vocab_size:
+        heads.vocab_size = base.get_output_embeddings().weight.shape[0]
+    check_vllm_heads(heads, base)
+    sd, cfg = vllm_heads_tensors(heads, base.get_output_embeddings().weight)
+    cfg["base_model_name_or_path"] = base_label
+    atomic_write(Path(out) / VLLM_HEADS_WEIGHTS, lambda tmp: save_file(sd, str(tmp)), "--out")
+    atomic_write_json(Path(out) / "config.json", cfg, "--out")
+    return cfg
+
+
+def export_vllm_heads(heads_dir, model, out) -> tuple[dict, list[str]]:
+    """Write `out`: a heads folder for vLLM <= 0.32.0 (--speculative-config '{"method": "medusa", "model": OUT,
+    "num_speculative_tokens": K}'). (config written, notes). Atomic per file."""
+    from workbench.heads import load_heads
+    from workbench.models import load_base, model_label
+
+    heads, _ = load_heads(heads_dir)
+    base, _ = load_base(model, "cpu", "float32", need_tokenizer=False)
+    cfg = write_vllm_heads(heads, base, out, model_label(model))
+    notes = [f"{heads.num_heads} heads x {heads.num_layers} ResBlock(s), "
+             + ("tied: the base model's output embedding written as lm_head.weight (original_lm_head)" if heads.tied
+                else "untied: each head's own lm_head"),
+             f"serve with vLLM <= 0.32.0 (checked on 0.32.0): --speculative-config '{{\"method\": \"medusa\", "
+             f"\"model\": \"{Path(out).resolve()}\", \"num_speculative_tokens\": K}}' with K <= {heads.num_heads} "
+             "(vLLM 0.33.0 removed Medusa)"]
+    return cfg, notes

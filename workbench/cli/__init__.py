@@ -17,6 +17,7 @@ from workbench.io import check_not_inputs
 from workbench.cli.heads import add_calibrate, add_decode, add_train_heads
 from workbench.cli.tradeoffs import add_tradeoffs
 from workbench.cli.trees import add_tree
+from workbench.cli.vllm import add_vllm_check
 
 
 class _Parser(argparse.ArgumentParser):
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_decode(sub)
     add_tradeoffs(sub)  # latency / sweep / sweep-report
     add_train_heads(sub)
+    add_vllm_check(sub)  # the plan confirmed in vLLM
     return p
 
 

@@ -9,7 +9,8 @@ from workbench import WorkbenchError
 from workbench.accuracies import read_accuracies
 from workbench.calibration import Calibration
 from workbench.cli.shared import bounded, write_json, write_output
-from workbench.export import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, best_engine_safe, engine_safe, export_plan,
+from workbench.export import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_METHODS, best_engine_safe,
+                              engine_safe, export_plan,
                               export_tree)
 from workbench.io import atomic_write_text, check_output
 from workbench.latency import hardware_aware, latency_table, read_latency
@@ -193,6 +194,14 @@ def _optimize_for_latency(args, acc, value) -> int:
 
 
 def _cmd_export(args) -> int:
+    if args.format == "vllm-heads":
+        return _export_vllm_heads(args)
+    if args.tree is None:
+        raise WorkbenchError("give a TREE or PLAN to export (only --format vllm-heads takes none)")
+    if args.model is not None or args.method or args.draft_model or args.vllm_version:
+        if not looks_like_plan(args.tree) or args.model is not None:
+            raise WorkbenchError("--model is for --format vllm-heads; --method, --draft-model and --vllm-version "
+                                 "for a plan with --format vllm")
     check_output(args.out, "--out")
     if looks_like_plan(args.tree):
         return _export_plan(args)
@@ -234,12 +243,28 @@ def _export_plan(args) -> int:
                              "--accuracies, --calibration and --num-heads are for trees")
     plan = read_plan(args.tree)
     text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_size, args.name,
-                                     args.max_draft_len)
+                                     args.max_draft_len, args.method, args.draft_model, args.vllm_version)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     for w in warns:
         print(f"warning: {w}", file=sys.stderr)
     write_output(text, args.out, f"{args.format} settings")
+    return 0
+
+
+def _export_vllm_heads(args) -> int:
+    """`workbench export [HEADS] --format vllm-heads --out DIR`: a heads folder vLLM's Medusa drafter loads."""
+    from workbench.export import export_vllm_heads
+
+    if not args.out:
+        raise WorkbenchError("--format vllm-heads writes a folder: give --out DIR")
+    if args.tree is not None and args.heads_dir is not None:
+        raise WorkbenchError("give the heads once: HEADS or --heads DIR")
+    check_output(args.out, "--out", "folder")
+    _, notes = export_vllm_heads(args.tree or args.heads_dir, args.model, args.out)
+    for n in notes:
+        print(f"note: {n}", file=sys.stderr)
+    print(f"wrote vLLM Medusa heads to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -309,10 +334,12 @@ def add_tree(sub) -> None:
                        description="A tree: written for one engine. A plan (`workbench plan --out`): vllm writes a "
                                    "--speculative-config with a K per batch-size range; the static formats write the "
                                    "tree of one row (--batch-size, default 1).")
-    e.add_argument("tree", metavar="TREE|PLAN", help=tree_help + "; or a plan JSON file")
-    e.add_argument("--format", required=True, choices=PLAN_FORMATS,
+    e.add_argument("tree", metavar="TREE|PLAN|HEADS", nargs="?", help=tree_help + "; or a plan JSON file; with "
+                   "--format vllm-heads a heads folder (default: the demo heads)")
+    e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads",),
                    help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
-                        "trtllm-current: says why current TensorRT-LLM serves no Medusa heads")
+                        "trtllm-current: says why current TensorRT-LLM serves no Medusa heads; vllm-heads: a heads "
+                        "folder vLLM's Medusa drafter loads (--out DIR, --model BASE)")
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
     e.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help="number of Medusa heads: a deeper tree "
                                                                           "is an error")
@@ -322,6 +349,13 @@ def add_tree(sub) -> None:
                    "rejection sampling at the plan's top-1 chain acceptance (for benchmarking the cost side)")
     e.add_argument("--batch-size", type=bounded("batch"), metavar="B", help="with a plan: the row for this batch size (static "
                    "formats default to 1; for vllm, one K instead of the schedule)")
+    e.add_argument("--model", help="with --format vllm-heads: the base model whose output embedding the tied heads "
+                   "share (default: the embedded demo model)")
+    e.add_argument("--method", choices=VLLM_METHODS, help="with a plan and --format vllm: the drafter vLLM runs "
+                   "(default medusa with the plan's heads; an --acceptance plan needs one, e.g. eagle3)")
+    e.add_argument("--draft-model", metavar="DIR", help="with --method: the drafter's weights (written absolute)")
+    e.add_argument("--vllm-version", metavar="X.Y.Z", help="with --format vllm: the vLLM release to target "
+                   "(default 0.32.0 for Medusa, the newest checked otherwise); its version windows are checked")
     e.add_argument("--max-draft-len", type=bounded("nodes"), default=63, metavar="N",
                    help="TensorRT-LLM engine's max_draft_len (default 63)")
     e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "

