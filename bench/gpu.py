@@ -29,6 +29,7 @@ import platform
 import statistics
 import sys
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,11 +40,12 @@ import transformers  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibration import Calibration, default_calibration  # noqa: E402
-from workbench.decode import (DECODER_VERSION, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
-                              medusa_generate, vanilla_generate)
+from workbench.decode import DECODER_VERSION, medusa_generate, vanilla_generate  # noqa: E402
 from workbench.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
 from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
+from workbench.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, step_times,  # noqa: E402
+                             tokens_per_step)
 from workbench.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.latency import device_name, latency_tree, measure_latency  # noqa: E402
 from workbench.models import load_model_and_heads, pick_device  # noqa: E402
@@ -212,13 +214,14 @@ def section_decode(model, tok, heads, cfg, prompts, latency: dict, calibration, 
         for _ in range(2):
             bench_decode.timed_generate(model, chunks[0], 4, "static", hf_compile, eos, **hf_cache)
         hf_compile_s = time.perf_counter() - t0
-        van, hf_s, hf_tokens, med, probes = [], 0.0, 0, {k: [] for k in bufs}, {k: [] for k in ["vanilla", *bufs]}
+        van, hf_calls, med, probes = [], [], {k: [] for k in bufs}, {k: [] for k in ["vanilla", *bufs]}
         for chunk in chunks:
             probe, times = forward_probe(engine, root_setup(model))
             van.append(vanilla_generate(model, tok, chunk, n, engine=engine, on_step=probe, record=True))
             probes["vanilla"] += times
             hf, s = bench_decode.timed_generate(model, chunk, n, "static", hf_compile, eos, **hf_cache)
-            hf_s, hf_tokens = hf_s + s, hf_tokens + sum(map(len, hf))
+            # generate reports no steps: one result per sequence with its tokens and the call's wall time
+            hf_calls.append([SimpleNamespace(token_ids=h, steps=[], total_s=s, decode_s=s) for h in hf])
             for k, buf in bufs.items():
                 probe, times = forward_probe(engine, buf, heads)
                 med[k].append(medusa_generate(model, heads, tok, chunk, buf, n, engine=engine, on_step=probe,
@@ -227,19 +230,17 @@ def section_decode(model, tok, heads, cfg, prompts, latency: dict, calibration, 
         step = mean_step_s(van)
         row = dict(batch_size=b, vanilla_tokens_per_s=goodput(van), vanilla_step_ms=1e3 * step,
                    vanilla_forward_ms=1e3 * statistics.median(probes["vanilla"]),
-                   vanilla_decoder_overhead=decoder_overhead([s.time_s for c in van for s in c[0].steps],
+                   vanilla_decoder_overhead=decoder_overhead(step_times(van),
                                                              probes["vanilla"]),
-                   bandwidth_per_step=wbytes / step, hf_generate_tokens_per_s=hf_tokens / hf_s,
+                   bandwidth_per_step=wbytes / step, hf_generate_tokens_per_s=goodput(hf_calls),
                    compile_s=engine.compile_s - c0, warmup_s=warm_s, hf_compiled=hf_compile, hf_warmup_s=hf_compile_s)
         for k, calls in med.items():
             rate = goodput(calls)
-            steps = [s.time_s for c in calls for s in max(c, key=lambda r: len(r.steps)).steps]
             found = [d for c, vc in zip(calls, van) for r, v in zip(c, vc) for d in divergences(r, v, model.dtype)]
             row[k] = dict(tree=trees[k].as_lists(), nodes=trees[k].nodes, tokens_per_s=rate,
-                          tokens_per_step=sum(len(r.token_ids) for c in calls for r in c) /
-                          sum(len(r.steps) for c in calls for r in c),
-                          speedup_vs_vanilla=measured_speedup(calls, van), speedup_vs_hf=rate / (hf_tokens / hf_s),
-                          decoder_overhead=decoder_overhead(steps, probes[k]),
+                          tokens_per_step=tokens_per_step(calls),
+                          speedup_vs_vanilla=measured_speedup(calls, van), speedup_vs_hf=measured_speedup(calls, hf_calls),
+                          decoder_overhead=decoder_overhead(step_times(calls), probes[k]),
                           forward_ms=1e3 * statistics.median(probes[k]),
                           predicted_tokens_per_step=planned[b][1]["predicted_tokens_per_step"],
                           predicted_speedup=planned[b][1]["predicted_speedup"],

@@ -16,14 +16,13 @@ acceptance.py; this module runs the loop and owns its results.
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 import torch
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, speed
 from workbench.acceptance import (ACCEPTANCE_KINDS, ENTROPY_FORMS, Acceptance, accept, accept_greedy,  # noqa: F401
                                   accept_nucleus, accept_typical, best_path, entropy, first_token, generator_for,
                                   last_node, sample_nucleus, typical_decisions)
@@ -99,15 +98,15 @@ class DecodeResult:
 
     @property
     def acceleration_rate(self) -> float:
-        return len(self.token_ids) / max(len(self.steps), 1)
+        return speed.tokens_per_step([self]) if self.steps else 1.0  # a stepless result: its first token only
 
     @property
     def mean_step_s(self) -> float:
-        return self.decode_s / max(len(self.steps), 1)
+        return speed.mean_step_s([self]) if self.steps else 0.0
 
     @property
     def tokens_per_s(self) -> float:
-        return len(self.token_ids) / self.total_s if self.total_s > 0 else 0.0
+        return speed.goodput([self]) if self.total_s > 0 else 0.0
 
     def to_dict(self) -> dict:
         return dict(method=self.method, tree=self.tree, token_ids=self.token_ids, text=self.text,
