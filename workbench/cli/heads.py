@@ -371,3 +371,56 @@ def add_train_heads(sub) -> None:
     m2.add_argument("--max-prompt-tokens", type=int, default=384, help="skip longer prompts (default 384)")
     m2.add_argument("--no-amp", action="store_true", help="fp32 forwards (default: bf16 autocast)")
     p.set_defaults(func=cmd_train_heads)
+    add_eval_heads(sub)
+
+# ==== eval-heads ==============================================================================================
+
+def cmd_eval_heads(args) -> int:
+    from pathlib import Path
+
+    from workbench.io import atomic_write_json, atomic_write_text
+    from workbench.medusa2 import eval_table, evaluate_medusa2
+
+    if not Path(args.medusa2).is_dir():
+        raise WorkbenchError(f"--medusa2 {args.medusa2}: no such folder (give the merged/ folder that "
+                             "`train-heads --recipe medusa-2` wrote)")
+    for flag, v in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens), ("--topk", args.topk),
+                    ("--batch-size", args.batch_size)):
+        if v < 1:
+            raise WorkbenchError(f"{flag} {v}: must be at least 1")
+    if not 0 < args.holdout < 1:
+        raise WorkbenchError(f"--holdout {args.holdout:g}: the held-out share in (0, 1) that calibrate used, e.g. 0.2")
+    for flag, path in (("--out", args.out), ("--table", args.table)):
+        check_output(path, flag)
+    r = evaluate_medusa2(args.medusa2, args.model, args.heads, args.prompts, args.holdout, args.limit,
+                         args.max_new_tokens, args.topk, args.tree, not args.no_live, args.device, args.batch_size)
+    table = eval_table(r)
+    if args.out:
+        atomic_write_json(args.out, r, "--out")
+    if args.table:
+        atomic_write_text(args.table, table, "--table")
+    print(table)
+    return 0
+
+
+def add_eval_heads(sub) -> None:
+    p = sub.add_parser("eval-heads", help="Medusa-1 vs Medusa-2 on held-out prompts: head accuracy, backbone "
+                       "drift, live tokens/step",
+                       description="Evaluate a Medusa-2 model (the merged/ folder of `train-heads --recipe medusa-2`) "
+                                   "against the base model with Medusa-1 heads, on the held-out split of a prompt "
+                                   "set (as calibrate splits it): per-head top-1..top-k, backbone drift from the "
+                                   "original (top-1 agreement, KL, perplexity of its own answers, greedy identity) "
+                                   "and live tokens/step and speedup with one tree.",
+                       parents=[model_args("--model", "--heads", "--device")])
+    p.add_argument("--medusa2", required=True, help="the Medusa-2 model folder (OUT/merged)")
+    p.add_argument("--prompts", default="alpaca-eval", help="prompt set name or file (default alpaca-eval)")
+    p.add_argument("--holdout", type=float, default=0.2, help="held-out share, as calibrate (default 0.2)")
+    p.add_argument("--limit", type=int, default=32, help="held-out prompts used (default 32)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--topk", type=int, default=5)
+    p.add_argument("--tree", default="mc_sim_7b_63", help="tree for the live decoding (default mc_sim_7b_63)")
+    p.add_argument("--no-live", action="store_true", help="skip the live decoding (accuracy and drift only)")
+    p.add_argument("--batch-size", type=int, default=8, help="prompts per generation batch")
+    p.add_argument("--out", help="JSON file")
+    p.add_argument("--table", help="Markdown table file")
+    p.set_defaults(func=cmd_eval_heads)
