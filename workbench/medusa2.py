@@ -535,11 +535,11 @@ def live_decode(model, heads, tok, prompts, tree, max_new_tokens: int) -> dict:
 
 def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None = None, prompts: str = "alpaca-eval",
                      holdout: float = 0.2, limit: int | None = 32, max_new_tokens: int = 64, topk: int = 5,
-                     tree: str = "mc_sim_7b_63", live: bool = True, device: str | None = None, batch: int = 8) -> dict:
+                     tree: str = "mc_sim_7b_63", live: int | None = None, device: str | None = None, batch: int = 8) -> dict:
     """Medusa-1 (`model` + `heads`) against Medusa-2 (the merged folder `medusa2`, heads inside) on held-out
     prompts: per-head top-1..top-k (each head set on its own backbone's greedy answers: what its decoder
     verifies), the backbone's drift from the original, greedy-output identity, and live tokens/step and speedup
-    with the same tree."""
+    with the same tree on the first `live` prompts (None: all, 0: none)."""
     from workbench.generation import eos_ids, greedy_continuations
     from workbench.models import load_model_and_heads
 
@@ -566,10 +566,10 @@ def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None =
                   medusa2_topk=topk_accuracies(m2, h2, encoded, conts_m, topk),
                   drift=backbone_drift(orig, m2, encoded, conts_o, batch),
                   greedy_identity=round(sum(a == b for a, b in zip(conts_o, conts_m)) / len(records), 4))
-    if live:
-        result["tree"] = tree
-        result["live_medusa1"] = live_decode(orig, h1, tok, encoded, tree, max_new_tokens)
-        result["live_medusa2"] = live_decode(m2, h2, tok, encoded, tree, max_new_tokens)
+    if live is None or live > 0:
+        result["tree"], result["live_prompts"] = tree, len(encoded[:live])
+        result["live_medusa1"] = live_decode(orig, h1, tok, encoded[:live], tree, max_new_tokens)
+        result["live_medusa2"] = live_decode(m2, h2, tok, encoded[:live], tree, max_new_tokens)
         result["tokens_per_step_ratio"] = round(result["live_medusa2"]["tokens_per_step"]
                                                 / result["live_medusa1"]["tokens_per_step"], 4)
     return result
@@ -592,7 +592,7 @@ def eval_table(r: dict) -> str:
               f"| greedy output identical at {r['max_new_tokens']} tokens | {r['greedy_identity']:.3f} |"]
     if "live_medusa1" in r:
         a, b = r["live_medusa1"], r["live_medusa2"]
-        lines += ["", f"| live, tree `{r['tree']}`, batch 1 | Medusa-1 | Medusa-2 |", "|---|---|---|",
+        lines += ["", f"| live, tree `{r['tree']}`, batch 1, {r['live_prompts']} prompts | Medusa-1 | Medusa-2 |", "|---|---|---|",
                   f"| tokens/step | {a['tokens_per_step']:.3f} | {b['tokens_per_step']:.3f} (x{r['tokens_per_step_ratio']:.3f}) |",
                   f"| speedup over its own greedy | {a['speedup']:.3f} | {b['speedup']:.3f} |",
                   f"| Medusa output = greedy | {a['identical_to_greedy']:.3f} | {b['identical_to_greedy']:.3f} |"]

@@ -388,12 +388,14 @@ def cmd_eval_heads(args) -> int:
                     ("--batch-size", args.batch_size)):
         if v < 1:
             raise WorkbenchError(f"{flag} {v}: must be at least 1")
+    if args.live is not None and args.live < 0:
+        raise WorkbenchError(f"--live {args.live}: a number of prompts >= 0 (0: no live decoding)")
     if not 0 < args.holdout < 1:
         raise WorkbenchError(f"--holdout {args.holdout:g}: the held-out share in (0, 1) that calibrate used, e.g. 0.2")
     for flag, path in (("--out", args.out), ("--table", args.table)):
         check_output(path, flag)
     r = evaluate_medusa2(args.medusa2, args.model, args.heads, args.prompts, args.holdout, args.limit,
-                         args.max_new_tokens, args.topk, args.tree, not args.no_live, args.device, args.batch_size)
+                         args.max_new_tokens, args.topk, args.tree, args.live, args.device, args.batch_size)
     table = eval_table(r)
     if args.out:
         atomic_write_json(args.out, r, "--out")
@@ -419,7 +421,8 @@ def add_eval_heads(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--topk", type=int, default=5)
     p.add_argument("--tree", default="mc_sim_7b_63", help="tree for the live decoding (default mc_sim_7b_63)")
-    p.add_argument("--no-live", action="store_true", help="skip the live decoding (accuracy and drift only)")
+    p.add_argument("--live", type=int, metavar="N", help="live decoding on the first N of the prompts (default all; "
+                   "0: none, accuracy and drift only)")
     p.add_argument("--batch-size", type=int, default=8, help="prompts per generation batch")
     p.add_argument("--out", help="JSON file")
     p.add_argument("--table", help="Markdown table file")
