@@ -195,3 +195,15 @@ def test_eval_heads_bad_folder_is_one_error_line(tmp_path, capsys):
     rc = main(["eval-heads", "--medusa2", str(tmp_path / "missing")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: --medusa2")
+
+
+def test_cli_trains_from_zero_with_the_sine_warmup(tied, tmp_path, capsys):
+    out = tmp_path / "out"
+    rc = main(["train-heads", "--recipe", "medusa-2", "--model", str(tied / "model"), "--prompts",
+               str(tied / "train_alpaca.json"), "--tokens", "100", "--max-new-tokens", "8", "--gen-batch", "8",
+               "--gen-dtype", "float32", "--steps", "3", "--batch-size", "2", "--num-heads", "2", "--lora-r", "4",
+               "--warmup", "sine", "--no-amp", "--work", str(tmp_path / "w"), "--out", str(out)])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["steps"] == 3
+    assert load_heads(out / "merged")[0].num_heads == 2
+    log = [json.loads(line) for line in (out / "loss.jsonl").read_text().splitlines()]
+    assert 0 < log[-1]["lambda0"] <= 0.2  # sine: λ0 rises from 0 to --lambda0

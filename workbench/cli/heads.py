@@ -1,6 +1,7 @@
 """Commands that run Medusa heads on a base model: `calibrate`, `decode` and `train-heads`."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import fields
@@ -297,7 +298,7 @@ def _cmd_train_medusa2(args) -> int:
                         batch_size=args.batch_size, lr=args.lr, heads_lr=args.heads_lr, warmup_steps=args.warmup_steps,
                         lambda0=args.lambda0, decay=args.decay, warmup=args.warmup, ramp_steps=args.ramp_steps,
                         lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-                        init=str(Path(init).resolve()) if init else None, amp=not args.no_amp, seed=args.seed,
+                        init=str(Path(init).resolve()) if init else None, amp=args.amp, seed=args.seed,
                         time_budget=args.time_budget, gen_share=args.gen_share)  # checks every setting
     cfg.prompts = interleaved_prompts(args.prompts or default_prompt_files(), args.seed)
     work, _ = default_folders(args.model)
@@ -369,7 +370,9 @@ def add_train_heads(sub) -> None:
     m2.add_argument("--lora-alpha", type=int, default=16)
     m2.add_argument("--lora-dropout", type=float, default=0.05)
     m2.add_argument("--max-prompt-tokens", type=int, default=384, help="skip longer prompts (default 384)")
-    m2.add_argument("--no-amp", action="store_true", help="fp32 forwards (default: bf16 autocast)")
+    m2.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                    help="bf16 autocast for the forwards (default: on CUDA only; a CPU without bf16 units is ~7x "
+                         "slower with it)")
     p.set_defaults(func=cmd_train_heads)
     add_eval_heads(sub)
 
