@@ -1,6 +1,7 @@
 """Commands that run Medusa heads on a base model: `calibrate`, `decode` and `train-heads`."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import fields
@@ -217,7 +218,7 @@ def add_decode(sub) -> None:
     p.add_argument("--batch", type=bounded("batch"), default=1, help="prompts decoded together, one forward of batch x tree "
                    "tokens per step (default 1)")
     p.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
-    p.add_argument("--max-new-tokens", type=bounded("tokens"), default=256)
+    p.add_argument("--max-new-tokens", type=bounded("tokens"), help="answer length (default 256; medusa-2 128)")
     p.add_argument("--acceptance", choices=["auto", *ACCEPTANCE_KINDS], default="auto",
                    help="auto: greedy at temperature 0, nucleus with --top-p, else typical")
     p.add_argument("--temperature", type=finite(0), help="sampling temperature (default 0 = greedy; 0.7 for typical/nucleus)")
@@ -235,8 +236,22 @@ def add_decode(sub) -> None:
 
 # ==== train-heads =============================================================================================
 
+RECIPE_DEFAULTS = {  # flags whose default depends on --recipe
+    "medusa-1": dict(tokens=200_000, max_new_tokens=256, gen_batch=64, steps=3000, batch_size=256, lr=1e-3,
+                     gen_share=0.5),
+    "medusa-2": dict(tokens=50_000, max_new_tokens=128, gen_batch=32, steps=2000, batch_size=4, lr=1e-4,
+                     gen_share=0.3),
+}
+
+
 def cmd_train_heads(args) -> int:
     from pathlib import Path
+
+    for k, v in RECIPE_DEFAULTS[args.recipe].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.recipe == "medusa-2":
+        return _cmd_train_medusa2(args)
 
     from workbench.parallel import one_process_warning
     from workbench.train import TrainConfig, default_folders, default_prompt_files, interleaved_prompts, train_heads
@@ -276,6 +291,44 @@ def cmd_train_heads(args) -> int:
     return 0
 
 
+def _cmd_train_medusa2(args) -> int:
+    from pathlib import Path
+
+    from workbench.heads import DEMO_HEADS
+    from workbench.medusa2 import Medusa2Config, train_medusa2
+    from workbench.train import default_folders, default_prompt_files, interleaved_prompts
+
+    if args.untied or args.active_steps or args.answers_per_prompt != 1 or args.device_map:
+        raise WorkbenchError("--untied, --active-steps, --answers-per-prompt and --device-map are medusa-1 "
+                             "options: drop them with --recipe medusa-2")
+    init = args.init or (str(DEMO_HEADS) if args.model is None and args.warmup == "two-stage" else None)
+    if init and not Path(init).exists():
+        raise WorkbenchError(f"--init {init}: no such heads folder or file")
+    cfg = Medusa2Config(prompts=[], num_heads=args.num_heads, num_layers=args.num_layers, tokens=args.tokens,
+                        max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
+                        gen_batch=args.gen_batch, gen_dtype=args.gen_dtype, steps=args.steps,
+                        batch_size=args.batch_size, lr=args.lr, heads_lr=args.heads_lr, warmup_steps=args.warmup_steps,
+                        lambda0=args.lambda0, decay=args.decay, warmup=args.warmup, ramp_steps=args.ramp_steps,
+                        lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+                        init=str(Path(init).resolve()) if init else None, amp=args.amp, seed=args.seed,
+                        time_budget=args.time_budget, gen_share=args.gen_share)  # checks every setting
+    cfg.prompts = interleaved_prompts(args.prompts or default_prompt_files(), args.seed)
+    work, _ = default_folders(args.model)
+    work = Path(args.work) if args.work else work.with_name(work.name + "-medusa2")
+    out = Path(args.out) if args.out else Path(f"{work.name}-out")
+    check_output(work, "--work", "folder")
+    check_output(out, "--out", "folder")
+    summary = train_medusa2(work, cfg, args.model, out, args.device)
+    if not summary["trained"]:
+        print(f"process {summary.get('rank', 0)}: done ({summary['steps']} steps); the main process writes {out}",
+              file=sys.stderr)
+        return 0
+    print(json.dumps({k: summary[k] for k in ("answer_tokens", "steps", "validation")}, indent=2))
+    print(f"Medusa-2 written to {out}: adapter/, heads/, merged/ (--model {out}/merged --heads {out}/merged), "
+          "medusa/", file=sys.stderr)
+    return 0
+
+
 def add_train_heads(sub) -> None:
     p = sub.add_parser("train-heads", help="train Medusa-1 heads on the model's own (self-distilled) answers",
                        description="Train Medusa-1 heads on a frozen base model with self-distilled data. "
@@ -288,16 +341,17 @@ def add_train_heads(sub) -> None:
     p.add_argument("--num-heads", type=bounded("depth"), default=4)
     p.add_argument("--num-layers", type=bounded("depth"), default=1, help="ResBlocks per head")
     p.add_argument("--untied", action="store_true", help="give each head its own lm_head (format 1, large files)")
-    p.add_argument("--tokens", type=bounded("data"), default=200_000, help="self-distilled answer tokens to generate")
+    p.add_argument("--tokens", type=bounded("data"), help="self-distilled answer tokens to generate (default 200000; medusa-2 50000)")
     p.add_argument("--answers-per-prompt", type=bounded("rank"), default=1, metavar="N",
                    help="answers per prompt: answer j > 0 opens with the model's (j+1)-th likeliest first token, "
                         "then goes on greedily (more on-policy data once the prompts run out)")
-    p.add_argument("--max-new-tokens", type=bounded("tokens"), default=256)
-    p.add_argument("--gen-batch", type=bounded("batch"), default=64)
+    p.add_argument("--max-new-tokens", type=bounded("tokens"), help="answer length (default 256; medusa-2 128)")
+    p.add_argument("--gen-batch", type=bounded("batch"), help="prompts answered together (default 64; medusa-2 32)")
     p.add_argument("--gen-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "bf16", "fp16", "fp32"], help="dtype for generating the data (bf16 is ~3x faster on CPU)")
-    p.add_argument("--steps", type=bounded("count"), default=3000)
-    p.add_argument("--batch-size", type=bounded("batch"), default=256, help="positions per optimizer step")
-    p.add_argument("--lr", type=finite(0, 1e3, open_low=True), default=1e-3)
+    p.add_argument("--steps", type=bounded("count"), help="optimizer steps (default 3000; medusa-2 2000)")
+    p.add_argument("--batch-size", type=bounded("batch"), help="positions per optimizer step (default 256); medusa-2: sequences per "
+                   "step (default 4)")
+    p.add_argument("--lr", type=finite(0, 1e3, open_low=True), help="learning rate (default 1e-3); medusa-2: the adapter's (default 1e-4)")
     p.add_argument("--active-steps", type=bounded("count", 0), default=0, metavar="N",
                    help="the first N steps use a softmax over only the tokens the data emits (~6x faster on CPU; "
                         "the remaining steps use the full vocabulary)")
@@ -306,9 +360,85 @@ def add_train_heads(sub) -> None:
     p.add_argument("--time-budget", type=finite(), metavar="SECONDS",
                    help="stop in time: generation, training, validation and saving end within SECONDS (the heads "
                         "are written before it ends; the schedule is compressed to the time there is)")
-    p.add_argument("--gen-share", type=finite(), default=0.5, metavar="F",
-                   help="with --time-budget: the share of it generation may use (default 0.5)")
+    p.add_argument("--gen-share", type=finite(0, 1, open_low=True), metavar="F",
+                   help="with --time-budget: the share of it generation may use (default 0.5; medusa-2 0.3)")
     p.add_argument("--seed", type=bounded("seed", 0), default=0)
     p.add_argument("--work", help="work folder for data and checkpoints (default: the user cache)")
-    p.add_argument("--out", help="output heads folder (default: the demo heads folder for the demo model)")
+    p.add_argument("--out", help="output heads folder (default: the demo heads folder for the demo model); "
+                   "medusa-2: the output folder (adapter/, heads/, merged/, medusa/)")
+    m2 = p.add_argument_group("--recipe medusa-2 (heads trained with a LoRA-adapted backbone: docs/medusa2.md)")
+    m2.add_argument("--recipe", choices=["medusa-1", "medusa-2"], default="medusa-1",
+                    help="medusa-1: heads on a frozen base (default); medusa-2: heads + LoRA backbone, "
+                         "loss KL(original || adapted) + lambda0 * sum_k decay^k CE_k")
+    m2.add_argument("--lambda0", type=finite(0, 1e3), default=0.2, help="weight of the heads' loss (default 0.2)")
+    m2.add_argument("--decay", type=finite(0, 1, open_low=True), default=0.8, help="lambda_k = decay^k (default 0.8)")
+    m2.add_argument("--heads-lr", type=finite(0, 1e3, open_low=True), help="the heads' learning rate (default 4x --lr)")
+    m2.add_argument("--warmup", choices=["two-stage", "sine"], default="two-stage",
+                    help="heads warm-up: two-stage starts from Medusa-1 heads (--init; the demo heads for the demo "
+                         "model), sine raises lambda0 from 0 over --ramp-steps (default)")
+    m2.add_argument("--ramp-steps", type=bounded("count", 0), default=0, help="sine: steps for lambda0 to rise (0 = --steps / 4)")
+    m2.add_argument("--warmup-steps", type=bounded("count", 0), default=20, help="learning-rate warm-up steps, then cosine")
+    m2.add_argument("--lora-r", type=bounded("rank"), default=32)
+    m2.add_argument("--lora-alpha", type=bounded("count"), default=16)
+    m2.add_argument("--lora-dropout", type=finite(0, 1), default=0.05)
+    m2.add_argument("--max-prompt-tokens", type=bounded("tokens"), default=384, help="skip longer prompts (default 384)")
+    m2.add_argument("--amp", action=argparse.BooleanOptionalAction, default=None,
+                    help="bf16 autocast for the forwards (default: on CUDA only; a CPU without bf16 units is ~7x "
+                         "slower with it)")
     p.set_defaults(func=cmd_train_heads)
+    add_eval_heads(sub)
+
+# ==== eval-heads ==============================================================================================
+
+def cmd_eval_heads(args) -> int:
+    from pathlib import Path
+
+    from workbench.io import atomic_write_json, atomic_write_text
+    from workbench.medusa2 import eval_table, evaluate_medusa2
+
+    if not Path(args.medusa2).is_dir():
+        raise WorkbenchError(f"--medusa2 {args.medusa2}: no such folder (give the merged/ folder that "
+                             "`train-heads --recipe medusa-2` wrote)")
+    for flag, v in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens), ("--topk", args.topk),
+                    ("--batch-size", args.batch_size)):
+        if v < 1:
+            raise WorkbenchError(f"{flag} {v}: must be at least 1")
+    if args.live is not None and args.live < 0:
+        raise WorkbenchError(f"--live {args.live}: a number of prompts >= 0 (0: no live decoding)")
+    if not 0 < args.holdout < 1:
+        raise WorkbenchError(f"--holdout {args.holdout:g}: the held-out share in (0, 1) that calibrate used, e.g. 0.2")
+    for flag, path in (("--out", args.out), ("--table", args.table)):
+        check_output(path, flag)
+    r = evaluate_medusa2(args.medusa2, args.model, args.heads, args.prompts, args.holdout, args.limit,
+                         args.max_new_tokens, args.topk, args.tree, args.live, args.device, args.batch_size)
+    table = eval_table(r)
+    if args.out:
+        atomic_write_json(args.out, r, "--out")
+    if args.table:
+        atomic_write_text(args.table, table, "--table")
+    print(table)
+    return 0
+
+
+def add_eval_heads(sub) -> None:
+    p = sub.add_parser("eval-heads", help="Medusa-1 vs Medusa-2 on held-out prompts: head accuracy, backbone "
+                       "drift, live tokens/step",
+                       description="Evaluate a Medusa-2 model (the merged/ folder of `train-heads --recipe medusa-2`) "
+                                   "against the base model with Medusa-1 heads, on the held-out split of a prompt "
+                                   "set (as calibrate splits it): per-head top-1..top-k, backbone drift from the "
+                                   "original (top-1 agreement, KL, perplexity of its own answers, greedy identity) "
+                                   "and live tokens/step and speedup with one tree.",
+                       parents=[model_args("--model", "--heads", "--device")])
+    p.add_argument("--medusa2", required=True, help="the Medusa-2 model folder (OUT/merged)")
+    p.add_argument("--prompts", default="alpaca-eval", help="prompt set name or file (default alpaca-eval)")
+    p.add_argument("--holdout", type=finite(0, 1, open_low=True), default=0.2, help="held-out share, as calibrate (default 0.2)")
+    p.add_argument("--limit", type=bounded("count"), default=32, help="held-out prompts used (default 32)")
+    p.add_argument("--max-new-tokens", type=bounded("tokens"), default=64)
+    p.add_argument("--topk", type=bounded("rank"), default=5)
+    p.add_argument("--tree", default="mc_sim_7b_63", help="tree for the live decoding (default mc_sim_7b_63)")
+    p.add_argument("--live", type=bounded("count", 0), metavar="N", help="live decoding on the first N of the prompts (default all; "
+                   "0: none, accuracy and drift only)")
+    p.add_argument("--batch-size", type=bounded("batch"), default=8, help="prompts per generation batch")
+    p.add_argument("--out", help="JSON file")
+    p.add_argument("--table", help="Markdown table file")
+    p.set_defaults(func=cmd_eval_heads)
