@@ -192,7 +192,7 @@ def test_vllm_warning_iff_misdrafted_and_best_dense_tree_drafts_as_written():
     warned = 0
     for acc, b, tree in _trees():
         _, warns = export_tree(tree, "vllm")
-        assert "removed by PR #42121" in warns[0]  # every vLLM export names the versions that take the key
+        assert "0.10.1 to 0.20.2" in warns[0]  # every vLLM export names the versions that take the key
         irregular = any("same number of children" in w for w in warns)
         assert irregular == (not vllm_as_written(tree))
         warned += irregular
@@ -220,6 +220,7 @@ def test_eagle1_and_medusa_rank_warning_iff_misbuilt_depth1_refused():
         lhs, rhs = text.splitlines()[-1].split(" = ")
         assert lhs == "mc_sim_7b_63"  # the one global both the draft model and the verifier read
         exported = make_tree(ast.literal_eval(rhs))
-        assert bool(warns) == (not eagle1_as_written(exported))
-        warned += bool(warns)
+        verifier = [w for w in warns if "draft builder" not in w]  # the draft side's own warning: test_hostile.py
+        assert bool(verifier) == (not eagle1_as_written(exported))
+        warned += bool(verifier)
     assert refused and warned

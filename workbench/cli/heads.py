@@ -218,7 +218,7 @@ def add_decode(sub) -> None:
     p.add_argument("--batch", type=bounded("batch"), default=1, help="prompts decoded together, one forward of batch x tree "
                    "tokens per step (default 1)")
     p.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
-    p.add_argument("--max-new-tokens", type=bounded("tokens"), help="answer length (default 256; medusa-2 128)")
+    p.add_argument("--max-new-tokens", type=bounded("tokens"), default=256)
     p.add_argument("--acceptance", choices=["auto", *ACCEPTANCE_KINDS], default="auto",
                    help="auto: greedy at temperature 0, nucleus with --top-p, else typical")
     p.add_argument("--temperature", type=finite(0), help="sampling temperature (default 0 = greedy; 0.7 for typical/nucleus)")
