@@ -256,3 +256,21 @@ def test_app_warnings_name_the_apps_controls_not_cli_flags():
         assert not any("--" in w for w in app), (fmt, app)
     assert any("--engine-safe" in w for w in export_tree(bad, "trtllm")[1])
     assert any("repair buttons" in w for w in export_tree(bad, "trtllm", front="app")[1])
+
+
+def test_trtllm_cpp_runtime_limits_warn_beyond_and_not_within():
+    """TensorRT-LLM's C++ runtime keys nodes 4 bits per rank in a uint64 (medusaModule.cpp computePrefix)."""
+    within = make_tree([[15], [0], [0, 15]] + [[0] * d for d in range(2, 17)])  # rank 15, depth 16: both fit
+    _, warns = export_tree(within, "trtllm", heads=16)
+    assert not any("C++ runtime" in w for w in warns)
+    rank16 = make_tree([[0], [1], [0, 16]])  # [0, 16] packs like [1, 0]: the limit is < 16, not <= 16
+    _, warns = export_tree(rank16, "trtllm", heads=2)
+    assert len(warns) == 1 and "path [0, 16] has rank 16" in warns[0] and "ranks < 16" in warns[0]
+    assert "--max-rank 16" in warns[0]
+    deep = make_tree([[0] * d for d in range(1, 18)])
+    _, warns = export_tree(deep, "trtllm", heads=17)
+    assert len(warns) == 1 and "depth 17" in warns[0] and "at most 16 levels" in warns[0]
+    assert "--max-depth 16" in export_tree(deep, "trtllm", heads=17)[1][0]
+    assert "at most 16 levels" in export_tree(deep, "trtllm", heads=17, front="app")[1][0]
+    for fmt in ("medusa", "vllm", "json"):  # other engines: no TensorRT-LLM warning
+        assert not any("TensorRT-LLM" in w for w in export_tree(rank16, fmt)[1])

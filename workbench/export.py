@@ -11,6 +11,7 @@ own code, not run end to end:
   examples) and no more depth than its Medusa heads. Its Python runtime (runtime/medusa_utils.py, used by
   ModelRunner) gives the first level one tree id per rank 0..max rank and indexes deeper nodes by the number of
   first-level nodes written, so only a first level of exactly ranks 0..k-1 builds as written.
+  Its C++ runtime (medusaModule.cpp) packs each path 4 bits per rank into 64 bits: ranks < 16, depth <= 16.
 - vllm: vLLM's SpeculativeConfig `speculative_token_tree`, a string of a list of tuples sorted breadth-first,
   with num_speculative_tokens == number of nodes. Its EAGLE-style drafter takes, per level, the top-c children
   of EVERY node (c = nodes at the level / nodes at the level above): only dense trees are drafted as written.
@@ -50,6 +51,12 @@ SUFFIXES = {"medusa": ".py", "json": ".json", "trtllm": ".trtllm.txt", "vllm": "
 FORMATS = tuple(SUFFIXES)
 SAFE_ENGINES = ("trtllm", "vllm")  # formats with an engine-safe repair (medusa / eagle: --max-rank 10 is enough)
 TRTLLM_MAX_DRAFT_LEN = 63
+# TensorRT-LLM's C++ runtime keys each node by its path packed 4 bits per rank into a uint64 (MedusaModule::
+# computePrefix, medusaModule.h / runtime/utils/speculativeChoicesUtils.cpp: PREFIX_CHUNK_SIZE_BITS=4,
+# PREFIX_MAX_VALUE=16): deeper than 64/4 levels or a rank above 16 it throws; a rank of 16 carries into the
+# parent's 4 bits, so [0, 16] and [1, 0] share a key and the tree is built with the wrong parents.
+TRTLLM_CPP_MAX_DEPTH = 64 // 4
+TRTLLM_CPP_RANK_LIMIT = 16  # ranks must be below it
 DEFAULT_CHOICES = "mc_sim_7b_63"  # the tree both Medusa and EAGLE-1 use unless told otherwise
 TARGETS = {  # what each export is written for: the header line of each export, and the README's Formats section
     "medusa": "FasterDecoding/Medusa as released (pip medusa-llm 0.1, 2023-09) and its main branch: "
@@ -87,6 +94,10 @@ FIXES = {
     "engine_safe": {"cli": "use --engine-safe", "app": "use the repair buttons below"},
     "budget": {"cli": "or use a smaller --budget", "app": "or a smaller budget"},
     "num_heads": {"cli": "pass --num-heads to check it here", "app": "the designer checks it against the loaded heads"},
+    "trtllm_rank": {"cli": f"or design with --max-rank {TRTLLM_CPP_RANK_LIMIT}",
+                    "app": f"or design with ranks below {TRTLLM_CPP_RANK_LIMIT} (the optimizer's max rank)"},
+    "trtllm_depth": {"cli": f"design with --max-depth {TRTLLM_CPP_MAX_DEPTH}",
+                     "app": f"design with at most {TRTLLM_CPP_MAX_DEPTH} levels"},
     "dense": {"cli": "use a dense tree (optimize --dense, --engine-safe vllm, or the app's dense option)",
               "app": "use the designer's dense-per-level model or the vllm repair button below"},
 }
@@ -102,6 +113,24 @@ def _rank_warning(tree: Tree, engine: str, front: str) -> list[str]:
         return [f"path {list(bad)} has rank {max(bad)}: {engine} builds its buffers from each head's top-"
                 f"{MEDUSA_TOPK}, so ranks must be < {MEDUSA_TOPK} (raise TOPK there, {_fix('max_rank', front)})"]
     return []
+
+
+def trtllm_cpp_warnings(tree: Tree, front: str) -> list[str]:
+    """Where TensorRT-LLM's C++ runtime (the executor / Triton backend) reads the tree otherwise than its Python
+    runtime: MedusaModule::initMedusaTensorsFromChoices keys nodes by computePrefix (cpp/tensorrt_llm/runtime/
+    medusaModule.cpp; utils/speculativeChoicesUtils.cpp in later releases), 4 bits per rank in a uint64, so a rank
+    >= 16 or a depth > 16 fails there (or, at rank 16, builds wrong parents) while runtime/medusa_utils.py takes it."""
+    warns = []
+    if tree.max_rank >= TRTLLM_CPP_RANK_LIMIT:
+        bad = next(p for p in tree.paths if max(p) >= TRTLLM_CPP_RANK_LIMIT)
+        warns.append(f"path {list(bad)} has rank {max(bad)}: TensorRT-LLM's C++ runtime packs each rank in 4 bits "
+                     f"and takes ranks < {TRTLLM_CPP_RANK_LIMIT} only (its Python runtime takes more) "
+                     + _fix("trtllm_rank", front))
+    if tree.depth > TRTLLM_CPP_MAX_DEPTH:
+        warns.append(f"tree depth {tree.depth}: TensorRT-LLM's C++ runtime packs a path in 64 bits, 4 per rank, "
+                     f"and takes at most {TRTLLM_CPP_MAX_DEPTH} levels (its Python runtime takes more); "
+                     + _fix("trtllm_depth", front))
+    return warns
 
 
 def first_level_gaps(tree: Tree) -> list[int]:
@@ -156,6 +185,7 @@ def export_tree(tree: Tree, fmt: str, name: str | None = None, heads: int | None
             warns.append(f"tree has {tree.nodes} nodes but a TensorRT-LLM Medusa engine takes at most max_draft_len="
                          f"{max_draft_len} draft tokens: rebuild the engine with max_draft_len >= {tree.nodes} "
                          + _fix("budget", front))
+        warns += trtllm_cpp_warnings(tree, front)
         if heads is None:
             warns.append(f"TensorRT-LLM needs num_medusa_heads >= tree depth {tree.depth} "
                          f"({_fix('num_heads', front)})")

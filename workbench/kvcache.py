@@ -33,14 +33,24 @@ class PointerLayer(StaticLayer):
         return self.host[0]
 
 
-def check_cacheable(model) -> None:
-    """Only attention layers can hold a tree: recurrent or linear-attention layers (Mamba, RWKV-style, gated
-    delta nets) keep one state per sequence that a rejected branch would corrupt. One line, not a shape error."""
+def uncacheable_layers(model) -> str | None:
+    """Why the decoder cannot decode `model` (None when it can): only attention layers can hold a tree; recurrent or
+    linear-attention layers (Mamba, RWKV-style, gated delta nets) keep one state per sequence that a rejected branch
+    would corrupt. Commands that only generate greedily and read hidden states (calibrate, train-heads) still work
+    on such models, so they warn with this where decoding commands refuse."""
     types = getattr(text_config(model), "layer_types", None) or []
     other = sorted({t for t in types if t not in ("full_attention", "sliding_attention")})
     if other:
-        raise WorkbenchError(f"{type(model).__name__} has {', '.join(other)} layers, whose cache cannot hold a "
-                             "token tree or be batched by this decoder: only attention-only models are supported")
+        return (f"{type(model).__name__} has {', '.join(other)} layers, whose cache cannot hold a token tree or be "
+                "batched by this decoder: only attention-only models are supported")
+    return None
+
+
+def check_cacheable(model) -> None:
+    """uncacheable_layers as one error line, not a shape error deep in a step."""
+    why = uncacheable_layers(model)
+    if why:
+        raise WorkbenchError(why)
 
 
 def cache_bytes(model, batch: int, capacity: int) -> int:

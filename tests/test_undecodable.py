@@ -1,0 +1,97 @@
+"""A model the live decoder cannot decode (Mamba: one recurrent state per sequence, no tree in its cache).
+
+calibrate and train-heads only generate greedily (HF generate, left-padded batches) and read hidden states, which
+is right for any causal LM: checked here on a tiny Mamba (batched answers == one-by-one answers; ranks from the
+generation's hidden states == ranks from a teacher-forced forward). So both run, each with one `warning:` line
+saying the decoder cannot use the result, while decode refuses in one `error:` line.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from workbench.cli import main
+from workbench.generation import greedy_continuations
+from workbench.heads import save_heads
+from workbench.measure_ranks import head_ranks
+from workbench.testing import random_heads, tiny_tokenizer
+
+PROMPTS = ["Tell me a story.", "What is 2+2?", "hi", "Why is the sky blue?"]
+
+
+def _mamba():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        cfg = AutoConfig.for_model("mamba", hidden_size=64, num_hidden_layers=2, vocab_size=128, state_size=4,
+                                   initializer_range=0.2, eos_token_id=2, pad_token_id=0, bos_token_id=1)
+    except (ValueError, KeyError):
+        pytest.skip("this transformers has no Mamba architecture")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def mamba_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mamba")
+    _mamba().save_pretrained(d / "model")
+    tiny_tokenizer().save_pretrained(d / "model")
+    save_heads(random_heads(64, 128, 3, tied=True, seed=1), d / "heads", str(d / "model"), fmt=2)
+    (d / "prompts.jsonl").write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n"
+                                             for i, p in enumerate(PROMPTS)))
+    return d
+
+
+def test_mamba_greedy_answers_and_head_ranks_are_what_calibrate_assumes():
+    model, heads = _mamba(), random_heads(64, 128, 3, tied=True, seed=1)
+    g = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(5, 128, (n,), generator=g).tolist() for n in (3, 9, 5, 12)]  # unequal: left padding
+    conts, hidden = greedy_continuations(model, prompts, 10, [], 0, return_hidden=True)
+    assert conts == [greedy_continuations(model, [p], 10, [], 0)[0] for p in prompts]  # padding changes nothing
+    from_generation, _ = head_ranks(model, heads, prompts, conts, 10, hidden=hidden)
+    teacher_forced, mismatches = head_ranks(model, heads, prompts, conts, 10)
+    assert mismatches == [0] * len(prompts)  # the teacher-forced base picks the same tokens
+    assert all(np.array_equal(a, b) for a, b in zip(from_generation, teacher_forced))
+
+
+def _warnings(err: str) -> list[str]:
+    return [line for line in err.splitlines() if line.startswith("warning: ")]
+
+
+def test_calibrate_and_train_heads_warn_once_and_decode_refuses(mamba_dir, tmp_path, capsys):
+    m, h, p = str(mamba_dir / "model"), str(mamba_dir / "heads"), str(mamba_dir / "prompts.jsonl")
+    rc = main(["calibrate", "--model", m, "--heads", h, "--prompts", p, "--max-new-tokens", "3", "--topk", "4",
+               "--budgets", "2", "--batch-size", "4", "--device", "cpu", "--out", str(tmp_path / "cal")])
+    warns = _warnings(capsys.readouterr().err)
+    assert rc == 0 and (tmp_path / "cal" / "accuracies.csv").exists()
+    assert len(warns) == 1 and "MambaForCausalLM has linear_attention layers" in warns[0], warns
+    assert "`workbench decode`" in warns[0]
+
+    rc = main(["train-heads", "--model", m, "--prompts", p, "--tokens", "8", "--max-new-tokens", "3",
+               "--gen-dtype", "float32", "--steps", "1", "--batch-size", "4", "--num-heads", "2",
+               "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h")])
+    warns = _warnings(capsys.readouterr().err)
+    assert rc == 0 and len(warns) == 1 and "linear_attention" in warns[0] and "heads train correctly" in warns[0]
+
+    rc = main(["decode", "--model", m, "--heads", h, "--tree", "[[0]]", "--prompt-ids", "5,6,7",
+               "--max-new-tokens", "3", "--device", "cpu"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith("error: ") and "linear_attention" in err[-1]
+
+
+def test_an_attention_model_gets_no_such_warning(tmp_path, capsys):
+    from workbench.testing import tiny_model
+
+    d = tmp_path / "llama"
+    tiny_model("llama", seed=0).save_pretrained(d)
+    tiny_tokenizer().save_pretrained(d)
+    save_heads(random_heads(64, 128, 3, tied=True, seed=1), tmp_path / "heads", str(d), fmt=2)
+    (tmp_path / "p.jsonl").write_text(json.dumps({"id": "q0", "instruction": "hi"}) + "\n")
+    rc = main(["calibrate", "--model", str(d), "--heads", str(tmp_path / "heads"), "--prompts",
+               str(tmp_path / "p.jsonl"), "--max-new-tokens", "3", "--topk", "4", "--budgets", "2", "--device", "cpu",
+               "--holdout", "0", "--out", str(tmp_path / "cal")])
+    assert rc == 0 and not any("linear_attention" in w for w in _warnings(capsys.readouterr().err))
