@@ -19,6 +19,7 @@ import math
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -217,9 +218,10 @@ def add_lora(model, cfg: Medusa2Config):
         torch.manual_seed(cfg.seed)
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                           target_modules=targets, bias="none", task_type="CAUSAL_LM")
-        import warnings
-        with warnings.catch_warnings():  # the tied-lm_head warning: handled by merged_model
+        with warnings.catch_warnings():  # the tied-lm_head warning: handled by merged_model; peft 0.21 reads
+            # transformers' deprecated `is_gradient_checkpointing` itself (not a call of ours to change)
             warnings.filterwarnings("ignore", message=".*tie_word_embeddings.*")
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             return get_peft_model(model, lora)
 
 
@@ -523,14 +525,15 @@ def backbone_drift(original, adapted, prompts, conts, batch: int = 8) -> dict:
 def live_decode(model, heads, tok, prompts, tree, max_new_tokens: int) -> dict:
     """Medusa and plain greedy decoding of each prompt (batch 1, one engine): tokens/step, speedup, and whether
     Medusa's output equals greedy's (greedy acceptance is lossless)."""
-    from workbench.decode import measured_speedup, medusa_generate, vanilla_generate
+    from workbench.decode import medusa_generate, vanilla_generate
     from workbench.engine import StepEngine, tree_setup
+    from workbench.speed import measured_speedup, tokens_per_step
 
     engine, buf = StepEngine(model), tree_setup(tree, model, heads.num_heads)
     vanilla_generate(model, tok, prompts[0], 2, engine=engine)  # warm-up, outside the timed runs
     med = [medusa_generate(model, heads, tok, p, buf, max_new_tokens, engine=engine) for p in prompts]
     van = [vanilla_generate(model, tok, p, max_new_tokens, engine=engine) for p in prompts]
-    return dict(tokens_per_step=round(sum(len(r.token_ids) for r in med) / sum(len(r.steps) for r in med), 4),
+    return dict(tokens_per_step=round(tokens_per_step(med), 4),
                 speedup=round(measured_speedup(med, van), 4),
                 identical_to_greedy=round(sum(m.token_ids == v.token_ids for m, v in zip(med, van)) / len(med), 4))
 
