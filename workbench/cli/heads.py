@@ -399,12 +399,6 @@ def cmd_eval_heads(args) -> int:
     if not Path(args.medusa2).is_dir():
         raise WorkbenchError(f"--medusa2 {args.medusa2}: no such folder (give the merged/ folder that "
                              "`train-heads --recipe medusa-2` wrote)")
-    for flag, v in (("--limit", args.limit), ("--max-new-tokens", args.max_new_tokens), ("--topk", args.topk),
-                    ("--batch-size", args.batch_size)):
-        if v < 1:
-            raise WorkbenchError(f"{flag} {v}: must be at least 1")
-    if args.live is not None and args.live < 0:
-        raise WorkbenchError(f"--live {args.live}: a number of prompts >= 0 (0: no live decoding)")
     if not 0 < args.holdout < 1:
         raise WorkbenchError(f"--holdout {args.holdout:g}: the held-out share in (0, 1) that calibrate used, e.g. 0.2")
     for flag, path in (("--out", args.out), ("--table", args.table)):
