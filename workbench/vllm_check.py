@@ -110,7 +110,8 @@ def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, p
         accepted = [len(s.path) for r in res for s in r.steps]  # drafts accepted per step, before any cut
         # vLLM schedules no drafts once max_tokens leaves room for one token: our steps without that last one
         capped = [len(s.path) for r in res for s in (r.steps if r.stop_reason == "eos" else r.steps[:-1])]
-        out[k] = dict(outputs=[r.token_ids for r in res], steps=len(accepted), accepted_per_pos=per_position(
+        out[k] = dict(outputs=[r.token_ids for r in res], steps=len(accepted),
+                      per_sequence=[[len(s.path) for s in r.steps] for r in res], accepted_per_pos=per_position(
             accepted, k), mean_accepted_length=1 + sum(accepted) / max(len(accepted), 1),
             steps_drafting_like_vllm=len(capped), accepted_per_pos_like_vllm=per_position(capped, k))
         progress(f"ours: K={k} done ({out[k]['mean_accepted_length']:.3f} tokens/step)")
@@ -208,7 +209,10 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
             vllm_batch_size=batch_sizes[0], **pred, prediction=key,
             prediction_error=pred[key] / measured - 1,
             vllm_spec_vs_vllm_plain={b: compare_outputs(runs[b]["outputs"], plain[b]["outputs"]) for b in runs},
-            ours_medusa_vs_ours_plain=compare_outputs(mine[k]["outputs"], mine["plain"])))
+            ours_medusa_vs_ours_plain=compare_outputs(mine[k]["outputs"], mine["plain"]),
+            # per sequence, in prompt order: accepted drafts per step (ours), vLLM's drafted/accepted per step
+            per_sequence=dict(ours=mine[k]["per_sequence"], vllm=first.get("steps"),
+                              lengths=[len(o) for o in mine[k]["outputs"]])))
         for b in batch_sizes:
             s, p = runs[b], plain[b]
             speed.append(dict(k=k, batch_size=b, plan_k=plan_k.get(b), tokens_per_s=s["new_tokens"] / s["seconds"],
@@ -222,10 +226,14 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
         plan=plan_k or None, acceptance=rows, speed=speed,
         vllm_plain_vs_ours_plain={b: compare_outputs(plain[b]["outputs"], mine["plain"]) for b in plain},
         vllm_startup_s=[r["startup_s"] for r in results], seconds=time.time() - t0,
-        load_average=dict(before=load_before, after=load_after, cpus=os.cpu_count(),
-                          idle=bool(load_before and load_after and max(load_before[0], load_after[0]) < 0.5)),
-        note="tokens/s were measured on a loaded machine: not idle figures" if not (
-            load_before and load_after and max(load_before[0], load_after[0]) < 0.5) else "idle machine")
+        load_average=dict(before=load_before, after=load_after, cpus=os.cpu_count(), idle=idle_before(load_before)),
+        note="idle machine at the start (the load after is this check's own)" if idle_before(load_before) else
+        "tokens/s were measured on a loaded machine: not idle figures")
+
+
+def idle_before(load: list[float] | None) -> bool:
+    """Idle = nothing else ran when the check started; the load average after it is mostly its own."""
+    return bool(load) and load[0] < 0.5
 
 
 def _counts(accepted: list[int], steps: int) -> str:

@@ -36,6 +36,15 @@ def counters(llm) -> dict:
     return out
 
 
+def per_step(output) -> dict | None:
+    """One sequence's verify steps as vLLM's scheduler saw them (per-request metrics, 'detailed'): drafts
+    proposed and accepted per step, in order; None for plain decoding."""
+    m = getattr(output, "spec_decode_metrics", None)
+    if m is None:
+        return None
+    return {"drafted": list(m.per_step_drafted), "accepted": list(m.per_step_accepted)}
+
+
 def run_engine(req: dict, spec) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -44,7 +53,8 @@ def run_engine(req: dict, spec) -> dict:
     say({"event": "progress", "text": f"starting vLLM ({'speculative ' + json.dumps(spec) if spec else 'plain'})"})
     llm = LLM(model=req["model"], tokenizer=req["model"], dtype="float32", max_model_len=req["max_model_len"],
               speculative_config=spec, enforce_eager=True, disable_log_stats=False, seed=0,
-              max_num_seqs=max(req["batch_sizes"]), enable_prefix_caching=False)
+              max_num_seqs=max(req["batch_sizes"]), enable_prefix_caching=False,
+              **({"per_request_spec_decode_metrics": "detailed"} if spec else {}))
     startup = time.perf_counter() - t0
     say({"event": "progress", "text": f"vLLM ready in {startup:.0f} s"})
     params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"],
@@ -54,17 +64,19 @@ def run_engine(req: dict, spec) -> dict:
     runs = []
     for b in req["batch_sizes"]:
         before = counters(llm)
-        outputs, seconds = [], 0.0
+        outputs, steps, seconds = [], [], 0.0
         for i in range(0, len(prompts), b):
             t = time.perf_counter()
             res = llm.generate(prompts[i:i + b], params, use_tqdm=False)
             seconds += time.perf_counter() - t
             outputs += [list(r.outputs[0].token_ids) for r in res]
+            steps += [per_step(r.outputs[0]) for r in res]
         after = counters(llm)
         delta = {k: after[k] - before[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
         pos_b = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
         delta["accepted_per_pos"] = [a - p for a, p in zip(after["accepted_per_pos"], pos_b)]
-        runs.append(dict(batch_size=b, seconds=seconds, new_tokens=sum(map(len, outputs)), outputs=outputs, **delta))
+        runs.append(dict(batch_size=b, seconds=seconds, new_tokens=sum(map(len, outputs)), outputs=outputs,
+                         steps=steps, **delta))
         say({"event": "progress", "text": f"batch {b}: {runs[-1]['new_tokens']} tokens in {seconds:.1f} s"})
     del llm
     gc.collect()
