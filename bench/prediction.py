@@ -8,8 +8,8 @@ Prediction: `plan` itself (plan.calibration_source + plan.rank: the calibration'
 to --max-new-tokens, and speedup = tokens/step / (t(n+1)/t(1)) from the latency table, with its range over the
 latency quartiles). `replay_these` is the replay over the answers of exactly the prompts decoded here: a lossless
 greedy decoder must measure it (it separates the prompt sample from the model). Measurement: at every batch size the
-held-out prompts are decoded B at a time, vanilla greedy right before each candidate on every batch (a load change
-hits both alike); one repeat = one pass over the prompts; every quantity from speed.py, its spread over repeats.
+held-out prompts are decoded B at a time, vanilla greedy and then every candidate on the same batch back to back
+(a load change hits them alike; one vanilla pass serves all candidates); one repeat = one pass over the prompts; every quantity from speed.py, its spread over repeats.
 Writes a table (stdout) and JSON (--out) with the setting of this run and of the latency table, and says loudly
 when they differ.
 """
@@ -63,13 +63,14 @@ def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeat
                 medusa_generate(model, heads, tok, chunks[0], buf, 2, engine=engine)
             got = {name: dict(speedup=[], tokens_per_step=[]) for name in bufs}
             for r in range(repeats):
-                for name, buf in bufs.items():
-                    van, med = [], []
-                    for chunk in chunks:
-                        van.append(vanilla_generate(model, tok, chunk, max_new_tokens, engine=engine))
-                        med.append(medusa_generate(model, heads, tok, chunk, buf, max_new_tokens, engine=engine))
-                    got[name]["speedup"].append(measured_speedup(med, van))
-                    got[name]["tokens_per_step"].append(tokens_per_step(med))
+                van, med = [], {name: [] for name in bufs}
+                for chunk in chunks:  # vanilla, then every candidate, on the same chunk back to back
+                    van.append(vanilla_generate(model, tok, chunk, max_new_tokens, engine=engine))
+                    for name, buf in bufs.items():
+                        med[name].append(medusa_generate(model, heads, tok, chunk, buf, max_new_tokens, engine=engine))
+                for name in bufs:
+                    got[name]["speedup"].append(measured_speedup(med[name], van))
+                    got[name]["tokens_per_step"].append(tokens_per_step(med[name]))
                 progress(f"batch {b}: repeat {r + 1}/{repeats} done")
             out[b] = got
     return out
