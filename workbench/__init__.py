@@ -1,9 +1,14 @@
 """Medusa tree workbench: calibrate heads, optimise `medusa_choices` trees, verify them with a live decoder."""
+import os
 from pathlib import Path
 
 __version__ = "0.1.0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The 1-minute load average when this process began (before its own work): within a minute a measurement's own
+# threads raise the load to about their count, so only this says whether anything else was running.
+LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 
 class WorkbenchError(ValueError):

@@ -51,13 +51,16 @@ def setting(device: str, dtype: str, threads: int, compiled: bool, gpu: str | No
     """The setting of a measurement made now: device type ("cpu", "cuda"), GPU name, CPU model and vector
     extension, torch threads, processes measuring at once, dtype, compiled or eager, what was timed (`mode`:
     "decoder-step" = the decoder's whole step, "verify" = the bare verify forward), torch and transformers
-    versions, and the 1-minute load average."""
+    versions, and the 1-minute load average when this process began (`load_average`: other processes; a
+    measurement's own threads soon raise the load to about their count) and now (`load_now`)."""
+    from workbench import LOAD_AT_START
+
     cpu, vector = _cpuinfo()
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load, now = LOAD_AT_START, os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return dict(device=str(device), gpu=gpu, cpu=cpu, vector=vector, cores=os.cpu_count(), threads=int(threads),
                 processes=int(processes), dtype=str(dtype).replace("torch.", ""), compiled=bool(compiled), mode=mode,
                 torch=_version("torch"), transformers=_version("transformers"),
-                load_average=None if load is None else round(load, 2))
+                load_average=None if load is None else round(load, 2), load_now=None if now is None else round(now, 2))
 
 
 def setting_cell(s: dict) -> str:
@@ -104,12 +107,12 @@ def loaded(s: dict | None, limit: float = 0.5) -> bool:
 
 
 def describe(s: dict | None) -> str:
-    """One line: 'cpu Intel Xeon ... (avx512f), 2 threads, 1 process, float32, eager, decoder-step, load 0.3'."""
+    """One line: 'cpu Intel Xeon ... (avx512f), 2 threads, 1 process, float32, eager, decoder-step, load 0.3 at start'."""
     if s is None:
         return "setting unknown"
     where = s.get("gpu") if s.get("gpu") else f"{s.get('device')} {s.get('cpu') or ''} ({s.get('vector') or '?'})"
     return (f"{where.strip()}, {s.get('threads')} threads, {s.get('processes')} process(es), {s.get('dtype')}, "
-            f"{'compiled' if s.get('compiled') else 'eager'}, {s.get('mode')}, load {s.get('load_average')}")
+            f"{'compiled' if s.get('compiled') else 'eager'}, {s.get('mode')}, load {s.get('load_average')} at start")
 
 
 def mismatch_warning(prediction: dict | None, measurement: dict | None, what: str) -> str | None:
