@@ -1,10 +1,16 @@
-"""Soak: the long resumable commands (calibrate, train-heads, sweep) killed with SIGKILL at several random points
-in a row, each time resumed, end with the same files as one uninterrupted run: byte for byte where the output
-holds no timings (calibrate's folder, train-heads' heads file), row for row on the deterministic columns of a
-sweep. (`latency` keeps no partial state: a killed run leaves nothing, its atomic CSV is written at the end.)
+"""Soak: the long resumable commands (calibrate, train-heads, sweep, latency in both modes, eval-heads,
+vllm-check) killed with SIGKILL at several random points in a row, each time resumed, end with the same files as
+one uninterrupted run: byte for byte where the output holds no timings (calibrate's folder, train-heads' heads
+file), field for field on everything deterministic where it does (a sweep's deterministic columns; latency's
+model/device/dtype/batch/context/tokens/repeats and setting less its load; eval-heads' JSON and table less
+live_medusa1.speedup and live_medusa2.speedup; vllm-check's JSON less its timing fields). For the commands that
+keep their finished pieces in an io.WorkState (latency's points, eval-heads' phases, vllm-check's engines and
+decoder parts), the pieces on disk at the last kill end in the output unchanged, timings included.
 
 Each kill point is random (a seed in every message, WORKBENCH_FAULT_SEED reproduces it); test_faults.py covers
-one kill with the lock refusal, this file several kills in one run's life.
+one kill with the lock refusal, this file several kills in one run's life. The kill takes the run's whole process
+group (vllm-check's vLLM worker with it). The state handling itself (what is kept, what a rerun skips, other
+settings starting over) is tested here without any kill, and for vllm-check without vLLM.
 """
 from __future__ import annotations
 
@@ -39,13 +45,19 @@ def _seed(request):
     return random.Random(seed), f"{request.node.name} seed {seed} (WORKBENCH_FAULT_SEED={seed} reproduces it)"
 
 
-def _kill_and_resume(argv, progress, rng, what, capsys) -> None:
-    """Start, freeze after progress() grows by a random step, SIGKILL; KILLS times; then finish in-process."""
+def _start(argv) -> subprocess.Popen:
+    """The real CLI in a process group of its own (a kill takes any worker it started along)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    return subprocess.Popen([sys.executable, "-m", "workbench.cli", *argv], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _kill_and_resume(argv, progress, rng, what, capsys, before_resume=None) -> None:
+    """Start, freeze after progress() grows by a random step, SIGKILL its process group; KILLS times; then
+    before_resume() and finish in-process."""
     for k in range(KILLS):
         start = progress()
-        proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", *argv], env=env, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE)
+        proc = _start(argv)
         step = rng.randrange(1, 3)
 
         def alive() -> bool:
@@ -55,13 +67,20 @@ def _kill_and_resume(argv, progress, rng, what, capsys) -> None:
         try:
             freeze_when(proc.pid, lambda: progress() >= start + step, alive, rng, f"{what} kill {k + 1}")
         except AssertionError:
+            if proc.poll() is None:  # no progress in time (frozen, not finished)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise
+            err = proc.stderr.read().decode(errors="replace")[-1500:]
             proc.wait()
             proc.stderr.close()
-            assert proc.returncode == 0, f"{what}: kill {k + 1}: the run failed ({proc.returncode})"
+            assert proc.returncode == 0, f"{what}: kill {k + 1}: the run failed ({proc.returncode}): {err}"
             break
-        proc.send_signal(signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)  # a worker it started dies with it
         proc.wait()
         proc.stderr.close()
+    if before_resume is not None:
+        before_resume()
     assert main(argv) == 0, what
     capsys.readouterr()
 
@@ -136,3 +155,251 @@ def test_sweep_killed_again_and_again_ends_with_the_same_rows(tiny_llama, prompt
             "exact_match", "num_prompts", "new_tokens", "steps"]
     a, b = (pd.read_csv(f)[cols] for f in (out, tmp_path / "whole.csv"))
     pd.testing.assert_frame_equal(a, b, obj=what)
+
+
+# ----------------------------------------------------------------------------------------------- work state
+
+def _pieces(out: Path) -> dict[str, bytes]:
+    """The finished pieces a run keeps beside `out` (io.WorkState), by name."""
+    folder = out.with_name(out.name + ".work")
+    return {p.stem: p.read_bytes() for p in sorted(folder.glob("*.json")) if p.name != "settings.json"} \
+        if folder.is_dir() else {}
+
+
+def _piece_value(data: bytes):
+    return json.loads(data)["value"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["decoder-step", "verify"])
+def test_latency_killed_again_and_again_keeps_its_points(tiny_llama, prompts, tmp_path, capsys, request, mode):
+    rng, what = _seed(request)
+    flags = ["--heads", str(tiny_llama.heads_dirs["2"]), "--prompts", str(prompts), "--limit", "4", "--sizes",
+             "1,2,3", "--batch", "1,2,3,4,5,6,7", "--max-new-tokens", "8"] if mode == "decoder-step" else \
+        ["--sizes", "1,2,4", "--context", "8,16,32,64", "--batch", "1,2"]
+
+    def argv(out):
+        return ["latency", "--model", str(tiny_llama.model_dir), "--mode", mode, *flags, "--repeats", "2",
+                "--warmup", "1", "--device", "cpu", "--out", str(out)]
+    out = tmp_path / "killed.csv"
+    kept = {}
+    _kill_and_resume(argv(out), lambda: len(_pieces(out)), rng, what, capsys,
+                     before_resume=lambda: kept.update(_pieces(out)))
+    assert main(argv(tmp_path / "whole.csv")) == 0
+    capsys.readouterr()
+    assert not out.with_name("killed.csv.work").exists() and not (tmp_path / "whole.csv.work").exists(), what
+    a, b = (pd.read_csv(f) for f in (out, tmp_path / "whole.csv"))
+    assert list(a.columns) == list(b.columns), what
+    cols = ["model", "device", "dtype", "batch", "context", "tokens", "repeats"]
+    pd.testing.assert_frame_equal(a[cols], b[cols], obj=what)
+    no_load = lambda cells: [{k: v for k, v in json.loads(c).items() if k != "load_average"} for c in cells]  # noqa: E731
+    assert no_load(a["setting"]) == no_load(b["setting"]), what
+    assert (a["seconds"] > 0).all() and a["relative"].notna().all(), what
+    # every point measured before the last kill is in the CSV as it was measured, timings and setting included
+    assert kept, f"{what}: no point was kept at the last kill"
+    for name, data in kept.items():
+        point = _piece_value(data)
+        rows = point["rows"] if mode == "decoder-step" else point
+        for r in rows:
+            got = a[(a["batch"] == r["batch"]) & (a["tokens"] == r["tokens"])]
+            if mode == "verify":
+                got = got[got["context"] == r["context"]]
+            assert len(got) == 1, (what, name, r)
+            got = got.iloc[0]
+            for k, v in r.items():
+                assert got[k] == v or (v is None and pd.isna(got[k])), (what, name, k, got[k], v)
+
+
+@pytest.mark.slow
+def test_latency_rerun_with_other_settings_starts_over(tiny_llama, tmp_path, capsys, request):
+    """Points kept by a killed run never mix with a rerun's of other flags: one note line, then a fresh CSV."""
+    rng, what = _seed(request)
+    out = tmp_path / "l.csv"
+
+    def argv(repeats):
+        return ["latency", "--model", str(tiny_llama.model_dir), "--mode", "verify", "--sizes", "1,2", "--context",
+                "8,16,32", "--repeats", repeats, "--warmup", "0", "--device", "cpu", "--out", str(out)]
+    proc = _start(argv("2"))
+    freeze_when(proc.pid, lambda: len(_pieces(out)) >= 1, lambda: proc.poll() is None, rng, what)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    assert _pieces(out), what
+    assert main(argv("3")) == 0
+    err = capsys.readouterr().err
+    assert "note: " in err and "repeats: 2 -> 3" in err and "starting over" in err and "error:" not in err, err
+    df = pd.read_csv(out)
+    assert len(df) == 6 and (df["repeats"] == 3).all() and not _pieces(out), what
+
+
+@pytest.mark.slow
+def test_eval_heads_killed_again_and_again_ends_with_the_same_result(tiny_llama, tmp_path, capsys, request):
+    """Medusa-1: the tiny model with its format-2 heads; 'Medusa-2': the Medusa-layout folder of the same backbone
+    with other heads (a folder eval-heads reads as any). Timing fields: live_medusa1.speedup, live_medusa2.speedup
+    (and the table's speedup line)."""
+    rng, what = _seed(request)
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": f"Name a colour, number {i}."}) + "\n"
+                         for i in range(24)))
+
+    def argv(name):
+        return ["eval-heads", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                "--medusa2", str(tiny_llama.heads_dirs["3"]), "--prompts", str(f), "--holdout", "0.5", "--limit",
+                "5", "--max-new-tokens", "12", "--topk", "3", "--tree", "[[0],[1],[0,0],[0,0,0]]", "--batch-size",
+                "2", "--device", "cpu", "--out", str(tmp_path / f"{name}.json"), "--table", str(tmp_path / f"{name}.md")]
+    out = tmp_path / "killed.json"
+    kept = {}
+    _kill_and_resume(argv("killed"), lambda: len(_pieces(out)), rng, what, capsys,
+                     before_resume=lambda: kept.update(_pieces(out)))
+    assert main(argv("whole")) == 0
+    capsys.readouterr()
+    assert not (tmp_path / "killed.json.work").exists(), what
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("killed", "whole"))
+    assert kept, f"{what}: no phase was kept at the last kill"
+    for phase, field in {"medusa1-topk": "medusa1_topk", "medusa2-topk": "medusa2_topk", "drift": "drift",
+                         "live-medusa1": "live_medusa1", "live-medusa2": "live_medusa2"}.items():
+        if phase in kept:  # finished before the last kill: kept as it was, its speedup included
+            assert a[field] == _piece_value(kept[phase]), (what, phase)
+
+    def timeless(r):
+        return {k: ({x: y for x, y in v.items() if x != "speedup"} if k.startswith("live_medusa") else v)
+                for k, v in r.items()}
+    assert timeless(a) == timeless(b), what
+    assert a["live_medusa1"]["identical_to_greedy"] == 1.0 and a["drift"]["top1_agreement"] == 1.0, what
+    table = lambda n: [line for line in (tmp_path / f"{n}.md").read_text().splitlines()  # noqa: E731
+                       if not line.startswith("| speedup")]
+    assert table("killed") == table("whole"), what
+
+
+VLLM_PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PY or not Path(VLLM_PY).is_file(),
+                    reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (e.g. /work/vllm-venv/bin/python; "
+                           "docs/vllm.md has the one-line setup)")
+def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, capsys, request):
+    """The demo model and heads, two prompts, K = 1, 2: three vLLM engines and three parts of our decoder."""
+    rng, what = _seed(request)
+    calibration = REPO / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    f = tmp_path / "prompts.jsonl"
+    f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n" for i, p in enumerate(PROMPTS[:2])))
+
+    def argv(name):
+        return ["vllm-check", "--vllm-python", VLLM_PY, "--calibration", str(calibration), "--prompts", str(f),
+                "--k", "1,2", "--batch-sizes", "1", "--max-new-tokens", "8", "--out", str(tmp_path / f"{name}.json")]
+    out = tmp_path / "killed.json"
+    kept = {}
+    _kill_and_resume(argv("killed"), lambda: len(_pieces(out)), rng, what, capsys,
+                     before_resume=lambda: kept.update(_pieces(out)))
+    assert main(argv("whole")) == 0
+    capsys.readouterr()
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("killed", "whole"))
+    timing = ("vllm_startup_s", "seconds", "load_average", "note", "speed")
+    assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}, what
+    assert [(s["k"], s["batch_size"]) for s in a["speed"]] == [(s["k"], s["batch_size"]) for s in b["speed"]], what
+    for i, startup in enumerate(a["vllm_startup_s"]):  # an engine finished before the last kill is the one kept
+        if f"vllm-engine-{i}" in kept:
+            assert startup == _piece_value(kept[f"vllm-engine-{i}"])["startup_s"], (what, i)
+
+
+def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, capsys):
+    from workbench.io import WorkState, remove_work
+
+    out = tmp_path / "sub" / "result.csv"
+    s = WorkState(out, {"sizes": [1, 2]})
+    assert s.get("a") is None and not (tmp_path / "sub").exists()  # nothing written before the first piece
+    calls = []
+    assert s.piece("a", lambda: calls.append(1) or {"t": 0.1 + 0.2, 3: (1, 2)}) == {"t": 0.1 + 0.2, "3": [1, 2]}
+    assert (tmp_path / "sub" / "result.csv.work" / "a.json").is_file()
+    again = WorkState(out, {"sizes": [1, 2]})  # the same command rerun
+    assert "resuming: 1 finished piece(s)" in capsys.readouterr().err
+    assert again.piece("a", lambda: calls.append(2)) == {"t": 0.1 + 0.2, "3": [1, 2]} and calls == [1]
+    other = WorkState(out, {"sizes": [1, 3]})  # other settings: nothing kept counts, the folder starts over
+    assert "sizes: [1, 2] -> [1, 3]" in capsys.readouterr().err and other.get("a") is None
+    other.put("b", 1)
+    assert sorted(p.name for p in (tmp_path / "sub" / "result.csv.work").iterdir()) == ["b.json", "settings.json"]
+    remove_work(out)
+    assert not (tmp_path / "sub" / "result.csv.work").exists()
+    memory = WorkState(None, {})  # results on stdout: pieces in memory only
+    memory.put("a", 1)
+    assert memory.get("a") == 1 and WorkState("/dev/null", {}).folder is None
+
+
+def test_work_state_refuses_a_folder_it_did_not_write(tmp_path):
+    from workbench import WorkbenchError
+    from workbench.io import WorkState
+
+    (tmp_path / "r.json.work").mkdir()
+    (tmp_path / "r.json.work" / "mine.txt").write_text("a user's file")
+    with pytest.raises(WorkbenchError, match="no settings.json"):
+        WorkState(tmp_path / "r.json", {})
+    assert (tmp_path / "r.json.work" / "mine.txt").read_text() == "a user's file"
+
+
+STANDIN = '''#!{python}
+"""Stands in for vLLM's worker (the protocol of workbench/vllm_worker.py): logs the engines it was asked for and
+answers each with a result naming it; with STANDIN_DIE_AT=i it dies while running engine i."""
+import json, os, sys
+req = json.loads(sys.stdin.read())
+with open(os.environ["STANDIN_LOG"], "a") as f:
+    f.write(json.dumps(req["engines"]) + "\\n")
+for i, spec in enumerate(req["engines"]):
+    if str(i) == os.environ.get("STANDIN_DIE_AT"):
+        sys.exit(1)
+    print("vLLM's own log line", flush=True)
+    print(json.dumps({{"event": "result", "engine": i, "vllm_version": "stand-in", "startup_s": 1.0,
+                      "runs": [{{"batch_size": 1, "spec": spec}}]}}), flush=True)
+print(json.dumps({{"event": "done"}}), flush=True)
+'''
+
+
+def test_vllm_check_keeps_finished_engines_and_starts_only_the_rest(tmp_path, monkeypatch):
+    """Without vLLM: a worker killed during its third engine leaves the first two kept; the rerun asks the worker
+    for the other two only and returns all four in order; other settings start every engine again."""
+    from workbench import WorkbenchError
+    from workbench.io import WorkState
+    from workbench.vllm_check import engine_results
+
+    py = tmp_path / "python"
+    py.write_text(STANDIN.format(python=sys.executable))
+    py.chmod(0o755)
+    log = tmp_path / "asked.jsonl"
+    monkeypatch.setenv("STANDIN_LOG", str(log))
+    engines = [None] + [{"method": "medusa", "num_speculative_tokens": k} for k in (1, 2, 3)]
+    request = {"engines": engines, "prompts": [[1, 2]]}
+    out, settings = tmp_path / "check.json", {"model": "m", "k": [1, 2, 3]}
+    monkeypatch.setenv("STANDIN_DIE_AT", "2")
+    with pytest.raises(WorkbenchError, match="vLLM failed"):
+        engine_results(str(py), request, WorkState(out, settings), lambda text: None)
+    assert sorted(_pieces(out)) == ["vllm-engine-0", "vllm-engine-1"]
+    monkeypatch.delenv("STANDIN_DIE_AT")
+    said = []
+    res = engine_results(str(py), request, WorkState(out, settings), said.append)
+    asked = [json.loads(line) for line in log.read_text().splitlines()]
+    assert asked == [engines, engines[2:]] and "2 of 4 engines finished earlier" in said[0]
+    assert [r["engine"] for r in res] == [0, 1, 2, 3] and [r["runs"][0]["spec"] for r in res] == engines
+    engine_results(str(py), request, WorkState(out, dict(settings, k=[1, 2])), lambda text: None)
+    assert json.loads(log.read_text().splitlines()[-1]) == engines
+
+
+def test_our_decoder_parts_are_taken_from_the_state(tiny_llama, tmp_path):
+    """vllm-check's own decoding: every part is kept; a rerun takes a kept part instead of decoding it again
+    (a part changed on disk comes back as changed) and decodes the missing ones as before."""
+    from workbench.io import WorkState
+    from workbench.generation import prepare_prompt
+    from workbench.vllm_check import ours
+
+    tok, heads = tiny_llama.tokenizer, tiny_llama.heads["2"]
+    ids = [prepare_prompt(tok, f"Count to {i}.") for i in range(3)]
+    out = tmp_path / "check.json"
+
+    def run():
+        return ours(tiny_llama.model, heads, tok, ids, [1, 2], 1, 8, [2], lambda text: None, WorkState(out, {}))
+    first = run()
+    assert sorted(_pieces(out)) == ["ours-k1", "ours-k2", "ours-plain"]
+    assert first[1]["outputs"] == first["plain"] == first[2]["outputs"]  # greedy Medusa is lossless
+    WorkState(out, {}).put("ours-k1", dict(first[1], steps=-1))
+    (out.with_name("check.json.work") / "ours-k2.json").unlink()
+    second = run()
+    assert second[1]["steps"] == -1 and second[2] == first[2] and second["plain"] == first["plain"]

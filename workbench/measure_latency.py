@@ -10,9 +10,15 @@ Two modes, one CSV format (latency.py owns it; every row carries the setting it 
                 model work is shown beside it (seconds / forward_seconds).
   verify        the bare verify forward at fixed contexts (random tokens): the model work alone, cheaper to measure
                 at many contexts and sizes; what the decoder adds on top is not in it.
+Resumable: a point (a batch size in decoder-step, a batch size x context in verify: the unit its sizes are timed
+round-robin in) is kept in the run's io.WorkState beside the CSV as soon as it is measured; a killed run rerun the
+same measures only the points it had not finished and keeps the others' rows exactly. Each point's rows carry the
+setting (and load) it was measured in.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 
 import pandas as pd
@@ -20,6 +26,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
+from workbench.io import WorkState
 from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, LATENCY_COLUMNS, spread_row
 from workbench.optimize import optimal_tree_from
 from workbench.provenance import setting, setting_cell
@@ -52,6 +59,16 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
     return tree
 
 
+def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
+    """The WorkState of a measurement written to `work` (its CSV): its points depend on the model, the heads, the
+    flags (`settings`) and the setting they are timed in (less the load, which each point records)."""
+    from workbench.measure_ranks import heads_fingerprint
+
+    where = {k: v for k, v in measured_setting(model, engine, mode).items() if k != "load_average"}
+    return WorkState(work, dict(command="latency", mode=mode, setting=where, **settings,
+                                heads=heads_fingerprint(heads) if heads is not None else None))
+
+
 def _relative(df: pd.DataFrame) -> pd.DataFrame:
     t1 = df[df["tokens"] == 1].set_index(["batch", "context"])["seconds"]
     at = pd.MultiIndex.from_frame(df[["batch", "context"]])
@@ -74,13 +91,14 @@ def _checked(sizes, batches, repeats: int, warmup: int) -> tuple[list[int], list
 @torch.inference_mode()
 def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repeats: int = 10, warmup: int = 3,
                     heads=None, label: str = "", progress: bool = True, engine=None,
-                    batches=DEFAULT_BATCHES) -> pd.DataFrame:
+                    batches=DEFAULT_BATCHES, work=None) -> pd.DataFrame:
     """The verify mode: wall time of one step's model work per (batch, context, tokens) (`engine.verify_times`:
     static cache, 4-D tree mask repeated per sequence, compiled when the engine is): tokens = 1 is the vanilla
     step, tokens = n > 1 a verify forward of an (n-1)-node tree for each of the B sequences; both include the
     lm_head over their rows (and, with `heads`, the heads' top-k a Medusa step needs). The caches are prefilled
     once per (batch, context) with random tokens and a verify leaves the lengths where they were, so the context
-    stays fixed. Sizes are timed round-robin, `repeats` rounds, so a load change hits every size alike."""
+    stays fixed. Sizes are timed round-robin, `repeats` rounds, so a load change hits every size alike.
+    `work`: the CSV path, whose WorkState keeps each finished (batch, context) point (None: nothing kept)."""
     from workbench.engine import StepEngine, root_setup, tree_setup, verify_times
     from workbench.generation import context_length
 
@@ -99,24 +117,32 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     engine = engine or StepEngine(model)
     if engine.compile:  # one capacity for every context: each (batch, size) compiles once (eager: exact per context)
         engine.size_for([[0] * contexts[-1]], 0, [bufs[sizes[-1]]])
-    cell = setting_cell(measured_setting(model, engine, "verify"))
-    g = torch.Generator().manual_seed(0)
+    state = work_state(work, model, heads, engine, "verify", model_label=label, sizes=sizes, contexts=contexts,
+                       batches=batches, repeats=repeats, warmup=warmup)
     dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
     rows = []
     bar = tqdm(total=len(batches) * len(contexts) * (warmup + repeats), desc="latency", unit="round",
                disable=not progress, dynamic_ncols=True)
+
+    def point(b: int, ctx: int) -> list[dict]:
+        g = torch.Generator().manual_seed(b * (1 << 25) + ctx)  # the point's own tokens, whatever ran before it
+        cell = setting_cell(measured_setting(model, engine, "verify"))
+        engine.prefill(torch.randint(vocab, (b, ctx), generator=g).to(dev), sizes[-1])
+        times: dict[int, list[float]] = {n: [] for n in sizes}
+        for i in range(warmup + repeats):
+            for n in sizes:
+                t = verify_times(engine, bufs[n], heads, repeats=1, warmup=0, generator=g)
+                if i >= warmup:
+                    times[n] += t
+            bar.update(1)
+        return [dict(model=label, device=dev_name, dtype=dtype, batch=b, context=ctx, tokens=n,
+                     **spread_row(times[n]), setting=cell) for n in sizes]
     for b in batches:
         for ctx in contexts:
-            engine.prefill(torch.randint(vocab, (b, ctx), generator=g).to(dev), sizes[-1])
-            times: dict[int, list[float]] = {n: [] for n in sizes}
-            for i in range(warmup + repeats):
-                for n in sizes:
-                    t = verify_times(engine, bufs[n], heads, repeats=1, warmup=0, generator=g)
-                    if i >= warmup:
-                        times[n] += t
-                bar.update(1)
-            rows += [dict(model=label, device=dev_name, dtype=dtype, batch=b, context=ctx, tokens=n,
-                          **spread_row(times[n]), setting=cell) for n in sizes]
+            name = f"verify-b{b}-c{ctx}"
+            if state.get(name) is not None:  # measured by a run that was killed later
+                bar.update(warmup + repeats)
+            rows += state.piece(name, lambda: point(b, ctx))
     bar.close()
     return _relative(pd.DataFrame(rows, columns=LATENCY_COLUMNS))
 
@@ -124,13 +150,14 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
 @torch.inference_mode()
 def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], sizes=DECODER_SIZES,
                           batches=DECODER_BATCHES, repeats: int = 5, warmup: int = 1, max_new_tokens: int = 64,
-                          label: str = "", progress: bool = True, engine=None) -> pd.DataFrame:
+                          label: str = "", progress: bool = True, engine=None, work=None) -> pd.DataFrame:
     """The decoder-step mode: per (batch B, tokens n) the median wall time of the decoder's step (decode.Step.time_s,
     the step `medusa_generate` / `vanilla_generate` run) over `repeats` generate calls of B prompts each (prompts
     taken in turn, cycling), every size run on the same prompts back to back so a load change hits all alike.
     The context is each step's own (prompt + tokens so far): the CSV's `context` is their mean over the whole
     measurement, one value per file (what the planner reads it at). `forward_seconds` is the median bare verify
-    of the same tree timed after every step (engine.forward_probe)."""
+    of the same tree timed after every step (engine.forward_probe). `work`: the CSV path, whose WorkState keeps
+    each finished batch size (its rows and its steps' contexts; None: nothing kept)."""
     from workbench.decode import medusa_generate, vanilla_generate
     from workbench.engine import StepEngine, forward_probe, root_setup, tree_setup
 
@@ -143,15 +170,19 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
     engine = engine or StepEngine(model)
     engine.size_for(prompts, max_new_tokens, list(bufs.values()))  # one capacity: each (batch, size) compiles once
-    cell = setting_cell(measured_setting(model, engine, "decoder-step"))
+    state = work_state(work, model, heads, engine, "decoder-step", model_label=label, sizes=sizes, batches=batches,
+                       repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens,
+                       prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest())
     dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
-    times = {(b, n): [] for b in batches for n in sizes}      # per repeat: the median step of that call
-    forwards = {(b, n): [] for b in batches for n in sizes}   # every bare forward after a step
-    contexts: list[int] = []
     bar = tqdm(total=len(batches) * (warmup + repeats) * len(sizes), desc="decoder steps", unit="call",
                disable=not progress, dynamic_ncols=True)
-    turn = 0
-    for b in batches:
+
+    def point(b: int, turn: int) -> dict:
+        """Batch size b: its rows (all but the context) and the sum and count of its timed steps' cache lengths."""
+        cell = setting_cell(measured_setting(model, engine, "decoder-step"))
+        times = {n: [] for n in sizes}     # per repeat: the median step of that call
+        forwards = {n: [] for n in sizes}  # every bare forward after a step
+        contexts: list[int] = []
         for i in range(warmup + repeats):
             chunk = [prompts[(turn + j) % len(prompts)] for j in range(b)]
             turn += b
@@ -166,13 +197,22 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
                 out = out if isinstance(out, list) else [out]
                 steps = max(out, key=lambda r: len(r.steps)).steps
                 if i >= warmup and steps:
-                    times[(b, n)].append(float(pd.Series([s.time_s for s in steps]).median()))
-                    forwards[(b, n)] += fwd
+                    times[n].append(float(pd.Series([s.time_s for s in steps]).median()))
+                    forwards[n] += fwd
                     contexts += [s.cache_len for r in out for s in r.steps]
                 bar.update(1)
+        rows = [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=n, **spread_row(times[n]),
+                     forward_seconds=float(pd.Series(forwards[n]).median()) if forwards[n] else None, setting=cell)
+                for n in sizes]
+        return dict(rows=rows, context_sum=sum(contexts), context_steps=len(contexts))
+
+    points = []
+    for k, b in enumerate(batches):
+        if state.get(f"decoder-step-b{b}") is not None:  # measured by a run that was killed later
+            bar.update((warmup + repeats) * len(sizes))
+        # prompts taken in turn across the batch sizes: batch b starts where the ones before it left off
+        points.append(state.piece(f"decoder-step-b{b}", lambda: point(b, (warmup + repeats) * sum(batches[:k]))))
     bar.close()
-    ctx = int(round(sum(contexts) / len(contexts)))
-    rows = [dict(model=label, device=dev_name, dtype=dtype, batch=b, context=ctx, tokens=n, **spread_row(times[(b, n)]),
-                 forward_seconds=float(pd.Series(forwards[(b, n)]).median()) if forwards[(b, n)] else None,
-                 setting=cell) for b in batches for n in sizes]
+    ctx = int(round(sum(p["context_sum"] for p in points) / sum(p["context_steps"] for p in points)))
+    rows = [dict(r, context=ctx) for p in points for r in p["rows"]]
     return _relative(pd.DataFrame(rows, columns=LATENCY_COLUMNS + ["forward_seconds"]))

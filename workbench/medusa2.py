@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 from workbench import WorkbenchError
 from workbench.generation import prepare_prompt, right_padded, text_config
 from workbench.heads import MedusaHeads, check_heads_fit, load_heads, save_heads
-from workbench.io import atomic_write, atomic_write_json, atomic_write_text, run_lock
+from workbench.io import WorkState, atomic_write, atomic_write_json, atomic_write_text, run_lock
 from workbench.models import load_base, model_label
 from workbench.parallel import Shard, current_launch
 from workbench.train import TrainConfig, build_data, part_infos, prompt_key
@@ -540,12 +540,19 @@ def live_decode(model, heads, tok, prompts, tree, max_new_tokens: int) -> dict:
 
 def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None = None, prompts: str = "alpaca-eval",
                      holdout: float = 0.2, limit: int | None = 32, max_new_tokens: int = 64, topk: int = 5,
-                     tree: str = "mc_sim_7b_63", live: int | None = None, device: str | None = None, batch: int = 8) -> dict:
+                     tree: str = "mc_sim_7b_63", live: int | None = None, device: str | None = None, batch: int = 8,
+                     work=None) -> dict:
     """Medusa-1 (`model` + `heads`) against Medusa-2 (the merged folder `medusa2`, heads inside) on held-out
     prompts: per-head top-1..top-k (each head set on its own backbone's greedy answers: what its decoder
     verifies), the backbone's drift from the original, greedy-output identity, and live tokens/step and speedup
-    with the same tree on the first `live` prompts (None: all, 0: none)."""
+    with the same tree on the first `live` prompts (None: all, 0: none).
+
+    Resumable: each phase (each backbone's greedy answers, each head set's accuracies, the drift, each live
+    decoding) is kept in the io.WorkState beside `work` (the output file) when it ends; a killed run rerun the
+    same redoes only the unfinished phases. Only the timing fields differ from an unbroken run's result:
+    live_medusa1.speedup and live_medusa2.speedup (measured; the rest is computed from greedy fp32 decoding)."""
     from workbench.generation import eos_ids, greedy_continuations
+    from workbench.measure_ranks import heads_fingerprint
     from workbench.models import load_model_and_heads
 
     records = heldout_records(prompts, holdout, limit)
@@ -558,23 +565,31 @@ def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None =
                              "of another model?)")
     encoded = [prepare_prompt(tok, text) for _, text in records]
     stop = sorted(eos_ids(orig, tok))
+    state = WorkState(work, dict(command="eval-heads", model=model_label(model), heads=heads_fingerprint(h1),
+                                 medusa2=str(Path(medusa2).resolve()), medusa2_heads=heads_fingerprint(h2),
+                                 prompts=hashlib.sha256(json.dumps(encoded).encode()).hexdigest(), topk=topk,
+                                 tree=tree, live=live, max_new_tokens=max_new_tokens, batch=batch,
+                                 device=str(orig.device)))
 
     def answers(m):
         out = []
         for i in range(0, len(encoded), batch):
             out += greedy_continuations(m, encoded[i:i + batch], max_new_tokens, stop, tok.pad_token_id)
         return out
-    conts_o, conts_m = answers(orig), answers(m2)
+    conts_o = state.piece("answers-original", lambda: answers(orig))
+    conts_m = state.piece("answers-medusa2", lambda: answers(m2))
     result = dict(prompts=prompts, holdout=holdout, num_prompts=len(records), max_new_tokens=max_new_tokens,
                   model=model_label(model), medusa1_heads=str(heads or "demo heads"), medusa2=str(medusa2),
-                  medusa1_topk=topk_accuracies(orig, h1, encoded, conts_o, topk),
-                  medusa2_topk=topk_accuracies(m2, h2, encoded, conts_m, topk),
-                  drift=backbone_drift(orig, m2, encoded, conts_o, batch),
+                  medusa1_topk=state.piece("medusa1-topk", lambda: topk_accuracies(orig, h1, encoded, conts_o, topk)),
+                  medusa2_topk=state.piece("medusa2-topk", lambda: topk_accuracies(m2, h2, encoded, conts_m, topk)),
+                  drift=state.piece("drift", lambda: backbone_drift(orig, m2, encoded, conts_o, batch)),
                   greedy_identity=round(sum(a == b for a, b in zip(conts_o, conts_m)) / len(records), 4))
     if live is None or live > 0:
         result["tree"], result["live_prompts"] = tree, len(encoded[:live])
-        result["live_medusa1"] = live_decode(orig, h1, tok, encoded[:live], tree, max_new_tokens)
-        result["live_medusa2"] = live_decode(m2, h2, tok, encoded[:live], tree, max_new_tokens)
+        result["live_medusa1"] = state.piece("live-medusa1", lambda: live_decode(orig, h1, tok, encoded[:live], tree,
+                                                                                 max_new_tokens))
+        result["live_medusa2"] = state.piece("live-medusa2", lambda: live_decode(m2, h2, tok, encoded[:live], tree,
+                                                                                 max_new_tokens))
         result["tokens_per_step_ratio"] = round(result["live_medusa2"]["tokens_per_step"]
                                                 / result["live_medusa1"]["tokens_per_step"], 4)
     return result

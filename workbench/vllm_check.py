@@ -8,9 +8,13 @@ Per K: vLLM's own spec-decode counters (LLM.get_metrics(): vllm:spec_decode_num_
 vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps and the calibration's prediction; per
 batch size: vLLM's tokens/s with and without speculation; greedy outputs compared token for token (vLLM with
 speculation vs plain vLLM vs our plain greedy).
+Resumable: each vLLM engine's result is kept as it arrives, and each part of our decoder's run (plain greedy, each
+K) as it ends, in the io.WorkState beside --out; a killed check rerun the same starts only the engines that had not
+finished and decodes only the missing parts.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -21,6 +25,7 @@ import time
 from pathlib import Path
 
 from workbench import WorkbenchError
+from workbench.io import WorkState
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 ENV_PYTHON = "WORKBENCH_VLLM_PYTHON"
@@ -56,8 +61,9 @@ def worker_env(py: str) -> dict:
     return env
 
 
-def run_worker(py: str, request: dict, progress) -> list[dict]:
-    """Run vllm_worker.py under `py`; its results (one per engine). Its log goes to stderr only when it fails."""
+def run_worker(py: str, request: dict, progress, on_result=None) -> list[dict]:
+    """Run vllm_worker.py under `py`; its results (one per engine, in order). `on_result(result)` is called on each
+    as it arrives. Its log goes to stderr only when it fails."""
     results, error = [], None
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: vLLM's log never fills a buffer and blocks
         with subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -73,8 +79,10 @@ def run_worker(py: str, request: dict, progress) -> list[dict]:
                     continue
                 if msg["event"] == "progress":
                     progress("vLLM: " + msg["text"])
-                elif msg["event"] == "result":
+                elif msg["event"] == "result" and msg.get("engine") == len(results):
                     results.append(msg)
+                    if on_result is not None:
+                        on_result(msg)
                 elif msg["event"] == "error":
                     error = msg["text"]
             rc = proc.wait()
@@ -86,34 +94,56 @@ def run_worker(py: str, request: dict, progress) -> list[dict]:
     return results
 
 
+def engine_results(py: str, request: dict, state: WorkState, progress) -> list[dict]:
+    """Every engine's result: those `state` kept from an earlier run of this check, then one worker run for the
+    rest, each kept as it arrives (`engine` is its index in the whole request)."""
+    engines = request["engines"]
+    todo = [i for i in range(len(engines)) if state.get(f"vllm-engine-{i}") is None]
+    if len(todo) < len(engines):
+        progress(f"vLLM: {len(engines) - len(todo)} of {len(engines)} engines finished earlier")
+    if todo:
+        run_worker(py, dict(request, engines=[engines[i] for i in todo]), progress,
+                   lambda r: state.put(f"vllm-engine-{todo[r['engine']]}", dict(r, engine=todo[r["engine"]])))
+    return [state.get(f"vllm-engine-{i}") for i in range(len(engines))]
+
+
 def per_position(accepted: list[int], depth: int) -> list[int]:
     """accepted[i]: drafts accepted per step -> counts per position (steps with at least k+1 accepted), as vLLM's
     vllm:spec_decode_num_accepted_tokens_per_pos counts them."""
     return [sum(a > k for a in accepted) for k in range(depth)]
 
 
-def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, progress) -> dict:
-    """Our live decoder on the same prompts: plain greedy, and Medusa with the top-1 chain of each K."""
+def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, progress,
+         state: WorkState | None = None) -> dict:
+    """Our live decoder on the same prompts: plain greedy, and Medusa with the top-1 chain of each K; each part
+    kept in `state` when it ends, and taken from it when an earlier run finished it."""
     from workbench.decode import medusa_generate, vanilla_generate
     from workbench.engine import StepEngine, tree_setup
     from workbench.plan import chain_tree
 
+    state = state or WorkState(None, {})
     engine = StepEngine(model, compile=False)
     chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
-    out = {"plain": [r.token_ids for c in chunks for r in vanilla_generate(model, tok, c, max_new_tokens, eos,
-                                                                             engine=engine)]}
-    progress("ours: plain greedy done")
-    for k in ks:
+
+    def plain() -> list[list[int]]:
+        return [r.token_ids for c in chunks for r in vanilla_generate(model, tok, c, max_new_tokens, eos, engine=engine)]
+
+    def chain(k: int) -> dict:
         buf = tree_setup(chain_tree(k), model, heads.num_heads)
         res = [r for c in chunks for r in medusa_generate(model, heads, tok, c, buf, max_new_tokens,
                                                             eos_token_id=eos, engine=engine)]
         accepted = [len(s.path) for r in res for s in r.steps]  # drafts accepted per step, before any cut
         # vLLM schedules no drafts once max_tokens leaves room for one token: our steps without that last one
         capped = [len(s.path) for r in res for s in (r.steps if r.stop_reason == "eos" else r.steps[:-1])]
-        out[k] = dict(outputs=[r.token_ids for r in res], steps=len(accepted),
-                      per_sequence=[[len(s.path) for s in r.steps] for r in res], accepted_per_pos=per_position(
+        return dict(outputs=[r.token_ids for r in res], steps=len(accepted),
+                    per_sequence=[[len(s.path) for s in r.steps] for r in res], accepted_per_pos=per_position(
             accepted, k), mean_accepted_length=1 + sum(accepted) / max(len(accepted), 1),
             steps_drafting_like_vllm=len(capped), accepted_per_pos_like_vllm=per_position(capped, k))
+
+    out = {"plain": state.piece("ours-plain", plain)}
+    progress("ours: plain greedy done")
+    for k in ks:
+        out[k] = state.piece(f"ours-k{k}", lambda: chain(k))
         progress(f"ours: K={k} done ({out[k]['mean_accepted_length']:.3f} tokens/step)")
     return out
 
@@ -141,8 +171,10 @@ def _load_avg() -> list[float] | None:
 
 def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2, 3, 4), batch_sizes=(1, 2, 4, 8),
                prompts: str = "holdout", limit: int = 16, max_new_tokens: int = 64, python: str | None = None,
-               raw: bool = False, progress=None) -> dict:
-    """The whole check (see the module docstring) as one JSON-ready dict."""
+               raw: bool = False, progress=None, work=None) -> dict:
+    """The whole check (see the module docstring) as one JSON-ready dict. `work`: the output file, beside which
+    finished engines and decoder parts are kept (None: nothing kept). Timing fields, which a resumed run's result
+    may hold from either run: speed, vllm_startup_s, the runs' seconds, seconds, load_average, note."""
     from workbench.calibration import Calibration, default_calibration
     from workbench.data import load_prompt_records
     from workbench.export import export_plan, write_vllm_heads
@@ -184,9 +216,13 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
                    max_new_tokens=max_new_tokens, stop_token_ids=eos, max_model_len=int(math.ceil(longest / 64) * 64))
     progress(f"{len(ids)} prompts, K = {', '.join(map(str, all_ks))}, batch sizes {', '.join(map(str, batch_sizes))}: "
              f"{len(engines)} vLLM engines, then our decoder")
+    # everything the kept pieces depend on: the request (the prompts by hash), vLLM's environment, the heads
+    state = WorkState(work, dict(request, command="vllm-check", python=str(Path(py).resolve()),
+                                 prompts=hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+                                 heads=heads_fingerprint(heads), model_label=model_label(model)))
     load_before = _load_avg()
-    results = run_worker(py, request, progress)
-    mine = ours(base, heads, tok, ids, all_ks, 1, max_new_tokens, eos, progress)
+    results = engine_results(py, request, state, progress)
+    mine = ours(base, heads, tok, ids, all_ks, 1, max_new_tokens, eos, progress, state)
     plain = {r["batch_size"]: r for r in results[0]["runs"]}
     rows, speed = [], []
     for k, res in zip(all_ks, results[1:]):

@@ -393,7 +393,7 @@ def add_train_heads(sub) -> None:
 def cmd_eval_heads(args) -> int:
     from pathlib import Path
 
-    from workbench.io import atomic_write_json, atomic_write_text
+    from workbench.io import atomic_write_json, atomic_write_text, remove_work, run_lock
     from workbench.medusa2 import eval_table, evaluate_medusa2
 
     if not Path(args.medusa2).is_dir():
@@ -403,13 +403,17 @@ def cmd_eval_heads(args) -> int:
         raise WorkbenchError(f"--holdout {args.holdout:g}: the held-out share in (0, 1) that calibrate used, e.g. 0.2")
     for flag, path in (("--out", args.out), ("--table", args.table)):
         check_output(path, flag)
-    r = evaluate_medusa2(args.medusa2, args.model, args.heads, args.prompts, args.holdout, args.limit,
-                         args.max_new_tokens, args.topk, args.tree, args.live, args.device, args.batch_size)
-    table = eval_table(r)
-    if args.out:
-        atomic_write_json(args.out, r, "--out")
-    if args.table:
-        atomic_write_text(args.table, table, "--table")
+    anchor = args.out or args.table  # the finished phases wait beside it (a rerun resumes from them)
+    with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
+        r = evaluate_medusa2(args.medusa2, args.model, args.heads, args.prompts, args.holdout, args.limit,
+                             args.max_new_tokens, args.topk, args.tree, args.live, args.device, args.batch_size,
+                             work=anchor)
+        table = eval_table(r)
+        if args.out:
+            atomic_write_json(args.out, r, "--out")
+        if args.table:
+            atomic_write_text(args.table, table, "--table")
+        remove_work(anchor)
     print(table)
     return 0
 
@@ -421,7 +425,8 @@ def add_eval_heads(sub) -> None:
                                    "against the base model with Medusa-1 heads, on the held-out split of a prompt "
                                    "set (as calibrate splits it): per-head top-1..top-k, backbone drift from the "
                                    "original (top-1 agreement, KL, perplexity of its own answers, greedy identity) "
-                                   "and live tokens/step and speedup with one tree.",
+                                   "and live tokens/step and speedup with one tree. Resumable with --out (or "
+                                   "--table): rerun the same command to continue (finished phases wait in OUT.work/).",
                        parents=[model_args("--model", "--heads", "--device")])
     p.add_argument("--medusa2", required=True, help="the Medusa-2 model folder (OUT/merged)")
     p.add_argument("--prompts", default="alpaca-eval", help="prompt set name or file (default alpaca-eval)")

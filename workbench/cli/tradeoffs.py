@@ -6,7 +6,7 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.cli.shared import bounded, check_memory, check_positions, model_args, parse_delta, parse_floats, parse_ints, write_output
-from workbench.io import atomic_write_text, check_output, run_lock
+from workbench.io import atomic_write_text, check_output, remove_work, run_lock
 
 
 def cmd_latency(args) -> int:
@@ -81,11 +81,15 @@ def cmd_latency(args) -> int:
         records = Calibration(args.calibration).holdout_prompts(args.limit) if args.prompts == "holdout" else \
             load_prompt_records(args.prompts, args.limit)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
-        df = measure_decoder_steps(model, heads, tok, prompts, sizes, batches, repeats, warmup, args.max_new_tokens,
-                                   label, engine=engine)
-    else:
-        df = measure_latency(model, sizes, contexts, repeats, warmup, heads, label, engine=engine, batches=batches)
-    atomic_write_text(out, df.to_csv(index=False), "--out")
+    with run_lock(out, "--out", kind="file"):  # finished points wait in OUT.work/ (a rerun resumes from them)
+        if step:
+            df = measure_decoder_steps(model, heads, tok, prompts, sizes, batches, repeats, warmup,
+                                       args.max_new_tokens, label, engine=engine, work=out)
+        else:
+            df = measure_latency(model, sizes, contexts, repeats, warmup, heads, label, engine=engine,
+                                 batches=batches, work=out)
+        atomic_write_text(out, df.to_csv(index=False), "--out")
+        remove_work(out)
     print(f"{dev} {df['dtype'].iloc[0]}, {mode}, median and interquartile range of {repeats}:", file=sys.stderr)
     extra = f"{'bare fwd ms':>12}" if step else ""
     print(f"{'batch':>6}{'context':>8}{'tokens':>8}{'ms':>10}{'q1..q3 ms':>18}{'t(n)/t(1)':>11}{extra}", file=sys.stderr)
@@ -264,7 +268,8 @@ def add_tradeoffs(sub) -> None:
                                    "context growing as in decoding, with the bare verify forward beside it. verify: "
                                    "the bare verify forward (4-D tree mask, position ids, lm_head) on caches of fixed "
                                    "length. Every row records the setting (CPU and vector extension or GPU, threads, "
-                                   "dtype, compiled, versions, load).",
+                                   "dtype, compiled, versions, load). Resumable: rerun the same command to "
+                                   "continue (finished points wait in OUT.work/).",
                        parents=[model_args("--model", "--device", "--device-map", "--dtype", "--attn", "--compile")])
     # its own --heads: optional here (no heads = time the verify forward alone), so the shared help would mislead
     p.add_argument("--heads", help="also time the heads' top-k in every tree step (a Medusa step's full cost)")

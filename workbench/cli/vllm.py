@@ -6,7 +6,7 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.cli.shared import bounded, model_args, parse_ints, write_output
-from workbench.io import atomic_write_text, check_output
+from workbench.io import atomic_write_text, check_output, remove_work, run_lock
 
 
 def cmd_vllm_check(args) -> int:
@@ -19,13 +19,16 @@ def cmd_vllm_check(args) -> int:
         check_output(args.table, "--table")
     if args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
         raise WorkbenchError("--max-new-tokens and --limit must be positive")
-    res = vllm_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model, args.heads,
-                     parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"), args.prompts,
-                     args.limit, args.max_new_tokens, args.vllm_python, args.raw)
-    table = check_table(res)
-    if args.table:
-        atomic_write_text(args.table, table, "--table")
-    write_output(json.dumps(res, indent=1) + "\n", args.out, "vllm-check JSON")
+    anchor = args.out or args.table  # finished engines and decoder parts wait beside it (a rerun resumes)
+    with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
+        res = vllm_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model, args.heads,
+                         parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
+                         args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor)
+        table = check_table(res)
+        if args.table:
+            atomic_write_text(args.table, table, "--table")
+        write_output(json.dumps(res, indent=1) + "\n", args.out, "vllm-check JSON")
+        remove_work(anchor)
     print(table, file=sys.stderr if not args.out else sys.stdout)
     return 0
 
@@ -36,7 +39,8 @@ def add_vllm_check(sub) -> None:
                                    "and mean accepted length per K beside our live decoder's and the calibration's "
                                    "prediction; greedy outputs compared (vLLM speculative vs plain vLLM vs our plain "
                                    "greedy); vLLM tokens/s with and without speculation per batch size. vLLM runs in "
-                                   "its own environment (--vllm-python).",
+                                   "its own environment (--vllm-python). Resumable with --out (or --table): rerun "
+                                   "the same command to continue (finished engines wait in OUT.work/).",
                        parents=[model_args("--model", "--heads")])
     p.add_argument("--vllm-python", help="python of vLLM's environment (default: $WORKBENCH_VLLM_PYTHON)")
     p.add_argument("--calibration", metavar="DIR", help="calibration folder: the prediction and the held-out "
