@@ -4,6 +4,8 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# acceptance.py's rules, named here so that the CLI's parser lists them without importing torch (seconds per run)
+ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
 
 
 class WorkbenchError(ValueError):
