@@ -38,6 +38,7 @@ from workbench.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
 from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.heads import DEMO_HEADS  # noqa: E402
+from workbench.cli.shared import run_script  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.models import load_model_and_heads, model_label  # noqa: E402
 from workbench.provenance import setting  # noqa: E402
@@ -121,14 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-hf", action="store_true", help="skip HF generate (saves time on a slow machine)")
     ap.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "decode.json"))
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
-        return run(args)
-    except WorkbenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_script(ap, run, argv)
 
 
 def _setup(args):
@@ -146,6 +140,8 @@ def _setup(args):
 
 
 def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
     batch_sizes = sorted({int(b) for b in str(args.batch_sizes).split(",") if b.strip()})
     if not batch_sizes or batch_sizes[0] < 1:
         raise WorkbenchError(f"--batch-sizes {args.batch_sizes}: give positive integers like 1,2,4")

@@ -46,6 +46,7 @@ from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup
 from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, step_times,  # noqa: E402
                              tokens_per_step)
+from workbench.cli.shared import run_script  # noqa: E402
 from workbench.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.latency import device_name, latency_tree, measure_latency  # noqa: E402
 from workbench.models import load_model_and_heads, pick_device  # noqa: E402
@@ -312,12 +313,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a tiny random model instead of the demo (no model files)")
     ap.add_argument("--budget-s", type=float, default=520.0, help="stop starting sections after this (default 520 s)")
     ap.add_argument("--out", help="JSON report (default bench/results/gpu-DEVICE.json)")
-    args = ap.parse_args(argv)
-    try:
-        return run(args)
-    except WorkbenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_script(ap, run, argv)
 
 
 def run(args) -> int:

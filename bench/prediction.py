@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibration import Calibration, decoder_walk, default_calibration  # noqa: E402
+from workbench.cli.shared import run_script  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.latency import latency_surface, read_latency  # noqa: E402
 from workbench.plan import calibration_source, candidates, rank  # noqa: E402
@@ -126,12 +127,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--device")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
-    args = ap.parse_args(argv)
-    try:
-        return run(args)
-    except WorkbenchError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return run_script(ap, run, argv)
 
 
 def run(args) -> int:

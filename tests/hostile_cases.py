@@ -223,7 +223,8 @@ def _link(O, target) -> str:
     return str(link)
 
 
-def _with(argv, flag, value):
+def with_flag(argv, flag, value):
+    """argv with `flag`'s value replaced (or appended); test_fuzz.py builds its cases with it too."""
     argv = list(argv)
     if flag in argv:
         argv[argv.index(flag) + 1] = value
@@ -244,47 +245,47 @@ def _cases() -> list[tuple]:
             "either")
         add("tree show", "sizes", f"--num-heads {tag}", lambda e, O, v=v: ["tree", "show", "[[0]]", "--num-heads", v],
             "either")
-        add("optimize", "sizes", f"--budget {tag}", lambda e, O, v=v: _with(_opt(e, O), "--budget", v), "either")
+        add("optimize", "sizes", f"--budget {tag}", lambda e, O, v=v: with_flag(_opt(e, O), "--budget", v), "either")
         add("optimize", "sizes", f"--max-rank {tag}", lambda e, O, v=v: _opt(e, O, "--max-rank", v), "either")
         add("optimize", "sizes", f"--max-depth {tag}", lambda e, O, v=v: _opt(e, O, "--max-depth", v), "either")
-        add("optimize", "sizes", f"--curve --budget {tag}", lambda e, O, v=v: _with(_opt(e, O, "--curve"), "--budget", v))
+        add("optimize", "sizes", f"--curve --budget {tag}", lambda e, O, v=v: with_flag(_opt(e, O, "--curve"), "--budget", v))
         add("export", "sizes", f"--max-draft-len {tag}",
             lambda e, O, v=v: ["export", e["tree"], "--format", "trtllm", "--max-draft-len", v], "either")
         add("export", "sizes", f"--num-heads {tag}",
             lambda e, O, v=v: ["export", e["tree"], "--format", "medusa", "--num-heads", v], "either")
-        add("decode", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: _with(_decode(e), "--max-new-tokens", v))
+        add("decode", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: with_flag(_decode(e), "--max-new-tokens", v))
         add("decode", "sizes", f"--batch {tag}", lambda e, O, v=v: _decode(e, "--batch", v))
         add("decode", "sizes", f"--seed {tag}",
             lambda e, O, v=v: _decode(e, "--acceptance", "nucleus", "--temperature", "0.7", "--seed", v), "either")
-        add("calibrate", "sizes", f"--topk {tag}", lambda e, O, v=v: _with(_cal(e, O), "--topk", v))
-        add("calibrate", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: _with(_cal(e, O), "--max-new-tokens", v))
-        add("calibrate", "sizes", f"--batch-size {tag}", lambda e, O, v=v: _with(_cal(e, O), "--batch-size", v),
+        add("calibrate", "sizes", f"--topk {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--topk", v))
+        add("calibrate", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--max-new-tokens", v))
+        add("calibrate", "sizes", f"--batch-size {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--batch-size", v),
             "either")
-        add("calibrate", "sizes", f"--budgets {tag}", lambda e, O, v=v: _with(_cal(e, O), "--budgets", v), "either")
-        add("latency", "sizes", f"--sizes {tag}", lambda e, O, v=v: _with(_lat(e, O), "--sizes", v))
-        add("latency", "sizes", f"--context {tag}", lambda e, O, v=v: _with(_lat(e, O), "--context", v))
+        add("calibrate", "sizes", f"--budgets {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--budgets", v), "either")
+        add("latency", "sizes", f"--sizes {tag}", lambda e, O, v=v: with_flag(_lat(e, O), "--sizes", v))
+        add("latency", "sizes", f"--context {tag}", lambda e, O, v=v: with_flag(_lat(e, O), "--context", v))
         add("latency", "sizes", f"--batch {tag}", lambda e, O, v=v: _lat(e, O, "--batch", v))
-        add("latency", "sizes", f"--repeats {tag}", lambda e, O, v=v: _with(_lat(e, O), "--repeats", v))
+        add("latency", "sizes", f"--repeats {tag}", lambda e, O, v=v: with_flag(_lat(e, O), "--repeats", v))
         add("latency", "sizes", f"--random-config hidden={tag}",
-            lambda e, O, v=v: _with(_lat(e, O), "--random-config", f"tiny,hidden={v},heads=4,kv_heads=2"))
+            lambda e, O, v=v: with_flag(_lat(e, O), "--random-config", f"tiny,hidden={v},heads=4,kv_heads=2"))
         add("latency", "sizes", f"--random-config vocab={tag}",
-            lambda e, O, v=v: _with(_lat(e, O), "--random-config", f"tiny,vocab={v}"))
+            lambda e, O, v=v: with_flag(_lat(e, O), "--random-config", f"tiny,vocab={v}"))
         add("latency", "sizes", f"--random-config layers={tag}",
-            lambda e, O, v=v: _with(_lat(e, O), "--random-config", f"tiny,layers={v}"))
-        add("plan", "sizes", f"--batch-sizes {tag}", lambda e, O, v=v: _with(_plan(e, O), "--batch-sizes", v))
+            lambda e, O, v=v: with_flag(_lat(e, O), "--random-config", f"tiny,layers={v}"))
+        add("plan", "sizes", f"--batch-sizes {tag}", lambda e, O, v=v: with_flag(_plan(e, O), "--batch-sizes", v))
         add("plan", "sizes", f"--context {tag}", lambda e, O, v=v: _plan(e, O, "--context", v))
         add("sweep", "sizes", f"--budgets {tag}",
             lambda e, O, v=v: _sweep(e, O, "--budgets", v, "--calibration", e["cal"]))
         add("sweep", "sizes", f"--batch-sizes {tag}", lambda e, O, v=v: _sweep(e, O, "--batch-sizes", v))
-        add("sweep", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: _with(_sweep(e, O), "--max-new-tokens", v))
-        add("sweep", "sizes", f"--limit {tag}", lambda e, O, v=v: _with(_sweep(e, O), "--limit", v), "either")
+        add("sweep", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: with_flag(_sweep(e, O), "--max-new-tokens", v))
+        add("sweep", "sizes", f"--limit {tag}", lambda e, O, v=v: with_flag(_sweep(e, O), "--limit", v), "either")
         add("sweep-report", "sizes", f"--context {tag}",
             lambda e, O, v=v: ["sweep-report", e["sweep"], "--latency", e["lat"], "--context", v])
-        add("train-heads", "sizes", f"--num-heads {tag}", lambda e, O, v=v: _with(_train(e, O), "--num-heads", v))
+        add("train-heads", "sizes", f"--num-heads {tag}", lambda e, O, v=v: with_flag(_train(e, O), "--num-heads", v))
         add("train-heads", "sizes", f"--num-layers {tag}", lambda e, O, v=v: _train(e, O, "--num-layers", v))
-        add("train-heads", "sizes", f"--tokens {tag}", lambda e, O, v=v: _with(_train(e, O), "--tokens", v),
+        add("train-heads", "sizes", f"--tokens {tag}", lambda e, O, v=v: with_flag(_train(e, O), "--tokens", v),
             "either")  # within 2^40: generation stops when the prompts run out
-        add("train-heads", "sizes", f"--batch-size {tag}", lambda e, O, v=v: _with(_train(e, O), "--batch-size", v))
+        add("train-heads", "sizes", f"--batch-size {tag}", lambda e, O, v=v: with_flag(_train(e, O), "--batch-size", v))
         add("train-heads", "sizes", f"--seed {tag}", lambda e, O, v=v: _train(e, O, "--seed", v), "either")
         add("train-heads", "sizes", f"--gen-batch {tag}", lambda e, O, v=v: _train(e, O, "--gen-batch", v), "either")
     add("tree show", "sizes", "rank 2^63 in a file", lambda e, O: ["tree", "show", e["tree_big"]])
@@ -295,8 +296,8 @@ def _cases() -> list[tuple]:
                                                                     "100000,100000"])
     add("optimize", "sizes", "--dense 0", lambda e, O: ["optimize", "--accuracies", e["acc"], "--dense", "0"])
     add("optimize", "sizes", "--dense -2,3", lambda e, O: ["optimize", "--accuracies", e["acc"], "--dense", "-2,3"])
-    add("optimize", "sizes", "--budget 0", lambda e, O: _with(_opt(e, O), "--budget", "0"))
-    add("optimize", "sizes", "--budget -5", lambda e, O: _with(_opt(e, O), "--budget", "-5"))
+    add("optimize", "sizes", "--budget 0", lambda e, O: with_flag(_opt(e, O), "--budget", "0"))
+    add("optimize", "sizes", "--budget -5", lambda e, O: with_flag(_opt(e, O), "--budget", "-5"))
     add("optimize", "sizes", "--max-depth 0", lambda e, O: _opt(e, O, "--max-depth", "0"))
     add("optimize", "sizes", "--max-rank -1", lambda e, O: _opt(e, O, "--max-rank", "-1"))
     add("optimize", "sizes", "--latency --batch-size 0",
@@ -309,35 +310,35 @@ def _cases() -> list[tuple]:
     add("export", "sizes", "--num-heads 0", lambda e, O: ["export", e["tree"], "--format", "json", "--num-heads", "0"])
     add("export", "sizes", "plan --batch-size 2^63", lambda e, O: ["export", e["plan"], "--format", "medusa",
                                                                    "--batch-size", BIG["2^63"]])
-    add("decode", "sizes", "--max-new-tokens 0", lambda e, O: _with(_decode(e), "--max-new-tokens", "0"))
+    add("decode", "sizes", "--max-new-tokens 0", lambda e, O: with_flag(_decode(e), "--max-new-tokens", "0"))
     add("decode", "sizes", "--limit 0", lambda e, O: ["decode", "--model", e["model"], "--heads", e["heads"], "--tree",
                                                       "[[0]]", "--prompts", e["prompts"], "--limit", "0",
                                                       "--device", "cpu"])
-    add("decode", "sizes", "--prompt-ids past the vocabulary", lambda e, O: _with(_decode(e), "--prompt-ids", "5,4000"))
+    add("decode", "sizes", "--prompt-ids past the vocabulary", lambda e, O: with_flag(_decode(e), "--prompt-ids", "5,4000"))
     add("decode", "sizes", "--seed -1", lambda e, O: _decode(e, "--acceptance", "nucleus", "--temperature", "0.7",
                                                               "--seed", "-1"), "either")
-    add("calibrate", "sizes", "--holdout 1", lambda e, O: _with(_cal(e, O), "--holdout", "1"), "either")
-    add("calibrate", "sizes", "--holdout nan", lambda e, O: _with(_cal(e, O), "--holdout", "nan"))
-    add("calibrate", "sizes", "--holdout -0.5", lambda e, O: _with(_cal(e, O), "--holdout", "-0.5"))
+    add("calibrate", "sizes", "--holdout 1", lambda e, O: with_flag(_cal(e, O), "--holdout", "1"), "either")
+    add("calibrate", "sizes", "--holdout nan", lambda e, O: with_flag(_cal(e, O), "--holdout", "nan"))
+    add("calibrate", "sizes", "--holdout -0.5", lambda e, O: with_flag(_cal(e, O), "--holdout", "-0.5"))
     add("calibrate", "sizes", "--limit 0", lambda e, O: _cal(e, O, "--limit", "0"))
-    add("calibrate", "sizes", "--topk 200 (past the vocabulary)", lambda e, O: _with(_cal(e, O), "--topk", "200"))
-    add("latency", "sizes", "--repeats 0", lambda e, O: _with(_lat(e, O), "--repeats", "0"))
-    add("latency", "sizes", "--warmup -1", lambda e, O: _with(_lat(e, O), "--warmup", "-1"))
-    add("latency", "sizes", "--sizes 0", lambda e, O: _with(_lat(e, O), "--sizes", "0"))
-    add("latency", "sizes", "--context 0", lambda e, O: _with(_lat(e, O), "--context", "0,8"), "either")
-    add("latency", "sizes", "--random-config hidden=0", lambda e, O: _with(_lat(e, O), "--random-config",
+    add("calibrate", "sizes", "--topk 200 (past the vocabulary)", lambda e, O: with_flag(_cal(e, O), "--topk", "200"))
+    add("latency", "sizes", "--repeats 0", lambda e, O: with_flag(_lat(e, O), "--repeats", "0"))
+    add("latency", "sizes", "--warmup -1", lambda e, O: with_flag(_lat(e, O), "--warmup", "-1"))
+    add("latency", "sizes", "--sizes 0", lambda e, O: with_flag(_lat(e, O), "--sizes", "0"))
+    add("latency", "sizes", "--context 0", lambda e, O: with_flag(_lat(e, O), "--context", "0,8"), "either")
+    add("latency", "sizes", "--random-config hidden=0", lambda e, O: with_flag(_lat(e, O), "--random-config",
                                                                              "tiny,hidden=0"))
-    add("latency", "sizes", "--random-config layers=-1", lambda e, O: _with(_lat(e, O), "--random-config",
+    add("latency", "sizes", "--random-config layers=-1", lambda e, O: with_flag(_lat(e, O), "--random-config",
                                                                               "tiny,layers=-1"))
     add("sweep", "sizes", "--epsilon range of a billion", lambda e, O: _sweep(e, O, "--epsilon", "0.000000001:1:1e-9",
                                                                             "--temperature", "0.7"))
     add("sweep", "sizes", "--temperature range of a billion", lambda e, O: _sweep(e, O, "--temperature", "0:1:1e-9"))
-    add("sweep", "sizes", "--limit 0", lambda e, O: _with(_sweep(e, O), "--limit", "0"))
-    add("sweep", "sizes", "--max-new-tokens 0", lambda e, O: _with(_sweep(e, O), "--max-new-tokens", "0"))
-    add("train-heads", "sizes", "--steps 0", lambda e, O: _with(_train(e, O), "--steps", "0"))
-    add("train-heads", "sizes", "--batch-size 0", lambda e, O: _with(_train(e, O), "--batch-size", "0"))
+    add("sweep", "sizes", "--limit 0", lambda e, O: with_flag(_sweep(e, O), "--limit", "0"))
+    add("sweep", "sizes", "--max-new-tokens 0", lambda e, O: with_flag(_sweep(e, O), "--max-new-tokens", "0"))
+    add("train-heads", "sizes", "--steps 0", lambda e, O: with_flag(_train(e, O), "--steps", "0"))
+    add("train-heads", "sizes", "--batch-size 0", lambda e, O: with_flag(_train(e, O), "--batch-size", "0"))
     add("train-heads", "sizes", "--gen-batch 0", lambda e, O: _train(e, O, "--gen-batch", "0"))
-    add("train-heads", "sizes", "--max-new-tokens 0", lambda e, O: _with(_train(e, O), "--max-new-tokens", "0"))
+    add("train-heads", "sizes", "--max-new-tokens 0", lambda e, O: with_flag(_train(e, O), "--max-new-tokens", "0"))
     add("train-heads", "sizes", "--lr nan", lambda e, O: _train(e, O, "--lr", "nan"))
     add("train-heads", "sizes", "--lr -1", lambda e, O: _train(e, O, "--lr", "-1"))
     add("train-heads", "sizes", "--lr inf", lambda e, O: _train(e, O, "--lr", "inf"))
@@ -356,8 +357,8 @@ def _cases() -> list[tuple]:
                                   "--out", o], "lat"),
         "sweep-report": (lambda e, O, o: ["sweep-report", e["sweep"], "--out", o], "sweep"),
         "tree show": (lambda e, O, o: ["tree", "show", e["tree"], "--png", o], "tree"),
-        "latency": (lambda e, O, o: _with(_lat(e, O), "--out", o), None),  # reads no file: see the heads case
-        "sweep": (lambda e, O, o: _with(_sweep(e, O), "--out", o), "prompts"),
+        "latency": (lambda e, O, o: with_flag(_lat(e, O), "--out", o), None),  # reads no file: see the heads case
+        "sweep": (lambda e, O, o: with_flag(_sweep(e, O), "--out", o), "prompts"),
     }
     for sub, (argv, key) in file_outs.items():
         if key is not None:
@@ -375,25 +376,25 @@ def _cases() -> list[tuple]:
         lambda e, O: ["optimize", "--calibration", e["cal"], "--budget", "3", "--out", f"{e['cal']}/meta.json"])
     add("sweep-report", "outputs", "--figures = the sweep CSV itself",
         lambda e, O: ["sweep-report", e["sweep"], "--figures", e["sweep"]])
-    add("calibrate", "outputs", "--out = the heads folder", lambda e, O: _with(_cal(e, O), "--out", e["heads"]))
+    add("calibrate", "outputs", "--out = the heads folder", lambda e, O: with_flag(_cal(e, O), "--out", e["heads"]))
     add("calibrate", "outputs", "--out = the model folder --force",
-        lambda e, O: _with(_cal(e, O, "--force"), "--out", e["model"]))
+        lambda e, O: with_flag(_cal(e, O, "--force"), "--out", e["model"]))
     add("calibrate", "outputs", "--out = --continuations --force",
-        lambda e, O: _with(_cal(e, O, "--continuations", e["cal"], "--force"), "--out", e["cal"]))
+        lambda e, O: with_flag(_cal(e, O, "--continuations", e["cal"], "--force"), "--out", e["cal"]))
     add("calibrate", "outputs", "--trees-dir = the model folder",
         lambda e, O: _cal(e, O, "--trees-dir", e["model"]))
-    add("calibrate", "outputs", "--out /dev/full", lambda e, O: _with(_cal(e, O), "--out", e["devfull"])
+    add("calibrate", "outputs", "--out /dev/full", lambda e, O: with_flag(_cal(e, O), "--out", e["devfull"])
         if e.get("devfull") else None)
-    add("train-heads", "outputs", "--out = the model folder", lambda e, O: _with(_train(e, O), "--out", e["model"]))
-    add("train-heads", "outputs", "--work = the model folder", lambda e, O: _with(_train(e, O), "--work", e["model"]))
-    add("train-heads", "outputs", "--out = --init heads", lambda e, O: _with(_train(e, O, "--init", e["heads"]),
+    add("train-heads", "outputs", "--out = the model folder", lambda e, O: with_flag(_train(e, O), "--out", e["model"]))
+    add("train-heads", "outputs", "--work = the model folder", lambda e, O: with_flag(_train(e, O), "--work", e["model"]))
+    add("train-heads", "outputs", "--out = --init heads", lambda e, O: with_flag(_train(e, O, "--init", e["heads"]),
                                                                            "--out", e["heads"]))
-    add("train-heads", "outputs", "--out = --work", lambda e, O: _with(_train(e, O), "--out", f"{O}/w"), "either")
+    add("train-heads", "outputs", "--out = --work", lambda e, O: with_flag(_train(e, O), "--out", f"{O}/w"), "either")
     add("latency", "outputs", "--out = the heads file", lambda e, O: ["latency", "--model", e["model"], "--heads",
                                                                        e["heads"], "--sizes", "1,2", "--context", "8",
                                                                        "--repeats", "1", "--warmup", "0", "--out",
                                                                        e["heads_file"]])
-    add("sweep", "outputs", "--out = the prompts file", lambda e, O: _with(_sweep(e, O), "--out", e["prompts"]))
+    add("sweep", "outputs", "--out = the prompts file", lambda e, O: with_flag(_sweep(e, O), "--out", e["prompts"]))
     for sub, argv in {"tree list": lambda e, O: ["tree", "list"],
                       "tree show": lambda e, O: ["tree", "show", e["tree"]],
                       "tree buffers": lambda e, O: ["tree", "buffers", e["tree"]],
@@ -410,25 +411,25 @@ def _cases() -> list[tuple]:
     # ---- silent garbage
     add("tree show", "garbage", "--accuracies summing past 1", lambda e, O: ["tree", "show", e["tree"], "--accuracies",
                                                                             e["acc_over"]])
-    add("optimize", "garbage", "accuracies summing past 1", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_over"]))
-    add("optimize", "garbage", "cumulative top-k falling", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_cum"]))
-    add("optimize", "garbage", "NaN accuracy", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_nan"]))
-    add("optimize", "garbage", "zero counts", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_zero_count"]),
+    add("optimize", "garbage", "accuracies summing past 1", lambda e, O: with_flag(_opt(e, O), "--accuracies", e["acc_over"]))
+    add("optimize", "garbage", "cumulative top-k falling", lambda e, O: with_flag(_opt(e, O), "--accuracies", e["acc_cum"]))
+    add("optimize", "garbage", "NaN accuracy", lambda e, O: with_flag(_opt(e, O), "--accuracies", e["acc_nan"]))
+    add("optimize", "garbage", "zero counts", lambda e, O: with_flag(_opt(e, O), "--accuracies", e["acc_zero_count"]),
         "either")
-    add("optimize", "garbage", "rank 1000000 (1M columns)", lambda e, O: _with(_opt(e, O), "--accuracies",
+    add("optimize", "garbage", "rank 1000000 (1M columns)", lambda e, O: with_flag(_opt(e, O), "--accuracies",
                                                                                e["acc_wide"]), "either")
-    add("plan", "garbage", "accuracies summing past 1", lambda e, O: _with(_plan(e, O), "--accuracies", e["acc_over"]))
+    add("plan", "garbage", "accuracies summing past 1", lambda e, O: with_flag(_plan(e, O), "--accuracies", e["acc_over"]))
     add("plan", "garbage", "latency underflowing (denormal seconds)",
-        lambda e, O: _with(_plan(e, O), "--latency", e["lat_tiny"]))
+        lambda e, O: with_flag(_plan(e, O), "--latency", e["lat_tiny"]))
     add("plan", "garbage", "latency overflowing (1e300 squared)",
-        lambda e, O: _with(_plan(e, O), "--latency", e["lat_huge"]))
-    add("plan", "garbage", "latency ratio overflowing", lambda e, O: _with(_plan(e, O), "--latency", e["lat_ratio"]))
+        lambda e, O: with_flag(_plan(e, O), "--latency", e["lat_huge"]))
+    add("plan", "garbage", "latency ratio overflowing", lambda e, O: with_flag(_plan(e, O), "--latency", e["lat_ratio"]))
     add("optimize", "garbage", "--latency underflowing", lambda e, O: _opt(e, O, "--latency", e["lat_tiny"]))
     add("optimize", "garbage", "--latency ratio overflowing", lambda e, O: _opt(e, O, "--latency", e["lat_ratio"]))
     add("sweep-report", "garbage", "--latency ratio overflowing",
         lambda e, O: ["sweep-report", e["sweep"], "--latency", e["lat_ratio"]])
-    add("plan", "garbage", "latency negative context", lambda e, O: _with(_plan(e, O), "--latency", e["lat_neg_ctx"]))
-    add("plan", "garbage", "latency header only", lambda e, O: _with(_plan(e, O), "--latency", e["lat_rows0"]))
+    add("plan", "garbage", "latency negative context", lambda e, O: with_flag(_plan(e, O), "--latency", e["lat_neg_ctx"]))
+    add("plan", "garbage", "latency header only", lambda e, O: with_flag(_plan(e, O), "--latency", e["lat_rows0"]))
     add("plan", "garbage", "--acceptance NaN", lambda e, O: ["plan", "--acceptance", e["acc_vec_nan"], "--latency",
                                                              e["lat"], "--batch-sizes", "1"])
     add("plan", "garbage", "--acceptance Infinity", lambda e, O: ["plan", "--acceptance", e["acc_vec_inf"],
@@ -452,27 +453,27 @@ def _cases() -> list[tuple]:
                                                                     e["heads"], "--tree", "[[0]]", "--prompts",
                                                                     e["dict_of_lists"], "--max-new-tokens", "2",
                                                                     "--device", "cpu"])
-    add("calibrate", "garbage", "dict-of-lists prompts", lambda e, O: _with(_cal(e, O), "--prompts",
+    add("calibrate", "garbage", "dict-of-lists prompts", lambda e, O: with_flag(_cal(e, O), "--prompts",
                                                                              e["dict_of_lists"]))
-    add("sweep", "garbage", "dict-of-lists prompts", lambda e, O: _with(_sweep(e, O), "--prompts", e["dict_of_lists"]))
-    add("train-heads", "garbage", "dict-of-lists prompts", lambda e, O: _with(_train(e, O), "--prompts",
+    add("sweep", "garbage", "dict-of-lists prompts", lambda e, O: with_flag(_sweep(e, O), "--prompts", e["dict_of_lists"]))
+    add("train-heads", "garbage", "dict-of-lists prompts", lambda e, O: with_flag(_train(e, O), "--prompts",
                                                                                e["dict_of_lists"]))
-    add("calibrate", "garbage", "NaN prompt", lambda e, O: _with(_cal(e, O), "--prompts", e["nan_prompts"]))
+    add("calibrate", "garbage", "NaN prompt", lambda e, O: with_flag(_cal(e, O), "--prompts", e["nan_prompts"]))
     for arch in ("bert", "t5", "mamba"):
-        add("decode", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_decode(e), "--model", e[f"arch_{a}"]))
-        add("calibrate", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_cal(e, O), "--model",
+        add("decode", "garbage", f"{arch} model", lambda e, O, a=arch: with_flag(_decode(e), "--model", e[f"arch_{a}"]))
+        add("calibrate", "garbage", f"{arch} model", lambda e, O, a=arch: with_flag(_cal(e, O), "--model",
                                                                                  e[f"arch_{a}"]),
             "either" if arch == "mamba" else "refuse")  # ranks of a Mamba's heads are well defined; decoding is not
         add("latency", "garbage", f"{arch} model", lambda e, O, a=arch: ["latency", "--model", e[f"arch_{a}"],
                                                                          "--sizes", "1,2", "--context", "8",
                                                                          "--repeats", "1", "--warmup", "0", "--out",
                                                                          f"{O}/l.csv"])
-        add("train-heads", "garbage", f"{arch} model", lambda e, O, a=arch: _with(_train(e, O), "--model",
+        add("train-heads", "garbage", f"{arch} model", lambda e, O, a=arch: with_flag(_train(e, O), "--model",
                                                                                    e[f"arch_{a}"]),
             "either" if arch == "mamba" else "refuse")
-    add("latency", "garbage", "--random-config arch=bert", lambda e, O: _with(_lat(e, O), "--random-config",
+    add("latency", "garbage", "--random-config arch=bert", lambda e, O: with_flag(_lat(e, O), "--random-config",
                                                                                 "tiny,arch=bert"))
-    add("latency", "garbage", "--random-config arch=t5", lambda e, O: _with(_lat(e, O), "--random-config",
+    add("latency", "garbage", "--random-config arch=t5", lambda e, O: with_flag(_lat(e, O), "--random-config",
                                                                               "tiny,arch=t5"))
     add("sweep-report", "garbage", "sweep negative nodes", lambda e, O: ["sweep-report", e["sweep_negnodes"]])
     add("sweep-report", "garbage", "sweep fractional nodes", lambda e, O: ["sweep-report", e["sweep_frac_nodes"]])
@@ -483,7 +484,7 @@ def _cases() -> list[tuple]:
 
     # ---- odd types and values
     for flag, bad in (("--budget", "3.5"), ("--budget", "ten"), ("--budget", "1e3"), ("--budget", "")):
-        add("optimize", "types", f"{flag} {bad!r}", lambda e, O, f=flag, b=bad: _with(_opt(e, O), f, b))
+        add("optimize", "types", f"{flag} {bad!r}", lambda e, O, f=flag, b=bad: with_flag(_opt(e, O), f, b))
     add("tree buffers", "types", "--topk 'x'", lambda e, O: ["tree", "buffers", "[[0]]", "--topk", "x"])
     add("decode", "types", "--temperature nan", lambda e, O: _decode(e, "--temperature", "nan"))
     add("decode", "types", "--temperature inf", lambda e, O: _decode(e, "--temperature", "inf", "--acceptance",
@@ -496,30 +497,30 @@ def _cases() -> list[tuple]:
     add("decode", "types", "--prompt and --prompts", lambda e, O: _decode(e, "--prompt", "hi"))
     add("decode", "types", "--limit without --prompts", lambda e, O: _decode(e, "--limit", "3"))
     for dev in ("mps", "meta", "cuda:99", "tpu", "cpu:3", "cpu:-1"):
-        add("decode", "types", f"--device {dev}", lambda e, O, d=dev: _with(_decode(e), "--device", d))
-        add("latency", "types", f"--device {dev}", lambda e, O, d=dev: _with(_lat(e, O), "--device", d))
-    add("calibrate", "types", "--device meta", lambda e, O: _with(_cal(e, O), "--device", "meta"))
-    add("sweep", "types", "--device mps", lambda e, O: _with(_sweep(e, O), "--device", "mps"))
+        add("decode", "types", f"--device {dev}", lambda e, O, d=dev: with_flag(_decode(e), "--device", d))
+        add("latency", "types", f"--device {dev}", lambda e, O, d=dev: with_flag(_lat(e, O), "--device", d))
+    add("calibrate", "types", "--device meta", lambda e, O: with_flag(_cal(e, O), "--device", "meta"))
+    add("sweep", "types", "--device mps", lambda e, O: with_flag(_sweep(e, O), "--device", "mps"))
     add("train-heads", "types", "--device meta", lambda e, O: _train(e, O, "--device", "meta"))
     add("train-heads", "types", "--device mps", lambda e, O: _train(e, O, "--device", "mps"))
     add("decode", "types", "--dtype float8", lambda e, O: _decode(e, "--dtype", "float8_e4m3fn"))
-    add("train-heads", "types", "--gen-dtype int8", lambda e, O: _with(_train(e, O), "--gen-dtype", "int8"))
-    add("train-heads", "types", "--gen-dtype float8_e4m3fn", lambda e, O: _with(_train(e, O), "--gen-dtype",
+    add("train-heads", "types", "--gen-dtype int8", lambda e, O: with_flag(_train(e, O), "--gen-dtype", "int8"))
+    add("train-heads", "types", "--gen-dtype float8_e4m3fn", lambda e, O: with_flag(_train(e, O), "--gen-dtype",
                                                                                 "float8_e4m3fn"))
     add("latency", "types", "--threads 0", lambda e, O: _lat(e, O, "--threads", "0"))
-    add("latency", "types", "--random-config hidden=2.5", lambda e, O: _with(_lat(e, O), "--random-config",
+    add("latency", "types", "--random-config hidden=2.5", lambda e, O: with_flag(_lat(e, O), "--random-config",
                                                                                "tiny,hidden=2.5"))
-    add("latency", "types", "--random-config rope_theta=x", lambda e, O: _with(_lat(e, O), "--random-config",
+    add("latency", "types", "--random-config rope_theta=x", lambda e, O: with_flag(_lat(e, O), "--random-config",
                                                                                  "tiny,rope_theta=x"))
     add("latency", "types", "--random-config and --model", lambda e, O: _lat(e, O, "--model", e["model"]))
-    add("latency", "types", "--sizes 1.5", lambda e, O: _with(_lat(e, O), "--sizes", "1.5"))
+    add("latency", "types", "--sizes 1.5", lambda e, O: with_flag(_lat(e, O), "--sizes", "1.5"))
     for what, key in (("fp8", "fp8"), ("3-D", "w3d"), ("pickle as safetensors", "pickle"),
                       ("pickle as .pt", "pickle_pt")):
-        add("decode", "types", f"{what} heads", lambda e, O, k=key: _with(_decode(e), "--heads", e[k]),
+        add("decode", "types", f"{what} heads", lambda e, O, k=key: with_flag(_decode(e), "--heads", e[k]),
             "either" if key == "fp8" else "refuse")
-        add("calibrate", "types", f"{what} heads", lambda e, O, k=key: _with(_cal(e, O), "--heads", e[k]),
+        add("calibrate", "types", f"{what} heads", lambda e, O, k=key: with_flag(_cal(e, O), "--heads", e[k]),
             "either" if key == "fp8" else "refuse")
-        add("sweep", "types", f"{what} heads", lambda e, O, k=key: _with(_sweep(e, O), "--heads", e[k]),
+        add("sweep", "types", f"{what} heads", lambda e, O, k=key: with_flag(_sweep(e, O), "--heads", e[k]),
             "either" if key == "fp8" else "refuse")
         add("latency", "types", f"{what} heads", lambda e, O, k=key: ["latency", "--model", e["model"], "--heads",
                                                                       e[k], "--sizes", "1,2", "--context", "8",
@@ -528,14 +529,14 @@ def _cases() -> list[tuple]:
             "either" if key == "fp8" else "refuse")
         add("train-heads", "types", f"{what} --init", lambda e, O, k=key: _train(e, O, "--init", e[k]),
             "either" if key == "fp8" else "refuse")
-    add("optimize", "types", "pickle accuracies", lambda e, O: _with(_opt(e, O), "--accuracies", e["acc_pickle"]))
-    add("calibrate", "types", "pickle prompts", lambda e, O: _with(_cal(e, O), "--prompts", e["pickle_prompts"]))
+    add("optimize", "types", "pickle accuracies", lambda e, O: with_flag(_opt(e, O), "--accuracies", e["acc_pickle"]))
+    add("calibrate", "types", "pickle prompts", lambda e, O: with_flag(_cal(e, O), "--prompts", e["pickle_prompts"]))
     add("export", "types", "pickle tree", lambda e, O: ["export", e["acc_pickle"], "--format", "json"])
     add("sweep-report", "types", "sweep missing a column", lambda e, O: ["sweep-report", e["sweep_nocol"]])
     add("sweep-report", "types", "sweep with no rows", lambda e, O: ["sweep-report", e["sweep_empty"]])
     add("sweep-report", "types", "latency missing columns", lambda e, O: ["sweep-report", e["sweep"], "--latency",
                                                                          e["lat_nocols"]])
-    add("plan", "types", "--batch-sizes 1.5", lambda e, O: _with(_plan(e, O), "--batch-sizes", "1.5"))
+    add("plan", "types", "--batch-sizes 1.5", lambda e, O: with_flag(_plan(e, O), "--batch-sizes", "1.5"))
     add("plan", "types", "--calibration and --accuracies", lambda e, O: _plan(e, O, "--calibration", e["cal"]))
     add("export", "types", "--engine-safe with --format medusa", lambda e, O: ["export", e["tree"], "--format", "medusa",
                                                                               "--engine-safe"])
@@ -552,7 +553,7 @@ def _cases() -> list[tuple]:
     add("train-heads", "types", "--active-steps > --steps", lambda e, O: _train(e, O, "--active-steps", "5"))
     add("train-heads", "types", "--untied --init tied heads", lambda e, O: _train(e, O, "--untied", "--init",
                                                                                 e["heads"]))
-    add("train-heads", "types", "--init with other --num-heads", lambda e, O: _with(_train(e, O, "--init", e["heads"]),
+    add("train-heads", "types", "--init with other --num-heads", lambda e, O: with_flag(_train(e, O, "--init", e["heads"]),
                                                                                   "--num-heads", "5"))
     return C
 
@@ -594,6 +595,7 @@ def verdict(expect: str, rc, err: str, changed: bool, timed_out: bool) -> str:
 
 
 def _run_one(repo: str, e: dict, out_root: Path, i: int, case, limit: float):
+    import resource
     import subprocess
     import time
 
@@ -614,19 +616,26 @@ def _run_one(repo: str, e: dict, out_root: Path, i: int, case, limit: float):
     elif "stdout=closed" in cid:
         pre = lambda: os.close(1)  # noqa: E731
     env = dict(os.environ, PYTHONPATH=repo, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    t0 = time.time()
+    t0, cpu0 = time.time(), resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         p = subprocess.run([sys.executable, "-m", "workbench.cli", *args], cwd=O, env=env, stdout=stdout,
                            stderr=subprocess.PIPE, timeout=limit, preexec_fn=pre)
         rc, err, timed_out = p.returncode, p.stderr.decode(errors="replace"), False
     except subprocess.TimeoutExpired as ex:
         rc, err, timed_out = None, (ex.stderr or b"").decode(errors="replace"), True
-    dt = time.time() - t0
+    dt, cpu1 = time.time() - t0, resource.getrusage(resource.RUSAGE_CHILDREN)
     changed = snapshot(Path(e["in"])) != before
     last = ([line for line in err.splitlines() if line.strip()] or [""])[-1][:200]
+    # cpu_seconds: the CPU the case's process used (what a busy machine does not inflate as it does the wall
+    # time); exact only with one case at a time (--workers 1), else it holds the other children's too
     return dict(sub=sub, kind=kind, id=cid, expect=expect, rc=rc, last=last, traceback="Traceback" in err,
                 seconds=round(dt, 1), changed=changed, wrong=verdict(expect, rc, err, changed, timed_out),
-                argv=args)
+                cpu_seconds=round(cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 2), argv=args)
+
+
+def picked(cid: str, only) -> bool:
+    """Is case `cid` among those asked for: `only` None (all), or a list of substrings of case ids."""
+    return not only or any(o in cid for o in only)
 
 
 def run_subprocess(repo: str, e: dict, out_root: Path, limit: float = 40.0, only=None, workers: int = 3):
@@ -638,7 +647,7 @@ def run_subprocess(repo: str, e: dict, out_root: Path, limit: float = 40.0, only
     pristine = Path(e["root"]) / "pristine"
     if not pristine.exists():
         shutil.copytree(e["in"], pristine, symlinks=True)
-    cases = [(i, c) for i, c in enumerate(CASES) if not only or only in c[2]]
+    cases = [(i, c) for i, c in enumerate(CASES) if picked(c[2], only)]
     risky = [(i, c) for i, c in cases if c[1] == "outputs"]
     safe = [(i, c) for i, c in cases if c[1] != "outputs"]
     results = []
@@ -730,7 +739,7 @@ def run_inprocess(e: dict, out_root: Path, limit: float = 30.0, only=None, shard
         shutil.copytree(e["in"], pristine, symlinks=True)
     results = []
     for i, c in enumerate(CASES):
-        if (only and only not in c[2]) or i % shard[1] != shard[0]:
+        if not picked(c[2], only) or i % shard[1] != shard[0]:
             continue
         r = run_case_inprocess(e, out_root / f"c{i}", c, limit)
         if r is None:
@@ -751,7 +760,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", required=True)
     ap.add_argument("--out", required=True, help="results JSON lines")
-    ap.add_argument("--only", help="substring of case ids")
+    ap.add_argument("--only", action="append", help="substring of case ids (repeat for several)")
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--limit", type=float, default=30.0, help="seconds per case before it counts as a hang")
     ap.add_argument("--shard", default="0/1", help="I/N: run every N-th case from the I-th")
@@ -761,6 +770,12 @@ if __name__ == "__main__":
     sys.path.insert(0, a.repo)
     root = Path(tempfile.mkdtemp(prefix="hostile-"))
     e = build_env(root)
-    res = run_subprocess(a.repo, e, root / "out", only=a.only, workers=a.workers) if a.subprocess else \
+    load = os.getloadavg()
+    res = run_subprocess(a.repo, e, root / "out", a.limit, a.only, a.workers) if a.subprocess else \
         run_inprocess(e, root / "out", a.limit, a.only, tuple(map(int, a.shard.split("/"))))
-    Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in res))
+    head = {"note": f"tests/hostile_cases.py against {a.repo}, "
+                    + (f"one subprocess per case, {a.workers} at a time" if a.subprocess else "in-process")
+                    + f", {a.limit:g} s per case limit, on {os.cpu_count()} CPUs: seconds under this load are not "
+                      "speeds", "loadavg_1_5_15_before": [round(x, 2) for x in load],
+            "loadavg_1_5_15_after": [round(x, 2) for x in os.getloadavg()]}
+    Path(a.out).write_text("".join(json.dumps(r) + "\n" for r in [head] + res))

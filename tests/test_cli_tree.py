@@ -112,6 +112,19 @@ def test_export_engine_safe_reports_the_cost(capsys, acc_csv):
     assert rc == 0 and "cost unknown" in err and "warning" not in err
 
 
+def test_export_engine_safe_trtllm_repairs_the_cpp_runtime_limits(capsys):
+    """A rank >= 16 and a depth > 8 warn without --engine-safe; with it the nodes are dropped, in one note line,
+    and the export warns about nothing."""
+    tree = str([[0] * d for d in range(1, 11)] + [[1], [1, 16], [17]])
+    rc, out, err = run(capsys, "export", tree, "--format", "trtllm", "--num-heads", "10")
+    assert rc == 0 and "ranks < 16" in err and "at most 8 levels" in err
+    rc, out, err = run(capsys, "export", tree, "--format", "trtllm", "--num-heads", "10", "--engine-safe")
+    fixed = json.loads(out.splitlines()[-1].split("=", 1)[1].strip('"'))
+    assert rc == 0 and err.count("\n") == 1 and err.startswith("note: engine-safe for trtllm: 13 -> ")
+    assert "4 of them past TensorRT-LLM's C++ runtime limits" in err and "warning" not in err
+    assert max(map(len, fixed)) == 8 and max(max(p) for p in fixed) < 16 and [1] in fixed
+
+
 def test_optimize_engine_safe(capsys, acc_csv):
     acc = read_accuracies(acc_csv)
     rc, out, err = run(capsys, "optimize", "--accuracies", acc_csv, "--budget", "12", "--engine-safe", "trtllm")

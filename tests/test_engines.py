@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export import engine_safe, export_tree
+from workbench.export import best_engine_safe, engine_safe, export_tree
 from workbench.optimize import best_dense_tree, dense_tree, expected_length, optimal_tree
 from workbench.tree import load_tree, make_tree, reference_trees, tree_buffers
 
@@ -54,6 +54,52 @@ def trtllm_build(choices) -> tuple[int, set | None]:
 def trtllm_as_written(tree) -> bool:
     n_ids, built = trtllm_build(tree.paths)
     return n_ids == tree.nodes and built == set(tree.paths)
+
+
+def trtllm_cpp_key(path, n) -> int | None:
+    """MedusaModule::computePrefix(path, n) of TensorRT-LLM's C++ runtime (cpp/tensorrt_llm/runtime/medusaModule.cpp)
+    as C++ computes it: each rank, an int32, shifted 4 bits per level below it, wrapped to 32 bits and sign-extended
+    into the uint64 key. None where it throws (TLLM_CHECK: depth > 16, a rank > 16) or its shift is undefined
+    (an int32 shifted by 32 bits or more)."""
+    if n > 16:
+        return None
+    key = 0
+    for ci in range(n):
+        shift = 4 * (n - 1 - ci)
+        if path[ci] > 16 or shift >= 32:
+            return None
+        v = (path[ci] << shift) & 0xFFFFFFFF
+        key |= (v - (1 << 32) if v >= 1 << 31 else v) & 0xFFFFFFFFFFFFFFFF
+    return key
+
+
+def trtllm_cpp_build(choices, max_draft_tokens=63) -> list[tuple] | None:
+    """MedusaModule::initMedusaTensorsFromChoices: nodes sorted by (depth, key), each node's parent looked up by its
+    parent's key among the previous level's (a missing key reads the root, as std::unordered_map's operator[]
+    does); the path each node is really built at, or None where the runtime throws, is undefined, or two nodes of
+    a level share a key (std::sort leaves their order, so which one is the parent, unspecified)."""
+    paths = [tuple(p) for p in choices]
+    keys = [trtllm_cpp_key(p, len(p)) for p in paths]
+    if len(paths) > max_draft_tokens or None in keys:
+        return None
+    if len({(len(p), k) for p, k in zip(paths, keys)}) < len(paths):
+        return None
+    prev, cur, depth, built = {0: ()}, {}, 1, []
+    for i in sorted(range(len(paths)), key=lambda i: (len(paths[i]), keys[i])):
+        p = paths[i]
+        if len(p) != depth:
+            if len(p) != depth + 1:  # TLLM_CHECK(depth + 1 == curDepth)
+                return None
+            prev, cur, depth = cur, {}, depth + 1
+        node = prev.get(trtllm_cpp_key(p, len(p) - 1), ()) + (p[-1],)
+        cur[keys[i]] = node
+        built.append(node)
+    return built
+
+
+def trtllm_cpp_as_written(tree) -> bool:
+    built = trtllm_cpp_build(tree.paths)
+    return built is not None and sorted(built) == sorted(tree.paths)
 
 
 def eagle1_draft_blocks(choices) -> list[tuple]:
@@ -127,6 +173,18 @@ def test_trtllm_model_gap_gives_wrong_number_of_tree_ids():
     assert trtllm_build([[0], [2]]) == (3, {(0,), (2,)})  # right nodes, but 3 tree ids for 2 draft tokens
 
 
+def test_trtllm_cpp_model_keys_as_cpp_does():
+    assert trtllm_cpp_as_written(load_tree("mc_sim_7b_63"))
+    assert trtllm_cpp_key((0, 16), 2) == trtllm_cpp_key((1, 0), 2) == 16  # a rank of 16 carries into the parent
+    assert trtllm_cpp_build([[0], [1], [0, 16], [1, 0], [1, 0, 0]]) is None  # ... so [1, 0, 0]'s parent is ambiguous
+    assert trtllm_cpp_build([[17]]) is None  # TLLM_CHECK: rank <= 16
+    chain = [[0] * d for d in range(1, 9)]
+    top15 = [[15] + [0] * d for d in range(8)]  # 8 levels, rank 15 on top: a negative int32 key, still unique
+    assert trtllm_cpp_as_written(make_tree(chain + top15))
+    assert trtllm_cpp_build(chain + [[0] * 9]) is None  # 9 levels: an int32 shifted by 32 bits, undefined in C++
+    assert trtllm_cpp_build([[0]] * 64) is None  # more than max_draft_len nodes
+
+
 def test_eagle1_model():
     mc = load_tree("mc_sim_7b_63")
     assert eagle1_as_written(mc)
@@ -186,6 +244,51 @@ def test_trtllm_warning_iff_misbuilt_and_engine_safe_builds():
         assert expected_length(best, acc) <= expected_length(tree, acc) + 1e-12
         assert ("already builds as written" in note) == (fixed == tree) == (not gap)
     assert 0 < warned < 14 * 8  # both cases occur
+
+
+def _cpp_breakers() -> dict:
+    """A tree past each of TensorRT-LLM's C++ runtime limits (and one past all), each with a first-level gap too."""
+    chain = [(0,) * d for d in range(1, 12)]  # 11 levels
+    return {"rank 16": make_tree([[0], [1], [3], [0, 16], [1, 0], [1, 0, 0], [16], [16, 0]]),
+            "rank 40": make_tree([[0], [2], [40], [0, 20], [0, 1], [40, 3]]),
+            "depth 11": make_tree(chain + [(2,), (2, 0), (0, 5)]),
+            "depth 20": make_tree([(0,) * d for d in range(1, 21)] + [(2,)]),
+            "all": make_tree(chain + [(16,), (0, 17), (1,), (1, 3), (3,)] + [(1,) * d for d in range(2, 10)])}
+
+
+def _naive_repairs(tree) -> list:
+    """Two valid repairs by hand: drop the nodes past the C++ limits, then promote the missing first-level ranks
+    (when that fits the tree's node count) or drop the first-level branches from the first gap on."""
+    kept = [p for p in tree.paths if len(p) <= 8 and max(p) < 16]
+    first = {p[0] for p in kept}
+    gaps = [r for r in range(max(first) + 1) if r not in first]
+    promote = kept + [(r,) for r in gaps]
+    drop = [p for p in kept if p[0] < min(gaps + [99])]
+    return [make_tree(t) for t in (promote, drop) if len(t) <= tree.nodes]
+
+
+def test_trtllm_cpp_limits_repaired_to_a_tree_both_runtimes_build():
+    rng = np.random.default_rng(5)
+    for name, tree in _cpp_breakers().items():
+        assert not trtllm_cpp_as_written(tree) and not trtllm_as_written(tree), name
+        _, warns = export_tree(tree, "trtllm", heads=tree.depth)
+        assert any("C++ runtime" in w and "--engine-safe" in w for w in warns), name
+        acc = rng.dirichlet(np.ones(tree.max_rank + 2), size=tree.depth)[:, :tree.max_rank + 1]
+        for value in (None, acc):  # a structural repair, and one priced by accuracies
+            fixed, note = engine_safe(tree, "trtllm", value)
+            assert trtllm_cpp_as_written(fixed) and trtllm_as_written(fixed), (name, fixed.paths)
+            assert fixed.nodes <= tree.nodes
+            assert set(fixed.paths) - set(tree.paths) <= {(r,) for r in range(16)}  # only promoted first-level ranks
+            assert export_tree(fixed, "trtllm", heads=fixed.depth)[1] == [], name
+            assert len(note.splitlines()) == 1 and "past TensorRT-LLM's C++ runtime limits" in note, note
+            if value is not None:  # the repair keeps the most valuable of what may stay
+                for naive in _naive_repairs(tree):
+                    assert expected_length(fixed, acc) >= expected_length(naive, acc) - 1e-12, (name, naive.paths)
+    acc = np.full((12, 20), 0.002)
+    acc[:, 0], acc[0, 17] = 0.9, 0.05  # the unconstrained optimum goes 12 deep and takes rank 17
+    free, safe = optimal_tree(acc, 40), best_engine_safe(acc, "trtllm", 40, 12, 20)  # optimize --engine-safe trtllm
+    assert free.depth == 12 and (17,) in free.paths
+    assert trtllm_cpp_as_written(safe) and trtllm_as_written(safe) and safe.depth == 8
 
 
 def test_vllm_warning_iff_misdrafted_and_best_dense_tree_drafts_as_written():

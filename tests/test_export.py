@@ -259,18 +259,19 @@ def test_app_warnings_name_the_apps_controls_not_cli_flags():
 
 
 def test_trtllm_cpp_runtime_limits_warn_beyond_and_not_within():
-    """TensorRT-LLM's C++ runtime keys nodes 4 bits per rank in a uint64 (medusaModule.cpp computePrefix)."""
-    within = make_tree([[15], [0], [0, 15]] + [[0] * d for d in range(2, 17)])  # rank 15, depth 16: both fit
-    _, warns = export_tree(within, "trtllm", heads=16)
+    """TensorRT-LLM's C++ runtime keys nodes 4 bits per rank, each rank an int32 shifted by 4 per level below it
+    (medusaModule.cpp computePrefix): ranks < 16 and at most 8 levels (test_engines.py models it)."""
+    within = make_tree([[15], [0], [0, 15]] + [[0] * d for d in range(2, 9)])  # rank 15, depth 8: both fit
+    _, warns = export_tree(within, "trtllm", heads=8)
     assert not any("C++ runtime" in w for w in warns)
     rank16 = make_tree([[0], [1], [0, 16]])  # [0, 16] packs like [1, 0]: the limit is < 16, not <= 16
     _, warns = export_tree(rank16, "trtllm", heads=2)
     assert len(warns) == 1 and "path [0, 16] has rank 16" in warns[0] and "ranks < 16" in warns[0]
-    assert "--max-rank 16" in warns[0]
-    deep = make_tree([[0] * d for d in range(1, 18)])
-    _, warns = export_tree(deep, "trtllm", heads=17)
-    assert len(warns) == 1 and "depth 17" in warns[0] and "at most 16 levels" in warns[0]
-    assert "--max-depth 16" in export_tree(deep, "trtllm", heads=17)[1][0]
-    assert "at most 16 levels" in export_tree(deep, "trtllm", heads=17, front="app")[1][0]
+    assert "--max-rank 16" in warns[0] and "--engine-safe" in warns[0]
+    deep = make_tree([[0] * d for d in range(1, 10)])
+    _, warns = export_tree(deep, "trtllm", heads=9)
+    assert len(warns) == 1 and "depth 9" in warns[0] and "at most 8 levels" in warns[0]
+    assert "--max-depth 8" in export_tree(deep, "trtllm", heads=9)[1][0]
+    assert "at most 8 levels" in export_tree(deep, "trtllm", heads=9, front="app")[1][0]
     for fmt in ("medusa", "vllm", "json"):  # other engines: no TensorRT-LLM warning
         assert not any("TensorRT-LLM" in w for w in export_tree(rank16, fmt)[1])

@@ -209,3 +209,33 @@ def test_results_that_cannot_reach_stdout_are_one_error_line(stream, capsys, mon
     monkeypatch.undo()
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: cannot write the results to standard output"), err
+
+
+# ----------------------------------------------------------------------------------------------- refusals come first
+
+HEAVY = ("torch", "transformers", "matplotlib")
+
+
+@pytest.mark.parametrize("argv, spared", [
+    (["tree", "show", "[[0], [1]]", "--png", "/dev/full"], "matplotlib"),  # rendered, then failed to write
+    (["sweep-report", "missing.csv", "--out", "/dev/full"], "torch"),  # reading a sweep imports torch
+    (["latency", "--random-config", "tiny", "--out", "/dev/full"], "torch"),
+])
+def test_an_output_that_refuses_writes_is_refused_before_the_heavy_imports(argv, spared, tmp_path):
+    """A refusal on the command line or its outputs costs the CLI's own start, not a library's import (seconds
+    each on a busy machine): checked in a fresh interpreter by what it has imported when the error comes."""
+    import json
+    import os
+    import stat
+    import subprocess
+
+    if not (os.path.exists("/dev/full") and stat.S_ISCHR(os.stat("/dev/full").st_mode)):
+        pytest.skip("no /dev/full on this machine")
+    code = ("import json, sys; from workbench.cli import main; rc = main(sys.argv[1:]); "
+            f"print(json.dumps([rc, [m for m in {HEAVY!r} if m in sys.modules]]))")
+    p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    rc, imported = json.loads(p.stdout.splitlines()[-1])
+    err = p.stderr.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and "No space left" in err[0], p.stderr
+    assert spared not in imported, imported

@@ -95,3 +95,63 @@ def test_an_attention_model_gets_no_such_warning(tmp_path, capsys):
                str(tmp_path / "p.jsonl"), "--max-new-tokens", "3", "--topk", "4", "--budgets", "2", "--device", "cpu",
                "--holdout", "0", "--out", str(tmp_path / "cal")])
     assert rc == 0 and not any("linear_attention" in w for w in _warnings(capsys.readouterr().err))
+
+
+# ----------------------------------------------------------------------------------------------- Medusa-2 (train-heads --recipe medusa-2, eval-heads)
+
+def test_medusa2_refuses_a_mamba_before_generating(mamba_dir, tmp_path, capsys):
+    """Medusa-2's LoRA adapts the decoder's attention and MLP projections; a Mamba has none (in_proj, x_proj, ...),
+    so the recipe cannot apply: one error line from the model's config alone, before any answer is generated
+    (Medusa-1 heads, which need no projection, train with the warning above)."""
+    pytest.importorskip("peft", reason="Medusa-2 needs peft")
+    rc = main(["train-heads", "--recipe", "medusa-2", "--model", str(mamba_dir / "model"), "--prompts",
+               str(mamba_dir / "prompts.jsonl"), "--tokens", "8", "--max-new-tokens", "3", "--gen-dtype", "float32",
+               "--steps", "1", "--batch-size", "2", "--num-heads", "2", "--warmup", "sine", "--no-amp",
+               "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("error: --recipe medusa-2: MambaForCausalLM"), err
+    assert "none of the decoder projections LoRA adapts" in err[0] and "in_proj" in err[0]
+    assert "--recipe medusa-1" in err[0]
+    assert not (tmp_path / "w" / "parts").exists() and not (tmp_path / "o").exists()
+
+
+def test_medusa2_on_a_hybrid_model_warns_as_medusa1_does(tmp_path):
+    """A hybrid (attention + Mamba layers, Jamba) has the projections: Medusa-2 trains it, with Medusa-1's warning
+    that the decoder cannot decode the result; both decided from the config before anything is generated."""
+    pytest.importorskip("peft", reason="Medusa-2 needs peft")
+    from transformers import AutoConfig
+
+    from workbench.kvcache import undecodable_warning
+    from workbench.medusa2 import Medusa2Config, lora_targets
+    from workbench.models import empty_model
+
+    try:
+        cfg = AutoConfig.for_model("jamba", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                   num_key_value_heads=2, intermediate_size=64, vocab_size=128, attn_layer_period=2,
+                                   attn_layer_offset=1, num_experts=1, use_mamba_kernels=False)
+    except (ValueError, KeyError):
+        pytest.skip("this transformers has no Jamba architecture")
+    cfg.save_pretrained(tmp_path / "jamba")
+    skeleton = empty_model(str(tmp_path / "jamba"))
+    assert {"q_proj", "o_proj"} <= set(lora_targets(skeleton, Medusa2Config(prompts=[])))
+    warn = undecodable_warning(skeleton, "the Medusa-2 model trains correctly")
+    assert warn.startswith("warning: the Medusa-2 model trains correctly") and "linear_attention" in warn
+
+
+def test_eval_heads_on_a_mamba_measures_and_skips_live_decoding(mamba_dir, tmp_path, capsys):
+    """eval-heads measures head accuracy and backbone drift (right on any causal LM, as calibrate's ranks) and
+    would then decode live: on a Mamba it warns once, as calibrate does, and leaves live decoding out."""
+    m2 = tmp_path / "merged"  # laid out as train-heads --recipe medusa-2 writes merged/: heads beside the model
+    save_heads(random_heads(64, 128, 3, tied=True, seed=2), m2, str(m2))
+    model = _mamba()
+    model.config.medusa_num_heads, model.config.medusa_num_layers, model.config.medusa_format = 3, 1, 2
+    model.save_pretrained(m2)
+    tiny_tokenizer().save_pretrained(m2)
+    rc = main(["eval-heads", "--medusa2", str(m2), "--model", str(mamba_dir / "model"), "--heads",
+               str(mamba_dir / "heads"), "--prompts", str(mamba_dir / "prompts.jsonl"), "--holdout", "0.5",
+               "--max-new-tokens", "3", "--topk", "2", "--device", "cpu", "--out", str(tmp_path / "r.json")])
+    warns = _warnings(capsys.readouterr().err)
+    assert rc == 0 and len(warns) == 1, warns
+    assert "live decoding skipped" in warns[0] and "MambaForCausalLM has linear_attention layers" in warns[0]
+    r = json.loads((tmp_path / "r.json").read_text())
+    assert "live_medusa1" not in r and len(r["medusa2_topk"]) == 3 and r["drift"]["positions"] > 0

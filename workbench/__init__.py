@@ -5,6 +5,8 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# acceptance.py's rules, named here so that the CLI's parser lists them without importing torch (seconds per run)
+ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
 
 # The 1-minute load average when this process began (before its own work): within a minute a measurement's own
 # threads raise the load to about their count, so only this says whether anything else was running.

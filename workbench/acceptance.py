@@ -8,10 +8,9 @@ from dataclasses import dataclass
 
 import torch
 
-from workbench import WorkbenchError
+from workbench import ACCEPTANCE_KINDS, WorkbenchError
 from workbench.treemask import TreeBuffers
 
-ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
 ENTROPY_FORMS = ("exact", "medusa")  # -sum p log p, or Medusa's code: -sum p log(p + 1e-5)
 
 

@@ -126,12 +126,12 @@ def _read_csv(f: Path):
         i = int(np.argmax(dup.to_numpy()))
         raise WorkbenchError(f"{what}: head {num['head'].iloc[i]} rank {num['rank'].iloc[i]} appears twice")
     k, r = int(num["head"].max()), int(num["rank"].max())
+    if len(num) != k * r:  # a gap, named before a K x R grid is built (R may be 2^20): among the first len + 1
+        have = set(zip(num["head"], num["rank"]))
+        h, i = next((h, i) for h in range(1, k + 1) for i in range(1, r + 1) if (h, i) not in have)
+        raise WorkbenchError(f"{what}: head {h} rank {i} is missing (need every rank 1..{r} of every head 1..{k})")
     grid = num.pivot(index="head", columns="rank", values="accuracy").reindex(index=range(1, k + 1),
                                                                                columns=range(1, r + 1))
-    if grid.isna().any().any():
-        h, i = np.argwhere(grid.isna().to_numpy())[0]
-        raise WorkbenchError(f"{what}: head {h + 1} rank {i + 1} is missing (need every rank 1..{r} of every "
-                             f"head 1..{k})")
     acc = check_accuracies(grid.to_numpy(), what)
     counts = None
     if "count" in num.columns:

@@ -11,7 +11,8 @@ own code, not run end to end:
   examples) and no more depth than its Medusa heads. Its Python runtime (runtime/medusa_utils.py, used by
   ModelRunner) gives the first level one tree id per rank 0..max rank and indexes deeper nodes by the number of
   first-level nodes written, so only a first level of exactly ranks 0..k-1 builds as written.
-  Its C++ runtime (medusaModule.cpp) packs each path 4 bits per rank into 64 bits: ranks < 16, depth <= 16.
+  Its C++ runtime (medusaModule.cpp) keys each path 4 bits per rank: ranks < 16, at most 8 levels
+  (TRTLLM_CPP_*); `engine_safe` drops the nodes beyond them.
 - vllm: vLLM's SpeculativeConfig `speculative_token_tree`, a string of a list of tuples sorted breadth-first,
   with num_speculative_tokens == number of nodes. Its EAGLE-style drafter takes, per level, the top-c children
   of EVERY node (c = nodes at the level / nodes at the level above): only dense trees are drafted as written.
@@ -51,11 +52,18 @@ SUFFIXES = {"medusa": ".py", "json": ".json", "trtllm": ".trtllm.txt", "vllm": "
 FORMATS = tuple(SUFFIXES)
 SAFE_ENGINES = ("trtllm", "vllm")  # formats with an engine-safe repair (medusa / eagle: --max-rank 10 is enough)
 TRTLLM_MAX_DRAFT_LEN = 63
-# TensorRT-LLM's C++ runtime keys each node by its path packed 4 bits per rank into a uint64 (MedusaModule::
-# computePrefix, medusaModule.h / runtime/utils/speculativeChoicesUtils.cpp: PREFIX_CHUNK_SIZE_BITS=4,
-# PREFIX_MAX_VALUE=16): deeper than 64/4 levels or a rank above 16 it throws; a rank of 16 carries into the
-# parent's 4 bits, so [0, 16] and [1, 0] share a key and the tree is built with the wrong parents.
-TRTLLM_CPP_MAX_DEPTH = 64 // 4
+# TensorRT-LLM's C++ runtime (executor / Triton backend) keys each node by its path, 4 bits per rank, and finds a
+# node's parent by its parent's key: MedusaModule::computePrefix (NVIDIA/TensorRT-LLM
+# cpp/tensorrt_llm/runtime/medusaModule.cpp; utils/speculativeChoicesUtils.cpp in later releases):
+# `prefix |= (vec[ci] << PREFIX_CHUNK_SIZE_BITS * (len - 1 - ci))` with PREFIX_CHUNK_SIZE_BITS = 4, after
+# TLLM_CHECKs of rank <= PREFIX_MAX_VALUE (16) and depth <= 64 / 4. Read as C++ reads it:
+# - a rank of 16 passes the check but carries into the parent's 4 bits ([0, 16] and [1, 0] share a key, so the
+#   children of one are built under the other): ranks must be < 16; above 16 it throws;
+# - vec[ci] is a SizeType32 (int32), so the shift is done in 32 bits: from 9 levels on it shifts by 32 or more,
+#   which C++ leaves undefined (x86 masks the count, so [1, 0 x 8] and [0 x 8, 1] share a key), and past 16 levels
+#   it throws: at most 32 / 4 = 8 levels are keyed reliably.
+# (The heads' top-k sampling, medusaDecodingLayer.cpp, takes up to TOP_K_MAX = 1024 per head: no tighter.)
+TRTLLM_CPP_MAX_DEPTH = 32 // 4
 TRTLLM_CPP_RANK_LIMIT = 16  # ranks must be below it
 DEFAULT_CHOICES = "mc_sim_7b_63"  # the tree both Medusa and EAGLE-1 use unless told otherwise
 TARGETS = {  # what each export is written for: the header line of each export, and the README's Formats section
@@ -94,10 +102,11 @@ FIXES = {
     "engine_safe": {"cli": "use --engine-safe", "app": "use the repair buttons below"},
     "budget": {"cli": "or use a smaller --budget", "app": "or a smaller budget"},
     "num_heads": {"cli": "pass --num-heads to check it here", "app": "the designer checks it against the loaded heads"},
-    "trtllm_rank": {"cli": f"or design with --max-rank {TRTLLM_CPP_RANK_LIMIT}",
-                    "app": f"or design with ranks below {TRTLLM_CPP_RANK_LIMIT} (the optimizer's max rank)"},
-    "trtllm_depth": {"cli": f"design with --max-depth {TRTLLM_CPP_MAX_DEPTH}",
-                     "app": f"design with at most {TRTLLM_CPP_MAX_DEPTH} levels"},
+    "trtllm_rank": {"cli": f"use --engine-safe, or design with --max-rank {TRTLLM_CPP_RANK_LIMIT}",
+                    "app": f"use the repair buttons below, or design with ranks below {TRTLLM_CPP_RANK_LIMIT} "
+                           "(the optimizer's max rank)"},
+    "trtllm_depth": {"cli": f"use --engine-safe, or design with --max-depth {TRTLLM_CPP_MAX_DEPTH}",
+                     "app": f"use the repair buttons below, or design with at most {TRTLLM_CPP_MAX_DEPTH} levels"},
     "dense": {"cli": "use a dense tree (optimize --dense, --engine-safe vllm, or the app's dense option)",
               "app": "use the designer's dense-per-level model or the vllm repair button below"},
 }
@@ -115,21 +124,26 @@ def _rank_warning(tree: Tree, engine: str, front: str) -> list[str]:
     return []
 
 
+def trtllm_cpp_breaks(path: RankPath) -> bool:
+    """True when TensorRT-LLM's C++ runtime cannot key `path` reliably (see TRTLLM_CPP_MAX_DEPTH): a rank >= 16 or
+    more than 8 levels. A node's descendants break it too, so dropping these keeps a tree prefix-closed."""
+    return len(path) > TRTLLM_CPP_MAX_DEPTH or max(path) >= TRTLLM_CPP_RANK_LIMIT
+
+
 def trtllm_cpp_warnings(tree: Tree, front: str) -> list[str]:
     """Where TensorRT-LLM's C++ runtime (the executor / Triton backend) reads the tree otherwise than its Python
-    runtime: MedusaModule::initMedusaTensorsFromChoices keys nodes by computePrefix (cpp/tensorrt_llm/runtime/
-    medusaModule.cpp; utils/speculativeChoicesUtils.cpp in later releases), 4 bits per rank in a uint64, so a rank
-    >= 16 or a depth > 16 fails there (or, at rank 16, builds wrong parents) while runtime/medusa_utils.py takes it."""
+    runtime (runtime/medusa_utils.py, which takes it): computePrefix keys (TRTLLM_CPP_MAX_DEPTH's comment)."""
     warns = []
     if tree.max_rank >= TRTLLM_CPP_RANK_LIMIT:
         bad = next(p for p in tree.paths if max(p) >= TRTLLM_CPP_RANK_LIMIT)
         warns.append(f"path {list(bad)} has rank {max(bad)}: TensorRT-LLM's C++ runtime packs each rank in 4 bits "
-                     f"and takes ranks < {TRTLLM_CPP_RANK_LIMIT} only (its Python runtime takes more) "
+                     f"and takes ranks < {TRTLLM_CPP_RANK_LIMIT} only (its Python runtime takes more); "
                      + _fix("trtllm_rank", front))
     if tree.depth > TRTLLM_CPP_MAX_DEPTH:
-        warns.append(f"tree depth {tree.depth}: TensorRT-LLM's C++ runtime packs a path in 64 bits, 4 per rank, "
-                     f"and takes at most {TRTLLM_CPP_MAX_DEPTH} levels (its Python runtime takes more); "
-                     + _fix("trtllm_depth", front))
+        warns.append(f"tree depth {tree.depth}: TensorRT-LLM's C++ runtime keys a path by shifting each rank, a "
+                     f"32-bit int, 4 bits per level below it, so from {TRTLLM_CPP_MAX_DEPTH + 1} levels on distinct "
+                     f"paths can share a key (undefined in C++; past 16 levels it throws): at most "
+                     f"{TRTLLM_CPP_MAX_DEPTH} levels (its Python runtime takes more); " + _fix("trtllm_depth", front))
     return warns
 
 
@@ -225,22 +239,24 @@ def _check_safe_engine(engine: str) -> None:
 
 def best_engine_safe(value, engine: str, budget: int, max_depth: int, max_rank: int) -> Tree:
     """The most valuable tree of at most `budget` nodes that `engine` builds exactly as written (optimize
-    --engine-safe): trtllm, first level ranks 0..k-1 (exact over k); vllm, the best dense tree.
-    `value` is acc[K, R] or a path value function."""
+    --engine-safe): trtllm, first level ranks 0..k-1 (exact over k) within the C++ runtime's ranks < 16 and
+    8 levels; vllm, the best dense tree. `value` is acc[K, R] or a path value function."""
     _check_safe_engine(engine)
     if engine == "vllm":
         return best_dense_tree(value, budget, max_depth, max_rank)
-    return optimal_tree(value, budget, max_depth, max_rank, contiguous_first_level=True)
+    return optimal_tree(value, budget, min(max_depth, TRTLLM_CPP_MAX_DEPTH), min(max_rank, TRTLLM_CPP_RANK_LIMIT),
+                        contiguous_first_level=True)
 
 
 def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = None,
                 heads: int | None = None) -> tuple[Tree, str]:
     """(a tree the engine builds exactly as written, one line saying what changed and at what cost).
 
-    trtllm: the most valuable tree made of the tree's own nodes plus promoted first-level ranks whose first
-    level is exactly ranks 0..k-1, with at most as many nodes (and at most `max_nodes`, the engine's
-    max_draft_len; trtllm only): promoting the missing ranks, or dropping the outlying first-level branch, whichever costs
-    less expected acceptance length. Exact (optimal_tree_from(..., contiguous_first_level=True)).
+    trtllm: the most valuable tree made of the tree's own nodes that the C++ runtime keys (trtllm_cpp_breaks:
+    ranks < 16, at most 8 levels) plus promoted first-level ranks, whose first level is exactly ranks 0..k-1 (the
+    Python runtime), with at most as many nodes (and at most `max_nodes`, the engine's max_draft_len): promoting
+    the missing ranks, or dropping the outlying first-level branch, whichever costs less expected acceptance
+    length. Exact (optimal_tree_from(..., contiguous_first_level=True)).
     vllm: the best dense tree with at most as many nodes and no deeper than `heads` (needs `value`).
     `value` is acc[K, R] or a path value function; without it the cost is unknown and a stand-in ranks nodes.
     """
@@ -251,17 +267,21 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
         if tree.depth > depth or tree.max_rank >= ranks:
             raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the accuracies have "
                                  f"{depth} heads and top-{ranks}")
+    cut = []  # nodes past an engine's hard limits (TensorRT-LLM's C++ runtime)
     if engine == "trtllm":
         budget = min(tree.nodes, max_nodes or tree.nodes)
-        if not first_level_gaps(tree) and tree.nodes <= budget:
-            return tree, "engine-safe: already builds as written in TensorRT-LLM (first level ranks 0..k-1)"
-        k = max(p[0] for p in tree.paths) + 1
-        own, base = set(tree.paths), fn or _stand_in
+        cut = [p for p in tree.paths if trtllm_cpp_breaks(p)]
+        if not first_level_gaps(tree) and tree.nodes <= budget and not cut:
+            return tree, ("engine-safe: already builds as written in TensorRT-LLM (first level ranks 0..k-1, ranks "
+                          f"< {TRTLLM_CPP_RANK_LIMIT}, at most {TRTLLM_CPP_MAX_DEPTH} levels)")
+        own, base = set(tree.paths) - set(cut), fn or _stand_in
+        k = max((p[0] for p in own), default=0) + 1  # first-level ranks up to the largest kept one may be promoted
 
         def masked(p: RankPath) -> float:  # 0 off the tree, but for promotable first-level ranks: repair, not redesign
             return base(p) if p in own or (len(p) == 1 and p[0] < k) else 0.0
 
-        safe = optimal_tree_from(masked, budget, tree.depth, max(k, tree.max_rank + 1), name=tree.name,
+        safe = optimal_tree_from(masked, budget, min(tree.depth, TRTLLM_CPP_MAX_DEPTH),
+                                 min(max(k, tree.max_rank + 1), TRTLLM_CPP_RANK_LIMIT), name=tree.name,
                                  contiguous_first_level=True)
     else:
         if fn is None:
@@ -273,7 +293,9 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
         safe = Tree(safe.paths, tree.name or safe.name)
     gone, added = set(tree.paths) - set(safe.paths), set(safe.paths) - set(tree.paths)
     change = (f"engine-safe for {engine}: {tree.nodes} -> {safe.nodes} nodes, added {_short(added)}, "
-              f"dropped {_short(gone)}; ")
+              f"dropped {_short(gone)}"
+              + (f" ({len(cut)} of them past TensorRT-LLM's C++ runtime limits: ranks < {TRTLLM_CPP_RANK_LIMIT}, at "
+                 f"most {TRTLLM_CPP_MAX_DEPTH} levels)" if cut else "") + "; ")
     if fn is None:
         return safe, change + "cost unknown (give --accuracies or --calibration to minimise it)"
     before, after = expected_length(tree, fn), expected_length(safe, fn)

@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,6 +51,12 @@ def _remove(f: Path) -> None:
 
 def _reason(e: OSError) -> str:
     return e.strerror or type(e).__name__
+
+
+def refuses_writes(st: os.stat_result) -> bool:
+    """Linux's /dev/full (character device 1:7): every write to it fails with 'No space left on device', so a
+    command writing there is refused before its work, not after it."""
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (1, 7)
 
 
 def atomic_write(path: str | Path, write, what: str = "") -> Path:
@@ -160,6 +167,8 @@ def _check_output(path: Path, kind: str, label: str) -> None:
             raise WorkbenchError(f"{label}: is a folder; give a file name")
         if kind == "folder" and not path.is_dir():
             raise WorkbenchError(f"{label}: is a file, not a folder; give a folder")
+        if refuses_writes(path.stat()):
+            raise WorkbenchError(f"{label}: cannot write it (No space left on device: every write there fails)")
     folder = path if kind == "folder" else path.parent
     existing = folder if str(folder) else Path(".")
     while not existing.exists():

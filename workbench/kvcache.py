@@ -46,6 +46,14 @@ def uncacheable_layers(model) -> str | None:
     return None
 
 
+def undecodable_warning(model, what: str) -> str | None:
+    """The one warning line of a command whose result is right on `model` (greedy answers and hidden states) but
+    that the decoding commands cannot use there; `what` says what is right. None for a model the decoder takes."""
+    why = uncacheable_layers(model)
+    return why and (f"warning: {what}, but `workbench decode`, `sweep` and `latency` cannot decode this model: "
+                    f"{why}")
+
+
 def check_cacheable(model) -> None:
     """uncacheable_layers as one error line, not a shape error deep in a step."""
     why = uncacheable_layers(model)

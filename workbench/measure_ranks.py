@@ -42,7 +42,7 @@ from workbench.data import load_prompt_records
 from workbench.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
                                   teacher_forced_hidden)
 from workbench.io import atomic_write, atomic_write_json, gate, read_json, run_lock
-from workbench.kvcache import uncacheable_layers
+from workbench.kvcache import undecodable_warning
 from workbench.models import load_model_and_heads, model_label
 from workbench.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
 from workbench.parallel import Shard, current_launch
@@ -180,10 +180,9 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     if base.base_model is base:
         raise WorkbenchError(f"{type(base).__name__}: no inner decoder (base_model) to read hidden states from; "
                              "only decoder-only causal LMs with an lm_head are supported")
-    undecodable = uncacheable_layers(base)
+    undecodable = undecodable_warning(base, "the accuracies and trees are measured correctly")
     if undecodable and launch.rank == 0:  # the ranks are right (greedy generate + hidden states); decoding is not
-        print(f"warning: the accuracies and trees are measured correctly, but `workbench decode`, `sweep` and "
-              f"`latency` cannot use them on this model: {undecodable}", file=sys.stderr)
+        print(undecodable, file=sys.stderr)
     def where(spec):  # local paths absolute, so a rerun from elsewhere (or a later reader of meta) finds them
         return str(Path(spec).resolve()) if spec and Path(spec).exists() else spec
 

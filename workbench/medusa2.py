@@ -32,7 +32,8 @@ from workbench import WorkbenchError
 from workbench.generation import prepare_prompt, right_padded, text_config
 from workbench.heads import MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.io import WorkState, atomic_write, atomic_write_json, atomic_write_text, run_lock
-from workbench.models import load_base, model_label
+from workbench.kvcache import undecodable_warning
+from workbench.models import empty_model, load_base, model_label
 from workbench.parallel import Shard, current_launch
 from workbench.train import TrainConfig, build_data, part_infos, prompt_key
 
@@ -204,16 +205,28 @@ def lambda0_at(s: int, cfg: Medusa2Config) -> float:
     return cfg.lambda0 * math.sin(0.5 * math.pi * min(1.0, s / ramp))
 
 
+def lora_targets(model, cfg: Medusa2Config) -> list[str]:
+    """The targeted linear layers `model` has (a loaded or an empty_model). A model with none of the decoder's
+    projections (Mamba: in_proj, x_proj, ...) is refused: LoRA on the output projection alone leaves the backbone
+    as it was, which is not Medusa-2."""
+    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    targets = sorted(set(cfg.lora_targets) & names)
+    decoder = [t for t in cfg.lora_targets if t != "lm_head"]
+    if not set(targets) & set(decoder):
+        own = sorted(names - {"lm_head"})
+        raise WorkbenchError(f"--recipe medusa-2: {type(model).__name__} has none of the decoder projections LoRA "
+                             f"adapts ({', '.join(decoder)}; it has {', '.join(own[:8]) or 'no linear layers'}), so "
+                             "its backbone would stay as it is: train heads only, with --recipe medusa-1")
+    return targets
+
+
 def add_lora(model, cfg: Medusa2Config):
     """peft LoRA on every targeted linear layer present (the output projection included). The model's own
     lm_head may be tied to its input embedding: LoRA adds its delta beside the frozen shared weight, so the
     embedding is untouched while training; merging unties them first (`merged_model`)."""
     from peft import LoraConfig, get_peft_model
 
-    names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    targets = sorted(set(cfg.lora_targets) & names)
-    if not targets:
-        raise WorkbenchError(f"the model has none of the linear layers LoRA targets ({', '.join(cfg.lora_targets)})")
+    targets = lora_targets(model, cfg)
     with torch.random.fork_rng(devices=[]):  # LoRA A's random init from --seed: a rerun trains the same adapter
         torch.manual_seed(cfg.seed)
         lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
@@ -334,6 +347,11 @@ def _train(work, cfg, model_name, out, device, log_every, stop_after, launch, t0
     if cfg.warmup == "two-stage" and start is None:
         raise WorkbenchError("--warmup two-stage starts from Medusa-1 heads: pass --init HEADS (train them first "
                              "with --recipe medusa-1), or use --warmup sine to train the heads from zero")
+    skeleton = empty_model(model_name)  # what the model is made of, before any answer is generated
+    lora_targets(skeleton, cfg)
+    undecodable = undecodable_warning(skeleton, "the Medusa-2 model trains correctly")
+    if undecodable and launch.rank == 0:  # as Medusa-1's heads: right on any causal LM; decoding it is not
+        print(undecodable, file=sys.stderr)
     work.mkdir(parents=True, exist_ok=True)
     data_cfg = TrainConfig(prompts=cfg.prompts, tokens=cfg.tokens, max_new_tokens=cfg.max_new_tokens,
                            gen_batch=cfg.gen_batch, gen_dtype=cfg.gen_dtype)
@@ -560,6 +578,11 @@ def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None =
         raise WorkbenchError(f"--prompts {prompts}: no held-out prompts (raise --holdout or --limit)")
     orig, tok, h1 = load_model_and_heads(model, heads, device, "float32")
     m2, tok2, h2 = load_model_and_heads(medusa2, medusa2, device, "float32")
+    undecodable = undecodable_warning(orig, "head accuracy and backbone drift are measured correctly (live "
+                                            "decoding skipped)")
+    if undecodable:  # as calibrate: the measurements hold on any causal LM; decoding does not
+        print(undecodable, file=sys.stderr)
+        live = 0
     if tok2 is None or tok2.get_vocab() != tok.get_vocab():
         raise WorkbenchError(f"--medusa2 {medusa2}: its tokenizer differs from the base model's (a Medusa-2 folder "
                              "of another model?)")

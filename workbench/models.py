@@ -100,6 +100,34 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 DEVICE_MAPS = ("auto",)
 
 
+def model_source(model: str | None) -> tuple[str, dict]:
+    """(folder or hub id, from_pretrained's extra arguments) of --model: a hub id, a local folder, a `.gguf` file,
+    or (None) the embedded demo model."""
+    if model is None:
+        return str(demo_model_dir()), {}
+    if model.endswith(".gguf"):
+        p = Path(model)
+        if not p.is_file():
+            raise WorkbenchError(f"--model {model}: GGUF file not found")
+        return str(p.parent), {"gguf_file": p.name}
+    return model, {}
+
+
+def empty_model(model: str | None):
+    """The model's modules on the meta device, from its config alone (no weights read, no memory): what it is made
+    of, known in a second, before a long run loads or generates anything."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    src, extra = model_source(model)
+    try:
+        with init_empty_weights():
+            return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src, **extra))
+    except Exception as e:  # missing or foreign files: whatever transformers raised
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise WorkbenchError(f"--model {model}: cannot load it ({first})") from None
+
+
 def load_base(model: str | None = None, device: str | None = None, dtype: str | None = None,
               attn_implementation: str | None = None, need_tokenizer: bool = True, device_map: str | None = None):
     """(model, tokenizer) for a hub id, a local folder, a `.gguf` file, or (None) the embedded demo model.
@@ -123,15 +151,7 @@ def load_base(model: str | None = None, device: str | None = None, dtype: str | 
         kwargs["device_map"] = device_map
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
-    if model is None:
-        src, extra = str(demo_model_dir()), {}
-    elif model.endswith(".gguf"):
-        p = Path(model)
-        if not p.is_file():
-            raise WorkbenchError(f"--model {model}: GGUF file not found")
-        src, extra = str(p.parent), {"gguf_file": p.name}
-    else:
-        src, extra = model, {}
+    src, extra = model_source(model)
     no_tokenizer = (Path(src) / "config.json").is_file() and not extra and \
         not any((Path(src) / f).is_file() for f in TOKENIZER_FILES)  # a model folder, weights only
     if no_tokenizer and need_tokenizer:

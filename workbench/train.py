@@ -26,7 +26,7 @@ from workbench.data import data_dirs, load_prompts
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
 from workbench.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
-from workbench.kvcache import uncacheable_layers
+from workbench.kvcache import undecodable_warning
 from workbench.models import cache_dir, load_base, model_label
 from workbench.parallel import Launch, Shard, current_launch
 
@@ -320,10 +320,9 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     train_parts = [p for p in parts if p not in val_parts]
     hidden, targets = load_dataset_tensors(train_parts, cfg.num_heads)
     base, _ = load_base(model_name, launch.device(device, device_map), "float32", device_map=device_map)
-    undecodable = uncacheable_layers(base)
+    undecodable = undecodable_warning(base, "the heads train correctly")
     if undecodable:  # heads learn from greedy answers and hidden states, right on any causal LM; decoding is not
-        print(f"warning: the heads train correctly, but `workbench decode`, `sweep` and `latency` cannot use them on "
-              f"this model: {undecodable}", file=sys.stderr)
+        print(undecodable, file=sys.stderr)
     full_head = base.get_output_embeddings()
     dev = full_head.weight.device  # the heads train where the lm_head is
     if dev.type == "meta":

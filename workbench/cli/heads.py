@@ -6,7 +6,7 @@ import json
 import sys
 from dataclasses import fields
 
-from workbench import WorkbenchError
+from workbench import ACCEPTANCE_KINDS, WorkbenchError
 from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, parse_ints
 from workbench.io import check_output
 from workbench.tree import MEDUSA_TOPK
@@ -154,6 +154,7 @@ def cmd_decode(args) -> int:
         raise WorkbenchError("--limit picks the first N of --prompts FILE|NAME: give --prompts, or drop --limit")
     if args.prompt_ids is not None:
         _prompt_ids(args.prompt_ids)  # malformed ids fail before the model loads
+    load_tree(args.tree)  # a malformed tree, too (its depth is checked against the heads once they are loaded)
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                              need_tokenizer=args.prompt_ids is None, device_map=args.device_map)
     tree = load_tree(args.tree, num_heads=heads.num_heads)
@@ -201,8 +202,6 @@ def cmd_decode(args) -> int:
 
 
 def add_decode(sub) -> None:
-    from workbench.decode import ACCEPTANCE_KINDS
-
     p = sub.add_parser("decode", help="generate with Medusa heads and a tree; --compare against vanilla greedy",
                        description="Medusa decoding of one prompt with a given tree. Greedy acceptance is lossless: "
                                    "--compare checks it token for token against plain greedy decoding.",

@@ -28,6 +28,17 @@ def write_json(obj, out: str | None) -> None:
     write_output(json.dumps(obj, indent=2) + "\n", out)
 
 
+def run_script(parser: argparse.ArgumentParser, run, argv=None) -> int:
+    """A bench script's entry point: parse argv, run(args), a WorkbenchError as one `error:` line and exit 2 (the
+    CLI's rule, for the scripts outside it)."""
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except WorkbenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
 # flag values: lists and ranges of numbers, one clear error line when malformed
 
 # Upper limits of the integer flags, each with the reason it applies: a larger value is a typo, and refusing it

@@ -12,6 +12,8 @@ from workbench.io import atomic_write_text, check_output, remove_work, run_lock
 def cmd_latency(args) -> int:
     from pathlib import Path
 
+    check_output(args.out, "--out")  # before the imports (torch, transformers): a bad output fails in a second
+    check_output(None if args.out else args.calibration, "--calibration", "folder")
     from workbench.calibration import Calibration, default_latency_path, latency_path, read_meta
     from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES
     from workbench.measure_latency import (DECODER_BATCHES, DECODER_SIZES, device_name, measure_decoder_steps,
@@ -32,8 +34,6 @@ def cmd_latency(args) -> int:
         read_meta(args.calibration)  # a finished calibration folder, or one line
     if step and args.prompts == "holdout" and not args.calibration:
         raise WorkbenchError("--prompts holdout needs --calibration DIR (its held-out prompts)")
-    check_output(args.out, "--out")
-    check_output(None if args.out else args.calibration, "--calibration", "folder")
     heads = tok = None
     if args.random_config:
         if args.model or args.heads or args.device_map:
@@ -241,13 +241,13 @@ def cmd_sweep(args) -> int:
 def cmd_sweep_report(args) -> int:
     from pathlib import Path
 
+    check_output(args.out, "--out")  # before the imports: reading a sweep imports torch (sweep.py runs them too)
+    check_output(args.figures, "--figures", "folder")
     from workbench.latency import read_latency
     from workbench.plan import read_plan
     from workbench.report import summarize
     from workbench.sweep import read_sweep
 
-    check_output(args.out, "--out")
-    check_output(args.figures, "--figures", "folder")
     sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
     plan = read_plan(args.plan) if args.plan else None
     write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")

@@ -327,7 +327,8 @@ def add_tree(sub) -> None:
                                                              "(default 1; `workbench plan` picks per batch size)")
     o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
     o.add_argument("--engine-safe", choices=SAFE_ENGINES, help="the best tree the engine builds exactly as "
-                   "written: trtllm = first level ranks 0..k-1, vllm = dense per level; reports the cost")
+                   "written: trtllm = first level ranks 0..k-1, ranks < 16 and at most 8 levels (its C++ runtime), vllm = "
+                   "dense per level; reports the cost")
     o.set_defaults(func=_cmd_optimize)
 
     e = sub.add_parser("export", help="write a tree or a plan for Medusa, TensorRT-LLM, vLLM or EAGLE",
@@ -359,7 +360,8 @@ def add_tree(sub) -> None:
     e.add_argument("--max-draft-len", type=bounded("nodes"), default=63, metavar="N",
                    help="TensorRT-LLM engine's max_draft_len (default 63)")
     e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "
-                   "written (trtllm, vllm) and report the cost in expected acceptance length")
+                   "written (trtllm: drop the nodes past its C++ runtime's ranks < 16 and 8 levels, make the first "
+                   "level ranks 0..k-1; vllm: the best dense tree) and report the cost in expected acceptance length")
     e.add_argument("--accuracies", metavar="FILE", help="with --engine-safe: accuracies that price the repair")
     e.add_argument("--calibration", metavar="DIR", help="with --engine-safe: instead, a `workbench calibrate` folder")
     e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
