@@ -5,9 +5,9 @@ vLLM runs in its own environment (it pins its own torch and transformers): vllm_
 interpreter (--vllm-python or $WORKBENCH_VLLM_PYTHON), speaks JSON lines on stdin/stdout. The heads go to vLLM as
 export.write_vllm_heads writes them; the base model as an HF folder (the demo GGUF's de-quantised fp32 folder).
 Per K: vLLM's own spec-decode counters (LLM.get_metrics(): vllm:spec_decode_num_drafts,
-vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps and the calibration's prediction; per
-batch size: vLLM's tokens/s with and without speculation; greedy outputs compared token for token (vLLM with
-speculation vs plain vLLM vs our plain greedy).
+vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps (also counted as vLLM counts them:
+vllm_steps) and the calibration's prediction; per batch size: vLLM's tokens/s with and without speculation;
+greedy outputs compared token for token (vLLM with speculation vs plain vLLM vs our plain greedy).
 """
 from __future__ import annotations
 
