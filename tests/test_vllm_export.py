@@ -1,6 +1,7 @@
 """vLLM's formats checked without vLLM: the Medusa heads folder (what vLLM 0.32's Medusa module would compute from
 it equals our heads' drafts), the plan configs (vLLM's own schedule rules, no schedule for Medusa, the drafter
-named, version windows), and vllm-check's input errors. The real run against vLLM is test_vllm_e2e.py."""
+named, version windows), vllm-check's input errors and how our decoder's steps are counted as vLLM counts them
+(against a model of both loops' token accounting). The real run against vLLM is test_vllm_e2e.py."""
 import json
 
 import pytest
@@ -160,6 +161,94 @@ def test_our_counts_are_vllms_per_position_counts():
     assert first_difference([1, 2], [1, 2, 3]) == 2  # a shorter output differs where it ends
     assert compare_outputs([[1], [2, 3]], [[1], [2, 4]]) == {"identical": 1, "prompts": 2,
                                                              "first_difference": [None, 1]}
+
+
+def test_our_last_step_counts_in_vllm_only_when_it_emitted_a_draft():
+    from workbench.vllm_check import counted_like_vllm, vllm_steps
+
+    # 8 tokens from steps accepting 1, 0, 2 (emitting 2, 1, 3 + root): the run ends on step 3's root alone
+    assert vllm_steps([1, 0, 2, 3], 7) == [1, 0, 2]  # the 7th token is step 3's bonus in vLLM: no 4th step
+    assert vllm_steps([1, 0, 2, 3], 8) == [1, 0, 2, 3]  # the 8th is a draft of step 4: vLLM verifies it too
+    assert vllm_steps([1, 0, 2, 3], 10) == [1, 0, 2, 3]  # uncut: the same
+    assert vllm_steps([2], 1) == []  # one token (max_tokens 1, or EOS first): vLLM stops at the prefill
+    assert vllm_steps([0, 0], 2) == [0]  # a step that accepted nothing and ended on its root
+    with pytest.raises(ValueError, match="cannot come from"):
+        vllm_steps([1, 0], 6)  # longer than the steps can emit
+    with pytest.raises(ValueError, match="cannot come from"):
+        vllm_steps([1, 0, 2], 3)  # the last step would have emitted nothing
+    assert counted_like_vllm([[1, 0, 2, 3], [2, 1]], [7, 5], 2) == dict(steps=5, accepted_per_pos=[4, 2])
+
+
+def _both_loops(stream: list[int], accepted: list[int], max_tokens: int, eos: int) -> tuple:
+    """A model of the two loops' token accounting on one greedy stream, each verify step accepting accepted[j]
+    drafts. Ours (decode._generate): a step emits its root, then its accepted drafts, cut at the budget and just
+    after EOS. vLLM 0.32 (scheduler.update_from_output / _update_request_with_output): the prefill emits the first
+    token, a verify step emits its accepted drafts then the bonus token, records its accepted count, then checks
+    the stop token by token. -> (our output, our accepted per step, vLLM's output, vLLM's recorded steps)."""
+    def stop(out):
+        return len(out) >= max_tokens or out[-1] == eos
+
+    ours, ours_steps, pos = [], [], 0  # pos: the stream index of the current root
+    for a in accepted:
+        ours_steps.append(a)
+        for t in stream[pos:pos + 1 + a]:
+            ours.append(t)
+            if stop(ours):
+                break
+        pos += 1 + a
+        if stop(ours):
+            break
+    theirs, recorded, pos = [stream[0]], [], 0
+    for a in accepted:
+        if stop(theirs):
+            break
+        recorded.append(a)
+        for t in stream[pos + 1:pos + 2 + a]:
+            theirs.append(t)
+            if stop(theirs):
+                break
+        pos += 1 + a
+    return ours, ours_steps, theirs, recorded
+
+
+def test_counted_like_vllm_equals_vllms_own_record_on_every_stop():
+    """Every way a sequence can end (the budget or EOS on a root, on a draft, in the prefill), many times over:
+    our steps counted by vllm_steps are exactly the steps vLLM records, in order, and the outputs agree."""
+    import random
+
+    from workbench.vllm_check import vllm_steps
+
+    rng, ended_on_root, ended_on_draft = random.Random(0), 0, 0
+    for _ in range(2000):
+        k = rng.randint(1, 4)
+        stream = [rng.randrange(1, 50) for _ in range(200)]
+        eos = 0
+        if rng.random() < 0.5:
+            stream[rng.randrange(0, 40)] = eos
+        accepted = [min(k, int(rng.expovariate(1.5))) for _ in range(200)]
+        ours, ours_steps, theirs, recorded = _both_loops(stream, accepted, rng.randint(1, 40), eos)
+        assert ours == theirs
+        assert vllm_steps(ours_steps, len(ours)) == recorded, (ours_steps, len(ours), recorded)
+        ended_on_root += len(recorded) < len(ours_steps)
+        ended_on_draft += len(recorded) == len(ours_steps)
+    assert ended_on_root > 100 and ended_on_draft > 100  # both cases were exercised
+
+
+def test_check_table_renders_a_saved_result_with_and_without_per_sequence_steps():
+    import copy
+    from pathlib import Path
+
+    from workbench.vllm_check import check_table
+
+    saved = json.loads((Path(__file__).resolve().parents[1] / "docs/results/vllm-check-cpu.json").read_text())
+    saved["acceptance"] = [r for r in saved["acceptance"] if r["k"] == 2]
+    old = check_table(saved)  # written before the per-sequence steps existed: those columns are '-'
+    assert "| 2 | " in old and "| - | - |" in old
+    seq = copy.deepcopy(saved)
+    seq["acceptance"][0]["per_sequence"] = dict(ours=[[1, 0, 2, 3], [2, 1]], lengths=[7, 5], vllm=[
+        dict(drafted=[2, 2, 2], accepted=[1, 0, 2]), dict(drafted=[2, 2], accepted=[2, 0])])
+    row = next(line for line in check_table(seq).splitlines() if line.startswith("| 2 | "))
+    assert "| 4/5 2/5 | 1/2 |" in row  # ours as vLLM counts; the 2nd sequence's record differs at its 2nd step
 
 
 def test_a_worker_without_vllm_fails_in_one_line():

@@ -5,9 +5,9 @@ vLLM runs in its own environment (it pins its own torch and transformers): vllm_
 interpreter (--vllm-python or $WORKBENCH_VLLM_PYTHON), speaks JSON lines on stdin/stdout. The heads go to vLLM as
 export.write_vllm_heads writes them; the base model as an HF folder (the demo GGUF's de-quantised fp32 folder).
 Per K: vLLM's own spec-decode counters (LLM.get_metrics(): vllm:spec_decode_num_drafts,
-vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps and the calibration's prediction; per
-batch size: vLLM's tokens/s with and without speculation; greedy outputs compared token for token (vLLM with
-speculation vs plain vLLM vs our plain greedy).
+vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps (also counted as vLLM counts them:
+vllm_steps) and the calibration's prediction; per batch size: vLLM's tokens/s with and without speculation;
+greedy outputs compared token for token (vLLM with speculation vs plain vLLM vs our plain greedy).
 Resumable: each vLLM engine's result is kept as it arrives, and each part of our decoder's run (plain greedy, each
 K) as it ends, in the io.WorkState beside --out; a killed check rerun the same starts only the engines that had not
 finished and decodes only the missing parts.
@@ -113,6 +113,41 @@ def per_position(accepted: list[int], depth: int) -> list[int]:
     return [sum(a > k for a in accepted) for k in range(depth)]
 
 
+def vllm_steps(accepted: list[int], length: int) -> list[int]:
+    """One sequence of our decoder -> the verify steps vLLM records for it (accepted drafts per step, in order).
+
+    accepted: our drafts accepted per step, before the cut at EOS / max_new_tokens; length: the output's tokens.
+    Our step emits its root (the token the previous verify, or the prefill, chose) and then its accepted drafts;
+    vLLM emits that same token at the end of the verify that chose it (the prefill's as output token 1) and counts
+    a step before the stop check. Both therefore stop in the same step, except when the output's last token (EOS or
+    the max_tokens-th) is a root: our last step then emits that root alone, and vLLM, already finished, never
+    schedules it. The same drafts are verified in every other step, so the counts are then the same."""
+    if not accepted:
+        return []
+    last = length - sum(1 + a for a in accepted[:-1])  # tokens our last step emitted (the earlier ones are uncut)
+    if not 1 <= last <= 1 + accepted[-1]:
+        raise ValueError(f"an output of {length} tokens cannot come from steps accepting {accepted}")
+    return list(accepted[:-1] if last == 1 else accepted)
+
+
+def counted_like_vllm(per_sequence: list[list[int]], lengths: list[int], k: int) -> dict:
+    """Our decoder's steps counted as vLLM counts them (vllm_steps on each sequence): steps (= vLLM's drafts) and
+    accepted drafts per position."""
+    steps = [a for accepted, n in zip(per_sequence, lengths, strict=True) for a in vllm_steps(accepted, n)]
+    return dict(steps=len(steps), accepted_per_pos=per_position(steps, k))
+
+
+def sequences_step_for_step(per_sequence: dict, k: int) -> dict | None:
+    """Sequences whose vLLM record (K drafted in each step, the accepted counts in order) equals ours by
+    vllm_steps; None without vLLM's per-request record."""
+    theirs = per_sequence.get("vllm")
+    if not theirs or any(v is None for v in theirs):
+        return None
+    same = [v["accepted"] == vllm_steps(o, n) and all(d == k for d in v["drafted"])
+            for o, n, v in zip(per_sequence["ours"], per_sequence["lengths"], theirs, strict=True)]
+    return dict(equal=sum(same), sequences=len(same), differ=[i for i, s in enumerate(same) if not s])
+
+
 def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, progress,
          state: WorkState | None = None) -> dict:
     """Our live decoder on the same prompts: plain greedy, and Medusa with the top-1 chain of each K; each part
@@ -133,12 +168,10 @@ def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, p
         res = [r for c in chunks for r in medusa_generate(model, heads, tok, c, buf, max_new_tokens,
                                                             eos_token_id=eos, engine=engine)]
         accepted = [len(s.path) for r in res for s in r.steps]  # drafts accepted per step, before any cut
-        # vLLM schedules no drafts once max_tokens leaves room for one token: our steps without that last one
-        capped = [len(s.path) for r in res for s in (r.steps if r.stop_reason == "eos" else r.steps[:-1])]
         return dict(outputs=[r.token_ids for r in res], steps=len(accepted),
-                    per_sequence=[[len(s.path) for s in r.steps] for r in res], accepted_per_pos=per_position(
-            accepted, k), mean_accepted_length=1 + sum(accepted) / max(len(accepted), 1),
-            steps_drafting_like_vllm=len(capped), accepted_per_pos_like_vllm=per_position(capped, k))
+                    per_sequence=[[len(s.path) for s in r.steps] for r in res],
+                    accepted_per_pos=per_position(accepted, k),
+                    mean_accepted_length=1 + sum(accepted) / max(len(accepted), 1))
 
     out = {"plain": state.piece("ours-plain", plain)}
     progress("ours: plain greedy done")
@@ -228,6 +261,9 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     for k, res in zip(all_ks, results[1:]):
         runs = {r["batch_size"]: r for r in res["runs"]}
         first = runs[batch_sizes[0]]  # beside our decoder (batch 1): the same prompts, decoded once
+        # per sequence, in prompt order: accepted drafts per step (ours), vLLM's drafted/accepted per step
+        per_seq = dict(ours=mine[k]["per_sequence"], vllm=first.get("steps"),
+                       lengths=[len(o) for o in mine[k]["outputs"]])
         drafts, pos = first["num_drafts"], first["accepted_per_pos"][:k]
         pred = {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
         measured = 1 + sum(pos) / max(drafts, 1)
@@ -238,17 +274,14 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
             ours_steps=mine[k]["steps"], ours_accepted_per_pos=mine[k]["accepted_per_pos"],
             ours_acceptance_per_pos=[p / max(mine[k]["steps"], 1) for p in mine[k]["accepted_per_pos"]],
             ours_mean_accepted_length=mine[k]["mean_accepted_length"],
-            ours_steps_drafting_like_vllm=mine[k]["steps_drafting_like_vllm"],
-            ours_accepted_per_pos_like_vllm=mine[k]["accepted_per_pos_like_vllm"],
             vllm_by_batch_size={b: dict(drafts=r["num_drafts"], accepted_per_pos=r["accepted_per_pos"][:k])
                                 for b, r in runs.items()},
             vllm_batch_size=batch_sizes[0], **pred, prediction=key,
             prediction_error=pred[key] / measured - 1,
             vllm_spec_vs_vllm_plain={b: compare_outputs(runs[b]["outputs"], plain[b]["outputs"]) for b in runs},
             ours_medusa_vs_ours_plain=compare_outputs(mine[k]["outputs"], mine["plain"]),
-            # per sequence, in prompt order: accepted drafts per step (ours), vLLM's drafted/accepted per step
-            per_sequence=dict(ours=mine[k]["per_sequence"], vllm=first.get("steps"),
-                              lengths=[len(o) for o in mine[k]["outputs"]])))
+            per_sequence=per_seq, ours_counted_like_vllm=counted_like_vllm(per_seq["ours"], per_seq["lengths"], k),
+            sequences_step_for_step=sequences_step_for_step(per_seq, k)))
         for b in batch_sizes:
             s, p = runs[b], plain[b]
             speed.append(dict(k=k, batch_size=b, plan_k=plan_k.get(b), tokens_per_s=s["new_tokens"] / s["seconds"],
@@ -277,23 +310,33 @@ def _counts(accepted: list[int], steps: int) -> str:
 
 
 def check_table(res: dict) -> str:
-    """Markdown tables of a vllm_check result."""
+    """Markdown tables of a vllm_check result (also of a saved one: ours counted as vLLM counts is recomputed
+    from the per-sequence steps, '-' where the JSON has none)."""
     lines = [f"vLLM {res['vllm_version']} vs the workbench on {res['model']} (fp32, greedy), {len(res['prompt_ids'])} "
              f"{res['prompts']} prompts, {res['max_new_tokens']} new tokens; load average {res['load_average']}: "
              f"{res['note']}.", "",
              "| K | vLLM tokens/step | ours | predicted | prediction vs vLLM | vLLM accepted per position / drafts "
-             "| ours / steps | ours, steps vLLM drafts in | vLLM spec = vLLM plain | ours Medusa = ours plain |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| ours / steps | ours counted as vLLM counts | sequences equal step for step "
+             "| vLLM spec = vLLM plain | ours Medusa = ours plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in res["acceptance"]:
         same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in r["vllm_spec_vs_vllm_plain"].items())
+        seq = r.get("per_sequence")
+        like = counted_like_vllm(seq["ours"], seq["lengths"], r["k"]) if seq else None
+        step = sequences_step_for_step(seq, r["k"]) if seq else None
+        step = f"{step['equal']}/{step['sequences']}" if step else "-"
         lines.append(
             f"| {r['k']} | {r['vllm_mean_accepted_length']:.3f} | {r['ours_mean_accepted_length']:.3f} | "
             f"{r[r['prediction']]:.3f} ({r['prediction'].removeprefix('predicted_')}) | "
             f"{100 * r['prediction_error']:+.1f}% | "
             f"{_counts(r['vllm_accepted_per_pos'], r['vllm_drafts'])} | "
             f"{_counts(r['ours_accepted_per_pos'], r['ours_steps'])} | "
-            f"{_counts(r['ours_accepted_per_pos_like_vllm'], r['ours_steps_drafting_like_vllm'])} | {same} | "
+            f"{_counts(like['accepted_per_pos'], like['steps']) if like else '-'} | "
+            f"{step} | {same} | "
             f"{r['ours_medusa_vs_ours_plain']['identical']}/{r['ours_medusa_vs_ours_plain']['prompts']} |")
+    lines += ["", "Ours counted as vLLM counts: each sequence's last step left out when it emitted only its root (the "
+              "output ended on the token the step before had chosen, where vLLM had already stopped); see "
+              "`vllm_steps`."]
     same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in res["vllm_plain_vs_ours_plain"].items())
     lines += ["", f"vLLM plain greedy = our plain greedy: {same} prompts identical.", "",
               "| K | batch | vLLM tokens/s | plain vLLM tokens/s | speedup | plan's K |", "|---|---|---|---|---|---|"]
