@@ -19,11 +19,11 @@ from workbench.recommend import (disagreement_text, latency_note, measurements, 
                                  provenance_note, setting_text, shape)
 from workbench.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
-                                  read_sweep_file)
+                                  read_sweep_file, stamped)
 
 
 @st.cache_data(max_entries=16, show_spinner="Planning: trees, chains and no speculation on this latency table...")
-def _ranked(source_key: tuple, _source, latency: str, latency_stamp: float, context: int, batch: int,
+def _ranked(source_key: tuple, _source, latency: str, latency_stamp: tuple, context: int, batch: int,
             sweeps: tuple, joint: bool, max_depth: int, max_rank: int, max_budget: int | None,
             trees: tuple) -> dict:
     """recommend.recommend (plan's ranking joined to the sweeps) on files named by path and stamp (the cache key);
@@ -34,43 +34,60 @@ def _ranked(source_key: tuple, _source, latency: str, latency_stamp: float, cont
                      max_rank, max_budget, [Tree(paths, name) for name, paths in trees], latency_name=Path(latency).name)
 
 
-def readable_sweeps(extra=()) -> list[Path]:
-    """Every sweep CSV found (and `extra` given ones) that reads: the evidence of the recommendation."""
+@st.cache_data(max_entries=16, show_spinner=False)
+def _readable(sweeps: tuple) -> list[str]:
+    """The sweep files among ((path, stamp), ...) that read, once per version of them."""
     out = []
-    for p in list(found_csvs("sweep")) + [Path(p) for p in extra if p is not None]:
+    for p, stamp in sweeps:
         try:
-            read_sweep_file(str(p), file_stamp(p))
+            read_sweep_file(p, stamp)
         except WorkbenchError:
             continue  # a broken sweep is reported where it is picked (the trade-offs page)
-        if p not in out:
-            out.append(p)
+        out.append(p)
     return out
+
+
+def readable_sweeps(extra=()) -> list[Path]:
+    """Every sweep CSV found (and `extra` given ones) that reads: the evidence of the recommendation."""
+    found = list(dict.fromkeys(list(found_csvs("sweep")) + [Path(p) for p in extra if p is not None]))
+    return [Path(p) for p in _readable(stamped(found))]
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def sweep_measurements(sweeps: tuple, batch: int = 1) -> dict:
+    """recommend.measurements of the sweep files ((path, stamp), ...) at one batch size, once per version of them
+    (it walks every row of every sweep)."""
+    return measurements({Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}, batch)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _swept_trees(sweeps: tuple, files: tuple) -> list:
+    found = sweep_measurements(sweeps)
+    trees = list(reference_trees().values())
+    for f, _ in files:
+        try:
+            trees.append(load_tree(f))
+        except WorkbenchError:
+            continue
+    return [t for t in trees if shape(t) in found]
 
 
 def swept_trees(sweeps: list[Path]) -> list:
     """The reference trees and the files under trees/ whose shape some sweep measured: ranked beside the optimizer's
     candidates, so that their measurements stand next to their predictions."""
-    found = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in sweeps})
-    trees = list(reference_trees().values())
-    for f in sorted((REPO_ROOT / "trees").glob("*.json")):
-        try:
-            trees.append(load_tree(str(f)))
-        except WorkbenchError:
-            continue
-    return [t for t in trees if shape(t) in found]
+    return _swept_trees(stamped(sweeps), stamped(sorted((REPO_ROOT / "trees").glob("*.json"))))
 
 
 def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | None:
     """The recommendation for this source and latency table (tables: the picker's context and batch), with every
     readable sweep found (and `extra_sweeps`) as evidence and the swept named trees as candidates: the designer and
     the trade-offs page ask the same question the same way. None with an st.error when an input is unusable."""
-    key = (src.folder, src.stamp) if src.calib is not None else (src.label, src.acc.tobytes())
     sweeps = readable_sweeps(extra_sweeps)
     trees = swept_trees(sweeps)
     max_depth, max_rank, max_budget, joint = None, None, None, False
     try:
-        return _ranked(key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
-                       tables["context"], tables["batch"], tuple((str(p), file_stamp(p)) for p in sweeps), joint,
+        return _ranked(src.key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
+                       tables["context"], tables["batch"], stamped(sweeps), joint,
                        max_depth or src.acc.shape[0], max_rank or src.acc.shape[1], max_budget,
                        tuple((t.name, t.paths) for t in trees))
     except WorkbenchError as e:

@@ -14,15 +14,15 @@ import streamlit as st
 from workbench import WorkbenchError, interactive_figures
 from workbench.calibration import PREDICTED_COLUMNS
 from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
-from workbench.latency import hardware_aware
 from workbench.plan import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
-from workbench.recommend import OLD_DECODER, decoder_version, measurements
+from workbench.recommend import OLD_DECODER, decoder_version
 from workbench.sweep import has_typical
-from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
+from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
+                                         sweep_measurements)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
-                                  latency_files, latency_picker, read_latency_file, read_sweep_file,
-                                  read_sweep_or_error, results_root, slider, timed)
+                                  hardware_aware_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
+                                  read_sweep_or_error, results_root, slider, stamped, timed)
 
 
 def _show_in_designer(tree) -> None:
@@ -188,12 +188,12 @@ def _tradeoffs_page() -> None:
         if src.calib:
             values["empirical paths"] = src.calib.joint_value("fit")
         try:
-            res = {name: hardware_aware(v, tables["seconds"], K, min(R, 10), max_budget=budget)
+            res = {name: hardware_aware_for(src.key, name, v, tables["seconds"], K, min(R, 10), budget)
                    for name, v in values.items()}
         except WorkbenchError as e:
             st.error(clean_error(e))
             return
-        found = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in evidence}, tables["batch"])
+        found = sweep_measurements(stamped(evidence), tables["batch"])
         curves = candidate_curves(rec) if rec else {}
         curves |= {f"objective ({n})": ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
                    for n, r in res.items()}
@@ -221,7 +221,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
     st.subheader("Plan per batch size")
     batches = sorted(int(b) for b in lat["batch"].unique())
     try:
-        text = _cached_plan(str(src.calib.folder), str(lat_path), tuple(batches), file_stamp(lat_path))
+        text = _cached_plan(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), tuple(batches))
     except WorkbenchError as e:
         st.error(clean_error(e))
         return
@@ -252,8 +252,8 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
 
 
 @st.cache_data(show_spinner="planning per batch size ...")
-def _cached_plan(folder: str, latency: str, batches: tuple, stamp: float) -> str:
-    """The plan file's text for this calibration and latency table (paths by name only)."""
+def _cached_plan(folder: str, folder_stamp: tuple, latency: str, latency_stamp: tuple, batches: tuple) -> str:
+    """The plan file's text for this calibration and latency table (paths by name only), once per version of both."""
     plan = make_plan(plan_source(calibration=folder), latency, batches)
     plan["latency"]["file"] = Path(latency).name  # no server path in a downloaded plan
     plan["source"]["path"] = Path(folder).name
