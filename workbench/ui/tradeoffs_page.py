@@ -25,6 +25,29 @@ from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stal
                                   read_sweep_or_error, results_root, slider, stamped, timed)
 
 
+# The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).
+SWEEP_SHOWN = {
+    "tree": st.column_config.TextColumn(help="the tree (vanilla: plain decoding, the baseline)"),
+    "nodes": st.column_config.NumberColumn(width="small"),
+    "batch_size": st.column_config.NumberColumn("batch", width="small"),
+    "acceptance": st.column_config.TextColumn("accept", help="greedy, typical or nucleus acceptance"),
+    "temperature": st.column_config.NumberColumn("T", format="%.2g", width="small"),
+    "epsilon": st.column_config.NumberColumn("eps", format="%.3g", width="small",
+                                             help="typical acceptance's posterior threshold"),
+    "acceleration_rate": st.column_config.NumberColumn("tokens/step", format="%.3f", width="small"),
+    "speedup": st.column_config.NumberColumn(format="%.3fx", width="small",
+                                             help="tokens/s over the vanilla baseline measured just before it"),
+    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f", width="small"),
+    "predicted_replay": st.column_config.NumberColumn("replay", format="%.3f", width="small",
+                                                      help="predicted tokens/step: the calibration's replay"),
+    "exact_match": st.column_config.NumberColumn("exact", format="%.2f", width="small",
+                                                 help="share of answers equal to plain greedy decoding's"),
+    "num_prompts": st.column_config.NumberColumn("prompts", width="small"),
+    "decoder_version": st.column_config.TextColumn("decoder", width="small"),
+}
+SWEEP_CONSTANT = ("batch_size", "acceptance", "temperature", "epsilon", "num_prompts", "decoder_version")  # a caption
+
+
 def _show_in_designer(tree) -> None:
     """The recommended tree on display in the designer (/tree)."""
     st.session_state["tree_show"] = RECOMMENDED + tree.name
@@ -167,7 +190,17 @@ def _tradeoffs_page() -> None:
                   key="to_predicted_chart")
     if sweep is not None:
         with st.expander("Sweep rows"):
-            st.dataframe(sweep, hide_index=True)
+            have = [c for c in SWEEP_SHOWN if c in sweep.columns and sweep[c].notna().any()]
+            same = {c: sweep[c].dropna().iloc[0] for c in have
+                    if c in SWEEP_CONSTANT and sweep[c].nunique(dropna=False) == 1}
+            shown = [c for c in have if c not in same]
+            st.dataframe(sweep[shown], hide_index=True, column_config={c: SWEEP_SHOWN[c] for c in shown})
+            if same:
+                st.caption("On every row: " + ", ".join(f"{SWEEP_SHOWN[c].get('label') or c} {v}"
+                                                        for c, v in same.items()) + ".")
+            st.download_button(f"{sweep_path.name}: all {len(sweep.columns)} columns", sweep.to_csv(index=False),
+                               file_name=sweep_path.name, key="to_sweep_download", on_click="ignore",
+                               help="every column the sweep wrote (docs/formats.md names them)")
 
     if lat is None:
         return
