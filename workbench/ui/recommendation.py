@@ -2,8 +2,8 @@
 a warning in words when current measurements contradict the prediction, one-click exports of the pick in every
 engine format, and the ranked candidates with their evidence.
 
-The ranking is computed once per input version (st.cache_data keyed by the files' modification times), so a
-click elsewhere on the page does not redo it.
+The ranking, the sweeps' measurements and the swept named trees are computed once per input version (st.cache_data
+keyed by the files' modification times and sizes), so a click elsewhere on the page does not redo them.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Shared widgets of the app's pages: file and accuracy inputs, sliders, cached readers, error text.
 
 Every page reads its inputs through these, so an upload, a found file and a typed path behave alike on each page,
-and each file is read once per version (its modification time is part of every cache key). Bad input is an
-`st.error` naming the problem, never a crash.
+and each file is read once per version (its modification time and size are in every cache key). Bad input is
+an `st.error` naming the problem, never a crash.
 """
 from __future__ import annotations
 
