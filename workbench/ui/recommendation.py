@@ -95,20 +95,25 @@ def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | 
         return None
 
 
+def _stem(name: str) -> str:
+    return name.removesuffix(".csv")
+
+
 def candidates_frame(rec: dict) -> pd.DataFrame:
     """The ranked candidates as a table that fits a 1280 px page: prediction, range, and what sweeps measured
-    (current and old apart); a column nothing fills is left out."""
+    (current and old apart, the sweeps named without .csv); a column nothing fills is left out."""
     rows = []
     for r in rec["candidates"] + rec["measured_trees"]:
         now = r["current"]
         old = [m for m in r["measured"] if m["old"]]
         rows.append({
-            "candidate": r["label"] + ("" if any(r is c for c in rec["candidates"]) else " (measured, not planned)"),
+            "candidate": r["label"] + ("" if any(r is c for c in rec["candidates"]) else " *"),
             "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
-            "range": f"{r['range'][0]:.2f}x-{r['range'][1]:.2f}x" if r["range"] else "",
-            "measured": (f"{now['speedup']:.2f}x" + (f" +- {now['noise']:.2f}" if now["noise"] is not None else "")
-                         + f" ({', '.join(now['sweeps'])})") if now else "",
-            "old measurement": f"{old[0]['speedup']:.2f}x ({old[0]['sweep']})" if old else "",
+            "range": f"{r['range'][0]:.2f}-{r['range'][1]:.2f}x" if r["range"] else "",
+            "measured": (f"{now['speedup']:.2f}x" + (f" ± {now['noise']:.2f}" if now["noise"] is not None else ""))
+            if now else "",
+            "in": ", ".join(_stem(s) for s in now["sweeps"]) if now else "",
+            "old measurement": f"{old[0]['speedup']:.2f}x ({_stem(old[0]['sweep'])})" if old else "",
             "disagrees": "yes" if r["disagree"] else ""})
     df = pd.DataFrame(rows)
     return df[[c for c in df.columns if c in ("candidate", "tokens/step", "speedup") or (df[c] != "").any()]]
@@ -116,25 +121,27 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
 
 COLUMNS = {
     "candidate": st.column_config.TextColumn(
-        help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation"),
+        help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation; * a named tree "
+             "a sweep measured, not one of plan's candidates (scored the same way, never the pick)"),
     "tokens/step": st.column_config.NumberColumn(
-        format="%.3f", width="small",
+        format="%.3f",
         help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over held-out answers "
              "when the calibration holds prompts out)"),
     "speedup": st.column_config.NumberColumn(
-        format="%.3fx", width="small",
+        format="%.3fx",
         help="predicted: tokens/step / relative step cost t(nodes + 1) / t(1) at this batch and context"),
     "range": st.column_config.TextColumn(
         help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
              "round"),
     "measured": st.column_config.TextColumn(
-        width="large", help="sweeps by the current decoder: speedup +- run-to-run noise (the spread of the sweep's "
-                            "vanilla baseline, re-measured before every configuration, or between repeats)"),
+        help="sweeps by the current decoder: speedup +- run-to-run noise (the spread of the sweep's vanilla "
+             "baseline, re-measured before every configuration, or between repeats)"),
+    "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)"),
     "old measurement": st.column_config.TextColumn(
-        width="medium", help="measured by an older decoder (before the static-cache step): not evidence about the "
-                             "current one"),
+        "old", help="measured by an older decoder (before the static-cache step), in that sweep: not evidence about "
+                    "the current one"),
     "disagrees": st.column_config.TextColumn(
-        width="small", help="the current measurement is outside the prediction by more than its noise"),
+        help="the current measurement is outside the prediction by more than its noise"),
 }
 
 
@@ -188,7 +195,8 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
         st.caption(f"Predicted tokens/step: {rec['prediction']} ({rec['regime']}); speedup at batch "
                    f"{rec['batch']} and context {rec['context']}"
                    + (f", range from the {rec['spread']}" if rec["spread"] else "; no spread measured (the latency "
-                      "CSV has only medians)") + ". Measured: greedy sweep rows of the same tree shape.")
+                      "CSV has only medians)") + ". Measured: greedy sweep rows of the same tree shape."
+                   + (" *: a named tree a sweep measured, not a plan candidate." if rec["measured_trees"] else ""))
 
 
 def candidate_curves(rec: dict) -> dict:
