@@ -708,6 +708,31 @@ def test_old_and_current_measurements(walk_files, monkeypatch, tmp_path):
     assert "c-current.csv, decoder static-cache-1, 20 prompts" in warning
 
 
+def test_an_edited_file_is_read_again(walk_files, monkeypatch, tmp_path):
+    """Every cache is keyed by its files' modification time and size: a sweep edited after the page first drew is
+    what the next run shows, even when the edit kept the modification time (a copy with `cp -p`)."""
+    import os
+    import shutil
+
+    root = tmp_path / "root"
+    shutil.copytree(walk_files["root"], root)
+    sweep = make_current_sweep(root, root / walk_files["cal"].name)
+    at = page("tradeoffs_page", root, monkeypatch).run()
+    assert "c-current.csv, decoder static-cache-1, 20 prompts" in at.warning[0].value
+    df = pd.read_csv(sweep)
+    df["num_prompts"] = 40
+    df.to_csv(sweep, index=False)
+    at.run()
+    no_exception(at)
+    assert "c-current.csv, decoder static-cache-1, 40 prompts" in at.warning[0].value
+    stamp = os.stat(sweep).st_mtime_ns
+    df["num_prompts"] = 400  # one character longer, same modification time
+    df.to_csv(sweep, index=False)
+    os.utime(sweep, ns=(stamp, stamp))
+    at.run()
+    assert "c-current.csv, decoder static-cache-1, 400 prompts" in at.warning[0].value
+
+
 def test_engine_repair_is_a_button(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     at.text_input(key="tree_user_spec").input("[[0], [2], [0, 0], [2, 0]]").run()

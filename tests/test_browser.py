@@ -13,22 +13,22 @@ tests/output/browser/timings.txt; nothing asserts a time (the machine is shared)
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from helpers import make_current_sweep, make_walk_files
 
 from workbench import REPO_ROOT
+from workbench.ui.browser import alerts as _alerts, app_server, body as _body, button as _button
+from workbench.ui.browser import chart_index as _chart_index, chart_point as _point, chart_points as _chart_points
+from workbench.ui.browser import choose as _choose, chromium, click_button as _click_button, cut_tables, errors
+from workbench.ui.browser import expand as _expand, expand_all, metric as _metric, missing_browser, nav as _nav
+from workbench.ui.browser import open_page as _open, page_overflow, radio as _radio, range_input as _range
+from workbench.ui.browser import select as _select, settled as _settled, slide as _slide, type_text as _type
+from workbench.ui.browser import wait as _wait
 
-CHROMIUM = Path("/usr/bin/chromium")
 OUT = REPO_ROOT / "tests" / "output" / "browser"
 WIDTHS = (1600, 1280)
 PAGES = [("", "Tree designer"), ("tree", "Tree designer"), ("calibration", "Calibration"),
@@ -38,55 +38,19 @@ OPTIMIZER = "the optimizer's (sidebar settings)"
 pytestmark = pytest.mark.browser
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _driver_path() -> str | None:
-    for p in ("/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver", shutil.which("chromedriver") or ""):
-        if p and Path(p).is_file():
-            return p
-    return None
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """The app under `streamlit run`, reading a synthetic calibration folder (a long latency table in it, a short
     batched one with spread beside it, two old sweeps and a current one); yields (base URL, log path)."""
     root = tmp_path_factory.mktemp("browser_calibration")
     make_current_sweep(root, make_walk_files(root, "synthetic"))
-    port = _free_port()
-    env = dict(os.environ, WORKBENCH_CALIBRATION_ROOT=str(root), WORKBENCH_RESULTS_ROOT=str(root),
-               WORKBENCH_APP_TIMINGS="1", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
+    env = dict(WORKBENCH_CALIBRATION_ROOT=str(root), WORKBENCH_RESULTS_ROOT=str(root), WORKBENCH_APP_TIMINGS="1")
     log_path = tmp_path_factory.mktemp("streamlit_log") / "streamlit.log"
-    log = open(log_path, "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "app.py"),
-                             "--server.headless", "true", "--server.port", str(port), "--server.address", "127.0.0.1",
-                             "--browser.gatherUsageStats", "false", "--server.fileWatcherType", "none"],
-                            cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 60
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                pytest.fail(f"streamlit did not start:\n{log.read()[-3000:]}")
-            time.sleep(0.5)
-        yield url, log_path
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
+        with app_server(env, log_path) as (url, _):
+            yield url, log_path
+    except RuntimeError as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
@@ -96,198 +60,19 @@ def downloads(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory, downloads):
-    if not CHROMIUM.is_file():
-        pytest.skip("/usr/bin/chromium is absent (apt-get install -y chromium chromium-driver)")
-    webdriver = pytest.importorskip("selenium.webdriver")
-    from selenium.webdriver.chrome.service import Service
-
-    driver_path = _driver_path()
-    if driver_path is None:
-        pytest.skip("chromedriver is absent (apt-get install -y chromium-driver)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = str(CHROMIUM)
-    for arg in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-quic",
-                "--no-first-run", "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                "--window-size=1280,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium_profile')}"):
-        opts.add_argument(arg)
-    opts.add_experimental_option("prefs", {"download.default_directory": str(downloads),
-                                           "download.prompt_for_download": False})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SE_OFFLINE", "true")  # never let Selenium Manager try to download a driver or browser
-        driver = webdriver.Chrome(options=opts, service=Service(driver_path))
-    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
-    driver.set_page_load_timeout(60)
+    why = missing_browser()
+    if why:
+        pytest.skip(why)
+    driver = chromium(tmp_path_factory.mktemp("chromium_profile"), downloads)
     yield driver
     driver.quit()
 
 
 # ----------------------------------------------------------------------------------------------- helpers
 
-def _wait(driver, predicate, timeout: float = 90, what: str = "", every: float = 0.5):
-    """predicate() once truthy; an element that a rerun redrew under it (stale) or has not drawn yet counts as not
-    yet."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            value = predicate()
-        except (StaleElementReferenceException, NoSuchElementException, AssertionError, StopIteration):
-            value = None
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _settled(driver, timeout: float = 120) -> None:
-    """Wait until the script run has finished (no "Running... / Stop" status) and the page stopped changing."""
-    from selenium.webdriver.common.by import By
-
-    seen: dict = {}
-
-    def settled():
-        status = " ".join(e.text for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stStatusWidget"]'))
-        snapshot = driver.find_element(By.TAG_NAME, "body").text
-        idle = "Running" not in status and "Stop" not in status
-        if idle and snapshot == seen.get("text"):
-            return True
-        seen["text"] = snapshot
-        return False
-
-    _wait(driver, settled, timeout, what="the script run to finish", every=1.5)
-
-
-def _body(driver) -> str:
-    from selenium.webdriver.common.by import By
-
-    return driver.find_element(By.TAG_NAME, "body").text
-
-
 def _no_errors(driver) -> None:
-    from selenium.webdriver.common.by import By
-
-    boxes = driver.find_elements(By.CSS_SELECTOR, '[data-testid="stException"], [data-testid="stAlertContentError"]')
-    assert not boxes, boxes[0].text[:2000]
-
-
-def _alerts(driver, kind: str = "Warning") -> list[str]:
-    from selenium.webdriver.common.by import By
-
-    out = []
-    for e in driver.find_elements(By.CSS_SELECTOR, f'[data-testid="stAlertContent{kind}"]'):
-        text = e.find_elements(By.CSS_SELECTOR, '[data-testid="stMarkdownContainer"]')  # without the icon
-        out.append(text[0].text if text else e.text)
-    return out
-
-
-def _open(driver, url: str, heading: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    driver.get(url)
-    _wait(driver, lambda: any(h.text.strip() == heading for h in driver.find_elements(By.TAG_NAME, "h1")),
-          what=f"heading {heading!r}")
-    _settled(driver)
-
-
-def _nav(driver, title: str) -> None:
-    """In-app navigation (the sidebar's page links): session state stays."""
-    from selenium.webdriver.common.by import By
-
-    next(a for a in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stSidebarNav"] a') if a.text == title).click()
-    heading = "Tree designer" if title == "Tree designer" else title
-    _wait(driver, lambda: any(h.text.strip() == heading for h in driver.find_elements(By.TAG_NAME, "h1")),
-          what=f"the page {title}")
-    _settled(driver)
-
-
-def _select(driver, label: str):
-    from selenium.webdriver.common.by import By
-
-    return driver.find_element(By.CSS_SELECTOR, f'input[role="combobox"][aria-label="{label}"]')
-
-
-def _choose(driver, label: str, option: str) -> None:
-    """Pick `option` in the selectbox labelled `label`."""
-    from selenium.webdriver.common.by import By
-
-    box = _select(driver, label)
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
-    box.click()
-    _wait(driver, lambda: [o for o in driver.find_elements(By.CSS_SELECTOR, '[role="option"]') if o.text == option],
-          what=f"option {option!r}", timeout=20)[0].click()
-    _wait(driver, lambda: _select(driver, label).get_attribute("value") == option, what=f"{label} = {option}",
-          timeout=30)
-    _settled(driver)
-
-
-def _type(driver, label: str, text: str) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
-
-    box = driver.find_element(By.CSS_SELECTOR, f'input[aria-label="{label}"]')
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
-    box.send_keys(Keys.CONTROL, "a")
-    box.send_keys(Keys.BACKSPACE)
-    box.send_keys(text + Keys.ENTER)
-    _wait(driver, lambda: box.get_attribute("value") == text, what=f"{label} to take {text!r}")
-    _settled(driver)
-
-
-def _button(driver, text: str):
-    from selenium.webdriver.common.by import By
-
-    return next(b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == text)
-
-
-def _radio(driver, text: str) -> None:
-    """Click the radio option labelled `text`."""
-    from selenium.webdriver.common.by import By
-
-    next(o for o in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stRadioOption"]') if o.text == text).click()
-
-
-def _click_button(driver, text: str) -> None:
-    b = _button(driver, text)
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", b)
-    b.click()
-    _settled(driver)
-
-
-def _expand(driver, starts: str) -> None:
-    from selenium.webdriver.common.by import By
-
-    summary = next(e for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stExpander"] summary')
-                   if starts in e.text)  # the text may begin with the arrow icon's name
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", summary)
-    summary.click()
-    time.sleep(0.5)
-
-
-def _metric(driver, label: str) -> str:
-    from selenium.webdriver.common.by import By
-
-    for m in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stMetric"]'):
-        if m.find_element(By.CSS_SELECTOR, '[data-testid="stMetricLabel"]').text.strip() == label:
-            return m.find_element(By.CSS_SELECTOR, '[data-testid="stMetricValue"]').text.strip()
-    raise AssertionError(f"no metric {label!r}")
-
-
-def _range(driver, label: str):
-    """The slider's range input (value, min, max, disabled)."""
-    from selenium.webdriver.common.by import By
-
-    return driver.find_element(By.CSS_SELECTOR, f'input[type="range"][aria-label="{label}"]')
-
-
-def _slide(driver, label: str, *keys) -> None:
-    """Focus a slider and press keys (Home, End, arrows), as a keyboard user would."""
-    from selenium.webdriver.common.action_chains import ActionChains
-
-    box = _range(driver, label)
-    thumb = box.find_element("xpath", "../..")
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", thumb)
-    ActionChains(driver).click(thumb).send_keys(*keys).perform()
+    found = errors(driver)
+    assert not found, found[0][:2000]
 
 
 def _shots(driver, name: str) -> list[Path]:
@@ -328,41 +113,6 @@ def _timed(log: Path, what: str, before: int) -> list[str]:
     return new
 
 
-def _chart_points(driver, index: int):
-    """The selectable points (SVG paths) of the index-th plotly chart on the page."""
-    from selenium.webdriver.common.by import By
-
-    charts = _wait(driver, lambda: driver.find_elements(By.CSS_SELECTOR, '[data-testid="stPlotlyChart"]')[index:],
-                   what=f"plotly chart {index}")
-    return charts[0].find_elements(By.CSS_SELECTOR, ".scatterlayer .trace .points path.point")
-
-
-def _chart_index(driver, title_part: str) -> int:
-    """Which plotly chart on the page is the one whose title (written above it) has this text."""
-    return driver.execute_script(
-        "const charts = Array.from(document.querySelectorAll('[data-testid=\"stPlotlyChart\"]'));"
-        "return charts.findIndex(c => { let e = c; while (e && !e.previousElementSibling) e = e.parentElement;"
-        "  for (let p = e && e.previousElementSibling, n = 0; p && n < 3; p = p.previousElementSibling, n++)"
-        "    if (p.textContent.includes(arguments[0])) return true; return false; });", title_part)
-
-
-def _point(driver, chart: int, i: int, click: bool) -> None:
-    """Hover (and click) point i of a plotly chart, finding it again if a rerun redrew the chart meanwhile."""
-    from selenium.common.exceptions import StaleElementReferenceException
-    from selenium.webdriver.common.action_chains import ActionChains
-
-    for attempt in range(5):
-        try:
-            el = _chart_points(driver, chart)[i]
-            driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", el)
-            chain = ActionChains(driver).move_to_element(el)
-            (chain.click() if click else chain).perform()
-            return
-        except StaleElementReferenceException:
-            time.sleep(1.0)
-    raise AssertionError(f"point {i} of chart {chart} kept going stale")
-
-
 def _hover_text(driver) -> str:
     return driver.execute_script("return Array.from(document.querySelectorAll('.hoverlayer'))"
                                  ".map(e => e.textContent).join(' ')")
@@ -391,6 +141,70 @@ def test_page_renders_in_chromium(server, browser, path, heading):
     assert not boxes, boxes[0].text[:2000]
     errors = _alerts(browser, "Error")
     assert not errors, errors[0][:2000]
+
+
+# ----------------------------------------------------------------------------------------------- 1280 px
+
+NARROW = (1280, 900)
+
+
+def _no_cut_columns(driver, where: str) -> None:
+    """At 1280 x 900, with every expander open: no table has columns scrolled out of sight or past the window, and
+    the page is no wider than the window."""
+    expand_all(driver)
+    _settled(driver)
+    cut = cut_tables(driver)
+    assert not cut, f"{where}: tables with cut columns at {NARROW[0]} px: {cut}"
+    assert page_overflow(driver) <= 1, f"{where}: the page is {page_overflow(driver)} px wider than the window"
+
+
+@pytest.mark.parametrize("path,heading,compare", [("tree", "Tree designer", False),
+                                                  ("tree", "Tree designer", True),
+                                                  ("calibration", "Calibration", False),
+                                                  ("tradeoffs", "Trade-offs", False),
+                                                  ("live", "Live decode", False)])
+def test_no_cut_columns_at_1280_px(server, browser, path, heading, compare):
+    """Every table of every page (the designer also while comparing two trees, which adds two tables) shows all its
+    columns in a 1280 x 900 window. (The live page's per-step table is checked after a decode, in the live test.)"""
+    url, _ = server
+    browser.set_window_size(*NARROW)
+    try:
+        _open(browser, f"{url}/{path}", heading)
+        if compare:
+            _choose(browser, "Tree on display (drawn, masked, exported)", OPTIMIZER)
+            _choose(browser, "Compare with", "reference: mc_sim_7b_63")
+            _wait(browser, lambda: "A = optimal_63 vs B = mc_sim_7b_63" in _body(browser), what="the comparison")
+        _no_errors(browser)
+        _no_cut_columns(browser, f"/{path}" + (" comparing" if compare else ""))
+        if compare:
+            _choose(browser, "Compare with", "(nothing)")
+    finally:
+        browser.set_window_size(1280, 1000)
+
+
+def test_cut_column_check_sees_a_cut_column(tmp_path):
+    """The check above is not blind: on a page with one table too wide for the window (twenty long-named columns)
+    and one that fits, it reports exactly the wide one."""
+    why = missing_browser()
+    if why:
+        pytest.skip(why)
+    script = tmp_path / "wide.py"
+    script.write_text("import pandas as pd\nimport streamlit as st\n"
+                      "st.dataframe(pd.DataFrame({'a': [1.5], 'b': [2]}))\n"
+                      "st.dataframe(pd.DataFrame({f'a rather long column name {i}': [i * 1.5] for i in range(20)}))\n")
+    driver = None
+    with app_server({}, tmp_path / "streamlit.log", script=script) as (url, _):
+        try:
+            driver = chromium(tmp_path / "profile", width=NARROW[0], height=NARROW[1])
+            driver.get(url)
+            cut = _wait(driver, lambda: cut_tables(driver) if len(driver.find_elements(
+                "css selector", '[data-testid="stDataFrame"]')) == 2 else None, what="the wide table", timeout=60)
+            _settled(driver)
+            cut = cut_tables(driver)
+            assert len(cut) == 1 and cut[0]["hidden_px"] > 100, cut
+        finally:
+            if driver is not None:
+                driver.quit()
 
 
 # ----------------------------------------------------------------------------------------------- the answer
@@ -661,6 +475,11 @@ def test_live_decode_in_chromium(server, browser, tiny_llama):
     assert re.search(r"vanilla greedy: (\d+)/64 tokens in \1 steps \(1\.00 tokens/step\)", body), body
     assert "One prompt is a noisy measurement" in body
     assert re.fullmatch(r"\d\.\d\d", _metric(browser, "predicted tokens/step"))
+    browser.set_window_size(*NARROW)
+    try:
+        _no_cut_columns(browser, "/live after a decode")
+    finally:
+        browser.set_window_size(1280, 1000)
     _shots(browser, "live-decoded")
     _type(browser, "Tree file or literal",
           "[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]")

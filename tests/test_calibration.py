@@ -68,6 +68,55 @@ def test_predict_by_definition(cal):
         cal.predict(make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]))
 
 
+def _walk_by_definition(tree, prompts: list[np.ndarray]) -> tuple[float, float]:
+    """(decoder walk, mean over all positions) the slow way: per position, the longest tree path the rank row starts
+    with (a miss, -1, or past the end, NULL, stops it)."""
+    nodes, tokens, steps, total, positions = set(tree.paths), 0, 0, 0, 0
+
+    def depth(row):
+        d = 0
+        while d < len(row) and row[d] >= 0 and tuple(row[:d + 1]) in nodes:
+            d += 1
+        return d
+
+    for mat in prompts:
+        rows = mat.tolist()
+        total += sum(1 + depth(r) for r in rows)
+        positions += len(rows)
+        t = 0
+        while t < len(rows):
+            t += 1 + depth(rows[t])
+            steps += 1
+        tokens += len(rows)
+    return tokens / steps, total / positions
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_walk_equals_its_definition(seed):
+    """The replay and the all-positions mean (computed for every position at once) equal the per-position walk on
+    random answers with misses and ends, for trees wider, narrower, deeper and shallower than the heads."""
+    from workbench.calibration import NULL, ranks_frame
+    from workbench.optimize import optimal_tree
+
+    rng = np.random.default_rng(seed)
+    K = int(rng.integers(2, 6))
+    prompts = []
+    for _ in range(int(rng.integers(3, 9))):
+        n = int(rng.integers(1, 60))
+        mat = np.minimum(rng.geometric(0.45, size=(n, K)) - 1, 12).astype(np.int16)
+        mat[rng.random((n, K)) < 0.15] = -1  # misses: the token is not in the head's top-k
+        for k in range(K):
+            mat[max(n - k - 1, 0):, k] = NULL  # past the answer's end: head k+1 has no target in the last k+1
+        prompts.append(mat)
+    ranks = ranks_frame([f"p{i}" for i in range(len(prompts))], prompts, K)
+    acc = rng.dirichlet(np.ones(8), size=K + 1)[:, :6] * 0.9
+    for tree in (optimal_tree(acc, int(rng.integers(1, 40))), optimal_tree(acc[:2], 5), make_tree([[0]]),
+                 make_tree([[0], [1], [0, 0], [0, 3], [0, 0, 0]])):
+        walk, mean = _walk_by_definition(tree, prompts)
+        assert decoder_walk(tree, ranks) == walk
+        assert measured_acceptance(tree, ranks) == mean
+
+
 def test_tree_table(cal):
     trees = [load_tree("mc_sim_7b_63"), make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]], "deep")]
     acc = cal.accuracies("fit")

@@ -141,14 +141,7 @@ def measured_acceptance(tree, ranks: pd.DataFrame) -> float:
     mat = rank_matrix(ranks)
     if len(mat) == 0:
         raise WorkbenchError("no positions to measure on (empty calibration data)")
-    nodes = set(tree.paths)
-    total = 0
-    for row in mat.tolist():
-        d = 0
-        while d < len(row) and row[d] >= 0 and tuple(row[:d + 1]) in nodes:
-            d += 1
-        total += 1 + d
-    return total / len(mat)
+    return int((1 + accepted_depths(tree, mat)).sum()) / len(mat)
 
 
 def decoder_walk(tree, ranks: pd.DataFrame) -> float:
@@ -158,27 +151,51 @@ def decoder_walk(tree, ranks: pd.DataFrame) -> float:
     return walk_answers(tree, answer_rows(ranks))
 
 
-def answer_rows(ranks: pd.DataFrame) -> list[list[list[int]]]:
-    """Each prompt's rank rows as plain lists (the grouping is most of a walk's cost: a Calibration keeps it)."""
-    return [rank_matrix(group).tolist() for _, group in ranks.groupby("prompt_id", sort=False)]
+def answer_rows(ranks: pd.DataFrame) -> tuple[np.ndarray, list[int]]:
+    """Every prompt's rank rows, prompt after prompt, as one matrix [positions, K], and each prompt's position count
+    (the grouping is most of a walk's cost: a Calibration keeps it)."""
+    groups = [rank_matrix(group) for _, group in ranks.groupby("prompt_id", sort=False)]
+    K = len(head_columns(ranks))
+    return (np.concatenate(groups) if groups else np.zeros((0, K), dtype=np.int64)), [len(g) for g in groups]
 
 
-def walk_answers(tree, answers: list[list[list[int]]]) -> float:
-    """decoder_walk over answer_rows."""
-    nodes = set(tree.paths)
-    tokens = steps = 0
-    for mat in answers:
-        t = 0
-        while t < len(mat):
-            row, d = mat[t], 0
-            while d < len(row) and row[d] >= 0 and tuple(row[:d + 1]) in nodes:
-                d += 1
-            t += 1 + d
+def accepted_depths(tree, mat: np.ndarray) -> np.ndarray:
+    """[positions]: how many tree nodes a greedy step starting at each position accepts, the longest path of the tree
+    that the rank row starts with. All positions at once: the tree as a table child[node, rank] -> node."""
+    order = [()] + tree.sorted_paths
+    ids = {p: i for i, p in enumerate(order)}
+    rank_cap = max((p[-1] for p in tree.paths), default=0) + 1
+    child = np.full((len(order), rank_cap), -1, dtype=np.int64)
+    for p in tree.paths:
+        child[ids[p[:-1]], p[-1]] = ids[p]
+    node = np.zeros(len(mat), dtype=np.int64)  # the accepted node so far at each position (0: the root)
+    depth = np.zeros(len(mat), dtype=np.int64)
+    alive = np.ones(len(mat), dtype=bool)
+    for d in range(min(tree.depth, mat.shape[1])):
+        r = mat[:, d]
+        ok = alive & (r >= 0) & (r < rank_cap)
+        nxt = np.where(ok, child[node, np.where(ok, r, 0)], -1)
+        alive = nxt >= 0
+        node = np.where(alive, nxt, 0)
+        depth += alive
+    return depth
+
+
+def walk_answers(tree, answers: tuple[np.ndarray, list[int]]) -> float:
+    """decoder_walk over answer_rows: per prompt, start at its first position, accept accepted_depths there, jump past
+    the accepted run; total tokens / total steps."""
+    mat, lengths = answers
+    depth = accepted_depths(tree, mat).tolist()
+    steps, start = 0, 0
+    for n in lengths:
+        t, end = start, start + n
+        while t < end:
+            t += 1 + depth[t]
             steps += 1
-        tokens += len(mat)
+        start = end
     if steps == 0:
         raise WorkbenchError("no positions to measure on (empty calibration data)")
-    return tokens / steps
+    return sum(lengths) / steps
 
 
 # ----------------------------------------------------------------------------------------------- checked readers

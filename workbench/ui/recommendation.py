@@ -2,8 +2,8 @@
 a warning in words when current measurements contradict the prediction, one-click exports of the pick in every
 engine format, and the ranked candidates with their evidence.
 
-The ranking is computed once per input version (st.cache_data keyed by the files' modification times), so a
-click elsewhere on the page does not redo it.
+The ranking, the sweeps' measurements and the swept named trees are computed once per input version (st.cache_data
+keyed by the files' modification times and sizes), so a click elsewhere on the page does not redo them.
 """
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from workbench.recommend import (disagreement_text, latency_note, measurements, 
                                  provenance_note, setting_text, shape)
 from workbench.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
-                                  read_sweep_file)
+                                  read_sweep_file, stamped)
 
 
 @st.cache_data(max_entries=16, show_spinner="Planning: trees, chains and no speculation on this latency table...")
-def _ranked(source_key: tuple, _source, latency: str, latency_stamp: float, context: int, batch: int,
+def _ranked(source_key: tuple, _source, latency: str, latency_stamp: tuple, context: int, batch: int,
             sweeps: tuple, joint: bool, max_depth: int, max_rank: int, max_budget: int | None,
             trees: tuple) -> dict:
     """recommend.recommend (plan's ranking joined to the sweeps) on files named by path and stamp (the cache key);
@@ -34,43 +34,60 @@ def _ranked(source_key: tuple, _source, latency: str, latency_stamp: float, cont
                      max_rank, max_budget, [Tree(paths, name) for name, paths in trees], latency_name=Path(latency).name)
 
 
-def readable_sweeps(extra=()) -> list[Path]:
-    """Every sweep CSV found (and `extra` given ones) that reads: the evidence of the recommendation."""
+@st.cache_data(max_entries=16, show_spinner=False)
+def _readable(sweeps: tuple) -> list[str]:
+    """The sweep files among ((path, stamp), ...) that read, once per version of them."""
     out = []
-    for p in list(found_csvs("sweep")) + [Path(p) for p in extra if p is not None]:
+    for p, stamp in sweeps:
         try:
-            read_sweep_file(str(p), file_stamp(p))
+            read_sweep_file(p, stamp)
         except WorkbenchError:
             continue  # a broken sweep is reported where it is picked (the trade-offs page)
-        if p not in out:
-            out.append(p)
+        out.append(p)
     return out
+
+
+def readable_sweeps(extra=()) -> list[Path]:
+    """Every sweep CSV found (and `extra` given ones) that reads: the evidence of the recommendation."""
+    found = list(dict.fromkeys(list(found_csvs("sweep")) + [Path(p) for p in extra if p is not None]))
+    return [Path(p) for p in _readable(stamped(found))]
+
+
+@st.cache_data(max_entries=16, show_spinner=False)
+def sweep_measurements(sweeps: tuple, batch: int = 1) -> dict:
+    """recommend.measurements of the sweep files ((path, stamp), ...) at one batch size, once per version of them
+    (it walks every row of every sweep)."""
+    return measurements({Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}, batch)
+
+
+@st.cache_data(max_entries=8, show_spinner=False)
+def _swept_trees(sweeps: tuple, files: tuple) -> list:
+    found = sweep_measurements(sweeps)
+    trees = list(reference_trees().values())
+    for f, _ in files:
+        try:
+            trees.append(load_tree(f))
+        except WorkbenchError:
+            continue
+    return [t for t in trees if shape(t) in found]
 
 
 def swept_trees(sweeps: list[Path]) -> list:
     """The reference trees and the files under trees/ whose shape some sweep measured: ranked beside the optimizer's
     candidates, so that their measurements stand next to their predictions."""
-    found = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in sweeps})
-    trees = list(reference_trees().values())
-    for f in sorted((REPO_ROOT / "trees").glob("*.json")):
-        try:
-            trees.append(load_tree(str(f)))
-        except WorkbenchError:
-            continue
-    return [t for t in trees if shape(t) in found]
+    return _swept_trees(stamped(sweeps), stamped(sorted((REPO_ROOT / "trees").glob("*.json"))))
 
 
 def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | None:
     """The recommendation for this source and latency table (tables: the picker's context and batch), with every
     readable sweep found (and `extra_sweeps`) as evidence and the swept named trees as candidates: the designer and
     the trade-offs page ask the same question the same way. None with an st.error when an input is unusable."""
-    key = (src.folder, src.stamp) if src.calib is not None else (src.label, src.acc.tobytes())
     sweeps = readable_sweeps(extra_sweeps)
     trees = swept_trees(sweeps)
     max_depth, max_rank, max_budget, joint = None, None, None, False
     try:
-        return _ranked(key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
-                       tables["context"], tables["batch"], tuple((str(p), file_stamp(p)) for p in sweeps), joint,
+        return _ranked(src.key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
+                       tables["context"], tables["batch"], stamped(sweeps), joint,
                        max_depth or src.acc.shape[0], max_rank or src.acc.shape[1], max_budget,
                        tuple((t.name, t.paths) for t in trees))
     except WorkbenchError as e:
@@ -78,20 +95,25 @@ def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | 
         return None
 
 
+def _stem(name: str) -> str:
+    return name.removesuffix(".csv")
+
+
 def candidates_frame(rec: dict) -> pd.DataFrame:
     """The ranked candidates as a table that fits a 1280 px page: prediction, range, and what sweeps measured
-    (current and old apart); a column nothing fills is left out."""
+    (current and old apart, the sweeps named without .csv); a column nothing fills is left out."""
     rows = []
     for r in rec["candidates"] + rec["measured_trees"]:
         now = r["current"]
         old = [m for m in r["measured"] if m["old"]]
         rows.append({
-            "candidate": r["label"] + ("" if any(r is c for c in rec["candidates"]) else " (measured, not planned)"),
+            "candidate": r["label"] + ("" if any(r is c for c in rec["candidates"]) else " *"),
             "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
-            "range": f"{r['range'][0]:.2f}x-{r['range'][1]:.2f}x" if r["range"] else "",
-            "measured": (f"{now['speedup']:.2f}x" + (f" +- {now['noise']:.2f}" if now["noise"] is not None else "")
-                         + f" ({', '.join(now['sweeps'])})") if now else "",
-            "old measurement": f"{old[0]['speedup']:.2f}x ({old[0]['sweep']})" if old else "",
+            "range": f"{r['range'][0]:.2f}-{r['range'][1]:.2f}x" if r["range"] else "",
+            "measured": (f"{now['speedup']:.2f}x" + (f" ± {now['noise']:.2f}" if now["noise"] is not None else ""))
+            if now else "",
+            "in": ", ".join(_stem(s) for s in now["sweeps"]) if now else "",
+            "old measurement": f"{old[0]['speedup']:.2f}x ({_stem(old[0]['sweep'])})" if old else "",
             "disagrees": "yes" if r["disagree"] else ""})
     df = pd.DataFrame(rows)
     return df[[c for c in df.columns if c in ("candidate", "tokens/step", "speedup") or (df[c] != "").any()]]
@@ -99,25 +121,27 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
 
 COLUMNS = {
     "candidate": st.column_config.TextColumn(
-        help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation"),
+        help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation; * a named tree "
+             "a sweep measured, not one of plan's candidates (scored the same way, never the pick)"),
     "tokens/step": st.column_config.NumberColumn(
-        format="%.3f", width="small",
+        format="%.3f",
         help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over held-out answers "
              "when the calibration holds prompts out)"),
     "speedup": st.column_config.NumberColumn(
-        format="%.3fx", width="small",
+        format="%.3fx",
         help="predicted: tokens/step / relative step cost t(nodes + 1) / t(1) at this batch and context"),
     "range": st.column_config.TextColumn(
         help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
              "round"),
     "measured": st.column_config.TextColumn(
-        width="large", help="sweeps by the current decoder: speedup +- run-to-run noise (the spread of the sweep's "
-                            "vanilla baseline, re-measured before every configuration, or between repeats)"),
+        help="sweeps by the current decoder: speedup +- run-to-run noise (the spread of the sweep's vanilla "
+             "baseline, re-measured before every configuration, or between repeats)"),
+    "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)"),
     "old measurement": st.column_config.TextColumn(
-        width="medium", help="measured by an older decoder (before the static-cache step): not evidence about the "
-                             "current one"),
+        "old", help="measured by an older decoder (before the static-cache step), in that sweep: not evidence about "
+                    "the current one"),
     "disagrees": st.column_config.TextColumn(
-        width="small", help="the current measurement is outside the prediction by more than its noise"),
+        help="the current measurement is outside the prediction by more than its noise"),
 }
 
 
@@ -171,7 +195,8 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
         st.caption(f"Predicted tokens/step: {rec['prediction']} ({rec['regime']}); speedup at batch "
                    f"{rec['batch']} and context {rec['context']}"
                    + (f", range from the {rec['spread']}" if rec["spread"] else "; no spread measured (the latency "
-                      "CSV has only medians)") + ". Measured: greedy sweep rows of the same tree shape.")
+                      "CSV has only medians)") + ". Measured: greedy sweep rows of the same tree shape."
+                   + (" *: a named tree a sweep measured, not a plan candidate." if rec["measured_trees"] else ""))
 
 
 def candidate_curves(rec: dict) -> dict:

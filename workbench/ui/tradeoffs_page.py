@@ -14,15 +14,38 @@ import streamlit as st
 from workbench import WorkbenchError, interactive_figures
 from workbench.calibration import PREDICTED_COLUMNS
 from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
-from workbench.latency import hardware_aware
 from workbench.plan import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
-from workbench.recommend import OLD_DECODER, decoder_version, measurements
+from workbench.recommend import OLD_DECODER, decoder_version
 from workbench.sweep import has_typical
-from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
+from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
+                                         sweep_measurements)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
-                                  latency_files, latency_picker, read_latency_file, read_sweep_file,
-                                  read_sweep_or_error, results_root, slider, timed)
+                                  hardware_aware_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
+                                  read_sweep_or_error, results_root, slider, stamped, timed)
+
+
+# The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).
+SWEEP_SHOWN = {
+    "tree": st.column_config.TextColumn(help="the tree (vanilla: plain decoding, the baseline)"),
+    "nodes": st.column_config.NumberColumn(width="small"),
+    "batch_size": st.column_config.NumberColumn("batch", width="small"),
+    "acceptance": st.column_config.TextColumn("accept", help="greedy, typical or nucleus acceptance"),
+    "temperature": st.column_config.NumberColumn("T", format="%.2g", width="small"),
+    "epsilon": st.column_config.NumberColumn("eps", format="%.3g", width="small",
+                                             help="typical acceptance's posterior threshold"),
+    "acceleration_rate": st.column_config.NumberColumn("tokens/step", format="%.3f", width="small"),
+    "speedup": st.column_config.NumberColumn(format="%.3fx", width="small",
+                                             help="tokens/s over the vanilla baseline measured just before it"),
+    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f", width="small"),
+    "predicted_replay": st.column_config.NumberColumn("replay", format="%.3f", width="small",
+                                                      help="predicted tokens/step: the calibration's replay"),
+    "exact_match": st.column_config.NumberColumn("exact", format="%.2f", width="small",
+                                                 help="share of answers equal to plain greedy decoding's"),
+    "num_prompts": st.column_config.NumberColumn("prompts", width="small"),
+    "decoder_version": st.column_config.TextColumn("decoder", width="small"),
+}
+SWEEP_CONSTANT = ("batch_size", "acceptance", "temperature", "epsilon", "num_prompts", "decoder_version")  # a caption
 
 
 def _show_in_designer(tree) -> None:
@@ -167,7 +190,17 @@ def _tradeoffs_page() -> None:
                   key="to_predicted_chart")
     if sweep is not None:
         with st.expander("Sweep rows"):
-            st.dataframe(sweep, hide_index=True)
+            have = [c for c in SWEEP_SHOWN if c in sweep.columns and sweep[c].notna().any()]
+            same = {c: sweep[c].dropna().iloc[0] for c in have
+                    if c in SWEEP_CONSTANT and sweep[c].nunique(dropna=False) == 1}
+            shown = [c for c in have if c not in same]
+            st.dataframe(sweep[shown], hide_index=True, column_config={c: SWEEP_SHOWN[c] for c in shown})
+            if same:
+                st.caption("On every row: " + ", ".join(f"{SWEEP_SHOWN[c].get('label') or c} {v}"
+                                                        for c, v in same.items()) + ".")
+            st.download_button(f"{sweep_path.name}: all {len(sweep.columns)} columns", sweep.to_csv(index=False),
+                               file_name=sweep_path.name, key="to_sweep_download", on_click="ignore",
+                               help="every column the sweep wrote (docs/formats.md names them)")
 
     if lat is None:
         return
@@ -188,12 +221,12 @@ def _tradeoffs_page() -> None:
         if src.calib:
             values["empirical paths"] = src.calib.joint_value("fit")
         try:
-            res = {name: hardware_aware(v, tables["seconds"], K, min(R, 10), max_budget=budget)
+            res = {name: hardware_aware_for(src.key, name, v, tables["seconds"], K, min(R, 10), budget)
                    for name, v in values.items()}
         except WorkbenchError as e:
             st.error(clean_error(e))
             return
-        found = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in evidence}, tables["batch"])
+        found = sweep_measurements(stamped(evidence), tables["batch"])
         curves = candidate_curves(rec) if rec else {}
         curves |= {f"objective ({n})": ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
                    for n, r in res.items()}
@@ -221,7 +254,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
     st.subheader("Plan per batch size")
     batches = sorted(int(b) for b in lat["batch"].unique())
     try:
-        text = _cached_plan(str(src.calib.folder), str(lat_path), tuple(batches), file_stamp(lat_path))
+        text = _cached_plan(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), tuple(batches))
     except WorkbenchError as e:
         st.error(clean_error(e))
         return
@@ -252,8 +285,8 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
 
 
 @st.cache_data(show_spinner="planning per batch size ...")
-def _cached_plan(folder: str, latency: str, batches: tuple, stamp: float) -> str:
-    """The plan file's text for this calibration and latency table (paths by name only)."""
+def _cached_plan(folder: str, folder_stamp: tuple, latency: str, latency_stamp: tuple, batches: tuple) -> str:
+    """The plan file's text for this calibration and latency table (paths by name only), once per version of both."""
     plan = make_plan(plan_source(calibration=folder), latency, batches)
     plan["latency"]["file"] = Path(latency).name  # no server path in a downloaded plan
     plan["source"]["path"] = Path(folder).name

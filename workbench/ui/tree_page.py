@@ -21,16 +21,16 @@ from workbench.decode import first_proposal
 from workbench.export import (FORMATS, SAFE_ENGINES, SUFFIXES, TRTLLM_MAX_DRAFT_LEN, best_engine_safe, engine_safe,
                               export_tree, first_level_gaps, vllm_uniform)
 from workbench.generation import prepare_prompt
-from workbench.latency import hardware_aware
 from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
                                 optimal_tree_from)
-from workbench.recommend import measurements, shape, tree_speedup
+from workbench.recommend import shape, tree_speedup
 from workbench.tree import (Tree, add_path, load_tree, parse_path, record_json, reference_trees, remove_path,
                             tree_buffers, tree_diff, tree_record)
-from workbench.ui.recommendation import candidate_curves, panel, provenance_of, ranked, readable_sweeps
+from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
+                                         sweep_measurements)
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
-                                  int_slider, kept_upload, latency_files, latency_picker, load_model, read_latency_file,
-                                  read_sweep_file, timed)
+                                  hardware_aware_for, int_slider, kept_upload, latency_files, latency_picker,
+                                  load_model, read_latency_file, stamped, timed)
 
 
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
@@ -165,10 +165,6 @@ def _curves(source_key: tuple, _src: Source, depth: int, rank: int, top: int = 2
     return curves
 
 
-def source_key(src: Source) -> tuple:
-    return (src.folder, src.stamp) if src.calib is not None else (src.label, src.acc.tobytes())
-
-
 # ----------------------------------------------------------------------------------------------- the page
 
 def tree_page() -> None:
@@ -183,7 +179,7 @@ def _tree_page() -> None:
         st.info("Pick a calibration folder or an accuracy table in the sidebar to design a tree.")
         return
     K, R = src.acc.shape
-    key = source_key(src)
+    key = src.key
     models = ["independence", "empirical paths", "dense per level (vLLM)", "hardware-aware"]
     model = st.sidebar.radio("Acceptance model", models, key="tree_model",
                              help="independence: product of per-head a_k^(i); empirical: measured joint path "
@@ -206,7 +202,7 @@ def _tree_page() -> None:
 
     # the hardware: a latency table (every speedup on the page) and the sweeps that measured trees on it
     lat = hardware_input(src)
-    measured = measurements({p.name: read_sweep_file(str(p), file_stamp(p)) for p in readable_sweeps()})
+    measured = sweep_measurements(stamped(readable_sweeps()))
     user = user_tree_input(K)
 
     # the answer first: which tree (or chain, or none) to use, with its evidence
@@ -246,8 +242,8 @@ def _tree_page() -> None:
                 st.error("hardware-aware needs a latency CSV (columns context,tokens,seconds): run `workbench latency` "
                          "or give one in the sidebar")
                 return
-            designed = hardware_aware(base_value, lat["tables"]["seconds"], max_depth, max_rank,
-                                      max_budget=budget)["tree"]
+            designed = hardware_aware_for(key, "empirical paths" if base_value is empirical else "independence",
+                                          base_value, lat["tables"]["seconds"], max_depth, max_rank, budget)["tree"]
             designed = Tree(designed.paths, f"hardware_{designed.nodes}")  # named by what it is: its node count
         else:
             designed = _designed(key, src, model, budget, max_depth, max_rank)

@@ -1,8 +1,8 @@
 """Shared widgets of the app's pages: file and accuracy inputs, sliders, cached readers, error text.
 
 Every page reads its inputs through these, so an upload, a found file and a typed path behave alike on each page,
-and each file is read once per version (its modification time is part of every cache key). Bad input is an
-`st.error` naming the problem, never a crash.
+and each file is read once per version (its modification time and size are in every cache key). Bad input is
+an `st.error` naming the problem, never a crash.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from workbench import REPO_ROOT, WorkbenchError, calibration
 from workbench.accuracies import read_accuracies
 from workbench.calibration import Calibration, list_calibrations
 from workbench.io import find_csvs
-from workbench.latency import LATENCY_REQUIRED, read_latency
+from workbench.latency import LATENCY_REQUIRED, hardware_aware, read_latency
 from workbench.models import load_model_and_heads
 from workbench.recommend import latency_tables
 from workbench.sweep import SWEEP_REQUIRED, read_sweep
@@ -45,11 +45,22 @@ def calibration_folders() -> list[Path]:
     return list_calibrations(calibration_root())
 
 
-def file_stamp(path) -> float:
-    """Modification time (0 if missing): part of every cache key, so an edited file is read again."""
+def file_stamp(path) -> tuple:
+    """(modification time in ns, size) of a file, or of every file in a folder (() if missing): part of every
+    cache key, so an edited, replaced or grown file is read again, never served from the cache."""
     p = Path(path)
-    return max((f.stat().st_mtime for f in ([p] + (list(p.iterdir()) if p.is_dir() else []))), default=0.0) \
-        if p.exists() else 0.0
+    if p.is_dir():
+        return tuple((f.name, *file_stamp(f)) for f in sorted(p.iterdir()) if f.is_file())
+    try:
+        st_ = p.stat()
+    except OSError:
+        return ()
+    return st_.st_mtime_ns, st_.st_size
+
+
+def stamped(paths) -> tuple:
+    """((path, stamp), ...) of files: one cache key for a set of files."""
+    return tuple((str(p), file_stamp(p)) for p in paths)
 
 
 def clean_error(err: Exception) -> str:
@@ -116,7 +127,7 @@ def _text_path(text: str, name: str) -> Path:
 
 
 @st.cache_resource(show_spinner="Reading the calibration...", max_entries=4)
-def open_calibration(folder: str, stamp: float):
+def open_calibration(folder: str, stamp: tuple):
     """The calibration folder, opened once per version (it keeps what it reads); cache_resource: never copied."""
     cal = Calibration(folder)
     cal.path_probabilities("fit")  # read and checked here, under the spinner, not halfway through a page
@@ -124,18 +135,26 @@ def open_calibration(folder: str, stamp: float):
 
 
 @st.cache_data(max_entries=16)
-def read_accuracy_file(path: str, stamp: float):
+def read_accuracy_file(path: str, stamp: tuple):
     return read_accuracies(path, return_counts=True)
 
 
 @st.cache_data(max_entries=8)
-def read_latency_file(path: str, stamp: float) -> pd.DataFrame:
+def read_latency_file(path: str, stamp: tuple) -> pd.DataFrame:
     return read_latency(path)
 
 
 @st.cache_data(max_entries=8)
-def read_sweep_file(path: str, stamp: float) -> pd.DataFrame:
+def read_sweep_file(path: str, stamp: tuple) -> pd.DataFrame:
     return read_sweep(path)
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def hardware_aware_for(source_key: tuple, value_name: str, _value, seconds: dict, max_depth: int, max_rank: int,
+                       max_budget: int | None) -> dict:
+    """latency.hardware_aware once per accuracies (`source_key`), path values (`_value`, named by `value_name`:
+    independence or empirical paths), latency table ({tokens: seconds}) and limits: it runs the optimizer twice."""
+    return hardware_aware(_value, seconds, max_depth, max_rank, max_budget=max_budget)
 
 
 @st.cache_resource(show_spinner=False, max_entries=1)
@@ -165,7 +184,12 @@ class Source:
     label: str
     calib: object = None
     folder: str | None = None
-    stamp: float = 0.0
+    stamp: tuple = ()
+
+    @property
+    def key(self) -> tuple:
+        """What names these accuracies in a cache key: the folder and its stamp, or the table's own bytes."""
+        return (self.folder, self.stamp) if self.calib is not None else (self.label, self.acc.tobytes())
 
 
 OTHER_FILE = "other: type a path"
