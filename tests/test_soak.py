@@ -278,6 +278,9 @@ VLLM_PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
 @pytest.mark.skipif(not VLLM_PY or not Path(VLLM_PY).is_file(),
                     reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (e.g. /work/vllm-venv/bin/python; "
                            "docs/vllm.md has the one-line setup)")
+@pytest.mark.skipif(not os.environ.get("WORKBENCH_SOAK_VLLM"),
+                    reason="six minutes of real vLLM restarts: set WORKBENCH_SOAK_VLLM=1 (the resume logic itself is "
+                           "tested without vLLM in test_vllm_check_keeps_finished_engines_and_starts_only_the_rest)")
 def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, capsys, request):
     """The demo model and heads, two prompts, K = 1, 2: three vLLM engines and three parts of our decoder."""
     rng, what = _seed(request)
