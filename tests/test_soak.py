@@ -27,6 +27,7 @@ import pytest
 
 from helpers import freeze_when
 from workbench.cli import main
+from workbench.provenance import without_load
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"Tell me about the number {i}." for i in range(10)]
@@ -160,10 +161,11 @@ def test_sweep_killed_again_and_again_ends_with_the_same_rows(tiny_llama, prompt
 # ----------------------------------------------------------------------------------------------- work state
 
 def _pieces(out: Path) -> dict[str, bytes]:
-    """The finished pieces a run keeps beside `out` (io.WorkState), by name."""
+    """The finished pieces a run keeps beside `out` (io.WorkState), by name; not a piece being written (a dot
+    file) nor the settings."""
     folder = out.with_name(out.name + ".work")
-    return {p.stem: p.read_bytes() for p in sorted(folder.glob("*.json")) if p.name != "settings.json"} \
-        if folder.is_dir() else {}
+    return {p.stem: p.read_bytes() for p in sorted(folder.glob("*.json"))
+            if p.name != "settings.json" and not p.name.startswith(".")} if folder.is_dir() else {}
 
 
 def _piece_value(data: bytes):
@@ -192,7 +194,7 @@ def test_latency_killed_again_and_again_keeps_its_points(tiny_llama, prompts, tm
     assert list(a.columns) == list(b.columns), what
     cols = ["model", "device", "dtype", "batch", "context", "tokens", "repeats"]
     pd.testing.assert_frame_equal(a[cols], b[cols], obj=what)
-    no_load = lambda cells: [{k: v for k, v in json.loads(c).items() if k != "load_average"} for c in cells]  # noqa: E731
+    no_load = lambda cells: [without_load(json.loads(c)) for c in cells]  # noqa: E731
     assert no_load(a["setting"]) == no_load(b["setting"]), what
     assert (a["seconds"] > 0).all() and a["relative"].notna().all(), what
     # every point measured before the last kill is in the CSV as it was measured, timings and setting included
@@ -225,9 +227,12 @@ def test_latency_rerun_with_other_settings_starts_over(tiny_llama, tmp_path, cap
     proc.wait()
     proc.stderr.close()
     assert _pieces(out), what
+    folder = out.with_name("l.csv.work")
+    kept = sorted(p.name for p in folder.iterdir())
     assert main(argv("3")) == 0
     err = capsys.readouterr().err
-    assert "note: " in err and "repeats: 2 -> 3" in err and "starting over" in err and "error:" not in err, err
+    assert "note: " in err and "repeats: 2 -> 3" in err and "starting over" in err and "error:" not in err, \
+        f"{what}; work folder before the rerun: {kept}; stderr: {err[-600:]}"
     df = pd.read_csv(out)
     assert len(df) == 6 and (df["repeats"] == 3).all() and not _pieces(out), what
 
@@ -327,6 +332,23 @@ def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, cap
     memory = WorkState(None, {})  # results on stdout: pieces in memory only
     memory.put("a", 1)
     assert memory.get("a") == 1 and WorkState("/dev/null", {}).folder is None
+
+
+def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys):
+    """A kill inside an atomic write leaves a dot file: never a piece, never counted, never a reason to refuse."""
+    from workbench.io import WorkState
+
+    out = tmp_path / "r.csv"
+    folder = tmp_path / "r.csv.work"
+    folder.mkdir()
+    (folder / ".settings.json.123.tmp.json").write_text('{"sett')  # killed during the first write
+    s = WorkState(out, {"k": 1})
+    assert capsys.readouterr().err == "" and s.get("a") is None
+    s.put("a", 1)
+    (folder / ".b.json.124.tmp.json").write_text('{"val')  # killed while writing the second piece
+    again = WorkState(out, {"k": 1})
+    assert "resuming: 1 finished piece(s)" in capsys.readouterr().err
+    assert again.get("a") == 1 and again.get("b") is None
 
 
 def test_work_state_refuses_a_folder_it_did_not_write(tmp_path):

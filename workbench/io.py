@@ -312,7 +312,7 @@ class WorkState:
                   "over", file=sys.stderr)
             self.stale = True
             return
-        done = len([p for p in self.folder.glob("*.json") if p.name != "settings.json"])
+        done = len([p for p in self.folder.glob("*.json") if p.name != "settings.json" and not p.name.startswith(".")])
         if done:
             print(f"resuming: {done} finished piece(s) kept in {self.folder}", file=sys.stderr)
 

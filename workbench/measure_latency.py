@@ -29,7 +29,7 @@ from workbench import WorkbenchError
 from workbench.io import WorkState
 from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, LATENCY_COLUMNS, spread_row
 from workbench.optimize import optimal_tree_from
-from workbench.provenance import setting, setting_cell
+from workbench.provenance import setting, setting_cell, without_load
 from workbench.tree import MEDUSA_TOPK, Tree
 
 DECODER_SIZES = (1, 2, 3, 4, 5, 8, 16, 32, 64)
@@ -64,7 +64,7 @@ def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
     flags (`settings`) and the setting they are timed in (less the load, which each point records)."""
     from workbench.measure_ranks import heads_fingerprint
 
-    where = {k: v for k, v in measured_setting(model, engine, mode).items() if k != "load_average"}
+    where = without_load(measured_setting(model, engine, mode))
     return WorkState(work, dict(command="latency", mode=mode, setting=where, **settings,
                                 heads=heads_fingerprint(heads) if heads is not None else None))
 

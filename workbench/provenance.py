@@ -20,6 +20,7 @@ import pandas as pd
 # compared (a loaded machine is reported by `loaded`).
 COMPARED = ("device", "gpu", "cpu", "vector", "threads", "processes", "dtype", "compiled", "mode")
 VECTOR_FLAGS = ("avx512f", "avx2", "neon", "asimd")  # the first found names the widest vector unit
+LOAD_KEYS = ("load_average", "load_now")  # what other processes did, not what was measured
 
 
 def _cpuinfo() -> tuple[str | None, str | None]:
@@ -61,6 +62,11 @@ def setting(device: str, dtype: str, threads: int, compiled: bool, gpu: str | No
                 processes=int(processes), dtype=str(dtype).replace("torch.", ""), compiled=bool(compiled), mode=mode,
                 torch=_version("torch"), transformers=_version("transformers"),
                 load_average=None if load is None else round(load, 2), load_now=None if now is None else round(now, 2))
+
+
+def without_load(s: dict) -> dict:
+    """A setting less its load readings: what two runs must share for their points to mix in one file."""
+    return {k: v for k, v in s.items() if k not in LOAD_KEYS}
 
 
 def setting_cell(s: dict) -> str:
