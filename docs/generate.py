@@ -106,7 +106,7 @@ def _columns(cols, required=()) -> str:
 def blocks() -> dict[str, str]:
     import numpy as np
 
-    from workbench import data, export, latency, plan, sweep
+    from workbench import data, export, latency, plan, sweep_file
     from workbench.calibration import PREDICTED_COLUMNS, ranks_frame
     from workbench.tree import reference_trees
 
@@ -127,8 +127,8 @@ def blocks() -> dict[str, str]:
                                    + [f"| `{c}` | {t} |" for c, t in ranks.dtypes.astype(str).items()]
                                    + ["", "(`head_1`, `head_2`, ... one column per head.)"]),
         "latency-csv": _columns(latency.LATENCY_COLUMNS, latency.LATENCY_REQUIRED) + ".",
-        "sweep-csv": (_columns(sweep.SWEEP_COLUMNS, sweep.SWEEP_REQUIRED) + ". Older names read as: "
-                      + ", ".join(f"`{a}` -> `{b}`" for a, b in sweep.OLD_COLUMNS.items()) + "."),
+        "sweep-csv": (_columns(sweep_file.SWEEP_COLUMNS, sweep_file.SWEEP_REQUIRED) + ". Older names read as: "
+                      + ", ".join(f"`{a}` -> `{b}`" for a, b in sweep_file.OLD_COLUMNS.items()) + "."),
         "plan-row": "Each row of `plans`: " + _columns(plan.PLAN_ROW) + ".",
         "predictions": _columns(PREDICTED_COLUMNS) + ".",
         "export-targets": "\n".join(["| `--format` | file suffix | targets (the first line of the export) |",

@@ -26,7 +26,7 @@ from workbench.accuracies import write_accuracies
 from workbench.measure_ranks import holdout_split
 from workbench.calibration import head_accuracies, ranks_frame
 from workbench.divergence import rounding_bound
-from workbench.sweep import SWEEP_COLUMNS
+from workbench.sweep_file import SWEEP_COLUMNS
 from workbench.testing import tiny_model
 
 # The transformers minor versions the suite passed with: the oldest and newest pyproject.toml allows
@@ -230,7 +230,7 @@ def make_short_latency(path: Path) -> Path:
 def make_walk_files(root: Path, cal_name: str = "cal") -> Path:
     """The app's test folder: a calibration (root/cal_name) with a long latency table, a short batched one with
     spread beside it, and two old sweeps (greedy-only, typical). Returns the calibration folder."""
-    from workbench.sweep import read_sweep
+    from workbench.sweep_file import read_sweep
 
     cal = make_calibration(root / cal_name)
     make_latency(cal / "latency-cpu.csv")
@@ -248,7 +248,8 @@ def make_current_sweep(root: Path, cal: Path) -> Path:
     from workbench.calibration import Calibration
     from workbench.latency import read_latency
     from workbench.recommend import recommend
-    from workbench.sweep import SWEEP_COLUMNS, tree_key
+    from workbench.sweep_file import SWEEP_COLUMNS
+    from workbench.tree import tree_key
 
     pick = recommend(Calibration(cal), read_latency(cal / "latency-cpu.csv"), target=128)["pick"]
     rows = [dict(run="r", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",

@@ -35,7 +35,7 @@ def build_env(root: Path) -> dict:
     from workbench.accuracies import write_accuracies
     from workbench.heads import save_heads
     from workbench.measure_ranks import CalibrateConfig, calibrate
-    from workbench.sweep import SWEEP_COLUMNS
+    from workbench.sweep_file import SWEEP_COLUMNS
     from workbench.testing import random_heads, tiny_model, tiny_tokenizer
 
     d = root / "in"
@@ -169,6 +169,23 @@ def build_env(root: Path) -> dict:
     r = pd.read_parquet(zero / "ranks.parquet")
     r.iloc[:0].to_parquet(zero / "ranks.parquet")
     e["cal_zero"] = str(zero)
+    # a Medusa-2 model folder (eval-heads): the backbone's weights with medusa_head.* beside them
+    from safetensors.torch import load_file
+
+    m2 = d / "medusa2"
+    model.save_pretrained(m2)
+    tok.save_pretrained(m2)
+    weights = load_file(str(m2 / "model.safetensors"))
+    weights.update({f"medusa_head.{k}": v.clone().contiguous()
+                    for k, v in random_heads(64, 128, 3, tied=False, seed=2).state_dict().items()})
+    save_file(weights, str(m2 / "model.safetensors"), metadata={"format": "pt"})
+    cfg = json.loads((m2 / "config.json").read_text())
+    (m2 / "config.json").write_text(json.dumps(dict(cfg, medusa_num_heads=3, medusa_num_layers=1)))
+    # a "vLLM python" that fails at once: vllm-check cases that pass every check end there, in a second
+    fake = d / "no_vllm_python"
+    fake.write_text("#!/bin/sh\necho 'no vLLM here' >&2\nexit 3\n")
+    fake.chmod(0o755)
+    e.update(m2=str(m2), m2_config=str(m2 / "config.json"), no_vllm=str(fake))
     for name, minor in (("devfull", 7), ("devnull", 3)):  # private copies of /dev/full and /dev/null: a run that
         try:                                            # replaced the device node would break only its own copy
             os.mknod(root / name, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, minor))
@@ -213,6 +230,18 @@ def _opt(e, O, *extra):
 def _plan(e, O, *extra):
     return ["plan", "--accuracies", e["acc"], "--latency", e["lat"], "--batch-sizes", "1,2", "--out", f"{O}/p.json",
             *extra]
+
+
+def _evalh(e, O, *extra):
+    return ["eval-heads", "--model", e["model"], "--heads", e["heads"], "--medusa2", e["m2"], "--prompts", e["prompts"],
+            "--holdout", "0.5", "--limit", "2", "--max-new-tokens", "3", "--topk", "2", "--tree", "[[0],[0,0],[1]]",
+            "--live", "1", "--batch-size", "2", "--device", "cpu", "--out", f"{O}/e.json", *extra]
+
+
+def _vcheck(e, O, *extra):
+    return ["vllm-check", "--vllm-python", e["no_vllm"], "--model", e["model"], "--heads", e["heads"],
+            "--calibration", e["cal"], "--k", "1,2", "--batch-sizes", "1", "--limit", "2", "--max-new-tokens", "3",
+            "--out", f"{O}/v.json", *extra]
 
 
 def _link(O, target) -> str:
@@ -555,7 +584,83 @@ def _cases() -> list[tuple]:
                                                                                 e["heads"]))
     add("train-heads", "types", "--init with other --num-heads", lambda e, O: with_flag(_train(e, O, "--init", e["heads"]),
                                                                                   "--num-heads", "5"))
+    _long_command_cases(add)
     return C
+
+
+def _long_command_cases(add) -> None:
+    """eval-heads and vllm-check: every kind. A vllm-check that passes every check ends at its stand-in vLLM
+    interpreter (exit 3): one error line, so only refusals are asked of it."""
+    for tag, v in BIG.items():
+        add("eval-heads", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--max-new-tokens", v))
+        add("eval-heads", "sizes", f"--topk {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--topk", v))
+        add("eval-heads", "sizes", f"--batch-size {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--batch-size", v),
+            "either")
+        add("eval-heads", "sizes", f"--limit {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--limit", v), "either")
+        add("eval-heads", "sizes", f"--live {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--live", v), "either")
+        for flag in ("--k", "--batch-sizes", "--max-new-tokens"):
+            add("vllm-check", "sizes", f"{flag} {tag}", lambda e, O, f=flag, v=v: with_flag(_vcheck(e, O), f, v))
+    for bad in ("0", "1", "1.5", "-0.1", "nan", "inf", "half"):
+        add("eval-heads", "sizes", f"--holdout {bad}", lambda e, O, b=bad: with_flag(_evalh(e, O), "--holdout", b))
+    add("eval-heads", "sizes", "--max-new-tokens 0", lambda e, O: with_flag(_evalh(e, O), "--max-new-tokens", "0"))
+    add("eval-heads", "sizes", "--topk 0", lambda e, O: with_flag(_evalh(e, O), "--topk", "0"))
+    add("eval-heads", "sizes", "--tree deeper than the heads",
+        lambda e, O: with_flag(_evalh(e, O), "--tree", "[[0],[0,0],[0,0,0],[0,0,0,0]]"))
+    for bad in ("0", "-1", "1.5", "a", "", "1,,2", "4"):  # 4: the heads draft 3 tokens at most
+        add("vllm-check", "sizes", f"--k {bad!r}", lambda e, O, b=bad: with_flag(_vcheck(e, O), "--k", b))
+    add("vllm-check", "sizes", "--batch-sizes 0", lambda e, O: with_flag(_vcheck(e, O), "--batch-sizes", "0"))
+    add("vllm-check", "sizes", "--limit 0", lambda e, O: with_flag(_vcheck(e, O), "--limit", "0"))
+    add("vllm-check", "sizes", "--limit 2^63", lambda e, O: with_flag(_vcheck(e, O), "--limit", BIG["2^63"]))
+
+    # outputs
+    for sub, argv, key in (("eval-heads", _evalh, "prompts"), ("vllm-check", _vcheck, "cal")):
+        for flag in ("--out", "--table"):
+            add(sub, "outputs", f"{flag} = its input", lambda e, O, a=argv, f=flag, k=key: with_flag(a(e, O), f, e[k]))
+            add(sub, "outputs", f"{flag} = a symlink to its input",
+                lambda e, O, a=argv, f=flag: with_flag(a(e, O), f, _link(O, e["prompts" if a is _evalh else "heads"])))
+            add(sub, "outputs", f"{flag} /dev/full",
+                lambda e, O, a=argv, f=flag: with_flag(a(e, O), f, e["devfull"]) if e.get("devfull") else None)
+        add(sub, "outputs", "--out = --table", lambda e, O, a=argv: a(e, O, "--table", f"{O}/{'ev'[a is _vcheck]}.json"))
+        add(sub, "outputs", "--out = a dangling symlink",
+            lambda e, O, a=argv: with_flag(a(e, O), "--out", _link(O, f"{O}/nowhere/x.json")), "either")
+        add(sub, "outputs", "--out = a folder", lambda e, O, a=argv: with_flag(a(e, O), "--out", str(O)))
+    add("eval-heads", "outputs", "--out = the Medusa-2 model's config.json",
+        lambda e, O: with_flag(_evalh(e, O), "--out", e["m2_config"]))
+    add("vllm-check", "outputs", "--out = its --plan", lambda e, O: _vcheck(e, O, "--plan", e["plan"])[:-2] +
+        ["--out", e["plan"]])
+    add("eval-heads", "outputs", "stdout=closed", lambda e, O: _evalh(e, O)[:-2])
+    add("eval-heads", "outputs", "stdout=full", lambda e, O: _evalh(e, O)[:-2])
+
+    # silent garbage and odd types
+    for what, key in (("dict-of-lists", "dict_of_lists"), ("NaN", "nan_prompts"), ("pickle", "pickle_prompts")):
+        add("eval-heads", "garbage", f"{what} prompts", lambda e, O, k=key: with_flag(_evalh(e, O), "--prompts", e[k]))
+        add("vllm-check", "garbage", f"{what} prompts", lambda e, O, k=key: _vcheck(e, O, "--prompts", e[k]))
+    add("vllm-check", "garbage", "--plan with NaN", lambda e, O: _vcheck(e, O, "--plan", e["plan_nan"]))
+    add("vllm-check", "garbage", "--plan a prompts file", lambda e, O: _vcheck(e, O, "--plan", e["prompts"]))
+    add("vllm-check", "garbage", "calibration with zero rows", lambda e, O: with_flag(_vcheck(e, O), "--calibration",
+                                                                                       e["cal_zero"]))
+    add("eval-heads", "types", "--tree with a missing parent", lambda e, O: with_flag(_evalh(e, O), "--tree",
+                                                                                     "[[0],[1,0]]"))
+    add("eval-heads", "types", "--tree NaN file", lambda e, O: with_flag(_evalh(e, O), "--tree", e["tree_nan"]))
+    add("eval-heads", "types", "--tree a word", lambda e, O: with_flag(_evalh(e, O), "--tree", "bushy"))
+    for what, key in (("no such", None), ("a file as", "prompts"), ("the heads folder as", "heads"),
+                      ("a plain model (no heads) as", "model"), ("pickle heads as", "pickle"),
+                      ("BERT as", "arch_bert"), ("T5 as", "arch_t5"), ("Mamba as", "arch_mamba")):
+        add("eval-heads", "types", f"{what} --medusa2",
+            lambda e, O, k=key: with_flag(_evalh(e, O), "--medusa2", e[k] if k else f"{O}/missing"))
+    for dev in ("mps", "meta", "cuda:99"):
+        add("eval-heads", "types", f"--device {dev}", lambda e, O, d=dev: with_flag(_evalh(e, O), "--device", d))
+    for what, key in (("fp8", "fp8"), ("3-D", "w3d"), ("pickle as safetensors", "pickle")):
+        add("eval-heads", "types", f"{what} heads", lambda e, O, k=key: with_flag(_evalh(e, O), "--heads", e[k]),
+            "either" if key == "fp8" else "refuse")
+        add("vllm-check", "types", f"{what} heads", lambda e, O, k=key: with_flag(_vcheck(e, O), "--heads", e[k]))
+    for what, path in (("no such", "/nonexistent/python"), ("a folder as", "in"), ("a text file as", "prompts")):
+        add("vllm-check", "types", f"{what} --vllm-python",
+            lambda e, O, p=path: with_flag(_vcheck(e, O), "--vllm-python", e.get(p, p)))
+    add("vllm-check", "types", "--model a file", lambda e, O: with_flag(_vcheck(e, O), "--model", e["prompts"]))
+    add("vllm-check", "types", "--model BERT", lambda e, O: with_flag(_vcheck(e, O), "--model", e["arch_bert"]))
+    add("vllm-check", "types", "--calibration a file", lambda e, O: with_flag(_vcheck(e, O), "--calibration", e["acc"]))
+    add("vllm-check", "types", "a run that passes every check", lambda e, O: _vcheck(e, O))  # ends at the stand-in
 
 
 CASES = _cases()

@@ -103,6 +103,23 @@ def test_only_the_app_package_imports_streamlit():
     assert run.returncode == 0, run.stderr[-2000:]
 
 
+def test_the_pages_open_without_torch():
+    """app.py and every page import without torch or transformers (the first page is drawn seconds sooner); they
+    come in only when a model is loaded (the live page's body, the designer's head tokens)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "import workbench.ui.tree_page, workbench.ui.tradeoffs_page, workbench.ui.calibration_page\n"
+            "import workbench.ui.live_page, workbench.ui.recommendation, workbench.ui.widgets\n"
+            "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+            "assert not heavy, f'imported {heavy}'\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+
 # ----------------------------------------------------------------------------------------------- tree designer
 
 def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):
@@ -345,7 +362,7 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
 
 def test_tradeoffs_fig5_from_a_separate_typical_sweep(demo_files, monkeypatch, tmp_path):
     """A greedy-only sweep sorts first; Fig. 5 still shows, from the typical sweep found beside it."""
-    from workbench.sweep import read_sweep
+    from workbench.sweep_file import read_sweep
 
     full = read_sweep(demo_files["sweep"])
     full[full["acceptance"] == "greedy"].to_csv(tmp_path / "a-greedy.csv", index=False)

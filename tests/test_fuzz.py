@@ -31,7 +31,7 @@ from hostile_cases import verdict, with_flag
 from workbench.accuracies import write_accuracies
 from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.sweep import SWEEP_COLUMNS
+from workbench.sweep_file import SWEEP_COLUMNS
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
 CAL_ARGS = ["--max-new-tokens", "6", "--topk", "40", "--budgets", "2", "--batch-size", "6", "--device", "cpu"]

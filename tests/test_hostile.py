@@ -45,7 +45,7 @@ def _restore(e):
 
 # the slower cases (a tiny model decodes, calibrates or trains to the end) run under -m slow only in a dev loop;
 # CI runs them all
-SLOW = ("calibrate|", "train-heads|", "sweep|", "decode|", "latency|")
+SLOW = ("calibrate|", "train-heads|", "sweep|", "decode|", "latency|", "eval-heads|")
 
 
 def _params():
@@ -128,7 +128,7 @@ def test_a_latency_file_reads_to_finite_positive_seconds_or_is_refused(tmp_path_
        rate=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2, 10)),
        batch=st.integers(-2, 2 ** 63))
 def test_a_sweep_file_holds_counts_and_rates_or_is_refused(tmp_path_factory, nodes, rate, batch):
-    from workbench.sweep import SWEEP_COLUMNS, read_sweep
+    from workbench.sweep_file import SWEEP_COLUMNS, read_sweep
 
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r", config="c", tree="t", kind="given", nodes=nodes, depth=1, batch_size=batch,

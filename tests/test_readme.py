@@ -10,15 +10,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 from workbench import REPO_ROOT
+from workbench.ui.browser import free_port, healthy, stop
 
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
 CI = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")
@@ -127,27 +126,15 @@ def test_streamlit_command_serves_the_app(scratch):
     if shutil.which("streamlit") is None:
         pytest.skip("streamlit is not installed")
     folder, env = scratch
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(env, STREAMLIT_SERVER_PORT=str(port), STREAMLIT_SERVER_HEADLESS="true",
                STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     for command in commands:
         proc = subprocess.Popen(["bash", "-c", "exec " + command], cwd=folder, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
-            deadline, status = time.monotonic() + 120, None
-            while time.monotonic() < deadline and proc.poll() is None and status != 200:
-                time.sleep(1)
-                try:
-                    status = urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=5).status
-                except OSError:
-                    pass
-            assert status == 200, f"{command}: no answer on port {port} (exit {proc.poll()})"
-            assert urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=10).status == 200
+            url = f"http://127.0.0.1:{port}"
+            assert healthy(url, proc, 120), f"{command}: no answer on port {port} (exit {proc.poll()})"
+            assert urllib.request.urlopen(f"{url}/", timeout=10).status == 200
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc, grace=20)

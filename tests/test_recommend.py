@@ -8,8 +8,8 @@ import pytest
 from workbench import WorkbenchError
 from workbench import recommend as R
 from workbench.calibration import Calibration
-from workbench.sweep import SWEEP_COLUMNS, tree_key
-from workbench.tree import make_tree
+from workbench.sweep_file import SWEEP_COLUMNS
+from workbench.tree import make_tree, tree_key
 
 from helpers import make_calibration
 

@@ -27,6 +27,7 @@ import pytest
 
 from helpers import freeze_when
 from workbench.cli import main
+from workbench.io import work_folder
 from workbench.provenance import without_load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -163,13 +164,26 @@ def test_sweep_killed_again_and_again_ends_with_the_same_rows(tiny_llama, prompt
 def _pieces(out: Path) -> dict[str, bytes]:
     """The finished pieces a run keeps beside `out` (io.WorkState), by name; not a piece being written (a dot
     file) nor the settings."""
-    folder = out.with_name(out.name + ".work")
+    folder = work_folder(out)
     return {p.stem: p.read_bytes() for p in sorted(folder.glob("*.json"))
             if p.name != "settings.json" and not p.name.startswith(".")} if folder.is_dir() else {}
 
 
 def _piece_value(data: bytes):
     return json.loads(data)["value"]
+
+
+def _soak_with_pieces(killed: list[str], whole: list[str], out: Path, rng, what, capsys) -> dict[str, bytes]:
+    """A command keeping io.WorkState pieces beside `out`: `killed` killed at random pieces and resumed to its end,
+    then `whole` run unbroken; returns the pieces kept at the last kill (measured before it, never redone)."""
+    kept = {}
+    _kill_and_resume(killed, lambda: len(_pieces(out)), rng, what, capsys,
+                     before_resume=lambda: kept.update(_pieces(out)))
+    assert main(whole) == 0, what
+    capsys.readouterr()
+    assert not work_folder(out).exists(), f"{what}: the work folder outlived the run"
+    assert kept, f"{what}: nothing was kept at the last kill"
+    return kept
 
 
 @pytest.mark.slow
@@ -184,12 +198,8 @@ def test_latency_killed_again_and_again_keeps_its_points(tiny_llama, prompts, tm
         return ["latency", "--model", str(tiny_llama.model_dir), "--mode", mode, *flags, "--repeats", "2",
                 "--warmup", "1", "--device", "cpu", "--out", str(out)]
     out = tmp_path / "killed.csv"
-    kept = {}
-    _kill_and_resume(argv(out), lambda: len(_pieces(out)), rng, what, capsys,
-                     before_resume=lambda: kept.update(_pieces(out)))
-    assert main(argv(tmp_path / "whole.csv")) == 0
-    capsys.readouterr()
-    assert not out.with_name("killed.csv.work").exists() and not (tmp_path / "whole.csv.work").exists(), what
+    kept = _soak_with_pieces(argv(out), argv(tmp_path / "whole.csv"), out, rng, what, capsys)
+    assert not (tmp_path / "whole.csv.work").exists(), what
     a, b = (pd.read_csv(f) for f in (out, tmp_path / "whole.csv"))
     assert list(a.columns) == list(b.columns), what
     cols = ["model", "device", "dtype", "batch", "context", "tokens", "repeats"]
@@ -198,7 +208,6 @@ def test_latency_killed_again_and_again_keeps_its_points(tiny_llama, prompts, tm
     assert no_load(a["setting"]) == no_load(b["setting"]), what
     assert (a["seconds"] > 0).all() and a["relative"].notna().all(), what
     # every point measured before the last kill is in the CSV as it was measured, timings and setting included
-    assert kept, f"{what}: no point was kept at the last kill"
     for name, data in kept.items():
         point = _piece_value(data)
         rows = point["rows"] if mode == "decoder-step" else point
@@ -252,15 +261,8 @@ def test_eval_heads_killed_again_and_again_ends_with_the_same_result(tiny_llama,
                 "--medusa2", str(tiny_llama.heads_dirs["3"]), "--prompts", str(f), "--holdout", "0.5", "--limit",
                 "5", "--max-new-tokens", "12", "--topk", "3", "--tree", "[[0],[1],[0,0],[0,0,0]]", "--batch-size",
                 "2", "--device", "cpu", "--out", str(tmp_path / f"{name}.json"), "--table", str(tmp_path / f"{name}.md")]
-    out = tmp_path / "killed.json"
-    kept = {}
-    _kill_and_resume(argv("killed"), lambda: len(_pieces(out)), rng, what, capsys,
-                     before_resume=lambda: kept.update(_pieces(out)))
-    assert main(argv("whole")) == 0
-    capsys.readouterr()
-    assert not (tmp_path / "killed.json.work").exists(), what
+    kept = _soak_with_pieces(argv("killed"), argv("whole"), tmp_path / "killed.json", rng, what, capsys)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("killed", "whole"))
-    assert kept, f"{what}: no phase was kept at the last kill"
     for phase, field in {"medusa1-topk": "medusa1_topk", "medusa2-topk": "medusa2_topk", "drift": "drift",
                          "live-medusa1": "live_medusa1", "live-medusa2": "live_medusa2"}.items():
         if phase in kept:  # finished before the last kill: kept as it was, its speedup included
@@ -296,12 +298,7 @@ def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, c
     def argv(name):
         return ["vllm-check", "--vllm-python", VLLM_PY, "--calibration", str(calibration), "--prompts", str(f),
                 "--k", "1,2", "--batch-sizes", "1", "--max-new-tokens", "8", "--out", str(tmp_path / f"{name}.json")]
-    out = tmp_path / "killed.json"
-    kept = {}
-    _kill_and_resume(argv("killed"), lambda: len(_pieces(out)), rng, what, capsys,
-                     before_resume=lambda: kept.update(_pieces(out)))
-    assert main(argv("whole")) == 0
-    capsys.readouterr()
+    kept = _soak_with_pieces(argv("killed"), argv("whole"), tmp_path / "killed.json", rng, what, capsys)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("killed", "whole"))
     timing = ("vllm_startup_s", "seconds", "load_average", "note", "speed")
     assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}, what

@@ -21,7 +21,8 @@ from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.models import random_model
 from workbench.optimize import dense_tree, expected_length, optimal_tree
 from workbench.report import summarize
-from workbench.sweep import SWEEP_COLUMNS, dense_near, read_sweep, run_sweep, sweep_configs, sweep_trees
+from workbench.sweep import dense_near, run_sweep, sweep_configs, sweep_trees
+from workbench.sweep_file import SWEEP_COLUMNS, read_sweep
 from workbench.tree import load_tree
 
 V1_SWEEP = REPO_ROOT / "tests" / "data" / "sweep-greedy-v1.csv"  # a sweep of decoder version 1, as written
@@ -487,7 +488,7 @@ def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
     """A sweep of decoder version 1 (written before the predictions were renamed, without the step timing
     columns) and a CSV with the old prediction names read with today's names, in read_sweep and in the report."""
     from workbench.calibration import PREDICTIONS
-    from workbench.sweep import OLD_COLUMNS, read_sweep
+    from workbench.sweep_file import OLD_COLUMNS, read_sweep
 
     committed = V1_SWEEP
     old = pd.read_csv(committed).rename(columns={v: k for k, v in OLD_COLUMNS.items()})
@@ -505,7 +506,7 @@ def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
 def test_has_typical_means_rows_with_an_epsilon(tmp_path):
     """Fig. 5 needs typical-acceptance rows: the committed typical sweep has them, the greedy one has none."""
     from workbench import REPO_ROOT
-    from workbench.sweep import has_typical, read_sweep
+    from workbench.sweep_file import has_typical, read_sweep
 
     typical, greedy = (read_sweep(REPO_ROOT / "docs" / "results" / f"sweep-{k}-cpu.csv") for k in ("typical", "greedy"))
     assert has_typical(typical) and not has_typical(greedy)
@@ -518,7 +519,7 @@ def test_find_csvs_by_the_columns_their_reader_needs(tmp_path):
     from workbench import REPO_ROOT
     from workbench.io import find_csvs
     from workbench.latency import LATENCY_REQUIRED
-    from workbench.sweep import SWEEP_REQUIRED, read_sweep
+    from workbench.sweep_file import SWEEP_REQUIRED, read_sweep
 
     results, cal = REPO_ROOT / "docs" / "results", REPO_ROOT / "calibration"
     sweeps = find_csvs([results, cal, tmp_path / "missing"], SWEEP_REQUIRED)

@@ -17,7 +17,7 @@ from plotly.colors import qualitative, sample_colorscale
 
 from workbench.calibration import PREDICTED_COLUMNS
 from workbench.static_figures import STEP_COLOURS, tree_positions
-from workbench.sweep import tree_rows, vanilla_value
+from workbench.sweep_file import tree_rows, vanilla_value
 from workbench.tree import RankPath, Tree, tree_buffers, tree_diff
 
 FOCUS = "crimson"

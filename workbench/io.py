@@ -130,9 +130,15 @@ def _part_of_folder_input(f: Path) -> bool:
 def check_not_inputs(outputs: dict, inputs: dict) -> None:
     """Refuse an output (flag -> (path, 'file'|'folder')) that is, or through a link reaches, one of the inputs
     (flag -> path): an input file itself, an existing file inside an input folder, an input folder itself, or (for
-    a folder output) a folder holding an input. Writing there would change the user's files."""
+    a folder output) a folder holding an input. Writing there would change the user's files. Two outputs naming
+    the same path are refused too (one would silently replace the other)."""
+    seen = {}
     for flag, (out, kind) in outputs.items():
         o = _resolved(out)
+        if o in seen and not Path(out).is_char_device():  # /dev/null twice is fine
+            raise WorkbenchError(f"{flag} {out} and {seen[o]} name the same file: one would overwrite the other; "
+                                 f"give {flag} another name")
+        seen[o] = f"{flag} {out}"
         for iflag, inp in inputs.items():
             i = _resolved(inp)
             same = o == i

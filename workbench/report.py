@@ -10,7 +10,7 @@ import pandas as pd
 from workbench import WorkbenchError
 from workbench.latency import interpolate_latency, latency_table, read_latency, speedup_at
 from workbench.plan import plan_check
-from workbench.sweep import SWEEP_COLUMNS, read_sweep
+from workbench.sweep_file import SWEEP_COLUMNS, read_sweep
 
 
 def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:

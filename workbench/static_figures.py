@@ -18,7 +18,7 @@ from matplotlib.ticker import MaxNLocator
 
 from workbench.calibration import PREDICTED_COLUMNS
 from workbench.io import atomic_write
-from workbench.sweep import tree_rows, vanilla_value
+from workbench.sweep_file import tree_rows, vanilla_value
 from workbench.tree import RankPath, Tree, tree_buffers
 
 CMAP = "viridis"

@@ -1,20 +1,15 @@
 """Sweep: the live decoder on every configuration (tree x temperature x epsilon) beside vanilla greedy.
 
 Vanilla greedy runs on the same prompts in the same run, so measured tokens per step, speedup and the quality
-proxies are side by side; the result is a resumable sweep CSV, a format this module owns (SWEEP_COLUMNS,
-read_sweep, read_sweep_rows, an atomic rewrite after every row).
+proxies are side by side; the result is a resumable sweep CSV (its format: sweep_file.py), rewritten atomically
+after every row.
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
-import math
 import statistics
-from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import torch
 
@@ -25,11 +20,11 @@ from workbench.calibration import decoder_walk
 from workbench.decode import DECODER_VERSION, Acceptance, medusa_generate, vanilla_generate
 from workbench.divergence import divergence_counts, divergences
 from workbench.engine import StepEngine, forward_probe, logits_of, root_setup, tree_setup
-from workbench.io import atomic_write_text, read_csv
 from workbench.optimize import best_by, dense_nodes, dense_tree, optimal_tree
 from workbench.provenance import setting, setting_cell
 from workbench.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, overhead, step_times,
                              tokens_per_step)
+from workbench.sweep_file import read_sweep_rows, row_cells, write_rows
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree, tree_key
 
 DEFAULT_BUDGETS = (4, 8, 16, 32, 64, 128, 256)
@@ -135,98 +130,6 @@ def distinct_2(outputs: list[list[int]]) -> float:
 
 # ----------------------------------------------------------------------------------------------- sweep: run
 
-SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "batch_size", "acceptance", "temperature", "epsilon", "delta",
-                 "acceleration_rate", "overhead", "speedup", "tokens_per_s", "vanilla_tokens_per_s", "mean_step_s",
-                 "step_ms", "forward_ms", "decoder_overhead",
-                 "predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept",
-                 "exact_match", "near_tie_divergences", "mismatches",
-                 "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
-                 "model", "prompts", "max_new_tokens", "device", "dtype", "calibration", "decoder_version", "setting"]
-SETTING_COLUMNS_BEFORE = SWEEP_COLUMNS[:-1]  # sweeps written before `setting` (provenance.py) was kept: resumable
-# Column names of sweep CSVs written before the predictions got one set of names (calibration.py): read_sweep
-# renames them, so older files still open in the app and the report. The only place the old names live.
-OLD_COLUMNS = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
-               "predicted_walk": "predicted_replay_fit", "replay": "replay_swept"}
-SWEEP_REQUIRED = ("tree", "nodes", "acceleration_rate")  # on every row of every sweep (read_sweep)
-SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration",
-              "decoder_version", "setting")
-
-
-def _fmt(v) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
-
-
-
-def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
-    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs: numeric columns hold finite
-    numbers (or nothing), nodes and acceleration_rate on every row."""
-    df = read_csv(path, what, SWEEP_REQUIRED, "workbench sweep --out FILE.csv")
-    df = df.rename(columns={old: new for old, new in OLD_COLUMNS.items() if new not in df.columns})
-    for c in df.columns:
-        if c in SWEEP_TEXT or c not in SWEEP_COLUMNS:
-            continue
-        num = pd.to_numeric(df[c], errors="coerce")
-        required = c in ("nodes", "acceleration_rate")
-        bad = (num.isna() & (df[c].notna() | required)) | np.isinf(num)
-        if bad.any():
-            i = int(np.argmax(bad.to_numpy()))
-            raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} holds {str(df[c].iloc[i])[:40]!r}, "
-                                 f"not a finite number")
-        df[c] = num
-    if "batch_size" not in df.columns:  # sweeps before batched decoding ran one prompt at a time
-        df["batch_size"] = 1
-    rules = {"nodes": (0, 1 << 12, True), "depth": (0, 64, True), "batch_size": (1, 1 << 16, True),
-             "acceleration_rate": (1 - 1e-9, 1e4, False)}  # every step emits at least one token
-    for c, (low, high, integer) in rules.items():
-        if c not in df.columns:
-            continue
-        v = df[c]
-        bad = v.notna() & (~v.between(low, high) | ((v % 1 != 0) if integer else False))
-        if bad.any():
-            i = int(np.argmax(bad.to_numpy()))
-            raise WorkbenchError(f"{what} {path}: row {i + 2}: {c} {v.iloc[i]:g} is not "
-                                 f"{'an integer' if integer else 'a number'} in [{low:g}, {high:g}]"
-                                 f"{' (tokens per step: every step emits at least one)' if c == 'acceleration_rate' else ''}")
-    return df
-
-
-def has_typical(sweep: pd.DataFrame) -> bool:
-    """Whether a sweep holds typical-acceptance rows (an epsilon on some row): the rows of the paper's Fig. 5."""
-    return "epsilon" in sweep.columns and bool(sweep["epsilon"].notna().any())
-
-
-def read_sweep_rows(path) -> list[dict]:
-    """The rows of a sweep CSV as strings (kept verbatim on rewrite), or [] when it does not exist yet."""
-    f = Path(path)
-    if not f.is_file() or f.stat().st_size == 0:
-        return []
-    try:
-        with f.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            same = reader.fieldnames in (SWEEP_COLUMNS, SETTING_COLUMNS_BEFORE)
-            rows = list(reader) if same else []
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise WorkbenchError(f"--out {path}: exists but is not a readable CSV ({str(e)[:100]}); use another --out") from None
-    if not same:
-        raise WorkbenchError(f"--out {path}: exists but is not a sweep CSV of this version (columns differ); "
-                             "use another --out")
-    if rows:
-        read_sweep(path, "--out")  # every row well-formed, or one line before hours of decoding
-    return rows
-
-
-def _write_rows(path, rows: list[dict]) -> None:
-    buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=SWEEP_COLUMNS, lineterminator="\n")
-    w.writeheader()
-    w.writerows(rows)
-    atomic_write_text(path, buf.getvalue())
-
-
 def calibration_predictions(calibration, max_new_tokens: int | None = None, prompt_ids=None):
     """tree -> calibration predictions for a sweep row: Calibration.predict's three (predicted_independent,
     predicted_joint, predicted_replay over every held-out answer: a larger sample than a live sweep can afford),
@@ -314,8 +217,8 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     def emit(row: dict) -> None:  # the setting now (its load average is this row's)
         where = setting(model.device.type, str(model.dtype), torch.get_num_threads(), compiled, gpu)
         row = {**common, "setting": setting_cell(where), **row}
-        rows.append({k: _fmt(row.get(k)) for k in SWEEP_COLUMNS})
-        _write_rows(out, rows)
+        rows.append(row_cells(row))
+        write_rows(out, rows)
         if on_row is not None:
             on_row(row)
 
@@ -373,27 +276,3 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
             emit(row)
     bar.close()
     return pd.read_csv(out)
-
-
-def _kind(df):
-    """Tree family per sweep row: the sweep's `kind` column (optimal / dense / given), else from the tree name."""
-    if "kind" in df.columns:
-        return df["kind"].fillna("").astype(str)
-    return df["tree"].astype(str).map(lambda t: "dense" if "dense" in t.lower() else "sparse")
-
-
-def tree_rows(sweep, acceptance: str | None = "greedy"):
-    """Sweep rows of real trees (not the vanilla baseline row), with one acceptance rule when the CSV says."""
-    df = sweep.assign(_kind=_kind(sweep))
-    df = df[df["_kind"] != "vanilla"]
-    if acceptance and "acceptance" in df.columns:
-        df = df[df["acceptance"] == acceptance]
-    return df
-
-
-def vanilla_value(sweep, column: str) -> float | None:
-    """The vanilla greedy baseline's value of `column` in a sweep (its last vanilla row), None when absent."""
-    if "kind" not in sweep.columns or column not in sweep.columns:
-        return None
-    v = sweep.loc[sweep["kind"] == "vanilla", column].dropna()
-    return float(v.iloc[-1]) if len(v) else None

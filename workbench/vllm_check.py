@@ -68,8 +68,11 @@ def run_worker(py: str, request: dict, progress, on_result=None) -> list[dict]:
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: vLLM's log never fills a buffer and blocks
         with subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                               text=True, env=worker_env(py)) as proc:
-            proc.stdin.write(json.dumps(request))
-            proc.stdin.close()
+            try:
+                proc.stdin.write(json.dumps(request))
+                proc.stdin.close()
+            except BrokenPipeError:  # it ended before reading: its exit status and log say why
+                pass
             for line in proc.stdout:  # vLLM logs to stdout too: only our JSON lines count
                 try:
                     msg = json.loads(line)
@@ -243,6 +246,9 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
                     raise
                 plan_k[b] = 0
     all_ks = sorted(set(ks) | {k for k in plan_k.values() if k})
+    # the predictions first: a calibration that cannot predict fails here, not after minutes of vLLM
+    predicted = {k: {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
+                 for k in all_ks}
     engines = [None] + [{"method": "medusa", "model": str(folder), "num_speculative_tokens": k} for k in all_ks]
     longest = max(map(len, ids)) + max_new_tokens + max(all_ks) + 8
     request = dict(model=vllm_model, engines=engines, prompts=ids, batch_sizes=list(batch_sizes),
@@ -265,7 +271,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
         per_seq = dict(ours=mine[k]["per_sequence"], vllm=first.get("steps"),
                        lengths=[len(o) for o in mine[k]["outputs"]])
         drafts, pos = first["num_drafts"], first["accepted_per_pos"][:k]
-        pred = {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
+        pred = predicted[k]
         measured = 1 + sum(pos) / max(drafts, 1)
         key = next(p for p in PREDICTIONS if p in pred)
         rows.append(dict(

@@ -28,7 +28,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 # the flags (argparse dests) that name what a command writes: a file, or a folder it fills
-OUTPUTS = {"out": "file", "png": "file", "curve_out": "file", "figures": "folder", "work": "folder",
+OUTPUTS = {"out": "file", "png": "file", "curve_out": "file", "table": "file", "figures": "folder", "work": "folder",
            "trees_dir": "folder"}
 FOLDER_OUT = {"calibrate", "train-heads"}  # commands whose --out is a folder
 

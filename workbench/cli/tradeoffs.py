@@ -153,6 +153,7 @@ def cmd_sweep(args) -> int:
     from workbench import sweep as S
     from workbench.calibration import Calibration, default_calibration
     from workbench.data import load_prompt_records
+    from workbench.sweep_file import read_sweep_rows
     from workbench.tree import load_tree
 
     temps = parse_floats(args.temperature, "--temperature")
@@ -185,7 +186,7 @@ def cmd_sweep(args) -> int:
     check_output(args.out, "--out")
     if Path(args.out).exists() and not Path(args.out).is_file():
         raise WorkbenchError(f"--out {args.out}: not a regular file; a sweep resumes from its own CSV: give a file")
-    S.read_sweep_rows(args.out)  # a foreign --out file, too
+    read_sweep_rows(args.out)  # a foreign --out file, too
     if args.prompts == "holdout":
         records = cal.holdout_prompts(args.limit)
     else:
@@ -246,7 +247,7 @@ def cmd_sweep_report(args) -> int:
     from workbench.latency import read_latency
     from workbench.plan import read_plan
     from workbench.report import summarize
-    from workbench.sweep import read_sweep
+    from workbench.sweep_file import read_sweep
 
     sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
     plan = read_plan(args.plan) if args.plan else None

@@ -54,6 +54,31 @@ def missing_browser() -> str | None:
     return None
 
 
+def healthy(url: str, proc, timeout: float) -> bool:
+    """Whether the streamlit server at `url` answers its health check within `timeout` s (False as soon as its
+    process `proc` has ended)."""
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200:
+                return True
+        except OSError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            return False
+        time.sleep(0.5)
+
+
+def stop(proc, grace: float = 10) -> None:
+    """End a server: SIGTERM, and SIGKILL if it is still there after `grace` s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def app_server(env: dict, log_path: Path, timeout: float = 60, script: Path = APP):
     """`streamlit run app.py` (or another script) with these extra environment variables, its output in log_path;
@@ -68,24 +93,12 @@ def app_server(env: dict, log_path: Path, timeout: float = 60, script: Path = AP
                             cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + timeout
-        while True:
-            try:
-                if urllib.request.urlopen(f"{url}/_stcore/health", timeout=2).status == 200:
-                    break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                raise RuntimeError(f"streamlit did not start:\n{log.read()[-3000:]}")
-            time.sleep(0.5)
+        if not healthy(url, proc, timeout):
+            log.seek(0)
+            raise RuntimeError(f"streamlit did not start:\n{log.read()[-3000:]}")
         yield url, proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
         log.close()
 
 

@@ -12,13 +12,9 @@ from pathlib import Path
 
 import pandas as pd
 import streamlit as st
-import torch
 
-from workbench import REPO_ROOT, WorkbenchError, interactive_figures, static_figures
-from workbench.decode import ACCEPTANCE_KINDS, Acceptance, medusa_generate, vanilla_generate
+from workbench import ACCEPTANCE_KINDS, REPO_ROOT, WorkbenchError, interactive_figures, static_figures
 from workbench.speed import goodput, tokens_per_step
-from workbench.divergence import compare
-from workbench.generation import prepare_prompt
 from workbench.tree import REFERENCE_DIR, load_tree
 from workbench.ui.widgets import (calibration_folders, clean_error, figure, file_stamp, load_model, open_calibration,
                                   timed)
@@ -98,6 +94,12 @@ def predicted_for(folder: str | None, spec: str | None, max_new: int) -> dict | 
 
 
 def _live_page() -> None:
+    import torch  # here, not at the top: the other pages open without loading torch
+
+    from workbench.decode import Acceptance, medusa_generate, vanilla_generate
+    from workbench.divergence import compare
+    from workbench.generation import prepare_prompt
+
     st.title("Live decode")
     with st.sidebar:
         spec = tree_choice()

@@ -16,7 +16,7 @@ from workbench.calibration import PREDICTED_COLUMNS
 from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
 from workbench.plan import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
 from workbench.recommend import OLD_DECODER, decoder_version
-from workbench.sweep import has_typical
+from workbench.sweep_file import has_typical
 from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
                                          sweep_measurements)
 from workbench.ui.tree_page import RECOMMENDED, tree_page

@@ -17,10 +17,8 @@ import streamlit as st
 
 from workbench import REPO_ROOT, WorkbenchError, interactive_figures
 from workbench.calibration import tree_table
-from workbench.decode import first_proposal
 from workbench.export import (FORMATS, SAFE_ENGINES, SUFFIXES, TRTLLM_MAX_DRAFT_LEN, best_engine_safe, engine_safe,
                               export_tree, first_level_gaps, vllm_uniform)
-from workbench.generation import prepare_prompt
 from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
                                 optimal_tree_from)
 from workbench.recommend import shape, tree_speedup
@@ -36,6 +34,9 @@ from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, d
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
     """The model's next token and every head's top-k tokens at the end of `prompt` (node labels); blank model
     and heads = the demo."""
+    from workbench.decode import first_proposal  # torch: loaded when a model is, not when the page opens
+    from workbench.generation import prepare_prompt
+
     base, tok, heads = load_model(model, heads_path, "auto")
     found = first_proposal(base, heads, prepare_prompt(tok, prompt), topk)
     show = lambda i: tok.decode([int(i)]).replace("\n", "\\n").strip() or repr(tok.decode([int(i)]))  # noqa: E731

@@ -24,9 +24,8 @@ from workbench.accuracies import read_accuracies
 from workbench.calibration import Calibration, list_calibrations
 from workbench.io import find_csvs
 from workbench.latency import LATENCY_REQUIRED, hardware_aware, read_latency
-from workbench.models import load_model_and_heads
 from workbench.recommend import latency_tables
-from workbench.sweep import SWEEP_REQUIRED, read_sweep
+from workbench.sweep_file import SWEEP_REQUIRED, read_sweep
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "workbench-app"
 EXAMPLE_CSV = "head,rank,accuracy\n1,1,0.55\n1,2,0.12\n1,3,0.05\n2,1,0.30\n2,2,0.10\n2,3,0.05\n"
@@ -160,6 +159,8 @@ def hardware_aware_for(source_key: tuple, value_name: str, _value, seconds: dict
 @st.cache_resource(show_spinner=False, max_entries=1)
 def load_model(model: str, heads: str, device: str):
     """(base, tokenizer, heads); one at a time, so switching models frees the last one."""
+    from workbench.models import load_model_and_heads  # torch: imported when a model is loaded, not on every page
+
     return load_model_and_heads(model or None, heads or None, None if device == "auto" else device)
 
 
