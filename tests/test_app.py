@@ -87,34 +87,32 @@ def test_no_calibration_is_an_info_not_a_crash(tmp_path, monkeypatch):
 
 def test_only_the_app_package_imports_streamlit():
     """Every library module and the CLI import without streamlit; the app's pages (workbench.ui) bring it in."""
-    import os
-    import subprocess
-    import sys
-
-    code = ("import pkgutil, sys, importlib, workbench\n"
-            "mods = [m.name for m in pkgutil.walk_packages(workbench.__path__, 'workbench.')]\n"
-            "[importlib.import_module(m) for m in mods\n"
-            " if not m.startswith('workbench.ui') and not m.endswith('__main__')]\n"
-            "assert 'workbench.cli' in sys.modules and 'streamlit' not in sys.modules, 'streamlit imported'\n"
-            "import workbench.ui.tree_page\n"
-            "assert 'streamlit' in sys.modules\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
-    assert run.returncode == 0, run.stderr[-2000:]
+    _runs_in_a_fresh_python("import pkgutil, sys, importlib, workbench\n"
+                            "mods = [m.name for m in pkgutil.walk_packages(workbench.__path__, 'workbench.')]\n"
+                            "[importlib.import_module(m) for m in mods\n"
+                            " if not m.startswith('workbench.ui') and not m.endswith('__main__')]\n"
+                            "assert 'workbench.cli' in sys.modules and 'streamlit' not in sys.modules, "
+                            "'streamlit imported'\n"
+                            "import workbench.ui.tree_page\n"
+                            "assert 'streamlit' in sys.modules\n")
 
 
 def test_the_pages_open_without_torch():
     """app.py and every page import without torch or transformers (the first page is drawn seconds sooner); they
     come in only when a model is loaded (the live page's body, the designer's head tokens)."""
+    _runs_in_a_fresh_python("import sys\n"
+                            "import workbench.ui.tree_page, workbench.ui.tradeoffs_page, workbench.ui.calibration_page\n"
+                            "import workbench.ui.live_page, workbench.ui.recommendation, workbench.ui.widgets\n"
+                            "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+                            "assert not heavy, f'imported {heavy}'\n")
+
+
+def _runs_in_a_fresh_python(code: str) -> None:
+    """`code` passes in a new interpreter (what a module imports shows only in a process that imported nothing)."""
     import os
     import subprocess
     import sys
 
-    code = ("import sys\n"
-            "import workbench.ui.tree_page, workbench.ui.tradeoffs_page, workbench.ui.calibration_page\n"
-            "import workbench.ui.live_page, workbench.ui.recommendation, workbench.ui.widgets\n"
-            "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
-            "assert not heavy, f'imported {heavy}'\n")
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     run = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-2000:]
