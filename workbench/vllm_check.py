@@ -225,16 +225,8 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
         raise WorkbenchError(f"--model {model}: vLLM needs an HF model folder (config.json + safetensors); the "
                              "demo model is written as one automatically")
     cal = Calibration(calibration or default_calibration())
-    t0 = time.time()
-    base, tok, heads = load_model_and_heads(model, heads_dir, "cpu", "float32")
-    if max(ks) > heads.num_heads:
-        raise WorkbenchError(f"--k {max(ks)}: the heads draft at most {heads.num_heads} tokens")
+    # what can be refused without the model comes first: the prompts, the plan's K, the calibration's predictions
     records = cal.holdout_prompts(limit) if prompts == "holdout" else load_prompt_records(prompts, limit)
-    ids = [prepare_prompt(tok, text, raw) for _, text in records]
-    eos = sorted(eos_ids(base, tok))
-    vllm_model = str(demo_model_dir() if model is None else Path(model).resolve())
-    folder = cache_dir() / "vllm-heads" / heads_fingerprint(heads)
-    write_vllm_heads(heads, base, folder, model_label(model))
     plan_k = {}
     if plan is not None:  # the plan's own config at each batch size (export_plan: what a user would serve)
         for b in batch_sizes:
@@ -246,9 +238,17 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
                     raise
                 plan_k[b] = 0
     all_ks = sorted(set(ks) | {k for k in plan_k.values() if k})
-    # the predictions first: a calibration that cannot predict fails here, not after minutes of vLLM
     predicted = {k: {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
                  for k in all_ks}
+    t0 = time.time()
+    base, tok, heads = load_model_and_heads(model, heads_dir, "cpu", "float32")
+    if max(all_ks) > heads.num_heads:
+        raise WorkbenchError(f"--k {max(all_ks)}: the heads draft at most {heads.num_heads} tokens")
+    ids = [prepare_prompt(tok, text, raw) for _, text in records]
+    eos = sorted(eos_ids(base, tok))
+    vllm_model = str(demo_model_dir() if model is None else Path(model).resolve())
+    folder = cache_dir() / "vllm-heads" / heads_fingerprint(heads)
+    write_vllm_heads(heads, base, folder, model_label(model))
     engines = [None] + [{"method": "medusa", "model": str(folder), "num_speculative_tokens": k} for k in all_ks]
     longest = max(map(len, ids)) + max_new_tokens + max(all_ks) + 8
     request = dict(model=vllm_model, engines=engines, prompts=ids, batch_sizes=list(batch_sizes),

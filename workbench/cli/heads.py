@@ -400,6 +400,9 @@ def cmd_eval_heads(args) -> int:
                              "`train-heads --recipe medusa-2` wrote)")
     if not 0 < args.holdout < 1:
         raise WorkbenchError(f"--holdout {args.holdout:g}: the held-out share in (0, 1) that calibrate used, e.g. 0.2")
+    from workbench.tree import load_tree
+
+    load_tree(args.tree)  # a malformed tree fails before two models load (its depth is checked against the heads)
     for flag, path in (("--out", args.out), ("--table", args.table)):
         check_output(path, flag)
     anchor = args.out or args.table  # the finished phases wait beside it (a rerun resumes from them)
