@@ -27,7 +27,7 @@ import pytest
 
 from helpers import freeze_when
 from workbench.cli import main
-from workbench.io import work_folder
+from workbench.io import piece_files, work_folder
 from workbench.provenance import without_load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -165,8 +165,7 @@ def _pieces(out: Path) -> dict[str, bytes]:
     """The finished pieces a run keeps beside `out` (io.WorkState), by name; not a piece being written (a dot
     file) nor the settings."""
     folder = work_folder(out)
-    return {p.stem: p.read_bytes() for p in sorted(folder.glob("*.json"))
-            if p.name != "settings.json" and not p.name.startswith(".")} if folder.is_dir() else {}
+    return {p.stem: p.read_bytes() for p in piece_files(folder)} if folder.is_dir() else {}
 
 
 def _piece_value(data: bytes):

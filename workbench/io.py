@@ -280,6 +280,12 @@ def work_folder(out: str | Path | None) -> Path | None:
     return out.with_name(out.name + ".work")
 
 
+def piece_files(folder: Path) -> list[Path]:
+    """The finished pieces in a WorkState folder, sorted: neither its settings nor a piece being written (a dot
+    file that a kill inside an atomic write leaves behind)."""
+    return sorted(p for p in folder.glob("*.json") if p.name != "settings.json" and not p.name.startswith("."))
+
+
 class WorkState:
     """The finished pieces of a long run whose result is one file (latency's points, eval-heads' phases,
     vllm-check's engines), kept in work_folder(out) until that file is written (then remove_work): the same
@@ -318,7 +324,7 @@ class WorkState:
                   "over", file=sys.stderr)
             self.stale = True
             return
-        done = len([p for p in self.folder.glob("*.json") if p.name != "settings.json" and not p.name.startswith(".")])
+        done = len(piece_files(self.folder))
         if done:
             print(f"resuming: {done} finished piece(s) kept in {self.folder}", file=sys.stderr)
 
