@@ -10,6 +10,10 @@ latency quartiles). `replay_these` is the replay over the answers of exactly the
 greedy decoder must measure it (it separates the prompt sample from the model). Measurement: at every batch size the
 held-out prompts are decoded B at a time, vanilla greedy and then every candidate on the same batch back to back
 (a load change hits them alike; one vanilla pass serves all candidates); one repeat = one pass over the prompts; every quantity from speed.py, its spread over repeats.
+The speedup compared is the decoding phase's (speed.decode_speedup: what plan predicts; the prefill is the same
+work for both methods); the end-to-end one (prefill included) and the prefill's share stand beside it, with the
+two parts of every prediction: the batch's tokens/step (it waits for its slowest sequence) and the step's cost over
+vanilla's (t(n+1)/t(1) of the latency table, measured: speed.overhead), each predicted and measured.
 Writes a table (stdout) and JSON (--out) with the setting of this run and of the latency table, and says loudly
 when they differ.
 """
@@ -27,11 +31,16 @@ from workbench.calibration import Calibration, decoder_walk, default_calibration
 from workbench.cli.shared import run_script  # noqa: E402
 from workbench.io import atomic_write_json  # noqa: E402
 from workbench.latency import latency_surface, read_latency  # noqa: E402
-from workbench.plan import calibration_source, candidates, rank  # noqa: E402
+from workbench.plan import at_batch, calibration_source, candidates, rank  # noqa: E402
 from workbench.provenance import describe, loaded, mismatch_warning, read_setting, setting  # noqa: E402
-from workbench.speed import measured_speedup, spread, tokens_per_step  # noqa: E402
+from workbench.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
+                             prefill_share, spread, tokens_per_step)
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
+MEASURED = {"speedup": decode_speedup, "end_to_end_speedup": measured_speedup,
+            "tokens_per_step": lambda m, v: tokens_per_step(m),
+            "batch_tokens_per_step": lambda m, v: batch_tokens_per_step(m),
+            "step_ratio": overhead, "prefill_share": lambda m, v: prefill_share(v)}
 
 
 def plan_top(cal: Calibration, latency_df, batch_sizes, top: int, max_new_tokens: int | None) -> tuple[dict, dict]:
@@ -41,14 +50,17 @@ def plan_top(cal: Calibration, latency_df, batch_sizes, top: int, max_new_tokens
     most = max(max(s["seconds"]) for s in surface.values()) - 1
     cands = candidates(src["tokens_per_step"], src["chain_acceptance"], most, src["value"], src["max_depth"],
                        src["max_rank"])
-    out = {b: [c for c in rank(cands, surface[b]["seconds"], surface[b]["spread"]) if c["kind"] != "none"][:top]
+    out = {b: [c for c in rank(at_batch(cands, src["batch_tokens_per_step"], b), surface[b]["seconds"],
+                               surface[b]["spread"]) if c["kind"] != "none"][:top]
            for b in batch_sizes}
     return out, dict(src["info"], context=ctx)
 
 
 def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeats: int, engine,
             progress=print) -> dict:
-    """{batch: {tree name: {"speedup": [per repeat], "tokens_per_step": [per repeat]}}}, every number speed.py's."""
+    """{batch: {tree name: {quantity: [per repeat]}}}, every number speed.py's: the decoding phase's speedup (what
+    plan predicts), the end-to-end one (prefill included), each sequence's and the whole batch's tokens/step, the
+    step's cost over vanilla's (overhead) and vanilla's prefill share."""
     import torch
 
     from workbench.decode import medusa_generate, vanilla_generate
@@ -62,7 +74,7 @@ def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeat
             vanilla_generate(model, tok, chunks[0], 2, engine=engine)  # warm-up of every shape
             for buf in bufs.values():
                 medusa_generate(model, heads, tok, chunks[0], buf, 2, engine=engine)
-            got = {name: dict(speedup=[], tokens_per_step=[]) for name in bufs}
+            got = {name: {q: [] for q in MEASURED} for name in bufs}
             for r in range(repeats):
                 van, med = [], {name: [] for name in bufs}
                 for chunk in chunks:  # vanilla, then every candidate, on the same chunk back to back
@@ -70,8 +82,8 @@ def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeat
                     for name, buf in bufs.items():
                         med[name].append(medusa_generate(model, heads, tok, chunk, buf, max_new_tokens, engine=engine))
                 for name in bufs:
-                    got[name]["speedup"].append(measured_speedup(med[name], van))
-                    got[name]["tokens_per_step"].append(tokens_per_step(med[name]))
+                    for q, fn in MEASURED.items():
+                        got[name][q].append(fn(med[name], van))
                 progress(f"batch {b}: repeat {r + 1}/{repeats} done")
             out[b] = got
     return out
@@ -84,7 +96,8 @@ def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_t
     for b, top in picks.items():
         for c in top:
             m = measured[b][c["tree"].name]
-            sp, tps = spread(m["speedup"]), spread(m["tokens_per_step"])
+            sp, tps, e2e = spread(m["speedup"]), spread(m["tokens_per_step"]), spread(m["end_to_end_speedup"])
+            bt, ratio = spread(m["batch_tokens_per_step"]), spread(m["step_ratio"])
             rows.append(dict(batch_size=b, candidate=c["tree"].name, kind=c["kind"], nodes=c["nodes"],
                              medusa_choices=c["tree"].as_lists(),
                              predicted_tokens_per_step=c["tokens_per_step"], replay_these=decoder_walk(c["tree"], these),
@@ -92,7 +105,12 @@ def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_t
                              tokens_per_step_q3=tps["q3"], predicted_speedup=c["speedup"],
                              predicted_range=list(c["range"]) if c["range"] else None,
                              measured_speedup=sp["median"], speedup_q1=sp["q1"], speedup_q3=sp["q3"],
-                             repeats=sp["repeats"],
+                             repeats=sp["repeats"], end_to_end_speedup=e2e["median"],
+                             prefill_share=spread(m["prefill_share"])["median"],
+                             predicted_batch_tokens_per_step=c["batch_tokens_per_step"],
+                             measured_batch_tokens_per_step=bt["median"],
+                             predicted_step_ratio=c["batch_tokens_per_step"] / c["speedup"],
+                             measured_step_ratio=ratio["median"],
                              speedup_err_pct=100 * (c["speedup"] / sp["median"] - 1),
                              tokens_per_step_err_pct=100 * (c["tokens_per_step"] / tps["median"] - 1)))
     return rows
@@ -100,7 +118,8 @@ def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_t
 
 def table(rows: list[dict]) -> str:
     head = (f"{'B':>2} {'candidate':<14}{'nodes':>6} {'tok/step pred':>13} {'these':>6} {'measured (q1..q3)':>22} "
-            f"{'err':>6}  {'speedup pred (range)':>22} {'measured (q1..q3)':>22} {'err':>6}")
+            f"{'err':>6}  {'speedup pred (range)':>22} {'decode (q1..q3)':>22} {'err':>6}  {'batch t/s':>11} "
+            f"{'step ratio':>11} {'e2e':>6} {'prefill':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         rng = f"({r['predicted_range'][0]:.2f}..{r['predicted_range'][1]:.2f})" if r["predicted_range"] else ""
@@ -109,7 +128,10 @@ def table(rows: list[dict]) -> str:
             f"{r['replay_these']:>6.3f} {r['measured_tokens_per_step']:>7.3f} "
             f"({r['tokens_per_step_q1']:.3f}..{r['tokens_per_step_q3']:.3f}) {r['tokens_per_step_err_pct']:>+5.1f}%  "
             f"{r['predicted_speedup']:>8.3f}x {rng:>12} {r['measured_speedup']:>7.3f}x "
-            f"({r['speedup_q1']:.2f}..{r['speedup_q3']:.2f}) {r['speedup_err_pct']:>+5.1f}%")
+            f"({r['speedup_q1']:.2f}..{r['speedup_q3']:.2f}) {r['speedup_err_pct']:>+5.1f}%  "
+            f"{r['predicted_batch_tokens_per_step']:>5.3f}/{r['measured_batch_tokens_per_step']:<5.3f} "
+            f"{r['predicted_step_ratio']:>5.2f}/{r['measured_step_ratio']:<5.2f} {r['end_to_end_speedup']:>5.3f}x "
+            f"{100 * r['prefill_share']:>6.1f}%")
     return "\n".join(lines)
 
 

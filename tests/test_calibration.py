@@ -117,6 +117,59 @@ def test_walk_equals_its_definition(seed):
         assert measured_acceptance(tree, ranks) == mean
 
 
+def _steps_by_definition(tree, mat: np.ndarray) -> int:
+    nodes, rows, t, steps = set(tree.paths), mat.tolist(), 0, 0
+    while t < len(rows):
+        row, d = rows[t], 0
+        while d < len(row) and row[d] >= 0 and tuple(row[:d + 1]) in nodes:
+            d += 1
+        t, steps = t + 1 + d, steps + 1
+    return steps
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batch_walk_is_the_goodput_over_every_batch(seed):
+    """A batch of B answers steps until its slowest is done and plain decoding until its longest is: over every
+    B-subset of the answers, sum of max lengths / sum of max steps, which batch_walk gives exactly; batch 1 is the
+    replay."""
+    import itertools
+
+    from workbench.calibration import NULL, answer_rows, batch_walk, expected_max, ranks_frame
+
+    rng = np.random.default_rng(seed)
+    K = 3
+    prompts = []
+    for _ in range(7):
+        n = int(rng.integers(1, 40))
+        mat = np.minimum(rng.geometric(0.5, size=(n, K)) - 1, 9).astype(np.int16)
+        for k in range(K):
+            mat[max(n - k - 1, 0):, k] = NULL
+        prompts.append(mat)
+    rows = answer_rows(ranks_frame([f"p{i}" for i in range(len(prompts))], prompts, K))
+    tree = make_tree([[0], [1], [0, 0], [0, 0, 0]])
+    steps = [_steps_by_definition(tree, m) for m in prompts]
+    lengths = [len(m) for m in prompts]
+    assert batch_walk(tree, rows, 1) == pytest.approx(sum(lengths) / sum(steps)) == \
+        pytest.approx(decoder_walk(tree, ranks_frame([f"p{i}" for i in range(len(prompts))], prompts, K)))
+    for b in (2, 3, 5, 7, 9):
+        combos = list(itertools.combinations(range(len(prompts)), min(b, len(prompts))))
+        want = sum(max(lengths[i] for i in c) for c in combos) / sum(max(steps[i] for i in c) for c in combos)
+        assert batch_walk(tree, rows, b) == pytest.approx(want)
+        assert expected_max(steps, b) == pytest.approx(sum(max(steps[i] for i in c) for c in combos) / len(combos))
+    with pytest.raises(WorkbenchError, match="no answers"):
+        expected_max([], 2)
+
+
+def test_batch_replay_of_the_demo_falls_with_batch_size(cal):
+    """On the demo's held-out answers a batch's tokens/step falls below each sequence's as the batch grows (the
+    slowest sequence sets the steps): what the planner divides by at batch B."""
+    tree = make_tree([[0], [1], [0, 0]])
+    per_seq = cal.replay(tree, "holdout", 48)
+    got = [cal.batch_replay(tree, b, "holdout", 48) for b in (1, 2, 4, 8)]
+    assert got[0] == pytest.approx(per_seq) and got[0] > got[1] > got[2] > got[3] > 1
+    assert got[3] / per_seq < 0.97
+
+
 def test_tree_table(cal):
     trees = [load_tree("mc_sim_7b_63"), make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]], "deep")]
     acc = cal.accuracies("fit")

@@ -173,7 +173,9 @@ def test_plan_kinds_move_with_batch_size(tmp_path):
     assert kinds[0] == "tree" and kinds[-1] == "none" and "chain" in kinds, kinds
     assert nodes == sorted(nodes, reverse=True)  # the cost of a token grows with B: never more nodes
     assert [r["batch_size"] for r in plan["plans"]] == [1, 2, 4, 8, 16, 32]
-    assert all(list(r) == list(PLAN_ROW) for r in plan["plans"])
+    assert all(list(r) == list(PLAN_ROW) + ["predicted_batch_tokens_per_step"] for r in plan["plans"])
+    # an accuracy table has no answers: a batch's tokens/step is the mean's
+    assert all(r["predicted_batch_tokens_per_step"] == r["predicted_tokens_per_step"] for r in plan["plans"])
 
 
 def test_runner_up_and_noise(tmp_path):
@@ -260,9 +262,15 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
     assert "within noise" in err and "runner-up" in err
     cal = Calibration(calib)
     key = f"predicted_{prediction}"
+    surface, _ = latency_surface(read_latency(flat_latency), [1, 2, 4, 8, 16], 128)
     for row in plan["plans"]:
         if row["kind"] != "none":  # the one producer of predictions
             assert row["predicted_tokens_per_step"] == cal.predict(row["tree"])[key]
+            # the speedup divides the batch's tokens/step: the replay's batch walk, the mean's for the others
+            b = row["batch_size"]
+            batch = cal.batch_replay(row["tree"], b) if prediction == "replay" else row["predicted_tokens_per_step"]
+            assert row["predicted_batch_tokens_per_step"] == pytest.approx(batch)
+            assert row["predicted_speedup"] == pytest.approx(speedup_at(surface[b]["seconds"], batch, row["nodes"]))
     meta = json.loads((calib / "meta.json").read_text())
     regime = plan["source"].pop("regime")
     assert plan["source"] == dict(kind="calibration", path=str(calib), prediction=key, model=meta["model"],
@@ -500,9 +508,22 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
     assert [(r["batch_size"]) for r in res["rows"]] == [1, 1, 2, 2] and res["prompts"] == 2
     assert res["setting"]["threads"] >= 1 and "load_average" in res["setting"] and res["latency_setting"] is None
     assert "provenance unknown" in res["setting_warning"]
+    from workbench.calibration import answer_rows, batch_walk
+
+    cal = Calibration(calib)
+    answers = cal.answers("all", 6)
+    these = answer_rows(answers[answers["prompt_id"].isin([pid for pid, _ in cal.holdout_prompts(2)])])
     for r in res["rows"]:
         assert r["repeats"] == 2 and r["speedup_q1"] <= r["measured_speedup"] <= r["speedup_q3"]
         assert r["measured_tokens_per_step"] == pytest.approx(r["replay_these"])
+        # the two prompts form the one batch of 2: its tokens/step is the batch walk over their answers, exactly
+        tree = make_tree(r["medusa_choices"])
+        assert r["measured_batch_tokens_per_step"] == pytest.approx(batch_walk(tree, these, r["batch_size"]))
+        assert r["predicted_batch_tokens_per_step"] == pytest.approx(cal.batch_replay(tree, r["batch_size"],
+                                                                                      "holdout", 6))
+        assert r["predicted_step_ratio"] == pytest.approx(r["predicted_batch_tokens_per_step"] /
+                                                          r["predicted_speedup"])
+        assert r["measured_step_ratio"] > 0 and 0 < r["prefill_share"] < 1 and r["end_to_end_speedup"] > 0
         assert r["speedup_err_pct"] == pytest.approx(100 * (r["predicted_speedup"] / r["measured_speedup"] - 1))
     printed = capsys.readouterr()
     assert "speedup pred (range)" in printed.out and "WARNING" in printed.err

@@ -10,8 +10,8 @@ import pytest
 
 from workbench import REPO_ROOT
 from workbench.provenance import differences, mismatch_warning, read_setting, setting, setting_cell
-from workbench.speed import (acceptance_per_position, goodput, mean_step_s, measured_speedup, spread, step_times,
-                             tokens_per_step)
+from workbench.speed import (acceptance_per_position, batch_tokens_per_step, decode_speedup, goodput, mean_step_s,
+                             measured_speedup, prefill_share, spread, step_times, tokens_per_step)
 
 OWNER = "workbench/speed.py"
 # Not measured speed: calibration.py's replay is the *prediction* of tokens/step (its one owner); DecodeResult's
@@ -89,6 +89,10 @@ def test_measured_quantities_on_a_real_decode(tiny_llama):
     assert step_times([med]) == [s.time_s for s in max(med, key=lambda r: len(r.steps)).steps]
     assert mean_step_s([med]) == pytest.approx(max(r.decode_s for r in med) / max(len(r.steps) for r in med))
     assert measured_speedup([med], [van]) == pytest.approx(goodput([med]) / goodput([van]))
+    # the decoding phase alone: the same tokens over each call's slowest decode; the whole batch's tokens/step
+    assert decode_speedup([med], [van]) == pytest.approx(max(r.decode_s for r in van) / max(r.decode_s for r in med))
+    assert batch_tokens_per_step([med]) == pytest.approx(12 / max(len(r.steps) for r in med))
+    assert prefill_share([van]) == pytest.approx(max(r.prefill_s for r in van) / max(r.total_s for r in van))
 
 
 def test_spread_of_repeats():
@@ -128,6 +132,44 @@ def test_decoder_step_surface(tiny_llama):
     assert read_setting(df)["mode"] == "decoder-step"
     surface, ctx = latency_surface(df, [1, 2])
     assert set(surface) == {1, 2} and surface[2]["spread"] is not None
+
+
+def test_decoder_step_costs_are_measured_beside_vanilla(tiny_llama, monkeypatch):
+    """The machine slows down call after call (x1.1 each) while a Medusa step of n tokens truly costs n/2 + 1 vanilla
+    steps: each size timed between two vanilla calls on the same prompts comes out at its true cost (up to the
+    drift's curvature, the same for all), where timing all sizes after one vanilla call would grow with the order."""
+    import types
+
+    import workbench.decode as decode
+    import workbench.engine as engine
+    from workbench.measure_latency import measure_decoder_steps
+
+    calls, size_of, real_setup = [], {}, engine.tree_setup
+
+    def setup(tree, model):
+        buf = real_setup(tree, model)
+        size_of[id(buf)] = tree.nodes + 1
+        return buf
+
+    def generate(n, chunk):
+        calls.append(n)
+        step = types.SimpleNamespace(time_s=0.01 * 1.1 ** len(calls) * (1 if n == 1 else n / 2 + 1), cache_len=5)
+        return [types.SimpleNamespace(steps=[step] * 4) for _ in chunk]
+
+    monkeypatch.setattr(engine, "tree_setup", setup)
+    monkeypatch.setattr(decode, "vanilla_generate", lambda model, tok, chunk, *a, **k: generate(1, chunk))
+    monkeypatch.setattr(decode, "medusa_generate", lambda m, h, tok, chunk, buf, *a, **k: generate(size_of[id(buf)],
+                                                                                                  chunk))
+    t = tiny_llama
+    df = measure_decoder_steps(t.model, t.heads["2"], t.tokenizer, [[1, 2, 3], [4, 5, 6]], sizes=[2, 3, 5],
+                               batches=[1], repeats=3, warmup=0, max_new_tokens=4, label="tiny", progress=False)
+    assert calls[:7] == [1, 2, 1, 3, 1, 5, 1] and len(calls) == 3 * 7
+    rel = dict(zip(df["tokens"], df["relative"]))
+    for n in (2, 3, 5):  # the mean of the vanilla calls at c - 1 and c + 1 is 1.1^c * (1/1.1 + 1.1) / 2
+        assert rel[n] == pytest.approx((n / 2 + 1) / ((1 / 1.1 + 1.1) / 2), rel=1e-9)
+    # t(1): the median over rounds of each round's median vanilla call (round 2: calls 8, 10, 12, 14)
+    assert df[df["tokens"] == 1]["seconds"].iloc[0] == pytest.approx(0.01 * (1.1 ** 10 + 1.1 ** 12) / 2, rel=1e-9)
+    assert (df["repeats"] == 3).all() and df["context"].iloc[0] == 5
 
 
 def test_latency_cli_times_the_decoder_step_by_default(tiny_llama, make_prompt_file, tmp_path, capsys):

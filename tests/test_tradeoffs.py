@@ -419,6 +419,14 @@ def test_sweep_resume_skips_done_rows(tiny_llama, tmp_path):
     assert np.allclose(a["mean_logprob"], b["mean_logprob"])
     assert (a.loc[a["acceptance"] == "greedy", "exact_match"] == 1.0).all()
 
+    # a sweep written before decode_speedup resumes: its rows kept, the new cell empty on them
+    older = tmp_path / "older.csv"
+    pd.read_csv(out).drop(columns=["decode_speedup"]).iloc[:2].to_csv(older, index=False)
+    run_sweep(model, heads, tok, prompts, configs, older, **kw)
+    d = pd.read_csv(older)
+    assert list(d.columns) == SWEEP_COLUMNS and len(d) == len(a)
+    assert d["decode_speedup"].iloc[:2].isna().all() and d["decode_speedup"].iloc[2:].notna().all()
+
     # other settings are another run: nothing counts as done, old rows stay
     run_sweep(model, heads, tok, prompts, configs[:1], out, **dict(kw, max_new_tokens=4))
     c = pd.read_csv(out)
@@ -564,4 +572,12 @@ def test_a_plan_is_checked_live_per_batch_size(tiny_llama, calib, prompt_file, t
     assert np.isclose(choice.loc[1, "speedup_err_pct"],
                       100 * (choice.loc[1, "measured_speedup"] / choice.loc[1, "predicted_speedup"] - 1))
     assert (check["exact_match"] == 1.0).all()
+    # the prediction is checked against the decoding phase's speedup; a sweep of before that column, end to end
+    row = df[(df["kind"] == "plan") & (df["batch_size"] == 1) & df["tree"].str.contains("_choice_")].iloc[0]
+    assert choice.loc[1, "measured_speedup"] == row["decode_speedup"] != row["speedup"]
+    assert choice.loc[1, "measured_phase"] == "decoding phase"
+    old = read_sweep(sweep_csv).drop(columns=["decode_speedup"])
+    again = plan_check(plan, old).set_index(["batch_size", "role"])
+    assert again.loc[(1, "choice"), "measured_speedup"] == row["speedup"]
+    assert again.loc[(1, "choice"), "measured_phase"].startswith("end to end")
     assert main(["sweep", "--plan", str(plan_file), "--trees", "[[0]]", "--out", str(tmp_path / "x.csv")]) == 2

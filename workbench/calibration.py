@@ -18,6 +18,7 @@ which are harder than average. `predicted_replay_fit` is the same replay over th
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -181,21 +182,53 @@ def accepted_depths(tree, mat: np.ndarray) -> np.ndarray:
     return depth
 
 
-def walk_answers(tree, answers: tuple[np.ndarray, list[int]]) -> float:
-    """decoder_walk over answer_rows: per prompt, start at its first position, accept accepted_depths there, jump past
-    the accepted run; total tokens / total steps."""
+def walk_steps(tree, answers: tuple[np.ndarray, list[int]]) -> list[int]:
+    """Per prompt of answer_rows, the steps a greedy decoder with this tree takes over its answer: start at its
+    first position, accept accepted_depths there, jump past the accepted run."""
     mat, lengths = answers
     depth = accepted_depths(tree, mat).tolist()
-    steps, start = 0, 0
+    out, start = [], 0
     for n in lengths:
-        t, end = start, start + n
+        t, end, steps = start, start + n, 0
         while t < end:
             t += 1 + depth[t]
             steps += 1
+        out.append(steps)
         start = end
+    return out
+
+
+def walk_answers(tree, answers: tuple[np.ndarray, list[int]]) -> float:
+    """decoder_walk over answer_rows: total tokens / total steps (walk_steps)."""
+    steps = sum(walk_steps(tree, answers))
     if steps == 0:
         raise WorkbenchError("no positions to measure on (empty calibration data)")
-    return sum(lengths) / steps
+    return sum(answers[1]) / steps
+
+
+def expected_max(values, batch: int) -> float:
+    """E[max] of `batch` values drawn without replacement from `values` (exact: the k-th smallest is the maximum
+    of C(k-1, batch-1) of the C(n, batch) draws); the whole maximum when batch >= n."""
+    v = sorted(float(x) for x in values)
+    n = len(v)
+    if n == 0:
+        raise WorkbenchError("no answers to take a batch from")
+    if batch >= n:
+        return v[-1]
+    total = math.comb(n, batch)
+    return math.fsum(x * (math.comb(k, batch - 1) / total) for k, x in enumerate(v) if k >= batch - 1)
+
+
+def batch_walk(tree, answers: tuple[np.ndarray, list[int]], batch: int) -> float:
+    """Tokens per step of a batch of `batch` answers decoded side by side, as its goodput sees it: the batch steps
+    until its slowest sequence is done and plain decoding until its longest answer is, so over random batches
+    E[max answer length] / E[max steps] (walk_steps); batch 1 is walk_answers."""
+    steps = walk_steps(tree, answers)
+    if sum(steps) == 0:
+        raise WorkbenchError("no positions to measure on (empty calibration data)")
+    if batch == 1:
+        return sum(answers[1]) / sum(steps)
+    return expected_max(answers[1], batch) / expected_max(steps, batch)
 
 
 # ----------------------------------------------------------------------------------------------- checked readers
@@ -333,6 +366,17 @@ class Calibration:
         rows = self._cached(("rows", split, max_new_tokens), lambda: answer_rows(answers))
         return self._cached(("replay", tuple(map(tuple, tree.sorted_paths)), split, max_new_tokens),
                             lambda: walk_answers(tree, rows))
+
+    def batch_replay(self, tree, batch: int, split: str = "holdout", max_new_tokens: int | None = None) -> float | None:
+        """Tokens per step of `batch` of a split's answers decoded side by side (batch_walk: the batch waits for its
+        slowest sequence); None without answers. What a batch's goodput divides by, where replay() is what each
+        sequence measures."""
+        answers = self.answers(split, max_new_tokens)
+        if not len(answers):
+            return None
+        rows = self._cached(("rows", split, max_new_tokens), lambda: answer_rows(answers))
+        return self._cached(("batch", tuple(map(tuple, tree.sorted_paths)), batch, split, max_new_tokens),
+                            lambda: batch_walk(tree, rows, batch))
 
     def predict(self, tree, max_new_tokens: int | None = None) -> dict[str, float]:
         """The three predicted tokens per step of a tree (names in the module docstring); predicted_replay only

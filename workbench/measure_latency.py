@@ -4,8 +4,10 @@ Two modes, one CSV format (latency.py owns it; every row carries the setting it 
   decoder-step  (default) the wall time of a whole decoding step as `decode` runs it: heads, tree tokens, the
                 verify forward, acceptance, cache bookkeeping and the host read, on real prompts decoded for
                 `max_new_tokens`, so the context grows as in decoding. tokens = 1 is vanilla's step, tokens = n a
-                Medusa step with an (n - 1)-node tree. One repeat = one generate call of B prompts; a point is the
-                median step of its repeats, with their spread. `forward_seconds` keeps the bare verify forward of
+                Medusa step with an (n - 1)-node tree, timed between two vanilla calls on the same prompts: its
+                cost relative to vanilla is what a prediction divides by, and measured back to back it does not
+                move with the machine's speed (measure_decoder_steps). `forward_seconds` keeps the bare verify
+                forward of
                 the same tree timed after every step (engine.forward_probe), so the decoder's overhead over the
                 model work is shown beside it (seconds / forward_seconds).
   verify        the bare verify forward at fixed contexts (random tokens): the model work alone, cheaper to measure
@@ -151,9 +153,12 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
 def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], sizes=DECODER_SIZES,
                           batches=DECODER_BATCHES, repeats: int = 5, warmup: int = 1, max_new_tokens: int = 64,
                           label: str = "", progress: bool = True, engine=None, work=None) -> pd.DataFrame:
-    """The decoder-step mode: per (batch B, tokens n) the median wall time of the decoder's step (decode.Step.time_s,
-    the step `medusa_generate` / `vanilla_generate` run) over `repeats` generate calls of B prompts each (prompts
-    taken in turn, cycling), every size run on the same prompts back to back so a load change hits all alike.
+    """The decoder-step mode: per (batch B, tokens n) the wall time of the decoder's step (decode.Step.time_s, the
+    step `medusa_generate` / `vanilla_generate` run), from `repeats` rounds of generate calls of B prompts each
+    (prompts taken in turn, cycling). t(B, 1) is the median vanilla step; t(B, n) is t(B, 1) times the median over
+    rounds of the size-n step over the two vanilla calls run just before and after it on the same prompts (one
+    round: vanilla, 2, vanilla, 3, ..., vanilla), its spread the ratios' times t(B, 1): the planner divides by
+    t(B, 1), and a ratio measured back to back is immune to the machine's speed drifting between rounds.
     The context is each step's own (prompt + tokens so far): the CSV's `context` is their mean over the whole
     measurement, one value per file (what the planner reads it at). `forward_seconds` is the median bare verify
     of the same tree timed after every step (engine.forward_probe). `work`: the CSV path, whose WorkState keeps
@@ -171,45 +176,71 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     engine = engine or StepEngine(model)
     engine.size_for(prompts, max_new_tokens, list(bufs.values()))  # one capacity: each (batch, size) compiles once
     state = work_state(work, model, heads, engine, "decoder-step", model_label=label, sizes=sizes, batches=batches,
-                       repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens,
+                       repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, rounds="vanilla-between",
                        prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest())
     dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
-    bar = tqdm(total=len(batches) * (warmup + repeats) * len(sizes), desc="decoder steps", unit="call",
+    bar = tqdm(total=len(batches) * (warmup + repeats) * (2 * len(sizes) - 1), desc="decoder steps", unit="call",
                disable=not progress, dynamic_ncols=True)
 
+    def call(n: int, chunk: list, keep: bool, forwards: dict, contexts: list) -> float | None:
+        """One generate call of size n on `chunk`: the median of its steps (None: no step)."""
+        probe, fwd = forward_probe(engine, bufs[n], heads if n > 1 else None)
+        if n == 1:
+            out = vanilla_generate(model, tokenizer, chunk, max_new_tokens, eos_token_id=[], engine=engine,
+                                   on_step=probe)
+        else:
+            out = medusa_generate(model, heads, tokenizer, chunk, bufs[n], max_new_tokens, eos_token_id=[],
+                                  engine=engine, on_step=probe)
+        out = out if isinstance(out, list) else [out]
+        steps = max(out, key=lambda r: len(r.steps)).steps
+        bar.update(1)
+        if not steps:
+            return None
+        if keep:
+            forwards[n] += fwd
+            contexts += [s.cache_len for r in out for s in r.steps]
+        return float(pd.Series([s.time_s for s in steps]).median())
+
     def point(b: int, turn: int) -> dict:
-        """Batch size b: its rows (all but the context) and the sum and count of its timed steps' cache lengths."""
+        """Batch size b: its rows (all but the context) and the sum and count of its timed steps' cache lengths.
+        One repeat runs vanilla, size 2, vanilla, size 3, ..., vanilla on the same prompts: each size's cost is taken
+        over the mean of the two vanilla calls beside it, so a drift in the machine's speed cancels."""
         cell = setting_cell(measured_setting(model, engine, "decoder-step"))
-        times = {n: [] for n in sizes}     # per repeat: the median step of that call
-        forwards = {n: [] for n in sizes}  # every bare forward after a step
+        vanilla: list[float] = []                     # per repeat: the median of its vanilla calls' median steps
+        ratios = {n: [] for n in sizes[1:]}           # per repeat: t(n) / mean(the vanilla calls beside it)
+        forwards = {n: [] for n in sizes}             # every bare forward after a step
         contexts: list[int] = []
         for i in range(warmup + repeats):
             chunk = [prompts[(turn + j) % len(prompts)] for j in range(b)]
             turn += b
-            for n in sizes:
-                probe, fwd = forward_probe(engine, bufs[n], heads if n > 1 else None)
-                if n == 1:
-                    out = vanilla_generate(model, tokenizer, chunk, max_new_tokens, eos_token_id=[], engine=engine,
-                                           on_step=probe)
-                else:
-                    out = medusa_generate(model, heads, tokenizer, chunk, bufs[n], max_new_tokens, eos_token_id=[],
-                                          engine=engine, on_step=probe)
-                out = out if isinstance(out, list) else [out]
-                steps = max(out, key=lambda r: len(r.steps)).steps
-                if i >= warmup and steps:
-                    times[n].append(float(pd.Series([s.time_s for s in steps]).median()))
-                    forwards[n] += fwd
-                    contexts += [s.cache_len for r in out for s in r.steps]
-                bar.update(1)
-        rows = [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=n, **spread_row(times[n]),
-                     forward_seconds=float(pd.Series(forwards[n]).median()) if forwards[n] else None, setting=cell)
-                for n in sizes]
+            keep = i >= warmup
+            before = call(1, chunk, keep, forwards, contexts)
+            around = [before]
+            for n in sizes[1:]:
+                t = call(n, chunk, keep, forwards, contexts)
+                after = call(1, chunk, keep, forwards, contexts)
+                around.append(after)
+                if keep and None not in (t, before, after):
+                    ratios[n].append(t / ((before + after) / 2))
+                before = after
+            got = [t for t in around if t is not None]
+            if keep and got:
+                vanilla.append(float(pd.Series(got).median()))
+        if not vanilla:
+            raise WorkbenchError("no decoding step was timed: raise --max-new-tokens")
+        t1 = spread_row(vanilla)["seconds"]
+        rows = [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=1, **spread_row(vanilla),
+                     forward_seconds=float(pd.Series(forwards[1]).median()) if forwards[1] else None, setting=cell)]
+        rows += [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=n,
+                      **{k: (v * t1 if k.startswith("seconds") else v) for k, v in spread_row(ratios[n]).items()},
+                      forward_seconds=float(pd.Series(forwards[n]).median()) if forwards[n] else None, setting=cell)
+                 for n in sizes[1:]]
         return dict(rows=rows, context_sum=sum(contexts), context_steps=len(contexts))
 
     points = []
     for k, b in enumerate(batches):
         if state.get(f"decoder-step-b{b}") is not None:  # measured by a run that was killed later
-            bar.update((warmup + repeats) * len(sizes))
+            bar.update((warmup + repeats) * (2 * len(sizes) - 1))
         # prompts taken in turn across the batch sizes: batch b starts where the ones before it left off
         points.append(state.piece(f"decoder-step-b{b}", lambda: point(b, (warmup + repeats) * sum(batches[:k]))))
     bar.close()

@@ -18,16 +18,19 @@ speed.speedup_at, ranked by `rank` (the one ranking: the app's recommendation is
 
 The plan file (read and written here only):
   {"plans": [{"batch_size", "kind": "tree" | "chain" | "none", "medusa_choices", "nodes",
-              "predicted_tokens_per_step", "predicted_speedup"}, ...],          # one row per batch size, ascending
+              "predicted_tokens_per_step", "predicted_speedup",
+              "predicted_batch_tokens_per_step"}, ...],  # one row per batch size, ascending; the last is optional
    "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain"}, ...],
    "chain_acceptance": [p_1, ..., p_K],  # per-position unconditional acceptance of the top-1 chain
    "source": {..., "prediction", "max_new_tokens", "regime"},
    "latency": {"file", "context", "spread", "model", "device", "dtype", "setting" (provenance.setting of the table, null
                when it was not recorded), "mode" (decoder-step | verify | unknown)}, "workbench_version", "created"}
-`medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length K. `runner_up` is the best candidate
-of another kind; `runner_up_within_noise` says whether the two speedup ranges over the latency's interquartile
-range overlap (null without a spread in the CSV). `best_chain` is the best chain or none (k = 0) at that batch size:
-what an engine without trees (vLLM since PR #42121) should run instead of a tree.
+`predicted_tokens_per_step` is what each sequence measures (a decoder's tokens/step); the speedup divides
+`predicted_batch_tokens_per_step` instead: B sequences side by side step until the slowest is done (absent in
+files written before it was kept). `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length
+K. `runner_up` is the best candidate of another kind; `runner_up_within_noise` says whether the two speedup ranges
+over the latency's interquartile range overlap (null without a spread in the CSV). `best_chain` is the best chain
+or none (k = 0) at that batch size: what an engine without trees (vLLM since PR #42121) should run instead of a tree.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ from workbench.io import read_csv, read_json
 from workbench.latency import latency_surface, read_latency
 from workbench.provenance import differences, read_setting
 from workbench.speed import max_tokens, speedup_at, speedup_range, within_noise
+from workbench.sweep_file import checked_speedup
 from workbench.optimize import best_first, expected_length, value_and_limits
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree, make_tree
 
@@ -114,16 +118,20 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
                 max_rank: int = MEDUSA_TOPK, max_new_tokens: int | None = None) -> dict:
     """What the planner weighs, from exactly one source: {"tokens_per_step": tree -> float, "value" (path values
     the trees are optimal for, None for chains only), "max_depth", "max_rank", "chain_acceptance", "info"
-    (provenance), "typical_context"}. A calibration predicts through Calibration.predict (`prediction`:
+    (provenance), "typical_context", "batch_tokens_per_step": (tree, batch) -> float}. A calibration predicts
+    through Calibration.predict (`prediction`:
     independent, joint or replay; trees are optimal for the joint paths unless independent) for answers of
     `max_new_tokens` tokens (default: the calibration's own length); an accuracy table through expected_length;
-    an acceptance vector gives chains only. info["regime"] says which statistic and answers a prediction assumes."""
+    an acceptance vector gives chains only. info["regime"] says which statistic and answers a prediction assumes.
+    A batch's tokens/step (what its goodput divides by: it steps until its slowest sequence is done) is the replay's
+    Calibration.batch_replay; the other statistics have no per-answer steps and take the mean's."""
     if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
         raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
     if acceptance is not None:
         rates = read_acceptance(acceptance)
-        return dict(tokens_per_step=lambda t: 1.0 + math.fsum(rates[:t.depth]), value=None, max_depth=len(rates),
-                    max_rank=1, chain_acceptance=rates, typical_context=None,
+        tps = lambda t: 1.0 + math.fsum(rates[:t.depth])  # noqa: E731
+        return dict(tokens_per_step=tps, batch_tokens_per_step=lambda t, b: tps(t), value=None,
+                    max_depth=len(rates), max_rank=1, chain_acceptance=rates, typical_context=None,
                     info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
                               num_heads=len(rates)))
     if accuracies is not None:
@@ -132,9 +140,11 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
 
 
 def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> dict:
-    """plan_source of an accuracy table acc[K, R] (independent heads; `path` names it)."""
+    """plan_source of an accuracy table acc[K, R] (independent heads; `path` names it; no answers, so a batch's
+    tokens/step is taken as the mean's)."""
     fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
     return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
+                batch_tokens_per_step=lambda t, b: expected_length(t, acc),
                 chain_acceptance=_chain_values(fn, depth), typical_context=None,
                 info=dict(kind="accuracies", path=path, prediction="predicted_independent", num_heads=depth,
                           regime=regime("predicted_independent", None)))
@@ -156,7 +166,10 @@ def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: i
     fn = value_and_limits(value, depth, rank)[0]
     meta = cal.meta
     length = generation_length(cal, max_new_tokens)
-    return dict(tokens_per_step=lambda t: cal.predict(t, length)[key], value=value, max_depth=depth, max_rank=rank,
+    tps = lambda t: cal.predict(t, length)[key]  # noqa: E731
+    batched = (lambda t, b: cal.batch_replay(t, b, "holdout", length)) if key == "predicted_replay" else \
+        (lambda t, b: tps(t))
+    return dict(tokens_per_step=tps, batch_tokens_per_step=batched, value=value, max_depth=depth, max_rank=rank,
                 chain_acceptance=_chain_values(fn, depth), typical_context=cal.typical_context(length),
                 info=dict(kind="calibration", path=str(calibration), prediction=key, model=meta.get("model"),
                           heads=meta.get("heads"), heads_sha256=(meta.get("args") or {}).get("heads_sha256"),
@@ -231,14 +244,25 @@ def _rank(c: dict) -> tuple:
     return c["speedup"], SIMPLER[c["kind"]], -c["nodes"]
 
 
+def at_batch(cands: list[dict], batch_tokens_per_step, batch: int) -> list[dict]:
+    """The candidates at one batch size: each with its "batch_tokens_per_step" (the source's, for `batch`
+    sequences side by side; 1 for no speculation, whose batch also waits for its longest answer)."""
+    return [dict(c, batch_tokens_per_step=1.0 if c["tree"] is None else float(batch_tokens_per_step(c["tree"], batch)))
+            for c in cands]
+
+
 def rank(cands: list[dict], latency: dict, spread=None) -> list[dict]:
     """The candidates a latency table covers ({tokens: seconds} of one batch size), each with its "speedup"
-    (speed.speedup_at) and "range" (speed.speedup_range over the interquartile range of t; None without a
-    spread), best first: the one ranking every answer (CLI, app, exports) comes from."""
+    (speed.speedup_at of the batch's tokens/step, `at_batch`, else the mean's) and "range" (speed.speedup_range
+    over the interquartile range of t; None without a spread), best first: the one ranking every answer (CLI, app,
+    exports) comes from."""
     top = max_tokens(latency)
-    scored = [dict(c, speedup=speedup_at(latency, c["tokens_per_step"], c["nodes"]),
-                   range=speedup_range(latency, spread, c["tokens_per_step"], c["nodes"]))
-              for c in cands if c["nodes"] + 1 <= top]
+    scored = []
+    for c in cands:
+        if c["nodes"] + 1 <= top:
+            tps = c.get("batch_tokens_per_step", c["tokens_per_step"])
+            scored.append(dict(c, speedup=speedup_at(latency, tps, c["nodes"]),
+                               range=speedup_range(latency, spread, tps, c["nodes"])))
     return sorted(scored, key=_rank, reverse=True)
 
 
@@ -262,7 +286,8 @@ def _brief(c: dict | None) -> dict | None:
     if c is None:
         return None
     return dict(kind=c["kind"], nodes=c["nodes"], medusa_choices=_choices(c),
-                predicted_tokens_per_step=c["tokens_per_step"], predicted_speedup=c["speedup"])
+                predicted_tokens_per_step=c["tokens_per_step"], predicted_speedup=c["speedup"],
+                predicted_batch_tokens_per_step=c.get("batch_tokens_per_step", c["tokens_per_step"]))
 
 
 def make_plan(source: dict, latency_path, batch_sizes, context: int | None = None) -> dict:
@@ -278,10 +303,12 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
                        source["max_depth"], source["max_rank"])
     plans, alternatives = [], []
     for b in batch_sizes:
-        pick = choose(cands, surface[b]["seconds"], surface[b]["spread"])
+        at = at_batch(cands, source["batch_tokens_per_step"], b)
+        pick = choose(at, surface[b]["seconds"], surface[b]["spread"])
         best, chain = pick["best"], pick["best_chain"]
         plans.append(dict(batch_size=b, kind=best["kind"], medusa_choices=_choices(best), nodes=best["nodes"],
-                          predicted_tokens_per_step=best["tokens_per_step"], predicted_speedup=best["speedup"]))
+                          predicted_tokens_per_step=best["tokens_per_step"], predicted_speedup=best["speedup"],
+                          predicted_batch_tokens_per_step=best["batch_tokens_per_step"]))
         alternatives.append(dict(batch_size=b, speedup_range=list(best["range"]) if best["range"] else None,
                                  runner_up=_brief(pick["runner_up"]), runner_up_within_noise=pick["within_noise"],
                                  best_chain=dict(k=chain["nodes"], predicted_tokens_per_step=chain["tokens_per_step"],
@@ -420,7 +447,9 @@ def plan_trees(plan: dict) -> list[tuple[Tree, int, dict]]:
 def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
     """The plan's prediction beside the live decoder's measurement, per batch size: the choice (and its
     runner-up) as decoded by `workbench sweep --plan` at that batch size, greedy, against vanilla at the same batch
-    size. "none" is vanilla itself: speedup 1 by definition. err_% = measured / predicted - 1. setting_differs: how
+    size. "none" is vanilla itself: speedup 1 by definition. The measured speedup is the decoding phase's, as
+    predicted (sweep_file.checked_speedup; measured_phase says when an older sweep only had the end-to-end one).
+    err_% = measured / predicted - 1. setting_differs: how
     the sweep's setting differs from the plan's latency table's (provenance.differences; empty when they match):
     a prediction from another setting is not comparable."""
     rows = []
@@ -434,7 +463,7 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
                 continue
             if entry["kind"] == "none":
                 measured = at[at["kind"] == "vanilla"]
-                tps, spd, exact = 1.0, 1.0, 1.0
+                tps, spd, exact, phase = 1.0, 1.0, 1.0, "by definition"
                 if measured.empty:
                     continue
             else:
@@ -443,11 +472,12 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
                 if measured.empty:
                     continue
                 m = measured.iloc[-1]
-                tps, spd, exact = m["acceleration_rate"], m["speedup"], m["exact_match"]
+                tps, exact = m["acceleration_rate"], m["exact_match"]
+                spd, phase = checked_speedup(m)
             where = read_setting(measured.iloc[-1].to_dict()) if "setting" in measured.columns else None
             rows.append(dict(batch_size=b, role=role, kind=entry["kind"], nodes=entry.get("nodes", 0),
                              predicted_tokens_per_step=entry["predicted_tokens_per_step"], measured_tokens_per_step=tps,
-                             predicted_speedup=entry["predicted_speedup"], measured_speedup=spd,
+                             predicted_speedup=entry["predicted_speedup"], measured_speedup=spd, measured_phase=phase,
                              speedup_err_pct=100 * (spd / entry["predicted_speedup"] - 1), exact_match=exact,
                              setting_differs="; ".join(differences((plan.get("latency") or {}).get("setting"),
                                                                    where))))

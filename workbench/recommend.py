@@ -19,9 +19,10 @@ import pandas as pd
 
 from workbench.calibration import Calibration
 from workbench.latency import latency_surface
-from workbench.plan import accuracy_source, calibration_source, candidates as plan_candidates, choose
+from workbench.plan import accuracy_source, at_batch, calibration_source, candidates as plan_candidates, choose
 from workbench.provenance import read_setting
 from workbench.speed import speedup_at, speedup_range
+from workbench.sweep_file import checked_speedup
 from workbench.tree import Tree, tree_key
 
 OLD_DECODER = "before the static-cache step"  # what made a sweep CSV that has no decoder_version column
@@ -39,14 +40,23 @@ def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1,
                 spread="latency quartiles" if quartiles else None, context=ctx, batch=batch)
 
 
-def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict) -> dict:
-    """A tree's (None: no speculation) predicted speedup on a latency table (latency_tables), as plan scores it:
-    {nodes, tokens_per_step, speedup, relative_latency, range}."""
+def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,
+                 batch_tokens_per_step: float | None = None) -> dict:
+    """A tree's (None: no speculation) predicted speedup on a latency table (latency_tables), as plan.rank scores
+    it (of the batch's tokens/step when given, plan.at_batch): {nodes, tokens_per_step, batch_tokens_per_step,
+    speedup, relative_latency, range}."""
     nodes = 0 if tree is None else tree.nodes
-    fast = speedup_at(tables["seconds"], tokens_per_step, nodes)
-    return dict(nodes=nodes, tokens_per_step=float(tokens_per_step), speedup=fast,
-                relative_latency=float(tokens_per_step) / fast,
-                range=speedup_range(tables["seconds"], tables["quartiles"], tokens_per_step, nodes))
+    batched = float(tokens_per_step if batch_tokens_per_step is None else batch_tokens_per_step)
+    fast = speedup_at(tables["seconds"], batched, nodes)
+    return dict(nodes=nodes, tokens_per_step=float(tokens_per_step), batch_tokens_per_step=batched, speedup=fast,
+                relative_latency=batched / fast,
+                range=speedup_range(tables["seconds"], tables["quartiles"], batched, nodes))
+
+
+def designed_speedup(calibration, tree: Tree, tables: dict, max_new_tokens: int | None = None) -> dict:
+    """tree_speedup of any tree (the designer's own) from the source and batch size `recommend` ranks with."""
+    src = _source(calibration, max_new_tokens)
+    return tree_speedup(src["tokens_per_step"](tree), tree, tables, src["batch_tokens_per_step"](tree, tables["batch"]))
 
 
 def prediction_name(calibration) -> str:
@@ -90,7 +100,8 @@ def timing_noise(sweep: pd.DataFrame, run, batch: int = 1) -> float | None:
 
 def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str | None = None) -> dict[str, list]:
     """{tree shape hash (as in the sweep's config): [measurement, ...]} over the greedy rows of every sweep at this
-    batch size (a sweep without batch_size is batch 1). A measurement: sweep, tree, nodes, speedup, noise (absolute,
+    batch size (a sweep without batch_size is batch 1). A measurement: sweep, tree, nodes, speedup (the decoding
+    phase's, as predicted; phase says when an older sweep only has the end-to-end one), phase, noise (absolute,
     None if unknown), tokens_per_step, num_prompts, decoder_version, old (an older decoder measured it: OLD_DECODER,
     or another version than `decoder` when given)."""
     out: dict[str, list] = {}
@@ -103,6 +114,7 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str |
             pd.Series(batch == 1, index=df.index)
         rows = df[greedy & at & (df["nodes"] > 0) & df["speedup"].notna()]
         for i, r in rows.iterrows():
+            speedup, phase = checked_speedup(r)
             head = str(r["config"]).split("|", 1)[0]
             if ":" not in head:
                 continue
@@ -110,8 +122,8 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str |
             version = str(versions[i])
             prompts = r["num_prompts"] if "num_prompts" in df.columns else None
             out.setdefault(head.rsplit(":", 1)[1], []).append(dict(
-                sweep=name, tree=str(r["tree"]), nodes=int(r["nodes"]), speedup=float(r["speedup"]),
-                noise=None if noise is None else noise * float(r["speedup"]),
+                sweep=name, tree=str(r["tree"]), nodes=int(r["nodes"]), speedup=speedup, phase=phase,
+                noise=None if noise is None else noise * speedup,
                 tokens_per_step=float(r["acceleration_rate"]),
                 num_prompts=int(prompts) if prompts is not None and pd.notna(prompts) else None,
                 decoder_version=version, old=version == OLD_DECODER or (decoder is not None and version != decoder),
@@ -155,7 +167,8 @@ def _row(c: dict, tables: dict, found: dict) -> dict:
     t = c["tree"]
     evidence = found.get(shape(t), []) if t is not None else []
     row = dict(kind=c["kind"], label=_label(c["kind"], t), tree=t,
-               **tree_speedup(c["tokens_per_step"], t, tables), measured=evidence, current=summary(evidence))
+               **tree_speedup(c["tokens_per_step"], t, tables, c.get("batch_tokens_per_step")), measured=evidence,
+               current=summary(evidence))
     row["disagree"] = disagrees(row)
     return row
 
@@ -183,10 +196,11 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     ranks = min(max_rank or src["max_rank"], src["max_rank"])
     cands = plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth, ranks)
     found = measurements(sweeps or {}, batch, decoder)
-    chosen = choose(cands, tables["seconds"], tables["quartiles"])
+    chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch), tables["seconds"], tables["quartiles"])
     rows = [_row(c, tables, found) for c in chosen["ranked"]]
     planned = {c["tree"].paths for c in cands if c["tree"] is not None}
-    extra = [_row(dict(kind="tree", tree=t, tokens_per_step=src["tokens_per_step"](t)), tables, found)
+    extra = [_row(dict(kind="tree", tree=t, tokens_per_step=src["tokens_per_step"](t),
+                       batch_tokens_per_step=src["batch_tokens_per_step"](t, batch)), tables, found)
              for t in trees or [] if t.depth <= depth and t.max_rank < ranks and t.nodes <= top
              and t.paths not in planned and shape(t) in found]
     every = rows + extra

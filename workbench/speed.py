@@ -6,13 +6,16 @@ load torch. tests/test_speed.py pins that no other module in the tree computes t
 Predicted (a latency table {verify tokens: seconds} at one batch size and context; `nodes` tree nodes verify
 n = nodes + 1 tokens, the root included):
   relative_latency   t(nodes + 1) / t(1): what one step of the tree costs relative to a plain step;
-  speedup            goodput ratio: tokens_per_step / relative_latency (B sequences cancel: both methods run B);
+  speedup            the decoding phase's goodput ratio: tokens_per_step / relative_latency (B sequences cancel:
+                     both methods run B; at B > 1 pass the batch's tokens/step, calibration.batch_walk);
   speedup_range      the speedup with t(n) moved over its interquartile range (t(1) at its median);
   speedup_curve      the speedup of a tokens-per-step curve over every budget.
 Measured (`batches`: the results of each generate call, a list per call; sequences of one call ran side by side,
 calls one after another; a result has token_ids, steps (each with tokens and time_s), decode_s, total_s):
-  tokens_per_step, acceptance_per_position, step_times / mean_step_s, goodput, measured_speedup, overhead,
-  decoder_overhead, and spread (the median and quartiles of repeated measurements of one quantity).
+  tokens_per_step (each sequence's), batch_tokens_per_step (whole batches'), acceptance_per_position, step_times /
+  mean_step_s, goodput, measured_speedup (prefill included), decode_speedup (the decoding phase: what `speedup`
+  predicts), prefill_share, overhead, decoder_overhead, and spread (the median and quartiles of repeated
+  measurements of one quantity).
 """
 from __future__ import annotations
 
@@ -70,8 +73,9 @@ def relative_latency(latency, nodes: int, base=None) -> float:
 
 
 def speedup(tokens_per_step: float, relative: float) -> float:
-    """Predicted speedup = goodput B * tokens_per_step / t(B, n) over vanilla's B / t(B, 1) = tokens_per_step /
-    relative_latency: the one formula behind every predicted speedup."""
+    """Predicted speedup of the decoding phase = goodput B * tokens_per_step / t(B, n) over vanilla's B / t(B, 1) =
+    tokens_per_step / relative_latency: the one formula behind every predicted speedup (decode_speedup measures it).
+    At batch B the tokens/step is the batch's (its slowest sequence sets its steps), not each sequence's mean."""
     return tokens_per_step / relative
 
 
@@ -141,6 +145,15 @@ def acceptance_per_position(batches, depth: int) -> list[float]:
     return [sum(n >= k for n in counts) / len(counts) if counts else float("nan") for k in range(1, depth + 1)]
 
 
+def batch_tokens_per_step(batches) -> float:
+    """Measured tokens per step of whole batches: each call's longest answer over its steps (its slowest sequence's),
+    summed over calls: what a batch's goodput divides by (calibration.batch_walk predicts it; tokens_per_step is
+    each sequence's own)."""
+    calls = _calls(batches)
+    steps = sum(max(len(r.steps) for r in c) for c in calls)
+    return sum(max(len(r.token_ids) for r in c) for c in calls) / steps if steps else float("nan")
+
+
 def step_times(batches) -> list[float]:
     """The wall time of every step each call took (a step of a batch is the whole batch's: its longest sequence's
     steps), in order."""
@@ -163,9 +176,28 @@ def goodput(batches) -> float:
 
 
 def measured_speedup(medusa, vanilla) -> float:
-    """Measured speedup: Medusa's goodput over vanilla greedy's on the same prompts (and batch size)."""
+    """Measured speedup: Medusa's goodput over vanilla greedy's on the same prompts (and batch size), prefill
+    included (what a user's whole request sees)."""
     base = goodput(vanilla)
     return goodput(medusa) / base if base > 0 else float("nan")
+
+
+def decode_speedup(medusa, vanilla) -> float:
+    """Measured speedup of the decoding phase alone: vanilla's decode time over Medusa's on the same prompts (each
+    call's slowest sequence's; both emit the same tokens). What `speedup` predicts: the prefill is the same work for
+    both methods and its share depends on the prompt and answer lengths, not on the tree."""
+    def decode_time(batches):
+        return sum(max(r.decode_s for r in c) for c in _calls(batches))
+    med = decode_time(medusa)
+    return decode_time(vanilla) / med if med > 0 else float("nan")
+
+
+def prefill_share(batches) -> float:
+    """The share of the wall time spent in prefill (each call's slowest sequence's): how far the prefill pulls an
+    end-to-end speedup (measured_speedup) towards 1 away from the decoding phase's (decode_speedup)."""
+    calls = _calls(batches)
+    wall = sum(max(r.total_s for r in c) for c in calls)
+    return sum(max(r.prefill_s for r in c) for c in calls) / wall if wall > 0 else float("nan")
 
 
 def overhead(medusa, vanilla) -> float:

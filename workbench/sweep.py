@@ -22,8 +22,8 @@ from workbench.divergence import divergence_counts, divergences
 from workbench.engine import StepEngine, forward_probe, logits_of, root_setup, tree_setup
 from workbench.optimize import best_by, dense_nodes, dense_tree, optimal_tree
 from workbench.provenance import setting, setting_cell
-from workbench.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, overhead, step_times,
-                             tokens_per_step)
+from workbench.speed import (decode_speedup, decoder_overhead, goodput, mean_step_s, measured_speedup, overhead,
+                             step_times, tokens_per_step)
 from workbench.sweep_file import read_sweep_rows, row_cells, write_rows
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree, tree_key
 
@@ -172,8 +172,9 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     config) exist. `run` hashes run_info (model, prompts, max_new_tokens, device, ...): other settings never count
     as done. At batch size B the prompts are decoded B at a time (ragged lengths, one forward per step).
     `predict(tree) -> dict` adds calibration predictions; `on_row(row)` is called after each row is on disk.
-    Timing: each row's speedup (goodput ratio) and overhead (mean step ratio) are against vanilla greedy run right
-    before it on every batch of prompts, at the same batch size (decode.measured_speedup / decode.overhead); step_ms is the
+    Timing: each row's speedup (goodput ratio, prefill included), decode_speedup (the decoding phase's: what a plan
+    predicts) and overhead (mean step ratio) are against vanilla greedy run right before it on every batch of
+    prompts, at the same batch size (speed.measured_speedup / decode_speedup / overhead); step_ms is the
     median step, forward_ms the median bare verify work of that tree at that batch, timed right after every step at
     its context (`engine.forward_probe`), decoder_overhead = step_ms / forward_ms (decode.decoder_overhead).
     `engine`: a StepEngine to run on (e.g. compiled); default a fresh one (compiled on CUDA).
@@ -265,7 +266,8 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
                        depth=tree.depth, batch_size=b, acceptance=c["acceptance"], temperature=c["temperature"],
                        epsilon=c["epsilon"], delta=c["delta"], acceleration_rate=agg["acceleration_rate"],
                        tokens_per_s=agg["tokens_per_s"], overhead=overhead(results, baseline),
-                       speedup=measured_speedup(results, baseline), vanilla_tokens_per_s=goodput(baseline),
+                       speedup=measured_speedup(results, baseline), decode_speedup=decode_speedup(results, baseline),
+                       vanilla_tokens_per_s=goodput(baseline),
                        mean_step_s=agg["mean_step_s"], step_ms=agg["step_ms"],
                        forward_ms=1e3 * statistics.median(forwards),
                        decoder_overhead=decoder_overhead(agg["step_times"], forwards),

@@ -14,13 +14,17 @@ from workbench import WorkbenchError
 from workbench.io import atomic_write_text, read_csv
 
 SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "batch_size", "acceptance", "temperature", "epsilon", "delta",
-                 "acceleration_rate", "overhead", "speedup", "tokens_per_s", "vanilla_tokens_per_s", "mean_step_s",
+                 "acceleration_rate", "overhead", "speedup", "decode_speedup",
+                 "tokens_per_s", "vanilla_tokens_per_s", "mean_step_s",
                  "step_ms", "forward_ms", "decoder_overhead",
                  "predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept",
                  "exact_match", "near_tie_divergences", "mismatches",
                  "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
                  "model", "prompts", "max_new_tokens", "device", "dtype", "calibration", "decoder_version", "setting"]
-SETTING_COLUMNS_BEFORE = SWEEP_COLUMNS[:-1]  # sweeps written before `setting` (provenance.py) was kept: resumable
+# Headers of earlier versions, still resumable (their rows are kept and rewritten with the new cells empty): before
+# `decode_speedup` (the decoding phase's speedup, what plans predict), and before `setting` (provenance.py) too.
+EARLIER_COLUMNS = ([c for c in SWEEP_COLUMNS if c != "decode_speedup"],
+                   [c for c in SWEEP_COLUMNS if c not in ("decode_speedup", "setting")])
 # Column names of sweep CSVs written before the predictions got one set of names (calibration.py): read_sweep
 # renames them, so older files still open in the app and the report. The only place the old names live.
 OLD_COLUMNS = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
@@ -76,6 +80,19 @@ def has_typical(sweep: pd.DataFrame) -> bool:
     return "epsilon" in sweep.columns and bool(sweep["epsilon"].notna().any())
 
 
+def checked_speedup(row) -> tuple[float, str]:
+    """(speedup, phase) of a sweep row as a prediction is checked against it: the decoding phase's (decode_speedup,
+    what plans predict), or in a sweep written before that column the end-to-end one, said so (its prefill pulls it
+    towards 1)."""
+    value = row.get("decode_speedup") if hasattr(row, "get") else None
+    try:
+        if value is not None and math.isfinite(float(value)):
+            return float(value), "decoding phase"
+    except (TypeError, ValueError):
+        pass
+    return float(row["speedup"]), "end to end (an older sweep: prefill included)"
+
+
 def read_sweep_rows(path) -> list[dict]:
     """The rows of a sweep CSV as strings (kept verbatim on rewrite), or [] when it does not exist yet."""
     f = Path(path)
@@ -84,7 +101,7 @@ def read_sweep_rows(path) -> list[dict]:
     try:
         with f.open(newline="", encoding="utf-8") as fh:
             reader = csv.DictReader(fh)
-            same = reader.fieldnames in (SWEEP_COLUMNS, SETTING_COLUMNS_BEFORE)
+            same = reader.fieldnames in (SWEEP_COLUMNS, *EARLIER_COLUMNS)
             rows = list(reader) if same else []
     except (UnicodeDecodeError, csv.Error) as e:
         raise WorkbenchError(f"--out {path}: exists but is not a readable CSV ({str(e)[:100]}); use another --out") from None

@@ -287,8 +287,10 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--context", metavar="C1,C2,..", help="verify: cache lengths (default 128,1024)")
     p.add_argument("--batch", metavar="B1,B2,..", help="batch sizes: sequences per step (default 1,2,4,8 for "
                                                       "decoder-step, 1 for verify)")
-    p.add_argument("--repeats", type=bounded("repeats"), help="timed repeats per point (median, quartiles, min, max kept; default 5 "
-                                               "generate calls for decoder-step, 10 calls for verify)")
+    p.add_argument("--repeats", type=bounded("repeats"),
+                   help="timed repeats per point (median, quartiles, min, max kept): decoder-step, rounds of generate "
+                        "calls, each size between two vanilla calls on the same prompts (default 5); verify, calls "
+                        "(default 10)")
     p.add_argument("--warmup", type=bounded("repeats", 0), help="untimed repeats first (default 1 / 3)")
     p.add_argument("--prompts", default="alpaca-eval", help="decoder-step: the prompts decoded (alpaca-eval, "
                    "mt-bench, a file, or 'holdout': the calibration's held-out prompts; default alpaca-eval)")

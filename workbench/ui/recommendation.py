@@ -110,7 +110,9 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
             "candidate": r["label"] + ("" if any(r is c for c in rec["candidates"]) else " *"),
             "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
             "range": f"{r['range'][0]:.2f}-{r['range'][1]:.2f}x" if r["range"] else "",
-            "measured": (f"{now['speedup']:.2f}x" + (f" ± {now['noise']:.2f}" if now["noise"] is not None else ""))
+            "measured": (f"{now['speedup']:.2f}x" + (f" ± {now['noise']:.2f}" if now["noise"] is not None else "")
+                         + ("" if all(m["phase"] == "decoding phase" for m in r["measured"] if not m["old"])
+                            else " (end to end)"))
             if now else "",
             "in": ", ".join(_stem(s) for s in now["sweeps"]) if now else "",
             "old measurement": f"{old[0]['speedup']:.2f}x ({_stem(old[0]['sweep'])})" if old else "",
@@ -129,12 +131,14 @@ COLUMNS = {
              "when the calibration holds prompts out)"),
     "speedup": st.column_config.NumberColumn(
         format="%.3fx",
-        help="predicted: tokens/step / relative step cost t(nodes + 1) / t(1) at this batch and context"),
+        help="predicted, of the decoding phase: the batch's tokens/step (it waits for its slowest sequence) / "
+             "relative step cost t(nodes + 1) / t(1) at this batch and context"),
     "range": st.column_config.TextColumn(
         help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
              "round"),
     "measured": st.column_config.TextColumn(
-        help="sweeps by the current decoder: speedup +- run-to-run noise (the spread of the sweep's vanilla "
+        help="sweeps by the current decoder: the decoding phase's speedup (as predicted; '(end to end)': a sweep "
+             "written before it was kept, prefill included) +- run-to-run noise (the spread of the sweep's vanilla "
              "baseline, re-measured before every configuration, or between repeats)"),
     "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)"),
     "old measurement": st.column_config.TextColumn(

@@ -21,7 +21,7 @@ from workbench.export import (FORMATS, SAFE_ENGINES, SUFFIXES, TRTLLM_MAX_DRAFT_
                               export_tree, first_level_gaps, vllm_uniform)
 from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
                                 optimal_tree_from)
-from workbench.recommend import shape, tree_speedup
+from workbench.recommend import designed_speedup, shape
 from workbench.tree import (Tree, add_path, load_tree, parse_path, record_json, reference_trees, remove_path,
                             tree_buffers, tree_diff, tree_record)
 from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
@@ -292,10 +292,12 @@ def _tree_page() -> None:
         cols[2].metric("predicted speedup", "n/a", help=f"{lat['path'].name} stops at {top} tokens per step: a "
                                                         f"{tree.nodes}-node tree needs {tree.nodes + 1}")
     elif rec is not None and shown_row.get(rec["prediction"]) is not None:
-        guess = tree_speedup(shown_row[rec["prediction"]], tree, lat["tables"]) | {"prediction": rec["prediction"]}
+        guess = designed_speedup(src.calib if src.calib is not None else src.acc, tree, lat["tables"]) | \
+            {"prediction": rec["prediction"]}
         rng = f" (range {guess['range'][0]:.2f}x-{guess['range'][1]:.2f}x)" if guess["range"] else ""
         cols[2].metric("predicted speedup", f"{guess['speedup']:.2f}x",
-                       help=f"{rec['prediction']} / relative step cost t(n+1)/t(1) at batch {rec['batch']}, context "
+                       help=f"{rec['prediction']} (of the batch: it waits for its slowest sequence) / relative step "
+                            f"cost t(n+1)/t(1) at batch {rec['batch']}, context "
                             f"{rec['context']} ({lat['path'].name}){rng}; the recommendation's formula")
         found = measured.get(shape(tree), [])
         now = [m for m in found if not m["old"]]
