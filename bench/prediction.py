@@ -29,10 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibration import Calibration, decoder_walk, default_calibration  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
-from workbench.io import atomic_write_json  # noqa: E402
+from workbench.io import WorkState, atomic_write_json, remove_work  # noqa: E402
 from workbench.latency import latency_surface, read_latency  # noqa: E402
 from workbench.plan import at_batch, calibration_source, candidates, rank  # noqa: E402
-from workbench.provenance import describe, loaded, mismatch_warning, read_setting, setting  # noqa: E402
+from workbench.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
+                                  without_load)
 from workbench.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
                              prefill_share, spread, tokens_per_step)
 
@@ -57,36 +58,48 @@ def plan_top(cal: Calibration, latency_df, batch_sizes, top: int, max_new_tokens
 
 
 def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeats: int, engine,
-            progress=print) -> dict:
+            progress=print, state=None) -> dict:
     """{batch: {tree name: {quantity: [per repeat]}}}, every number speed.py's: the decoding phase's speedup (what
     plan predicts), the end-to-end one (prefill included), each sequence's and the whole batch's tokens/step, the
-    step's cost over vanilla's (overhead) and vanilla's prefill share."""
+    step's cost over vanilla's (overhead) and vanilla's prefill share. `state` (io.WorkState): each finished batch
+    size is kept, so a killed run rerun measures only the batch sizes it had not finished."""
+    out = {}
+    for b, top in picks.items():
+        if state is not None and state.get(f"batch-{b}") is not None:
+            progress(f"batch {b}: kept from the killed run")
+        measure_one = lambda: measure_batch(model, heads, tok, prompts, b, top, max_new_tokens, repeats,  # noqa: E731
+                                            engine, progress)
+        out[b] = measure_one() if state is None else state.piece(f"batch-{b}", measure_one)
+    return out
+
+
+def measure_batch(model, heads, tok, prompts, b: int, top: list[dict], max_new_tokens: int, repeats: int, engine,
+                  progress=print) -> dict:
+    """{tree name: {quantity: [per repeat]}} at batch size b: the prompts decoded b at a time (full batches only),
+    vanilla and then every candidate on the same batch back to back (a load change hits them alike)."""
     import torch
 
     from workbench.decode import medusa_generate, vanilla_generate
     from workbench.engine import tree_setup
 
-    out = {}
     with torch.inference_mode():
-        for b, top in picks.items():
-            chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]  # full batches only
-            bufs = {c["tree"].name: tree_setup(c["tree"], model) for c in top}
-            vanilla_generate(model, tok, chunks[0], 2, engine=engine)  # warm-up of every shape
-            for buf in bufs.values():
-                medusa_generate(model, heads, tok, chunks[0], buf, 2, engine=engine)
-            got = {name: {q: [] for q in MEASURED} for name in bufs}
-            for r in range(repeats):
-                van, med = [], {name: [] for name in bufs}
-                for chunk in chunks:  # vanilla, then every candidate, on the same chunk back to back
-                    van.append(vanilla_generate(model, tok, chunk, max_new_tokens, engine=engine))
-                    for name, buf in bufs.items():
-                        med[name].append(medusa_generate(model, heads, tok, chunk, buf, max_new_tokens, engine=engine))
-                for name in bufs:
-                    for q, fn in MEASURED.items():
-                        got[name][q].append(fn(med[name], van))
-                progress(f"batch {b}: repeat {r + 1}/{repeats} done")
-            out[b] = got
-    return out
+        chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]
+        bufs = {c["tree"].name: tree_setup(c["tree"], model) for c in top}
+        vanilla_generate(model, tok, chunks[0], 2, engine=engine)  # warm-up of every shape
+        for buf in bufs.values():
+            medusa_generate(model, heads, tok, chunks[0], buf, 2, engine=engine)
+        got = {name: {q: [] for q in MEASURED} for name in bufs}
+        for r in range(repeats):
+            van, med = [], {name: [] for name in bufs}
+            for chunk in chunks:
+                van.append(vanilla_generate(model, tok, chunk, max_new_tokens, engine=engine))
+                for name, buf in bufs.items():
+                    med[name].append(medusa_generate(model, heads, tok, chunk, buf, max_new_tokens, engine=engine))
+            for name in bufs:
+                for q, fn in MEASURED.items():
+                    got[name][q].append(fn(med[name], van))
+            progress(f"batch {b}: repeat {r + 1}/{repeats} done")
+    return got
 
 
 def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_tokens: int) -> list[dict]:
@@ -183,8 +196,13 @@ def run(args) -> int:
     engine = StepEngine(model)  # compiled on CUDA (the GPU decoder), eager on CPU
     here = setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile),
                    torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None)
+    # every finished batch size is kept beside --out until the JSON is written: a killed run resumes
+    state = WorkState(args.out, dict(command="bench/prediction.py", calibration=str(cal.folder), latency=str(lat),
+                                     prompts=[pid for pid, _ in records], max_new_tokens=args.max_new_tokens,
+                                     repeats=args.repeats, model=model_name, heads=heads, setting=without_load(here),
+                                     picks={b: [c["tree"].as_lists() for c in top] for b, top in picks.items()}))
     measured = measure(model, hd, tok, prompts, picks, args.max_new_tokens, args.repeats, engine,
-                       lambda s: print(s, file=sys.stderr))
+                       lambda s: print(s, file=sys.stderr), state)
     rows = rows_of(picks, measured, cal, [pid for pid, _ in records], args.max_new_tokens)
     lat_setting = read_setting(latency_df)
     here["load_average_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
@@ -199,6 +217,7 @@ def run(args) -> int:
     for note in ([warning] if warning else []) + (["WARNING: busy machine (load average above half the cores): the "
                                                    "measured speeds are not this machine's"] if loaded(here) else []):
         print(note, file=sys.stderr)
+    remove_work(args.out)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

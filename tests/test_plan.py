@@ -15,7 +15,7 @@ from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.calibration import Calibration
 from workbench.cli import main
 from workbench.export import PLAN_FORMATS, export_plan
-from workbench.latency import latency_surface, read_latency
+from workbench.latency import latency_surface, non_decreasing, read_latency
 from workbench.speed import relative_latency, speedup, speedup_at, speedup_range, within_noise
 from workbench.optimize import expected_length
 from workbench.plan import (PLAN_ROW, check_acceptance, chain_tree, make_plan, plan_json, plan_source,
@@ -85,7 +85,8 @@ def test_old_latency_csvs_read_as_batch_1():
     assert set(df["batch"]) == {1}
     surf, ctx = latency_surface(df, [1], context=128)
     want = raw[raw["context"] == 128]
-    assert ctx == 128 and surf[1]["seconds"] == dict(zip(want["tokens"], want["seconds"]))
+    assert ctx == 128 and surf[1]["measured"] == dict(zip(want["tokens"], want["seconds"]))
+    assert surf[1]["seconds"] == non_decreasing(surf[1]["measured"])
     assert surf[1]["spread"] is None  # unknown, not zero
     with pytest.raises(WorkbenchError, match=r"no rows for batch size\(s\) 2, 4 \(measured: 1\)"):
         latency_surface(df, [1, 2, 4], context=128)
@@ -136,6 +137,25 @@ def _plan(acc, df, tmp_path, batches):
     return make_plan(plan_source(accuracies=tmp_path / "acc.csv"), tmp_path / "lat.csv", batches)
 
 
+def test_a_table_is_read_non_decreasing():
+    """Pool-adjacent-violators on the Medusa steps: the least-squares non-decreasing fit (a dip pooled with what
+    it undercuts), t(1) untouched, an ordered pair of columns stays ordered, the surface keeps the file's values."""
+    assert non_decreasing({1: 1.0, 2: 1.68, 3: 1.74, 4: 1.75, 5: 1.50, 6: 1.34, 8: 1.80, 10: 1.77, 16: 1.90}) == \
+        pytest.approx({1: 1.0, 2: 1.602, 3: 1.602, 4: 1.602, 5: 1.602, 6: 1.602, 8: 1.785, 10: 1.785, 16: 1.90})
+    assert non_decreasing({1: 5.0, 2: 1.0, 3: 2.0}) == {1: 5.0, 2: 1.0, 3: 2.0}  # t(1) is not pooled
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        low = rng.random(8)
+        high = low + rng.random(8)
+        a, b = non_decreasing(dict(enumerate(low, 1))), non_decreasing(dict(enumerate(high, 1)))
+        assert all(a[n] <= b[n] + 1e-12 for n in a) and all(a[n] <= a[n + 1] + 1e-12 for n in range(2, 8))
+        assert sum(list(a.values())[1:]) == pytest.approx(sum(low[1:]))  # pooling keeps the sum
+    df = surface(per_token=0.02, per_batch_token=0.05, bump={3: 0.4})
+    s, _ = latency_surface(df, [1])
+    raw = dict(zip(df[df["batch"] == 1]["tokens"], df[df["batch"] == 1]["seconds"]))
+    assert s[1]["measured"] == raw and s[1]["seconds"] == non_decreasing(raw) != raw
+
+
 def test_every_tree_counted():
     assert len(every_tree(3, 2)) == 676 - 1 and len(every_tree(2, 2)) == 24
 
@@ -144,14 +164,15 @@ def test_every_tree_counted():
 @pytest.mark.parametrize("shape", ["flat", "steep", "bump"])
 def test_plan_is_the_best_of_every_tree_per_batch_size(seed, shape, tmp_path):
     """Per batch size the plan's predicted speedup equals the best over all 675 trees of depth <= 3 and ranks < 2
-    (and no speculation), each priced on its own; the chosen row's tree gives exactly that speedup."""
+    (and no speculation), each priced on its own on the table read non-decreasing (the bump is pooled away); the
+    chosen row's tree gives exactly that speedup."""
     acc = _acc(seed)
     df = {"flat": surface(per_token=0.005, per_batch_token=0.004),
           "steep": surface(per_token=0.2, per_batch_token=0.15),
           "bump": surface(per_token=0.02, per_batch_token=0.05, bump={3: 0.4, 2: 0.1})}[shape]
     plan = _plan(acc, df, tmp_path, [1, 2, 4, 8])
     for row in plan["plans"]:
-        table = dict(zip(*[df[df["batch"] == row["batch_size"]][c] for c in ("tokens", "seconds")]))
+        table = non_decreasing(dict(zip(*[df[df["batch"] == row["batch_size"]][c] for c in ("tokens", "seconds")])))
         assert row["predicted_speedup"] == pytest.approx(brute_force(acc, table), rel=1e-12)
         if row["kind"] == "none":
             assert row["medusa_choices"] == [] and row["predicted_speedup"] == 1.0
@@ -489,10 +510,7 @@ def test_plan_predicts_for_the_generation_length(calib, flat_latency, tmp_path, 
     assert "never measured" in capsys.readouterr().err
 
 
-def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, capsys):
-    """bench/prediction.py end to end: plan's top candidates at two batch sizes, predicted beside measured with
-    spreads, the setting of the run; a greedy decoder measures exactly the replay over the answers of the prompts
-    it decoded (`replay_these`), which the calibration recorded in fp32."""
+def _prediction_bench():
     import importlib.util
 
     from workbench import REPO_ROOT
@@ -500,6 +518,42 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
     spec = importlib.util.spec_from_file_location("bench_prediction", REPO_ROOT / "bench" / "prediction.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_prediction_bench_resumes_after_a_kill(calib, flat_latency, tmp_path, monkeypatch):
+    """A run killed at batch size 2 keeps batch size 1 beside --out; the rerun measures batch size 2 only, reports
+    the kept batch 1 as measured, and removes the work folder."""
+    bench = _prediction_bench()
+    out = tmp_path / "p.json"
+    argv = ["--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1,2", "--top", "1",
+            "--limit", "2", "--max-new-tokens", "4", "--repeats", "1", "--device", "cpu", "--out", str(out)]
+    real, calls = bench.measure_batch, []
+
+    def killed_at_2(*a, **k):
+        calls.append(a[4])
+        if a[4] == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench, "measure_batch", killed_at_2)
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(argv)
+    assert calls == [1, 2] and not out.exists()
+    kept = json.loads((tmp_path / "p.json.work" / "batch-1.json").read_text())["value"]
+    calls.clear()
+    monkeypatch.setattr(bench, "measure_batch", lambda *a, **k: (calls.append(a[4]), real(*a, **k))[1])
+    assert bench.main(argv) == 0 and calls == [2]
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["batch_size"] == 1]
+    assert rows and all(r["measured_speedup"] == kept[r["candidate"]]["speedup"][0] for r in rows)
+    assert not (tmp_path / "p.json.work").exists()
+
+
+def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, capsys):
+    """bench/prediction.py end to end: plan's top candidates at two batch sizes, predicted beside measured with
+    spreads, the setting of the run; a greedy decoder measures exactly the replay over the answers of the prompts
+    it decoded (`replay_these`), which the calibration recorded in fp32."""
+    bench = _prediction_bench()
     out = tmp_path / "prediction.json"
     assert bench.main(["--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1,2",
                        "--top", "2", "--limit", "2", "--max-new-tokens", "6", "--repeats", "2", "--device", "cpu",

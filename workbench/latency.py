@@ -3,7 +3,8 @@
 A tree with more nodes accepts more tokens per step but each step costs more (Medusa paper Fig. 4, App. G), and
 at batch size B every sequence of the batch pays for that step:
   latency   t(B, n): wall time of one step of B sequences x n tokens (n - 1 tree nodes + the root), next to the
-            single-token step t(B, 1); measured by measure_latency.py, either the decoder's whole step
+            single-token step t(B, 1), read non-decreasing in n (non_decreasing: a dip is noise); measured by
+            measure_latency.py, either the decoder's whole step
             (decoder-step, the default) or its bare verify forward (verify). The CSV keeps the spread of the
             repeats (min, quartiles, max) beside the median, and the setting it was measured in (`setting`,
             provenance.py): a table from another machine, thread count or load predicts another speed;
@@ -104,12 +105,12 @@ def _pick_context(contexts: list[int], context: int | None, target: float | None
 
 
 def latency_table(df: pd.DataFrame, context: int | None = None, target: float | None = None,
-                  what: str = "latency", batch: int | None = None,
-                  column: str = "seconds") -> tuple[dict[int, float], int]:
+                  what: str = "latency", batch: int | None = None, column: str = "seconds",
+                  monotone: bool = True) -> tuple[dict[int, float], int]:
     """{tokens: seconds} of one batch size at one context: `context` exactly, else the measured one closest to
     `target`, else the only one. `batch` defaults to 1 (the only one a file without a batch column has).
-    `column` picks another timing column (seconds_q1, ...). One (model, device, dtype) per file: mixing hardware
-    in one table would be meaningless."""
+    `column` picks another timing column (seconds_q1, ...); `monotone` (default) reads it non_decreasing, False as
+    measured. One (model, device, dtype) per file: mixing hardware in one table would be meaningless."""
     _setup_check(df, what)
     have = _batches(df)
     b = 1 if batch is None and 1 in have else batch
@@ -132,13 +133,31 @@ def latency_table(df: pd.DataFrame, context: int | None = None, target: float | 
     if 1 not in table:
         raise WorkbenchError(f"{what}: batch {b} context {ctx} has no 1-token row (the vanilla step every cost is "
                              "relative to)")
-    return table, int(ctx)
+    return non_decreasing(table) if monotone else table, int(ctx)
+
+
+def non_decreasing(table: dict[int, float]) -> dict[int, float]:
+    """A table's Medusa steps (n >= 2 tokens) made non-decreasing in n by pooling adjacent violators (the
+    least-squares monotone fit): a step over more tokens cannot cost less, so a dip is the table's noise, and a
+    prediction should not rest on it (recommend.cheaper_larger names such dips in the raw table). The plain
+    step t(1), every prediction's denominator, stays as measured. Order-preserving: fitted quartiles stay ordered."""
+    sizes = sorted(n for n in table if n >= 2)
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run, left to right
+    for n in sizes:
+        blocks.append([table[n], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = [value for total, count in blocks for value in [total / count] * count]
+    return {n: table[n] for n in table if n < 2} | dict(zip(sizes, fitted))
 
 
 def latency_surface(df: pd.DataFrame, batches, context: int | None = None, target: float | None = None,
                     what: str = "latency") -> tuple[dict[int, dict], int]:
     """The surface t(B, n) at one context for every asked batch size: ({B: {"seconds": {tokens: s},
-    "spread": {tokens: (q1, q3)} or None}}, context). The context is `context`, else the one measured at every
+    "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file}}, context); seconds and spread
+    read non_decreasing. The context is `context`, else the one measured at every
     asked batch size closest to `target`, else the only one. Batch sizes or a context the file lacks are one
     error naming all of them."""
     _setup_check(df, what)
@@ -171,7 +190,8 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
             q1, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q1")
             q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3")
             spread = {n: (q1[n], q3[n]) for n in table}
-        out[b] = dict(seconds=table, spread=spread)
+        out[b] = dict(seconds=table, spread=spread, measured=latency_table(df, ctx, what=what, batch=b,
+                                                                             monotone=False)[0])
     return out, int(ctx)
 
 

@@ -58,7 +58,7 @@ class Medusa2Config:
     heads_lr: float | None = None   # default 4x lr
     weight_decay: float = 0.0
     warmup_steps: int = 20          # linear learning-rate warm-up, then cosine to 0
-    lambda0: float = 0.2            # weight of the heads' loss (≈0.2 on SFT-like self-distilled data, paper)
+    lambda0: float = 0.01           # weight of the heads' loss (paper: ≈0.01 with self-distillation; 0.2 on SFT data)
     decay: float = 0.8              # λ_k = decay^k
     warmup: str = "two-stage"       # heads warm-up: start from Medusa-1 heads (--init), or a sine ramp of λ0
     ramp_steps: int = 0             # sine: steps over which λ0 rises (0 = a quarter of --steps)

@@ -33,10 +33,11 @@ OLD_DECODER = "before the static-cache step"  # what made a sweep CSV that has n
 def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1, target: float | None = None,
                    what: str = "latency") -> dict:
     """The latency table at one batch size and context, as plan reads it (latency.latency_surface): {"seconds":
-    {tokens: s}, "quartiles": {tokens: (q1, q3)} or None, "spread": its name or None, "context", "batch"}."""
+    {tokens: s}, "quartiles": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "spread": its
+    name or None, "context", "batch"}."""
     surface, ctx = latency_surface(df, [batch], context, target, what)
     quartiles = surface[batch]["spread"]
-    return dict(seconds=surface[batch]["seconds"], quartiles=quartiles,
+    return dict(seconds=surface[batch]["seconds"], quartiles=quartiles, measured=surface[batch]["measured"],
                 spread="latency quartiles" if quartiles else None, context=ctx, batch=batch)
 
 
@@ -209,7 +210,7 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
                calibration=str(getattr(calibration, "folder", "accuracy table")), latency=latency_name,
                setting=read_setting(latency), disagree=[r for r in every if r["disagree"]],
                old=[r for r in every if r["measured"] and r["current"] is None],
-               cheaper=cheaper_larger(tables["seconds"]))
+               cheaper=cheaper_larger(tables["measured"]))
     rec["answer"] = answer(rec)
     return rec
 
@@ -278,9 +279,10 @@ def latency_note(rec: dict) -> str | None:
     if not pairs:
         return None
     said = ", ".join(f"{m} tokens cheaper than {n}" for n, m in pairs[:3]) + (" ..." if len(pairs) > 3 else "")
-    return (f"the latency table is not monotone ({said}): its medians differ by less than their noise there, so a "
-            "choice between those sizes rests on that noise" + ("" if rec["spread"] else "; re-measure with a spread "
-                                                                "(quartiles) to see how much"))
+    return (f"the latency table is not monotone ({said}): its medians differ by less than their noise there; "
+            "predictions read it made non-decreasing (those sizes pooled)" + ("" if rec["spread"] else
+                                                                               "; re-measure with a spread "
+                                                                               "(quartiles) to see how much"))
 
 
 def _inputs(rec: dict) -> str:

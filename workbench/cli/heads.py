@@ -369,7 +369,8 @@ def add_train_heads(sub) -> None:
     m2.add_argument("--recipe", choices=["medusa-1", "medusa-2"], default="medusa-1",
                     help="medusa-1: heads on a frozen base (default); medusa-2: heads + LoRA backbone, "
                          "loss KL(original || adapted) + lambda0 * sum_k decay^k CE_k")
-    m2.add_argument("--lambda0", type=finite(0, 1e3), default=0.2, help="weight of the heads' loss (default 0.2)")
+    m2.add_argument("--lambda0", type=finite(0, 1e3), default=0.01, help="weight of the heads' loss (default 0.01, "
+                    "the recipe's for self-distillation; 0.2 for training on the model's SFT data)")
     m2.add_argument("--decay", type=finite(0, 1, open_low=True), default=0.8, help="lambda_k = decay^k (default 0.8)")
     m2.add_argument("--heads-lr", type=finite(0, 1e3, open_low=True), help="the heads' learning rate (default 4x --lr)")
     m2.add_argument("--warmup", choices=["two-stage", "sine"], default="two-stage",
