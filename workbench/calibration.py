@@ -226,8 +226,6 @@ def batch_walk(tree, answers: tuple[np.ndarray, list[int]], batch: int) -> float
     steps = walk_steps(tree, answers)
     if sum(steps) == 0:
         raise WorkbenchError("no positions to measure on (empty calibration data)")
-    if batch == 1:
-        return sum(answers[1]) / sum(steps)
     return expected_max(answers[1], batch) / expected_max(steps, batch)
 
 

@@ -184,14 +184,14 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
         ctx = _pick_context(common, None, target, what)
     out = {}
     for b in batches:
-        table, _ = latency_table(df, ctx, what=what, batch=b)
+        measured, _ = latency_table(df, ctx, what=what, batch=b, monotone=False)
+        table = non_decreasing(measured)
         spread = None
         if set(SPREAD_COLUMNS) <= set(df.columns):
             q1, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q1")
             q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3")
             spread = {n: (q1[n], q3[n]) for n in table}
-        out[b] = dict(seconds=table, spread=spread, measured=latency_table(df, ctx, what=what, batch=b,
-                                                                             monotone=False)[0])
+        out[b] = dict(seconds=table, spread=spread, measured=measured)
     return out, int(ctx)
 
 
