@@ -147,6 +147,28 @@ def test_a_stopped_run_resumes_to_the_same_state(tied, tmp_path):
     assert log[-1]["step"] == 6 and {"loss", "kl", "ce", "lambda0", "lr"} <= log[-1].keys()
 
 
+def test_the_same_heads_elsewhere_resume_and_other_heads_start_afresh(tied, tmp_path):
+    """The checkpoint names its starting heads by their weights: a copy in another folder (another checkout)
+    resumes the stopped run; heads with other weights train from their own start."""
+    import shutil
+    moved = tmp_path / "elsewhere" / "heads1"
+    shutil.copytree(tied / "heads1", moved)
+    first = train_medusa2(tmp_path / "w", _cfg(tied), str(tied / "model"), tmp_path / "o1", device="cpu",
+                          stop_after=2)
+    assert first["steps"] == 2
+    again = train_medusa2(tmp_path / "w", _cfg(tied, init=str(moved)), str(tied / "model"), tmp_path / "o1",
+                          device="cpu", stop_after=1)
+    assert again["steps"] == 3 and len(list((tmp_path / "w").glob("medusa2-*.pt"))) == 1  # step 2, then one more
+    heads = load_heads(moved)[0]
+    with torch.no_grad():
+        next(heads.parameters()).add_(0.01)
+    other = tmp_path / "other" / "heads1"
+    save_heads(heads, other, base_model="tiny")
+    fresh = train_medusa2(tmp_path / "w", _cfg(tied, init=str(other)), str(tied / "model"), tmp_path / "o2",
+                          device="cpu", stop_after=1)
+    assert fresh["steps"] == 1 and len(list((tmp_path / "w").glob("medusa2-*.pt"))) == 2
+
+
 def test_outputs_load_as_any_model_and_heads(tied, tmp_path):
     cfg = _cfg(tied, steps=3)
     out = tmp_path / "out"

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
 from workbench.generation import prepare_prompt, right_padded, text_config
-from workbench.heads import MedusaHeads, check_heads_fit, load_heads, save_heads
+from workbench.heads import MedusaHeads, check_heads_fit, fingerprint, load_heads, save_heads
 from workbench.io import WorkState, atomic_write, atomic_write_json, atomic_write_text, run_lock
 from workbench.kvcache import undecodable_warning
 from workbench.models import empty_model, load_base, model_label
@@ -386,8 +386,9 @@ def _train(work, cfg, model_name, out, device, log_every, stop_after, launch, t0
     # one checkpoint per (settings, data): a rerun resumes, other settings train afresh
     not_in_key = ("prompts", "tokens", "steps", "time_budget", "gen_share", "save_dtype", "checkpoint_seconds",
                   "gen_batch", "gen_dtype")
-    key = {k: v for k, v in asdict(cfg).items() if k not in not_in_key} | {"parts": [p.name for p in parts],
-                                                                           "world": launch.world}
+    key = {k: v for k, v in asdict(cfg).items() if k not in not_in_key} | {
+        "parts": [p.name for p in parts], "world": launch.world,
+        "init": fingerprint(start) if start is not None else None}  # the heads' weights, not where they lie
     ckpt = work / f"medusa2-{hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]}.pt"
     log_path = ckpt.with_suffix(".loss.jsonl")
     step, progress = 0, 0.0

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from workbench import WorkbenchError
 from workbench.data import data_dirs, load_prompts
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
-from workbench.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
+from workbench.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, fingerprint, load_heads, save_heads
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.kvcache import undecodable_warning
 from workbench.models import cache_dir, load_base, model_label
@@ -352,6 +352,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
                   "answers_per_prompt", "time_budget", "gen_share")
     run = {k: v for k, v in asdict(cfg).items() if k not in not_in_key}
     run["parts"] = [p.name for p in parts]
+    run["init"] = fingerprint(start) if start is not None else None  # the heads' weights, not where they lie
     ckpt = work / f"checkpoint-{hashlib.sha1(json.dumps(run, sort_keys=True).encode()).hexdigest()[:12]}.pt"
     step, history, progress = 0, [], 0.0
     g = torch.Generator().manual_seed(cfg.seed)
