@@ -117,8 +117,26 @@ def slider_exists(driver, label: str):
     return skip
 
 
-def nav_click(driver, title: str) -> Callable[[], None]:
-    return lambda: ui.nav_link(driver, title).click()
+def found_then_clicked(find: Callable) -> tuple[Callable, Callable]:
+    """(act, prepare) of a Click: prepare finds the element (WebDriver round trips a user does not make; untimed),
+    act only clicks it."""
+    held: dict = {}
+
+    def prepare():
+        held["element"] = find()
+    return lambda: held["element"].click(), prepare
+
+
+def nav_click(driver, title: str) -> tuple[Callable, Callable]:
+    return found_then_clicked(lambda: ui.nav_link(driver, title))
+
+
+def radio_click(driver, text: str) -> tuple[Callable, Callable]:
+    from selenium.webdriver.common.by import By
+
+    return found_then_clicked(lambda: next(o for o in driver.find_elements(By.CSS_SELECTOR,
+                                                                        '[data-testid="stRadioOption"]')
+                                           if o.text == text))
 
 
 def clicks(driver) -> list[Click]:
@@ -139,9 +157,9 @@ def clicks(driver) -> list[Click]:
     pick("tree", "latency table: back to the first", lat, first)
     pick("tree", "tree on display: a reference", "Tree on display (drawn, masked, exported)", starting("reference: "))
     pick("tree", "tree on display: the optimizer's", "Tree on display (drawn, masked, exported)", starting(OPTIMIZER))
-    out.append(Click("tree", "acceptance model: empirical paths", lambda: ui.radio(driver, "empirical paths"),
+    out.append(Click("tree", "acceptance model: empirical paths", *radio_click(driver, "empirical paths"),
                      skip=radio_exists(driver, "empirical paths")))
-    out.append(Click("tree", "acceptance model: independence", lambda: ui.radio(driver, "independence"),
+    out.append(Click("tree", "acceptance model: independence", *radio_click(driver, "independence"),
                      skip=radio_exists(driver, "independence")))
     out.append(Click("tree", "budget: one less", lambda: ui.slide(driver, "Budget (tree nodes)", Keys.ARROW_LEFT),
                      skip=slider_exists(driver, "Budget (tree nodes)")))
@@ -151,19 +169,19 @@ def clicks(driver) -> list[Click]:
                      lambda: ui.chart_point(driver, ui.chart_index(driver, " nodes, depth "), 3, click=True)))
     pick("tree", "compare with a reference", "Compare with", starting("reference: "))
     pick("tree", "compare with nothing", "Compare with", starting("(nothing)"))
-    out.append(Click("calibration", "page: Calibration", nav_click(driver, "Calibration")))
-    out.append(Click("calibration", "prompts: holdout", lambda: ui.radio(driver, "holdout"),
+    out.append(Click("calibration", "page: Calibration", *nav_click(driver, "Calibration")))
+    out.append(Click("calibration", "prompts: holdout", *radio_click(driver, "holdout"),
                      skip=radio_exists(driver, "holdout")))
-    out.append(Click("calibration", "prompts: fit", lambda: ui.radio(driver, "fit"), skip=radio_exists(driver, "fit")))
-    out.append(Click("tradeoffs", "page: Trade-offs", nav_click(driver, "Trade-offs")))
+    out.append(Click("calibration", "prompts: fit", *radio_click(driver, "fit"), skip=radio_exists(driver, "fit")))
+    out.append(Click("tradeoffs", "page: Trade-offs", *nav_click(driver, "Trade-offs")))
     pick("tradeoffs", "latency table: another", lat, other)
     pick("tradeoffs", "latency table: back to the first", lat, first)
     pick("tradeoffs", "batch size: another", "batch size", other)
     pick("tradeoffs", "batch size: back to the first", "batch size", first)
     pick("tradeoffs", "sweep: another", "... or a sweep CSV found here", other)
     pick("tradeoffs", "sweep: back to the first", "... or a sweep CSV found here", first)
-    out.append(Click("live", "page: Live decode", nav_click(driver, "Live decode")))
-    out.append(Click("tree", "page: Tree designer", nav_click(driver, "Tree designer")))
+    out.append(Click("live", "page: Live decode", *nav_click(driver, "Live decode")))
+    out.append(Click("tree", "page: Tree designer", *nav_click(driver, "Tree designer")))
     return out
 
 
