@@ -2,8 +2,9 @@
 
 One `workbench train-heads --recipe medusa-2` per point (all points share one work folder, so the self-distilled
 data is generated once; each λ0 keeps its own checkpoint there, named by its settings but not its steps, so a longer
-point extends a shorter one), then `workbench eval-heads` on the held-out split. Every point is resumable (train-heads resumes from its checkpoint; a point
-whose evaluation exists is skipped), so the whole curve survives a kill and can run in the background for hours:
+point extends a shorter one), then `workbench eval-heads` on the held-out split. Every point is resumable
+(train-heads resumes from its checkpoint; a point whose evaluation exists is skipped), so the whole curve survives
+a kill and can run in the background for hours:
 
     nohup python bench/medusa2_curve.py --lambda0 0.01,0.2,1 --steps 100,300 --work runs/m2curve &
 

@@ -9,7 +9,6 @@ Formats (checked strictly: a missing, unexpected or mis-shaped tensor is an erro
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import warnings
 from pathlib import Path
@@ -194,16 +193,6 @@ def load_heads(path: str | Path | None = None) -> tuple[MedusaHeads, dict]:
                                      cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers")), cfg
     raise WorkbenchError(f"--heads {folder}: no {HEADS_FILE}.safetensors/.pt and no medusa_head.* tensors in the "
                          "model weights")
-
-
-def fingerprint(heads: MedusaHeads) -> str:
-    """A digest of the heads' weights: what a training checkpoint's key names its starting heads by, so that the same
-    heads reached by another path (another checkout, a copy) resume the same run and changed weights never do."""
-    h = hashlib.sha1()
-    for name, t in sorted(heads.state_dict().items()):
-        h.update(f"{name}{tuple(t.shape)}".encode())
-        h.update(t.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def _medusa2_tensors(folder: Path) -> dict[str, torch.Tensor]:

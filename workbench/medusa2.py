@@ -30,12 +30,12 @@ from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
 from workbench.generation import prepare_prompt, right_padded, text_config
-from workbench.heads import MedusaHeads, check_heads_fit, fingerprint, load_heads, save_heads
+from workbench.heads import MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.io import WorkState, atomic_write, atomic_write_json, atomic_write_text, run_lock
 from workbench.kvcache import undecodable_warning
 from workbench.models import empty_model, load_base, model_label
 from workbench.parallel import Shard, current_launch
-from workbench.train import TrainConfig, build_data, part_infos, prompt_key
+from workbench.train import TrainConfig, build_data, part_infos, prompt_key, run_key
 
 WARMUPS = ("two-stage", "sine")
 # every linear layer of a Llama-style decoder, and the output projection (Medusa-2 adapts lm_head too)
@@ -386,10 +386,7 @@ def _train(work, cfg, model_name, out, device, log_every, stop_after, launch, t0
     # one checkpoint per (settings, data): a rerun resumes, other settings train afresh
     not_in_key = ("prompts", "tokens", "steps", "time_budget", "gen_share", "save_dtype", "checkpoint_seconds",
                   "gen_batch", "gen_dtype")
-    key = {k: v for k, v in asdict(cfg).items() if k not in not_in_key} | {
-        "parts": [p.name for p in parts], "world": launch.world,
-        "init": fingerprint(start) if start is not None else None}  # the heads' weights, not where they lie
-    ckpt = work / f"medusa2-{hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]}.pt"
+    ckpt = work / f"medusa2-{run_key(cfg, not_in_key, start, parts=[p.name for p in parts], world=launch.world)}.pt"
     log_path = ckpt.with_suffix(".loss.jsonl")
     step, progress = 0, 0.0
     g = torch.Generator().manual_seed(cfg.seed * 1000 + launch.rank)  # each process its own batches

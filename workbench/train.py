@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from workbench import WorkbenchError
 from workbench.data import data_dirs, load_prompts
 from workbench.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
-from workbench.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, fingerprint, load_heads, save_heads
+from workbench.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.io import atomic_write, atomic_write_json, read_json, run_lock
 from workbench.kvcache import undecodable_warning
 from workbench.models import cache_dir, load_base, model_label
@@ -57,6 +57,16 @@ class TrainConfig:
     init: str | None = None         # start from these heads (more data for heads trained before) instead of zero
     time_budget: float | None = None  # seconds for the whole run: generation, training, validation, saving
     gen_share: float = 0.5          # with a time budget: generation stops starting batches after this share of it
+
+
+def run_key(cfg, leave_out: tuple[str, ...], start: MedusaHeads | None, **extra) -> str:
+    """The digest a training checkpoint is named by: the run's settings but `leave_out` (what may change on a resume),
+    `extra` (its data parts, ...) and the starting heads by their weights, not where they lie."""
+    from workbench.measure_ranks import heads_fingerprint
+
+    key = {k: v for k, v in asdict(cfg).items() if k not in leave_out} | extra
+    key["init"] = heads_fingerprint(start) if start is not None else None
+    return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 def default_prompt_files() -> list[str]:
@@ -350,10 +360,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     # more data train afresh
     not_in_key = ("prompts", "tokens", "steps", "max_new_tokens", "gen_batch", "gen_dtype", "save_dtype",
                   "answers_per_prompt", "time_budget", "gen_share")
-    run = {k: v for k, v in asdict(cfg).items() if k not in not_in_key}
-    run["parts"] = [p.name for p in parts]
-    run["init"] = fingerprint(start) if start is not None else None  # the heads' weights, not where they lie
-    ckpt = work / f"checkpoint-{hashlib.sha1(json.dumps(run, sort_keys=True).encode()).hexdigest()[:12]}.pt"
+    ckpt = work / f"checkpoint-{run_key(cfg, not_in_key, start, parts=[p.name for p in parts])}.pt"
     step, history, progress = 0, [], 0.0
     g = torch.Generator().manual_seed(cfg.seed)
     if ckpt.is_file():

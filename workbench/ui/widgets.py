@@ -315,9 +315,9 @@ def figure(fig, caption: str | None = None) -> None:
 def chart(fig, caption: str | None = None, key: str | None = None, on_select=None) -> None:
     """An interactive plotly figure (hover for values, drag to zoom; `on_select`: a click selects points) with its
     caption. Its title is written above it, so that in a narrow column a long title never runs under the chart's
-    toolbar. Drawn without Streamlit's theme (restyling every figure in the browser on each rerun was most of a
-    click's time: a calibration-page click 0.98 s -> 0.59 s on an idle 2-core CPU) and without a second plotly
-    template (serialising one doubles the server's cost per figure): a white plot area is set directly."""
+    toolbar. Drawn without Streamlit's theme (it restyles every figure in the browser on each rerun, most of a
+    click's time) and without a plotly template (serialising one doubles the server's cost per figure): a white
+    plot area is set directly."""
     title = fig.layout.title.text
     if title:
         st.markdown(f"**{title}**")
