@@ -1,11 +1,12 @@
 """Click times of the app in a real browser, and its tables at 1280 px: `streamlit run app.py` (headless, a free
 port) driven in headless Chromium through a fixed script of clicks on every page (latency table, batch size, tree
-on display, acceptance model, budget, a tree node, calibration split, trade-offs inputs, page changes). Each click is
-timed from the action until the script run it set off has finished and the browser painted it (Streamlit's own run
-state, workbench/ui/browser.py): first on a fresh server (nothing cached), then repeated in a new session (the
-server's caches warm). The server's own time per run ($WORKBENCH_APP_TIMINGS) is beside it: the rest is the browser
-and the transfer. Then, at 1280 x 900 with every expander open, every table on every page is checked for cut columns
-(a horizontal scroll bar, or columns past the window) and every page for sideways overflow.
+on display, acceptance model, budget, a tree node, tabs, calibration split, trade-offs inputs and tabs, page
+changes). Each click is timed from the action until the script run it set off has finished and the browser painted
+it (Streamlit's own run state, workbench/ui/browser.py): first on a fresh server (nothing cached), then repeated in a
+new session (the server's caches warm). The server's own time per run ($WORKBENCH_APP_TIMINGS) is beside it: the rest
+is the browser and the transfer. Then, at 1280 x 900 with every expander open and each tab in turn, every table on
+every page is checked for cut columns (a horizontal scroll bar, or columns past the window) and every page for
+sideways overflow.
 
     python bench/app_clicks.py                          # the committed calibration and results (what the demo shows)
     python bench/app_clicks.py --passes 3 --out /tmp/clicks.json
@@ -139,6 +140,13 @@ def radio_click(driver, text: str) -> tuple[Callable, Callable]:
                                            if o.text == text))
 
 
+def tab_click(driver, label: str) -> tuple[Callable, Callable]:
+    from selenium.webdriver.common.by import By
+
+    return found_then_clicked(lambda: next(t for t in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stTab"]')
+                                           if t.text.strip() == label))
+
+
 def clicks(driver) -> list[Click]:
     """The fixed script: every page, its main inputs changed and changed back (so a second pass asks the same
     questions again), page changes by the sidebar links."""
@@ -169,6 +177,8 @@ def clicks(driver) -> list[Click]:
                      lambda: ui.chart_point(driver, ui.chart_index(driver, " nodes, depth "), 3, click=True)))
     pick("tree", "compare with a reference", "Compare with", starting("reference: "))
     pick("tree", "compare with nothing", "Compare with", starting("(nothing)"))
+    out.append(Click("tree", "tab: Tokens/step and speedup", *tab_click(driver, "Tokens/step and speedup")))
+    out.append(Click("tree", "tab: Export", *tab_click(driver, "Export")))
     out.append(Click("calibration", "page: Calibration", *nav_click(driver, "Calibration")))
     out.append(Click("calibration", "prompts: holdout", *radio_click(driver, "holdout"),
                      skip=radio_exists(driver, "holdout")))
@@ -180,6 +190,8 @@ def clicks(driver) -> list[Click]:
     pick("tradeoffs", "batch size: back to the first", "batch size", first)
     pick("tradeoffs", "sweep: another", "... or a sweep CSV found here", other)
     pick("tradeoffs", "sweep: back to the first", "... or a sweep CSV found here", first)
+    for label in ("Plan per batch size", "Sweep (Fig. 4)", "Latency and speedup"):
+        out.append(Click("tradeoffs", f"tab: {label}", *tab_click(driver, label)))
     out.append(Click("live", "page: Live decode", *nav_click(driver, "Live decode")))
     out.append(Click("tree", "page: Tree designer", *nav_click(driver, "Tree designer")))
     return out
@@ -262,6 +274,9 @@ def check_tables(driver, url: str) -> dict:
                 ui.choose(driver, "Compare with", next(o for o in ui.options(driver, "Compare with")
                                                        if o.startswith("reference: ")))
             out[path] = look()
+            for label in ui.tab_labels(driver)[1:]:  # a tab draws only while open: each one in turn
+                ui.open_tab(driver, label)
+                out[f"{path}, tab {label}"] = look()
         except Exception as e:  # noqa: BLE001 - reported, the other pages are still checked
             out[path] = dict(cut=[], overflow_px=None, errors=[f"could not check: {type(e).__name__}: {e}"[:300]])
     return out

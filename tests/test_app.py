@@ -6,6 +6,8 @@ accuracies.csv, meta.json, latency and sweep CSVs), so the tests never depend on
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -46,6 +48,18 @@ def page(name: str, root: Path | None, monkeypatch, body: str | None = None) -> 
               f"    spec.loader.exec_module(app)\n"
               + (body or f"app.{name}()\n"))
     return AppTest.from_string(script, default_timeout=TIMEOUT)
+
+
+def tab(at: AppTest, label: str, key: str = "to_tab") -> AppTest:
+    """Open one of a page's tabs (the trade-offs page's by default; only the open one is drawn, switching reruns),
+    as a click does."""
+    at.session_state[key] = label
+    return at.run()
+
+
+def charts(at: AppTest) -> set[str]:
+    """The keys of the plotly charts a run drew."""
+    return {c.proto.id.rsplit("-", 1)[-1] for c in at.get("plotly_chart")} if at.get("plotly_chart") else set()
 
 
 def no_exception(at: AppTest) -> None:
@@ -201,7 +215,8 @@ def test_user_tree_is_compared(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     at.text_input(key="tree_user_spec").input("[[0], [1], [0, 0]]").run()
     no_exception(at)
-    named = table(at, "tree")
+    assert "tree_curves_chart" not in charts(at)  # the designer opens on its Export tab: the curves wait
+    named = table(tab(at, "Named trees", "tree_tab"), "tree")
     assert "your tree" in named["tree"].tolist()
     assert "mc_sim_7b_63" in named["tree"].tolist()
 
@@ -286,6 +301,7 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     at.radio(key="tree_model").set_value("hardware-aware").run()
     assert not any("does not pay" in w.value for w in at.warning)
+    tab(at, "Tokens/step and speedup", "tree_tab")
     assert any("diamonds: sweep measurements" in c.value for c in at.caption)  # sweep speedups on the curve
     at.selectbox(key="tree_lat_pick").set_value("other: type a path").run()
     at.text_input(key="tree_lat_path").input(str(slow)).run()
@@ -294,6 +310,17 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
     assert any("Speculation does not pay on this hardware at batch 1 and context 128" in w.value for w in at.warning)
     assert any(m.value.startswith("**Recommendation:** use no speculation at batch 1 and context 128")
                for m in at.markdown)
+
+
+def test_streamlit_run_from_the_checkout_skips_the_full_gc_after_every_click():
+    """`streamlit run app.py` reads .streamlit/config.toml from the folder it starts in: there runner.postScriptGC is
+    off (Streamlit's gc.collect(2) after every run took ~0.5 s of each click's server time here, py-spy)."""
+    code = ("from streamlit import config\nconfig.get_config_options(force_reparse=True)\n"
+            "print(config.get_option('runner.postScriptGC'))")
+    here = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    elsewhere = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT / "docs", capture_output=True, text=True,
+                               timeout=120)
+    assert here.stdout.split() == ["False"] and elsewhere.stdout.split() == ["True"], (here.stderr, elsewhere.stderr)
 
 
 def test_settings_survive_a_page_change(demo_files, monkeypatch):
@@ -347,7 +374,9 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
     assert at.selectbox(key="to_sweep_pick").value == str(demo_files["sweep"])
     assert at.selectbox(key="to_lat_pick").value == str(demo_files["latency"])
     assert not errors(at), errors(at)
+    tab(at, "Latency and speedup")
     assert any("best:" in c.value for c in at.caption)
+    tab(at, "Typical acceptance (Fig. 5)")
     at.selectbox(key="to_quality").set_value("mean_logprob").run()
     no_exception(at)
     bad = tmp_path / "bad.csv"
@@ -371,15 +400,35 @@ def test_tradeoffs_fig5_from_a_separate_typical_sweep(demo_files, monkeypatch, t
     assert not errors(at), errors(at)
     assert at.selectbox(key="to_sweep_pick").value == str(tmp_path / "a-greedy.csv")
     assert at.selectbox(key="to_typ_pick").value == str(tmp_path / "b-typical.csv")
+    tab(at, "Typical acceptance (Fig. 5)")
     assert at.select_slider(key="to_eps").value == 0.09  # the nearest to Medusa's default
     assert any("Fig. 5 (b-typical.csv)" in c.value and "At epsilon 0.09: 2.41 tokens/step" in c.value
                for c in at.caption)
     at.select_slider(key="to_eps").set_value(0.2).run()
     assert any("At epsilon 0.2: 2.30 tokens/step, exact_match 0.400" in c.value for c in at.caption)
+    tab(at, "Latency and speedup")
     at.slider(key="to_budget").set_value(8).run()
     no_exception(at)
     best = next(c.value for c in at.caption if "best:" in c.value).split("best: ")[1]
     assert all(int(n) <= 8 for n in __import__("re").findall(r"(\d+) nodes", best))
+
+
+def test_tradeoffs_page_draws_only_the_open_tab(demo_files, monkeypatch):
+    """A click on the trade-offs page redraws the open tab's figures, not all eight: each tab's charts appear when it
+    is opened and are gone from the run once another is."""
+    at = page("tradeoffs_page", demo_files["root"], monkeypatch).run()
+    no_exception(at)
+    assert at.tabs and [t.label for t in at.tabs] == list(__import__("workbench.ui.tradeoffs_page",
+                                                                      fromlist=["TABS"]).TABS)
+    drawn = {}
+    for label in [t.label for t in at.tabs]:
+        tab(at, label)
+        no_exception(at)
+        drawn[label] = charts(at)
+    assert drawn["Sweep (Fig. 4)"] >= {"to_fig4a_chart", "to_fig4b_chart"}
+    assert drawn["Typical acceptance (Fig. 5)"] == {"to_fig5_chart"}
+    assert drawn["Latency and speedup"] == {"to_latency_chart", "to_speedup_chart"}
+    assert not drawn["Sweep (Fig. 4)"] & drawn["Latency and speedup"]
 
 
 def test_tradeoffs_page_without_files(tmp_path, monkeypatch):
@@ -504,9 +553,9 @@ def options(at: AppTest, key: str) -> list:
 
 
 def test_tradeoffs_walks_every_combination_of_its_inputs(walk_files, monkeypatch):
-    """Every latency table x context x batch x sweep x typical sweep, the budget left at the largest value the last
-    table allowed (the StreamlitValueAboveMaxError of a longer table), then every quality, size and epsilon: no
-    exception, no error, and one recommendation on every run."""
+    """Every latency table x context x batch x sweep x typical sweep with every tab open, the budget left at the
+    largest value the last table allowed (the StreamlitValueAboveMaxError of a longer table), then every quality,
+    size and epsilon: no exception, no error, and one recommendation on every run."""
     at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
     no_exception(at)
     runs = 0
@@ -531,12 +580,16 @@ def test_tradeoffs_walks_every_combination_of_its_inputs(walk_files, monkeypatch
                     at.selectbox(key="to_sweep_pick").set_value(sweep).run()
                     for typ in options(at, "to_typ_pick")[:-1]:
                         at.selectbox(key="to_typ_pick").set_value(typ).run()
-                        check(f"{lat} {batch} {ctx} {sweep} {typ}")
+                        for label in [t.label for t in at.tabs if t.label != "Latency and speedup"] + \
+                                ["Latency and speedup"]:  # the budget's tab last
+                            tab(at, label)
+                            check(f"{lat} {batch} {ctx} {sweep} {typ} {label}")
                         budget = at.slider(key="to_budget")
                         assert budget.max == tokens.max() - 1
                         budget.set_value(budget.max).run()  # kept high for the next, shorter table
                         check(f"{lat} budget {budget.max}")
-    assert runs >= 2 * 2 * 2 * 2
+    assert runs >= 2 * 2 * 2 * 2 * 5
+    tab(at, "Typical acceptance (Fig. 5)")
     for quality in options(at, "to_quality"):
         at.selectbox(key="to_quality").set_value(quality).run()
         check(quality)
@@ -552,8 +605,9 @@ def test_tradeoffs_walks_every_combination_of_its_inputs(walk_files, monkeypatch
 
 
 def test_designer_walks_its_models_latencies_and_trees(walk_files, monkeypatch):
-    """Every acceptance model with every latency table (batch and context) and the sliders at their ends, then
-    every tree on display and every tree to compare with: no exception, no error, the drawn tree is the one named."""
+    """Every acceptance model with every latency table (batch and context), every tab below the tree, and the sliders
+    at their ends, then every tree on display and every tree to compare with: no exception, no error, the drawn tree
+    is the one named."""
     at = page("tree_page", walk_files["root"], monkeypatch).run()
     no_exception(at)
 
@@ -569,6 +623,9 @@ def test_designer_walks_its_models_latencies_and_trees(walk_files, monkeypatch):
                 if batch is not None:
                     at.selectbox(key="tree_batch").set_value(int(batch)).run()
                 check(f"{model} {lat} {batch}")
+                for label in [t.label for t in at.tabs][1:] + ["Export"]:  # every tab; the export's last
+                    tab(at, label, "tree_tab")
+                    check(f"{model} {lat} {batch} {label}")
                 for key, value in (("tree_budget", 1), ("tree_depth", 1), ("tree_rank", 1), ("tree_budget", 256),
                                    ("tree_depth", 4), ("tree_rank", 10)):
                     at.slider(key=key).set_value(value).run()
@@ -595,6 +652,7 @@ def test_budget_kept_from_a_longer_latency_table_is_clamped(walk_files, monkeypa
     long, short = (next(o for o in options(at, "to_lat_pick") if o.endswith(name))
                    for name in ("latency-cpu.csv", "latency-batched.csv"))
     at.selectbox(key="to_lat_pick").set_value(long).run()
+    tab(at, "Latency and speedup")
     at.slider(key="to_budget").set_value(255).run()
     at.selectbox(key="to_lat_pick").set_value(short).run()
     no_exception(at)
@@ -706,7 +764,7 @@ def test_old_and_current_measurements(walk_files, monkeypatch, tmp_path):
     from workbench.latency import read_latency
     from workbench.recommend import recommend
 
-    at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
+    at = tab(page("tradeoffs_page", walk_files["root"], monkeypatch).run(), "Sweep (Fig. 4)")
     assert any("a-greedy.csv: made by the decoder before the static-cache step (old)" in w.value for w in at.warning)
     assert not any(w.value.startswith("Measurements disagree") for w in at.warning)
     pick = recommend(Calibration(walk_files["cal"]), read_latency(walk_files["cal"] / "latency-cpu.csv"),
@@ -780,7 +838,7 @@ def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
     at.selectbox(key="to_lat_pick").set_value(batched).run()
     no_exception(at)
     assert not errors(at)
-    assert any(h.value == "Plan per batch size" for h in at.subheader)
+    tab(at, "Plan per batch size")
     line = next(m.value for m in at.markdown if m.value.startswith("batch 1: **"))
     plan = make_plan(plan_source(calibration=Calibration(walk_files["cal"]).folder),
                      walk_files["root"] / "latency-batched.csv", [1, 4])

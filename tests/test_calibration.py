@@ -208,7 +208,7 @@ def test_holdout_prompts_typical_context_and_files(cal):
     info = pd.read_parquet(CAL / "continuations.parquet")
     assert cal.typical_context() == pytest.approx((info["prompt_tokens"] + info["continuation"].map(len) / 2).mean())
     assert len(cal.continuations()) == cal.meta["num_prompts"]
-    assert cal.latency_files() == [CAL / "latency-cpu.csv"]
+    assert cal.latency_files() == [CAL / "latency-cpu.csv", CAL / "latency-forward-cpu.csv"]
 
 
 def test_finding_folders_and_file_names(tmp_path, monkeypatch):

@@ -75,10 +75,10 @@ def brute_force(acc, table: dict) -> float:
 # ----------------------------------------------------------------------------------------------- the surface
 
 def test_old_latency_csvs_read_as_batch_1():
-    """The committed latency CSV (no batch, no spread) reads as batch 1, with the same table as before."""
+    """The committed bare-forward latency CSV (no batch, no spread, no setting) reads as batch 1, as it was."""
     from workbench import REPO_ROOT
 
-    f = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "latency-cpu.csv"
+    f = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "latency-forward-cpu.csv"
     raw = pd.read_csv(f)
     assert "batch" not in raw.columns and "seconds_q1" not in raw.columns
     df = read_latency(f)

@@ -211,3 +211,32 @@ def test_measurements_from_another_setting_are_named(cal):
     # older files: the setting is unknown, said in words, not as a difference
     old = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 1.0), "v2")})
     assert R.setting_text(old) is None and "does not record the setting" in R.provenance_note(old)
+
+
+def test_only_measurements_in_the_latency_tables_setting_are_weighed(cal):
+    """A sweep at another thread count (or one that does not record its setting, beside a table that does) is shown,
+    never weighed: half the prediction measured at 1 thread is no disagreement with a 2-thread table, and the answer
+    does not turn into "no speculation" on it. The same sweep in the table's setting is weighed."""
+    from workbench.provenance import setting, setting_cell
+
+    here = setting("cpu", "float32", 2, False)
+    df = latency(CHEAP)
+    df["setting"] = setting_cell(here)
+    pick = R.recommend(cal, df)["pick"]
+
+    def at(where: dict | None) -> dict:
+        rows = swept(pick["tree"], pick["speedup"] / 2)
+        for r in rows:
+            r["setting"] = None if where is None else setting_cell(where)
+        return R.recommend(cal, df, sweeps={"s.csv": sweep(rows, "v2")})
+
+    for where, why in ((dict(here, threads=1), "threads 2 vs 1"), (None, "provenance unknown")):
+        rec = at(where)
+        row = rec["pick"]
+        assert row["current"] is None and not rec["disagree"] and rec["elsewhere"] == [row] and not rec["old"]
+        assert rec["answer"]["kind"] == "plan" and row["measured"][0]["elsewhere"][0].startswith(why)
+        assert f"not measured in this latency table's setting ({pick['speedup'] / 2:.2f}x in s.csv, {why}" \
+            in R.sentence(rec)
+    same = at(dict(here, load_average=1.7))  # the load is recorded, not compared
+    assert same["pick"]["current"]["speedup"] == pytest.approx(pick["speedup"] / 2) and same["disagree"]
+    assert same["answer"]["kind"] == "measured-none" and not same["elsewhere"]

@@ -305,13 +305,13 @@ def speedup_chart(curves: dict[str, tuple], picks: dict[str, tuple] | None = Non
     for label, (x, y) in (picks or {}).items():
         fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=label, marker=dict(symbol="star", size=16),
                                  hovertemplate=f"{label}: %{{x}} nodes, %{{y:.3f}}x<extra></extra>"))
-    for old in (False, True):
-        ms = [m for m in measured or [] if m["old"] == old]
+    for old in (False, True):  # old: an older decoder, or another setting than the latency table's
+        ms = [m for m in measured or [] if bool(m["old"] or m.get("elsewhere")) == old]
         if not ms:
             continue
         fig.add_trace(go.Scatter(
             x=[m["nodes"] for m in ms], y=[m["speedup"] for m in ms], mode="markers",
-            name="measured, older decoder (old)" if old else "measured (current decoder)",
+            name="measured elsewhere or by an older decoder" if old else "measured (this setting, current decoder)",
             error_y=dict(type="data", array=[m["noise"] or 0 for m in ms], visible=True),
             marker=dict(symbol="diamond-open" if old else "diamond", size=9, color="grey" if old else "black"),
             customdata=[[m["tree"], m["sweep"], m["decoder_version"]] for m in ms],

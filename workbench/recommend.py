@@ -20,7 +20,7 @@ import pandas as pd
 from workbench.calibration import Calibration
 from workbench.latency import latency_surface
 from workbench.plan import accuracy_source, at_batch, calibration_source, candidates as plan_candidates, choose
-from workbench.provenance import read_setting
+from workbench.provenance import differences, read_setting
 from workbench.speed import speedup_at, speedup_range
 from workbench.sweep_file import checked_speedup
 from workbench.tree import Tree, tree_key
@@ -99,12 +99,14 @@ def timing_noise(sweep: pd.DataFrame, run, batch: int = 1) -> float | None:
     return math.sqrt(2) * statistics.stdev(base) / base.mean()
 
 
-def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str | None = None) -> dict[str, list]:
+def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str | None = None,
+                 table: dict | None = None) -> dict[str, list]:
     """{tree shape hash (as in the sweep's config): [measurement, ...]} over the greedy rows of every sweep at this
     batch size (a sweep without batch_size is batch 1). A measurement: sweep, tree, nodes, speedup (the decoding
     phase's, as predicted; phase says when an older sweep only has the end-to-end one), phase, noise (absolute,
     None if unknown), tokens_per_step, num_prompts, decoder_version, old (an older decoder measured it: OLD_DECODER,
-    or another version than `decoder` when given)."""
+    or another version than `decoder` when given), setting, elsewhere (elsewhere(): how its setting differs from
+    `table`'s, the setting of the latency table predictions use)."""
     out: dict[str, list] = {}
     for name, df in (sweeps or {}).items():
         if "config" not in df.columns or "speedup" not in df.columns:
@@ -128,14 +130,28 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str |
                 tokens_per_step=float(r["acceleration_rate"]),
                 num_prompts=int(prompts) if prompts is not None and pd.notna(prompts) else None,
                 decoder_version=version, old=version == OLD_DECODER or (decoder is not None and version != decoder),
-                setting=read_setting(r.get("setting"))))
+                setting=read_setting(r.get("setting")), elsewhere=elsewhere(table, read_setting(r.get("setting")))))
     return out
 
 
+def elsewhere(table: dict | None, measured: dict | None) -> list[str]:
+    """How a measurement's setting differs from the latency table's in what changes a step's cost (threads, CPU,
+    ...): [] when they match, or when neither was recorded (two older files: nothing tells them apart, so they are
+    compared). A measurement from elsewhere is shown, never weighed against the prediction: verify cost depends on
+    the threads alone by half again (t(64)/t(1) 3.1 with 2 threads, 4.6 with 1)."""
+    return [] if table is None and measured is None else differences(table, measured)
+
+
+def comparable(m: dict) -> bool:
+    """A measurement that is evidence about the prediction: made by the current decoder, in the latency table's
+    setting."""
+    return not m["old"] and not m.get("elsewhere")
+
+
 def summary(found: list[dict]) -> dict | None:
-    """Mean measured speedup of the current-decoder measurements of one tree and its noise: the larger of the spread
-    between them and their own timing noise (None when none is current)."""
-    now = [m for m in found if not m["old"]]
+    """Mean measured speedup of the comparable measurements of one tree (current decoder, the latency table's
+    setting) and its noise: the larger of the spread between them and their own timing noise (None when none is)."""
+    now = [m for m in found if comparable(m)]
     if not now:
         return None
     mean = statistics.fmean(m["speedup"] for m in now)
@@ -187,7 +203,8 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     not plan candidates but whose measurements are evidence (`measured_trees`, scored the same way, never ranked).
     sweeps: {name: sweep frame}; `decoder`: the current decoder version. Returns {"pick" (plan's choice),
     "candidates" (plan's ranking, best first), "measured_trees", "answer" (what to do, measured where it can be),
-    "context", "batch", "spread", "prediction", "regime", "calibration", "latency", "setting", "disagree", "old"}.
+    "context", "batch", "spread", "prediction", "regime", "calibration", "latency", "setting", "disagree", "old",
+    "elsewhere" (rows measured only in another setting than the latency table's: shown, not weighed)}.
     """
     src = _source(calibration, max_new_tokens)
     tables = latency_tables(latency, context, batch, src["typical_context"] if target is None else target)
@@ -196,7 +213,7 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     depth = min(max_depth or src["max_depth"], src["max_depth"])
     ranks = min(max_rank or src["max_rank"], src["max_rank"])
     cands = plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth, ranks)
-    found = measurements(sweeps or {}, batch, decoder)
+    found = measurements(sweeps or {}, batch, decoder, read_setting(latency))
     chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch), tables["seconds"], tables["quartiles"])
     rows = [_row(c, tables, found) for c in chosen["ranked"]]
     planned = {c["tree"].paths for c in cands if c["tree"] is not None}
@@ -209,7 +226,8 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
                spread=tables["spread"], prediction=src["info"]["prediction"], regime=src["info"].get("regime"),
                calibration=str(getattr(calibration, "folder", "accuracy table")), latency=latency_name,
                setting=read_setting(latency), disagree=[r for r in every if r["disagree"]],
-               old=[r for r in every if r["measured"] and r["current"] is None],
+               old=[r for r in every if r["measured"] and all(m["old"] for m in r["measured"])],
+               elsewhere=[r for r in every if r["current"] is None and any(not m["old"] for m in r["measured"])],
                cheaper=cheaper_larger(tables["measured"]))
     rec["answer"] = answer(rec)
     return rec
@@ -265,6 +283,11 @@ def measured_text(row: dict) -> str:
                 f"{', '.join(now['decoder_versions'])}, {now['num_prompts']} prompts)")
     if row["kind"] == "none":
         return "1.00x by definition"
+    other = [m for m in row["measured"] if not m["old"]]
+    if other:
+        m = other[0]
+        return (f"not measured in this latency table's setting ({m['speedup']:.2f}x in {m['sweep']}, "
+                f"{'; '.join(m['elsewhere'][:2])})")
     old = [m for m in row["measured"] if m["old"]]
     if old:
         m = old[0]
@@ -305,7 +328,8 @@ def sentence(rec: dict) -> str:
                 f"); the plan predicted {pick['label']} at {pick['speedup']:.2f}x")
     if pick["kind"] == "none":
         best = next((r for r in rec["candidates"] if r["kind"] != "none"), None)
-        why = f" (the best speculation, {best['label']}, is predicted at {best['speedup']:.2f}x)" if best else ""
+        why = (f" (the best speculation, {best['label']}, is predicted at {best['speedup']:.2f}x, "
+               f"{measured_text(best)})") if best else ""
         return f"use no speculation {where}: no tree or chain is predicted faster than plain decoding{why}"
     spread = (f" ({pick['range'][0]:.2f}x-{pick['range'][1]:.2f}x from the {rec['spread']})" if pick["range"]
               else " (no spread measured)")
@@ -336,7 +360,8 @@ def provenance_note(rec: dict) -> str | None:
         return ("the latency table does not record the setting it was measured in (machine, vector units, threads, "
                 "load) nor whether it timed the decoder's whole step: re-measure it with `workbench latency`")
     if unknown_sweeps:
-        return "some measurements do not record their setting: whether they match the latency table is unknown"
+        return ("some measurements do not record their setting (older sweeps): whether they match the latency table "
+                "is unknown")
     return None
 
 

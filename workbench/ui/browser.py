@@ -313,6 +313,25 @@ def expand_all(driver) -> int:
     return int(n)
 
 
+def tab_labels(driver) -> list[str]:
+    """The labels of the page's tabs, in order ([] on a page without tabs)."""
+    from selenium.webdriver.common.by import By
+
+    return [t.text.strip() for t in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stTab"]')]
+
+
+def open_tab(driver, label: str) -> None:
+    """Click the tab with this label and wait for the run it sets off (a tab that reruns draws only when open)."""
+    from selenium.webdriver.common.by import By
+
+    tab = next(t for t in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stTab"]') if t.text.strip() == label)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", tab)
+    tab.click()
+    wait(driver, lambda: tab.get_attribute("aria-selected") == "true", timeout=30, what=f"tab {label} selected",
+         every=0.1)
+    settled(driver)
+
+
 def metric(driver, label: str) -> str:
     from selenium.webdriver.common.by import By
 

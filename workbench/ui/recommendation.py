@@ -15,8 +15,9 @@ import streamlit as st
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibration import Calibration
 from workbench.export import FORMATS, SUFFIXES, export_tree
-from workbench.recommend import (disagreement_text, latency_note, measurements, recommend, runner_up_close, sentence,
-                                 provenance_note, setting_text, shape)
+from workbench.recommend import (comparable, disagreement_text, latency_note, measurements, recommend,
+                                 runner_up_close, sentence, provenance_note, setting_text, shape)
+from workbench.provenance import read_setting
 from workbench.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file, stamped)
@@ -54,10 +55,11 @@ def readable_sweeps(extra=()) -> list[Path]:
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
-def sweep_measurements(sweeps: tuple, batch: int = 1) -> dict:
+def sweep_measurements(sweeps: tuple, batch: int = 1, table: str | None = None) -> dict:
     """recommend.measurements of the sweep files ((path, stamp), ...) at one batch size, once per version of them
-    (it walks every row of every sweep)."""
-    return measurements({Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}, batch)
+    (it walks every row of every sweep); `table`: the setting cell of the latency table predictions use."""
+    return measurements({Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}, batch,
+                        table=read_setting(table))
 
 
 @st.cache_data(max_entries=8, show_spinner=False)
@@ -106,16 +108,18 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
     for r in rec["candidates"] + rec["measured_trees"]:
         now = r["current"]
         old = [m for m in r["measured"] if m["old"]]
+        other = [m for m in r["measured"] if not m["old"] and m["elsewhere"]]
         rows.append({
             "candidate": r["label"] + ("" if any(r is c for c in rec["candidates"]) else " *"),
             "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
             "range": f"{r['range'][0]:.2f}-{r['range'][1]:.2f}x" if r["range"] else "",
             "measured": (f"{now['speedup']:.2f}x" + (f" ± {now['noise']:.2f}" if now["noise"] is not None else "")
-                         + ("" if all(m["phase"] == "decoding phase" for m in r["measured"] if not m["old"])
+                         + ("" if all(m["phase"] == "decoding phase" for m in r["measured"] if comparable(m))
                             else " (end to end)"))
             if now else "",
             "in": ", ".join(_stem(s) for s in now["sweeps"]) if now else "",
             "old measurement": f"{old[0]['speedup']:.2f}x ({_stem(old[0]['sweep'])})" if old else "",
+            "other setting": f"{other[0]['speedup']:.2f}x ({_stem(other[0]['sweep'])})" if other else "",
             "disagrees": "yes" if r["disagree"] else ""})
     df = pd.DataFrame(rows)
     return df[[c for c in df.columns if c in ("candidate", "tokens/step", "speedup") or (df[c] != "").any()]]
@@ -137,13 +141,16 @@ COLUMNS = {
         help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
              "round"),
     "measured": st.column_config.TextColumn(
-        help="sweeps by the current decoder: the decoding phase's speedup (as predicted; '(end to end)': a sweep "
+        help="sweeps by the current decoder in the latency table's setting: the decoding phase's speedup (as predicted; '(end to end)': a sweep "
              "written before it was kept, prefill included) +- run-to-run noise (the spread of the sweep's vanilla "
              "baseline, re-measured before every configuration, or between repeats)"),
     "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)"),
     "old measurement": st.column_config.TextColumn(
         "old", help="measured by an older decoder (before the static-cache step), in that sweep: not evidence about "
                     "the current one"),
+    "other setting": st.column_config.TextColumn(
+        help="measured by the current decoder in another setting than the latency table's (other threads, CPU, "
+             "...; or a sweep that does not record its setting): shown, not weighed against the prediction"),
     "disagrees": st.column_config.TextColumn(
         help="the current measurement is outside the prediction by more than its noise"),
 }
@@ -176,6 +183,10 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
         notes.append(f"{len(rec['old'])} candidate(s) were measured only by an older decoder (before the "
                      "static-cache step): shown as old in the table, not weighed against the prediction; re-run "
                      "`workbench sweep` to measure them with this decoder")
+    if rec["elsewhere"]:
+        notes.append(f"{len(rec['elsewhere'])} candidate(s) were measured only in another setting than the latency "
+                     "table's (\"other setting\" below): not weighed against the prediction; measure them in this "
+                     "setting with `workbench sweep`")
     if notes:
         box.caption("; ".join(notes).capitalize() + ".")
     if pick["tree"] is not None:

@@ -15,6 +15,7 @@ from workbench import WorkbenchError, interactive_figures
 from workbench.calibration import PREDICTED_COLUMNS
 from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
 from workbench.plan import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
+from workbench.provenance import read_setting, setting_cell
 from workbench.recommend import OLD_DECODER, decoder_version
 from workbench.sweep_file import has_typical
 from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
@@ -45,6 +46,10 @@ SWEEP_SHOWN = {
     "num_prompts": st.column_config.NumberColumn("prompts", width="small"),
     "decoder_version": st.column_config.TextColumn("decoder", width="small"),
 }
+# the first opens by default: a constant default keeps the open tab when the data change (a default that follows
+# the data would reset it); the latency and speedup curves exist for every latency table, a plan only for several
+# batch sizes
+TABS = ("Latency and speedup", "Plan per batch size", "Sweep (Fig. 4)", "Typical acceptance (Fig. 5)", "vLLM check")
 SWEEP_CONSTANT = ("batch_size", "acceptance", "temperature", "epsilon", "num_prompts", "decoder_version")  # a caption
 
 
@@ -135,74 +140,99 @@ def _tradeoffs_page() -> None:
                       show=_show_in_designer, show_label="open in the designer")
     elif src is None:
         st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
-    if lat is not None:
-        _plan_section(src, lat, lat_path, sweep, sweep_path)
-    if vllm_path is not None:
-        _vllm_check_panel(vllm_path)
+    # one section at a time (tabs that rerun when switched): a click redraws two or three figures, not eight
+    tabs = dict(zip(TABS, st.tabs(TABS, key="to_tab", on_change="rerun")))
+    with tabs["Latency and speedup"]:
+        if tabs["Latency and speedup"].open:
+            _speedup_section(src, lat, lat_path, tables, rec, evidence)
+    with tabs["Plan per batch size"]:
+        if tabs["Plan per batch size"].open:
+            _plan_section(src, lat, lat_path, sweep, sweep_path)
+    with tabs["Sweep (Fig. 4)"]:
+        if tabs["Sweep (Fig. 4)"].open:
+            _sweep_section(sweep, sweep_path)
+    with tabs["Typical acceptance (Fig. 5)"]:
+        if tabs["Typical acceptance (Fig. 5)"].open:
+            _typical_section(typ, typ_path)
+    with tabs["vLLM check"]:
+        if tabs["vLLM check"].open:
+            if vllm_path is not None:
+                _vllm_check_panel(vllm_path)
+            else:
+                st.info("No `workbench vllm-check` result found (vllm-check*.json in the results folder).")
 
-    if sweep is not None:
-        age = sweep_age(sweep)
-        st.subheader(f"Sweep {sweep_path.name}" + (" (old decoder)" if age else ""))
-        if age:
-            st.warning(f"{sweep_path.name}: {age}. Re-run `workbench sweep` to measure with this decoder.")
-        st.caption(f"{len(sweep)} rows")
-        c1, c2 = st.columns(2)
-        speed = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() \
-            else "speedup"
-        with c1:
-            chart(interactive_figures.sweep_chart(sweep, "acceleration_rate", "tokens per step",
-                                                  "tokens per step vs candidates"),
-                  "Paper Fig. 4a: sparse (optimal) vs dense trees; hover a point for its trees.", key="to_fig4a_chart")
-        with c2:
-            chart(interactive_figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
-                                                  "speed vs candidates" + (" (old decoder)" if age else "")),
-                  "Paper Fig. 4b" + (f": {age}." if age else "."), key="to_fig4b_chart")
+
+def _sweep_section(sweep, sweep_path) -> None:
+    """Paper Fig. 4 from the chosen sweep, predicted against measured tokens/step, and its rows."""
+    if sweep is None:
+        st.info("No sweep to draw: pick or give a sweep CSV in the sidebar.")
+        return
+    age = sweep_age(sweep)
+    st.subheader(f"Sweep {sweep_path.name}" + (" (old decoder)" if age else ""))
+    if age:
+        st.warning(f"{sweep_path.name}: {age}. Re-run `workbench sweep` to measure with this decoder.")
+    st.caption(f"{len(sweep)} rows")
     c1, c2 = st.columns(2)
+    speed = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() else "speedup"
     with c1:
-        if typ is not None and has_typical(typ):
-            rows = typ.dropna(subset=["epsilon"])
-            sizes = sorted(int(n) for n in rows["nodes"].dropna().unique())
-            qualities = [c for c in ("exact_match", "mean_logprob", "distinct_2") if c in typ.columns] or \
-                ["acceleration_rate"]
-            drop_stale("to_quality", qualities)
-            quality = st.selectbox("quality measure", qualities, key="to_quality")
-            drop_stale("to_nodes", sizes)
-            nodes = st.selectbox("tree size (nodes)", sizes, key="to_nodes") if len(sizes) > 1 else None
-            rows = rows if nodes is None else rows[rows["nodes"] == nodes]
-            eps_values = sorted(float(e) for e in rows["epsilon"].unique())
-            drop_stale("to_eps", eps_values)
-            eps = st.select_slider("epsilon (posterior threshold)", eps_values, key="to_eps",
-                                   value=min(eps_values, key=lambda e: abs(e - 0.09))) \
-                if len(eps_values) > 1 else eps_values[0]
-            at = rows[rows["epsilon"] == eps]
-            age = sweep_age(typ)
-            chart(interactive_figures.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
-                  f"Paper Fig. 5 ({typ_path.name}): typical acceptance. At epsilon {eps:g}: "
-                   f"{at['acceleration_rate'].mean():.2f} tokens/step, {quality} {at[quality].mean():.3f} "
-                  "(mean over temperatures)." + (f" {typ_path.name}: {age}." if age else ""), key="to_fig5_chart")
-        else:
-            st.info("No typical-acceptance rows (epsilon) in the sweeps found: run the sweep with --temperature > 0 "
-                    "and several --epsilon values for Fig. 5.")
+        chart(interactive_figures.sweep_chart(sweep, "acceleration_rate", "tokens per step",
+                                              "tokens per step vs candidates"),
+              "Paper Fig. 4a: sparse (optimal) vs dense trees; hover a point for its trees.", key="to_fig4a_chart")
     with c2:
-        if sweep is not None and any(c in sweep.columns for c in PREDICTED_COLUMNS):
-            chart(interactive_figures.predicted_chart(sweep),
-                  "Calibration's predictions vs the live decoder's tokens per step (hover a point for its tree).",
-                  key="to_predicted_chart")
-    if sweep is not None:
-        with st.expander("Sweep rows"):
-            have = [c for c in SWEEP_SHOWN if c in sweep.columns and sweep[c].notna().any()]
-            same = {c: sweep[c].dropna().iloc[0] for c in have
-                    if c in SWEEP_CONSTANT and sweep[c].nunique(dropna=False) == 1}
-            shown = [c for c in have if c not in same]
-            st.dataframe(sweep[shown], hide_index=True, column_config={c: SWEEP_SHOWN[c] for c in shown})
-            if same:
-                st.caption("On every row: " + ", ".join(f"{SWEEP_SHOWN[c].get('label') or c} {v}"
-                                                        for c, v in same.items()) + ".")
-            st.download_button(f"{sweep_path.name}: all {len(sweep.columns)} columns", sweep.to_csv(index=False),
-                               file_name=sweep_path.name, key="to_sweep_download", on_click="ignore",
-                               help="every column the sweep wrote (docs/formats.md names them)")
+        chart(interactive_figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
+                                              "speed vs candidates" + (" (old decoder)" if age else "")),
+              "Paper Fig. 4b" + (f": {age}." if age else "."), key="to_fig4b_chart")
+    if any(c in sweep.columns for c in PREDICTED_COLUMNS):
+        chart(interactive_figures.predicted_chart(sweep),
+              "Calibration's predictions vs the live decoder's tokens per step (hover a point for its tree).",
+              key="to_predicted_chart")
+    with st.expander("Sweep rows"):
+        have = [c for c in SWEEP_SHOWN if c in sweep.columns and sweep[c].notna().any()]
+        same = {c: sweep[c].dropna().iloc[0] for c in have
+                if c in SWEEP_CONSTANT and sweep[c].nunique(dropna=False) == 1}
+        shown = [c for c in have if c not in same]
+        st.dataframe(sweep[shown], hide_index=True, column_config={c: SWEEP_SHOWN[c] for c in shown})
+        if same:
+            st.caption("On every row: " + ", ".join(f"{SWEEP_SHOWN[c].get('label') or c} {v}"
+                                                    for c, v in same.items()) + ".")
+        st.download_button(f"{sweep_path.name}: all {len(sweep.columns)} columns", sweep.to_csv(index=False),
+                           file_name=sweep_path.name, key="to_sweep_download", on_click="ignore",
+                           help="every column the sweep wrote (docs/formats.md names them)")
 
+
+def _typical_section(typ, typ_path) -> None:
+    """Paper Fig. 5: tokens/step and a quality measure against typical acceptance's epsilon."""
+    if typ is None or not has_typical(typ):
+        st.info("No typical-acceptance rows (epsilon) in the sweeps found: run the sweep with --temperature > 0 "
+                "and several --epsilon values for Fig. 5.")
+        return
+    rows = typ.dropna(subset=["epsilon"])
+    sizes = sorted(int(n) for n in rows["nodes"].dropna().unique())
+    qualities = [c for c in ("exact_match", "mean_logprob", "distinct_2") if c in typ.columns] or ["acceleration_rate"]
+    c1, c2, c3 = st.columns(3)
+    drop_stale("to_quality", qualities)
+    quality = c1.selectbox("quality measure", qualities, key="to_quality")
+    drop_stale("to_nodes", sizes)
+    nodes = c2.selectbox("tree size (nodes)", sizes, key="to_nodes") if len(sizes) > 1 else None
+    rows = rows if nodes is None else rows[rows["nodes"] == nodes]
+    eps_values = sorted(float(e) for e in rows["epsilon"].unique())
+    drop_stale("to_eps", eps_values)
+    eps = c3.select_slider("epsilon (posterior threshold)", eps_values, key="to_eps",
+                           value=min(eps_values, key=lambda e: abs(e - 0.09))) \
+        if len(eps_values) > 1 else eps_values[0]
+    at = rows[rows["epsilon"] == eps]
+    age = sweep_age(typ)
+    chart(interactive_figures.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
+          f"Paper Fig. 5 ({typ_path.name}): typical acceptance. At epsilon {eps:g}: "
+          f"{at['acceleration_rate'].mean():.2f} tokens/step, {quality} {at[quality].mean():.3f} "
+          "(mean over temperatures)." + (f" {typ_path.name}: {age}." if age else ""), key="to_fig5_chart")
+
+
+def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
+    """The latency table with its spread, and the predicted speedup of the optimizer's trees at every budget beside
+    the recommendation's candidates and the sweeps' measurements."""
     if lat is None:
+        st.info("No latency table: pick or give one in the sidebar.")
         return
     c1, c2 = st.columns(2)
     with c1:
@@ -226,7 +256,8 @@ def _tradeoffs_page() -> None:
         except WorkbenchError as e:
             st.error(clean_error(e))
             return
-        found = sweep_measurements(stamped(evidence), tables["batch"])
+        where = read_setting(lat)
+        found = sweep_measurements(stamped(evidence), tables["batch"], None if where is None else setting_cell(where))
         curves = candidate_curves(rec) if rec else {}
         curves |= {f"objective ({n})": ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
                    for n, r in res.items()}
@@ -242,16 +273,18 @@ def _tradeoffs_page() -> None:
               + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; "
               "best: " + "; ".join(f"{n} {r['best']['budget']} nodes, {r['best']['speedup']:.2f}x"
                                    for n, r in res.items())
-              + ". Diamonds: sweep measurements (hollow grey: an older decoder).", key="to_speedup_chart")
+              + ". Diamonds: sweep measurements (hollow grey: another setting or an older decoder).",
+              key="to_speedup_chart")
 
 
 def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
     """The plan per batch size (tree, chain or none) on a latency table with several batch sizes: predicted
     speedup of each kind against batch size, the live check where the chosen sweep is a `sweep --plan`, and the plan
     with each engine's output to download."""
-    if "batch" not in lat.columns or lat["batch"].nunique() < 2 or src is None or src.calib is None:
+    if lat is None or "batch" not in lat.columns or lat["batch"].nunique() < 2 or src is None or src.calib is None:
+        st.info("A plan per batch size needs a calibration folder and a latency table measured at several batch "
+                "sizes (`workbench latency --batch 1,2,4,8`).")
         return
-    st.subheader("Plan per batch size")
     batches = sorted(int(b) for b in lat["batch"].unique())
     try:
         text = _cached_plan(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), tuple(batches))

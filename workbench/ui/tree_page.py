@@ -21,7 +21,8 @@ from workbench.export import (FORMATS, SAFE_ENGINES, SUFFIXES, TRTLLM_MAX_DRAFT_
                               export_tree, first_level_gaps, vllm_uniform)
 from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
                                 optimal_tree_from)
-from workbench.recommend import designed_speedup, shape
+from workbench.provenance import read_setting, setting_cell
+from workbench.recommend import comparable, designed_speedup, shape
 from workbench.tree import (Tree, add_path, load_tree, parse_path, record_json, reference_trees, remove_path,
                             tree_buffers, tree_diff, tree_record)
 from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
@@ -168,6 +169,8 @@ def _curves(source_key: tuple, _src: Source, depth: int, rank: int, top: int = 2
 
 # ----------------------------------------------------------------------------------------------- the page
 
+TABS = ("Export", "Tokens/step and speedup", "Named trees")  # below the tree; Export (cheapest to draw) opens first
+
 def tree_page() -> None:
     with timed("page /tree"):
         _tree_page()
@@ -203,7 +206,8 @@ def _tree_page() -> None:
 
     # the hardware: a latency table (every speedup on the page) and the sweeps that measured trees on it
     lat = hardware_input(src)
-    measured = sweep_measurements(stamped(readable_sweeps()))
+    measured = sweep_measurements(stamped(readable_sweeps()), lat["tables"]["batch"] if lat else 1,
+                                  lat["setting"] if lat else None)
     user = user_tree_input(K)
 
     # the answer first: which tree (or chain, or none) to use, with its evidence
@@ -300,9 +304,14 @@ def _tree_page() -> None:
                             f"cost t(n+1)/t(1) at batch {rec['batch']}, context "
                             f"{rec['context']} ({lat['path'].name}){rng}; the recommendation's formula")
         found = measured.get(shape(tree), [])
-        now = [m for m in found if not m["old"]]
+        now = [m for m in found if comparable(m)]
+        other = [m for m in found if not m["old"] and m["elsewhere"]]
         if now:
             cols[3].metric("measured speedup", f"{now[0]['speedup']:.2f}x", help=f"this tree in {now[0]['sweep']}")
+        elif other:
+            cols[3].metric("measured speedup", f"{other[0]['speedup']:.2f}x (other setting)",
+                           help=f"sweep {other[0]['sweep']}: {'; '.join(other[0]['elsewhere'])}: not comparable "
+                                f"with {lat['path'].name}")
         elif found:
             cols[3].metric("measured speedup", f"{found[0]['speedup']:.2f}x (old)",
                            help=f"sweep {found[0]['sweep']}, made by the decoder {found[0]['decoder_version']}: "
@@ -332,27 +341,37 @@ def _tree_page() -> None:
         if other is not None:
             compare_trees(tree, other, indep, empirical, src)
 
-    # expected tokens per step vs budget, named trees; predicted speedups with measurements
-    left, right = st.columns(2)
-    curves = _curves(key, src, max_depth, max_rank)
-    named_rows = tree_table(named, src.acc, src.calib, curves["optimal (independence)"])
-    points = {r["tree"]: (r["nodes"], r["predicted_independent"]) for r in named_rows if "predicted_independent" in r}
-    with left:
-        chart(interactive_figures.curves_chart({k: (range(len(v)), v) for k, v in curves.items()}, points,
-                                   (tree.nodes, shown_row["predicted_independent"])),
-              "Expected tokens per step (independence and empirical objectives) of the optimal tree at each budget; "
-              "grey points: named trees (hover for names); star: this tree.", key="tree_curves_chart")
-    with right:
-        if rec is not None:
-            speedup_view(rec, lat, tree, guess)
-        else:
-            st.markdown("**Reading the tokens/step numbers** (tokens emitted per decoding step, the base model's "
-                        "own token included):\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in TREE_HELP.items()))
-    st.subheader("Named trees: tokens per step")
-    st.dataframe(pd.DataFrame(named_rows), hide_index=True, column_config=TABLE_COLUMNS)
-
-    export_view(tree, base, designed, edit if edited else None, shown, model, budget, max_depth, max_rank, K,
-                base_value, empirical, src, guess, lat, sig)
+    # below the tree, one section at a time (tabs that rerun when switched): a click redraws the open one only
+    tabs = dict(zip(TABS, st.tabs(TABS, key="tree_tab", on_change="rerun")))
+    with tabs["Export"]:
+        if tabs["Export"].open:
+            export_view(tree, base, designed, edit if edited else None, shown, model, budget, max_depth, max_rank, K,
+                        base_value, empirical, src, guess, lat, sig)
+    with tabs["Tokens/step and speedup"]:
+        if tabs["Tokens/step and speedup"].open:
+            left, right = st.columns(2)
+            curves = _curves(key, src, max_depth, max_rank)
+            named_rows = tree_table(named, src.acc, src.calib, curves["optimal (independence)"])
+            points = {r["tree"]: (r["nodes"], r["predicted_independent"]) for r in named_rows
+                      if "predicted_independent" in r}
+            with left:
+                chart(interactive_figures.curves_chart({k: (range(len(v)), v) for k, v in curves.items()}, points,
+                                                       (tree.nodes, shown_row["predicted_independent"])),
+                      "Expected tokens per step (independence and empirical objectives) of the optimal tree at each "
+                      "budget; grey points: named trees (hover for names); star: this tree.", key="tree_curves_chart")
+            with right:
+                if rec is not None:
+                    speedup_view(rec, lat, tree, guess)
+                else:
+                    st.markdown("**Reading the tokens/step numbers** (tokens emitted per decoding step, the base "
+                                "model's own token included):\n\n" + "\n".join(f"- **{k}**: {v}"
+                                                                               for k, v in TREE_HELP.items()))
+    with tabs["Named trees"]:
+        if tabs["Named trees"].open:
+            curves = _curves(key, src, max_depth, max_rank)
+            st.dataframe(pd.DataFrame(tree_table(named, src.acc, src.calib, curves["optimal (independence)"])),
+                         hide_index=True, column_config=TABLE_COLUMNS)
+            st.caption("Named trees (references, files under trees/, yours): predicted tokens per step.")
 
 
 def hardware_input(src: Source) -> dict | None:
@@ -371,7 +390,8 @@ def hardware_input(src: Source) -> dict | None:
             return None
         st.caption(f"{path.name}: batch {tables['batch']}, context {tables['context']}, "
                    f"{len(tables['seconds'])} token counts" + ("" if tables["spread"] else "; no spread measured"))
-    return {"path": path, "tables": tables}
+    where = read_setting(df)
+    return {"path": path, "tables": tables, "setting": None if where is None else setting_cell(where)}
 
 
 def named_trees(user: list) -> list:
@@ -478,7 +498,8 @@ def speedup_view(rec: dict, lat: dict, tree, guess: dict | None) -> None:
     chart(interactive_figures.speedup_chart(candidate_curves(rec), picks, measured,
                                             title=f"predicted speedup, batch {rec['batch']}, context {rec['context']}"),
           f"Predicted from {rec['prediction']} and {lat['path'].name} (recommended: {rec['pick']['label']}); "
-          "diamonds: sweep measurements of the same tree shapes (hollow grey: an older decoder, not comparable).",
+          "diamonds: sweep measurements of the same tree shapes (hollow grey: another setting or an older decoder, "
+          "not comparable).",
           key="tree_speedup_chart")
 
 
