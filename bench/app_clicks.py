@@ -159,9 +159,9 @@ def clicks(driver) -> list[Click]:
         out.append(Click(page, name, act, prepare, skip))
 
     lat = "... or a latency CSV found here"
-    pick("tree", "latency table: another", lat, other)
-    pick("tree", "batch size: another", "batch size", other)
+    pick("tree", "batch size: another", "batch size", other)  # before the latency table changes: it may have one
     pick("tree", "batch size: back to the first", "batch size", first)
+    pick("tree", "latency table: another", lat, other)
     pick("tree", "latency table: back to the first", lat, first)
     pick("tree", "tree on display: a reference", "Tree on display (drawn, masked, exported)", starting("reference: "))
     pick("tree", "tree on display: the optimizer's", "Tree on display (drawn, masked, exported)", starting(OPTIMIZER))
@@ -184,10 +184,10 @@ def clicks(driver) -> list[Click]:
                      skip=radio_exists(driver, "holdout")))
     out.append(Click("calibration", "prompts: fit", *radio_click(driver, "fit"), skip=radio_exists(driver, "fit")))
     out.append(Click("tradeoffs", "page: Trade-offs", *nav_click(driver, "Trade-offs")))
-    pick("tradeoffs", "latency table: another", lat, other)
-    pick("tradeoffs", "latency table: back to the first", lat, first)
     pick("tradeoffs", "batch size: another", "batch size", other)
     pick("tradeoffs", "batch size: back to the first", "batch size", first)
+    pick("tradeoffs", "latency table: another", lat, other)
+    pick("tradeoffs", "latency table: back to the first", lat, first)
     pick("tradeoffs", "sweep: another", "... or a sweep CSV found here", other)
     pick("tradeoffs", "sweep: back to the first", "... or a sweep CSV found here", first)
     for label in ("Plan per batch size", "Sweep (Fig. 4)", "Latency and speedup"):
