@@ -156,6 +156,54 @@ def test_a_table_is_read_non_decreasing():
     assert s[1]["measured"] == raw and s[1]["seconds"] == non_decreasing(raw) != raw
 
 
+def test_a_step_is_priced_at_its_own_depth(tmp_path):
+    """Each head is one more vocabulary projection per sequence, so a table that times deep trees misprices bushy
+    ones of as many tokens: with the heads' cost beside the table (depth, heads_seconds) a tree is priced at its own
+    depth, t(n) - h(depth timed) + h(its depth), the same in plan's ranking and for any tree the app scores; a
+    table without those columns is priced as timed; half-filled columns are one error."""
+    from workbench.plan import at_batch, candidates, rank
+    from workbench.recommend import latency_tables, tree_speedup
+    from workbench.speed import at_depth, priced
+
+    h = {0: 0.0, 1: 0.002, 2: 0.004, 3: 0.008}
+    df = surface(batches=(8,), sizes=(1, 2, 3, 4))
+    df["depth"] = df["tokens"].map({1: 0, 2: 1, 3: 2, 4: 3})  # the timed trees: chains
+    df["heads_seconds"] = df["depth"].map(h)
+    df.to_csv(tmp_path / "lat.csv", index=False)
+    s, _ = latency_surface(read_latency(tmp_path / "lat.csv"), [8])
+    table, heads = s[8]["seconds"], s[8]["heads"]
+    assert heads == dict(depth={1: 0, 2: 1, 3: 2, 4: 3}, seconds=h)
+    assert at_depth(table, heads, 1) == pytest.approx({1: table[1], 2: table[2], 3: table[3] - 0.002,
+                                                        4: table[4] - 0.006})
+    assert at_depth(table, heads, 3) == pytest.approx({1: table[1], 2: table[2] + 0.006, 3: table[3] + 0.004,
+                                                        4: table[4]})
+    assert at_depth(table, None, 1) == table and at_depth(table, heads, None) == table
+    bushy, chain = make_tree([[0], [1], [2]]), chain_tree(3)
+    fast, rng = priced(table, s[8]["spread"], heads, 1.5, 3, bushy.depth)
+    assert fast == pytest.approx(1.5 * table[1] / (table[4] - 0.006)) and rng[0] < fast < rng[1]
+    assert priced(table, None, heads, 1.5, 3, chain.depth)[0] == pytest.approx(speedup_at(table, 1.5, 3))
+    # plan's ranking and the app's scoring of a tree agree, and both use the depth
+    cands = at_batch([dict(kind="tree", tree=bushy, nodes=3, tokens_per_step=1.5),
+                      dict(kind="chain", tree=chain, nodes=3, tokens_per_step=1.5)], lambda t, b: 1.5, 8)
+    ranked = rank(cands, table, s[8]["spread"], heads)
+    assert [c["tree"] for c in ranked] == [bushy, chain] and ranked[0]["speedup"] > ranked[1]["speedup"]
+    tables = latency_tables(read_latency(tmp_path / "lat.csv"), batch=8)
+    assert tree_speedup(1.5, bushy, tables)["speedup"] == pytest.approx(ranked[0]["speedup"])
+    assert rank(cands, table, s[8]["spread"])[0]["speedup"] == pytest.approx(speedup_at(table, 1.5, 3))  # as timed
+    # the plan file says whether the heads' cost was known
+    write_accuracies(tmp_path / "acc.csv", np.array([[0.6, 0.2], [0.4, 0.1], [0.3, 0.05]]))
+    plan = make_plan(plan_source(accuracies=tmp_path / "acc.csv"), tmp_path / "lat.csv", [8])
+    assert plan["latency"]["heads_cost"] is True
+    # reading: empty columns (a bare verify table) are no heads' cost; half-filled ones are an error
+    df.assign(depth=None, heads_seconds=None).to_csv(tmp_path / "empty.csv", index=False)
+    assert "depth" not in read_latency(tmp_path / "empty.csv").columns
+    df.assign(heads_seconds=df["heads_seconds"].where(df["tokens"] < 4)).to_csv(tmp_path / "half.csv", index=False)
+    df.assign(depth=df["depth"].where(df["tokens"] > 1, 1)).to_csv(tmp_path / "root.csv", index=False)
+    for bad in ("half.csv", "root.csv"):
+        with pytest.raises(WorkbenchError, match="depth, heads_seconds"):
+            read_latency(tmp_path / bad)
+
+
 def test_every_tree_counted():
     assert len(every_tree(3, 2)) == 676 - 1 and len(every_tree(2, 2)) == 24
 
@@ -301,8 +349,8 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
     assert (f"the first {meta['max_new_tokens']} tokens" in regime) and \
         ("replayed" in regime) == (prediction == "replay")
     # a latency file without a setting column: provenance unknown, said loudly
-    assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, model="synthetic", device="test",
-                                   dtype="float32", setting=None,
+    assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, heads_cost=False,
+                                   model="synthetic", device="test", dtype="float32", setting=None,
                                    mode="unknown (a file written before the setting was kept)")
     assert "WARNING: the latency table times the bare verify forward (or does not say what it timed)" in err
     assert plan["workbench_version"] and plan["created"].startswith("20")

@@ -119,7 +119,7 @@ def test_decoder_step_surface(tiny_llama):
     """The decoder's own step, timed on real decodes at batch sizes 1 and 2: every (batch, tokens) with its spread,
     the bare forward beside it, the context the steps saw, and the setting."""
     from workbench.latency import LATENCY_COLUMNS, latency_surface
-    from workbench.measure_latency import measure_decoder_steps
+    from workbench.measure_latency import latency_tree, measure_decoder_steps
 
     t = tiny_llama
     prompts = [[1, 5, 9, 3], [2, 7, 4, 4, 8], [3, 3, 1]]
@@ -130,8 +130,52 @@ def test_decoder_step_surface(tiny_llama):
     assert (df["repeats"] == 2).all() and (df["forward_seconds"] > 0).all()
     assert df["context"].nunique() == 1 and 3 <= df["context"].iloc[0] <= 5 + 6
     assert read_setting(df)["mode"] == "decoder-step"
+    # the heads each step ran and their cost at that batch size: vanilla none, the 2-node tree its depth
+    depth = latency_tree(2, min(5, t.heads["2"].num_heads)).depth
+    assert dict(zip(df["tokens"], df["depth"])) == {1: 0, 3: depth}
+    assert (df.loc[df["tokens"] == 1, "heads_seconds"] == 0).all() and (df.loc[df["tokens"] == 3, "heads_seconds"] > 0).all()
     surface, ctx = latency_surface(df, [1, 2])
     assert set(surface) == {1, 2} and surface[2]["spread"] is not None
+    assert surface[2]["heads"]["depth"] == {1: 0, 3: depth} and set(surface[2]["heads"]["seconds"]) == {0, depth}
+
+
+def test_heads_cost_completes_a_table_measured_before_it_was_kept(tiny_llama, tmp_path, capsys):
+    """`latency --mode heads --table FILE` times the heads at each batch size of an older table of this tool and
+    adds depth (the trees both modes time) and heads_seconds; a table from another setting or without one is one
+    error line, the file untouched."""
+    import torch
+
+    from workbench.cli import main
+    from workbench.latency import read_latency
+    from workbench.measure_latency import latency_tree, measure_latency
+
+    t = tiny_llama
+    old = measure_latency(t.model, sizes=[1, 2, 4], contexts=[8], repeats=1, warmup=0, heads=t.heads["2"],
+                          batches=[1, 2], progress=False).drop(columns=["depth", "heads_seconds"])
+    path = tmp_path / "old.csv"
+    old.to_csv(path, index=False)
+    args = ["latency", "--mode", "heads", "--table", str(path), "--model", str(t.model_dir), "--heads",
+            str(t.heads_dirs["2"]), "--device", "cpu"]
+    assert main(args + ["--out", str(tmp_path / "new.csv")]) == 0
+    new = read_latency(tmp_path / "new.csv")
+    K = t.heads["2"].num_heads
+    assert dict(zip(new["tokens"], new["depth"])) == {1: 0, 2: 1, 4: latency_tree(3, min(5, K)).depth}
+    assert (new.loc[new["tokens"] > 1, "heads_seconds"] > 0).all() and (new["seconds"] == old["seconds"]).all()
+    assert "added to" in capsys.readouterr().err
+    before = path.read_bytes()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        assert main(args) == 2
+    finally:
+        torch.set_num_threads(threads)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --table") and "another setting" in err[-1] and "threads" in err[-1]
+    assert path.read_bytes() == before
+    old.drop(columns=["setting"]).to_csv(path, index=False)
+    before = path.read_bytes()
+    assert main(args) == 2 and "not a table `workbench latency` wrote" in capsys.readouterr().err
+    assert path.read_bytes() == before
 
 
 def test_decoder_step_costs_are_measured_beside_vanilla(tiny_llama, monkeypatch):

@@ -15,7 +15,7 @@ from workbench.cli import main
 from workbench.cli.shared import parse_delta, parse_floats
 from workbench.decode import DECODER_VERSION
 from workbench.generation import prepare_prompt
-from workbench.latency import LATENCY_COLUMNS, hardware_aware, latency_table, read_latency
+from workbench.latency import HEADS_COLUMNS, LATENCY_COLUMNS, hardware_aware, latency_table, read_latency
 from workbench.measure_latency import measure_latency
 from workbench.measure_ranks import CalibrateConfig, calibrate
 from workbench.models import random_model
@@ -95,7 +95,8 @@ def test_latency_cli_batch_flag(tmp_path, capsys):
             "--device", "cpu", "--out", str(out)]
     assert main(argv + ["--batch", "1"]) == 0
     df = read_latency(out)
-    assert list(df.columns[:len(LATENCY_COLUMNS)]) == LATENCY_COLUMNS and set(df["batch"]) == {1}
+    bare = [c for c in LATENCY_COLUMNS if c not in HEADS_COLUMNS]  # no --heads: the bare forward, no heads' cost
+    assert list(df.columns[:len(bare)]) == bare and set(df["batch"]) == {1}
     assert (df["repeats"] == 3).all() and "q1..q3" in capsys.readouterr().err
     assert main(argv + ["--batch", "0,2"]) == 2
     assert "--batch" in _error_line(capsys)
@@ -195,7 +196,7 @@ def test_optimize_latency_at_one_batch_size(tmp_path, capsys):
         budgets[b] = tree["budget"]
     assert budgets[8] < budgets[1]
     assert main(argv + ["--batch-size", "4"]) == 2
-    assert "no rows for batch size 4 (measured: 1, 8)" in _error_line(capsys)
+    assert "no rows for batch size(s) 4 (measured: 1, 8)" in _error_line(capsys)
     assert main(["optimize", "--accuracies", str(tmp_path / "acc.csv"), "--budget", "4", "--batch-size", "2"]) == 2
     assert "--latency" in _error_line(capsys)
 

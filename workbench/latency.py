@@ -20,12 +20,15 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.io import read_csv
-from workbench.optimize import expected_curve, optimal_tree, value_and_limits
+from workbench.optimize import best_first, expected_curve, optimal_tree, value_and_limits
 from workbench.speed import interpolate_latency, max_tokens, speedup_at, speedup_curve, spread  # noqa: F401 (report.py)
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
+HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);
+# heads_seconds: their proposal's cost at the row's batch size (engine.heads_times), timed beside the table
 LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats",
-                   "setting"]  # setting: provenance.setting_cell of the measurement (absent in older files)
+                   "setting",  # setting: provenance.setting_cell of the measurement (absent in older files)
+                   *HEADS_COLUMNS]  # the heads the timed step ran and their cost (absent in older files: heads_table)
 LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_SECONDS, MAX_SECONDS = 1e-9, 1e5  # a step faster than a nanosecond or slower than a day is not a timing
@@ -75,7 +78,32 @@ def read_latency(path) -> pd.DataFrame:
             raise WorkbenchError(f"--latency {path}: the spread columns {', '.join(SPREAD_COLUMNS)} must all be there, "
                                  "finite and > 0 on every row, with min <= q1 <= seconds <= q3 <= max")
         df[SPREAD_COLUMNS] = spread
+    present = [c for c in HEADS_COLUMNS if c in df.columns]
+    if present and df[present].isna().all().all():  # written without heads (verify mode on a bare model)
+        df = df.drop(columns=present)
+    if any(c in df.columns for c in HEADS_COLUMNS):
+        heads = df[[c for c in HEADS_COLUMNS if c in df.columns]].apply(pd.to_numeric, errors="coerce")
+        if len(heads.columns) < 2 or heads.isna().any().any() or np.isinf(heads).any().any() or \
+                (heads["depth"] % 1 != 0).any() or (heads < 0).any().any() or \
+                (heads["heads_seconds"] > MAX_SECONDS).any() or \
+                ((heads["depth"] == 0) != (df["tokens"] == 1)).any():
+            raise WorkbenchError(f"--latency {path}: the columns {', '.join(HEADS_COLUMNS)} must both be there with a "
+                                 "number on every row: depth a whole number (0 on the 1-token rows, >= 1 on the "
+                                 "others), heads_seconds >= 0 (`workbench latency --mode heads` measures them)")
+        df[HEADS_COLUMNS] = heads
+        df["depth"] = df["depth"].astype(int)
     return df
+
+
+def heads_table(rows: pd.DataFrame) -> dict | None:
+    """The heads' cost of one batch size and context's rows (speed.at_depth reads it): {"depth": {tokens: the
+    depth of the tree timed}, "seconds": {depth: heads_seconds}} (depth 0: vanilla, no heads); None for a table
+    without it (older or external: priced as timed, whatever the tree's depth)."""
+    if not set(HEADS_COLUMNS) <= set(rows.columns) or rows[HEADS_COLUMNS].isna().any().any():
+        return None
+    seconds = rows.groupby("depth")["heads_seconds"].median()
+    return dict(depth=dict(zip(rows["tokens"].astype(int), rows["depth"].astype(int))),
+                seconds={int(d): float(t) for d, t in seconds.items()})
 
 
 def _setup_check(df: pd.DataFrame, what: str) -> None:
@@ -156,7 +184,8 @@ def non_decreasing(table: dict[int, float]) -> dict[int, float]:
 def latency_surface(df: pd.DataFrame, batches, context: int | None = None, target: float | None = None,
                     what: str = "latency") -> tuple[dict[int, dict], int]:
     """The surface t(B, n) at one context for every asked batch size: ({B: {"seconds": {tokens: s},
-    "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file}}, context); seconds and spread
+    "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "heads": heads_table or None}},
+    context); seconds and spread
     read non_decreasing. The context is `context`, else the one measured at every
     asked batch size closest to `target`, else the only one. Batch sizes or a context the file lacks are one
     error naming all of them."""
@@ -191,17 +220,19 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
             q1, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q1")
             q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3")
             spread = {n: (q1[n], q3[n]) for n in table}
-        out[b] = dict(seconds=table, spread=spread, measured=measured)
+        rows = df[(df["batch"] == b) & (df["context"] == ctx)] if "batch" in df.columns else df[df["context"] == ctx]
+        out[b] = dict(seconds=table, spread=spread, measured=measured, heads=heads_table(rows))
     return out, int(ctx)
 
 
 # ----------------------------------------------------------------------------------------------- hardware-aware choice
 
 def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank: int | None = None,
-                   max_budget: int | None = None, name: str = "") -> dict:
-    """The optimal tree for every budget the latency table covers, its predicted speedup, and the tree with the
-    best one. `value` is acc[K, R] or a monotone path-value function (then max_depth and max_rank are
-    required). Returns {"rows", "best", "tree"}."""
+                   max_budget: int | None = None, name: str = "", heads: dict | None = None) -> dict:
+    """The optimal tree for every budget the latency table covers, its predicted speedup (each tree priced at its
+    own depth where the table measured the heads' cost, `heads`: heads_table), and the tree with the best one.
+    `value` is acc[K, R] or a monotone path-value function (then max_depth and max_rank are required). Returns
+    {"rows", "best", "tree"}."""
     fn, max_depth, max_rank = value_and_limits(value, max_depth, max_rank, "hardware_aware")
     top = max_tokens(latency) - 1
     if max_budget is not None:
@@ -209,7 +240,9 @@ def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank:
     if top < 1:
         raise WorkbenchError("the latency table covers no tree: measure at least 2 tokens (1 node + the root)")
     curve = expected_curve(fn, top, max_depth, max_rank)
-    res = speedup_curve(curve, latency, budgets=range(1, top + 1))
+    order = [len(p) for p, _ in best_first(fn, top, max_depth, max_rank)]  # prefix n = the optimal n-node tree
+    depths = {n: max(order[:n], default=1) for n in range(1, top + 1)}
+    res = speedup_curve(curve, latency, budgets=range(1, top + 1), heads=heads, depths=depths)
     best = res["best"]
     tree = optimal_tree(fn, best["budget"], max_depth, max_rank, name=name or f"hardware_{best['budget']}")
     return dict(rows=res["rows"], best=best, tree=tree)

@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
 from workbench.io import WorkState
-from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, LATENCY_COLUMNS, spread_row
+from workbench.latency import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS, LATENCY_COLUMNS,
+                               spread_row)
 from workbench.optimize import optimal_tree_from
-from workbench.provenance import setting, setting_cell, without_load
+from workbench.provenance import differences, read_setting, setting, setting_cell, without_load
 from workbench.tree import MEDUSA_TOPK, Tree
 
 DECODER_SIZES = (1, 2, 3, 4, 5, 8, 16, 32, 64)
@@ -59,6 +60,47 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
         raise WorkbenchError(f"a tree of depth {depth} with top-{topk} per head has at most {tree.nodes} nodes, "
                              f"not {nodes}: use smaller --sizes (or heads with more heads)")
     return tree
+
+
+def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
+    """{tokens: {"depth", "heads_seconds"}} of the rows of one batch size whose trees are bufs[tokens]: the depth
+    each timed step ran heads to (0 for vanilla's single token) and those heads' proposal cost at this batch
+    (engine.heads_times), so a tree of another depth is priced right (speed.at_depth). Empty values without heads
+    (a bare verify forward: no heads ran)."""
+    from workbench.engine import heads_times
+
+    if heads is None:
+        return {n: dict(depth=None, heads_seconds=None) for n in bufs}
+    times = heads_times(model, heads, batch, range(1, heads.num_heads + 1)) | {0: 0.0}
+    return {n: dict(depth=buf.depth if n > 1 else 0, heads_seconds=times[buf.depth if n > 1 else 0])
+            for n, buf in bufs.items()}
+
+
+def add_heads_cost(df: pd.DataFrame, model, heads, what: str = "--table") -> pd.DataFrame:
+    """A latency table `workbench latency` wrote, with the heads' cost (HEADS_COLUMNS) measured now at each of its
+    batch sizes, for a table written before the heads' cost was kept: its rows' depths are those of the trees both
+    modes time (latency_tree(tokens - 1, min(5, heads))), so only a table of this tool, measured with these heads
+    in this same setting (device, threads, dtype, versions; the load aside), can be completed."""
+    from workbench.engine import heads_times
+
+    where = read_setting(df)
+    if where is None or where.get("mode") not in ("decoder-step", "verify"):
+        raise WorkbenchError(f"{what}: not a table `workbench latency` wrote with its setting (mode decoder-step or "
+                             "verify): the trees its rows timed, so their depths, are unknown; measure a new one")
+    here = measured_setting(model, None, where["mode"])
+    differ = differences(without_load(where), without_load(here))
+    if differ:
+        raise WorkbenchError(f"{what}: measured in another setting ({'; '.join(differ)}): time the heads where the "
+                             "table was timed, or measure a new table here")
+    depth = min(5, heads.num_heads)
+    out = df.drop(columns=[c for c in HEADS_COLUMNS if c in df.columns])
+    rows = []
+    for b, part in out.groupby("batch", sort=True):
+        times = heads_times(model, heads, int(b), range(1, heads.num_heads + 1)) | {0: 0.0}
+        for r in part.to_dict("records"):
+            d = 0 if int(r["tokens"]) == 1 else latency_tree(int(r["tokens"]) - 1, depth).depth
+            rows.append(dict(r, depth=d, heads_seconds=times[d]))
+    return pd.DataFrame(rows, columns=list(out.columns) + HEADS_COLUMNS)
 
 
 def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
@@ -120,7 +162,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     if engine.compile:  # one capacity for every context: each (batch, size) compiles once (eager: exact per context)
         engine.size_for([[0] * contexts[-1]], 0, [bufs[sizes[-1]]])
     state = work_state(work, model, heads, engine, "verify", model_label=label, sizes=sizes, contexts=contexts,
-                       batches=batches, repeats=repeats, warmup=warmup)
+                       batches=batches, repeats=repeats, warmup=warmup, heads_cost=heads is not None)
     dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
     rows = []
     bar = tqdm(total=len(batches) * len(contexts) * (warmup + repeats), desc="latency", unit="round",
@@ -137,8 +179,9 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
                 if i >= warmup:
                     times[n] += t
             bar.update(1)
+        cost = heads_cost(model, heads, b, bufs)
         return [dict(model=label, device=dev_name, dtype=dtype, batch=b, context=ctx, tokens=n,
-                     **spread_row(times[n]), setting=cell) for n in sizes]
+                     **spread_row(times[n]), setting=cell, **cost[n]) for n in sizes]
     for b in batches:
         for ctx in contexts:
             name = f"verify-b{b}-c{ctx}"
@@ -146,7 +189,8 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
                 bar.update(warmup + repeats)
             rows += state.piece(name, lambda: point(b, ctx))
     bar.close()
-    return _relative(pd.DataFrame(rows, columns=LATENCY_COLUMNS))
+    bare = [c for c in LATENCY_COLUMNS if heads is not None or c not in HEADS_COLUMNS]  # no heads ran: no columns
+    return _relative(pd.DataFrame(rows, columns=bare))
 
 
 @torch.inference_mode()
@@ -177,6 +221,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     engine.size_for(prompts, max_new_tokens, list(bufs.values()))  # one capacity: each (batch, size) compiles once
     state = work_state(work, model, heads, engine, "decoder-step", model_label=label, sizes=sizes, batches=batches,
                        repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, rounds="vanilla-between",
+                       heads_cost=True,
                        prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest())
     dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
     bar = tqdm(total=len(batches) * (warmup + repeats) * (2 * len(sizes) - 1), desc="decoder steps", unit="call",
@@ -229,11 +274,14 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
         if not vanilla:
             raise WorkbenchError("no decoding step was timed: raise --max-new-tokens")
         t1 = spread_row(vanilla)["seconds"]
+        cost = heads_cost(model, heads, b, bufs)
         rows = [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=1, **spread_row(vanilla),
-                     forward_seconds=float(pd.Series(forwards[1]).median()) if forwards[1] else None, setting=cell)]
+                     forward_seconds=float(pd.Series(forwards[1]).median()) if forwards[1] else None, setting=cell,
+                     **cost[1])]
         rows += [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=n,
                       **{k: (v * t1 if k.startswith("seconds") else v) for k, v in spread_row(ratios[n]).items()},
-                      forward_seconds=float(pd.Series(forwards[n]).median()) if forwards[n] else None, setting=cell)
+                      forward_seconds=float(pd.Series(forwards[n]).median()) if forwards[n] else None, setting=cell,
+                      **cost[n])
                  for n in sizes[1:]]
         return dict(rows=rows, context_sum=sum(contexts), context_steps=len(contexts))
 

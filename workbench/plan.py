@@ -47,7 +47,7 @@ from workbench.calibration import Calibration
 from workbench.io import read_csv, read_json
 from workbench.latency import latency_surface, read_latency
 from workbench.provenance import differences, read_setting
-from workbench.speed import max_tokens, speedup_at, speedup_range, within_noise
+from workbench.speed import max_tokens, priced, within_noise
 from workbench.sweep_file import checked_speedup
 from workbench.optimize import best_first, expected_length, value_and_limits
 from workbench.tree import MEDUSA_TOPK, Tree, load_tree, make_tree
@@ -251,25 +251,30 @@ def at_batch(cands: list[dict], batch_tokens_per_step, batch: int) -> list[dict]
             for c in cands]
 
 
-def rank(cands: list[dict], latency: dict, spread=None) -> list[dict]:
-    """The candidates a latency table covers ({tokens: seconds} of one batch size), each with its "speedup"
-    (speed.speedup_at of the batch's tokens/step, `at_batch`, else the mean's) and "range" (speed.speedup_range
-    over the interquartile range of t; None without a spread), best first: the one ranking every answer (CLI, app,
+def rank(cands: list[dict], latency: dict, spread=None, heads: dict | None = None) -> list[dict]:
+    """The candidates a latency table covers ({tokens: seconds} of one batch size), each with its "speedup" and
+    "range" (speed.priced: the batch's tokens/step, `at_batch`, else the mean's, over the step cost of its token
+    count and, where the table measured the heads' cost (`heads`, latency.heads_table), its own depth; the range
+    over the interquartile range of t, None without a spread), best first: the one ranking every answer (CLI, app,
     exports) comes from."""
     top = max_tokens(latency)
     scored = []
     for c in cands:
         if c["nodes"] + 1 <= top:
             tps = c.get("batch_tokens_per_step", c["tokens_per_step"])
-            scored.append(dict(c, speedup=speedup_at(latency, tps, c["nodes"]),
-                               range=speedup_range(latency, spread, tps, c["nodes"])))
+            fast, rng = priced(latency, spread, heads, tps, c["nodes"], _depth(c["tree"]))
+            scored.append(dict(c, speedup=fast, range=rng))
     return sorted(scored, key=_rank, reverse=True)
 
 
-def choose(cands: list[dict], latency: dict, spread=None) -> dict:
+def _depth(tree) -> int | None:
+    return None if tree is None else tree.depth
+
+
+def choose(cands: list[dict], latency: dict, spread=None, heads: dict | None = None) -> dict:
     """The best candidate at one batch size (`rank`): {"best", "runner_up" (best of another kind, or None),
     "within_noise", "best_chain" (best chain or none), "ranked" (every candidate, best first)}."""
-    scored = rank(cands, latency, spread)
+    scored = rank(cands, latency, spread, heads)
     best = scored[0]
     others = [c for c in scored if c["kind"] != best["kind"]]
     runner = max(others, key=_rank) if others else None
@@ -304,7 +309,7 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     plans, alternatives = [], []
     for b in batch_sizes:
         at = at_batch(cands, source["batch_tokens_per_step"], b)
-        pick = choose(at, surface[b]["seconds"], surface[b]["spread"])
+        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["heads"])
         best, chain = pick["best"], pick["best_chain"]
         plans.append(dict(batch_size=b, kind=best["kind"], medusa_choices=_choices(best), nodes=best["nodes"],
                           predicted_tokens_per_step=best["tokens_per_step"], predicted_speedup=best["speedup"],
@@ -318,7 +323,7 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     return dict(plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
                 source=source["info"],
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
-                             **setup, setting=where,
+                             heads_cost=surface[batch_sizes[0]]["heads"] is not None, **setup, setting=where,
                              mode=(where or {}).get("mode", "unknown (a file written before the setting was kept)")),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 

@@ -21,7 +21,7 @@ from workbench.calibration import Calibration
 from workbench.latency import latency_surface
 from workbench.plan import accuracy_source, at_batch, calibration_source, candidates as plan_candidates, choose
 from workbench.provenance import differences, read_setting
-from workbench.speed import speedup_at, speedup_range
+from workbench.speed import priced
 from workbench.sweep_file import checked_speedup
 from workbench.tree import Tree, tree_key
 
@@ -34,11 +34,12 @@ def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1,
                    what: str = "latency") -> dict:
     """The latency table at one batch size and context, as plan reads it (latency.latency_surface): {"seconds":
     {tokens: s}, "quartiles": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "spread": its
-    name or None, "context", "batch"}."""
+    name or None, "heads" (latency.heads_table or None), "context", "batch"}."""
     surface, ctx = latency_surface(df, [batch], context, target, what)
     quartiles = surface[batch]["spread"]
     return dict(seconds=surface[batch]["seconds"], quartiles=quartiles, measured=surface[batch]["measured"],
-                spread="latency quartiles" if quartiles else None, context=ctx, batch=batch)
+                heads=surface[batch]["heads"], spread="latency quartiles" if quartiles else None, context=ctx,
+                batch=batch)
 
 
 def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,
@@ -48,10 +49,10 @@ def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,
     speedup, relative_latency, range}."""
     nodes = 0 if tree is None else tree.nodes
     batched = float(tokens_per_step if batch_tokens_per_step is None else batch_tokens_per_step)
-    fast = speedup_at(tables["seconds"], batched, nodes)
+    fast, rng = priced(tables["seconds"], tables["quartiles"], tables.get("heads"), batched, nodes,
+                       None if tree is None else tree.depth)
     return dict(nodes=nodes, tokens_per_step=float(tokens_per_step), batch_tokens_per_step=batched, speedup=fast,
-                relative_latency=batched / fast,
-                range=speedup_range(tables["seconds"], tables["quartiles"], batched, nodes))
+                relative_latency=batched / fast, range=rng)
 
 
 def designed_speedup(calibration, tree: Tree, tables: dict, max_new_tokens: int | None = None) -> dict:
@@ -214,7 +215,8 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     ranks = min(max_rank or src["max_rank"], src["max_rank"])
     cands = plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth, ranks)
     found = measurements(sweeps or {}, batch, decoder, read_setting(latency))
-    chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch), tables["seconds"], tables["quartiles"])
+    chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch), tables["seconds"], tables["quartiles"],
+                    tables["heads"])
     rows = [_row(c, tables, found) for c in chosen["ranked"]]
     planned = {c["tree"].paths for c in cands if c["tree"] is not None}
     extra = [_row(dict(kind="tree", tree=t, tokens_per_step=src["tokens_per_step"](t),

@@ -4,7 +4,8 @@ Torch-free (plain numbers and duck-typed decode results), so the planner, the ap
 load torch. tests/test_speed.py pins that no other module in the tree computes these.
 
 Predicted (a latency table {verify tokens: seconds} at one batch size and context; `nodes` tree nodes verify
-n = nodes + 1 tokens, the root included):
+n = nodes + 1 tokens, the root included; `at_depth` first swaps the heads the timed trees ran for the depth of the
+tree priced, where the table measured the heads' cost):
   relative_latency   t(nodes + 1) / t(1): what one step of the tree costs relative to a plain step;
   speedup            the decoding phase's goodput ratio: tokens_per_step / relative_latency (B sequences cancel:
                      both methods run B; at B > 1 pass the batch's tokens/step, calibration.batch_walk);
@@ -64,6 +65,39 @@ def max_tokens(latency) -> int:
     return _points(latency)[0][-1]
 
 
+def at_depth(latency, heads: dict | None, depth: int | None) -> dict[int, float]:
+    """The table for a tree `depth` heads deep: each Medusa row t(n) (n >= 2) with the heads its timed tree ran
+    swapped for `depth` heads, t(n) - h(d_n) + h(depth); vanilla's t(1) as it is. `heads` (latency.heads_table):
+    {"depth": {tokens: d_n, the depth of the tree timed}, "seconds": {depth: the heads' proposal seconds}}, measured
+    beside the table. Why: each head is one vocabulary-sized projection per sequence, so at a large batch a chain
+    (depth = nodes) costs visibly more than a bushy tree of as many tokens, and a table timed on one shape would
+    misprice the other. A depth between or beyond the measured ones is read linearly (clamped at the ends); the
+    table as it is when `heads` or `depth` is None (a table without the heads' cost)."""
+    table = dict(zip(*_points(latency)))
+    if heads is None or depth is None:
+        return table
+    known = sorted(heads["seconds"].items())
+    if not known:
+        return table
+
+    def h(d: float) -> float:
+        ds, ts = [k for k, _ in known], [v for _, v in known]
+        if d <= ds[0]:
+            return ts[0]
+        if d >= ds[-1]:
+            return ts[-1]
+        j = bisect_left(ds, d)
+        if ds[j] == d:
+            return ts[j]
+        return ts[j - 1] + (d - ds[j - 1]) / (ds[j] - ds[j - 1]) * (ts[j] - ts[j - 1])
+
+    out = {}
+    for n, t in table.items():
+        d_n = heads["depth"].get(n)
+        out[n] = t if n < 2 or d_n is None else max(t - h(d_n) + h(depth), t * 1e-3)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- predicted
 
 def relative_latency(latency, nodes: int, base=None) -> float:
@@ -96,6 +130,19 @@ def speedup_range(latency, spread, tokens_per_step: float, nodes: int) -> tuple[
             speedup(tokens_per_step, relative_latency(q1, nodes, latency)))
 
 
+def priced(latency, spread, heads: dict | None, tokens_per_step: float, nodes: int,
+           depth: int | None = None) -> tuple[float, tuple[float, float] | None]:
+    """(speedup, range) of a `nodes`-node tree `depth` heads deep (None: priced as the table timed it) on one batch
+    size's table, its spread and its heads' cost (at_depth): the one pricing behind plan's ranking and every
+    tree the app scores."""
+    table = at_depth(latency, heads, depth)
+    if spread is not None:
+        q1 = at_depth({n: v[0] for n, v in spread.items()}, heads, depth)
+        q3 = at_depth({n: v[1] for n, v in spread.items()}, heads, depth)
+        spread = {n: (q1[n], q3[n]) for n in spread}
+    return speedup_at(table, tokens_per_step, nodes), speedup_range(table, spread, tokens_per_step, nodes)
+
+
 def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:
     """Whether two ranges overlap: an order resting on a difference inside the noise. None when either is unknown."""
     if a is None or b is None:
@@ -103,10 +150,12 @@ def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -
     return a[0] <= b[1] and b[0] <= a[1]
 
 
-def speedup_curve(curve, latency, budgets=None) -> dict:
+def speedup_curve(curve, latency, budgets=None, heads: dict | None = None, depths=None) -> dict:
     """The speedup of the optimal n-node tree for every budget n: curve[n] (its expected tokens per step,
-    optimize.expected_curve) at relative_latency(n). Budgets default to every n whose n + 1 tokens were measured;
-    an explicitly requested budget outside the curve is an error. Returns {"rows": [...], "best": row}."""
+    optimize.expected_curve) at relative_latency(n), of the table at_depth(depths[n]) where the heads' cost is
+    known (`heads`, `depths`: the optimal tree's depth per budget). Budgets default to every n whose n + 1 tokens
+    were measured; an explicitly requested budget outside the curve is an error. Returns {"rows": [...], "best":
+    row}."""
     curve = [float(x) for x in curve]
     top = max_tokens(latency)
     if budgets is None:
@@ -115,9 +164,10 @@ def speedup_curve(curve, latency, budgets=None) -> dict:
     for n in budgets:
         if not 0 <= n < len(curve):
             raise WorkbenchError(f"budget {n} is outside the expected-length curve (0..{len(curve) - 1})")
-        rel = relative_latency(latency, n)
+        table = at_depth(latency, heads, None if depths is None or n == 0 else depths[n])
+        rel = relative_latency(table, n)
         rows.append(dict(budget=int(n), verify_tokens=int(n + 1), expected_length=curve[n],
-                         latency_s=interpolate_latency(latency, n + 1), relative_latency=rel,
+                         latency_s=interpolate_latency(table, n + 1), relative_latency=rel,
                          speedup=speedup(curve[n], rel)))
     if not rows:
         raise WorkbenchError("no budget to evaluate: the latency table and the curve do not overlap")

@@ -20,6 +20,8 @@ def cmd_latency(args) -> int:
                                            measure_latency)
     from workbench.models import random_model
 
+    if args.mode == "heads" or args.table:
+        return _add_heads_cost(args)
     mode = args.mode or ("verify" if args.random_config or args.context else "decoder-step")
     if mode == "decoder-step" and (args.random_config or args.context):
         raise WorkbenchError("--mode decoder-step decodes real prompts (their contexts grow as in decoding): drop "
@@ -260,6 +262,35 @@ def cmd_sweep_report(args) -> int:
     return 0
 
 
+def _add_heads_cost(args) -> int:
+    """`latency --mode heads --table FILE`: the heads' cost (depth, heads_seconds) added to a latency table this
+    tool measured before it kept them, timed now in the same setting; written to --out (default: FILE, atomically)."""
+    from pathlib import Path
+
+    if args.mode not in (None, "heads") or not args.table:
+        raise WorkbenchError("--mode heads completes a latency table: give it as --table FILE (and no other --mode)")
+    if args.random_config:
+        raise WorkbenchError("--mode heads times the heads of the model the table was measured with: drop "
+                             "--random-config")
+    out = Path(args.out or args.table)
+    check_output(str(out), "--out")
+    from workbench.latency import read_latency
+
+    df = read_latency(args.table)
+    from workbench.measure_latency import add_heads_cost
+    from workbench.models import load_model_and_heads
+
+    model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
+                                           need_tokenizer=False, device_map=args.device_map)
+    with run_lock(out, "--out", kind="file"):
+        done = add_heads_cost(df, model, heads, f"--table {args.table}")
+        atomic_write_text(out, done.to_csv(index=False), "--out")
+    print(f"the heads' proposal cost per batch size and depth, added to {out}:", file=sys.stderr)
+    table = done.groupby(["batch", "depth"])["heads_seconds"].first().unstack("depth")
+    print((1000 * table).round(2).to_string(), file=sys.stderr)
+    return 0
+
+
 def add_tradeoffs(sub) -> None:
     p = sub.add_parser("latency", help="time the decoder's step per batch size and tree size (for optimize "
                                        "--latency and plan)",
@@ -278,9 +309,12 @@ def add_tradeoffs(sub) -> None:
                    help="instead: random weights of a given shape, a preset (llama-1b, llama-3b, llama-8b, vicuna-7b, "
                         "smollm2-135m, tiny) or key=value pairs hidden=2048,layers=16,heads=32,kv_heads=8,"
                         "vocab=128256,intermediate=8192[,arch=llama]")
-    p.add_argument("--mode", choices=["decoder-step", "verify"],
+    p.add_argument("--mode", choices=["decoder-step", "verify", "heads"],
                    help="decoder-step: the decoder's whole step on real prompts (default); verify: the bare verify "
-                        "forward at fixed --context (default with --random-config or --context)")
+                        "forward at fixed --context (default with --random-config or --context); heads: add the "
+                        "heads' cost per batch size and depth to a table measured before it was kept (--table)")
+    p.add_argument("--table", metavar="FILE", help="--mode heads: the latency CSV to complete (written back to "
+                                                   "--out, default FILE itself)")
     p.add_argument("--sizes", metavar="N1,N2,..", help="tokens per step (tree nodes + root; default 1,2,3,4,5,8,16,32,"
                                                       "64 for decoder-step, 1,2,4,...,256 for verify; 1 is always "
                                                       "measured)")

@@ -13,7 +13,7 @@ from workbench.export import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_M
                               engine_safe, export_plan,
                               export_tree)
 from workbench.io import atomic_write_text, check_output
-from workbench.latency import hardware_aware, latency_table, read_latency
+from workbench.latency import hardware_aware, latency_surface, read_latency
 from workbench.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
 from workbench.plan import looks_like_plan, read_plan
 from workbench.tree import (MAX_DEPTH, MAX_NODES, MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
@@ -163,10 +163,11 @@ def _optimize_for_latency(args, acc, value) -> int:
     if args.dense:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
     target = Calibration(args.calibration).typical_context() if args.calibration else None
-    table, ctx = latency_table(read_latency(args.latency), args.context, target, f"--latency {args.latency}",
-                               batch=args.batch_size)
+    b = args.batch_size or 1
+    surface, ctx = latency_surface(read_latency(args.latency), [b], args.context, target, f"--latency {args.latency}")
     heads, ranks = acc.shape
-    res = hardware_aware(value, table, args.max_depth or heads, args.max_rank or ranks, args.budget)
+    res = hardware_aware(value, surface[b]["seconds"], args.max_depth or heads, args.max_rank or ranks, args.budget,
+                         heads=surface[b]["heads"])
     cols = ("budget", "verify_tokens", "expected_length", "relative_latency", "speedup")
     if args.curve_out:
         import pandas as pd

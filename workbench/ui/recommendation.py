@@ -17,7 +17,7 @@ from workbench.calibration import Calibration
 from workbench.export import FORMATS, SUFFIXES, export_tree
 from workbench.recommend import (comparable, disagreement_text, latency_note, measurements, recommend,
                                  runner_up_close, sentence, provenance_note, setting_text, shape)
-from workbench.provenance import read_setting
+from workbench.provenance import read_setting, setting_cell
 from workbench.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file, stamped)
@@ -60,6 +60,13 @@ def sweep_measurements(sweeps: tuple, batch: int = 1, table: str | None = None) 
     (it walks every row of every sweep); `table`: the setting cell of the latency table predictions use."""
     return measurements({Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}, batch,
                         table=read_setting(table))
+
+
+def measured_beside(sweeps: list[Path], batch: int, latency: pd.DataFrame | None) -> dict:
+    """The sweeps' measurements at one batch size, each marked comparable or not with the latency table's setting
+    (`latency`: its frame; None = no table, nothing to compare with)."""
+    where = read_setting(latency) if latency is not None else None
+    return sweep_measurements(stamped(sweeps), batch, None if where is None else setting_cell(where))
 
 
 @st.cache_data(max_entries=8, show_spinner=False)

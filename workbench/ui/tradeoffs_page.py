@@ -15,15 +15,14 @@ from workbench import WorkbenchError, interactive_figures
 from workbench.calibration import PREDICTED_COLUMNS
 from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
 from workbench.plan import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
-from workbench.provenance import read_setting, setting_cell
 from workbench.recommend import OLD_DECODER, decoder_version
 from workbench.sweep_file import has_typical
-from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
-                                         sweep_measurements)
+from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
+                                         readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
                                   hardware_aware_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
-                                  read_sweep_or_error, results_root, slider, stamped, timed)
+                                  read_sweep_or_error, results_root, slider, timed)
 
 
 # The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).
@@ -251,13 +250,12 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         if src.calib:
             values["empirical paths"] = src.calib.joint_value("fit")
         try:
-            res = {name: hardware_aware_for(src.key, name, v, tables["seconds"], K, min(R, 10), budget)
+            res = {name: hardware_aware_for(src.key, name, v, tables, K, min(R, 10), budget)
                    for name, v in values.items()}
         except WorkbenchError as e:
             st.error(clean_error(e))
             return
-        where = read_setting(lat)
-        found = sweep_measurements(stamped(evidence), tables["batch"], None if where is None else setting_cell(where))
+        found = measured_beside(evidence, tables["batch"], lat)
         curves = candidate_curves(rec) if rec else {}
         curves |= {f"objective ({n})": ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
                    for n, r in res.items()}

@@ -21,15 +21,14 @@ from workbench.export import (FORMATS, SAFE_ENGINES, SUFFIXES, TRTLLM_MAX_DRAFT_
                               export_tree, first_level_gaps, vllm_uniform)
 from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
                                 optimal_tree_from)
-from workbench.provenance import read_setting, setting_cell
 from workbench.recommend import comparable, designed_speedup, shape
 from workbench.tree import (Tree, add_path, load_tree, parse_path, record_json, reference_trees, remove_path,
                             tree_buffers, tree_diff, tree_record)
-from workbench.ui.recommendation import (candidate_curves, panel, provenance_of, ranked, readable_sweeps,
-                                         sweep_measurements)
+from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
+                                         readable_sweeps)
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
                                   hardware_aware_for, int_slider, kept_upload, latency_files, latency_picker,
-                                  load_model, read_latency_file, stamped, timed)
+                                  load_model, read_latency_file, timed)
 
 
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
@@ -167,6 +166,12 @@ def _curves(source_key: tuple, _src: Source, depth: int, rank: int, top: int = 2
     return curves
 
 
+def _named_table(source_key: tuple, src: Source, named: list, depth: int, rank: int) -> tuple[dict, list]:
+    """(the optimal curves, the named trees' rows with their headroom at the same size): both tabs' numbers."""
+    curves = _curves(source_key, src, depth, rank)
+    return curves, tree_table(named, src.acc, src.calib, curves["optimal (independence)"])
+
+
 # ----------------------------------------------------------------------------------------------- the page
 
 TABS = ("Export", "Tokens/step and speedup", "Named trees")  # below the tree; Export (cheapest to draw) opens first
@@ -206,8 +211,7 @@ def _tree_page() -> None:
 
     # the hardware: a latency table (every speedup on the page) and the sweeps that measured trees on it
     lat = hardware_input(src)
-    measured = sweep_measurements(stamped(readable_sweeps()), lat["tables"]["batch"] if lat else 1,
-                                  lat["setting"] if lat else None)
+    measured = measured_beside(readable_sweeps(), lat["tables"]["batch"] if lat else 1, lat["frame"] if lat else None)
     user = user_tree_input(K)
 
     # the answer first: which tree (or chain, or none) to use, with its evidence
@@ -248,7 +252,7 @@ def _tree_page() -> None:
                          "or give one in the sidebar")
                 return
             designed = hardware_aware_for(key, "empirical paths" if base_value is empirical else "independence",
-                                          base_value, lat["tables"]["seconds"], max_depth, max_rank, budget)["tree"]
+                                          base_value, lat["tables"], max_depth, max_rank, budget)["tree"]
             designed = Tree(designed.paths, f"hardware_{designed.nodes}")  # named by what it is: its node count
         else:
             designed = _designed(key, src, model, budget, max_depth, max_rank)
@@ -350,8 +354,7 @@ def _tree_page() -> None:
     with tabs["Tokens/step and speedup"]:
         if tabs["Tokens/step and speedup"].open:
             left, right = st.columns(2)
-            curves = _curves(key, src, max_depth, max_rank)
-            named_rows = tree_table(named, src.acc, src.calib, curves["optimal (independence)"])
+            curves, named_rows = _named_table(key, src, named, max_depth, max_rank)
             points = {r["tree"]: (r["nodes"], r["predicted_independent"]) for r in named_rows
                       if "predicted_independent" in r}
             with left:
@@ -368,15 +371,14 @@ def _tree_page() -> None:
                                                                                for k, v in TREE_HELP.items()))
     with tabs["Named trees"]:
         if tabs["Named trees"].open:
-            curves = _curves(key, src, max_depth, max_rank)
-            st.dataframe(pd.DataFrame(tree_table(named, src.acc, src.calib, curves["optimal (independence)"])),
-                         hide_index=True, column_config=TABLE_COLUMNS)
+            st.dataframe(pd.DataFrame(_named_table(key, src, named, max_depth, max_rank)[1]), hide_index=True,
+                         column_config=TABLE_COLUMNS)
             st.caption("Named trees (references, files under trees/, yours): predicted tokens per step.")
 
 
 def hardware_input(src: Source) -> dict | None:
     """Sidebar: the latency CSV (from the calibration folder, the results folder, or given) and its setup, batch
-    size and context. {"path", "tables"} or None (nothing found or unreadable: said on the page)."""
+    size and context. {"path", "tables", "frame"} or None (nothing found or unreadable: said on the page)."""
     with st.sidebar.expander("Hardware: latency table", expanded=True):
         path = file_input("latency CSV", "tree_lat", ["csv"], latency_files(src))
         if path is None:
@@ -390,8 +392,7 @@ def hardware_input(src: Source) -> dict | None:
             return None
         st.caption(f"{path.name}: batch {tables['batch']}, context {tables['context']}, "
                    f"{len(tables['seconds'])} token counts" + ("" if tables["spread"] else "; no spread measured"))
-    where = read_setting(df)
-    return {"path": path, "tables": tables, "setting": None if where is None else setting_cell(where)}
+    return {"path": path, "tables": tables, "frame": df}
 
 
 def named_trees(user: list) -> list:

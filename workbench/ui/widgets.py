@@ -149,11 +149,13 @@ def read_sweep_file(path: str, stamp: tuple) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def hardware_aware_for(source_key: tuple, value_name: str, _value, seconds: dict, max_depth: int, max_rank: int,
+def hardware_aware_for(source_key: tuple, value_name: str, _value, tables: dict, max_depth: int, max_rank: int,
                        max_budget: int | None) -> dict:
     """latency.hardware_aware once per accuracies (`source_key`), path values (`_value`, named by `value_name`:
-    independence or empirical paths), latency table ({tokens: seconds}) and limits: it runs the optimizer twice."""
-    return hardware_aware(_value, seconds, max_depth, max_rank, max_budget=max_budget)
+    independence or empirical paths), latency table (recommend.latency_tables: its seconds and heads' cost) and
+    limits: it runs the optimizer twice."""
+    return hardware_aware(_value, tables["seconds"], max_depth, max_rank, max_budget=max_budget,
+                          heads=tables.get("heads"))
 
 
 @st.cache_resource(show_spinner=False, max_entries=1)
