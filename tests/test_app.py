@@ -312,6 +312,34 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
                for m in at.markdown)
 
 
+def test_the_designer_prices_the_tree_at_its_own_depth(demo_files, monkeypatch, tmp_path):
+    """A latency table with the heads' cost: the designer says each tree is priced at its own depth and its
+    predicted speedup is recommend.designed_speedup's on that table (speed.priced, plan's pricing); a table without
+    it says how to add it."""
+    from workbench.calibration import Calibration
+    from workbench.recommend import designed_speedup, latency_tables
+    from workbench.tree import Tree
+
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    assert any("no heads' cost" in c.value for c in at.caption)
+    rows = pd.read_csv(demo_files["latency"])
+    rows = rows[(rows["tokens"] <= 16) & (rows["context"] == 128)].copy()
+    rows["depth"] = rows["tokens"].map(lambda n: 0 if n == 1 else min(n - 1, 4))  # deep trees timed
+    rows["heads_seconds"] = rows["depth"] * 0.004
+    deep = tmp_path / "latency-heads.csv"
+    rows.to_csv(deep, index=False)
+    at.selectbox(key="tree_lat_pick").set_value("other: type a path").run()
+    at.text_input(key="tree_lat_path").input(str(deep)).run()
+    at.slider(key="tree_budget").set_value(6).run()
+    no_exception(at)
+    assert any("each tree priced at its own depth" in c.value for c in at.caption)
+    tree = Tree(tuple(map(tuple, tree_file(at)["medusa_choices"])), "shown")
+    tables = latency_tables(pd.read_csv(deep), batch=1)
+    want = designed_speedup(Calibration(demo_files["cal"]), tree, tables)
+    assert tree.depth < 4 and float(metric(at, "predicted speedup").rstrip("x")) == pytest.approx(want["speedup"], abs=0.006)
+    assert want["speedup"] > designed_speedup(Calibration(demo_files["cal"]), tree, tables | {"heads": None})["speedup"]
+
+
 def test_streamlit_run_from_the_checkout_skips_the_full_gc_after_every_click():
     """`streamlit run app.py` reads .streamlit/config.toml from the folder it starts in: there runner.postScriptGC is
     off (Streamlit's gc.collect(2) after every run took ~0.5 s of each click's server time here, py-spy)."""

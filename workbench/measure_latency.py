@@ -52,8 +52,10 @@ def measured_setting(model, engine, mode: str, processes: int = 1) -> dict:
 
 def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
     """An n-node tree shaped like optimal trees (wide near the root, narrowing with depth): node value
-    prod_d 0.7 * 0.45^rank, best-first. For dense-mask kernels only the token count matters; the shape makes
-    the 4-D mask and position ids the decoder's own, so a kernel that exploits structure is timed as used."""
+    prod_d 0.7 * 0.45^rank, best-first. For dense-mask kernels only the token count of the verify matters; the
+    shape makes the 4-D mask and position ids the decoder's own, so a kernel that exploits structure is timed as
+    used. Its depth (deep for few nodes: 3 nodes are a chain) sets how many heads the step runs, recorded per row
+    with their cost (heads_cost) so trees of other depths are priced with their own heads."""
     tree = optimal_tree_from(lambda p: math.prod(0.7 * 0.45 ** r for r in p), nodes, depth, topk,
                              name=f"latency_{nodes}")
     if tree.nodes < nodes:
