@@ -47,11 +47,12 @@ def spread_row(times: list[float]) -> dict:
                 seconds_max=s["max"], repeats=s["repeats"])
 
 
-def read_latency(path) -> pd.DataFrame:
+def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
     """A latency CSV, checked: LATENCY_REQUIRED present, positive integer batch sizes, contexts and token counts,
     seconds finite and > 0. A file without a `batch` column (written before batch sizes were measured) reads as
-    batch 1; one with the spread columns has them on every row, ordered min <= q1 <= median <= q3 <= max."""
-    df = read_csv(path, "--latency", LATENCY_REQUIRED, "workbench latency")
+    batch 1; one with the spread columns has them on every row, ordered min <= q1 <= median <= q3 <= max. `flag`
+    names the option it came from in errors."""
+    df = read_csv(path, flag, LATENCY_REQUIRED, "workbench latency")
     if "batch" not in df.columns:
         df.insert(int(df.columns.get_loc("context")), "batch", 1)
     cols = ["batch", "context", "tokens", "seconds"]
@@ -61,7 +62,7 @@ def read_latency(path) -> pd.DataFrame:
             not num["tokens"].between(1, 1 << 16).all() or (num["context"] < 0).any() or \
             not num["batch"].between(1, 1 << 20).all() or \
             not num["seconds"].between(MIN_SECONDS, MAX_SECONDS).all():
-        raise WorkbenchError(f"--latency {path}: batch/context/tokens must be integers (batch >= 1, tokens "
+        raise WorkbenchError(f"{flag} {path}: batch/context/tokens must be integers (batch >= 1, tokens "
                              f"1..{1 << 16}) and seconds numbers in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] on every row "
                              "(outside: a unit slip, or a ratio that under- or overflows); `workbench latency` "
                              "writes it")
@@ -75,7 +76,7 @@ def read_latency(path) -> pd.DataFrame:
         if order is None or spread.isna().any().any() or np.isinf(spread).any().any() or \
                 not (spread > 0).all().all() or \
                 (order.diff(axis=1).iloc[:, 1:] < -1e-12 * order.iloc[:, 1:]).any().any():
-            raise WorkbenchError(f"--latency {path}: the spread columns {', '.join(SPREAD_COLUMNS)} must all be there, "
+            raise WorkbenchError(f"{flag} {path}: the spread columns {', '.join(SPREAD_COLUMNS)} must all be there, "
                                  "finite and > 0 on every row, with min <= q1 <= seconds <= q3 <= max")
         df[SPREAD_COLUMNS] = spread
     present = [c for c in HEADS_COLUMNS if c in df.columns]
@@ -87,7 +88,7 @@ def read_latency(path) -> pd.DataFrame:
                 (heads["depth"] % 1 != 0).any() or (heads < 0).any().any() or \
                 (heads["heads_seconds"] > MAX_SECONDS).any() or \
                 ((heads["depth"] == 0) != (df["tokens"] == 1)).any():
-            raise WorkbenchError(f"--latency {path}: the columns {', '.join(HEADS_COLUMNS)} must both be there with a "
+            raise WorkbenchError(f"{flag} {path}: the columns {', '.join(HEADS_COLUMNS)} must both be there with a "
                                  "number on every row: depth a whole number (0 on the 1-token rows, >= 1 on the "
                                  "others), heads_seconds >= 0 (`workbench latency --mode heads` measures them)")
         df[HEADS_COLUMNS] = heads

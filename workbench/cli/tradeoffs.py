@@ -275,11 +275,11 @@ def _add_heads_cost(args) -> int:
     if args.random_config:
         raise WorkbenchError("--mode heads times the heads of the model the table was measured with: drop "
                              "--random-config")
-    out = Path(args.out or args.table)
-    check_output(str(out), "--out")
     from workbench.latency import read_latency
 
-    df = read_latency(args.table)
+    df = read_latency(args.table, "--table")
+    out = Path(args.out or args.table)
+    check_output(str(out), "--out")
     from workbench.measure_latency import add_heads_cost
     from workbench.models import load_model_and_heads
 
