@@ -67,12 +67,12 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
 def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
     """{tokens: {"depth", "heads_seconds"}} of the rows of one batch size whose trees are bufs[tokens]: the depth
     each timed step ran heads to (0 for vanilla's single token) and those heads' proposal cost at this batch
-    (engine.heads_times), so a tree of another depth is priced right (speed.at_depth). Empty values without heads
-    (a bare verify forward: no heads ran)."""
+    (engine.heads_times), so a tree of another depth is priced right (speed.at_depth). Nothing without heads (a
+    bare verify forward: no heads ran, the table has no such columns)."""
     from workbench.engine import heads_times
 
     if heads is None:
-        return {n: dict(depth=None, heads_seconds=None) for n in bufs}
+        return {n: {} for n in bufs}
     times = heads_times(model, heads, batch, range(1, heads.num_heads + 1)) | {0: 0.0}
     return {n: dict(depth=buf.depth if n > 1 else 0, heads_seconds=times[buf.depth if n > 1 else 0])
             for n, buf in bufs.items()}
