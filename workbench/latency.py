@@ -15,6 +15,8 @@ calibration folder, and the typical context it is read at, are calibration.py's.
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 import pandas as pd
 
@@ -81,9 +83,9 @@ def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
         df[SPREAD_COLUMNS] = spread
     present = [c for c in HEADS_COLUMNS if c in df.columns]
     if present and df[present].isna().all().all():  # written without heads (verify mode on a bare model)
-        df = df.drop(columns=present)
-    if any(c in df.columns for c in HEADS_COLUMNS):
-        heads = df[[c for c in HEADS_COLUMNS if c in df.columns]].apply(pd.to_numeric, errors="coerce")
+        df, present = df.drop(columns=present), []
+    if present:
+        heads = df[present].apply(pd.to_numeric, errors="coerce")
         if len(heads.columns) < 2 or heads.isna().any().any() or np.isinf(heads).any().any() or \
                 (heads["depth"] % 1 != 0).any() or (heads < 0).any().any() or \
                 (heads["heads_seconds"] > MAX_SECONDS).any() or \
@@ -241,8 +243,10 @@ def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank:
     if top < 1:
         raise WorkbenchError("the latency table covers no tree: measure at least 2 tokens (1 node + the root)")
     curve = expected_curve(fn, top, max_depth, max_rank)
-    order = [len(p) for p, _ in best_first(fn, top, max_depth, max_rank)]  # prefix n = the optimal n-node tree
-    depths = {n: max(order[:n], default=1) for n in range(1, top + 1)}
+    depths = None
+    if heads is not None:  # the optimal n-node tree is the first n nodes best-first: its depth, a running max
+        deepest = list(accumulate((len(p) for p, _ in best_first(fn, top, max_depth, max_rank)), max)) or [1]
+        depths = {n: deepest[min(n, len(deepest)) - 1] for n in range(1, top + 1)}
     res = speedup_curve(curve, latency, budgets=range(1, top + 1), heads=heads, depths=depths)
     best = res["best"]
     tree = optimal_tree(fn, best["budget"], max_depth, max_rank, name=name or f"hardware_{best['budget']}")

@@ -65,7 +65,8 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
 
 
 def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
-    """{tokens: {"depth", "heads_seconds"}} of the rows of one batch size whose trees are bufs[tokens]: the depth
+    """{tokens: {"depth", "heads_seconds"}} of the rows of one batch size whose trees (TreeBuffers or Trees: only
+    their depth is read; none for the 1-token row) are bufs[tokens]: the depth
     each timed step ran heads to (0 for vanilla's single token) and those heads' proposal cost at this batch
     (engine.heads_times), so a tree of another depth is priced right (speed.at_depth). Nothing without heads (a
     bare verify forward: no heads ran, the table has no such columns)."""
@@ -83,8 +84,6 @@ def add_heads_cost(df: pd.DataFrame, model, heads, what: str = "--table") -> pd.
     batch sizes, for a table written before the heads' cost was kept: its rows' depths are those of the trees both
     modes time (latency_tree(tokens - 1, min(5, heads))), so only a table of this tool, measured with these heads
     in this same setting (device, threads, dtype, versions; the load aside), can be completed."""
-    from workbench.engine import heads_times
-
     where = read_setting(df)
     if where is None or where.get("mode") not in ("decoder-step", "verify"):
         raise WorkbenchError(f"{what}: not a table `workbench latency` wrote with its setting (mode decoder-step or "
@@ -98,10 +97,9 @@ def add_heads_cost(df: pd.DataFrame, model, heads, what: str = "--table") -> pd.
     out = df.drop(columns=[c for c in HEADS_COLUMNS if c in df.columns])
     rows = []
     for b, part in out.groupby("batch", sort=True):
-        times = heads_times(model, heads, int(b), range(1, heads.num_heads + 1)) | {0: 0.0}
-        for r in part.to_dict("records"):
-            d = 0 if int(r["tokens"]) == 1 else latency_tree(int(r["tokens"]) - 1, depth).depth
-            rows.append(dict(r, depth=d, heads_seconds=times[d]))
+        trees = {n: latency_tree(n - 1, depth) if n > 1 else None for n in part["tokens"].astype(int)}
+        cost = heads_cost(model, heads, int(b), trees)
+        rows += [dict(r, **cost[int(r["tokens"])]) for r in part.to_dict("records")]
     return pd.DataFrame(rows, columns=list(out.columns) + HEADS_COLUMNS)
 
 
