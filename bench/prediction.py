@@ -3,13 +3,15 @@ speedup and tokens/step next to what the live decoder measures on held-out promp
 
     python bench/prediction.py --limit 4 --max-new-tokens 16                    # quick check on the demo
     python bench/prediction.py --latency calibration/X/latency-cpu.csv --limit 64 --repeats 3 --threads 2
+    python bench/prediction.py --batch-sizes 1,2,4,8 --repeats 3,3,3,6   # more passes where steps are noisier
 
 Prediction: `plan` itself (plan.calibration_source + plan.rank: the calibration's replay over its held-out answers cut
 to --max-new-tokens, and speedup = tokens/step / (t(n+1)/t(1)) from the latency table, with its range over the
 latency quartiles). `replay_these` is the replay over the answers of exactly the prompts decoded here: a lossless
 greedy decoder must measure it (it separates the prompt sample from the model). Measurement: at every batch size the
 held-out prompts are decoded B at a time, vanilla greedy and then every candidate on the same batch back to back
-(a load change hits them alike; one vanilla pass serves all candidates); one repeat = one pass over the prompts; every quantity from speed.py, its spread over repeats.
+(a load change hits them alike; one vanilla pass serves all candidates); one repeat = one pass over the prompts;
+every quantity from speed.py, its spread over repeats.
 The speedup compared is the decoding phase's (speed.decode_speedup: what plan predicts; the prefill is the same
 work for both methods); the end-to-end one (prefill included) and the prefill's share stand beside it, with the
 two parts of every prediction: the batch's tokens/step (it waits for its slowest sequence) and the step's cost over
@@ -57,18 +59,19 @@ def plan_top(cal: Calibration, latency_df, batch_sizes, top: int, max_new_tokens
     return out, dict(src["info"], context=ctx)
 
 
-def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeats: int, engine,
+def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeats: dict, engine,
             progress=print, state=None) -> dict:
     """{batch: {tree name: {quantity: [per repeat]}}}, every number speed.py's: the decoding phase's speedup (what
     plan predicts), the end-to-end one (prefill included), each sequence's and the whole batch's tokens/step, the
-    step's cost over vanilla's (overhead) and vanilla's prefill share. `state` (io.WorkState): each finished batch
-    size is kept, so a killed run rerun measures only the batch sizes it had not finished."""
+    step's cost over vanilla's (overhead) and vanilla's prefill share; `repeats` is {batch: passes}. `state`
+    (io.WorkState): each finished batch size is kept, so a killed run rerun measures only the batch sizes it had
+    not finished."""
     out = {}
     for b, top in picks.items():
         if state is not None and state.get(f"batch-{b}") is not None:
             progress(f"batch {b}: kept from the killed run")
-        measure_one = lambda: measure_batch(model, heads, tok, prompts, b, top, max_new_tokens, repeats,  # noqa: E731
-                                            engine, progress)
+        measure_one = lambda: measure_batch(model, heads, tok, prompts, b, top, max_new_tokens,  # noqa: E731
+                                            repeats[b], engine, progress)
         out[b] = measure_one() if state is None else state.piece(f"batch-{b}", measure_one)
     return out
 
@@ -158,11 +161,25 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=5, help="candidates of plan per batch size (default 5)")
     ap.add_argument("--limit", type=int, default=64, help="held-out prompts decoded (default 64)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=3, help="passes over the prompts (the spread; default 3)")
+    ap.add_argument("--repeats", default="3", help="passes over the prompts (the spread; default 3), or one count per "
+                    "batch size, smallest first (3,3,3,6: more where a step's time is noisier)")
     ap.add_argument("--threads", type=int, help="torch CPU threads")
     ap.add_argument("--device")
     ap.add_argument("--out", default=str(DEFAULT_OUT))
     return run_script(ap, run, argv)
+
+
+def repeats_at(text: str, batch_sizes: list[int]) -> dict:
+    """{batch: passes} from --repeats: one count for every batch size, or one per batch size, smallest first."""
+    try:
+        counts = [int(n) for n in str(text).split(",")]
+    except ValueError:
+        counts = []
+    counts = counts * len(batch_sizes) if len(counts) == 1 else counts
+    if len(counts) != len(batch_sizes) or min(counts, default=0) < 1:
+        raise WorkbenchError(f"--repeats {text}: give one positive count, or one per batch size "
+                             f"({len(batch_sizes)}: {','.join(map(str, batch_sizes))})")
+    return dict(zip(batch_sizes, counts))
 
 
 def run(args) -> int:
@@ -174,8 +191,9 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     batch_sizes = sorted({int(b) for b in str(args.batch_sizes).split(",") if b.strip()})
-    if not batch_sizes or batch_sizes[0] < 1 or args.top < 1 or args.repeats < 1 or args.max_new_tokens < 1:
-        raise WorkbenchError("--batch-sizes, --top, --repeats and --max-new-tokens must be positive")
+    repeats = repeats_at(args.repeats, batch_sizes)
+    if not batch_sizes or batch_sizes[0] < 1 or args.top < 1 or args.max_new_tokens < 1:
+        raise WorkbenchError("--batch-sizes, --top and --max-new-tokens must be positive")
     cal = Calibration(args.calibration or default_calibration())
     lat = args.latency or next(iter(cal.latency_files()), None)
     if lat is None:
@@ -199,9 +217,9 @@ def run(args) -> int:
     # every finished batch size is kept beside --out until the JSON is written: a killed run resumes
     state = WorkState(args.out, dict(command="bench/prediction.py", calibration=str(cal.folder), latency=str(lat),
                                      prompts=[pid for pid, _ in records], max_new_tokens=args.max_new_tokens,
-                                     repeats=args.repeats, model=model_name, heads=heads, setting=without_load(here),
+                                     repeats=repeats, model=model_name, heads=heads, setting=without_load(here),
                                      picks={b: [c["tree"].as_lists() for c in top] for b, top in picks.items()}))
-    measured = measure(model, hd, tok, prompts, picks, args.max_new_tokens, args.repeats, engine,
+    measured = measure(model, hd, tok, prompts, picks, args.max_new_tokens, repeats, engine,
                        lambda s: print(s, file=sys.stderr), state)
     rows = rows_of(picks, measured, cal, [pid for pid, _ in records], args.max_new_tokens)
     lat_setting = read_setting(latency_df)
@@ -209,9 +227,10 @@ def run(args) -> int:
     warning = mismatch_warning(lat_setting, here, "bench/prediction.py")
     atomic_write_json(args.out, dict(calibration=str(cal.folder), latency=str(lat), source=info, setting=here,
                                      latency_setting=lat_setting, setting_warning=warning, prompts=len(prompts),
-                                     max_new_tokens=args.max_new_tokens, repeats=args.repeats, rows=rows))
-    print(f"{cal.folder.name}: {len(prompts)} held-out prompts, {args.max_new_tokens} new tokens, {args.repeats} "
-          f"repeats; latency {Path(lat).name} at context {info['context']}\nthis run: {describe(here)}\n"
+                                     max_new_tokens=args.max_new_tokens, repeats=repeats, rows=rows))
+    print(f"{cal.folder.name}: {len(prompts)} held-out prompts, {args.max_new_tokens} new tokens, "
+          f"{'/'.join(map(str, repeats.values()))} repeats at batch {'/'.join(map(str, repeats))}; latency "
+          f"{Path(lat).name} at context {info['context']}\nthis run: {describe(here)}\n"
           f"latency:  {describe(lat_setting)}")
     print(table(rows))
     for note in ([warning] if warning else []) + (["WARNING: busy machine (load average above half the cores): the "

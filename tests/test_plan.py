@@ -605,9 +605,10 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
     bench = _prediction_bench()
     out = tmp_path / "prediction.json"
     assert bench.main(["--calibration", str(calib), "--latency", str(flat_latency), "--batch-sizes", "1,2",
-                       "--top", "2", "--limit", "2", "--max-new-tokens", "6", "--repeats", "2", "--device", "cpu",
+                       "--top", "2", "--limit", "2", "--max-new-tokens", "6", "--repeats", "2,3", "--device", "cpu",
                        "--out", str(out)]) == 0
     res = json.loads(out.read_text())
+    assert res["repeats"] == {"1": 2, "2": 3}
     assert [(r["batch_size"]) for r in res["rows"]] == [1, 1, 2, 2] and res["prompts"] == 2
     assert res["setting"]["threads"] >= 1 and "load_average" in res["setting"] and res["latency_setting"] is None
     assert "provenance unknown" in res["setting_warning"]
@@ -617,7 +618,7 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
     answers = cal.answers("all", 6)
     these = answer_rows(answers[answers["prompt_id"].isin([pid for pid, _ in cal.holdout_prompts(2)])])
     for r in res["rows"]:
-        assert r["repeats"] == 2 and r["speedup_q1"] <= r["measured_speedup"] <= r["speedup_q3"]
+        assert r["repeats"] == r["batch_size"] + 1 and r["speedup_q1"] <= r["measured_speedup"] <= r["speedup_q3"]
         assert r["measured_tokens_per_step"] == pytest.approx(r["replay_these"])
         # the two prompts form the one batch of 2: its tokens/step is the batch walk over their answers, exactly
         tree = make_tree(r["medusa_choices"])
@@ -629,4 +630,10 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
         assert r["measured_step_ratio"] > 0 and 0 < r["prefill_share"] < 1 and r["end_to_end_speedup"] > 0
         assert r["speedup_err_pct"] == pytest.approx(100 * (r["predicted_speedup"] / r["measured_speedup"] - 1))
     printed = capsys.readouterr()
-    assert "speedup pred (range)" in printed.out and "WARNING" in printed.err
+    assert "speedup pred (range)" in printed.out and "WARNING" in printed.err and "2/3 repeats at batch 1/2" in printed.out
+    for bad in ("2,2,2", "0", "two"):  # one count, or one per batch size, each positive: else one error line
+        assert bench.main(["--calibration", str(calib), "--batch-sizes", "1,2", "--repeats", bad, "--out",
+                           str(tmp_path / "bad.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --repeats") and "one per batch size" in err and "Traceback" not in err
+    assert not (tmp_path / "bad.json").exists()
