@@ -161,7 +161,7 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
     ones of as many tokens: with the heads' cost beside the table (depth, heads_seconds) a tree is priced at its own
     depth, t(n) - h(depth timed) + h(its depth), the same in plan's ranking and for any tree the app scores; a
     table without those columns is priced as timed; half-filled columns are one error."""
-    from workbench.plan import at_batch, candidates, rank
+    from workbench.plan import at_batch, rank
     from workbench.recommend import latency_tables, tree_speedup
     from workbench.speed import at_depth, priced
 
@@ -630,7 +630,8 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
         assert r["measured_step_ratio"] > 0 and 0 < r["prefill_share"] < 1 and r["end_to_end_speedup"] > 0
         assert r["speedup_err_pct"] == pytest.approx(100 * (r["predicted_speedup"] / r["measured_speedup"] - 1))
     printed = capsys.readouterr()
-    assert "speedup pred (range)" in printed.out and "WARNING" in printed.err and "2/3 repeats at batch 1/2" in printed.out
+    assert "speedup pred (range)" in printed.out and "2/3 repeats at batch 1/2" in printed.out
+    assert "WARNING" in printed.err
     for bad in ("2,2,2", "0", "two"):  # one count, or one per batch size, each positive: else one error line
         assert bench.main(["--calibration", str(calib), "--batch-sizes", "1,2", "--repeats", bad, "--out",
                            str(tmp_path / "bad.json")]) == 2
