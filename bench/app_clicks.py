@@ -1,12 +1,12 @@
 """Click times of the app in a real browser, and its tables at 1280 px: `streamlit run app.py` (headless, a free
 port) driven in headless Chromium through a fixed script of clicks on every page (latency table, batch size, tree
 on display, acceptance model, budget, a tree node, tabs, calibration split, trade-offs inputs and tabs, page
-changes). Each click is timed from the action until the script run it set off has finished and the browser painted
-it (Streamlit's own run state, workbench/ui/browser.py): first on a fresh server (nothing cached), then repeated in a
-new session (the server's caches warm). The server's own time per run ($WORKBENCH_APP_TIMINGS) is beside it: the rest
-is the browser and the transfer. Then, at 1280 x 900 with every expander open and each tab in turn, every table on
-every page is checked for cut columns (a horizontal scroll bar, or columns past the window) and every page for
-sideways overflow.
+changes). Each click is timed from its first press (mouse or key; not Selenium's finding of the element) until the
+script run it set off has finished and the browser painted it (Streamlit's own run state, workbench/ui/browser.py):
+first on a fresh server (nothing cached), then repeated in a new session (the server's caches warm). The server's
+own time per run ($WORKBENCH_APP_TIMINGS) is beside it: the rest is the browser and the transfer. Then, at 1280 x
+900 with every expander open and each tab in turn, every table on every page is checked for cut columns (a
+horizontal scroll bar, or columns past the window) and every page for sideways overflow.
 
     python bench/app_clicks.py                          # the committed calibration and results (what the demo shows)
     python bench/app_clicks.py --passes 3 --out /tmp/clicks.json
@@ -386,9 +386,9 @@ def main(argv=None) -> int:
     result = dict(setting=where, loaded=loaded(where), load_average_before=list(load_before),
                   load_average_after=list(load_after), window=list(WINDOW), versions=info, passes=args.passes,
                   server=cpu, clicks=lines, runs=rows, tables=tables, errors=len(errs),
-                  note="seconds: from the action until the script run it set off finished and the browser painted it; "
-                       "pass 1 on a fresh server (uncached), later passes in a new session with the server's caches "
-                       "warm; server_seconds: the app's own run time ($WORKBENCH_APP_TIMINGS)")
+                  note="seconds: from the click's first press until the script run it set off finished and the "
+                       "browser painted it; pass 1 on a fresh server (uncached), later passes in a new session "
+                       "with the server's caches warm; server_seconds: the app's own run time ($WORKBENCH_APP_TIMINGS)")
     atomic_write_json(args.out, result)
     print(f"wrote {args.out}")
     return 0

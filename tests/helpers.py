@@ -282,3 +282,14 @@ def freeze_when(pid: int, ready, alive, rng: random.Random, what: str, timeout: 
             os.kill(pid, signal.SIGSTOP)
         except ProcessLookupError:
             raise AssertionError(f"{what}: process {pid} ended before the kill point") from None
+
+
+def plotly_values(v) -> np.ndarray:
+    """An array of a figure spec as sent to the browser: plotly encodes numpy arrays as typed arrays
+    ({"dtype", "bdata" (base64), "shape"}), which plotly.io.from_json leaves encoded."""
+    import base64
+
+    if isinstance(v, dict) and "bdata" in v:
+        shape = [int(n) for n in str(v.get("shape", "-1")).split(",")]
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"])).reshape(shape)
+    return np.asarray(v)

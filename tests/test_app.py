@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import make_calibration, make_current_sweep, make_latency, make_sweep, make_walk_files
+from helpers import make_calibration, make_current_sweep, make_latency, make_sweep, make_walk_files, plotly_values
 
 from workbench import REPO_ROOT
 
@@ -289,7 +289,8 @@ def test_selected_node_highlights_its_mask_row(demo_files, monkeypatch):
     charts = [pio.from_json(c.proto.spec, skip_invalid=True) for c in at.get("plotly_chart")]
     mask = next(c for c in charts if c.data and c.data[0].type == "heatmap" and len(c.data) == 2)
     assert any(m.value == "**tree-attention mask (64x64; row 3 selected)**" for m in at.markdown)  # its title
-    z = np.asarray(mask.data[0].z)
+    z = plotly_values(mask.data[0].z)  # an int8 typed array on the wire
+    assert z.shape == (64, 64)
     assert (z[3] >= 2).all() and (z[np.arange(len(z)) != 3] < 2).all()  # only row 3 is highlighted
     assert any(m.value.startswith("**row 3**") for m in at.markdown)
 

@@ -121,3 +121,14 @@ def test_latency_chart_names_lines_by_what_differs_and_draws_the_spread():
     assert "no spread" not in fig.layout.title.text
     medians = interactive_figures.latency_chart(df.drop(columns=["seconds_q1", "seconds_q3"]))
     assert "no spread measured" in medians.layout.title.text
+
+
+def test_tree_and_mask_pin_their_margins():
+    """The designer redraws its tree and mask on every click: with their margins fixed up front (room for the axis
+    labels, the colour bar, a diff's legend) plotly draws each once, where automatic margins draw it twice."""
+    figs = [interactive_figures.tree_chart(SPEC, {p: 0.5 ** len(p) for p in SPEC.paths}),
+            interactive_figures.tree_chart(SPEC, status={(2,): "only in A"}), interactive_figures.mask_chart(SPEC)]
+    for fig in figs:
+        assert fig.layout.margin.autoexpand is False and fig.layout.margin.l >= 50
+        assert not fig.layout.xaxis.automargin and not fig.layout.yaxis.automargin
+    assert figs[0].layout.margin.r > 100 and figs[1].layout.margin.b >= 40  # the colour bar; the legend below

@@ -23,6 +23,9 @@ from workbench.tree import RankPath, Tree, tree_buffers, tree_diff
 FOCUS = "crimson"
 STATUS_COLOURS = {"shared": "#9aa5b1", "only in A": "#e4572e", "only in B": "#2e86ab"}
 EDGE_BINS = 6
+# margins fixed up front: plotly's automatic margins draw a figure twice (measure, grow the margin, redraw), and the
+# designer redraws its tree and mask on every click
+PINNED = dict(t=50, b=10, autoexpand=False)
 
 
 def node_names(tree: Tree) -> list[RankPath]:
@@ -110,8 +113,9 @@ def tree_chart(tree: Tree, probs: dict[RankPath, float] | None = None, labels: d
                         line=dict(width=line_w, color=line_c), opacity=0.9, **extra)))
     fig.update_layout(
         title=title or f"{tree.name or 'tree'}: {tree.nodes} nodes, depth {tree.depth}",
-        height=170 + 95 * tree.depth, margin=dict(l=10, r=10, t=50, b=10), plot_bgcolor="white",
-        dragmode="zoom", hovermode="closest", uniformtext=dict(minsize=6),
+        height=170 + 95 * tree.depth,
+        margin=PINNED | dict(l=55, r=115 if probs and not status else 10, b=40 if status else 10),  # colour bar, legend
+        plot_bgcolor="white", dragmode="zoom", hovermode="closest",
         legend=dict(orientation="h", yanchor="top", y=0.0, xanchor="left", x=0.0))  # below: clear of the title
     fig.update_xaxes(visible=False)
     fig.update_yaxes(tickvals=[-d for d in range(tree.depth + 1)], zeroline=False, showgrid=False,
@@ -132,12 +136,12 @@ def mask_chart(tree: Tree, focus: int | None = None, topk: int | None = None) ->
     mask = tree_buffers(tree, topk or max(tree.max_rank + 1, 1))["attn_mask"].numpy()  # [n+1, n+1]
     n = mask.shape[0]
     names = [str(list(p)) if p else "root" for p in node_names(tree)]
-    z = mask.copy()  # 0 masked, 1 may attend; the focus row: 2 masked, 3 may attend
+    z = mask.copy()  # 0 masked, 1 may attend; the focus row: 2 masked, 3 may attend (an array: validated at once)
     if focus is not None and 0 <= focus < n:
         z[focus] += 2
     steps = ["white", "#56606b", "#f8d3da", FOCUS]
     scale = [[edge, c] for i, c in enumerate(steps) for edge in (i / 4, (i + 1) / 4)]
-    fig = go.Figure(go.Heatmap(z=z.tolist(), zmin=-0.5, zmax=3.5, showscale=False, hoverinfo="skip", colorscale=scale,
+    fig = go.Figure(go.Heatmap(z=z.astype(np.int8), zmin=-0.5, zmax=3.5, showscale=False, hoverinfo="skip", colorscale=scale,
                                xgap=0.5 if n <= 70 else 0, ygap=0.5 if n <= 70 else 0))
     rows, cols = np.nonzero(mask)  # selectable points on every allowed cell: a click anywhere on a row picks it
     fig.add_trace(go.Scatter(
@@ -147,7 +151,7 @@ def mask_chart(tree: Tree, focus: int | None = None, topk: int | None = None) ->
         hovertemplate="%{hovertext}<extra></extra>"))
     ticks = integer_ticks(n)
     fig.update_layout(title=f"tree-attention mask ({n}x{n}; row {focus} selected)" if focus is not None
-                      else f"tree-attention mask ({n}x{n})", height=560, margin=dict(l=10, r=10, t=50, b=10),
+                      else f"tree-attention mask ({n}x{n})", height=560, margin=PINNED | dict(l=55, r=10, b=50),
                       plot_bgcolor="white", dragmode="zoom", hovermode="closest")
     fig.update_xaxes(title="key node (buffer index, 0 = root)", tickmode="array", tickvals=ticks,
                      range=[-0.5, n - 0.5], constrain="domain", showgrid=False)

@@ -396,10 +396,14 @@ def chart_point(driver, chart: int, i: int, click: bool) -> None:
 # ----------------------------------------------------------------------------------------------- measurements
 
 # Every change of Streamlit's run state (the app root's data-test-script-state: running, notRunning, ...) with its
-# time, and two animation frames after each end of a run (the browser has painted what the run sent).
+# time, and two animation frames after each end of a run (the browser has painted what the run sent); and the time
+# of the first press (mouse, pointer or key) since the last reset: where the user's click begins.
 _WATCH = """
 if (!window.__runs) {
   window.__runs = [];
+  window.__press = null;
+  for (const kind of ['pointerdown', 'mousedown', 'keydown'])
+    document.addEventListener(kind, () => { if (window.__press === null) window.__press = performance.now(); }, true);
   const app = document.querySelector('[data-testid="stApp"]');
   const note = () => {
     const state = app.getAttribute('data-test-script-state');
@@ -415,13 +419,16 @@ return performance.now();
 
 
 def timed_click(driver, action, quiet: float = 0.6, timeout: float = 180) -> dict:
-    """Run `action()` (a click, a pick, keys) and time it as the user sees it: from just before the action until
-    the last script run it set off has finished and the browser painted it, with no new run for `quiet` s after.
-    {"seconds" (None when no run started), "runs" (script runs seen: a fragment rerun counts as one)}."""
+    """Run `action()` (a click, a pick, keys) and time it as the user sees it: from the action's first press (mouse
+    or key; Selenium's finding and scrolling to the element before it is not the user's time; just before the
+    action when it presses nothing) until the last script run it set off has finished and the browser painted it,
+    with no new run for `quiet` s after. {"seconds" (None when no run started), "runs" (script runs seen: a
+    fragment rerun counts as one)}."""
     driver.execute_script(_WATCH)
-    driver.execute_script("window.__runs.length = 0;")
+    driver.execute_script("window.__runs.length = 0; window.__press = null;")
     start = driver.execute_script("return performance.now();")
     action()
+    start = driver.execute_script("return window.__press;") or start
     deadline = time.time() + timeout
     while time.time() < deadline:
         runs = driver.execute_script("return window.__runs;")

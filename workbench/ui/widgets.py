@@ -325,8 +325,9 @@ def chart(fig, caption: str | None = None, key: str | None = None, on_select=Non
         st.markdown(f"**{title}**")
         fig.update_layout(title=None, margin=dict(t=30))
     fig.update_layout(plot_bgcolor="white", xaxis_gridcolor="#ebebeb", yaxis_gridcolor="#ebebeb")
-    fig.update_xaxes(automargin=True)  # room for tick labels and the axis title (Streamlit's template has none)
-    fig.update_yaxes(automargin=True)
+    if fig.layout.margin.autoexpand is not False:  # a figure that pins its margins is drawn once, not twice
+        fig.update_xaxes(automargin=True)  # room for tick labels and the axis title (Streamlit's template has none)
+        fig.update_yaxes(automargin=True)
     select = {} if on_select is None else dict(on_select=on_select, selection_mode="points")
     st.plotly_chart(fig, key=key, config={"displaylogo": False}, theme=None, **select)
     if caption:
