@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibration import Calibration, decoder_walk, default_calibration  # noqa: E402
-from workbench.cli.shared import run_script  # noqa: E402
+from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.io import WorkState, atomic_write_json, remove_work  # noqa: E402
 from workbench.latency import latency_surface, read_latency  # noqa: E402
 from workbench.plan import at_batch, calibration_source, candidates, rank  # noqa: E402
@@ -190,10 +190,10 @@ def run(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    batch_sizes = sorted({int(b) for b in str(args.batch_sizes).split(",") if b.strip()})
+    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
     repeats = repeats_at(args.repeats, batch_sizes)
-    if not batch_sizes or batch_sizes[0] < 1 or args.top < 1 or args.max_new_tokens < 1:
-        raise WorkbenchError("--batch-sizes, --top and --max-new-tokens must be positive")
+    if args.top < 1 or args.max_new_tokens < 1:
+        raise WorkbenchError("--top and --max-new-tokens must be positive")
     cal = Calibration(args.calibration or default_calibration())
     lat = args.latency or next(iter(cal.latency_files()), None)
     if lat is None:

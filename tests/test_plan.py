@@ -637,4 +637,8 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
                            str(tmp_path / "bad.json")]) == 2
         err = capsys.readouterr().err
         assert err.startswith("error: --repeats") and "one per batch size" in err and "Traceback" not in err
+    for bad in ("x", ""):  # the batch sizes are read first, as every command reads them
+        assert bench.main(["--calibration", str(calib), "--batch-sizes", bad, "--out", str(tmp_path / "bad.json")]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --batch-sizes") and "positive integers" in err and "Traceback" not in err
     assert not (tmp_path / "bad.json").exists()

@@ -177,7 +177,8 @@ def test_heads_cost_completes_a_table_measured_before_it_was_kept(tiny_llama, tm
     assert main(args) == 2 and "not a table `workbench latency` wrote" in capsys.readouterr().err
     assert path.read_bytes() == before
     assert main(args[:3] + ["--table", str(tmp_path / "none.csv")]) == 2  # named by its own flag, before any model
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: --table {tmp_path / 'none.csv'}: no such")
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"error: --table {tmp_path / 'none.csv'}: no such")
     assert main(["latency", "--mode", "heads"]) == 2 and "--table FILE" in capsys.readouterr().err
 
 

@@ -136,12 +136,13 @@ def mask_chart(tree: Tree, focus: int | None = None, topk: int | None = None) ->
     mask = tree_buffers(tree, topk or max(tree.max_rank + 1, 1))["attn_mask"].numpy()  # [n+1, n+1]
     n = mask.shape[0]
     names = [str(list(p)) if p else "root" for p in node_names(tree)]
-    z = mask.copy()  # 0 masked, 1 may attend; the focus row: 2 masked, 3 may attend (an array: validated at once)
+    z = mask.astype(np.int8)  # 0 masked, 1 may attend; the focus row: 2 masked, 3 may attend (an array: validated
+    # at once, where nested lists are validated cell by cell)
     if focus is not None and 0 <= focus < n:
         z[focus] += 2
     steps = ["white", "#56606b", "#f8d3da", FOCUS]
     scale = [[edge, c] for i, c in enumerate(steps) for edge in (i / 4, (i + 1) / 4)]
-    fig = go.Figure(go.Heatmap(z=z.astype(np.int8), zmin=-0.5, zmax=3.5, showscale=False, hoverinfo="skip", colorscale=scale,
+    fig = go.Figure(go.Heatmap(z=z, zmin=-0.5, zmax=3.5, showscale=False, hoverinfo="skip", colorscale=scale,
                                xgap=0.5 if n <= 70 else 0, ygap=0.5 if n <= 70 else 0))
     rows, cols = np.nonzero(mask)  # selectable points on every allowed cell: a click anywhere on a row picks it
     fig.add_trace(go.Scatter(

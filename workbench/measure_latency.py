@@ -66,10 +66,10 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
 
 def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
     """{tokens: {"depth", "heads_seconds"}} of the rows of one batch size whose trees (TreeBuffers or Trees: only
-    their depth is read; none for the 1-token row) are bufs[tokens]: the depth
-    each timed step ran heads to (0 for vanilla's single token) and those heads' proposal cost at this batch
-    (engine.heads_times), so a tree of another depth is priced right (speed.at_depth). Nothing without heads (a
-    bare verify forward: no heads ran, the table has no such columns)."""
+    their depth is read; none for the 1-token row) are bufs[tokens]: the depth each timed step ran heads to (0 for
+    vanilla's single token) and those heads' proposal cost at this batch (engine.heads_times), so a tree of another
+    depth is priced right (speed.at_depth). Nothing without heads (a bare verify forward: no heads ran, the table
+    has no such columns)."""
     from workbench.engine import heads_times
 
     if heads is None:
