@@ -29,7 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.calibration import Calibration, decoder_walk, default_calibration  # noqa: E402
+from workbench.calibration import (Calibration, decoder_walk, default_calibration,  # noqa: E402
+                                   list_calibrations)
 from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.io import WorkState, atomic_write_json, remove_work  # noqa: E402
 from workbench.latency import latency_surface, read_latency  # noqa: E402
@@ -153,7 +154,8 @@ def table(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--calibration", help="calibration folder (default: the first under calibration/)")
+    ap.add_argument("--calibration", help="calibration folder (default: the first under calibration/ with a latency "
+                                          "CSV, else the first)")
     ap.add_argument("--latency", help="latency CSV (default: the calibration's only latency-*.csv)")
     ap.add_argument("--model", help="default: the calibration's model")
     ap.add_argument("--heads", help="default: the calibration's heads")
@@ -194,7 +196,8 @@ def run(args) -> int:
     repeats = repeats_at(args.repeats, batch_sizes)
     if args.top < 1 or args.max_new_tokens < 1:
         raise WorkbenchError("--top and --max-new-tokens must be positive")
-    cal = Calibration(args.calibration or default_calibration())
+    cal = Calibration(args.calibration or next((c for c in list_calibrations() if Calibration(c).latency_files()),
+                                               None) or default_calibration())
     lat = args.latency or next(iter(cal.latency_files()), None)
     if lat is None:
         raise WorkbenchError(f"no latency CSV in {cal.folder}: measure one (`workbench latency --calibration "

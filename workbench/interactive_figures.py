@@ -207,14 +207,16 @@ def comparison_chart(a: Tree, b: Tree, title: str | None = None) -> go.Figure:
 
 # ----------------------------------------------------------------------------------------------- values to read
 
-def _layout(fig: go.Figure, title: str, height: int = 380, **kw) -> go.Figure:
+def _layout(fig: go.Figure, title: str, height: int = 380, right: int = 10, **kw) -> go.Figure:
     """Short title on the left (the app writes it above the chart instead), legend in two columns at the bottom of
-    the figure, below the axis title in a margin sized for it: never over the data, the axis or the toolbar."""
+    the figure, below the axis title in a margin sized for it: never over the data, the axis or the toolbar. The
+    left margin (`right`: the right one) already fits an axis title and short tick labels, so plotly's automatic
+    margins (the app turns them on) rarely grow it: growing one draws the figure twice."""
     names = [t.name for t in fig.data if t.showlegend is not False and t.name]
     columns = 2 if all(len(n) <= 26 for n in names) else 1  # a long name gets the whole width
     rows = -(-len(names) // columns)
     fig.update_layout(title=dict(text=title, x=0.0, xanchor="left", font=dict(size=14)), height=height + 22 * rows,
-                      margin=dict(l=10, r=10, t=40, b=64 + 22 * rows), plot_bgcolor="white", hovermode="closest",
+                      margin=dict(l=72, r=right, t=40, b=64 + 22 * rows), plot_bgcolor="white", hovermode="closest",
                       legend=dict(orientation="h", yref="container", yanchor="bottom", y=0.0, xanchor="left", x=0.0,
                                   entrywidthmode="fraction", entrywidth=1.0 / columns), **kw)
     fig.update_xaxes(showgrid=True, gridcolor="#eeeeee", zeroline=False)
@@ -233,7 +235,7 @@ def accuracy_chart(acc: np.ndarray) -> go.Figure:
         hovertemplate="%{y}, rank %{x}: a = %{z:.4f}<extra></extra>", colorbar=dict(title="a_k^(i)", thickness=12)))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="rank i (0 = top-1)", type="category")
-    return _layout(fig, "per-head accuracy at each rank", height=140 + 45 * k)
+    return _layout(fig, "per-head accuracy at each rank", height=140 + 45 * k, right=90)  # the colour bar
 
 
 def topk_chart(acc: np.ndarray) -> go.Figure:
@@ -401,7 +403,7 @@ def epsilon_chart(sweep, quality: str = "exact_match", mark: float | None = None
     fig.update_layout(yaxis=dict(title="tokens per step (solid)"),
                       yaxis2=dict(title=f"{quality.replace('_', ' ')} (dashed)", overlaying="y", side="right",
                                   showgrid=False))
-    return _layout(fig, "tokens per step and quality vs epsilon")
+    return _layout(fig, "tokens per step and quality vs epsilon", right=72)  # the second y axis
 
 
 def predicted_chart(sweep) -> go.Figure:
