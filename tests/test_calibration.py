@@ -115,6 +115,9 @@ def test_walk_equals_its_definition(seed):
         walk, mean = _walk_by_definition(tree, prompts)
         assert decoder_walk(tree, ranks) == walk
         assert measured_acceptance(tree, ranks) == mean
+        # the prompts' rows interleaved (each prompt's own rows still in order): the same walk
+        assert decoder_walk(tree, ranks.iloc[np.argsort(ranks.groupby("prompt_id").cumcount().to_numpy(),
+                                                        kind="stable")]) == walk
 
 
 def _steps_by_definition(tree, mat: np.ndarray) -> int:

@@ -155,9 +155,10 @@ def decoder_walk(tree, ranks: pd.DataFrame) -> float:
 def answer_rows(ranks: pd.DataFrame) -> tuple[np.ndarray, list[int]]:
     """Every prompt's rank rows, prompt after prompt, as one matrix [positions, K], and each prompt's position count
     (the grouping is most of a walk's cost: a Calibration keeps it)."""
-    groups = [rank_matrix(group) for _, group in ranks.groupby("prompt_id", sort=False)]
-    K = len(head_columns(ranks))
-    return (np.concatenate(groups) if groups else np.zeros((0, K), dtype=np.int64)), [len(g) for g in groups]
+    codes, _ = pd.factorize(ranks["prompt_id"])  # prompts in order of first appearance (no key: dropped)
+    keep = np.flatnonzero(codes >= 0)
+    order = keep[np.argsort(codes[keep], kind="stable")]  # each prompt's rows together, in their own order
+    return rank_matrix(ranks)[order], np.bincount(codes[keep]).tolist()
 
 
 def accepted_depths(tree, mat: np.ndarray) -> np.ndarray:

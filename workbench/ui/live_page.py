@@ -94,12 +94,6 @@ def predicted_for(folder: str | None, spec: str | None, max_new: int) -> dict | 
 
 
 def _live_page() -> None:
-    import torch  # here, not at the top: the other pages open without loading torch
-
-    from workbench.decode import Acceptance, medusa_generate, vanilla_generate
-    from workbench.divergence import compare
-    from workbench.generation import prepare_prompt
-
     st.title("Live decode")
     with st.sidebar:
         spec = tree_choice()
@@ -124,9 +118,9 @@ def _live_page() -> None:
         model = st.text_input("Model (blank: the demo SmolLM2-135M-Instruct)", key="live_model").strip()
         heads = st.text_input("Heads (blank: the demo heads)", key="live_heads").strip()
         device = st.selectbox("device", ["auto", "cpu", "cuda"], key="live_device")
-        threads = st.number_input("torch CPU threads", 1, max(os.cpu_count() or 1, torch.get_num_threads()),
-                                  torch.get_num_threads(), key="live_threads",
-                                  help="torch.set_num_threads for this decode (process-wide; default: the current "
+        threads = st.number_input("torch CPU threads", 1, os.cpu_count() or 1, None, key="live_threads",
+                                  placeholder="torch's current setting",
+                                  help="torch.set_num_threads for this decode (process-wide; empty: torch's current "
                                        "setting); more threads than free cores slow small models down")
         vanilla = st.checkbox("also run vanilla greedy", value=True, key="live_vanilla")
         folders = [str(f) for f in calibration_folders()]
@@ -136,12 +130,20 @@ def _live_page() -> None:
     prompt = st.text_area("Prompt", "Give three tips for staying healthy.", key="live_prompt")
     if st.button("Load model and generate", type="primary", key="live_go"):
         st.session_state.pop("live_result", None)  # a failed run must not leave the last result under its error
+        # torch and the decoder (transformers, torch's compiler) load on the first press, not on the page's first draw
+        import torch
+
+        from workbench.decode import Acceptance, medusa_generate, vanilla_generate
+        from workbench.divergence import compare
+        from workbench.generation import prepare_prompt
+
         try:
             if not spec:
                 raise WorkbenchError("no tree: pick one or type a literal like [[0], [0, 0], [1]]")
             tree = load_tree(spec)
             rule = Acceptance(kind, temperature, epsilon, delta, top_p)
-            torch.set_num_threads(int(threads))
+            if threads is not None:
+                torch.set_num_threads(int(threads))
             status = st.status(f"Loading {model or 'the demo model'} and its heads...", expanded=True)
             try:
                 start = time.perf_counter()
