@@ -209,9 +209,9 @@ def comparison_chart(a: Tree, b: Tree, title: str | None = None) -> go.Figure:
 
 def _layout(fig: go.Figure, title: str, height: int = 380, right: int = 10, **kw) -> go.Figure:
     """Short title on the left (the app writes it above the chart instead), legend in two columns at the bottom of
-    the figure, below the axis title in a margin sized for it: never over the data, the axis or the toolbar. The
-    left margin (`right`: the right one) already fits an axis title and short tick labels, so plotly's automatic
-    margins (the app turns them on) rarely grow it: growing one draws the figure twice."""
+    the figure, below the axis title in a margin sized for it: never over the data, the axis or the toolbar. The left
+    margin, and `right` where a colour bar or second axis sits, already fit an axis title and short tick labels, so
+    plotly's automatic margins (the app turns them on) rarely grow them: growing one draws the figure twice."""
     names = [t.name for t in fig.data if t.showlegend is not False and t.name]
     columns = 2 if all(len(n) <= 26 for n in names) else 1  # a long name gets the whole width
     rows = -(-len(names) // columns)
