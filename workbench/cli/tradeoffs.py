@@ -133,8 +133,9 @@ def cmd_plan(args) -> int:
         print(f"prediction assumes: {src['regime']}", file=sys.stderr)
     print(f"latency setting: {describe(lat['setting'])}", file=sys.stderr)
     print("step cost: " + ("each candidate at its own depth (the table measured the heads' cost)"
-                           if lat.get("heads_cost") else "as the table timed it, whatever a candidate's depth (no heads' cost in the table: "
-                                "`workbench latency --mode heads --table FILE` adds it)"), file=sys.stderr)
+                           if lat.get("heads_cost") else
+                           "as the table timed it, whatever a candidate's depth (no heads' cost in the table: "
+                           "`workbench latency --mode heads --table FILE` adds it)"), file=sys.stderr)
     if lat["setting"] is None or lat["setting"].get("mode") != "decoder-step":
         print("WARNING: the latency table times the bare verify forward (or does not say what it timed): the "
               "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
