@@ -182,16 +182,20 @@ def test_heads_cost_completes_a_table_measured_before_it_was_kept(tiny_llama, tm
     assert main(["latency", "--mode", "heads"]) == 2 and "--table FILE" in capsys.readouterr().err
 
 
-def test_decoder_step_costs_are_measured_beside_vanilla(tiny_llama, monkeypatch):
-    """The machine slows down call after call (x1.1 each) while a Medusa step of n tokens truly costs n/2 + 1 vanilla
-    steps: each size timed between two vanilla calls on the same prompts comes out at its true cost (up to the
-    drift's curvature, the same for all), where timing all sizes after one vanilla call would grow with the order."""
+def test_decoder_step_costs_are_measured_against_a_reference_after_every_step(tiny_llama, monkeypatch):
+    """The machine's speed jumps at random between steps (x0.5..x2) while a Medusa step of n tokens truly costs
+    n/2 + 1 vanilla steps and a vanilla step 1.05 bare 1-token forwards: timing every step against the bare forward
+    run right after it gives each size its true cost whatever the drift (whole calls timed one after another
+    would carry it); t(1) is the median over rounds of each round's vanilla calls' median step."""
+    import random
+    import statistics
     import types
 
     import workbench.decode as decode
     import workbench.engine as engine
     from workbench.measure_latency import measure_decoder_steps
 
+    rng, speed = random.Random(0), [1.0]
     calls, size_of, real_setup = [], {}, engine.tree_setup
 
     def setup(tree, model):
@@ -199,25 +203,41 @@ def test_decoder_step_costs_are_measured_beside_vanilla(tiny_llama, monkeypatch)
         size_of[id(buf)] = tree.nodes + 1
         return buf
 
-    def generate(n, chunk):
-        calls.append(n)
-        step = types.SimpleNamespace(time_s=0.01 * 1.1 ** len(calls) * (1 if n == 1 else n / 2 + 1), cache_len=5)
-        return [types.SimpleNamespace(steps=[step] * 4) for _ in chunk]
+    def generate(n, chunk, on_step):
+        times, results = [], [types.SimpleNamespace(steps=[]) for _ in chunk]
+        for _ in range(4):
+            speed[0] = rng.uniform(0.5, 2.0)
+            step = types.SimpleNamespace(time_s=0.01 * speed[0] * 1.05 * (1 if n == 1 else n / 2 + 1), cache_len=5)
+            times.append(step.time_s)
+            for r in results:
+                r.steps.append(step)
+            on_step([step] * len(chunk) if len(chunk) > 1 else step)
+        calls.append((n, times))
+        return results if len(chunk) > 1 else results[0]
+
+    def probe(eng, buf, heads=None):  # the reference (no heads) or the tree's bare forward, at the current speed
+        times = []
+        return (lambda step: times.append(0.01 * speed[0] * (1 if heads is None else 0.9 * size_of[id(buf)]))), times
 
     monkeypatch.setattr(engine, "tree_setup", setup)
-    monkeypatch.setattr(decode, "vanilla_generate", lambda model, tok, chunk, *a, **k: generate(1, chunk))
-    monkeypatch.setattr(decode, "medusa_generate", lambda m, h, tok, chunk, buf, *a, **k: generate(size_of[id(buf)],
-                                                                                                  chunk))
+    monkeypatch.setattr(engine, "forward_probe", probe)
+    monkeypatch.setattr(decode, "vanilla_generate", lambda model, tok, chunk, *a, on_step=None, **k:
+                        generate(1, chunk, on_step))
+    monkeypatch.setattr(decode, "medusa_generate", lambda m, h, tok, chunk, buf, *a, on_step=None, **k:
+                        generate(size_of[id(buf)], chunk, on_step))
     t = tiny_llama
     df = measure_decoder_steps(t.model, t.heads["2"], t.tokenizer, [[1, 2, 3], [4, 5, 6]], sizes=[2, 3, 5],
-                               batches=[1], repeats=3, warmup=0, max_new_tokens=4, label="tiny", progress=False)
-    assert calls[:7] == [1, 2, 1, 3, 1, 5, 1] and len(calls) == 3 * 7
-    rel = dict(zip(df["tokens"], df["relative"]))
-    for n in (2, 3, 5):  # the mean of the vanilla calls at c - 1 and c + 1 is 1.1^c * (1/1.1 + 1.1) / 2
-        assert rel[n] == pytest.approx((n / 2 + 1) / ((1 / 1.1 + 1.1) / 2), rel=1e-9)
-    # t(1): the median over rounds of each round's median vanilla call (round 2: calls 8, 10, 12, 14)
-    assert df[df["tokens"] == 1]["seconds"].iloc[0] == pytest.approx(0.01 * (1.1 ** 10 + 1.1 ** 12) / 2, rel=1e-9)
-    assert (df["repeats"] == 3).all() and df["context"].iloc[0] == 5
+                               batches=[1, 2], repeats=3, warmup=0, max_new_tokens=4, label="tiny", progress=False)
+    assert [n for n, _ in calls[:5]] == [1, 2, 3, 5, 1] and len(calls) == 2 * 3 * 5
+    for b, part in df.groupby("batch"):
+        rel = dict(zip(part["tokens"], part["relative"]))
+        for n in (2, 3, 5):
+            assert rel[n] == pytest.approx(n / 2 + 1, rel=1e-9)
+        first = 0 if b == 1 else 15
+        rounds = [statistics.median([statistics.median(calls[first + 5 * r + k][1]) for k in (0, 4)])
+                  for r in range(3)]
+        assert part[part["tokens"] == 1]["seconds"].iloc[0] == pytest.approx(statistics.median(rounds), rel=1e-9)
+    assert (df["repeats"] == 3).all() and df["context"].iloc[0] == 5 and (df["forward_seconds"] > 0).all()
 
 
 def test_latency_cli_times_the_decoder_step_by_default(tiny_llama, make_prompt_file, tmp_path, capsys):

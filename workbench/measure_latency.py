@@ -4,12 +4,12 @@ Two modes, one CSV format (latency.py owns it; every row carries the setting it 
   decoder-step  (default) the wall time of a whole decoding step as `decode` runs it: heads, tree tokens, the
                 verify forward, acceptance, cache bookkeeping and the host read, on real prompts decoded for
                 `max_new_tokens`, so the context grows as in decoding. tokens = 1 is vanilla's step, tokens = n a
-                Medusa step with an (n - 1)-node tree, timed between two vanilla calls on the same prompts: its
-                cost relative to vanilla is what a prediction divides by, and measured back to back it does not
-                move with the machine's speed (measure_decoder_steps). `forward_seconds` keeps the bare verify
-                forward of
-                the same tree timed after every step (engine.forward_probe), so the decoder's overhead over the
-                model work is shown beside it (seconds / forward_seconds).
+                Medusa step with an (n - 1)-node tree. Every step is followed at once by a bare 1-token forward,
+                the reference: a step's cost relative to vanilla is the ratio of step / reference between the two,
+                so the machine's speed, which drifts within seconds on a shared VM, cancels step by step
+                (measure_decoder_steps). `forward_seconds` keeps the bare verify forward of the same tree timed
+                after every step (engine.forward_probe), so the decoder's overhead over the model work is shown
+                beside it (seconds / forward_seconds).
   verify        the bare verify forward at fixed contexts (random tokens): the model work alone, cheaper to measure
                 at many contexts and sizes; what the decoder adds on top is not in it.
 Resumable: a point (a batch size in decoder-step, a batch size x context in verify: the unit its sizes are timed
@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 
 import pandas as pd
 import torch
@@ -195,14 +196,17 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
 
 @torch.inference_mode()
 def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], sizes=DECODER_SIZES,
-                          batches=DECODER_BATCHES, repeats: int = 5, warmup: int = 1, max_new_tokens: int = 64,
+                          batches=DECODER_BATCHES, repeats: int = 4, warmup: int = 1, max_new_tokens: int = 64,
                           label: str = "", progress: bool = True, engine=None, work=None) -> pd.DataFrame:
     """The decoder-step mode: per (batch B, tokens n) the wall time of the decoder's step (decode.Step.time_s, the
     step `medusa_generate` / `vanilla_generate` run), from `repeats` rounds of generate calls of B prompts each
-    (prompts taken in turn, cycling). t(B, 1) is the median vanilla step; t(B, n) is t(B, 1) times the median over
-    rounds of the size-n step over the two vanilla calls run just before and after it on the same prompts (one
-    round: vanilla, 2, vanilla, 3, ..., vanilla), its spread the ratios' times t(B, 1): the planner divides by
-    t(B, 1), and a ratio measured back to back is immune to the machine's speed drifting between rounds.
+    (prompts taken in turn, cycling; one round: vanilla, 2, 3, ..., vanilla on the same prompts). Right after every
+    step a bare 1-token forward at that step's batch and context is timed: the reference. t(B, 1) is the median
+    vanilla step; t(B, n) is t(B, 1) times the median over rounds of [median over the size-n call's steps of step /
+    reference] / [the same for the round's vanilla calls], its spread those ratios' times t(B, 1). Why: on a
+    shared VM the machine's speed moves by 10-20 % within seconds, so whole calls timed one after another differ
+    by that much (measured: a 3-token step's ratio over the vanilla calls beside it ranged 1.48-1.75 over 10
+    rounds, step / reference 1.55-1.59); a step and its reference, 0.1 s apart, see the same speed.
     The context is each step's own (prompt + tokens so far): the CSV's `context` is their mean over the whole
     measurement, one value per file (what the planner reads it at). `forward_seconds` is the median bare verify
     of the same tree timed after every step (engine.forward_probe). `work`: the CSV path, whose WorkState keeps
@@ -220,57 +224,62 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     engine = engine or StepEngine(model)
     engine.size_for(prompts, max_new_tokens, list(bufs.values()))  # one capacity: each (batch, size) compiles once
     state = work_state(work, model, heads, engine, "decoder-step", model_label=label, sizes=sizes, batches=batches,
-                       repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, rounds="vanilla-between",
+                       repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, rounds="step-reference",
                        heads_cost=True,
                        prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest())
     dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
-    bar = tqdm(total=len(batches) * (warmup + repeats) * (2 * len(sizes) - 1), desc="decoder steps", unit="call",
+    order = [1, *sizes[1:], 1]  # one round's calls
+    bar = tqdm(total=len(batches) * (warmup + repeats) * len(order), desc="decoder steps", unit="call",
                disable=not progress, dynamic_ncols=True)
 
-    def call(n: int, chunk: list, keep: bool, forwards: dict, contexts: list) -> float | None:
-        """One generate call of size n on `chunk`: the median of its steps (None: no step)."""
-        probe, fwd = forward_probe(engine, bufs[n], heads if n > 1 else None)
+    def call(n: int, chunk: list, keep: bool, forwards: dict, contexts: list) -> tuple[float, float] | None:
+        """One generate call of size n on `chunk`: (median step seconds, median of step / reference); None: no
+        step."""
+        reference, refs = forward_probe(engine, bufs[1])
+        probe, fwd = forward_probe(engine, bufs[n], heads) if n > 1 else (None, refs)
+        times: list[float] = []
+
+        def on_step(step) -> None:
+            s = next(x for x in step if x is not None) if isinstance(step, list) else step
+            times.append(s.time_s)
+            reference(step)  # first: nothing runs between the step and its reference
+            if probe is not None:
+                probe(step)
         if n == 1:
             out = vanilla_generate(model, tokenizer, chunk, max_new_tokens, eos_token_id=[], engine=engine,
-                                   on_step=probe)
+                                   on_step=on_step)
         else:
             out = medusa_generate(model, heads, tokenizer, chunk, bufs[n], max_new_tokens, eos_token_id=[],
-                                  engine=engine, on_step=probe)
+                                  engine=engine, on_step=on_step)
         out = out if isinstance(out, list) else [out]
-        steps = max(out, key=lambda r: len(r.steps)).steps
         bar.update(1)
-        if not steps:
+        if not times:
             return None
         if keep:
             forwards[n] += fwd
             contexts += [s.cache_len for r in out for s in r.steps]
-        return float(pd.Series([s.time_s for s in steps]).median())
+        return statistics.median(times), statistics.median(t / r for t, r in zip(times, refs))
 
     def point(b: int, turn: int) -> dict:
-        """Batch size b: its rows (all but the context) and the sum and count of its timed steps' cache lengths.
-        One repeat runs vanilla, size 2, vanilla, size 3, ..., vanilla on the same prompts: each size's cost is taken
-        over the mean of the two vanilla calls beside it, so a drift in the machine's speed cancels."""
+        """Batch size b: its rows (all but the context) and the sum and count of its timed steps' cache lengths."""
         cell = setting_cell(measured_setting(model, engine, "decoder-step"))
-        vanilla: list[float] = []                     # per repeat: the median of its vanilla calls' median steps
-        ratios = {n: [] for n in sizes[1:]}           # per repeat: t(n) / mean(the vanilla calls beside it)
+        vanilla: list[float] = []                     # per round: the median of its vanilla calls' median steps
+        ratios = {n: [] for n in sizes[1:]}           # per round: step / reference of size n over vanilla's
         forwards = {n: [] for n in sizes}             # every bare forward after a step
         contexts: list[int] = []
         for i in range(warmup + repeats):
             chunk = [prompts[(turn + j) % len(prompts)] for j in range(b)]
             turn += b
             keep = i >= warmup
-            before = call(1, chunk, keep, forwards, contexts)
-            around = [before]
-            for n in sizes[1:]:
-                t = call(n, chunk, keep, forwards, contexts)
-                after = call(1, chunk, keep, forwards, contexts)
-                around.append(after)
-                if keep and None not in (t, before, after):
-                    ratios[n].append(t / ((before + after) / 2))
-                before = after
-            got = [t for t in around if t is not None]
-            if keep and got:
-                vanilla.append(float(pd.Series(got).median()))
+            got = {}
+            for k, n in enumerate(order):
+                got[n if k < len(order) - 1 else 0] = call(n, chunk, keep, forwards, contexts)
+            plain = [got[k] for k in (1, 0) if got[k] is not None]
+            if not keep or not plain:
+                continue
+            vanilla.append(statistics.median(t for t, _ in plain))
+            base = statistics.fmean(r for _, r in plain)
+            ratios = {n: v + ([got[n][1] / base] if got[n] is not None else []) for n, v in ratios.items()}
         if not vanilla:
             raise WorkbenchError("no decoding step was timed: raise --max-new-tokens")
         t1 = spread_row(vanilla)["seconds"]
@@ -288,7 +297,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     points = []
     for k, b in enumerate(batches):
         if state.get(f"decoder-step-b{b}") is not None:  # measured by a run that was killed later
-            bar.update((warmup + repeats) * (2 * len(sizes) - 1))
+            bar.update((warmup + repeats) * len(order))
         # prompts taken in turn across the batch sizes: batch b starts where the ones before it left off
         points.append(state.piece(f"decoder-step-b{b}", lambda: point(b, (warmup + repeats) * sum(batches[:k]))))
     bar.close()

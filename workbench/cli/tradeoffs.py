@@ -30,7 +30,7 @@ def cmd_latency(args) -> int:
     sizes = parse_ints(args.sizes, "--sizes", "nodes") if args.sizes else list(DECODER_SIZES if step else DEFAULT_SIZES)
     contexts = parse_ints(args.context, "--context", "context") if args.context else list(DEFAULT_CONTEXTS)
     batches = parse_ints(args.batch, "--batch", "batch") if args.batch else list(DECODER_BATCHES if step else DEFAULT_BATCHES)
-    repeats = args.repeats if args.repeats is not None else (5 if step else 10)
+    repeats = args.repeats if args.repeats is not None else (4 if step else 10)
     warmup = args.warmup if args.warmup is not None else (1 if step else 3)
     if args.calibration:
         read_meta(args.calibration)  # a finished calibration folder, or one line
@@ -327,8 +327,8 @@ def add_tradeoffs(sub) -> None:
                                                       "decoder-step, 1 for verify)")
     p.add_argument("--repeats", type=bounded("repeats"),
                    help="timed repeats per point (median, quartiles, min, max kept): decoder-step, rounds of generate "
-                        "calls, each size between two vanilla calls on the same prompts (default 5); verify, calls "
-                        "(default 10)")
+                        "calls (vanilla, each size, vanilla on the same prompts; every step timed against a bare "
+                        "1-token forward right after it; default 4); verify, calls (default 10)")
     p.add_argument("--warmup", type=bounded("repeats", 0), help="untimed repeats first (default 1 / 3)")
     p.add_argument("--prompts", default="alpaca-eval", help="decoder-step: the prompts decoded (alpaca-eval, "
                    "mt-bench, a file, or 'holdout': the calibration's held-out prompts; default alpaca-eval)")
