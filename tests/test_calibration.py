@@ -173,6 +173,25 @@ def test_batch_replay_of_the_demo_falls_with_batch_size(cal):
     assert got[3] / per_seq < 0.97
 
 
+def test_a_tree_is_walked_once_for_its_replay_and_every_batch_size(cal, monkeypatch):
+    """A plan weighs each tree at every batch size: the replay and each batch's tokens/step read one walk of the
+    held-out answers per tree and length, the numbers those of a fresh walk."""
+    import workbench.calibration as calibration
+
+    walks, real = [], calibration.walk_steps
+    monkeypatch.setattr(calibration, "walk_steps", lambda tree, answers: walks.append(tree.paths) or real(tree, answers))
+    fresh = Calibration(cal.folder)
+    tree = make_tree([[0], [1], [0, 0]])
+    got = [fresh.replay(tree, "holdout", 48)] + [fresh.batch_replay(tree, b, "holdout", 48) for b in (1, 2, 4, 8)]
+    assert walks == [tree.paths]
+    rows = calibration.answer_rows(fresh.answers("holdout", 48))
+    assert got[0] == calibration.walk_answers(tree, rows) and got[3] == calibration.batch_walk(tree, rows, 4)
+    walks.clear()
+    fresh.replay(tree, "holdout", 32)  # another length: its own walk
+    fresh.batch_replay(tree, 2, "holdout", 32)
+    assert walks == [tree.paths]
+
+
 def test_tree_table(cal):
     trees = [load_tree("mc_sim_7b_63"), make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]], "deep")]
     acc = cal.accuracies("fit")

@@ -199,9 +199,9 @@ def walk_steps(tree, answers: tuple[np.ndarray, list[int]]) -> list[int]:
     return out
 
 
-def walk_answers(tree, answers: tuple[np.ndarray, list[int]]) -> float:
-    """decoder_walk over answer_rows: total tokens / total steps (walk_steps)."""
-    steps = sum(walk_steps(tree, answers))
+def walk_answers(tree, answers: tuple[np.ndarray, list[int]], steps: list[int] | None = None) -> float:
+    """decoder_walk over answer_rows: total tokens / total steps (walk_steps, or `steps` when already walked)."""
+    steps = sum(walk_steps(tree, answers) if steps is None else steps)
     if steps == 0:
         raise WorkbenchError("no positions to measure on (empty calibration data)")
     return sum(answers[1]) / steps
@@ -220,11 +220,11 @@ def expected_max(values, batch: int) -> float:
     return math.fsum(x * (math.comb(k, batch - 1) / total) for k, x in enumerate(v) if k >= batch - 1)
 
 
-def batch_walk(tree, answers: tuple[np.ndarray, list[int]], batch: int) -> float:
+def batch_walk(tree, answers: tuple[np.ndarray, list[int]], batch: int, steps: list[int] | None = None) -> float:
     """Tokens per step of a batch of `batch` answers decoded side by side, as its goodput sees it: the batch steps
     until its slowest sequence is done and plain decoding until its longest answer is, so over random batches
-    E[max answer length] / E[max steps] (walk_steps); batch 1 is walk_answers."""
-    steps = walk_steps(tree, answers)
+    E[max answer length] / E[max steps] (walk_steps, or `steps` when already walked); batch 1 is walk_answers."""
+    steps = walk_steps(tree, answers) if steps is None else steps
     if sum(steps) == 0:
         raise WorkbenchError("no positions to measure on (empty calibration data)")
     return expected_max(answers[1], batch) / expected_max(steps, batch)
@@ -362,9 +362,15 @@ class Calibration:
         answers = self.answers(split, max_new_tokens)
         if not len(answers):
             return None
+        rows, steps = self._walk(tree, answers, split, max_new_tokens)
+        return walk_answers(tree, rows, steps)
+
+    def _walk(self, tree, answers: pd.DataFrame, split: str, max_new_tokens: int | None) -> tuple:
+        """(answer_rows, walk_steps) of a split's answers under a tree, kept: the replay and every batch size read
+        one walk (a plan weighs some 20 trees at 4 batch sizes)."""
         rows = self._cached(("rows", split, max_new_tokens), lambda: answer_rows(answers))
-        return self._cached(("replay", tuple(map(tuple, tree.sorted_paths)), split, max_new_tokens),
-                            lambda: walk_answers(tree, rows))
+        return rows, self._cached(("steps", tuple(map(tuple, tree.sorted_paths)), split, max_new_tokens),
+                                  lambda: walk_steps(tree, rows))
 
     def batch_replay(self, tree, batch: int, split: str = "holdout", max_new_tokens: int | None = None) -> float | None:
         """Tokens per step of `batch` of a split's answers decoded side by side (batch_walk: the batch waits for its
@@ -373,9 +379,8 @@ class Calibration:
         answers = self.answers(split, max_new_tokens)
         if not len(answers):
             return None
-        rows = self._cached(("rows", split, max_new_tokens), lambda: answer_rows(answers))
-        return self._cached(("batch", tuple(map(tuple, tree.sorted_paths)), batch, split, max_new_tokens),
-                            lambda: batch_walk(tree, rows, batch))
+        rows, steps = self._walk(tree, answers, split, max_new_tokens)
+        return batch_walk(tree, rows, batch, steps)
 
     def predict(self, tree, max_new_tokens: int | None = None) -> dict[str, float]:
         """The three predicted tokens per step of a tree (names in the module docstring); predicted_replay only
