@@ -228,8 +228,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
                        heads_cost=True,
                        prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest())
     dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
-    order = [1, *sizes[1:], 1]  # one round's calls
-    bar = tqdm(total=len(batches) * (warmup + repeats) * len(order), desc="decoder steps", unit="call",
+    calls = len(sizes) + 1  # a round: vanilla, each size, vanilla
+    bar = tqdm(total=len(batches) * (warmup + repeats) * calls, desc="decoder steps", unit="call",
                disable=not progress, dynamic_ncols=True)
 
     def call(n: int, chunk: list, keep: bool, forwards: dict, contexts: list) -> tuple[float, float] | None:
@@ -271,15 +271,16 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
             chunk = [prompts[(turn + j) % len(prompts)] for j in range(b)]
             turn += b
             keep = i >= warmup
-            got = {}
-            for k, n in enumerate(order):
-                got[n if k < len(order) - 1 else 0] = call(n, chunk, keep, forwards, contexts)
-            plain = [got[k] for k in (1, 0) if got[k] is not None]
+            first = call(1, chunk, keep, forwards, contexts)
+            sized = {n: call(n, chunk, keep, forwards, contexts) for n in sizes[1:]}  # in order, as timed
+            plain = [c for c in (first, call(1, chunk, keep, forwards, contexts)) if c is not None]
             if not keep or not plain:
                 continue
             vanilla.append(statistics.median(t for t, _ in plain))
-            base = statistics.fmean(r for _, r in plain)
-            ratios = {n: v + ([got[n][1] / base] if got[n] is not None else []) for n, v in ratios.items()}
+            base = statistics.fmean(r for _, r in plain)  # vanilla's step / reference this round
+            for n, got in sized.items():
+                if got is not None:
+                    ratios[n].append(got[1] / base)
         if not vanilla:
             raise WorkbenchError("no decoding step was timed: raise --max-new-tokens")
         t1 = spread_row(vanilla)["seconds"]
@@ -297,7 +298,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     points = []
     for k, b in enumerate(batches):
         if state.get(f"decoder-step-b{b}") is not None:  # measured by a run that was killed later
-            bar.update((warmup + repeats) * len(order))
+            bar.update((warmup + repeats) * calls)
         # prompts taken in turn across the batch sizes: batch b starts where the ones before it left off
         points.append(state.piece(f"decoder-step-b{b}", lambda: point(b, (warmup + repeats) * sum(batches[:k]))))
     bar.close()
