@@ -124,6 +124,27 @@ def test_the_pages_open_without_torch():
                             "assert not heavy, f'the live page imported {heavy}'\n")
 
 
+def test_the_plan_tab_exports_without_torch():
+    """The trade-offs page's plan tab makes the plan and every engine's file on first view: none of it needs torch
+    (importing it there cost the tab's first click ~0.5 s on an idle Xeon, several s on a cold disk)."""
+    _runs_in_a_fresh_python("import json, sys\n"
+                            "from workbench import WorkbenchError\n"
+                            "from workbench.export import PLAN_FORMATS, export_plan\n"
+                            "from workbench.plan import check_plan, make_plan, plan_json, plan_source\n"
+                            "cal = 'calibration/smollm2-135m-instruct-alpaca-eval'\n"
+                            "plan = make_plan(plan_source(calibration=cal), cal + '/latency-cpu.csv', (1, 2, 4, 8))\n"
+                            "plan = check_plan(json.loads(plan_json(plan)))\n"
+                            "made = []\n"
+                            "for fmt in PLAN_FORMATS:\n"
+                            "    try:\n"
+                            "        made.append(export_plan(plan, fmt)[0])\n"
+                            "    except WorkbenchError:\n"
+                            "        pass\n"
+                            "assert any('smollm2-135m-instruct' in m for m in made), made\n"
+                            "heavy = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+                            "assert not heavy, f'imported {heavy}'\n")
+
+
 def _runs_in_a_fresh_python(code: str) -> None:
     """`code` passes in a new interpreter (what a module imports shows only in a process that imported nothing)."""
     import os

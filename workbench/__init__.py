@@ -5,6 +5,8 @@ from pathlib import Path
 __version__ = "0.1.0"
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# the demo's heads (loaded by heads.py); named here so that exports and the app name them without importing torch
+DEMO_HEADS = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
 # acceptance.py's rules, named here so that the CLI's parser lists them without importing torch (seconds per run)
 ACCEPTANCE_KINDS = ("greedy", "typical", "nucleus")
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workbench import WorkbenchError
+from workbench import DEMO_HEADS, WorkbenchError
 from workbench.optimize import best_dense_tree, expected_length, optimal_tree, optimal_tree_from, value_and_limits
 from workbench.tree import MEDUSA_TOPK, RankPath, Tree, load_tree
 
@@ -480,8 +480,6 @@ def _vllm_drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dic
     """method/model keys with an absolute model path: --method/--draft-model when given, else the heads folder
     given, else the calibration's own heads (the demo heads' folder for "demo"). A plan from an acceptance vector
     names no drafter: without --method it is an error (vLLM rejects a config without one)."""
-    from workbench.heads import DEMO_HEADS
-
     if method is not None and method not in VLLM_METHODS:
         raise WorkbenchError(f"--method {method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
     src = plan.get("source") or {}

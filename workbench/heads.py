@@ -19,11 +19,10 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from workbench import WorkbenchError
+from workbench import DEMO_HEADS, WorkbenchError
 from workbench.generation import text_config
 from workbench.io import atomic_write, atomic_write_json, read_json
 
-DEMO_HEADS = Path(__file__).resolve().parent / "heads" / "smollm2-135m-instruct"
 HEADS_FILE = "medusa_lm_head"
 
 
