@@ -4,7 +4,7 @@ Four pages, each with its own URL: /tree (designer), /calibration, /tradeoffs, /
 a model, and only on a button press); / opens the designer at /tree. This file is the entry point only (page
 config, navigation, settings kept across pages); each page is a module of workbench/ui/, their shared inputs and
 cached readers are in workbench/ui/widgets.py, numbers come from `workbench/` modules, figures from
-`workbench/static_figures.py` and `workbench/interactive_figures.py`. Bad input (a missing folder, a malformed
+`workbench/viz/static_figures.py` and `workbench/viz/interactive_figures.py`. Bad input (a missing folder, a malformed
 upload, a tree that does not fit the heads) is an `st.error` with the reason, never a crash.
 
 Calibration folders are looked up under $WORKBENCH_CALIBRATION_ROOT (default: calibration/ in this checkout),

@@ -2,7 +2,7 @@
 port) driven in headless Chromium through a fixed script of clicks on every page (latency table, batch size, tree
 on display, acceptance model, budget, a tree node, tabs, calibration split, trade-offs inputs and tabs, page
 changes). Each click is timed from its first press (mouse or key; not Selenium's finding of the element) until the
-script run it set off has finished and the browser painted it (Streamlit's own run state, workbench/ui/browser.py):
+script run it set off has finished and the browser painted it (Streamlit's own run state, tests/support/browser.py):
 first on a fresh server (nothing cached), then repeated in a new session (the server's caches warm). The server's
 own time per run ($WORKBENCH_APP_TIMINGS) is beside it: the rest is the browser and the transfer. Then, at 1280 x
 900 with every expander open and each tab in turn, every table on every page is checked for cut columns (a
@@ -33,9 +33,9 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workbench.io import atomic_write_json  # noqa: E402
-from workbench.provenance import describe, loaded, setting  # noqa: E402
-from workbench.ui import browser as ui  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.provenance import describe, loaded, setting  # noqa: E402
+from tests.support import browser as ui  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "app-clicks.json"
 WINDOW = (1280, 900)

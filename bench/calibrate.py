@@ -23,15 +23,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError, __version__  # noqa: E402
-from workbench.measure_ranks import CalibrateConfig, calibrate  # noqa: E402
-from workbench.calibration import NULL, Calibration, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
-from workbench.data import load_prompt_records  # noqa: E402
-from workbench.engine import decode_one, logits_of, new_cache, prefill  # noqa: E402
-from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
-from workbench.heads import save_heads  # noqa: E402
-from workbench.io import atomic_write_json  # noqa: E402
-from workbench.models import load_base, load_model_and_heads  # noqa: E402
-from workbench.testing import random_heads  # noqa: E402
+from workbench.calibrate.folder import NULL, Calibration, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
+from workbench.calibrate.run import CalibrateConfig, calibrate  # noqa: E402
+from workbench.core.data import load_prompt_records  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.runtime.engine import decode_one, logits_of, new_cache, prefill  # noqa: E402
+from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
+from workbench.runtime.heads import save_heads  # noqa: E402
+from workbench.runtime.models import load_base, load_model_and_heads  # noqa: E402
+from tests.support.tiny import random_heads  # noqa: E402
 
 
 @torch.inference_mode()

@@ -33,25 +33,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.decode import DECODER_VERSION, Acceptance, medusa_generate, vanilla_generate  # noqa: E402
-from workbench.divergence import divergence_counts, divergences  # noqa: E402
-from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
-from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
-from workbench.heads import DEMO_HEADS  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
-from workbench.io import atomic_write_json  # noqa: E402
-from workbench.models import load_model_and_heads, model_label  # noqa: E402
-from workbench.provenance import setting  # noqa: E402
-from workbench.speed import (acceptance_per_position, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
-                             overhead, step_times, tokens_per_step)
-from workbench.tree import load_tree  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.provenance import setting  # noqa: E402
+from workbench.core.speed import (acceptance_per_position, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
+                                  overhead, step_times, tokens_per_step)
+from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
+from workbench.decode.loop import DECODER_VERSION, Acceptance, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.runtime.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
+from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
+from workbench.runtime.heads import DEMO_HEADS  # noqa: E402
+from workbench.runtime.models import load_model_and_heads, model_label  # noqa: E402
+from workbench.trees.tree import load_tree  # noqa: E402
 
 FALLBACK_PROMPTS = ["Explain how a rainbow forms.", "Write a haiku about autumn.",
                     "List three uses of a paperclip.", "What is 17 times 23?"]
 
 
 def tiny_setup():
-    from workbench.testing import random_heads, tiny_model, tiny_tokenizer
+    from tests.support.tiny import random_heads, tiny_model, tiny_tokenizer
 
     model = tiny_model("llama", seed=0, hidden_size=256, layers=4)
     return model, tiny_tokenizer(), random_heads(256, 128, 5, tied=True, seed=1), "tiny-random-llama"
@@ -60,11 +60,11 @@ def tiny_setup():
 def prompts_for(spec: str | None, limit: int) -> list[str]:
     if spec is None:
         try:
-            from workbench.data import load_prompts
+            from workbench.core.data import load_prompts
             return load_prompts("mt-bench", limit)
         except (WorkbenchError, ImportError):
             return FALLBACK_PROMPTS[:limit]
-    from workbench.data import load_prompts
+    from workbench.core.data import load_prompts
     return load_prompts(spec, limit)
 
 
@@ -129,7 +129,7 @@ def _setup(args):
     if args.tiny or (args.model is None and args.heads is None and not DEMO_HEADS.is_dir()):
         if not args.tiny:
             print(f"no demo heads at {DEMO_HEADS}: benchmarking a tiny random model instead", file=sys.stderr)
-        from workbench.models import pick_device, pick_dtype
+        from workbench.runtime.models import pick_device, pick_dtype
 
         model, tok, heads, label = tiny_setup()
         dev = pick_device(args.device)

@@ -21,11 +21,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.decode import Acceptance, best_path, medusa_generate, typical_decisions  # noqa: E402
-from workbench.engine import StepEngine, tree_setup  # noqa: E402
-from workbench.generation import prepare_prompt  # noqa: E402
-from workbench.io import atomic_write_json  # noqa: E402
-from workbench.models import load_model_and_heads, model_label  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.decode.loop import Acceptance, best_path, medusa_generate, typical_decisions  # noqa: E402
+from workbench.runtime.engine import StepEngine, tree_setup  # noqa: E402
+from workbench.runtime.generation import prepare_prompt  # noqa: E402
+from workbench.runtime.models import load_model_and_heads, model_label  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 DEMO_TREE = HERE.parent / "trees" / "smollm2-135m-instruct-alpaca-eval-joint-16.json"
@@ -80,12 +80,12 @@ def main(argv=None) -> int:
         if args.threads:
             torch.set_num_threads(args.threads)
         if args.tiny:
-            from workbench.testing import random_heads, tiny_model, tiny_tokenizer
+            from tests.support.tiny import random_heads, tiny_model, tiny_tokenizer
             model, tok = tiny_model("llama", seed=0, hidden_size=256, layers=4), tiny_tokenizer()
             heads, label = random_heads(256, 128, 5, tied=True, seed=1), "tiny-random-llama"
             prompts = ["Explain how a rainbow forms.", "Write a haiku about autumn."][:args.limit]
         else:
-            from workbench.data import load_prompts
+            from workbench.core.data import load_prompts
             model, tok, heads = load_model_and_heads(args.model, args.heads)
             label, prompts = model_label(args.model), load_prompts(args.prompts, args.limit)
         tree = args.tree or ("mc_sim_7b_63" if args.tiny else str(DEMO_TREE))

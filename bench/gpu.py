@@ -13,7 +13,7 @@ quote. Exit status 1 if fp32 is not exact or bf16 has a mismatch (a bug), else 0
              device's copy bandwidth (a large tensor copy: the practical limit of a weight-streaming step)
   exact      tiny random models of three architectures, trees of 1 to 63 nodes, batch 1 and 3, plus the demo
              model: fp32 must equal HF generate token for token; bf16 divergences are classified (near-tie or
-             mismatch, `workbench/divergence.py`)
+             mismatch, `workbench/decode/divergence.py`)
   latency    t(B, n) for batch 1..32 and tree tokens 1..128 (eager, with spread), and a sparser compiled grid
   decode     per batch size: our vanilla greedy (compiled), HF generate (static cache, CompileConfig), Medusa
              with the hardware-aware tree and with the plan's choice; decoder_overhead; bandwidth achieved per
@@ -39,19 +39,19 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.calibration import Calibration, default_calibration  # noqa: E402
-from workbench.decode import DECODER_VERSION, medusa_generate, vanilla_generate  # noqa: E402
-from workbench.divergence import divergence_counts, divergences  # noqa: E402
-from workbench.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
-from workbench.generation import eos_ids, prepare_prompt  # noqa: E402
-from workbench.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, step_times,  # noqa: E402
-                             tokens_per_step)
+from workbench.calibrate.folder import Calibration, default_calibration  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
-from workbench.io import atomic_write_json, atomic_write_text  # noqa: E402
-from workbench.latency import device_name, latency_tree, measure_latency  # noqa: E402
-from workbench.models import load_model_and_heads, pick_device  # noqa: E402
-from workbench.plan import make_plan, plan_source, plan_trees  # noqa: E402
-from workbench.testing import random_heads, tiny_model  # noqa: E402
+from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
+from workbench.core.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, step_times,  # noqa: E402
+                                  tokens_per_step)
+from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
+from workbench.decode.loop import DECODER_VERSION, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.measure.latency import device_name, latency_tree, measure_latency  # noqa: E402
+from workbench.plan.rank import make_plan, plan_source, plan_trees  # noqa: E402
+from workbench.runtime.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
+from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
+from workbench.runtime.models import load_model_and_heads, pick_device  # noqa: E402
+from tests.support.tiny import random_heads, tiny_model  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 FALLBACK_ACCURACIES = HERE.parent / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "accuracies.csv"
@@ -255,7 +255,7 @@ def section_decode(model, tok, heads, cfg, prompts, latency: dict, calibration, 
 
 def decode_prompts(tok, cfg) -> list[list[int]]:
     """Held-out Alpaca-eval prompts (late rows: not the calibration's), token ids; tiny models get fixed ids."""
-    from workbench.data import load_prompts
+    from workbench.core.data import load_prompts
 
     try:
         texts = load_prompts("alpaca-eval", cfg["prompts"] * 4)[-cfg["prompts"]:]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workbench.io import atomic_write_json, atomic_write_text  # noqa: E402
+from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
 
 TRAINING_SETS = ("alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json")
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from workbench.io import atomic_write_json  # noqa: E402
-from workbench.optimize import expected_curve, expected_length, optimal_tree  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.trees.optimize import expected_curve, expected_length, optimal_tree  # noqa: E402
 
 VICUNA_CSV = Path("/work/shared/reference/medusa_vicuna7b_head_acc.csv")
 

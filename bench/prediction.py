@@ -29,16 +29,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.calibration import (Calibration, decoder_walk, default_calibration,  # noqa: E402
-                                   list_calibrations)
+from workbench.calibrate.folder import (Calibration, decoder_walk, default_calibration,  # noqa: E402
+                                        list_calibrations)
 from workbench.cli.shared import parse_ints, run_script  # noqa: E402
-from workbench.io import WorkState, atomic_write_json, remove_work  # noqa: E402
-from workbench.latency import latency_surface, read_latency  # noqa: E402
-from workbench.plan import at_batch, calibration_source, candidates, rank  # noqa: E402
-from workbench.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
-                                  without_load)
-from workbench.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
-                             prefill_share, spread, tokens_per_step)
+from workbench.core.io import WorkState, atomic_write_json, remove_work  # noqa: E402
+from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
+                                       without_load)
+from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
+                                  prefill_share, spread, tokens_per_step)
+from workbench.measure.latency_file import latency_surface, read_latency  # noqa: E402
+from workbench.plan.rank import at_batch, calibration_source, candidates, rank  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
 MEASURED = {"speedup": decode_speedup, "end_to_end_speedup": measured_speedup,
@@ -83,8 +83,8 @@ def measure_batch(model, heads, tok, prompts, b: int, top: list[dict], max_new_t
     vanilla and then every candidate on the same batch back to back (a load change hits them alike)."""
     import torch
 
-    from workbench.decode import medusa_generate, vanilla_generate
-    from workbench.engine import tree_setup
+    from workbench.decode.loop import medusa_generate, vanilla_generate
+    from workbench.runtime.engine import tree_setup
 
     with torch.inference_mode():
         chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]
@@ -187,8 +187,8 @@ def repeats_at(text: str, batch_sizes: list[int]) -> dict:
 def run(args) -> int:
     import torch
 
-    from workbench.generation import prepare_prompt
-    from workbench.models import load_model_and_heads
+    from workbench.runtime.generation import prepare_prompt
+    from workbench.runtime.models import load_model_and_heads
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -212,7 +212,7 @@ def run(args) -> int:
     model_name = args.model or (None if heads is None else cal.meta.get("model"))
     model, tok, hd = load_model_and_heads(model_name, heads, args.device)
     prompts = [prepare_prompt(tok, text, False) for _, text in records]
-    from workbench.engine import StepEngine
+    from workbench.runtime.engine import StepEngine
 
     engine = StepEngine(model)  # compiled on CUDA (the GPU decoder), eager on CPU
     here = setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile),

@@ -1,5 +1,5 @@
 """How far rounding moves a top-2 logit margin between Medusa's tree forward and vanilla's 1-token forward: the
-measurement behind `workbench.divergence.ROUNDING_UNITS` (the near-tie bound of divergence reports).
+measurement behind `workbench.decode.divergence.ROUNDING_UNITS` (the near-tie bound of divergence reports).
 
     python bench/rounding.py --dtype bfloat16 --limit 8       # demo model + heads, Alpaca-eval prompts
     python bench/rounding.py --tiny --dtype float32           # tiny random Llama, random heads
@@ -20,10 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from workbench.decode import medusa_generate, vanilla_generate  # noqa: E402
-from workbench.divergence import ROUNDING_UNITS, divergences, unit_roundoff  # noqa: E402
-from workbench.generation import prepare_prompt  # noqa: E402
-from workbench.io import atomic_write_json  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.decode.divergence import ROUNDING_UNITS, divergences, unit_roundoff  # noqa: E402
+from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
+from workbench.runtime.generation import prepare_prompt  # noqa: E402
 
 
 def drift_units(med, van, dtype) -> list[float]:
@@ -50,16 +50,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     if args.tiny:
-        from workbench.models import pick_dtype
-        from workbench.testing import random_heads, tiny_model
+        from workbench.runtime.models import pick_dtype
+        from tests.support.tiny import random_heads, tiny_model
 
         dtype = pick_dtype(args.dtype, torch.device("cpu"))
         model, heads, tok = tiny_model("llama", seed=10, max_positions=1024).to(dtype), \
             random_heads(64, 128, 5, seed=1).to(dtype), None
         prompts = [list(range(5 + i, 20 + i)) for i in range(args.limit)]
     else:
-        from workbench.data import load_prompts
-        from workbench.models import load_model_and_heads
+        from workbench.core.data import load_prompts
+        from workbench.runtime.models import load_model_and_heads
 
         model, tok, heads = load_model_and_heads(None, None, "cpu", args.dtype)
         dtype = model.dtype

@@ -106,9 +106,12 @@ def _columns(cols, required=()) -> str:
 def blocks() -> dict[str, str]:
     import numpy as np
 
-    from workbench import data, export, latency, plan, sweep_file
-    from workbench.calibration import PREDICTED_COLUMNS, ranks_frame
-    from workbench.tree import reference_trees
+    from workbench.core import data
+    from workbench.export import engines as export
+    from workbench.measure import latency_file as latency, sweep_file
+    from workbench.plan import rank as plan
+    from workbench.calibrate.folder import PREDICTED_COLUMNS, ranks_frame
+    from workbench.trees.tree import reference_trees
 
     named = []
     for name, (original, hub) in data.NAMED_SETS.items():

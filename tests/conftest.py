@@ -59,8 +59,8 @@ class Tiny:
 def _build(arch: str, root: Path, seed: int) -> Tiny:
     from safetensors.torch import load_file, save_file
 
-    from workbench.heads import save_heads
-    from workbench.testing import random_heads, tiny_model, tiny_tokenizer
+    from workbench.runtime.heads import save_heads
+    from support.tiny import random_heads, tiny_model, tiny_tokenizer
 
     model, tok = tiny_model(arch, seed=seed), tiny_tokenizer()
     t = Tiny(arch, model, tok, root / "model")

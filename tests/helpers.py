@@ -22,12 +22,12 @@ import pandas as pd
 import torch
 from transformers import LlamaModel
 
-from workbench.accuracies import write_accuracies
-from workbench.measure_ranks import holdout_split
-from workbench.calibration import head_accuracies, ranks_frame
-from workbench.divergence import rounding_bound
-from workbench.sweep_file import SWEEP_COLUMNS
-from workbench.testing import tiny_model
+from workbench.calibrate.folder import head_accuracies, ranks_frame
+from workbench.calibrate.run import holdout_split
+from workbench.decode.divergence import rounding_bound
+from workbench.measure.sweep_file import SWEEP_COLUMNS
+from workbench.trees.accuracies import write_accuracies
+from support.tiny import tiny_model
 
 # The transformers minor versions the suite passed with: the oldest and newest pyproject.toml allows
 # (">=OLDEST,<NEWEST+1"). README names the same list; test_models.py warns when the installed one is not here.
@@ -230,7 +230,7 @@ def make_short_latency(path: Path) -> Path:
 def make_walk_files(root: Path, cal_name: str = "cal") -> Path:
     """The app's test folder: a calibration (root/cal_name) with a long latency table, a short batched one with
     spread beside it, and two old sweeps (greedy-only, typical). Returns the calibration folder."""
-    from workbench.sweep_file import read_sweep
+    from workbench.measure.sweep_file import read_sweep
 
     cal = make_calibration(root / cal_name)
     make_latency(cal / "latency-cpu.csv")
@@ -245,11 +245,11 @@ def make_walk_files(root: Path, cal_name: str = "cal") -> Path:
 def make_current_sweep(root: Path, cal: Path) -> Path:
     """A sweep by a current decoder (decoder_version) that measured the recommended tree at a third of its predicted
     speedup: the pages must say so at the top."""
-    from workbench.calibration import Calibration
-    from workbench.latency import read_latency
-    from workbench.recommend import recommend
-    from workbench.sweep_file import SWEEP_COLUMNS
-    from workbench.tree import tree_key
+    from workbench.calibrate.folder import Calibration
+    from workbench.measure.latency_file import read_latency
+    from workbench.plan.recommend import recommend
+    from workbench.measure.sweep_file import SWEEP_COLUMNS
+    from workbench.trees.tree import tree_key
 
     pick = recommend(Calibration(cal), read_latency(cal / "latency-cpu.csv"), target=128)["pick"]
     rows = [dict(run="r", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",

@@ -32,11 +32,11 @@ def build_env(root: Path) -> dict:
     import torch
     from safetensors.torch import save_file
 
-    from workbench.accuracies import write_accuracies
-    from workbench.heads import save_heads
-    from workbench.measure_ranks import CalibrateConfig, calibrate
-    from workbench.sweep_file import SWEEP_COLUMNS
-    from workbench.testing import random_heads, tiny_model, tiny_tokenizer
+    from workbench.trees.accuracies import write_accuracies
+    from workbench.runtime.heads import save_heads
+    from workbench.calibrate.run import CalibrateConfig, calibrate
+    from workbench.measure.sweep_file import SWEEP_COLUMNS
+    from support.tiny import random_heads, tiny_model, tiny_tokenizer
 
     d = root / "in"
     d.mkdir(parents=True, exist_ok=True)

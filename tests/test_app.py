@@ -129,8 +129,8 @@ def test_the_plan_tab_exports_without_torch():
     (importing it there made the tab's first click on a fresh server 1.76 s, 0.68 s without, on an idle Xeon)."""
     _runs_in_a_fresh_python("import json, sys\n"
                             "from workbench import WorkbenchError\n"
-                            "from workbench.export import PLAN_FORMATS, export_plan\n"
-                            "from workbench.plan import check_plan, make_plan, plan_json, plan_source\n"
+                            "from workbench.export.engines import PLAN_FORMATS, export_plan\n"
+                            "from workbench.plan.rank import check_plan, make_plan, plan_json, plan_source\n"
                             "cal = 'calibration/smollm2-135m-instruct-alpaca-eval'\n"
                             "plan = make_plan(plan_source(calibration=cal), cal + '/latency-cpu.csv', (1, 2, 4, 8))\n"
                             "plan = check_plan(json.loads(plan_json(plan)))\n"
@@ -185,8 +185,8 @@ def test_tree_designer_models(demo_files, monkeypatch):
     assert emp_tree_emp > 1 and ind > 1
     at.radio(key="tree_model").set_value("dense per level (vLLM)").run()
     no_exception(at)
-    from workbench.export import vllm_uniform
-    from workbench.tree import load_tree
+    from workbench.export.engines import vllm_uniform
+    from workbench.trees.tree import load_tree
     dense = load_tree(tree_file(at)["medusa_choices"])
     assert vllm_uniform(dense) and dense.nodes <= 63
     assert not any("irregular tree" in w.value for w in at.warning)  # the export's vLLM shape warning is gone
@@ -341,9 +341,9 @@ def test_the_designer_prices_the_tree_at_its_own_depth(demo_files, monkeypatch, 
     """A latency table with the heads' cost: the designer says each tree is priced at its own depth and its
     predicted speedup is recommend.designed_speedup's on that table (speed.priced, plan's pricing); a table without
     it says how to add it."""
-    from workbench.calibration import Calibration
-    from workbench.recommend import designed_speedup, latency_tables
-    from workbench.tree import Tree
+    from workbench.calibrate.folder import Calibration
+    from workbench.plan.recommend import designed_speedup, latency_tables
+    from workbench.trees.tree import Tree
 
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     assert any("no heads' cost" in c.value for c in at.caption)
@@ -443,7 +443,7 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
 
 def test_tradeoffs_fig5_from_a_separate_typical_sweep(demo_files, monkeypatch, tmp_path):
     """A greedy-only sweep sorts first; Fig. 5 still shows, from the typical sweep found beside it."""
-    from workbench.sweep_file import read_sweep
+    from workbench.measure.sweep_file import read_sweep
 
     full = read_sweep(demo_files["sweep"])
     full[full["acceptance"] == "greedy"].to_csv(tmp_path / "a-greedy.csv", index=False)
@@ -520,8 +520,8 @@ def test_live_page_decodes_with_a_tiny_model(tiny_llama, demo_files, monkeypatch
     assert any("One prompt is a noisy measurement" in c.value for c in at.caption)
     assert at.number_input(key="live_threads").value is None  # empty: torch's own setting, left as it was
     # beside the measured tokens/step, what the calibration predicts for this tree (answers cut at 12 tokens)
-    from workbench.calibration import Calibration
-    from workbench.tree import load_tree
+    from workbench.calibrate.folder import Calibration
+    from workbench.trees.tree import load_tree
     predicted = Calibration(demo_files["cal"]).predict(load_tree("[[0], [1], [0, 0], [0, 0, 0]]"), 12)
     assert metric(at, "predicted tokens/step") == f"{predicted['predicted_replay']:.2f}"
     assert [s.label for s in at.status if s.label.startswith("Model ready (") and "warmed up" in s.label]
@@ -814,9 +814,9 @@ def test_recommendation_is_the_same_on_both_pages_and_shows_its_tree(walk_files,
 def test_old_and_current_measurements(walk_files, monkeypatch, tmp_path):
     """Sweeps without decoder_version are old: named, never weighed; a current sweep that contradicts the
     prediction puts a warning in words at the top."""
-    from workbench.calibration import Calibration
-    from workbench.latency import read_latency
-    from workbench.recommend import recommend
+    from workbench.calibrate.folder import Calibration
+    from workbench.measure.latency_file import read_latency
+    from workbench.plan.recommend import recommend
 
     at = tab(page("tradeoffs_page", walk_files["root"], monkeypatch).run(), "Sweep (Fig. 4)")
     assert any("a-greedy.csv: made by the decoder before the static-cache step (old)" in w.value for w in at.warning)
@@ -869,14 +869,14 @@ def test_engine_repair_is_a_button(demo_files, monkeypatch):
     no_exception(at)
     rec = tree_file(at)
     assert rec["name"] == "your tree_trtllm_safe" and rec["method"] == "repaired trtllm-safe"
-    from workbench.export import first_level_gaps
-    from workbench.tree import load_tree
+    from workbench.export.engines import first_level_gaps
+    from workbench.trees.tree import load_tree
     assert not first_level_gaps(load_tree(rec["medusa_choices"]))
     assert not any("first level lacks" in w.value for w in at.warning)
     assert any(i.value.startswith("engine-safe for trtllm: 4 -> ") for i in at.info)
     at.button(key="tree_reset_btn").click().run()
     at.button(key="tree_best_vllm_btn").click().run()
-    from workbench.export import vllm_uniform
+    from workbench.export.engines import vllm_uniform
     assert vllm_uniform(load_tree(tree_file(at)["medusa_choices"]))
     assert all("/" not in str(v) for k, v in tree_file(at).items() if k != "medusa_choices")  # no server paths
 
@@ -884,8 +884,8 @@ def test_engine_repair_is_a_button(demo_files, monkeypatch):
 def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
     """A latency table with several batch sizes: the page plans per batch size (tree, chain or none), draws the
     predicted speedup of each kind against batch size, and offers the plan and each engine's output."""
-    from workbench.calibration import Calibration
-    from workbench.plan import make_plan, plan_source
+    from workbench.calibrate.folder import Calibration
+    from workbench.plan.rank import make_plan, plan_source
 
     at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
     batched = next(o for o in options(at, "to_lat_pick") if str(o).endswith("latency-batched.csv"))

@@ -21,13 +21,13 @@ import pytest
 from helpers import make_current_sweep, make_walk_files
 
 from workbench import REPO_ROOT
-from workbench.ui.browser import alerts as _alerts, app_server, body as _body, button as _button
-from workbench.ui.browser import chart_index as _chart_index, chart_point as _point, chart_points as _chart_points
-from workbench.ui.browser import choose as _choose, chromium, click_button as _click_button, cut_tables, errors
-from workbench.ui.browser import expand as _expand, expand_all, metric as _metric, missing_browser, nav as _nav
-from workbench.ui.browser import open_page as _open, page_overflow, radio as _radio, range_input as _range
-from workbench.ui.browser import select as _select, settled as _settled, slide as _slide, type_text as _type
-from workbench.ui.browser import open_tab, tab_labels, wait as _wait
+from support.browser import alerts as _alerts, app_server, body as _body, button as _button
+from support.browser import chart_index as _chart_index, chart_point as _point, chart_points as _chart_points
+from support.browser import choose as _choose, chromium, click_button as _click_button, cut_tables, errors
+from support.browser import expand as _expand, expand_all, metric as _metric, missing_browser, nav as _nav
+from support.browser import open_page as _open, page_overflow, radio as _radio, range_input as _range
+from support.browser import select as _select, settled as _settled, slide as _slide, type_text as _type
+from support.browser import open_tab, tab_labels, wait as _wait
 
 OUT = REPO_ROOT / "tests" / "output" / "browser"
 WIDTHS = (1600, 1280)

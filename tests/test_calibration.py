@@ -1,4 +1,4 @@
-"""The calibration folder as one object (workbench/calibration.py), read on the committed demo calibration: its
+"""The calibration folder as one object (workbench/calibrate/folder.py), read on the committed demo calibration: its
 splits, its three predictions (equal to what `workbench calibrate` wrote into its tree files), where folders are
 found, file names, and one-line errors for folders that are not calibrations."""
 import json
@@ -9,11 +9,11 @@ import pandas as pd
 import pytest
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.calibration import (PREDICTIONS, Calibration, calibration_root, decoder_walk, default_calibration,
-                                   default_latency_path, head_accuracies, latency_path, list_calibrations,
-                                   measured_acceptance, slug, tree_table)
-from workbench.optimize import expected_curve, expected_length
-from workbench.tree import load_tree, make_tree
+from workbench.calibrate.folder import (PREDICTIONS, Calibration, calibration_root, decoder_walk, default_calibration,
+                                        default_latency_path, head_accuracies, latency_path, list_calibrations,
+                                        measured_acceptance, slug, tree_table)
+from workbench.trees.optimize import expected_curve, expected_length
+from workbench.trees.tree import load_tree, make_tree
 
 CAL = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
 NAME = CAL.name
@@ -37,7 +37,7 @@ def test_splits_partition_the_prompts(cal):
 
 
 def test_accuracies_are_the_committed_csv(cal):
-    from workbench.accuracies import read_accuracies
+    from workbench.trees.accuracies import read_accuracies
 
     np.testing.assert_allclose(cal.accuracies("fit"), read_accuracies(CAL / "accuracies.csv"), atol=1e-9)
     np.testing.assert_allclose(cal.accuracies("holdout"), head_accuracies(cal.ranks("holdout"), 10)[0])
@@ -95,8 +95,8 @@ def _walk_by_definition(tree, prompts: list[np.ndarray]) -> tuple[float, float]:
 def test_walk_equals_its_definition(seed):
     """The replay and the all-positions mean (computed for every position at once) equal the per-position walk on
     random answers with misses and ends, for trees wider, narrower, deeper and shallower than the heads."""
-    from workbench.calibration import NULL, ranks_frame
-    from workbench.optimize import optimal_tree
+    from workbench.calibrate.folder import NULL, ranks_frame
+    from workbench.trees.optimize import optimal_tree
 
     rng = np.random.default_rng(seed)
     K = int(rng.integers(2, 6))
@@ -137,7 +137,7 @@ def test_batch_walk_is_the_goodput_over_every_batch(seed):
     replay."""
     import itertools
 
-    from workbench.calibration import NULL, answer_rows, batch_walk, expected_max, ranks_frame
+    from workbench.calibrate.folder import NULL, answer_rows, batch_walk, expected_max, ranks_frame
 
     rng = np.random.default_rng(seed)
     K = 3
@@ -176,7 +176,7 @@ def test_batch_replay_of_the_demo_falls_with_batch_size(cal):
 def test_a_tree_is_walked_once_for_its_replay_and_every_batch_size(cal, monkeypatch):
     """A plan weighs each tree at every batch size: the replay and each batch's tokens/step read one walk of the
     held-out answers per tree and length, the numbers those of a fresh walk."""
-    import workbench.calibration as calibration
+    import workbench.calibrate.folder as calibration
 
     walks, real = [], calibration.walk_steps
     monkeypatch.setattr(calibration, "walk_steps", lambda tree, answers: walks.append(tree.paths) or real(tree, answers))
@@ -221,7 +221,7 @@ def test_path_comparison_measured_vs_independence(cal):
 
 
 def test_holdout_prompts_typical_context_and_files(cal):
-    from workbench.data import load_prompt_records
+    from workbench.core.data import load_prompt_records
 
     records = cal.holdout_prompts()
     assert [pid for pid, _ in records] == [pid for pid, _ in load_prompt_records("alpaca-eval")
@@ -252,7 +252,7 @@ def test_finding_folders_and_file_names(tmp_path, monkeypatch):
 
 
 def test_calibrate_default_name_is_unchanged():
-    from workbench.measure_ranks import default_name
+    from workbench.calibrate.run import default_name
 
     assert default_name(None, "alpaca-eval") == NAME
     assert default_name("HuggingFaceTB/SmolLM2-135M-Instruct", "data/my.prompts.json") == \

@@ -4,10 +4,10 @@ import json
 import numpy as np
 import pytest
 
-from workbench.accuracies import read_accuracies, write_accuracies
 from workbench.cli import main
-from workbench.optimize import best_dense_tree, expected_length, optimal_tree
-from workbench.tree import load_tree, reference_trees
+from workbench.trees.accuracies import read_accuracies, write_accuracies
+from workbench.trees.optimize import best_dense_tree, expected_length, optimal_tree
+from workbench.trees.tree import load_tree, reference_trees
 
 SPEC_TREE = "[[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]"
 

@@ -3,9 +3,9 @@ lengths: the cache capacity is sized once for the run (`StepEngine.size_for`), s
 compilation. Counted with a backend that wraps aot_eager (the same graph as inductor, traced in seconds on CPU)."""
 import torch
 
-from workbench.decode import medusa_generate, vanilla_generate
-from workbench.engine import StepEngine, root_setup, tree_setup
-from workbench.testing import random_heads, tiny_model
+from workbench.decode.loop import medusa_generate, vanilla_generate
+from workbench.runtime.engine import StepEngine, root_setup, tree_setup
+from support.tiny import random_heads, tiny_model
 
 LENGTHS = (20, 140, 270, 420, 460)  # across any power-of-two or 256-multiple bucket of prompt + new tokens + tree
 NEW = 12

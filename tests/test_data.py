@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.data import PROMPTS_DIR, data_dirs, load_prompt_records, load_prompts
+from workbench.core.data import PROMPTS_DIR, data_dirs, load_prompt_records, load_prompts
 
 SHARED = REPO_ROOT.parent / "shared" / "data"
 needs_shared = pytest.mark.skipif(not (SHARED / "alpaca_eval.json").is_file(), reason="no shared/data beside the repo")
@@ -68,7 +68,7 @@ def test_named_sets_are_read_from_the_package_by_default(tmp_path, monkeypatch):
     mt = load_prompt_records("mt-bench")
     assert len(mt) == 80 and [pid for pid, _ in mt] == [str(i) for i in range(81, 161)]
     (tmp_path / "alpaca-eval.jsonl").write_text(json.dumps({"instruction": "packaged"}) + "\n")
-    monkeypatch.setattr("workbench.data.PROMPTS_DIR", tmp_path)
+    monkeypatch.setattr("workbench.core.data.PROMPTS_DIR", tmp_path)
     assert load_prompts("alpaca-eval") == ["packaged"]
 
 
@@ -107,7 +107,7 @@ def test_prompt_sets_resolve_in_a_clone_without_shared_and_offline(tmp_path):
     """What `workbench calibrate` (default --prompts alpaca-eval) and `--prompts mt-bench` resolve, from a copy of
     the package that has no ../shared/data and no network."""
     clone, env = clone_without_shared(tmp_path)
-    code = OFFLINE + ("import workbench, workbench.data as d\n"
+    code = OFFLINE + ("import workbench, workbench.core.data as d\n"
                       "assert not (workbench.REPO_ROOT.parent / 'shared').exists(), workbench.REPO_ROOT\n"
                       "print(workbench.__file__)\n"
                       "print(len(d.load_prompt_records('alpaca-eval')), len(d.load_prompt_records('mt-bench')))\n")
@@ -199,7 +199,7 @@ def test_missing_file_and_unknown_type(tmp_path):
 def test_named_set_without_packaged_copy_offline_is_one_line(tmp_path):
     """No packaged copy (a stripped install) and no hub: a one-line error naming where it looked (run offline in a
     subprocess)."""
-    code = (f"import workbench.data as d, pathlib\nd.PROMPTS_DIR = pathlib.Path({str(tmp_path / 'none')!r})\n"
+    code = (f"import workbench.core.data as d, pathlib\nd.PROMPTS_DIR = pathlib.Path({str(tmp_path / 'none')!r})\n"
             "from workbench import WorkbenchError\n"
             "try:\n    d.load_prompts('alpaca-eval')\nexcept WorkbenchError as e:\n    print('ERR', e)\n")
     env = {k: v for k, v in os.environ.items() if k != "WORKBENCH_DATA_DIR"}

@@ -9,13 +9,14 @@ from helpers import Oracle, checked_steps
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import (ENTROPY_FORMS, Acceptance, accept_greedy, accept_nucleus, accept_typical, entropy,
-                              first_proposal, medusa_generate, sample_nucleus, typical_decisions, vanilla_generate)
-from workbench.engine import TreeBuffers
-from workbench.generation import prepare_prompt
-from workbench.models import load_model_and_heads
-from workbench.testing import random_heads, tiny_model, tiny_tokenizer
-from workbench.tree import load_tree, tree_buffers
+from workbench.decode.loop import (ENTROPY_FORMS, Acceptance, accept_greedy, accept_nucleus, accept_typical, entropy,
+                                   first_proposal, medusa_generate, sample_nucleus, typical_decisions, vanilla_generate)
+from workbench.runtime.engine import TreeBuffers
+from workbench.runtime.generation import prepare_prompt
+from workbench.runtime.models import load_model_and_heads
+from support.tiny import random_heads, tiny_model, tiny_tokenizer
+from workbench.runtime.treemask import tree_buffers
+from workbench.trees.tree import load_tree
 
 PROMPTS = ["Hello world", "Write a short poem about the sea.", "2+2="]
 TREES = {
@@ -411,7 +412,7 @@ def test_cli_several_prompts_print_a_json_list_in_prompt_order(capsys, tiny_llam
 
 @pytest.mark.slow
 def test_demo_model_medusa_is_exact_with_random_heads():
-    from workbench.models import load_base
+    from workbench.runtime.models import load_base
 
     try:
         model, tok = load_base(None, "cpu")
@@ -431,7 +432,7 @@ def test_demo_model_medusa_is_exact_with_random_heads():
 
 @pytest.mark.slow
 def test_cli_demo_defaults_when_the_demo_heads_exist(capsys):
-    from workbench.heads import DEMO_HEADS
+    from workbench.runtime.heads import DEMO_HEADS
 
     if not DEMO_HEADS.is_dir():
         pytest.skip("demo heads not trained yet")
@@ -448,7 +449,7 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
     """One StepEngine (its static cache reused, reallocated when a longer generation needs it) and TreeBuffers
     built once: Medusa on every tree and vanilla, interleaved over prompts of different lengths, all stay plain
     greedy, and the cache holds exactly prompt + emitted after every step."""
-    from workbench.engine import StepEngine, tree_setup
+    from workbench.runtime.engine import StepEngine, tree_setup
 
     heads = random_heads(64, 128, 5, tied=True, seed=3)
     engine = StepEngine(tiny.model, compile=False)
@@ -467,7 +468,7 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
 def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeypatch, capsys):
     """A step that fails to compile (no C++ toolchain, a graph break under fullgraph, ...) is run eagerly after
     exactly one `warning:` line; the output is still plain greedy."""
-    from workbench.engine import StepEngine
+    from workbench.runtime.engine import StepEngine
 
     def broken(fn, **kw):
         def compiled(*a, **k):
@@ -488,7 +489,7 @@ def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeyp
 def test_time_verify_keeps_the_context_fixed(tiny):
     """Timing a bare verify forward writes rows past the pointer but leaves the cache where it was: the next
     generation step sees the same prefix."""
-    from workbench.engine import StepEngine, root_setup, time_verify, tree_setup
+    from workbench.runtime.engine import StepEngine, root_setup, time_verify, tree_setup
 
     engine = StepEngine(tiny.model, compile=False)
     with torch.inference_mode():

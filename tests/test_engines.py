@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export import best_engine_safe, engine_safe, export_tree
-from workbench.optimize import best_dense_tree, dense_tree, expected_length, optimal_tree
-from workbench.tree import load_tree, make_tree, reference_trees, tree_buffers
+from workbench.export.engines import best_engine_safe, engine_safe, export_tree
+from workbench.runtime.treemask import tree_buffers
+from workbench.trees.optimize import best_dense_tree, dense_tree, expected_length, optimal_tree
+from workbench.trees.tree import load_tree, make_tree, reference_trees
 
 TOPK = 10  # Medusa's and EAGLE-1's buffers index each head's (or draft block's) top-10
 

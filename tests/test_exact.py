@@ -17,17 +17,18 @@ import pytest
 import torch
 from helpers import TIE, Oracle, checked_steps, rounding_in_tree, tie_model, within_rounding
 
-from workbench import WorkbenchError, acceptance, decode
+from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import DecodeResult, Step, medusa_generate, vanilla_generate
-from workbench.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
-from workbench.engine import StepEngine, logits_of
-from workbench.generation import prepare_prompt
-from workbench.heads import save_heads
-from workbench.optimize import dense_tree
-from workbench.sweep import run_sweep, sweep_configs
-from workbench.testing import random_heads, tiny_model, tiny_tokenizer
-from workbench.tree import load_tree, make_tree
+from workbench.decode import acceptance, loop as decode
+from workbench.decode.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
+from workbench.decode.loop import DecodeResult, Step, medusa_generate, vanilla_generate
+from workbench.measure.sweep import run_sweep, sweep_configs
+from workbench.runtime.engine import StepEngine, logits_of
+from workbench.runtime.generation import prepare_prompt
+from workbench.runtime.heads import save_heads
+from workbench.trees.optimize import dense_tree
+from support.tiny import random_heads, tiny_model, tiny_tokenizer
+from workbench.trees.tree import load_tree, make_tree
 
 NEW = 512
 # arch -> tiny_model options. Gemma and Gemma 2 tie the lm_head to the embedding, as their real models do. Seeds are
@@ -466,7 +467,7 @@ def test_compiled_step_is_exact(tiny_llama):
 
 
 def test_batch_bad_inputs_are_one_line_errors(tiny_llama, monkeypatch):
-    from workbench import kvcache as E
+    from workbench.runtime import kvcache as E
 
     model, heads = tiny_llama.model, tiny_llama.heads["2"]
     monkeypatch.setattr(E, "free_bytes", lambda device: 1 << 20)  # 1 MiB free: no batch of 512 x 4096 fits

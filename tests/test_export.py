@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export import (FORMATS, SUFFIXES, TARGETS, best_engine_safe, engine_safe, export_plan, export_tree,
-                              first_level_gaps, vllm_uniform)
-from workbench.optimize import acc_value_fn, best_dense_tree, dense_tree, expected_length, optimal_tree
-from workbench.tree import load_tree, make_tree
+from workbench.export.engines import (FORMATS, SUFFIXES, TARGETS, best_engine_safe, engine_safe, export_plan, export_tree,
+                                      first_level_gaps, vllm_uniform)
+from workbench.trees.optimize import acc_value_fn, best_dense_tree, dense_tree, expected_length, optimal_tree
+from workbench.trees.tree import load_tree, make_tree
 
 TREE = make_tree([[0], [0, 0], [1], [0, 1], [2], [0, 0, 0]], name="small")
 
@@ -200,7 +200,7 @@ def test_trtllm_target_names_the_tensorrt_backend_and_its_removal():
 
 def _plan_file(tmp_path, rows, chains):
     """A plan file: rows (batch, kind, nodes, tokens/step, speedup), each row's best chain (k, tokens/step, speedup)."""
-    from workbench.plan import chain_tree, plan_json
+    from workbench.plan.rank import chain_tree, plan_json
 
     plans, alts = [], []
     for (b, kind, n, tps, s), (k, ctps, cs) in zip(rows, chains):
@@ -219,8 +219,8 @@ def _plan_file(tmp_path, rows, chains):
 def test_vllm_schedule_from_a_plan(tmp_path):
     """Row i covers its batch size up to the next row's minus one; equal neighbours merge; a tree row becomes the
     plan's best chain with its cost noted; batch sizes below the first row take the first row."""
-    from workbench.export import vllm_schedule
-    from workbench.plan import read_plan
+    from workbench.export.engines import vllm_schedule
+    from workbench.plan.rank import read_plan
 
     f = _plan_file(tmp_path, [(2, "tree", 4, 1.9, 1.5), (4, "chain", 2, 1.8, 1.4), (8, "chain", 2, 1.8, 1.2),
                               (32, "none", 0, 1.0, 1.0)],

@@ -21,7 +21,7 @@ import pandas as pd
 import pytest
 
 from workbench.cli import main
-from workbench.io import LOCK_NAME, run_lock
+from workbench.core.io import LOCK_NAME, run_lock
 
 from helpers import freeze_when
 

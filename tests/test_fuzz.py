@@ -28,10 +28,10 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 from hostile_cases import verdict, with_flag
-from workbench.accuracies import write_accuracies
-from workbench.measure_ranks import CalibrateConfig, calibrate
+from workbench.calibrate.run import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.sweep_file import SWEEP_COLUMNS
+from workbench.measure.sweep_file import SWEEP_COLUMNS
+from workbench.trees.accuracies import write_accuracies
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
 CAL_ARGS = ["--max-new-tokens", "6", "--topk", "40", "--budgets", "2", "--batch-size", "6", "--device", "cpu"]
@@ -584,7 +584,7 @@ def test_generated_garbage_never_ends_in_a_traceback(data, env, tmp_path_factory
 # ----------------------------------------------------------------------------------------------- no tokenizer
 
 def test_decode_prompt_ids_need_no_tokenizer(tiny_llama, tmp_path, capsys):
-    from workbench.decode import vanilla_generate
+    from workbench.decode.loop import vanilla_generate
 
     bare = tmp_path / "bare"
     tiny_llama.model.save_pretrained(bare)  # weights and config only
@@ -603,7 +603,7 @@ def test_decode_prompt_ids_need_no_tokenizer(tiny_llama, tmp_path, capsys):
 
 def test_the_atomic_writer_reports_its_own_failures_in_one_line(tmp_path):
     from workbench import WorkbenchError
-    from workbench.io import atomic_write_text
+    from workbench.core.io import atomic_write_text
 
     (tmp_path / "a-file").write_text("x")
     (tmp_path / "a-folder").mkdir()

@@ -5,8 +5,8 @@ import importlib.util
 import json
 from pathlib import Path
 
-from workbench.latency import read_latency
-from workbench.plan import make_plan, plan_source
+from workbench.measure.latency_file import read_latency
+from workbench.plan.rank import make_plan, plan_source
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu.py"
 

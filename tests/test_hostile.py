@@ -109,7 +109,7 @@ def test_a_float_flag_is_finite_or_refused(value):
 @given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10 ** 12),
                           st.sampled_from(["", "x", "1e400", "-1e400", "5e-324"])), min_size=3, max_size=3))
 def test_a_latency_file_reads_to_finite_positive_seconds_or_is_refused(tmp_path_factory, cells):
-    from workbench.latency import latency_table, read_latency
+    from workbench.measure.latency_file import latency_table, read_latency
 
     f = tmp_path_factory.mktemp("lat") / "l.csv"
     f.write_text("context,tokens,seconds\n16,1,0.01\n" + f"{cells[0]},{cells[1]},{cells[2]}\n")
@@ -128,7 +128,7 @@ def test_a_latency_file_reads_to_finite_positive_seconds_or_is_refused(tmp_path_
        rate=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2, 10)),
        batch=st.integers(-2, 2 ** 63))
 def test_a_sweep_file_holds_counts_and_rates_or_is_refused(tmp_path_factory, nodes, rate, batch):
-    from workbench.sweep_file import SWEEP_COLUMNS, read_sweep
+    from workbench.measure.sweep_file import SWEEP_COLUMNS, read_sweep
 
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r", config="c", tree="t", kind="given", nodes=nodes, depth=1, batch_size=batch,
@@ -179,8 +179,8 @@ def trees(draw):
 @settings(max_examples=200, deadline=None)
 @given(trees())
 def test_the_eagle1_warning_names_exactly_the_nodes_drafted_from_another_row(paths):
-    from workbench.export import eagle1_misdrafted
-    from workbench.tree import load_tree
+    from workbench.export.engines import eagle1_misdrafted
+    from workbench.trees.tree import load_tree
 
     rows = _eagle1_rows(paths)
     assert set(eagle1_misdrafted(load_tree([list(p) for p in paths]))) == {n for n, (a, b) in rows.items() if a != b}

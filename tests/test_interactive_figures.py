@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from workbench import interactive_figures
-from workbench.tree import load_tree, make_tree, tree_buffers
+from workbench.runtime.treemask import tree_buffers
+from workbench.trees.tree import load_tree, make_tree
+from workbench.viz import interactive_figures
 
 SPEC = make_tree([[0], [0, 0], [0, 1], [1], [1, 0], [2]], name="spec")
 
@@ -68,7 +69,7 @@ def test_coloured_tokens_html_escapes():
 
 
 def test_token_pieces_join_to_the_text():
-    from workbench.testing import tiny_tokenizer
+    from support.tiny import tiny_tokenizer
 
     tok = tiny_tokenizer()
     ids = tok("hello world, ok").input_ids

@@ -11,14 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import WorkbenchError
-from workbench.accuracies import read_accuracies
-from workbench.measure_ranks import CalibrateConfig, calibrate, head_ranks, holdout_split
-from workbench.calibration import (NULL, Calibration, decoder_walk, head_accuracies, measured_acceptance,
-                                   path_probabilities, ranks_frame)
-from workbench.decode import medusa_generate
-from workbench.generation import eos_ids, greedy_continuations, prepare_prompt
-from workbench.optimize import expected_length
-from workbench.tree import load_tree, make_tree
+from workbench.calibrate.folder import (NULL, Calibration, decoder_walk, head_accuracies, measured_acceptance,
+                                        path_probabilities, ranks_frame)
+from workbench.calibrate.run import CalibrateConfig, calibrate, head_ranks, holdout_split
+from workbench.decode.loop import medusa_generate
+from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt
+from workbench.trees.accuracies import read_accuracies
+from workbench.trees.optimize import expected_length
+from workbench.trees.tree import load_tree, make_tree
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
            "Write a haiku about rain.", "List some fruits", "How do magnets work?", "Say something nice.",
@@ -97,7 +97,7 @@ def test_ranks_predict_every_step_of_the_live_decoder(run, tiny_llama, prompt_fi
     folder, meta = run
     ranks = Calibration(folder).ranks("all")
     conts = pd.read_parquet(folder / "continuations.parquet").set_index("prompt_id")
-    from workbench.data import load_prompt_records
+    from workbench.core.data import load_prompt_records
     texts = dict(load_prompt_records(str(prompt_file)))
     heads = tiny_llama.heads["2"]
     trees = [load_tree(str(folder / "trees" / f"tiny-{kind}-6.json")) for kind in ("joint", "indep")]
@@ -325,8 +325,8 @@ def test_one_line_errors(tiny_llama, prompt_file, tmp_path):
 
 
 def test_heads_for_another_model_are_refused(tiny_llama, prompt_file, tmp_path):
-    from workbench.heads import save_heads
-    from workbench.testing import random_heads
+    from workbench.runtime.heads import save_heads
+    from support.tiny import random_heads
 
     other = save_heads(random_heads(32, 128, 2, tied=True), tmp_path / "h", "other")
     with pytest.raises(WorkbenchError, match="hidden size 32"):
@@ -335,7 +335,7 @@ def test_heads_for_another_model_are_refused(tiny_llama, prompt_file, tmp_path):
 
 def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_path, capsys):
     from workbench.cli import main
-    from workbench.optimize import empirical_value_fn
+    from workbench.trees.optimize import empirical_value_fn
 
     out = tmp_path / "cli"
     argv = ["calibrate", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
@@ -374,7 +374,7 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
 
 
 def test_no_tree_when_no_guess_was_ever_right(tmp_path):
-    from workbench.measure_ranks import build_trees
+    from workbench.calibrate.run import build_trees
 
     ranks = ranks_frame(["a"], [np.array([[-1, -1], [0, NULL], [-1, NULL]], dtype=np.int16)], 2)
     fit = ranks.iloc[[0, 2]]  # head 1 never right on the fit rows
@@ -407,7 +407,7 @@ def test_retrained_heads_in_the_same_folder_are_a_different_calibration(run, tin
     """The heads' weights are part of a run's identity, not only their path."""
     import shutil
 
-    from workbench.heads import save_heads
+    from workbench.runtime.heads import save_heads
 
     heads_dir = tmp_path / "heads"
     shutil.copytree(tiny_llama.heads_dirs["2"], heads_dir)

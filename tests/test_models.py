@@ -8,9 +8,9 @@ import transformers
 from helpers import TESTED_TRANSFORMERS
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.heads import MedusaHeads, check_heads_fit, load_heads, save_heads
-from workbench.models import load_base, load_model_and_heads, pick_device, pick_dtype
-from workbench.testing import random_heads
+from workbench.runtime.heads import MedusaHeads, check_heads_fit, load_heads, save_heads
+from workbench.runtime.models import load_base, load_model_and_heads, pick_device, pick_dtype
+from support.tiny import random_heads
 
 
 def _same(a: MedusaHeads, b: MedusaHeads) -> None:
@@ -161,7 +161,7 @@ def test_model_without_heads_is_an_error(tiny_llama):
 
 
 def test_demo_heads_missing_is_a_one_line_error(monkeypatch, tmp_path):
-    import workbench.models as models
+    import workbench.runtime.models as models
 
     monkeypatch.setattr(models, "DEMO_HEADS", tmp_path / "absent")
     _one_line_error(lambda: load_model_and_heads(None, None), "demo heads")
@@ -184,7 +184,7 @@ def test_device_and_dtype_choices():
 
 @pytest.mark.slow
 def test_gguf_file_loads_through_transformers():
-    from workbench.models import demo_gguf_path
+    from workbench.runtime.models import demo_gguf_path
 
     try:
         gguf = demo_gguf_path()
@@ -198,7 +198,7 @@ def test_gguf_file_loads_through_transformers():
 def test_heads_saved_in_fp16_load_back_as_float(tiny_llama, tmp_path):
     from safetensors.torch import load_file
 
-    from workbench.heads import load_heads, save_heads
+    from workbench.runtime.heads import load_heads, save_heads
 
     heads = tiny_llama.heads["2"]
     folder = save_heads(heads, tmp_path / "h16", "tiny", dtype=torch.float16)

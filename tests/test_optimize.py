@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from workbench import WorkbenchError
-from workbench.accuracies import accuracies_from_hits, check_accuracies, read_accuracies, write_accuracies
-from workbench.speed import interpolate_latency, speedup_curve as predicted_speedup
-from workbench.optimize import (acc_value_fn, best_dense_tree, best_first, dense_tree, empirical_value_fn,
-                                expected_curve, expected_length, optimal_tree, optimal_tree_from)
-from workbench.tree import load_tree, reference_trees
+from workbench.core.speed import interpolate_latency, speedup_curve as predicted_speedup
+from workbench.trees.accuracies import accuracies_from_hits, check_accuracies, read_accuracies, write_accuracies
+from workbench.trees.optimize import (acc_value_fn, best_dense_tree, best_first, dense_tree, empirical_value_fn,
+                                      expected_curve, expected_length, optimal_tree, optimal_tree_from)
+from workbench.trees.tree import load_tree, reference_trees
 
 VICUNA_CSV = Path("/work/shared/reference/medusa_vicuna7b_head_acc.csv")
 
@@ -423,7 +423,7 @@ def test_check_accuracies():
 
 
 def test_best_by_keeps_the_optimum_unless_a_dense_tree_within_budget_scores_higher():
-    from workbench.optimize import best_by
+    from workbench.trees.optimize import best_by
 
     opt = load_tree("[[0], [0, 0], [1]]")
     opt = type(opt)(opt.paths, "opt-3")

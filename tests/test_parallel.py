@@ -26,10 +26,10 @@ import pytest
 import torch
 
 from workbench import WorkbenchError
-from workbench.measure_ranks import CalibrateConfig, calibrate
+from workbench.calibrate.run import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.io import LOCK_NAME, run_lock
-from workbench.parallel import Launch, current_launch, one_process_warning
+from workbench.core.io import LOCK_NAME, run_lock
+from workbench.runtime.parallel import Launch, current_launch, one_process_warning
 
 from helpers import freeze_when
 
@@ -335,9 +335,9 @@ def test_a_model_spread_over_devices_gives_the_same_ranks(tiny_llama, tmp_path):
     the code must not assume one device for the model, the last hidden state and the heads."""
     from transformers import AutoModelForCausalLM
 
-    from workbench.measure_ranks import head_ranks
-    from workbench.generation import greedy_continuations
-    from workbench.models import hidden_device
+    from workbench.calibrate.run import head_ranks
+    from workbench.runtime.generation import greedy_continuations
+    from workbench.runtime.models import hidden_device
 
     spread = AutoModelForCausalLM.from_pretrained(
         tiny_llama.model_dir, offload_folder=tmp_path / "offload",
@@ -359,8 +359,8 @@ def test_a_model_spread_over_devices_gives_the_same_ranks(tiny_llama, tmp_path):
 # ----------------------------------------------------------------------------------------------- train-heads
 
 def test_train_heads_data_is_sharded_like_calibrate_and_the_last_process_trains(tiny_llama, tmp_path, monkeypatch):
-    from workbench.heads import load_heads
-    from workbench.train import TrainConfig, build_data, part_infos, train_heads
+    from workbench.runtime.heads import load_heads
+    from workbench.train.medusa1 import TrainConfig, build_data, part_infos, train_heads
 
     cfg = dict(prompts=PROMPTS, max_new_tokens=12, gen_batch=2, gen_dtype="float32", steps=20, batch_size=32,
                lr=1e-2, warmup=2, num_heads=3)
@@ -389,7 +389,7 @@ def test_train_heads_data_is_sharded_like_calibrate_and_the_last_process_trains(
 
 
 def test_train_heads_refuses_a_work_folder_of_another_model(tiny_llama, tiny_qwen2, tmp_path):
-    from workbench.train import TrainConfig, build_data
+    from workbench.train.medusa1 import TrainConfig, build_data
 
     cfg = TrainConfig(prompts=PROMPTS[:4], tokens=10, max_new_tokens=6, gen_batch=4, gen_dtype="float32")
     build_data(tmp_path / "work", cfg, str(tiny_llama.model_dir), None)

@@ -10,17 +10,17 @@ import pandas as pd
 import pytest
 
 from workbench import WorkbenchError
-from workbench.accuracies import write_accuracies
-from workbench.measure_ranks import CalibrateConfig, calibrate
-from workbench.calibration import Calibration
+from workbench.calibrate.folder import Calibration
+from workbench.calibrate.run import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.export import PLAN_FORMATS, export_plan
-from workbench.latency import latency_surface, non_decreasing, read_latency
-from workbench.speed import relative_latency, speedup, speedup_at, speedup_range, within_noise
-from workbench.optimize import expected_length
-from workbench.plan import (PLAN_ROW, check_acceptance, chain_tree, make_plan, plan_json, plan_source,
-                            read_acceptance, read_plan)
-from workbench.tree import load_tree, make_tree
+from workbench.core.speed import relative_latency, speedup, speedup_at, speedup_range, within_noise
+from workbench.export.engines import PLAN_FORMATS, export_plan
+from workbench.measure.latency_file import latency_surface, non_decreasing, read_latency
+from workbench.plan.rank import (PLAN_ROW, check_acceptance, chain_tree, make_plan, plan_json, plan_source,
+                                 read_acceptance, read_plan)
+from workbench.trees.accuracies import write_accuracies
+from workbench.trees.optimize import expected_length
+from workbench.trees.tree import load_tree, make_tree
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
            "Write a haiku about rain.", "List some fruits", "How do magnets work?"]
@@ -161,9 +161,9 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
     ones of as many tokens: with the heads' cost beside the table (depth, heads_seconds) a tree is priced at its own
     depth, t(n) - h(depth timed) + h(its depth), the same in plan's ranking and for any tree the app scores; a
     table without those columns is priced as timed; half-filled columns are one error."""
-    from workbench.plan import at_batch, rank
-    from workbench.recommend import latency_tables, tree_speedup
-    from workbench.speed import at_depth, priced
+    from workbench.plan.rank import at_batch, rank
+    from workbench.plan.recommend import latency_tables, tree_speedup
+    from workbench.core.speed import at_depth, priced
 
     h = {0: 0.0, 1: 0.002, 2: 0.004, 3: 0.008}
     df = surface(batches=(8,), sizes=(1, 2, 3, 4))
@@ -522,7 +522,7 @@ def test_plan_bad_input_is_one_error_line(calib, flat_latency, tmp_path, capsys)
 
 
 def test_plan_formats_cover_the_tree_formats():
-    from workbench.export import FORMATS
+    from workbench.export.engines import FORMATS
 
     assert set(FORMATS) < set(PLAN_FORMATS) and {"vllm-tree", "trtllm-current"} <= set(PLAN_FORMATS)
     with pytest.raises(WorkbenchError, match="unknown export format"):
@@ -533,7 +533,7 @@ def test_speedups_by_kind_list_each_kind_once_per_batch_size_and_mark_the_choice
     """What the app draws against batch size: per batch size, none at 1, the choice and the runner-up of another
     kind and the best chain at their predicted speedups, the plan's own choice marked (the committed demo plan)."""
     from workbench import REPO_ROOT
-    from workbench.plan import read_plan, speedups_by_kind
+    from workbench.plan.rank import read_plan, speedups_by_kind
 
     plan = read_plan(REPO_ROOT / "docs" / "results" / "plan-cpu.json")
     df = speedups_by_kind(plan)
@@ -612,7 +612,7 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
     assert [(r["batch_size"]) for r in res["rows"]] == [1, 1, 2, 2] and res["prompts"] == 2
     assert res["setting"]["threads"] >= 1 and "load_average" in res["setting"] and res["latency_setting"] is None
     assert "provenance unknown" in res["setting_warning"]
-    from workbench.calibration import answer_rows, batch_walk
+    from workbench.calibrate.folder import answer_rows, batch_walk
 
     cal = Calibration(calib)
     answers = cal.answers("all", 6)

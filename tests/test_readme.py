@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from workbench import REPO_ROOT
-from workbench.ui.browser import free_port, healthy, stop
+from support.browser import free_port, healthy, stop
 
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
 CI = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The app's one answer (workbench/recommend.py): candidates ranked by predicted speedup, the pick, the range from
+"""The app's one answer (workbench/plan/recommend.py): candidates ranked by predicted speedup, the pick, the range from
 the latency spread, and the sweep measurements of the same tree shapes, old decoders marked old."""
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import pandas as pd
 import pytest
 
 from workbench import WorkbenchError
-from workbench import recommend as R
-from workbench.calibration import Calibration
-from workbench.sweep_file import SWEEP_COLUMNS
-from workbench.tree import make_tree, tree_key
+from workbench.calibrate.folder import Calibration
+from workbench.measure.sweep_file import SWEEP_COLUMNS
+from workbench.plan import recommend as R
+from workbench.trees.tree import make_tree, tree_key
 
 from helpers import make_calibration
 
@@ -80,11 +80,11 @@ def test_pick_is_the_best_predicted_speedup_with_its_numbers(cal):
 
 def test_the_answer_is_plans_choice_with_plans_numbers(cal, tmp_path):
     """One ranker: the app's pick, its tokens/step and speedup are `workbench plan`'s for the same inputs."""
-    from workbench.plan import make_plan, plan_source
+    from workbench.plan.rank import make_plan, plan_source
 
     f = tmp_path / "lat.csv"
     latency(CHEAP, batches=(1, 2), spread=0.05).to_csv(f, index=False)
-    from workbench.latency import read_latency
+    from workbench.measure.latency_file import read_latency
     plan = make_plan(plan_source(calibration=cal.folder), f, [1, 2])
     for row in plan["plans"]:
         rec = R.recommend(cal, read_latency(f), batch=row["batch_size"], latency_name=f.name)
@@ -181,7 +181,7 @@ def test_named_trees_are_evidence_not_candidates(cal):
 def test_accuracy_table_only_uses_independence(cal):
     rec = R.recommend(cal.accuracies("fit"), latency(CHEAP))
     assert rec["prediction"] == "predicted_independent"
-    from workbench.optimize import expected_length
+    from workbench.trees.optimize import expected_length
     pick = rec["pick"]
     assert pick["tokens_per_step"] == pytest.approx(expected_length(pick["tree"], cal.accuracies("fit")))
 
@@ -197,7 +197,7 @@ def test_a_latency_table_that_is_not_monotone_is_named(cal):
 
 
 def test_measurements_from_another_setting_are_named(cal):
-    from workbench.provenance import setting, setting_cell
+    from workbench.core.provenance import setting, setting_cell
 
     here = setting("cpu", "float32", 2, False)
     df = latency(CHEAP)
@@ -217,7 +217,7 @@ def test_only_measurements_in_the_latency_tables_setting_are_weighed(cal):
     """A sweep at another thread count (or one that does not record its setting, beside a table that does) is shown,
     never weighed: half the prediction measured at 1 thread is no disagreement with a 2-thread table, and the answer
     does not turn into "no speculation" on it. The same sweep in the table's setting is weighed."""
-    from workbench.provenance import setting, setting_cell
+    from workbench.core.provenance import setting, setting_cell
 
     here = setting("cpu", "float32", 2, False)
     df = latency(CHEAP)

@@ -27,8 +27,8 @@ import pytest
 
 from helpers import freeze_when
 from workbench.cli import main
-from workbench.io import piece_files, work_folder
-from workbench.provenance import without_load
+from workbench.core.io import piece_files, work_folder
+from workbench.core.provenance import without_load
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"Tell me about the number {i}." for i in range(10)]
@@ -308,7 +308,7 @@ def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, c
 
 
 def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, capsys):
-    from workbench.io import WorkState, remove_work
+    from workbench.core.io import WorkState, remove_work
 
     out = tmp_path / "sub" / "result.csv"
     s = WorkState(out, {"sizes": [1, 2]})
@@ -332,7 +332,7 @@ def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, cap
 
 def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys):
     """A kill inside an atomic write leaves a dot file: never a piece, never counted, never a reason to refuse."""
-    from workbench.io import WorkState
+    from workbench.core.io import WorkState
 
     out = tmp_path / "r.csv"
     folder = tmp_path / "r.csv.work"
@@ -349,7 +349,7 @@ def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys):
 
 def test_work_state_refuses_a_folder_it_did_not_write(tmp_path):
     from workbench import WorkbenchError
-    from workbench.io import WorkState
+    from workbench.core.io import WorkState
 
     (tmp_path / "r.json.work").mkdir()
     (tmp_path / "r.json.work" / "mine.txt").write_text("a user's file")
@@ -359,7 +359,7 @@ def test_work_state_refuses_a_folder_it_did_not_write(tmp_path):
 
 
 STANDIN = '''#!{python}
-"""Stands in for vLLM's worker (the protocol of workbench/vllm_worker.py): logs the engines it was asked for and
+"""Stands in for vLLM's worker (the protocol of workbench/export/vllm_worker.py): logs the engines it was asked for and
 answers each with a result naming it; with STANDIN_DIE_AT=i it dies while running engine i."""
 import json, os, sys
 req = json.loads(sys.stdin.read())
@@ -379,8 +379,8 @@ def test_vllm_check_keeps_finished_engines_and_starts_only_the_rest(tmp_path, mo
     """Without vLLM: a worker killed during its third engine leaves the first two kept; the rerun asks the worker
     for the other two only and returns all four in order; other settings start every engine again."""
     from workbench import WorkbenchError
-    from workbench.io import WorkState
-    from workbench.vllm_check import engine_results
+    from workbench.core.io import WorkState
+    from workbench.export.vllm_check import engine_results
 
     py = tmp_path / "python"
     py.write_text(STANDIN.format(python=sys.executable))
@@ -407,9 +407,9 @@ def test_vllm_check_keeps_finished_engines_and_starts_only_the_rest(tmp_path, mo
 def test_our_decoder_parts_are_taken_from_the_state(tiny_llama, tmp_path):
     """vllm-check's own decoding: every part is kept; a rerun takes a kept part instead of decoding it again
     (a part changed on disk comes back as changed) and decodes the missing ones as before."""
-    from workbench.io import WorkState
-    from workbench.generation import prepare_prompt
-    from workbench.vllm_check import ours
+    from workbench.core.io import WorkState
+    from workbench.runtime.generation import prepare_prompt
+    from workbench.export.vllm_check import ours
 
     tok, heads = tiny_llama.tokenizer, tiny_llama.heads["2"]
     ids = [prepare_prompt(tok, f"Count to {i}.") for i in range(3)]

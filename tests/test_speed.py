@@ -9,15 +9,15 @@ import sys
 import pytest
 
 from workbench import REPO_ROOT
-from workbench.provenance import differences, mismatch_warning, read_setting, setting, setting_cell
-from workbench.speed import (acceptance_per_position, batch_tokens_per_step, decode_speedup, goodput, mean_step_s,
-                             measured_speedup, prefill_share, spread, step_times, tokens_per_step)
+from workbench.core.provenance import differences, mismatch_warning, read_setting, setting, setting_cell
+from workbench.core.speed import (acceptance_per_position, batch_tokens_per_step, decode_speedup, goodput, mean_step_s,
+                                  measured_speedup, prefill_share, spread, step_times, tokens_per_step)
 
-OWNER = "workbench/speed.py"
-# Not measured speed: calibration.py's replay is the *prediction* of tokens/step (its one owner); DecodeResult's
+OWNER = "workbench/core/speed.py"
+# Not measured speed: calibrate/folder.py's replay is the *prediction* of tokens/step (its one owner); DecodeResult's
 # mean_step_s property is a name that calls speed.mean_step_s.
-ALLOWED = {("workbench/calibration.py", "tokens / steps"),
-           ("workbench/decode.py", "def mean_step_s")}
+ALLOWED = {("workbench/calibrate/folder.py", "tokens / steps"),
+           ("workbench/decode/loop.py", "def mean_step_s")}
 # Each quantity's formula as an expression shape; anywhere but speed.py it is a second owner.
 SOURCES = [p for d in ("workbench", "bench", "app.py") for p in
            ((REPO_ROOT / d).rglob("*.py") if (REPO_ROOT / d).is_dir() else [REPO_ROOT / d])]
@@ -67,14 +67,14 @@ def test_the_scan_finds_a_second_owner():
 
 
 def test_planner_and_latency_do_not_import_torch():
-    code = "import sys, workbench.plan, workbench.latency, workbench.recommend, workbench.speed; " \
+    code = "import sys, workbench.plan.rank, workbench.measure.latency_file, workbench.plan.recommend, workbench.core.speed; " \
            "print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
     assert out.stdout.split() == ["False", "False"]
 
 
 def test_measured_quantities_on_a_real_decode(tiny_llama):
-    from workbench.decode import medusa_generate, vanilla_generate
+    from workbench.decode.loop import medusa_generate, vanilla_generate
 
     t = tiny_llama
     prompts = [[1, 5, 9, 3], [2, 7, 4, 4, 8]]
@@ -118,8 +118,8 @@ def test_provenance_round_trip_and_mismatch():
 def test_decoder_step_surface(tiny_llama):
     """The decoder's own step, timed on real decodes at batch sizes 1 and 2: every (batch, tokens) with its spread,
     the bare forward beside it, the context the steps saw, and the setting."""
-    from workbench.latency import LATENCY_COLUMNS, latency_surface
-    from workbench.measure_latency import latency_tree, measure_decoder_steps
+    from workbench.measure.latency_file import LATENCY_COLUMNS, latency_surface
+    from workbench.measure.latency import latency_tree, measure_decoder_steps
 
     t = tiny_llama
     prompts = [[1, 5, 9, 3], [2, 7, 4, 4, 8], [3, 3, 1]]
@@ -146,8 +146,8 @@ def test_heads_cost_completes_a_table_measured_before_it_was_kept(tiny_llama, tm
     import torch
 
     from workbench.cli import main
-    from workbench.latency import read_latency
-    from workbench.measure_latency import latency_tree, measure_latency
+    from workbench.measure.latency_file import read_latency
+    from workbench.measure.latency import latency_tree, measure_latency
 
     t = tiny_llama
     old = measure_latency(t.model, sizes=[1, 2, 4], contexts=[8], repeats=1, warmup=0, heads=t.heads["2"],
@@ -191,9 +191,10 @@ def test_decoder_step_costs_are_measured_against_a_reference_after_every_step(ti
     import statistics
     import types
 
-    import workbench.decode as decode
-    import workbench.engine as engine
-    from workbench.measure_latency import measure_decoder_steps
+    import workbench.measure.latency as engine  # the names it calls, replaced where it looks them up
+    from workbench.measure.latency import measure_decoder_steps
+
+    decode = engine
 
     rng, speed = random.Random(0), [1.0]
     calls, size_of, real_setup = [], {}, engine.tree_setup
@@ -242,7 +243,7 @@ def test_decoder_step_costs_are_measured_against_a_reference_after_every_step(ti
 
 def test_latency_cli_times_the_decoder_step_by_default(tiny_llama, make_prompt_file, tmp_path, capsys):
     from workbench.cli import main
-    from workbench.latency import read_latency
+    from workbench.measure.latency_file import read_latency
 
     out = tmp_path / "step.csv"
     prompts = make_prompt_file(["Tell me a story.", "What is 2+2?"])

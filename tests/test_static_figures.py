@@ -1,4 +1,4 @@
-"""workbench/static_figures.py: each figure draws the numbers it is given (read back from the matplotlib artists),
+"""workbench/viz/static_figures.py: each figure draws the numbers it is given (read back from the matplotlib artists),
 the tree layout follows its rules, and `workbench tree show --png` writes the same drawing."""
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import pytest
 from matplotlib.collections import LineCollection, PathCollection
 from matplotlib.figure import Figure
 
-from workbench import static_figures
-from workbench.accuracies import write_accuracies
 from workbench.cli import main
-from workbench.optimize import acc_value_fn, optimal_tree
-from workbench.tree import load_tree, make_tree, reference_trees, tree_buffers
+from workbench.runtime.treemask import tree_buffers
+from workbench.trees.accuracies import write_accuracies
+from workbench.trees.optimize import acc_value_fn, optimal_tree
+from workbench.trees.tree import load_tree, make_tree, reference_trees
+from workbench.viz import static_figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

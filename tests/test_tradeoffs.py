@@ -9,21 +9,21 @@ import pandas as pd
 import pytest
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.accuracies import write_accuracies
-from workbench.calibration import Calibration
+from workbench.calibrate.folder import Calibration
+from workbench.calibrate.run import CalibrateConfig, calibrate
 from workbench.cli import main
 from workbench.cli.shared import parse_delta, parse_floats
-from workbench.decode import DECODER_VERSION
-from workbench.generation import prepare_prompt
-from workbench.latency import HEADS_COLUMNS, LATENCY_COLUMNS, hardware_aware, latency_table, read_latency
-from workbench.measure_latency import measure_latency
-from workbench.measure_ranks import CalibrateConfig, calibrate
-from workbench.models import random_model
-from workbench.optimize import dense_tree, expected_length, optimal_tree
-from workbench.report import summarize
-from workbench.sweep import dense_near, run_sweep, sweep_configs, sweep_trees
-from workbench.sweep_file import SWEEP_COLUMNS, read_sweep
-from workbench.tree import load_tree
+from workbench.decode.loop import DECODER_VERSION
+from workbench.measure.latency import measure_latency
+from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, hardware_aware, latency_table, read_latency
+from workbench.measure.sweep import dense_near, run_sweep, sweep_configs, sweep_trees
+from workbench.measure.sweep_file import SWEEP_COLUMNS, read_sweep
+from workbench.plan.report import summarize
+from workbench.runtime.generation import prepare_prompt
+from workbench.runtime.models import random_model
+from workbench.trees.accuracies import write_accuracies
+from workbench.trees.optimize import dense_tree, expected_length, optimal_tree
+from workbench.trees.tree import load_tree
 
 V1_SWEEP = REPO_ROOT / "tests" / "data" / "sweep-greedy-v1.csv"  # a sweep of decoder version 1, as written
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
@@ -331,10 +331,10 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
 def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_llama, prompt_file, tmp_path):
     """With heads that actually accept tokens, the calibration's decoder replay on its held-out answers equals the
     live greedy decoder's tokens per step on those prompts, tree by tree (the sweep's `replay_swept` column)."""
-    from workbench.decode import medusa_generate
-    from workbench.heads import load_heads
-    from workbench.sweep import calibration_predictions
-    from workbench.train import TrainConfig, interleaved_prompts, train_heads
+    from workbench.decode.loop import medusa_generate
+    from workbench.runtime.heads import load_heads
+    from workbench.measure.sweep import calibration_predictions
+    from workbench.train.medusa1 import TrainConfig, interleaved_prompts, train_heads
 
     heads_dir = tmp_path / "heads"
     train_heads(tmp_path / "work", TrainConfig(prompts=interleaved_prompts([str(prompt_file)]) * 4, tokens=400,
@@ -362,7 +362,7 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
 def test_sweep_reruns_when_the_heads_in_the_same_folder_change(tiny_llama, prompt_file, tmp_path):
     import torch
 
-    from workbench.heads import save_heads
+    from workbench.runtime.heads import save_heads
 
     heads = tiny_llama.heads["2"]
     folder = save_heads(heads, tmp_path / "heads", str(tiny_llama.model_dir), fmt=2)
@@ -481,7 +481,7 @@ def test_bad_inputs_are_one_line_errors(tiny_llama, calib, prompt_file, tmp_path
 
 
 def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
-    from workbench.calibration import decoder_walk
+    from workbench.calibrate.folder import decoder_walk
 
     fit = Calibration(calib).ranks("fit")
     answers = fit[fit["position"] < 6]
@@ -496,8 +496,8 @@ def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
 def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
     """A sweep of decoder version 1 (written before the predictions were renamed, without the step timing
     columns) and a CSV with the old prediction names read with today's names, in read_sweep and in the report."""
-    from workbench.calibration import PREDICTIONS
-    from workbench.sweep_file import OLD_COLUMNS, read_sweep
+    from workbench.calibrate.folder import PREDICTIONS
+    from workbench.measure.sweep_file import OLD_COLUMNS, read_sweep
 
     committed = V1_SWEEP
     old = pd.read_csv(committed).rename(columns={v: k for k, v in OLD_COLUMNS.items()})
@@ -515,7 +515,7 @@ def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
 def test_has_typical_means_rows_with_an_epsilon(tmp_path):
     """Fig. 5 needs typical-acceptance rows: the committed typical sweep has them, the greedy one has none."""
     from workbench import REPO_ROOT
-    from workbench.sweep_file import has_typical, read_sweep
+    from workbench.measure.sweep_file import has_typical, read_sweep
 
     typical, greedy = (read_sweep(REPO_ROOT / "docs" / "results" / f"sweep-{k}-cpu.csv") for k in ("typical", "greedy"))
     assert has_typical(typical) and not has_typical(greedy)
@@ -526,9 +526,9 @@ def test_find_csvs_by_the_columns_their_reader_needs(tmp_path):
     """The app's file pickers list the committed sweeps and the calibration's latency CSV, each by its reader's
     required columns, and skip other CSVs and unreadable files."""
     from workbench import REPO_ROOT
-    from workbench.io import find_csvs
-    from workbench.latency import LATENCY_REQUIRED
-    from workbench.sweep_file import SWEEP_REQUIRED, read_sweep
+    from workbench.core.io import find_csvs
+    from workbench.measure.latency_file import LATENCY_REQUIRED
+    from workbench.measure.sweep_file import SWEEP_REQUIRED, read_sweep
 
     results, cal = REPO_ROOT / "docs" / "results", REPO_ROOT / "calibration"
     sweeps = find_csvs([results, cal, tmp_path / "missing"], SWEEP_REQUIRED)
@@ -566,7 +566,7 @@ def test_a_plan_is_checked_live_per_batch_size(tiny_llama, calib, prompt_file, t
     assert main(["sweep-report", str(sweep_csv), "--plan", str(plan_file)]) == 0
     md = capsys.readouterr().out
     assert "## Plan per batch size: predicted vs measured" in md and "## Goodput per batch size" in md
-    from workbench.plan import plan_check
+    from workbench.plan.rank import plan_check
     check = plan_check(plan, read_sweep(sweep_csv))
     choice = check[check["role"] == "choice"].set_index("batch_size")
     assert list(choice.index) == [1, 2] and choice.loc[2, "measured_speedup"] == 1.0  # none is vanilla itself

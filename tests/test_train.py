@@ -6,9 +6,9 @@ import torch
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.heads import DEMO_HEADS, load_heads
-from workbench.testing import tiny_tokenizer
-from workbench.train import TrainConfig, default_folders, interleaved_prompts, load_dataset_tensors, train_heads
+from workbench.runtime.heads import DEMO_HEADS, load_heads
+from support.tiny import tiny_tokenizer
+from workbench.train.medusa1 import TrainConfig, default_folders, interleaved_prompts, load_dataset_tensors, train_heads
 
 
 @pytest.fixture
@@ -89,8 +89,8 @@ def test_resume_continues_without_regenerating(tiny_llama, prompt_file, tmp_path
 
 
 def test_parts_hold_the_answers_generate_gives_and_reruns_only_add_new_prompts(tiny_llama, prompt_file, tmp_path):
-    from workbench.generation import prepare_prompt
-    from workbench.train import build_data, prompt_key
+    from workbench.runtime.generation import prepare_prompt
+    from workbench.train.medusa1 import build_data, prompt_key
 
     prompts = interleaved_prompts([str(prompt_file)])
     work = tmp_path / "work"
@@ -116,8 +116,8 @@ def test_parts_hold_the_answers_generate_gives_and_reruns_only_add_new_prompts(t
 
 
 def test_more_answers_per_prompt_fork_at_the_first_token(tiny_llama, prompt_file, tmp_path):
-    from workbench.generation import eos_ids, prepare_prompt
-    from workbench.train import build_data, prompt_key
+    from workbench.runtime.generation import eos_ids, prepare_prompt
+    from workbench.train.medusa1 import build_data, prompt_key
 
     prompts = interleaved_prompts([str(prompt_file)])[:4]
     work = tmp_path / "work"
@@ -223,8 +223,8 @@ def test_time_budget_flags_are_checked(tiny_llama, prompt_file, tmp_path, capsys
 
 
 def test_default_training_files_come_from_the_data_folders_in_order(tmp_path, monkeypatch):
-    from workbench.data import data_dirs
-    from workbench.train import DEFAULT_TRAIN_FILES, default_prompt_files
+    from workbench.core.data import data_dirs
+    from workbench.train.medusa1 import DEFAULT_TRAIN_FILES, default_prompt_files
 
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))  # what the GPU machine's environment points at
     (tmp_path / DEFAULT_TRAIN_FILES[1]).write_text("[]")

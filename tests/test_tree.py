@@ -8,10 +8,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from workbench import WorkbenchError
-from workbench.static_figures import to_networkx
-from workbench.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, buffers_record, load_tree, make_tree, parse_path,
-                            record_json, reference_trees, remove_path, tree_buffers, tree_diff, tree_record,
-                            tree_stats, validate)
+from workbench.runtime.treemask import tree_buffers
+from workbench.trees.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, buffers_record, load_tree, make_tree, parse_path,
+                                  record_json, reference_trees, remove_path, tree_diff, tree_record,
+                                  tree_stats, validate)
+from workbench.viz.static_figures import to_networkx
 
 SPEC_TREE = [[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]
 SHARED_TREES = Path("/work/shared/reference/medusa_trees.json")

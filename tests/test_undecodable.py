@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
+from workbench.calibrate.run import head_ranks
 from workbench.cli import main
-from workbench.generation import greedy_continuations
-from workbench.heads import save_heads
-from workbench.measure_ranks import head_ranks
-from workbench.testing import random_heads, tiny_tokenizer
+from workbench.runtime.generation import greedy_continuations
+from workbench.runtime.heads import save_heads
+from support.tiny import random_heads, tiny_tokenizer
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "hi", "Why is the sky blue?"]
 
@@ -84,7 +84,7 @@ def test_calibrate_and_train_heads_warn_once_and_decode_refuses(mamba_dir, tmp_p
 
 
 def test_an_attention_model_gets_no_such_warning(tmp_path, capsys):
-    from workbench.testing import tiny_model
+    from support.tiny import tiny_model
 
     d = tmp_path / "llama"
     tiny_model("llama", seed=0).save_pretrained(d)
@@ -121,9 +121,9 @@ def test_medusa2_on_a_hybrid_model_warns_as_medusa1_does(tmp_path):
     pytest.importorskip("peft", reason="Medusa-2 needs peft")
     from transformers import AutoConfig
 
-    from workbench.kvcache import undecodable_warning
-    from workbench.medusa2 import Medusa2Config, lora_targets
-    from workbench.models import empty_model
+    from workbench.runtime.kvcache import undecodable_warning
+    from workbench.train.medusa2 import Medusa2Config, lora_targets
+    from workbench.runtime.models import empty_model
 
     try:
         cfg = AutoConfig.for_model("jamba", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -11,11 +11,11 @@ from safetensors.torch import load_file
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.export import (VLLM_WINDOWS, check_synthetic_rates, check_vllm_schedule, export_plan,
-                              vllm_window_error)
-from workbench.heads import save_heads
-from workbench.plan import chain_tree, plan_json, read_plan
-from workbench.testing import random_heads
+from workbench.export.engines import (VLLM_WINDOWS, check_synthetic_rates, check_vllm_schedule, export_plan,
+                                      vllm_window_error)
+from workbench.plan.rank import chain_tree, plan_json, read_plan
+from workbench.runtime.heads import save_heads
+from support.tiny import random_heads
 
 
 def vllm_drafts(folder, hidden: torch.Tensor) -> torch.Tensor:
@@ -153,7 +153,7 @@ def test_vllm_check_without_an_interpreter_says_how_to_make_one(monkeypatch, tmp
 
 
 def test_our_counts_are_vllms_per_position_counts():
-    from workbench.vllm_check import compare_outputs, first_difference, per_position
+    from workbench.export.vllm_check import compare_outputs, first_difference, per_position
 
     # steps accepting 0, 2, 1, 3 drafts: position 1 accepted in 3 steps, position 2 in 2, position 3 in 1
     assert per_position([0, 2, 1, 3], 3) == [3, 2, 1]
@@ -164,7 +164,7 @@ def test_our_counts_are_vllms_per_position_counts():
 
 
 def test_our_last_step_counts_in_vllm_only_when_it_emitted_a_draft():
-    from workbench.vllm_check import counted_like_vllm, vllm_steps
+    from workbench.export.vllm_check import counted_like_vllm, vllm_steps
 
     # 8 tokens from steps accepting 1, 0, 2 (emitting 2, 1, 3 + root): the run ends on step 3's root alone
     assert vllm_steps([1, 0, 2, 3], 7) == [1, 0, 2]  # the 7th token is step 3's bonus in vLLM: no 4th step
@@ -216,7 +216,7 @@ def test_counted_like_vllm_equals_vllms_own_record_on_every_stop():
     our steps counted by vllm_steps are exactly the steps vLLM records, in order, and the outputs agree."""
     import random
 
-    from workbench.vllm_check import vllm_steps
+    from workbench.export.vllm_check import vllm_steps
 
     rng, ended_on_root, ended_on_draft = random.Random(0), 0, 0
     for _ in range(2000):
@@ -238,7 +238,7 @@ def test_check_table_renders_a_saved_result_with_and_without_per_sequence_steps(
     import copy
     from pathlib import Path
 
-    from workbench.vllm_check import check_table
+    from workbench.export.vllm_check import check_table
 
     saved = json.loads((Path(__file__).resolve().parents[1] / "docs/results/vllm-check-cpu.json").read_text())
     saved["acceptance"] = [{k: v for k, v in r.items() if k not in ("per_sequence", "ours_counted_like_vllm")}
@@ -258,7 +258,7 @@ def test_a_worker_without_vllm_fails_in_one_line():
     import importlib.util
     import sys
 
-    from workbench.vllm_check import run_worker
+    from workbench.export.vllm_check import run_worker
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is importable here: the worker would start an engine")

@@ -13,11 +13,11 @@ import sys
 import warnings
 
 from workbench import WorkbenchError, __version__
-from workbench.io import check_not_inputs
 from workbench.cli.heads import add_calibrate, add_decode, add_train_heads
 from workbench.cli.tradeoffs import add_tradeoffs
 from workbench.cli.trees import add_tree
 from workbench.cli.vllm import add_vllm_check
+from workbench.core.io import check_not_inputs
 
 
 class _Parser(argparse.ArgumentParser):

@@ -8,22 +8,22 @@ from dataclasses import fields
 
 from workbench import ACCEPTANCE_KINDS, WorkbenchError
 from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, parse_ints
-from workbench.io import check_output
-from workbench.tree import MEDUSA_TOPK
+from workbench.core.io import check_output
+from workbench.trees.tree import MEDUSA_TOPK
 
 
 # ==== calibrate ===============================================================================================
 
 def _cmd_calibrate(args) -> int:
-    from workbench.measure_ranks import CalibrateConfig, calibrate
-    from workbench.parallel import one_process_warning
+    from workbench.calibrate.run import CalibrateConfig, calibrate
+    from workbench.runtime.parallel import one_process_warning
 
     if one_process_warning():
         print(one_process_warning(), file=sys.stderr)
     if args.out:
         check_output(args.out, "--out", "folder")
     elif args.name:
-        from workbench.calibration import calibration_root
+        from workbench.calibrate.folder import calibration_root
 
         check_output(calibration_root() / args.name, "--name", "folder")
     check_output(args.trees_dir, "--trees-dir", "folder")
@@ -39,7 +39,7 @@ def _cmd_calibrate(args) -> int:
     print(f"{meta['num_prompts']} prompts, {meta['num_positions']} positions, {meta['num_heads']} heads, "
           f"top-{meta['topk']}; holdout {len(meta['holdout_ids'])} prompts")
     held = bool(meta["holdout_ids"])
-    # tokens/step (names as in calibration.py): the tree's own model's mean over every fit position, a greedy
+    # tokens/step (names as in calibrate/folder.py): the tree's own model's mean over every fit position, a greedy
     # decoder replayed over the fit answers, and on the holdout prompts the joint mean and the replay
     print(f"{'tree':<44}{'nodes':>6}{'expected':>11}{'replay_fit':>11}"
           + (f"{'joint_holdout':>14}{'replay':>9}" if held else ""))
@@ -93,7 +93,7 @@ def _prompt_ids(text: str) -> list[int]:
 def _acceptance(args):
     """--acceptance auto: greedy at temperature 0, nucleus when --top-p is given, else typical (at 0.7 unless
     --temperature says otherwise)."""
-    from workbench.decode import Acceptance
+    from workbench.decode.loop import Acceptance
 
     kind = args.acceptance
     if kind == "auto":
@@ -128,8 +128,8 @@ def _divergence_line(d: dict, tok) -> str:
 
 def _decode_prompts(args, tok) -> list[list[int]]:
     """The prompts of `decode`: one (--prompt, --prompt-ids) or a set (--prompts FILE|NAME, --limit)."""
-    from workbench.data import load_prompt_records
-    from workbench.generation import prepare_prompt
+    from workbench.core.data import load_prompt_records
+    from workbench.runtime.generation import prepare_prompt
 
     if args.prompt_ids is not None:
         return [_prompt_ids(args.prompt_ids)]
@@ -143,11 +143,11 @@ def _decode_prompts(args, tok) -> list[list[int]]:
 
 
 def cmd_decode(args) -> int:
-    from workbench.decode import medusa_generate, vanilla_generate
-    from workbench.divergence import compare, divergences
-    from workbench.engine import StepEngine, tree_setup
-    from workbench.models import load_model_and_heads
-    from workbench.tree import load_tree
+    from workbench.decode.loop import medusa_generate, vanilla_generate
+    from workbench.decode.divergence import compare, divergences
+    from workbench.runtime.engine import StepEngine, tree_setup
+    from workbench.runtime.models import load_model_and_heads
+    from workbench.trees.tree import load_tree
 
     rule = _acceptance(args)
     if args.limit is not None and args.prompts is None:
@@ -252,8 +252,9 @@ def cmd_train_heads(args) -> int:
     if args.recipe == "medusa-2":
         return _cmd_train_medusa2(args)
 
-    from workbench.parallel import one_process_warning
-    from workbench.train import TrainConfig, default_folders, default_prompt_files, interleaved_prompts, train_heads
+    from workbench.runtime.parallel import one_process_warning
+    from workbench.train.medusa1 import (TrainConfig, default_folders, default_prompt_files, interleaved_prompts,
+                                         train_heads)
 
     if one_process_warning():
         print(one_process_warning(), file=sys.stderr)
@@ -293,9 +294,9 @@ def cmd_train_heads(args) -> int:
 def _cmd_train_medusa2(args) -> int:
     from pathlib import Path
 
-    from workbench.heads import DEMO_HEADS
-    from workbench.medusa2 import Medusa2Config, train_medusa2
-    from workbench.train import default_folders, default_prompt_files, interleaved_prompts
+    from workbench.runtime.heads import DEMO_HEADS
+    from workbench.train.medusa2 import Medusa2Config, train_medusa2
+    from workbench.train.medusa1 import default_folders, default_prompt_files, interleaved_prompts
 
     if args.untied or args.active_steps or args.answers_per_prompt != 1 or args.device_map:
         raise WorkbenchError("--untied, --active-steps, --answers-per-prompt and --device-map are medusa-1 "
@@ -393,15 +394,15 @@ def add_train_heads(sub) -> None:
 def cmd_eval_heads(args) -> int:
     from pathlib import Path
 
-    from workbench.io import atomic_write_json, atomic_write_text, remove_work, run_lock
-    from workbench.medusa2 import eval_table, evaluate_medusa2
+    from workbench.core.io import atomic_write_json, atomic_write_text, remove_work, run_lock
+    from workbench.train.medusa2 import eval_table, evaluate_medusa2
 
     if not Path(args.medusa2).is_dir():
         raise WorkbenchError(f"--medusa2 {args.medusa2}: no such folder (give the merged/ folder that "
                              "`train-heads --recipe medusa-2` wrote)")
     if not 0 < args.holdout < 1:
         raise WorkbenchError(f"--holdout {args.holdout:g}: the held-out share in (0, 1) that calibrate used, e.g. 0.2")
-    from workbench.tree import load_tree
+    from workbench.trees.tree import load_tree
 
     load_tree(args.tree)  # a malformed tree fails before two models load (its depth is checked against the heads)
     for flag, path in (("--out", args.out), ("--table", args.table)):

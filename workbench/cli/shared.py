@@ -7,8 +7,8 @@ import math
 import sys
 
 from workbench import WorkbenchError
-from workbench.io import atomic_write_text
-from workbench.tree import MAX_DEPTH, MAX_NODES, MAX_RANK
+from workbench.core.io import atomic_write_text
+from workbench.trees.tree import MAX_DEPTH, MAX_NODES, MAX_RANK
 
 MAX_VALUES = 1000  # values in one --epsilon / --temperature list or range
 
@@ -94,7 +94,7 @@ def finite(low: float = -math.inf, high: float = math.inf, open_low: bool = Fals
 def check_positions(model, total: int) -> None:
     """Refuse a run whose longest sequence (prompt + --max-new-tokens + one step's tree) passes the model's
     positions, before the cache for it is allocated or the generation starts."""
-    from workbench.generation import context_length
+    from workbench.runtime.generation import context_length
 
     limit = context_length(model)
     if limit is not None and total > limit:
@@ -104,7 +104,7 @@ def check_positions(model, total: int) -> None:
 
 def check_memory(need: int, what: str, device=None) -> None:
     """Refuse, before allocating, what would not fit the device's free memory."""
-    from workbench.engine import free_bytes
+    from workbench.runtime.engine import free_bytes
 
     import torch
     free = free_bytes(device or torch.device("cpu"))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import bounded, check_memory, check_positions, model_args, parse_delta, parse_floats, parse_ints, write_output
-from workbench.io import atomic_write_text, check_output, remove_work, run_lock
+from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
+                                  parse_ints, write_output)
+from workbench.core.io import atomic_write_text, check_output, remove_work, run_lock
 
 
 def cmd_latency(args) -> int:
@@ -14,11 +15,11 @@ def cmd_latency(args) -> int:
 
     check_output(args.out, "--out")  # before the imports (torch, transformers): a bad output fails in a second
     check_output(None if args.out else args.calibration, "--calibration", "folder")
-    from workbench.calibration import Calibration, default_latency_path, latency_path, read_meta
-    from workbench.latency import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES
-    from workbench.measure_latency import (DECODER_BATCHES, DECODER_SIZES, device_name, measure_decoder_steps,
+    from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
+    from workbench.measure.latency_file import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES
+    from workbench.measure.latency import (DECODER_BATCHES, DECODER_SIZES, device_name, measure_decoder_steps,
                                            measure_latency)
-    from workbench.models import random_model
+    from workbench.runtime.models import random_model
 
     if args.mode == "heads" or args.table:
         return _add_heads_cost(args)
@@ -40,7 +41,7 @@ def cmd_latency(args) -> int:
     if args.random_config:
         if args.model or args.heads or args.device_map:
             raise WorkbenchError("--random-config builds its own model on --device: drop --model/--heads/--device-map")
-        from workbench.models import parse_random_config, pick_device
+        from workbench.runtime.models import parse_random_config, pick_device
 
         _, kw = parse_random_config(args.random_config)
         numbers = {k: v for k, v in kw.items() if isinstance(v, int) and k != "max_position_embeddings"}
@@ -54,7 +55,7 @@ def cmd_latency(args) -> int:
                      pick_device(args.device))
         model, label = random_model(args.random_config, args.device, args.dtype, args.attn), f"random:{args.random_config}"
     else:
-        from workbench.models import load_base, load_model_and_heads, model_label
+        from workbench.runtime.models import load_base, load_model_and_heads, model_label
 
         label = model_label(args.model)
         if args.heads or step:
@@ -63,7 +64,7 @@ def cmd_latency(args) -> int:
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False,
                                  device_map=args.device_map)
-    from workbench.engine import cache_bytes, check_cacheable
+    from workbench.runtime.engine import cache_bytes, check_cacheable
 
     check_cacheable(model)
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -73,12 +74,12 @@ def cmd_latency(args) -> int:
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (latency_path(args.calibration, dev) if args.calibration
                                            else default_latency_path(label, dev))
-    from workbench.engine import StepEngine
+    from workbench.runtime.engine import StepEngine
 
     engine = StepEngine(model, compile=args.compile)
     if step:
-        from workbench.data import load_prompt_records
-        from workbench.generation import prepare_prompt
+        from workbench.core.data import load_prompt_records
+        from workbench.runtime.generation import prepare_prompt
 
         records = Calibration(args.calibration).holdout_prompts(args.limit) if args.prompts == "holdout" else \
             load_prompt_records(args.prompts, args.limit)
@@ -101,7 +102,7 @@ def cmd_latency(args) -> int:
             and r.get("forward_seconds") is not None else ""
         print(f"{r['batch']:>6}{r['context']:>8}{r['tokens']:>8}{1000 * r['seconds']:>10.3f}{iqr:>18}"
               f"{r['relative']:>11.3f}{fwd}", file=sys.stderr)
-    from workbench.provenance import describe, loaded, read_setting
+    from workbench.core.provenance import describe, loaded, read_setting
 
     where = read_setting(df)
     print(f"setting: {describe(where)}", file=sys.stderr)
@@ -113,11 +114,11 @@ def cmd_latency(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from workbench.plan import make_plan, plan_json, plan_source, plan_table
+    from workbench.plan.rank import make_plan, plan_json, plan_source, plan_table
 
     batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
     check_output(args.out, "--out")
-    from workbench.provenance import describe, loaded
+    from workbench.core.provenance import describe, loaded
 
     if args.max_new_tokens is not None and not args.calibration:
         raise WorkbenchError("--max-new-tokens applies to --calibration predictions (the replayed answers' length)")
@@ -156,11 +157,11 @@ def cmd_plan(args) -> int:
 def cmd_sweep(args) -> int:
     from pathlib import Path
 
-    from workbench import sweep as S
-    from workbench.calibration import Calibration, default_calibration
-    from workbench.data import load_prompt_records
-    from workbench.sweep_file import read_sweep_rows
-    from workbench.tree import load_tree
+    from workbench.measure import sweep as S
+    from workbench.calibrate.folder import Calibration, default_calibration
+    from workbench.core.data import load_prompt_records
+    from workbench.measure.sweep_file import read_sweep_rows
+    from workbench.trees.tree import load_tree
 
     temps = parse_floats(args.temperature, "--temperature")
     eps = parse_floats(args.epsilon, "--epsilon", high=1.0)
@@ -174,7 +175,7 @@ def cmd_sweep(args) -> int:
         raise WorkbenchError("--replay chooses between the optimum and a dense tree per budget: add --budgets")
     plan = None
     if args.plan:  # the live check of a plan: its choice and runner-up at each of its batch sizes, greedy
-        from workbench.plan import read_plan
+        from workbench.plan.rank import read_plan
 
         if args.trees or args.budgets or args.batch_sizes != "1":
             raise WorkbenchError("--plan sweeps the plan's own trees at its own batch sizes: drop --trees, --budgets "
@@ -200,17 +201,17 @@ def cmd_sweep(args) -> int:
     if batch_sizes[-1] > len(records):
         raise WorkbenchError(f"--batch-sizes {args.batch_sizes}: batch {batch_sizes[-1]} but {len(records)} prompts: "
                              "lower the batch size or give more prompts (--limit)")
-    from workbench.measure_ranks import heads_fingerprint
-    from workbench.generation import prepare_prompt
-    from workbench.models import load_model_and_heads, model_label
+    from workbench.runtime.heads import heads_fingerprint
+    from workbench.runtime.generation import prepare_prompt
+    from workbench.runtime.models import load_model_and_heads, model_label
 
-    from workbench.engine import StepEngine
+    from workbench.runtime.engine import StepEngine
 
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                                  device_map=args.device_map)
         if plan is not None:
-            from workbench.plan import plan_trees
+            from workbench.plan.rank import plan_trees
 
             planned = plan_trees(plan)
             configs = S.sweep_configs([(t, "plan") for t, _, _ in planned], temps, eps, delta)
@@ -250,16 +251,16 @@ def cmd_sweep_report(args) -> int:
 
     check_output(args.out, "--out")  # before the imports: reading a sweep imports torch (sweep.py runs them too)
     check_output(args.figures, "--figures", "folder")
-    from workbench.latency import read_latency
-    from workbench.plan import read_plan
-    from workbench.report import summarize
-    from workbench.sweep_file import read_sweep
+    from workbench.measure.latency_file import read_latency
+    from workbench.plan.rank import read_plan
+    from workbench.plan.report import summarize
+    from workbench.measure.sweep_file import read_sweep
 
     sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
     plan = read_plan(args.plan) if args.plan else None
     write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
     if args.figures:
-        from workbench.static_figures import report_figures
+        from workbench.viz.static_figures import report_figures
 
         for f in report_figures(sweep, latency, args.figures, Path(args.sweep).stem):
             print(f"figure written to {f}", file=sys.stderr)
@@ -276,13 +277,13 @@ def _add_heads_cost(args) -> int:
     if args.random_config:
         raise WorkbenchError("--mode heads times the heads of the model the table was measured with: drop "
                              "--random-config")
-    from workbench.latency import read_latency
+    from workbench.measure.latency_file import read_latency
 
     df = read_latency(args.table, "--table")
     out = Path(args.out or args.table)
     check_output(str(out), "--out")
-    from workbench.measure_latency import add_heads_cost
-    from workbench.models import load_model_and_heads
+    from workbench.measure.latency import add_heads_cost
+    from workbench.runtime.models import load_model_and_heads
 
     model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                            need_tokenizer=False, device_map=args.device_map)

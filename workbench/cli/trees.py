@@ -6,18 +6,18 @@ import math
 import sys
 
 from workbench import WorkbenchError
-from workbench.accuracies import read_accuracies
-from workbench.calibration import Calibration
+from workbench.calibrate.folder import Calibration
 from workbench.cli.shared import bounded, write_json, write_output
-from workbench.export import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_METHODS, best_engine_safe,
-                              engine_safe, export_plan,
-                              export_tree)
-from workbench.io import atomic_write_text, check_output
-from workbench.latency import hardware_aware, latency_surface, read_latency
-from workbench.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
-from workbench.plan import looks_like_plan, read_plan
-from workbench.tree import (MAX_DEPTH, MAX_NODES, MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
-                            tree_record, tree_stats)
+from workbench.core.io import atomic_write_text, check_output
+from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_METHODS, best_engine_safe,
+                                      engine_safe, export_plan,
+                                      export_tree)
+from workbench.measure.latency_file import hardware_aware, latency_surface, read_latency
+from workbench.plan.rank import looks_like_plan, read_plan
+from workbench.trees.accuracies import read_accuracies
+from workbench.trees.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
+from workbench.trees.tree import (MAX_DEPTH, MAX_NODES, MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
+                                  tree_record, tree_stats)
 
 
 def _cmd_tree_show(args) -> int:
@@ -36,8 +36,8 @@ def _cmd_tree_show(args) -> int:
         labels = {p: f"{fn(p):.4f}" for p in tree.paths}
         print(f"expected acceptance length: {expected_length(tree, fn):.4f} tokens/step ({args.accuracies})")
     print(ascii_tree(tree, labels))
-    if args.png:  # the app's tree drawing + attention mask (workbench/static_figures.py); edges by probability if known
-        from workbench.static_figures import save_png, tree_figure  # deferred: matplotlib costs ~1 s, only --png draws
+    if args.png:  # the app's tree drawing + attention mask (workbench/viz/static_figures.py); edges by probability if known
+        from workbench.viz.static_figures import save_png, tree_figure  # deferred: matplotlib costs ~1 s, only --png draws
 
         probs = {p: float(v) for p, v in labels.items()} if labels else None
         print(f"wrote {save_png(tree_figure(tree, probs), args.png)}", file=sys.stderr)
@@ -237,7 +237,7 @@ def _cmd_export(args) -> int:
 
 
 def _export_plan(args) -> int:
-    """`workbench export PLAN.json --format F`: one engine's settings from a plan (workbench/export.py)."""
+    """`workbench export PLAN.json --format F`: one engine's settings from a plan (workbench/export/engines.py)."""
 
     if args.engine_safe or args.accuracies or args.calibration or args.heads is not None:
         raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-size; --engine-safe, "
@@ -255,7 +255,7 @@ def _export_plan(args) -> int:
 
 def _export_vllm_heads(args) -> int:
     """`workbench export [HEADS] --format vllm-heads --out DIR`: a heads folder vLLM's Medusa drafter loads."""
-    from workbench.export import export_vllm_heads
+    from workbench.export.engines import export_vllm_heads
 
     if not args.out:
         raise WorkbenchError("--format vllm-heads writes a folder: give --out DIR")

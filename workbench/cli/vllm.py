@@ -1,4 +1,4 @@
-"""`workbench vllm-check`: the plan confirmed in vLLM (workbench/vllm_check.py), JSON + a markdown table."""
+"""`workbench vllm-check`: the plan confirmed in vLLM (workbench/export/vllm_check.py), JSON + a markdown table."""
 from __future__ import annotations
 
 import json
@@ -6,12 +6,12 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.cli.shared import bounded, model_args, parse_ints, write_output
-from workbench.io import atomic_write_text, check_output, remove_work, run_lock
+from workbench.core.io import atomic_write_text, check_output, remove_work, run_lock
 
 
 def cmd_vllm_check(args) -> int:
-    from workbench.plan import read_plan
-    from workbench.vllm_check import check_table, vllm_check, vllm_python
+    from workbench.plan.rank import read_plan
+    from workbench.export.vllm_check import check_table, vllm_check, vllm_python
 
     vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
     check_output(args.out, "--out")

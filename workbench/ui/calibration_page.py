@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from workbench import interactive_figures
-from workbench.accuracies import accuracy_frame
+from workbench.trees.accuracies import accuracy_frame
 from workbench.ui.widgets import accuracy_source, chart, timed
+from workbench.viz import interactive_figures
 
 
 def calibration_page() -> None:

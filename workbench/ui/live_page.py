@@ -13,11 +13,12 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from workbench import ACCEPTANCE_KINDS, REPO_ROOT, WorkbenchError, interactive_figures, static_figures
-from workbench.speed import goodput, tokens_per_step
-from workbench.tree import REFERENCE_DIR, load_tree
+from workbench import ACCEPTANCE_KINDS, REPO_ROOT, WorkbenchError
+from workbench.core.speed import goodput, tokens_per_step
+from workbench.trees.tree import REFERENCE_DIR, load_tree
 from workbench.ui.widgets import (calibration_folders, clean_error, figure, file_stamp, load_model, open_calibration,
                                   timed)
+from workbench.viz import interactive_figures, static_figures
 
 
 def tree_choice() -> str | None:
@@ -133,9 +134,9 @@ def _live_page() -> None:
         # torch and the decoder (transformers, torch's compiler) load on the first press, not on the page's first draw
         import torch
 
-        from workbench.decode import Acceptance, medusa_generate, vanilla_generate
-        from workbench.divergence import compare
-        from workbench.generation import prepare_prompt
+        from workbench.decode.loop import Acceptance, medusa_generate, vanilla_generate
+        from workbench.decode.divergence import compare
+        from workbench.runtime.generation import prepare_prompt
 
         try:
             if not spec:

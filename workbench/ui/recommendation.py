@@ -1,4 +1,4 @@
-"""The recommendation panel the designer and /tradeoffs both open with: one sentence (workbench/recommend.py),
+"""The recommendation panel the designer and /tradeoffs both open with: one sentence (workbench/plan/recommend.py),
 a warning in words when current measurements contradict the prediction, one-click exports of the pick in every
 engine format, and the ranked candidates with their evidence.
 
@@ -13,12 +13,12 @@ import pandas as pd
 import streamlit as st
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.calibration import Calibration
-from workbench.export import FORMATS, SUFFIXES, export_tree
-from workbench.recommend import (comparable, disagreement_text, latency_note, measurements, recommend,
-                                 runner_up_close, sentence, provenance_note, setting_text, shape)
-from workbench.provenance import read_setting, setting_cell
-from workbench.tree import Tree, load_tree, record_json, reference_trees, tree_record
+from workbench.calibrate.folder import Calibration
+from workbench.core.provenance import read_setting, setting_cell
+from workbench.export.engines import FORMATS, SUFFIXES, export_tree
+from workbench.plan.recommend import (comparable, disagreement_text, latency_note, measurements, recommend,
+                                      runner_up_close, sentence, provenance_note, setting_text, shape)
+from workbench.trees.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file, stamped)
 

@@ -11,18 +11,19 @@ from pathlib import Path
 
 import streamlit as st
 
-from workbench import WorkbenchError, interactive_figures
-from workbench.calibration import PREDICTED_COLUMNS
-from workbench.export import PLAN_FORMATS, SUFFIXES, export_plan
-from workbench.plan import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
-from workbench.recommend import OLD_DECODER, decoder_version
-from workbench.sweep_file import has_typical
+from workbench import WorkbenchError
+from workbench.calibrate.folder import PREDICTED_COLUMNS
+from workbench.export.engines import PLAN_FORMATS, SUFFIXES, export_plan
+from workbench.measure.sweep_file import has_typical
+from workbench.plan.rank import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
+from workbench.plan.recommend import OLD_DECODER, decoder_version
 from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
                                   hardware_aware_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
                                   read_sweep_or_error, results_root, slider, timed)
+from workbench.viz import interactive_figures
 
 
 # The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).

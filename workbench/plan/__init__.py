@@ -1,0 +1,1 @@
+"""Deciding: the one ranker (tree, chain or nothing per batch size), the app's recommendation, report tables. No torch."""

@@ -1,0 +1,1 @@
+"""Figures: matplotlib PNGs for the CLI and docs, plotly views for the app. No torch."""

@@ -1,0 +1,442 @@
+"""Every figure of the workbench, as matplotlib `Figure`s built without pyplot (no global state, thread-safe).
+
+The Streamlit app shows them with `st.pyplot(fig)`; the CLI writes them with `save_png(fig, path)`. Functions
+take plain data (a Tree, numpy arrays, pandas frames) and compute nothing beyond what the drawing needs, so a
+figure always shows numbers that some `workbench` module computed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from workbench.calibrate.folder import PREDICTED_COLUMNS
+from workbench.core.io import atomic_write
+from workbench.measure.sweep_file import tree_rows, vanilla_value
+from workbench.trees.tree import RankPath, Tree, tree_arrays
+
+CMAP = "viridis"
+STEP_COLOURS = ["#cfe8ff", "#ffe2b8", "#d6f5d6", "#f7d6e6", "#e6dcff", "#fff3b0", "#d9f2f2", "#f2d9c7"]
+
+
+def legend_outside(ax, handles=None, labels=None, **kw) -> None:
+    """A legend to the right of the axes, never over the data."""
+    args = (handles, labels) if handles is not None else ()
+    ax.legend(*args, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, fontsize=7, **kw)
+
+
+def save_png(fig: Figure, path: str | Path, dpi: int = 150) -> Path:
+    """Write a figure as PNG (atomically: an interrupted write never leaves half an image)."""
+    return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format="png"))
+
+
+# ----------------------------------------------------------------------------------------------- trees
+
+def to_networkx(tree: Tree) -> nx.DiGraph:
+    """DiGraph over paths (root = ()), edges parent -> child, node attributes rank and depth."""
+    g = nx.DiGraph()
+    g.add_node((), rank=None, depth=0)
+    for p in tree.sorted_paths:
+        g.add_node(p, rank=p[-1], depth=len(p))
+        g.add_edge(p[:-1], p)
+    return g
+
+
+def tree_positions(tree: Tree) -> dict[RankPath, tuple[float, float]]:
+    """Root at the top, one row per depth, leaning left like Fig. 6 of the Medusa paper.
+
+    Leaves take consecutive x slots in depth-first order with children sorted by rank; a parent sits above its
+    rank-smallest child, so the all-top-1 chain runs straight down the left edge.
+    """
+    children: dict[RankPath, list[RankPath]] = {}
+    for p in tree.sorted_paths:
+        children.setdefault(p[:-1], []).append(p)
+    pos: dict[RankPath, tuple[float, float]] = {}
+    slot = 0
+
+    def place(node: RankPath) -> float:
+        nonlocal slot
+        kids = sorted(children.get(node, []), key=lambda c: c[-1])
+        if not kids:
+            x = float(slot)
+            slot += 1
+        else:
+            x = [place(c) for c in kids][0]
+        pos[node] = (x, -float(len(node)))
+        return x
+
+    place(())
+    return pos
+
+
+def _tree_width(tree: Tree) -> float:
+    return min(max(6.0, 0.28 * len(tree.leaves()) + 2), 24.0)
+
+
+def _scalar_mappable(norm):
+    """The colour bar's source for edge colours computed by hand (the edge collection carries no colormap)."""
+    sm = ScalarMappable(norm=norm, cmap=CMAP)
+    sm.set_array([])
+    return sm
+
+
+def draw_tree(tree: Tree, probs: dict[RankPath, float] | None = None, labels: dict[RankPath, str] | None = None,
+              ax=None, title: str | None = None):
+    """The tree as a graph: node label = rank (or `labels[path]`, e.g. the real token), edge colour and width =
+    path probability of the child (`probs`, independence or measured). Returns the Figure (new if ax is None)."""
+    fig = None
+    if ax is None:
+        fig = Figure(figsize=(_tree_width(tree), 1.2 * tree.depth + 1.6), layout="constrained")
+        ax = fig.add_subplot()
+    g = to_networkx(tree)
+    pos = tree_positions(tree)
+    edges = list(g.edges())
+    if probs:
+        vals = np.array([float(probs.get(v, 0.0)) for _, v in edges])
+        norm = Normalize(vmin=0.0, vmax=max(float(vals.max()), 1e-9))
+        cmap = colormaps[CMAP]
+        colours = [cmap(norm(x)) for x in vals]
+        widths = 0.6 + 4.0 * norm(vals)
+        sm = _scalar_mappable(norm)
+        ax.figure.colorbar(sm, ax=ax, location="bottom", shrink=0.5, pad=0.02, aspect=40, label="path probability")
+    else:
+        colours, widths = "#888888", 1.0
+    nx.draw_networkx_edges(g, pos, edgelist=edges, ax=ax, edge_color=colours, width=widths, arrows=False)
+    node_labels = {(): labels.get((), "R") if labels else "R"}
+    for p in tree.paths:
+        node_labels[p] = labels[p] if labels and p in labels else str(p[-1])
+    leaves = len(tree.leaves())
+    size, font = (320, 8) if leaves <= 30 else (150, 6) if leaves <= 80 else (60, 4)
+    nx.draw_networkx_nodes(g, pos, ax=ax, node_size=size, node_color="white", edgecolors="#333333", linewidths=0.8)
+    nx.draw_networkx_labels(g, pos, labels=node_labels, ax=ax, font_size=font)
+    ax.set_yticks([-d for d in range(tree.depth + 1)])
+    ax.set_yticklabels(["root"] + [f"head {d}" for d in range(1, tree.depth + 1)])
+    ax.tick_params(left=False, labelleft=True, bottom=False, labelbottom=False)
+    for s in ax.spines.values():
+        s.set_visible(False)
+    ax.set_title(title or f"{tree.name or 'tree'}: {tree.nodes} nodes, depth {tree.depth}")
+    return fig if fig is not None else ax.figure
+
+
+def mask_heatmap(tree: Tree, topk: int | None = None, ax=None):
+    """The tree-attention mask (Medusa's buffer: row i may attend to column j), root first, nodes in buffer order."""
+    fig = None
+    if ax is None:
+        fig = Figure(figsize=(4.5, 4.2), layout="constrained")
+        ax = fig.add_subplot()
+    mask = tree_arrays(tree, topk or max(tree.max_rank + 1, 1))["attn_mask"]
+    ax.imshow(mask, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
+    ax.set_title(f"tree-attention mask ({mask.shape[0]}x{mask.shape[1]})")
+    ax.set_xlabel("key (0 = root)")
+    ax.set_ylabel("query (buffer order)")
+    return fig if fig is not None else ax.figure
+
+
+def tree_figure(tree: Tree, probs: dict[RankPath, float] | None = None, labels: dict[RankPath, str] | None = None,
+                topk: int | None = None, title: str | None = None):
+    """Tree and its attention mask side by side: what `workbench tree show --png` writes."""
+    width = _tree_width(tree)
+    fig = Figure(figsize=(width + 4.5, max(3.6, 1.2 * tree.depth + 1.6)), layout="constrained")
+    tree_ax, mask_ax = fig.subplots(1, 2, width_ratios=[width, 4.0])
+    draw_tree(tree, probs, labels, ax=tree_ax, title=title)
+    mask_heatmap(tree, topk, ax=mask_ax)
+    return fig
+
+
+def expected_curve_plot(curves: dict[str, tuple], points: dict[str, tuple[float, float]] | None = None,
+                        current: tuple[float, float] | None = None, ylabel: str = "expected tokens per step"):
+    """Expected tokens per step versus budget (node count): one line per curve {name: (budgets, values)}, named
+    trees as grey points {name: (nodes, value)} (one legend entry: they are listed in a table beside), the
+    tree on screen as a star."""
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    for name, (x, y) in curves.items():
+        ax.plot(x, y, marker="." if len(x) < 40 else None, label=name)
+    for j, (name, (x, y)) in enumerate((points or {}).items()):
+        ax.scatter([x], [y], s=24, zorder=3, color="dimgrey", marker="o",
+                   label=f"named trees ({len(points)})" if j == 0 else None)
+    if current is not None:
+        ax.scatter([current[0]], [current[1]], marker="*", s=180, color="crimson", zorder=4, label="this tree")
+    ax.set_xlabel("budget (tree nodes = candidate tokens)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if curves or points or current:
+        legend_outside(ax)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------- calibration
+
+def accuracy_heatmap(acc: np.ndarray, max_ranks: int | None = None):
+    """a_k^(i): probability that head k's rank-i guess is the right token; heads are rows, ranks columns."""
+    acc = np.asarray(acc, dtype=float)
+    if max_ranks:
+        acc = acc[:, :max_ranks]
+    k, r = acc.shape
+    fig = Figure(figsize=(min(1.0 + 0.55 * r, 14), 0.9 + 0.55 * k), layout="constrained")
+    ax = fig.add_subplot()
+    im = ax.imshow(acc, cmap=CMAP, aspect="auto", vmin=0.0, vmax=max(float(acc.max()), 1e-9))
+    ax.set_xticks(range(r), [str(i) for i in range(r)])
+    ax.set_yticks(range(k), [f"head {i + 1}" for i in range(k)])
+    ax.set_xlabel("rank i (0 = top-1)")
+    if r <= 20:
+        for (i, j), v in np.ndenumerate(acc):
+            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if v < 0.6 * acc.max() else "black")
+    fig.colorbar(im, ax=ax, label="a_k^(i)")
+    ax.set_title("per-head accuracy at each rank")
+    return fig
+
+
+def cumulative_topk(acc: np.ndarray):
+    """Top-k accuracy of each head: the running sum of a_k^(i) over ranks."""
+    acc = np.asarray(acc, dtype=float)
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    ks = np.arange(1, acc.shape[1] + 1)
+    for h, row in enumerate(acc):
+        ax.plot(ks, np.cumsum(row), marker=".", label=f"head {h + 1}")
+    ax.set_xlabel("k (top-k = ranks 0..k-1)")
+    ax.set_ylabel("top-k accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.grid(alpha=0.3)
+    legend_outside(ax)
+    ax.set_title("cumulative top-k accuracy per head")
+    return fig
+
+
+def independence_vs_measured(paths: list[RankPath], independent, measured, annotate: int = 5):
+    """Each path's probability under the independence assumption (product of a_k^(i)) against the measured
+    joint frequency, log-log when all are positive; above the diagonal the assumption under-estimates, below
+    it over-estimates. The `annotate` paths furthest from the diagonal are labelled."""
+    ind, mea = np.asarray(independent, dtype=float), np.asarray(measured, dtype=float)
+    fig = Figure(figsize=(5.6, 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    depth = np.array([len(p) for p in paths])
+    sc = ax.scatter(ind, mea, c=depth, cmap="plasma", s=22, zorder=3)
+    hi = max(float(ind.max(initial=0)), float(mea.max(initial=0)), 1e-3) * 1.3
+    log = len(paths) > 0 and bool((ind > 0).all() and (mea > 0).all())  # log axes spread the small paths out
+    lo = min(float(ind.min()), float(mea.min())) / 1.3 if log else 0.0
+    ax.plot([lo, hi], [lo, hi], color="grey", lw=1, ls="--")
+    score = np.abs(np.log(mea / ind)) if log else np.abs(mea - ind)
+    for j in np.argsort(-score)[:annotate]:
+        ax.annotate(str(list(paths[j])), (ind[j], mea[j]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    if log:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_xlabel("independence: product of a_k^(i)")
+    ax.set_ylabel("measured path probability")
+    if len(paths):
+        fig.colorbar(sc, ax=ax, label="path depth (heads)", ticks=MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    ax.set_title("independence vs measured, top paths\n(dashed: independence exact)", fontsize=10)
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------- trade-offs
+
+def _by_kind_vs_nodes(sweep, y: str, ylabel: str, title: str, baseline: float | None = None):
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    df = tree_rows(sweep).dropna(subset=[y])
+    for kind, part in df.groupby("_kind", sort=True):
+        part = part.groupby("nodes", as_index=False)[y].mean().sort_values("nodes")
+        ax.plot(part["nodes"], part[y], marker="s" if kind == "dense" else "o", label=kind)
+    if baseline is not None:
+        ax.axhline(baseline, color="grey", ls="--", lw=1, label="vanilla greedy")
+    ax.set_xlabel("candidate tokens (tree nodes)")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(df) or baseline is not None:
+        legend_outside(ax)
+    ax.set_title(title)
+    return fig
+
+
+def tokens_vs_candidates(sweep):
+    """Paper Fig. 4a: tokens per step (acceleration rate) against candidate tokens, sparse and dense trees
+    (greedy rows; the mean where a size appears twice)."""
+    return _by_kind_vs_nodes(sweep, "acceleration_rate", "tokens per step", "tokens per step vs candidates",
+                             vanilla_value(sweep, "acceleration_rate"))
+
+
+def speed_vs_candidates(sweep):
+    """Paper Fig. 4b: measured speed against candidate tokens (tokens/s if the sweep has it, else speedup)."""
+    y = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() else "speedup"
+    return _by_kind_vs_nodes(sweep, y, "tokens / s" if y == "tokens_per_s" else "speedup over greedy",
+                             "speed vs candidates", vanilla_value(sweep, y))
+
+
+def epsilon_plot(sweep, quality: str = "exact_match", mark: float | None = None, nodes: int | None = None):
+    """Paper Fig. 5: tokens per step (solid) and a quality measure (dashed, right axis) against the typical-
+    acceptance threshold epsilon, one colour per temperature; vanilla greedy's quality as a grey line."""
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    ax2 = ax.twinx()
+    df = tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
+    if nodes is not None:  # one tree size (a sweep may hold typical rows of several trees)
+        df = df[df["nodes"] == nodes]
+    temps = df.groupby("temperature", sort=True) if "temperature" in df.columns else [(None, df)]
+    for j, (temp, part) in enumerate(temps):
+        part = part.groupby("epsilon", as_index=False)[["acceleration_rate", quality]].mean()
+        colour = f"C{j}"
+        tag = f"T={temp:g}" if temp is not None else ""
+        ax.plot(part["epsilon"], part["acceleration_rate"], marker="o", color=colour, label=f"tokens/step {tag}")
+        ax2.plot(part["epsilon"], part[quality], marker="s", ls="--", color=colour, label=f"{quality} {tag}")
+    base = vanilla_value(sweep, quality)
+    if base is not None:
+        ax2.axhline(base, color="grey", lw=1, ls=":", label=f"{quality} vanilla")
+    if mark is not None:
+        ax.axvline(mark, color="crimson", lw=1, ls="-.", label=f"epsilon = {mark:g}")
+    ax.set_xlabel("epsilon (posterior threshold)")
+    ax.set_ylabel("tokens per step (solid)")
+    ax2.set_ylabel(f"{quality.replace('_', ' ')} (dashed)")
+    ax.grid(alpha=0.3)
+    lines = ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()
+    if lines[0][0] or lines[1][0]:
+        legend_outside(ax2, lines[0][0] + lines[1][0], lines[0][1] + lines[1][1])
+        ax2.get_legend().set_bbox_to_anchor((1.15, 1.0))  # past the right axis' tick labels
+    ax.set_title("tokens per step and quality vs epsilon")
+    return fig
+
+
+# the calibration's predictions (names and meaning in calibrate/folder.py), each its own series
+
+
+def predicted_vs_measured(sweep):
+    """Predicted tokens per step (the calibration's PREDICTED_COLUMNS) against the
+    measured acceleration of the live decoder, one point per greedy sweep row; on the diagonal = exact."""
+    fig = Figure(figsize=(5.4, 4.8), layout="constrained")
+    ax = fig.add_subplot()
+    df = tree_rows(sweep).dropna(subset=["acceleration_rate"])
+    lo, hi = np.inf, -np.inf
+    named = False
+    for col in PREDICTED_COLUMNS:
+        if col not in df.columns:
+            continue
+        part = df.dropna(subset=[col])
+        if not len(part):
+            continue
+        ax.scatter(part[col], part["acceleration_rate"], s=24, label=col)
+        if not named:  # each tree named once, at its first prediction: the other series sit on the same row
+            for x, y, t in zip(part[col], part["acceleration_rate"], part["tree"].astype(str)):
+                ax.annotate(t, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points")
+            named = True
+        lo = min(lo, part[col].min(), part["acceleration_rate"].min())
+        hi = max(hi, part[col].max(), part["acceleration_rate"].max())
+    if np.isfinite(lo):
+        ax.plot([lo * 0.95, hi * 1.05], [lo * 0.95, hi * 1.05], color="grey", ls="--", lw=1, label="y = x")
+        legend_outside(ax, title="predicted by", title_fontsize=7)
+    ax.set_xlabel("predicted tokens per step")
+    ax.set_ylabel("measured tokens per step")
+    ax.grid(alpha=0.3)
+    ax.set_title("predicted vs measured")
+    return fig
+
+
+def measured_speedups(sweep) -> tuple[list, list, list]:
+    """(nodes, measured speedup, tree name) of each greedy tree in a sweep (mean over its rows), to draw on a
+    predicted speedup curve."""
+    df = tree_rows(sweep).dropna(subset=["speedup", "nodes"]) if "speedup" in sweep.columns else sweep.iloc[:0]
+    part = df.groupby("tree", as_index=False, sort=False).agg(nodes=("nodes", "first"), speedup=("speedup", "mean"))
+    return part["nodes"].astype(int).tolist(), part["speedup"].tolist(), part["tree"].astype(str).tolist()
+
+
+def latency_curve(latency):
+    """Forward-pass time against tokens per forward, one line per (device, dtype, batch size, context)."""
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    keys = [c for c in ("model", "device", "dtype", "batch", "context") if c in latency.columns]
+    groups = latency.groupby(keys, sort=True) if keys else [((), latency)]
+    for key, part in groups:
+        part = part.groupby("tokens", as_index=False)["seconds"].mean().sort_values("tokens")
+        label = " / ".join(str(k) for k in (key if isinstance(key, tuple) else (key,)))
+        ax.plot(part["tokens"], 1000 * part["seconds"], marker=".", label=label or None)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tokens per forward pass (tree nodes + root)")
+    ax.set_ylabel("ms per forward")
+    ax.grid(alpha=0.3)
+    if keys:
+        legend_outside(ax, title=" / ".join(keys), title_fontsize=7)
+    ax.set_title("latency curve")
+    return fig
+
+
+def speedup_curve(curves: dict[str, tuple], best: dict[str, tuple[float, float]] | None = None,
+                  measured: dict[str, tuple] | None = None):
+    """Predicted speedup against budget, {name: (budgets, speedups)}; the best budget of each marked; measured
+    speedups (a sweep) as labelled points {name: (nodes, speedups, point labels)}."""
+    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
+    ax = fig.add_subplot()
+    for name, (x, y) in curves.items():
+        ax.plot(x, y, label=name)
+    for name, (x, y) in (best or {}).items():
+        ax.scatter([x], [y], marker="*", s=150, zorder=3, label=f"best {name}: {int(x)} nodes, {y:.2f}x")
+    for name, (x, y, labels) in (measured or {}).items():
+        ax.scatter(x, y, marker="D", s=22, zorder=4, color="black", label=name)
+        for xi, yi, t in zip(x, y, labels):
+            ax.annotate(str(t), (xi, yi), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.axhline(1.0, color="grey", lw=1, ls="--")
+    ax.set_xlabel("budget (tree nodes)")
+    ax.set_ylabel("speedup over vanilla greedy")
+    ax.grid(alpha=0.3)
+    if curves or measured:
+        legend_outside(ax)
+    ax.set_title("predicted speedup")
+    return fig
+
+
+# ----------------------------------------------------------------------------------------------- live decode
+
+def accepted_lengths(lengths):
+    """Tokens accepted at each decoding step (1 = only the base model's own token)."""
+    lengths = np.asarray(lengths)
+    fig = Figure(figsize=(6.4, 3.0), layout="constrained")
+    ax = fig.add_subplot()
+    ax.bar(np.arange(1, len(lengths) + 1), lengths, color=[STEP_COLOURS[i % len(STEP_COLOURS)] for i in
+                                                           range(len(lengths))], edgecolor="#555555", lw=0.5)
+    if len(lengths):
+        ax.axhline(float(lengths.mean()), color="crimson", lw=1, ls="--", label=f"mean {lengths.mean():.2f}")
+        legend_outside(ax)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("decoding step")
+    ax.set_ylabel("tokens accepted")
+    ax.set_title("accepted tokens per step")
+    return fig
+
+
+def throughput_bars(rates: dict[str, float]):
+    """Tokens/s side by side (e.g. Medusa vs vanilla greedy)."""
+    fig = Figure(figsize=(4.2, 3.0), layout="constrained")
+    ax = fig.add_subplot()
+    names = list(rates)
+    ax.bar(names, [rates[n] for n in names], color=["tab:green", "tab:grey", "tab:blue"][: len(names)])
+    for i, n in enumerate(names):
+        ax.text(i, rates[n], f"{rates[n]:.1f}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylabel("tokens / s")
+    ax.set_title("throughput")
+    return fig
+
+
+def report_figures(sweep, latency=None, folder: str | Path = ".", stem: str = "sweep") -> list[Path]:
+    """The sweep report's figures as PNGs (for docs): Fig. 4a/4b and predicted-vs-measured from greedy rows,
+    Fig. 5 from typical rows (quality = mean log-probability), and the latency curve when given."""
+    folder = Path(folder)
+    figs = {}
+    if len(tree_rows(sweep)):
+        figs.update({"fig4a-tokens-per-step": tokens_vs_candidates(sweep), "fig4b-speed": speed_vs_candidates(sweep),
+                     "predicted-vs-measured": predicted_vs_measured(sweep)})
+    if len(tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])):
+        figs["fig5-typical"] = epsilon_plot(sweep, "mean_logprob")
+    if latency is not None:
+        figs["latency"] = latency_curve(latency)
+    return [save_png(fig, folder / f"{stem}-{name}.png") for name, fig in figs.items()]
