@@ -94,14 +94,16 @@ def test_latency_cli_batch_flag(tmp_path, capsys):
     out = tmp_path / "l.csv"
     argv = ["latency", "--random-config", "tiny", "--sizes", "2", "--context", "8", "--repeats", "3", "--warmup", "0",
             "--device", "cpu", "--out", str(out)]
-    assert main(argv + ["--batch", "1"]) == 0
+    assert main(argv + ["--batch-sizes", "1"]) == 0
     df = read_latency(out)
     bare = [c for c in LATENCY_COLUMNS if c not in HEADS_COLUMNS]  # no --heads: the bare forward, no heads' cost
     assert list(df.columns[:len(bare)]) == bare and set(df["batch"]) == {1}
     assert (df["repeats"] == 3).all() and "q1..q3" in capsys.readouterr().err
-    assert main(argv + ["--batch", "0,2"]) == 2
-    assert "--batch" in _error_line(capsys)
-    assert main(argv + ["--batch", "1,2"]) == 0
+    assert main(argv + ["--batch-sizes", "0,2"]) == 2
+    assert "--batch-sizes" in _error_line(capsys)
+    assert main(argv + ["--batch", "1,2"]) == 2  # the old spelling: one line naming the new one
+    assert _error_line(capsys) == "error: --batch: this flag is now --batch-sizes B1,B2,.."
+    assert main(argv + ["--batch-sizes", "1,2"]) == 0
     df = read_latency(out)
     assert sorted(zip(df["batch"], df["tokens"])) == [(1, 1), (1, 2), (2, 1), (2, 2)]
 

@@ -235,8 +235,8 @@ def _cmd_export(args) -> int:
                                  f"{args.heads_dir.strip()} (--heads names a heads folder, for plan files)")
         raise WorkbenchError("--heads DIR checks a plan file against its heads: give a plan (workbench plan --out), "
                              "or --num-heads K for a tree")
-    if args.synthetic or args.batch_size is not None:
-        raise WorkbenchError("--synthetic and --batch-size read a plan file (workbench plan --out): this is a tree")
+    if args.synthetic or args.batch_sizes is not None:
+        raise WorkbenchError("--synthetic and --batch-sizes read a plan file (workbench plan --out): this is a tree")
     if args.format == "trtllm-current":
         raise WorkbenchError(TRTLLM_CURRENT)
     fmt = "vllm" if args.format == "vllm-tree" else args.format
@@ -263,10 +263,10 @@ def _export_plan(args) -> int:
     """`workbench export PLAN.json --format F`: one engine's settings from a plan (workbench/export/engines.py)."""
 
     if args.engine_safe or args.accuracies or args.calibration or args.heads is not None:
-        raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-size; --engine-safe, "
+        raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-sizes; --engine-safe, "
                              "--accuracies, --calibration and --num-heads are for trees")
     plan = read_plan(args.tree)
-    text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_size, args.name,
+    text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_sizes, args.name,
                                      args.max_draft_len, args.method, args.draft_model, args.vllm_version)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
@@ -363,7 +363,7 @@ def add_tree(sub) -> None:
     e = sub.add_parser("export", help="write a tree or a plan for Medusa, TensorRT-LLM, vLLM or EAGLE",
                        description="A tree: written for one engine. A plan (`workbench plan --out`): vllm writes a "
                                    "--speculative-config with a K per batch-size range; the static formats write the "
-                                   "tree of one row (--batch-size, default 1).")
+                                   "tree of one row (--batch-sizes B, default 1).")
     e.add_argument("tree", metavar="TREE|PLAN|HEADS", nargs="?", help=tree_help + "; or a plan JSON file; with "
                    "--format vllm-heads a heads folder (default: the demo heads)")
     e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads",),
@@ -377,8 +377,9 @@ def add_tree(sub) -> None:
                    "model's heads (not the calibration's) are an error")
     e.add_argument("--synthetic", action="store_true", help="with a plan and --format vllm: vLLM's synthetic "
                    "rejection sampling at the plan's top-1 chain acceptance (for benchmarking the cost side)")
-    e.add_argument("--batch-size", type=bounded("batch"), metavar="B", help="with a plan: the row for this batch size (static "
+    e.add_argument("--batch-sizes", type=bounded("batch"), metavar="B", help="with a plan: the row for this one batch size (static "
                    "formats default to 1; for vllm, one K instead of the schedule)")
+    renamed(e, "--batch-size", "--batch-sizes B")
     e.add_argument("--model", help="with --format vllm-heads: the base model whose output embedding the tied heads "
                    "share (default: the embedded demo model)")
     e.add_argument("--method", choices=VLLM_METHODS, help="with a plan and --format vllm: the drafter vLLM runs "

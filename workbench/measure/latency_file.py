@@ -146,7 +146,7 @@ def latency_table(df: pd.DataFrame, context: int | None = None, target: float | 
         raise WorkbenchError(f"{what}: measured at batch sizes {_join(have)}; pick one")
     if b not in have:
         raise WorkbenchError(f"{what}: no rows for batch size {b} (measured: {_join(have)}): time it with "
-                             f"`workbench latency --batch {b}`")
+                             f"`workbench latency --batch-sizes {b}`")
     df = df[df["batch"] == b] if "batch" in df.columns else df
     contexts = sorted(df["context"].unique().tolist())
     if context is not None and context not in contexts:
@@ -195,7 +195,7 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
     missing = [b for b in batches if b not in have]
     if missing:
         raise WorkbenchError(f"{what}: no rows for batch size(s) {_join(missing)} (measured: {_join(have)}): time "
-                             f"them with `workbench latency --batch {','.join(map(str, batches))}`")
+                             f"them with `workbench latency --batch-sizes {','.join(map(str, batches))}`")
     per = {b: set(df.loc[df["batch"] == b, "context"].astype(int)) if "batch" in df.columns else
            set(df["context"].astype(int)) for b in batches}
     if context is not None:

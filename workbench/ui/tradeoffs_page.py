@@ -281,7 +281,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
     with each engine's output to download."""
     if lat is None or "batch" not in lat.columns or lat["batch"].nunique() < 2 or src is None or src.calib is None:
         st.info("A plan per batch size needs a calibration folder and a latency table measured at several batch "
-                "sizes (`workbench latency --batch 1,2,4,8`).")
+                "sizes (`workbench latency --batch-sizes 1,2,4,8`).")
         return
     batches = sorted(int(b) for b in lat["batch"].unique())
     try:
