@@ -74,8 +74,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=32, help="held-out prompts evaluated (default 32)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--live", type=int, default=4, help="prompts decoded live per point (default 4)")
-    ap.add_argument("--data", default=os.environ.get("WORKBENCH_DATA_DIR", "../shared/data"),
-                    help="folder with the three Alpaca-format training sets")
+    ap.add_argument("--data", default=os.environ.get("WORKBENCH_DATA_DIR", ""),
+                    help="folder with the three Alpaca-format training sets (default: $WORKBENCH_DATA_DIR)")
     ap.add_argument("--work", default="runs/medusa2-curve")
     ap.add_argument("--out", help="JSON (default WORK/curve.json)")
     ap.add_argument("--table", help="Markdown table (default WORK/curve.md)")

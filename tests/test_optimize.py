@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from workbench import WorkbenchError
+from workbench import REPO_ROOT, WorkbenchError
 from workbench.core.speed import interpolate_latency, relative_latency
 from workbench.plan.fastest import fastest, value_source
 from workbench.trees.accuracies import accuracies_from_hits, check_accuracies, read_accuracies, write_accuracies
@@ -17,14 +17,12 @@ from workbench.trees.optimize import (acc_value_fn, best_dense_tree, best_first,
                                       expected_curve, expected_length, optimal_tree, optimal_tree_from)
 from workbench.trees.tree import load_tree, reference_trees
 
-VICUNA_CSV = Path("/work/shared/reference/medusa_vicuna7b_head_acc.csv")
+VICUNA_CSV = REPO_ROOT / "tests" / "data" / "medusa_vicuna7b_head_acc.csv"  # Medusa's assets/medusa_acc.csv
 
 
 def vicuna_acc() -> np.ndarray:
     """a_k^(i) for Vicuna-7B's 5 heads from top-1/top-5 only: (top5-top1) spread 4:3:2:1 over ranks 2..5, and a
     decreasing tail over ranks 6..10 (a test fixture, not a measurement)."""
-    if not VICUNA_CSV.exists():
-        pytest.skip("shared Vicuna accuracies not available")
     df = pd.read_csv(VICUNA_CSV)
     rows = []
     for t1, t5 in zip(df["top1"], df["top5"]):

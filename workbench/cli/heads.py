@@ -260,6 +260,19 @@ def _recipe_flags(args) -> None:
             setattr(args, dest, default)
 
 
+def _default_training_files() -> list[str]:
+    """Without --prompts: the demo heads' three training sets from $WORKBENCH_DATA_DIR. They do not ship (7.7 MB,
+    one of them research-only) and the packaged sets are held out for calibration, so none is one error line."""
+    from workbench.train.medusa1 import DEFAULT_TRAIN_FILES, default_prompt_files
+
+    files = default_prompt_files()
+    if not files:
+        raise WorkbenchError("no training prompts: pass --prompts FILE [FILE ...] (Alpaca-format JSON/JSONL/CSV), or "
+                             f"set WORKBENCH_DATA_DIR to a folder holding {', '.join(DEFAULT_TRAIN_FILES)} (the demo "
+                             "heads' sets; alpaca-eval and mt-bench are held out for calibration)")
+    return files
+
+
 def cmd_train_heads(args) -> int:
     from pathlib import Path
 
@@ -271,12 +284,11 @@ def cmd_train_heads(args) -> int:
         return _cmd_train_medusa2(args)
 
     from workbench.runtime.parallel import one_process_warning
-    from workbench.train.medusa1 import (TrainConfig, default_folders, default_prompt_files, interleaved_prompts,
-                                         train_heads)
+    from workbench.train.medusa1 import TrainConfig, default_folders, interleaved_prompts, train_heads
 
     if one_process_warning():
         print(one_process_warning(), file=sys.stderr)
-    files = args.prompts or default_prompt_files()
+    files = args.prompts or _default_training_files()
     cfg = TrainConfig(prompts=interleaved_prompts(files, args.seed), num_heads=args.num_heads,
                       num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
                       max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
@@ -314,7 +326,7 @@ def _cmd_train_medusa2(args) -> int:
 
     from workbench.runtime.heads import DEMO_HEADS
     from workbench.train.medusa2 import Medusa2Config, train_medusa2
-    from workbench.train.medusa1 import default_folders, default_prompt_files, interleaved_prompts
+    from workbench.train.medusa1 import default_folders, interleaved_prompts
 
     if args.untied or args.active_steps or args.answers_per_prompt != 1 or args.device_map:
         raise WorkbenchError("--untied, --active-steps, --answers-per-prompt and --device-map are medusa-1 "
@@ -331,7 +343,7 @@ def _cmd_train_medusa2(args) -> int:
                         lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                         init=str(Path(init).resolve()) if init else None, amp=args.amp, seed=args.seed,
                         time_budget=args.time_budget, gen_share=args.gen_share)  # checks every setting
-    cfg.prompts = interleaved_prompts(args.prompts or default_prompt_files(), args.seed)
+    cfg.prompts = interleaved_prompts(args.prompts or _default_training_files(), args.seed)
     work, _ = default_folders(args.model)
     work = Path(args.work) if args.work else work.with_name(work.name + "-medusa2")
     out = Path(args.out) if args.out else Path(f"{work.name}-out")
@@ -356,7 +368,8 @@ def add_train_heads(sub) -> None:
                        # training loads the base in fp32)
                        parents=[model_args("--model", "--device", "--device-map")])
     p.add_argument("--prompts", nargs="+", metavar="FILE",
-                   help="Alpaca-format prompt files (default: the training sets in shared/data)")
+                   help="Alpaca-format prompt files (default: the demo heads' three training sets in "
+                        "$WORKBENCH_DATA_DIR; without them, give files)")
     p.add_argument("--num-heads", type=bounded("depth"), default=4)
     p.add_argument("--num-layers", type=bounded("depth"), default=1, help="ResBlocks per head")
     p.add_argument("--untied", action="store_true", help="give each head its own lm_head (format 1, large files)")
