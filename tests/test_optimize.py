@@ -17,6 +17,8 @@ from workbench.trees.optimize import (acc_value_fn, best_dense_tree, best_first,
                                       expected_curve, expected_length, optimal_tree, optimal_tree_from)
 from workbench.trees.tree import load_tree, reference_trees
 
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
 VICUNA_CSV = REPO_ROOT / "tests" / "data" / "medusa_vicuna7b_head_acc.csv"  # Medusa's assets/medusa_acc.csv
 
 

@@ -14,6 +14,8 @@ from workbench.trees.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, buf
                                   tree_stats, validate)
 from workbench.viz.static_figures import to_networkx
 
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
 SPEC_TREE = [[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]
 MEDUSA_TREES = REPO_ROOT / "tests" / "data" / "medusa_trees.json"  # Medusa's medusa_choices.py @ e2a5d20
 
