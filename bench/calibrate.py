@@ -1,7 +1,7 @@
 """Benchmark: `workbench calibrate` (batched generate + one teacher-forced forward) against the reference procedure.
 
     python bench/calibrate.py [--heads DIR | --random-heads K] [--limit 32] [--max-new-tokens 128]
-                              [--batch-size 16] [--threads N] [--out bench/results/calibrate.json]
+                              [--gen-batch 16] [--threads N] [--out bench/results/calibrate.json]
 
 Reference (what Medusa's heads_accuracy.py does): per prompt, prefill, then single-token greedy steps on a KV
 cache, running every head's top-k at every step; ranks follow once the answer is known. Both run in this process
@@ -68,7 +68,7 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--topk", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--gen-batch", dest="batch_size", type=int, default=16, help="prompts answered together")
     ap.add_argument("--device")
     ap.add_argument("--dtype")
     ap.add_argument("--threads", type=int, help="torch CPU threads for both (1 avoids oversubscription on a shared "

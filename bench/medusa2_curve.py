@@ -40,7 +40,8 @@ def point(work: Path, data: Path, lambda0: float, steps: int, a) -> dict:
     if not ev.is_file():
         if not (out / "merged").is_dir():
             workbench("train-heads", "--recipe", "medusa-2", "--prompts", *[str(data / f) for f in TRAINING_SETS],
-                      "--tokens", str(a.tokens), "--max-new-tokens", "128", "--batch-size", str(a.batch_size),
+                      "--tokens", str(a.tokens), "--max-new-tokens", "128",
+                      "--sequences-per-step", str(a.sequences_per_step),
                       "--steps", str(steps), "--lambda0", f"{lambda0:g}", "--no-amp", "--work", str(work / "train"),
                       "--out", str(out))
         workbench("eval-heads", "--medusa2", str(out / "merged"), "--limit", str(a.limit), "--max-new-tokens",
@@ -69,12 +70,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lambda0", default="0.01,0.2,1", help="comma-separated λ0 values (default 0.01,0.2,1)")
     ap.add_argument("--steps", default="100,300", help="comma-separated step counts (default 100,300)")
     ap.add_argument("--tokens", type=int, default=20000, help="self-distilled answer tokens (default 20000)")
-    ap.add_argument("--batch-size", type=int, default=4, help="sequences per step (default 4)")
+    ap.add_argument("--sequences-per-step", type=int, default=4, help="sequences per optimizer step (default 4)")
     ap.add_argument("--limit", type=int, default=32, help="held-out prompts evaluated (default 32)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--live", type=int, default=4, help="prompts decoded live per point (default 4)")
-    ap.add_argument("--data", default=os.environ.get("WORKBENCH_DATA_DIR", "../shared/data"),
-                    help="folder with the three Alpaca-format training sets")
+    ap.add_argument("--data", default=os.environ.get("WORKBENCH_DATA_DIR", ""),
+                    help="folder with the three Alpaca-format training sets (default: $WORKBENCH_DATA_DIR)")
     ap.add_argument("--work", default="runs/medusa2-curve")
     ap.add_argument("--out", help="JSON (default WORK/curve.json)")
     ap.add_argument("--table", help="Markdown table (default WORK/curve.md)")

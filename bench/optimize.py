@@ -2,7 +2,7 @@
 
     python bench/optimize.py [--max-budget 256] [--repeats 5] [--out bench/results/optimize.json]
 
-Accuracies: Vicuna-7B's heads (/work/shared/reference/medusa_vicuna7b_head_acc.csv, top-1/top-5 spread over ranks
+Accuracies: Vicuna-7B's heads (tests/data/medusa_vicuna7b_head_acc.csv, top-1/top-5 spread over ranks
 the same way as the tests) when present, else a fixed random table. Prints a table, writes every row as JSON.
 """
 from __future__ import annotations
@@ -17,23 +17,21 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from workbench import REPO_ROOT  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.trees.optimize import expected_curve, expected_length, optimal_tree  # noqa: E402
 
-VICUNA_CSV = Path("/work/shared/reference/medusa_vicuna7b_head_acc.csv")
+VICUNA_CSV = REPO_ROOT / "tests" / "data" / "medusa_vicuna7b_head_acc.csv"  # Medusa's assets/medusa_acc.csv
 
 
 def accuracies() -> tuple[np.ndarray, str]:
-    if VICUNA_CSV.exists():
-        import pandas as pd
+    import pandas as pd
 
-        df = pd.read_csv(VICUNA_CSV)
-        rows = [np.concatenate([[t1], (t5 - t1) * np.array([0.4, 0.3, 0.2, 0.1]),
-                                min(0.1, 1 - t5) * np.array([0.35, 0.25, 0.18, 0.12, 0.10])])
-                for t1, t5 in zip(df["top1"], df["top5"])]
-        return np.array(rows), "vicuna-7b top1/top5 spread over 10 ranks"
-    rng = np.random.default_rng(0)
-    return rng.dirichlet(np.ones(11), size=5)[:, :10], "random (seed 0)"
+    df = pd.read_csv(VICUNA_CSV)
+    rows = [np.concatenate([[t1], (t5 - t1) * np.array([0.4, 0.3, 0.2, 0.1]),
+                            min(0.1, 1 - t5) * np.array([0.35, 0.25, 0.18, 0.12, 0.10])])
+            for t1, t5 in zip(df["top1"], df["top5"])]
+    return np.array(rows), "vicuna-7b top1/top5 spread over 10 ranks"
 
 
 def main() -> None:

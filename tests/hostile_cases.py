@@ -204,7 +204,7 @@ def _decode(e, *extra):
 
 def _cal(e, O, *extra):
     return ["calibrate", "--model", e["model"], "--heads", e["heads"], "--prompts", e["prompts"], "--max-new-tokens",
-            "3", "--topk", "4", "--budgets", "2", "--batch-size", "6", "--device", "cpu", "--out", f"{O}/cal", *extra]
+            "3", "--topk", "4", "--budgets", "2", "--gen-batch", "6", "--device", "cpu", "--out", f"{O}/cal", *extra]
 
 
 def _lat(e, O, *extra):
@@ -219,7 +219,7 @@ def _sweep(e, O, *extra):
 
 def _train(e, O, *extra):
     return ["train-heads", "--model", e["model"], "--prompts", e["prompts"], "--tokens", "8", "--max-new-tokens",
-            "3", "--gen-dtype", "float32", "--steps", "1", "--batch-size", "4", "--num-heads", "2", "--work",
+            "3", "--gen-dtype", "float32", "--steps", "1", "--positions-per-step", "4", "--num-heads", "2", "--work",
             f"{O}/w", "--out", f"{O}/h", *extra]
 
 
@@ -235,7 +235,7 @@ def _plan(e, O, *extra):
 def _evalh(e, O, *extra):
     return ["eval-heads", "--model", e["model"], "--heads", e["heads"], "--medusa2", e["m2"], "--prompts", e["prompts"],
             "--holdout", "0.5", "--limit", "2", "--max-new-tokens", "3", "--topk", "2", "--tree", "[[0],[0,0],[1]]",
-            "--live", "1", "--batch-size", "2", "--device", "cpu", "--out", f"{O}/e.json", *extra]
+            "--live", "1", "--gen-batch", "2", "--device", "cpu", "--out", f"{O}/e.json", *extra]
 
 
 def _vcheck(e, O, *extra):
@@ -283,17 +283,17 @@ def _cases() -> list[tuple]:
         add("export", "sizes", f"--num-heads {tag}",
             lambda e, O, v=v: ["export", e["tree"], "--format", "medusa", "--num-heads", v], "either")
         add("decode", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: with_flag(_decode(e), "--max-new-tokens", v))
-        add("decode", "sizes", f"--batch {tag}", lambda e, O, v=v: _decode(e, "--batch", v))
+        add("decode", "sizes", f"--batch-sizes {tag}", lambda e, O, v=v: _decode(e, "--batch-sizes", v))
         add("decode", "sizes", f"--seed {tag}",
             lambda e, O, v=v: _decode(e, "--acceptance", "nucleus", "--temperature", "0.7", "--seed", v), "either")
         add("calibrate", "sizes", f"--topk {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--topk", v))
         add("calibrate", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--max-new-tokens", v))
-        add("calibrate", "sizes", f"--batch-size {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--batch-size", v),
+        add("calibrate", "sizes", f"--gen-batch {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--gen-batch", v),
             "either")
         add("calibrate", "sizes", f"--budgets {tag}", lambda e, O, v=v: with_flag(_cal(e, O), "--budgets", v), "either")
         add("latency", "sizes", f"--sizes {tag}", lambda e, O, v=v: with_flag(_lat(e, O), "--sizes", v))
         add("latency", "sizes", f"--context {tag}", lambda e, O, v=v: with_flag(_lat(e, O), "--context", v))
-        add("latency", "sizes", f"--batch {tag}", lambda e, O, v=v: _lat(e, O, "--batch", v))
+        add("latency", "sizes", f"--batch-sizes {tag}", lambda e, O, v=v: _lat(e, O, "--batch-sizes", v))
         add("latency", "sizes", f"--repeats {tag}", lambda e, O, v=v: with_flag(_lat(e, O), "--repeats", v))
         add("latency", "sizes", f"--random-config hidden={tag}",
             lambda e, O, v=v: with_flag(_lat(e, O), "--random-config", f"tiny,hidden={v},heads=4,kv_heads=2"))
@@ -314,7 +314,7 @@ def _cases() -> list[tuple]:
         add("train-heads", "sizes", f"--num-layers {tag}", lambda e, O, v=v: _train(e, O, "--num-layers", v))
         add("train-heads", "sizes", f"--tokens {tag}", lambda e, O, v=v: with_flag(_train(e, O), "--tokens", v),
             "either")  # within 2^40: generation stops when the prompts run out
-        add("train-heads", "sizes", f"--batch-size {tag}", lambda e, O, v=v: with_flag(_train(e, O), "--batch-size", v))
+        add("train-heads", "sizes", f"--positions-per-step {tag}", lambda e, O, v=v: with_flag(_train(e, O), "--positions-per-step", v))
         add("train-heads", "sizes", f"--seed {tag}", lambda e, O, v=v: _train(e, O, "--seed", v), "either")
         add("train-heads", "sizes", f"--gen-batch {tag}", lambda e, O, v=v: _train(e, O, "--gen-batch", v), "either")
     add("tree show", "sizes", "rank 2^63 in a file", lambda e, O: ["tree", "show", e["tree_big"]])
@@ -329,16 +329,16 @@ def _cases() -> list[tuple]:
     add("optimize", "sizes", "--budget -5", lambda e, O: with_flag(_opt(e, O), "--budget", "-5"))
     add("optimize", "sizes", "--max-depth 0", lambda e, O: _opt(e, O, "--max-depth", "0"))
     add("optimize", "sizes", "--max-rank -1", lambda e, O: _opt(e, O, "--max-rank", "-1"))
-    add("optimize", "sizes", "--latency --batch-size 0",
-        lambda e, O: _opt(e, O, "--latency", e["lat"], "--batch-size", "0"))
+    add("optimize", "sizes", "--latency --batch-sizes 0",
+        lambda e, O: _opt(e, O, "--latency", e["lat"], "--batch-sizes", "0"))
     add("tree buffers", "sizes", "--topk 0", lambda e, O: ["tree", "buffers", "[[0]]", "--topk", "0"])
     add("tree show", "sizes", "--num-heads 0", lambda e, O: ["tree", "show", "[[0]]", "--num-heads", "0"])
     add("tree show", "sizes", "--num-heads -1", lambda e, O: ["tree", "show", "[[0]]", "--num-heads", "-1"])
     add("export", "sizes", "--max-draft-len 0", lambda e, O: ["export", e["tree"], "--format", "trtllm",
                                                               "--max-draft-len", "0"])
     add("export", "sizes", "--num-heads 0", lambda e, O: ["export", e["tree"], "--format", "json", "--num-heads", "0"])
-    add("export", "sizes", "plan --batch-size 2^63", lambda e, O: ["export", e["plan"], "--format", "medusa",
-                                                                   "--batch-size", BIG["2^63"]])
+    add("export", "sizes", "plan --batch-sizes 2^63", lambda e, O: ["export", e["plan"], "--format", "medusa",
+                                                                   "--batch-sizes", BIG["2^63"]])
     add("decode", "sizes", "--max-new-tokens 0", lambda e, O: with_flag(_decode(e), "--max-new-tokens", "0"))
     add("decode", "sizes", "--limit 0", lambda e, O: ["decode", "--model", e["model"], "--heads", e["heads"], "--tree",
                                                       "[[0]]", "--prompts", e["prompts"], "--limit", "0",
@@ -365,12 +365,12 @@ def _cases() -> list[tuple]:
     add("sweep", "sizes", "--limit 0", lambda e, O: with_flag(_sweep(e, O), "--limit", "0"))
     add("sweep", "sizes", "--max-new-tokens 0", lambda e, O: with_flag(_sweep(e, O), "--max-new-tokens", "0"))
     add("train-heads", "sizes", "--steps 0", lambda e, O: with_flag(_train(e, O), "--steps", "0"))
-    add("train-heads", "sizes", "--batch-size 0", lambda e, O: with_flag(_train(e, O), "--batch-size", "0"))
+    add("train-heads", "sizes", "--positions-per-step 0", lambda e, O: with_flag(_train(e, O), "--positions-per-step", "0"))
     add("train-heads", "sizes", "--gen-batch 0", lambda e, O: _train(e, O, "--gen-batch", "0"))
     add("train-heads", "sizes", "--max-new-tokens 0", lambda e, O: with_flag(_train(e, O), "--max-new-tokens", "0"))
-    add("train-heads", "sizes", "--lr nan", lambda e, O: _train(e, O, "--lr", "nan"))
-    add("train-heads", "sizes", "--lr -1", lambda e, O: _train(e, O, "--lr", "-1"))
-    add("train-heads", "sizes", "--lr inf", lambda e, O: _train(e, O, "--lr", "inf"))
+    add("train-heads", "sizes", "--heads-lr nan", lambda e, O: _train(e, O, "--heads-lr", "nan"))
+    add("train-heads", "sizes", "--heads-lr -1", lambda e, O: _train(e, O, "--heads-lr", "-1"))
+    add("train-heads", "sizes", "--heads-lr inf", lambda e, O: _train(e, O, "--heads-lr", "inf"))
     add("train-heads", "sizes", "--time-budget inf", lambda e, O: _train(e, O, "--time-budget", "inf"))
     add("train-heads", "sizes", "--time-budget nan", lambda e, O: _train(e, O, "--time-budget", "nan"))
     add("train-heads", "sizes", "--seed -1", lambda e, O: _train(e, O, "--seed", "-1"), "either")
@@ -594,7 +594,7 @@ def _long_command_cases(add) -> None:
     for tag, v in BIG.items():
         add("eval-heads", "sizes", f"--max-new-tokens {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--max-new-tokens", v))
         add("eval-heads", "sizes", f"--topk {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--topk", v))
-        add("eval-heads", "sizes", f"--batch-size {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--batch-size", v),
+        add("eval-heads", "sizes", f"--gen-batch {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--gen-batch", v),
             "either")
         add("eval-heads", "sizes", f"--limit {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--limit", v), "either")
         add("eval-heads", "sizes", f"--live {tag}", lambda e, O, v=v: with_flag(_evalh(e, O), "--live", v), "either")

@@ -320,6 +320,12 @@ def test_selected_node_highlights_its_mask_row(demo_files, monkeypatch):
 
 
 def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypatch, tmp_path):
+    """The designer's hardware-aware tree is plan's ranking's fastest tree (plan/fastest.py) on the same table, and
+    when no speculation wins it says so."""
+    from workbench.calibrate.folder import Calibration
+    from workbench.plan.fastest import fastest, value_source
+    from workbench.plan.recommend import latency_tables
+
     slow = tmp_path / "latency-slow.csv"
     pd.DataFrame([dict(context=128, tokens=n, seconds=0.01 * n) for n in (1, 2, 4, 8, 16, 32, 64)]).to_csv(slow,
                                                                                                             index=False)
@@ -335,6 +341,11 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
     assert any("Speculation does not pay on this hardware at batch 1 and context 128" in w.value for w in at.warning)
     assert any(m.value.startswith("**Recommendation:** use no speculation at batch 1 and context 128")
                for m in at.markdown)
+    acc = Calibration(demo_files["cal"]).accuracies("fit")
+    tables = latency_tables(pd.read_csv(slow), batch=1)
+    want = fastest(value_source(acc, acc.shape[0], min(acc.shape[1], 10)), tables["seconds"], max_nodes=63)
+    assert want["best"]["kind"] == "none" and want["tree"]["speedup"] < 1
+    assert tree_file(at)["medusa_choices"] == want["tree"]["tree"].as_lists()
 
 
 def test_the_designer_prices_the_tree_at_its_own_depth(demo_files, monkeypatch, tmp_path):

@@ -9,6 +9,8 @@ from workbench.trees.accuracies import read_accuracies, write_accuracies
 from workbench.trees.optimize import best_dense_tree, expected_length, optimal_tree
 from workbench.trees.tree import load_tree, reference_trees
 
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
 SPEC_TREE = "[[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]"
 
 

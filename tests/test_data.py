@@ -137,7 +137,7 @@ def test_main_job_runs_in_a_clone_without_shared_and_offline(tmp_path):
     """README's main command (`workbench calibrate`) cut to 4 prompts x 8 tokens, from a copy of the package with no
     ../shared/data beside it, the network refused: it writes a calibration on the packaged Alpaca-eval."""
     clone, env = clone_without_shared(tmp_path)
-    argv = ["calibrate", "--limit", "4", "--batch-size", "4", "--max-new-tokens", "8", "--budgets", "4",
+    argv = ["calibrate", "--limit", "4", "--gen-batch", "4", "--max-new-tokens", "8", "--budgets", "4",
             "--out", str(tmp_path / "cal"), "--trees-dir", str(tmp_path / "trees")]
     code = OFFLINE + f"from workbench.cli import main\nsys.exit(main({argv!r}))\n"
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,

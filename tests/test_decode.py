@@ -376,8 +376,9 @@ def test_cli_errors_are_one_line(capsys, tiny_llama, tmp_path):
         (base[:-1] + ["[[0,0,0,0,0,0]]", "--prompt", "hi", "--raw"], "parent [0, 0, 0, 0, 0] is missing"),
         (base[:-1] + ["[[0],[0,0],[0,0,0],[0,0,0,0],[0,0,0,0,0],[0,0,0,0,0,0]]", "--prompt", "hi", "--raw"],
          "exceeds"),
-        (base + ["--prompt-ids", "1,2", "--batch", "0"], "argument --batch: 0 is outside 1.."),
-        (base + ["--prompt-ids", "1,2", "--batch", "2"], "--batch 2 but 1 prompt(s) given"),
+        (base + ["--prompt-ids", "1,2", "--batch-sizes", "0"], "argument --batch-sizes: 0 is outside 1.."),
+        (base + ["--prompt-ids", "1,2", "--batch-sizes", "2"], "--batch-sizes 2 but 1 prompt(s) given"),
+        (base + ["--prompt-ids", "1,2", "--batch", "2"], "--batch: this flag is now --batch-sizes B"),
         (base + ["--prompts", str(tmp_path / "missing.json"), "--raw"], "missing.json"),
     ]:
         code, out, err = _cli(capsys, *argv)
@@ -388,13 +389,13 @@ def test_cli_errors_are_one_line(capsys, tiny_llama, tmp_path):
 
 
 def test_cli_several_prompts_print_a_json_list_in_prompt_order(capsys, tiny_llama, make_prompt_file):
-    """decode --prompts FILE --batch B: one JSON object per prompt, in prompt order, each shaped like the
+    """decode --prompts FILE --batch-sizes B: one JSON object per prompt, in prompt order, each shaped like the
     single-prompt object and equal to decoding that prompt alone (the last batch holds the remainder)."""
     texts = ["Hello world", "Write a short poem about the sea.", "2+2=", "Name three colours.", "Why?"]
     path = make_prompt_file(texts)
     base = ["decode", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
             "--tree", "mc_sim_7b_63", "--prompts", str(path), "--max-new-tokens", "12", "--device", "cpu"]
-    code, out, err = _cli(capsys, *base, "--batch", "2", "--json", "--compare")
+    code, out, err = _cli(capsys, *base, "--batch-sizes", "2", "--json", "--compare")
     assert code == 0, err
     objs = json.loads(out)
     assert isinstance(objs, list) and len(objs) == len(texts)
@@ -403,7 +404,7 @@ def test_cli_several_prompts_print_a_json_list_in_prompt_order(capsys, tiny_llam
         assert obj["token_ids"] == _generate(tiny_llama.model, ids, 12)[: len(obj["token_ids"])]
         assert obj["matches_greedy"] is True and obj["divergences"] == [] and obj["batch_size"] == batch
         assert {"text", "steps", "acceleration_rate", "tokens_per_s", "speedup", "overhead"} <= set(obj)
-    code, out, err = _cli(capsys, *base, "--batch", "3", "--limit", "4")
+    code, out, err = _cli(capsys, *base, "--batch-sizes", "3", "--limit", "4")
     assert code == 0, err
     assert out.count("tokens/step") == 4  # text mode: each prompt's text and its summary line
 

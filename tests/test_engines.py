@@ -12,6 +12,8 @@ from workbench.runtime.treemask import tree_buffers
 from workbench.trees.optimize import best_dense_tree, dense_tree, expected_length, optimal_tree
 from workbench.trees.tree import load_tree, make_tree, reference_trees
 
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
 TOPK = 10  # Medusa's and EAGLE-1's buffers index each head's (or draft block's) top-10
 
 

@@ -478,5 +478,5 @@ def test_batch_bad_inputs_are_one_line_errors(tiny_llama, monkeypatch):
     hybrid.config.layer_types = ["full_attention", "linear_attention"]
     with pytest.raises(WorkbenchError, match="linear_attention layers, whose cache cannot hold a token tree"):
         medusa_generate(hybrid, heads, None, [[1, 2], [3]], "mc_sim_7b_63", 4)
-    with pytest.raises(WorkbenchError, match="--batch 0"):
+    with pytest.raises(WorkbenchError, match="--batch-sizes 0"):
         StepEngine(model).reserve(0, 16)

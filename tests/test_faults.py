@@ -92,7 +92,7 @@ def test_calibrate_killed_at_a_random_point_resumes_to_the_same_folder(tiny_llam
     rng, what = _seed(request)
     argv = lambda out: ["calibrate", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
                         "--prompts", str(prompts), "--max-new-tokens", "24", "--topk", "3", "--budgets", "3,5",
-                        "--batch-size", "1", "--device", "cpu", "--out", str(out)]
+                        "--gen-batch", "1", "--device", "cpu", "--out", str(out)]
     out = tmp_path / "killed"
     proc = _start(argv(out), tmp_path)
     n = rng.randrange(1, 8)  # 12 batches of one prompt
@@ -144,7 +144,7 @@ def test_train_heads_killed_at_a_random_point_resumes_to_the_same_heads(tiny_lla
     rng, what = _seed(request)
     argv = lambda name: ["train-heads", "--model", str(tiny_llama.model_dir), "--prompts", str(prompts),
                          "--tokens", "400", "--max-new-tokens", "24", "--gen-batch", "1", "--gen-dtype", "float32",
-                         "--num-heads", "3", "--steps", "160", "--batch-size", "32", "--lr", "0.01",
+                         "--num-heads", "3", "--steps", "160", "--positions-per-step", "32", "--heads-lr", "0.01",
                          "--work", str(tmp_path / f"work-{name}"), "--out", str(tmp_path / f"heads-{name}")]
     work = tmp_path / "work-killed"
     proc = _start(argv("killed"), tmp_path)

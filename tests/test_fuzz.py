@@ -34,7 +34,7 @@ from workbench.measure.sweep_file import SWEEP_COLUMNS
 from workbench.trees.accuracies import write_accuracies
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
-CAL_ARGS = ["--max-new-tokens", "6", "--topk", "40", "--budgets", "2", "--batch-size", "6", "--device", "cpu"]
+CAL_ARGS = ["--max-new-tokens", "6", "--topk", "40", "--budgets", "2", "--gen-batch", "6", "--device", "cpu"]
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +111,7 @@ def _calibrate(e, P, O):
 
 def _train(e, P, O):
     return ["train-heads", "--model", e["model"], "--prompts", P, "--tokens", "8", "--max-new-tokens", "3",
-            "--gen-dtype", "float32", "--steps", "1", "--batch-size", "4", "--work", f"{O}/w", "--out", f"{O}/h"]
+            "--gen-dtype", "float32", "--steps", "1", "--positions-per-step", "4", "--work", f"{O}/w", "--out", f"{O}/h"]
 
 
 SLOTS = [

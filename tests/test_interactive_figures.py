@@ -3,10 +3,13 @@ both, mask ticks are integers, token labels are cut to fit their node; the answe
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from workbench.runtime.treemask import tree_buffers
 from workbench.trees.tree import load_tree, make_tree
 from workbench.viz import interactive_figures
+
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
 
 SPEC = make_tree([[0], [0, 0], [0, 1], [1], [1, 0], [2]], name="spec")
 

@@ -340,7 +340,7 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
     out = tmp_path / "cli"
     argv = ["calibrate", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
             "--prompts", str(prompt_file), "--limit", "4", "--max-new-tokens", "8", "--topk", "4", "--budgets", "2,3",
-            "--batch-size", "2", "--device", "cpu", "--out", str(out)]
+            "--gen-batch", "2", "--device", "cpu", "--out", str(out)]
     assert main(argv) == 0
     text = capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())

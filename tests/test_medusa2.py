@@ -226,7 +226,7 @@ def test_cli_trains_from_zero_with_the_sine_warmup(tied, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["train-heads", "--recipe", "medusa-2", "--model", str(tied / "model"), "--prompts",
                str(tied / "train_alpaca.json"), "--tokens", "100", "--max-new-tokens", "8", "--gen-batch", "8",
-               "--gen-dtype", "float32", "--steps", "3", "--batch-size", "2", "--num-heads", "2", "--lora-r", "4",
+               "--gen-dtype", "float32", "--steps", "3", "--sequences-per-step", "2", "--num-heads", "2", "--lora-r", "4",
                "--warmup", "sine", "--no-amp", "--work", str(tmp_path / "w"), "--out", str(out)])
     assert rc == 0 and json.loads(capsys.readouterr().out)["steps"] == 3
     assert load_heads(out / "merged")[0].num_heads == 2

@@ -9,21 +9,22 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from workbench import WorkbenchError
-from workbench.core.speed import interpolate_latency, speedup_curve as predicted_speedup
+from workbench import REPO_ROOT, WorkbenchError
+from workbench.core.speed import interpolate_latency, relative_latency
+from workbench.plan.fastest import fastest, value_source
 from workbench.trees.accuracies import accuracies_from_hits, check_accuracies, read_accuracies, write_accuracies
 from workbench.trees.optimize import (acc_value_fn, best_dense_tree, best_first, dense_tree, empirical_value_fn,
                                       expected_curve, expected_length, optimal_tree, optimal_tree_from)
 from workbench.trees.tree import load_tree, reference_trees
 
-VICUNA_CSV = Path("/work/shared/reference/medusa_vicuna7b_head_acc.csv")
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
+VICUNA_CSV = REPO_ROOT / "tests" / "data" / "medusa_vicuna7b_head_acc.csv"  # Medusa's assets/medusa_acc.csv
 
 
 def vicuna_acc() -> np.ndarray:
     """a_k^(i) for Vicuna-7B's 5 heads from top-1/top-5 only: (top5-top1) spread 4:3:2:1 over ranks 2..5, and a
     decreasing tail over ranks 6..10 (a test fixture, not a measurement)."""
-    if not VICUNA_CSV.exists():
-        pytest.skip("shared Vicuna accuracies not available")
     df = pd.read_csv(VICUNA_CSV)
     rows = []
     for t1, t5 in zip(df["top1"], df["top5"]):
@@ -298,19 +299,20 @@ def test_interpolation_and_speedup():
         interpolate_latency(lat, 129)
     acc = vicuna_acc()
     curve = expected_curve(acc, 200)
-    res = predicted_speedup(curve, lat)
-    assert [r["budget"] for r in res["rows"]] == list(range(128))  # n + 1 verify tokens must be measured
-    for row in res["rows"]:
-        t = interpolate_latency(lat, row["budget"] + 1)
-        assert row["speedup"] == pytest.approx(curve[row["budget"]] / (t / 0.020))
-    assert res["best"]["speedup"] == max(r["speedup"] for r in res["rows"])
-    assert res["rows"][0]["speedup"] == pytest.approx(1.0)  # no tree: one token per (unit) step
+    res = fastest(value_source(acc), lat, curve=True)  # plan's ranking of the optimal trees
+    assert [c["nodes"] for c in res["curve"]] == list(range(1, 128))  # n + 1 verify tokens must be measured
+    for c in res["curve"]:
+        t = interpolate_latency(lat, c["nodes"] + 1)
+        assert c["speedup"] == pytest.approx(curve[c["nodes"]] / (t / 0.020))
+    assert res["best"]["speedup"] == max(c["speedup"] for c in res["choice"]["ranked"])
+    assert res["best"]["speedup"] >= max(c["speedup"] for c in res["curve"])
+    assert relative_latency(lat, 0) == pytest.approx(1.0)  # no tree: one token per (unit) step
     with pytest.raises(WorkbenchError, match="no latency for 201 verify tokens"):
-        predicted_speedup(curve, lat, budgets=[200])
+        relative_latency(lat, 200)
     with pytest.raises(WorkbenchError, match="no latency for 1 verify tokens"):
-        predicted_speedup(curve, {4: 0.02, 64: 0.03})
+        relative_latency({4: 0.02, 64: 0.03}, 3)
     with pytest.raises(WorkbenchError, match="positive, finite seconds"):
-        predicted_speedup(curve, {1: 0.02, 64: -1})
+        relative_latency({1: 0.02, 64: -1}, 3)
 
 
 # ----------------------------------------------------------------------------------------------- files

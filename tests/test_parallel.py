@@ -42,7 +42,7 @@ def _argv(tiny, prompts: Path, out: Path, **over) -> list[str]:
     a = dict(ARGS, **over)
     return ["calibrate", "--model", str(tiny.model_dir), "--heads", str(tiny.heads_dirs["2"]), "--prompts",
             str(prompts), "--max-new-tokens", str(a["max_new_tokens"]), "--topk", str(a["topk"]), "--budgets",
-            ",".join(map(str, a["budgets"])), "--batch-size", str(a["batch_size"]), "--device", a["device"],
+            ",".join(map(str, a["budgets"])), "--gen-batch", str(a["batch_size"]), "--device", a["device"],
             "--holdout", str(a["holdout"]), "--out", str(out)]
 
 
@@ -226,7 +226,7 @@ def test_bad_launches_are_one_line_errors_and_lose_nothing(tiny_llama, prompts, 
 
     out = tmp_path / "c"
     as_process(monkeypatch, 0, 13)
-    assert "13 processes for 12 prompts in 12 batch(es) of --batch-size 1" in error(_argv(tiny_llama, prompts, out))
+    assert "13 processes for 12 prompts in 12 batch(es) of --gen-batch 1" in error(_argv(tiny_llama, prompts, out))
     as_process(monkeypatch, 0, 5)
     assert "launch at most 3" in error(_argv(tiny_llama, prompts, out, batch_size=4))
     assert not out.exists()  # refused before anything was written

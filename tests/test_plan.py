@@ -450,7 +450,7 @@ def test_vllm_schedule_covers_every_batch_size(plan_file, tiny_llama, tmp_path, 
 def test_vllm_one_k_and_static_formats_from_a_plan(plan_file, capsys, tmp_path):
     plan = read_plan(plan_file)
     first = plan["plans"][0]
-    assert main(["export", str(plan_file), "--format", "vllm", "--batch-size", "3"]) == 0
+    assert main(["export", str(plan_file), "--format", "vllm", "--batch-sizes", "3"]) == 0
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["method"] == "medusa"  # the calibration's own heads
     assert cfg["num_speculative_tokens"] == _k_of(plan, plan["plans"][1]) and \

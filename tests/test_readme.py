@@ -138,3 +138,34 @@ def test_streamlit_command_serves_the_app(scratch):
             assert urllib.request.urlopen(f"{url}/", timeout=10).status == 200
         finally:
             stop(proc, grace=20)
+
+
+@pytest.mark.unit
+def test_the_tours_optimize_latency_and_plan_name_the_same_tree_at_batch_1(tmp_path, capsys):
+    """One ranker: the tour's `optimize --latency` writes the tree `plan` weighs at batch 1 with the same predicted
+    speedup (plan's choice, or its runner-up when no speculation wins), on the committed calibration and latency."""
+    import json
+    import shlex
+
+    from workbench.cli import main
+
+    tour = next(b for b in BLOCKS if any(c.startswith("CAL=") for c in b))
+    cal = next(c for c in tour if c.startswith("CAL=")).split()[0].split("=", 1)[1]
+
+    def argv(prefix: str) -> list[str]:
+        command = next(c for c in tour if c.startswith(prefix)).split("#")[0].replace("$CAL", str(REPO_ROOT / cal))
+        words = shlex.split(command)[1:]
+        words[words.index("--out") + 1] = str(tmp_path / words[words.index("--out") + 1])
+        return words
+
+    fastest, plan = argv("workbench optimize --calibration $CAL --latency"), argv("workbench plan")
+    assert main(fastest) == 0 and main(plan) == 0
+    capsys.readouterr()
+    tree = json.loads(Path(fastest[fastest.index("--out") + 1]).read_text())
+    planned = json.loads(Path(plan[plan.index("--out") + 1]).read_text())
+    row, alt = planned["plans"][0], planned["alternatives"][0]
+    assert row["batch_size"] == 1 and tree["batch_size"] == 1
+    named = row if row["kind"] != "none" else alt["runner_up"]  # the fastest speculating candidate
+    assert tree["medusa_choices"] == named["medusa_choices"] and tree["kind"] == named["kind"]
+    assert tree["predicted_speedup"] == pytest.approx(named["predicted_speedup"], rel=1e-12)
+    assert (tree["predicted_speedup"] > 1) == (row["kind"] != "none")

@@ -13,6 +13,8 @@ from workbench.trees.tree import make_tree, tree_key
 
 from helpers import make_calibration
 
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
 SIZES = (1, 2, 3, 4, 8, 16, 32)
 
 

@@ -97,7 +97,7 @@ def test_calibrate_killed_again_and_again_ends_byte_for_byte(tiny_llama, prompts
 
     def argv(out):
         return ["calibrate", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
-                "--prompts", str(prompts), "--max-new-tokens", "16", "--topk", "3", "--budgets", "3", "--batch-size",
+                "--prompts", str(prompts), "--max-new-tokens", "16", "--topk", "3", "--budgets", "3", "--gen-batch",
                 "1", "--device", "cpu", "--out", str(out), "--trees-dir", str(out / "trees")]
     out = tmp_path / "killed"
     _kill_and_resume(argv(out), lambda: len(list((out / "parts").glob("*.ranks.parquet")))
@@ -123,7 +123,7 @@ def test_train_heads_killed_again_and_again_ends_byte_for_byte(tiny_llama, promp
     def argv(name):
         return ["train-heads", "--model", str(tiny_llama.model_dir), "--prompts", str(prompts), "--tokens", "300",
                 "--max-new-tokens", "16", "--gen-batch", "1", "--gen-dtype", "float32", "--num-heads", "2", "--steps",
-                "60", "--batch-size", "16", "--lr", "0.01", "--work", str(tmp_path / f"work-{name}"), "--out",
+                "60", "--positions-per-step", "16", "--heads-lr", "0.01", "--work", str(tmp_path / f"work-{name}"), "--out",
                 str(tmp_path / f"heads-{name}")]
     work = tmp_path / "work-killed"
     _kill_and_resume(argv("killed"), lambda: len(list((work / "parts").glob("part-*.pt")))
@@ -190,8 +190,8 @@ def _soak_with_pieces(killed: list[str], whole: list[str], out: Path, rng, what,
 def test_latency_killed_again_and_again_keeps_its_points(tiny_llama, prompts, tmp_path, capsys, request, mode):
     rng, what = _seed(request)
     flags = ["--heads", str(tiny_llama.heads_dirs["2"]), "--prompts", str(prompts), "--limit", "4", "--sizes",
-             "1,2,3", "--batch", "1,2,3,4,5,6,7", "--max-new-tokens", "8"] if mode == "decoder-step" else \
-        ["--sizes", "1,2,4", "--context", "8,16,32,64", "--batch", "1,2"]
+             "1,2,3", "--batch-sizes", "1,2,3,4,5,6,7", "--max-new-tokens", "8"] if mode == "decoder-step" else \
+        ["--sizes", "1,2,4", "--context", "8,16,32,64", "--batch-sizes", "1,2"]
 
     def argv(out):
         return ["latency", "--model", str(tiny_llama.model_dir), "--mode", mode, *flags, "--repeats", "2",
@@ -258,7 +258,7 @@ def test_eval_heads_killed_again_and_again_ends_with_the_same_result(tiny_llama,
     def argv(name):
         return ["eval-heads", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
                 "--medusa2", str(tiny_llama.heads_dirs["3"]), "--prompts", str(f), "--holdout", "0.5", "--limit",
-                "5", "--max-new-tokens", "12", "--topk", "3", "--tree", "[[0],[1],[0,0],[0,0,0]]", "--batch-size",
+                "5", "--max-new-tokens", "12", "--topk", "3", "--tree", "[[0],[1],[0,0],[0,0,0]]", "--gen-batch",
                 "2", "--device", "cpu", "--out", str(tmp_path / f"{name}.json"), "--table", str(tmp_path / f"{name}.md")]
     kept = _soak_with_pieces(argv("killed"), argv("whole"), tmp_path / "killed.json", rng, what, capsys)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("killed", "whole"))

@@ -140,7 +140,7 @@ def test_decoder_step_surface(tiny_llama):
 
 
 def test_heads_cost_completes_a_table_measured_before_it_was_kept(tiny_llama, tmp_path, capsys):
-    """`latency --mode heads --table FILE` times the heads at each batch size of an older table of this tool and
+    """`latency --mode heads --latency FILE` times the heads at each batch size of an older table of this tool and
     adds depth (the trees both modes time) and heads_seconds; a table from another setting or without one is one
     error line, the file untouched."""
     import torch
@@ -154,7 +154,7 @@ def test_heads_cost_completes_a_table_measured_before_it_was_kept(tiny_llama, tm
                           batches=[1, 2], progress=False).drop(columns=["depth", "heads_seconds"])
     path = tmp_path / "old.csv"
     old.to_csv(path, index=False)
-    args = ["latency", "--mode", "heads", "--table", str(path), "--model", str(t.model_dir), "--heads",
+    args = ["latency", "--mode", "heads", "--latency", str(path), "--model", str(t.model_dir), "--heads",
             str(t.heads_dirs["2"]), "--device", "cpu"]
     assert main(args + ["--out", str(tmp_path / "new.csv")]) == 0
     new = read_latency(tmp_path / "new.csv")
@@ -176,7 +176,7 @@ def test_heads_cost_completes_a_table_measured_before_it_was_kept(tiny_llama, tm
     before = path.read_bytes()
     assert main(args) == 2 and "not a table `workbench latency` wrote" in capsys.readouterr().err
     assert path.read_bytes() == before
-    assert main(args[:3] + ["--table", str(tmp_path / "none.csv")]) == 2  # named by its own flag, before any model
+    assert main(args[:3] + ["--latency", str(tmp_path / "none.csv")]) == 2  # named by its own flag, before any model
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith(f"error: --table {tmp_path / 'none.csv'}: no such")
     assert main(["latency", "--mode", "heads"]) == 2 and "--table FILE" in capsys.readouterr().err
@@ -248,7 +248,7 @@ def test_latency_cli_times_the_decoder_step_by_default(tiny_llama, make_prompt_f
     out = tmp_path / "step.csv"
     prompts = make_prompt_file(["Tell me a story.", "What is 2+2?"])
     assert main(["latency", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
-                 "--prompts", str(prompts), "--limit", "2", "--sizes", "2", "--batch", "1,2", "--repeats", "1",
+                 "--prompts", str(prompts), "--limit", "2", "--sizes", "2", "--batch-sizes", "1,2", "--repeats", "1",
                  "--warmup", "0", "--max-new-tokens", "3", "--device", "cpu", "--out", str(out)]) == 0
     df = read_latency(out)
     assert sorted(zip(df["batch"], df["tokens"])) == [(1, 1), (1, 2), (2, 1), (2, 2)]

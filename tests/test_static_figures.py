@@ -15,6 +15,8 @@ from workbench.trees.optimize import acc_value_fn, optimal_tree
 from workbench.trees.tree import load_tree, make_tree, reference_trees
 from workbench.viz import static_figures
 
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

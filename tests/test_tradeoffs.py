@@ -15,9 +15,10 @@ from workbench.cli import main
 from workbench.cli.shared import parse_delta, parse_floats
 from workbench.decode.loop import DECODER_VERSION
 from workbench.measure.latency import measure_latency
-from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, hardware_aware, latency_table, read_latency
+from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, latency_table, read_latency
 from workbench.measure.sweep import dense_near, run_sweep, sweep_configs, sweep_trees
 from workbench.measure.sweep_file import SWEEP_COLUMNS, read_sweep
+from workbench.plan.fastest import fastest, value_source
 from workbench.plan.report import summarize
 from workbench.runtime.generation import prepare_prompt
 from workbench.runtime.models import random_model
@@ -93,14 +94,16 @@ def test_latency_cli_batch_flag(tmp_path, capsys):
     out = tmp_path / "l.csv"
     argv = ["latency", "--random-config", "tiny", "--sizes", "2", "--context", "8", "--repeats", "3", "--warmup", "0",
             "--device", "cpu", "--out", str(out)]
-    assert main(argv + ["--batch", "1"]) == 0
+    assert main(argv + ["--batch-sizes", "1"]) == 0
     df = read_latency(out)
     bare = [c for c in LATENCY_COLUMNS if c not in HEADS_COLUMNS]  # no --heads: the bare forward, no heads' cost
     assert list(df.columns[:len(bare)]) == bare and set(df["batch"]) == {1}
     assert (df["repeats"] == 3).all() and "q1..q3" in capsys.readouterr().err
-    assert main(argv + ["--batch", "0,2"]) == 2
-    assert "--batch" in _error_line(capsys)
-    assert main(argv + ["--batch", "1,2"]) == 0
+    assert main(argv + ["--batch-sizes", "0,2"]) == 2
+    assert "--batch-sizes" in _error_line(capsys)
+    assert main(argv + ["--batch", "1,2"]) == 2  # the old spelling: one line naming the new one
+    assert _error_line(capsys) == "error: --batch: this flag is now --batch-sizes B1,B2,.."
+    assert main(argv + ["--batch-sizes", "1,2"]) == 0
     df = read_latency(out)
     assert sorted(zip(df["batch"], df["tokens"])) == [(1, 1), (1, 2), (2, 1), (2, 2)]
 
@@ -144,15 +147,17 @@ def _brute_force_best(acc, df):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_hardware_aware_is_argmax_of_predicted_speedup(seed):
+def test_the_fastest_tree_is_the_argmax_of_predicted_speedup(seed):
+    """plan/fastest.py (plan's ranking at one batch size) picks what a brute force over every budget picks."""
     acc = _acc(seed)
     df = synthetic_latency([1, 2, 4, 8, 16, 32, 64], scale=12 + 8 * seed)
     table, _ = latency_table(df)
-    res = hardware_aware(acc, table)
+    res = fastest(value_source(acc), table, curve=True)
     b, s = _brute_force_best(acc, df)
-    assert res["best"]["budget"] == b and math.isclose(res["best"]["speedup"], s, rel_tol=1e-9)
-    assert res["tree"].nodes == b and set(res["tree"].paths) == set(optimal_tree(acc, b).paths)
-    assert [r["budget"] for r in res["rows"]] == list(range(1, 64))
+    assert s > 1 and res["best"] is res["tree"]  # speculation wins here, so the choice is the tree
+    assert res["tree"]["nodes"] == b and math.isclose(res["tree"]["speedup"], s, rel_tol=1e-9)
+    assert set(res["tree"]["tree"].paths) == set(optimal_tree(acc, b).paths)
+    assert [c["nodes"] for c in res["curve"]] == list(range(1, 64))
     assert 1 < b < 63  # the synthetic cost curve puts the optimum inside, so the test can fail
 
 
@@ -174,12 +179,12 @@ def test_optimize_latency_cli(tmp_path, capsys):
         assert len(load_tree(tree["medusa_choices"]).paths) == b
         curve = pd.read_csv(tmp_path / "c.csv")
         assert curve["budget"].tolist() == list(range(1, 64))
-        assert np.allclose(curve["speedup"], curve["expected_length"] / curve["relative_latency"])
+        assert np.allclose(curve["speedup"], curve["batch_tokens_per_step"] / curve["relative_latency"])
         assert curve["speedup"].idxmax() == b - 1
 
 
 def test_optimize_latency_at_one_batch_size(tmp_path, capsys):
-    """--batch-size reads that batch size's rows of a batched CSV: a steeper cost per token, a smaller tree."""
+    """--batch-sizes B reads that batch size's rows of a batched CSV: a steeper cost per token, a smaller tree."""
     acc = _acc(3)
     write_accuracies(tmp_path / "acc.csv", acc)
     sizes = [1, 2, 4, 8, 16, 32, 64]
@@ -189,23 +194,25 @@ def test_optimize_latency_at_one_batch_size(tmp_path, capsys):
             "--out", str(tmp_path / "t.json")]
     budgets = {}
     for b in (1, 8):
-        assert main(argv + ["--batch-size", str(b)]) == 0
+        assert main(argv + ["--batch-sizes", str(b)]) == 0
         capsys.readouterr()
         tree = json.loads((tmp_path / "t.json").read_text())
         assert tree["batch_size"] == b and tree["budget"] == _brute_force_best(acc, lat[lat["batch"] == b])[0]
         budgets[b] = tree["budget"]
     assert budgets[8] < budgets[1]
-    assert main(argv + ["--batch-size", "4"]) == 2
+    assert main(argv + ["--batch-sizes", "4"]) == 2
     assert "no rows for batch size(s) 4 (measured: 1, 8)" in _error_line(capsys)
-    assert main(["optimize", "--accuracies", str(tmp_path / "acc.csv"), "--budget", "4", "--batch-size", "2"]) == 2
+    assert main(["optimize", "--accuracies", str(tmp_path / "acc.csv"), "--budget", "4", "--batch-sizes", "2"]) == 2
     assert "--latency" in _error_line(capsys)
+    assert main(argv + ["--batch-size", "8"]) == 2  # the old spelling: one line naming the new one
+    assert _error_line(capsys) == "error: --batch-size: this flag is now --batch-sizes B"
 
 
 def test_optimize_latency_picks_context_of_calibration(calib, tmp_path, capsys):
     """The calibration's prompts are ~40 tokens: rows at context 32 are used, not those at 4096."""
     lat = pd.concat([synthetic_latency([1, 2, 4, 8, 16], 4, 32), synthetic_latency([1, 2, 4, 8, 16], 1000, 4096)])
     lat.to_csv(tmp_path / "lat.csv", index=False)
-    assert main(["optimize", "--calibration", str(calib), "--joint", "--latency", str(tmp_path / "lat.csv"),
+    assert main(["optimize", "--calibration", str(calib), "--prediction", "joint", "--latency", str(tmp_path / "lat.csv"),
                  "--out", str(tmp_path / "t.json")]) == 0
     assert json.loads((tmp_path / "t.json").read_text())["context"] == 32
 

@@ -222,14 +222,21 @@ def test_time_budget_flags_are_checked(tiny_llama, prompt_file, tmp_path, capsys
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
 
 
-def test_default_training_files_come_from_the_data_folders_in_order(tmp_path, monkeypatch):
-    from workbench.core.data import data_dirs
+def test_default_training_files_come_from_the_data_dir_only(tmp_path, monkeypatch, capsys):
+    """The demo heads' training sets are read from $WORKBENCH_DATA_DIR (a GPU machine gets them carried there) and
+    nowhere else: on a fresh clone without it, train-heads without --prompts is one error line naming both ways."""
+    from workbench.cli import main
     from workbench.train.medusa1 import DEFAULT_TRAIN_FILES, default_prompt_files
 
-    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))  # what the GPU machine's environment points at
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))
     (tmp_path / DEFAULT_TRAIN_FILES[1]).write_text("[]")
-    files = default_prompt_files()
-    assert str(tmp_path / DEFAULT_TRAIN_FILES[1]) in files
-    shared = data_dirs()[1]
-    assert [f for f in files if not f.startswith(str(tmp_path))] == \
-        [str(shared / f) for f in DEFAULT_TRAIN_FILES if f != DEFAULT_TRAIN_FILES[1] and (shared / f).is_file()]
+    assert default_prompt_files() == [str(tmp_path / DEFAULT_TRAIN_FILES[1])]
+    monkeypatch.delenv("WORKBENCH_DATA_DIR")
+    assert default_prompt_files() == []
+    assert main(["train-heads", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: no training prompts: pass --prompts FILE") and \
+        "WORKBENCH_DATA_DIR" in err[0], err
+    assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
+
+

@@ -7,15 +7,17 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from workbench import WorkbenchError
+from workbench import REPO_ROOT, WorkbenchError
 from workbench.runtime.treemask import tree_buffers
 from workbench.trees.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, buffers_record, load_tree, make_tree, parse_path,
                                   record_json, reference_trees, remove_path, tree_diff, tree_record,
                                   tree_stats, validate)
 from workbench.viz.static_figures import to_networkx
 
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
 SPEC_TREE = [[0], [0, 0], [0, 1], [0, 2], [1], [1, 0], [1, 1], [1, 2]]
-SHARED_TREES = Path("/work/shared/reference/medusa_trees.json")
+MEDUSA_TREES = REPO_ROOT / "tests" / "data" / "medusa_trees.json"  # Medusa's medusa_choices.py @ e2a5d20
 
 
 # ----------------------------------------------------------------------------------------------- spec example
@@ -58,9 +60,8 @@ def test_reference_trees_are_the_nine_medusa_trees():
     for name, t in refs.items():
         assert t.nodes == 63 and t.name == name
         assert load_tree(name).paths == t.paths
-    if SHARED_TREES.exists():
-        shared = json.loads(SHARED_TREES.read_text())["trees"]
-        assert {n: [list(p) for p in t.paths] for n, t in refs.items()} == shared
+    medusa = json.loads(MEDUSA_TREES.read_text())["trees"]
+    assert {n: [list(p) for p in t.paths] for n, t in refs.items()} == medusa
 
 
 def test_read_json_list_object_literal_and_medusa_file(tmp_path):

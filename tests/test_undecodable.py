@@ -65,14 +65,14 @@ def _warnings(err: str) -> list[str]:
 def test_calibrate_and_train_heads_warn_once_and_decode_refuses(mamba_dir, tmp_path, capsys):
     m, h, p = str(mamba_dir / "model"), str(mamba_dir / "heads"), str(mamba_dir / "prompts.jsonl")
     rc = main(["calibrate", "--model", m, "--heads", h, "--prompts", p, "--max-new-tokens", "3", "--topk", "4",
-               "--budgets", "2", "--batch-size", "4", "--device", "cpu", "--out", str(tmp_path / "cal")])
+               "--budgets", "2", "--gen-batch", "4", "--device", "cpu", "--out", str(tmp_path / "cal")])
     warns = _warnings(capsys.readouterr().err)
     assert rc == 0 and (tmp_path / "cal" / "accuracies.csv").exists()
     assert len(warns) == 1 and "MambaForCausalLM has linear_attention layers" in warns[0], warns
     assert "`workbench decode`" in warns[0]
 
     rc = main(["train-heads", "--model", m, "--prompts", p, "--tokens", "8", "--max-new-tokens", "3",
-               "--gen-dtype", "float32", "--steps", "1", "--batch-size", "4", "--num-heads", "2",
+               "--gen-dtype", "float32", "--steps", "1", "--positions-per-step", "4", "--num-heads", "2",
                "--work", str(tmp_path / "w"), "--out", str(tmp_path / "h")])
     warns = _warnings(capsys.readouterr().err)
     assert rc == 0 and len(warns) == 1 and "linear_attention" in warns[0] and "heads train correctly" in warns[0]
@@ -106,7 +106,7 @@ def test_medusa2_refuses_a_mamba_before_generating(mamba_dir, tmp_path, capsys):
     pytest.importorskip("peft", reason="Medusa-2 needs peft")
     rc = main(["train-heads", "--recipe", "medusa-2", "--model", str(mamba_dir / "model"), "--prompts",
                str(mamba_dir / "prompts.jsonl"), "--tokens", "8", "--max-new-tokens", "3", "--gen-dtype", "float32",
-               "--steps", "1", "--batch-size", "2", "--num-heads", "2", "--warmup", "sine", "--no-amp",
+               "--steps", "1", "--sequences-per-step", "2", "--num-heads", "2", "--warmup", "sine", "--no-amp",
                "--work", str(tmp_path / "w"), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: --recipe medusa-2: MambaForCausalLM"), err

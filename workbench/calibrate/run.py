@@ -146,7 +146,7 @@ class CalibrateConfig:
         if self.topk < 1:
             raise WorkbenchError(f"--topk {self.topk}: must be at least 1")
         if self.batch_size < 1:
-            raise WorkbenchError(f"--batch-size {self.batch_size}: must be at least 1")
+            raise WorkbenchError(f"--gen-batch {self.batch_size}: must be at least 1")
         budgets = sorted({int(b) for b in self.budgets})
         if not budgets or budgets[0] < 1:
             raise WorkbenchError(f"--budgets {budgets}: give positive node counts, e.g. 16,32,64")
@@ -172,8 +172,8 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     batches = -(-len(records) // cfg.batch_size)
     if launch.world > batches:
         raise WorkbenchError(f"{launch.world} processes for {len(records)} prompts in {batches} batch(es) of "
-                             f"--batch-size {cfg.batch_size}: every process needs a batch; launch at most {batches} "
-                             "(--num_processes) or lower --batch-size")
+                             f"--gen-batch {cfg.batch_size}: every process needs a batch; launch at most {batches} "
+                             "(--num_processes) or lower --gen-batch")
     base, tok, hd = load_model_and_heads(cfg.model, cfg.heads, launch.device(cfg.device, cfg.device_map), cfg.dtype,
                                          device_map=cfg.device_map)
     if cfg.topk > hd.vocab_size:
@@ -293,7 +293,7 @@ def _batches(n: int, size: int) -> list[range]:
 
 def _check_part(parts: Path, i: int, pids: list[str]) -> None:
     """A finished part must hold exactly batch i's prompts: parts copied from another run (other prompts, another
-    --batch-size) would otherwise be merged in silently."""
+    --gen-batch) would otherwise be merged in silently."""
     try:
         got = pd.read_parquet(_part(parts, i, "prompts"), columns=["prompt_id"])["prompt_id"].tolist()
     except Exception as e:  # a damaged or missing file

@@ -7,7 +7,7 @@ import sys
 from dataclasses import fields
 
 from workbench import ACCEPTANCE_KINDS, WorkbenchError
-from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, parse_ints
+from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, parse_ints, renamed
 from workbench.core.io import check_output
 from workbench.trees.tree import MEDUSA_TOPK
 
@@ -69,7 +69,9 @@ def add_calibrate(sub) -> None:
     p.add_argument("--budgets", default="16,32,64", help="tree sizes to build (default 16,32,64)")
     p.add_argument("--name", help="calibration name (default: MODEL-PROMPTS)")
     p.add_argument("--out", help="output folder (default: calibration/NAME)")
-    p.add_argument("--batch-size", type=bounded("batch"), default=32, help="prompts per generate batch (and per part file)")
+    p.add_argument("--gen-batch", dest="batch_size", type=bounded("batch"), default=32,
+                   help="prompts answered together (one generate batch, one part file; default 32)")
+    renamed(p, "--batch-size", "--gen-batch N")
     p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
     p.add_argument("--continuations", metavar="DIR", help="reuse the greedy answers of a finished calibration of the "
                    "same model and prompts (new heads: skips generation)")
@@ -160,15 +162,15 @@ def cmd_decode(args) -> int:
     tree = load_tree(args.tree, num_heads=heads.num_heads)
     prompts = _decode_prompts(args, tok)
     check_positions(model, max(map(len, prompts)) + args.max_new_tokens + tree.nodes + 1)
-    if args.batch > len(prompts):
-        raise WorkbenchError(f"--batch {args.batch} but {len(prompts)} prompt(s) given: lower --batch or give more "
-                             "prompts (--prompts FILE --limit N)")
+    if args.batch_sizes > len(prompts):
+        raise WorkbenchError(f"--batch-sizes {args.batch_sizes} but {len(prompts)} prompt(s) given: lower it or give "
+                             "more prompts (--prompts FILE --limit N)")
     if tok is None:
         print("note: the model folder has no tokenizer: the output is token ids", file=sys.stderr)
     engine, buf = StepEngine(model, compile=args.compile), tree_setup(tree, model)
     engine.size_for(prompts, args.max_new_tokens, [buf])  # one capacity for every chunk: compiled once
     several = args.prompts is not None
-    chunks = [prompts[i:i + args.batch] for i in range(0, len(prompts), args.batch)]
+    chunks = [prompts[i:i + args.batch_sizes] for i in range(0, len(prompts), args.batch_sizes)]
     if args.compare or engine.compile:  # warm-up (and compilation) of both step shapes, outside the timed runs
         vanilla_generate(model, tok, chunks[0], 2, engine=engine)
         medusa_generate(model, heads, tok, chunks[0], buf, 2, rule, engine=engine)
@@ -214,8 +216,9 @@ def add_decode(sub) -> None:
     src.add_argument("--prompts", help="several prompts: a prompt file (JSON/JSONL/CSV/text) or a set name "
                      "(alpaca-eval, mt-bench); --json then prints a list, one object per prompt in order")
     p.add_argument("--limit", type=bounded("count"), help="with --prompts: the first N prompts")
-    p.add_argument("--batch", type=bounded("batch"), default=1, help="prompts decoded together, one forward of batch x tree "
-                   "tokens per step (default 1)")
+    p.add_argument("--batch-sizes", type=bounded("batch"), default=1, metavar="B", help="the serving batch size: "
+                   "prompts decoded together, one forward of B x tree tokens per step (one B; default 1)")
+    renamed(p, "--batch", "--batch-sizes B")
     p.add_argument("--raw", action="store_true", help="use --prompt as-is, without the chat template")
     p.add_argument("--max-new-tokens", type=bounded("tokens"), default=256)
     p.add_argument("--acceptance", choices=["auto", *ACCEPTANCE_KINDS], default="auto",
@@ -235,12 +238,39 @@ def add_decode(sub) -> None:
 
 # ==== train-heads =============================================================================================
 
-RECIPE_DEFAULTS = {  # flags whose default depends on --recipe
-    "medusa-1": dict(tokens=200_000, max_new_tokens=256, gen_batch=64, steps=3000, batch_size=256, lr=1e-3,
-                     gen_share=0.5),
-    "medusa-2": dict(tokens=50_000, max_new_tokens=128, gen_batch=32, steps=2000, batch_size=4, lr=1e-4,
-                     gen_share=0.3),
+RECIPE_DEFAULTS = {  # flags whose default (never whose unit) depends on --recipe
+    "medusa-1": dict(tokens=200_000, max_new_tokens=256, gen_batch=64, steps=3000, gen_share=0.5),
+    "medusa-2": dict(tokens=50_000, max_new_tokens=128, gen_batch=32, steps=2000, gen_share=0.3),
 }
+RECIPE_FLAGS = {  # flags of one recipe only, each in one unit: (dest, flag, default)
+    "medusa-1": [("positions_per_step", "--positions-per-step", 256)],
+    "medusa-2": [("sequences_per_step", "--sequences-per-step", 4), ("adapter_lr", "--adapter-lr", 1e-4)],
+}
+
+
+def _recipe_flags(args) -> None:
+    """Fill the recipe's own flags' defaults; the other recipe's flags are one error line."""
+    other = "medusa-2" if args.recipe == "medusa-1" else "medusa-1"
+    given = [flag for dest, flag, _ in RECIPE_FLAGS[other] if getattr(args, dest) is not None]
+    if given:
+        raise WorkbenchError(f"{', '.join(given)}: {other} only; --recipe {args.recipe} takes "
+                             f"{', '.join(flag for _, flag, _ in RECIPE_FLAGS[args.recipe])}")
+    for dest, _, default in RECIPE_FLAGS[args.recipe]:
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+
+
+def _default_training_files() -> list[str]:
+    """Without --prompts: the demo heads' three training sets from $WORKBENCH_DATA_DIR. They do not ship (7.7 MB,
+    one of them research-only) and the packaged sets are held out for calibration, so none is one error line."""
+    from workbench.train.medusa1 import DEFAULT_TRAIN_FILES, default_prompt_files
+
+    files = default_prompt_files()
+    if not files:
+        raise WorkbenchError("no training prompts: pass --prompts FILE [FILE ...] (Alpaca-format JSON/JSONL/CSV), or "
+                             f"set WORKBENCH_DATA_DIR to a folder holding {', '.join(DEFAULT_TRAIN_FILES)} (the demo "
+                             "heads' sets; alpaca-eval and mt-bench are held out for calibration)")
+    return files
 
 
 def cmd_train_heads(args) -> int:
@@ -249,20 +279,20 @@ def cmd_train_heads(args) -> int:
     for k, v in RECIPE_DEFAULTS[args.recipe].items():
         if getattr(args, k) is None:
             setattr(args, k, v)
+    _recipe_flags(args)
     if args.recipe == "medusa-2":
         return _cmd_train_medusa2(args)
 
     from workbench.runtime.parallel import one_process_warning
-    from workbench.train.medusa1 import (TrainConfig, default_folders, default_prompt_files, interleaved_prompts,
-                                         train_heads)
+    from workbench.train.medusa1 import TrainConfig, default_folders, interleaved_prompts, train_heads
 
     if one_process_warning():
         print(one_process_warning(), file=sys.stderr)
-    files = args.prompts or default_prompt_files()
+    files = args.prompts or _default_training_files()
     cfg = TrainConfig(prompts=interleaved_prompts(files, args.seed), num_heads=args.num_heads,
                       num_layers=args.num_layers, tied=not args.untied, tokens=args.tokens,
                       max_new_tokens=args.max_new_tokens, gen_batch=args.gen_batch, gen_dtype=args.gen_dtype,
-                      steps=args.steps, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                      steps=args.steps, batch_size=args.positions_per_step, lr=args.heads_lr or TrainConfig.lr, seed=args.seed,
                       active_steps=args.active_steps, answers_per_prompt=args.answers_per_prompt,
                       init=str(Path(args.init).resolve()) if args.init else None,
                       time_budget=args.time_budget, gen_share=args.gen_share)
@@ -296,7 +326,7 @@ def _cmd_train_medusa2(args) -> int:
 
     from workbench.runtime.heads import DEMO_HEADS
     from workbench.train.medusa2 import Medusa2Config, train_medusa2
-    from workbench.train.medusa1 import default_folders, default_prompt_files, interleaved_prompts
+    from workbench.train.medusa1 import default_folders, interleaved_prompts
 
     if args.untied or args.active_steps or args.answers_per_prompt != 1 or args.device_map:
         raise WorkbenchError("--untied, --active-steps, --answers-per-prompt and --device-map are medusa-1 "
@@ -307,12 +337,13 @@ def _cmd_train_medusa2(args) -> int:
     cfg = Medusa2Config(prompts=[], num_heads=args.num_heads, num_layers=args.num_layers, tokens=args.tokens,
                         max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                         gen_batch=args.gen_batch, gen_dtype=args.gen_dtype, steps=args.steps,
-                        batch_size=args.batch_size, lr=args.lr, heads_lr=args.heads_lr, warmup_steps=args.warmup_steps,
+                        batch_size=args.sequences_per_step, lr=args.adapter_lr, heads_lr=args.heads_lr,
+                        warmup_steps=args.warmup_steps,
                         lambda0=args.lambda0, decay=args.decay, warmup=args.warmup, ramp_steps=args.ramp_steps,
                         lora_r=args.lora_r, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
                         init=str(Path(init).resolve()) if init else None, amp=args.amp, seed=args.seed,
                         time_budget=args.time_budget, gen_share=args.gen_share)  # checks every setting
-    cfg.prompts = interleaved_prompts(args.prompts or default_prompt_files(), args.seed)
+    cfg.prompts = interleaved_prompts(args.prompts or _default_training_files(), args.seed)
     work, _ = default_folders(args.model)
     work = Path(args.work) if args.work else work.with_name(work.name + "-medusa2")
     out = Path(args.out) if args.out else Path(f"{work.name}-out")
@@ -337,7 +368,8 @@ def add_train_heads(sub) -> None:
                        # training loads the base in fp32)
                        parents=[model_args("--model", "--device", "--device-map")])
     p.add_argument("--prompts", nargs="+", metavar="FILE",
-                   help="Alpaca-format prompt files (default: the training sets in shared/data)")
+                   help="Alpaca-format prompt files (default: the demo heads' three training sets in "
+                        "$WORKBENCH_DATA_DIR; without them, give files)")
     p.add_argument("--num-heads", type=bounded("depth"), default=4)
     p.add_argument("--num-layers", type=bounded("depth"), default=1, help="ResBlocks per head")
     p.add_argument("--untied", action="store_true", help="give each head its own lm_head (format 1, large files)")
@@ -349,9 +381,13 @@ def add_train_heads(sub) -> None:
     p.add_argument("--gen-batch", type=bounded("batch"), help="prompts answered together (default 64; medusa-2 32)")
     p.add_argument("--gen-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32", "bf16", "fp16", "fp32"], help="dtype for generating the data (bf16 is ~3x faster on CPU)")
     p.add_argument("--steps", type=bounded("count"), help="optimizer steps (default 3000; medusa-2 2000)")
-    p.add_argument("--batch-size", type=bounded("batch"), help="positions per optimizer step (default 256); medusa-2: sequences per "
-                   "step (default 4)")
-    p.add_argument("--lr", type=finite(0, 1e3, open_low=True), help="learning rate (default 1e-3); medusa-2: the adapter's (default 1e-4)")
+    p.add_argument("--positions-per-step", type=bounded("batch"), metavar="N",
+                   help="medusa-1: answer positions per optimizer step (default 256)")
+    p.add_argument("--heads-lr", type=finite(0, 1e3, open_low=True), metavar="LR",
+                   help="the heads' learning rate (default 1e-3; medusa-2: 4x --adapter-lr)")
+    renamed(p, "--batch-size", "--positions-per-step N (medusa-1) or --sequences-per-step N (medusa-2): the "
+                               "training batch's unit depends on the recipe")
+    renamed(p, "--lr", "--heads-lr LR (the heads', either recipe) or --adapter-lr LR (medusa-2's backbone adapter)")
     p.add_argument("--active-steps", type=bounded("count", 0), default=0, metavar="N",
                    help="the first N steps use a softmax over only the tokens the data emits (~6x faster on CPU; "
                         "the remaining steps use the full vocabulary)")
@@ -373,7 +409,10 @@ def add_train_heads(sub) -> None:
     m2.add_argument("--lambda0", type=finite(0, 1e3), default=0.01, help="weight of the heads' loss (default 0.01, "
                     "the recipe's for self-distillation; 0.2 for training on the model's SFT data)")
     m2.add_argument("--decay", type=finite(0, 1, open_low=True), default=0.8, help="lambda_k = decay^k (default 0.8)")
-    m2.add_argument("--heads-lr", type=finite(0, 1e3, open_low=True), help="the heads' learning rate (default 4x --lr)")
+    m2.add_argument("--sequences-per-step", type=bounded("batch"), metavar="N",
+                    help="sequences (prompt + answer) per optimizer step (default 4)")
+    m2.add_argument("--adapter-lr", type=finite(0, 1e3, open_low=True), metavar="LR",
+                    help="the LoRA adapter's learning rate (default 1e-4)")
     m2.add_argument("--warmup", choices=["two-stage", "sine"], default="two-stage",
                     help="heads warm-up: two-stage starts from Medusa-1 heads (--init; the demo heads for the demo "
                          "model), sine raises lambda0 from 0 over --ramp-steps (default)")
@@ -441,7 +480,9 @@ def add_eval_heads(sub) -> None:
     p.add_argument("--tree", default="mc_sim_7b_63", help="tree for the live decoding (default mc_sim_7b_63)")
     p.add_argument("--live", type=bounded("count", 0), metavar="N", help="live decoding on the first N of the prompts (default all; "
                    "0: none, accuracy and drift only)")
-    p.add_argument("--batch-size", type=bounded("batch"), default=8, help="prompts per generation batch")
+    p.add_argument("--gen-batch", dest="batch_size", type=bounded("batch"), default=8,
+                   help="prompts answered together (default 8)")
+    renamed(p, "--batch-size", "--gen-batch N")
     p.add_argument("--out", help="JSON file")
     p.add_argument("--table", help="Markdown table file")
     p.set_defaults(func=cmd_eval_heads)

@@ -168,6 +168,17 @@ def parse_delta(text) -> str | float:
         raise WorkbenchError(f"--delta {text!r}: must be 'sqrt' or a finite number >= 0")
     return d
 
+def renamed(parser, old: str, new: str) -> None:
+    """Refuse a flag's old spelling with one line naming the new one (one spelling per concept: --batch-sizes for
+    serving batch sizes, --gen-batch for generation chunking, --table only for an output). Registered exactly, so
+    argparse does not read `--batch` as an abbreviation of `--batch-sizes` either."""
+    class Renamed(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            raise WorkbenchError(f"{option_string}: this flag is now {new}")
+
+    parser.add_argument(old, action=Renamed, nargs="?", help=argparse.SUPPRESS)
+
+
 # ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
 
 COMPILE_HELP = ("torch.compile the decoding step (fixed shapes per tree; default: on for CUDA, off for CPU, where "

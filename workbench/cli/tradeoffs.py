@@ -6,7 +6,7 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
-                                  parse_ints, write_output)
+                                  parse_ints, renamed, write_output)
 from workbench.core.io import atomic_write_text, check_output, remove_work, run_lock
 
 
@@ -21,7 +21,7 @@ def cmd_latency(args) -> int:
                                            measure_latency)
     from workbench.runtime.models import random_model
 
-    if args.mode == "heads" or args.table:
+    if args.mode == "heads":
         return _add_heads_cost(args)
     mode = args.mode or ("verify" if args.random_config or args.context else "decoder-step")
     if mode == "decoder-step" and (args.random_config or args.context):
@@ -30,7 +30,7 @@ def cmd_latency(args) -> int:
     step = mode == "decoder-step"
     sizes = parse_ints(args.sizes, "--sizes", "nodes") if args.sizes else list(DECODER_SIZES if step else DEFAULT_SIZES)
     contexts = parse_ints(args.context, "--context", "context") if args.context else list(DEFAULT_CONTEXTS)
-    batches = parse_ints(args.batch, "--batch", "batch") if args.batch else list(DECODER_BATCHES if step else DEFAULT_BATCHES)
+    batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else list(DECODER_BATCHES if step else DEFAULT_BATCHES)
     repeats = args.repeats if args.repeats is not None else (4 if step else 10)
     warmup = args.warmup if args.warmup is not None else (1 if step else 3)
     if args.calibration:
@@ -268,19 +268,19 @@ def cmd_sweep_report(args) -> int:
 
 
 def _add_heads_cost(args) -> int:
-    """`latency --mode heads --table FILE`: the heads' cost (depth, heads_seconds) added to a latency table this
+    """`latency --mode heads --latency FILE`: the heads' cost (depth, heads_seconds) added to a latency table this
     tool measured before it kept them, timed now in the same setting; written to --out (default: FILE, atomically)."""
     from pathlib import Path
 
-    if args.mode not in (None, "heads") or not args.table:
-        raise WorkbenchError("--mode heads completes a latency table: give it as --table FILE (and no other --mode)")
+    if not args.latency:
+        raise WorkbenchError("--mode heads completes a latency table: give it as --latency FILE")
     if args.random_config:
         raise WorkbenchError("--mode heads times the heads of the model the table was measured with: drop "
                              "--random-config")
     from workbench.measure.latency_file import read_latency
 
-    df = read_latency(args.table, "--table")
-    out = Path(args.out or args.table)
+    df = read_latency(args.latency, "--latency")
+    out = Path(args.out or args.latency)
     check_output(str(out), "--out")
     from workbench.measure.latency import add_heads_cost
     from workbench.runtime.models import load_model_and_heads
@@ -288,7 +288,7 @@ def _add_heads_cost(args) -> int:
     model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                            need_tokenizer=False, device_map=args.device_map)
     with run_lock(out, "--out", kind="file"):
-        done = add_heads_cost(df, model, heads, f"--table {args.table}")
+        done = add_heads_cost(df, model, heads, f"--latency {args.latency}")
         atomic_write_text(out, done.to_csv(index=False), "--out")
     print(f"the heads' proposal cost per batch size and depth, added to {out}:", file=sys.stderr)
     table = done.groupby(["batch", "depth"])["heads_seconds"].first().unstack("depth")
@@ -317,15 +317,17 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--mode", choices=["decoder-step", "verify", "heads"],
                    help="decoder-step: the decoder's whole step on real prompts (default); verify: the bare verify "
                         "forward at fixed --context (default with --random-config or --context); heads: add the "
-                        "heads' cost per batch size and depth to a table measured before it was kept (--table)")
-    p.add_argument("--table", metavar="FILE", help="--mode heads: the latency CSV to complete (written back to "
-                                                   "--out, default FILE itself)")
+                        "heads' cost per batch size and depth to a table measured before it was kept (--latency)")
+    p.add_argument("--latency", metavar="FILE", help="--mode heads: the latency CSV to complete (written back to "
+                                                     "--out, default FILE itself)")
+    renamed(p, "--table", "--latency FILE (the table --mode heads completes; --table only names an output)")
     p.add_argument("--sizes", metavar="N1,N2,..", help="tokens per step (tree nodes + root; default 1,2,3,4,5,8,16,32,"
                                                       "64 for decoder-step, 1,2,4,...,256 for verify; 1 is always "
                                                       "measured)")
     p.add_argument("--context", metavar="C1,C2,..", help="verify: cache lengths (default 128,1024)")
-    p.add_argument("--batch", metavar="B1,B2,..", help="batch sizes: sequences per step (default 1,2,4,8 for "
-                                                      "decoder-step, 1 for verify)")
+    p.add_argument("--batch-sizes", metavar="B1,B2,..", help="serving batch sizes: sequences per step (default "
+                                                             "1,2,4,8 for decoder-step, 1 for verify)")
+    renamed(p, "--batch", "--batch-sizes B1,B2,..")
     p.add_argument("--repeats", type=bounded("repeats"),
                    help="timed repeats per point (median, quartiles, min, max kept): decoder-step, rounds of generate "
                         "calls (vanilla, each size, vanilla on the same prompts; every step timed against a bare "
@@ -352,7 +354,7 @@ def add_tradeoffs(sub) -> None:
     src.add_argument("--accuracies", metavar="FILE", help="instead: an accuracy table (CSV or Medusa .pt)")
     src.add_argument("--acceptance", metavar="FILE", help="instead: a per-position acceptance vector (CSV "
                      "position,acceptance or a JSON list, e.g. vLLM's synthetic_acceptance_rates); chains only")
-    pl.add_argument("--latency", required=True, metavar="CSV", help="`workbench latency --batch ...` CSV")
+    pl.add_argument("--latency", required=True, metavar="CSV", help="`workbench latency --batch-sizes ...` CSV")
     pl.add_argument("--batch-sizes", default="1,2,4,8,16", metavar="B1,B2,..",
                     help="batch sizes to plan for (default 1,2,4,8,16; each must be in the latency CSV)")
     pl.add_argument("--context", type=bounded("context", 0), metavar="N", help="latency rows at this context (default: the measured "

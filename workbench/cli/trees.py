@@ -7,13 +7,14 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
-from workbench.cli.shared import bounded, write_json, write_output
+from workbench.cli.shared import bounded, renamed, write_json, write_output
 from workbench.core.io import atomic_write_text, check_output
 from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_METHODS, best_engine_safe,
                                       engine_safe, export_plan,
                                       export_tree)
-from workbench.measure.latency_file import hardware_aware, latency_surface, read_latency
-from workbench.plan.rank import looks_like_plan, read_plan
+from workbench.measure.latency_file import latency_surface, read_latency
+from workbench.plan.fastest import fastest, limited
+from workbench.plan.rank import looks_like_plan, plan_source, read_plan
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
 from workbench.trees.tree import (MAX_DEPTH, MAX_NODES, MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
@@ -98,13 +99,16 @@ def _objective(args):
 def _cmd_optimize(args) -> int:
     check_output(args.out, "--out")
     check_output(args.curve_out, "--curve-out")
-    acc, value = _objective(args)
-    if args.batch_size is not None and not args.latency:
-        raise WorkbenchError("--batch-size picks the latency rows of one batch size: add --latency FILE")
+    if not args.latency:
+        used = [f for f, v in (("--batch-sizes", args.batch_sizes), ("--prediction", args.prediction),
+                               ("--max-new-tokens", args.max_new_tokens), ("--context", args.context)) if v is not None]
+        if used:
+            raise WorkbenchError(f"{', '.join(used)} price trees on a latency table: add --latency FILE")
     if args.engine_safe and (args.latency or args.curve):
         raise WorkbenchError("--engine-safe gives one tree for --budget N; drop --latency / --curve")
-    if args.latency:  # hardware-aware choice over all budgets
-        return _optimize_for_latency(args, acc, value)
+    if args.latency:  # plan's ranking at one batch size
+        return _optimize_for_latency(args)
+    acc, value = _objective(args)
     heads, ranks = acc.shape
     if args.dense and args.curve:
         raise WorkbenchError("--curve describes optimal trees; drop --dense")
@@ -156,41 +160,60 @@ def _cmd_optimize(args) -> int:
     return 0
 
 
-def _optimize_for_latency(args, acc, value) -> int:
-    """`optimize --latency FILE`: the optimal tree for every budget, its predicted speedup on the measured
-    hardware, and the tree with the best one (called from _cmd_optimize)."""
+def _latency_source(args) -> dict:
+    """What `optimize --latency` ranks with: plan's source (rank.plan_source) for --calibration (--prediction,
+    --max-new-tokens) or --accuracies, within --max-depth / --max-rank."""
+    if args.joint:
+        raise WorkbenchError("--joint: with --latency the statistic is --prediction, as in `workbench plan` (default "
+                             "replay; --prediction joint for the joint paths)")
+    if bool(args.calibration) == bool(args.accuracies):
+        raise WorkbenchError("give --accuracies FILE or --calibration DIR")
+    source = plan_source(args.calibration, args.accuracies, None, args.prediction or "replay",
+                         max_new_tokens=args.max_new_tokens)
+    return limited(source, args.max_depth, args.max_rank)
 
+
+def _optimize_for_latency(args) -> int:
+    """`optimize --latency FILE`: plan's ranking at one batch size (plan/fastest.py): every candidate `workbench
+    plan` weighs, its predicted speedup on the measured hardware, and the fastest tree (called from _cmd_optimize)."""
     if args.dense:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
-    target = Calibration(args.calibration).typical_context() if args.calibration else None
-    b = args.batch_size or 1
-    surface, ctx = latency_surface(read_latency(args.latency), [b], args.context, target, f"--latency {args.latency}")
-    heads, ranks = acc.shape
-    res = hardware_aware(value, surface[b]["seconds"], args.max_depth or heads, args.max_rank or ranks, args.budget,
-                         heads=surface[b]["heads"])
-    cols = ("budget", "verify_tokens", "expected_length", "relative_latency", "speedup")
+    source = _latency_source(args)
+    b = args.batch_sizes or 1
+    surface, ctx = latency_surface(read_latency(args.latency), [b], args.context, source["typical_context"],
+                                   f"--latency {args.latency}")
+    at = surface[b]
+    res = fastest(source, at["seconds"], at["spread"], at["heads"], b, args.budget, curve=True)
+    rows = [dict(budget=c["nodes"], verify_tokens=c["nodes"] + 1, expected_length=c["tokens_per_step"],
+                 batch_tokens_per_step=c["batch_tokens_per_step"], relative_latency=c["relative_latency"],
+                 speedup=c["speedup"]) for c in res["curve"]]
     if args.curve_out:
         import pandas as pd
 
-        curve = pd.DataFrame(res["rows"], columns=cols).to_csv(index=False)
-        atomic_write_text(args.curve_out, curve, "--curve-out")
+        atomic_write_text(args.curve_out, pd.DataFrame(rows).to_csv(index=False), "--curve-out")
     else:
         print(f"{'budget':>6}{'tokens/step':>13}{'t(n+1)/t(1)':>13}{'speedup':>9}", file=sys.stderr)
-        for r in res["rows"]:
+        for r in rows:
             print(f"{r['budget']:>6}{r['expected_length']:>13.4f}{r['relative_latency']:>13.3f}{r['speedup']:>9.3f}",
                   file=sys.stderr)
     best, tree = res["best"], res["tree"]
-    name = args.name or f"hardware_{tree.nodes}"
-    prov = dict(expected_acceptance_length=expected_length(tree, value), predicted_speedup=best["speedup"],
-                relative_latency=best["relative_latency"], budget=best["budget"], method="hardware-aware",
-                latency=str(args.latency), context=ctx, batch_size=args.batch_size or 1, joint=bool(args.joint),
-                accuracies=str(args.accuracies or args.calibration))
-    write_output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
-    if best["speedup"] <= 1:
-        print("warning: no tree is predicted to beat vanilla decoding on this hardware", file=sys.stderr)
-    print(f"hardware-aware tree: {tree.nodes} nodes, depth {tree.depth}, {best['expected_length']:.4f} tokens/step at "
-          f"{best['relative_latency']:.3f}x step cost = predicted speedup {best['speedup']:.3f}x (context {ctx})"
-          + (f" -> {args.out}" if args.out else ""), file=sys.stderr)
+    name = args.name or f"hardware_{tree['nodes']}"
+    prov = dict(expected_acceptance_length=tree["tokens_per_step"], predicted_speedup=tree["speedup"],
+                relative_latency=tree["relative_latency"], budget=tree["nodes"], kind=tree["kind"],
+                method="hardware-aware", prediction=source["info"]["prediction"], latency=str(args.latency),
+                context=ctx, batch_size=b, accuracies=str(args.accuracies or args.calibration))
+    write_output(record_json(tree_record(Tree(tree["tree"].paths, name), **prov)), args.out)
+    what = f"chain K={tree['nodes']}" if tree["kind"] == "chain" else f"tree: {tree['nodes']} nodes"
+    if best["kind"] == "none":
+        print(f"warning: no tree is predicted to beat vanilla decoding at batch {b} on this hardware (`workbench "
+              "plan` chooses no speculation there); written: the fastest tree", file=sys.stderr)
+    tps = f"{tree['batch_tokens_per_step']:.4f} tokens/step for the batch ({tree['tokens_per_step']:.4f} per " \
+        "sequence)" if tree["batch_tokens_per_step"] != tree["tokens_per_step"] else \
+        f"{tree['tokens_per_step']:.4f} tokens/step"
+    print(f"hardware-aware {what}, depth {tree['tree'].depth}, {tps} ({source['info']['prediction']}) at "
+          f"{tree['relative_latency']:.3f}x step cost = predicted speedup "
+          f"{tree['speedup']:.3f}x (batch {b}, context {ctx})" + (f" -> {args.out}" if args.out else ""),
+          file=sys.stderr)
     return 0
 
 
@@ -212,8 +235,8 @@ def _cmd_export(args) -> int:
                                  f"{args.heads_dir.strip()} (--heads names a heads folder, for plan files)")
         raise WorkbenchError("--heads DIR checks a plan file against its heads: give a plan (workbench plan --out), "
                              "or --num-heads K for a tree")
-    if args.synthetic or args.batch_size is not None:
-        raise WorkbenchError("--synthetic and --batch-size read a plan file (workbench plan --out): this is a tree")
+    if args.synthetic or args.batch_sizes is not None:
+        raise WorkbenchError("--synthetic and --batch-sizes read a plan file (workbench plan --out): this is a tree")
     if args.format == "trtllm-current":
         raise WorkbenchError(TRTLLM_CURRENT)
     fmt = "vllm" if args.format == "vllm-tree" else args.format
@@ -240,10 +263,10 @@ def _export_plan(args) -> int:
     """`workbench export PLAN.json --format F`: one engine's settings from a plan (workbench/export/engines.py)."""
 
     if args.engine_safe or args.accuracies or args.calibration or args.heads is not None:
-        raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-size; --engine-safe, "
+        raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-sizes; --engine-safe, "
                              "--accuracies, --calibration and --num-heads are for trees")
     plan = read_plan(args.tree)
-    text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_size, args.name,
+    text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_sizes, args.name,
                                      args.max_draft_len, args.method, args.draft_model, args.vllm_version)
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
@@ -324,8 +347,13 @@ def add_tree(sub) -> None:
                                                    "predicted speedup (--budget caps it)")
     o.add_argument("--context", type=bounded("context", 0), metavar="N", help="with --latency: use rows at this context "
                                                           "(default: closest to the calibration's typical one)")
-    o.add_argument("--batch-size", type=bounded("batch"), metavar="B", help="with --latency: use rows at this batch size "
-                                                             "(default 1; `workbench plan` picks per batch size)")
+    o.add_argument("--batch-sizes", type=bounded("batch"), metavar="B", help="with --latency: the one serving batch "
+                   "size whose rows price the trees (default 1; `workbench plan` ranks several)")
+    o.add_argument("--prediction", choices=["independent", "joint", "replay"], help="with --latency and "
+                   "--calibration: the predicted tokens/step, as in `workbench plan` (default replay)")
+    o.add_argument("--max-new-tokens", type=bounded("tokens"), metavar="N", help="with --latency and --calibration: "
+                   "the generation length predicted for, as in `workbench plan` (default: the calibration's)")
+    renamed(o, "--batch-size", "--batch-sizes B")
     o.add_argument("--curve-out", metavar="FILE", help="with --latency: the speedup curve as CSV (else on stderr)")
     o.add_argument("--engine-safe", choices=SAFE_ENGINES, help="the best tree the engine builds exactly as "
                    "written: trtllm = first level ranks 0..k-1, ranks < 16 and at most 8 levels (its C++ runtime), vllm = "
@@ -335,7 +363,7 @@ def add_tree(sub) -> None:
     e = sub.add_parser("export", help="write a tree or a plan for Medusa, TensorRT-LLM, vLLM or EAGLE",
                        description="A tree: written for one engine. A plan (`workbench plan --out`): vllm writes a "
                                    "--speculative-config with a K per batch-size range; the static formats write the "
-                                   "tree of one row (--batch-size, default 1).")
+                                   "tree of one row (--batch-sizes B, default 1).")
     e.add_argument("tree", metavar="TREE|PLAN|HEADS", nargs="?", help=tree_help + "; or a plan JSON file; with "
                    "--format vllm-heads a heads folder (default: the demo heads)")
     e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads",),
@@ -349,8 +377,9 @@ def add_tree(sub) -> None:
                    "model's heads (not the calibration's) are an error")
     e.add_argument("--synthetic", action="store_true", help="with a plan and --format vllm: vLLM's synthetic "
                    "rejection sampling at the plan's top-1 chain acceptance (for benchmarking the cost side)")
-    e.add_argument("--batch-size", type=bounded("batch"), metavar="B", help="with a plan: the row for this batch size (static "
+    e.add_argument("--batch-sizes", type=bounded("batch"), metavar="B", help="with a plan: the row for this one batch size (static "
                    "formats default to 1; for vllm, one K instead of the schedule)")
+    renamed(e, "--batch-size", "--batch-sizes B")
     e.add_argument("--model", help="with --format vllm-heads: the base model whose output embedding the tied heads "
                    "share (default: the embedded demo model)")
     e.add_argument("--method", choices=VLLM_METHODS, help="with a plan and --format vllm: the drafter vLLM runs "

@@ -5,7 +5,8 @@ Chat-template wrapping and tokenisation live in `generation.prepare_prompt` (one
 
 The named sets ship with the package (`workbench/prompts/`, instructions only; licences in its NOTICE), so the main
 job runs on a fresh offline install. `$WORKBENCH_DATA_DIR` holding the original file takes precedence; the Hugging
-Face hub is asked only when the packaged copy is missing. `data_dirs()` is where the training files are looked for.
+Face hub is asked only when the packaged copy is missing. `data_dirs()` ($WORKBENCH_DATA_DIR) is where train-heads looks
+for its default training files.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import json
 import os
 from pathlib import Path
 
-from workbench import REPO_ROOT, WorkbenchError
+from workbench import WorkbenchError
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"  # package data: <name>.jsonl per named set
 # name -> (original file name, as in $WORKBENCH_DATA_DIR; hub loader args); every copy has the same columns.
@@ -28,10 +29,9 @@ FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "p
 
 
 def data_dirs() -> list[Path]:
-    """Folders holding the original data files (training sets, full prompt sets): $WORKBENCH_DATA_DIR, then
-    `shared/data/` beside the repository."""
-    dirs = [Path(os.environ["WORKBENCH_DATA_DIR"])] if os.environ.get("WORKBENCH_DATA_DIR") else []
-    return dirs + [REPO_ROOT.parent / "shared" / "data"]
+    """Folders holding original data files (training sets, full prompt sets): $WORKBENCH_DATA_DIR when set. No
+    machine path: on a fresh clone there is none, and the packaged sets are all a default reads."""
+    return [Path(os.environ["WORKBENCH_DATA_DIR"])] if os.environ.get("WORKBENCH_DATA_DIR") else []
 
 
 def _json_rows(path: Path) -> list[dict]:

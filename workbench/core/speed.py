@@ -9,8 +9,8 @@ tree priced, where the table measured the heads' cost):
   relative_latency   t(nodes + 1) / t(1): what one step of the tree costs relative to a plain step;
   speedup            the decoding phase's goodput ratio: tokens_per_step / relative_latency (B sequences cancel:
                      both methods run B; at B > 1 pass the batch's tokens/step, calibration.batch_walk);
-  speedup_range      the speedup with t(n) moved over its interquartile range (t(1) at its median);
-  speedup_curve      the speedup of a tokens-per-step curve over every budget.
+  speedup_range      the speedup with t(n) moved over its interquartile range (t(1) at its median).
+Ranking trees by it is plan/rank.py's alone.
 Measured (`batches`: the results of each generate call, a list per call; sequences of one call ran side by side,
 calls one after another; a result has token_ids, steps (each with tokens and time_s), decode_s, total_s):
   tokens_per_step (each sequence's), batch_tokens_per_step (whole batches'), acceptance_per_position, step_times /
@@ -148,31 +148,6 @@ def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -
     if a is None or b is None:
         return None
     return a[0] <= b[1] and b[0] <= a[1]
-
-
-def speedup_curve(curve, latency, budgets=None, heads: dict | None = None, depths=None) -> dict:
-    """The speedup of the optimal n-node tree for every budget n: curve[n] (its expected tokens per step,
-    optimize.expected_curve) at relative_latency(n), of the table at_depth(depths[n]) where the heads' cost is
-    known (`heads`, `depths`: the optimal tree's depth per budget). Budgets default to every n whose n + 1 tokens
-    were measured; an explicitly requested budget outside the curve is an error. Returns {"rows": [...], "best":
-    row}."""
-    curve = [float(x) for x in curve]
-    top = max_tokens(latency)
-    if budgets is None:
-        budgets = [n for n in range(len(curve)) if n + 1 <= top]
-    rows = []
-    for n in budgets:
-        if not 0 <= n < len(curve):
-            raise WorkbenchError(f"budget {n} is outside the expected-length curve (0..{len(curve) - 1})")
-        table = at_depth(latency, heads, None if depths is None or n == 0 else depths[n])
-        rel = relative_latency(table, n)
-        rows.append(dict(budget=int(n), verify_tokens=int(n + 1), expected_length=curve[n],
-                         latency_s=interpolate_latency(table, n + 1), relative_latency=rel,
-                         speedup=speedup(curve[n], rel)))
-    if not rows:
-        raise WorkbenchError("no budget to evaluate: the latency table and the curve do not overlap")
-    best = max(rows, key=lambda row: (row["speedup"], -row["budget"]))
-    return dict(rows=rows, best=best)
 
 
 # ----------------------------------------------------------------------------------------------- measured

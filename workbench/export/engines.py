@@ -329,7 +329,7 @@ VLLM_MEDUSA_PER_RANGE = ("vLLM's Medusa proposer asserts that the scheduled K eq
                          "(vllm/v1/spec_decode/medusa.py propose()), so a per-batch-size schedule with a K below the "
                          "largest fails with an AssertionError: this plan's K changes with the batch size, so it is "
                          "written as one constant-K config per batch-size range (serve each range with its own "
-                         "--max-num-seqs HIGH), or export one with --batch-size B")
+                         "--max-num-seqs HIGH), or export one with --batch-sizes B")
 TRTLLM_CURRENT = ("current TensorRT-LLM does not serve Medusa heads: medusa_choices lived only in the TensorRT-engine "
                   "flow, which was removed (NVIDIA/TensorRT-LLM PRs #15763, #15767, #15907, #15918, June-July 2026), "
                   "and the PyTorch backend refuses Medusa (llmapi/llm_args.py: MedusaDecodingConfig.supports_backend "
@@ -346,7 +346,7 @@ def _row_at(plan: dict, batch_size: int) -> tuple[dict, list[str]]:
     """The plan row serving `batch_size`: the largest planned batch size <= it (below the first, the first)."""
     rows = _plan_rows(plan)
     if batch_size < 1:
-        raise WorkbenchError(f"--batch-size {batch_size}: must be >= 1")
+        raise WorkbenchError(f"--batch-sizes {batch_size}: must be >= 1")
     below = [r for r in rows if r["batch_size"] <= batch_size]
     if below:
         row = below[-1]
@@ -546,7 +546,7 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
         notes += why
         if row["kind"] == "none":
             raise WorkbenchError(f"the plan says no speculation at batch size {row['batch_size']}: there is no tree to "
-                                 f"export for {fmt} (serve without speculation, or export another --batch-size)")
+                                 f"export for {fmt} (serve without speculation, or export another --batch-sizes B)")
         others = [f"{r['kind']}" + (f" of {r['nodes']} nodes" if r["kind"] != "none" else "") + f" at {r['batch_size']}"
                   for r in _plan_rows(plan) if r["medusa_choices"] != row["medusa_choices"]]
         notes.append(f"the batch-size {row['batch_size']} row ({row['kind']}, {row['nodes']} nodes, predicted "
@@ -591,7 +591,7 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
         return json.dumps(per_range, indent=1) + "\n", warns, notes
     if vllm_window_error("num_speculative_tokens_per_batch_size", version):
         raise WorkbenchError(vllm_window_error("num_speculative_tokens_per_batch_size", version)
-                             + ": export one K with --batch-size B, or target vLLM >= 0.24.0")
+                             + ": export one K with --batch-sizes B, or target vLLM >= 0.24.0")
     notes.append(f"targets {VLLM_SCHEDULE}")
     schedule = [[lo, hi, kk] for (lo, hi), kk in zip((e["batch_sizes"] for e in per_range), ks)]
     check_vllm_schedule(schedule)

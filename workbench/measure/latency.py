@@ -82,7 +82,7 @@ def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
             for n, buf in bufs.items()}
 
 
-def add_heads_cost(df: pd.DataFrame, model, heads, what: str = "--table") -> pd.DataFrame:
+def add_heads_cost(df: pd.DataFrame, model, heads, what: str = "--latency") -> pd.DataFrame:
     """A latency table `workbench latency` wrote, with the heads' cost (HEADS_COLUMNS) measured now at each of its
     batch sizes, for a table written before the heads' cost was kept: its rows' depths are those of the trees both
     modes time (latency_tree(tokens - 1, min(5, heads))), so only a table of this tool, measured with these heads
@@ -129,7 +129,7 @@ def _checked(sizes, batches, repeats: int, warmup: int) -> tuple[list[int], list
     if sizes[0] < 1:
         raise WorkbenchError("--sizes must be positive integers")
     if not batches or batches[0] < 1:
-        raise WorkbenchError("--batch must be positive integers (sequences per step)")
+        raise WorkbenchError("--batch-sizes must be positive integers (sequences per step)")
     return sizes, batches
 
 

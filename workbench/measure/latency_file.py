@@ -9,21 +9,18 @@ at batch size B every sequence of the batch pays for that step:
             repeats (min, quartiles, max) beside the median, and the setting it was measured in (`setting`,
             provenance.py): a table from another machine, thread count or load predicts another speed;
   speedup   speed.py (torch-free) owns the model: tokens_per_step / (t(n) / t(1)), its range and the noise test;
-            `hardware_aware` picks the optimal tree by it.
+            plan/rank.py ranks trees by it (the one ranker).
 Torch-free: the planner and the app read latency without loading torch. Where a latency file lives in a
 calibration folder, and the typical context it is read at, are calibrate/folder.py's.
 """
 from __future__ import annotations
-
-from itertools import accumulate
 
 import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.io import read_csv
-from workbench.core.speed import interpolate_latency, max_tokens, speedup_at, speedup_curve, spread  # noqa: F401 (report.py)
-from workbench.trees.optimize import best_first, expected_curve, optimal_tree, value_and_limits
+from workbench.core.speed import interpolate_latency, speedup_at, spread  # noqa: F401 (report.py)
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
 HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);
@@ -149,7 +146,7 @@ def latency_table(df: pd.DataFrame, context: int | None = None, target: float | 
         raise WorkbenchError(f"{what}: measured at batch sizes {_join(have)}; pick one")
     if b not in have:
         raise WorkbenchError(f"{what}: no rows for batch size {b} (measured: {_join(have)}): time it with "
-                             f"`workbench latency --batch {b}`")
+                             f"`workbench latency --batch-sizes {b}`")
     df = df[df["batch"] == b] if "batch" in df.columns else df
     contexts = sorted(df["context"].unique().tolist())
     if context is not None and context not in contexts:
@@ -198,7 +195,7 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
     missing = [b for b in batches if b not in have]
     if missing:
         raise WorkbenchError(f"{what}: no rows for batch size(s) {_join(missing)} (measured: {_join(have)}): time "
-                             f"them with `workbench latency --batch {','.join(map(str, batches))}`")
+                             f"them with `workbench latency --batch-sizes {','.join(map(str, batches))}`")
     per = {b: set(df.loc[df["batch"] == b, "context"].astype(int)) if "batch" in df.columns else
            set(df["context"].astype(int)) for b in batches}
     if context is not None:
@@ -226,29 +223,3 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
         rows = df[(df["batch"] == b) & (df["context"] == ctx)] if "batch" in df.columns else df[df["context"] == ctx]
         out[b] = dict(seconds=table, spread=spread, measured=measured, heads=heads_table(rows))
     return out, int(ctx)
-
-
-# ----------------------------------------------------------------------------------------------- hardware-aware choice
-
-def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank: int | None = None,
-                   max_budget: int | None = None, name: str = "", heads: dict | None = None) -> dict:
-    """The optimal tree for every budget the latency table covers, its predicted speedup (each tree priced at its
-    own depth where the table measured the heads' cost, `heads`: heads_table), and the tree with the best one.
-    `value` is acc[K, R] or a monotone path-value function (then max_depth and max_rank are required). Returns
-    {"rows", "best", "tree"}."""
-    fn, max_depth, max_rank = value_and_limits(value, max_depth, max_rank, "hardware_aware")
-    top = max_tokens(latency) - 1
-    if max_budget is not None:
-        top = min(top, max_budget)
-    if top < 1:
-        raise WorkbenchError("the latency table covers no tree: measure at least 2 tokens (1 node + the root)")
-    curve = expected_curve(fn, top, max_depth, max_rank)
-    depths = None
-    if heads is not None:  # the optimal n-node tree is the first n nodes best-first: its depth, a running max
-        deepest = list(accumulate((len(p) for p, _ in best_first(fn, top, max_depth, max_rank)), max)) or [1]
-        depths = {n: deepest[min(n, len(deepest)) - 1] for n in range(1, top + 1)}
-    res = speedup_curve(curve, latency, budgets=range(1, top + 1), heads=heads, depths=depths)
-    best = res["best"]
-    tree = optimal_tree(fn, best["budget"], max_depth, max_rank, name=name or f"hardware_{best['budget']}")
-    return dict(rows=res["rows"], best=best, tree=tree)
-

@@ -145,7 +145,7 @@ def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> dict:
     fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
     return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
                 batch_tokens_per_step=lambda t, b: expected_length(t, acc),
-                chain_acceptance=_chain_values(fn, depth), typical_context=None,
+                chain_acceptance=chain_values(fn, depth), typical_context=None,
                 info=dict(kind="accuracies", path=path, prediction="predicted_independent", num_heads=depth,
                           regime=regime("predicted_independent", None)))
 
@@ -170,7 +170,7 @@ def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: i
     batched = (lambda t, b: cal.batch_replay(t, b, "holdout", length)) if key == "predicted_replay" else \
         (lambda t, b: tps(t))
     return dict(tokens_per_step=tps, batch_tokens_per_step=batched, value=value, max_depth=depth, max_rank=rank,
-                chain_acceptance=_chain_values(fn, depth), typical_context=cal.typical_context(length),
+                chain_acceptance=chain_values(fn, depth), typical_context=cal.typical_context(length),
                 info=dict(kind="calibration", path=str(calibration), prediction=key, model=meta.get("model"),
                           heads=meta.get("heads"), heads_sha256=(meta.get("args") or {}).get("heads_sha256"),
                           num_heads=depth, max_new_tokens=length, regime=regime(key, length)))
@@ -203,7 +203,7 @@ def regime(prediction: str, max_new_tokens: int | None) -> str:
             "decoder, which starts its steps only at the positions after each accepted run (harder on average)")
 
 
-def _chain_values(fn, depth: int) -> list[float]:
+def chain_values(fn, depth: int) -> list[float]:
     """Per-position acceptance of the top-1 chain (the value of [0] * k), up to the last positive one."""
     out = []
     for k in range(1, depth + 1):

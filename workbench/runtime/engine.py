@@ -129,7 +129,7 @@ class StepEngine:
         """A cache for `batch` sequences of the run's capacity (`size_for`), or of `capacity` positions if more.
         Attention runs over every cached position, masked or not: the capacity is part of the compiled shapes."""
         if batch < 1:
-            raise WorkbenchError(f"--batch {batch}: must be >= 1")
+            raise WorkbenchError(f"--batch-sizes {batch}: must be >= 1")
         if self.cache is not None and batch == self.batch and capacity <= self.capacity:
             return
         if capacity > self.capacity and self.compile and self.graphs:

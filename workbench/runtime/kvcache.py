@@ -85,7 +85,7 @@ def allocate(model, batch: int, capacity: int, pointer: torch.Tensor, host: list
     need, free = cache_bytes(model, batch, capacity), free_bytes(model.device)
     if free is not None and need > free:
         raise WorkbenchError(f"batch {batch} x {capacity} positions needs a {need / 2**30:.1f} GiB KV cache but "
-                             f"{free / 2**30:.1f} GiB is free on {model.device}: lower --batch or --max-new-tokens")
+                             f"{free / 2**30:.1f} GiB is free on {model.device}: lower --batch-sizes or --max-new-tokens")
     return Cache(layers=[PointerLayer(capacity, pointer, host) for _ in range(text_config(model).num_hidden_layers)])
 
 

@@ -21,7 +21,7 @@ from workbench.ui.recommendation import (candidate_curves, measured_beside, pane
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
-                                  hardware_aware_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
+                                  fastest_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
                                   read_sweep_or_error, results_root, slider, timed)
 from workbench.viz import interactive_figures
 
@@ -251,16 +251,15 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         if src.calib:
             values["empirical paths"] = src.calib.joint_value("fit")
         try:
-            res = {name: hardware_aware_for(src.key, name, v, tables, K, min(R, 10), budget)
-                   for name, v in values.items()}
+            res = {name: fastest_for(src.key, name, v, tables, K, min(R, 10), budget) for name, v in values.items()}
         except WorkbenchError as e:
             st.error(clean_error(e))
             return
         found = measured_beside(evidence, tables["batch"], lat)
         curves = candidate_curves(rec) if rec else {}
-        curves |= {f"objective ({n})": ([row["budget"] for row in r["rows"]], [row["speedup"] for row in r["rows"]])
+        curves |= {f"objective ({n})": ([c["nodes"] for c in r["curve"]], [c["speedup"] for c in r["curve"]])
                    for n, r in res.items()}
-        picks = {f"best ({n})": (r["best"]["budget"], r["best"]["speedup"]) for n, r in res.items()}
+        picks = {f"best ({n})": (r["best"]["nodes"], r["best"]["speedup"]) for n, r in res.items()}
         if rec:
             picks["recommended"] = (rec["pick"]["nodes"], rec["pick"]["speedup"])
         measured = [m for ms in found.values() for m in ms]
@@ -270,8 +269,8 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
               (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
                f"{rec['pick']['label']}). " if rec else "")
               + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; "
-              "best: " + "; ".join(f"{n} {r['best']['budget']} nodes, {r['best']['speedup']:.2f}x"
-                                   for n, r in res.items())
+              "best: " + "; ".join(f"{n} {_plan_label(r['best'])}, {r['best']['speedup']:.2f}x" for n, r in res.items())
+              + " (plan's ranking of these trees, the chains and no speculation)"
               + ". Diamonds: sweep measurements (hollow grey: another setting or an older decoder).",
               key="to_speedup_chart")
 
@@ -282,7 +281,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
     with each engine's output to download."""
     if lat is None or "batch" not in lat.columns or lat["batch"].nunique() < 2 or src is None or src.calib is None:
         st.info("A plan per batch size needs a calibration folder and a latency table measured at several batch "
-                "sizes (`workbench latency --batch 1,2,4,8`).")
+                "sizes (`workbench latency --batch-sizes 1,2,4,8`).")
         return
     batches = sorted(int(b) for b in lat["batch"].unique())
     try:

@@ -27,7 +27,7 @@ from workbench.trees.tree import (Tree, add_path, load_tree, parse_path, record_
 from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
                                          readable_sweeps)
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
-                                  hardware_aware_for, int_slider, kept_upload, latency_files, latency_picker,
+                                  fastest_for, int_slider, kept_upload, latency_files, latency_picker,
                                   load_model, read_latency_file, timed)
 from workbench.viz import interactive_figures
 
@@ -252,8 +252,8 @@ def _tree_page() -> None:
                 st.error("hardware-aware needs a latency CSV (columns context,tokens,seconds): run `workbench latency` "
                          "or give one in the sidebar")
                 return
-            designed = hardware_aware_for(key, "empirical paths" if base_value is empirical else "independence",
-                                          base_value, lat["tables"], max_depth, max_rank, budget)["tree"]
+            designed = fastest_for(key, "empirical paths" if base_value is empirical else "independence",
+                                   base_value, lat["tables"], max_depth, max_rank, budget)["tree"]["tree"]
             designed = Tree(designed.paths, f"hardware_{designed.nodes}")  # named by what it is: its node count
         else:
             designed = _designed(key, src, model, budget, max_depth, max_rank)

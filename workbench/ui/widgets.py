@@ -23,8 +23,9 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibrate import folder as calibration
 from workbench.calibrate.folder import Calibration, list_calibrations
 from workbench.core.io import find_csvs
-from workbench.measure.latency_file import LATENCY_REQUIRED, hardware_aware, read_latency
+from workbench.measure.latency_file import LATENCY_REQUIRED, read_latency
 from workbench.measure.sweep_file import SWEEP_REQUIRED, read_sweep
+from workbench.plan.fastest import fastest, value_source
 from workbench.plan.recommend import latency_tables
 from workbench.trees.accuracies import read_accuracies
 
@@ -150,13 +151,14 @@ def read_sweep_file(path: str, stamp: tuple) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def hardware_aware_for(source_key: tuple, value_name: str, _value, tables: dict, max_depth: int, max_rank: int,
-                       max_budget: int | None) -> dict:
-    """latency.hardware_aware once per accuracies (`source_key`), path values (`_value`, named by `value_name`:
-    independence or empirical paths), latency table (recommend.latency_tables: its seconds and heads' cost) and
-    limits: it runs the optimizer twice."""
-    return hardware_aware(_value, tables["seconds"], max_depth, max_rank, max_budget=max_budget,
-                          heads=tables.get("heads"))
+def fastest_for(source_key: tuple, value_name: str, _value, tables: dict, max_depth: int, max_rank: int,
+                max_budget: int | None) -> dict:
+    """plan's ranking (plan/fastest.py) of the trees optimal for path values `_value` (named by `value_name`:
+    independence or empirical paths) at the latency table's batch size (recommend.latency_tables), once per
+    accuracies (`source_key`), table and limits: {"best", "tree", "curve"} as fastest returns them."""
+    source = value_source(_value, max_depth, max_rank)
+    return fastest(source, tables["seconds"], tables.get("quartiles"), tables.get("heads"), tables.get("batch", 1),
+                   max_budget, curve=True)
 
 
 @st.cache_resource(show_spinner=False, max_entries=1)
