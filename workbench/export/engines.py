@@ -478,8 +478,8 @@ def check_synthetic_rates(rates, k: int) -> list[float]:
 
 def _vllm_drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
     """method/model keys with an absolute model path: --method/--draft-model when given, else the heads folder
-    given, else the calibration's own heads (the demo heads' folder for "demo"). A plan from an acceptance vector
-    names no drafter: without --method it is an error (vLLM rejects a config without one)."""
+    given, else the calibration's own heads (the demo heads' folder for "demo"). A plan from an accuracy table or
+    an acceptance vector names no drafter: without --method it is an error (vLLM rejects a config without one)."""
     if method is not None and method not in VLLM_METHODS:
         raise WorkbenchError(f"--method {method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
     src = plan.get("source") or {}
@@ -491,8 +491,10 @@ def _vllm_drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dic
     if model is None and src.get("kind") == "calibration" and src.get("heads"):
         model = src["heads"]
     if model is None:
-        raise WorkbenchError("the plan names no drafter (it comes from an acceptance vector): give --method "
-                             "(e.g. eagle3) and --draft-model DIR, or --heads DIR for Medusa heads")
+        made = {"accuracies": "accuracy table", "acceptance": "acceptance vector"}.get(src.get("kind"), "source")
+        raise WorkbenchError(f"the plan names no drafter (the {made} {src.get('path', '')} it was made from names "
+                             "no heads): give --method (e.g. eagle3) and --draft-model DIR, or --heads DIR for "
+                             "Medusa heads")
     return {"method": "medusa", "model": str(Path(model).resolve())}
 
 
