@@ -34,6 +34,7 @@ from workbench.trees.optimize import acc_value_fn, empirical_value_fn, expected_
 NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
 META, RANKS, CONTINUATIONS, ACCURACIES = "meta.json", "ranks.parquet", "continuations.parquet", "accuracies.csv"
 SPLITS = ("all", "fit", "holdout")
+MAX_TOPK = 1 << 15  # ranks.parquet holds 16-bit ranks (ranks_frame): a larger top-k cannot be written
 PREDICTIONS = ("predicted_independent", "predicted_joint", "predicted_replay")
 PREDICTED_COLUMNS = PREDICTIONS + ("predicted_replay_fit",)  # a sweep row's predictions
 
@@ -241,14 +242,15 @@ def read_meta(folder: str | Path, what: str = "--calibration") -> dict:
                              "to completion)")
     meta = read_json(folder / META, what)
     topk, held = meta.get("topk"), meta.get("holdout_ids", [])
-    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= 1 << 20:
-        raise WorkbenchError(f"{what}: meta.json's topk should be a positive integer, found {str(topk)[:40]!r}")
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:  # before any work per rank
+        raise WorkbenchError(f"{what}: meta.json's topk should be an integer in 1..{MAX_TOPK} (ranks.parquet holds "
+                             f"16-bit ranks), found {str(topk)[:40]!r}: a damaged folder, calibrate again")
     if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
         raise WorkbenchError(f"{what}: meta.json's holdout_ids should be a list of prompt ids (strings)")
     return meta
 
 
-def read_ranks(f: Path, what: str, topk: int = 1 << 15) -> pd.DataFrame:
+def read_ranks(f: Path, what: str, topk: int = MAX_TOPK) -> pd.DataFrame:
     """ranks.parquet, checked: prompt_id, position, head_1..head_K with integer ranks in [-1, topk) (null past the
     end)."""
     try:

@@ -34,9 +34,9 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
-from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS, Calibration, calibration_root,
-                                        decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
-                                        ranks_frame, read_ranks, slug)
+from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, MAX_TOPK, META, NULL, RANKS, Calibration,
+                                        calibration_root, decoder_walk, head_accuracies, measured_acceptance,
+                                        path_probabilities, ranks_frame, read_ranks, slug)
 from workbench.core.data import load_prompt_records
 from workbench.core.io import atomic_write, atomic_write_json, gate, read_json, run_lock
 from workbench.runtime.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
@@ -143,8 +143,8 @@ class CalibrateConfig:
         """Every setting checked before any model loads: one line naming the flag."""
         if self.max_new_tokens < 1:
             raise WorkbenchError(f"--max-new-tokens {self.max_new_tokens}: must be at least 1")
-        if self.topk < 1:
-            raise WorkbenchError(f"--topk {self.topk}: must be at least 1")
+        if not 1 <= self.topk <= MAX_TOPK:
+            raise WorkbenchError(f"--topk {self.topk}: must be in 1..{MAX_TOPK} (a calibration stores 16-bit ranks)")
         if self.batch_size < 1:
             raise WorkbenchError(f"--gen-batch {self.batch_size}: must be at least 1")
         budgets = sorted({int(b) for b in self.budgets})
