@@ -263,7 +263,8 @@ def test_calibrate_default_name_is_unchanged():
     (lambda d: (d / "ranks.parquet").unlink(), "not a finished calibration folder"),
     (lambda d: (d / "meta.json").unlink(), "no meta.json"),
     (lambda d: (d / "meta.json").write_text("{"), "meta.json"),
-    (lambda d: (d / "meta.json").write_text('{"topk": "ten"}'), "topk should be a positive integer"),
+    (lambda d: (d / "meta.json").write_text('{"topk": "ten"}'), "topk should be an integer in 1..32768"),
+    (lambda d: (d / "meta.json").write_text('{"topk": 40000}'), "16-bit ranks"),  # past what ranks.parquet holds
     (lambda d: (d / "meta.json").write_text('{"topk": 10, "holdout_ids": [1]}'), "holdout_ids should be a list"),
 ])
 def test_bad_folders_fail_in_one_line_on_opening(tmp_path, damage, match):

@@ -64,6 +64,8 @@ def test_hostile_case(case, env, tmp_path):
     if r["changed"]:
         _restore(env)
     assert r["wrong"] == "", (r["wrong"], r["argv"], r["last"])
+    most = H.CPU_LIMITS.get(case[2])  # sizes refused before work proportional to them: seconds, not minutes
+    assert most is None or r["cpu_seconds"] <= most, (r["cpu_seconds"], most, r["argv"])
     if r["rc"] == 2 and case[1] == "outputs" and "stdout" not in case[2]:
         left = [p for p in (tmp_path / "out").rglob("*") if p.is_file() and not p.is_symlink()]
         assert not left, f"a refused run wrote {left}"

@@ -7,7 +7,8 @@ import sys
 from dataclasses import fields
 
 from workbench import ACCEPTANCE_KINDS, WorkbenchError
-from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, parse_ints, renamed
+from workbench.cli.shared import (bounded, check_positions, finite, model_args, parse_delta, parse_ints, renamed,
+                                  warn_line)
 from workbench.core.io import check_output
 from workbench.trees.tree import MEDUSA_TOPK
 
@@ -48,7 +49,7 @@ def _cmd_calibrate(args) -> int:
               f"{t['predicted_replay_fit']:>11.4f}"
               + (f"{t['holdout_acceptance_length']:>14.4f}{t['predicted_replay']:>9.4f}" if held else ""))
     for s in meta["trees_skipped"]:
-        print(f"warning: no tree {s}", file=sys.stderr)
+        warn_line(f"no tree {s}")
     print(f"calibration written to {meta['folder']}", file=sys.stderr)
     return 0
 

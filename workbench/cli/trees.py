@@ -7,7 +7,7 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
-from workbench.cli.shared import bounded, renamed, write_json, write_output
+from workbench.cli.shared import bounded, renamed, warn_line, write_json, write_output
 from workbench.core.io import atomic_write_text, check_output
 from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_METHODS, best_engine_safe,
                                       engine_safe, export_plan,
@@ -151,8 +151,8 @@ def _cmd_optimize(args) -> int:
     if not (args.curve and not args.out):
         write_output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
     if tree.max_rank >= MEDUSA_TOPK:
-        print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-{MEDUSA_TOPK} only "
-              f"(use --max-rank {MEDUSA_TOPK} for Medusa/EAGLE-1 decoders)", file=sys.stderr)
+        warn_line(f"the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-{MEDUSA_TOPK} only "
+                  f"(use --max-rank {MEDUSA_TOPK} for Medusa/EAGLE-1 decoders)")
     short = "" if method != "optimal" or tree.nodes == args.budget or args.engine_safe else \
         f"; only {tree.nodes} nodes have positive acceptance probability"
     print(f"{method} tree: {tree.nodes} nodes, depth {tree.depth}, expected acceptance length {length:.4f} "
@@ -205,8 +205,8 @@ def _optimize_for_latency(args) -> int:
     write_output(record_json(tree_record(Tree(tree["tree"].paths, name), **prov)), args.out)
     what = f"chain K={tree['nodes']}" if tree["kind"] == "chain" else f"tree: {tree['nodes']} nodes"
     if best["kind"] == "none":
-        print(f"warning: no tree is predicted to beat vanilla decoding at batch {b} on this hardware (`workbench "
-              "plan` chooses no speculation there); written: the fastest tree", file=sys.stderr)
+        warn_line(f"no tree is predicted to beat vanilla decoding at batch {b} on this hardware (`workbench "
+                  "plan` chooses no speculation there); written: the fastest tree")
     tps = f"{tree['batch_tokens_per_step']:.4f} tokens/step for the batch ({tree['tokens_per_step']:.4f} per " \
         "sequence)" if tree["batch_tokens_per_step"] != tree["tokens_per_step"] else \
         f"{tree['tokens_per_step']:.4f} tokens/step"
@@ -250,7 +250,7 @@ def _cmd_export(args) -> int:
     text, warns = export_tree(tree, fmt, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
                               strict=True)
     for w in warns:
-        print(f"warning: {w}", file=sys.stderr)
+        warn_line(w)
     if fmt == "vllm":
         print("note: a --speculative-config fragment; vLLM requires num_speculative_tokens == number of tree "
               "nodes, and drafts trees with EAGLE-style proposers (add method eagle/eagle3 and model)",
@@ -271,7 +271,7 @@ def _export_plan(args) -> int:
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     for w in warns:
-        print(f"warning: {w}", file=sys.stderr)
+        warn_line(w)
     write_output(text, args.out, f"{args.format} settings")
     return 0
 

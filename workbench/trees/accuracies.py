@@ -117,7 +117,7 @@ def _read_csv(f: Path):
         raise WorkbenchError(f"{what}: not a readable CSV ({str(e).splitlines()[0][:120]})") from None
     df.columns = [str(c).strip().lower() for c in df.columns]
     if "head" in df.columns and "rank" not in df.columns and _topk_columns(df):
-        df = _from_topk(df, what)
+        return check_accuracies(_from_topk(df, what), what), None
     missing = [c for c in ("head", "rank", "accuracy") if c not in df.columns]
     if missing:
         raise WorkbenchError(f"{what}: missing column(s) {', '.join(missing)}; expected head,rank,accuracy[,count] "
@@ -169,9 +169,9 @@ def _topk_columns(df) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def _from_topk(df, what: str):
+def _from_topk(df, what: str) -> np.ndarray:
     """Medusa's own `head,top1,top5[,...]` table (cumulative top-k accuracy per head; head 0-based as Medusa
-    numbers its heads, or 1-based) as head,rank,accuracy rows. Between two known k the gain is spread evenly over
+    numbers its heads, or 1-based) as acc[K, max k]. Between two known k the gain is spread evenly over
     the ranks in between: top1=0.6, top5=0.8 gives rank 1 0.6 and ranks 2..5 0.05 each, so every top-k that the
     file states is kept exactly. The largest k is checked before any row is made: a `top1000000000` column is a
     damaged file, not a billion rows."""
@@ -190,12 +190,12 @@ def _from_topk(df, what: str):
         i, j = map(int, np.argwhere(bad)[0])
         raise WorkbenchError(f"{what}: row {i + 2}: {list(cols.values())[j]} {top[i, j]} must be in [0, 1] and not "
                              "below the smaller top-k columns (cumulative top-k accuracy)")
+    heads = num["head"].to_numpy() + shift
+    if sorted(heads) != list(range(1, len(heads) + 1)):
+        raise WorkbenchError(f"{what}: heads {', '.join(f'{h - shift:g}' for h in heads[:8])}: number them 0..K-1 "
+                             "(Medusa's way) or 1..K, each once")
     widths = np.diff(ks)  # ranks each column's gain is spread over
-    acc = np.repeat((top - prev) / widths, widths, axis=1)  # [rows, max k]
-    r = acc.shape[1]
-    return pd.DataFrame({"head": np.repeat(num["head"].to_numpy() + shift, r), "rank": np.tile(np.arange(1, r + 1),
-                                                                                               len(acc)),
-                         "accuracy": acc.reshape(-1)})
+    return np.repeat((top - prev) / widths, widths, axis=1)[np.argsort(heads)]  # [K, max k]
 
 
 def accuracy_frame(acc, counts=None):
