@@ -241,3 +241,35 @@ def test_an_output_that_refuses_writes_is_refused_before_the_heavy_imports(argv,
     err = p.stderr.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and "No space left" in err[0], p.stderr
     assert spared not in imported, imported
+
+
+# ----------------------------------------------------------------------------------------------- warnings
+
+def test_the_cli_shows_its_own_warnings_in_one_line_and_hides_other_libraries(capsys, monkeypatch):
+    """Issue 52: one `warning: ...` line per workbench warning, however many lines its text has; another
+    library's warning (torch.load's pickle-protocol note, deprecations) not at all, unless asked for with -W."""
+    import warnings
+
+    from workbench import warn
+    from workbench.cli.shared import cli_warnings
+
+    monkeypatch.setattr(sys, "warnoptions", [])
+    with cli_warnings():
+        warn("config says 7 heads\n  but the weights hold 3")
+        warnings.warn("Detected pickle protocol 4 in the checkpoint", UserWarning)
+        warnings.warn("old API", DeprecationWarning)
+    assert capsys.readouterr().err.splitlines() == ["warning: config says 7 heads but the weights hold 3"]
+    monkeypatch.setattr(sys, "warnoptions", ["default"])
+    with cli_warnings():
+        warnings.warn("Detected pickle protocol 4\nin the checkpoint", UserWarning)
+    assert capsys.readouterr().err.splitlines() == ["warning: UserWarning: Detected pickle protocol 4 in the checkpoint"]
+
+
+def test_a_refusal_after_a_warning_is_one_warning_line_then_the_error(env, tmp_path, capsys):
+    """The issue's case: a heads folder whose config names other head counts (a warning) and whose weight is 3-D
+    (the refusal): two lines, neither in Python's two-line warning format."""
+    rc = main(["decode", "--model", env["model"], "--heads", env["h_3d_cfg"], "--tree", "[[0]]", "--prompt-ids", "5",
+               "--max-new-tokens", "2", "--device", "cpu"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 2, err
+    assert err[0].startswith("warning: ") and "config says 7 heads" in err[0] and err[1].startswith("error: "), err

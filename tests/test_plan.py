@@ -352,7 +352,7 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
     assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, heads_cost=False,
                                    model="synthetic", device="test", dtype="float32", setting=None,
                                    mode="unknown (a file written before the setting was kept)")
-    assert "WARNING: the latency table times the bare verify forward (or does not say what it timed)" in err
+    assert "warning: the latency table times the bare verify forward (or does not say what it timed)" in err
     assert "step cost: as the table timed it" in err and "--mode heads" in err
     assert plan["workbench_version"] and plan["created"].startswith("20")
     assert plan["plans"][-1]["kind"] == "none" and plan["plans"][0]["kind"] != "none"

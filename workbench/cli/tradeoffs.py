@@ -6,7 +6,7 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
-                                  parse_ints, renamed, write_output)
+                                  parse_ints, renamed, warn_line, write_output)
 from workbench.core.io import atomic_write_text, check_output, remove_work, run_lock
 
 
@@ -107,8 +107,8 @@ def cmd_latency(args) -> int:
     where = read_setting(df)
     print(f"setting: {describe(where)}", file=sys.stderr)
     if loaded(where):
-        print("WARNING: the machine was busy while measuring (load average above half its cores): these times are "
-              "not this machine's; re-measure when it is idle", file=sys.stderr)
+        warn_line("the machine was busy while measuring (load average above half its cores): these times are "
+                  "not this machine's; re-measure when it is idle")
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -138,12 +138,11 @@ def cmd_plan(args) -> int:
                            "as the table timed it, whatever a candidate's depth (no heads' cost in the table: "
                            "`workbench latency --mode heads --table FILE` adds it)"), file=sys.stderr)
     if lat["setting"] is None or lat["setting"].get("mode") != "decoder-step":
-        print("WARNING: the latency table times the bare verify forward (or does not say what it timed): the "
-              "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
-              "over-predicted; measure with `workbench latency` (decoder-step)", file=sys.stderr)
+        warn_line("the latency table times the bare verify forward (or does not say what it timed): the "
+                  "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
+                  "over-predicted; measure with `workbench latency` (decoder-step)")
     if loaded(lat["setting"]):
-        print("WARNING: the latency table was measured on a busy machine (load average above half its cores)",
-              file=sys.stderr)
+        warn_line("the latency table was measured on a busy machine (load average above half its cores)")
     print(plan_table(plan), file=sys.stderr)
     if src["kind"] == "acceptance":
         print("note: an acceptance vector describes a chain drafter: only chains (and no speculation) were weighed",
