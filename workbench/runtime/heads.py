@@ -6,6 +6,8 @@ Formats (checked strictly: a missing, unexpected or mis-shaped tensor is an erro
   2. "version 2" heads-only: the same ResBlocks without the per-head [V,H] matrix; logits go through the base
      model's own lm_head (tiny files; what `workbench train-heads` writes by default).
   3. Full Medusa-2 checkpoint: a model folder whose weights also hold `medusa_head.{head}...` tensors.
+Reading goes names and shapes first (a HeadsLayout, checked against limits and the base model), tensors last: the
+sizes a file implies are refused before anything of their size is allocated.
 """
 from __future__ import annotations
 
@@ -184,13 +186,6 @@ def _size(index: Index, key: str, form: str, where: str, dim: int, most: int, wh
         raise WorkbenchError(f"{where}: tensor '{key}' has shape {list(shape)}: a {what} of {shape[dim]}, outside "
                              f"1..{most} (a damaged or foreign file)")
     return shape[dim]
-
-
-def heads_from_state_dict(sd: dict[str, torch.Tensor], where: str, num_heads_hint: int | None = None,
-                          num_layers_hint: int | None = None) -> MedusaHeads:
-    """Build heads from Medusa-format tensors already in memory (names, shapes and values all checked)."""
-    index = {k: (tuple(v.shape), v.is_floating_point()) for k, v in sd.items()}
-    return _build(heads_layout(index, where, num_heads_hint, num_layers_hint), lambda: sd, where)
 
 
 def _build(layout: HeadsLayout, tensors, where: str) -> MedusaHeads:
