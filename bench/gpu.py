@@ -45,7 +45,7 @@ from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.core.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, step_times,  # noqa: E402
                                   tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
-from workbench.decode.loop import DECODER_VERSION, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.measure.latency import device_name, latency_tree, measure_latency  # noqa: E402
 from workbench.plan.rank import make_plan, plan_source, plan_trees  # noqa: E402
 from workbench.runtime.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
@@ -267,7 +267,7 @@ def decode_prompts(tok, cfg) -> list[list[int]]:
 def markdown(report: dict) -> str:
     env, lines = report["env"], []
     lines.append(f"# bench/gpu.py on {env['device_name']} ({env['dtype']}, torch {env['torch']}, transformers "
-                 f"{env['transformers']}, decoder version {report['decoder_version']})\n")
+                 f"{env['transformers']})\n")
     ex = report.get("exact") or {}
     if ex:
         lines.append(f"Exactness: fp32 {ex['fp32_identical']}/{ex['fp32_cases']} identical to HF generate; bf16 "
@@ -339,7 +339,7 @@ def run(args) -> int:
                compile_mode=compile_mode(device), cuda_graphs=device.type == "cuda",
                weight_bytes=weight_bytes(model), copy_bandwidth=copy_bandwidth(device, 64 if args.quick else 1024),
                load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
-    report = dict(env=env, decoder_version=DECODER_VERSION, quick=args.quick, skipped={}, budget_s=args.budget_s)
+    report = dict(env=env, quick=args.quick, skipped={}, budget_s=args.budget_s)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if skip - {"exact", "eager"}:
         raise WorkbenchError(f"--skip {args.skip!r}: the sections that can be skipped are exact and eager")

@@ -193,21 +193,21 @@ def make_latency(path: Path) -> Path:
 def make_sweep(path: Path) -> Path:
     """Rows shaped like `workbench sweep` output: vanilla, optimal and dense greedy trees, typical epsilons."""
     rows = [dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
-                 temperature=0.0, acceleration_rate=1.0, speedup=1.0, tokens_per_s=50.0, exact_match=1.0,
+                 temperature=0.0, tokens_per_step=1.0, speedup=1.0, tokens_per_s=50.0, exact_match=1.0,
                  mean_logprob=-1.0, distinct_2=0.9)]
     for n in (4, 8, 16, 32, 64):
         rate = 1 + 1.2 * math.log2(n) / 3
         rows.append(dict(config=f"opt{n}", tree=f"opt-indep-{n}", kind="optimal", nodes=n, depth=4,
-                         acceptance="greedy", temperature=0.0, acceleration_rate=rate, speedup=rate / 1.1,
+                         acceptance="greedy", temperature=0.0, tokens_per_step=rate, speedup=rate / 1.1,
                          tokens_per_s=50 * rate / 1.1, exact_match=1.0, predicted_independent=rate * 1.05,
                          predicted_joint=rate * 0.98))
         rows.append(dict(config=f"dense{n}", tree=f"dense_{n}", kind="dense", nodes=n, depth=2, acceptance="greedy",
-                         temperature=0.0, acceleration_rate=rate * 0.8, speedup=rate * 0.8 / 1.1,
+                         temperature=0.0, tokens_per_step=rate * 0.8, speedup=rate * 0.8 / 1.1,
                          tokens_per_s=40 * rate / 1.1, exact_match=1.0))
     for eps in (0.01, 0.05, 0.09, 0.2):
         rows.append(dict(config=f"typ{eps}", tree="opt-indep-32", kind="optimal", nodes=32, depth=4,
                          acceptance="typical", temperature=0.7, epsilon=eps, delta=eps ** 0.5,
-                         acceleration_rate=2.5 - eps, speedup=2.0, tokens_per_s=100.0, exact_match=0.2 + eps,
+                         tokens_per_step=2.5 - eps, speedup=2.0, tokens_per_s=100.0, exact_match=0.2 + eps,
                          mean_logprob=-1.2, distinct_2=0.8))
     pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).to_csv(path, index=False)
     return path
@@ -253,9 +253,9 @@ def make_current_sweep(root: Path, cal: Path) -> Path:
 
     pick = recommend(Calibration(cal), read_latency(cal / "latency-cpu.csv"), target=128)["pick"]
     rows = [dict(run="r", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",
-                 acceleration_rate=1.0, speedup=1.0, vanilla_tokens_per_s=50.0, num_prompts=20),
+                 tokens_per_step=1.0, speedup=1.0, vanilla_tokens_per_s=50.0, num_prompts=20),
             dict(run="r", config=f"{tree_key(pick['tree'])}|greedy|T=0", tree=pick["tree"].name, kind="given",
-                 nodes=pick["nodes"], acceptance="greedy", acceleration_rate=1.2, speedup=pick["speedup"] / 3,
+                 nodes=pick["nodes"], acceptance="greedy", tokens_per_step=1.2, speedup=pick["speedup"] / 3,
                  vanilla_tokens_per_s=51.0, num_prompts=20)]
     df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
     df["decoder_version"], df["batch_size"] = "static-cache-1", 1

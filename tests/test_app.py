@@ -438,7 +438,7 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
     at.selectbox(key="to_sweep_pick").set_value("other: type a path").run()
     at.text_input(key="to_sweep_path").input(str(bad)).run()
     no_exception(at)
-    assert any("missing column(s) acceleration_rate" in e for e in errors(at)), errors(at)
+    assert any("missing column(s) tokens_per_step" in e for e in errors(at)), errors(at)
 
 
 def test_tradeoffs_fig5_from_a_separate_typical_sweep(demo_files, monkeypatch, tmp_path):
@@ -511,7 +511,7 @@ def test_live_page_decodes_with_a_tiny_model(tiny_llama, demo_files, monkeypatch
     assert med["new_tokens"] == 12 and sum(med["accepted_lengths"]) == 12
     assert res["compare"]["matches_greedy"]  # greedy acceptance is lossless
     assert len(res["pieces"]) == len(res["steps"]) == 12
-    assert float(metric(at, "tokens/step")) == pytest.approx(med["acceleration_rate"], abs=0.01)
+    assert float(metric(at, "tokens/step")) == pytest.approx(med["tokens_per_step"], abs=0.01)
     assert any('title="step 1"' in m.value for m in at.markdown)
     bars = [p.proto.text for p in at.get("progress")]  # streamed progress, left at its final state
     assert any(b.startswith("Medusa: 12/12 tokens in ") and b.endswith("tokens/s, stopped (max_new_tokens)")

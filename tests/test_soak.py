@@ -153,7 +153,7 @@ def test_sweep_killed_again_and_again_ends_with_the_same_rows(tiny_llama, prompt
     _kill_and_resume(argv(out), rows, rng, what, capsys)
     assert main(argv(tmp_path / "whole.csv")) == 0
     capsys.readouterr()
-    cols = ["config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "acceleration_rate",
+    cols = ["config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "tokens_per_step",
             "exact_match", "num_prompts", "new_tokens", "steps"]
     a, b = (pd.read_csv(f)[cols] for f in (out, tmp_path / "whole.csv"))
     pd.testing.assert_frame_equal(a, b, obj=what)

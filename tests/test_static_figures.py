@@ -124,17 +124,17 @@ def test_independence_vs_measured_points():
 
 @pytest.fixture
 def sweep():
-    rows = [dict(tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy", acceleration_rate=1.0,
+    rows = [dict(tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy", tokens_per_step=1.0,
                  tokens_per_s=10.0, exact_match=1.0)]
     for n, a in ((4, 1.5), (8, 1.8), (16, 2.0)):
-        rows += [dict(tree=f"opt{n}", kind="optimal", nodes=n, acceptance="greedy", acceleration_rate=a,
+        rows += [dict(tree=f"opt{n}", kind="optimal", nodes=n, acceptance="greedy", tokens_per_step=a,
                       tokens_per_s=10 * a, predicted_independent=a + 0.1),
-                 dict(tree=f"opt{n}b", kind="optimal", nodes=n, acceptance="greedy", acceleration_rate=a + 0.2,
+                 dict(tree=f"opt{n}b", kind="optimal", nodes=n, acceptance="greedy", tokens_per_step=a + 0.2,
                       tokens_per_s=10 * a),
-                 dict(tree=f"dense{n}", kind="dense", nodes=n, acceptance="greedy", acceleration_rate=a - 0.3,
+                 dict(tree=f"dense{n}", kind="dense", nodes=n, acceptance="greedy", tokens_per_step=a - 0.3,
                       tokens_per_s=8 * a)]
     rows += [dict(tree="opt8", kind="optimal", nodes=8, acceptance="typical", temperature=t, epsilon=e,
-                  acceleration_rate=2 + e + t, exact_match=1 - e) for t in (0.5, 1.0) for e in (0.05, 0.1, 0.3)]
+                  tokens_per_step=2 + e + t, exact_match=1 - e) for t in (0.5, 1.0) for e in (0.05, 0.1, 0.3)]
     return pd.DataFrame(rows)
 
 

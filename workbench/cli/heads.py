@@ -191,7 +191,7 @@ def cmd_decode(args) -> int:
     for out in outs:
         print(out["text"] if out["text"] is not None else ",".join(map(str, out["token_ids"])))
         line = (f"[{out['stop_reason']}] {out['new_tokens']} tokens in {out['prefill_s'] + out['decode_s']:.2f} s, "
-                f"{out['steps']} steps: {out['acceleration_rate']:.2f} tokens/step, {out['tokens_per_s']:.1f} tokens/s")
+                f"{out['steps']} steps: {out['tokens_per_step']:.2f} tokens/step, {out['tokens_per_s']:.1f} tokens/s")
         if args.compare:
             line += (f"; vanilla {out['vanilla_tokens_per_s']:.1f} tokens/s, speedup {out['speedup']:.2f}x, "
                      f"overhead {out['overhead']:.2f}x, matches greedy: {'yes' if out['matches_greedy'] else 'no'}")

@@ -242,7 +242,7 @@ def cmd_sweep(args) -> int:
     for r in df.itertuples(index=False):
         e = "" if r.epsilon != r.epsilon else f"{r.epsilon:g}"  # NaN for greedy rows
         print(f"{str(r.tree)[:21]:<22}{r.nodes:>6}{int(r.batch_size):>4}{r.temperature:>5g}{e:>6}"
-              f"{r.acceleration_rate:>9.3f}{r.speedup:>9.3f}{r.exact_match:>7.2f}", file=sys.stderr)
+              f"{r.tokens_per_step:>9.3f}{r.speedup:>9.3f}{r.exact_match:>7.2f}", file=sys.stderr)
     return 0
 
 

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from workbench import WorkbenchError
 from workbench.core.io import WorkState
 from workbench.core.provenance import differences, read_setting, setting, setting_cell, without_load
+from workbench.core.speed import relative_latency
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS, LATENCY_COLUMNS,
                                             spread_row)
@@ -115,9 +116,10 @@ def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
 
 
 def _relative(df: pd.DataFrame) -> pd.DataFrame:
-    t1 = df[df["tokens"] == 1].set_index(["batch", "context"])["seconds"]
-    at = pd.MultiIndex.from_frame(df[["batch", "context"]])
-    df["relative"] = df["seconds"].to_numpy() / t1.reindex(at).to_numpy()  # t(B, n) / t(B, 1)
+    """The `relative` column: t(B, n) / t(B, 1) as measured (speed.relative_latency of each batch and context)."""
+    tables = {k: dict(zip(g["tokens"].astype(int), g["seconds"])) for k, g in df.groupby(["batch", "context"])}
+    df["relative"] = [relative_latency(tables[(b, c)], int(n) - 1)
+                      for b, c, n in zip(df["batch"], df["context"], df["tokens"])]
     return df
 
 

@@ -477,7 +477,7 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
                 if measured.empty:
                     continue
                 m = measured.iloc[-1]
-                tps, exact = m["acceleration_rate"], m["exact_match"]
+                tps, exact = m["tokens_per_step"], m["exact_match"]
                 spd, phase = checked_speedup(m)
             where = read_setting(measured.iloc[-1].to_dict()) if "setting" in measured.columns else None
             rows.append(dict(batch_size=b, role=role, kind=entry["kind"], nodes=entry.get("nodes", 0),

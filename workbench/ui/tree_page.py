@@ -310,17 +310,13 @@ def _tree_page() -> None:
                             f"{rec['context']} ({lat['path'].name}){rng}; the recommendation's formula")
         found = measured.get(shape(tree), [])
         now = [m for m in found if comparable(m)]
-        other = [m for m in found if not m["old"] and m["elsewhere"]]
+        other = [m for m in found if m["elsewhere"]]
         if now:
             cols[3].metric("measured speedup", f"{now[0]['speedup']:.2f}x", help=f"this tree in {now[0]['sweep']}")
         elif other:
             cols[3].metric("measured speedup", f"{other[0]['speedup']:.2f}x (other setting)",
                            help=f"sweep {other[0]['sweep']}: {'; '.join(other[0]['elsewhere'])}: not comparable "
                                 f"with {lat['path'].name}")
-        elif found:
-            cols[3].metric("measured speedup", f"{found[0]['speedup']:.2f}x (old)",
-                           help=f"sweep {found[0]['sweep']}, made by the decoder {found[0]['decoder_version']}: "
-                                "not evidence about the current decoder")
     cols = st.columns(3)
     for col, k in zip(cols, ("predicted_independent", "predicted_joint", "predicted_replay")):
         if shown_row.get(k) is not None:

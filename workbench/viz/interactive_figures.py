@@ -312,18 +312,17 @@ def speedup_chart(curves: dict[str, tuple], picks: dict[str, tuple] | None = Non
     for label, (x, y) in (picks or {}).items():
         fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=label, marker=dict(symbol="star", size=16),
                                  hovertemplate=f"{label}: %{{x}} nodes, %{{y:.3f}}x<extra></extra>"))
-    for old in (False, True):  # old: an older decoder, or another setting than the latency table's
-        ms = [m for m in measured or [] if bool(m["old"] or m.get("elsewhere")) == old]
+    for old in (False, True):  # old: measured in another setting than the latency table's
+        ms = [m for m in measured or [] if bool(m.get("elsewhere")) == old]
         if not ms:
             continue
         fig.add_trace(go.Scatter(
             x=[m["nodes"] for m in ms], y=[m["speedup"] for m in ms], mode="markers",
-            name="measured elsewhere or by an older decoder" if old else "measured (this setting, current decoder)",
+            name="measured elsewhere" if old else "measured (this setting)",
             error_y=dict(type="data", array=[m["noise"] or 0 for m in ms], visible=True),
             marker=dict(symbol="diamond-open" if old else "diamond", size=9, color="grey" if old else "black"),
-            customdata=[[m["tree"], m["sweep"], m["decoder_version"]] for m in ms],
-            hovertemplate="%{customdata[0]}: %{x} nodes, measured %{y:.3f}x<br>%{customdata[1]}, decoder "
-                          "%{customdata[2]}<extra></extra>"))
+            customdata=[[m["tree"], m["sweep"]] for m in ms],
+            hovertemplate="%{customdata[0]}: %{x} nodes, measured %{y:.3f}x<br>%{customdata[1]}<extra></extra>"))
     fig.add_hline(y=1.0, line=dict(color="grey", dash="dash", width=1))
     fig.update_xaxes(title="tree nodes")
     fig.update_yaxes(title="speedup over plain decoding")
@@ -358,7 +357,7 @@ def sweep_chart(sweep, y: str, ytitle: str, title: str) -> go.Figure:
     where a size appears twice; hover names the trees), vanilla greedy as a dashed line."""
     df = tree_rows(sweep).dropna(subset=[y])
     fig = go.Figure()
-    for kind, part in df.groupby("_kind", sort=True):
+    for kind, part in df.groupby("kind", sort=True):
         part = part.groupby("nodes", as_index=False).agg(value=(y, "mean"), trees=("tree", lambda t: ", ".join(
             dict.fromkeys(map(str, t))))).sort_values("nodes")
         fig.add_trace(go.Scatter(x=part["nodes"], y=part["value"], mode="lines+markers", name=kind,
@@ -384,9 +383,9 @@ def epsilon_chart(sweep, quality: str = "exact_match", mark: float | None = None
     fig = go.Figure()
     temps = df.groupby("temperature", sort=True) if "temperature" in df.columns else [(None, df)]
     for j, (temp, part) in enumerate(temps):
-        part = part.groupby("epsilon", as_index=False)[["acceleration_rate", quality]].mean()
+        part = part.groupby("epsilon", as_index=False)[["tokens_per_step", quality]].mean()
         colour, tag = qualitative.Plotly[j % 10], (f"T={temp:g}" if temp is not None else "")
-        fig.add_trace(go.Scatter(x=part["epsilon"], y=part["acceleration_rate"], mode="lines+markers",
+        fig.add_trace(go.Scatter(x=part["epsilon"], y=part["tokens_per_step"], mode="lines+markers",
                                  name=f"tokens/step {tag}", line=dict(color=colour),
                                  hovertemplate=f"{tag} eps %{{x:g}}: %{{y:.3f}} tokens/step<extra></extra>"))
         fig.add_trace(go.Scatter(x=part["epsilon"], y=part[quality], mode="lines+markers", yaxis="y2",
@@ -409,19 +408,19 @@ def epsilon_chart(sweep, quality: str = "exact_match", mark: float | None = None
 def predicted_chart(sweep) -> go.Figure:
     """Each prediction of the calibration (calibration.PREDICTED_COLUMNS) against the live decoder's measured tokens per
     step, one point per greedy sweep row (hover names the tree); on the diagonal = exact."""
-    df = tree_rows(sweep).dropna(subset=["acceleration_rate"])
+    df = tree_rows(sweep).dropna(subset=["tokens_per_step"])
     fig = go.Figure()
     lo, hi = np.inf, -np.inf
     for col in PREDICTED_COLUMNS:
         part = df.dropna(subset=[col]) if col in df.columns else df.iloc[:0]
         if not len(part):
             continue
-        fig.add_trace(go.Scatter(x=part[col], y=part["acceleration_rate"], mode="markers", name=col,
+        fig.add_trace(go.Scatter(x=part[col], y=part["tokens_per_step"], mode="markers", name=col,
                                  customdata=part["tree"].astype(str),
                                  hovertemplate="%{customdata}<br>" + col + " %{x:.3f}<br>measured %{y:.3f}"
                                                "<extra></extra>"))
-        lo = min(lo, part[col].min(), part["acceleration_rate"].min())
-        hi = max(hi, part[col].max(), part["acceleration_rate"].max())
+        lo = min(lo, part[col].min(), part["tokens_per_step"].min())
+        hi = max(hi, part[col].max(), part["tokens_per_step"].max())
     if np.isfinite(lo):
         fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", hoverinfo="skip",
                                  line=dict(color="grey", dash="dash", width=1)))

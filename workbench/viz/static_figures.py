@@ -247,7 +247,7 @@ def _by_kind_vs_nodes(sweep, y: str, ylabel: str, title: str, baseline: float | 
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
     ax = fig.add_subplot()
     df = tree_rows(sweep).dropna(subset=[y])
-    for kind, part in df.groupby("_kind", sort=True):
+    for kind, part in df.groupby("kind", sort=True):
         part = part.groupby("nodes", as_index=False)[y].mean().sort_values("nodes")
         ax.plot(part["nodes"], part[y], marker="s" if kind == "dense" else "o", label=kind)
     if baseline is not None:
@@ -264,8 +264,8 @@ def _by_kind_vs_nodes(sweep, y: str, ylabel: str, title: str, baseline: float | 
 def tokens_vs_candidates(sweep):
     """Paper Fig. 4a: tokens per step (acceleration rate) against candidate tokens, sparse and dense trees
     (greedy rows; the mean where a size appears twice)."""
-    return _by_kind_vs_nodes(sweep, "acceleration_rate", "tokens per step", "tokens per step vs candidates",
-                             vanilla_value(sweep, "acceleration_rate"))
+    return _by_kind_vs_nodes(sweep, "tokens_per_step", "tokens per step", "tokens per step vs candidates",
+                             vanilla_value(sweep, "tokens_per_step"))
 
 
 def speed_vs_candidates(sweep):
@@ -286,10 +286,10 @@ def epsilon_plot(sweep, quality: str = "exact_match", mark: float | None = None,
         df = df[df["nodes"] == nodes]
     temps = df.groupby("temperature", sort=True) if "temperature" in df.columns else [(None, df)]
     for j, (temp, part) in enumerate(temps):
-        part = part.groupby("epsilon", as_index=False)[["acceleration_rate", quality]].mean()
+        part = part.groupby("epsilon", as_index=False)[["tokens_per_step", quality]].mean()
         colour = f"C{j}"
         tag = f"T={temp:g}" if temp is not None else ""
-        ax.plot(part["epsilon"], part["acceleration_rate"], marker="o", color=colour, label=f"tokens/step {tag}")
+        ax.plot(part["epsilon"], part["tokens_per_step"], marker="o", color=colour, label=f"tokens/step {tag}")
         ax2.plot(part["epsilon"], part[quality], marker="s", ls="--", color=colour, label=f"{quality} {tag}")
     base = vanilla_value(sweep, quality)
     if base is not None:
@@ -316,7 +316,7 @@ def predicted_vs_measured(sweep):
     measured acceleration of the live decoder, one point per greedy sweep row; on the diagonal = exact."""
     fig = Figure(figsize=(5.4, 4.8), layout="constrained")
     ax = fig.add_subplot()
-    df = tree_rows(sweep).dropna(subset=["acceleration_rate"])
+    df = tree_rows(sweep).dropna(subset=["tokens_per_step"])
     lo, hi = np.inf, -np.inf
     named = False
     for col in PREDICTED_COLUMNS:
@@ -325,13 +325,13 @@ def predicted_vs_measured(sweep):
         part = df.dropna(subset=[col])
         if not len(part):
             continue
-        ax.scatter(part[col], part["acceleration_rate"], s=24, label=col)
+        ax.scatter(part[col], part["tokens_per_step"], s=24, label=col)
         if not named:  # each tree named once, at its first prediction: the other series sit on the same row
-            for x, y, t in zip(part[col], part["acceleration_rate"], part["tree"].astype(str)):
+            for x, y, t in zip(part[col], part["tokens_per_step"], part["tree"].astype(str)):
                 ax.annotate(t, (x, y), fontsize=6, xytext=(3, -8), textcoords="offset points")
             named = True
-        lo = min(lo, part[col].min(), part["acceleration_rate"].min())
-        hi = max(hi, part[col].max(), part["acceleration_rate"].max())
+        lo = min(lo, part[col].min(), part["tokens_per_step"].min())
+        hi = max(hi, part[col].max(), part["tokens_per_step"].max())
     if np.isfinite(lo):
         ax.plot([lo * 0.95, hi * 1.05], [lo * 0.95, hi * 1.05], color="grey", ls="--", lw=1, label="y = x")
         legend_outside(ax, title="predicted by", title_fontsize=7)
