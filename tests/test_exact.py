@@ -19,7 +19,7 @@ from helpers import TIE, Oracle, checked_steps, rounding_in_tree, tie_model, wit
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import acceptance, loop as decode
+from workbench.decode import acceptance
 from workbench.decode.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
 from workbench.decode.loop import DecodeResult, Step, medusa_generate, vanilla_generate
 from workbench.measure.sweep import run_sweep, sweep_configs

@@ -21,8 +21,6 @@ def cmd_latency(args) -> int:
                                            measure_latency)
     from workbench.runtime.models import random_model
 
-    if args.mode == "heads" or args.table:
-        return _add_heads_cost(args)
     mode = args.mode or ("verify" if args.random_config or args.context else "decoder-step")
     if mode == "decoder-step" and (args.random_config or args.context):
         raise WorkbenchError("--mode decoder-step decodes real prompts (their contexts grow as in decoding): drop "
@@ -136,7 +134,7 @@ def cmd_plan(args) -> int:
     print("step cost: " + ("each candidate at its own depth (the table measured the heads' cost)"
                            if lat.get("heads_cost") else
                            "as the table timed it, whatever a candidate's depth (no heads' cost in the table: "
-                           "`workbench latency --mode heads --table FILE` adds it)"), file=sys.stderr)
+                           "`workbench latency --heads DIR` times it)"), file=sys.stderr)
     if lat["setting"] is None or lat["setting"].get("mode") != "decoder-step":
         print("WARNING: the latency table times the bare verify forward (or does not say what it timed): the "
               "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
@@ -267,35 +265,6 @@ def cmd_sweep_report(args) -> int:
     return 0
 
 
-def _add_heads_cost(args) -> int:
-    """`latency --mode heads --table FILE`: the heads' cost (depth, heads_seconds) added to a latency table this
-    tool measured before it kept them, timed now in the same setting; written to --out (default: FILE, atomically)."""
-    from pathlib import Path
-
-    if args.mode not in (None, "heads") or not args.table:
-        raise WorkbenchError("--mode heads completes a latency table: give it as --table FILE (and no other --mode)")
-    if args.random_config:
-        raise WorkbenchError("--mode heads times the heads of the model the table was measured with: drop "
-                             "--random-config")
-    from workbench.measure.latency_file import read_latency
-
-    df = read_latency(args.table, "--table")
-    out = Path(args.out or args.table)
-    check_output(str(out), "--out")
-    from workbench.measure.latency import add_heads_cost
-    from workbench.runtime.models import load_model_and_heads
-
-    model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
-                                           need_tokenizer=False, device_map=args.device_map)
-    with run_lock(out, "--out", kind="file"):
-        done = add_heads_cost(df, model, heads, f"--table {args.table}")
-        atomic_write_text(out, done.to_csv(index=False), "--out")
-    print(f"the heads' proposal cost per batch size and depth, added to {out}:", file=sys.stderr)
-    table = done.groupby(["batch", "depth"])["heads_seconds"].first().unstack("depth")
-    print((1000 * table).round(2).to_string(), file=sys.stderr)
-    return 0
-
-
 def add_tradeoffs(sub) -> None:
     p = sub.add_parser("latency", help="time the decoder's step per batch size and tree size (for optimize "
                                        "--latency and plan)",
@@ -314,12 +283,9 @@ def add_tradeoffs(sub) -> None:
                    help="instead: random weights of a given shape, a preset (llama-1b, llama-3b, llama-8b, vicuna-7b, "
                         "smollm2-135m, tiny) or key=value pairs hidden=2048,layers=16,heads=32,kv_heads=8,"
                         "vocab=128256,intermediate=8192[,arch=llama]")
-    p.add_argument("--mode", choices=["decoder-step", "verify", "heads"],
+    p.add_argument("--mode", choices=["decoder-step", "verify"],
                    help="decoder-step: the decoder's whole step on real prompts (default); verify: the bare verify "
-                        "forward at fixed --context (default with --random-config or --context); heads: add the "
-                        "heads' cost per batch size and depth to a table measured before it was kept (--table)")
-    p.add_argument("--table", metavar="FILE", help="--mode heads: the latency CSV to complete (written back to "
-                                                   "--out, default FILE itself)")
+                        "forward at fixed --context (default with --random-config or --context)")
     p.add_argument("--sizes", metavar="N1,N2,..", help="tokens per step (tree nodes + root; default 1,2,3,4,5,8,16,32,"
                                                       "64 for decoder-step, 1,2,4,...,256 for verify; 1 is always "
                                                       "measured)")

@@ -9,7 +9,7 @@ from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
 from workbench.cli.shared import bounded, write_json, write_output
 from workbench.core.io import atomic_write_text, check_output
-from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_METHODS, best_engine_safe,
+from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, VLLM_METHODS, best_engine_safe,
                                       engine_safe, export_plan,
                                       export_tree)
 from workbench.measure.latency_file import hardware_aware, latency_surface, read_latency
@@ -214,8 +214,6 @@ def _cmd_export(args) -> int:
                              "or --num-heads K for a tree")
     if args.synthetic or args.batch_size is not None:
         raise WorkbenchError("--synthetic and --batch-size read a plan file (workbench plan --out): this is a tree")
-    if args.format == "trtllm-current":
-        raise WorkbenchError(TRTLLM_CURRENT)
     fmt = "vllm" if args.format == "vllm-tree" else args.format
     tree = load_tree(args.tree, num_heads=args.heads)
     if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
@@ -340,7 +338,7 @@ def add_tree(sub) -> None:
                    "--format vllm-heads a heads folder (default: the demo heads)")
     e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads",),
                    help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
-                        "trtllm-current: says why current TensorRT-LLM serves no Medusa heads; vllm-heads: a heads "
+                        "vllm-heads: a heads "
                         "folder vLLM's Medusa drafter loads (--out DIR, --model BASE)")
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
     e.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help="number of Medusa heads: a deeper tree "

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
 from workbench.core.io import WorkState
-from workbench.core.provenance import differences, read_setting, setting, setting_cell, without_load
+from workbench.core.provenance import setting, setting_cell, without_load
 from workbench.core.speed import relative_latency
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS, LATENCY_COLUMNS,
@@ -81,30 +81,6 @@ def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
     times = heads_times(model, heads, batch, range(1, heads.num_heads + 1)) | {0: 0.0}
     return {n: dict(depth=buf.depth if n > 1 else 0, heads_seconds=times[buf.depth if n > 1 else 0])
             for n, buf in bufs.items()}
-
-
-def add_heads_cost(df: pd.DataFrame, model, heads, what: str = "--table") -> pd.DataFrame:
-    """A latency table `workbench latency` wrote, with the heads' cost (HEADS_COLUMNS) measured now at each of its
-    batch sizes, for a table written before the heads' cost was kept: its rows' depths are those of the trees both
-    modes time (latency_tree(tokens - 1, min(5, heads))), so only a table of this tool, measured with these heads
-    in this same setting (device, threads, dtype, versions; the load aside), can be completed."""
-    where = read_setting(df)
-    if where is None or where.get("mode") not in ("decoder-step", "verify"):
-        raise WorkbenchError(f"{what}: not a table `workbench latency` wrote with its setting (mode decoder-step or "
-                             "verify): the trees its rows timed, so their depths, are unknown; measure a new one")
-    here = measured_setting(model, None, where["mode"])
-    differ = differences(without_load(where), without_load(here))
-    if differ:
-        raise WorkbenchError(f"{what}: measured in another setting ({'; '.join(differ)}): time the heads where the "
-                             "table was timed, or measure a new table here")
-    depth = min(5, heads.num_heads)
-    out = df.drop(columns=[c for c in HEADS_COLUMNS if c in df.columns])
-    rows = []
-    for b, part in out.groupby("batch", sort=True):
-        trees = {n: latency_tree(n - 1, depth) if n > 1 else None for n in part["tokens"].astype(int)}
-        cost = heads_cost(model, heads, int(b), trees)
-        rows += [dict(r, **cost[int(r["tokens"])]) for r in part.to_dict("records")]
-    return pd.DataFrame(rows, columns=list(out.columns) + HEADS_COLUMNS)
 
 
 def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
