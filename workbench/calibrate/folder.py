@@ -33,6 +33,7 @@ from workbench.trees.optimize import acc_value_fn, empirical_value_fn, expected_
 
 NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
 META, RANKS, CONTINUATIONS, ACCURACIES = "meta.json", "ranks.parquet", "continuations.parquet", "accuracies.csv"
+META_VERSION = 2  # meta.json's "version"; 1: folders without it (upgrade_meta)
 SPLITS = ("all", "fit", "holdout")
 PREDICTIONS = ("predicted_independent", "predicted_joint", "predicted_replay")
 PREDICTED_COLUMNS = PREDICTIONS + ("predicted_replay_fit",)  # a sweep row's predictions
@@ -232,14 +233,25 @@ def batch_walk(tree, answers: tuple[np.ndarray, list[int]], batch: int, steps: l
 
 # ----------------------------------------------------------------------------------------------- checked readers
 
+def upgrade_meta(meta: dict) -> dict:
+    """meta.json of version 1 (no "version"; the same fields) as this version: the only place earlier folders are
+    told apart; read_meta calls it."""
+    return {"version": META_VERSION, **meta}
+
+
 def read_meta(folder: str | Path, what: str = "--calibration") -> dict:
-    """meta.json of a calibration folder, checked for the fields readers use (topk, holdout_ids)."""
+    """meta.json of a calibration folder at this version (upgrade_meta), checked for the fields readers use (topk,
+    holdout_ids)."""
     folder = Path(folder)
     what = f"{what} {folder}"
     if not (folder / META).is_file():
         raise WorkbenchError(f"{what}: not a finished calibration folder (no meta.json; run `workbench calibrate` "
                              "to completion)")
     meta = read_json(folder / META, what)
+    meta = meta if "version" in meta else upgrade_meta(meta)
+    if meta["version"] != META_VERSION:
+        raise WorkbenchError(f"{what}: meta.json version {str(meta['version'])[:20]!r}, but this workbench reads "
+                             f"calibrations of version {META_VERSION}: calibrate again with `workbench calibrate`")
     topk, held = meta.get("topk"), meta.get("holdout_ids", [])
     if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= 1 << 20:
         raise WorkbenchError(f"{what}: meta.json's topk should be a positive integer, found {str(topk)[:40]!r}")

@@ -34,9 +34,9 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError, __version__
-from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS, Calibration, calibration_root,
-                                        decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
-                                        ranks_frame, read_ranks, slug)
+from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, META, META_VERSION, NULL, RANKS, Calibration,
+                                        calibration_root, decoder_walk, head_accuracies, measured_acceptance,
+                                        path_probabilities, ranks_frame, read_ranks, slug)
 from workbench.core.data import load_prompt_records
 from workbench.core.io import atomic_write, atomic_write_json, gate, read_json, run_lock
 from workbench.runtime.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
@@ -366,7 +366,7 @@ def _merge(folder: Path, records, args: dict, num_processes: int, continuations_
     _write_parquet(info, folder / CONTINUATIONS)
     _write_parquet(ranks, folder / RANKS)
     atomic_write_json(folder / "parts" / "args.json", {"args": args, "compute_seconds": seconds})
-    meta = dict(args=args, compute_seconds=seconds, num_processes=num_processes,
+    meta = dict(version=META_VERSION, args=args, compute_seconds=seconds, num_processes=num_processes,
                 **({"continuations_from": continuations_from} if continuations_from else {}))
     atomic_write_json(folder / META, meta)  # marks the ranks complete; _finish fills in the rest
     shutil.rmtree(parts, ignore_errors=True)
@@ -431,7 +431,7 @@ def _finish(folder: Path, name: str, args: dict, records, holdout: float, budget
     for f in _own_trees(trees_dir, name):  # budgets may have changed since the last run
         f.unlink()
     summary, skipped = build_trees(name, fit, test, acc, budgets, trees_dir, str(folder))
-    meta = dict(model=args["model"], heads=args["heads"], prompts=args["prompts"], limit=args["limit"],
+    meta = dict(version=META_VERSION, model=args["model"], heads=args["heads"], prompts=args["prompts"], limit=args["limit"],
                 num_prompts=len(records), num_positions=len(ranks), num_heads=K, topk=topk,
                 max_new_tokens=args["max_new_tokens"], batch_size=args["batch_size"], device=args["device"],
                 dtype=args["dtype"], elapsed_seconds=old.get("compute_seconds"),

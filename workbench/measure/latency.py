@@ -33,8 +33,8 @@ from workbench.core.io import WorkState
 from workbench.core.provenance import setting, setting_cell, without_load
 from workbench.core.speed import relative_latency
 from workbench.decode.loop import medusa_generate, vanilla_generate
-from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS, LATENCY_COLUMNS,
-                                            spread_row)
+from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS,
+                                            LATENCY_COLUMNS, LATENCY_VERSION, spread_row)
 from workbench.runtime.engine import StepEngine, forward_probe, heads_times, root_setup, tree_setup, verify_times
 from workbench.runtime.generation import context_length
 from workbench.runtime.heads import heads_fingerprint
@@ -92,7 +92,9 @@ def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
 
 
 def _relative(df: pd.DataFrame) -> pd.DataFrame:
-    """The `relative` column: t(B, n) / t(B, 1) as measured (speed.relative_latency of each batch and context)."""
+    """The table as written: its `version`, and the `relative` column, t(B, n) / t(B, 1) as measured
+    (speed.relative_latency of each batch and context)."""
+    df["version"] = LATENCY_VERSION
     tables = {k: dict(zip(g["tokens"].astype(int), g["seconds"])) for k, g in df.groupby(["batch", "context"])}
     df["relative"] = [relative_latency(tables[(b, c)], int(n) - 1)
                       for b, c, n in zip(df["batch"], df["context"], df["tokens"])]
