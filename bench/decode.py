@@ -35,7 +35,7 @@ import torch  # noqa: E402
 from workbench import WorkbenchError  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.provenance import setting  # noqa: E402
+from workbench.core.provenance import dtype_name, setting  # noqa: E402
 from workbench.core.speed import (acceptance_per_position, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
                                   overhead, step_times, tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
@@ -191,7 +191,7 @@ def run(args) -> int:
     summary = summarise(rows, max((b.depth for b in bufs), default=0))
     gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
     atomic_write_json(args.out, dict(
-        model=label, device=str(model.device), dtype=str(model.dtype).replace("torch.", ""),
+        model=label, device=str(model.device), dtype=dtype_name(model.dtype),
         setting=setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile), gpu),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
         load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
@@ -246,7 +246,7 @@ def table(summary: list[dict], label: str, model, compiled: bool) -> str:
     head = (f"{'B':>3} {'method':<20} {'tree':<28} {'tok/s':>7} {'tok/step':>8} {'step ms':>8} {'fwd ms':>7} "
             f"{'overhead':>8} {'speedup':>8} {'median':>7} {'exact':>6} {'ties':>5} {'mism':>5}")
     load = f", load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
-    lines = [f"{label} on {model.device} ({str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
+    lines = [f"{label} on {model.device} ({dtype_name(model.dtype)}, {torch.get_num_threads()} threads, "
              f"{'compiled' if compiled else 'eager'}{load})", head, "-" * len(head)]
     fmt = lambda v, spec, unit="": f"{'-':>{int(spec.split('.')[0]) + len(unit)}}" if v is None else f"{v:{spec}}{unit}"  # noqa: E731
     for s in summary:

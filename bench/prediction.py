@@ -55,7 +55,7 @@ def plan_top(cal: Calibration, latency_df, batch_sizes, top: int, max_new_tokens
     cands = candidates(src["tokens_per_step"], src["chain_acceptance"], most, src["value"], src["max_depth"],
                        src["max_rank"])
     out = {b: [c for c in rank(at_batch(cands, src["batch_tokens_per_step"], b), surface[b]["seconds"],
-                               surface[b]["spread"], surface[b]["heads"]) if c["kind"] != "none"][:top]
+                               surface[b]["spread"], surface[b]["head_cost"]) if c["kind"] != "none"][:top]
            for b in batch_sizes}
     return out, dict(src["info"], context=ctx)
 

@@ -265,6 +265,8 @@ def test_calibrate_default_name_is_unchanged():
     (lambda d: (d / "meta.json").write_text("{"), "meta.json"),
     (lambda d: (d / "meta.json").write_text('{"topk": "ten"}'), "topk should be a positive integer"),
     (lambda d: (d / "meta.json").write_text('{"topk": 10, "holdout_ids": [1]}'), "holdout_ids should be a list"),
+    (lambda d: (d / "meta.json").write_text('{"version": 3, "topk": 10, "holdout_ids": []}'),
+     "meta.json version '3', but this workbench reads calibrations of version 2"),
 ])
 def test_bad_folders_fail_in_one_line_on_opening(tmp_path, damage, match):
     folder = tmp_path / "c"
@@ -292,3 +294,18 @@ def test_bad_files_fail_in_one_line_on_first_use(tmp_path, name, content, match,
     with pytest.raises(WorkbenchError, match=match) as e:
         getattr(cal, ask)()
     assert "\n" not in str(e.value)
+
+
+def test_meta_of_version_1_reads_through_its_upgrade(tmp_path):
+    """meta.json without a version (every folder before it was kept) opens as version 2 through upgrade_meta alone;
+    the committed demo calibration was rewritten through it."""
+    from workbench.calibrate.folder import META_VERSION, read_meta, upgrade_meta
+
+    committed = json.loads((CAL / "meta.json").read_text())
+    assert committed["version"] == META_VERSION
+    folder = tmp_path / "c"
+    shutil.copytree(CAL, folder, ignore=shutil.ignore_patterns("continuations.parquet", "*.csv"))
+    old = {k: v for k, v in committed.items() if k != "version"}
+    (folder / "meta.json").write_text(json.dumps(old))
+    assert read_meta(folder) == upgrade_meta(old) == committed
+    assert Calibration(folder).accuracies("fit").tolist() == Calibration(CAL).accuracies("fit").tolist()

@@ -136,7 +136,7 @@ def test_decoder_step_surface(tiny_llama):
     assert (df.loc[df["tokens"] == 1, "heads_seconds"] == 0).all() and (df.loc[df["tokens"] == 3, "heads_seconds"] > 0).all()
     surface, ctx = latency_surface(df, [1, 2])
     assert set(surface) == {1, 2} and surface[2]["spread"] is not None
-    assert surface[2]["heads"]["depth"] == {1: 0, 3: depth} and set(surface[2]["heads"]["seconds"]) == {0, depth}
+    assert surface[2]["head_cost"]["depth"] == {1: 0, 3: depth} and set(surface[2]["head_cost"]["seconds"]) == {0, depth}
 
 
 def test_latency_has_no_migration_mode(capsys):

@@ -331,7 +331,8 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
     from workbench.decode.loop import medusa_generate
     from workbench.runtime.heads import load_heads
     from workbench.measure.sweep import calibration_predictions
-    from workbench.train.medusa1 import TrainConfig, interleaved_prompts, train_heads
+    from workbench.train.distill import interleaved_prompts
+    from workbench.train.medusa1 import TrainConfig, train_heads
 
     heads_dir = tmp_path / "heads"
     train_heads(tmp_path / "work", TrainConfig(prompts=interleaved_prompts([str(prompt_file)]) * 4, tokens=400,

@@ -22,7 +22,6 @@ Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json, trees/
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import sys
 import time
@@ -37,7 +36,8 @@ from workbench import WorkbenchError, __version__
 from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, META, META_VERSION, NULL, RANKS, Calibration,
                                         calibration_root, decoder_walk, head_accuracies, measured_acceptance,
                                         path_probabilities, ranks_frame, read_ranks, slug)
-from workbench.core.data import load_prompt_records
+from workbench.core.data import load_prompt_records, prompts_fingerprint
+from workbench.core.provenance import dtype_name
 from workbench.core.io import atomic_write, atomic_write_json, gate, read_json, run_lock
 from workbench.runtime.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
                                           teacher_forced_hidden)
@@ -188,10 +188,10 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
         return str(Path(spec).resolve()) if spec and Path(spec).exists() else spec
 
     args = dict(model=model_label(where(cfg.model)), heads=where(cfg.heads) or "demo", prompts=where(cfg.prompts),
-                limit=cfg.limit, prompts_sha256=hashlib.sha256(json.dumps(records).encode()).hexdigest(),
+                limit=cfg.limit, prompts_sha256=prompts_fingerprint(records),
                 max_new_tokens=cfg.max_new_tokens, topk=cfg.topk, batch_size=cfg.batch_size,
                 device=str(base.device.type),
-                dtype=str(base.dtype).replace("torch.", ""), num_heads=hd.num_heads, heads_sha256=heads_fingerprint(hd))
+                dtype=dtype_name(base.dtype), num_heads=hd.num_heads, heads_sha256=heads_fingerprint(hd))
     if not getattr(tok, "chat_template", None):
         raise WorkbenchError("the tokenizer has no chat template: calibrate on an instruction-tuned model whose "
                              "tokenizer defines one (heads are calibrated on what the model sees when serving)")

@@ -253,8 +253,8 @@ def cmd_train_heads(args) -> int:
         return _cmd_train_medusa2(args)
 
     from workbench.runtime.parallel import one_process_warning
-    from workbench.train.medusa1 import (TrainConfig, default_folders, default_prompt_files, interleaved_prompts,
-                                         train_heads)
+    from workbench.train.distill import default_prompt_files, interleaved_prompts
+    from workbench.train.medusa1 import TrainConfig, default_folders, train_heads
 
     if one_process_warning():
         print(one_process_warning(), file=sys.stderr)
@@ -296,7 +296,8 @@ def _cmd_train_medusa2(args) -> int:
 
     from workbench.runtime.heads import DEMO_HEADS
     from workbench.train.medusa2 import Medusa2Config, train_medusa2
-    from workbench.train.medusa1 import default_folders, default_prompt_files, interleaved_prompts
+    from workbench.train.distill import default_prompt_files, interleaved_prompts
+    from workbench.train.medusa1 import default_folders
 
     if args.untied or args.active_steps or args.answers_per_prompt != 1 or args.device_map:
         raise WorkbenchError("--untied, --active-steps, --answers-per-prompt and --device-map are medusa-1 "
@@ -395,7 +396,7 @@ def cmd_eval_heads(args) -> int:
     from pathlib import Path
 
     from workbench.core.io import atomic_write_json, atomic_write_text, remove_work, run_lock
-    from workbench.train.medusa2 import eval_table, evaluate_medusa2
+    from workbench.train.evaluate import eval_table, evaluate_medusa2
 
     if not Path(args.medusa2).is_dir():
         raise WorkbenchError(f"--medusa2 {args.medusa2}: no such folder (give the merged/ folder that "

@@ -167,7 +167,7 @@ def _optimize_for_latency(args, acc, value) -> int:
     surface, ctx = latency_surface(read_latency(args.latency), [b], args.context, target, f"--latency {args.latency}")
     heads, ranks = acc.shape
     res = hardware_aware(value, surface[b]["seconds"], args.max_depth or heads, args.max_rank or ranks, args.budget,
-                         heads=surface[b]["heads"])
+                         head_cost=surface[b]["head_cost"])
     cols = ("budget", "verify_tokens", "expected_length", "relative_latency", "speedup")
     if args.curve_out:
         import pandas as pd

@@ -19,8 +19,6 @@ setting (and load) it was measured in.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import statistics
 
@@ -30,7 +28,8 @@ from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
 from workbench.core.io import WorkState
-from workbench.core.provenance import setting, setting_cell, without_load
+from workbench.core.data import prompts_fingerprint
+from workbench.core.provenance import dtype_name, setting, setting_cell, without_load
 from workbench.core.speed import relative_latency
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS,
@@ -141,7 +140,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
         engine.size_for([[0] * contexts[-1]], 0, [bufs[sizes[-1]]])
     state = work_state(work, model, heads, engine, "verify", model_label=label, sizes=sizes, contexts=contexts,
                        batches=batches, repeats=repeats, warmup=warmup, heads_cost=heads is not None)
-    dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
+    dev_name, dtype = device_name(dev), dtype_name(model.dtype)
     rows = []
     bar = tqdm(total=len(batches) * len(contexts) * (warmup + repeats), desc="latency", unit="round",
                disable=not progress, dynamic_ncols=True)
@@ -200,8 +199,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     state = work_state(work, model, heads, engine, "decoder-step", model_label=label, sizes=sizes, batches=batches,
                        repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, rounds="step-reference",
                        heads_cost=True,
-                       prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest())
-    dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
+                       prompts=prompts_fingerprint(prompts))
+    dev_name, dtype = device_name(model.device), dtype_name(model.dtype)
     calls = len(sizes) + 1  # a round: vanilla, each size, vanilla
     bar = tqdm(total=len(batches) * (warmup + repeats) * calls, desc="decoder steps", unit="call",
                disable=not progress, dynamic_ncols=True)

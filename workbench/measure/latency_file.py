@@ -22,7 +22,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.io import read_csv
-from workbench.core.speed import interpolate_latency, max_tokens, speedup_at, speedup_curve, spread  # noqa: F401 (report.py)
+from workbench.core.speed import max_tokens, speedup_curve, spread
 from workbench.trees.optimize import best_first, expected_curve, optimal_tree, value_and_limits
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
@@ -31,7 +31,7 @@ HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step
 LATENCY_VERSION = 2  # the format's version, on every row (`version`); 1: files without that column (upgrade_latency)
 LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats",
                    "setting",  # setting: provenance.setting_cell of the measurement (empty: not recorded)
-                   *HEADS_COLUMNS,  # the heads the timed step ran and their cost (absent: no heads ran, heads_table)
+                   *HEADS_COLUMNS,  # the heads the timed step ran and their cost (absent: no heads ran, read_head_cost)
                    "version"]
 LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -116,7 +116,7 @@ def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
     return df
 
 
-def heads_table(rows: pd.DataFrame) -> dict | None:
+def read_head_cost(rows: pd.DataFrame) -> dict | None:
     """The heads' cost of one batch size and context's rows (speed.at_depth reads it): {"depth": {tokens: the
     depth of the tree timed}, "seconds": {depth: heads_seconds}} (depth 0: vanilla, no heads); None for a table
     without it (no heads ran, or not recorded: priced as timed, whatever the tree's depth)."""
@@ -206,7 +206,7 @@ def non_decreasing(table: dict[int, float]) -> dict[int, float]:
 def latency_surface(df: pd.DataFrame, batches, context: int | None = None, target: float | None = None,
                     what: str = "latency") -> tuple[dict[int, dict], int]:
     """The surface t(B, n) at one context for every asked batch size: ({B: {"seconds": {tokens: s},
-    "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "heads": heads_table or None}},
+    "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "head_cost": read_head_cost or None}},
     context); seconds and spread
     read non_decreasing. The context is `context`, else the one measured at every
     asked batch size closest to `target`, else the only one. Batch sizes or a context the file lacks are one
@@ -243,16 +243,16 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
             q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3")
             spread = {n: (q1[n], q3[n]) for n in table}
         rows = df[(df["batch"] == b) & (df["context"] == ctx)] if "batch" in df.columns else df[df["context"] == ctx]
-        out[b] = dict(seconds=table, spread=spread, measured=measured, heads=heads_table(rows))
+        out[b] = dict(seconds=table, spread=spread, measured=measured, head_cost=read_head_cost(rows))
     return out, int(ctx)
 
 
 # ----------------------------------------------------------------------------------------------- hardware-aware choice
 
 def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank: int | None = None,
-                   max_budget: int | None = None, name: str = "", heads: dict | None = None) -> dict:
+                   max_budget: int | None = None, name: str = "", head_cost: dict | None = None) -> dict:
     """The optimal tree for every budget the latency table covers, its predicted speedup (each tree priced at its
-    own depth where the table measured the heads' cost, `heads`: heads_table), and the tree with the best one.
+    own depth where the table measured the heads' cost, `head_cost`: read_head_cost), and the tree with the best one.
     `value` is acc[K, R] or a monotone path-value function (then max_depth and max_rank are required). Returns
     {"rows", "best", "tree"}."""
     fn, max_depth, max_rank = value_and_limits(value, max_depth, max_rank, "hardware_aware")
@@ -263,10 +263,10 @@ def hardware_aware(value, latency: dict, max_depth: int | None = None, max_rank:
         raise WorkbenchError("the latency table covers no tree: measure at least 2 tokens (1 node + the root)")
     curve = expected_curve(fn, top, max_depth, max_rank)
     depths = None
-    if heads is not None:  # the optimal n-node tree is the first n nodes best-first: its depth, a running max
+    if head_cost is not None:  # the optimal n-node tree is the first n nodes best-first: its depth, a running max
         deepest = list(accumulate((len(p) for p, _ in best_first(fn, top, max_depth, max_rank)), max)) or [1]
         depths = {n: deepest[min(n, len(deepest)) - 1] for n in range(1, top + 1)}
-    res = speedup_curve(curve, latency, budgets=range(1, top + 1), heads=heads, depths=depths)
+    res = speedup_curve(curve, latency, budgets=range(1, top + 1), head_cost=head_cost, depths=depths)
     best = res["best"]
     tree = optimal_tree(fn, best["budget"], max_depth, max_rank, name=name or f"hardware_{best['budget']}")
     return dict(rows=res["rows"], best=best, tree=tree)

@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import decoder_walk
-from workbench.core.provenance import setting, setting_cell
+from workbench.core.data import prompts_fingerprint
+from workbench.core.provenance import dtype_name, setting, setting_cell
 from workbench.core.speed import (decode_speedup, decoder_overhead, goodput, mean_step_s, measured_speedup, overhead,
                                   step_times, tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences
@@ -190,7 +191,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(prompts)} prompts: lower the batch "
                              "size or give more prompts (--limit)")
     info = dict(run_info or {}, max_new_tokens=max_new_tokens, num_prompts=len(prompts),
-                prompts_sha=hashlib.sha1(json.dumps(prompts).encode()).hexdigest()[:10])
+                prompts_sha=prompts_fingerprint(prompts)[:10])
     run = hashlib.sha1(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:10]
     rows = read_sweep_rows(out)
     done = {(r["run"], r["config"], r["batch_size"]) for r in rows}  # a row: a configuration at one batch size
@@ -200,7 +201,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         return pd.read_csv(out)
     common = dict(run=run, model=info.get("model", ""), prompts=info.get("prompts", ""),
                   max_new_tokens=max_new_tokens, device=str(model.device.type),
-                  dtype=str(model.dtype).replace("torch.", ""), calibration=info.get("calibration", ""),
+                  dtype=dtype_name(model.dtype), calibration=info.get("calibration", ""),
                   num_prompts=len(prompts), mean_prompt_tokens=sum(map(len, prompts)) / len(prompts),
                   version=SWEEP_VERSION)
 

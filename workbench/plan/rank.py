@@ -253,18 +253,18 @@ def at_batch(cands: list[dict], batch_tokens_per_step, batch: int) -> list[dict]
             for c in cands]
 
 
-def rank(cands: list[dict], latency: dict, spread=None, heads: dict | None = None) -> list[dict]:
+def rank(cands: list[dict], latency: dict, spread=None, head_cost: dict | None = None) -> list[dict]:
     """The candidates a latency table covers ({tokens: seconds} of one batch size), each with its "speedup" and
     "range" (speed.priced: the batch's tokens/step, `at_batch`, else the mean's, over the step cost of its token
-    count and, where the table measured the heads' cost (`heads`, latency.heads_table), its own depth; the range
-    over the interquartile range of t, None without a spread), best first: the one ranking every answer (CLI, app,
+    count and, where the table measured the heads' cost (`head_cost`, latency_file.read_head_cost), its own depth;
+    the range over the interquartile range of t, None without a spread), best first: the one ranking every answer (CLI, app,
     exports) comes from."""
     top = max_tokens(latency)
     scored = []
     for c in cands:
         if c["nodes"] + 1 <= top:
             tps = c.get("batch_tokens_per_step", c["tokens_per_step"])
-            fast, rng = priced(latency, spread, heads, tps, c["nodes"], _depth(c["tree"]))
+            fast, rng = priced(latency, spread, head_cost, tps, c["nodes"], _depth(c["tree"]))
             scored.append(dict(c, speedup=fast, range=rng))
     return sorted(scored, key=_rank, reverse=True)
 
@@ -273,10 +273,10 @@ def _depth(tree) -> int | None:
     return None if tree is None else tree.depth
 
 
-def choose(cands: list[dict], latency: dict, spread=None, heads: dict | None = None) -> dict:
+def choose(cands: list[dict], latency: dict, spread=None, head_cost: dict | None = None) -> dict:
     """The best candidate at one batch size (`rank`): {"best", "runner_up" (best of another kind, or None),
     "within_noise", "best_chain" (best chain or none), "ranked" (every candidate, best first)}."""
-    scored = rank(cands, latency, spread, heads)
+    scored = rank(cands, latency, spread, head_cost)
     best = scored[0]
     others = [c for c in scored if c["kind"] != best["kind"]]
     runner = max(others, key=_rank) if others else None
@@ -311,7 +311,7 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     plans, alternatives = [], []
     for b in batch_sizes:
         at = at_batch(cands, source["batch_tokens_per_step"], b)
-        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["heads"])
+        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"])
         best, chain = pick["best"], pick["best_chain"]
         plans.append(dict(batch_size=b, kind=best["kind"], medusa_choices=_choices(best), nodes=best["nodes"],
                           predicted_tokens_per_step=best["tokens_per_step"], predicted_speedup=best["speedup"],
@@ -325,7 +325,7 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     return dict(version=PLAN_VERSION, plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
                 source=source["info"],
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
-                             heads_cost=surface[batch_sizes[0]]["heads"] is not None, **setup, setting=where,
+                             heads_cost=surface[batch_sizes[0]]["head_cost"] is not None, **setup, setting=where,
                              mode=(where or {}).get("mode", "unknown (the table does not record its setting)")),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 

@@ -31,11 +31,11 @@ def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1,
                    what: str = "latency") -> dict:
     """The latency table at one batch size and context, as plan reads it (latency.latency_surface): {"seconds":
     {tokens: s}, "quartiles": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "spread": its
-    name or None, "heads" (latency.heads_table or None), "context", "batch"}."""
+    name or None, "head_cost" (latency_file.read_head_cost or None), "context", "batch"}."""
     surface, ctx = latency_surface(df, [batch], context, target, what)
     quartiles = surface[batch]["spread"]
     return dict(seconds=surface[batch]["seconds"], quartiles=quartiles, measured=surface[batch]["measured"],
-                heads=surface[batch]["heads"], spread="latency quartiles" if quartiles else None, context=ctx,
+                head_cost=surface[batch]["head_cost"], spread="latency quartiles" if quartiles else None, context=ctx,
                 batch=batch)
 
 
@@ -46,7 +46,7 @@ def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,
     speedup, relative_latency, range}."""
     nodes = 0 if tree is None else tree.nodes
     batched = float(tokens_per_step if batch_tokens_per_step is None else batch_tokens_per_step)
-    fast, rng = priced(tables["seconds"], tables["quartiles"], tables.get("heads"), batched, nodes,
+    fast, rng = priced(tables["seconds"], tables["quartiles"], tables.get("head_cost"), batched, nodes,
                        None if tree is None else tree.depth)
     return dict(nodes=nodes, tokens_per_step=float(tokens_per_step), batch_tokens_per_step=batched, speedup=fast,
                 relative_latency=batched / fast, range=rng)
@@ -189,7 +189,7 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     cands = plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth, ranks)
     found = measurements(sweeps or {}, batch, read_setting(latency))
     chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch), tables["seconds"], tables["quartiles"],
-                    tables["heads"])
+                    tables["head_cost"])
     rows = [_row(c, tables, found) for c in chosen["ranked"]]
     planned = {c["tree"].paths for c in cands if c["tree"] is not None}
     extra = [_row(dict(kind="tree", tree=t, tokens_per_step=src["tokens_per_step"](t),

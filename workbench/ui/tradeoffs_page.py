@@ -164,8 +164,8 @@ def _sweep_section(sweep, sweep_path) -> None:
               "Paper Fig. 4a: sparse (optimal) vs dense trees; hover a point for its trees.", key="to_fig4a_chart")
     with c2:
         chart(interactive_figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
-                                              "speed vs candidates" + (" (old decoder)" if age else "")),
-              "Paper Fig. 4b" + (f": {age}." if age else "."), key="to_fig4b_chart")
+                                              "speed vs candidates"),
+              "Paper Fig. 4b.", key="to_fig4b_chart")
     if any(c in sweep.columns for c in PREDICTED_COLUMNS):
         chart(interactive_figures.predicted_chart(sweep),
               "Calibration's predictions vs the live decoder's tokens per step (hover a point for its tree).",

@@ -156,7 +156,7 @@ def hardware_aware_for(source_key: tuple, value_name: str, _value, tables: dict,
     independence or empirical paths), latency table (recommend.latency_tables: its seconds and heads' cost) and
     limits: it runs the optimizer twice."""
     return hardware_aware(_value, tables["seconds"], max_depth, max_rank, max_budget=max_budget,
-                          heads=tables.get("heads"))
+                          head_cost=tables.get("head_cost"))
 
 
 @st.cache_resource(show_spinner=False, max_entries=1)
