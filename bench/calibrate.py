@@ -23,7 +23,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError, __version__  # noqa: E402
-from workbench.calibrate.folder import NULL, Calibration, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
+from workbench.calibrate.folder import Calibration  # noqa: E402
+from workbench.calibrate.ranks import NULL, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
 from workbench.calibrate.run import CalibrateConfig, calibrate  # noqa: E402
 from workbench.core.data import load_prompt_records  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402

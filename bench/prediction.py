@@ -29,10 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.calibrate.folder import (Calibration, decoder_walk, default_calibration,  # noqa: E402
-                                        list_calibrations)
+from workbench.calibrate.folder import Calibration, default_calibration, list_calibrations  # noqa: E402
+from workbench.calibrate.ranks import decoder_walk  # noqa: E402
 from workbench.cli.shared import parse_ints, run_script  # noqa: E402
-from workbench.core.io import WorkState, atomic_write_json, remove_work  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
                                        without_load)
 from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402

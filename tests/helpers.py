@@ -22,8 +22,8 @@ import pandas as pd
 import torch
 from transformers import LlamaModel
 
-from workbench.calibrate.folder import head_accuracies, ranks_frame
-from workbench.calibrate.run import holdout_split
+from workbench.calibrate.ranks import head_accuracies, ranks_frame
+from workbench.calibrate.finish import holdout_split
 from workbench.decode.divergence import rounding_bound
 from workbench.measure.sweep_file import SWEEP_COLUMNS
 from workbench.trees.accuracies import write_accuracies

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.calibrate.folder import (PREDICTIONS, Calibration, calibration_root, decoder_walk, default_calibration,
-                                        default_latency_path, head_accuracies, latency_path, list_calibrations,
-                                        measured_acceptance, slug, tree_table)
+from workbench.calibrate.folder import (PREDICTIONS, Calibration, calibration_root, default_calibration,
+                                        default_latency_path, latency_path, list_calibrations, slug, tree_table)
+from workbench.calibrate.ranks import decoder_walk, head_accuracies, measured_acceptance
 from workbench.trees.optimize import expected_curve, expected_length
 from workbench.trees.tree import load_tree, make_tree
 
@@ -95,7 +95,7 @@ def _walk_by_definition(tree, prompts: list[np.ndarray]) -> tuple[float, float]:
 def test_walk_equals_its_definition(seed):
     """The replay and the all-positions mean (computed for every position at once) equal the per-position walk on
     random answers with misses and ends, for trees wider, narrower, deeper and shallower than the heads."""
-    from workbench.calibrate.folder import NULL, ranks_frame
+    from workbench.calibrate.ranks import NULL, ranks_frame
     from workbench.trees.optimize import optimal_tree
 
     rng = np.random.default_rng(seed)
@@ -137,7 +137,7 @@ def test_batch_walk_is_the_goodput_over_every_batch(seed):
     replay."""
     import itertools
 
-    from workbench.calibrate.folder import NULL, answer_rows, batch_walk, expected_max, ranks_frame
+    from workbench.calibrate.ranks import NULL, answer_rows, batch_walk, expected_max, ranks_frame
 
     rng = np.random.default_rng(seed)
     K = 3

@@ -637,7 +637,7 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
     assert [(r["batch_size"]) for r in res["rows"]] == [1, 1, 2, 2] and res["prompts"] == 2
     assert res["setting"]["threads"] >= 1 and "load_average" in res["setting"] and res["latency_setting"] is None
     assert "provenance unknown" in res["setting_warning"]
-    from workbench.calibrate.folder import answer_rows, batch_walk
+    from workbench.calibrate.ranks import answer_rows, batch_walk
 
     cal = Calibration(calib)
     answers = cal.answers("all", 6)

@@ -14,9 +14,9 @@ from workbench.core.speed import (acceptance_per_position, batch_tokens_per_step
                                   measured_speedup, prefill_share, spread, step_times, tokens_per_step)
 
 OWNER = "workbench/core/speed.py"
-# Not measured speed: calibrate/folder.py's replay is the *prediction* of tokens/step (its one owner); DecodeResult's
+# Not measured speed: calibrate/ranks.py's replay is the *prediction* of tokens/step (its one owner); DecodeResult's
 # mean_step_s and tokens_per_step properties are names that call speed.mean_step_s and speed.tokens_per_step.
-ALLOWED = {("workbench/calibrate/folder.py", "tokens / steps"),
+ALLOWED = {("workbench/calibrate/ranks.py", "tokens / steps"),
            ("workbench/decode/loop.py", "def mean_step_s"), ("workbench/decode/loop.py", "def tokens_per_step")}
 # Each quantity's formula as an expression shape; anywhere but speed.py it is a second owner.
 SOURCES = [p for d in ("workbench", "bench", "app.py") for p in

@@ -395,7 +395,8 @@ def add_train_heads(sub) -> None:
 def cmd_eval_heads(args) -> int:
     from pathlib import Path
 
-    from workbench.core.io import atomic_write_json, atomic_write_text, remove_work, run_lock
+    from workbench.core.io import atomic_write_json, atomic_write_text, run_lock
+    from workbench.core.work import remove_work
     from workbench.train.evaluate import eval_table, evaluate_medusa2
 
     if not Path(args.medusa2).is_dir():

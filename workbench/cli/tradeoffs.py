@@ -7,7 +7,8 @@ import sys
 from workbench import WorkbenchError
 from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
                                   parse_ints, write_output)
-from workbench.core.io import atomic_write_text, check_output, remove_work, run_lock
+from workbench.core.io import atomic_write_text, check_output, run_lock
+from workbench.core.work import remove_work
 
 
 def cmd_latency(args) -> int:
@@ -147,7 +148,7 @@ def cmd_plan(args) -> int:
         print("note: an acceptance vector describes a chain drafter: only chains (and no speculation) were weighed",
               file=sys.stderr)
     if not lat["spread"]:
-        print("note: the latency CSV has no spread columns (written before they were kept): whether a runner-up is "
+        print("note: the latency CSV has no spread (not measured): whether a runner-up is "
               "within the noise is unknown; re-measure with `workbench latency`", file=sys.stderr)
     return 0
 
@@ -258,7 +259,7 @@ def cmd_sweep_report(args) -> int:
     plan = read_plan(args.plan) if args.plan else None
     write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
     if args.figures:
-        from workbench.viz.static_figures import report_figures
+        from workbench.viz.static_tradeoffs import report_figures
 
         for f in report_figures(sweep, latency, args.figures, Path(args.sweep).stem):
             print(f"figure written to {f}", file=sys.stderr)

@@ -106,7 +106,7 @@ def differences(a: dict | None, b: dict | None) -> list[str]:
     """How two settings differ in what changes a step's cost ("threads 2 vs 1", ...): [] when they match; one entry
     "provenance unknown" when either was not recorded (it cannot be told apart)."""
     if a is None or b is None:
-        return ["provenance unknown (a file written before the setting was recorded)"]
+        return ["provenance unknown (the setting was not recorded)"]
     return [f"{k} {a.get(k)} vs {b.get(k)}" for k in COMPARED if k in a and k in b and a.get(k) != b.get(k)]
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
-from workbench.core.io import WorkState
+from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.export.engines import export_plan, write_vllm_heads
 from workbench.plan.rank import chain_tree

@@ -27,7 +27,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
-from workbench.core.io import WorkState
+from workbench.core.work import WorkState
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import dtype_name, setting, setting_cell, without_load
 from workbench.core.speed import relative_latency

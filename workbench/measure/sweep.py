@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
-from workbench.calibrate.folder import decoder_walk
+from workbench.calibrate.ranks import decoder_walk
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import dtype_name, setting, setting_cell
 from workbench.core.speed import (decode_speedup, decoder_overhead, goodput, mean_step_s, measured_speedup, overhead,

@@ -23,7 +23,7 @@ SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "batch_size"
                  "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
                  "model", "prompts", "max_new_tokens", "device", "dtype", "calibration", "setting", "version"]
 SWEEP_REQUIRED = ("tree", "nodes", "tokens_per_step")  # the header of every sweep (find_csvs finds sweeps by it)
-SWEEP_FILLED = ("tree", "kind", "nodes", "batch_size", "acceptance", "tokens_per_step", "speedup")  # a cell on every row
+SWEEP_FILLED = ("kind", "nodes", "batch_size", "acceptance", "tokens_per_step", "speedup")  # a cell on every row
 SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration",
               "setting")
 
@@ -64,6 +64,10 @@ def _versioned(df: pd.DataFrame, what: str) -> pd.DataFrame:
         i = int(np.argmax(other.to_numpy()))
         raise WorkbenchError(f"{what}: row {i + 2}: version {str(df['version'].iloc[i])[:20]!r}, but this workbench "
                              f"reads sweep CSVs of version {SWEEP_VERSION}: write it again with `workbench sweep`")
+    lacking = [c for c in SWEEP_REQUIRED if c not in df.columns]
+    if lacking:
+        raise WorkbenchError(f"{what}: not a sweep CSV (no {', '.join(lacking)} column; `workbench sweep --out "
+                             "FILE.csv` writes one)")
     missing = [c for c in SWEEP_COLUMNS if c not in df.columns]
     if missing:
         raise WorkbenchError(f"{what}: missing column(s) {', '.join(missing[:6])}"

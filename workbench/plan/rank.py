@@ -466,7 +466,7 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
     """The plan's prediction beside the live decoder's measurement, per batch size: the choice (and its
     runner-up) as decoded by `workbench sweep --plan` at that batch size, greedy, against vanilla at the same batch
     size. "none" is vanilla itself: speedup 1 by definition. The measured speedup is the decoding phase's, as
-    predicted (sweep_file.checked_speedup; measured_phase says when an older sweep only had the end-to-end one).
+    predicted (sweep_file.checked_speedup; measured_phase says when a row only has the end-to-end one).
     err_% = measured / predicted - 1. setting_differs: how
     the sweep's setting differs from the plan's latency table's (provenance.differences; empty when they match):
     a prediction from another setting is not comparable."""

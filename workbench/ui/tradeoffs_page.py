@@ -21,7 +21,7 @@ from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
                                   hardware_aware_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
                                   read_sweep_or_error, results_root, slider, timed)
-from workbench.viz import interactive_figures
+from workbench.viz import interactive_tradeoffs
 
 
 # The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).
@@ -159,15 +159,15 @@ def _sweep_section(sweep, sweep_path) -> None:
     c1, c2 = st.columns(2)
     speed = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() else "speedup"
     with c1:
-        chart(interactive_figures.sweep_chart(sweep, "tokens_per_step", "tokens per step",
+        chart(interactive_tradeoffs.sweep_chart(sweep, "tokens_per_step", "tokens per step",
                                               "tokens per step vs candidates"),
               "Paper Fig. 4a: sparse (optimal) vs dense trees; hover a point for its trees.", key="to_fig4a_chart")
     with c2:
-        chart(interactive_figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
+        chart(interactive_tradeoffs.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
                                               "speed vs candidates"),
               "Paper Fig. 4b.", key="to_fig4b_chart")
     if any(c in sweep.columns for c in PREDICTED_COLUMNS):
-        chart(interactive_figures.predicted_chart(sweep),
+        chart(interactive_tradeoffs.predicted_chart(sweep),
               "Calibration's predictions vs the live decoder's tokens per step (hover a point for its tree).",
               key="to_predicted_chart")
     with st.expander("Sweep rows"):
@@ -205,7 +205,7 @@ def _typical_section(typ, typ_path) -> None:
                            value=min(eps_values, key=lambda e: abs(e - 0.09))) \
         if len(eps_values) > 1 else eps_values[0]
     at = rows[rows["epsilon"] == eps]
-    chart(interactive_figures.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
+    chart(interactive_tradeoffs.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
           f"Paper Fig. 5 ({typ_path.name}): typical acceptance. At epsilon {eps:g}: "
           f"{at['tokens_per_step'].mean():.2f} tokens/step, {quality} {at[quality].mean():.3f} "
           "(mean over temperatures).", key="to_fig5_chart")
@@ -219,7 +219,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         return
     c1, c2 = st.columns(2)
     with c1:
-        chart(interactive_figures.latency_chart(lat),
+        chart(interactive_tradeoffs.latency_chart(lat),
               f"latency {lat_path.name}: ms per verify forward; error bars: the spread of the repeats where the CSV "
               "has it.", key="to_latency_chart")
     with c2:
@@ -247,7 +247,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         if rec:
             picks["recommended"] = (rec["pick"]["nodes"], rec["pick"]["speedup"])
         measured = [m for ms in found.values() for m in ms]
-        chart(interactive_figures.speedup_chart(curves, picks, measured,
+        chart(interactive_tradeoffs.speedup_chart(curves, picks, measured,
                                                 title=f"predicted speedup, batch {tables['batch']}, context "
                                                       f"{tables['context']}"),
               (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
@@ -255,7 +255,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
               + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; "
               "best: " + "; ".join(f"{n} {r['best']['budget']} nodes, {r['best']['speedup']:.2f}x"
                                    for n, r in res.items())
-              + ". Diamonds: sweep measurements (hollow grey: another setting or an older decoder).",
+              + ". Diamonds: sweep measurements (hollow grey: another setting, or one not recorded).",
               key="to_speedup_chart")
 
 
@@ -279,7 +279,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
                           for r in rows))
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
     live = measured is not None and len(measured) > 0
-    chart(interactive_figures.plan_chart(speedups_by_kind(plan), measured),
+    chart(interactive_tradeoffs.plan_chart(speedups_by_kind(plan), measured),
           f"latency {lat_path.name} at context {plan['latency']['context']}; tokens/step "
           f"{plan['source']['prediction']}. Lines: the best the plan weighed of each kind; stars: its choice"
           + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if live

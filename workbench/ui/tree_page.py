@@ -29,7 +29,7 @@ from workbench.ui.recommendation import (candidate_curves, measured_beside, pane
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
                                   hardware_aware_for, int_slider, kept_upload, latency_files, latency_picker,
                                   load_model, read_latency_file, timed)
-from workbench.viz import interactive_figures
+from workbench.viz import interactive_figures, interactive_tradeoffs
 
 
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
@@ -490,15 +490,15 @@ def token_labels(R: int, tokens, labels) -> None:
 
 def speedup_view(rec: dict, lat: dict, tree, guess: dict | None) -> None:
     """Predicted speedup of the optimal trees and chains at the recommendation's batch and context, the pick and
-    this tree marked, and every sweep measurement (old decoders hollow, named old)."""
+    this tree marked, and every sweep measurement (other settings hollow)."""
     picks = {"recommended": (rec["pick"]["nodes"], rec["pick"]["speedup"])}
     if guess is not None:
         picks["this tree"] = (tree.nodes, guess["speedup"])
     measured = [m for r in rec["candidates"] for m in r["measured"]]
-    chart(interactive_figures.speedup_chart(candidate_curves(rec), picks, measured,
+    chart(interactive_tradeoffs.speedup_chart(candidate_curves(rec), picks, measured,
                                             title=f"predicted speedup, batch {rec['batch']}, context {rec['context']}"),
           f"Predicted from {rec['prediction']} and {lat['path'].name} (recommended: {rec['pick']['label']}); "
-          "diamonds: sweep measurements of the same tree shapes (hollow grey: another setting or an older decoder, "
+          "diamonds: sweep measurements of the same tree shapes (hollow grey: another setting, or one not recorded, "
           "not comparable).",
           key="tree_speedup_chart")
 
