@@ -202,7 +202,7 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
     # the plan file says whether the heads' cost was known
     write_accuracies(tmp_path / "acc.csv", np.array([[0.6, 0.2], [0.4, 0.1], [0.3, 0.05]]))
     plan = make_plan(plan_source(accuracies=tmp_path / "acc.csv"), tmp_path / "lat.csv", [8])
-    assert plan["latency"]["heads_cost"] is True
+    assert plan["latency"]["head_cost"] is True
     # reading: empty columns (a bare verify table) are no heads' cost; half-filled ones are an error
     df.assign(depth=None, heads_seconds=None).to_csv(tmp_path / "empty.csv", index=False)
     assert "depth" not in read_latency(tmp_path / "empty.csv").columns
@@ -358,7 +358,7 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
     assert (f"the first {meta['max_new_tokens']} tokens" in regime) and \
         ("replayed" in regime) == (prediction == "replay")
     # a latency file without a setting column: provenance unknown, said loudly
-    assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, heads_cost=False,
+    assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, head_cost=False,
                                    model="synthetic", device="test", dtype="float32", setting=None,
                                    mode="unknown (the table does not record its setting)")
     assert "WARNING: the latency table times the bare verify forward (or does not say what it timed)" in err
@@ -549,6 +549,8 @@ def test_plan_files_carry_a_version_and_version_1_reads_through_its_upgrade(tmp_
     old = {k: v for k, v in raw.items() if k != "version"}
     (tmp_path / "v1.json").write_text(json.dumps(old))
     assert upgrade_plan(old) == raw and read_plan(tmp_path / "v1.json") == read_plan(f)
+    between = dict(old, latency=dict(old["latency"], heads_cost=True))  # v1 files of the last days named it so
+    assert upgrade_plan(between)["latency"]["head_cost"] is True and "heads_cost" not in upgrade_plan(between)["latency"]
     (tmp_path / "v3.json").write_text(json.dumps(dict(raw, version=PLAN_VERSION + 1)))
     with pytest.raises(WorkbenchError, match=f"version '{PLAN_VERSION + 1}', but this workbench reads plans of version"):
         read_plan(tmp_path / "v3.json")

@@ -133,7 +133,7 @@ def cmd_plan(args) -> int:
         print(f"prediction assumes: {src['regime']}", file=sys.stderr)
     print(f"latency setting: {describe(lat['setting'])}", file=sys.stderr)
     print("step cost: " + ("each candidate at its own depth (the table measured the heads' cost)"
-                           if lat.get("heads_cost") else
+                           if lat.get("head_cost") else
                            "as the table timed it, whatever a candidate's depth (no heads' cost in the table: "
                            "`workbench latency --heads DIR` times it)"), file=sys.stderr)
     if lat["setting"] is None or lat["setting"].get("mode") != "decoder-step":

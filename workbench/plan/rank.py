@@ -325,7 +325,7 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     return dict(version=PLAN_VERSION, plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
                 source=source["info"],
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
-                             heads_cost=surface[batch_sizes[0]]["head_cost"] is not None, **setup, setting=where,
+                             head_cost=surface[batch_sizes[0]]["head_cost"] is not None, **setup, setting=where,
                              mode=(where or {}).get("mode", "unknown (the table does not record its setting)")),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
@@ -384,9 +384,13 @@ def read_plan(path) -> dict:
 
 
 def upgrade_plan(data: dict) -> dict:
-    """A plan of version 1 (no "version": its rows lack predicted_batch_tokens_per_step, which no reader needs) as
-    this version. The only place the earlier shape lives; check_plan calls it."""
-    return {"version": PLAN_VERSION, **data}
+    """A plan of version 1 (no "version": its rows may lack predicted_batch_tokens_per_step, which no reader needs;
+    its latency's "heads_cost" is "head_cost" now) as this version. The only place the earlier shape lives;
+    check_plan calls it."""
+    latency = data.get("latency")
+    if isinstance(latency, dict) and "heads_cost" in latency:
+        latency = {("head_cost" if k == "heads_cost" else k): v for k, v in latency.items()}
+    return {"version": PLAN_VERSION, **data, **({"latency": latency} if latency is not None else {})}
 
 
 def check_plan(data, what: str = "plan") -> dict:
