@@ -22,10 +22,10 @@ import pandas as pd
 import torch
 from transformers import LlamaModel
 
-from workbench.calibrate.ranks import head_accuracies, ranks_frame
 from workbench.calibrate.finish import holdout_split
+from workbench.calibrate.ranks import head_accuracies, ranks_frame
 from workbench.decode.divergence import rounding_bound
-from workbench.measure.sweep_file import SWEEP_COLUMNS
+from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION
 from workbench.trees.accuracies import write_accuracies
 from support.tiny import tiny_model
 
@@ -209,7 +209,8 @@ def make_sweep(path: Path) -> Path:
                          acceptance="typical", temperature=0.7, epsilon=eps, delta=eps ** 0.5,
                          tokens_per_step=2.5 - eps, speedup=2.0, tokens_per_s=100.0, exact_match=0.2 + eps,
                          mean_logprob=-1.2, distinct_2=0.8))
-    pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).to_csv(path, index=False)
+    pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).fillna({"batch_size": 1, "version": SWEEP_VERSION}).to_csv(
+        path, index=False)
     return path
 
 
@@ -243,12 +244,11 @@ def make_walk_files(root: Path, cal_name: str = "cal") -> Path:
 
 
 def make_current_sweep(root: Path, cal: Path) -> Path:
-    """A sweep by a current decoder (decoder_version) that measured the recommended tree at a third of its predicted
-    speedup: the pages must say so at the top."""
+    """A sweep that measured the recommended tree at a third of its predicted speedup: the pages must say so at the
+    top."""
     from workbench.calibrate.folder import Calibration
     from workbench.measure.latency_file import read_latency
     from workbench.plan.recommend import recommend
-    from workbench.measure.sweep_file import SWEEP_COLUMNS
     from workbench.trees.tree import tree_key
 
     pick = recommend(Calibration(cal), read_latency(cal / "latency-cpu.csv"), target=128)["pick"]
@@ -258,7 +258,7 @@ def make_current_sweep(root: Path, cal: Path) -> Path:
                  nodes=pick["nodes"], acceptance="greedy", tokens_per_step=1.2, speedup=pick["speedup"] / 3,
                  vanilla_tokens_per_s=51.0, num_prompts=20)]
     df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
-    df["decoder_version"], df["batch_size"] = "static-cache-1", 1
+    df["version"], df["batch_size"] = SWEEP_VERSION, 1
     df.to_csv(root / "c-current.csv", index=False)
     return root / "c-current.csv"
 
