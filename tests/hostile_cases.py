@@ -36,7 +36,7 @@ def build_env(root: Path) -> dict:
     from workbench.trees.accuracies import write_accuracies
     from workbench.runtime.heads import save_heads
     from workbench.calibrate.run import CalibrateConfig, calibrate
-    from workbench.measure.sweep_file import SWEEP_COLUMNS
+    from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION
     from support.tiny import random_heads, tiny_model, tiny_tokenizer
 
     d = root / "in"
@@ -144,20 +144,33 @@ def build_env(root: Path) -> dict:
 
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r1", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
-               temperature=0.0, acceleration_rate=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
-               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4, batch_size=1)
+               temperature=0.0, tokens_per_step=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
+               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4, batch_size=1,
+               version=SWEEP_VERSION)
     tree_row = dict(row, config="t:abc|greedy|T=0", tree="t", kind="given", nodes=3, depth=2,
-                    acceleration_rate=1.5, speedup=1.2, predicted_independent=1.6)
+                    tokens_per_step=1.5, speedup=1.2, predicted_independent=1.6)
     pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS).to_csv(d / "sweep.csv", index=False)
-    for name, change in {"sweep_negnodes": dict(nodes=-3), "sweep_huge": dict(acceleration_rate=1e308, speedup=1e308),
-                         "sweep_zero_rate": dict(acceleration_rate=0.0, speedup=0.0),
+    for name, change in {"sweep_negnodes": dict(nodes=-3), "sweep_huge": dict(tokens_per_step=1e308, speedup=1e308),
+                         "sweep_zero_rate": dict(tokens_per_step=0.0, speedup=0.0),
                          "sweep_frac_nodes": dict(nodes=2.5), "sweep_bigb": dict(batch_size=2 ** 63)}.items():
         pd.DataFrame([row, dict(tree_row, **change)], columns=SWEEP_COLUMNS).to_csv(d / f"{name}.csv", index=False)
         e[name] = str(d / f"{name}.csv")
-    pd.DataFrame([row], columns=SWEEP_COLUMNS).drop(columns=["acceleration_rate"]).to_csv(d / "sweep_nocol.csv",
+    pd.DataFrame([row], columns=SWEEP_COLUMNS).drop(columns=["tokens_per_step"]).to_csv(d / "sweep_nocol.csv",
                                                                                            index=False)
     (d / "sweep_empty.csv").write_text(",".join(SWEEP_COLUMNS) + "\n")
     e.update(sweep=str(d / "sweep.csv"), sweep_nocol=str(d / "sweep_nocol.csv"), sweep_empty=str(d / "sweep_empty.csv"))
+    # issue 52: sweeps a reader could accept but not draw every output from (a column or a cell an output needs is
+    # missing), or of a version this workbench does not read
+    both = pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS)
+    shorts = {"sweep_header_only": both[["tree", "nodes", "tokens_per_step"]],  # the header find_csvs looks for
+              "sweep_v1_short": both[["tree", "kind", "nodes", "tokens_per_step"]].rename(
+                  columns={"tokens_per_step": "acceleration_rate"}),  # version 1 names, most columns gone
+              "sweep_no_speedup": both.drop(columns=["speedup"]), "sweep_no_acceptance": both.drop(columns=["acceptance"]),
+              "sweep_blank_speedup": both.assign(speedup=[1.0, None]), "sweep_blank_kind": both.assign(kind=["vanilla", ""]),
+              "sweep_version_7": both.assign(version=7), "sweep_version_word": both.assign(version="two")}
+    for name, df in shorts.items():
+        df.to_csv(d / f"{name}.csv", index=False)
+        e[name] = str(d / f"{name}.csv")
 
     cal = d / "cal"
     calibrate(CalibrateConfig(model=e["model"], heads=e["heads"], prompts=e["prompts"], name="hc", out=cal,
@@ -810,6 +823,12 @@ def _long_command_cases(add) -> None:
     add("vllm-check", "types", "--model BERT", lambda e, O: with_flag(_vcheck(e, O), "--model", e["arch_bert"]))
     add("vllm-check", "types", "--calibration a file", lambda e, O: with_flag(_vcheck(e, O), "--calibration", e["acc"]))
     add("vllm-check", "types", "a run that passes every check", lambda e, O: _vcheck(e, O))  # ends at the stand-in
+    # issue 52: a sweep reader refuses, at the column or cell, any file it could not draw every output from
+    for key in ("sweep_header_only", "sweep_v1_short", "sweep_no_speedup", "sweep_no_acceptance", "sweep_blank_speedup",
+                "sweep_blank_kind", "sweep_version_7", "sweep_version_word"):
+        add("sweep-report", "types", f"{key} for figures",
+            lambda e, O, k=key: ["sweep-report", e[k], "--figures", f"{O}/figs"])
+        add("sweep-report", "types", f"{key} as a table", lambda e, O, k=key: ["sweep-report", e[k]])
 
 
 CASES = _cases()

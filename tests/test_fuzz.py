@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from hostile_cases import verdict, with_flag
 from workbench.calibrate.run import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.measure.sweep_file import SWEEP_COLUMNS
+from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION
 from workbench.trees.accuracies import write_accuracies
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
@@ -67,10 +67,11 @@ def env(tiny_llama, tmp_path_factory) -> dict:
                  "--batch-sizes", "1,2", "--out", str(root / "plan.json")]) == 0
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r1", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
-               temperature=0.0, acceleration_rate=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
-               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4)
+               temperature=0.0, tokens_per_step=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
+               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4, batch_size=1,
+               version=SWEEP_VERSION)
     tree_row = dict(row, config="t:abc|greedy|T=0", tree="t", kind="given", nodes=3, depth=2,
-                    acceleration_rate=1.5, speedup=1.2, predicted_independent=1.6)
+                    tokens_per_step=1.5, speedup=1.2, predicted_independent=1.6)
     pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS).to_csv(root / "sweep.csv", index=False)
     return dict(root=root, model=model, heads=heads,
                 heads_file=str(tiny_llama.heads_dirs["1"] / "medusa_lm_head.safetensors"),
@@ -354,7 +355,7 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "text-in-numbers": None,
         "inf": None,
         "nul-bytes": None,
-        "other-header": _csv("tree,nodes,acceleration_rate,x", "t,1,1.5,2"),
+        "other-header": _csv("tree,nodes,tokens_per_step,x", "t,1,1.5,2"),
     },
     "meta.json": {
         "list": b"[1, 2, 3]",
@@ -428,11 +429,19 @@ def _specific(env, slot: Slot) -> dict[str, bytes]:
         header, first = real.decode().splitlines()[:2]
         out["unterminated-quote"] = _csv(header, first.replace("vanilla", '"vanilla', 1))
         cells = first.split(",")
-        cells[SWEEP_COLUMNS.index("acceleration_rate")] = "fast"
+        cells[SWEEP_COLUMNS.index("tokens_per_step")] = "fast"
         out["text-in-numbers"] = _csv(header, ",".join(cells))
-        cells[SWEEP_COLUMNS.index("acceleration_rate")] = "inf"
+        cells[SWEEP_COLUMNS.index("tokens_per_step")] = "inf"
         out["inf"] = _csv(header, ",".join(cells))
         out["nul-bytes"] = _csv(header, first) + b"\x00\x00\x00,\x00\n"
+        # issue 52: a file a reader could take but not draw every output from
+        names, values = header.split(","), first.split(",")
+        keep = [i for i, c in enumerate(names) if c in ("tree", "nodes", "tokens_per_step")]
+        out["required-columns-only"] = _csv(",".join(names[i] for i in keep), ",".join(values[i] for i in keep))
+        drop = names.index("speedup")
+        out["no-speedup-column"] = _csv(",".join(names[:drop] + names[drop + 1:]),
+                                        ",".join(values[:drop] + values[drop + 1:]))
+        out["blank-speedup"] = _csv(header, ",".join(values[:drop] + [""] + values[drop + 1:]))
     elif kind == "parquet":
         frame = pd.read_parquet(Path(env[slot.real]) / slot.inside)
         out["wrong-columns"] = _to_bytes(lambda f: frame.rename(columns=lambda c: c.upper()).to_parquet(f))

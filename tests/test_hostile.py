@@ -134,7 +134,7 @@ def test_a_sweep_file_holds_counts_and_rates_or_is_refused(tmp_path_factory, nod
 
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r", config="c", tree="t", kind="given", nodes=nodes, depth=1, batch_size=batch,
-               acceleration_rate=rate, acceptance="greedy", temperature=0.0)
+               tokens_per_step=rate, acceptance="greedy", temperature=0.0)
     f = tmp_path_factory.mktemp("sweep") / "s.csv"
     pd.DataFrame([row], columns=SWEEP_COLUMNS).to_csv(f, index=False)
     try:
@@ -143,7 +143,7 @@ def test_a_sweep_file_holds_counts_and_rates_or_is_refused(tmp_path_factory, nod
         assert "\n" not in str(e)
         return
     r = df.iloc[0]
-    assert r["nodes"] >= 0 and r["nodes"] % 1 == 0 and r["batch_size"] >= 1 and r["acceleration_rate"] >= 1 - 1e-9
+    assert r["nodes"] >= 0 and r["nodes"] % 1 == 0 and r["batch_size"] >= 1 and r["tokens_per_step"] >= 1 - 1e-9
 
 
 # ----------------------------------------------------------------------------------------------- EAGLE-1's reading

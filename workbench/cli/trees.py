@@ -9,7 +9,7 @@ from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
 from workbench.cli.shared import bounded, renamed, warn_line, write_json, write_output
 from workbench.core.io import atomic_write_text, check_output
-from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_METHODS, best_engine_safe,
+from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, VLLM_METHODS, best_engine_safe,
                                       engine_safe, export_plan,
                                       export_tree)
 from workbench.measure.latency_file import latency_surface, read_latency
@@ -183,7 +183,7 @@ def _optimize_for_latency(args) -> int:
     surface, ctx = latency_surface(read_latency(args.latency), [b], args.context, source["typical_context"],
                                    f"--latency {args.latency}")
     at = surface[b]
-    res = fastest(source, at["seconds"], at["spread"], at["heads"], b, args.budget, curve=True)
+    res = fastest(source, at["seconds"], at["spread"], at["head_cost"], b, args.budget, curve=True)
     rows = [dict(budget=c["nodes"], verify_tokens=c["nodes"] + 1, expected_length=c["tokens_per_step"],
                  batch_tokens_per_step=c["batch_tokens_per_step"], relative_latency=c["relative_latency"],
                  speedup=c["speedup"]) for c in res["curve"]]
@@ -237,8 +237,6 @@ def _cmd_export(args) -> int:
                              "or --num-heads K for a tree")
     if args.synthetic or args.batch_sizes is not None:
         raise WorkbenchError("--synthetic and --batch-sizes read a plan file (workbench plan --out): this is a tree")
-    if args.format == "trtllm-current":
-        raise WorkbenchError(TRTLLM_CURRENT)
     fmt = "vllm" if args.format == "vllm-tree" else args.format
     tree = load_tree(args.tree, num_heads=args.heads)
     if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
@@ -368,7 +366,7 @@ def add_tree(sub) -> None:
                    "--format vllm-heads a heads folder (default: the demo heads)")
     e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads",),
                    help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
-                        "trtllm-current: says why current TensorRT-LLM serves no Medusa heads; vllm-heads: a heads "
+                        "vllm-heads: a heads "
                         "folder vLLM's Medusa drafter loads (--out DIR, --model BASE)")
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
     e.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help="number of Medusa heads: a deeper tree "

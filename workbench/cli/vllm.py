@@ -6,7 +6,8 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.cli.shared import bounded, model_args, parse_ints, write_output
-from workbench.core.io import atomic_write_text, check_output, remove_work, run_lock
+from workbench.core.io import atomic_write_text, check_output, run_lock
+from workbench.core.work import remove_work
 
 
 def cmd_vllm_check(args) -> int:

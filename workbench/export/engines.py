@@ -36,7 +36,6 @@ A plan (plan/rank.py: one row per batch size) goes out through `export_plan` (PL
 - vllm-heads (`export_vllm_heads`): a heads folder vLLM's Medusa drafter loads (config model_type medusa, biases
   kept with medusa_fc_bias, the base model's output embedding as lm_head.weight for tied heads; fp32).
 - vllm-tree, trtllm, medusa, eagle, json: the tree of one row (batch size 1 by default), as export_tree writes it.
-- trtllm-current: an error saying why current TensorRT-LLM serves no Medusa heads (TRTLLM_CURRENT).
 """
 from __future__ import annotations
 
@@ -312,7 +311,7 @@ def _short(paths) -> str:
 
 # ----------------------------------------------------------------------------------------------- plans
 
-PLAN_FORMATS = ("vllm", "vllm-tree", "trtllm", "trtllm-current", "medusa", "eagle", "json")  # export PLAN --format
+PLAN_FORMATS = ("vllm", "vllm-tree", "trtllm", "medusa", "eagle", "json")  # export PLAN --format
 # vLLM version windows, read in vLLM's own code at its release tags (not its docs): (first, last), None = open
 VLLM_WINDOWS = {
     "speculative_token_tree": ("0.10.1", "0.20.2"),  # 0.10.0 ignores the key; 0.21.0 removed tree attention
@@ -330,12 +329,6 @@ VLLM_MEDUSA_PER_RANGE = ("vLLM's Medusa proposer asserts that the scheduled K eq
                          "largest fails with an AssertionError: this plan's K changes with the batch size, so it is "
                          "written as one constant-K config per batch-size range (serve each range with its own "
                          "--max-num-seqs HIGH), or export one with --batch-sizes B")
-TRTLLM_CURRENT = ("current TensorRT-LLM does not serve Medusa heads: medusa_choices lived only in the TensorRT-engine "
-                  "flow, which was removed (NVIDIA/TensorRT-LLM PRs #15763, #15767, #15907, #15918, June-July 2026), "
-                  "and the PyTorch backend refuses Medusa (llmapi/llm_args.py: MedusaDecodingConfig.supports_backend "
-                  "is false for pytorch); its static eagle_choices went too (PR #18210). Use --format trtllm for a "
-                  "release that still has the TensorRT backend, or EAGLE-3/MTP with draft_len_schedule on a current "
-                  "one")
 
 
 def _plan_rows(plan: dict) -> list[dict]:
@@ -530,11 +523,9 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
     Medusa one config per batch-size range where K changes (a JSON list, see the module docstring), for other
     drafters a Dynamic SD schedule. --synthetic adds vLLM's synthetic rejection sampling at the plan's top-1 chain
     acceptance. The static formats (vllm-tree, trtllm, medusa, eagle, json) write the tree of one row
-    (batch_size, default 1) as export_tree does. trtllm-current is an error."""
+    (batch_size, default 1) as export_tree does."""
     if fmt not in PLAN_FORMATS:
         raise WorkbenchError(f"unknown export format {fmt!r} for a plan; choose one of {', '.join(PLAN_FORMATS)}")
-    if fmt == "trtllm-current":
-        raise WorkbenchError(TRTLLM_CURRENT)
     if synthetic and fmt != "vllm":
         raise WorkbenchError("--synthetic is vLLM's synthetic rejection sampling: only with --format vllm")
     if (method or draft_model or vllm_version) and fmt != "vllm":
