@@ -10,7 +10,8 @@ from helpers import Oracle, checked_steps
 from workbench import WorkbenchError
 from workbench.cli import main
 from workbench.decode.loop import (ENTROPY_FORMS, Acceptance, accept_greedy, accept_nucleus, accept_typical, entropy,
-                                   first_proposal, medusa_generate, sample_nucleus, typical_decisions, vanilla_generate)
+                                   first_proposal, medusa_generate, sample_nucleus, typical_decisions, uniforms,
+                                   vanilla_generate)
 from workbench.runtime.engine import TreeBuffers
 from workbench.runtime.generation import prepare_prompt
 from workbench.runtime.models import load_model_and_heads
@@ -199,16 +200,18 @@ def test_typical_at_temperature_zero_equals_greedy(tiny):
 
 
 def _tiny_tree_buffers():
-    """Tree [[0], [1], [0, 0]]: node 1 = (0,), node 2 = (1,), node 3 = (0, 0); rows [0,1,3] and [0,2]."""
+    """Tree [[0], [1], [0, 0]]: node 1 = (0,), node 2 = (1,), node 3 = (0, 0); node paths [0], [0,1], [0,2],
+    [0,1,3]."""
     tree = load_tree([[0], [1], [0, 0]])
     b = tree_buffers(tree, 2)
-    assert b["retrieve_indices"].tolist() == [[0, 1, 3], [0, 2, -1]]
-    return TreeBuffers(tree, 2, 2, b["tree_indices"], b["position_ids"], b["parents"].clamp(min=0),
-                       b["retrieve_indices"], b["attn_mask"] != 0, [()] + tree.sorted_paths)
+    buf = TreeBuffers(tree, 2, 2, b["tree_indices"], b["position_ids"], b["parents"].clamp(min=0),
+                      b["attn_mask"] != 0, [()] + tree.sorted_paths)
+    assert buf.ancestors.tolist() == [[0, 0, 0], [0, 1, 1], [0, 2, 2], [0, 1, 3]]
+    return buf
 
 
 def _one(rule, logits, tokens, *args):
-    """A rule applied to one sequence (batch of 1): (row, length, next token) as ints."""
+    """A rule applied to one sequence (batch of 1): (deepest accepted node, length, next token) as ints."""
     return tuple(int(x[0]) for x in rule(logits[None], tokens[None], *args))
 
 
@@ -230,10 +233,10 @@ def test_typical_rule_longest_path_then_likelihood():
     leaf = _logits({3: 0.9})
     # longest accepted path wins even through the less likely first token
     row, length, nxt = _one(accept_typical, torch.stack([root, flat, leaf, leaf]), tokens, buf, 1.0, 0.09, 0.3)
-    assert (row, length, nxt) == (0, 3, 3)
+    assert (row, length, nxt) == (3, 3, 3)
     # equal lengths: the likelier path (token 8, p .45 > .40); the next token is greedy at that node
     row, length, nxt = _one(accept_typical, torch.stack([root, peaked, _logits({11: 0.5}), leaf]), tokens, buf, 1.0, 0.09, 0.3)
-    assert (row, length, nxt) == (1, 2, 11)
+    assert (row, length, nxt) == (2, 2, 11)
     # epsilon caps the threshold: with epsilon 0.5 neither 0.40 nor 0.45 passes; only the root is kept
     row, length, nxt = _one(accept_typical, torch.stack([root, flat, leaf, leaf]), tokens, buf, 1.0, 0.5, 100.0)
     assert length == 1 and nxt == 8
@@ -262,34 +265,41 @@ def test_medusa_entropy_form_differs_only_between_its_two_thresholds():
     for d in (delta * 0.95, delta * 1.05):
         assert torch.equal(*[typical_decisions(logits, tokens[None], buf, 1.0, 0.5, d, f)[0] for f in ENTROPY_FORMS])
     # and acceptance follows the decisions: exact keeps 7 -> 9 (3 tokens), Medusa's form only 8 (2 tokens)
-    assert _one(accept_typical, logits[0], tokens, buf, 1.0, 0.5, delta, "exact") == (0, 3, 3)
-    assert _one(accept_typical, logits[0], tokens, buf, 1.0, 0.5, delta, "medusa") == (1, 2, 3)
+    assert _one(accept_typical, logits[0], tokens, buf, 1.0, 0.5, delta, "exact") == (3, 3, 3)
+    assert _one(accept_typical, logits[0], tokens, buf, 1.0, 0.5, delta, "medusa") == (2, 2, 3)
 
 
 def test_greedy_and_nucleus_rules():
     buf = _tiny_tree_buffers()
     tokens = torch.tensor([5, 7, 8, 9])
     logits = torch.stack([_logits({8: 0.6}), _logits({9: 0.6}), _logits({4: 0.6}), _logits({1: 0.6})])
-    assert _one(accept_greedy, logits, tokens, buf) == (1, 2, 4)
+    assert _one(accept_greedy, logits, tokens, buf) == (2, 2, 4)
     other = logits.clone()
     other[0] = _logits({7: 0.6})
-    assert _one(accept_greedy, other, tokens, buf) == (0, 3, 1)
-    # nucleus with top_p tiny keeps only the argmax: same as greedy
-    g = torch.Generator().manual_seed(0)
-    assert _one(accept_nucleus, other, tokens, buf, 1.0, 1e-9, g) == (0, 3, 1)
+    assert _one(accept_greedy, other, tokens, buf) == (3, 3, 1)
+    # nucleus with top_p tiny keeps only the argmax: same as greedy, whatever the uniforms
+    for u in (0.0, 0.5, 1 - 2 ** -24):
+        assert _one(accept_nucleus, other, tokens, buf, 1.0, 1e-9, torch.full((1, 4), u)) == (3, 3, 1)
     # a batch: each sequence its own path and next token, in one call
     row, length, nxt = accept_greedy(torch.stack([logits, other]), torch.stack([tokens, tokens]), buf)
-    assert (row.tolist(), length.tolist(), nxt.tolist()) == ([1, 0], [2, 3], [4, 1])
+    assert (row.tolist(), length.tolist(), nxt.tolist()) == ([2, 3], [2, 3], [4, 1])
 
 
 def test_nucleus_samples_only_inside_the_nucleus():
     logits = _logits({3: 0.5, 6: 0.3, 9: 0.1}).expand(4000, 16)
     g = torch.Generator().manual_seed(1)
-    drawn = sample_nucleus(logits, 1.0, 0.75, g)
+    drawn = sample_nucleus(logits, 1.0, 0.75, torch.rand(4000, generator=g))
     assert set(drawn.tolist()) == {3, 6}  # 0.5 + 0.3 reaches 0.75; 9 and the tail are outside
     share = (drawn == 3).float().mean().item()
     assert 0.58 < share < 0.67  # renormalised 0.5 / 0.8 = 0.625
-    assert set(sample_nucleus(logits[:50], 1.0, 1.0, g).tolist()) > {3, 6}  # top_p 1: the whole vocabulary
+    assert set(sample_nucleus(logits[:50], 1.0, 1.0, torch.rand(50, generator=g)).tolist()) > {3, 6}  # top_p 1: all
+    # the step's counter-based uniforms: a fixed function of (seed, step), spread evenly, other per step
+    u = uniforms(torch.tensor(7), torch.tensor(1), (4000,), "cpu")
+    assert torch.equal(u, uniforms(torch.tensor(7), torch.tensor(1), (4000,), "cpu")) and 0 <= u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.02 and abs((u < 0.1).float().mean().item() - 0.1) < 0.02
+    assert not torch.equal(u, uniforms(torch.tensor(7), torch.tensor(2), (4000,), "cpu"))
+    share = (sample_nucleus(logits, 1.0, 0.75, u) == 3).float().mean().item()
+    assert 0.58 < share < 0.67
 
 
 def test_sampling_runs_keep_the_cache_invariant_and_are_seeded(tiny_llama):
@@ -466,9 +476,10 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
     assert engine.capacity >= max(len(_ids(tiny.tokenizer, p)) for p in PROMPTS) + NEW
 
 
-def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeypatch, capsys):
-    """A step that fails to compile (no C++ toolchain, a graph break under fullgraph, ...) is run eagerly after
-    exactly one `warning:` line; the output is still plain greedy."""
+def test_compile_that_cannot_work_is_one_error_line(tiny, monkeypatch, capsys):
+    """A step that fails to compile (no C++ toolchain, a graph break under fullgraph, ...) is an error naming the
+    fix, never a silent eager run (a benchmark would time something else than it says); the CLI prints one
+    `error:` line and exits 2."""
     from workbench.runtime.engine import StepEngine
 
     def broken(fn, **kw):
@@ -479,12 +490,15 @@ def test_compile_that_cannot_work_falls_back_with_one_warning_line(tiny, monkeyp
     engine = StepEngine(tiny.model, compile=True)
     heads = random_heads(64, 128, 5, tied=True, seed=3)
     ids = _ids(tiny.tokenizer, PROMPTS[1])
-    for _ in range(2):
-        res = medusa_generate(tiny.model, heads, tiny.tokenizer, ids, "mc_sim_7b_63", NEW, engine=engine)
-        assert res.token_ids == _generate(tiny.model, ids, NEW)
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("warning: --compile") and "InvalidCxxCompiler" in err[0]
-    assert not engine.compile
+    with pytest.raises(WorkbenchError, match="--compile: cannot compile the decoding step .*InvalidCxxCompiler.*"
+                                             "--no-compile") as e:
+        medusa_generate(tiny.model, heads, tiny.tokenizer, ids, "mc_sim_7b_63", NEW, engine=engine)
+    assert "\n" not in str(e.value) and engine.compile
+    code, out, err = _cli(capsys, "decode", "--model", str(tiny.model_dir), "--heads", str(tiny.heads_dirs["2"]),
+                          "--tree", "[[0]]", "--prompt", "hi", "--max-new-tokens", "4", "--device", "cpu",
+                          "--compile")
+    lines = [x for x in err.splitlines() if x.strip() and not x.startswith("Loading weights")]  # (a progress bar)
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --compile: cannot compile"), err
 
 
 def test_time_verify_keeps_the_context_fixed(tiny):

@@ -202,8 +202,8 @@ def renamed(parser, old: str, new: str) -> None:
 
 # ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
 
-COMPILE_HELP = ("torch.compile the decoding step (fixed shapes per tree; default: on for CUDA, off for CPU, where "
-                "inductor needs minutes per tree size and a C++ compiler); falls back to eager with one warning line")
+COMPILE_HELP = ("torch.compile the whole decoding step, once per (batch, tree size) (default: on for CUDA, off for "
+                "CPU, where inductor needs a C++ compiler and tens of seconds per shape); a failure is an error")
 
 SHARED_FLAGS = {  # one declaration and help text per flag, whichever command takes it
     "--model": dict(help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"),

@@ -9,10 +9,11 @@ One step (B sequences, each at its own length L_b):
      position_ids = L_b + depth; logits only for those rows;
   4. acceptance picks, per sequence, the longest path the base model agrees with and the token after it;
   5. each sequence keeps only its accepted nodes (moved next to its own prefix): lengths are ragged;
-  6. ONE host read per step (accepted row, length, tokens and next root of every sequence) tells the host what was
-     emitted; a sequence that hit EOS or its budget stops emitting, its slot computes on until the batch ends.
-Steps 3 and 5 are the model work of engine.py (StepEngine: static cache, 4-D mask, torch.compile), step 4 is
-acceptance.py; this module runs the loop and owns its results.
+  6. ONE host read per step (accepted node, length, tokens and next root of every sequence) tells the host what
+     was emitted; a sequence that hit EOS or its budget stops emitting, its slot computes on until the batch ends.
+Steps 2-5 and the packing are one function (step.py: decode_step), which the engine (runtime/engine.py: static
+cache, device state, torch.compile) runs compiled once per (batch, tree size, rule); this module runs the loop
+and owns its results.
 """
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ import torch
 from workbench import WorkbenchError
 from workbench.core import speed
 from workbench.decode.acceptance import (ACCEPTANCE_KINDS, ENTROPY_FORMS, Acceptance, accept, accept_greedy,  # noqa: F401
-                                         accept_nucleus, accept_typical, best_path, entropy, first_token, generator_for,
-                                         last_node, sample_nucleus, typical_decisions)
+                                         accept_nucleus, accept_typical, best_path, entropy, first_token,
+                                         sample_nucleus, seed_for, typical_decisions, uniforms)
+from workbench.decode.step import RECORDED_TOPK, Plan, decode_step, unpack
 from workbench.runtime.engine import StepEngine
 from workbench.runtime.forward import (Proposer, check_window, clock, head_logits, head_proposer, logits_of, new_cache,
                                        prefill)
@@ -34,7 +36,6 @@ from workbench.runtime.generation import context_length, eos_ids
 from workbench.runtime.heads import check_heads_fit
 from workbench.runtime.treemask import TreeBuffers, root_setup, tree_candidates, tree_setup  # noqa: F401
 
-RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a near-tie may involve 3+ tokens)
 # ----------------------------------------------------------------------------------------------- results
 
 
@@ -66,6 +67,10 @@ class DecodeResult:
         `divergences` reads the logits this run really computed, not a recomputation."""
         top = logits.topk(min(RECORDED_TOPK, logits.shape[-1]), dim=-1)
         self.chosen_by.append((top.values, top.indices, logits.abs().amax(dim=-1)))  # [rows, K], [rows, K], [rows]
+
+    def record_top(self, values: torch.Tensor, ids: torch.Tensor, max_abs: torch.Tensor) -> None:
+        """`record` of rows whose top-K the step kept already: values, ids [rows, K], max_abs [rows] (device)."""
+        self.chosen_by.append((values, ids, max_abs))
 
     def choice(self, k: int) -> dict | None:
         """The logits row that chose token k: top-K values and ids (descending) and max|logit|; None if not recorded."""
@@ -202,62 +207,63 @@ class Request:
 
 
 @torch.inference_mode()
-def _generate(model, tokenizer, req: Request, engine: StepEngine | None):
+def _generate(model, tokenizer, req: Request, engine: StepEngine | None, heads=None):
     """The decoding loop of both methods (vanilla: `req.buf` is the root alone, nothing proposed)."""
-    buf, rule, propose = req.buf, req.rule, req.propose
+    buf, rule = req.buf, req.rule
     prompts, batched = _prompts(req.input_ids, model)
     batch, dev = len(prompts), model.device
     budgets = [_budget(model, len(p), req.max_new_tokens) for p in prompts]
     check_window(model, max(len(p) + lim for p, (lim, _) in zip(prompts, budgets)))
-    eos, gen = eos_ids(model, tokenizer, req.eos_token_id), generator_for(rule, dev)
-    if req.custom:
-        propose = _per_sequence(propose, batch)
+    eos, seed = eos_ids(model, tokenizer, req.eos_token_id), seed_for(rule)
+    propose = _per_sequence(req.propose, batch) if req.custom else None
     engine = engine or StepEngine(model, compile=False)
     name = buf.tree.name or None if buf.tree is not None else None
+    plan = Plan(rule, buf.depth, buf.topk, given=propose is not None, record=req.record)
 
     t0 = clock(dev)
     hidden = engine.prefill(prompts, max(lim for lim, _ in budgets) + buf.size + buf.depth + 1)  # [B, H]
     first = logits_of(model, hidden)                                                           # [B, V]
-    root = first_token(first, rule, gen)                                                        # [B]
+    draw = uniforms(torch.tensor(seed), torch.tensor(0), (batch,), "cpu").to(dev) if rule.kind == "nucleus" else None
+    root = first_token(first, rule, draw)                                                      # [B]
+    engine.begin(root, seed)
     prefill_s = clock(dev) - t0
-    compile_s = engine.warm(buf)  # compiled: the step's compilation / CUDA graph capture happens here, untimed
+    given = torch.zeros(batch, buf.depth, buf.topk, dtype=torch.long, device=dev) if propose else None
+    # compiled: the step's compilation / CUDA graph capture happens here, untimed
+    compile_s = engine.prepare(decode_step, buf, plan.key, (heads, given, plan))
     results = [DecodeResult(req.method, len(p), prefill_s, tree=name, batch_size=batch, compile_s=compile_s)
                for p in prompts]
     if req.record:
         for b, r in enumerate(results):
             r.record(first[b:b + 1])
     seqs = [p.tolist() for p in prompts]
-    if req.custom:  # a caller's proposer reads the tokens on the host (tests): one more read, before the loop
+    if propose is not None:  # a caller's proposer reads the tokens on the host (tests): one more read, before the loop
         for s, t in zip(seqs, root.tolist()):
             s.append(t)
     emitted = [0] * batch
-    rows = torch.arange(batch, device=dev)
     while any(engine.host_alive):
         t0 = time.perf_counter()  # the device is idle here: the previous step ended in its read
-        head_tokens = propose(hidden, seqs) if buf.depth else root.new_zeros(batch, 0, 1)      # [B, depth, topk]
-        tokens = tree_candidates(root, head_tokens.to(dev), buf)                               # [B, N]
-        tree_hidden, logits = engine.verify(tokens, buf)                                       # [B, N, H], [B, N, V]
-        row, count, root = accept(logits, tokens, buf, rule, gen)                               # [B] x 3
-        hidden = tree_hidden[rows, last_node(row, count, buf)]                                 # [B, H]
-        engine.keep(buf, row, count)
-        path = tokens.gather(1, buf.gather[row])                                               # [B, D+1]
-        read = torch.cat([row[:, None], count[:, None], path, root[:, None]], dim=1).tolist()  # THE host read
+        if propose is not None:
+            given = propose(engine.state.hidden, seqs).to(dev)                                # [B, depth, topk]
+        out = engine.step(decode_step, buf, plan.key, (heads, given, plan))
+        packed = out[0] if req.record else out                                                # [B, D+4]
+        read = packed.tolist()                                                                # THE host read
         step_s = time.perf_counter() - t0
         engine.advance([r[1] for r in read])
         steps = [None] * batch
-        for b, (r, m, *toks) in enumerate(read):
+        for b, row in enumerate(read):
             if not engine.host_alive[b]:
                 continue
+            last, m, path, nxt = unpack(row, buf.depth)
             limit, reason = budgets[b]
-            new, hit_eos = _cut(toks[:m], emitted[b], limit, eos)
-            if req.record:  # the rows that chose the m tokens after this step's root (host ints: no read)
-                results[b].record(logits[b, buf.rows[r][:m]])
+            new, hit_eos = _cut(path[:m], emitted[b], limit, eos)
+            if req.record:  # the rows that chose the m tokens after this step's root (slices: no read)
+                results[b].record_top(*(t[b, :m].clone() for t in out[1:]))
             emitted[b] += len(new)
-            seqs[b][-1:] = new + [toks[-1]]  # the root was already there; the next root stands last
+            seqs[b][-1:] = new + [nxt]  # the root was already there; the next root stands last
             if hit_eos or emitted[b] >= limit:
                 results[b].stop_reason = "eos" if hit_eos else reason
                 engine.finish(b, len(prompts[b]) + emitted[b])
-            steps[b] = Step(new, buf.paths[buf.rows[r][m - 1]], buf.size, step_s, len(prompts[b]) + emitted[b])
+            steps[b] = Step(new, buf.paths[last], buf.size, step_s, len(prompts[b]) + emitted[b])
             results[b].steps.append(steps[b])
         if req.on_step is not None:
             req.on_step(steps if batched else steps[0])
@@ -284,9 +290,9 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
         raise WorkbenchError(f"the tree is {buf.depth} deep but there are only {heads.num_heads} heads")
     if propose is None and heads is None:
         raise WorkbenchError("medusa_generate needs heads (or a propose function)")
-    batched = propose if propose is not None else head_proposer(heads, model, buf.depth, buf.topk)
     return _generate(model, tokenizer, Request("medusa", input_ids, buf, max_new_tokens, acceptance or Acceptance(),
-                                               batched, propose is not None, eos_token_id, on_step, record), engine)
+                                               propose, propose is not None, eos_token_id, on_step, record), engine,
+                     None if propose is not None else heads)
 
 
 def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos_token_id=None,

@@ -1,7 +1,8 @@
-"""The model work of a decoding step for B sequences: StepEngine owns the static KV cache (kvcache.py), moves its
-pointer and lengths, runs the verify forward (compiled once per (batch, tree size): the cache capacity is fixed for a
-run by `size_for`, and compilation happens in an untimed warm-up) and keeps accepted rows. The decoder (decode/loop.py)
-only chooses tokens. Also the bare-step timing the latency surface and decoder_overhead use.
+"""The model side of a decoding step for B sequences: StepEngine owns the static KV cache (kvcache.py) and the
+step's device state (lengths, the last hidden state, the next roots), and runs a step function (decode/step.py:
+propose, verify, accept, compact, pack) compiled once per (batch, tree size, rule) in an untimed warm-up, its
+shapes fixed by the cache capacity `size_for` sets for a run. Also the bare verify forward and its timing, which
+the latency surface and decoder_overhead use.
 
 Re-exported for callers: the model calls (forward.py), tree buffers (treemask.py) and cache helpers (kvcache.py).
 """
@@ -9,74 +10,96 @@ from __future__ import annotations
 
 import statistics
 import sys
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch._dynamo.utils import counters
 from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError
 from workbench.runtime.forward import (Proposer, cache_kwarg, check_window, clock, decode_one, forward,  # noqa: F401
-                                       head_logits, head_proposer, logits_of, new_cache, prefill)
+                                       head_logits, head_proposer, lm_logits, logits_of, new_cache, prefill)
+from workbench.runtime.generation import text_config
 from workbench.runtime.kvcache import PointerLayer, allocate, cache_bytes, check_cacheable, free_bytes, move_rows  # noqa: F401
 from workbench.runtime.treemask import (TreeBuffers, additive_mask, prefill_mask, root_setup, step_mask,  # noqa: F401
                                         tree_candidates, tree_setup)
 
 
-# ----------------------------------------------------------------------------------------------- the compiled step
+# ----------------------------------------------------------------------------------------------- the verify block
 
-def _verify(model, cache, tokens, lengths, pointer, columns, visible, depths):
-    """The step's model work, compiled as one graph when asked: tokens [B, N] of each sequence's tree at the block
-    [P, P + N) (P = pointer []), lengths [B] L_b, columns [C] 0..C-1, visible [N, N], depths [N] -> (hidden [B, N, H],
-    logits [B, N, V] fp32). The mask and position ids are built here, inside the graph: every input is a tensor
-    whose shape depends on (B, N) and the fixed capacity C only. The cache writes its B x N rows in place."""
-    mask = step_mask(lengths, pointer, columns, visible, model.dtype)                     # [B, 1, N, C]
+def verify_block(model, cache, tokens, lengths, write, columns, visible, depths, plain: bool) -> torch.Tensor:
+    """tokens [B, N] of each sequence's tree, lengths [B] L_b, write [B] (set here), columns [C] 0..C-1,
+    visible [N, N], depths [N] -> hidden [B, N, H]. A tree block goes to [P, P + N) with P = max_b L_b for every
+    sequence; `plain` (N = 1) writes each token at its own L_b, in place: no compaction follows. The mask and
+    position ids are built here, inside the graph, from tensors whose shapes depend on (B, N, C) only."""
+    write.copy_(lengths if plain else lengths.amax().expand_as(write))                     # [B]
+    mask = step_mask(lengths, write, columns, visible, model.dtype)                       # [B, 1, N, C]
     position_ids = lengths[:, None] + depths[None]                                         # [B, N]
-    hidden = forward(model, tokens, mask, position_ids, cache)                             # [B, N, H]
-    return hidden, logits_of(model, hidden)
+    return forward(model, tokens, mask, position_ids, cache)                               # [B, N, H]
+
+
+def _verify(model, cache, tokens, lengths, write, columns, visible, depths):
+    """The bare model work of a step (timing): the forward at the block past every prefix and its lm_head logits;
+    the lengths stay put."""
+    hidden = verify_block(model, cache, tokens, lengths, write, columns, visible, depths, False)
+    return hidden, lm_logits(model, hidden)                                                # [B, N, H], [B, N, V]
 
 
 def compile_mode(device: torch.device) -> str:
-    """CUDA: CUDA graphs (eager transformers is launch-bound there). CPU: inductor's own small-M GEMM kernels
-    (max-autotune), the only mode that beats MKL at 2..16 rows; it needs a C++ compiler and minutes per tree size."""
-    return "reduce-overhead" if device.type == "cuda" else "max-autotune-no-cudagraphs"
+    """CUDA: CUDA graphs (eager transformers is launch-bound there). CPU: inductor with frozen weights."""
+    return "reduce-overhead" if device.type == "cuda" else "default"
 
 
 def compile_options(device: torch.device, backend: str | None = None) -> dict:
     """torch.compile keywords for the step. On CPU the weights are frozen (constants) so that inductor packs them
-    once for its GEMM micro-kernels: measured on the demo model, the 1-token step 76 -> 41 ms (CPU time, loaded
-    2-core machine), after ~10 minutes of compilation per tree size. `backend` other than inductor (tests:
-    "aot_eager", which traces the same graph in seconds) takes no inductor options."""
+    once for its GEMM kernels (issue 49: the demo's plain step 41.9 -> 28.0 ms at batch 1, 39 s to compile; the
+    max-autotune GEMMs took ~10 minutes per tree size for 76 -> 41 ms; bench/compile_cpu.py compares them).
+    `backend` other than inductor (tests: "aot_eager", which traces the same graph in seconds) takes no inductor
+    options."""
     if backend not in (None, "inductor"):
         return dict(backend=backend)
     if device.type == "cuda":
         return dict(mode=compile_mode(device))
-    return dict(options=dict(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"))
+    return dict(options=dict(freezing=True))
 
 
 def default_compile(device: torch.device) -> bool:
-    """The one default for compiling the step: on CUDA (launch-bound without CUDA graphs), off elsewhere (CPU
-    compilation takes minutes per tree size)."""
+    """The one default for compiling the step: on CUDA (launch-bound without CUDA graphs), off on CPU until an idle
+    bench/compile_cpu.py table says otherwise (compilation costs tens of seconds per (batch, tree size))."""
     return device.type == "cuda"
 
 
 # ----------------------------------------------------------------------------------------------- the engine
 
+@dataclass
+class StepState:
+    """The step's device state for B sequences, allocated with the cache and at fixed addresses (CUDA graphs write
+    them in place): what one step leaves for the next, so nothing crosses to the host but the packed read."""
+
+    lengths: torch.Tensor   # [B] L_b: cached prefix of each sequence
+    alive: torch.Tensor     # [B] 1 while a sequence emits
+    write: torch.Tensor     # [B] the column each sequence's block is written at (set by every forward)
+    hidden: torch.Tensor    # [B, H] hidden state of each sequence's last accepted token (the heads read it)
+    root: torch.Tensor      # [B] the next step's root token
+    seed: torch.Tensor      # [] sampling seed of the generation
+    counter: torch.Tensor   # [] steps drawn so far (counter-based random numbers: no generator state)
+
+
 class StepEngine:
-    """One model's decoding step for B sequences on a preallocated KV cache, shared by Medusa and vanilla greedy.
+    """One model's decoding step for B sequences on a preallocated KV cache, shared by Medusa and vanilla decoding.
 
-    Layout (per-sequence pointers with a mask, not left padding): sequence b's prefix is cache rows [0, L_b) of
-    its own batch row; every step writes all B trees at one common block [P, P + N), P = max_b L_b, with position
-    ids L_b + depth, and a 4-D mask [B, 1, N, C] that shows each node its own prefix and its ancestors. Sequences
-    behind P simply do not see the gap [L_b, P). `keep` then moves each sequence's accepted rows to
-    [L_b, L_b + m_b). Why not left padding: with ragged acceptance the prefixes drift apart every step anyway, and
-    left padding would need a growing pad column per step or a shift of whole caches; a length per sequence and a
-    mask cost nothing, and position ids stay each sequence's own (RoPE sees no pads).
+    Layout (per-sequence lengths with a mask, not left padding): sequence b's prefix is cache rows [0, L_b) of
+    its own batch row; a tree step writes all B trees at one common block [P, P + N), P = max_b L_b, with position
+    ids L_b + depth, and a 4-D mask [B, 1, N, C] that shows each node its own prefix and its ancestors; the step
+    then moves each sequence's accepted rows to [L_b, L_b + m_b) (one copy over all layers). A plain step (N = 1)
+    writes each token at its own L_b and moves nothing. Why not left padding: with ragged acceptance the prefixes
+    drift apart every step anyway, and left padding would need a growing pad column per step or a shift of whole
+    caches; a length per sequence and a mask cost nothing, and position ids stay each sequence's own.
 
-    The cache is a `PointerLayer` per layer (transformers' StaticLayer, written at one shared pointer): one pointer
-    update per step for all layers. Rejected rows stay in memory, masked, until overwritten: nothing is
-    concatenated or cropped, every shape is fixed per (B, N), so `compile=True` compiles each (B, N) once
-    (default `default_compile`: on CUDA; where compilation fails, one warning and eager from then on).
+    Rejected rows stay in memory, masked, until overwritten: nothing is concatenated or cropped, every shape is
+    fixed per (B, N), so `compile=True` compiles each (B, N) (and rule) once, in `warm`; a recompilation inside a
+    step is an error (torch.compiler.set_stance("fail_on_recompile")), and so is a compilation that fails (one
+    `error:` line, never a silent eager run). Default `default_compile`.
     """
 
     def __init__(self, model, compile: bool | None = None, backend: str | None = None, capacity: int = 0):
@@ -84,35 +107,43 @@ class StepEngine:
         check_cacheable(model)
         cache_kwarg(model)
         self.cache: Cache | None = None
+        self.state: StepState | None = None
         self.batch = 0
         self.capacity = int(capacity)               # C: cache positions, fixed for the run once set (size_for)
-        self.compile_s = 0.0                        # seconds spent compiling / capturing the step (untimed warm-ups)
+        self.compile_s = 0.0                        # seconds spent compiling / capturing steps (untimed warm-ups)
         self.resized = 0                            # capacity grown after compiling: each one compiles the step again
-        self._warm: set[tuple[int, int]] = set()    # (B, N) run through the compiled step on the current cache
-        self.graphs: set[tuple[int, int, int]] = set()  # (B, N, C) the compiled step has been warmed up for
-        self.unplanned = 0                          # compilations that happened inside a step (a bug: warned)
-        self.start = 0                              # P: where the next block is written (host)
-        with torch.inference_mode():  # every tensor the compiled step sees is an inference tensor (same guards)
-            self.lengths = torch.zeros(0, dtype=torch.long, device=model.device)  # [B] L_b (device)
-            self.alive = torch.zeros(0, dtype=torch.long, device=model.device)    # [B] 1 while a sequence emits
-            self.pointer = torch.zeros((), dtype=torch.long, device=model.device)
-        self.host_lengths: list[int] = []          # [B] L_b (host), moved from the one read per step
-        self.host_alive: list[bool] = []           # [B] False once a sequence finished
-        self._host = [0]                            # the pointer on the host, for PointerLayer.get_seq_length
+        self._warm: set = set()                     # step keys run through the compiled step on the current cache
+        self.graphs: set = set()                    # (B, N, C, ...) the compiled step has been warmed up for
+        self.start = 0                              # P: the next tree block's column (host)
+        self.host_lengths: list[int] = []           # [B] L_b (host), moved from the one read per step
+        self.host_alive: list[bool] = []            # [B] False once a sequence finished
+        self._host = [0]                            # P on the host, for PointerLayer.get_seq_length
         self.compile = default_compile(model.device) if compile is None else bool(compile)
-        self._step = _verify
+        self.backend = backend
+        self._compiled: dict[Callable, Callable] = {}
+        if self.compile and model.device.type == "cpu" and backend in (None, "inductor") \
+                and not torch.backends.mkldnn.is_available():
+            raise WorkbenchError("--compile: this torch build has no oneDNN/MKL, which inductor needs on CPU: "
+                                 "run without --compile")
         if self.compile:
-            inductor = backend in (None, "inductor")
-            if model.device.type == "cpu" and inductor and not torch.backends.mkldnn.is_available():
-                self._fail("no oneDNN/MKL build")
-            else:
-                torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-                self._step = torch.compile(_verify, dynamic=False, **compile_options(model.device, backend))
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
 
-    def _fail(self, why: str) -> None:
-        print(f"warning: --compile: cannot compile the step on {self.model.device.type} ({why}); running eager",
-              file=sys.stderr)
-        self.compile, self._step = False, _verify
+    @property
+    def lengths(self) -> torch.Tensor:
+        return self.state.lengths
+
+    @property
+    def alive(self) -> torch.Tensor:
+        return self.state.alive
+
+    def _fn(self, fn: Callable) -> Callable:
+        """`fn` as the engine runs it: compiled once per engine (one graph, no break inside), or itself."""
+        if not self.compile:
+            return fn
+        if fn not in self._compiled:
+            self._compiled[fn] = torch.compile(fn, dynamic=False, fullgraph=True,
+                                               **compile_options(self.model.device, self.backend))
+        return self._compiled[fn]
 
     def size_for(self, prompts, max_new_tokens: int, trees) -> int:
         """Fix the cache capacity for a whole run before its first step: its longest prompt + `max_new_tokens` + the
@@ -126,8 +157,9 @@ class StepEngine:
 
     @torch.inference_mode()
     def reserve(self, batch: int, capacity: int) -> None:
-        """A cache for `batch` sequences of the run's capacity (`size_for`), or of `capacity` positions if more.
-        Attention runs over every cached position, masked or not: the capacity is part of the compiled shapes."""
+        """A cache and step state for `batch` sequences of the run's capacity (`size_for`), or of `capacity`
+        positions if more. Attention runs over every cached position, masked or not: the capacity is part of the
+        compiled shapes."""
         if batch < 1:
             raise WorkbenchError(f"--batch-sizes {batch}: must be >= 1")
         if self.cache is not None and batch == self.batch and capacity <= self.capacity:
@@ -138,103 +170,137 @@ class StepEngine:
                   f"{self.capacity}: the compiled step compiles again for the new size (untimed; size the engine "
                   "for the run's longest prompt first: StepEngine.size_for)", file=sys.stderr)
         capacity = max(capacity, self.capacity)
-        self.cache = None  # free the old one before allocating (sliding windows: check_window, per generation)
-        self.cache = allocate(self.model, batch, capacity, self.pointer, self._host)
+        self.cache = self.state = None  # free the old ones before allocating
+        dev, width = self.model.device, text_config(self.model).hidden_size
+        zeros = dict(dtype=torch.long, device=dev)
+        self.state = StepState(lengths=torch.zeros(batch, **zeros), alive=torch.zeros(batch, **zeros),
+                               write=torch.zeros(batch, **zeros),
+                               hidden=torch.zeros(batch, width, dtype=self.model.dtype, device=dev),
+                               root=torch.zeros(batch, **zeros), seed=torch.zeros((), **zeros),
+                               counter=torch.zeros((), **zeros))
+        for t in vars(self.state).values():
+            torch._dynamo.mark_static_address(t)
+        self.cache = allocate(self.model, batch, capacity, self.state.write, self._host)
         self.batch, self.capacity = batch, capacity
         self._warm = set()  # new cache tensors: CUDA graphs record again (dynamo reuses a graph of equal shapes)
-        self._columns = torch.arange(capacity, device=self.model.device)  # [C]
+        self._columns = torch.arange(capacity, device=dev)                                   # [C]
 
     def _point(self, at: int) -> None:
-        """Move the write pointer: the next rows any layer writes go to column `at` (one fill for all layers)."""
+        """The host's copy of the next tree block's column (the device computes its own from the lengths)."""
         self.start = self._host[0] = at
-        self.pointer.fill_(at)
 
     @torch.inference_mode()
     def prefill(self, prompts, extra: int) -> torch.Tensor:
         """prompts: LongTensor [B, T] or a list of B 1-D prompts (any lengths) -> hidden [B, H] of each prompt's last
-        position. Prompts sit at [0, T_b) of their rows (right-padded, the pad masked); room is kept for `extra`
-        more rows. All sequences start alive."""
+        position (also the state's `hidden`). Prompts sit at [0, T_b) of their rows (right-padded, the pad
+        masked); room is kept for `extra` more rows. All sequences start alive."""
         if isinstance(prompts, torch.Tensor) and prompts.ndim == 2:
             prompts = list(prompts)
         lens = [int(p.shape[-1]) for p in prompts]
         batch, width = len(prompts), max(lens)
         self.reserve(batch, width + extra)
-        dev = self.model.device
+        dev, st = self.model.device, self.state
         ids = torch.zeros(batch, width, dtype=torch.long, device=dev)
         for b, p in enumerate(prompts):
             ids[b, : lens[b]] = p.to(dev)
-        self.lengths = torch.tensor(lens, device=dev)                                         # [B]
-        mask = prefill_mask(self.lengths, width, self._columns, self.model.dtype)             # [B, 1, T, C]
+        st.lengths.copy_(torch.tensor(lens))                                                  # [B]
+        st.write.zero_()
+        st.alive.fill_(1)
+        mask = prefill_mask(st.lengths, width, self._columns, self.model.dtype)              # [B, 1, T, C]
         rows = torch.arange(width, device=dev)                                                # [T]
         self._point(0)
         out = forward(self.model, ids, mask, rows[None].expand(batch, -1), self.cache)         # [B, T, H]
         self.host_lengths, self.host_alive = lens, [True] * batch
-        self.alive = torch.ones(batch, dtype=torch.long, device=dev)
         self._point(width)
-        return out[torch.arange(batch, device=dev), self.lengths - 1]                        # [B, H]
+        st.hidden.copy_(out[torch.arange(batch, device=dev), st.lengths - 1])
+        return st.hidden.clone()                                                              # [B, H]
 
-    @torch.inference_mode()
-    def verify(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-        """tokens [B, N] -> (hidden [B, N, H], logits [B, N, V]): one forward of every sequence's tree at the block
-        [P, P + N) (the lengths stay put). Compiled, a (B, N) not yet run is warmed up first (`warm`)."""
+    def _room(self, buf: TreeBuffers) -> None:
         if self.start + buf.size > self.capacity:
             raise WorkbenchError(f"the KV cache holds {self.capacity} positions, the step needs "
                                  f"{self.start + buf.size}: reserve more")
-        if self.compile and (self.batch, buf.size) not in self._warm:
-            self.warm(buf)
-        if not self.compile:
-            return self._run(tokens, buf)
-        graphs = counters["stats"]["unique_graphs"]
-        out = self._run(tokens if tokens.is_inference() else tokens.clone(), buf)
-        if counters["stats"]["unique_graphs"] != graphs:  # dynamo compiled inside this step: never silently
-            self.unplanned += 1
-            print(f"warning: the compiled step compiled again inside a step at batch {self.batch}, tree size "
-                  f"{buf.size} (TORCH_LOGS=recompiles says why): that step's time includes the compilation",
-                  file=sys.stderr)
-        return out
 
-    def _run(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
-        args = (self.model, self.cache, tokens, self.lengths, self.pointer, self._columns, buf.visible, buf.depths)
-        try:  # (the pointer is at the block already: only _point moves it, and the model's writes do not)
-            return self._step(*args)
-        except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds; eager is always right
-            if not self.compile:
+    def _call(self, fn: Callable, key: tuple, args: tuple):
+        """fn(*args) as the engine runs it; compiled, a key not yet warmed is warmed (untimed) first, and a
+        recompilation inside the call is an error."""
+        if not self.compile:
+            return fn(*args)
+        if key not in self._warm:
+            self.warm(fn, key, args)
+        try:
+            with torch.compiler.set_stance("fail_on_recompile"):
+                return self._fn(fn)(*args)
+        except RuntimeError as e:
+            if "fail_on_recompile" not in str(e):
                 raise
-            self._fail(f"{type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}")
-            return self._step(*args)
+            raise WorkbenchError(f"the compiled step needed a recompilation inside a timed step at batch {self.batch}, "
+                                 f"tree size {key[1]} (TORCH_LOGS=recompiles says why): a bug, or a step shape that "
+                                 "was not warmed up") from None
+
+    def _step_call(self, buf: TreeBuffers, key: tuple, args: tuple) -> tuple[tuple, tuple]:
+        return (self.batch, buf.size) + key, (self.model, self.cache, self.state, self._columns, buf.tensors()) + args
 
     @torch.inference_mode()
-    def warm(self, buf: TreeBuffers) -> float:
-        """Compile (and on CUDA capture as a CUDA graph) the step for this batch and tree before any step is timed:
-        the first call compiles, CUDA graphs record on a later one. It runs on the block past every prefix, which
-        the next step overwrites: nothing the decoder reads changes. Returns the seconds it took (also added to
-        `compile_s`); 0 when eager or already warm."""
-        if not self.compile or (self.batch, buf.size) in self._warm:
+    def step(self, fn: Callable, buf: TreeBuffers, key: tuple, args: tuple):
+        """One decoding step: fn(model, cache, state, columns, tree tensors, *args) (decode/step.py: the whole
+        step, its only output the packed tensor the host reads), compiled once per (B, N) + `key` (the step's
+        static settings: rule, proposer, recording)."""
+        self._room(buf)
+        return self._call(fn, *self._step_call(buf, key, args))
+
+    def prepare(self, fn: Callable, buf: TreeBuffers, key: tuple, args: tuple) -> float:
+        """`warm` the step `step` would run with these arguments (untimed); seconds spent, 0 when eager or warm."""
+        return self.warm(fn, *self._step_call(buf, key, args))
+
+    @torch.inference_mode()
+    def verify(self, tokens: torch.Tensor, buf: TreeBuffers) -> tuple[torch.Tensor, torch.Tensor]:
+        """tokens [B, N] -> (hidden [B, N, H], logits [B, N, V] in the model's dtype): the bare forward of every
+        sequence's tree at the block [P, P + N) (the lengths stay put), for timing the model work alone."""
+        self._room(buf)
+        st = self.state
+        return self._call(_verify, (self.batch, buf.size, "verify"),
+                          (self.model, self.cache, tokens, st.lengths, st.write, self._columns, buf.visible,
+                           buf.depths))
+
+    @torch.inference_mode()
+    def warm(self, fn: Callable, key: tuple, args: tuple) -> float:
+        """Compile (and on CUDA capture as a CUDA graph) `fn` for this key before any step is timed: the first call
+        compiles, CUDA graphs record on a later one. The step's small state is put back afterwards and its cache
+        writes land past every prefix, which the next step overwrites: nothing the decoder reads changes. A
+        compilation that fails is one error line. Returns the seconds it took (also added to `compile_s`)."""
+        if not self.compile or key in self._warm:
             return 0.0
-        dev = self.model.device
+        dev, st = self.model.device, self.state
+        saved = {k: v.clone() for k, v in vars(st).items()}
         t0 = clock(dev)
-        tokens = torch.zeros(self.batch, buf.size, dtype=torch.long, device=dev)               # [B, N]
-        for _ in range(3 if dev.type == "cuda" else 1):
-            self._run(tokens, buf)
+        try:
+            for _ in range(3 if dev.type == "cuda" else 1):
+                self._fn(fn)(*args)
+        except WorkbenchError:
+            raise
+        except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds: the user gets one line
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            raise WorkbenchError(f"--compile: cannot compile the decoding step on {dev.type} ({why}): "
+                                 "run with --no-compile") from None
+        finally:
+            for k, v in saved.items():
+                getattr(st, k).copy_(v)
         seconds = clock(dev) - t0
-        self._warm.add((self.batch, buf.size))
-        self.graphs.add((self.batch, buf.size, self.capacity))
+        self._warm.add(key)
+        self.graphs.add(key + (self.capacity,))
         self.compile_s += seconds
         return seconds
 
     @torch.inference_mode()
-    def keep(self, buf: TreeBuffers, row: torch.Tensor, count: torch.Tensor) -> None:
-        """row [B], count [B] (device): move the first count_b nodes of retrieve row row_b (root first) right after
-        each alive sequence's prefix, and grow its length. Device work only (no read); `advance` follows on the host."""
-        take = torch.minimum(buf.steps[None], count[:, None] - 1)                              # [B, D+1]
-        src = buf.gather[row].gather(1, take) + self.start                                     # [B, D+1]
-        dst = self.lengths[:, None] + take                                                     # [B, D+1]
-        move_rows(self.cache, src, dst)
-        self.lengths += count * self.alive
+    def begin(self, root: torch.Tensor, seed: int) -> None:
+        """The first step's roots [B] and the generation's sampling seed (its counter from 0)."""
+        self.state.root.copy_(root)
+        self.state.seed.fill_(seed)
+        self.state.counter.zero_()
 
     @torch.inference_mode()
     def advance(self, counts: list[int]) -> None:
-        """The host side of `keep`, from the step's one read: lengths, and the next block after the longest prefix."""
+        """The host side of a step, from its one read: lengths, and the next block after the longest prefix."""
         self.host_lengths = [n + c * a for n, c, a in zip(self.host_lengths, counts, self.host_alive)]
         self._point(max(self.host_lengths))
 
@@ -244,14 +310,15 @@ class StepEngine:
         frozen; its slot keeps computing until the batch ends."""
         self.host_alive[b] = False
         self.host_lengths[b] = length
-        self.alive[b] = 0
-        self.lengths[b] = length
+        self.state.alive[b] = 0
+        self.state.lengths[b] = length
+        self._point(max(self.host_lengths))
 
     @torch.inference_mode()
     def rewind(self, lengths: list[int]) -> None:
         """Put every sequence's length back (timing at a fixed context: rows past it are dropped)."""
         self.host_lengths = list(lengths)
-        self.lengths.copy_(torch.tensor(lengths, device=self.lengths.device))
+        self.state.lengths.copy_(torch.tensor(lengths))
         self._point(max(lengths))
 
 
@@ -268,7 +335,8 @@ def verify_times(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int 
     vocab = model.get_input_embeddings().weight.shape[0]
     tokens = torch.randint(vocab, (engine.batch, buf.size), generator=generator).to(model.device)  # [B, N]
     propose = head_proposer(heads, model, buf.depth, buf.topk) if heads is not None and buf.depth else None
-    engine.warm(buf)  # compiled: compilation is never inside a timed repeat
+    if engine.compile:  # compilation (an untimed warm-up in the first call) is never inside a timed repeat
+        engine.verify(tokens, buf)
     times = []
     for i in range(warmup + repeats):
         t0 = clock(model.device)

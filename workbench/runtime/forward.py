@@ -65,9 +65,9 @@ def prefill(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor
     return forward(model, input_ids, None, None, cache)[0, -1]  # [H]
 
 
-def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
-    """hidden [..., H] -> logits [..., V] in fp32 (acceptance compares probabilities), soft-capped where the model's
-    own forward caps them (Gemma 2: cap * tanh(logits / cap); argmax unchanged, probabilities not).
+def lm_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] -> logits [..., V] in the model's dtype, soft-capped there as the model's own forward does
+    (Gemma 2: cap * tanh(logits / cap)): what greedy takes its argmax of, with no fp32 copy of [B, N, V].
 
     A few rows on CPU go through W @ h^T instead of h @ W^T: MKL's fp32 GEMM for 2..16 rows against a
     [V, H] weight is 2-4x slower than its matrix-vector path (measured on the demo's 49152 x 576 lm_head: 1 row
@@ -77,11 +77,16 @@ def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
     rows = hidden.reshape(-1, hidden.shape[-1])
     if (hidden.device.type == "cpu" and 1 < rows.shape[0] <= 16 and type(head) is torch.nn.Linear
             and head.bias is None):
-        logits = (head.weight @ rows.T).T.reshape(*hidden.shape[:-1], -1).float()
+        logits = (head.weight @ rows.T).T.reshape(*hidden.shape[:-1], -1)
     else:
-        logits = head(hidden).float()
+        logits = head(hidden)
     cap = getattr(text_config(model), "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
+
+
+def logits_of(model, hidden: torch.Tensor) -> torch.Tensor:
+    """hidden [..., H] -> `lm_logits` in fp32, for the rules that compare probabilities."""
+    return lm_logits(model, hidden).float()
 
 
 def check_window(model, total: int) -> None:

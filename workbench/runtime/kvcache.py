@@ -1,5 +1,6 @@
-"""The static KV cache of the step engine: one `PointerLayer` per model layer, all written at one shared pointer;
-its size in bytes and the memory free for it; moving accepted rows next to each prefix (compaction)."""
+"""The static KV cache of the step engine: every layer's keys and values are slices of one stacked tensor per
+device ([L, B, kv, C, d]), written by `PointerLayer`s at one shared per-sequence column; its size in bytes and the
+memory free for it; moving accepted rows next to each prefix (compaction: one copy over all layers at once)."""
 from __future__ import annotations
 
 import torch
@@ -10,25 +11,44 @@ from workbench.runtime.generation import text_config
 
 
 class PointerLayer(StaticLayer):
-    """A static cache layer [B, kv_heads, capacity, d] that writes the rows of a forward at the engine's one shared
-    pointer, not at its own running count: every layer (and every sequence) then moves with ONE pointer update per
-    step, and rows may be overwritten (rejected tree rows, the next step's block)."""
+    """One layer of the stacked cache: keys and values are slot `index` of the stacks [L, B, kv, C, d] (views, so
+    the compiled step's inputs are the stacks alone, and compaction is one copy for all layers). A forward of n
+    rows per sequence writes sequence b's rows at columns [write_b, write_b + n), `write` [B] shared by all
+    layers: the engine sets it once per step (a tree block at one column P, a plain step at each L_b). Rows may be
+    overwritten (rejected tree rows, the next step's block)."""
 
-    def __init__(self, max_cache_len: int, pointer: torch.Tensor, host: list):
-        super().__init__(max_cache_len=max_cache_len)
-        self.pointer = pointer  # [] long, shared by all layers
-        self.host = host        # [P]: the same pointer on the host, shared by all layers
+    def __init__(self, stacks: tuple[torch.Tensor, torch.Tensor], index: int, write: torch.Tensor, host: list):
+        # (no StaticLayer.__init__: keys and values are views of the stacks, never reassigned)
+        self.stacks, self.index = stacks, index
+        self.write = write      # [B] long, shared by all layers
+        self.host = host        # [P]: the block's column on the host, shared by all layers
+        self.max_cache_len = stacks[0].shape[3]
+        self.device = stacks[0].device
+        self.is_initialized = True
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self.stacks[0][self.index]                                                   # [B, kv, C, d]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self.stacks[1][self.index]                                                   # [B, kv, C, d]
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        at = (self.pointer + torch.arange(key_states.shape[-2], device=self.pointer.device)).to(self.keys.device)  # [n]
-        self.keys.index_copy_(2, at, key_states)
-        self.values.index_copy_(2, at, value_states)
-        return self.keys, self.values
+        keys, values = self.keys, self.values
+        if key_states.shape[1] != keys.shape[1] or key_states.shape[-1] != keys.shape[-1]:
+            raise WorkbenchError(f"layer {self.index} gives keys of shape {list(key_states.shape)} but the cache was "
+                                 f"sized {list(keys.shape)} from the model's config: this model's attention is not "
+                                 "supported by the decoder")
+        n = key_states.shape[-2]
+        at = self.write.to(self.device)[:, None] + torch.arange(n, device=self.device)           # [B, n]
+        at = at[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])      # [B, kv, n, d]
+        keys.scatter_(2, at, key_states)
+        values.scatter_(2, at, value_states)
+        return keys, values
 
     def get_seq_length(self) -> int:
-        """The write pointer as a host int (a device tensor here would make its readers wait for the device). The
+        """The block's column as a host int (a device tensor here would make its readers wait for the device). The
         step passes position ids and a 4-D mask, so the model itself never asks."""
         return self.host[0]
 
@@ -80,22 +100,45 @@ def free_bytes(device: torch.device) -> int | None:
         return None
 
 
-def allocate(model, batch: int, capacity: int, pointer: torch.Tensor, host: list) -> Cache:
-    """A cache for `batch` sequences of `capacity` positions, refused in one line when the device lacks the memory."""
+def _layer_devices(model, layers: int) -> list[torch.device]:
+    """The device of each decoder layer (one unless --device-map spread them)."""
+    blocks = getattr(model.get_decoder(), "layers", None)
+    if getattr(model, "hf_device_map", None) and blocks is not None and len(blocks) == layers:
+        return [next(b.parameters()).device for b in blocks]
+    return [model.device] * layers
+
+
+def allocate(model, batch: int, capacity: int, write: torch.Tensor, host: list) -> Cache:
+    """A cache for `batch` sequences of `capacity` positions, refused in one line when the device lacks the memory:
+    per device one key stack and one value stack [L, B, kv, C, d] (`cache.stacks`), marked as static addresses so
+    that CUDA graphs may write them in place."""
     need, free = cache_bytes(model, batch, capacity), free_bytes(model.device)
     if free is not None and need > free:
         raise WorkbenchError(f"batch {batch} x {capacity} positions needs a {need / 2**30:.1f} GiB KV cache but "
                              f"{free / 2**30:.1f} GiB is free on {model.device}: lower --batch-sizes or --max-new-tokens")
-    return Cache(layers=[PointerLayer(capacity, pointer, host) for _ in range(text_config(model).num_hidden_layers)])
+    cfg = text_config(model)
+    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    devices = _layer_devices(model, cfg.num_hidden_layers)
+    layers, stacks = [], []
+    for dev in dict.fromkeys(devices):
+        ids = [i for i, d in enumerate(devices) if d == dev]
+        pair = tuple(torch.zeros(len(ids), batch, kv, capacity, head_dim, dtype=model.dtype, device=dev)
+                     for _ in range(2))                                                    # [L, B, kv, C, d] x 2
+        for t in pair:
+            torch._dynamo.mark_static_address(t)
+        stacks.append(pair)
+        layers += [(i, PointerLayer(pair, j, write, host)) for j, i in enumerate(ids)]
+    cache = Cache(layers=[layer for _, layer in sorted(layers, key=lambda x: x[0])])
+    cache.stacks = stacks
+    return cache
 
 
 def move_rows(cache: Cache, src: torch.Tensor, dst: torch.Tensor) -> None:
-    """src, dst [B, K] cache columns per sequence: copy every layer's keys and values from src to dst (padding
-    columns may repeat the last pair: the same value, written twice)."""
-    seq = torch.arange(src.shape[0], device=src.device)[:, None]                           # [B, 1]
-    on = {src.device: (seq, dst, src)}  # the indices per device (--device-map spreads layers over several)
-    for layer in cache.layers:
-        s_, d_, r_ = on.get(layer.keys.device) or on.setdefault(layer.keys.device, tuple(
-            t.to(layer.keys.device) for t in (seq, dst, src)))
-        layer.keys[s_, :, d_] = layer.keys[s_, :, r_]                                          # [B, K, kv, d]
-        layer.values[s_, :, d_] = layer.values[s_, :, r_]
+    """src, dst [B, K] cache columns per sequence: copy every layer's keys and values from src to dst, one gather
+    and one scatter per stack (padding columns may repeat the last pair: the same value, written twice)."""
+    for keys, values in cache.stacks:
+        seq = torch.arange(src.shape[0], device=keys.device)[:, None]                     # [B, 1]
+        s_, d_ = src.to(keys.device), dst.to(keys.device)
+        for t in (keys, values):                                                          # [L, B, kv, C, d]
+            t[:, seq, :, d_] = t[:, seq, :, s_]                                           # [B, K, L, kv, d]
