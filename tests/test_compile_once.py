@@ -1,7 +1,15 @@
 """The compiled step compiles once per (batch size, tree size) for the life of an engine, whatever the prompt
 lengths: the cache capacity is sized once for the run (`StepEngine.size_for`), so no timed step ever includes a
-compilation. Counted with a backend that wraps aot_eager (the same graph as inductor, traced in seconds on CPU)."""
+compilation, and the whole step is one graph (fullgraph: no break). Counted with a backend that wraps aot_eager
+(the same graph as inductor, traced in seconds on CPU). A recompilation inside a step is an error; the step does
+no host work (no scalar read, no op outside it between two packed reads)."""
+import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from workbench import WorkbenchError
+from workbench.decode import loop
+from workbench.decode.loop import Acceptance
 
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.runtime.engine import StepEngine, root_setup, tree_setup
@@ -56,7 +64,7 @@ def test_one_compiled_graph_per_batch_and_tree_size_whatever_the_prompt_lengths(
     pairs = _decode_all(model, heads, prompts, engine, bufs, (1, 3))
     assert engine.compile and len(pairs) == 6
     assert counter.graphs == len(pairs), f"{counter.graphs} graphs compiled for {len(pairs)} (batch, tree size) pairs"
-    assert engine.resized == 0 and engine.unplanned == 0 and engine.compile_s > 0 and len(engine.graphs) == len(pairs)
+    assert engine.resized == 0 and engine.compile_s > 0 and len(engine.graphs) == len(pairs)
 
 
 def test_a_longer_prompt_than_reserved_recompiles_untimed_and_says_so(capsys):
@@ -73,3 +81,78 @@ def test_a_longer_prompt_than_reserved_recompiles_untimed_and_says_so(capsys):
     assert short.compile_s > 0 and long.compile_s > 0  # each compilation ran in the untimed warm-up ...
     again = medusa_generate(model, heads, None, prompts[-2], buf, NEW, eos_token_id=[], engine=engine)
     assert again.compile_s == 0 and counter.graphs == 2  # ... and the grown size is compiled once
+
+
+def test_a_recompilation_inside_a_step_is_an_error():
+    """torch.compiler.set_stance("fail_on_recompile") around every step: a step shape that was not warmed up (here
+    a rule whose warm-up is marked done without running) fails in one line instead of timing a compilation."""
+    model, heads, prompts = _setup()
+    engine = StepEngine(model, compile=True, backend=CountingBackend())
+    buf = tree_setup(TREES[0], model)
+    engine.size_for(prompts[:1], NEW, [buf])
+    medusa_generate(model, heads, None, prompts[0], buf, NEW, eos_token_id=[], engine=engine)
+    typical = Acceptance("typical", 0.7)
+    plan = loop.Plan(typical, buf.depth, buf.topk)
+    engine._warm.add((1, buf.size) + plan.key)  # as if warmed: the step itself would compile
+    with pytest.raises(WorkbenchError, match="recompilation inside a timed step at batch 1, tree size 3") as e:
+        medusa_generate(model, heads, None, prompts[0], buf, NEW, eos_token_id=[], engine=engine, acceptance=typical)
+    assert "\n" not in str(e.value)
+
+
+READ = {"aten._local_scalar_dense", "aten.item", "aten.resolve_conj", "aten.resolve_neg"}  # what item() / tolist() dispatch
+
+
+class OpLog(TorchDispatchMode):
+    """Every aten op dispatched, tagged with whether it ran inside the decoding step."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside, self.ops = False, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append((self.inside, str(func.overloadpacket)))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("rule", [Acceptance(), Acceptance("typical", 0.7), Acceptance("nucleus", 0.9, seed=1)],
+                         ids=["greedy", "typical", "nucleus"])
+def test_the_step_does_no_host_work(monkeypatch, rule):
+    """Between two packed reads nothing runs on the device but the step and the read itself (the host keeps its
+    bookkeeping in Python), and the step reads no scalar back (`item`, `tolist`, `_local_scalar_dense`: a host sync on CUDA, and no CUDA
+    graph could hold it). Eager, so that every op of the step is dispatched and seen."""
+    model, heads, prompts = _setup()
+    log = OpLog()
+    real = loop.decode_step
+
+    def step(*a, **k):
+        log.inside = True
+        try:
+            return real(*a, **k)
+        finally:
+            log.inside = False
+    monkeypatch.setattr(loop, "decode_step", step)
+    seen = []
+    engine = StepEngine(model, compile=False)
+    real_finish = engine.finish
+
+    def finish(*a):  # a sequence that stops: two small writes, host-driven, once per sequence (not per step)
+        log.inside = "finish"
+        real_finish(*a)
+        log.inside = False
+    engine.finish = finish
+    for chunk, buf in ((prompts[:3], tree_setup(TREES[1], model)), (prompts[:1], tree_setup(TREES[0], model)),
+                       (prompts[1:3], root_setup(model))):
+        marks = []
+        on_step = lambda s: marks.append(len(log.ops))  # noqa: E731 - after each step's read
+        with log:
+            out = loop._generate(model, None, loop.Request("medusa", chunk, buf, NEW, rule, eos_token_id=[],
+                                                           on_step=on_step), engine, heads if buf.depth else None)
+        inside = [op for i, op in log.ops if i is True]
+        assert inside and not READ & set(inside), (buf.size, READ & set(inside))
+        # between two steps' reads: nothing outside the step but the read and a stopping sequence's writes
+        steps = max(len(r.steps) for r in (out if isinstance(out, list) else [out]))
+        between = [[op for i, op in log.ops[a:b] if not i and op not in READ] for a, b in zip(marks, marks[1:])]
+        assert len(between) == steps - 1 > 3 and all(b == [] for b in between), (buf.size, [b for b in between if b])
+        seen.append(buf.size)
+        log.ops = []
+    assert seen == [64, 3, 1]
