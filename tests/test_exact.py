@@ -19,7 +19,7 @@ from helpers import TIE, Oracle, checked_steps, rounding_in_tree, tie_model, wit
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import acceptance
+from workbench.decode import acceptance, loop as decode, step
 from workbench.decode.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
 from workbench.decode.loop import DecodeResult, Step, medusa_generate, vanilla_generate
 from workbench.measure.sweep import run_sweep, sweep_configs
@@ -218,18 +218,16 @@ def test_a_flip_wider_than_rounding_is_a_mismatch(dtype):
     assert d["gap_medusa"] + d["gap_vanilla"] > d["bound"]
 
 
-def _accept_unverified(logits, tokens, buf):
+def _accept_unverified(logits, tokens, tree):
     """A deliberately broken greedy acceptance: takes the first child of the root without checking it."""
-    row = int((buf.retrieve[:, 1] == 1).nonzero()[0]) if (buf.retrieve[:, 1] == 1).any() else 0
     batch = logits.shape[0]
-    rows = torch.full((batch,), row)
-    return rows, torch.full((batch,), 2), logits[:, buf.retrieve[row, 1]].argmax(dim=-1)
+    last = torch.ones(batch, dtype=torch.long, device=logits.device)
+    return last, torch.full_like(last, 2), logits[:, 1].argmax(dim=-1)
 
 
-def _keep_without_moving(engine, buf, row, count):
-    """A deliberately broken cache compaction: grows each prefix by the accepted nodes but never moves off-path
-    nodes next to it."""
-    engine.lengths += count * engine.alive
+def _keep_without_moving(cache, state, ancestors, last, count):
+    """A deliberately broken cache compaction: the prefixes grow by the accepted nodes (the step does that) but
+    off-path nodes are never moved next to them."""
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -247,7 +245,7 @@ def test_a_decoder_bug_is_a_mismatch(tiny_llama, monkeypatch, dtype, bug):
     if bug == "acceptance":
         monkeypatch.setattr(acceptance, "accept_greedy", _accept_unverified)
     else:
-        monkeypatch.setattr(StepEngine, "keep", _keep_without_moving)
+        monkeypatch.setattr(step, "keep", _keep_without_moving)
     bad = medusa_generate(model, None, None, ids, tree, 48, eos_token_id=[], propose=Oracle(truth, tree, miss=0.5),
                           record=True)
     # against the same run without the bug: both compute the same bits until the bug acts, so no rounding flip of
@@ -449,21 +447,35 @@ def test_one_host_read_per_step(tiny_llama, monkeypatch):
         assert counts["steps"] == steps > 5 and set(per_step) == {1}, (tree, per_step)
 
 
-def test_compiled_step_is_exact(tiny_llama):
-    """The step under torch.compile (aot_eager on CPU: the same traced graph as inductor, in seconds; the default
-    mode on CUDA when present) emits exactly the eager decoder's tokens, batched and not."""
+@pytest.mark.parametrize("rule", [decode.Acceptance(), decode.Acceptance("typical", 0.7),
+                                  decode.Acceptance("nucleus", 0.9, top_p=0.9, seed=5)],
+                         ids=["greedy", "typical", "nucleus"])
+def test_compiled_step_is_exact(tiny_llama, rule):
+    """The whole step under torch.compile (aot_eager on CPU: the same traced graph as inductor, in seconds; the
+    default mode on CUDA when present) emits exactly the eager decoder's tokens at batch 1 and 3, for greedy and
+    for the sampling rules with the same seed (counter-based uniforms: no generator state to diverge); greedy is
+    HF generate's output."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = copy.deepcopy(tiny_llama.model).to(device)
     heads = copy.deepcopy(tiny_llama.heads["2"]).to(device)
     engine = StepEngine(model, compile=True, backend=None if device == "cuda" else "aot_eager")
     prompts = [[5, 6, 7, 8], list(range(10, 40)), [9] * 12]
     for tree in ("mc_sim_7b_63", [[0], [0, 0]]):
-        eager = medusa_generate(model, heads, None, prompts, tree, 40, eos_token_id=[])
-        compiled = medusa_generate(model, heads, None, prompts, tree, 40, eos_token_id=[], engine=engine)
-        assert engine.compile  # it really ran compiled (no fallback)
-        assert [r.token_ids for r in compiled] == [r.token_ids for r in eager]
-    solo = vanilla_generate(model, None, prompts[1], 40, eos_token_id=[], engine=engine)
-    assert solo.token_ids == vanilla_generate(model, None, prompts[1], 40, eos_token_id=[]).token_ids
+        for group in (prompts[1:2], prompts):
+            eager = medusa_generate(model, heads, None, group, tree, 40, eos_token_id=[], acceptance=rule)
+            compiled = medusa_generate(model, heads, None, group, tree, 40, eos_token_id=[], engine=engine,
+                                       acceptance=rule)
+            assert engine.compile and engine.compile_s > 0  # it really ran compiled
+            assert [r.token_ids for r in compiled] == [r.token_ids for r in eager], (tree, len(group))
+            if rule.kind == "greedy":
+                for p, r in zip(group, compiled):
+                    truth = model.generate(torch.tensor([p], device=device), do_sample=False, max_new_tokens=40,
+                                           eos_token_id=None)[0, len(p):].tolist()
+                    assert r.token_ids == truth
+    for group in (prompts[1:2], prompts):
+        solo = vanilla_generate(model, None, group, 40, eos_token_id=[], engine=engine)
+        assert [r.token_ids for r in solo] == [r.token_ids for r in vanilla_generate(model, None, group, 40,
+                                                                                      eos_token_id=[])]
 
 
 def test_batch_bad_inputs_are_one_line_errors(tiny_llama, monkeypatch):
