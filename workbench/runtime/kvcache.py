@@ -10,6 +10,28 @@ from workbench import WorkbenchError
 from workbench.runtime.generation import text_config
 
 
+class Stacks:
+    """The storage of every layer: per device one key and one value stack [L, B, kv, C, d], allocated at the first
+    write (the prefill's keys give kv heads, head size and dtype: a config's `num_key_value_heads` is not always
+    what the attention uses) and marked as static addresses, so that CUDA graphs may write them in place."""
+
+    def __init__(self, devices: list[torch.device], batch: int, capacity: int):
+        self.devices, self.batch, self.capacity = devices, batch, capacity
+        self.pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.slot: list[tuple[int, int]] = []  # layer -> (pair, index in it)
+
+    def allocate(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        groups = list(dict.fromkeys(self.devices))
+        self.slot = [(groups.index(d), self.devices[:i].count(d)) for i, d in enumerate(self.devices)]
+        for dev in groups:
+            count = self.devices.count(dev)
+            pair = tuple(torch.zeros(count, self.batch, x.shape[1], self.capacity, x.shape[-1], dtype=x.dtype,
+                                     device=dev) for x in (key_states, value_states))   # [L, B, kv, C, d] x 2
+            for t in pair:
+                torch._dynamo.mark_static_address(t)
+            self.pairs.append(pair)
+
+
 class PointerLayer(StaticLayer):
     """One layer of the stacked cache: keys and values are slot `index` of the stacks [L, B, kv, C, d] (views, so
     the compiled step's inputs are the stacks alone, and compaction is one copy for all layers). A forward of n
@@ -17,29 +39,32 @@ class PointerLayer(StaticLayer):
     layers: the engine sets it once per step (a tree block at one column P, a plain step at each L_b). Rows may be
     overwritten (rejected tree rows, the next step's block)."""
 
-    def __init__(self, stacks: tuple[torch.Tensor, torch.Tensor], index: int, write: torch.Tensor, host: list):
+    def __init__(self, stacks: Stacks, index: int, write: torch.Tensor, host: list):
         # (no StaticLayer.__init__: keys and values are views of the stacks, never reassigned)
         self.stacks, self.index = stacks, index
         self.write = write      # [B] long, shared by all layers
         self.host = host        # [P]: the block's column on the host, shared by all layers
-        self.max_cache_len = stacks[0].shape[3]
-        self.device = stacks[0].device
+        self.max_cache_len = stacks.capacity
+        self.device = stacks.devices[index]
         self.is_initialized = True
 
     @property
     def keys(self) -> torch.Tensor:
-        return self.stacks[0][self.index]                                                   # [B, kv, C, d]
+        pair, j = self.stacks.slot[self.index]
+        return self.stacks.pairs[pair][0][j]                                                # [B, kv, C, d]
 
     @property
     def values(self) -> torch.Tensor:
-        return self.stacks[1][self.index]                                                   # [B, kv, C, d]
+        pair, j = self.stacks.slot[self.index]
+        return self.stacks.pairs[pair][1][j]                                                # [B, kv, C, d]
 
     def update(self, key_states, value_states, *args, **kwargs):
+        if not self.stacks.pairs:
+            self.stacks.allocate(key_states, value_states)
         keys, values = self.keys, self.values
         if key_states.shape[1] != keys.shape[1] or key_states.shape[-1] != keys.shape[-1]:
-            raise WorkbenchError(f"layer {self.index} gives keys of shape {list(key_states.shape)} but the cache was "
-                                 f"sized {list(keys.shape)} from the model's config: this model's attention is not "
-                                 "supported by the decoder")
+            raise WorkbenchError(f"layer {self.index} gives keys of shape {list(key_states.shape)} but layer 0 gave "
+                                 f"{list(keys.shape)}: layers of other attention shapes are not supported")
         n = key_states.shape[-2]
         at = self.write.to(self.device)[:, None] + torch.arange(n, device=self.device)           # [B, n]
         at = at[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])      # [B, kv, n, d]
@@ -108,28 +133,24 @@ def _layer_devices(model, layers: int) -> list[torch.device]:
     return [model.device] * layers
 
 
+def _layer_devices(model, layers: int) -> list[torch.device]:
+    """The device of each decoder layer (one unless --device-map spread them)."""
+    blocks = getattr(model.get_decoder(), "layers", None)
+    if getattr(model, "hf_device_map", None) and blocks is not None and len(blocks) == layers:
+        return [next(b.parameters()).device for b in blocks]
+    return [model.device] * layers
+
+
 def allocate(model, batch: int, capacity: int, write: torch.Tensor, host: list) -> Cache:
     """A cache for `batch` sequences of `capacity` positions, refused in one line when the device lacks the memory:
-    per device one key stack and one value stack [L, B, kv, C, d] (`cache.stacks`), marked as static addresses so
-    that CUDA graphs may write them in place."""
+    a PointerLayer per layer over one `Stacks` (`cache.stacks`)."""
     need, free = cache_bytes(model, batch, capacity), free_bytes(model.device)
     if free is not None and need > free:
         raise WorkbenchError(f"batch {batch} x {capacity} positions needs a {need / 2**30:.1f} GiB KV cache but "
                              f"{free / 2**30:.1f} GiB is free on {model.device}: lower --batch-sizes or --max-new-tokens")
-    cfg = text_config(model)
-    kv = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    devices = _layer_devices(model, cfg.num_hidden_layers)
-    layers, stacks = [], []
-    for dev in dict.fromkeys(devices):
-        ids = [i for i, d in enumerate(devices) if d == dev]
-        pair = tuple(torch.zeros(len(ids), batch, kv, capacity, head_dim, dtype=model.dtype, device=dev)
-                     for _ in range(2))                                                    # [L, B, kv, C, d] x 2
-        for t in pair:
-            torch._dynamo.mark_static_address(t)
-        stacks.append(pair)
-        layers += [(i, PointerLayer(pair, j, write, host)) for j, i in enumerate(ids)]
-    cache = Cache(layers=[layer for _, layer in sorted(layers, key=lambda x: x[0])])
+    layers = text_config(model).num_hidden_layers
+    stacks = Stacks(_layer_devices(model, layers), batch, capacity)
+    cache = Cache(layers=[PointerLayer(stacks, i, write, host) for i in range(layers)])
     cache.stacks = stacks
     return cache
 
@@ -137,7 +158,7 @@ def allocate(model, batch: int, capacity: int, write: torch.Tensor, host: list) 
 def move_rows(cache: Cache, src: torch.Tensor, dst: torch.Tensor) -> None:
     """src, dst [B, K] cache columns per sequence: copy every layer's keys and values from src to dst, one gather
     and one scatter per stack (padding columns may repeat the last pair: the same value, written twice)."""
-    for keys, values in cache.stacks:
+    for keys, values in cache.stacks.pairs:
         seq = torch.arange(src.shape[0], device=keys.device)[:, None]                     # [B, 1]
         s_, d_ = src.to(keys.device), dst.to(keys.device)
         for t in (keys, values):                                                          # [L, B, kv, C, d]

@@ -1,0 +1,143 @@
+"""Eager vs compiled (inductor) decoding steps on CPU, per batch size, with the compile time beside: the table the
+CPU default of `--compile` is chosen from (engine.default_compile).
+
+    python bench/compile_cpu.py                  # demo model + heads, its 16-node plan tree, batch 1, 2, 4, 8
+    python bench/compile_cpu.py --tiny --batches 1,2 --max-new-tokens 16    # plumbing only (minutes)
+
+Run it on an idle machine (`uptime` load near 0): the compiled engine compiles each (batch, tree size) once in an
+untimed warm-up (`compile_s`, a one-off cost per shape and process), then eager and compiled generations of the
+same prompts alternate, `--rounds` times, so a load change hits both alike. Per (batch, tree): the median step of
+each mode, the speedup, the compile time and the steps after which compiling has paid for itself. Greedy fp32
+outputs of both modes must be identical (exit 1 otherwise). Writes JSON (bench/results/compile-cpu.json unless
+--out) with the setting (threads, CPU, versions, load) of the measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+
+import torch  # noqa: E402
+
+from decode import _setup, prompts_for  # noqa: E402  (bench/decode.py: the same model and prompt setup)
+from workbench import WorkbenchError  # noqa: E402
+from workbench.cli.shared import run_script  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.speed import tokens_per_step  # noqa: E402
+from workbench.decode.loop import DECODER_VERSION, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.measure.latency import measured_setting  # noqa: E402
+from workbench.runtime.engine import StepEngine, compile_options, default_compile, root_setup, tree_setup  # noqa: E402
+from workbench.runtime.generation import prepare_prompt  # noqa: E402
+from workbench.trees.tree import load_tree  # noqa: E402
+
+DEMO_TREE = HERE.parent / "trees" / "smollm2-135m-instruct-alpaca-eval-joint-16.json"
+PAYS = 0.9  # compiled pays when its step is at most this fraction of eager's at every batch size
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model")
+    ap.add_argument("--heads")
+    ap.add_argument("--tiny", action="store_true", help="tiny random model and heads (plumbing only)")
+    ap.add_argument("--tree", help=f"the Medusa tree timed beside the plain step (default: {DEMO_TREE.name}, "
+                                   "mc_sim_7b_63 with --tiny)")
+    ap.add_argument("--batches", default="1,2,4,8")
+    ap.add_argument("--prompts", help="prompt set or file (default: mt-bench)")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=3, help="eager/compiled alternations per (batch, tree)")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend (tests: aot_eager)")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--dtype")
+    ap.add_argument("--out", default=str(HERE / "results" / "compile-cpu.json"))
+    return run_script(ap, run, argv)
+
+
+def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
+    if not batches or batches[0] < 1 or args.rounds < 1 or args.max_new_tokens < 2:
+        raise WorkbenchError("--batches: positive integers; --rounds >= 1; --max-new-tokens >= 2")
+    args.device, args.raw = "cpu", False
+    model, tok, heads, label = _setup(args)
+    tree = load_tree(args.tree or ("mc_sim_7b_63" if args.tiny else str(DEMO_TREE)), num_heads=heads.num_heads)
+    bufs = {"plain": root_setup(model), tree.name or "tree": tree_setup(tree, model)}
+    encoded = [prepare_prompt(tok, p) for p in prompts_for(args.prompts, max(batches))]
+    encoded = [encoded[i % len(encoded)] for i in range(max(batches))]
+    n = args.max_new_tokens
+    engines = {"eager": StepEngine(model, compile=False),
+               "compiled": StepEngine(model, compile=True, backend=args.backend)}
+    for e in engines.values():
+        e.size_for(encoded, n, list(bufs.values()))
+    rows, exact = [], True
+    for b in batches:
+        chunk = encoded[:b]
+        for name, buf in bufs.items():
+            def gen(engine):
+                if buf.depth == 0:
+                    return vanilla_generate(model, tok, chunk, n, eos_token_id=[], engine=engine)
+                return medusa_generate(model, heads, tok, chunk, buf, n, eos_token_id=[], engine=engine)
+            t0 = time.perf_counter()
+            first = gen(engines["compiled"])  # compiles (untimed inside: compile_s) then decodes
+            compile_s = first[0].compile_s
+            print(f"batch {b}, {name}: compiled in {compile_s:.1f} s ({time.perf_counter() - t0:.1f} s with the "
+                  "first generation)", file=sys.stderr)
+            steps = {m: [] for m in engines}
+            calls = {m: [] for m in engines}
+            for _ in range(args.rounds):
+                for mode, engine in engines.items():
+                    out = gen(engine)
+                    steps[mode] += [s.time_s for s in out[0].steps]
+                    calls[mode].append(out)
+            same = all([r.token_ids for r in c] == [r.token_ids for r in calls["eager"][0]]
+                       for m in engines for c in calls[m])
+            exact &= same or model.dtype != torch.float32
+            eager_s, comp_s = statistics.median(steps["eager"]), statistics.median(steps["compiled"])
+            gain = eager_s - comp_s
+            rows.append(dict(batch=b, tree=name, tree_size=buf.size, eager_ms=1e3 * eager_s, compiled_ms=1e3 * comp_s,
+                             speedup=eager_s / comp_s, compile_s=compile_s,
+                             pays_after_steps=compile_s / gain if gain > 0 else None,
+                             tokens_per_step=tokens_per_step(calls["eager"][0]), identical=same,
+                             steps=len(steps["eager"])))
+            print(line(rows[-1]), file=sys.stderr)
+    pays = all(r["compiled_ms"] <= PAYS * r["eager_ms"] for r in rows)
+    report = dict(model=label, decoder_version=DECODER_VERSION, backend=args.backend,
+                  compile_options=compile_options(model.device, args.backend),
+                  setting=measured_setting(model, engines["compiled"], "compile-cpu"),
+                  load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+                  max_new_tokens=n, rounds=args.rounds, rows=rows, compiled_pays=pays,
+                  default_compile=default_compile(model.device))
+    atomic_write_json(args.out, report)
+    print(table(rows, report))
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0 if exact else 1
+
+
+def line(r: dict) -> str:
+    pay = f"{r['pays_after_steps']:>9.0f}" if r["pays_after_steps"] is not None else f"{'never':>9}"
+    return (f"{r['batch']:>3} {r['tree'][:24]:<24} {r['tree_size']:>3} {r['eager_ms']:>9.1f} {r['compiled_ms']:>9.1f} "
+            f"{r['speedup']:>7.2f}x {r['compile_s']:>9.1f} {pay} {'yes' if r['identical'] else 'NO':>5}")
+
+
+def table(rows: list[dict], report: dict) -> str:
+    s = report["setting"]
+    head = (f"{'B':>3} {'tree':<24} {'N':>3} {'eager ms':>9} {'comp. ms':>9} {'speedup':>8} {'compile s':>9} "
+            f"{'pays after':>9} {'same':>5}")
+    verdict = (f"compiled steps are <= {PAYS:.0%} of eager at every batch: compiling pays once a run is longer than "
+               "the 'pays after' steps" if report["compiled_pays"] else
+               "compiled steps are not clearly faster at every batch: keep eager as the CPU default")
+    return "\n".join([f"{report['model']} on cpu ({s.get('dtype')}, {s.get('threads')} threads, backend "
+                      f"{report['backend']}, load {report['load_average']})", head, "-" * len(head),
+                      *map(line, rows), verdict,
+                      f"current CPU default: {'compiled' if report['default_compile'] else 'eager'}"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
