@@ -22,6 +22,7 @@ import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.decode import acceptance  # noqa: E402
 from workbench.decode.loop import Acceptance, best_path, medusa_generate, typical_decisions  # noqa: E402
 from workbench.runtime.engine import StepEngine, tree_setup  # noqa: E402
 from workbench.runtime.generation import prepare_prompt  # noqa: E402
@@ -32,26 +33,36 @@ DEMO_TREE = HERE.parent / "trees" / "smollm2-135m-instruct-alpaca-eval-joint-16.
 
 
 class DecisionCounter(StepEngine):
-    """A StepEngine that, at each verify, judges every node under both entropy forms (counting only)."""
+    """An eager StepEngine whose steps also judge every node under both entropy forms (counting only): the step's
+    typical acceptance is wrapped while it runs, so the counts see the logits the step itself computed."""
 
     def __init__(self, model, rule: Acceptance):
         super().__init__(model, compile=False)
         self.rule = rule
         self.nodes = self.differ = self.lengths_differ = self.steps = 0
 
-    def verify(self, tokens, buf):
-        hidden, logits = super().verify(tokens, buf)                          # [B, N, H], [B, N, V]
+    def step(self, fn, buf, key, args):
+        real = acceptance.accept_typical
+
+        def counted(logits, tokens, tree, *a):
+            self.count(logits, tokens, tree)
+            return real(logits, tokens, tree, *a)
+        acceptance.accept_typical = counted
+        try:
+            return super().step(fn, buf, key, args)
+        finally:
+            acceptance.accept_typical = real
+
+    def count(self, logits, tokens, tree):
         r = self.rule
-        ok = {form: typical_decisions(logits, tokens, buf, r.temperature, r.epsilon, r.delta, form)[0]
+        ok = {form: typical_decisions(logits, tokens, tree, r.temperature, r.epsilon, r.delta, form)[0]
               for form in ("exact", "medusa")}                               # [B, N] each
         alive = torch.tensor(self.host_alive, device=tokens.device)          # [B]
-        zero = torch.zeros_like(logits[..., 0])
-        lengths = {form: best_path(o, zero, buf)[1] for form, o in ok.items()}  # [B] each
+        lengths = {form: best_path(o, None, tree)[1] for form, o in ok.items()}  # [B] each
         self.steps += int(alive.sum())
         self.nodes += int(alive.sum()) * (tokens.shape[1] - 1)
         self.differ += int((ok["exact"] != ok["medusa"])[alive][:, 1:].sum())
         self.lengths_differ += int((lengths["exact"] != lengths["medusa"])[alive].sum())
-        return hidden, logits
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
