@@ -156,3 +156,24 @@ def test_the_step_does_no_host_work(monkeypatch, rule):
         seen.append(buf.size)
         log.ops = []
     assert seen == [64, 3, 1]
+
+
+def test_cpu_compile_bench_runs(tmp_path):
+    """bench/compile_cpu.py, the one command behind the CPU default of --compile, at its smallest: a row per
+    (batch, tree) with both modes' steps, the compile time beside, identical fp32 outputs, the setting recorded."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bench_compile_cpu", Path(__file__).parent.parent / "bench" /
+                                                  "compile_cpu.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "compile-cpu.json"
+    assert bench.main(["--tiny", "--batches", "1,2", "--max-new-tokens", "4", "--rounds", "1", "--backend",
+                       "aot_eager", "--tree", "[[0], [0, 0], [1]]", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [(r["batch"], r["tree_size"]) for r in report["rows"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert all(r["identical"] and r["compile_s"] > 0 and r["eager_ms"] > 0 and r["compiled_ms"] > 0
+               for r in report["rows"])
+    assert report["setting"]["device"] == "cpu" and report["setting"]["compiled"] and report["backend"] == "aot_eager"
