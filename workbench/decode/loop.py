@@ -243,7 +243,7 @@ def _generate(model, tokenizer, req: Request, engine: StepEngine | None, heads=N
     while any(engine.host_alive):
         t0 = time.perf_counter()  # the device is idle here: the previous step ended in its read
         if propose is not None:
-            given = propose(engine.state.hidden, seqs).to(dev)                                # [B, depth, topk]
+            given = propose(engine.state.hidden, seqs).to(dev, torch.long)                   # [B, depth, topk]
         out = engine.step(decode_step, buf, plan.key, (heads, given, plan))
         packed = out[0] if req.record else out                                                # [B, D+4]
         read = packed.tolist()                                                                # THE host read
