@@ -31,7 +31,7 @@ from workbench import WorkbenchError  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.speed import tokens_per_step  # noqa: E402
-from workbench.decode.loop import DECODER_VERSION, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.runtime.engine import StepEngine, compile_options, default_compile, root_setup, tree_setup  # noqa: E402
 from workbench.runtime.generation import prepare_prompt  # noqa: E402
@@ -108,7 +108,7 @@ def run(args) -> int:
                              steps=len(steps["eager"])))
             print(line(rows[-1]), file=sys.stderr)
     pays = all(r["compiled_ms"] <= PAYS * r["eager_ms"] for r in rows)
-    report = dict(model=label, decoder_version=DECODER_VERSION, backend=args.backend,
+    report = dict(model=label, backend=args.backend,
                   compile_options=compile_options(model.device, args.backend),
                   setting=measured_setting(model, engines["compiled"], "compile-cpu"),
                   load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
