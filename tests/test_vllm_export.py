@@ -258,7 +258,7 @@ def test_a_worker_without_vllm_fails_in_one_line():
     import importlib.util
     import sys
 
-    from workbench.export.vllm_check import run_worker
+    from workbench.measure.vllm_runner import run_worker
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is importable here: the worker would start an engine")

@@ -28,12 +28,12 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, __version__
 from workbench.core.io import WorkState
 from workbench.core.provenance import differences, read_setting, setting, setting_cell, without_load
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS, LATENCY_COLUMNS,
-                                            spread_row)
+                                            spread_row, stamp)
 from workbench.runtime.engine import StepEngine, forward_probe, heads_times, root_setup, tree_setup, verify_times
 from workbench.runtime.generation import context_length
 from workbench.runtime.heads import heads_fingerprint
@@ -118,7 +118,7 @@ def _relative(df: pd.DataFrame) -> pd.DataFrame:
     t1 = df[df["tokens"] == 1].set_index(["batch", "context"])["seconds"]
     at = pd.MultiIndex.from_frame(df[["batch", "context"]])
     df["relative"] = df["seconds"].to_numpy() / t1.reindex(at).to_numpy()  # t(B, n) / t(B, 1)
-    return df
+    return stamp(df, "workbench", __version__)
 
 
 def _checked(sizes, batches, repeats: int, warmup: int) -> tuple[list[int], list[int]]:

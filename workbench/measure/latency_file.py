@@ -25,9 +25,14 @@ from workbench.core.speed import interpolate_latency, speedup_at, spread  # noqa
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
 HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);
 # heads_seconds: their proposal's cost at the row's batch size (engine.heads_times), timed beside the table
+LATENCY_FORMAT = 2  # 2: the engine columns (a file without `format` is 1: our decoder's, context range unknown)
+ENGINES = ("workbench", "vllm")  # whose step the rows time: our decoder's, or a round as vLLM serves it
+ENGINE_COLUMNS = ["engine", "engine_version", "context_min", "context_max", "format"]  # context_min/max: the range
+# of the contexts the timed steps saw (`context` is their mean; empty where the steps ran at one fixed context)
 LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats",
                    "setting",  # setting: provenance.setting_cell of the measurement (absent in older files)
-                   *HEADS_COLUMNS]  # the heads the timed step ran and their cost (absent in older files: heads_table)
+                   *HEADS_COLUMNS,  # the heads the timed step ran and their cost (absent in older files: heads_table)
+                   *ENGINE_COLUMNS]
 LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_SECONDS, MAX_SECONDS = 1e-9, 1e5  # a step faster than a nanosecond or slower than a day is not a timing
@@ -44,6 +49,48 @@ def spread_row(times: list[float]) -> dict:
     s = spread(times)
     return dict(seconds=s["median"], seconds_min=s["min"], seconds_q1=s["q1"], seconds_q3=s["q3"],
                 seconds_max=s["max"], repeats=s["repeats"])
+
+
+def stamp(df: pd.DataFrame, engine: str, version: str, contexts: tuple[int, int] | None = None) -> pd.DataFrame:
+    """The rows of one measurement with ENGINE_COLUMNS filled: whose step they timed (`engine`, one of ENGINES, and
+    its version), the range of contexts its steps saw (None: not recorded) and this format's version."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
+    df["engine"], df["engine_version"], df["format"] = engine, str(version), LATENCY_FORMAT
+    df["context_min"], df["context_max"] = (None, None) if contexts is None else (int(contexts[0]), int(contexts[1]))
+    return df
+
+
+def latency_engine(df: pd.DataFrame) -> tuple[str, str | None]:
+    """(engine, its version) whose steps a checked latency table (read_latency) timed: ("workbench", None) for a
+    file written before the engine was recorded."""
+    if "engine" not in df.columns:
+        return "workbench", None
+    version = df["engine_version"].iloc[0] if "engine_version" in df.columns else None
+    return str(df["engine"].iloc[0]), None if pd.isna(version) else str(version)
+
+
+def _check_engine(df: pd.DataFrame, path, flag: str) -> None:
+    """ENGINE_COLUMNS, when there: one known engine and version per file, a format this reader knows, and
+    context_min <= context <= context_max where the range is recorded."""
+    if "format" in df.columns:
+        fmt = pd.to_numeric(df["format"], errors="coerce")
+        if fmt.isna().any() or (fmt % 1 != 0).any() or not fmt.between(1, LATENCY_FORMAT).all():
+            raise WorkbenchError(f"{flag} {path}: format must be a whole number 1..{LATENCY_FORMAT} on every row (a "
+                                 "newer format is a newer workbench's: upgrade it)")
+    if "engine" not in df.columns:
+        return
+    if df["engine"].isna().any() or not df["engine"].isin(ENGINES).all() or \
+            df[[c for c in ("engine", "engine_version") if c in df.columns]].astype(str).nunique().max() > 1:
+        raise WorkbenchError(f"{flag} {path}: engine must be one of {', '.join(ENGINES)}, one engine and version per "
+                             "file (`workbench latency --engine E` writes it)")
+    have = [c for c in ("context_min", "context_max") if c in df.columns]
+    rng = df[have].apply(pd.to_numeric, errors="coerce") if have else None
+    if rng is not None and rng.notna().any().any():
+        if len(have) < 2 or rng.isna().any().any() or (rng["context_min"] > df["context"]).any() or \
+                (rng["context_max"] < df["context"]).any():
+            raise WorkbenchError(f"{flag} {path}: context_min and context_max must both be numbers on every row, "
+                                 "with context_min <= context <= context_max")
 
 
 def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
@@ -67,6 +114,7 @@ def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
                              "writes it")
     df[cols] = num
     df[["batch", "context", "tokens"]] = df[["batch", "context", "tokens"]].astype(int)
+    _check_engine(df, path, flag)
     present = [c for c in SPREAD_COLUMNS if c in df.columns]
     if present:
         spread = df[present].apply(pd.to_numeric, errors="coerce")

@@ -1,6 +1,10 @@
 """Speculation plans per batch size: for each batch size, the fastest of the optimal tree at every budget, the
 top-1 chain of every length, and no speculation, by predicted speedup on a measured latency surface t(B, n).
 
+The plan is priced on the engine its latency table timed (latency_file.latency_engine): on our decoder's steps the
+candidates are below; on vLLM's served rounds (`workbench latency --engine vllm`) only what vLLM runs, a top-1 chain
+of each K it timed, or none.
+
 Batch size changes the answer: at batch 1 a verify of n tokens costs little more than one token (the weights are
 read once either way); at batch B the same n tokens per sequence are B * n tokens of work, and speculation can lose
 to vanilla decoding while acceptance stays the same. The candidates:
@@ -20,11 +24,15 @@ The plan file (read and written here only):
   {"plans": [{"batch_size", "kind": "tree" | "chain" | "none", "medusa_choices", "nodes",
               "predicted_tokens_per_step", "predicted_speedup",
               "predicted_batch_tokens_per_step"}, ...],  # one row per batch size, ascending; the last is optional
-   "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain"}, ...],
+   "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain",
+                     "chains": [{"k", "predicted_tokens_per_step", "predicted_batch_tokens_per_step",
+                                 "predicted_speedup", "speedup_range"}, ...]}, ...],  # chains: every K weighed, 0 = none
    "chain_acceptance": [p_1, ..., p_K],  # per-position unconditional acceptance of the top-1 chain
    "source": {..., "prediction", "max_new_tokens", "regime"},
    "latency": {"file", "context", "spread", "model", "device", "dtype", "setting" (provenance.setting of the table, null
-               when it was not recorded), "mode" (decoder-step | verify | unknown)}, "workbench_version", "created"}
+               when it was not recorded), "mode" (decoder-step | verify | vllm-round | unknown), "engine" (whose
+               steps it timed: workbench | vllm; what the plan is priced on), "engine_version"},
+   "workbench_version", "created"}
 `predicted_tokens_per_step` is what each sequence measures (a decoder's tokens/step); the speedup divides
 `predicted_batch_tokens_per_step` instead: B sequences side by side step until the slowest is done (absent in
 files written before it was kept). `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length
@@ -46,7 +54,7 @@ from workbench.calibrate.folder import Calibration
 from workbench.core.io import read_csv, read_json
 from workbench.core.provenance import differences, read_setting
 from workbench.core.speed import max_tokens, priced, within_noise
-from workbench.measure.latency_file import latency_surface, read_latency
+from workbench.measure.latency_file import latency_engine, latency_surface, read_latency
 from workbench.measure.sweep_file import checked_speedup
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.optimize import best_first, expected_length, value_and_limits
@@ -304,8 +312,12 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     df = read_latency(latency_path)
     surface, ctx = latency_surface(df, batch_sizes, context, source["typical_context"], f"--latency {latency_path}")
     top = max(max_tokens(s["seconds"]) for s in surface.values()) - 1
-    cands = candidates(source["tokens_per_step"], source["chain_acceptance"], top, source["value"],
-                       source["max_depth"], source["max_rank"])
+    engine, version = latency_engine(df)
+    cands = candidates(source["tokens_per_step"], source["chain_acceptance"], top,
+                       source["value"] if engine == "workbench" else None, source["max_depth"], source["max_rank"])
+    if engine != "workbench":  # what that engine runs: a top-1 chain of each K it was timed at, or none
+        timed = set.intersection(*(set(s["measured"]) for s in surface.values()))
+        cands = [c for c in cands if c["kind"] == "none" or c["nodes"] + 1 in timed]
     plans, alternatives = [], []
     for b in batch_sizes:
         at = at_batch(cands, source["batch_tokens_per_step"], b)
@@ -317,15 +329,34 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
         alternatives.append(dict(batch_size=b, speedup_range=list(best["range"]) if best["range"] else None,
                                  runner_up=_brief(pick["runner_up"]), runner_up_within_noise=pick["within_noise"],
                                  best_chain=dict(k=chain["nodes"], predicted_tokens_per_step=chain["tokens_per_step"],
-                                                 predicted_speedup=chain["speedup"])))
+                                                 predicted_speedup=chain["speedup"]),
+                                 chains=chain_rows(pick["ranked"])))
     setup = {c: str(df[c].iloc[0]) for c in ("model", "device", "dtype") if c in df.columns}
     where = read_setting(df)
     return dict(plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
                 source=source["info"],
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
                              heads_cost=surface[batch_sizes[0]]["heads"] is not None, **setup, setting=where,
-                             mode=(where or {}).get("mode", "unknown (a file written before the setting was kept)")),
+                             mode=(where or {}).get("mode", "unknown (a file written before the setting was kept)"),
+                             engine=engine, engine_version=version),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def chain_rows(ranked: list[dict]) -> list[dict]:
+    """Every chain (and none, k = 0) weighed at one batch size, by K: what an engine that drafts chains can be
+    asked for, each with the plan's prediction (what `vllm-check --plan` measures beside it)."""
+    rows = [dict(k=c["nodes"], predicted_tokens_per_step=c["tokens_per_step"],
+                 predicted_batch_tokens_per_step=c.get("batch_tokens_per_step", c["tokens_per_step"]),
+                 predicted_speedup=c["speedup"], speedup_range=list(c["range"]) if c["range"] else None)
+            for c in ranked if c["kind"] != "tree"]
+    return sorted(rows, key=lambda r: r["k"])
+
+
+def plan_engine(plan: dict) -> tuple[str, str | None]:
+    """(engine, version) whose step costs a plan was priced on: its latency table's (latency_file.ENGINES);
+    ("workbench", None) for a plan written before the engine was recorded (our decoder's tables were all)."""
+    lat = plan.get("latency") or {}
+    return str(lat.get("engine") or "workbench"), lat.get("engine_version")
 
 
 def plan_table(plan: dict) -> str:
