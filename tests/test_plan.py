@@ -351,7 +351,8 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
     # a latency file without a setting column: provenance unknown, said loudly
     assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, heads_cost=False,
                                    model="synthetic", device="test", dtype="float32", setting=None,
-                                   mode="unknown (a file written before the setting was kept)")
+                                   mode="unknown (a file written before the setting was kept)",
+                                   engine="workbench", engine_version=None)  # a file without engine: our decoder's
     assert "WARNING: the latency table times the bare verify forward (or does not say what it timed)" in err
     assert "step cost: as the table timed it" in err and "--mode heads" in err
     assert plan["workbench_version"] and plan["created"].startswith("20")

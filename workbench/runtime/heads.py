@@ -6,6 +6,8 @@ Formats (checked strictly: a missing, unexpected or mis-shaped tensor is an erro
   2. "version 2" heads-only: the same ResBlocks without the per-head [V,H] matrix; logits go through the base
      model's own lm_head (tiny files; what `workbench train-heads` writes by default).
   3. Full Medusa-2 checkpoint: a model folder whose weights also hold `medusa_head.{head}...` tensors.
+  4. vLLM Medusa folder (read only; export.engines writes it): config.json `model_type: medusa` + *.safetensors
+     with the format 1/2 keys, and for tied heads the base model's embedding as `lm_head.weight` (not read).
 """
 from __future__ import annotations
 
@@ -187,12 +189,35 @@ def load_heads(path: str | Path | None = None) -> tuple[MedusaHeads, dict]:
             if heads.tied and cfg.get("vocab_size"):
                 heads.vocab_size = int(cfg["vocab_size"])
             return heads, cfg
+    if cfg.get("model_type") == "medusa":  # 4. the vLLM Medusa folder `export --format vllm-heads` writes
+        return _vllm_heads(folder, cfg), cfg
     medusa2 = _medusa2_tensors(folder)
     if medusa2:
         return heads_from_state_dict(medusa2, f"{folder} (medusa_head.* tensors)",
                                      cfg.get("medusa_num_heads"), cfg.get("medusa_num_layers")), cfg
-    raise WorkbenchError(f"--heads {folder}: no {HEADS_FILE}.safetensors/.pt and no medusa_head.* tensors in the "
-                         "model weights")
+    raise WorkbenchError(f"--heads {folder}: no {HEADS_FILE}.safetensors/.pt, no medusa_head.* tensors in the "
+                         "model weights and no vLLM Medusa config (model_type medusa)")
+
+
+def _vllm_heads(folder: Path, cfg: dict) -> MedusaHeads:
+    """A vLLM Medusa folder (export.engines.write_vllm_heads): the blocks under Medusa's own names in its
+    *.safetensors, and for tied heads (original_lm_head) the base model's output embedding as lm_head.weight, which
+    is the base model's, not the heads': left out, the heads read back tied."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise WorkbenchError(f"--heads {folder}: a vLLM Medusa folder (model_type medusa) without *.safetensors")
+    sd = {k: v for f in files for k, v in _read_tensors(f).items()}
+    if cfg.get("original_lm_head"):
+        sd.pop("lm_head.weight", None)
+    for key in ("num_heads", "num_hidden_layers", "vocab_size"):
+        v = cfg.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 31):
+            raise WorkbenchError(f"{folder / 'config.json'}: {key} should be a positive integer, found {str(v)[:40]!r}")
+    heads = heads_from_state_dict(sd, f"{folder} (vLLM Medusa folder)", cfg.get("num_heads"),
+                                  cfg.get("num_hidden_layers"))
+    if heads.tied and cfg.get("vocab_size"):
+        heads.vocab_size = int(cfg["vocab_size"])
+    return heads
 
 
 def _medusa2_tensors(folder: Path) -> dict[str, torch.Tensor]:
