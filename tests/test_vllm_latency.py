@@ -151,6 +151,12 @@ def test_a_calibration_plan_on_vllm_has_no_trees(tmp_path):
     plan = read_plan(out)
     kinds = {r["kind"] for r in plan["plans"]} | {(a["runner_up"] or {}).get("kind") for a in plan["alternatives"]}
     assert "tree" not in kinds
+    from workbench.calibrate.folder import Calibration
+    from workbench.plan.recommend import recommend
+
+    rec = recommend(Calibration(calib), read_latency(_surface(tmp_path)), batch=1)  # the app's answer: the same
+    assert {c["kind"] for c in rec["candidates"]} == {"none", "chain"} and rec["pick"]["nodes"] == \
+        plan["plans"][0]["nodes"]
 
 
 def test_exporting_a_plan_priced_on_our_decoder_for_vllm_warns_once(tmp_path, capsys):

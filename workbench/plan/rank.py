@@ -248,6 +248,15 @@ def candidates(tokens_per_step, chain_acceptance: list[float], max_nodes: int, v
     return out
 
 
+def served(cands: list[dict], engine: str, timed) -> list[dict]:
+    """The candidates the engine a latency table timed can run: all of them on our decoder ("workbench"); on vLLM a
+    top-1 chain of each K it timed (tokens K + 1 in `timed`) or none: it drafts no trees and its round at a K not
+    timed is not known."""
+    if engine == "workbench":
+        return cands
+    return [c for c in cands if c["kind"] == "none" or (c["kind"] == "chain" and c["nodes"] + 1 in timed)]
+
+
 def _rank(c: dict) -> tuple:
     return c["speedup"], SIMPLER[c["kind"]], -c["nodes"]
 
@@ -313,11 +322,9 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     surface, ctx = latency_surface(df, batch_sizes, context, source["typical_context"], f"--latency {latency_path}")
     top = max(max_tokens(s["seconds"]) for s in surface.values()) - 1
     engine, version = latency_engine(df)
-    cands = candidates(source["tokens_per_step"], source["chain_acceptance"], top,
-                       source["value"] if engine == "workbench" else None, source["max_depth"], source["max_rank"])
-    if engine != "workbench":  # what that engine runs: a top-1 chain of each K it was timed at, or none
-        timed = set.intersection(*(set(s["measured"]) for s in surface.values()))
-        cands = [c for c in cands if c["kind"] == "none" or c["nodes"] + 1 in timed]
+    cands = served(candidates(source["tokens_per_step"], source["chain_acceptance"], top, source["value"],
+                              source["max_depth"], source["max_rank"]),
+                   engine, set.intersection(*(set(s["measured"]) for s in surface.values())))
     plans, alternatives = [], []
     for b in batch_sizes:
         at = at_batch(cands, source["batch_tokens_per_step"], b)
