@@ -103,6 +103,9 @@ def test_latency_engine_vllm_refuses_our_decoders_flags(tiny_llama, standin, tmp
     assert err.startswith("error: --context: our decoder's") and len(err.strip().splitlines()) == 1
     assert _latency(tiny_llama, standin, tmp_path / "x.csv", "--method", "eagle3") == 2
     assert "--heads (Medusa heads) or --method" in capsys.readouterr().err
+    assert main(["latency", "--k", "1,2", "--out", str(tmp_path / "x.csv")]) == 2  # our decoder has no K
+    assert capsys.readouterr().err.startswith("error: --k, --method, --draft-model and --vllm-python time vLLM's")
+    assert not (tmp_path / "x.csv").exists()
 
 
 def _surface(tmp_path, engine="vllm") -> str:

@@ -14,7 +14,7 @@ from workbench.core.io import atomic_write_text, check_output, remove_work, run_
 def cmd_latency(args) -> int:
     from pathlib import Path
 
-    if args.engine == "vllm":  # vLLM's own rounds, served in its environment
+    if args.engine == "vllm" or args.k or args.method or args.draft_model or args.vllm_python:  # vLLM's own rounds
         from workbench.cli.vllm import cmd_latency_vllm
 
         return cmd_latency_vllm(args)

@@ -82,6 +82,8 @@ def cmd_latency_vllm(args) -> int:
 
     from workbench.measure.vllm_runner import vllm_python
 
+    if args.engine != "vllm":
+        raise WorkbenchError("--k, --method, --draft-model and --vllm-python time vLLM's rounds: add --engine vllm")
     py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
     given = [f"--{k.replace('_', '-')}" for k in DECODER_ONLY if getattr(args, k, None)]
     if given or args.compile or (args.device or "cpu") != "cpu" or (args.dtype or "float32") != "float32":

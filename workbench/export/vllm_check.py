@@ -130,14 +130,20 @@ def _load_avg() -> list[float] | None:
         return None
 
 
+def check_vllm_model(model) -> None:
+    """vLLM loads an HF model folder: a GGUF file or a hub id is one error line (the demo model, None, is written as
+    a folder)."""
+    if model is not None and (str(model).endswith(".gguf") or not Path(model).is_dir()):
+        raise WorkbenchError(f"--model {model}: vLLM needs an HF model folder (config.json + safetensors); the "
+                             "demo model is written as one automatically")
+
+
 def vllm_inputs(model, heads_dir, records, raw: bool, heads: bool = True) -> dict:
     """What vLLM is given, made on our side: the base model as an HF folder (the demo GGUF's de-quantised fp32
     one), the prompts as token ids (our chat template), the stop ids and, with `heads`, the heads written as a vLLM
     Medusa folder (export.write_vllm_heads, in the cache under their fingerprint). Also the loaded base, tokenizer
     and heads, for our own decoder."""
-    if model is not None and (str(model).endswith(".gguf") or not Path(model).is_dir()):
-        raise WorkbenchError(f"--model {model}: vLLM needs an HF model folder (config.json + safetensors); the "
-                             "demo model is written as one automatically")
+    check_vllm_model(model)
     if heads:
         base, tok, hd = load_model_and_heads(model, heads_dir, "cpu", "float32")
     else:
@@ -171,9 +177,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     may hold from either run: speed, vllm_startup_s, the runs' seconds, seconds, load_average, note."""
     progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
     py = vllm_python(python)  # before anything loads: a missing interpreter fails in a second
-    if model is not None and (str(model).endswith(".gguf") or not Path(model).is_dir()):
-        raise WorkbenchError(f"--model {model}: vLLM needs an HF model folder (config.json + safetensors); the "
-                             "demo model is written as one automatically")
+    check_vllm_model(model)
     cal = Calibration(calibration or default_calibration())
     # what can be refused without the model comes first: the prompts, the plan's K, the calibration's predictions
     surface = surface_prompts(plan)
