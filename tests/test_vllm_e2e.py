@@ -1,6 +1,7 @@
 """The demo heads and plan in a real vLLM (0.32, CPU build), end to end through `workbench vllm-check`: a few
 held-out prompts, K = 1..4, batch 1 and 4. Needs vLLM's own environment: $WORKBENCH_VLLM_PYTHON (.ci/run builds
-it); skipped with its reason otherwise. Minutes: five vLLM engines start one after another."""
+it); skipped with its reason otherwise. Minutes: five vLLM engines start one after another, then six for the
+plan priced on vLLM's own rounds (latency --engine vllm -> plan -> vllm-check --plan)."""
 import json
 import os
 from pathlib import Path
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.skipif(not PY or not Path(PY).is_file(),
 def test_demo_heads_in_vllm_match_plain_vllm_and_our_decoder(tmp_path, capsys):
     out = tmp_path / "check.json"
     rc = main(["vllm-check", "--calibration", str(CALIBRATION), "--k", "1,2,3,4", "--batch-sizes", "1,4",
-               "--limit", "4", "--max-new-tokens", "16", "--out", str(out)])
+               "--limit", "4", "--max-new-tokens", "16", "--repeats", "1", "--out", str(out)])
     err = capsys.readouterr().err
     if rc == 2 and "no local" in err:
         pytest.skip("the held-out prompts' data set is not on this machine: " + err.strip()[:200])
