@@ -74,7 +74,7 @@ def run(args) -> int:
     loads.setdefault("start", load())
     try:
         step("surface", ["latency", "--engine", "vllm", *py, "--calibration", cal, "--prompts", args.surface_prompts,
-                         "--limit", str(args.surface_limit), "--batch", args.batch_sizes, "--k", ks, "--repeats",
+                         "--limit", str(args.surface_limit), "--batch-sizes", args.batch_sizes, "--k", ks, "--repeats",
                          str(args.repeats), "--max-new-tokens", str(args.max_new_tokens), "--out", str(lat)],
              lat, loads)
         step("plan", ["plan", "--calibration", cal, "--latency", str(lat), "--batch-sizes", args.batch_sizes,

@@ -60,7 +60,7 @@ def test_a_plan_priced_on_vllms_rounds_is_checked_in_vllm(tmp_path, capsys):
 
     lat, plan, check, vh = (tmp_path / n for n in ("vllm.csv", "plan.json", "check.json", "vh"))
     assert main(["latency", "--engine", "vllm", "--calibration", str(CALIBRATION), "--prompts", "alpaca-eval",
-                 "--limit", "3", "--batch", "1,2", "--k", "0,1,2", "--repeats", "2", "--max-new-tokens", "16",
+                 "--limit", "3", "--batch-sizes", "1,2", "--k", "0,1,2", "--repeats", "2", "--max-new-tokens", "16",
                  "--out", str(lat)]) == 0, capsys.readouterr().err[-2000:]
     df = read_latency(lat)
     assert latency_engine(df) == ("vllm", "0.32.0")

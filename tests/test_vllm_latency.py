@@ -61,7 +61,7 @@ def standin(tmp_path, monkeypatch):
 def _latency(tiny_llama, py, out, *extra):
     return main(["latency", "--engine", "vllm", "--vllm-python", str(py), "--model", str(tiny_llama.model_dir),
                  "--heads", str(tiny_llama.heads_dirs["2"]), "--prompts", "alpaca-eval", "--raw", "--limit", "3",
-                 "--batch", "1,2",
+                 "--batch-sizes", "1,2",
                  "--k", "0,1,2", "--repeats", "3", "--warmup", "1", "--max-new-tokens", "8", "--out", str(out),
                  *extra])
 
@@ -171,7 +171,7 @@ def test_exporting_a_plan_priced_on_our_decoder_for_vllm_warns_once(tmp_path, ca
                      "1,2", "--out", str(path)]) == 0
     capsys.readouterr()
     assert main(["export", str(ours), "--format", "vllm", "--method", "eagle3", "--draft-model", str(tmp_path),
-                 "--batch-size", "1"]) == 0
+                 "--batch-sizes", "1"]) == 0
     warned = [line for line in capsys.readouterr().err.splitlines() if "priced on" in line]
     assert len(warned) == 1 and warned[0].startswith("warning: the plan was priced on our decoder's step costs")
     assert "`workbench latency --engine vllm" in warned[0] and f"--acceptance {acc}" in warned[0]

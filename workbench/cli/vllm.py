@@ -65,7 +65,7 @@ def add_vllm_check(sub) -> None:
 
 # ---------------------------------------------------------------------------------------- latency --engine vllm
 
-DECODER_ONLY = ("mode", "random_config", "context", "sizes", "table", "device_map")  # our decoder's flags
+DECODER_ONLY = ("mode", "random_config", "context", "sizes", "latency", "device_map")  # our decoder's flags
 
 
 def parse_ks(text: str | None, default) -> list[int]:
@@ -108,7 +108,7 @@ def cmd_latency_vllm(args) -> int:
         raise WorkbenchError(f"--method {args.method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
     if not medusa and args.method in ("eagle", "eagle3", "draft_model") and not args.draft_model:
         raise WorkbenchError(f"--method {args.method} needs --draft-model DIR (the drafter's weights)")
-    batches = parse_ints(args.batch, "--batch", "batch") if args.batch else [1, 2, 4, 8]
+    batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else [1, 2, 4, 8]
     if args.calibration:
         read_meta(args.calibration)
     if args.prompts == "holdout" and not args.calibration:
