@@ -23,10 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError, __version__  # noqa: E402
-from workbench.calibrate.folder import NULL, Calibration, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
+from workbench.calibrate.folder import Calibration  # noqa: E402
+from workbench.calibrate.ranks import NULL, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
 from workbench.calibrate.run import CalibrateConfig, calibrate  # noqa: E402
 from workbench.core.data import load_prompt_records  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.provenance import dtype_name  # noqa: E402
 from workbench.runtime.engine import decode_one, logits_of, new_cache, prefill  # noqa: E402
 from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.runtime.heads import save_heads  # noqa: E402
@@ -125,7 +127,7 @@ def main() -> None:
     speedup = reference_s / runner_compute_s
 
     print(f"{len(records)} prompts of {args.prompts}, {heads.num_heads} heads, top-{args.topk}, "
-          f"max {args.max_new_tokens} new tokens, {model.device.type} {str(model.dtype).replace('torch.', '')}")
+          f"max {args.max_new_tokens} new tokens, {model.device.type} {dtype_name(model.dtype)}")
     print(f"{'head':>4}  {'top-1 runner':>12}  {'top-1 ref':>10}  {'top-5 runner':>12}  {'top-5 ref':>10}  "
           f"{'max |diff| over ranks':>21}")
     for k in range(heads.num_heads):
@@ -143,7 +145,7 @@ def main() -> None:
         print(f"{name:<44}{val:>12}")
 
     result = dict(version=__version__, machine=platform.machine(), python=platform.python_version(),
-                  torch=torch.__version__, device=model.device.type, dtype=str(model.dtype).replace("torch.", ""),
+                  torch=torch.__version__, device=model.device.type, dtype=dtype_name(model.dtype),
                   threads=torch.get_num_threads(), model=meta["model"], heads=args.heads or
                   (f"random tied x{args.random_heads}" if args.random_heads else "demo"), prompts=args.prompts,
                   num_prompts=len(records), max_new_tokens=args.max_new_tokens, topk=args.topk,

@@ -35,11 +35,11 @@ import torch  # noqa: E402
 from workbench import WorkbenchError  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.provenance import setting  # noqa: E402
+from workbench.core.provenance import dtype_name, setting  # noqa: E402
 from workbench.core.speed import (acceptance_per_position, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
                                   overhead, step_times, tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
-from workbench.decode.loop import DECODER_VERSION, Acceptance, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.decode.loop import Acceptance, medusa_generate, vanilla_generate  # noqa: E402
 from workbench.runtime.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
 from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.runtime.heads import DEMO_HEADS  # noqa: E402
@@ -191,10 +191,10 @@ def run(args) -> int:
     summary = summarise(rows, max((b.depth for b in bufs), default=0))
     gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
     atomic_write_json(args.out, dict(
-        model=label, device=str(model.device), dtype=str(model.dtype).replace("torch.", ""),
+        model=label, device=str(model.device), dtype=dtype_name(model.dtype),
         setting=setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile), gpu),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
-        decoder_version=DECODER_VERSION, load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         compiled=bool(engine.compile), compile_s=engine.compile_s, recompiled=engine.resized, max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,
         trees={name: t.as_lists() for name, t in zip(names, trees)}, summary=summary,
         runs=[{k: v for k, v in r.items() if k not in ("results", "forward_times")} for r in rows]))
@@ -225,7 +225,7 @@ def summarise(rows: list[dict], depth: int = 0) -> list[dict]:
         steps, fwd = step_times(calls) if stepped else [], [t for r in rs for t in r["forward_times"]]
         line = dict(batch_size=key[0], method=key[1], tree=key[2], prompts=sum(r["prompts"] for r in rs),
                     tokens=sum(len(x.token_ids) for c in calls for x in c), tokens_per_s=goodput(calls),
-                    acceleration_rate=tokens_per_step(calls) if stepped else 1.0,
+                    tokens_per_step=tokens_per_step(calls) if stepped else 1.0,
                     speedup=measured_speedup(calls, van_calls),
                     speedup_median=statistics.median(measured_speedup([r["results"]], [van[r["chunk"]]["results"]])
                                                      for r in rs),
@@ -246,12 +246,12 @@ def table(summary: list[dict], label: str, model, compiled: bool) -> str:
     head = (f"{'B':>3} {'method':<20} {'tree':<28} {'tok/s':>7} {'tok/step':>8} {'step ms':>8} {'fwd ms':>7} "
             f"{'overhead':>8} {'speedup':>8} {'median':>7} {'exact':>6} {'ties':>5} {'mism':>5}")
     load = f", load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
-    lines = [f"{label} on {model.device} ({str(model.dtype).replace('torch.', '')}, {torch.get_num_threads()} threads, "
+    lines = [f"{label} on {model.device} ({dtype_name(model.dtype)}, {torch.get_num_threads()} threads, "
              f"{'compiled' if compiled else 'eager'}{load})", head, "-" * len(head)]
     fmt = lambda v, spec, unit="": f"{'-':>{int(spec.split('.')[0]) + len(unit)}}" if v is None else f"{v:{spec}}{unit}"  # noqa: E731
     for s in summary:
         lines.append(f"{s['batch_size']:>3} {s['method']:<20} {(s['tree'] or '-')[:28]:<28} {s['tokens_per_s']:>7.1f} "
-                     f"{s['acceleration_rate']:>8.2f} {fmt(s['step_ms'], '8.1f')} {fmt(s['forward_ms'], '7.1f')} "
+                     f"{s['tokens_per_step']:>8.2f} {fmt(s['step_ms'], '8.1f')} {fmt(s['forward_ms'], '7.1f')} "
                      f"{fmt(s['decoder_overhead'], '7.2f', 'x')} {s['speedup']:>7.2f}x {s['speedup_median']:>6.2f}x "
                      f"{s['matches_greedy']:>3}/{s['prompts']} {s.get('near_tie_divergences', '-'):>5} "
                      f"{s.get('mismatches', '-'):>5}")

@@ -42,10 +42,11 @@ from workbench import WorkbenchError  # noqa: E402
 from workbench.calibrate.folder import Calibration, default_calibration  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
+from workbench.core.provenance import dtype_name  # noqa: E402
 from workbench.core.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, step_times,  # noqa: E402
                                   tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
-from workbench.decode.loop import DECODER_VERSION, medusa_generate, vanilla_generate  # noqa: E402
+from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.measure.latency import device_name, latency_tree, measure_latency  # noqa: E402
 from workbench.plan.rank import make_plan, plan_source, plan_trees  # noqa: E402
 from workbench.runtime.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
@@ -137,7 +138,7 @@ def section_exact(device, cfg, demo, quick: bool) -> dict:
         van = vanilla_generate(model, tok, ids, cfg["exact_new"], record=True)
         med = medusa_generate(model, heads, tok, ids, "mc_sim_7b_63", cfg["exact_new"], record=True)
         found = [d for m, v in zip(med, van) for d in divergences(m, v, model.dtype)]
-        out["demo"] = dict(dtype=str(model.dtype).replace("torch.", ""), prompts=len(ids),
+        out["demo"] = dict(dtype=dtype_name(model.dtype), prompts=len(ids),
                            identical=sum(m.token_ids == v.token_ids for m, v in zip(med, van)),
                            **divergence_counts(found))
         if model.dtype != torch.bfloat16:
@@ -176,7 +177,7 @@ def section_latency(model, heads, cfg, out_dir: Path, tag: str, engine, budget: 
 def surface_provenance(model, latency: dict, mode: str) -> dict:
     """Which latency surface a plan read, and what measured it: the mode the decoder runs in."""
     return dict(file=latency[mode]["file"], mode=mode, device_name=device_name(model.device),
-                dtype=str(model.dtype).replace("torch.", ""), compiled=latency[mode]["compiled"],
+                dtype=dtype_name(model.dtype), compiled=latency[mode]["compiled"],
                 threads=torch.get_num_threads(), torch=torch.__version__, transformers=transformers.__version__)
 
 
@@ -267,7 +268,7 @@ def decode_prompts(tok, cfg) -> list[list[int]]:
 def markdown(report: dict) -> str:
     env, lines = report["env"], []
     lines.append(f"# bench/gpu.py on {env['device_name']} ({env['dtype']}, torch {env['torch']}, transformers "
-                 f"{env['transformers']}, decoder version {report['decoder_version']})\n")
+                 f"{env['transformers']})\n")
     ex = report.get("exact") or {}
     if ex:
         lines.append(f"Exactness: fp32 {ex['fp32_identical']}/{ex['fp32_cases']} identical to HF generate; bf16 "
@@ -334,12 +335,12 @@ def run(args) -> int:
         Calibration(calibration)  # one line if it is not a calibration folder
     if args.tiny and args.dtype:
         model, heads = model.to(getattr(torch, args.dtype)), heads.to(getattr(torch, args.dtype))
-    env = dict(device_name=device_name(device), device=str(device), dtype=str(model.dtype).replace("torch.", ""),
+    env = dict(device_name=device_name(device), device=str(device), dtype=dtype_name(model.dtype),
                torch=torch.__version__, transformers=transformers.__version__, machine=platform.machine(),
                compile_mode=compile_mode(device), cuda_graphs=device.type == "cuda",
                weight_bytes=weight_bytes(model), copy_bandwidth=copy_bandwidth(device, 64 if args.quick else 1024),
                load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
-    report = dict(env=env, decoder_version=DECODER_VERSION, quick=args.quick, skipped={}, budget_s=args.budget_s)
+    report = dict(env=env, quick=args.quick, skipped={}, budget_s=args.budget_s)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if skip - {"exact", "eager"}:
         raise WorkbenchError(f"--skip {args.skip!r}: the sections that can be skipped are exact and eager")

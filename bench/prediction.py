@@ -29,10 +29,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.calibrate.folder import (Calibration, decoder_walk, default_calibration,  # noqa: E402
-                                        list_calibrations)
+from workbench.calibrate.folder import Calibration, default_calibration, list_calibrations  # noqa: E402
+from workbench.calibrate.ranks import decoder_walk  # noqa: E402
 from workbench.cli.shared import parse_ints, run_script  # noqa: E402
-from workbench.core.io import WorkState, atomic_write_json, remove_work  # noqa: E402
+from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
                                        without_load)
 from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
@@ -55,7 +56,7 @@ def plan_top(cal: Calibration, latency_df, batch_sizes, top: int, max_new_tokens
     cands = candidates(src["tokens_per_step"], src["chain_acceptance"], most, src["value"], src["max_depth"],
                        src["max_rank"])
     out = {b: [c for c in rank(at_batch(cands, src["batch_tokens_per_step"], b), surface[b]["seconds"],
-                               surface[b]["spread"], surface[b]["heads"]) if c["kind"] != "none"][:top]
+                               surface[b]["spread"], surface[b]["head_cost"]) if c["kind"] != "none"][:top]
            for b in batch_sizes}
     return out, dict(src["info"], context=ctx)
 

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.provenance import dtype_name  # noqa: E402
 from workbench.decode.divergence import ROUNDING_UNITS, divergences, unit_roundoff  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.runtime.generation import prepare_prompt  # noqa: E402
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     units.sort()
     stats = dict(positions=len(units), median=statistics.median(units), p99=units[int(0.99 * (len(units) - 1))],
                  max=units[-1], bound=ROUNDING_UNITS.get(dtype))
-    name = str(dtype).replace("torch.", "")
+    name = dtype_name(dtype)
     print(f"{'tiny random llama' if args.tiny else 'demo model'} {name}, {args.tree}, {len(prompts)} prompts x "
           f"{args.max_new_tokens}: margin drift in units of u*max|logit| over {stats['positions']} positions: "
           f"median {stats['median']:.2f}, p99 {stats['p99']:.2f}, max {stats['max']:.2f} (bound {stats['bound']})")

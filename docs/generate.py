@@ -110,7 +110,8 @@ def blocks() -> dict[str, str]:
     from workbench.export import engines as export
     from workbench.measure import latency_file as latency, sweep_file
     from workbench.plan import rank as plan
-    from workbench.calibrate.folder import PREDICTED_COLUMNS, ranks_frame
+    from workbench.calibrate.folder import PREDICTED_COLUMNS
+    from workbench.calibrate.ranks import ranks_frame
     from workbench.trees.tree import reference_trees
 
     named = []
@@ -130,8 +131,9 @@ def blocks() -> dict[str, str]:
                                    + [f"| `{c}` | {t} |" for c, t in ranks.dtypes.astype(str).items()]
                                    + ["", "(`head_1`, `head_2`, ... one column per head.)"]),
         "latency-csv": _columns(latency.LATENCY_COLUMNS, latency.LATENCY_REQUIRED) + ".",
-        "sweep-csv": (_columns(sweep_file.SWEEP_COLUMNS, sweep_file.SWEEP_REQUIRED) + ". Older names read as: "
-                      + ", ".join(f"`{a}` -> `{b}`" for a, b in sweep_file.OLD_COLUMNS.items()) + "."),
+        "sweep-csv": (_columns(sweep_file.SWEEP_COLUMNS, sweep_file.SWEEP_FILLED) + f"; `version` "
+                      f"{sweep_file.SWEEP_VERSION}. A file without a `version` column (version 1) is read through "
+                      "`sweep_file.upgrade_sweep`."),
         "plan-row": "Each row of `plans`: " + _columns(plan.PLAN_ROW) + ".",
         "predictions": _columns(PREDICTED_COLUMNS) + ".",
         "export-targets": "\n".join(["| `--format` | file suffix | targets (the first line of the export) |",

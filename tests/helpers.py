@@ -22,10 +22,10 @@ import pandas as pd
 import torch
 from transformers import LlamaModel
 
-from workbench.calibrate.folder import head_accuracies, ranks_frame
-from workbench.calibrate.run import holdout_split
+from workbench.calibrate.finish import holdout_split
+from workbench.calibrate.ranks import head_accuracies, ranks_frame
 from workbench.decode.divergence import rounding_bound
-from workbench.measure.sweep_file import SWEEP_COLUMNS
+from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION
 from workbench.trees.accuracies import write_accuracies
 from support.tiny import tiny_model
 
@@ -193,23 +193,24 @@ def make_latency(path: Path) -> Path:
 def make_sweep(path: Path) -> Path:
     """Rows shaped like `workbench sweep` output: vanilla, optimal and dense greedy trees, typical epsilons."""
     rows = [dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
-                 temperature=0.0, acceleration_rate=1.0, speedup=1.0, tokens_per_s=50.0, exact_match=1.0,
+                 temperature=0.0, tokens_per_step=1.0, speedup=1.0, tokens_per_s=50.0, exact_match=1.0,
                  mean_logprob=-1.0, distinct_2=0.9)]
     for n in (4, 8, 16, 32, 64):
         rate = 1 + 1.2 * math.log2(n) / 3
         rows.append(dict(config=f"opt{n}", tree=f"opt-indep-{n}", kind="optimal", nodes=n, depth=4,
-                         acceptance="greedy", temperature=0.0, acceleration_rate=rate, speedup=rate / 1.1,
+                         acceptance="greedy", temperature=0.0, tokens_per_step=rate, speedup=rate / 1.1,
                          tokens_per_s=50 * rate / 1.1, exact_match=1.0, predicted_independent=rate * 1.05,
                          predicted_joint=rate * 0.98))
         rows.append(dict(config=f"dense{n}", tree=f"dense_{n}", kind="dense", nodes=n, depth=2, acceptance="greedy",
-                         temperature=0.0, acceleration_rate=rate * 0.8, speedup=rate * 0.8 / 1.1,
+                         temperature=0.0, tokens_per_step=rate * 0.8, speedup=rate * 0.8 / 1.1,
                          tokens_per_s=40 * rate / 1.1, exact_match=1.0))
     for eps in (0.01, 0.05, 0.09, 0.2):
         rows.append(dict(config=f"typ{eps}", tree="opt-indep-32", kind="optimal", nodes=32, depth=4,
                          acceptance="typical", temperature=0.7, epsilon=eps, delta=eps ** 0.5,
-                         acceleration_rate=2.5 - eps, speedup=2.0, tokens_per_s=100.0, exact_match=0.2 + eps,
+                         tokens_per_step=2.5 - eps, speedup=2.0, tokens_per_s=100.0, exact_match=0.2 + eps,
                          mean_logprob=-1.2, distinct_2=0.8))
-    pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).to_csv(path, index=False)
+    pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).fillna({"batch_size": 1, "version": SWEEP_VERSION}).to_csv(
+        path, index=False)
     return path
 
 
@@ -243,22 +244,21 @@ def make_walk_files(root: Path, cal_name: str = "cal") -> Path:
 
 
 def make_current_sweep(root: Path, cal: Path) -> Path:
-    """A sweep by a current decoder (decoder_version) that measured the recommended tree at a third of its predicted
-    speedup: the pages must say so at the top."""
+    """A sweep that measured the recommended tree at a third of its predicted speedup: the pages must say so at the
+    top."""
     from workbench.calibrate.folder import Calibration
     from workbench.measure.latency_file import read_latency
     from workbench.plan.recommend import recommend
-    from workbench.measure.sweep_file import SWEEP_COLUMNS
     from workbench.trees.tree import tree_key
 
     pick = recommend(Calibration(cal), read_latency(cal / "latency-cpu.csv"), target=128)["pick"]
     rows = [dict(run="r", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",
-                 acceleration_rate=1.0, speedup=1.0, vanilla_tokens_per_s=50.0, num_prompts=20),
+                 tokens_per_step=1.0, speedup=1.0, vanilla_tokens_per_s=50.0, num_prompts=20),
             dict(run="r", config=f"{tree_key(pick['tree'])}|greedy|T=0", tree=pick["tree"].name, kind="given",
-                 nodes=pick["nodes"], acceptance="greedy", acceleration_rate=1.2, speedup=pick["speedup"] / 3,
+                 nodes=pick["nodes"], acceptance="greedy", tokens_per_step=1.2, speedup=pick["speedup"] / 3,
                  vanilla_tokens_per_s=51.0, num_prompts=20)]
     df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)
-    df["decoder_version"], df["batch_size"] = "static-cache-1", 1
+    df["version"], df["batch_size"] = SWEEP_VERSION, 1
     df.to_csv(root / "c-current.csv", index=False)
     return root / "c-current.csv"
 

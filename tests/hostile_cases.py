@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -35,7 +36,7 @@ def build_env(root: Path) -> dict:
     from workbench.trees.accuracies import write_accuracies
     from workbench.runtime.heads import save_heads
     from workbench.calibrate.run import CalibrateConfig, calibrate
-    from workbench.measure.sweep_file import SWEEP_COLUMNS
+    from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION
     from support.tiny import random_heads, tiny_model, tiny_tokenizer
 
     d = root / "in"
@@ -143,20 +144,33 @@ def build_env(root: Path) -> dict:
 
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r1", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
-               temperature=0.0, acceleration_rate=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
-               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4, batch_size=1)
+               temperature=0.0, tokens_per_step=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
+               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4, batch_size=1,
+               version=SWEEP_VERSION)
     tree_row = dict(row, config="t:abc|greedy|T=0", tree="t", kind="given", nodes=3, depth=2,
-                    acceleration_rate=1.5, speedup=1.2, predicted_independent=1.6)
+                    tokens_per_step=1.5, speedup=1.2, predicted_independent=1.6)
     pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS).to_csv(d / "sweep.csv", index=False)
-    for name, change in {"sweep_negnodes": dict(nodes=-3), "sweep_huge": dict(acceleration_rate=1e308, speedup=1e308),
-                         "sweep_zero_rate": dict(acceleration_rate=0.0, speedup=0.0),
+    for name, change in {"sweep_negnodes": dict(nodes=-3), "sweep_huge": dict(tokens_per_step=1e308, speedup=1e308),
+                         "sweep_zero_rate": dict(tokens_per_step=0.0, speedup=0.0),
                          "sweep_frac_nodes": dict(nodes=2.5), "sweep_bigb": dict(batch_size=2 ** 63)}.items():
         pd.DataFrame([row, dict(tree_row, **change)], columns=SWEEP_COLUMNS).to_csv(d / f"{name}.csv", index=False)
         e[name] = str(d / f"{name}.csv")
-    pd.DataFrame([row], columns=SWEEP_COLUMNS).drop(columns=["acceleration_rate"]).to_csv(d / "sweep_nocol.csv",
+    pd.DataFrame([row], columns=SWEEP_COLUMNS).drop(columns=["tokens_per_step"]).to_csv(d / "sweep_nocol.csv",
                                                                                            index=False)
     (d / "sweep_empty.csv").write_text(",".join(SWEEP_COLUMNS) + "\n")
     e.update(sweep=str(d / "sweep.csv"), sweep_nocol=str(d / "sweep_nocol.csv"), sweep_empty=str(d / "sweep_empty.csv"))
+    # issue 52: sweeps a reader could accept but not draw every output from (a column or a cell an output needs is
+    # missing), or of a version this workbench does not read
+    both = pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS)
+    shorts = {"sweep_header_only": both[["tree", "nodes", "tokens_per_step"]],  # the header find_csvs looks for
+              "sweep_v1_short": both[["tree", "kind", "nodes", "tokens_per_step"]].rename(
+                  columns={"tokens_per_step": "acceleration_rate"}),  # version 1 names, most columns gone
+              "sweep_no_speedup": both.drop(columns=["speedup"]), "sweep_no_acceptance": both.drop(columns=["acceptance"]),
+              "sweep_blank_speedup": both.assign(speedup=[1.0, None]), "sweep_blank_kind": both.assign(kind=["vanilla", ""]),
+              "sweep_version_7": both.assign(version=7), "sweep_version_word": both.assign(version="two")}
+    for name, df in shorts.items():
+        df.to_csv(d / f"{name}.csv", index=False)
+        e[name] = str(d / f"{name}.csv")
 
     cal = d / "cal"
     calibrate(CalibrateConfig(model=e["model"], heads=e["heads"], prompts=e["prompts"], name="hc", out=cal,
@@ -186,6 +200,7 @@ def build_env(root: Path) -> dict:
     fake.write_text("#!/bin/sh\necho 'no vLLM here' >&2\nexit 3\n")
     fake.chmod(0o755)
     e.update(m2=str(m2), m2_config=str(m2 / "config.json"), no_vllm=str(fake))
+    _absurd_inputs(d, e, sd)
     for name, minor in (("devfull", 7), ("devnull", 3)):  # private copies of /dev/full and /dev/null: a run that
         try:                                            # replaced the device node would break only its own copy
             os.mknod(root / name, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, minor))
@@ -193,6 +208,73 @@ def build_env(root: Path) -> dict:
         except OSError:
             pass
     return e
+
+
+def _absurd_inputs(d: Path, e: dict, sd: dict) -> None:
+    """Files whose names, shapes or numbers imply absurd sizes (issue 52): heads with a far head index, a vast
+    hidden size, layer count or vocabulary (a safetensors header, a .pt, a Medusa-2 model folder, a config);
+    calibrations naming a top-k past what their ranks can hold; accuracy tables reaching millions of ranks or
+    heads. Each file is small: the size is what it claims, never what it holds."""
+    import json as _json
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from support.tiny import random_heads
+
+    def heads_dir(name, tensors, config=None, pt=False):
+        (d / name).mkdir()
+        if pt:
+            torch.save(tensors, d / name / "medusa_lm_head.pt")
+        else:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(d / name / "medusa_lm_head.safetensors"))
+        if config:
+            (d / name / "config.json").write_text(_json.dumps(config))
+        e[name] = str(d / name)
+
+    z = torch.zeros
+    heads_dir("h_index", {**sd, "4320.0.linear.weight": z(64, 64), "4320.0.linear.bias": z(64)})
+    heads_dir("h_65", {f"{h}.0.{t}": z(*((64, 64) if t == "linear.weight" else (64,)))
+                       for h in range(65) for t in ("linear.weight", "linear.bias")})  # complete, one too many
+    heads_dir("h_hidden", {"0.0.linear.weight": z(3, 131072, dtype=torch.float16),
+                           "0.0.linear.bias": z(131072, dtype=torch.float16)})
+    heads_dir("h_hidden_shape", {"0.0.linear.weight": z(4, 60000, dtype=torch.float16),
+                                 "0.0.linear.bias": z(60000, dtype=torch.float16)})  # within the limit, not [H, H]
+    heads_dir("h_hidden_96", random_heads(96, 128, 2, tied=True, seed=3).state_dict())  # another model's heads
+    heads_dir("h_layers", {**sd, "0.250.linear.weight": z(64, 64), "0.250.linear.bias": z(64)})
+    heads_dir("h_vocab", {"0.0.linear.weight": z(1, 1), "0.0.linear.bias": z(1),
+                          "0.1.weight": z(3_000_000, 1, dtype=torch.float8_e4m3fn)})
+    heads_dir("h_pt_hidden", {"0.0.linear.weight": z(2, 90000, dtype=torch.float16),
+                              "0.0.linear.bias": z(90000, dtype=torch.float16)}, pt=True)
+    heads_dir("h_pt_index", {**sd, "1234.0.linear.weight": z(64, 64), "1234.0.linear.bias": z(64)}, pt=True)
+    heads_dir("h_cfg", sd, config={"medusa_num_heads": 5000, "medusa_num_layers": 1})
+    heads_dir("h_cfg_vocab", sd, config={"vocab_size": 3_000_000})
+    heads_dir("h_3d_cfg", {k: (v.unsqueeze(0).contiguous() if v.ndim == 2 else v) for k, v in sd.items()},
+              config={"medusa_num_heads": 7})  # a config to warn about, then a 3-D weight to refuse
+    m2 = d / "m2_index"  # a Medusa-2 model folder whose heads reach index 2048
+    shutil.copytree(e["m2"], m2)
+    w = load_file(str(m2 / "model.safetensors"))
+    w.update({"medusa_head.2047.0.linear.weight": z(64, 64), "medusa_head.2047.0.linear.bias": z(64)})
+    save_file(w, str(m2 / "model.safetensors"), metadata={"format": "pt"})
+    e["m2_index"] = str(m2)
+
+    for topk in (40000, 524289, 9_000_000):  # meta.json's top-k past 16-bit ranks (the ranks stay top-40)
+        cal = d / f"cal_topk_{topk}"
+        shutil.copytree(e["cal"], cal)
+        meta = _json.loads((cal / "meta.json").read_text())
+        (cal / "meta.json").write_text(_json.dumps(dict(meta, topk=topk)))
+        e[f"cal_topk_{topk}"] = str(cal)
+
+    tables = {"acc_rank_4m": "head,rank,accuracy\n1,1,0.5\n1,4000000,0.1\n",
+              "acc_heads_70k": "head,rank,accuracy\n1,1,0.5\n70000,1,0.1\n",
+              "acc_topk_3m": "head,top1,top3000000\n0,0.4,0.5\n",
+              "acc_topk_cells": "head,top1,top_800000\n" + "".join(f"{h},0.4,0.5\n" for h in range(64))}
+    for name, text in tables.items():
+        (d / f"{name}.csv").write_text(text)
+        e[name] = str(d / f"{name}.csv")
+    torch.save([z(1, 2_500_000, dtype=torch.bool)], d / "acc_pt_wide.pt")  # Medusa's hits: top-2.5M columns
+    e["acc_pt_wide"] = str(d / "acc_pt_wide.pt")
 
 
 # ----------------------------------------------------------------------------------------------- the cases
@@ -262,11 +344,17 @@ def with_flag(argv, flag, value):
     return argv
 
 
+# case id -> the most CPU seconds its refusal may take: sizes refused before work proportional to them (issue 52)
+CPU_LIMITS: dict[str, float] = {}
+
+
 def _cases() -> list[tuple]:
     C = []
 
-    def add(sub, kind, cid, argv, expect="refuse"):
+    def add(sub, kind, cid, argv, expect="refuse", cpu=None):
         C.append((sub, kind, f"{sub}|{cid}", argv, expect))
+        if cpu is not None:
+            CPU_LIMITS[f"{sub}|{cid}"] = cpu
 
     # ---- absurd sizes and numbers
     for tag, v in BIG.items():
@@ -585,7 +673,81 @@ def _cases() -> list[tuple]:
     add("train-heads", "types", "--init with other --num-heads", lambda e, O: with_flag(_train(e, O, "--init", e["heads"]),
                                                                                   "--num-heads", "5"))
     _long_command_cases(add)
+    _absurd_size_cases(add)
     return C
+
+
+ABSURD_HEADS = {  # env key: what it claims
+    "h_index": "head index 4320", "h_65": "65 complete heads", "h_hidden": "hidden size 131072",
+    "h_hidden_shape": "a [4, 60000] ResBlock weight", "h_hidden_96": "hidden size 96 (another model's)",
+    "h_layers": "ResBlock layer 250", "h_vocab": "an lm_head of 3M rows", "h_pt_hidden": ".pt hidden size 90000",
+    "h_pt_index": ".pt head index 1234", "h_cfg": "config medusa_num_heads 5000",
+    "h_cfg_vocab": "config vocab_size 3M", "h_3d_cfg": "3-D weight after a config warning",
+}
+
+
+def _absurd_size_cases(add) -> None:
+    """Issue 52: files implying absurd sizes, refused before anything of that size is allocated or worked through:
+    heads (names and shapes read, checked against limits and the base model, before a tensor is loaded),
+    calibrations naming a top-k past 16-bit ranks, accuracy tables of millions of ranks or heads. Each refusal may
+    take 10 CPU seconds at most (a busy machine stretches wall time, not CPU time); the heads cases that must load
+    the base model to compare with it, 30."""
+    for key, what in ABSURD_HEADS.items():
+        cpu = 30 if key == "h_hidden_96" else 10
+        add("decode", "sizes", f"heads: {what}", lambda e, O, k=key: with_flag(_decode(e), "--heads", e[k]), cpu=cpu)
+    for key in ("h_index", "h_hidden", "h_vocab", "h_pt_hidden", "h_hidden_96"):
+        what, cpu = ABSURD_HEADS[key], 30 if key == "h_hidden_96" else 10
+        add("calibrate", "sizes", f"heads: {what}", lambda e, O, k=key: with_flag(_cal(e, O), "--heads", e[k]), cpu=cpu)
+        add("latency", "sizes", f"heads: {what}", lambda e, O, k=key: ["latency", "--model", e["model"], "--heads",
+                                                                         e[k], "--sizes", "1,2", "--context", "8",
+                                                                         "--repeats", "1", "--warmup", "0", "--out",
+                                                                         f"{O}/l.csv"], cpu=cpu)
+        add("sweep", "sizes", f"heads: {what}", lambda e, O, k=key: with_flag(_sweep(e, O), "--heads", e[k]), cpu=cpu)
+        add("eval-heads", "sizes", f"heads: {what}", lambda e, O, k=key: with_flag(_evalh(e, O), "--heads", e[k]),
+            cpu=cpu)
+    for key in ("h_65", "h_layers", "h_pt_index", "h_hidden_shape"):
+        add("train-heads", "sizes", f"--init {ABSURD_HEADS[key]}", lambda e, O, k=key: _train(e, O, "--init", e[k]),
+            cpu=10)
+        add("export", "sizes", f"plan --heads {ABSURD_HEADS[key]}",
+            lambda e, O, k=key: ["export", e["plan"], "--format", "vllm", "--heads", e[k]], cpu=10)
+        add("export", "sizes", f"vllm-heads {ABSURD_HEADS[key]}",
+            lambda e, O, k=key: ["export", e[k], "--format", "vllm-heads", "--model", e["model"], "--out", f"{O}/v"],
+            cpu=10)
+    add("decode", "sizes", "Medusa-2 model with head index 2047",
+        lambda e, O: with_flag(with_flag(_decode(e), "--model", e["m2_index"]), "--heads", e["m2_index"]), cpu=10)
+    add("eval-heads", "sizes", "--medusa2 with head index 2047",
+        lambda e, O: with_flag(_evalh(e, O), "--medusa2", e["m2_index"]), cpu=10)
+
+    for topk in (40000, 524289, 9_000_000):
+        cal = f"cal_topk_{topk}"
+        add("optimize", "sizes", f"calibration top-{topk}",
+            lambda e, O, c=cal: ["optimize", "--calibration", e[c], "--budget", "3"], cpu=10)
+        add("plan", "sizes", f"calibration top-{topk}",
+            lambda e, O, c=cal: ["plan", "--calibration", e[c], "--latency", e["lat"], "--batch-sizes", "1,2"], cpu=10)
+        add("tree eval", "sizes", f"calibration top-{topk}",
+            lambda e, O, c=cal: ["tree", "eval", e["tree"], "--calibration", e[c]], cpu=10)
+        add("export", "sizes", f"--engine-safe --calibration top-{topk}",
+            lambda e, O, c=cal: ["export", e["tree"], "--format", "trtllm", "--engine-safe", "--calibration", e[c]],
+            cpu=10)
+        add("sweep", "sizes", f"calibration top-{topk}",
+            lambda e, O, c=cal: _sweep(e, O, "--budgets", "2", "--calibration", e[c]), cpu=10)
+    add("calibrate", "sizes", "--topk past 16-bit ranks", lambda e, O: with_flag(_cal(e, O), "--topk", "40000"),
+        cpu=10)
+    add("vllm-check", "sizes", "calibration top-524289",
+        lambda e, O: with_flag(_vcheck(e, O), "--calibration", e["cal_topk_524289"]), cpu=10)
+
+    tables = {"acc_rank_4m": "rank 4,000,000", "acc_heads_70k": "head 70,000", "acc_topk_3m": "column top3000000",
+              "acc_topk_cells": "64 heads x top_800000", "acc_pt_wide": ".pt hits of top-2.5M"}
+    for key, what in tables.items():
+        add("optimize", "sizes", f"accuracies {what}", lambda e, O, k=key: with_flag(_opt(e, O), "--accuracies", e[k]),
+            cpu=10)
+        add("plan", "sizes", f"accuracies {what}", lambda e, O, k=key: with_flag(_plan(e, O), "--accuracies", e[k]),
+            cpu=10)
+        add("tree show", "sizes", f"accuracies {what}", lambda e, O, k=key: ["tree", "show", e["tree"],
+                                                                              "--accuracies", e[k]], cpu=10)
+        add("export", "sizes", f"--engine-safe --accuracies {what}",
+            lambda e, O, k=key: ["export", e["tree"], "--format", "trtllm", "--engine-safe", "--accuracies", e[k]],
+            cpu=10)
 
 
 def _long_command_cases(add) -> None:
@@ -661,6 +823,12 @@ def _long_command_cases(add) -> None:
     add("vllm-check", "types", "--model BERT", lambda e, O: with_flag(_vcheck(e, O), "--model", e["arch_bert"]))
     add("vllm-check", "types", "--calibration a file", lambda e, O: with_flag(_vcheck(e, O), "--calibration", e["acc"]))
     add("vllm-check", "types", "a run that passes every check", lambda e, O: _vcheck(e, O))  # ends at the stand-in
+    # issue 52: a sweep reader refuses, at the column or cell, any file it could not draw every output from
+    for key in ("sweep_header_only", "sweep_v1_short", "sweep_no_speedup", "sweep_no_acceptance", "sweep_blank_speedup",
+                "sweep_blank_kind", "sweep_version_7", "sweep_version_word"):
+        add("sweep-report", "types", f"{key} for figures",
+            lambda e, O, k=key: ["sweep-report", e[k], "--figures", f"{O}/figs"])
+        add("sweep-report", "types", f"{key} as a table", lambda e, O, k=key: ["sweep-report", e[k]])
 
 
 CASES = _cases()
@@ -680,6 +848,9 @@ def snapshot(folder: Path) -> dict:
     return out
 
 
+PY_WARNING = re.compile(r"^\S.*:\d+: \w*Warning: ")  # Python's own warning format (warnings.formatwarning)
+
+
 def verdict(expect: str, rc, err: str, changed: bool, timed_out: bool) -> str:
     """'' when the case was handled right, else what went wrong."""
     lines = [line for line in err.splitlines() if line.strip()]
@@ -689,6 +860,8 @@ def verdict(expect: str, rc, err: str, changed: bool, timed_out: bool) -> str:
         return "input changed"
     if "Traceback" in err:
         return "traceback"
+    if any(PY_WARNING.match(line) for line in lines):  # "file:line: Category: message" + its source line
+        return "a warning not in one line"
     if rc == 2:
         errs = [line for line in lines if line.startswith("error: ")]
         if not (len(errs) == 1 and lines and lines[-1] == errs[0]):
@@ -803,6 +976,7 @@ def run_case_inprocess(e: dict, O: Path, case, limit: float = 30.0) -> dict | No
     old = signal.signal(signal.SIGALRM, alarm)
     signal.setitimer(signal.ITIMER_REAL, limit)
     cwd, saved_out, t0, timed_out = os.getcwd(), sys.stdout, time.time(), False
+    cpu0 = time.process_time()
     try:
         os.chdir(O)
         sys.stdout = out
@@ -823,12 +997,14 @@ def run_case_inprocess(e: dict, O: Path, case, limit: float = 30.0) -> dict | No
                 out.close()
             except OSError:
                 pass
-    dt = time.time() - t0
+    dt, cpu = time.time() - t0, time.process_time() - cpu0
     text = err.getvalue()
     changed = snapshot(Path(e["in"])) != before
     last = ([line for line in text.splitlines() if line.strip()] or [""])[-1][:200]
+    # cpu_seconds: this process's CPU time over the case (all its threads): what a busy machine does not inflate
     return dict(sub=sub, kind=kind, id=cid, expect=expect, rc=rc, last=last, traceback="Traceback" in text,
-                seconds=round(dt, 1), changed=changed, wrong=verdict(expect, rc, text, changed, timed_out),
+                seconds=round(dt, 1), cpu_seconds=round(cpu, 2), changed=changed,
+                wrong=verdict(expect, rc, text, changed, timed_out),
                 stdout=out.getvalue()[:2000] if isinstance(out, io.StringIO) else None, argv=args)
 
 

@@ -449,7 +449,7 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
     at.selectbox(key="to_sweep_pick").set_value("other: type a path").run()
     at.text_input(key="to_sweep_path").input(str(bad)).run()
     no_exception(at)
-    assert any("missing column(s) acceleration_rate" in e for e in errors(at)), errors(at)
+    assert any("not a sweep CSV (no tokens_per_step column" in e for e in errors(at)), errors(at)
 
 
 def test_tradeoffs_fig5_from_a_separate_typical_sweep(demo_files, monkeypatch, tmp_path):
@@ -522,7 +522,7 @@ def test_live_page_decodes_with_a_tiny_model(tiny_llama, demo_files, monkeypatch
     assert med["new_tokens"] == 12 and sum(med["accepted_lengths"]) == 12
     assert res["compare"]["matches_greedy"]  # greedy acceptance is lossless
     assert len(res["pieces"]) == len(res["steps"]) == 12
-    assert float(metric(at, "tokens/step")) == pytest.approx(med["acceleration_rate"], abs=0.01)
+    assert float(metric(at, "tokens/step")) == pytest.approx(med["tokens_per_step"], abs=0.01)
     assert any('title="step 1"' in m.value for m in at.markdown)
     bars = [p.proto.text for p in at.get("progress")]  # streamed progress, left at its final state
     assert any(b.startswith("Medusa: 12/12 tokens in ") and b.endswith("tokens/s, stopped (max_new_tokens)")
@@ -606,7 +606,7 @@ def test_medusa_heads_accuracy_pt_upload(demo_files, monkeypatch):
 
 @pytest.fixture(scope="module")
 def walk_files(tmp_path_factory) -> dict:
-    """A calibration with two latency tables (one short, batched, with spread) and two old sweeps: greedy-only and
+    """A calibration with two latency tables (one short, batched, with spread) and two sweeps: greedy-only and
     typical (helpers.make_walk_files)."""
     root = tmp_path_factory.mktemp("walk")
     return dict(root=root, cal=make_walk_files(root))
@@ -822,15 +822,14 @@ def test_recommendation_is_the_same_on_both_pages_and_shows_its_tree(walk_files,
     assert " at batch 4 and context 128" in sentence(trade)
 
 
-def test_old_and_current_measurements(walk_files, monkeypatch, tmp_path):
-    """Sweeps without decoder_version are old: named, never weighed; a current sweep that contradicts the
-    prediction puts a warning in words at the top."""
+def test_measurements_that_contradict_the_prediction(walk_files, monkeypatch, tmp_path):
+    """Sweeps of other trees weigh nothing against the pick; a sweep in the latency table's setting that contradicts
+    the prediction puts a warning in words at the top."""
     from workbench.calibrate.folder import Calibration
     from workbench.measure.latency_file import read_latency
     from workbench.plan.recommend import recommend
 
     at = tab(page("tradeoffs_page", walk_files["root"], monkeypatch).run(), "Sweep (Fig. 4)")
-    assert any("a-greedy.csv: made by the decoder before the static-cache step (old)" in w.value for w in at.warning)
     assert not any(w.value.startswith("Measurements disagree") for w in at.warning)
     pick = recommend(Calibration(walk_files["cal"]), read_latency(walk_files["cal"] / "latency-cpu.csv"),
                      target=128)["pick"]
@@ -843,7 +842,7 @@ def test_old_and_current_measurements(walk_files, monkeypatch, tmp_path):
     warning = at.warning[0].value  # the first thing on the page
     assert warning.startswith("Measurements disagree with the prediction by more than their noise: ")
     assert f"measured {pick['speedup'] / 3:.2f}x +- " in warning
-    assert "c-current.csv, decoder static-cache-1, 20 prompts" in warning
+    assert "c-current.csv, 20 prompts" in warning
 
 
 def test_an_edited_file_is_read_again(walk_files, monkeypatch, tmp_path):
@@ -856,19 +855,19 @@ def test_an_edited_file_is_read_again(walk_files, monkeypatch, tmp_path):
     shutil.copytree(walk_files["root"], root)
     sweep = make_current_sweep(root, root / walk_files["cal"].name)
     at = page("tradeoffs_page", root, monkeypatch).run()
-    assert "c-current.csv, decoder static-cache-1, 20 prompts" in at.warning[0].value
+    assert "c-current.csv, 20 prompts" in at.warning[0].value
     df = pd.read_csv(sweep)
     df["num_prompts"] = 40
     df.to_csv(sweep, index=False)
     at.run()
     no_exception(at)
-    assert "c-current.csv, decoder static-cache-1, 40 prompts" in at.warning[0].value
+    assert "c-current.csv, 40 prompts" in at.warning[0].value
     stamp = os.stat(sweep).st_mtime_ns
     df["num_prompts"] = 400  # one character longer, same modification time
     df.to_csv(sweep, index=False)
     os.utime(sweep, ns=(stamp, stamp))
     at.run()
-    assert "c-current.csv, decoder static-cache-1, 400 prompts" in at.warning[0].value
+    assert "c-current.csv, 400 prompts" in at.warning[0].value
 
 
 def test_engine_repair_is_a_button(demo_files, monkeypatch):

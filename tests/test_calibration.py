@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.calibrate.folder import (PREDICTIONS, Calibration, calibration_root, decoder_walk, default_calibration,
-                                        default_latency_path, head_accuracies, latency_path, list_calibrations,
-                                        measured_acceptance, slug, tree_table)
+from workbench.calibrate.folder import (PREDICTIONS, Calibration, calibration_root, default_calibration,
+                                        default_latency_path, latency_path, list_calibrations, slug, tree_table)
+from workbench.calibrate.ranks import decoder_walk, head_accuracies, measured_acceptance
 from workbench.trees.optimize import expected_curve, expected_length
 from workbench.trees.tree import load_tree, make_tree
 
@@ -95,7 +95,7 @@ def _walk_by_definition(tree, prompts: list[np.ndarray]) -> tuple[float, float]:
 def test_walk_equals_its_definition(seed):
     """The replay and the all-positions mean (computed for every position at once) equal the per-position walk on
     random answers with misses and ends, for trees wider, narrower, deeper and shallower than the heads."""
-    from workbench.calibrate.folder import NULL, ranks_frame
+    from workbench.calibrate.ranks import NULL, ranks_frame
     from workbench.trees.optimize import optimal_tree
 
     rng = np.random.default_rng(seed)
@@ -137,7 +137,7 @@ def test_batch_walk_is_the_goodput_over_every_batch(seed):
     replay."""
     import itertools
 
-    from workbench.calibrate.folder import NULL, answer_rows, batch_walk, expected_max, ranks_frame
+    from workbench.calibrate.ranks import NULL, answer_rows, batch_walk, expected_max, ranks_frame
 
     rng = np.random.default_rng(seed)
     K = 3
@@ -263,8 +263,11 @@ def test_calibrate_default_name_is_unchanged():
     (lambda d: (d / "ranks.parquet").unlink(), "not a finished calibration folder"),
     (lambda d: (d / "meta.json").unlink(), "no meta.json"),
     (lambda d: (d / "meta.json").write_text("{"), "meta.json"),
-    (lambda d: (d / "meta.json").write_text('{"topk": "ten"}'), "topk should be a positive integer"),
+    (lambda d: (d / "meta.json").write_text('{"topk": "ten"}'), "topk should be an integer in 1..32768"),
+    (lambda d: (d / "meta.json").write_text('{"topk": 40000}'), "16-bit ranks"),  # past what ranks.parquet holds
     (lambda d: (d / "meta.json").write_text('{"topk": 10, "holdout_ids": [1]}'), "holdout_ids should be a list"),
+    (lambda d: (d / "meta.json").write_text('{"version": 3, "topk": 10, "holdout_ids": []}'),
+     "meta.json version '3', but this workbench reads calibrations of version 2"),
 ])
 def test_bad_folders_fail_in_one_line_on_opening(tmp_path, damage, match):
     folder = tmp_path / "c"
@@ -292,3 +295,18 @@ def test_bad_files_fail_in_one_line_on_first_use(tmp_path, name, content, match,
     with pytest.raises(WorkbenchError, match=match) as e:
         getattr(cal, ask)()
     assert "\n" not in str(e.value)
+
+
+def test_meta_of_version_1_reads_through_its_upgrade(tmp_path):
+    """meta.json without a version (every folder before it was kept) opens as version 2 through upgrade_meta alone;
+    the committed demo calibration was rewritten through it."""
+    from workbench.calibrate.folder import META_VERSION, read_meta, upgrade_meta
+
+    committed = json.loads((CAL / "meta.json").read_text())
+    assert committed["version"] == META_VERSION
+    folder = tmp_path / "c"
+    shutil.copytree(CAL, folder, ignore=shutil.ignore_patterns("continuations.parquet", "*.csv"))
+    old = {k: v for k, v in committed.items() if k != "version"}
+    (folder / "meta.json").write_text(json.dumps(old))
+    assert read_meta(folder) == upgrade_meta(old) == committed
+    assert Calibration(folder).accuracies("fit").tolist() == Calibration(CAL).accuracies("fit").tolist()

@@ -72,7 +72,7 @@ def test_vanilla_equals_generate(tiny):
         on_step, _ = checked_steps(len(ids))
         res = vanilla_generate(tiny.model, tiny.tokenizer, ids, NEW, on_step=on_step)
         assert res.token_ids == _generate(tiny.model, ids, NEW)
-        assert set(res.accepted_lengths) == {1} and res.acceleration_rate == 1.0
+        assert set(res.accepted_lengths) == {1} and res.tokens_per_step == 1.0
 
 
 @pytest.mark.parametrize("tree_name", ["cartesian", "mc_sim_7b_63", "deep"])
@@ -93,7 +93,7 @@ def test_multi_token_acceptance_with_known_continuation(tiny, tree_name):
             assert len(step.tokens) == oracle.best_length(n, tree)
             assert step.path == () or step.path in tree.paths
             n += len(step.tokens)
-        assert res.acceleration_rate > 1.5  # the proposer hits often: multi-token steps really happen
+        assert res.tokens_per_step > 1.5  # the proposer hits often: multi-token steps really happen
         if tree_name != "chain":
             assert any(any(r != 0 for r in s.path) for s in res.steps)  # off-rank-0 nodes moved in the cache
 
@@ -107,7 +107,7 @@ def test_eager_attention_is_exact_too():
     tree = load_tree("mc_sim_7b_63")
     truth = ids + _greedy_no_cache(model, ids, 36)
     res = medusa_generate(model, None, tok, ids, tree, 30, eos_token_id=[], propose=Oracle(truth, tree))
-    assert res.token_ids == truth[len(ids):len(ids) + 30] and res.acceleration_rate > 1.5
+    assert res.token_ids == truth[len(ids):len(ids) + 30] and res.tokens_per_step > 1.5
 
 
 # ----------------------------------------------------------------------------------------------- stopping, limits
@@ -193,7 +193,7 @@ def test_typical_at_temperature_zero_equals_greedy(tiny):
             res = medusa_generate(tiny.model, None, None, ids, tree, 30, acceptance=acc, eos_token_id=[],
                                   propose=Oracle(truth, tree, seed=i))
             assert res.token_ids == truth[len(ids):len(ids) + 30], acc
-            assert res.acceleration_rate > 1.5
+            assert res.tokens_per_step > 1.5
         res = medusa_generate(tiny.model, tiny.heads["1"], None, ids, tree, 20, acceptance=Acceptance("typical", 0.0))
         assert res.token_ids == _generate(tiny.model, ids, 20)
 
@@ -348,7 +348,7 @@ def test_cli_json_compare(capsys, tiny_llama):
     ids = prepare_prompt(tiny_llama.tokenizer, PROMPTS[1])
     assert obj["token_ids"] == _generate(tiny_llama.model, ids, 16)
     assert obj["matches_greedy"] is True and obj["steps"] == len(obj["accepted_lengths"])
-    for k in ("text", "acceleration_rate", "tokens_per_s", "vanilla_tokens_per_s", "speedup", "overhead"):
+    for k in ("text", "tokens_per_step", "tokens_per_s", "vanilla_tokens_per_s", "speedup", "overhead"):
         assert isinstance(obj[k], (str, float, int)), k
 
 
@@ -403,7 +403,7 @@ def test_cli_several_prompts_print_a_json_list_in_prompt_order(capsys, tiny_llam
         ids = prepare_prompt(tiny_llama.tokenizer, text)
         assert obj["token_ids"] == _generate(tiny_llama.model, ids, 12)[: len(obj["token_ids"])]
         assert obj["matches_greedy"] is True and obj["divergences"] == [] and obj["batch_size"] == batch
-        assert {"text", "steps", "acceleration_rate", "tokens_per_s", "speedup", "overhead"} <= set(obj)
+        assert {"text", "steps", "tokens_per_step", "tokens_per_s", "speedup", "overhead"} <= set(obj)
     code, out, err = _cli(capsys, *base, "--batch-sizes", "3", "--limit", "4")
     assert code == 0, err
     assert out.count("tokens/step") == 4  # text mode: each prompt's text and its summary line
@@ -441,7 +441,7 @@ def test_cli_demo_defaults_when_the_demo_heads_exist(capsys):
                           "--max-new-tokens", "24", "--compare", "--json", "--device", "cpu")
     assert code == 0, err
     obj = json.loads(out)
-    assert obj["matches_greedy"] is True and obj["acceleration_rate"] >= 1.0
+    assert obj["matches_greedy"] is True and obj["tokens_per_step"] >= 1.0
 
 
 # ----------------------------------------------------------------------------------------------- the step engine

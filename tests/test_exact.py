@@ -19,7 +19,7 @@ from helpers import TIE, Oracle, checked_steps, rounding_in_tree, tie_model, wit
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode import acceptance, loop as decode
+from workbench.decode import acceptance
 from workbench.decode.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
 from workbench.decode.loop import DecodeResult, Step, medusa_generate, vanilla_generate
 from workbench.measure.sweep import run_sweep, sweep_configs
@@ -105,7 +105,7 @@ def test_greedy_medusa_equals_vanilla_and_generate(reference, arch, tree_name, p
         for step in res.steps[:-1]:
             assert len(step.tokens) == oracle.best_length(n, tree)
             n += len(step.tokens)
-        assert res.acceleration_rate > 1.5 and max(map(len, (s.tokens for s in res.steps))) >= 4
+        assert res.tokens_per_step > 1.5 and max(map(len, (s.tokens for s in res.steps))) >= 4
         if tree_name != "chain":
             assert any(any(r != 0 for r in s.path) for s in res.steps)  # nodes moved in the cache
 
@@ -194,7 +194,7 @@ def _tie_runs(dtype, lead: float | None) -> tuple[DecodeResult, DecodeResult]:
 
 def test_rounding_flip_in_bf16_is_a_near_tie_and_fp32_is_exact():
     med, van = _tie_runs(torch.bfloat16, None)
-    assert med.token_ids == van.token_ids and med.acceleration_rate > 2  # nothing flips by itself, on any CPU
+    assert med.token_ids == van.token_ids and med.tokens_per_step > 2  # nothing flips by itself, on any CPU
     # the tree forward moves the pair by half of bf16's rounding bound (from its third step): 41 and 40 swap
     med, van = _tie_runs(torch.bfloat16, within_rounding(torch.bfloat16))
     (d,) = divergences(med, van, torch.bfloat16)
@@ -328,7 +328,7 @@ def test_bench_decode_reports_each_prompts_divergence(tmp_path, capsys):
     for s in (s for s in report["summary"] if s["method"] == "medusa"):
         assert s["near_tie_divergences"] + s["mismatches"] == s["prompts"] - s["matches_greedy"]
         assert s["mismatches"] == 0
-    assert report["decoder_version"] == decode.DECODER_VERSION and report["batch_sizes"] == [1, 2]
+    assert report["batch_sizes"] == [1, 2]
     assert code == 0  # near-ties are expected in bf16; only a mismatch fails the run
     assert " ties  mism" in capsys.readouterr().out
 

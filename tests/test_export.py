@@ -229,8 +229,9 @@ def test_vllm_schedule_from_a_plan(tmp_path):
     assert vllm_schedule(plan, notes) == [[1, 31, 2], [32, 32, 0]]
     assert any("4-node tree" in n and "chain K=2" in n and "costs 0.100 tokens/step" in n for n in notes)
     assert any("below 2 were not planned" in n for n in notes) and any("above 32 keep K=0" in n for n in notes)
-    with pytest.raises(WorkbenchError, match="names no drafter"):  # an accuracy table names no heads
+    with pytest.raises(WorkbenchError, match="names no drafter") as e:  # an accuracy table names no heads
         export_plan(plan, "vllm")
+    assert "accuracy table acc.csv" in str(e.value) and "acceptance vector" not in str(e.value)  # its own source
     text, warns, notes = export_plan(plan, "vllm", method="eagle3", draft_model=tmp_path)
     cfg = json.loads(text)
     assert cfg["method"] == "eagle3" and cfg["model"] == str(tmp_path.resolve())

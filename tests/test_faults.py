@@ -105,7 +105,7 @@ def test_calibrate_killed_at_a_random_point_resumes_to_the_same_folder(tiny_llam
 
 # ----------------------------------------------------------------------------------------------- sweep
 
-DETERMINISTIC = ["run", "config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "acceleration_rate",
+DETERMINISTIC = ["run", "config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "tokens_per_step",
                  "exact_match", "mean_logprob", "distinct_2", "num_prompts", "new_tokens", "steps", "model", "prompts"]
 
 

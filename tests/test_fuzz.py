@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from hostile_cases import verdict, with_flag
 from workbench.calibrate.run import CalibrateConfig, calibrate
 from workbench.cli import main
-from workbench.measure.sweep_file import SWEEP_COLUMNS
+from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION
 from workbench.trees.accuracies import write_accuracies
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?", "List fruits."]
@@ -67,10 +67,11 @@ def env(tiny_llama, tmp_path_factory) -> dict:
                  "--batch-sizes", "1,2", "--out", str(root / "plan.json")]) == 0
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r1", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, acceptance="greedy",
-               temperature=0.0, acceleration_rate=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
-               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4)
+               temperature=0.0, tokens_per_step=1.0, speedup=1.0, exact_match=1.0, num_prompts=2,
+               mean_prompt_tokens=9.0, new_tokens=8, model="m", prompts="p", max_new_tokens=4, batch_size=1,
+               version=SWEEP_VERSION)
     tree_row = dict(row, config="t:abc|greedy|T=0", tree="t", kind="given", nodes=3, depth=2,
-                    acceleration_rate=1.5, speedup=1.2, predicted_independent=1.6)
+                    tokens_per_step=1.5, speedup=1.2, predicted_independent=1.6)
     pd.DataFrame([row, tree_row], columns=SWEEP_COLUMNS).to_csv(root / "sweep.csv", index=False)
     return dict(root=root, model=model, heads=heads,
                 heads_file=str(tiny_llama.heads_dirs["1"] / "medusa_lm_head.safetensors"),
@@ -259,12 +260,17 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "cumulative": _csv("head,rank,accuracy", "1,1,0.6", "1,2,0.9"),
         "header-only": _csv("head,rank,accuracy"),
         "duplicate": _csv("head,rank,accuracy", "1,1,0.5", "1,1,0.4"),
+        "rank-past-limit": _csv("head,rank,accuracy", "1,1,0.5", "1,2097153,0.1"),  # sizes (issue 52)
+        "heads-past-limit": _csv("head,rank,accuracy", "1,1,0.5", "1025,1,0.1"),
+        "topk-column-past-limit": _csv("head,top1,top123456789", "0,0.3,0.6"),
+        "topk-cells-past-limit": _csv("head,top1,top-400000", *[f"{h},0.3,0.6" for h in range(50)]),
     },
     "acc_pt": {
         "pickled-dict": None,  # built below: a dict where a list of tensors belongs
         "wrong-shape": None,
         "nan": None,
         "not-weights-only": None,
+        "topk-past-limit": None,
     },
     "lat": {
         "unterminated-quote": _csv("context,tokens,seconds", '16,1,"0.01', "16,2,0.02"),
@@ -349,7 +355,7 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "text-in-numbers": None,
         "inf": None,
         "nul-bytes": None,
-        "other-header": _csv("tree,nodes,acceleration_rate,x", "t,1,1.5,2"),
+        "other-header": _csv("tree,nodes,tokens_per_step,x", "t,1,1.5,2"),
     },
     "meta.json": {
         "list": b"[1, 2, 3]",
@@ -357,6 +363,8 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "topk-huge": b'{"topk": 1e400, "holdout_ids": []}',
         "holdout-not-list": b'{"topk": 3, "holdout_ids": 5}',
         "unterminated": b'{"topk": 3, "holdout_ids": ["q1',
+        "topk-past-16-bit": b'{"topk": 65537, "holdout_ids": []}',  # sizes (issue 52)
+        "topk-2^20": b'{"topk": 1048576, "holdout_ids": []}',
     },
     "parquet": {
         "wrong-columns": None,  # built below
@@ -369,6 +377,11 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "int-dtype": None,
         "extra-tensor": None,
         "no-tensors": None,
+        "far-head-index": None,  # sizes (issue 52): what the names and shapes imply, never allocated
+        "vast-hidden": None,
+        "many-layers": None,
+        "vast-vocab": None,
+        "lying-header": None,
     },
     "model": {
         "list": b"[]",
@@ -380,6 +393,8 @@ SPECIFIC = {  # per kind of file: NaN/inf, huge numbers, wrong types and shapes,
         "text-vocab": b'{"vocab_size": "many"}',
         "huge-heads": b'{"medusa_num_heads": 1e400}',
         "negative-layers": b'{"medusa_num_layers": -1}',
+        "heads-past-limit": b'{"medusa_num_heads": 65}',
+        "vocab-past-limit": b'{"vocab_size": 1048577}',
     },
     "prompts": {
         "no-prompt-column": None,  # built below per format
@@ -409,15 +424,24 @@ def _specific(env, slot: Slot) -> dict[str, bytes]:
         out["wrong-shape"] = _to_bytes(lambda f: torch.save([torch.zeros(3), torch.zeros(2, 2)], f))
         out["nan"] = _to_bytes(lambda f: torch.save([torch.full((4, 3), float("nan"))], f))
         out["not-weights-only"] = _to_bytes(lambda f: torch.save([Slot("x", "y", None)], f))
+        out["topk-past-limit"] = _to_bytes(lambda f: torch.save([torch.zeros(2, 1_100_000, dtype=torch.bool)], f))
     elif kind == "sweep":
         header, first = real.decode().splitlines()[:2]
         out["unterminated-quote"] = _csv(header, first.replace("vanilla", '"vanilla', 1))
         cells = first.split(",")
-        cells[SWEEP_COLUMNS.index("acceleration_rate")] = "fast"
+        cells[SWEEP_COLUMNS.index("tokens_per_step")] = "fast"
         out["text-in-numbers"] = _csv(header, ",".join(cells))
-        cells[SWEEP_COLUMNS.index("acceleration_rate")] = "inf"
+        cells[SWEEP_COLUMNS.index("tokens_per_step")] = "inf"
         out["inf"] = _csv(header, ",".join(cells))
         out["nul-bytes"] = _csv(header, first) + b"\x00\x00\x00,\x00\n"
+        # issue 52: a file a reader could take but not draw every output from
+        names, values = header.split(","), first.split(",")
+        keep = [i for i, c in enumerate(names) if c in ("tree", "nodes", "tokens_per_step")]
+        out["required-columns-only"] = _csv(",".join(names[i] for i in keep), ",".join(values[i] for i in keep))
+        drop = names.index("speedup")
+        out["no-speedup-column"] = _csv(",".join(names[:drop] + names[drop + 1:]),
+                                        ",".join(values[:drop] + values[drop + 1:]))
+        out["blank-speedup"] = _csv(header, ",".join(values[:drop] + [""] + values[drop + 1:]))
     elif kind == "parquet":
         frame = pd.read_parquet(Path(env[slot.real]) / slot.inside)
         out["wrong-columns"] = _to_bytes(lambda f: frame.rename(columns=lambda c: c.upper()).to_parquet(f))
@@ -441,6 +465,19 @@ def _specific(env, slot: Slot) -> dict[str, bytes]:
         out["int-dtype"] = _to_bytes(save({k: v.long() for k, v in sd.items()}))
         out["extra-tensor"] = _to_bytes(save({**sd, "lm_head.weight": torch.zeros(2, 2)}))
         out["no-tensors"] = _to_bytes(save({}))
+        z = torch.zeros
+        out["far-head-index"] = _to_bytes(save({**sd, "777.0.linear.weight": z(64, 64), "777.0.linear.bias": z(64)}))
+        out["vast-hidden"] = _to_bytes(save({"0.0.linear.weight": z(2, 70000, dtype=torch.float16),
+                                             "0.0.linear.bias": z(70000, dtype=torch.float16)}))
+        out["many-layers"] = _to_bytes(save({**sd, "0.99.linear.weight": z(64, 64), "0.99.linear.bias": z(64)}))
+        out["vast-vocab"] = _to_bytes(save({"0.0.linear.weight": z(1, 1), "0.0.linear.bias": z(1),
+                                            "0.1.weight": z(1_500_000, 1, dtype=torch.float8_e4m3fn)}))
+        if (slot.inside or env[slot.real]).endswith(".safetensors"):  # a header claiming [4096, 4096], no data
+            header = json.dumps({"0.0.linear.weight": {"dtype": "F32", "shape": [4096, 4096],
+                                                       "data_offsets": [0, 4096 * 4096 * 4]}}).encode()
+            out["lying-header"] = len(header).to_bytes(8, "little") + header
+        else:
+            out["lying-header"] = _to_bytes(save({"0.0.linear.weight": z(64, 64)}))[:-200]
     elif kind == "prompts":
         suffix = Path(slot.inside).suffix
         rows_bad, rows_blank = [{"text": p} for p in PROMPTS], [{"instruction": "   "}] * 3
@@ -579,6 +616,72 @@ def test_generated_garbage_never_ends_in_a_traceback(data, env, tmp_path_factory
     P = _place(env, s, data.draw(damaged(_real_bytes(env, s))), where / "in")
     rc, lines = _run(capsys, s.argv(env, P, where / "out"), where / "out", where / "in")
     assert rc in (0, 2), lines  # 0: the garbage happened to be a valid file
+
+
+# ----------------------------------------------------------------------------------------------- implied sizes
+
+@st.composite
+def heads_indexes(draw) -> dict:
+    """The names and shapes of a heads file (what runtime.heads reads before loading anything): a valid layout,
+    then up to two changes with far indexes, vast dimensions or a dropped tensor."""
+    from workbench.runtime.heads import HeadsLayout
+
+    K, L, H = draw(st.integers(1, 3)), draw(st.integers(1, 2)), draw(st.integers(1, 4))
+    tied = draw(st.booleans())
+    index = dict(HeadsLayout(K, L, H, 0 if tied else draw(st.integers(1, 6)), tied).shapes())
+    big = st.one_of(st.integers(0, 5), st.integers(60, 70), st.integers(1 << 15, 1 << 40))
+    for _ in range(draw(st.integers(0, 2))):
+        how = draw(st.sampled_from(["add", "reshape", "drop"]))
+        if how == "add":
+            index[f"{draw(big)}.{draw(big)}.{draw(st.sampled_from(['linear.weight', 'linear.bias', 'weight']))}"] = \
+                tuple(draw(st.lists(big, min_size=1, max_size=2)))
+        elif how == "reshape":
+            k = draw(st.sampled_from(sorted(index)))
+            index[k] = tuple(draw(st.lists(big, min_size=1, max_size=3)))
+        elif len(index) > 1:
+            index.pop(draw(st.sampled_from(sorted(index))))
+    return index
+
+
+@settings(max_examples=300, deadline=None)
+@given(heads_indexes())
+def test_a_heads_file_implies_only_what_it_holds_or_is_refused(index):
+    """Whatever the names and shapes claim, the heads built from them are exactly the file's tensors, within the
+    limits: nothing is allocated past what the file holds (issue 52)."""
+    from workbench import WorkbenchError
+    from workbench.runtime.heads import MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_VOCAB, heads_layout
+
+    try:
+        layout = heads_layout({k: (v, True) for k, v in index.items()}, "f")
+    except WorkbenchError as e:
+        assert "\n" not in str(e)
+        return
+    assert layout.shapes() == index
+    assert layout.num_heads <= MAX_HEADS and layout.num_layers <= MAX_LAYERS
+    assert layout.hidden_size <= MAX_HIDDEN and layout.vocab_size <= MAX_VOCAB
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(ks=st.lists(st.one_of(st.integers(1, 40), st.integers((1 << 20) - 3, 10 ** 12)), min_size=1, max_size=3,
+                   unique=True),
+       heads=st.integers(1, 40))
+def test_a_topk_table_is_refused_before_its_grid_when_the_grid_is_too_large(ks, heads, tmp_path_factory):
+    """Medusa's cumulative top-k table names its largest k in a column header: a grid past the limits is refused
+    from the header, and one within them is built (issue 52: a `top1000000000` column made a billion rows)."""
+    from workbench import WorkbenchError
+    from workbench.trees.accuracies import MAX_CELLS, MAX_RANKS, read_accuracies
+
+    ks = sorted(ks)
+    f = tmp_path_factory.mktemp("topk") / "t.csv"
+    rates = [0.3 + 0.1 * i / len(ks) for i in range(len(ks))]
+    f.write_text("head," + ",".join(f"top{k}" for k in ks) + "\n" +
+                 "".join(f"{h}," + ",".join(map(str, rates)) + "\n" for h in range(heads)))
+    try:
+        acc = read_accuracies(f)
+    except WorkbenchError as e:
+        assert "\n" not in str(e) and (ks[-1] > MAX_RANKS or heads * ks[-1] > MAX_CELLS), str(e)
+        return
+    assert acc.shape == (heads, ks[-1]) and ks[-1] <= MAX_RANKS and heads * ks[-1] <= MAX_CELLS
 
 
 # ----------------------------------------------------------------------------------------------- no tokenizer

@@ -64,6 +64,8 @@ def test_hostile_case(case, env, tmp_path):
     if r["changed"]:
         _restore(env)
     assert r["wrong"] == "", (r["wrong"], r["argv"], r["last"])
+    most = H.CPU_LIMITS.get(case[2])  # sizes refused before work proportional to them: seconds, not minutes
+    assert most is None or r["cpu_seconds"] <= most, (r["cpu_seconds"], most, r["argv"])
     if r["rc"] == 2 and case[1] == "outputs" and "stdout" not in case[2]:
         left = [p for p in (tmp_path / "out").rglob("*") if p.is_file() and not p.is_symlink()]
         assert not left, f"a refused run wrote {left}"
@@ -132,7 +134,7 @@ def test_a_sweep_file_holds_counts_and_rates_or_is_refused(tmp_path_factory, nod
 
     row = {c: "" for c in SWEEP_COLUMNS}
     row.update(run="r", config="c", tree="t", kind="given", nodes=nodes, depth=1, batch_size=batch,
-               acceleration_rate=rate, acceptance="greedy", temperature=0.0)
+               tokens_per_step=rate, acceptance="greedy", temperature=0.0)
     f = tmp_path_factory.mktemp("sweep") / "s.csv"
     pd.DataFrame([row], columns=SWEEP_COLUMNS).to_csv(f, index=False)
     try:
@@ -141,7 +143,7 @@ def test_a_sweep_file_holds_counts_and_rates_or_is_refused(tmp_path_factory, nod
         assert "\n" not in str(e)
         return
     r = df.iloc[0]
-    assert r["nodes"] >= 0 and r["nodes"] % 1 == 0 and r["batch_size"] >= 1 and r["acceleration_rate"] >= 1 - 1e-9
+    assert r["nodes"] >= 0 and r["nodes"] % 1 == 0 and r["batch_size"] >= 1 and r["tokens_per_step"] >= 1 - 1e-9
 
 
 # ----------------------------------------------------------------------------------------------- EAGLE-1's reading
@@ -239,3 +241,35 @@ def test_an_output_that_refuses_writes_is_refused_before_the_heavy_imports(argv,
     err = p.stderr.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("error: ") and "No space left" in err[0], p.stderr
     assert spared not in imported, imported
+
+
+# ----------------------------------------------------------------------------------------------- warnings
+
+def test_the_cli_shows_its_own_warnings_in_one_line_and_hides_other_libraries(capsys, monkeypatch):
+    """Issue 52: one `warning: ...` line per workbench warning, however many lines its text has; another
+    library's warning (torch.load's pickle-protocol note, deprecations) not at all, unless asked for with -W."""
+    import warnings
+
+    from workbench import warn
+    from workbench.cli.shared import cli_warnings
+
+    monkeypatch.setattr(sys, "warnoptions", [])
+    with cli_warnings():
+        warn("config says 7 heads\n  but the weights hold 3")
+        warnings.warn("Detected pickle protocol 4 in the checkpoint", UserWarning)
+        warnings.warn("old API", DeprecationWarning)
+    assert capsys.readouterr().err.splitlines() == ["warning: config says 7 heads but the weights hold 3"]
+    monkeypatch.setattr(sys, "warnoptions", ["default"])
+    with cli_warnings():
+        warnings.warn("Detected pickle protocol 4\nin the checkpoint", UserWarning)
+    assert capsys.readouterr().err.splitlines() == ["warning: UserWarning: Detected pickle protocol 4 in the checkpoint"]
+
+
+def test_a_refusal_after_a_warning_is_one_warning_line_then_the_error(env, tmp_path, capsys):
+    """The issue's case: a heads folder whose config names other head counts (a warning) and whose weight is 3-D
+    (the refusal): two lines, neither in Python's two-line warning format."""
+    rc = main(["decode", "--model", env["model"], "--heads", env["h_3d_cfg"], "--tree", "[[0]]", "--prompt-ids", "5",
+               "--max-new-tokens", "2", "--device", "cpu"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert rc == 2 and len(err) == 2, err
+    assert err[0].startswith("warning: ") and "config says 7 heads" in err[0] and err[1].startswith("error: "), err

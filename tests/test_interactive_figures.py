@@ -7,7 +7,7 @@ import pytest
 
 from workbench.runtime.treemask import tree_buffers
 from workbench.trees.tree import load_tree, make_tree
-from workbench.viz import interactive_figures
+from workbench.viz import interactive_figures, interactive_tradeoffs
 
 pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
 
@@ -99,18 +99,18 @@ def test_values_to_read_are_in_the_hover():
     assert [list(t.customdata) for t in points] == [["[0]"], ["[0, 0]"]]  # hover names the path
 
 
-def test_speedup_chart_marks_old_measurements_and_the_spread():
-    measured = [dict(nodes=3, speedup=0.9, noise=0.05, tree="t", sweep="new.csv", decoder_version="v2", old=False),
-                dict(nodes=4, speedup=0.6, noise=None, tree="u", sweep="old.csv", decoder_version="before", old=True),
-                dict(nodes=5, speedup=0.5, noise=None, tree="v", sweep="1-thread.csv", decoder_version="v2", old=False,
-                     elsewhere=["threads 2 vs 1"])]
-    fig = interactive_figures.speedup_chart({"optimal trees": ([1, 3], [1.1, 1.2], [1.0, 1.1], [1.2, 1.3])},
+def test_speedup_chart_marks_measurements_from_elsewhere_and_the_spread():
+    measured = [dict(nodes=3, speedup=0.9, noise=0.05, tree="t", sweep="new.csv", elsewhere=[]),
+                dict(nodes=4, speedup=0.6, noise=None, tree="u", sweep="old.csv",
+                     elsewhere=["provenance unknown (the setting was not recorded)"]),
+                dict(nodes=5, speedup=0.5, noise=None, tree="v", sweep="1-thread.csv", elsewhere=["threads 2 vs 1"])]
+    fig = interactive_tradeoffs.speedup_chart({"optimal trees": ([1, 3], [1.1, 1.2], [1.0, 1.1], [1.2, 1.3])},
                                             {"recommended": (3, 1.2)}, measured)
     names = [t.name for t in fig.data]
     assert names == ["optimal trees: latency spread", "optimal trees", "recommended",
-                     "measured (this setting, current decoder)", "measured elsewhere or by an older decoder"]
+                     "measured (this setting)", "measured elsewhere"]
     assert list(fig.data[3].error_y.array) == [0.05] and fig.data[4].marker.symbol == "diamond-open"
-    assert list(fig.data[4].x) == [4, 5]  # another setting is drawn as not comparable, like an older decoder
+    assert list(fig.data[4].x) == [4, 5]  # another setting, or an unknown one, is drawn as not comparable
 
 
 def test_latency_chart_names_lines_by_what_differs_and_draws_the_spread():
@@ -118,12 +118,12 @@ def test_latency_chart_names_lines_by_what_differs_and_draws_the_spread():
 
     df = pd.DataFrame([dict(model="m", device="cpu", batch=b, context=128, tokens=n, seconds=0.01 * n * b,
                             seconds_q1=0.009 * n * b, seconds_q3=0.012 * n * b) for b in (1, 4) for n in (1, 2)])
-    fig = interactive_figures.latency_chart(df)
+    fig = interactive_tradeoffs.latency_chart(df)
     assert [t.name for t in fig.data] == ["batch 1", "batch 4"]
     assert np.allclose(fig.data[0].error_y.array, [2.0, 4.0])  # q3 - median, in ms
     assert np.allclose(fig.data[0].error_y.arrayminus, [1.0, 2.0])  # median - q1
     assert "no spread" not in fig.layout.title.text
-    medians = interactive_figures.latency_chart(df.drop(columns=["seconds_q1", "seconds_q3"]))
+    medians = interactive_tradeoffs.latency_chart(df.drop(columns=["seconds_q1", "seconds_q3"]))
     assert "no spread measured" in medians.layout.title.text
 
 

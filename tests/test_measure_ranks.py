@@ -11,9 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import WorkbenchError
-from workbench.calibrate.folder import (NULL, Calibration, decoder_walk, head_accuracies, measured_acceptance,
-                                        path_probabilities, ranks_frame)
-from workbench.calibrate.run import CalibrateConfig, calibrate, head_ranks, holdout_split
+from workbench.calibrate.folder import Calibration
+from workbench.calibrate.ranks import (NULL, decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
+                                       ranks_frame)
+from workbench.calibrate.finish import holdout_split
+from workbench.calibrate.run import CalibrateConfig, calibrate, head_ranks
 from workbench.decode.loop import medusa_generate
 from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt
 from workbench.trees.accuracies import read_accuracies
@@ -374,7 +376,7 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
 
 
 def test_no_tree_when_no_guess_was_ever_right(tmp_path):
-    from workbench.calibrate.run import build_trees
+    from workbench.calibrate.finish import build_trees
 
     ranks = ranks_frame(["a"], [np.array([[-1, -1], [0, NULL], [-1, NULL]], dtype=np.int16)], 2)
     fit = ranks.iloc[[0, 2]]  # head 1 never right on the fit rows

@@ -14,8 +14,9 @@ pytest.importorskip("peft", reason="Medusa-2 needs peft (pip install peft)")
 from workbench.cli import main  # noqa: E402
 from workbench.runtime.heads import load_heads, save_heads  # noqa: E402
 from workbench.runtime.models import load_model_and_heads  # noqa: E402
-from workbench.train.medusa2 import (Medusa2, Medusa2Config, add_lora, batch_tensors, medusa2_loss,  # noqa: E402
-                                     merged_model, train_medusa2)
+from workbench.train.adapter import Medusa2, add_lora, medusa2_loss, merged_model  # noqa: E402
+from workbench.train.distill import batch_tensors  # noqa: E402
+from workbench.train.medusa2 import Medusa2Config, train_medusa2  # noqa: E402
 from support.tiny import random_heads, tiny_model, tiny_tokenizer  # noqa: E402
 
 K = 3

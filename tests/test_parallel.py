@@ -360,7 +360,8 @@ def test_a_model_spread_over_devices_gives_the_same_ranks(tiny_llama, tmp_path):
 
 def test_train_heads_data_is_sharded_like_calibrate_and_the_last_process_trains(tiny_llama, tmp_path, monkeypatch):
     from workbench.runtime.heads import load_heads
-    from workbench.train.medusa1 import TrainConfig, build_data, part_infos, train_heads
+    from workbench.train.distill import build_data, part_infos
+    from workbench.train.medusa1 import TrainConfig, train_heads
 
     cfg = dict(prompts=PROMPTS, max_new_tokens=12, gen_batch=2, gen_dtype="float32", steps=20, batch_size=32,
                lr=1e-2, warmup=2, num_heads=3)
@@ -389,7 +390,8 @@ def test_train_heads_data_is_sharded_like_calibrate_and_the_last_process_trains(
 
 
 def test_train_heads_refuses_a_work_folder_of_another_model(tiny_llama, tiny_qwen2, tmp_path):
-    from workbench.train.medusa1 import TrainConfig, build_data
+    from workbench.train.distill import build_data
+    from workbench.train.medusa1 import TrainConfig
 
     cfg = TrainConfig(prompts=PROMPTS[:4], tokens=10, max_new_tokens=6, gen_batch=4, gen_dtype="float32")
     build_data(tmp_path / "work", cfg, str(tiny_llama.model_dir), None)

@@ -74,15 +74,24 @@ def brute_force(acc, table: dict) -> float:
 
 # ----------------------------------------------------------------------------------------------- the surface
 
-def test_old_latency_csvs_read_as_batch_1():
-    """The committed bare-forward latency CSV (no batch, no spread, no setting) reads as batch 1, as it was."""
+def test_version_1_latency_csvs_are_upgraded_to_batch_1(tmp_path):
+    """A latency CSV of version 1 without a batch column (the committed bare-forward table as it was, before it was
+    rewritten through upgrade_latency) reads as batch 1, as the rewritten one does; another version is one line."""
     from workbench import REPO_ROOT
+    from workbench.measure.latency_file import LATENCY_VERSION
 
-    f = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "latency-forward-cpu.csv"
-    raw = pd.read_csv(f)
-    assert "batch" not in raw.columns and "seconds_q1" not in raw.columns
+    committed = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "latency-forward-cpu.csv"
+    assert (pd.read_csv(committed)["version"] == LATENCY_VERSION).all()
+    raw = pd.read_csv(committed).drop(columns=["batch", "version"])
+    f = tmp_path / "v1.csv"
+    raw.to_csv(f, index=False)
+    assert "seconds_q1" not in raw.columns
     df = read_latency(f)
-    assert set(df["batch"]) == {1}
+    assert set(df["batch"]) == {1} and (df["version"] == LATENCY_VERSION).all()
+    pd.testing.assert_frame_equal(df, read_latency(committed))
+    raw.assign(version=LATENCY_VERSION + 1).to_csv(tmp_path / "newer.csv", index=False)
+    with pytest.raises(WorkbenchError, match=f"version '{LATENCY_VERSION + 1}', but this workbench reads latency CSVs"):
+        read_latency(tmp_path / "newer.csv")
     surf, ctx = latency_surface(df, [1], context=128)
     want = raw[raw["context"] == 128]
     assert ctx == 128 and surf[1]["measured"] == dict(zip(want["tokens"], want["seconds"]))
@@ -171,7 +180,7 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
     df["heads_seconds"] = df["depth"].map(h)
     df.to_csv(tmp_path / "lat.csv", index=False)
     s, _ = latency_surface(read_latency(tmp_path / "lat.csv"), [8])
-    table, heads = s[8]["seconds"], s[8]["heads"]
+    table, heads = s[8]["seconds"], s[8]["head_cost"]
     assert heads == dict(depth={1: 0, 2: 1, 3: 2, 4: 3}, seconds=h)
     assert at_depth(table, heads, 1) == pytest.approx({1: table[1], 2: table[2], 3: table[3] - 0.002,
                                                         4: table[4] - 0.006})
@@ -193,7 +202,7 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
     # the plan file says whether the heads' cost was known
     write_accuracies(tmp_path / "acc.csv", np.array([[0.6, 0.2], [0.4, 0.1], [0.3, 0.05]]))
     plan = make_plan(plan_source(accuracies=tmp_path / "acc.csv"), tmp_path / "lat.csv", [8])
-    assert plan["latency"]["heads_cost"] is True
+    assert plan["latency"]["head_cost"] is True
     # reading: empty columns (a bare verify table) are no heads' cost; half-filled ones are an error
     df.assign(depth=None, heads_seconds=None).to_csv(tmp_path / "empty.csv", index=False)
     assert "depth" not in read_latency(tmp_path / "empty.csv").columns
@@ -349,12 +358,12 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
     assert (f"the first {meta['max_new_tokens']} tokens" in regime) and \
         ("replayed" in regime) == (prediction == "replay")
     # a latency file without a setting column: provenance unknown, said loudly
-    assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, heads_cost=False,
+    assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, head_cost=False,
                                    model="synthetic", device="test", dtype="float32", setting=None,
-                                   mode="unknown (a file written before the setting was kept)",
-                                   engine="workbench", engine_version=None)  # a file without engine: our decoder's
-    assert "WARNING: the latency table times the bare verify forward (or does not say what it timed)" in err
-    assert "step cost: as the table timed it" in err and "--mode heads" in err
+                                   mode="unknown (the table does not record its setting)",
+                                   engine="workbench", engine_version=None)  # a version 2 table: our decoder's
+    assert "warning: the latency table times the bare verify forward (or does not say what it timed)" in err
+    assert "step cost: as the table timed it" in err and "`workbench latency --heads DIR` times it" in err
     assert plan["workbench_version"] and plan["created"].startswith("20")
     assert plan["plans"][-1]["kind"] == "none" and plan["plans"][0]["kind"] != "none"
 
@@ -488,8 +497,7 @@ def test_plan_outputs_refuse_what_engines_cannot_take(plan_file, tiny_llama, tmp
     (tmp_path / "rising.json").write_text(json.dumps(rising))
     P = str(plan_file)
     for argv, needle in [
-        (["export", P, "--format", "trtllm-current"], "does not serve Medusa heads"),
-        (["export", "[[0], [0, 0]]", "--format", "trtllm-current"], "does not serve Medusa heads"),
+        (["export", P, "--format", "trtllm-current"], "invalid choice"),  # an error-only format: gone
         (["export", P, "--format", "vllm", "--heads", str(tiny_llama.heads_dirs["1"])], "not the heads this plan"),
         (["export", str(tmp_path / "none.json"), "--format", "vllm"], "never speculates"),
         (["export", str(tmp_path / "none.json"), "--format", "medusa"], "no speculation at batch size 1"),
@@ -525,9 +533,28 @@ def test_plan_bad_input_is_one_error_line(calib, flat_latency, tmp_path, capsys)
 def test_plan_formats_cover_the_tree_formats():
     from workbench.export.engines import FORMATS
 
-    assert set(FORMATS) < set(PLAN_FORMATS) and {"vllm-tree", "trtllm-current"} <= set(PLAN_FORMATS)
+    assert set(FORMATS) < set(PLAN_FORMATS) and "vllm-tree" in set(PLAN_FORMATS)
     with pytest.raises(WorkbenchError, match="unknown export format"):
         export_plan({"plans": []}, "onnx")
+
+
+def test_plan_files_carry_a_version_and_version_1_reads_through_its_upgrade(tmp_path):
+    """The committed plans were rewritten through upgrade_plan; a plan without a version reads as they do, another
+    version is one line."""
+    from workbench import REPO_ROOT
+    from workbench.plan.rank import PLAN_VERSION, read_plan, upgrade_plan
+
+    f = REPO_ROOT / "docs" / "results" / "plan-cpu.json"
+    raw = json.loads(f.read_text())
+    assert raw["version"] == PLAN_VERSION and list(raw)[0] == "version"
+    old = {k: v for k, v in raw.items() if k != "version"}
+    (tmp_path / "v1.json").write_text(json.dumps(old))
+    assert upgrade_plan(old) == raw and read_plan(tmp_path / "v1.json") == read_plan(f)
+    between = dict(old, latency=dict(old["latency"], heads_cost=True))  # v1 files of the last days named it so
+    assert upgrade_plan(between)["latency"]["head_cost"] is True and "heads_cost" not in upgrade_plan(between)["latency"]
+    (tmp_path / "v3.json").write_text(json.dumps(dict(raw, version=PLAN_VERSION + 1)))
+    with pytest.raises(WorkbenchError, match=f"version '{PLAN_VERSION + 1}', but this workbench reads plans of version"):
+        read_plan(tmp_path / "v3.json")
 
 
 def test_speedups_by_kind_list_each_kind_once_per_batch_size_and_mark_the_choice():
@@ -613,7 +640,7 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
     assert [(r["batch_size"]) for r in res["rows"]] == [1, 1, 2, 2] and res["prompts"] == 2
     assert res["setting"]["threads"] >= 1 and "load_average" in res["setting"] and res["latency_setting"] is None
     assert "provenance unknown" in res["setting_warning"]
-    from workbench.calibrate.folder import answer_rows, batch_walk
+    from workbench.calibrate.ranks import answer_rows, batch_walk
 
     cal = Calibration(calib)
     answers = cal.answers("all", 6)

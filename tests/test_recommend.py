@@ -1,5 +1,5 @@
 """The app's one answer (workbench/plan/recommend.py): candidates ranked by predicted speedup, the pick, the range from
-the latency spread, and the sweep measurements of the same tree shapes, old decoders marked old."""
+the latency spread, and the sweep measurements of the same tree shapes, other settings shown apart."""
 from __future__ import annotations
 
 import pandas as pd
@@ -7,7 +7,7 @@ import pytest
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
-from workbench.measure.sweep_file import SWEEP_COLUMNS
+from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION
 from workbench.plan import recommend as R
 from workbench.trees.tree import make_tree, tree_key
 
@@ -44,19 +44,17 @@ CHEAP = lambda n: 0.02 * (1 + 0.01 * n)  # noqa: E731 - a GPU-like curve: trees 
 SLOW = lambda n: 0.01 * n  # noqa: E731 - every token costs a full step: nothing pays
 
 
-def sweep(rows: list[dict], version: str | None = None) -> pd.DataFrame:
-    df = pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS)  # (decoder_version empty: an old decoder)
-    if version:
-        df["decoder_version"] = version
-    return df
+def sweep(rows: list[dict]) -> pd.DataFrame:
+    """A sweep frame as read_sweep gives it: every column, batch size 1 and this version where the rows say nothing."""
+    return pd.DataFrame(rows).reindex(columns=SWEEP_COLUMNS).fillna({"batch_size": 1, "version": SWEEP_VERSION})
 
 
 def swept(tree, speedup: float, baselines=(50.0, 50.0)) -> list[dict]:
     """A vanilla row and a greedy row for `tree` as `workbench sweep` writes them (config = name:hash|...)."""
     rows = [dict(run="r1", config="vanilla", tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy",
-                 acceleration_rate=1.0, speedup=1.0, vanilla_tokens_per_s=baselines[0], num_prompts=12)]
+                 tokens_per_step=1.0, speedup=1.0, vanilla_tokens_per_s=baselines[0], num_prompts=12)]
     rows.append(dict(run="r1", config=f"{tree_key(tree)}|greedy|T=0", tree=tree.name, kind="given", nodes=tree.nodes,
-                     acceptance="greedy", temperature=0.0, acceleration_rate=1.5, speedup=speedup,
+                     acceptance="greedy", temperature=0.0, tokens_per_step=1.5, speedup=speedup,
                      vanilla_tokens_per_s=baselines[1], num_prompts=12))
     return rows
 
@@ -98,7 +96,7 @@ def test_the_answer_is_plans_choice_with_plans_numbers(cal, tmp_path):
 
 def test_measured_slower_than_plain_answers_no_speculation(cal):
     pick = R.recommend(cal, latency(CHEAP))["pick"]
-    rec = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 0.8), "v2")})
+    rec = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 0.8))})
     assert rec["answer"]["kind"] == "measured-none" and rec["pick"]["kind"] == "tree"
     text = R.sentence(rec)
     assert text.startswith("use no speculation at batch 1") and f"{pick['label']}, ran at 0.80x" in text
@@ -140,40 +138,26 @@ def test_context_and_batch_are_picked_from_the_table(cal):
         R.recommend(cal, latency(CHEAP), batch=2)
 
 
-def test_old_sweeps_are_marked_old_and_never_weighed(cal):
-    pick = R.recommend(cal, latency(CHEAP))["pick"]["tree"]
-    rec = R.recommend(cal, latency(CHEAP), sweeps={"old.csv": sweep(swept(pick, 0.3))})
-    assert rec["pick"]["measured"][0]["old"] and rec["pick"]["current"] is None
-    assert not rec["disagree"] and rec["old"]
-    assert "not measured with the current decoder (old: 0.30x by the decoder before the static-cache step, " \
-           "old.csv, 12 prompts)" in R.sentence(rec)
-
-
 def test_current_sweeps_are_evidence_and_disagreement_is_named(cal):
     pick = R.recommend(cal, latency(CHEAP))["pick"]
     tree, predicted = pick["tree"], pick["speedup"]
-    agree = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted * 1.02, (50, 51)),
-                                                                        "v2")})
+    agree = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted * 1.02, (50, 51)))})
     m = agree["pick"]["current"]
-    assert m["speedup"] == pytest.approx(predicted * 1.02) and m["decoder_versions"] == ["v2"]
+    assert m["speedup"] == pytest.approx(predicted * 1.02) and m["sweeps"] == ["new.csv"]
     # noise: the vanilla baseline's spread in that run (50 vs 51 tokens/s), sqrt(2) for the ratio
     import statistics
     assert m["noise"] == pytest.approx(2 ** 0.5 * statistics.stdev([50, 51]) / 50.5 * predicted * 1.02)
     assert not agree["disagree"]
-    assert f"measured {predicted * 1.02:.2f}x +- {m['noise']:.2f} on this machine (new.csv, decoder v2, 12 prompts)" \
+    assert f"measured {predicted * 1.02:.2f}x +- {m['noise']:.2f} on this machine (new.csv, 12 prompts)" \
         in R.sentence(agree)
-    far = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted / 2, (50, 51)), "v2")})
+    far = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted / 2, (50, 51)))})
     assert far["disagree"] and far["disagree"][0]["tree"].paths == tree.paths
     assert R.disagreement_text(far).startswith("Measurements disagree with the prediction by more than their noise")
-    # a version other than the current decoder's is old too
-    other = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted / 2), "v1")},
-                        decoder="v2")
-    assert not other["disagree"] and other["pick"]["measured"][0]["old"]
 
 
 def test_named_trees_are_evidence_not_candidates(cal):
     mine = make_tree([[0], [1], [0, 2]], name="mine")
-    rec = R.recommend(cal, latency(CHEAP), trees=[mine], sweeps={"s.csv": sweep(swept(mine, 1.1), "v2")})
+    rec = R.recommend(cal, latency(CHEAP), trees=[mine], sweeps={"s.csv": sweep(swept(mine, 1.1))})
     assert all(r["tree"] is None or r["tree"].paths != mine.paths for r in rec["candidates"])
     row = next(r for r in rec["measured_trees"] if r["tree"].paths == mine.paths)
     assert row["current"]["speedup"] == pytest.approx(1.1)
@@ -208,10 +192,10 @@ def test_measurements_from_another_setting_are_named(cal):
     rows = swept(pick["tree"], pick["speedup"])
     for r in rows:
         r["setting"] = setting_cell(dict(here, threads=1))
-    rec = R.recommend(cal, df, sweeps={"s.csv": sweep(rows, "v2")})
+    rec = R.recommend(cal, df, sweeps={"s.csv": sweep(rows)})
     assert "threads 2 vs 1" in R.setting_text(rec) and R.provenance_note(rec) is None
     # older files: the setting is unknown, said in words, not as a difference
-    old = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 1.0), "v2")})
+    old = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 1.0))})
     assert R.setting_text(old) is None and "does not record the setting" in R.provenance_note(old)
 
 
@@ -230,12 +214,12 @@ def test_only_measurements_in_the_latency_tables_setting_are_weighed(cal):
         rows = swept(pick["tree"], pick["speedup"] / 2)
         for r in rows:
             r["setting"] = None if where is None else setting_cell(where)
-        return R.recommend(cal, df, sweeps={"s.csv": sweep(rows, "v2")})
+        return R.recommend(cal, df, sweeps={"s.csv": sweep(rows)})
 
     for where, why in ((dict(here, threads=1), "threads 2 vs 1"), (None, "provenance unknown")):
         rec = at(where)
         row = rec["pick"]
-        assert row["current"] is None and not rec["disagree"] and rec["elsewhere"] == [row] and not rec["old"]
+        assert row["current"] is None and not rec["disagree"] and rec["elsewhere"] == [row]
         assert rec["answer"]["kind"] == "plan" and row["measured"][0]["elsewhere"][0].startswith(why)
         assert f"not measured in this latency table's setting ({pick['speedup'] / 2:.2f}x in s.csv, {why}" \
             in R.sentence(rec)

@@ -27,7 +27,8 @@ import pytest
 
 from helpers import freeze_when
 from workbench.cli import main
-from workbench.core.io import piece_files, work_folder
+from workbench.core.io import work_folder
+from workbench.core.work import piece_files
 from workbench.core.provenance import without_load
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,7 +154,7 @@ def test_sweep_killed_again_and_again_ends_with_the_same_rows(tiny_llama, prompt
     _kill_and_resume(argv(out), rows, rng, what, capsys)
     assert main(argv(tmp_path / "whole.csv")) == 0
     capsys.readouterr()
-    cols = ["config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "acceleration_rate",
+    cols = ["config", "tree", "kind", "nodes", "depth", "acceptance", "temperature", "tokens_per_step",
             "exact_match", "num_prompts", "new_tokens", "steps"]
     a, b = (pd.read_csv(f)[cols] for f in (out, tmp_path / "whole.csv"))
     pd.testing.assert_frame_equal(a, b, obj=what)
@@ -308,7 +309,7 @@ def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, c
 
 
 def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, capsys):
-    from workbench.core.io import WorkState, remove_work
+    from workbench.core.work import WorkState, remove_work
 
     out = tmp_path / "sub" / "result.csv"
     s = WorkState(out, {"sizes": [1, 2]})
@@ -332,7 +333,7 @@ def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, cap
 
 def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys):
     """A kill inside an atomic write leaves a dot file: never a piece, never counted, never a reason to refuse."""
-    from workbench.core.io import WorkState
+    from workbench.core.work import WorkState
 
     out = tmp_path / "r.csv"
     folder = tmp_path / "r.csv.work"
@@ -349,7 +350,7 @@ def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys):
 
 def test_work_state_refuses_a_folder_it_did_not_write(tmp_path):
     from workbench import WorkbenchError
-    from workbench.core.io import WorkState
+    from workbench.core.work import WorkState
 
     (tmp_path / "r.json.work").mkdir()
     (tmp_path / "r.json.work" / "mine.txt").write_text("a user's file")
@@ -379,7 +380,7 @@ def test_vllm_check_keeps_finished_engines_and_starts_only_the_rest(tmp_path, mo
     """Without vLLM: a worker killed during its third engine leaves the first two kept; the rerun asks the worker
     for the other two only and returns all four in order; other settings start every engine again."""
     from workbench import WorkbenchError
-    from workbench.core.io import WorkState
+    from workbench.core.work import WorkState
     from workbench.measure.vllm_runner import engine_results
 
     py = tmp_path / "python"
@@ -407,7 +408,7 @@ def test_vllm_check_keeps_finished_engines_and_starts_only_the_rest(tmp_path, mo
 def test_our_decoder_parts_are_taken_from_the_state(tiny_llama, tmp_path):
     """vllm-check's own decoding: every part is kept; a rerun takes a kept part instead of decoding it again
     (a part changed on disk comes back as changed) and decodes the missing ones as before."""
-    from workbench.core.io import WorkState
+    from workbench.core.work import WorkState
     from workbench.runtime.generation import prepare_prompt
     from workbench.export.vllm_check import ours
 

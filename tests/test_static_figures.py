@@ -13,7 +13,7 @@ from workbench.runtime.treemask import tree_buffers
 from workbench.trees.accuracies import write_accuracies
 from workbench.trees.optimize import acc_value_fn, optimal_tree
 from workbench.trees.tree import load_tree, make_tree, reference_trees
-from workbench.viz import static_figures
+from workbench.viz import static_figures, static_tradeoffs
 
 pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
 
@@ -126,22 +126,22 @@ def test_independence_vs_measured_points():
 
 @pytest.fixture
 def sweep():
-    rows = [dict(tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy", acceleration_rate=1.0,
+    rows = [dict(tree="vanilla", kind="vanilla", nodes=0, acceptance="greedy", tokens_per_step=1.0,
                  tokens_per_s=10.0, exact_match=1.0)]
     for n, a in ((4, 1.5), (8, 1.8), (16, 2.0)):
-        rows += [dict(tree=f"opt{n}", kind="optimal", nodes=n, acceptance="greedy", acceleration_rate=a,
+        rows += [dict(tree=f"opt{n}", kind="optimal", nodes=n, acceptance="greedy", tokens_per_step=a,
                       tokens_per_s=10 * a, predicted_independent=a + 0.1),
-                 dict(tree=f"opt{n}b", kind="optimal", nodes=n, acceptance="greedy", acceleration_rate=a + 0.2,
+                 dict(tree=f"opt{n}b", kind="optimal", nodes=n, acceptance="greedy", tokens_per_step=a + 0.2,
                       tokens_per_s=10 * a),
-                 dict(tree=f"dense{n}", kind="dense", nodes=n, acceptance="greedy", acceleration_rate=a - 0.3,
+                 dict(tree=f"dense{n}", kind="dense", nodes=n, acceptance="greedy", tokens_per_step=a - 0.3,
                       tokens_per_s=8 * a)]
     rows += [dict(tree="opt8", kind="optimal", nodes=8, acceptance="typical", temperature=t, epsilon=e,
-                  acceleration_rate=2 + e + t, exact_match=1 - e) for t in (0.5, 1.0) for e in (0.05, 0.1, 0.3)]
+                  tokens_per_step=2 + e + t, exact_match=1 - e) for t in (0.5, 1.0) for e in (0.05, 0.1, 0.3)]
     return pd.DataFrame(rows)
 
 
 def test_tokens_vs_candidates(sweep):
-    ax = static_figures.tokens_vs_candidates(sweep).axes[0]
+    ax = static_tradeoffs.tokens_vs_candidates(sweep).axes[0]
     lines = {l.get_label(): l for l in ax.lines}
     assert set(lines) == {"dense", "optimal", "vanilla greedy"}
     assert list(lines["optimal"].get_xdata()) == [4, 8, 16]
@@ -150,13 +150,13 @@ def test_tokens_vs_candidates(sweep):
 
 
 def test_speed_vs_candidates(sweep):
-    lines = {l.get_label(): l for l in static_figures.speed_vs_candidates(sweep).axes[0].lines}
+    lines = {l.get_label(): l for l in static_tradeoffs.speed_vs_candidates(sweep).axes[0].lines}
     assert np.allclose(lines["dense"].get_ydata(), [12, 14.4, 16])
     assert np.allclose(lines["vanilla greedy"].get_ydata(), [10, 10])
 
 
 def test_epsilon_plot(sweep):
-    fig = static_figures.epsilon_plot(sweep)
+    fig = static_tradeoffs.epsilon_plot(sweep)
     ax, ax2 = fig.axes[:2]
     assert len(ax.lines) == 2  # one per temperature
     assert list(ax.lines[0].get_xdata()) == [0.05, 0.1, 0.3]
@@ -165,7 +165,7 @@ def test_epsilon_plot(sweep):
 
 
 def test_predicted_vs_measured(sweep):
-    ax = static_figures.predicted_vs_measured(sweep).axes[0]
+    ax = static_tradeoffs.predicted_vs_measured(sweep).axes[0]
     pts = [c for c in ax.collections if isinstance(c, PathCollection)]
     assert len(pts) == 1 and np.allclose(pts[0].get_offsets(), [[1.6, 1.5], [1.9, 1.8], [2.1, 2.0]])
 
@@ -173,12 +173,12 @@ def test_predicted_vs_measured(sweep):
 def test_latency_and_speedup_curves():
     lat = pd.DataFrame([dict(model="m", device="cpu", dtype="float32", context=c, tokens=n, seconds=0.01 * n + c)
                         for c in (1, 2) for n in (1, 4, 16)])
-    ax = static_figures.latency_curve(lat).axes[0]
+    ax = static_tradeoffs.latency_curve(lat).axes[0]
     assert len(ax.lines) == 2 and np.allclose(ax.lines[0].get_ydata(), 1000 * (0.01 * np.array([1, 4, 16]) + 1))
     batched = pd.concat([lat.assign(batch=1), lat.assign(batch=4, seconds=lat["seconds"] * 2)])
-    ax = static_figures.latency_curve(batched).axes[0]
+    ax = static_tradeoffs.latency_curve(batched).axes[0]
     assert len(ax.lines) == 4  # one per batch size and context: batch sizes are not averaged together
-    ax = static_figures.speedup_curve({"x": ([1, 2, 3], [1.2, 1.5, 1.4])}, {"x": (2, 1.5)}).axes[0]
+    ax = static_tradeoffs.speedup_curve({"x": ([1, 2, 3], [1.2, 1.5, 1.4])}, {"x": (2, 1.5)}).axes[0]
     assert np.allclose(ax.lines[0].get_ydata(), [1.2, 1.5, 1.4])
 
 

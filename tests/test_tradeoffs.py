@@ -13,11 +13,10 @@ from workbench.calibrate.folder import Calibration
 from workbench.calibrate.run import CalibrateConfig, calibrate
 from workbench.cli import main
 from workbench.cli.shared import parse_delta, parse_floats
-from workbench.decode.loop import DECODER_VERSION
 from workbench.measure.latency import measure_latency
 from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, latency_table, read_latency
 from workbench.measure.sweep import dense_near, run_sweep, sweep_configs, sweep_trees
-from workbench.measure.sweep_file import SWEEP_COLUMNS, read_sweep
+from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION, read_sweep
 from workbench.plan.fastest import fastest, value_source
 from workbench.plan.report import summarize
 from workbench.runtime.generation import prepare_prompt
@@ -262,7 +261,7 @@ def test_sweep_configs_greedy_once_per_tree():
 
 def test_sweep_batch_sizes_give_one_row_per_configuration_and_batch(tiny_llama, prompt_file, tmp_path, capsys):
     """--batch-sizes 1,3: every configuration (and vanilla) at each batch size, speeds against vanilla at the same
-    batch size, greedy exact at both; the decoder version is recorded; a batch larger than the prompts is one line."""
+    batch size, greedy exact at both; the format's version is on every row; a batch larger than the prompts is one line."""
     out = tmp_path / "batched.csv"
     base = ["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
             "--trees", "[[0],[0,0]]", "mc_sim_7b_63", "--prompts", str(prompt_file), "--limit", "5",
@@ -271,15 +270,13 @@ def test_sweep_batch_sizes_give_one_row_per_configuration_and_batch(tiny_llama, 
     df = pd.read_csv(out)
     assert sorted(df["batch_size"].unique()) == [1, 3] and len(df) == 2 * (1 + 2)
     assert (df.groupby("batch_size")["kind"].apply(lambda k: (k == "vanilla").sum()) == 1).all()
-    assert (df["exact_match"] == 1.0).all() and (df["decoder_version"] == DECODER_VERSION).all()
+    assert (df["exact_match"] == 1.0).all() and (df["version"] == SWEEP_VERSION).all()
     assert (df.loc[df["kind"] == "vanilla", "speedup"] == 1.0).all() and (df["decoder_overhead"] > 0).all()
     for b, rows in df.groupby("batch_size"):  # tokens per step per sequence: the same accepted paths at any batch
-        assert rows.set_index("tree")["acceleration_rate"].to_dict() == \
-            df[df["batch_size"] == 1].set_index("tree")["acceleration_rate"].to_dict()
+        assert rows.set_index("tree")["tokens_per_step"].to_dict() == \
+            df[df["batch_size"] == 1].set_index("tree")["tokens_per_step"].to_dict()
     assert main(base[:-1] + [str(tmp_path / "other.csv"), "--batch-sizes", "9"]) == 2
     assert "batch 9 but 5 prompts" in capsys.readouterr().err and not (tmp_path / "other.csv").exists()
-    old = read_sweep(V1_SWEEP)  # before batching: batch 1
-    assert (old["batch_size"] == 1).all() and "decoder_version" not in old.columns
 
 
 def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
@@ -304,7 +301,7 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     assert sorted(typ["epsilon"].unique()) == [0.05, 0.13]
     assert np.allclose(typ["delta"], np.sqrt(typ["epsilon"]))
     assert (df["num_prompts"] == 2).all()  # the 25% holdout of 8 prompts
-    assert (df["acceleration_rate"] >= 1).all() and (df["mean_logprob"] < 0).all()
+    assert (df["tokens_per_step"] >= 1).all() and (df["mean_logprob"] < 0).all()
     assert df["distinct_2"].between(0, 1).all()
     opt = df[df["kind"] == "optimal"]
     predictions = ["predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit"]
@@ -312,7 +309,7 @@ def test_sweep_cli(tiny_llama, calib, prompt_file, tmp_path, capsys):
     # replaying the decoder over the calibration's own answers to these prompts is what the live decoder measured
     replayed = greedy.dropna(subset=["replay_swept"])
     assert len(replayed) >= len(opt[opt["acceptance"] == "greedy"])
-    assert np.allclose(replayed["replay_swept"], replayed["acceleration_rate"], rtol=1e-12)
+    assert np.allclose(replayed["replay_swept"], replayed["tokens_per_step"], rtol=1e-12)
     assert main(argv) == 0  # everything done: nothing rerun, file unchanged
     assert pd.read_csv(out).equals(df)
 
@@ -341,7 +338,8 @@ def test_replay_of_calibration_answers_is_what_the_live_decoder_measures(tiny_ll
     from workbench.decode.loop import medusa_generate
     from workbench.runtime.heads import load_heads
     from workbench.measure.sweep import calibration_predictions
-    from workbench.train.medusa1 import TrainConfig, interleaved_prompts, train_heads
+    from workbench.train.distill import interleaved_prompts
+    from workbench.train.medusa1 import TrainConfig, train_heads
 
     heads_dir = tmp_path / "heads"
     train_heads(tmp_path / "work", TrainConfig(prompts=interleaved_prompts([str(prompt_file)]) * 4, tokens=400,
@@ -422,18 +420,20 @@ def test_sweep_resume_skips_done_rows(tiny_llama, tmp_path):
     run_sweep(model, heads, tok, prompts, configs, full, **kw)
     a, b = pd.read_csv(out), pd.read_csv(full)
     assert a["config"].tolist() == b["config"].tolist() and a["run"].tolist() == b["run"].tolist()
-    for col in ("acceleration_rate", "exact_match", "new_tokens", "steps", "distinct_2", "nodes"):
+    for col in ("tokens_per_step", "exact_match", "new_tokens", "steps", "distinct_2", "nodes"):
         assert a[col].tolist() == b[col].tolist(), col
     assert np.allclose(a["mean_logprob"], b["mean_logprob"])
     assert (a.loc[a["acceptance"] == "greedy", "exact_match"] == 1.0).all()
 
-    # a sweep written before decode_speedup resumes: its rows kept, the new cell empty on them
+    # a version 1 sweep (before decode_speedup and the version column) resumes: upgraded, its cells kept verbatim
     older = tmp_path / "older.csv"
-    pd.read_csv(out).drop(columns=["decode_speedup"]).iloc[:2].to_csv(older, index=False)
+    v1 = pd.read_csv(out, dtype=str, keep_default_na=False).drop(columns=["decode_speedup", "version"]).iloc[:2]
+    v1.rename(columns={"tokens_per_step": "acceleration_rate"}).to_csv(older, index=False)
     run_sweep(model, heads, tok, prompts, configs, older, **kw)
-    d = pd.read_csv(older)
-    assert list(d.columns) == SWEEP_COLUMNS and len(d) == len(a)
-    assert d["decode_speedup"].iloc[:2].isna().all() and d["decode_speedup"].iloc[2:].notna().all()
+    d = pd.read_csv(older, dtype=str, keep_default_na=False)
+    assert list(d.columns) == SWEEP_COLUMNS and len(d) == len(a) and (d["version"] == str(SWEEP_VERSION)).all()
+    assert (d.iloc[:2][v1.columns] == v1).all().all()  # every cell as it was, tokens/step under its new name
+    assert (d["decode_speedup"].iloc[:2] == "").all() and (d["decode_speedup"].iloc[2:] != "").all()
 
     # other settings are another run: nothing counts as done, old rows stay
     run_sweep(model, heads, tok, prompts, configs[:1], out, **dict(kw, max_new_tokens=4))
@@ -488,7 +488,7 @@ def test_bad_inputs_are_one_line_errors(tiny_llama, calib, prompt_file, tmp_path
 
 
 def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
-    from workbench.calibrate.folder import decoder_walk
+    from workbench.calibrate.ranks import decoder_walk
 
     fit = Calibration(calib).ranks("fit")
     answers = fit[fit["position"] < 6]
@@ -500,23 +500,35 @@ def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
         assert all(decoder_walk(t, answers) >= decoder_walk(r, answers) for r in rivals)
 
 
-def test_sweep_csvs_of_earlier_versions_open_under_todays_names(tmp_path):
-    """A sweep of decoder version 1 (written before the predictions were renamed, without the step timing
-    columns) and a CSV with the old prediction names read with today's names, in read_sweep and in the report."""
+def test_sweep_csvs_of_version_1_are_upgraded_by_one_function(tmp_path):
+    """A sweep of version 1 (tests/data: before batch sizes, step timing, the version column; tokens/step named
+    acceleration_rate) and one with the earliest prediction names read through upgrade_sweep alone: today's
+    columns, the same values, the same report; a newer version, or a file lacking columns, is one line."""
     from workbench.calibrate.folder import PREDICTIONS
-    from workbench.measure.sweep_file import OLD_COLUMNS, read_sweep
+    from workbench.measure.sweep_file import read_sweep, upgrade_sweep
 
-    committed = V1_SWEEP
-    old = pd.read_csv(committed).rename(columns={v: k for k, v in OLD_COLUMNS.items()})
-    assert set(OLD_COLUMNS) <= set(old.columns) and not set(OLD_COLUMNS.values()) & set(old.columns)
-    old.to_csv(tmp_path / "old.csv", index=False)
-    df = read_sweep(tmp_path / "old.csv")
-    assert set(PREDICTIONS) | {"predicted_replay_fit", "replay_swept"} <= set(df.columns)
-    assert not set(OLD_COLUMNS) & set(df.columns)
-    pd.testing.assert_frame_equal(df, read_sweep(committed), check_like=True)
+    raw = pd.read_csv(V1_SWEEP)
+    assert "version" not in raw.columns and "acceleration_rate" in raw.columns and "batch_size" not in raw.columns
+    df = read_sweep(V1_SWEEP)
+    assert list(upgrade_sweep(raw).columns) != SWEEP_COLUMNS and set(upgrade_sweep(raw).columns) == set(SWEEP_COLUMNS)
+    assert set(SWEEP_COLUMNS) <= set(df.columns) and (df["batch_size"] == 1).all() and (df["version"] == SWEEP_VERSION).all()
+    assert df["tokens_per_step"].tolist() == raw["acceleration_rate"].tolist() and df["decode_speedup"].isna().all()
+    earliest = {"predicted_independent": "predicted_tokens_per_step", "predicted_replay": "calibration_holdout",
+                "predicted_replay_fit": "predicted_walk", "replay_swept": "replay"}
+    raw.rename(columns=earliest).to_csv(tmp_path / "old.csv", index=False)
+    pd.testing.assert_frame_equal(read_sweep(tmp_path / "old.csv"), df, check_like=True)
+    assert set(PREDICTIONS) <= set(df.columns)
     md = summarize(tmp_path / "old.csv")
-    assert md == summarize(committed).replace(V1_SWEEP.name, "old.csv")
+    assert md == summarize(V1_SWEEP).replace(V1_SWEEP.name, "old.csv")
     assert "| predicted_independent | predicted_joint | predicted_replay |" in md
+    newer = df.assign(version=SWEEP_VERSION + 1)
+    newer.to_csv(tmp_path / "newer.csv", index=False)
+    with pytest.raises(WorkbenchError, match=f"version .{SWEEP_VERSION + 1}., but this workbench reads sweep CSVs of "
+                                             f"version {SWEEP_VERSION}"):
+        read_sweep(tmp_path / "newer.csv")
+    df.drop(columns=["speedup"]).to_csv(tmp_path / "short.csv", index=False)
+    with pytest.raises(WorkbenchError, match="missing column.s. speedup"):
+        read_sweep(tmp_path / "short.csv")
 
 
 def test_has_typical_means_rows_with_an_epsilon(tmp_path):
@@ -526,7 +538,6 @@ def test_has_typical_means_rows_with_an_epsilon(tmp_path):
 
     typical, greedy = (read_sweep(REPO_ROOT / "docs" / "results" / f"sweep-{k}-cpu.csv") for k in ("typical", "greedy"))
     assert has_typical(typical) and not has_typical(greedy)
-    assert not has_typical(typical.drop(columns="epsilon"))  # an old sweep without the column
 
 
 def test_find_csvs_by_the_columns_their_reader_needs(tmp_path):

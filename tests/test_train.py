@@ -8,7 +8,8 @@ from workbench import WorkbenchError
 from workbench.cli import main
 from workbench.runtime.heads import DEMO_HEADS, load_heads
 from support.tiny import tiny_tokenizer
-from workbench.train.medusa1 import TrainConfig, default_folders, interleaved_prompts, load_dataset_tensors, train_heads
+from workbench.train.distill import interleaved_prompts, load_dataset_tensors
+from workbench.train.medusa1 import TrainConfig, default_folders, train_heads
 
 
 @pytest.fixture
@@ -90,7 +91,7 @@ def test_resume_continues_without_regenerating(tiny_llama, prompt_file, tmp_path
 
 def test_parts_hold_the_answers_generate_gives_and_reruns_only_add_new_prompts(tiny_llama, prompt_file, tmp_path):
     from workbench.runtime.generation import prepare_prompt
-    from workbench.train.medusa1 import build_data, prompt_key
+    from workbench.train.distill import build_data, prompt_key
 
     prompts = interleaved_prompts([str(prompt_file)])
     work = tmp_path / "work"
@@ -117,7 +118,7 @@ def test_parts_hold_the_answers_generate_gives_and_reruns_only_add_new_prompts(t
 
 def test_more_answers_per_prompt_fork_at_the_first_token(tiny_llama, prompt_file, tmp_path):
     from workbench.runtime.generation import eos_ids, prepare_prompt
-    from workbench.train.medusa1 import build_data, prompt_key
+    from workbench.train.distill import build_data, prompt_key
 
     prompts = interleaved_prompts([str(prompt_file)])[:4]
     work = tmp_path / "work"
@@ -226,7 +227,7 @@ def test_default_training_files_come_from_the_data_dir_only(tmp_path, monkeypatc
     """The demo heads' training sets are read from $WORKBENCH_DATA_DIR (a GPU machine gets them carried there) and
     nowhere else: on a fresh clone without it, train-heads without --prompts is one error line naming both ways."""
     from workbench.cli import main
-    from workbench.train.medusa1 import DEFAULT_TRAIN_FILES, default_prompt_files
+    from workbench.train.distill import DEFAULT_TRAIN_FILES, default_prompt_files
 
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))
     (tmp_path / DEFAULT_TRAIN_FILES[1]).write_text("[]")

@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.runtime.treemask import tree_buffers
-from workbench.trees.tree import (REFERENCE_DIR, Tree, add_path, ascii_tree, buffers_record, load_tree, make_tree, parse_path,
+from workbench.trees.tree import (REFERENCE_DIR, TREE_VERSION, Tree, add_path, ascii_tree, buffers_record, load_tree, make_tree, parse_path,
                                   record_json, reference_trees, remove_path, tree_diff, tree_record,
                                   tree_stats, validate)
 from workbench.viz.static_figures import to_networkx
@@ -255,7 +255,11 @@ def test_tree_diff():
 def test_tree_record_reads_back():
     tree = load_tree("mc_sim_7b_63")
     rec = tree_record(tree, expected_acceptance_length=2.5, budget=63, method="reference")
-    assert list(rec)[:2] == ["name", "medusa_choices"] and rec["nodes"] == 63 and rec["depth"] == 4
+    assert list(rec)[:3] == ["name", "version", "medusa_choices"] and rec["nodes"] == 63 and rec["depth"] == 4
     text = record_json(rec)
     assert json.loads(text) == rec and text.count("\n") == len(rec) + 2  # braces + one key per line
     assert load_tree(text).paths == tree.paths
+    assert load_tree(json.dumps({"medusa_choices": rec["medusa_choices"]})).paths == tree.paths  # Medusa's own: none
+    with pytest.raises(WorkbenchError, match=f"tree record version '{TREE_VERSION + 1}', but this workbench reads "
+                                             f"version {TREE_VERSION}"):
+        load_tree(json.dumps(dict(rec, version=TREE_VERSION + 1)))

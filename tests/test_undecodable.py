@@ -122,7 +122,8 @@ def test_medusa2_on_a_hybrid_model_warns_as_medusa1_does(tmp_path):
     from transformers import AutoConfig
 
     from workbench.runtime.kvcache import undecodable_warning
-    from workbench.train.medusa2 import Medusa2Config, lora_targets
+    from workbench.train.adapter import lora_targets
+    from workbench.train.medusa2 import Medusa2Config
     from workbench.runtime.models import empty_model
 
     try:

@@ -12,7 +12,7 @@ from workbench import WorkbenchError
 from workbench.cli import main
 from workbench.export.engines import export_plan
 from workbench.export.vllm_speed import plan_rows, speed_rows
-from workbench.measure.latency_file import LATENCY_FORMAT, latency_engine, read_latency
+from workbench.measure.latency_file import LATENCY_VERSION, latency_engine, read_latency
 from workbench.plan.rank import read_plan
 
 ROUNDS = 6  # full rounds per pass the stand-in serves
@@ -82,7 +82,7 @@ def test_latency_engine_vllm_writes_vllms_rounds_as_a_latency_csv(tiny_llama, st
     assert [len(a) for a in asked] == [3, 1] and asked[1][0]["num_speculative_tokens"] == 2  # resumed at K = 2
     assert asked[0][1]["method"] == "medusa" and asked[0][1]["model"].startswith(str(tmp_path / "cache"))
     df = read_latency(out)
-    assert latency_engine(df) == ("vllm", "0.32.0") and (df["format"] == LATENCY_FORMAT).all()
+    assert latency_engine(df) == ("vllm", "0.32.0") and (df["version"] == LATENCY_VERSION).all()
     assert sorted(zip(df["batch"], df["tokens"])) == [(b, k + 1) for b in (1, 2) for k in (0, 1, 2)]
     for r in df.to_dict("records"):
         k, b = r["tokens"] - 1, r["batch"]
@@ -118,7 +118,7 @@ def _surface(tmp_path, engine="vllm") -> str:
                              seconds_min=t * 0.98, seconds_q1=t * 0.99, seconds_q3=t * 1.01, seconds_max=t * 1.02,
                              repeats=3, setting=json.dumps(dict(mode="vllm-round", prompt_ids=["a", "b"])),
                              engine=engine, engine_version="0.32.0", context_min=20, context_max=40,
-                             format=LATENCY_FORMAT))
+                             version=LATENCY_VERSION))
     f = tmp_path / f"{engine}.csv"
     pd.DataFrame(rows).to_csv(f, index=False)
     return str(f)
@@ -182,17 +182,20 @@ def test_exporting_a_plan_priced_on_our_decoder_for_vllm_warns_once(tmp_path, ca
 def test_latency_format_engine_columns_are_checked(tmp_path):
     f = _surface(tmp_path)
     df = pd.read_csv(f)
-    for change, match in ((dict(format=LATENCY_FORMAT + 1), "format must be"), (dict(engine="trt"), "engine must"),
-                          (dict(context_min=35), "context_min <= context")):
+    for change, match in ((dict(version=LATENCY_VERSION + 1), "reads latency CSVs of version"),
+                          (dict(engine="trt"), "engine must"), (dict(context_min=35), "context_min <= context")):
         bad = df.copy()
         for col, v in change.items():
             bad.loc[0, col] = v
         bad.to_csv(tmp_path / "bad.csv", index=False)
         with pytest.raises(WorkbenchError, match=match):
             read_latency(tmp_path / "bad.csv")
-    old = df.drop(columns=["engine", "engine_version", "context_min", "context_max", "format"])
+    # version 2 (before the engine columns): every such table timed our decoder, its context range not recorded
+    old = df.drop(columns=["engine", "engine_version", "context_min", "context_max"]).assign(version=2)
     old.to_csv(tmp_path / "old.csv", index=False)
-    assert latency_engine(read_latency(tmp_path / "old.csv")) == ("workbench", None)
+    up = read_latency(tmp_path / "old.csv")
+    assert latency_engine(up) == ("workbench", None) and (up["version"] == LATENCY_VERSION).all()
+    assert up["context_min"].isna().all() and up["seconds"].tolist() == df["seconds"].tolist()
 
 
 def test_vllm_check_puts_the_plans_prediction_beside_vllms_speedup():

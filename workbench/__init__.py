@@ -1,5 +1,6 @@
 """Medusa tree workbench: calibrate heads, optimise `medusa_choices` trees, verify them with a live decoder."""
 import os
+import warnings
 from pathlib import Path
 
 __version__ = "0.1.0"
@@ -17,3 +18,12 @@ LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
 
 class WorkbenchError(ValueError):
     """A problem with the user's input. The CLI prints it as one line `error: ...` and exits with status 2."""
+
+
+class WorkbenchWarning(UserWarning):
+    """Something the user should know that does not stop the run; the CLI shows it as one line `warning: ...`."""
+
+
+def warn(message: str) -> None:
+    """Warn the user (WorkbenchWarning): the front end decides how it is shown (the CLI: cli.shared.cli_warnings)."""
+    warnings.warn(message, WorkbenchWarning, stacklevel=2)

@@ -21,8 +21,6 @@ Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json, trees/
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 import sys
 import time
@@ -33,22 +31,21 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench import WorkbenchError, __version__
-from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, META, NULL, RANKS, Calibration, calibration_root,
-                                        decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
-                                        ranks_frame, read_ranks, slug)
-from workbench.core.data import load_prompt_records
+from workbench import WorkbenchError
+from workbench.calibrate.finish import finish, holdout_split, own_trees
+from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, MAX_TOPK, META, META_VERSION, RANKS, Calibration,
+                                        calibration_root, slug)
+from workbench.calibrate.ranks import NULL, ranks_frame
+from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.io import atomic_write, atomic_write_json, gate, read_json, run_lock
+from workbench.core.provenance import dtype_name
 from workbench.runtime.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
                                           teacher_forced_hidden)
 from workbench.runtime.heads import heads_fingerprint
 from workbench.runtime.kvcache import undecodable_warning
 from workbench.runtime.models import load_model_and_heads, model_label
 from workbench.runtime.parallel import Shard, current_launch
-from workbench.trees.accuracies import write_accuracies
-from workbench.trees.optimize import acc_value_fn, empirical_value_fn, expected_length, optimal_tree_from
-from workbench.trees.tree import MEDUSA_TOPK, save_tree
-
+from workbench.trees.tree import MEDUSA_TOPK
 
 
 # ----------------------------------------------------------------------------------------------- model side
@@ -94,18 +91,7 @@ def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], t
     return per_prompt, bad
 
 
-# ----------------------------------------------------------------------------------------------- split, files
-
-def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
-    """Deterministic holdout: the round(share * n) ids with the smallest sha256, at least 1 when share > 0,
-    always leaving at least one prompt to fit on. Depends on the ids only, not on the order or the run."""
-    if not 0 <= share < 1:
-        raise WorkbenchError(f"--holdout {share}: must be a share in [0, 1), e.g. 0.2")
-    n = len(prompt_ids)
-    k = min(max(round(share * n), 1 if share > 0 else 0), n - 1)
-    order = sorted(prompt_ids, key=lambda p: hashlib.sha256(p.encode()).hexdigest())
-    return set(order[:max(k, 0)])
-
+# ----------------------------------------------------------------------------------------------- files
 
 def _write_parquet(df: pd.DataFrame, path: Path) -> None:
     atomic_write(path, lambda tmp: df.to_parquet(tmp, index=False))
@@ -143,8 +129,8 @@ class CalibrateConfig:
         """Every setting checked before any model loads: one line naming the flag."""
         if self.max_new_tokens < 1:
             raise WorkbenchError(f"--max-new-tokens {self.max_new_tokens}: must be at least 1")
-        if self.topk < 1:
-            raise WorkbenchError(f"--topk {self.topk}: must be at least 1")
+        if not 1 <= self.topk <= MAX_TOPK:
+            raise WorkbenchError(f"--topk {self.topk}: must be in 1..{MAX_TOPK} (a calibration stores 16-bit ranks)")
         if self.batch_size < 1:
             raise WorkbenchError(f"--gen-batch {self.batch_size}: must be at least 1")
         budgets = sorted({int(b) for b in self.budgets})
@@ -188,10 +174,10 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
         return str(Path(spec).resolve()) if spec and Path(spec).exists() else spec
 
     args = dict(model=model_label(where(cfg.model)), heads=where(cfg.heads) or "demo", prompts=where(cfg.prompts),
-                limit=cfg.limit, prompts_sha256=hashlib.sha256(json.dumps(records).encode()).hexdigest(),
+                limit=cfg.limit, prompts_sha256=prompts_fingerprint(records),
                 max_new_tokens=cfg.max_new_tokens, topk=cfg.topk, batch_size=cfg.batch_size,
                 device=str(base.device.type),
-                dtype=str(base.dtype).replace("torch.", ""), num_heads=hd.num_heads, heads_sha256=heads_fingerprint(hd))
+                dtype=dtype_name(base.dtype), num_heads=hd.num_heads, heads_sha256=heads_fingerprint(hd))
     if not getattr(tok, "chat_template", None):
         raise WorkbenchError("the tokenizer has no chat template: calibrate on an instruction-tuned model whose "
                              "tokenizer defines one (heads are calibrated on what the model sees when serving)")
@@ -224,7 +210,7 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
             _merge(folder, records, args, launch.world,
                    str(Path(cfg.continuations).resolve()) if reuse is not None else None)
         trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if cfg.out else Path("trees"))
-        meta = _finish(folder, name, args, records, cfg.holdout, cfg.budgets, trees)
+        meta = finish(folder, name, args, records, cfg.holdout, cfg.budgets, trees)
         return dict(meta, **mine, merged=True) if launch.world > 1 else meta
 
 
@@ -273,7 +259,7 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
         for f in (RANKS, CONTINUATIONS, ACCURACIES, META):
             (folder / f).unlink(missing_ok=True)
         shutil.rmtree(folder / "parts", ignore_errors=True)
-        for f in _own_trees(folder / "trees", name):
+        for f in own_trees(folder / "trees", name):
             f.unlink()
         recorded = None
     complete = recorded is not None and (folder / META).is_file() and (folder / RANKS).is_file()
@@ -366,80 +352,7 @@ def _merge(folder: Path, records, args: dict, num_processes: int, continuations_
     _write_parquet(info, folder / CONTINUATIONS)
     _write_parquet(ranks, folder / RANKS)
     atomic_write_json(folder / "parts" / "args.json", {"args": args, "compute_seconds": seconds})
-    meta = dict(args=args, compute_seconds=seconds, num_processes=num_processes,
+    meta = dict(version=META_VERSION, args=args, compute_seconds=seconds, num_processes=num_processes,
                 **({"continuations_from": continuations_from} if continuations_from else {}))
-    atomic_write_json(folder / META, meta)  # marks the ranks complete; _finish fills in the rest
+    atomic_write_json(folder / META, meta)  # marks the ranks complete; finish.py fills in the rest
     shutil.rmtree(parts, ignore_errors=True)
-
-
-def _own_trees(trees_dir: Path, name: str) -> list[Path]:
-    """The tree files a calibration named `name` wrote (NAME-indep-B / NAME-joint-B), not the user's others."""
-    return [f for kind in ("indep", "joint") for f in trees_dir.glob(f"{name}-{kind}-*.json")]
-
-
-def build_trees(name: str, fit: pd.DataFrame, test: pd.DataFrame, acc: np.ndarray, budgets: list[int],
-                trees_dir: Path, calibration: str = "") -> tuple[list[dict], list[str]]:
-    """For each budget, the optimal tree under independent heads (acc) and under the joint path probabilities of
-    `fit`; each file holds its predicted tokens/step (names as in calibrate/folder.py: predicted_independent and
-    predicted_joint from `fit`, predicted_replay over the `test` answers when there are any, predicted_replay_fit
-    over the fit answers) and holdout_acceptance_length, the joint all-position mean on `test`. A model where no
-    node was ever right yields no tree (listed in skipped)."""
-    K, topk = acc.shape
-    indep_fn, joint_fn = acc_value_fn(acc), empirical_value_fn(path_probabilities(fit))
-    summary, skipped = [], []
-    for b in budgets:
-        for kind, fn in (("indep", indep_fn), ("joint", joint_fn)):
-            tname = f"{name}-{kind}-{b}"
-            if not any(fn((r,)) > 0 for r in range(topk)):
-                skipped.append(f"{tname}: no head guess was ever right on the fit prompts")
-                continue
-            tree = optimal_tree_from(fn, b, K, topk, name=tname)
-            row = dict(name=tname, model="independent" if kind == "indep" else "joint", budget=b,
-                       nodes=tree.nodes, depth=tree.depth, calibration=calibration,
-                       expected_acceptance_length=expected_length(tree, fn),
-                       predicted_independent=expected_length(tree, indep_fn),
-                       predicted_joint=expected_length(tree, joint_fn))
-            if len(test):
-                row["predicted_replay"] = decoder_walk(tree, test)
-            row["predicted_replay_fit"] = decoder_walk(tree, fit)
-            if len(test):
-                row["holdout_acceptance_length"] = measured_acceptance(tree, test)
-            save_tree(tree, trees_dir / f"{tname}.json", **{k: v for k, v in row.items() if k != "name"})
-            summary.append(row)
-    return summary, skipped
-
-
-def _finish(folder: Path, name: str, args: dict, records, holdout: float, budgets: list[int],
-            trees_dir: Path) -> dict:
-    """Accuracies, trees and meta from the merged ranks (cheap: reruns with new budgets/holdout redo only this)."""
-    shutil.rmtree(folder / "parts", ignore_errors=True)  # left over if a kill came right after the merge
-    old = read_json(folder / META, str(folder))
-    ranks = read_ranks(folder / RANKS, str(folder))
-    try:
-        stopped = pd.read_parquet(folder / CONTINUATIONS, columns=["stopped"])["stopped"]
-    except Exception as e:  # a damaged folder that claims to be complete
-        raise WorkbenchError(f"{folder}: continuations.parquet is not readable ({type(e).__name__}); rerun with "
-                             "--force") from None
-    pids = [pid for pid, _ in records]
-    held = holdout_split(pids, holdout)
-    fit = ranks[~ranks["prompt_id"].isin(held)].reset_index(drop=True)
-    test = ranks[ranks["prompt_id"].isin(held)].reset_index(drop=True)
-    topk, K = args["topk"], args["num_heads"]
-    acc, counts = head_accuracies(fit, topk)
-    write_accuracies(folder / ACCURACIES, acc, counts)
-    trees_dir.mkdir(parents=True, exist_ok=True)
-    for f in _own_trees(trees_dir, name):  # budgets may have changed since the last run
-        f.unlink()
-    summary, skipped = build_trees(name, fit, test, acc, budgets, trees_dir, str(folder))
-    meta = dict(model=args["model"], heads=args["heads"], prompts=args["prompts"], limit=args["limit"],
-                num_prompts=len(records), num_positions=len(ranks), num_heads=K, topk=topk,
-                max_new_tokens=args["max_new_tokens"], batch_size=args["batch_size"], device=args["device"],
-                dtype=args["dtype"], elapsed_seconds=old.get("compute_seconds"),
-                workbench_version=__version__, holdout=holdout, holdout_ids=sorted(held),
-                fit_positions=len(fit), holdout_positions=len(test),
-                stopped_at_eos=int((stopped == "eos").sum()),
-                trees=summary, trees_skipped=skipped, args=args, compute_seconds=old.get("compute_seconds"),
-                num_processes=old.get("num_processes", 1),
-                **({"continuations_from": old["continuations_from"]} if "continuations_from" in old else {}))
-    atomic_write_json(folder / META, meta)
-    return dict(meta, folder=str(folder))

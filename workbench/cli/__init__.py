@@ -10,10 +10,10 @@ import argparse
 import errno
 import os
 import sys
-import warnings
 
 from workbench import WorkbenchError, __version__
 from workbench.cli.heads import add_calibrate, add_decode, add_train_heads
+from workbench.cli.shared import cli_warnings
 from workbench.cli.tradeoffs import add_tradeoffs
 from workbench.cli.trees import add_tree
 from workbench.cli.vllm import add_vllm_check
@@ -119,7 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    warnings.simplefilter("default")
+    with cli_warnings():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     real = sys.stdout
     sys.stdout = _Stdout(real)
     try:

@@ -7,7 +7,8 @@ import sys
 from dataclasses import fields
 
 from workbench import ACCEPTANCE_KINDS, WorkbenchError
-from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, parse_ints, renamed
+from workbench.cli.shared import (bounded, check_positions, finite, model_args, parse_delta, parse_ints, renamed,
+                                  warn_line)
 from workbench.core.io import check_output
 from workbench.trees.tree import MEDUSA_TOPK
 
@@ -48,7 +49,7 @@ def _cmd_calibrate(args) -> int:
               f"{t['predicted_replay_fit']:>11.4f}"
               + (f"{t['holdout_acceptance_length']:>14.4f}{t['predicted_replay']:>9.4f}" if held else ""))
     for s in meta["trees_skipped"]:
-        print(f"warning: no tree {s}", file=sys.stderr)
+        warn_line(f"no tree {s}")
     print(f"calibration written to {meta['folder']}", file=sys.stderr)
     return 0
 
@@ -193,7 +194,7 @@ def cmd_decode(args) -> int:
     for out in outs:
         print(out["text"] if out["text"] is not None else ",".join(map(str, out["token_ids"])))
         line = (f"[{out['stop_reason']}] {out['new_tokens']} tokens in {out['prefill_s'] + out['decode_s']:.2f} s, "
-                f"{out['steps']} steps: {out['acceleration_rate']:.2f} tokens/step, {out['tokens_per_s']:.1f} tokens/s")
+                f"{out['steps']} steps: {out['tokens_per_step']:.2f} tokens/step, {out['tokens_per_s']:.1f} tokens/s")
         if args.compare:
             line += (f"; vanilla {out['vanilla_tokens_per_s']:.1f} tokens/s, speedup {out['speedup']:.2f}x, "
                      f"overhead {out['overhead']:.2f}x, matches greedy: {'yes' if out['matches_greedy'] else 'no'}")
@@ -263,7 +264,7 @@ def _recipe_flags(args) -> None:
 def _default_training_files() -> list[str]:
     """Without --prompts: the demo heads' three training sets from $WORKBENCH_DATA_DIR. They do not ship (7.7 MB,
     one of them research-only) and the packaged sets are held out for calibration, so none is one error line."""
-    from workbench.train.medusa1 import DEFAULT_TRAIN_FILES, default_prompt_files
+    from workbench.train.distill import DEFAULT_TRAIN_FILES, default_prompt_files
 
     files = default_prompt_files()
     if not files:
@@ -284,7 +285,8 @@ def cmd_train_heads(args) -> int:
         return _cmd_train_medusa2(args)
 
     from workbench.runtime.parallel import one_process_warning
-    from workbench.train.medusa1 import TrainConfig, default_folders, interleaved_prompts, train_heads
+    from workbench.train.distill import interleaved_prompts
+    from workbench.train.medusa1 import TrainConfig, default_folders, train_heads
 
     if one_process_warning():
         print(one_process_warning(), file=sys.stderr)
@@ -326,7 +328,8 @@ def _cmd_train_medusa2(args) -> int:
 
     from workbench.runtime.heads import DEMO_HEADS
     from workbench.train.medusa2 import Medusa2Config, train_medusa2
-    from workbench.train.medusa1 import default_folders, interleaved_prompts
+    from workbench.train.distill import interleaved_prompts
+    from workbench.train.medusa1 import default_folders
 
     if args.untied or args.active_steps or args.answers_per_prompt != 1 or args.device_map:
         raise WorkbenchError("--untied, --active-steps, --answers-per-prompt and --device-map are medusa-1 "
@@ -433,8 +436,9 @@ def add_train_heads(sub) -> None:
 def cmd_eval_heads(args) -> int:
     from pathlib import Path
 
-    from workbench.core.io import atomic_write_json, atomic_write_text, remove_work, run_lock
-    from workbench.train.medusa2 import eval_table, evaluate_medusa2
+    from workbench.core.io import atomic_write_json, atomic_write_text, run_lock
+    from workbench.core.work import remove_work
+    from workbench.train.evaluate import eval_table, evaluate_medusa2
 
     if not Path(args.medusa2).is_dir():
         raise WorkbenchError(f"--medusa2 {args.medusa2}: no such folder (give the merged/ folder that "

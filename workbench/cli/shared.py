@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
+import warnings
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, WorkbenchWarning
 from workbench.core.io import atomic_write_text
 from workbench.trees.tree import MAX_DEPTH, MAX_NODES, MAX_RANK
 
@@ -21,6 +23,25 @@ def write_output(text: str, out: str | None, what: str = "") -> None:
             print(f"wrote {what} to {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
+
+
+def warn_line(message) -> None:
+    """The CLI's one way to show a warning: one line `warning: ...` on stderr, whatever the message holds."""
+    print("warning: " + " ".join(str(message).split()), file=sys.stderr)
+
+
+@contextlib.contextmanager
+def cli_warnings():
+    """How a command's warnings reach the user: the workbench's own (workbench.warn) one line each (warn_line);
+    other libraries' (deprecations, torch.load's pickle-protocol note) not at all, as nothing in them is the
+    user's to act on, unless asked for with `python -W ...` or PYTHONWARNINGS (then one line each too)."""
+    with warnings.catch_warnings():
+        if not sys.warnoptions:
+            warnings.simplefilter("ignore")
+        warnings.simplefilter("default", WorkbenchWarning)
+        warnings.showwarning = lambda message, category, *_a, **_k: warn_line(
+            message if category is WorkbenchWarning else f"{category.__name__}: {message}")
+        yield
 
 
 def write_json(obj, out: str | None) -> None:

@@ -6,9 +6,10 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
-                                  parse_ints, renamed, write_output)
+                                  parse_ints, renamed, warn_line, write_output)
 from workbench.cli.vllm import add_vllm_latency_args
-from workbench.core.io import atomic_write_text, check_output, remove_work, run_lock
+from workbench.core.io import atomic_write_text, check_output, run_lock
+from workbench.core.work import remove_work
 
 
 def cmd_latency(args) -> int:
@@ -26,8 +27,6 @@ def cmd_latency(args) -> int:
                                            measure_latency)
     from workbench.runtime.models import random_model
 
-    if args.mode == "heads":
-        return _add_heads_cost(args)
     mode = args.mode or ("verify" if args.random_config or args.context else "decoder-step")
     if mode == "decoder-step" and (args.random_config or args.context):
         raise WorkbenchError("--mode decoder-step decodes real prompts (their contexts grow as in decoding): drop "
@@ -112,8 +111,8 @@ def cmd_latency(args) -> int:
     where = read_setting(df)
     print(f"setting: {describe(where)}", file=sys.stderr)
     if loaded(where):
-        print("WARNING: the machine was busy while measuring (load average above half its cores): these times are "
-              "not this machine's; re-measure when it is idle", file=sys.stderr)
+        warn_line("the machine was busy while measuring (load average above half its cores): these times are "
+                  "not this machine's; re-measure when it is idle")
     print(f"wrote {out}", file=sys.stderr)
     return 0
 
@@ -142,22 +141,21 @@ def cmd_plan(args) -> int:
     print("step cost: " + ("vLLM's served round at each K it timed (drafter included): only those chains and none "
                            "were weighed" if lat.get("engine") == "vllm" else
                            "each candidate at its own depth (the table measured the heads' cost)"
-                           if lat.get("heads_cost") else
+                           if lat.get("head_cost") else
                            "as the table timed it, whatever a candidate's depth (no heads' cost in the table: "
-                           "`workbench latency --mode heads --table FILE` adds it)"), file=sys.stderr)
+                           "`workbench latency --heads DIR` times it)"), file=sys.stderr)
     if lat["setting"] is None or lat["setting"].get("mode") not in ("decoder-step", "vllm-round"):
-        print("WARNING: the latency table times the bare verify forward (or does not say what it timed): the "
-              "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
-              "over-predicted; measure with `workbench latency` (decoder-step)", file=sys.stderr)
+        warn_line("the latency table times the bare verify forward (or does not say what it timed): the "
+                  "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
+                  "over-predicted; measure with `workbench latency` (decoder-step)")
     if loaded(lat["setting"]):
-        print("WARNING: the latency table was measured on a busy machine (load average above half its cores)",
-              file=sys.stderr)
+        warn_line("the latency table was measured on a busy machine (load average above half its cores)")
     print(plan_table(plan), file=sys.stderr)
     if src["kind"] == "acceptance":
         print("note: an acceptance vector describes a chain drafter: only chains (and no speculation) were weighed",
               file=sys.stderr)
     if not lat["spread"]:
-        print("note: the latency CSV has no spread columns (written before they were kept): whether a runner-up is "
+        print("note: the latency CSV has no spread (not measured): whether a runner-up is "
               "within the noise is unknown; re-measure with `workbench latency`", file=sys.stderr)
     return 0
 
@@ -250,7 +248,7 @@ def cmd_sweep(args) -> int:
     for r in df.itertuples(index=False):
         e = "" if r.epsilon != r.epsilon else f"{r.epsilon:g}"  # NaN for greedy rows
         print(f"{str(r.tree)[:21]:<22}{r.nodes:>6}{int(r.batch_size):>4}{r.temperature:>5g}{e:>6}"
-              f"{r.acceleration_rate:>9.3f}{r.speedup:>9.3f}{r.exact_match:>7.2f}", file=sys.stderr)
+              f"{r.tokens_per_step:>9.3f}{r.speedup:>9.3f}{r.exact_match:>7.2f}", file=sys.stderr)
     return 0
 
 
@@ -268,39 +266,10 @@ def cmd_sweep_report(args) -> int:
     plan = read_plan(args.plan) if args.plan else None
     write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
     if args.figures:
-        from workbench.viz.static_figures import report_figures
+        from workbench.viz.static_tradeoffs import report_figures
 
         for f in report_figures(sweep, latency, args.figures, Path(args.sweep).stem):
             print(f"figure written to {f}", file=sys.stderr)
-    return 0
-
-
-def _add_heads_cost(args) -> int:
-    """`latency --mode heads --latency FILE`: the heads' cost (depth, heads_seconds) added to a latency table this
-    tool measured before it kept them, timed now in the same setting; written to --out (default: FILE, atomically)."""
-    from pathlib import Path
-
-    if not args.latency:
-        raise WorkbenchError("--mode heads completes a latency table: give it as --latency FILE")
-    if args.random_config:
-        raise WorkbenchError("--mode heads times the heads of the model the table was measured with: drop "
-                             "--random-config")
-    from workbench.measure.latency_file import read_latency
-
-    df = read_latency(args.latency, "--latency")
-    out = Path(args.out or args.latency)
-    check_output(str(out), "--out")
-    from workbench.measure.latency import add_heads_cost
-    from workbench.runtime.models import load_model_and_heads
-
-    model, _, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
-                                           need_tokenizer=False, device_map=args.device_map)
-    with run_lock(out, "--out", kind="file"):
-        done = add_heads_cost(df, model, heads, f"--latency {args.latency}")
-        atomic_write_text(out, done.to_csv(index=False), "--out")
-    print(f"the heads' proposal cost per batch size and depth, added to {out}:", file=sys.stderr)
-    table = done.groupby(["batch", "depth"])["heads_seconds"].first().unstack("depth")
-    print((1000 * table).round(2).to_string(), file=sys.stderr)
     return 0
 
 
@@ -322,13 +291,10 @@ def add_tradeoffs(sub) -> None:
                    help="instead: random weights of a given shape, a preset (llama-1b, llama-3b, llama-8b, vicuna-7b, "
                         "smollm2-135m, tiny) or key=value pairs hidden=2048,layers=16,heads=32,kv_heads=8,"
                         "vocab=128256,intermediate=8192[,arch=llama]")
-    p.add_argument("--mode", choices=["decoder-step", "verify", "heads"],
+    p.add_argument("--mode", choices=["decoder-step", "verify"],
                    help="decoder-step: the decoder's whole step on real prompts (default); verify: the bare verify "
-                        "forward at fixed --context (default with --random-config or --context); heads: add the "
-                        "heads' cost per batch size and depth to a table measured before it was kept (--latency)")
-    p.add_argument("--latency", metavar="FILE", help="--mode heads: the latency CSV to complete (written back to "
-                                                     "--out, default FILE itself)")
-    renamed(p, "--table", "--latency FILE (the table --mode heads completes; --table only names an output)")
+                        "forward at fixed --context (default with --random-config or --context)")
+    renamed(p, "--table", "--out FILE (--table only names an output)")
     p.add_argument("--sizes", metavar="N1,N2,..", help="tokens per step (tree nodes + root; default 1,2,3,4,5,8,16,32,"
                                                       "64 for decoder-step, 1,2,4,...,256 for verify; 1 is always "
                                                       "measured)")

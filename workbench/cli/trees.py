@@ -7,9 +7,9 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
-from workbench.cli.shared import bounded, renamed, write_json, write_output
+from workbench.cli.shared import bounded, renamed, warn_line, write_json, write_output
 from workbench.core.io import atomic_write_text, check_output
-from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, TRTLLM_CURRENT, VLLM_METHODS, best_engine_safe,
+from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, VLLM_METHODS, best_engine_safe,
                                       engine_safe, export_plan,
                                       export_tree)
 from workbench.measure.latency_file import latency_surface, read_latency
@@ -151,8 +151,8 @@ def _cmd_optimize(args) -> int:
     if not (args.curve and not args.out):
         write_output(record_json(tree_record(Tree(tree.paths, name), **prov)), args.out)
     if tree.max_rank >= MEDUSA_TOPK:
-        print(f"warning: the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-{MEDUSA_TOPK} only "
-              f"(use --max-rank {MEDUSA_TOPK} for Medusa/EAGLE-1 decoders)", file=sys.stderr)
+        warn_line(f"the tree uses rank {tree.max_rank}; Medusa's buffers take each head's top-{MEDUSA_TOPK} only "
+                  f"(use --max-rank {MEDUSA_TOPK} for Medusa/EAGLE-1 decoders)")
     short = "" if method != "optimal" or tree.nodes == args.budget or args.engine_safe else \
         f"; only {tree.nodes} nodes have positive acceptance probability"
     print(f"{method} tree: {tree.nodes} nodes, depth {tree.depth}, expected acceptance length {length:.4f} "
@@ -183,7 +183,7 @@ def _optimize_for_latency(args) -> int:
     surface, ctx = latency_surface(read_latency(args.latency), [b], args.context, source["typical_context"],
                                    f"--latency {args.latency}")
     at = surface[b]
-    res = fastest(source, at["seconds"], at["spread"], at["heads"], b, args.budget, curve=True)
+    res = fastest(source, at["seconds"], at["spread"], at["head_cost"], b, args.budget, curve=True)
     rows = [dict(budget=c["nodes"], verify_tokens=c["nodes"] + 1, expected_length=c["tokens_per_step"],
                  batch_tokens_per_step=c["batch_tokens_per_step"], relative_latency=c["relative_latency"],
                  speedup=c["speedup"]) for c in res["curve"]]
@@ -205,8 +205,8 @@ def _optimize_for_latency(args) -> int:
     write_output(record_json(tree_record(Tree(tree["tree"].paths, name), **prov)), args.out)
     what = f"chain K={tree['nodes']}" if tree["kind"] == "chain" else f"tree: {tree['nodes']} nodes"
     if best["kind"] == "none":
-        print(f"warning: no tree is predicted to beat vanilla decoding at batch {b} on this hardware (`workbench "
-              "plan` chooses no speculation there); written: the fastest tree", file=sys.stderr)
+        warn_line(f"no tree is predicted to beat vanilla decoding at batch {b} on this hardware (`workbench "
+                  "plan` chooses no speculation there); written: the fastest tree")
     tps = f"{tree['batch_tokens_per_step']:.4f} tokens/step for the batch ({tree['tokens_per_step']:.4f} per " \
         "sequence)" if tree["batch_tokens_per_step"] != tree["tokens_per_step"] else \
         f"{tree['tokens_per_step']:.4f} tokens/step"
@@ -237,8 +237,6 @@ def _cmd_export(args) -> int:
                              "or --num-heads K for a tree")
     if args.synthetic or args.batch_sizes is not None:
         raise WorkbenchError("--synthetic and --batch-sizes read a plan file (workbench plan --out): this is a tree")
-    if args.format == "trtllm-current":
-        raise WorkbenchError(TRTLLM_CURRENT)
     fmt = "vllm" if args.format == "vllm-tree" else args.format
     tree = load_tree(args.tree, num_heads=args.heads)
     if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
@@ -250,7 +248,7 @@ def _cmd_export(args) -> int:
     text, warns = export_tree(tree, fmt, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
                               strict=True)
     for w in warns:
-        print(f"warning: {w}", file=sys.stderr)
+        warn_line(w)
     if fmt == "vllm":
         print("note: a --speculative-config fragment; vLLM requires num_speculative_tokens == number of tree "
               "nodes, and drafts trees with EAGLE-style proposers (add method eagle/eagle3 and model)",
@@ -271,7 +269,7 @@ def _export_plan(args) -> int:
     for n in notes:
         print(f"note: {n}", file=sys.stderr)
     for w in warns:
-        print(f"warning: {w}", file=sys.stderr)
+        warn_line(w)
     write_output(text, args.out, f"{args.format} settings")
     return 0
 
@@ -368,7 +366,7 @@ def add_tree(sub) -> None:
                    "--format vllm-heads a heads folder (default: the demo heads)")
     e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads",),
                    help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
-                        "trtllm-current: says why current TensorRT-LLM serves no Medusa heads; vllm-heads: a heads "
+                        "vllm-heads: a heads "
                         "folder vLLM's Medusa drafter loads (--out DIR, --model BASE)")
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
     e.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help="number of Medusa heads: a deeper tree "

@@ -6,8 +6,9 @@ import json
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import bounded, model_args, parse_ints, write_output
-from workbench.core.io import atomic_write_text, check_output, remove_work, run_lock
+from workbench.cli.shared import bounded, model_args, parse_ints, warn_line, write_output
+from workbench.core.io import atomic_write_text, check_output, run_lock
+from workbench.core.work import remove_work
 
 
 def cmd_vllm_check(args) -> int:
@@ -65,7 +66,7 @@ def add_vllm_check(sub) -> None:
 
 # ---------------------------------------------------------------------------------------- latency --engine vllm
 
-DECODER_ONLY = ("mode", "random_config", "context", "sizes", "latency", "device_map")  # our decoder's flags
+DECODER_ONLY = ("mode", "random_config", "context", "sizes", "device_map")  # our decoder's flags
 
 
 def parse_ks(text: str | None, default) -> list[int]:
@@ -147,8 +148,8 @@ def cmd_latency_vllm(args) -> int:
     where = read_setting(df)
     print(f"setting: {describe(where)}", file=sys.stderr)
     if loaded(where):
-        print("WARNING: the machine was busy while measuring (load average above half its cores): these times are "
-              "not this machine's; re-measure when it is idle", file=sys.stderr)
+        warn_line("the machine was busy while measuring (load average above half its cores): these times are not "
+                  "this machine's; re-measure when it is idle")
     print(f"wrote {out}", file=sys.stderr)
     return 0
 

@@ -10,6 +10,7 @@ for its default training files.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,12 @@ NAMED_SETS = {
 TEXT_COLUMNS = ("instruction", "prompt", "question", "turns")  # first one present wins
 ID_COLUMNS = ("question_id", "prompt_id", "id")
 FILE_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def prompts_fingerprint(prompts) -> str:
+    """sha256 of a prompt set's JSON (records, texts or token ids): what a resumable job compares to know that it
+    still runs on the same prompts."""
+    return hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
 
 
 def data_dirs() -> list[Path]:

@@ -49,6 +49,11 @@ def _version(package: str) -> str | None:
         return None
 
 
+def dtype_name(dtype) -> str:
+    """A dtype as every file and report names it: "float32", "bfloat16" (torch.float32 -> "float32"; a name stays)."""
+    return str(dtype).replace("torch.", "")
+
+
 def setting(device: str, dtype: str, threads: int, compiled: bool, gpu: str | None = None, processes: int = 1,
             mode: str = "decoder-step") -> dict:
     """The setting of a measurement made now: device type ("cpu", "cuda"), GPU name, CPU model and vector
@@ -59,7 +64,7 @@ def setting(device: str, dtype: str, threads: int, compiled: bool, gpu: str | No
     cpu, vector = _cpuinfo()
     load, now = LOAD_AT_START, os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     return dict(device=str(device), gpu=gpu, cpu=cpu, vector=vector, cores=os.cpu_count(), threads=int(threads),
-                processes=int(processes), dtype=str(dtype).replace("torch.", ""), compiled=bool(compiled), mode=mode,
+                processes=int(processes), dtype=dtype_name(dtype), compiled=bool(compiled), mode=mode,
                 torch=_version("torch"), transformers=_version("transformers"),
                 load_average=None if load is None else round(load, 2), load_now=None if now is None else round(now, 2))
 
@@ -101,7 +106,7 @@ def differences(a: dict | None, b: dict | None) -> list[str]:
     """How two settings differ in what changes a step's cost ("threads 2 vs 1", ...): [] when they match; one entry
     "provenance unknown" when either was not recorded (it cannot be told apart)."""
     if a is None or b is None:
-        return ["provenance unknown (a file written before the setting was recorded)"]
+        return ["provenance unknown (the setting was not recorded)"]
     return [f"{k} {a.get(k)} vs {b.get(k)}" for k in COMPARED if k in a and k in b and a.get(k) != b.get(k)]
 
 

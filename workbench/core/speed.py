@@ -65,18 +65,18 @@ def max_tokens(latency) -> int:
     return _points(latency)[0][-1]
 
 
-def at_depth(latency, heads: dict | None, depth: int | None) -> dict[int, float]:
+def at_depth(latency, head_cost: dict | None, depth: int | None) -> dict[int, float]:
     """The table for a tree `depth` heads deep: each Medusa row t(n) (n >= 2) with the heads its timed tree ran
-    swapped for `depth` heads, t(n) - h(d_n) + h(depth); vanilla's t(1) as it is. `heads` (latency.heads_table):
+    swapped for `depth` heads, t(n) - h(d_n) + h(depth); vanilla's t(1) as it is. `head_cost` (latency_file.read_head_cost):
     {"depth": {tokens: d_n, the depth of the tree timed}, "seconds": {depth: the heads' proposal seconds}}, measured
     beside the table. Why: each head is one vocabulary-sized projection per sequence, so at a large batch a chain
     (depth = nodes) costs visibly more than a bushy tree of as many tokens, and a table timed on one shape would
     misprice the other. A depth between or beyond the measured ones is read linearly (clamped at the ends); the
-    table as it is when `heads` or `depth` is None (a table without the heads' cost)."""
+    table as it is when `head_cost` or `depth` is None (a table without the heads' cost)."""
     table = dict(zip(*_points(latency)))
-    if heads is None or depth is None:
+    if head_cost is None or depth is None:
         return table
-    known = sorted(heads["seconds"].items())
+    known = sorted(head_cost["seconds"].items())
     if not known:
         return table
 
@@ -93,7 +93,7 @@ def at_depth(latency, heads: dict | None, depth: int | None) -> dict[int, float]
 
     out = {}
     for n, t in table.items():
-        d_n = heads["depth"].get(n)
+        d_n = head_cost["depth"].get(n)
         out[n] = t if n < 2 or d_n is None else max(t - h(d_n) + h(depth), t * 1e-3)
     return out
 
@@ -130,15 +130,15 @@ def speedup_range(latency, spread, tokens_per_step: float, nodes: int) -> tuple[
             speedup(tokens_per_step, relative_latency(q1, nodes, latency)))
 
 
-def priced(latency, spread, heads: dict | None, tokens_per_step: float, nodes: int,
+def priced(latency, spread, head_cost: dict | None, tokens_per_step: float, nodes: int,
            depth: int | None = None) -> tuple[float, tuple[float, float] | None]:
     """(speedup, range) of a `nodes`-node tree `depth` heads deep (None: priced as the table timed it) on one batch
     size's table, its spread and its heads' cost (at_depth): the one pricing behind plan's ranking and every
     tree the app scores."""
-    table = at_depth(latency, heads, depth)
+    table = at_depth(latency, head_cost, depth)
     if spread is not None:
-        q1 = at_depth({n: v[0] for n, v in spread.items()}, heads, depth)
-        q3 = at_depth({n: v[1] for n, v in spread.items()}, heads, depth)
+        q1 = at_depth({n: v[0] for n, v in spread.items()}, head_cost, depth)
+        q3 = at_depth({n: v[1] for n, v in spread.items()}, head_cost, depth)
         spread = {n: (q1[n], q3[n]) for n in spread}
     return speedup_at(table, tokens_per_step, nodes), speedup_range(table, spread, tokens_per_step, nodes)
 

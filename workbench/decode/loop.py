@@ -35,12 +35,6 @@ from workbench.runtime.heads import check_heads_fit
 from workbench.runtime.treemask import TreeBuffers, root_setup, tree_candidates, tree_setup  # noqa: F401
 
 RECORDED_TOPK = 8  # logits kept per emitted token for divergence reports (a near-tie may involve 3+ tokens)
-# The decoder whose speed a measurement reports (sweep CSVs, benchmarks): 1 = DynamicCache per step, 2 = static
-# cache and compiled step (batch 1), 3 = batched step with one host read per step. Accepted tokens are the same in
-# all; speeds measured by an older decoder are not this one's.
-DECODER_VERSION = 3
-
-
 # ----------------------------------------------------------------------------------------------- results
 
 
@@ -99,7 +93,7 @@ class DecodeResult:
         return self.prefill_s + self.decode_s
 
     @property
-    def acceleration_rate(self) -> float:
+    def tokens_per_step(self) -> float:
         return speed.tokens_per_step([self]) if self.steps else 1.0  # a stepless result: its first token only
 
     @property
@@ -114,7 +108,7 @@ class DecodeResult:
         return dict(method=self.method, tree=self.tree, token_ids=self.token_ids, text=self.text,
                     prompt_len=self.prompt_len, batch_size=self.batch_size, new_tokens=len(self.token_ids),
                     steps=len(self.steps),
-                    acceleration_rate=self.acceleration_rate, tokens_per_s=self.tokens_per_s,
+                    tokens_per_step=self.tokens_per_step, tokens_per_s=self.tokens_per_s,
                     prefill_s=self.prefill_s, decode_s=self.decode_s, mean_step_s=self.mean_step_s,
                     compile_s=self.compile_s,
                     stop_reason=self.stop_reason, accepted_lengths=self.accepted_lengths,

@@ -36,7 +36,6 @@ A plan (plan/rank.py: one row per batch size) goes out through `export_plan` (PL
 - vllm-heads (`export_vllm_heads`): a heads folder vLLM's Medusa drafter loads (config model_type medusa, biases
   kept with medusa_fc_bias, the base model's output embedding as lm_head.weight for tied heads; fp32).
 - vllm-tree, trtllm, medusa, eagle, json: the tree of one row (batch size 1 by default), as export_tree writes it.
-- trtllm-current: an error saying why current TensorRT-LLM serves no Medusa heads (TRTLLM_CURRENT).
 """
 from __future__ import annotations
 
@@ -313,7 +312,7 @@ def _short(paths) -> str:
 
 # ----------------------------------------------------------------------------------------------- plans
 
-PLAN_FORMATS = ("vllm", "vllm-tree", "trtllm", "trtllm-current", "medusa", "eagle", "json")  # export PLAN --format
+PLAN_FORMATS = ("vllm", "vllm-tree", "trtllm", "medusa", "eagle", "json")  # export PLAN --format
 # vLLM version windows, read in vLLM's own code at its release tags (not its docs): (first, last), None = open
 VLLM_WINDOWS = {
     "speculative_token_tree": ("0.10.1", "0.20.2"),  # 0.10.0 ignores the key; 0.21.0 removed tree attention
@@ -331,12 +330,6 @@ VLLM_MEDUSA_PER_RANGE = ("vLLM's Medusa proposer asserts that the scheduled K eq
                          "largest fails with an AssertionError: this plan's K changes with the batch size, so it is "
                          "written as one constant-K config per batch-size range (serve each range with its own "
                          "--max-num-seqs HIGH), or export one with --batch-sizes B")
-TRTLLM_CURRENT = ("current TensorRT-LLM does not serve Medusa heads: medusa_choices lived only in the TensorRT-engine "
-                  "flow, which was removed (NVIDIA/TensorRT-LLM PRs #15763, #15767, #15907, #15918, June-July 2026), "
-                  "and the PyTorch backend refuses Medusa (llmapi/llm_args.py: MedusaDecodingConfig.supports_backend "
-                  "is false for pytorch); its static eagle_choices went too (PR #18210). Use --format trtllm for a "
-                  "release that still has the TensorRT backend, or EAGLE-3/MTP with draft_len_schedule on a current "
-                  "one")
 
 
 def priced_elsewhere(plan: dict) -> list[str]:
@@ -493,8 +486,8 @@ def check_synthetic_rates(rates, k: int) -> list[float]:
 
 def _vllm_drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
     """method/model keys with an absolute model path: --method/--draft-model when given, else the heads folder
-    given, else the calibration's own heads (the demo heads' folder for "demo"). A plan from an acceptance vector
-    names no drafter: without --method it is an error (vLLM rejects a config without one)."""
+    given, else the calibration's own heads (the demo heads' folder for "demo"). A plan from an accuracy table or
+    an acceptance vector names no drafter: without --method it is an error (vLLM rejects a config without one)."""
     if method is not None and method not in VLLM_METHODS:
         raise WorkbenchError(f"--method {method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
     src = plan.get("source") or {}
@@ -506,8 +499,10 @@ def _vllm_drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dic
     if model is None and src.get("kind") == "calibration" and src.get("heads"):
         model = src["heads"]
     if model is None:
-        raise WorkbenchError("the plan names no drafter (it comes from an acceptance vector): give --method "
-                             "(e.g. eagle3) and --draft-model DIR, or --heads DIR for Medusa heads")
+        made = {"accuracies": "accuracy table", "acceptance": "acceptance vector"}.get(src.get("kind"), "source")
+        raise WorkbenchError(f"the plan names no drafter (the {made} {src.get('path', '')} it was made from names "
+                             "no heads): give --method (e.g. eagle3) and --draft-model DIR, or --heads DIR for "
+                             "Medusa heads")
     return {"method": "medusa", "model": str(Path(model).resolve())}
 
 
@@ -543,11 +538,9 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
     Medusa one config per batch-size range where K changes (a JSON list, see the module docstring), for other
     drafters a Dynamic SD schedule. --synthetic adds vLLM's synthetic rejection sampling at the plan's top-1 chain
     acceptance. The static formats (vllm-tree, trtllm, medusa, eagle, json) write the tree of one row
-    (batch_size, default 1) as export_tree does. trtllm-current is an error."""
+    (batch_size, default 1) as export_tree does."""
     if fmt not in PLAN_FORMATS:
         raise WorkbenchError(f"unknown export format {fmt!r} for a plan; choose one of {', '.join(PLAN_FORMATS)}")
-    if fmt == "trtllm-current":
-        raise WorkbenchError(TRTLLM_CURRENT)
     if synthetic and fmt != "vllm":
         raise WorkbenchError("--synthetic is vLLM's synthetic rejection sampling: only with --format vllm")
     if (method or draft_model or vllm_version) and fmt != "vllm":

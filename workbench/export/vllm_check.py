@@ -14,7 +14,6 @@ finished and decodes only the missing parts.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -24,8 +23,8 @@ from pathlib import Path
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration, default_calibration
-from workbench.core.data import load_prompt_records
-from workbench.core.io import WorkState
+from workbench.core.data import load_prompt_records, prompts_fingerprint
+from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.export.engines import export_plan, write_vllm_heads
 from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
@@ -209,7 +208,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
              f"{len(engines)} vLLM engines, then our decoder")
     # everything the kept pieces depend on: the request (the prompts by hash), vLLM's environment, the heads
     state = WorkState(work, dict(request, command="vllm-check", python=str(Path(py).resolve()),
-                                 prompts=hashlib.sha256(json.dumps(ids).encode()).hexdigest(),
+                                 prompts=prompts_fingerprint(ids),
                                  heads=heads_fingerprint(heads), model_label=model_label(model)))
     load_before = _load_avg()
     results = engine_results(py, request, state, progress)

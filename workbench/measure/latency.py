@@ -19,8 +19,6 @@ setting (and load) it was measured in.
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import statistics
 
@@ -29,11 +27,13 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError, __version__
-from workbench.core.io import WorkState
-from workbench.core.provenance import differences, read_setting, setting, setting_cell, without_load
+from workbench.core.work import WorkState
+from workbench.core.data import prompts_fingerprint
+from workbench.core.provenance import dtype_name, setting, setting_cell, without_load
+from workbench.core.speed import relative_latency
 from workbench.decode.loop import medusa_generate, vanilla_generate
-from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS, LATENCY_COLUMNS,
-                                            spread_row, stamp)
+from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS,
+                                            LATENCY_COLUMNS, LATENCY_VERSION, spread_row, stamp)
 from workbench.runtime.engine import StepEngine, forward_probe, heads_times, root_setup, tree_setup, verify_times
 from workbench.runtime.generation import context_length
 from workbench.runtime.heads import heads_fingerprint
@@ -82,30 +82,6 @@ def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
             for n, buf in bufs.items()}
 
 
-def add_heads_cost(df: pd.DataFrame, model, heads, what: str = "--latency") -> pd.DataFrame:
-    """A latency table `workbench latency` wrote, with the heads' cost (HEADS_COLUMNS) measured now at each of its
-    batch sizes, for a table written before the heads' cost was kept: its rows' depths are those of the trees both
-    modes time (latency_tree(tokens - 1, min(5, heads))), so only a table of this tool, measured with these heads
-    in this same setting (device, threads, dtype, versions; the load aside), can be completed."""
-    where = read_setting(df)
-    if where is None or where.get("mode") not in ("decoder-step", "verify"):
-        raise WorkbenchError(f"{what}: not a table `workbench latency` wrote with its setting (mode decoder-step or "
-                             "verify): the trees its rows timed, so their depths, are unknown; measure a new one")
-    here = measured_setting(model, None, where["mode"])
-    differ = differences(without_load(where), without_load(here))
-    if differ:
-        raise WorkbenchError(f"{what}: measured in another setting ({'; '.join(differ)}): time the heads where the "
-                             "table was timed, or measure a new table here")
-    depth = min(5, heads.num_heads)
-    out = df.drop(columns=[c for c in HEADS_COLUMNS if c in df.columns])
-    rows = []
-    for b, part in out.groupby("batch", sort=True):
-        trees = {n: latency_tree(n - 1, depth) if n > 1 else None for n in part["tokens"].astype(int)}
-        cost = heads_cost(model, heads, int(b), trees)
-        rows += [dict(r, **cost[int(r["tokens"])]) for r in part.to_dict("records")]
-    return pd.DataFrame(rows, columns=list(out.columns) + HEADS_COLUMNS)
-
-
 def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
     """The WorkState of a measurement written to `work` (its CSV): its points depend on the model, the heads, the
     flags (`settings`) and the setting they are timed in (less the load, which each point records)."""
@@ -115,9 +91,12 @@ def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
 
 
 def _relative(df: pd.DataFrame) -> pd.DataFrame:
-    t1 = df[df["tokens"] == 1].set_index(["batch", "context"])["seconds"]
-    at = pd.MultiIndex.from_frame(df[["batch", "context"]])
-    df["relative"] = df["seconds"].to_numpy() / t1.reindex(at).to_numpy()  # t(B, n) / t(B, 1)
+    """The table as written: its `version`, and the `relative` column, t(B, n) / t(B, 1) as measured
+    (speed.relative_latency of each batch and context)."""
+    df["version"] = LATENCY_VERSION
+    tables = {k: dict(zip(g["tokens"].astype(int), g["seconds"])) for k, g in df.groupby(["batch", "context"])}
+    df["relative"] = [relative_latency(tables[(b, c)], int(n) - 1)
+                      for b, c, n in zip(df["batch"], df["context"], df["tokens"])]
     return stamp(df, "workbench", __version__)
 
 
@@ -161,7 +140,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
         engine.size_for([[0] * contexts[-1]], 0, [bufs[sizes[-1]]])
     state = work_state(work, model, heads, engine, "verify", model_label=label, sizes=sizes, contexts=contexts,
                        batches=batches, repeats=repeats, warmup=warmup, heads_cost=heads is not None)
-    dev_name, dtype = device_name(dev), str(model.dtype).replace("torch.", "")
+    dev_name, dtype = device_name(dev), dtype_name(model.dtype)
     rows = []
     bar = tqdm(total=len(batches) * len(contexts) * (warmup + repeats), desc="latency", unit="round",
                disable=not progress, dynamic_ncols=True)
@@ -220,8 +199,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     state = work_state(work, model, heads, engine, "decoder-step", model_label=label, sizes=sizes, batches=batches,
                        repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, rounds="step-reference",
                        heads_cost=True,
-                       prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest())
-    dev_name, dtype = device_name(model.device), str(model.dtype).replace("torch.", "")
+                       prompts=prompts_fingerprint(prompts))
+    dev_name, dtype = device_name(model.device), dtype_name(model.dtype)
     calls = len(sizes) + 1  # a round: vanilla, each size, vanilla
     bar = tqdm(total=len(batches) * (warmup + repeats) * calls, desc="decoder steps", unit="call",
                disable=not progress, dynamic_ncols=True)

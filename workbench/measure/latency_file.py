@@ -25,14 +25,14 @@ from workbench.core.speed import interpolate_latency, speedup_at, spread  # noqa
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
 HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);
 # heads_seconds: their proposal's cost at the row's batch size (engine.heads_times), timed beside the table
-LATENCY_FORMAT = 2  # 2: the engine columns (a file without `format` is 1: our decoder's, context range unknown)
+LATENCY_VERSION = 3  # the format's version, on every row (`version`); older ones read through upgrade_latency
 ENGINES = ("workbench", "vllm")  # whose step the rows time: our decoder's, or a round as vLLM serves it
-ENGINE_COLUMNS = ["engine", "engine_version", "context_min", "context_max", "format"]  # context_min/max: the range
+ENGINE_COLUMNS = ["engine", "engine_version", "context_min", "context_max"]  # (version 3) context_min/max: the range
 # of the contexts the timed steps saw (`context` is their mean; empty where the steps ran at one fixed context)
 LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats",
-                   "setting",  # setting: provenance.setting_cell of the measurement (absent in older files)
-                   *HEADS_COLUMNS,  # the heads the timed step ran and their cost (absent in older files: heads_table)
-                   *ENGINE_COLUMNS]
+                   "setting",  # setting: provenance.setting_cell of the measurement (empty: not recorded)
+                   *HEADS_COLUMNS,  # the heads the timed step ran and their cost (absent: no heads ran, read_head_cost)
+                   *ENGINE_COLUMNS, "version"]
 LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_SECONDS, MAX_SECONDS = 1e-9, 1e5  # a step faster than a nanosecond or slower than a day is not a timing
@@ -53,17 +53,17 @@ def spread_row(times: list[float]) -> dict:
 
 def stamp(df: pd.DataFrame, engine: str, version: str, contexts: tuple[int, int] | None = None) -> pd.DataFrame:
     """The rows of one measurement with ENGINE_COLUMNS filled: whose step they timed (`engine`, one of ENGINES, and
-    its version), the range of contexts its steps saw (None: not recorded) and this format's version."""
+    its version) and the range of contexts its steps saw (None: not recorded)."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
-    df["engine"], df["engine_version"], df["format"] = engine, str(version), LATENCY_FORMAT
+    df["engine"], df["engine_version"] = engine, str(version)
     df["context_min"], df["context_max"] = (None, None) if contexts is None else (int(contexts[0]), int(contexts[1]))
     return df
 
 
 def latency_engine(df: pd.DataFrame) -> tuple[str, str | None]:
-    """(engine, its version) whose steps a checked latency table (read_latency) timed: ("workbench", None) for a
-    file written before the engine was recorded."""
+    """(engine, its version) whose steps a checked latency table (read_latency) timed; ("workbench", None) for a
+    frame without the engine columns (one not read through read_latency)."""
     if "engine" not in df.columns:
         return "workbench", None
     version = df["engine_version"].iloc[0] if "engine_version" in df.columns else None
@@ -71,13 +71,8 @@ def latency_engine(df: pd.DataFrame) -> tuple[str, str | None]:
 
 
 def _check_engine(df: pd.DataFrame, path, flag: str) -> None:
-    """ENGINE_COLUMNS, when there: one known engine and version per file, a format this reader knows, and
-    context_min <= context <= context_max where the range is recorded."""
-    if "format" in df.columns:
-        fmt = pd.to_numeric(df["format"], errors="coerce")
-        if fmt.isna().any() or (fmt % 1 != 0).any() or not fmt.between(1, LATENCY_FORMAT).all():
-            raise WorkbenchError(f"{flag} {path}: format must be a whole number 1..{LATENCY_FORMAT} on every row (a "
-                                 "newer format is a newer workbench's: upgrade it)")
+    """ENGINE_COLUMNS: one known engine and version per file, and context_min <= context <= context_max where the
+    range is recorded."""
     if "engine" not in df.columns:
         return
     if df["engine"].isna().any() or not df["engine"].isin(ENGINES).all() or \
@@ -93,14 +88,35 @@ def _check_engine(df: pd.DataFrame, path, flag: str) -> None:
                                  "with context_min <= context <= context_max")
 
 
-def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
-    """A latency CSV, checked: LATENCY_REQUIRED present, positive integer batch sizes, contexts and token counts,
-    seconds finite and > 0. A file without a `batch` column (written before batch sizes were measured) reads as
-    batch 1; one with the spread columns has them on every row, ordered min <= q1 <= median <= q3 <= max. `flag`
-    names the option it came from in errors."""
-    df = read_csv(path, flag, LATENCY_REQUIRED, "workbench latency")
+def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
+    """A latency table of version 1 (no `version` column: older files of this tool, or a table written by hand with
+    LATENCY_REQUIRED) or 2 (before ENGINE_COLUMNS) as this version, its cells unchanged: a file without a `batch`
+    column timed batch 1; one without an engine timed our decoder's step (every earlier table did), its context
+    range not recorded. The only place the earlier shapes live; read_latency calls it."""
+    df = df.copy()
     if "batch" not in df.columns:
-        df.insert(int(df.columns.get_loc("context")), "batch", 1)
+        df.insert(int(df.columns.get_loc("context")) if "context" in df.columns else 0, "batch", 1)
+    if "engine" not in df.columns:
+        at = int(df.columns.get_loc("version")) if "version" in df.columns else len(df.columns)
+        for i, (col, value) in enumerate(zip(ENGINE_COLUMNS, ("workbench", None, None, None))):
+            df.insert(at + i, col, value)
+    df["version"] = LATENCY_VERSION
+    return df
+
+
+def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
+    """A latency CSV at this version (upgrade_latency), checked: LATENCY_REQUIRED present, positive integer batch
+    sizes, contexts and token counts, seconds finite and > 0; the spread columns, where there, on every row, ordered
+    min <= q1 <= median <= q3 <= max. `flag` names the option it came from in errors."""
+    df = read_csv(path, flag, LATENCY_REQUIRED, "workbench latency")
+    if "version" not in df.columns or (pd.to_numeric(df["version"], errors="coerce") == 2).all():
+        df = upgrade_latency(df)
+    other = pd.to_numeric(df["version"], errors="coerce") != LATENCY_VERSION
+    if other.any():
+        i = int(np.argmax(other.to_numpy()))
+        raise WorkbenchError(f"{flag} {path}: row {i + 2}: version {str(df['version'].iloc[i])[:20]!r}, but this "
+                             f"workbench reads latency CSVs of version {LATENCY_VERSION}: measure it again with "
+                             "`workbench latency`")
     cols = ["batch", "context", "tokens", "seconds"]
     num = df[cols].apply(pd.to_numeric, errors="coerce")
     ints = num[["batch", "context", "tokens"]]
@@ -137,16 +153,16 @@ def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
                 ((heads["depth"] == 0) != (df["tokens"] == 1)).any():
             raise WorkbenchError(f"{flag} {path}: the columns {', '.join(HEADS_COLUMNS)} must both be there with a "
                                  "number on every row: depth a whole number (0 on the 1-token rows, >= 1 on the "
-                                 "others), heads_seconds >= 0 (`workbench latency --mode heads` measures them)")
+                                 "others), heads_seconds >= 0 (`workbench latency --heads DIR` measures them)")
         df[HEADS_COLUMNS] = heads
         df["depth"] = df["depth"].astype(int)
     return df
 
 
-def heads_table(rows: pd.DataFrame) -> dict | None:
+def read_head_cost(rows: pd.DataFrame) -> dict | None:
     """The heads' cost of one batch size and context's rows (speed.at_depth reads it): {"depth": {tokens: the
     depth of the tree timed}, "seconds": {depth: heads_seconds}} (depth 0: vanilla, no heads); None for a table
-    without it (older or external: priced as timed, whatever the tree's depth)."""
+    without it (no heads ran, or not recorded: priced as timed, whatever the tree's depth)."""
     if not set(HEADS_COLUMNS) <= set(rows.columns) or rows[HEADS_COLUMNS].isna().any().any():
         return None
     seconds = rows.groupby("depth")["heads_seconds"].median()
@@ -204,7 +220,8 @@ def latency_table(df: pd.DataFrame, context: int | None = None, target: float | 
     if rows["tokens"].duplicated().any():
         raise WorkbenchError(f"{what}: batch {b} context {ctx} lists a token count twice")
     if column not in rows.columns or rows[column].isna().any():
-        raise WorkbenchError(f"{what}: no {column} column (a file written before the spread was kept)")
+        raise WorkbenchError(f"{what}: no {column} on every row (the table has no spread: measure it with "
+                             "`workbench latency`)")
     table = dict(zip(rows["tokens"].astype(int).tolist(), rows[column].astype(float).tolist()))
     if 1 not in table:
         raise WorkbenchError(f"{what}: batch {b} context {ctx} has no 1-token row (the vanilla step every cost is "
@@ -232,7 +249,7 @@ def non_decreasing(table: dict[int, float]) -> dict[int, float]:
 def latency_surface(df: pd.DataFrame, batches, context: int | None = None, target: float | None = None,
                     what: str = "latency") -> tuple[dict[int, dict], int]:
     """The surface t(B, n) at one context for every asked batch size: ({B: {"seconds": {tokens: s},
-    "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "heads": heads_table or None}},
+    "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "head_cost": read_head_cost or None}},
     context); seconds and spread
     read non_decreasing. The context is `context`, else the one measured at every
     asked batch size closest to `target`, else the only one. Batch sizes or a context the file lacks are one
@@ -269,5 +286,5 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
             q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3")
             spread = {n: (q1[n], q3[n]) for n in table}
         rows = df[(df["batch"] == b) & (df["context"] == ctx)] if "batch" in df.columns else df[df["context"] == ctx]
-        out[b] = dict(seconds=table, spread=spread, measured=measured, heads=heads_table(rows))
+        out[b] = dict(seconds=table, spread=spread, measured=measured, head_cost=read_head_cost(rows))
     return out, int(ctx)

@@ -16,13 +16,14 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
-from workbench.calibrate.folder import decoder_walk
-from workbench.core.provenance import setting, setting_cell
+from workbench.calibrate.ranks import decoder_walk
+from workbench.core.data import prompts_fingerprint
+from workbench.core.provenance import dtype_name, setting, setting_cell
 from workbench.core.speed import (decode_speedup, decoder_overhead, goodput, mean_step_s, measured_speedup, overhead,
                                   step_times, tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences
-from workbench.decode.loop import DECODER_VERSION, Acceptance, medusa_generate, vanilla_generate
-from workbench.measure.sweep_file import read_sweep_rows, row_cells, write_rows
+from workbench.decode.loop import Acceptance, medusa_generate, vanilla_generate
+from workbench.measure.sweep_file import SWEEP_VERSION, read_sweep_rows, row_cells, write_rows
 from workbench.runtime.engine import StepEngine, forward_probe, logits_of, root_setup, tree_setup
 from workbench.trees.optimize import best_by, dense_nodes, dense_tree, optimal_tree
 from workbench.trees.tree import MEDUSA_TOPK, Tree, load_tree, tree_key
@@ -157,7 +158,7 @@ def _aggregate(calls: list[list]) -> dict:
     quantity from speed.py."""
     times = step_times(calls)
     return dict(tokens=sum(len(r.token_ids) for c in calls for r in c), steps=sum(len(r.steps) for c in calls for r in c),
-                acceleration_rate=tokens_per_step(calls), tokens_per_s=goodput(calls), mean_step_s=mean_step_s(calls),
+                tokens_per_step=tokens_per_step(calls), tokens_per_s=goodput(calls), mean_step_s=mean_step_s(calls),
                 step_ms=1e3 * statistics.median(times), step_times=times)
 
 
@@ -190,7 +191,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(prompts)} prompts: lower the batch "
                              "size or give more prompts (--limit)")
     info = dict(run_info or {}, max_new_tokens=max_new_tokens, num_prompts=len(prompts),
-                prompts_sha=hashlib.sha1(json.dumps(prompts).encode()).hexdigest()[:10])
+                prompts_sha=prompts_fingerprint(prompts)[:10])
     run = hashlib.sha1(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:10]
     rows = read_sweep_rows(out)
     done = {(r["run"], r["config"], r["batch_size"]) for r in rows}  # a row: a configuration at one batch size
@@ -200,9 +201,9 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         return pd.read_csv(out)
     common = dict(run=run, model=info.get("model", ""), prompts=info.get("prompts", ""),
                   max_new_tokens=max_new_tokens, device=str(model.device.type),
-                  dtype=str(model.dtype).replace("torch.", ""), calibration=info.get("calibration", ""),
+                  dtype=dtype_name(model.dtype), calibration=info.get("calibration", ""),
                   num_prompts=len(prompts), mean_prompt_tokens=sum(map(len, prompts)) / len(prompts),
-                  decoder_version=DECODER_VERSION)
+                  version=SWEEP_VERSION)
 
     # one engine (static cache, compiled step when asked) and one set of tree buffers for the whole sweep
     engine = engine or StepEngine(model)
@@ -237,7 +238,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         van_outputs = [r.token_ids for c in vanilla for r in c]
         if (run, "vanilla", str(b)) not in done:
             emit(dict(config="vanilla", tree="vanilla", kind="vanilla", nodes=0, depth=0, batch_size=b,
-                      acceptance="greedy", temperature=0.0, acceleration_rate=1.0, overhead=1.0, speedup=1.0,
+                      acceptance="greedy", temperature=0.0, tokens_per_step=1.0, overhead=1.0, speedup=1.0,
                       tokens_per_s=van["tokens_per_s"], vanilla_tokens_per_s=van["tokens_per_s"],
                       mean_step_s=van["mean_step_s"], step_ms=van["step_ms"], forward_ms=1e3 * statistics.median(van_forward),
                       decoder_overhead=decoder_overhead(van["step_times"], van_forward), exact_match=1.0,
@@ -264,7 +265,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
             found = [d for r, v in zip(meds, vans) for d in divergences(r, v, model.dtype)] if greedy else None
             row = dict(config=c["config"], tree=tree.name, kind=c["kind"], nodes=tree.nodes,
                        depth=tree.depth, batch_size=b, acceptance=c["acceptance"], temperature=c["temperature"],
-                       epsilon=c["epsilon"], delta=c["delta"], acceleration_rate=agg["acceleration_rate"],
+                       epsilon=c["epsilon"], delta=c["delta"], tokens_per_step=agg["tokens_per_step"],
                        tokens_per_s=agg["tokens_per_s"], overhead=overhead(results, baseline),
                        speedup=measured_speedup(results, baseline), decode_speedup=decode_speedup(results, baseline),
                        vanilla_tokens_per_s=goodput(baseline),

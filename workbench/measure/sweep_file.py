@@ -13,25 +13,19 @@ import pandas as pd
 from workbench import WorkbenchError
 from workbench.core.io import atomic_write_text, read_csv
 
+SWEEP_VERSION = 2  # the format's version, on every row (`version`); 1: files without that column (upgrade_sweep)
 SWEEP_COLUMNS = ["run", "config", "tree", "kind", "nodes", "depth", "batch_size", "acceptance", "temperature", "epsilon", "delta",
-                 "acceleration_rate", "overhead", "speedup", "decode_speedup",
+                 "tokens_per_step", "overhead", "speedup", "decode_speedup",
                  "tokens_per_s", "vanilla_tokens_per_s", "mean_step_s",
                  "step_ms", "forward_ms", "decoder_overhead",
                  "predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept",
                  "exact_match", "near_tie_divergences", "mismatches",
                  "mean_logprob", "distinct_2", "num_prompts", "mean_prompt_tokens", "new_tokens", "steps",
-                 "model", "prompts", "max_new_tokens", "device", "dtype", "calibration", "decoder_version", "setting"]
-# Headers of earlier versions, still resumable (their rows are kept and rewritten with the new cells empty): before
-# `decode_speedup` (the decoding phase's speedup, what plans predict), and before `setting` (provenance.py) too.
-EARLIER_COLUMNS = ([c for c in SWEEP_COLUMNS if c != "decode_speedup"],
-                   [c for c in SWEEP_COLUMNS if c not in ("decode_speedup", "setting")])
-# Column names of sweep CSVs written before the predictions got one set of names (calibrate/folder.py): read_sweep
-# renames them, so older files still open in the app and the report. The only place the old names live.
-OLD_COLUMNS = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
-               "predicted_walk": "predicted_replay_fit", "replay": "replay_swept"}
-SWEEP_REQUIRED = ("tree", "nodes", "acceleration_rate")  # on every row of every sweep (read_sweep)
+                 "model", "prompts", "max_new_tokens", "device", "dtype", "calibration", "setting", "version"]
+SWEEP_REQUIRED = ("tree", "nodes", "tokens_per_step")  # the header of every sweep (find_csvs finds sweeps by it)
+SWEEP_FILLED = ("kind", "nodes", "batch_size", "acceptance", "tokens_per_step", "speedup")  # a cell on every row
 SWEEP_TEXT = ("run", "config", "tree", "kind", "acceptance", "model", "prompts", "device", "dtype", "calibration",
-              "decoder_version", "setting")
+              "setting")
 
 
 def _cell(v) -> str:
@@ -42,72 +36,119 @@ def _cell(v) -> str:
     return str(v)
 
 
+def upgrade_sweep(df: pd.DataFrame) -> pd.DataFrame:
+    """A sweep of version 1 (no `version` column) as this version, its cells unchanged (strings stay strings):
+    the earlier names of the predictions and of tokens/step renamed, the decoder's version dropped (the `setting`
+    says where a row was measured), and the columns version 1 files may lack added: batch_size 1 (files before
+    batched decoding), empty decode_speedup, step timing and setting (not measured then). The only place the
+    earlier shapes live; read_sweep and a resumed sweep call it."""
+    renamed = {"predicted_tokens_per_step": "predicted_independent", "calibration_holdout": "predicted_replay",
+               "predicted_walk": "predicted_replay_fit", "replay": "replay_swept", "acceleration_rate": "tokens_per_step"}
+    df = df.rename(columns={old: new for old, new in renamed.items() if new not in df.columns})
+    df = df.drop(columns=["decoder_version"], errors="ignore")
+    if "batch_size" not in df.columns:
+        df["batch_size"] = 1
+    for c in ("decode_speedup", "step_ms", "forward_ms", "decoder_overhead", "setting"):
+        if c not in df.columns:
+            df[c] = np.nan
+    df["version"] = SWEEP_VERSION
+    return df
+
+
+def _versioned(df: pd.DataFrame, what: str) -> pd.DataFrame:
+    """`df` at this version (upgraded from version 1), or one line naming a newer version or the columns it lacks."""
+    if "version" not in df.columns:
+        df = upgrade_sweep(df)
+    other = pd.to_numeric(df["version"], errors="coerce") != SWEEP_VERSION
+    if other.any():
+        i = int(np.argmax(other.to_numpy()))
+        raise WorkbenchError(f"{what}: row {i + 2}: version {str(df['version'].iloc[i])[:20]!r}, but this workbench "
+                             f"reads sweep CSVs of version {SWEEP_VERSION}: write it again with `workbench sweep`")
+    lacking = [c for c in SWEEP_REQUIRED if c not in df.columns]
+    if lacking:
+        raise WorkbenchError(f"{what}: not a sweep CSV (no {', '.join(lacking)} column; `workbench sweep --out "
+                             "FILE.csv` writes one)")
+    missing = [c for c in SWEEP_COLUMNS if c not in df.columns]
+    if missing:
+        raise WorkbenchError(f"{what}: missing column(s) {', '.join(missing[:6])}"
+                             f"{f' and {len(missing) - 6} more' if len(missing) > 6 else ''}: a sweep CSV has every "
+                             "column `workbench sweep --out FILE.csv` writes")
+    return df
+
+
 def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
-    """A sweep CSV (`workbench sweep`), checked for the columns every plot needs: numeric columns hold finite
-    numbers (or nothing), nodes and acceleration_rate on every row."""
-    df = read_csv(path, what, SWEEP_REQUIRED, "workbench sweep --out FILE.csv")
-    df = df.rename(columns={old: new for old, new in OLD_COLUMNS.items() if new not in df.columns})
+    """A sweep CSV (`workbench sweep`) at this version (upgrade_sweep), checked: every column there, numeric
+    columns hold finite numbers (or nothing), SWEEP_FILLED on every row: every figure and table of the report and
+    the app can be drawn from it."""
+    df = _versioned(read_csv(path, what, ("tree", "nodes"), "workbench sweep --out FILE.csv"), f"{what} {path}")
     for c in df.columns:
         if c in SWEEP_TEXT or c not in SWEEP_COLUMNS:
             continue
         num = pd.to_numeric(df[c], errors="coerce")
-        required = c in ("nodes", "acceleration_rate")
+        required = c in SWEEP_FILLED
         bad = (num.isna() & (df[c].notna() | required)) | np.isinf(num)
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
+            if pd.isna(df[c].iloc[i]):
+                raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} is empty (`workbench sweep` fills it)")
             raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} holds {str(df[c].iloc[i])[:40]!r}, "
                                  f"not a finite number")
         df[c] = num
-    if "batch_size" not in df.columns:  # sweeps before batched decoding ran one prompt at a time
-        df["batch_size"] = 1
+    for c in SWEEP_TEXT:
+        if c in SWEEP_FILLED and (df[c].isna() | (df[c].astype(str).str.strip() == "")).any():
+            i = int(np.argmax((df[c].isna() | (df[c].astype(str).str.strip() == "")).to_numpy()))
+            raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} is empty (`workbench sweep` fills it)")
     rules = {"nodes": (0, 1 << 12, True), "depth": (0, 64, True), "batch_size": (1, 1 << 16, True),
-             "acceleration_rate": (1 - 1e-9, 1e4, False)}  # every step emits at least one token
+             "tokens_per_step": (1 - 1e-9, 1e4, False)}  # every step emits at least one token
     for c, (low, high, integer) in rules.items():
-        if c not in df.columns:
-            continue
         v = df[c]
         bad = v.notna() & (~v.between(low, high) | ((v % 1 != 0) if integer else False))
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
             raise WorkbenchError(f"{what} {path}: row {i + 2}: {c} {v.iloc[i]:g} is not "
                                  f"{'an integer' if integer else 'a number'} in [{low:g}, {high:g}]"
-                                 f"{' (tokens per step: every step emits at least one)' if c == 'acceleration_rate' else ''}")
+                                 f"{' (every step emits at least one token)' if c == 'tokens_per_step' else ''}")
     return df
 
 
 def has_typical(sweep: pd.DataFrame) -> bool:
     """Whether a sweep holds typical-acceptance rows (an epsilon on some row): the rows of the paper's Fig. 5."""
-    return "epsilon" in sweep.columns and bool(sweep["epsilon"].notna().any())
+    return bool(sweep["epsilon"].notna().any())
 
 
 def checked_speedup(row) -> tuple[float, str]:
     """(speedup, phase) of a sweep row as a prediction is checked against it: the decoding phase's (decode_speedup,
-    what plans predict), or in a sweep written before that column the end-to-end one, said so (its prefill pulls it
-    towards 1)."""
+    what plans predict), or on a row without one (version 1 files did not time it) the end-to-end one, said so (its
+    prefill pulls it towards 1)."""
     value = row.get("decode_speedup") if hasattr(row, "get") else None
     try:
         if value is not None and math.isfinite(float(value)):
             return float(value), "decoding phase"
     except (TypeError, ValueError):
         pass
-    return float(row["speedup"]), "end to end (an older sweep: prefill included)"
+    return float(row["speedup"]), "end to end (prefill included: the row has no decode_speedup)"
 
 
 def read_sweep_rows(path) -> list[dict]:
-    """The rows of a sweep CSV as strings (kept verbatim on rewrite), or [] when it does not exist yet."""
+    """The rows of a sweep CSV as strings (kept verbatim on rewrite; a version 1 file's upgraded, upgrade_sweep),
+    or [] when it does not exist yet."""
     f = Path(path)
     if not f.is_file() or f.stat().st_size == 0:
         return []
     try:
-        with f.open(newline="", encoding="utf-8") as fh:
-            reader = csv.DictReader(fh)
-            same = reader.fieldnames in (SWEEP_COLUMNS, *EARLIER_COLUMNS)
-            rows = list(reader) if same else []
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise WorkbenchError(f"--out {path}: exists but is not a readable CSV ({str(e)[:100]}); use another --out") from None
-    if not same:
-        raise WorkbenchError(f"--out {path}: exists but is not a sweep CSV of this version (columns differ); "
+        cells = pd.read_csv(f, dtype=str, keep_default_na=False)
+    except (UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise WorkbenchError(f"--out {path}: exists but is not a readable CSV ({str(e).splitlines()[0][:100]}); "
+                             "use another --out") from None
+    try:
+        cells = _versioned(cells, f"--out {path}")
+    except WorkbenchError as e:
+        raise WorkbenchError(f"{e}; or use another --out") from None
+    if set(cells.columns) != set(SWEEP_COLUMNS):
+        raise WorkbenchError(f"--out {path}: exists but is not a sweep CSV (columns "
+                             f"{', '.join(sorted(set(cells.columns) - set(SWEEP_COLUMNS)))[:80]} are not a sweep's); "
                              "use another --out")
+    rows = [row_cells(r) for r in cells.to_dict("records")]
     if rows:
         read_sweep(path, "--out")  # every row well-formed, or one line before hours of decoding
     return rows
@@ -128,25 +169,13 @@ def write_rows(path, rows: list[dict]) -> None:
     atomic_write_text(path, buf.getvalue())
 
 
-def _kind(df):
-    """Tree family per sweep row: the sweep's `kind` column (optimal / dense / given), else from the tree name."""
-    if "kind" in df.columns:
-        return df["kind"].fillna("").astype(str)
-    return df["tree"].astype(str).map(lambda t: "dense" if "dense" in t.lower() else "sparse")
-
-
 def tree_rows(sweep, acceptance: str | None = "greedy"):
-    """Sweep rows of real trees (not the vanilla baseline row), with one acceptance rule when the CSV says."""
-    df = sweep.assign(_kind=_kind(sweep))
-    df = df[df["_kind"] != "vanilla"]
-    if acceptance and "acceptance" in df.columns:
-        df = df[df["acceptance"] == acceptance]
-    return df
+    """Sweep rows of real trees (not the vanilla baseline row), of one acceptance rule (None: all)."""
+    df = sweep[sweep["kind"] != "vanilla"]
+    return df[df["acceptance"] == acceptance] if acceptance else df
 
 
 def vanilla_value(sweep, column: str) -> float | None:
-    """The vanilla greedy baseline's value of `column` in a sweep (its last vanilla row), None when absent."""
-    if "kind" not in sweep.columns or column not in sweep.columns:
-        return None
+    """The vanilla greedy baseline's value of `column` in a sweep (its last vanilla row), None when it has none."""
     v = sweep.loc[sweep["kind"] == "vanilla", column].dropna()
     return float(v.iloc[-1]) if len(v) else None

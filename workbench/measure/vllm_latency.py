@@ -26,9 +26,10 @@ import os
 import pandas as pd
 
 from workbench import WorkbenchError
-from workbench.core.io import WorkState
+from workbench.core.work import WorkState
 from workbench.core.provenance import setting, setting_cell
-from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, spread_row, stamp
+from workbench.core.speed import relative_latency
+from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, LATENCY_VERSION, spread_row, stamp
 from workbench.measure.vllm_runner import engine_results
 
 MODE = "vllm-round"  # the setting's mode: a round as vLLM serves it
@@ -105,7 +106,8 @@ def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, promp
     ctx = round(math.fsum(c[2] for c in contexts) / sum(c[3] for c in contexts))
     df = pd.DataFrame([dict(r, context=ctx) for r in rows], columns=COLUMNS)
     df = stamp(df, "vllm", results[0]["vllm_version"], (min(c[0] for c in contexts), max(c[1] for c in contexts)))
-    t1 = df[df["tokens"] == 1].set_index("batch")["seconds"]
-    df["relative"] = df["seconds"].to_numpy() / t1.reindex(df["batch"]).to_numpy()  # t(B, K+1) / t(B, 1)
+    df["version"] = LATENCY_VERSION
+    tables = {b: dict(zip(g["tokens"].astype(int), g["seconds"])) for b, g in df.groupby("batch")}
+    df["relative"] = [relative_latency(tables[b], int(n) - 1) for b, n in zip(df["batch"], df["tokens"])]
     return df
 

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from workbench import WorkbenchError
-from workbench.core.io import WorkState
+from workbench.core.work import WorkState
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 ENV_PYTHON = "WORKBENCH_VLLM_PYTHON"

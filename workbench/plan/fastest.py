@@ -31,9 +31,9 @@ def limited(source: dict, max_depth: int | None = None, max_rank: int | None = N
                          chain_acceptance=source["chain_acceptance"][:depth])
 
 
-def fastest(source: dict, latency: dict, spread=None, heads: dict | None = None, batch: int = 1,
+def fastest(source: dict, latency: dict, spread=None, head_cost: dict | None = None, batch: int = 1,
             max_nodes: int | None = None, curve: bool = False) -> dict:
-    """plan's ranking at one batch size ({tokens: seconds}, its quartiles `spread` and heads' cost `heads`, as
+    """plan's ranking at one batch size ({tokens: seconds}, its quartiles `spread` and the heads' cost `head_cost`, as
     latency_file.latency_surface gives them), over candidates of at most `max_nodes` nodes (default: all the table
     covers): {"choice": rank.choose's dict, "best": its best candidate, "tree": the best tree or chain (the choice,
     or the runner-up when no speculation wins), "curve": with `curve`, the optimal tree at every budget ranked the
@@ -49,7 +49,7 @@ def fastest(source: dict, latency: dict, spread=None, heads: dict | None = None,
                            source["max_rank"])
         return at_batch(cands, source["batch_tokens_per_step"], batch)
 
-    pick = choose(weighed(source["chain_acceptance"]), latency, spread, heads)
+    pick = choose(weighed(source["chain_acceptance"]), latency, spread, head_cost)
     for c in pick["ranked"]:
         c["relative_latency"] = c["batch_tokens_per_step"] / c["speedup"]
     tree = next((c for c in pick["ranked"] if c["tree"] is not None), None)
@@ -58,6 +58,6 @@ def fastest(source: dict, latency: dict, spread=None, heads: dict | None = None,
     out = dict(choice=pick, best=pick["best"], tree=tree)
     if curve:  # no chains first: each optimal prefix is weighed as itself
         out["curve"] = sorted(({**c, "relative_latency": c["batch_tokens_per_step"] / c["speedup"]}
-                               for c in rank(weighed([]), latency, spread, heads) if c["tree"] is not None),
+                               for c in rank(weighed([]), latency, spread, head_cost) if c["tree"] is not None),
                               key=lambda c: c["nodes"])
     return out

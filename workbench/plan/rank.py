@@ -21,7 +21,7 @@ speed.speedup_at, ranked by `rank` (the one ranking: the app's recommendation is
 (none, then chain, then tree) and then to fewer nodes.
 
 The plan file (read and written here only):
-  {"plans": [{"batch_size", "kind": "tree" | "chain" | "none", "medusa_choices", "nodes",
+  {"version": PLAN_VERSION, "plans": [{"batch_size", "kind": "tree" | "chain" | "none", "medusa_choices", "nodes",
               "predicted_tokens_per_step", "predicted_speedup",
               "predicted_batch_tokens_per_step"}, ...],  # one row per batch size, ascending; the last is optional
    "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain",
@@ -35,7 +35,7 @@ The plan file (read and written here only):
    "workbench_version", "created"}
 `predicted_tokens_per_step` is what each sequence measures (a decoder's tokens/step); the speedup divides
 `predicted_batch_tokens_per_step` instead: B sequences side by side step until the slowest is done (absent in
-files written before it was kept). `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length
+version 1 files: upgrade_plan). `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length
 K. `runner_up` is the best candidate of another kind; `runner_up_within_noise` says whether the two speedup ranges
 over the latency's interquartile range overlap (null without a spread in the CSV). `best_chain` is the best chain
 or none (k = 0) at that batch size: what an engine without trees (vLLM since PR #42121) should run instead of a tree.
@@ -62,6 +62,7 @@ from workbench.trees.tree import MEDUSA_TOPK, Tree, load_tree, make_tree
 
 KINDS = ("tree", "chain", "none")
 SIMPLER = {"none": 2, "chain": 1, "tree": 0}  # tie-break: the simpler engine setting wins an exact tie
+PLAN_VERSION = 3  # the plan file's "version" (3: latency.engine, engine_version); 1: files without it (upgrade_plan)
 PLAN_ROW = ("batch_size", "kind", "medusa_choices", "nodes", "predicted_tokens_per_step", "predicted_speedup")
 PREDICTIONS = {"independent": "predicted_independent", "joint": "predicted_joint", "replay": "predicted_replay"}
 MAX_POSITIONS = 64  # longest acceptance vector taken (a draft longer than any engine's limit is a typo)
@@ -137,7 +138,8 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
         raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
     if acceptance is not None:
         rates = read_acceptance(acceptance)
-        tps = lambda t: 1.0 + math.fsum(rates[:t.depth])  # noqa: E731
+        chain = lambda p: rates[len(p) - 1] if len(p) <= len(rates) and not any(p) else 0.0  # noqa: E731 - a path's value
+        tps = lambda t: expected_length(t, chain)  # noqa: E731 - 1 + the sum of the chain's first K rates
         return dict(tokens_per_step=tps, batch_tokens_per_step=lambda t, b: tps(t), value=None,
                     max_depth=len(rates), max_rank=1, chain_acceptance=rates, typical_context=None,
                     info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
@@ -268,18 +270,18 @@ def at_batch(cands: list[dict], batch_tokens_per_step, batch: int) -> list[dict]
             for c in cands]
 
 
-def rank(cands: list[dict], latency: dict, spread=None, heads: dict | None = None) -> list[dict]:
+def rank(cands: list[dict], latency: dict, spread=None, head_cost: dict | None = None) -> list[dict]:
     """The candidates a latency table covers ({tokens: seconds} of one batch size), each with its "speedup" and
     "range" (speed.priced: the batch's tokens/step, `at_batch`, else the mean's, over the step cost of its token
-    count and, where the table measured the heads' cost (`heads`, latency.heads_table), its own depth; the range
-    over the interquartile range of t, None without a spread), best first: the one ranking every answer (CLI, app,
+    count and, where the table measured the heads' cost (`head_cost`, latency_file.read_head_cost), its own depth;
+    the range over the interquartile range of t, None without a spread), best first: the one ranking every answer (CLI, app,
     exports) comes from."""
     top = max_tokens(latency)
     scored = []
     for c in cands:
         if c["nodes"] + 1 <= top:
             tps = c.get("batch_tokens_per_step", c["tokens_per_step"])
-            fast, rng = priced(latency, spread, heads, tps, c["nodes"], _depth(c["tree"]))
+            fast, rng = priced(latency, spread, head_cost, tps, c["nodes"], _depth(c["tree"]))
             scored.append(dict(c, speedup=fast, range=rng))
     return sorted(scored, key=_rank, reverse=True)
 
@@ -288,10 +290,10 @@ def _depth(tree) -> int | None:
     return None if tree is None else tree.depth
 
 
-def choose(cands: list[dict], latency: dict, spread=None, heads: dict | None = None) -> dict:
+def choose(cands: list[dict], latency: dict, spread=None, head_cost: dict | None = None) -> dict:
     """The best candidate at one batch size (`rank`): {"best", "runner_up" (best of another kind, or None),
     "within_noise", "best_chain" (best chain or none), "ranked" (every candidate, best first)}."""
-    scored = rank(cands, latency, spread, heads)
+    scored = rank(cands, latency, spread, head_cost)
     best = scored[0]
     others = [c for c in scored if c["kind"] != best["kind"]]
     runner = max(others, key=_rank) if others else None
@@ -328,7 +330,7 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     plans, alternatives = [], []
     for b in batch_sizes:
         at = at_batch(cands, source["batch_tokens_per_step"], b)
-        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["heads"])
+        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"])
         best, chain = pick["best"], pick["best_chain"]
         plans.append(dict(batch_size=b, kind=best["kind"], medusa_choices=_choices(best), nodes=best["nodes"],
                           predicted_tokens_per_step=best["tokens_per_step"], predicted_speedup=best["speedup"],
@@ -340,11 +342,11 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
                                  chains=chain_rows(pick["ranked"])))
     setup = {c: str(df[c].iloc[0]) for c in ("model", "device", "dtype") if c in df.columns}
     where = read_setting(df)
-    return dict(plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
+    return dict(version=PLAN_VERSION, plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
                 source=source["info"],
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
-                             heads_cost=surface[batch_sizes[0]]["heads"] is not None, **setup, setting=where,
-                             mode=(where or {}).get("mode", "unknown (a file written before the setting was kept)"),
+                             head_cost=surface[batch_sizes[0]]["head_cost"] is not None, **setup, setting=where,
+                             mode=(where or {}).get("mode", "unknown (the table does not record its setting)"),
                              engine=engine, engine_version=version),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
@@ -360,8 +362,8 @@ def chain_rows(ranked: list[dict]) -> list[dict]:
 
 
 def plan_engine(plan: dict) -> tuple[str, str | None]:
-    """(engine, version) whose step costs a plan was priced on: its latency table's (latency_file.ENGINES);
-    ("workbench", None) for a plan written before the engine was recorded (our decoder's tables were all)."""
+    """(engine, version) whose step costs a checked plan (check_plan) was priced on: its latency table's
+    (latency_file.ENGINES)."""
     lat = plan.get("latency") or {}
     return str(lat.get("engine") or "workbench"), lat.get("engine_version")
 
@@ -419,13 +421,30 @@ def read_plan(path) -> dict:
     return check_plan(read_json(path, what), what)
 
 
+def upgrade_plan(data: dict) -> dict:
+    """A plan of version 1 (no "version": its rows may lack predicted_batch_tokens_per_step, which no reader needs;
+    its latency's "heads_cost" is "head_cost" now) or 2 (before the engine it was priced on was recorded: every
+    such plan was priced on our decoder's steps) as this version. The only place the earlier shapes live;
+    check_plan calls it."""
+    latency = data.get("latency")
+    if isinstance(latency, dict):
+        latency = {("head_cost" if k == "heads_cost" else k): v for k, v in latency.items()}
+        latency = dict(engine="workbench", engine_version=None) | latency
+    return {**data, "version": PLAN_VERSION, **({"latency": latency} if latency is not None else {})}
+
+
 def check_plan(data, what: str = "plan") -> dict:
-    """A plan file, checked: rows with PLAN_ROW, distinct ascending batch sizes >= 1, each row's kind matching its
+    """A plan file at this version (upgrade_plan), checked: rows with PLAN_ROW, distinct ascending batch sizes >= 1, each row's kind matching its
     medusa_choices (none: [], chain: [[0], [0, 0], ...]), nodes = their count, positive finite predictions; a
     chain_acceptance vector as check_acceptance wants it."""
     if not isinstance(data, dict) or not isinstance(data.get("plans"), list) or not data["plans"]:
         raise WorkbenchError(f"{what}: not a plan file (an object with a non-empty \"plans\" list; `workbench plan` "
                              "writes it)")
+    if data.get("version", 1) in (1, 2):
+        data = upgrade_plan(data)
+    if data["version"] != PLAN_VERSION:
+        raise WorkbenchError(f"{what}: version {str(data['version'])[:20]!r}, but this workbench reads plans of version "
+                             f"{PLAN_VERSION}: make it again with `workbench plan`")
     last = 0
     for i, row in enumerate(data["plans"]):
         where = f"{what}: plans[{i}]"
@@ -491,7 +510,7 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
     """The plan's prediction beside the live decoder's measurement, per batch size: the choice (and its
     runner-up) as decoded by `workbench sweep --plan` at that batch size, greedy, against vanilla at the same batch
     size. "none" is vanilla itself: speedup 1 by definition. The measured speedup is the decoding phase's, as
-    predicted (sweep_file.checked_speedup; measured_phase says when an older sweep only had the end-to-end one).
+    predicted (sweep_file.checked_speedup; measured_phase says when a row only has the end-to-end one).
     err_% = measured / predicted - 1. setting_differs: how
     the sweep's setting differs from the plan's latency table's (provenance.differences; empty when they match):
     a prediction from another setting is not comparable."""
@@ -515,7 +534,7 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
                 if measured.empty:
                     continue
                 m = measured.iloc[-1]
-                tps, exact = m["acceleration_rate"], m["exact_match"]
+                tps, exact = m["tokens_per_step"], m["exact_match"]
                 spd, phase = checked_speedup(m)
             where = read_setting(measured.iloc[-1].to_dict()) if "setting" in measured.columns else None
             rows.append(dict(batch_size=b, role=role, kind=entry["kind"], nodes=entry.get("nodes", 0),

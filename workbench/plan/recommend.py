@@ -4,10 +4,9 @@ This module does not rank: the candidates, their predicted tokens/step (plan.cal
 held-out answers cut to the generation length when the calibration holds prompts out) and their speedups and
 ranges (speed.py) are `workbench plan`'s own (plan.candidates, plan.rank), so the app, the CLI and the exports show
 the same number for the same candidate. What it adds is the evidence: every greedy sweep row at the same batch
-size that measured the same tree shape, with the sweep's name, decoder version and prompt count, its noise from
-the repeats at that batch size (never pooled across batch sizes); a sweep written without a `decoder_version`
-column was made by the decoder before the static-cache step and is marked old. The answer is measured where it
-can be: when the best current measurement at this batch size is slower than plain decoding, it is "no
+size that measured the same tree shape, with the sweep's name and prompt count, its noise from the repeats at
+that batch size (never pooled across batch sizes) and the setting it ran in. The answer is measured where it can
+be: when the best current measurement at this batch size is slower than plain decoding, it is "no
 speculation", with that figure.
 """
 from __future__ import annotations
@@ -26,8 +25,6 @@ from workbench.plan.rank import (accuracy_source, at_batch, calibration_source, 
                                  served)
 from workbench.trees.tree import Tree, tree_key
 
-OLD_DECODER = "before the static-cache step"  # what made a sweep CSV that has no decoder_version column
-
 
 # ----------------------------------------------------------------------------------------------- latency
 
@@ -35,11 +32,11 @@ def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1,
                    what: str = "latency") -> dict:
     """The latency table at one batch size and context, as plan reads it (latency.latency_surface): {"seconds":
     {tokens: s}, "quartiles": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "spread": its
-    name or None, "heads" (latency.heads_table or None), "context", "batch"}."""
+    name or None, "head_cost" (latency_file.read_head_cost or None), "context", "batch"}."""
     surface, ctx = latency_surface(df, [batch], context, target, what)
     quartiles = surface[batch]["spread"]
     return dict(seconds=surface[batch]["seconds"], quartiles=quartiles, measured=surface[batch]["measured"],
-                heads=surface[batch]["heads"], spread="latency quartiles" if quartiles else None, context=ctx,
+                head_cost=surface[batch]["head_cost"], spread="latency quartiles" if quartiles else None, context=ctx,
                 batch=batch)
 
 
@@ -50,7 +47,7 @@ def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,
     speedup, relative_latency, range}."""
     nodes = 0 if tree is None else tree.nodes
     batched = float(tokens_per_step if batch_tokens_per_step is None else batch_tokens_per_step)
-    fast, rng = priced(tables["seconds"], tables["quartiles"], tables.get("heads"), batched, nodes,
+    fast, rng = priced(tables["seconds"], tables["quartiles"], tables.get("head_cost"), batched, nodes,
                        None if tree is None else tree.depth)
     return dict(nodes=nodes, tokens_per_step=float(tokens_per_step), batch_tokens_per_step=batched, speedup=fast,
                 relative_latency=batched / fast, range=rng)
@@ -77,61 +74,39 @@ def shape(tree: Tree) -> str:
     return tree_key(tree).rsplit(":", 1)[1]
 
 
-def decoder_version(sweep: pd.DataFrame) -> pd.Series:
-    """The decoder version of every row of a sweep: its decoder_version cell, else OLD_DECODER."""
-    if "decoder_version" not in sweep.columns:
-        return pd.Series(OLD_DECODER, index=sweep.index)
-    return sweep["decoder_version"].where(sweep["decoder_version"].notna() & (sweep["decoder_version"].astype(str)
-                                                                             .str.strip() != ""), OLD_DECODER)
-
-
 def timing_noise(sweep: pd.DataFrame, run, batch: int = 1) -> float | None:
     """Relative run-to-run noise of one speedup measured in `run` at batch size `batch`: the spread (coefficient of
     variation) of the vanilla baseline, which the sweep re-measures before every configuration at that batch size
     (never pooled across batch sizes: their speeds differ), times sqrt(2) (a speedup is a ratio of two such
     measurements). None with fewer than two baselines."""
-    if "vanilla_tokens_per_s" not in sweep.columns:
-        return None
-    at = (sweep["run"] == run) if "run" in sweep.columns else pd.Series(True, index=sweep.index)
-    if "batch_size" in sweep.columns:
-        at &= sweep["batch_size"].fillna(1).eq(batch)
+    at = (sweep["run"] == run) & sweep["batch_size"].eq(batch)
     base = sweep.loc[at, "vanilla_tokens_per_s"].dropna()  # the baseline of each row at this batch size
     if len(base) < 2 or base.mean() <= 0:
         return None
     return math.sqrt(2) * statistics.stdev(base) / base.mean()
 
 
-def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, decoder: str | None = None,
-                 table: dict | None = None) -> dict[str, list]:
+def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, table: dict | None = None) -> dict[str, list]:
     """{tree shape hash (as in the sweep's config): [measurement, ...]} over the greedy rows of every sweep at this
-    batch size (a sweep without batch_size is batch 1). A measurement: sweep, tree, nodes, speedup (the decoding
-    phase's, as predicted; phase says when an older sweep only has the end-to-end one), phase, noise (absolute,
-    None if unknown), tokens_per_step, num_prompts, decoder_version, old (an older decoder measured it: OLD_DECODER,
-    or another version than `decoder` when given), setting, elsewhere (elsewhere(): how its setting differs from
+    batch size (sweep frames: sweep_file.read_sweep). A measurement: sweep, tree, nodes, speedup (the decoding
+    phase's, as predicted; phase says when a row only has the end-to-end one), phase, noise (absolute,
+    None if unknown), tokens_per_step, num_prompts, setting, elsewhere (elsewhere(): how its setting differs from
     `table`'s, the setting of the latency table predictions use)."""
     out: dict[str, list] = {}
     for name, df in (sweeps or {}).items():
-        if "config" not in df.columns or "speedup" not in df.columns:
-            continue
-        versions = decoder_version(df)
-        greedy = df["acceptance"].eq("greedy") if "acceptance" in df.columns else pd.Series(True, index=df.index)
-        at = df["batch_size"].fillna(1).eq(batch) if "batch_size" in df.columns else \
-            pd.Series(batch == 1, index=df.index)
-        rows = df[greedy & at & (df["nodes"] > 0) & df["speedup"].notna()]
+        rows = df[df["acceptance"].eq("greedy") & df["batch_size"].eq(batch) & (df["nodes"] > 0) & df["speedup"].notna()]
         for i, r in rows.iterrows():
             speedup, phase = checked_speedup(r)
             head = str(r["config"]).split("|", 1)[0]
             if ":" not in head:
                 continue
-            noise = timing_noise(df, r["run"], batch) if "run" in df.columns else None
-            version = str(versions[i])
-            prompts = r["num_prompts"] if "num_prompts" in df.columns else None
+            noise = timing_noise(df, r["run"], batch)
+            prompts = r["num_prompts"]
             out.setdefault(head.rsplit(":", 1)[1], []).append(dict(
                 sweep=name, tree=str(r["tree"]), nodes=int(r["nodes"]), speedup=speedup, phase=phase,
                 noise=None if noise is None else noise * speedup,
-                tokens_per_step=float(r["acceleration_rate"]),
-                num_prompts=int(prompts) if prompts is not None and pd.notna(prompts) else None,
-                decoder_version=version, old=version == OLD_DECODER or (decoder is not None and version != decoder),
+                tokens_per_step=float(r["tokens_per_step"]),
+                num_prompts=int(prompts) if pd.notna(prompts) else None,
                 setting=read_setting(r.get("setting")), elsewhere=elsewhere(table, read_setting(r.get("setting")))))
     return out
 
@@ -145,14 +120,12 @@ def elsewhere(table: dict | None, measured: dict | None) -> list[str]:
 
 
 def comparable(m: dict) -> bool:
-    """A measurement that is evidence about the prediction: made by the current decoder, in the latency table's
-    setting."""
-    return not m["old"] and not m.get("elsewhere")
+    """A measurement that is evidence about the prediction: made in the latency table's setting."""
+    return not m.get("elsewhere")
 
 
 def summary(found: list[dict]) -> dict | None:
-    """Mean measured speedup of the comparable measurements of one tree (current decoder, the latency table's
-    setting) and its noise: the larger of the spread between them and their own timing noise (None when none is)."""
+    """Mean measured speedup of the comparable measurements of one tree (the latency table's setting) and its noise: the larger of the spread between them and their own timing noise (None when none is)."""
     now = [m for m in found if comparable(m)]
     if not now:
         return None
@@ -161,7 +134,7 @@ def summary(found: list[dict]) -> dict | None:
     spread = statistics.stdev(m["speedup"] for m in now) if len(now) > 1 else 0.0
     noise = max([spread] + noises) if noises or len(now) > 1 else None
     return dict(speedup=mean, noise=noise, count=len(now), num_prompts=sum(m["num_prompts"] or 0 for m in now),
-                sweeps=sorted({m["sweep"] for m in now}), decoder_versions=sorted({m["decoder_version"] for m in now}))
+                sweeps=sorted({m["sweep"] for m in now}))
 
 
 # ----------------------------------------------------------------------------------------------- the answer
@@ -195,7 +168,7 @@ def _row(c: dict, tables: dict, found: dict) -> dict:
 def recommend(calibration, latency: pd.DataFrame, context: int | None = None, batch: int = 1,
               sweeps: dict[str, pd.DataFrame] | None = None, value=None, max_depth: int | None = None,
               max_rank: int | None = None, max_budget: int | None = None, trees: list[Tree] | None = None,
-              target: float | None = None, decoder: str | None = None, max_new_tokens: int | None = None,
+              target: float | None = None, max_new_tokens: int | None = None,
               latency_name: str | None = None) -> dict:
     """plan's ranking at one batch size and context, joined to the measurements of every candidate.
 
@@ -203,9 +176,9 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     for answers of `max_new_tokens` tokens). latency: a latency CSV's frame; its context `context`, else the one
     nearest `target` (default: the calibration's typical context), else its only one. trees: named trees that are
     not plan candidates but whose measurements are evidence (`measured_trees`, scored the same way, never ranked).
-    sweeps: {name: sweep frame}; `decoder`: the current decoder version. Returns {"pick" (plan's choice),
+    sweeps: {name: sweep frame}. Returns {"pick" (plan's choice),
     "candidates" (plan's ranking, best first), "measured_trees", "answer" (what to do, measured where it can be),
-    "context", "batch", "spread", "prediction", "regime", "calibration", "latency", "setting", "disagree", "old",
+    "context", "batch", "spread", "prediction", "regime", "calibration", "latency", "setting", "disagree",
     "elsewhere" (rows measured only in another setting than the latency table's: shown, not weighed)}.
     """
     src = _source(calibration, max_new_tokens)
@@ -216,9 +189,9 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     ranks = min(max_rank or src["max_rank"], src["max_rank"])
     cands = served(plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth,
                                    ranks), latency_engine(latency)[0], tables["measured"])  # what the engine runs
-    found = measurements(sweeps or {}, batch, decoder, read_setting(latency))
+    found = measurements(sweeps or {}, batch, read_setting(latency))
     chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch), tables["seconds"], tables["quartiles"],
-                    tables["heads"])
+                    tables["head_cost"])
     rows = [_row(c, tables, found) for c in chosen["ranked"]]
     planned = {c["tree"].paths for c in cands if c["tree"] is not None}
     extra = [_row(dict(kind="tree", tree=t, tokens_per_step=src["tokens_per_step"](t),
@@ -230,8 +203,7 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
                spread=tables["spread"], prediction=src["info"]["prediction"], regime=src["info"].get("regime"),
                calibration=str(getattr(calibration, "folder", "accuracy table")), latency=latency_name,
                setting=read_setting(latency), disagree=[r for r in every if r["disagree"]],
-               old=[r for r in every if r["measured"] and all(m["old"] for m in r["measured"])],
-               elsewhere=[r for r in every if r["current"] is None and any(not m["old"] for m in r["measured"])],
+               elsewhere=[r for r in every if r["current"] is None and r["measured"]],
                cheaper=cheaper_larger(tables["measured"]))
     rec["answer"] = answer(rec)
     return rec
@@ -279,24 +251,18 @@ def runner_up_close(rec: dict) -> dict | None:
 
 
 def measured_text(row: dict) -> str:
-    """'measured 0.68x +- 0.05 on this machine (sweep X, decoder V, N prompts)', or what is known instead."""
+    """'measured 0.68x +- 0.05 on this machine (sweep X, N prompts)', or what is known instead."""
     now = row["current"]
     if now is not None:
         noise = f" +- {now['noise']:.2f}" if now["noise"] is not None else " (noise not measured)"
-        return (f"measured {now['speedup']:.2f}x{noise} on this machine ({', '.join(now['sweeps'])}, decoder "
-                f"{', '.join(now['decoder_versions'])}, {now['num_prompts']} prompts)")
+        return (f"measured {now['speedup']:.2f}x{noise} on this machine ({', '.join(now['sweeps'])}, "
+                f"{now['num_prompts']} prompts)")
     if row["kind"] == "none":
         return "1.00x by definition"
-    other = [m for m in row["measured"] if not m["old"]]
-    if other:
-        m = other[0]
+    if row["measured"]:
+        m = row["measured"][0]
         return (f"not measured in this latency table's setting ({m['speedup']:.2f}x in {m['sweep']}, "
                 f"{'; '.join(m['elsewhere'][:2])})")
-    old = [m for m in row["measured"] if m["old"]]
-    if old:
-        m = old[0]
-        return (f"not measured with the current decoder (old: {m['speedup']:.2f}x by the decoder {m['decoder_version']}"
-                f", {m['sweep']}, {m['num_prompts']} prompts)")
     return "not measured by any sweep found"
 
 
@@ -345,7 +311,7 @@ def setting_text(rec: dict) -> str | None:
     """The loud note when a measurement shown beside a prediction was made in another setting than the latency table
     (both recorded, provenance.differences), or None."""
     known = [m["setting"] for r in rec["candidates"] + rec["measured_trees"] for m in r["measured"]
-             if not m["old"] and m["setting"] is not None]
+             if m["setting"] is not None]
     diffs = sorted({d for m in known for d in differences(rec["setting"], m)}) if rec["setting"] else []
     if not diffs:
         return None
@@ -357,7 +323,7 @@ def setting_text(rec: dict) -> str | None:
 def provenance_note(rec: dict) -> str | None:
     """Words for measurements or a latency table whose setting was not recorded (older files), or None."""
     unknown_sweeps = any(m["setting"] is None for r in rec["candidates"] + rec["measured_trees"]
-                         for m in r["measured"] if not m["old"])
+                         for m in r["measured"])
     if rec["setting"] is None:
         return ("the latency table does not record the setting it was measured in (machine, vector units, threads, "
                 "load) nor whether it timed the decoder's whole step: re-measure it with `workbench latency`")

@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
-from workbench.measure.latency_file import interpolate_latency, latency_table, read_latency, speedup_at
+from workbench.core.speed import relative_latency, speedup_at
+from workbench.measure.latency_file import latency_table, read_latency
 from workbench.measure.sweep_file import SWEEP_COLUMNS, read_sweep
 from workbench.plan.rank import plan_check
 
@@ -34,8 +35,9 @@ def _speedup(latency: dict, tokens_per_step: float, nodes: int) -> float:
 
 
 def _relative_cost(latency: dict, nodes: int) -> float:
+    """speed.relative_latency, NaN where the table does not cover the tree."""
     try:
-        return interpolate_latency(latency, int(nodes) + 1) / interpolate_latency(latency, 1)
+        return relative_latency(latency, int(nodes))
     except WorkbenchError:
         return float("nan")
 
@@ -49,8 +51,7 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
     full = read_sweep(f)
     if not set(full.columns) <= set(SWEEP_COLUMNS) or full.empty:
         raise WorkbenchError(f"sweep CSV {sweep_csv}: not a sweep CSV with rows (columns differ or it is empty)")
-    full = full.reindex(columns=SWEEP_COLUMNS)  # columns an older sweep did not write yet read as empty
-    full["batch_size"] = full["batch_size"].fillna(1).astype(int)
+    full["batch_size"] = full["batch_size"].astype(int)
     df = full[full["batch_size"] == full["batch_size"].min()]
     def values(col):
         return ", ".join(map(str, df[col].dropna().unique()))
@@ -61,10 +62,10 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
     pred = greedy.dropna(subset=["predicted_independent"])
     if len(pred):
         preds = ["predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept"]
-        t = pred[["tree", "kind", "nodes", *preds, "acceleration_rate"]].copy()
+        t = pred[["tree", "kind", "nodes", *preds, "tokens_per_step"]].copy()
         for col in preds:
-            t[f"{col.removeprefix('predicted_')}_err_%"] = 100 * (t[col] / t["acceleration_rate"] - 1)
-        t = t.rename(columns={"acceleration_rate": "measured"}).dropna(axis=1, how="all")
+            t[f"{col.removeprefix('predicted_')}_err_%"] = 100 * (t[col] / t["tokens_per_step"] - 1)
+        t = t.rename(columns={"tokens_per_step": "measured"}).dropna(axis=1, how="all")
         parts.append("## Predicted vs measured tokens per step (greedy)\n\n"
                      "predicted_independent / predicted_joint: the paper's mean over every position of the "
                      "calibration's fit prompts (independent heads / measured joint paths); predicted_replay: a "
@@ -74,7 +75,7 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
                      "\n\n" + markdown_table(t))
 
     if len(greedy):
-        t = greedy[["tree", "kind", "nodes", "depth", "acceleration_rate", "overhead", "speedup", "tokens_per_s",
+        t = greedy[["tree", "kind", "nodes", "depth", "tokens_per_step", "overhead", "speedup", "tokens_per_s",
                     "exact_match", "near_tie_divergences", "mismatches"]]
         parts.append("## Optimized vs dense trees: tokens per step and speed vs node count (Fig. 4a/4b)\n\n" +
                      markdown_table(t))
@@ -91,10 +92,10 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
         lat = read_latency(latency_csv)
         van_ctx = float((df["mean_prompt_tokens"] + df["new_tokens"] / df["num_prompts"] / 2).mean())
         table, ctx = latency_table(lat, context, None if context is not None else van_ctx, f"--latency {latency_csv}")
-        t = greedy[["tree", "kind", "nodes", "predicted_independent", "acceleration_rate", "speedup"]].copy()
+        t = greedy[["tree", "kind", "nodes", "predicted_independent", "tokens_per_step", "speedup"]].copy()
         t["relative_cost"] = [_relative_cost(table, n) for n in t["nodes"]]
         t["predicted_speedup"] = [_speedup(table, x, n) for x, n in zip(t["predicted_independent"], t["nodes"])]
-        t["latency_model_speedup"] = [_speedup(table, x, n) for x, n in zip(t["acceleration_rate"], t["nodes"])]
+        t["latency_model_speedup"] = [_speedup(table, x, n) for x, n in zip(t["tokens_per_step"], t["nodes"])]
         parts.append(f"## Hardware-aware choice (latency `{Path(latency_csv).name}`, context {ctx})\n\n"
                      "predicted_speedup = predicted_independent / (t(nodes+1)/t(1)); latency_model_speedup uses the "
                      "measured tokens/step instead (its gap to the measured speedup is the decoder's own overhead)."
@@ -111,10 +112,10 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
 
     if full["batch_size"].nunique() > 1:
         g = full[full["acceptance"] == "greedy"].sort_values(["nodes", "tree", "batch_size"])
-        t = g[["tree", "kind", "nodes", "batch_size", "acceleration_rate", "tokens_per_s", "speedup", "overhead",
+        t = g[["tree", "kind", "nodes", "batch_size", "tokens_per_step", "tokens_per_s", "speedup", "overhead",
                "step_ms", "forward_ms", "decoder_overhead", "exact_match"]]
         parts.append("## Goodput per batch size\n\ntokens_per_s is goodput (all sequences of a batch); speedup and "
-                     "overhead are against vanilla greedy at the same batch size; acceleration_rate is tokens per "
+                     "overhead are against vanilla greedy at the same batch size; tokens_per_step is tokens per "
                      "step per sequence.\n\n" + markdown_table(t))
     if plan is not None:
         t = plan_check(plan, full)
@@ -126,7 +127,7 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
 
     typical = df[df["acceptance"] == "typical"]
     if len(typical):
-        t = typical[["tree", "nodes", "temperature", "epsilon", "delta", "acceleration_rate", "speedup",
+        t = typical[["tree", "nodes", "temperature", "epsilon", "delta", "tokens_per_step", "speedup",
                      "mean_logprob", "distinct_2", "exact_match"]]
         t = t.sort_values(["nodes", "tree", "temperature", "epsilon"])
         parts.append("## Typical acceptance vs epsilon and temperature (Fig. 5)\n\n"

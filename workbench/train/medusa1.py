@@ -1,37 +1,29 @@
 """`workbench train-heads`: Medusa-1 heads on a frozen base, trained on self-distilled data (paper §2.2.1).
 
 Three resumable phases, each writing atomically into a work folder so a killed run picks up where it stopped:
-  1. generate — the base model's own greedy answers to training prompts (batched; bf16 on CPU is ~3x fp32).
-  2. cache    — one teacher-forced forward per batch stores the last hidden state [T, H] of every answer position.
-  3. train    — heads only (the base never runs again): loss = sum_k 0.8^k * CE(head k, token t+k+1).
-Self-distillation matters: heads learn what *this* model will say, which is what greedy verification accepts.
+  1. generate, 2. cache — the self-distilled answers and the hidden states that chose them (distill.py);
+  3. train    — heads only (the base never runs again): loss = sum_k 0.8^k * CE(head k, token t+k+1) (common.py).
 """
 from __future__ import annotations
 
-import hashlib
 import json
-import math
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
-from workbench.core.data import data_dirs, load_prompts
-from workbench.core.io import atomic_write, atomic_write_json, read_json, run_lock
-from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
-from workbench.runtime.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, heads_fingerprint, load_heads, save_heads
+from workbench.core.io import atomic_write_json, run_lock
+from workbench.runtime.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.runtime.kvcache import undecodable_warning
 from workbench.runtime.models import cache_dir, load_base, model_label
 from workbench.runtime.parallel import Launch, Shard, current_launch
-
-DEFAULT_TRAIN_FILES = ["alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json"]
-HELD_OUT = ("alpaca_eval", "mt_bench")  # calibration sets: never train on them
+from workbench.train.common import (CHECKPOINT_SECONDS, Budget, head_losses, heads_loss, load_checkpoint, run_key,
+                                    save_checkpoint, warmup_cosine)
+from workbench.train.distill import DistillConfig, build_data, load_dataset_tensors, part_infos
 
 
 @dataclass
@@ -58,20 +50,9 @@ class TrainConfig:
     time_budget: float | None = None  # seconds for the whole run: generation, training, validation, saving
     gen_share: float = 0.5          # with a time budget: generation stops starting batches after this share of it
 
-
-def run_key(cfg, leave_out: tuple[str, ...], start: MedusaHeads | None, **extra) -> str:
-    """The digest a training checkpoint is named by: the run's settings but `leave_out` (what may change on a resume),
-    `extra` (its data parts, ...) and the starting heads by their weights, not where they lie."""
-    key = {k: v for k, v in asdict(cfg).items() if k not in leave_out} | extra
-    key["init"] = heads_fingerprint(start) if start is not None else None
-    return hashlib.sha1(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def default_prompt_files() -> list[str]:
-    """The default training files, each from the first data folder holding it ($WORKBENCH_DATA_DIR first, as for
-    the named prompt sets: a GPU machine gets them carried there)."""
-    return [next(str(d / f) for d in data_dirs() if (d / f).is_file())
-            for f in DEFAULT_TRAIN_FILES if any((d / f).is_file() for d in data_dirs())]
+    def data(self) -> DistillConfig:
+        return DistillConfig(self.prompts, self.tokens, self.max_new_tokens, self.gen_batch, self.gen_dtype,
+                             self.answers_per_prompt)
 
 
 def default_folders(model: str | None) -> tuple[Path, Path]:
@@ -79,172 +60,6 @@ def default_folders(model: str | None) -> tuple[Path, Path]:
     place; another model writes ORG--NAME-medusa-heads in the current folder (train-heads without --work/--out)."""
     slug = model_label(model).replace("/", "--").replace(".gguf", "")
     return cache_dir() / "train-heads" / slug, DEMO_HEADS if model is None else Path(f"{slug}-medusa-heads")
-
-
-def interleaved_prompts(files: list[str], seed: int = 0) -> list[str]:
-    """Shuffle each file, then interleave them so any prefix of the stream mixes every source."""
-    if not files:
-        raise WorkbenchError("no training prompt files: pass --prompts FILE [FILE ...] (Alpaca-format JSON/JSONL/CSV)")
-    for f in files:
-        if any(h in Path(f).name.replace("-", "_").lower() for h in HELD_OUT):
-            raise WorkbenchError(f"--prompts {f}: Alpaca-eval and MT-Bench are held out for calibration; "
-                                 "train on other prompts")
-    streams = []
-    for i, f in enumerate(files):
-        ps = load_prompts(f)
-        random.Random(seed + i).shuffle(ps)
-        streams.append(ps)
-    out = []
-    for j in range(max(len(s) for s in streams)):
-        out.extend(s[j] for s in streams if j < len(s))
-    return out
-
-
-# ----------------------------------------------------------------------------------------------- 1+2. data
-
-def prompt_key(text: str, answer: int = 0) -> str:
-    """Parts remember which prompts (and which of their answers) they hold, so a rerun with other or more prompt
-    files, or more --answers-per-prompt, only adds new ones."""
-    key = hashlib.sha1(text.encode()).hexdigest()[:16]
-    return key if answer == 0 else f"{key}/{answer}"
-
-
-@torch.no_grad()
-def nth_first_tokens(model, tok, prompts: list[list[int]], n: int, stop: list[int]) -> list[int]:
-    """Each prompt's n-th likeliest first answer token (n = 0: the greedy one), skipping stop tokens and byte
-    pieces of a character (forced alone, those send a small model into loops of garbage).
-
-    One forward over the right-padded batch."""
-    ids, mask = right_padded(prompts)
-    logits = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device)).logits
-    last = logits[torch.arange(len(prompts)), torch.tensor([len(p) - 1 for p in prompts])].float()  # [B, V]
-    last[:, stop] = float("-inf")
-    out = []
-    for cands in last.topk(min(n + 32, last.shape[-1]), dim=-1).indices.tolist():
-        whole = [t for t in cands if "\ufffd" not in tok.decode([t])]
-        out.append(whole[min(n, len(whole) - 1)] if whole else cands[n])
-    return out
-
-
-def generate_part(model, tok, texts: list[str], max_new_tokens: int, answer: int = 0) -> dict:
-    """The base model's greedy answers to a batch of prompts, with the hidden state that chose each answer token.
-
-    Returns ids [N] (answer tokens, flat over sequences, each answer ending at its first stop token so heads learn
-    to predict the stop too), hidden [N, H] bf16 (hidden[t]'s base logits chose ids[t]) and seq [N].
-    answer > 0 forks: the answer opens with the base's (answer+1)-th likeliest first token and continues greedily
-    (fresh greedy text from the same prompts once they run out); that forced token is not stored, since no hidden
-    state chose it.
-    """
-    encoded = [prepare_prompt(tok, t) for t in texts]  # the chat template, as the live decoder and calibrate use
-    stop = sorted(eos_ids(model, tok))
-    if answer:
-        encoded = [p + [t] for p, t in zip(encoded, nth_first_tokens(model, tok, encoded, answer, stop))]
-    conts, hidden = greedy_continuations(model, encoded, max_new_tokens, stop, tok.pad_token_id, return_hidden=True)
-    return dict(ids=torch.tensor([t for c in conts for t in c], dtype=torch.int32),
-                hidden=torch.cat(hidden).to(torch.bfloat16).cpu(),
-                seq=torch.cat([torch.full((len(c),), b, dtype=torch.int32) for b, c in enumerate(conts)]),
-                answer_tokens=sum(map(len, conts)))
-
-
-def part_infos(parts_dir: Path) -> list[tuple[Path, dict]]:
-    return [(p, read_json(p.with_suffix(".json"), str(parts_dir))) for p in sorted(parts_dir.glob("part-*.pt"))]
-
-
-def generation_plan(todo: list[tuple[str, int]], gen_batch: int) -> list[list[tuple[str, int]]]:
-    """The batches, in order, that generate the (prompt, answer rank) pairs of `todo`: up to gen_batch pairs of
-    one answer rank each. Every process of a launch computes the same plan and takes its share of it."""
-    plan = []
-    while todo:
-        j = todo[0][1]
-        batch = [x for x in todo[:gen_batch] if x[1] == j]
-        plan.append(batch)
-        todo = todo[len(batch):]
-    return plan
-
-
-def build_data(work: Path, cfg: TrainConfig, model_name: str | None, device: str | None,
-               launch: Launch | None = None, stop_at: float | None = None, device_map: str | None = None) -> list[Path]:
-    """Phase 1+2: add parts/part-NNNNN.pt until the folder holds cfg.tokens answer tokens; returns every part.
-
-    Resumes from the parts on disk and skips prompts they already answer, so a rerun with a larger --tokens or
-    other --prompts files extends the data set; training uses every part in the folder. Under a launch of N
-    processes each generates a contiguous share of the same plan, up to 1/N of the missing tokens (parts of the
-    launch's own processes do not change its plan: every process reads the same earlier parts). `stop_at`
-    (time.time() seconds): no batch starts that the last one's duration says would end after it.
-    """
-    launch = launch or current_launch()
-    parts_dir = work / "parts"
-    parts_dir.mkdir(parents=True, exist_ok=True)
-    label = model_label(model_name)
-    infos = part_infos(parts_dir)
-    for p, i in infos:
-        if i.get("model", label) != label:
-            raise WorkbenchError(f"--work {work}: {p.name} holds answers of {i['model']}, not of {label} (a work "
-                                 "folder of another run): use another --work for this model")
-    earlier = [(p, i) for p, i in infos if i.get("launch") != launch.id]
-    have = sum(i["answer_tokens"] for _, i in earlier)
-    if have >= cfg.tokens:
-        return [p for p, _ in infos]
-    done = {k for _, i in earlier for k in i.get("prompt_keys", [])}
-    todo = [(t, j) for j in range(cfg.answers_per_prompt) for t in cfg.prompts if prompt_key(t, j) not in done]
-    plan = generation_plan(todo, cfg.gen_batch)
-    first = max((int(p.stem.split("-")[1]) for p, _ in earlier), default=-1) + 1  # part index of plan[0]
-    quota = -(-(cfg.tokens - have) // launch.world)
-    share = launch.share(len(plan))
-    model = tok = None
-    produced, last_seconds, out_of_time = 0, 0.0, False
-    bar = tqdm(total=quota, unit="tok", desc="self-distil", dynamic_ncols=True, disable=launch.rank != 0)
-    for k in share:
-        if produced >= quota:
-            break
-        if stop_at is not None and time.time() + last_seconds > stop_at:
-            out_of_time = True
-            break
-        if model is None:
-            model, tok = load_base(model_name, launch.device(device, device_map), cfg.gen_dtype, device_map=device_map)
-            if not tok.chat_template:
-                raise WorkbenchError("the base model's tokenizer has no chat template: heads must learn the answers "
-                                     "the model gives in chat, so pass a chat model (or a tokenizer with a template)")
-        t0 = time.time()
-        batch, j = [t for t, _ in plan[k]], plan[k][0][1]  # one answer rank per batch
-        part = generate_part(model, tok, batch, cfg.max_new_tokens, j)  # greedy_continuations runs without grad
-        path = parts_dir / f"part-{first + k:05d}.pt"
-        # the JSON first: a part counts as done once its .pt is there, so a kill between the two loses nothing
-        atomic_write_json(path.with_suffix(".json"), {"answer_tokens": part["answer_tokens"], "prompts": len(batch),
-                                                      "prompt_keys": [prompt_key(t, j) for t in batch],
-                                                      "model": label, "launch": launch.id})
-        atomic_write(path, lambda tmp: torch.save({k: v for k, v in part.items() if k != "answer_tokens"}, tmp))
-        produced += part["answer_tokens"]
-        bar.update(part["answer_tokens"])
-        last_seconds = time.time() - t0
-    bar.close()
-    if produced < quota:
-        who = f"process {launch.rank} of {launch.world}: " if launch.world > 1 else ""
-        tqdm.write(f"{who}stopped generating after {have + produced} tokens (asked for {cfg.tokens}): "
-                   + ("--time-budget" if out_of_time else "ran out of prompts; add --prompts files or raise "
-                      "--answers-per-prompt"))
-    del model
-    return [p for p, _ in part_infos(parts_dir)]
-
-
-def load_dataset_tensors(parts: list[Path], num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden [N, H] bf16 and targets [N, K]: head k guesses ids[t+k] (the base chose ids[t] from hidden[t]);
-    -100 where that runs past the answer's end."""
-    hs, ts = [], []
-    for p in parts:
-        d = torch.load(p, weights_only=True)
-        ids, seq = d["ids"].long(), d["seq"]
-        N = ids.shape[0]
-        tgt = torch.full((N, num_heads), -100, dtype=torch.long)
-        for k in range(1, num_heads + 1):
-            j = torch.arange(N) + k
-            ok = j < N
-            same = torch.zeros(N, dtype=torch.bool)
-            same[ok] = seq[j[ok]] == seq[ok]
-            tgt[same, k - 1] = ids[j[same]]
-        hs.append(d["hidden"])
-        ts.append(tgt)
-    return torch.cat(hs), torch.cat(ts)
 
 
 # ----------------------------------------------------------------------------------------------- 3. train
@@ -270,24 +85,10 @@ def head_loss(heads: MedusaHeads, lm_head, hidden: torch.Tensor, targets: torch.
     """hidden [B, H], targets [B, K] -> (weighted loss, per-head top-1 accuracy [K], a tensor: read it only when
     logging, since on a GPU every read waits for the step)."""
     logits = heads(hidden, lm_head)                                              # [K, B, V]
-    loss, acc = 0.0, []
-    for k in range(heads.num_heads):
-        ce = F.cross_entropy(logits[k].float(), targets[:, k], ignore_index=-100)
-        loss = loss + decay ** (k + 1) * ce
-        m = targets[:, k] != -100
-        hit = (logits[k].argmax(-1) == targets[:, k]) & m
-        acc.append(hit.sum() / m.sum())  # nan when no target
-    return loss, torch.stack(acc).detach()
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    p = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, p)))
-
-
-CHECKPOINT_SECONDS = 30  # a fast device checkpoints at most this often (the state is written whole each time)
+    m = targets != -100                                                          # [B, K]
+    hits = (logits.argmax(-1).T == targets) & m                                  # [B, K]
+    acc = hits.sum(0) / m.sum(0)  # nan when no target
+    return heads_loss(head_losses(logits, targets), decay), acc.detach()
 
 
 def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path, device: str | None = None,
@@ -314,7 +115,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(work / "config.json", {**asdict(cfg), "prompts": len(cfg.prompts), "model": model_label(model_name)})
     with Shard(work, launch, f"--work {work}") as shard:
-        parts = build_data(work, cfg, model_name, device, launch,
+        parts = build_data(work, cfg.data(), model_name, device, launch,
                            t0 + cfg.gen_share * budget if budget else None, device_map)
         last = shard.finish()
     if not last:
@@ -361,27 +162,15 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     ckpt = work / f"checkpoint-{run_key(cfg, not_in_key, start, parts=[p.name for p in parts])}.pt"
     step, history, progress = 0, [], 0.0
     g = torch.Generator().manual_seed(cfg.seed)
-    if ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True)
+    state = load_checkpoint(ckpt)
+    if state is not None:
         heads.load_state_dict(state["heads"])
         opt.load_state_dict(state["opt"])
-        step, history = int(state["step"]), json.loads(state["history"])
-        progress = float(state.get("progress", step / cfg.steps))
-        if "rng" in state:  # the sampler's state: a resumed run draws the batches an unbroken one would
-            g.set_state(state["rng"])
-        else:  # a checkpoint from before the state was saved
-            g.manual_seed(cfg.seed + step)
+        step, history, progress = int(state["step"]), json.loads(state["history"]), float(state["progress"])
+        g.set_state(state["rng"])  # the sampler's state: a resumed run draws the batches an unbroken one would
     # --time-budget: training ends with time for validation and saving left; the schedule (warm-up, emitted-token
     # phase, cosine) runs on the progress made, by steps or by time, whichever is further
-    train_stop = deadline - max(5.0, 0.05 * budget) if deadline else None
-    clock0, progress0 = time.time(), progress
-
-    def at(step: int) -> int:
-        """The schedule's step: `step` itself, or with a time budget the step the time spent stands for."""
-        if train_stop is None:
-            return step
-        spent = (time.time() - clock0) / max(train_stop - clock0, 1e-9)
-        return max(step, math.ceil(cfg.steps * min(1.0, max(step / cfg.steps, progress0 + (1 - progress0) * spent))))
+    at = Budget(cfg.steps, deadline - max(5.0, 0.05 * budget) if deadline else None, progress).at
 
     N = hidden.shape[0]
     bar = tqdm(total=cfg.steps, initial=step, desc="train heads", unit="step", dynamic_ncols=True)
@@ -392,7 +181,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
         active = small_head is not None and s < cfg.active_steps
         lm_head = small_head if active else full_head
         h, y = hidden[idx].to(dev).float(), (small_targets if active else targets)[idx].to(dev)
-        lr = lr_at(s, cfg)
+        lr = cfg.lr * warmup_cosine(s, cfg.warmup, cfg.steps)
         for group in opt.param_groups:
             group["lr"] = lr
         with autocast:
@@ -413,7 +202,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
             if end or saved_at is None or time.time() - saved_at >= CHECKPOINT_SECONDS:
                 state = {"heads": heads.state_dict(), "opt": opt.state_dict(), "step": step, "rng": g.get_state(),
                          "history": json.dumps(history), "progress": min(1.0, s / cfg.steps)}
-                atomic_write(ckpt, lambda tmp: torch.save(state, tmp))
+                save_checkpoint(ckpt, state)
                 saved_at = time.time()
     bar.close()
     if step == 0 and start is None and not ckpt.is_file():

@@ -7,6 +7,8 @@ canonical CSV (`head,rank,accuracy[,count]`, 1-based) is written; read are that 
 from __future__ import annotations
 
 import re
+import warnings
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +16,18 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.io import atomic_write_text
+from workbench.trees.tree import MAX_RANK
 
 SUM_SLACK = 1e-6  # a head's exact-rank accuracies may sum to at most 1 + this (float noise in CSVs)
+MAX_HEADS, MAX_RANKS = 1 << 10, MAX_RANK  # what a table may name, checked before a [heads, ranks] grid is built
+MAX_CELLS = 1 << 24  # heads x ranks (128 MB of float64): a larger grid is a damaged file, and costs minutes to plan
+
+
+def check_table_size(heads: int, ranks: int, what: str) -> None:
+    """Refuse a table of heads x ranks past the limits above, before anything of that size is built or read."""
+    if heads > MAX_HEADS or ranks > MAX_RANKS or heads * ranks > MAX_CELLS:
+        raise WorkbenchError(f"{what}: {heads} heads x {ranks} ranks; at most {MAX_HEADS} heads, {MAX_RANKS} ranks "
+                             f"and {MAX_CELLS} cells (more than any model's heads measure: a damaged file)")
 
 
 def check_accuracies(acc, what: str = "accuracies") -> np.ndarray:
@@ -58,7 +70,9 @@ def accuracies_from_hits(hits) -> tuple[np.ndarray, np.ndarray]:
         if h.shape[1] != hits[0].shape[1]:
             raise WorkbenchError(f"heads accuracy data: head {k + 1} has top-{h.shape[1]} columns but head 1 "
                                  f"has {hits[0].shape[1]}")
-        rows.append(h.double().mean(dim=0).numpy())
+    check_table_size(len(hits), hits[0].shape[1], "heads accuracy data")
+    for h in hits:  # summed per column: no float copy of [positions, topk]
+        rows.append((h.sum(dim=0, dtype=torch.float64) / h.shape[0]).numpy())
         counts.append(h.shape[0])
     acc = check_accuracies(np.stack(rows), "heads accuracy data")
     return acc, np.asarray(counts, dtype=np.int64)
@@ -83,8 +97,10 @@ def read_accuracies(path, return_counts: bool = False):
 def _read_pt(f: Path):
     import torch  # deferred (see accuracies_from_hits)
 
-    try:
-        hits = torch.load(f, map_location="cpu", weights_only=True)
+    try:  # memory-mapped (zip format): shapes are checked before the hits are read; torch's notes on pickle
+        with warnings.catch_warnings():  # protocols say nothing a user can act on
+            warnings.simplefilter("ignore")
+            hits = torch.load(f, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(f))
     except Exception:  # the unpickler raises anything on a damaged file (KeyError, struct.error, ...): one line
         raise WorkbenchError(f"accuracy file {f}: not a readable torch file of plain tensors (expected Medusa's "
                              "heads_accuracy.py output: a list of bool tensors [positions, topk])") from None
@@ -101,7 +117,7 @@ def _read_csv(f: Path):
         raise WorkbenchError(f"{what}: not a readable CSV ({str(e).splitlines()[0][:120]})") from None
     df.columns = [str(c).strip().lower() for c in df.columns]
     if "head" in df.columns and "rank" not in df.columns and _topk_columns(df):
-        df = _from_topk(df, what)
+        return check_accuracies(_from_topk(df, what), what), None
     missing = [c for c in ("head", "rank", "accuracy") if c not in df.columns]
     if missing:
         raise WorkbenchError(f"{what}: missing column(s) {', '.join(missing)}; expected head,rank,accuracy[,count] "
@@ -110,7 +126,7 @@ def _read_csv(f: Path):
         raise WorkbenchError(f"{what} has a header but no rows")
     cols = ["head", "rank", "accuracy"] + (["count"] if "count" in df.columns else [])
     num = df[cols].apply(pd.to_numeric, errors="coerce")
-    for c, most in (("head", 1 << 10), ("rank", 1 << 20)):
+    for c, most in (("head", MAX_HEADS), ("rank", MAX_RANKS)):
         bad = num[c].isna() | (num[c] < 1) | (num[c] % 1 != 0) | (num[c] > most)
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
@@ -126,6 +142,7 @@ def _read_csv(f: Path):
         i = int(np.argmax(dup.to_numpy()))
         raise WorkbenchError(f"{what}: head {num['head'].iloc[i]} rank {num['rank'].iloc[i]} appears twice")
     k, r = int(num["head"].max()), int(num["rank"].max())
+    check_table_size(k, r, what)
     if len(num) != k * r:  # a gap, named before a K x R grid is built (R may be 2^20): among the first len + 1
         have = set(zip(num["head"], num["rank"]))
         h, i = next((h, i) for h in range(1, k + 1) for i in range(1, r + 1) if (h, i) not in have)
@@ -152,28 +169,33 @@ def _topk_columns(df) -> dict[int, str]:
     return dict(sorted(out.items()))
 
 
-def _from_topk(df, what: str):
+def _from_topk(df, what: str) -> np.ndarray:
     """Medusa's own `head,top1,top5[,...]` table (cumulative top-k accuracy per head; head 0-based as Medusa
-    numbers its heads, or 1-based) as head,rank,accuracy rows. Between two known k the gain is spread evenly over
+    numbers its heads, or 1-based) as acc[K, max k]. Between two known k the gain is spread evenly over
     the ranks in between: top1=0.6, top5=0.8 gives rank 1 0.6 and ranks 2..5 0.05 each, so every top-k that the
-    file states is kept exactly."""
+    file states is kept exactly. The largest k is checked before any row is made: a `top1000000000` column is a
+    damaged file, not a billion rows."""
     cols = _topk_columns(df)
     num = df[["head", *cols.values()]].apply(pd.to_numeric, errors="coerce")
     if num.isna().any().any():
         i, j = np.argwhere(num.isna().to_numpy())[0]
         raise WorkbenchError(f"{what}: row {i + 2}: {num.columns[j]} '{df[num.columns[j]].iloc[i]}' is not a number")
+    check_table_size(len(num), max(cols), what)
     shift = 1 if num["head"].min() == 0 else 0  # Medusa counts heads from 0
-    rows = []
-    for i, r in num.iterrows():
-        prev_k, prev = 0, 0.0
-        for k, c in cols.items():
-            if not 0 <= r[c] <= 1 or r[c] < prev - 1e-9:
-                raise WorkbenchError(f"{what}: row {i + 2}: {c} {r[c]} must be in [0, 1] and not below the "
-                                     f"smaller top-k columns (cumulative top-k accuracy)")
-            rows += [dict(head=r["head"] + shift, rank=j, accuracy=(r[c] - prev) / (k - prev_k))
-                     for j in range(prev_k + 1, k + 1)]
-            prev_k, prev = k, float(r[c])
-    return pd.DataFrame(rows)
+    ks = np.array([0, *cols])
+    top = num[list(cols.values())].to_numpy(dtype=np.float64)  # [rows, columns] cumulative
+    prev = np.concatenate([np.zeros((len(top), 1)), top[:, :-1]], axis=1)
+    bad = ~((top >= 0) & (top <= 1)) | (top < prev - 1e-9)
+    if bad.any():
+        i, j = map(int, np.argwhere(bad)[0])
+        raise WorkbenchError(f"{what}: row {i + 2}: {list(cols.values())[j]} {top[i, j]} must be in [0, 1] and not "
+                             "below the smaller top-k columns (cumulative top-k accuracy)")
+    heads = num["head"].to_numpy() + shift
+    if sorted(heads) != list(range(1, len(heads) + 1)):
+        raise WorkbenchError(f"{what}: heads {', '.join(f'{h - shift:g}' for h in heads[:8])}: number them 0..K-1 "
+                             "(Medusa's way) or 1..K, each once")
+    widths = np.diff(ks)  # ranks each column's gain is spread over
+    return np.repeat((top - prev) / widths, widths, axis=1)[np.argsort(heads)]  # [K, max k]
 
 
 def accuracy_frame(acc, counts=None):

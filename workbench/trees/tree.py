@@ -22,6 +22,7 @@ MEDUSA_TOPK = 10  # Medusa's and EAGLE-1's buffer code take each head's top-10: 
 MAX_RANK = 1 << 20  # above any vocabulary: a larger rank is a typo (and would overflow the int64 buffers)
 MAX_NODES = 1 << 12  # the verify mask is nodes^2 per sequence; engines verify a few hundred nodes at most
 MAX_DEPTH = 64  # one Medusa head per level; no engine drafts deeper (vLLM, TensorRT-LLM: tens of tokens)
+TREE_VERSION = 1  # the "version" of the tree records this workbench writes (tree_record)
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,9 @@ def _literal(text: str, what: str):
 
 def _choices_from(obj, what: str):
     if isinstance(obj, dict):
+        if obj.get("version", TREE_VERSION) != TREE_VERSION:  # Medusa's own files carry none
+            raise WorkbenchError(f"{what}: tree record version {str(obj['version'])[:20]!r}, but this workbench reads "
+                                 f"version {TREE_VERSION}: write it again with `workbench optimize --out`")
         if "medusa_choices" not in obj:
             raise WorkbenchError(f"{what}: JSON object has no 'medusa_choices' key (keys: {', '.join(map(str, obj))})")
         obj = obj["medusa_choices"]
@@ -215,9 +219,10 @@ def tree_diff(a: Tree, b: Tree) -> dict[str, list[RankPath]]:
 
 
 def tree_record(tree: Tree, **provenance) -> dict:
-    """A tree file's content: name, medusa_choices, then where it came from (expected_acceptance_length, budget,
-    method, accuracies, ...), as `workbench optimize --out` writes it; nodes and depth are filled in."""
-    return {"name": tree.name, "medusa_choices": tree.as_lists(), **provenance,
+    """A tree file's content: name, version (TREE_VERSION), medusa_choices, then where it came from
+    (expected_acceptance_length, budget, method, accuracies, ...), as `workbench optimize --out` writes it; nodes and
+    depth are filled in. Readers take Medusa's own files (a list, or an object with medusa_choices) too."""
+    return {"name": tree.name, "version": TREE_VERSION, "medusa_choices": tree.as_lists(), **provenance,
             "nodes": provenance.get("nodes", tree.nodes), "depth": provenance.get("depth", tree.depth)}
 
 

@@ -110,12 +110,11 @@ def _stem(name: str) -> str:
 
 def candidates_frame(rec: dict) -> pd.DataFrame:
     """The ranked candidates as a table that fits a 1280 px page: prediction, range, and what sweeps measured
-    (current and old apart, the sweeps named without .csv); a column nothing fills is left out."""
+    (this setting and others apart, the sweeps named without .csv); a column nothing fills is left out."""
     rows = []
     for r in rec["candidates"] + rec["measured_trees"]:
         now = r["current"]
-        old = [m for m in r["measured"] if m["old"]]
-        other = [m for m in r["measured"] if not m["old"] and m["elsewhere"]]
+        other = [m for m in r["measured"] if m["elsewhere"]]
         rows.append({
             "candidate": r["label"] + ("" if any(r is c for c in rec["candidates"]) else " *"),
             "tokens/step": r["tokens_per_step"], "speedup": r["speedup"],
@@ -125,7 +124,6 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
                             else " (end to end)"))
             if now else "",
             "in": ", ".join(_stem(s) for s in now["sweeps"]) if now else "",
-            "old measurement": f"{old[0]['speedup']:.2f}x ({_stem(old[0]['sweep'])})" if old else "",
             "other setting": f"{other[0]['speedup']:.2f}x ({_stem(other[0]['sweep'])})" if other else "",
             "disagrees": "yes" if r["disagree"] else ""})
     df = pd.DataFrame(rows)
@@ -148,15 +146,12 @@ COLUMNS = {
         help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
              "round"),
     "measured": st.column_config.TextColumn(
-        help="sweeps by the current decoder in the latency table's setting: the decoding phase's speedup (as predicted; '(end to end)': a sweep "
-             "written before it was kept, prefill included) +- run-to-run noise (the spread of the sweep's vanilla "
+        help="sweeps in the latency table's setting: the decoding phase's speedup (as predicted; '(end to end)': a "
+             "sweep row without it, prefill included) +- run-to-run noise (the spread of the sweep's vanilla "
              "baseline, re-measured before every configuration, or between repeats)"),
     "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)"),
-    "old measurement": st.column_config.TextColumn(
-        "old", help="measured by an older decoder (before the static-cache step), in that sweep: not evidence about "
-                    "the current one"),
     "other setting": st.column_config.TextColumn(
-        help="measured by the current decoder in another setting than the latency table's (other threads, CPU, "
+        help="measured in another setting than the latency table's (other threads, CPU, "
              "...; or a sweep that does not record its setting): shown, not weighed against the prediction"),
     "disagrees": st.column_config.TextColumn(
         help="the current measurement is outside the prediction by more than its noise"),
@@ -165,7 +160,7 @@ COLUMNS = {
 
 def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_label: str = "show it") -> None:
     """Draw the recommendation: the warning first (when measurements contradict the prediction), the sentence, the
-    pick's exports in every format, notes on closeness and old measurements, and the ranked candidates."""
+    pick's exports in every format, notes on closeness and other settings, and the ranked candidates."""
     for text in (disagreement_text(rec), setting_text(rec)):
         if text:
             st.warning(text, icon="⚠️")
@@ -186,10 +181,6 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
     if close is not None:
         notes.append(f"the runner-up, {close['label']} at {close['speedup']:.2f}x, is within the latency spread of "
                      "the pick: on this table the two cannot be told apart")
-    if rec["old"]:
-        notes.append(f"{len(rec['old'])} candidate(s) were measured only by an older decoder (before the "
-                     "static-cache step): shown as old in the table, not weighed against the prediction; re-run "
-                     "`workbench sweep` to measure them with this decoder")
     if rec["elsewhere"]:
         notes.append(f"{len(rec['elsewhere'])} candidate(s) were measured only in another setting than the latency "
                      "table's (\"other setting\" below): not weighed against the prediction; measure them in this "

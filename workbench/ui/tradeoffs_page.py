@@ -1,8 +1,7 @@
 """Page 3, the trade-offs (/tradeoffs): the recommendation with its evidence, then the sweep results (paper Fig. 4
 and 5), latency with its spread, and the predicted speedup against what sweeps measured.
 
-Reads the sweep and latency CSVs found in the calibration and results folders (or given). A sweep written by an
-older decoder (no decoder_version column: before the static-cache step) is named old wherever its numbers show.
+Reads the sweep and latency CSVs found in the calibration and results folders (or given).
 """
 from __future__ import annotations
 
@@ -16,14 +15,13 @@ from workbench.calibrate.folder import PREDICTED_COLUMNS
 from workbench.export.engines import PLAN_FORMATS, SUFFIXES, export_plan
 from workbench.measure.sweep_file import has_typical
 from workbench.plan.rank import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
-from workbench.plan.recommend import OLD_DECODER, decoder_version
 from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
                                   fastest_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
                                   read_sweep_or_error, results_root, slider, timed)
-from workbench.viz import interactive_figures
+from workbench.viz import interactive_tradeoffs
 
 
 # The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).
@@ -35,7 +33,7 @@ SWEEP_SHOWN = {
     "temperature": st.column_config.NumberColumn("T", format="%.2g", width="small"),
     "epsilon": st.column_config.NumberColumn("eps", format="%.3g", width="small",
                                              help="typical acceptance's posterior threshold"),
-    "acceleration_rate": st.column_config.NumberColumn("tokens/step", format="%.3f", width="small"),
+    "tokens_per_step": st.column_config.NumberColumn("tokens/step", format="%.3f", width="small"),
     "speedup": st.column_config.NumberColumn(format="%.3fx", width="small",
                                              help="tokens/s over the vanilla baseline measured just before it"),
     "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.1f", width="small"),
@@ -44,13 +42,12 @@ SWEEP_SHOWN = {
     "exact_match": st.column_config.NumberColumn("exact", format="%.2f", width="small",
                                                  help="share of answers equal to plain greedy decoding's"),
     "num_prompts": st.column_config.NumberColumn("prompts", width="small"),
-    "decoder_version": st.column_config.TextColumn("decoder", width="small"),
 }
 # the first opens by default: a constant default keeps the open tab when the data change (a default that follows
 # the data would reset it); the latency and speedup curves exist for every latency table, a plan only for several
 # batch sizes
 TABS = ("Latency and speedup", "Plan per batch size", "Sweep (Fig. 4)", "Typical acceptance (Fig. 5)", "vLLM check")
-SWEEP_CONSTANT = ("batch_size", "acceptance", "temperature", "epsilon", "num_prompts", "decoder_version")  # a caption
+SWEEP_CONSTANT = ("batch_size", "acceptance", "temperature", "epsilon", "num_prompts")  # a caption
 
 
 def _show_in_designer(tree) -> None:
@@ -98,16 +95,6 @@ def _vllm_check_panel(path) -> None:
 def tradeoffs_page() -> None:
     with timed("page /tradeoffs"):
         _tradeoffs_page()
-
-
-def sweep_age(sweep) -> str | None:
-    """'old' text for a sweep made by an older decoder, None for a current one."""
-    versions = set(decoder_version(sweep))
-    if versions == {OLD_DECODER}:
-        return f"made by the decoder {OLD_DECODER} (old): its speeds are not the current decoder's"
-    if OLD_DECODER in versions:
-        return f"some rows were made by the decoder {OLD_DECODER} (old)"
-    return None
 
 
 def _tradeoffs_page() -> None:
@@ -182,23 +169,20 @@ def _sweep_section(sweep, sweep_path) -> None:
     if sweep is None:
         st.info("No sweep to draw: pick or give a sweep CSV in the sidebar.")
         return
-    age = sweep_age(sweep)
-    st.subheader(f"Sweep {sweep_path.name}" + (" (old decoder)" if age else ""))
-    if age:
-        st.warning(f"{sweep_path.name}: {age}. Re-run `workbench sweep` to measure with this decoder.")
+    st.subheader(f"Sweep {sweep_path.name}")
     st.caption(f"{len(sweep)} rows")
     c1, c2 = st.columns(2)
     speed = "tokens_per_s" if "tokens_per_s" in sweep.columns and sweep["tokens_per_s"].notna().any() else "speedup"
     with c1:
-        chart(interactive_figures.sweep_chart(sweep, "acceleration_rate", "tokens per step",
+        chart(interactive_tradeoffs.sweep_chart(sweep, "tokens_per_step", "tokens per step",
                                               "tokens per step vs candidates"),
               "Paper Fig. 4a: sparse (optimal) vs dense trees; hover a point for its trees.", key="to_fig4a_chart")
     with c2:
-        chart(interactive_figures.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
-                                              "speed vs candidates" + (" (old decoder)" if age else "")),
-              "Paper Fig. 4b" + (f": {age}." if age else "."), key="to_fig4b_chart")
+        chart(interactive_tradeoffs.sweep_chart(sweep, speed, "tokens / s" if speed == "tokens_per_s" else "speedup",
+                                              "speed vs candidates"),
+              "Paper Fig. 4b.", key="to_fig4b_chart")
     if any(c in sweep.columns for c in PREDICTED_COLUMNS):
-        chart(interactive_figures.predicted_chart(sweep),
+        chart(interactive_tradeoffs.predicted_chart(sweep),
               "Calibration's predictions vs the live decoder's tokens per step (hover a point for its tree).",
               key="to_predicted_chart")
     with st.expander("Sweep rows"):
@@ -223,7 +207,7 @@ def _typical_section(typ, typ_path) -> None:
         return
     rows = typ.dropna(subset=["epsilon"])
     sizes = sorted(int(n) for n in rows["nodes"].dropna().unique())
-    qualities = [c for c in ("exact_match", "mean_logprob", "distinct_2") if c in typ.columns] or ["acceleration_rate"]
+    qualities = [c for c in ("exact_match", "mean_logprob", "distinct_2") if c in typ.columns] or ["tokens_per_step"]
     c1, c2, c3 = st.columns(3)
     drop_stale("to_quality", qualities)
     quality = c1.selectbox("quality measure", qualities, key="to_quality")
@@ -236,11 +220,10 @@ def _typical_section(typ, typ_path) -> None:
                            value=min(eps_values, key=lambda e: abs(e - 0.09))) \
         if len(eps_values) > 1 else eps_values[0]
     at = rows[rows["epsilon"] == eps]
-    age = sweep_age(typ)
-    chart(interactive_figures.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
+    chart(interactive_tradeoffs.epsilon_chart(typ, quality, mark=eps, nodes=nodes),
           f"Paper Fig. 5 ({typ_path.name}): typical acceptance. At epsilon {eps:g}: "
-          f"{at['acceleration_rate'].mean():.2f} tokens/step, {quality} {at[quality].mean():.3f} "
-          "(mean over temperatures)." + (f" {typ_path.name}: {age}." if age else ""), key="to_fig5_chart")
+          f"{at['tokens_per_step'].mean():.2f} tokens/step, {quality} {at[quality].mean():.3f} "
+          "(mean over temperatures).", key="to_fig5_chart")
 
 
 def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
@@ -251,7 +234,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         return
     c1, c2 = st.columns(2)
     with c1:
-        chart(interactive_figures.latency_chart(lat),
+        chart(interactive_tradeoffs.latency_chart(lat),
               f"latency {lat_path.name}: ms per verify forward; error bars: the spread of the repeats where the CSV "
               "has it.", key="to_latency_chart")
     with c2:
@@ -278,7 +261,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         if rec:
             picks["recommended"] = (rec["pick"]["nodes"], rec["pick"]["speedup"])
         measured = [m for ms in found.values() for m in ms]
-        chart(interactive_figures.speedup_chart(curves, picks, measured,
+        chart(interactive_tradeoffs.speedup_chart(curves, picks, measured,
                                                 title=f"predicted speedup, batch {tables['batch']}, context "
                                                       f"{tables['context']}"),
               (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
@@ -286,7 +269,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
               + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; "
               "best: " + "; ".join(f"{n} {_plan_label(r['best'])}, {r['best']['speedup']:.2f}x" for n, r in res.items())
               + " (plan's ranking of these trees, the chains and no speculation)"
-              + ". Diamonds: sweep measurements (hollow grey: another setting or an older decoder).",
+              + ". Diamonds: sweep measurements (hollow grey: another setting, or one not recorded).",
               key="to_speedup_chart")
 
 
@@ -310,7 +293,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
                           for r in rows))
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
     live = measured is not None and len(measured) > 0
-    chart(interactive_figures.plan_chart(speedups_by_kind(plan), measured),
+    chart(interactive_tradeoffs.plan_chart(speedups_by_kind(plan), measured),
           f"latency {lat_path.name} at context {plan['latency']['context']}; tokens/step "
           f"{plan['source']['prediction']}. Lines: the best the plan weighed of each kind; stars: its choice"
           + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if live

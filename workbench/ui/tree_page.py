@@ -29,7 +29,7 @@ from workbench.ui.recommendation import (candidate_curves, measured_beside, pane
 from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
                                   fastest_for, int_slider, kept_upload, latency_files, latency_picker,
                                   load_model, read_latency_file, timed)
-from workbench.viz import interactive_figures
+from workbench.viz import interactive_figures, interactive_tradeoffs
 
 
 def head_token_table(prompt: str, topk: int, model: str = "", heads_path: str = "") -> dict:
@@ -310,17 +310,13 @@ def _tree_page() -> None:
                             f"{rec['context']} ({lat['path'].name}){rng}; the recommendation's formula")
         found = measured.get(shape(tree), [])
         now = [m for m in found if comparable(m)]
-        other = [m for m in found if not m["old"] and m["elsewhere"]]
+        other = [m for m in found if m["elsewhere"]]
         if now:
             cols[3].metric("measured speedup", f"{now[0]['speedup']:.2f}x", help=f"this tree in {now[0]['sweep']}")
         elif other:
             cols[3].metric("measured speedup", f"{other[0]['speedup']:.2f}x (other setting)",
                            help=f"sweep {other[0]['sweep']}: {'; '.join(other[0]['elsewhere'])}: not comparable "
                                 f"with {lat['path'].name}")
-        elif found:
-            cols[3].metric("measured speedup", f"{found[0]['speedup']:.2f}x (old)",
-                           help=f"sweep {found[0]['sweep']}, made by the decoder {found[0]['decoder_version']}: "
-                                "not evidence about the current decoder")
     cols = st.columns(3)
     for col, k in zip(cols, ("predicted_independent", "predicted_joint", "predicted_replay")):
         if shown_row.get(k) is not None:
@@ -393,7 +389,7 @@ def hardware_input(src: Source) -> dict | None:
             return None
         st.caption(f"{path.name}: batch {tables['batch']}, context {tables['context']}, "
                    f"{len(tables['seconds'])} token counts" + ("" if tables["spread"] else "; no spread measured")
-                   + ("; each tree priced at its own depth (the heads' cost is measured)" if tables.get("heads") else
+                   + ("; each tree priced at its own depth (the heads' cost is measured)" if tables.get("head_cost") else
                       "; no heads' cost: trees priced at the depth the table timed (`workbench latency --mode heads`)"))
     return {"path": path, "tables": tables, "frame": df}
 
@@ -494,15 +490,15 @@ def token_labels(R: int, tokens, labels) -> None:
 
 def speedup_view(rec: dict, lat: dict, tree, guess: dict | None) -> None:
     """Predicted speedup of the optimal trees and chains at the recommendation's batch and context, the pick and
-    this tree marked, and every sweep measurement (old decoders hollow, named old)."""
+    this tree marked, and every sweep measurement (other settings hollow)."""
     picks = {"recommended": (rec["pick"]["nodes"], rec["pick"]["speedup"])}
     if guess is not None:
         picks["this tree"] = (tree.nodes, guess["speedup"])
     measured = [m for r in rec["candidates"] for m in r["measured"]]
-    chart(interactive_figures.speedup_chart(candidate_curves(rec), picks, measured,
+    chart(interactive_tradeoffs.speedup_chart(candidate_curves(rec), picks, measured,
                                             title=f"predicted speedup, batch {rec['batch']}, context {rec['context']}"),
           f"Predicted from {rec['prediction']} and {lat['path'].name} (recommended: {rec['pick']['label']}); "
-          "diamonds: sweep measurements of the same tree shapes (hollow grey: another setting or an older decoder, "
+          "diamonds: sweep measurements of the same tree shapes (hollow grey: another setting, or one not recorded, "
           "not comparable).",
           key="tree_speedup_chart")
 

@@ -157,7 +157,7 @@ def fastest_for(source_key: tuple, value_name: str, _value, tables: dict, max_de
     independence or empirical paths) at the latency table's batch size (recommend.latency_tables), once per
     accuracies (`source_key`), table and limits: {"best", "tree", "curve"} as fastest returns them."""
     source = value_source(_value, max_depth, max_rank)
-    return fastest(source, tables["seconds"], tables.get("quartiles"), tables.get("heads"), tables.get("batch", 1),
+    return fastest(source, tables["seconds"], tables.get("quartiles"), tables.get("head_cost"), tables.get("batch", 1),
                    max_budget, curve=True)
 
 

@@ -1,6 +1,7 @@
 """The app's interactive views: plotly figures of a tree and its attention mask, and the step-coloured answer.
 
-Zoomable, hover for details, click to select. Matplotlib figures for files are in `workbench/viz/static_figures.py`.
+Zoomable, hover for details, click to select. Matplotlib figures for files are in `workbench/viz/static_figures.py`; the trade-off charts in
+`interactive_tradeoffs.py`.
 
 Nodes and mask rows share one index, the buffer index of Medusa's generate_medusa_buffers (0 = root, node i =
 tree.sorted_paths[i - 1]); every selectable point carries it as customdata[0], so a click on a tree node or on a
@@ -13,10 +14,8 @@ import html
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.colors import qualitative, sample_colorscale
+from plotly.colors import sample_colorscale
 
-from workbench.calibrate.folder import PREDICTED_COLUMNS
-from workbench.measure.sweep_file import tree_rows, vanilla_value
 from workbench.trees.tree import RankPath, Tree, tree_arrays, tree_diff
 from workbench.viz.static_figures import STEP_COLOURS, tree_positions
 
@@ -207,7 +206,7 @@ def comparison_chart(a: Tree, b: Tree, title: str | None = None) -> go.Figure:
 
 # ----------------------------------------------------------------------------------------------- values to read
 
-def _layout(fig: go.Figure, title: str, height: int = 380, right: int = 10, **kw) -> go.Figure:
+def layout(fig: go.Figure, title: str, height: int = 380, right: int = 10, **kw) -> go.Figure:
     """Short title on the left (the app writes it above the chart instead), legend in two columns at the bottom of
     the figure, below the axis title in a margin sized for it: never over the data, the axis or the toolbar. The left
     margin, and `right` where a colour bar or second axis sits, already fit an axis title and short tick labels, so
@@ -235,7 +234,7 @@ def accuracy_chart(acc: np.ndarray) -> go.Figure:
         hovertemplate="%{y}, rank %{x}: a = %{z:.4f}<extra></extra>", colorbar=dict(title="a_k^(i)", thickness=12)))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title="rank i (0 = top-1)", type="category")
-    return _layout(fig, "per-head accuracy at each rank", height=140 + 45 * k, right=90)  # the colour bar
+    return layout(fig, "per-head accuracy at each rank", height=140 + 45 * k, right=90)  # the colour bar
 
 
 def topk_chart(acc: np.ndarray) -> go.Figure:
@@ -248,7 +247,7 @@ def topk_chart(acc: np.ndarray) -> go.Figure:
                                  hovertemplate=f"head {h + 1}, top-%{{x}}: %{{y:.4f}}<extra></extra>"))
     fig.update_xaxes(title="k (top-k = ranks 0..k-1)", dtick=1)
     fig.update_yaxes(title="top-k accuracy", range=[0, 1.02])
-    return _layout(fig, "top-k accuracy")
+    return layout(fig, "top-k accuracy")
 
 
 def paths_chart(paths: list, independent, measured) -> go.Figure:
@@ -270,7 +269,7 @@ def paths_chart(paths: list, independent, measured) -> go.Figure:
                                  line=dict(color="grey", dash="dash"), hoverinfo="skip"))
     fig.update_xaxes(type="log", title="independence product of a_k^(i)")
     fig.update_yaxes(type="log", title="measured joint frequency")
-    return _layout(fig, "measured vs independence, per path", height=440)
+    return layout(fig, "measured vs independence, per path", height=440)
 
 
 def curves_chart(curves: dict[str, tuple], points: dict[str, tuple[float, float]] | None = None,
@@ -292,165 +291,4 @@ def curves_chart(curves: dict[str, tuple], points: dict[str, tuple[float, float]
                                  hovertemplate="this tree: %{x} nodes, %{y:.3f}<extra></extra>"))
     fig.update_xaxes(title="tree nodes (budget)")
     fig.update_yaxes(title=ytitle)
-    return _layout(fig, title)
-
-
-def speedup_chart(curves: dict[str, tuple], picks: dict[str, tuple] | None = None,
-                  measured: list[dict] | None = None, title: str = "predicted speedup") -> go.Figure:
-    """Predicted speedup against tree nodes {name: (x, y[, low, high])} (a band where a latency spread gives a
-    range), marked picks {label: (nodes, speedup)}, and sweep measurements [{nodes, speedup, noise, tree, sweep,
-    old}] as points with error bars: current ones black, older decoders' hollow grey and named old."""
-    fig = go.Figure()
-    for name, xs in curves.items():
-        x, y = list(xs[0]), list(xs[1])
-        if len(xs) == 4:
-            fig.add_trace(go.Scatter(x=x + x[::-1], y=list(xs[3]) + list(xs[2])[::-1], fill="toself", mode="lines",
-                                     line=dict(width=0), fillcolor="rgba(46,134,171,0.15)", hoverinfo="skip",
-                                     name=f"{name}: latency spread"))
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=name,
-                                 hovertemplate=f"{name}: %{{x}} nodes, %{{y:.3f}}x<extra></extra>"))
-    for label, (x, y) in (picks or {}).items():
-        fig.add_trace(go.Scatter(x=[x], y=[y], mode="markers", name=label, marker=dict(symbol="star", size=16),
-                                 hovertemplate=f"{label}: %{{x}} nodes, %{{y:.3f}}x<extra></extra>"))
-    for old in (False, True):  # old: an older decoder, or another setting than the latency table's
-        ms = [m for m in measured or [] if bool(m["old"] or m.get("elsewhere")) == old]
-        if not ms:
-            continue
-        fig.add_trace(go.Scatter(
-            x=[m["nodes"] for m in ms], y=[m["speedup"] for m in ms], mode="markers",
-            name="measured elsewhere or by an older decoder" if old else "measured (this setting, current decoder)",
-            error_y=dict(type="data", array=[m["noise"] or 0 for m in ms], visible=True),
-            marker=dict(symbol="diamond-open" if old else "diamond", size=9, color="grey" if old else "black"),
-            customdata=[[m["tree"], m["sweep"], m["decoder_version"]] for m in ms],
-            hovertemplate="%{customdata[0]}: %{x} nodes, measured %{y:.3f}x<br>%{customdata[1]}, decoder "
-                          "%{customdata[2]}<extra></extra>"))
-    fig.add_hline(y=1.0, line=dict(color="grey", dash="dash", width=1))
-    fig.update_xaxes(title="tree nodes")
-    fig.update_yaxes(title="speedup over plain decoding")
-    return _layout(fig, title)
-
-
-def latency_chart(latency) -> go.Figure:
-    """ms per verify forward against tokens per forward, one line per setup and context (and batch), with the
-    spread of the repeats as error bars when the CSV has it (quartiles, else min/max)."""
-    keys = [c for c in ("model", "device", "dtype", "batch", "context") if c in latency.columns]
-    keys = [c for c in keys if latency[c].nunique() > 1] or keys[-1:]  # name the lines by what differs
-    spread = next(((lo, hi) for lo, hi in (("seconds_q1", "seconds_q3"), ("seconds_min", "seconds_max"))
-                   if lo in latency.columns and hi in latency.columns), None)
-    fig = go.Figure()
-    for key, part in (latency.groupby(keys, sort=True) if keys else [((), latency)]):
-        part = part.sort_values("tokens")
-        label = ", ".join(f"{k} {v}" for k, v in zip(keys, key if isinstance(key, tuple) else (key,)))
-        err = {} if spread is None else dict(error_y=dict(
-            type="data", symmetric=False, array=1000 * (part[spread[1]] - part["seconds"]),
-            arrayminus=1000 * (part["seconds"] - part[spread[0]])))
-        fig.add_trace(go.Scatter(x=part["tokens"], y=1000 * part["seconds"], mode="lines+markers", name=label, **err,
-                                 hovertemplate=f"{label}<br>%{{x}} tokens: %{{y:.2f}} ms<extra></extra>"))
-    fig.update_xaxes(title="tokens per forward (tree nodes + root)", type="log")
-    fig.update_yaxes(title="ms per forward")
-    return _layout(fig, "latency curve" + ("" if spread else " (medians; no spread measured)"))
-
-
-# ----------------------------------------------------------------------------------------------- sweeps
-
-def sweep_chart(sweep, y: str, ytitle: str, title: str) -> go.Figure:
-    """Paper Fig. 4: a measured column of the greedy rows against tree nodes, one line per tree family (the mean
-    where a size appears twice; hover names the trees), vanilla greedy as a dashed line."""
-    df = tree_rows(sweep).dropna(subset=[y])
-    fig = go.Figure()
-    for kind, part in df.groupby("_kind", sort=True):
-        part = part.groupby("nodes", as_index=False).agg(value=(y, "mean"), trees=("tree", lambda t: ", ".join(
-            dict.fromkeys(map(str, t))))).sort_values("nodes")
-        fig.add_trace(go.Scatter(x=part["nodes"], y=part["value"], mode="lines+markers", name=kind,
-                                 marker=dict(symbol="square" if kind == "dense" else "circle"),
-                                 customdata=part["trees"], hovertemplate="%{customdata}<br>%{x} nodes: %{y:.3f}"
-                                                                         "<extra></extra>"))
-    base = vanilla_value(sweep, y)
-    if base is not None:
-        fig.add_hline(y=base, line=dict(color="grey", dash="dash", width=1), annotation_text="vanilla greedy",
-                      annotation_position="bottom right")
-    fig.update_xaxes(title="candidate tokens (tree nodes)")
-    fig.update_yaxes(title=ytitle)
-    return _layout(fig, title)
-
-
-def epsilon_chart(sweep, quality: str = "exact_match", mark: float | None = None,
-                  nodes: int | None = None) -> go.Figure:
-    """Paper Fig. 5: tokens per step (solid, left) and a quality measure (dashed, right) against epsilon, one colour
-    per temperature; the chosen epsilon marked."""
-    df = tree_rows(sweep, acceptance=None).dropna(subset=["epsilon"])
-    if nodes is not None:
-        df = df[df["nodes"] == nodes]
-    fig = go.Figure()
-    temps = df.groupby("temperature", sort=True) if "temperature" in df.columns else [(None, df)]
-    for j, (temp, part) in enumerate(temps):
-        part = part.groupby("epsilon", as_index=False)[["acceleration_rate", quality]].mean()
-        colour, tag = qualitative.Plotly[j % 10], (f"T={temp:g}" if temp is not None else "")
-        fig.add_trace(go.Scatter(x=part["epsilon"], y=part["acceleration_rate"], mode="lines+markers",
-                                 name=f"tokens/step {tag}", line=dict(color=colour),
-                                 hovertemplate=f"{tag} eps %{{x:g}}: %{{y:.3f}} tokens/step<extra></extra>"))
-        fig.add_trace(go.Scatter(x=part["epsilon"], y=part[quality], mode="lines+markers", yaxis="y2",
-                                 name=f"{quality} {tag}", line=dict(color=colour, dash="dash"),
-                                 marker=dict(symbol="square"),
-                                 hovertemplate=f"{tag} eps %{{x:g}}: {quality} %{{y:.3f}}<extra></extra>"))
-    base = vanilla_value(sweep, quality)
-    if base is not None:
-        fig.add_trace(go.Scatter(x=[df["epsilon"].min(), df["epsilon"].max()], y=[base, base], yaxis="y2",
-                                 mode="lines", name=f"{quality} vanilla", line=dict(color="grey", dash="dot")))
-    if mark is not None:
-        fig.add_vline(x=mark, line=dict(color=FOCUS, dash="dashdot", width=1))
-    fig.update_xaxes(title="epsilon (posterior threshold)")
-    fig.update_layout(yaxis=dict(title="tokens per step (solid)"),
-                      yaxis2=dict(title=f"{quality.replace('_', ' ')} (dashed)", overlaying="y", side="right",
-                                  showgrid=False))
-    return _layout(fig, "tokens per step and quality vs epsilon", right=72)  # the second y axis
-
-
-def predicted_chart(sweep) -> go.Figure:
-    """Each prediction of the calibration (calibration.PREDICTED_COLUMNS) against the live decoder's measured tokens per
-    step, one point per greedy sweep row (hover names the tree); on the diagonal = exact."""
-    df = tree_rows(sweep).dropna(subset=["acceleration_rate"])
-    fig = go.Figure()
-    lo, hi = np.inf, -np.inf
-    for col in PREDICTED_COLUMNS:
-        part = df.dropna(subset=[col]) if col in df.columns else df.iloc[:0]
-        if not len(part):
-            continue
-        fig.add_trace(go.Scatter(x=part[col], y=part["acceleration_rate"], mode="markers", name=col,
-                                 customdata=part["tree"].astype(str),
-                                 hovertemplate="%{customdata}<br>" + col + " %{x:.3f}<br>measured %{y:.3f}"
-                                               "<extra></extra>"))
-        lo = min(lo, part[col].min(), part["acceleration_rate"].min())
-        hi = max(hi, part[col].max(), part["acceleration_rate"].max())
-    if np.isfinite(lo):
-        fig.add_trace(go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", name="y = x", hoverinfo="skip",
-                                 line=dict(color="grey", dash="dash", width=1)))
-    fig.update_xaxes(title="predicted tokens per step")
-    fig.update_yaxes(title="measured tokens per step")
-    return _layout(fig, "predicted vs measured tokens per step")
-
-
-def plan_chart(by_kind, measured=None, title: str = "predicted speedup per batch size") -> go.Figure:
-    """Predicted speedup against batch size, one line per kind (tree, chain, none; plan.speedups_by_kind), the
-    plan's choice at each batch size starred, and the live decoder's measurements (plan.plan_check) as diamonds."""
-    fig = go.Figure()
-    for kind, rows in by_kind.groupby("kind", sort=False):
-        fig.add_trace(go.Scatter(x=rows["batch_size"], y=rows["predicted_speedup"], mode="lines+markers", name=kind,
-                                 customdata=rows[["nodes"]].to_numpy(),
-                                 hovertemplate=f"{kind}: batch %{{x}}, %{{customdata[0]}} nodes, "
-                                               "%{y:.3f}x<extra></extra>"))
-    chosen = by_kind[by_kind["chosen"]]
-    fig.add_trace(go.Scatter(x=chosen["batch_size"], y=chosen["predicted_speedup"], mode="markers", name="the plan",
-                             marker=dict(symbol="star", size=15), customdata=chosen[["kind", "nodes"]].to_numpy(),
-                             hovertemplate="plan at batch %{x}: %{customdata[0]} (%{customdata[1]} nodes), "
-                                           "%{y:.3f}x<extra></extra>"))
-    if measured is not None and len(measured):
-        fig.add_trace(go.Scatter(x=measured["batch_size"], y=measured["measured_speedup"], mode="markers",
-                                 name="measured (sweep --plan)", marker=dict(symbol="diamond", size=9, color="black"),
-                                 customdata=measured[["kind", "nodes", "predicted_speedup"]].to_numpy(),
-                                 hovertemplate="measured at batch %{x}: %{customdata[0]} (%{customdata[1]} nodes), "
-                                               "%{y:.3f}x, predicted %{customdata[2]:.3f}x<extra></extra>"))
-    fig.add_hline(y=1.0, line=dict(color="grey", dash="dash", width=1))
-    fig.update_xaxes(title="batch size", type="log")
-    fig.update_yaxes(title="speedup over plain decoding")
-    return _layout(fig, title)
+    return layout(fig, title)
