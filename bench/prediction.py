@@ -38,7 +38,7 @@ from workbench.core.provenance import (describe, loaded, mismatch_warning, read_
                                        without_load)
 from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
                                   prefill_share, spread, tokens_per_step)
-from workbench.measure.latency_file import latency_surface, read_latency  # noqa: E402
+from workbench.measure.latency_file import latency_engine, latency_surface, read_latency  # noqa: E402
 from workbench.plan.rank import at_batch, calibration_source, candidates, rank  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
@@ -204,6 +204,10 @@ def run(args) -> int:
         raise WorkbenchError(f"no latency CSV in {cal.folder}: measure one (`workbench latency --calibration "
                              f"{cal.folder}`) or pass --latency")
     latency_df = read_latency(lat)
+    if latency_engine(latency_df)[0] != "workbench":
+        raise WorkbenchError(f"--latency {lat}: times {latency_engine(latency_df)[0]}'s rounds; this bench checks our "
+                             "decoder (give a `workbench latency` CSV); a vLLM surface is checked by "
+                             "bench/vllm_plan.py")
     records = cal.holdout_prompts(args.limit)
     if batch_sizes[-1] > len(records):
         raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(records)} held-out prompts: raise "

@@ -908,3 +908,21 @@ def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
                      walk_files["root"] / "latency-batched.csv", [1, 4])
     for row in plan["plans"]:  # the page says what the library planned
         assert f"batch {row['batch_size']}: **" in line and f"{row['predicted_speedup']:.2f}x" in line
+
+
+def test_vllm_check_tab_shows_the_plans_speedup_beside_vllms(tmp_path, monkeypatch):
+    """The vLLM answer shows both speeds per batch size and names the surface the plan was priced on."""
+    saved = json.loads((Path(__file__).resolve().parents[1] / "docs/results/vllm-check-cpu.json").read_text())
+    saved |= dict(priced_on=dict(engine="vllm", engine_version="0.32.0", file="latency-vllm-cpu.csv"),
+                  surface_prompts_left_out=4,
+                  plan_check=[dict(batch_size=1, plan_k=1, predicted_speedup=1.07, measured_speedup=1.05,
+                                   measured_range=[1.03, 1.08], error=1.07 / 1.05 - 1, best_k=1, best_speedup=1.05,
+                                   choice_is_best_or_within_noise=True)])
+    (tmp_path / "vllm-check-x.json").write_text(json.dumps(saved))
+    at = tab(page("tradeoffs_page", tmp_path, monkeypatch).run(), "vLLM check")
+    no_exception(at)
+    assert "The plan's speedup in vLLM" in [s.value for s in at.subheader]
+    assert any("Priced on vllm 0.32.0 step costs (latency-vllm-cpu.csv)" in c.value for c in at.caption)
+    shown = at.dataframe[-1].value
+    assert shown["predicted"].tolist() == [1.07] and shown["measured"].tolist() == [1.05]
+    assert shown["predicted vs measured"].tolist() == ["+1.9%"]

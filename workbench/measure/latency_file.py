@@ -25,11 +25,14 @@ from workbench.core.speed import interpolate_latency, speedup_at, spread  # noqa
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
 HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);
 # heads_seconds: their proposal's cost at the row's batch size (engine.heads_times), timed beside the table
-LATENCY_VERSION = 2  # the format's version, on every row (`version`); 1: files without that column (upgrade_latency)
+LATENCY_VERSION = 3  # the format's version, on every row (`version`); older ones read through upgrade_latency
+ENGINES = ("workbench", "vllm")  # whose step the rows time: our decoder's, or a round as vLLM serves it
+ENGINE_COLUMNS = ["engine", "engine_version", "context_min", "context_max"]  # (version 3) context_min/max: the range
+# of the contexts the timed steps saw (`context` is their mean; empty where the steps ran at one fixed context)
 LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats",
                    "setting",  # setting: provenance.setting_cell of the measurement (empty: not recorded)
                    *HEADS_COLUMNS,  # the heads the timed step ran and their cost (absent: no heads ran, read_head_cost)
-                   "version"]
+                   *ENGINE_COLUMNS, "version"]
 LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_SECONDS, MAX_SECONDS = 1e-9, 1e5  # a step faster than a nanosecond or slower than a day is not a timing
@@ -48,13 +51,55 @@ def spread_row(times: list[float]) -> dict:
                 seconds_max=s["max"], repeats=s["repeats"])
 
 
+def stamp(df: pd.DataFrame, engine: str, version: str, contexts: tuple[int, int] | None = None) -> pd.DataFrame:
+    """The rows of one measurement with ENGINE_COLUMNS filled: whose step they timed (`engine`, one of ENGINES, and
+    its version) and the range of contexts its steps saw (None: not recorded)."""
+    if engine not in ENGINES:
+        raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
+    df["engine"], df["engine_version"] = engine, str(version)
+    df["context_min"], df["context_max"] = (None, None) if contexts is None else (int(contexts[0]), int(contexts[1]))
+    return df
+
+
+def latency_engine(df: pd.DataFrame) -> tuple[str, str | None]:
+    """(engine, its version) whose steps a checked latency table (read_latency) timed; ("workbench", None) for a
+    frame without the engine columns (one not read through read_latency)."""
+    if "engine" not in df.columns:
+        return "workbench", None
+    version = df["engine_version"].iloc[0] if "engine_version" in df.columns else None
+    return str(df["engine"].iloc[0]), None if pd.isna(version) else str(version)
+
+
+def _check_engine(df: pd.DataFrame, path, flag: str) -> None:
+    """ENGINE_COLUMNS: one known engine and version per file, and context_min <= context <= context_max where the
+    range is recorded."""
+    if "engine" not in df.columns:
+        return
+    if df["engine"].isna().any() or not df["engine"].isin(ENGINES).all() or \
+            df[[c for c in ("engine", "engine_version") if c in df.columns]].astype(str).nunique().max() > 1:
+        raise WorkbenchError(f"{flag} {path}: engine must be one of {', '.join(ENGINES)}, one engine and version per "
+                             "file (`workbench latency --engine E` writes it)")
+    have = [c for c in ("context_min", "context_max") if c in df.columns]
+    rng = df[have].apply(pd.to_numeric, errors="coerce") if have else None
+    if rng is not None and rng.notna().any().any():
+        if len(have) < 2 or rng.isna().any().any() or (rng["context_min"] > df["context"]).any() or \
+                (rng["context_max"] < df["context"]).any():
+            raise WorkbenchError(f"{flag} {path}: context_min and context_max must both be numbers on every row, "
+                                 "with context_min <= context <= context_max")
+
+
 def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
     """A latency table of version 1 (no `version` column: older files of this tool, or a table written by hand with
-    LATENCY_REQUIRED) as this version, its cells unchanged: a file without a `batch` column timed batch 1. The only
-    place the earlier shape lives; read_latency calls it."""
+    LATENCY_REQUIRED) or 2 (before ENGINE_COLUMNS) as this version, its cells unchanged: a file without a `batch`
+    column timed batch 1; one without an engine timed our decoder's step (every earlier table did), its context
+    range not recorded. The only place the earlier shapes live; read_latency calls it."""
     df = df.copy()
     if "batch" not in df.columns:
         df.insert(int(df.columns.get_loc("context")) if "context" in df.columns else 0, "batch", 1)
+    if "engine" not in df.columns:
+        at = int(df.columns.get_loc("version")) if "version" in df.columns else len(df.columns)
+        for i, (col, value) in enumerate(zip(ENGINE_COLUMNS, ("workbench", None, None, None))):
+            df.insert(at + i, col, value)
     df["version"] = LATENCY_VERSION
     return df
 
@@ -64,7 +109,7 @@ def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
     sizes, contexts and token counts, seconds finite and > 0; the spread columns, where there, on every row, ordered
     min <= q1 <= median <= q3 <= max. `flag` names the option it came from in errors."""
     df = read_csv(path, flag, LATENCY_REQUIRED, "workbench latency")
-    if "version" not in df.columns:
+    if "version" not in df.columns or (pd.to_numeric(df["version"], errors="coerce") == 2).all():
         df = upgrade_latency(df)
     other = pd.to_numeric(df["version"], errors="coerce") != LATENCY_VERSION
     if other.any():
@@ -85,6 +130,7 @@ def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
                              "writes it")
     df[cols] = num
     df[["batch", "context", "tokens"]] = df[["batch", "context", "tokens"]].astype(int)
+    _check_engine(df, path, flag)
     present = [c for c in SPREAD_COLUMNS if c in df.columns]
     if present:
         spread = df[present].apply(pd.to_numeric, errors="coerce")

@@ -1,6 +1,10 @@
 """Speculation plans per batch size: for each batch size, the fastest of the optimal tree at every budget, the
 top-1 chain of every length, and no speculation, by predicted speedup on a measured latency surface t(B, n).
 
+The plan is priced on the engine its latency table timed (latency_file.latency_engine): on our decoder's steps the
+candidates are below; on vLLM's served rounds (`workbench latency --engine vllm`) only what vLLM runs, a top-1 chain
+of each K it timed, or none.
+
 Batch size changes the answer: at batch 1 a verify of n tokens costs little more than one token (the weights are
 read once either way); at batch B the same n tokens per sequence are B * n tokens of work, and speculation can lose
 to vanilla decoding while acceptance stays the same. The candidates:
@@ -20,11 +24,15 @@ The plan file (read and written here only):
   {"version": PLAN_VERSION, "plans": [{"batch_size", "kind": "tree" | "chain" | "none", "medusa_choices", "nodes",
               "predicted_tokens_per_step", "predicted_speedup",
               "predicted_batch_tokens_per_step"}, ...],  # one row per batch size, ascending; the last is optional
-   "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain"}, ...],
+   "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain",
+                     "chains": [{"k", "predicted_tokens_per_step", "predicted_batch_tokens_per_step",
+                                 "predicted_speedup", "speedup_range"}, ...]}, ...],  # chains: every K weighed, 0 = none
    "chain_acceptance": [p_1, ..., p_K],  # per-position unconditional acceptance of the top-1 chain
    "source": {..., "prediction", "max_new_tokens", "regime"},
    "latency": {"file", "context", "spread", "model", "device", "dtype", "setting" (provenance.setting of the table, null
-               when it was not recorded), "mode" (decoder-step | verify | unknown)}, "workbench_version", "created"}
+               when it was not recorded), "mode" (decoder-step | verify | vllm-round | unknown), "engine" (whose
+               steps it timed: workbench | vllm; what the plan is priced on), "engine_version"},
+   "workbench_version", "created"}
 `predicted_tokens_per_step` is what each sequence measures (a decoder's tokens/step); the speedup divides
 `predicted_batch_tokens_per_step` instead: B sequences side by side step until the slowest is done (absent in
 version 1 files: upgrade_plan). `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length
@@ -46,7 +54,7 @@ from workbench.calibrate.folder import Calibration
 from workbench.core.io import read_csv, read_json
 from workbench.core.provenance import differences, read_setting
 from workbench.core.speed import max_tokens, priced, within_noise
-from workbench.measure.latency_file import latency_surface, read_latency
+from workbench.measure.latency_file import latency_engine, latency_surface, read_latency
 from workbench.measure.sweep_file import checked_speedup
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.optimize import best_first, expected_length, value_and_limits
@@ -54,7 +62,7 @@ from workbench.trees.tree import MEDUSA_TOPK, Tree, load_tree, make_tree
 
 KINDS = ("tree", "chain", "none")
 SIMPLER = {"none": 2, "chain": 1, "tree": 0}  # tie-break: the simpler engine setting wins an exact tie
-PLAN_VERSION = 2  # the plan file's "version"; 1: files without it (upgrade_plan)
+PLAN_VERSION = 3  # the plan file's "version" (3: latency.engine, engine_version); 1: files without it (upgrade_plan)
 PLAN_ROW = ("batch_size", "kind", "medusa_choices", "nodes", "predicted_tokens_per_step", "predicted_speedup")
 PREDICTIONS = {"independent": "predicted_independent", "joint": "predicted_joint", "replay": "predicted_replay"}
 MAX_POSITIONS = 64  # longest acceptance vector taken (a draft longer than any engine's limit is a typo)
@@ -242,6 +250,15 @@ def candidates(tokens_per_step, chain_acceptance: list[float], max_nodes: int, v
     return out
 
 
+def served(cands: list[dict], engine: str, timed) -> list[dict]:
+    """The candidates the engine a latency table timed can run: all of them on our decoder ("workbench"); on vLLM a
+    top-1 chain of each K it timed (tokens K + 1 in `timed`) or none: it drafts no trees and its round at a K not
+    timed is not known."""
+    if engine == "workbench":
+        return cands
+    return [c for c in cands if c["kind"] == "none" or (c["kind"] == "chain" and c["nodes"] + 1 in timed)]
+
+
 def _rank(c: dict) -> tuple:
     return c["speedup"], SIMPLER[c["kind"]], -c["nodes"]
 
@@ -306,8 +323,10 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     df = read_latency(latency_path)
     surface, ctx = latency_surface(df, batch_sizes, context, source["typical_context"], f"--latency {latency_path}")
     top = max(max_tokens(s["seconds"]) for s in surface.values()) - 1
-    cands = candidates(source["tokens_per_step"], source["chain_acceptance"], top, source["value"],
-                       source["max_depth"], source["max_rank"])
+    engine, version = latency_engine(df)
+    cands = served(candidates(source["tokens_per_step"], source["chain_acceptance"], top, source["value"],
+                              source["max_depth"], source["max_rank"]),
+                   engine, set.intersection(*(set(s["measured"]) for s in surface.values())))
     plans, alternatives = [], []
     for b in batch_sizes:
         at = at_batch(cands, source["batch_tokens_per_step"], b)
@@ -319,15 +338,34 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
         alternatives.append(dict(batch_size=b, speedup_range=list(best["range"]) if best["range"] else None,
                                  runner_up=_brief(pick["runner_up"]), runner_up_within_noise=pick["within_noise"],
                                  best_chain=dict(k=chain["nodes"], predicted_tokens_per_step=chain["tokens_per_step"],
-                                                 predicted_speedup=chain["speedup"])))
+                                                 predicted_speedup=chain["speedup"]),
+                                 chains=chain_rows(pick["ranked"])))
     setup = {c: str(df[c].iloc[0]) for c in ("model", "device", "dtype") if c in df.columns}
     where = read_setting(df)
     return dict(version=PLAN_VERSION, plans=plans, alternatives=alternatives, chain_acceptance=source["chain_acceptance"],
                 source=source["info"],
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
                              head_cost=surface[batch_sizes[0]]["head_cost"] is not None, **setup, setting=where,
-                             mode=(where or {}).get("mode", "unknown (the table does not record its setting)")),
+                             mode=(where or {}).get("mode", "unknown (the table does not record its setting)"),
+                             engine=engine, engine_version=version),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def chain_rows(ranked: list[dict]) -> list[dict]:
+    """Every chain (and none, k = 0) weighed at one batch size, by K: what an engine that drafts chains can be
+    asked for, each with the plan's prediction (what `vllm-check --plan` measures beside it)."""
+    rows = [dict(k=c["nodes"], predicted_tokens_per_step=c["tokens_per_step"],
+                 predicted_batch_tokens_per_step=c.get("batch_tokens_per_step", c["tokens_per_step"]),
+                 predicted_speedup=c["speedup"], speedup_range=list(c["range"]) if c["range"] else None)
+            for c in ranked if c["kind"] != "tree"]
+    return sorted(rows, key=lambda r: r["k"])
+
+
+def plan_engine(plan: dict) -> tuple[str, str | None]:
+    """(engine, version) whose step costs a checked plan (check_plan) was priced on: its latency table's
+    (latency_file.ENGINES)."""
+    lat = plan.get("latency") or {}
+    return str(lat.get("engine") or "workbench"), lat.get("engine_version")
 
 
 def plan_table(plan: dict) -> str:
@@ -385,12 +423,14 @@ def read_plan(path) -> dict:
 
 def upgrade_plan(data: dict) -> dict:
     """A plan of version 1 (no "version": its rows may lack predicted_batch_tokens_per_step, which no reader needs;
-    its latency's "heads_cost" is "head_cost" now) as this version. The only place the earlier shape lives;
+    its latency's "heads_cost" is "head_cost" now) or 2 (before the engine it was priced on was recorded: every
+    such plan was priced on our decoder's steps) as this version. The only place the earlier shapes live;
     check_plan calls it."""
     latency = data.get("latency")
-    if isinstance(latency, dict) and "heads_cost" in latency:
+    if isinstance(latency, dict):
         latency = {("head_cost" if k == "heads_cost" else k): v for k, v in latency.items()}
-    return {"version": PLAN_VERSION, **data, **({"latency": latency} if latency is not None else {})}
+        latency = dict(engine="workbench", engine_version=None) | latency
+    return {**data, "version": PLAN_VERSION, **({"latency": latency} if latency is not None else {})}
 
 
 def check_plan(data, what: str = "plan") -> dict:
@@ -400,7 +440,7 @@ def check_plan(data, what: str = "plan") -> dict:
     if not isinstance(data, dict) or not isinstance(data.get("plans"), list) or not data["plans"]:
         raise WorkbenchError(f"{what}: not a plan file (an object with a non-empty \"plans\" list; `workbench plan` "
                              "writes it)")
-    if "version" not in data:
+    if data.get("version", 1) in (1, 2):
         data = upgrade_plan(data)
     if data["version"] != PLAN_VERSION:
         raise WorkbenchError(f"{what}: version {str(data['version'])[:20]!r}, but this workbench reads plans of version "

@@ -19,9 +19,10 @@ import pandas as pd
 from workbench.calibrate.folder import Calibration
 from workbench.core.provenance import differences, read_setting
 from workbench.core.speed import priced
-from workbench.measure.latency_file import latency_surface
+from workbench.measure.latency_file import latency_engine, latency_surface
 from workbench.measure.sweep_file import checked_speedup
-from workbench.plan.rank import accuracy_source, at_batch, calibration_source, candidates as plan_candidates, choose
+from workbench.plan.rank import (accuracy_source, at_batch, calibration_source, candidates as plan_candidates, choose,
+                                 served)
 from workbench.trees.tree import Tree, tree_key
 
 
@@ -186,7 +187,8 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     top = top if max_budget is None else min(top, max_budget)
     depth = min(max_depth or src["max_depth"], src["max_depth"])
     ranks = min(max_rank or src["max_rank"], src["max_rank"])
-    cands = plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth, ranks)
+    cands = served(plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth,
+                                   ranks), latency_engine(latency)[0], tables["measured"])  # what the engine runs
     found = measurements(sweeps or {}, batch, read_setting(latency))
     chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch), tables["seconds"], tables["quartiles"],
                     tables["head_cost"])

@@ -6,6 +6,8 @@ Formats (checked strictly: a missing, unexpected or mis-shaped tensor is an erro
   2. "version 2" heads-only: the same ResBlocks without the per-head [V,H] matrix; logits go through the base
      model's own lm_head (tiny files; what `workbench train-heads` writes by default).
   3. Full Medusa-2 checkpoint: a model folder whose weights also hold `medusa_head.{head}...` tensors.
+  4. vLLM Medusa folder (read only; export.engines writes it): config.json `model_type: medusa` + *.safetensors
+     with the format 1/2 keys, and for tied heads the base model's embedding as `lm_head.weight` (not read).
 Reading goes names and shapes first (a HeadsLayout, checked against limits and the base model), tensors last: the
 sizes a file implies are refused before anything of their size is allocated.
 """
@@ -291,12 +293,36 @@ def _open_heads(path) -> tuple[HeadsLayout, dict, object, str]:
             if layout.tied and cfg.get("vocab_size"):
                 layout = layout._replace(vocab_size=int(cfg["vocab_size"]))
             return layout, cfg, read, str(folder / name)
+    if cfg.get("model_type") == "medusa":  # 4. the vLLM Medusa folder `export --format vllm-heads` writes
+        index, read = _vllm_tensors(folder, cfg)
+        where = f"{folder} (vLLM Medusa folder)"
+        layout = heads_layout(index, where, cfg.get("num_heads"), cfg.get("num_hidden_layers"))
+        if layout.tied and cfg.get("vocab_size"):
+            layout = layout._replace(vocab_size=int(cfg["vocab_size"]))
+        return layout, cfg, read, where
     index, read = _medusa2_tensors(folder)
     if index:
         where = f"{folder} (medusa_head.* tensors)"
         return heads_layout(index, where, *hints), cfg, read, where
-    raise WorkbenchError(f"--heads {folder}: no {HEADS_FILE}.safetensors/.pt and no medusa_head.* tensors in the "
-                         "model weights")
+    raise WorkbenchError(f"--heads {folder}: no {HEADS_FILE}.safetensors/.pt, no medusa_head.* tensors in the "
+                         "model weights and no vLLM Medusa config (model_type medusa)")
+
+
+def _vllm_tensors(folder: Path, cfg: dict) -> tuple[Index, object]:
+    """(index, reader) of a vLLM Medusa folder (export.engines.write_vllm_heads): the blocks under Medusa's own
+    names in its *.safetensors; for tied heads (original_lm_head) its lm_head.weight is the base model's output
+    embedding, not the heads': left out, so the heads read back tied."""
+    for key in ("num_heads", "num_hidden_layers"):
+        v = cfg.get(key)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 31):
+            raise WorkbenchError(f"{folder / 'config.json'}: {key} should be a positive integer, found {str(v)[:40]!r}")
+    drop = {"lm_head.weight"} if cfg.get("original_lm_head") else set()
+    index, readers = {}, []
+    for f in sorted(folder.glob("*.safetensors")):
+        i, read = _open_tensors(f)
+        index.update({k: v for k, v in i.items() if k not in drop})
+        readers.append(read)
+    return index, lambda: {k: v for read in readers for k, v in read().items() if k not in drop}
 
 
 def inspect_heads(path: str | Path | None = None) -> tuple[HeadsLayout, dict]:

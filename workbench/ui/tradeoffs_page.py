@@ -75,6 +75,21 @@ def _vllm_check_panel(path) -> None:
     st.subheader(f"Confirmed in vLLM {res.get('vllm_version', '?')}")
     st.caption(f"{len(res.get('prompt_ids', []))} {res.get('prompts')} prompts, greedy fp32; {res.get('note', '')}")
     st.dataframe(pd.DataFrame(rows), hide_index=True)
+    if res.get("plan_check"):  # the plan's speed beside vLLM's, on prompts other than its surface's
+        on = res.get("priced_on") or {}
+        st.subheader("The plan's speedup in vLLM")
+        st.caption(f"Priced on {on.get('engine')} {on.get('engine_version') or ''} step costs ({on.get('file')}); "
+                   "measured: vLLM's decoding phase, median (q1..q3) over repeated passes, "
+                   f"{res.get('surface_prompts_left_out', 0)} of the surface's prompts left out."
+                   + ("" if on.get("engine") == "vllm" else " Not priced on vLLM: `workbench latency --engine vllm` "
+                                                             "measures its surface."))
+        st.dataframe(pd.DataFrame([{
+            "batch": r["batch_size"], "plan's K": r["plan_k"], "predicted": r["predicted_speedup"],
+            "measured": r["measured_speedup"], "q1..q3": "-" if not r["measured_range"] else
+            f"{r['measured_range'][0]:.3f}..{r['measured_range'][1]:.3f}",
+            "predicted vs measured": "-" if r["error"] is None else f"{100 * r['error']:+.1f}%",
+            "vLLM's best K": r["best_k"], "best or within noise": r["choice_is_best_or_within_noise"]}
+            for r in res["plan_check"]]), hide_index=True)
 
 
 def tradeoffs_page() -> None:

@@ -1,0 +1,126 @@
+"""A plan for vLLM priced on vLLM's own rounds, then confirmed in vLLM on other prompts, in one command:
+
+    python bench/vllm_plan.py                               # issue 48's measurement (idle machine: ~1 hour)
+    python bench/vllm_plan.py --batch-sizes 1,2 --k 1 --surface-limit 2 --check-limit 2 --max-new-tokens 12 \
+        --repeats 2 --name vllm-plan-smoke --out-dir /tmp     # a smoke run (minutes)
+
+1. `workbench latency --engine vllm`: vLLM's served round per (batch size, K = 0..max(--k)) on the first
+   --surface-limit prompts of --surface-prompts (alpaca-eval), the demo heads drafting;
+2. `workbench plan --calibration DIR --latency` that CSV: the K per batch size priced on it;
+3. `workbench vllm-check --plan`: every K and the plan's choice in vLLM, on the calibration's held-out prompts less
+   the surface's, --repeats passes each.
+Writes OUT_DIR/NAME-latency.csv, NAME-plan.json, NAME-check.json (each resumable: a rerun continues a killed step and
+skips a finished one) and NAME.md + NAME.json: per (batch size, K) the predicted speedup beside vLLM's measured
+decoding-phase one with its spread, per batch size the plan's K beside vLLM's best, issue 48's verdicts (|predicted
+- measured| <= 10% of measured at every row; the choice vLLM's best or within that row's noise) and the load average
+before and after each step. Needs vLLM's environment ($WORKBENCH_VLLM_PYTHON or --vllm-python).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from workbench import WorkbenchError  # noqa: E402
+from workbench.calibrate.folder import default_calibration  # noqa: E402
+from workbench.cli import main as workbench  # noqa: E402
+from workbench.cli.shared import run_script  # noqa: E402
+from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
+
+TOLERANCE = 0.10  # issue 48: |predicted - measured| <= 10% of vLLM's measured speedup
+
+
+def load() -> list[float] | None:
+    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
+def step(name: str, argv: list[str], out: Path, loads: dict) -> None:
+    """Run one workbench command unless its output is there (a finished step); the load before and after it."""
+    if out.exists():
+        print(f"{name}: {out} exists, kept", file=sys.stderr)
+        return
+    loads[name] = {"before": load()}
+    print(f"{name}: workbench {' '.join(argv)}", file=sys.stderr, flush=True)
+    if workbench(argv) != 0:
+        raise WorkbenchError(f"{name} failed (above); rerun this command to continue where it stopped")
+    loads[name]["after"] = load()
+
+
+def verdicts(check: dict) -> dict:
+    """Issue 48's two conditions over a vllm-check result: every (batch, K) row within TOLERANCE, and every plan
+    row's choice vLLM's best or within noise of it."""
+    rows = [s for s in check["speed"] if s.get("predicted_speedup") and s.get("decode_speedup")]
+    errors = [abs(s["predicted_speedup"] - s["decode_speedup"]) / s["decode_speedup"] for s in rows]
+    return dict(rows=len(rows), worst_error=max(errors) if errors else None,
+                all_within_tolerance=bool(errors) and max(errors) <= TOLERANCE,
+                choice_best_or_within_noise=all(r["choice_is_best_or_within_noise"] for r in check["plan_check"]))
+
+
+def run(args) -> int:
+    from workbench.export.vllm_check import check_table
+
+    out_dir, name = Path(args.out_dir), args.name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cal = args.calibration or str(default_calibration())
+    lat, plan, check = (out_dir / f"{name}-{s}" for s in ("latency.csv", "plan.json", "check.json"))
+    py = ["--vllm-python", args.vllm_python] if args.vllm_python else []
+    ks = ",".join(str(k) for k in range(1, max(int(k) for k in args.k.split(",")) + 1))
+    loads_file = out_dir / f"{name}-loads.json"
+    loads = json.loads(loads_file.read_text()) if loads_file.exists() else {}
+    loads.setdefault("start", load())
+    try:
+        step("surface", ["latency", "--engine", "vllm", *py, "--calibration", cal, "--prompts", args.surface_prompts,
+                         "--limit", str(args.surface_limit), "--batch-sizes", args.batch_sizes, "--k", ks, "--repeats",
+                         str(args.repeats), "--max-new-tokens", str(args.max_new_tokens), "--out", str(lat)],
+             lat, loads)
+        step("plan", ["plan", "--calibration", cal, "--latency", str(lat), "--batch-sizes", args.batch_sizes,
+                      "--max-new-tokens", str(args.max_new_tokens), "--out", str(plan)], plan, loads)
+        step("check", ["vllm-check", *py, "--calibration", cal, "--plan", str(plan), "--k", ks, "--batch-sizes",
+                       args.batch_sizes, "--limit", str(args.check_limit), "--max-new-tokens",
+                       str(args.max_new_tokens), "--repeats", str(args.repeats), "--out", str(check)], check, loads)
+    finally:
+        atomic_write_json(loads_file, loads, "--out-dir")
+    res = json.loads(check.read_text())
+    verdict = verdicts(res)
+    summary = dict(calibration=cal, latency=str(lat), plan=str(plan), check=str(check), load_average=loads,
+                   cpus=os.cpu_count(), verdicts=verdict, plan_check=res["plan_check"], speed=res["speed"],
+                   vllm_version=res["vllm_version"], idle=all((v.get("before") or [9])[0] < 0.5 for v in
+                                                             loads.values() if isinstance(v, dict)))
+    head = [f"# vLLM plan priced on vLLM's rounds ({name})", "",
+            f"Load average (1, 5, 15 min) per step: {json.dumps(loads)} on {os.cpu_count()} CPUs: "
+            + ("idle at every step's start." if summary["idle"] else "NOT idle: these speeds are not this machine's."),
+            "", f"Verdicts (issue 48): {verdict['rows']} rows, worst |predicted - measured| / measured "
+            + (f"{100 * verdict['worst_error']:.1f}%" if verdict["worst_error"] is not None else "-")
+            + f" (<= {100 * TOLERANCE:.0f}%: {'yes' if verdict['all_within_tolerance'] else 'no'}); the plan's K vLLM's "
+            f"best or within noise at every batch size: {'yes' if verdict['choice_best_or_within_noise'] else 'no'}.",
+            "", "The check:", ""]
+    atomic_write_text(out_dir / f"{name}.md", "\n".join(head) + "\n" + check_table(res), "--out-dir")
+    atomic_write_json(out_dir / f"{name}.json", summary, "--out-dir")
+    print("\n".join(head[2:5]), file=sys.stderr)
+    print(f"wrote {out_dir / name}.md and .json", file=sys.stderr)
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calibration", help="calibration folder (default: the first under calibration/)")
+    ap.add_argument("--vllm-python", help="python of vLLM's environment (default: $WORKBENCH_VLLM_PYTHON)")
+    ap.add_argument("--batch-sizes", default="1,2,4,8")
+    ap.add_argument("--k", default="1,2,3,4", help="K up to the largest of these (default 1,2,3,4; 0 always)")
+    ap.add_argument("--surface-prompts", default="alpaca-eval", help="prompts the surface is served on")
+    ap.add_argument("--surface-limit", type=int, default=16)
+    ap.add_argument("--check-limit", type=int, default=16, help="held-out prompts checked (the surface's left out)")
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=4, help="passes per engine and batch size, both steps")
+    ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent.parent / "docs" / "results"))
+    ap.add_argument("--name", default="vllm-plan-cpu")
+    return ap
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(parser(), run))

@@ -1,0 +1,219 @@
+"""vLLM's own round costs without vLLM: `latency --engine vllm` through a stand-in worker that serves rounds at
+known costs (the CSV's rows, spread, context range, engine and resume), the plan priced on that surface (only what
+vLLM runs, the best K by hand), the export's warning for a plan priced on our decoder, the latency format's engine
+columns, and vllm-check's plan-vs-measured rows. The real run is test_vllm_e2e.py."""
+import json
+import sys
+
+import pandas as pd
+import pytest
+
+from workbench import WorkbenchError
+from workbench.cli import main
+from workbench.export.engines import export_plan
+from workbench.export.vllm_speed import plan_rows, speed_rows
+from workbench.measure.latency_file import LATENCY_VERSION, latency_engine, read_latency
+from workbench.plan.rank import read_plan
+
+ROUNDS = 6  # full rounds per pass the stand-in serves
+COST = {0: 0.010, 1: 0.013, 2: 0.018}  # seconds of a round at batch 1 by K; batch B costs B times more at K >= 1
+
+STANDIN = '''#!{python}
+"""Stands in for vLLM's worker in mode "rounds": per pass one prefill step, a step that emits nothing (async
+scheduling's), then {rounds} full rounds at COST[K] * (B if K else 1) seconds; with STANDIN_DIE_AT=i it dies in
+engine i; every request is logged to STANDIN_LOG."""
+import json, os, sys
+COST = {cost}
+req = json.loads(sys.stdin.read())
+with open(os.environ["STANDIN_LOG"], "a") as f:
+    f.write(json.dumps(req["engines"]) + "\\n")
+assert req["mode"] == "rounds"
+for i, spec in enumerate(req["engines"]):
+    if str(i) == os.environ.get("STANDIN_DIE_AT"):
+        sys.exit(1)
+    k = spec["num_speculative_tokens"] if spec else 0
+    runs = []
+    for b in req["batch_sizes"]:
+        passes = []
+        for p in range(req["warmup"] + req["repeats"]):
+            cost = COST[str(k)] * (b if k else 1) * (1 + 0.01 * p)
+            steps = [dict(seconds=0.002, full=False, tokens=0, context_sum=20 * b, context_min=20, context_max=20)]
+            steps += [dict(seconds=cost, full=True, tokens=b * (1 + k), context_sum=(21 + r) * b,
+                           context_min=21 + r, context_max=21 + r) for r in range({rounds})]
+            passes.append(dict(timed=p >= req["warmup"], rounds=steps))
+        runs.append(dict(batch_size=b, passes=passes))
+    print(json.dumps(dict(event="result", engine=i, vllm_version="0.32.0", startup_s=1.0, runs=runs,
+                          worker=dict(threads=2, torch="2.13.0", transformers="4.57.0"))), flush=True)
+print(json.dumps(dict(event="done")), flush=True)
+'''
+
+
+@pytest.fixture
+def standin(tmp_path, monkeypatch):
+    py = tmp_path / "python"
+    py.write_text(STANDIN.format(python=sys.executable, rounds=ROUNDS, cost={str(k): v for k, v in COST.items()}))
+    py.chmod(0o755)
+    monkeypatch.setenv("STANDIN_LOG", str(tmp_path / "asked.jsonl"))
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path / "cache"))  # the vLLM heads folder is written there
+    return py
+
+
+def _latency(tiny_llama, py, out, *extra):
+    return main(["latency", "--engine", "vllm", "--vllm-python", str(py), "--model", str(tiny_llama.model_dir),
+                 "--heads", str(tiny_llama.heads_dirs["2"]), "--prompts", "alpaca-eval", "--raw", "--limit", "3",
+                 "--batch-sizes", "1,2",
+                 "--k", "0,1,2", "--repeats", "3", "--warmup", "1", "--max-new-tokens", "8", "--out", str(out),
+                 *extra])
+
+
+def _by_hand(b: int, k: int, p: int) -> float:
+    """The stand-in's pass p cost of one round: every decoding step's seconds over its full rounds."""
+    return (0.002 + ROUNDS * COST[k] * (b if k else 1) * (1 + 0.01 * p)) / ROUNDS
+
+
+def test_latency_engine_vllm_writes_vllms_rounds_as_a_latency_csv(tiny_llama, standin, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "vllm.csv"
+    monkeypatch.setenv("STANDIN_DIE_AT", "2")  # killed while timing K = 2: K = 0 and 1 are kept
+    assert _latency(tiny_llama, standin, out) == 2
+    assert "vLLM failed" in capsys.readouterr().err and not out.exists()
+    monkeypatch.delenv("STANDIN_DIE_AT")
+    assert _latency(tiny_llama, standin, out) == 0
+    asked = [json.loads(line) for line in (tmp_path / "asked.jsonl").read_text().splitlines()]
+    assert [len(a) for a in asked] == [3, 1] and asked[1][0]["num_speculative_tokens"] == 2  # resumed at K = 2
+    assert asked[0][1]["method"] == "medusa" and asked[0][1]["model"].startswith(str(tmp_path / "cache"))
+    df = read_latency(out)
+    assert latency_engine(df) == ("vllm", "0.32.0") and (df["version"] == LATENCY_VERSION).all()
+    assert sorted(zip(df["batch"], df["tokens"])) == [(b, k + 1) for b in (1, 2) for k in (0, 1, 2)]
+    for r in df.to_dict("records"):
+        k, b = r["tokens"] - 1, r["batch"]
+        passes = [_by_hand(b, k, p) for p in (1, 2, 3)]  # pass 0 is the warm-up
+        assert r["seconds"] == pytest.approx(passes[1]) and r["seconds_min"] == pytest.approx(passes[0])
+        assert r["seconds_max"] == pytest.approx(passes[2]) and r["repeats"] == 3
+        assert r["served_tokens_per_step"] == pytest.approx(1 + k)
+    assert (df["context_min"] == 21).all() and (df["context_max"] == 20 + ROUNDS).all()
+    assert (df["context"] == round(21 + (ROUNDS - 1) / 2)).all()
+    where = json.loads(df["setting"].iloc[0])
+    assert where["mode"] == "vllm-round" and where["vllm"] == "0.32.0" and where["threads"] == 2
+    assert len(where["prompt_ids"]) == 3  # the check serves other prompts
+
+
+def test_latency_engine_vllm_refuses_our_decoders_flags(tiny_llama, standin, tmp_path, capsys):
+    assert _latency(tiny_llama, standin, tmp_path / "x.csv", "--context", "64") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --context: our decoder's") and len(err.strip().splitlines()) == 1
+    assert _latency(tiny_llama, standin, tmp_path / "x.csv", "--method", "eagle3") == 2
+    assert "--heads (Medusa heads) or --method" in capsys.readouterr().err
+    assert main(["latency", "--k", "1,2", "--out", str(tmp_path / "x.csv")]) == 2  # our decoder has no K
+    assert capsys.readouterr().err.startswith("error: --k, --method, --draft-model and --vllm-python time vLLM's")
+    assert not (tmp_path / "x.csv").exists()
+
+
+def _surface(tmp_path, engine="vllm") -> str:
+    """A surface like the stand-in's, written directly (batch 1, 2; K 0..2)."""
+    rows = []
+    for b in (1, 2):
+        for k in (0, 1, 2):
+            t = COST[k] * (b if k else 1)
+            rows.append(dict(model="m", device="cpu", dtype="float32", batch=b, context=30, tokens=k + 1, seconds=t,
+                             seconds_min=t * 0.98, seconds_q1=t * 0.99, seconds_q3=t * 1.01, seconds_max=t * 1.02,
+                             repeats=3, setting=json.dumps(dict(mode="vllm-round", prompt_ids=["a", "b"])),
+                             engine=engine, engine_version="0.32.0", context_min=20, context_max=40,
+                             version=LATENCY_VERSION))
+    f = tmp_path / f"{engine}.csv"
+    pd.DataFrame(rows).to_csv(f, index=False)
+    return str(f)
+
+
+def test_a_plan_priced_on_vllm_weighs_only_what_vllm_runs(tmp_path, capsys):
+    acc = tmp_path / "acc.json"
+    acc.write_text(json.dumps([0.6, 0.4, 0.2]))
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--acceptance", str(acc), "--latency", _surface(tmp_path), "--batch-sizes", "1,2",
+                 "--out", str(out)]) == 0
+    assert "priced on: vllm 0.32.0" in capsys.readouterr().err
+    plan = read_plan(out)
+    assert plan["latency"]["engine"] == "vllm" and plan["latency"]["engine_version"] == "0.32.0"
+    tps = {0: 1.0, 1: 1.6, 2: 2.0}  # 1 + the first K rates
+    for row, alt in zip(plan["plans"], plan["alternatives"]):
+        b = row["batch_size"]
+        by_hand = {k: tps[k] / (COST[k] * (b if k else 1) / COST[0]) for k in tps}
+        assert [c["k"] for c in alt["chains"]] == [0, 1, 2]  # K = 3 was not timed: not weighed
+        assert {c["k"]: c["predicted_speedup"] for c in alt["chains"]} == pytest.approx(by_hand)
+        assert row["nodes"] == max(by_hand, key=by_hand.get) and row["kind"] in ("chain", "none")
+    # batch 1: K = 1 (1.6 / 1.3 = 1.23x) over K = 2 (2.0 / 1.8 = 1.11x); batch 2: every K loses (0.62x, 0.56x)
+    assert [r["nodes"] for r in plan["plans"]] == [1, 0]
+
+
+def test_a_calibration_plan_on_vllm_has_no_trees(tmp_path):
+    from pathlib import Path
+
+    calib = Path(__file__).resolve().parents[1] / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--calibration", str(calib), "--latency", _surface(tmp_path), "--batch-sizes", "1,2",
+                 "--out", str(out)]) == 0
+    plan = read_plan(out)
+    kinds = {r["kind"] for r in plan["plans"]} | {(a["runner_up"] or {}).get("kind") for a in plan["alternatives"]}
+    assert "tree" not in kinds
+    from workbench.calibrate.folder import Calibration
+    from workbench.plan.recommend import recommend
+
+    rec = recommend(Calibration(calib), read_latency(_surface(tmp_path)), batch=1)  # the app's answer: the same
+    assert {c["kind"] for c in rec["candidates"]} == {"none", "chain"} and rec["pick"]["nodes"] == \
+        plan["plans"][0]["nodes"]
+
+
+def test_exporting_a_plan_priced_on_our_decoder_for_vllm_warns_once(tmp_path, capsys):
+    acc = tmp_path / "acc.json"
+    acc.write_text(json.dumps([0.6, 0.4, 0.2]))
+    ours, theirs = tmp_path / "ours.json", tmp_path / "theirs.json"
+    for path, engine in ((ours, "workbench"), (theirs, "vllm")):
+        assert main(["plan", "--acceptance", str(acc), "--latency", _surface(tmp_path, engine), "--batch-sizes",
+                     "1,2", "--out", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["export", str(ours), "--format", "vllm", "--method", "eagle3", "--draft-model", str(tmp_path),
+                 "--batch-sizes", "1"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "priced on" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: the plan was priced on our decoder's step costs")
+    assert "`workbench latency --engine vllm" in warned[0] and f"--acceptance {acc}" in warned[0]
+    _, warns, _ = export_plan(read_plan(theirs), "vllm", method="eagle3", draft_model=tmp_path, batch_size=1)
+    assert not [w for w in warns if "priced on" in w]
+
+
+def test_latency_format_engine_columns_are_checked(tmp_path):
+    f = _surface(tmp_path)
+    df = pd.read_csv(f)
+    for change, match in ((dict(version=LATENCY_VERSION + 1), "reads latency CSVs of version"),
+                          (dict(engine="trt"), "engine must"), (dict(context_min=35), "context_min <= context")):
+        bad = df.copy()
+        for col, v in change.items():
+            bad.loc[0, col] = v
+        bad.to_csv(tmp_path / "bad.csv", index=False)
+        with pytest.raises(WorkbenchError, match=match):
+            read_latency(tmp_path / "bad.csv")
+    # version 2 (before the engine columns): every such table timed our decoder, its context range not recorded
+    old = df.drop(columns=["engine", "engine_version", "context_min", "context_max"]).assign(version=2)
+    old.to_csv(tmp_path / "old.csv", index=False)
+    up = read_latency(tmp_path / "old.csv")
+    assert latency_engine(up) == ("workbench", None) and (up["version"] == LATENCY_VERSION).all()
+    assert up["context_min"].isna().all() and up["seconds"].tolist() == df["seconds"].tolist()
+
+
+def test_vllm_check_puts_the_plans_prediction_beside_vllms_speedup():
+    """speed_rows / plan_rows on made-up runs: the decoding-phase speedup per pass and its spread, the plan's
+    prediction for every K, vLLM's best K and whether the plan's K is within noise of it."""
+    def run(decode, tokens=100):
+        return dict(new_tokens=tokens, seconds=decode[0] + 0.5, passes=[dict(seconds=d + 0.5, decode_seconds=d)
+                                                                         for d in decode])
+    plain = {1: run([1.0, 1.0, 1.0])}
+    plan = dict(plans=[dict(batch_size=1, kind="chain", nodes=1, predicted_speedup=1.2)],
+                alternatives=[dict(batch_size=1, chains=[dict(k=0, predicted_speedup=1.0),
+                                                         dict(k=1, predicted_speedup=1.2),
+                                                         dict(k=2, predicted_speedup=1.1)])])
+    rows = speed_rows(1, [1], {1: run([0.8, 0.85, 0.9])}, plain, {1: 1}, plan) + \
+        speed_rows(2, [1], {1: run([0.78, 0.84, 0.95])}, plain, {1: 1}, plan)
+    assert rows[0]["decode_speedup"] == pytest.approx(1 / 0.85) and rows[0]["passes"] == 3
+    assert rows[0]["decode_speedup_q1"] < rows[0]["decode_speedup"] < rows[0]["decode_speedup_q3"]
+    assert [r["predicted_speedup"] for r in rows] == [1.2, 1.1]
+    (check,) = plan_rows(plan, {1: 1}, rows)
+    assert check["error"] == pytest.approx(1.2 * 0.85 - 1) and check["best_k"] == 2
+    assert check["choice_is_best_or_within_noise"]  # K = 1 (1.176x) and K = 2 (1.190x) overlap

@@ -1,0 +1,113 @@
+"""`workbench latency --engine vllm`: vLLM's own cost of one decoding round per (batch size B, K), timed as vLLM
+serves it, written as a latency CSV (latency_file owns the format) that `workbench plan` prices vLLM's choices on.
+
+Why not our decoder's table: vLLM's round (scheduler, drafter, verify, rejection sampler, output processing) is
+another program with other costs (on one 2-core EPYC its plain step was ~21 ms where ours was ~40 ms), and a plan
+priced on one engine's surface picks the wrong K on the other. Why not a bare forward: a timed forward misses
+everything else a served round does (priced vLLM's chain round at batch 64 about 3x too cheap elsewhere).
+
+How (vllm_worker.py, mode "rounds", in vLLM's own environment): one engine per K (K = 0: no speculation), and
+per batch size B, `warmup + repeats` passes, each serving B real prompts (taken in turn) through the engine's own
+step loop (LLMEngine.add_request / step) to `max_new_tokens`, the context growing as in serving, EOS ignored so
+the batch stays full. A round is one engine step in which all B requests were decoding (no prefill in it, none
+finished before it) and each emitted tokens. A pass's value is the wall time of its engine steps while all B were
+decoding over its rounds (tokens out per wall time of the engine's steps, per round); the CSV keeps
+the median and spread over passes at tokens = K + 1 per sequence. The context is the mean over every timed round
+(one value per file, as decoder-step writes it), its range in context_min/max.
+Resumable: each engine's result is kept as it arrives (vllm_runner.engine_results).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+
+import pandas as pd
+
+from workbench import WorkbenchError
+from workbench.core.work import WorkState
+from workbench.core.provenance import setting, setting_cell
+from workbench.core.speed import relative_latency
+from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, LATENCY_VERSION, spread_row, stamp
+from workbench.measure.vllm_runner import engine_results
+
+MODE = "vllm-round"  # the setting's mode: a round as vLLM serves it
+DEFAULT_KS = (1, 2, 3, 4)
+COLUMNS = [c for c in LATENCY_COLUMNS if c not in HEADS_COLUMNS] + ["served_tokens_per_step"]
+# served_tokens_per_step: tokens out per sequence per timed round (vLLM's acceptance on these prompts; not priced)
+
+
+def round_value(steps: list[dict]) -> float | None:
+    """A pass's cost of one round: the wall time of its decoding steps over its full rounds (None: no full round;
+    with async scheduling a round's tokens can come out of the next step call, so no step is left out)."""
+    full = sum(bool(s["full"]) for s in steps)
+    return math.fsum(s["seconds"] for s in steps) / full if full else None
+
+
+def rows_of(results: list[dict], ks: list[int], label: str, cell: str) -> tuple[list[dict], list[tuple[int, int]]]:
+    """CSV rows (all but the context) of the worker's results, engine i running K = ks[i], and every timed round's
+    (context sum, sequences) for the file's context."""
+    rows, contexts = [], []
+    for k, res in zip(ks, results, strict=True):
+        for run in res["runs"]:
+            b, passes = run["batch_size"], [p for p in run["passes"] if p.get("timed")]
+            values = [v for v in (round_value(p["rounds"]) for p in passes) if v is not None]
+            if not values:
+                raise WorkbenchError(f"vLLM: no full round at batch {b}, K={k} (every request finished or was "
+                                     "still in prefill): raise --max-new-tokens")
+            rounds = [r for p in passes for r in p["rounds"]]
+            contexts += [(r["context_min"], r["context_max"], r["context_sum"], b) for r in rounds if r["full"]]
+            served = math.fsum(r["tokens"] for r in rounds) / (b * sum(bool(r["full"]) for r in rounds))
+            rows.append(dict(model=label, device="cpu", dtype="float32", batch=b, tokens=k + 1, **spread_row(values),
+                             setting=cell, served_tokens_per_step=served))
+    return rows, contexts
+
+
+def vllm_setting(worker: dict, prompt_ids: list[str], drafter: str | None) -> dict:
+    """provenance.setting of a vLLM measurement: its threads and versions (torch, transformers, vLLM) are the
+    worker's, the mode MODE; the prompts it served (ids) so a check can serve others."""
+    where = setting("cpu", "float32", worker.get("threads") or os.cpu_count() or 1, compiled=False, mode=MODE)
+    return where | dict(torch=worker.get("torch"), transformers=worker.get("transformers"), engine="vllm",
+                        vllm=worker.get("vllm_version"), drafter=drafter, prompt_ids=list(prompt_ids))
+
+
+def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, prompts: list[list[int]],
+                        prompt_ids: list[str], batches, repeats: int = 4, warmup: int = 1, max_new_tokens: int = 64,
+                        label: str = "", progress=print, work=None, settings: dict | None = None) -> pd.DataFrame:
+    """The latency rows of vLLM's served rounds (module docstring): K = 0 and every K in `ks` (drafted by `drafter`,
+    a --speculative-config without num_speculative_tokens), per batch size. `prompts`: token ids (`prompt_ids`
+    name them); `work`: the CSV, beside which finished engines are kept; `settings`: what else the kept engines
+    depend on (model, heads)."""
+    ks = sorted({0, *(int(k) for k in ks)})
+    batches = sorted({int(b) for b in batches})
+    if repeats < 1 or warmup < 0 or not batches or batches[0] < 1 or ks[-1] > 64:
+        raise WorkbenchError("--repeats >= 1, --warmup >= 0, --batch positive and --k 0..64, please")
+    if len(ks) > 1 and drafter is None:
+        raise WorkbenchError("K > 0 needs a drafter: --heads DIR (Medusa heads), or --method and --draft-model")
+    if max_new_tokens < 4:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: need >= 4 (rounds after the prefill to time)")
+    if not prompts:
+        raise WorkbenchError("no prompts to serve: give a prompt set (--prompts)")
+    engines = [None] + [dict(drafter, num_speculative_tokens=k) for k in ks[1:]]
+    longest = max(map(len, prompts)) + max_new_tokens + ks[-1] + 8
+    request = dict(mode="rounds", model=model_dir, engines=engines, prompts=prompts, batch_sizes=batches,
+                   repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens,
+                   max_model_len=int(math.ceil(longest / 64) * 64))
+    state = WorkState(work, dict(request, command="latency --engine vllm", python=py, **(settings or {}),
+                                 prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest()))
+    progress(f"vLLM rounds: {len(prompts)} prompts, K = {', '.join(map(str, ks))}, batch sizes "
+             f"{', '.join(map(str, batches))}, {warmup} + {repeats} passes each: {len(engines)} engines")
+    results = engine_results(py, request, state, progress)
+    worker = results[0].get("worker") or {}
+    where = vllm_setting(worker | dict(vllm_version=results[0]["vllm_version"]), prompt_ids,
+                         drafter and drafter.get("method"))
+    rows, contexts = rows_of(results, ks, label, setting_cell(where))
+    ctx = round(math.fsum(c[2] for c in contexts) / sum(c[3] for c in contexts))
+    df = pd.DataFrame([dict(r, context=ctx) for r in rows], columns=COLUMNS)
+    df = stamp(df, "vllm", results[0]["vllm_version"], (min(c[0] for c in contexts), max(c[1] for c in contexts)))
+    df["version"] = LATENCY_VERSION
+    tables = {b: dict(zip(g["tokens"].astype(int), g["seconds"])) for b, g in df.groupby("batch")}
+    df["relative"] = [relative_latency(tables[b], int(n) - 1) for b, n in zip(df["batch"], df["tokens"])]
+    return df
+

