@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from workbench import WorkbenchError
-from workbench.calibrate.folder import accepted_depths as static_depths
+from workbench.calibrate.ranks import accepted_depths as static_depths
 from workbench.trees.dynamic import DynamicPolicy, accepted_depths, path_scores, select
 from workbench.trees.tree import load_tree, make_tree
 
@@ -121,3 +121,24 @@ def test_recorded_topk_agrees_with_the_calibration_ranks(tiny_llama, make_prompt
                 continue
             hit = np.flatnonzero(ids == answer[t])
             assert row[f"head_{k}"] == (hit[0] if len(hit) else -1)
+
+
+@pytest.mark.unit
+def test_committed_calibration_replays_a_per_step_tree(capsys):
+    """On the demo calibration's recorded log-probs: keeping the whole envelope every step replays exactly as the
+    envelope itself, a smaller per-step tree accepts less than its envelope but more than one node's worth, and
+    `tree eval --dynamic` prints it beside the static tree of the same size."""
+    from workbench.calibrate.folder import Calibration
+    from workbench.cli import main
+
+    cal = Calibration("calibration/smollm2-135m-instruct-alpaca-eval")
+    env = load_tree("mc_sim_7b_63")
+    whole = cal.predict(DynamicPolicy(env.nodes, env), 64)["predicted_replay"]
+    assert whole == pytest.approx(cal.replay(env, "holdout", 64), abs=1e-12)
+    small = cal.predict(DynamicPolicy(8, env), 64)["predicted_replay"]
+    assert cal.replay(load_tree([[0]]), "holdout", 64) < small < whole
+    assert cal.batch_replay(DynamicPolicy(8, env), 4, "holdout", 64) < small  # a batch waits for its slowest
+    assert main(["tree", "eval", "mc_sim_7b_63", "--calibration", str(cal.folder), "--dynamic", "8",
+                 "--max-new-tokens", "64"]) == 0
+    out = capsys.readouterr().out
+    assert f"{small:.4f}" in out and "static" in out

@@ -31,9 +31,11 @@ from workbench.calibrate.ranks import (answer_rows, batch_walk, head_accuracies,
                                        path_probabilities, walk_answers, walk_steps)
 from workbench.core.data import load_prompt_records
 from workbench.core.io import read_json
+from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import acc_value_fn, empirical_value_fn, expected_length
 
 META, RANKS, CONTINUATIONS, ACCURACIES = "meta.json", "ranks.parquet", "continuations.parquet", "accuracies.csv"
+TOPK = "topk.parquet"  # the heads' top-k ids and log-probs at held-out positions (calibrate/topk.py writes it)
 META_VERSION = 2  # meta.json's "version"; 1: folders without it (upgrade_meta)
 SPLITS = ("all", "fit", "holdout")
 MAX_TOPK = 1 << 15  # ranks.parquet holds 16-bit ranks (ranks_frame): a larger top-k cannot be written
@@ -141,6 +143,25 @@ def read_ranks(f: Path, what: str, topk: int = MAX_TOPK) -> pd.DataFrame:
     return ranks
 
 
+def read_topk(f: Path, what: str, num_heads: int, topk: int) -> pd.DataFrame:
+    """topk.parquet, checked: prompt_id, position and per head k logp_k (topk floats, descending) and ids_k."""
+    try:
+        df = pd.read_parquet(f)
+    except Exception as e:  # pyarrow raises many types for a damaged file
+        raise WorkbenchError(f"{what}: {f.name} is not a readable parquet file ({type(e).__name__})") from None
+    need = ["prompt_id", "position"] + [f"{c}_{k + 1}" for k in range(num_heads) for c in ("logp", "ids")]
+    missing = [c for c in need if c not in df.columns]
+    if missing:
+        raise WorkbenchError(f"{what}: {f.name} lacks column(s) {', '.join(missing)}: record it again "
+                             "(`workbench calibrate --record-topk`)")
+    for k in range(num_heads):
+        lp = df[f"logp_{k + 1}"]
+        if len(df) and (lp.map(len) != topk).any():
+            raise WorkbenchError(f"{what}: {f.name}'s logp_{k + 1} does not hold {topk} values per row")
+    df["prompt_id"] = df["prompt_id"].astype("string")
+    return df
+
+
 def read_continuations(f: Path, what: str) -> dict[str, list[int]]:
     """continuations.parquet as prompt_id -> answer token ids, checked."""
     try:
@@ -217,12 +238,14 @@ class Calibration:
         return df
 
     def check_fits(self, tree) -> None:
+        tree = tree.envelope if isinstance(tree, DynamicPolicy) else tree
         if not self.fits(tree):
             K, topk = self.accuracies("all").shape
             raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the calibration has "
                                  f"{K} heads and top-{topk}")
 
     def fits(self, tree) -> bool:
+        tree = tree.envelope if isinstance(tree, DynamicPolicy) else tree
         K, topk = self.accuracies("all").shape
         return tree.depth <= K and tree.max_rank < topk
 
@@ -237,9 +260,30 @@ class Calibration:
     def _walk(self, tree, answers: pd.DataFrame, split: str, max_new_tokens: int | None) -> tuple:
         """(answer_rows, walk_steps) of a split's answers under a tree, kept: the replay and every batch size read
         one walk (a plan weighs some 20 trees at 4 batch sizes)."""
-        rows = self._cached(("rows", split, max_new_tokens), lambda: answer_rows(answers))
-        return rows, self._cached(("steps", tuple(map(tuple, tree.sorted_paths)), split, max_new_tokens),
-                                  lambda: walk_steps(tree, rows))
+        if isinstance(tree, DynamicPolicy):  # the same rows with the heads' log-probs beside them
+            rows = self._cached(("rows+logp", split, max_new_tokens),
+                                lambda: answer_rows(answers, self.head_logprobs(answers)))
+            key = ("dynamic", tree.nodes, tuple(map(tuple, tree.envelope.sorted_paths)))
+        else:
+            rows = self._cached(("rows", split, max_new_tokens), lambda: answer_rows(answers))
+            key = tuple(map(tuple, tree.sorted_paths))
+        return rows, self._cached(("steps", key, split, max_new_tokens), lambda: walk_steps(tree, rows))
+
+    def head_logprobs(self, rows: pd.DataFrame) -> np.ndarray:
+        """[len(rows), K, topk] float32: the heads' top-k log-probs at these ranks rows (topk.parquet, recorded for
+        the held-out answers by `workbench calibrate --record-topk`)."""
+        f = self.folder / TOPK
+        if not f.is_file():
+            raise WorkbenchError(f"{self.what} {self.folder}: no {TOPK} (the heads' log-probs a per-step tree is "
+                                 "chosen from): run `workbench calibrate --record-topk` on this folder")
+        df = self._cached("topk", lambda: read_topk(f, f"{self.what} {self.folder}", self.meta["num_heads"],
+                                                    self.meta["topk"]))
+        got = rows[["prompt_id", "position"]].merge(df, on=["prompt_id", "position"], how="left", sort=False)
+        cols = [f"logp_{k + 1}" for k in range(self.meta["num_heads"])]
+        if got[cols[0]].isna().any():
+            raise WorkbenchError(f"{self.what} {self.folder}: {TOPK} lacks some of the held-out positions; record it "
+                                 "again (`workbench calibrate --record-topk`)")
+        return np.stack([np.stack(got[c].to_numpy()) for c in cols], axis=1).astype(np.float32)
 
     def batch_replay(self, tree, batch: int, split: str = "holdout", max_new_tokens: int | None = None) -> float | None:
         """Tokens per step of `batch` of a split's answers decoded side by side (batch_walk: the batch waits for its
@@ -253,8 +297,11 @@ class Calibration:
 
     def predict(self, tree, max_new_tokens: int | None = None) -> dict[str, float]:
         """The three predicted tokens per step of a tree (names in the module docstring); predicted_replay only
-        when the calibration holds out prompts. max_new_tokens cuts the replayed answers, as a sweep does."""
+        when the calibration holds out prompts. max_new_tokens cuts the replayed answers, as a sweep does. A
+        per-step tree (DynamicPolicy) has only the replay: it is chosen from the heads' log-probs at each step."""
         self.check_fits(tree)
+        if isinstance(tree, DynamicPolicy):
+            return dict(predicted_replay=self.replay(tree, "holdout", max_new_tokens))
         out = dict(predicted_independent=expected_length(tree, self.accuracies("fit")),
                    predicted_joint=expected_length(tree, self.joint_value("fit")))
         replay = self.replay(tree, "holdout", max_new_tokens)

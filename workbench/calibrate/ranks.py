@@ -12,6 +12,8 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.trees import dynamic
+from workbench.trees.dynamic import DynamicPolicy
 
 NULL = -2  # in-memory marker for "target past the end of the continuation" (null in ranks.parquet)
 
@@ -82,13 +84,15 @@ def decoder_walk(tree, ranks: pd.DataFrame) -> float:
     return walk_answers(tree, answer_rows(ranks))
 
 
-def answer_rows(ranks: pd.DataFrame) -> tuple[np.ndarray, list[int]]:
+def answer_rows(ranks: pd.DataFrame, logp: np.ndarray | None = None) -> tuple:
     """Every prompt's rank rows, prompt after prompt, as one matrix [positions, K], and each prompt's position count
-    (the grouping is most of a walk's cost: a Calibration keeps it)."""
+    (the grouping is most of a walk's cost: a Calibration keeps it); with `logp` (the heads' top-k log-probs of
+    the same rows, [rows, K, k]), those too, in the same order: what a per-step tree's walk reads."""
     codes, _ = pd.factorize(ranks["prompt_id"])  # prompts in order of first appearance (no key: dropped)
     keep = np.flatnonzero(codes >= 0)
     order = keep[np.argsort(codes[keep], kind="stable")]  # each prompt's rows together, in their own order
-    return rank_matrix(ranks)[order], np.bincount(codes[keep]).tolist()
+    out = (rank_matrix(ranks)[order], np.bincount(codes[keep]).tolist())
+    return out if logp is None else out + (logp[order],)
 
 
 def accepted_depths(tree, mat: np.ndarray) -> np.ndarray:
@@ -113,11 +117,16 @@ def accepted_depths(tree, mat: np.ndarray) -> np.ndarray:
     return depth
 
 
-def walk_steps(tree, answers: tuple[np.ndarray, list[int]]) -> list[int]:
-    """Per prompt of answer_rows, the steps a greedy decoder with this tree takes over its answer: start at its
-    first position, accept accepted_depths there, jump past the accepted run."""
-    mat, lengths = answers
-    depth = accepted_depths(tree, mat).tolist()
+def walk_steps(tree, answers: tuple) -> list[int]:
+    """Per prompt of answer_rows, the steps a greedy decoder with this tree (or per-step policy) takes over its
+    answer: start at its first position, accept accepted_depths there, jump past the accepted run."""
+    mat, lengths = answers[:2]
+    if isinstance(tree, DynamicPolicy):
+        if len(answers) < 3:
+            raise WorkbenchError("a per-step tree is replayed on the heads' log-probs (topk.parquet): none given")
+        depth = dynamic.accepted_depths(tree, answers[2], mat).tolist()
+    else:
+        depth = accepted_depths(tree, mat).tolist()
     out, start = [], 0
     for n in lengths:
         t, end, steps = start, start + n, 0

@@ -9,12 +9,10 @@ import pandas as pd
 import torch
 
 from workbench import WorkbenchError
-from workbench.calibrate.folder import Calibration
+from workbench.calibrate.folder import TOPK, Calibration
 from workbench.core.io import atomic_write
 from workbench.runtime.generation import prepare_prompt, teacher_forced_hidden
 from workbench.runtime.heads import heads_fingerprint
-
-TOPK_FILE = "topk.parquet"
 
 
 @torch.no_grad()
@@ -63,5 +61,5 @@ def record_topk(folder, model, tok, heads, batch: int = 8, max_new_tokens: int |
         logps.append(lp)
         idss.append(ix)
     df = topk_frame(pids, [len(c) for c in conts], np.concatenate(logps), np.concatenate(idss))
-    atomic_write(cal.folder / TOPK_FILE, lambda tmp: df.to_parquet(tmp, index=False), "--calibration")
+    atomic_write(cal.folder / TOPK, lambda tmp: df.to_parquet(tmp, index=False), "--calibration")
     return df

@@ -15,9 +15,29 @@ from workbench.trees.tree import MEDUSA_TOPK
 
 # ==== calibrate ===============================================================================================
 
+def _record_topk(args) -> int:
+    """`calibrate --record-topk --name NAME`: topk.parquet for a finished calibration (per-step trees' replay)."""
+    from workbench.calibrate.folder import Calibration, calibration_root
+    from workbench.calibrate.topk import record_topk
+    from workbench.runtime.models import load_model_and_heads
+
+    folder = args.out or (calibration_root() / args.name if args.name else None)
+    if folder is None:
+        raise WorkbenchError("--record-topk works on a finished calibration: name it with --name NAME or --out DIR")
+    cal = Calibration(folder, "--record-topk")
+    model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype)
+    df = record_topk(cal.folder, model, tok, heads, max_new_tokens=args.max_new_tokens)
+    print(f"{cal.folder / 'topk.parquet'}: {len(df)} held-out positions x {heads.num_heads} heads x top-"
+          f"{cal.meta['topk']}")
+    return 0
+
+
 def _cmd_calibrate(args) -> int:
     from workbench.calibrate.run import CalibrateConfig, calibrate
     from workbench.runtime.parallel import one_process_warning
+
+    if args.record_topk:
+        return _record_topk(args)
 
     if one_process_warning():
         print(one_process_warning(), file=sys.stderr)
@@ -74,6 +94,10 @@ def add_calibrate(sub) -> None:
                    help="prompts answered together (one generate batch, one part file; default 32)")
     renamed(p, "--batch-size", "--gen-batch N")
     p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
+    p.add_argument("--record-topk", action="store_true",
+                   help="on a finished folder (--name/--out): record each head's top-k ids and log-probs at its "
+                        "held-out positions (topk.parquet), which per-step trees are replayed on; --model/--heads "
+                        "must be the calibration's own")
     p.add_argument("--continuations", metavar="DIR", help="reuse the greedy answers of a finished calibration of the "
                    "same model and prompts (new heads: skips generation)")
     p.add_argument("--trees-dir", help="where tree files go (default trees/, or OUT/trees with --out)")

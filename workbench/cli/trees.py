@@ -16,6 +16,7 @@ from workbench.measure.latency_file import latency_surface, read_latency
 from workbench.plan.fastest import fastest, limited
 from workbench.plan.rank import looks_like_plan, plan_source, read_plan
 from workbench.trees.accuracies import read_accuracies
+from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
 from workbench.trees.tree import (MAX_DEPTH, MAX_NODES, MEDUSA_TOPK, Tree, ascii_tree, buffers_record, load_tree, record_json, reference_trees,
                                   tree_record, tree_stats)
@@ -63,7 +64,9 @@ def _cmd_tree_buffers(args) -> int:
 
 
 def _cmd_tree_eval(args) -> int:
-    """`workbench tree eval TREE --calibration DIR`."""
+    """`workbench tree eval TREE --calibration DIR [--dynamic N]`."""
+    if args.dynamic:
+        return _eval_dynamic(args)
 
     rep = Calibration(args.calibration).report(load_tree(args.tree))
     print(f"tree {rep['tree'] or '(literal)'}: {rep['nodes']} nodes; calibration {rep['calibration']} "
@@ -75,6 +78,21 @@ def _cmd_tree_eval(args) -> int:
                       ("holdout_acceptance_length", "joint paths, holdout prompts")):
         if rep.get(key) is not None:
             print(f"{key:<26} {rep[key]:.4f}  ({what})")
+    return 0
+
+
+def _eval_dynamic(args) -> int:
+    """A per-step tree of N nodes chosen from TREE (the envelope) beside the static optimal N-node tree, both
+    replayed over the held-out answers: static or dynamic at this budget."""
+    cal = Calibration(args.calibration)
+    policy = DynamicPolicy(args.dynamic, load_tree(args.tree))
+    static = optimal_tree(cal.joint_value("fit"), args.dynamic, *cal.accuracies("fit").shape, name="joint")
+    cut = args.max_new_tokens
+    print(f"budget {args.dynamic} nodes, held-out answers{f' cut to {cut} tokens' if cut else ''}: tokens/step "
+          "replayed (batch 1)")
+    print(f"  static  {static.nodes}-node optimal tree (joint paths, fit prompts)  "
+          f"{cal.replay(static, 'holdout', cut):.4f}")
+    print(f"  dynamic {policy.name} (best path scores per step)  {cal.predict(policy, cut)['predicted_replay']:.4f}")
     return 0
 
 
@@ -325,6 +343,10 @@ def add_tree(sub) -> None:
     ev = tsub.add_parser("eval", help="a tree's predicted tokens per step on a calibration folder")
     ev.add_argument("tree", metavar="TREE", help=tree_help)
     ev.add_argument("--calibration", required=True, metavar="DIR", help="a `workbench calibrate` output folder")
+    ev.add_argument("--dynamic", type=bounded("nodes"), metavar="N",
+                    help="a per-step tree instead: the N nodes of best path score chosen from TREE at each step, "
+                         "replayed on the calibration's topk.parquet, beside the static optimal N-node tree")
+    ev.add_argument("--max-new-tokens", type=bounded("tokens"), help="with --dynamic: cut the answers to N tokens")
     ev.set_defaults(func=_cmd_tree_eval)
 
     o = sub.add_parser("optimize", help="the tree with the highest expected acceptance length for a node budget")
