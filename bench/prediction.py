@@ -33,11 +33,11 @@ from workbench.calibrate.folder import Calibration, default_calibration, list_ca
 from workbench.calibrate.ranks import decoder_walk  # noqa: E402
 from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
                                        without_load)
 from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
                                   prefill_share, spread, tokens_per_step)
+from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.measure.latency_file import latency_engine, latency_surface, read_latency  # noqa: E402
 from workbench.plan.rank import at_batch, calibration_source, candidates, rank  # noqa: E402
 

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from workbench import WorkbenchError
+from workbench.calibrate.finish import holdout_split
 from workbench.calibrate.folder import Calibration
 from workbench.calibrate.ranks import (NULL, decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
                                        ranks_frame)
-from workbench.calibrate.finish import holdout_split
 from workbench.calibrate.run import CalibrateConfig, calibrate, head_ranks
 from workbench.decode.loop import medusa_generate
 from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt

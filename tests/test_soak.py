@@ -28,8 +28,8 @@ import pytest
 from helpers import freeze_when
 from workbench.cli import main
 from workbench.core.io import work_folder
-from workbench.core.work import piece_files
 from workbench.core.provenance import without_load
+from workbench.core.work import piece_files
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [f"Tell me about the number {i}." for i in range(10)]

@@ -26,9 +26,9 @@ import os
 import pandas as pd
 
 from workbench import WorkbenchError
-from workbench.core.work import WorkState
 from workbench.core.provenance import setting, setting_cell
 from workbench.core.speed import relative_latency
+from workbench.core.work import WorkState
 from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, LATENCY_VERSION, spread_row, stamp
 from workbench.measure.vllm_runner import engine_results
 

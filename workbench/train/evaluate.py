@@ -13,12 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from workbench import WorkbenchError
-from workbench.calibrate.ranks import head_accuracies, ranks_frame
 from workbench.calibrate.finish import holdout_split
+from workbench.calibrate.ranks import head_accuracies, ranks_frame
 from workbench.calibrate.run import head_ranks
 from workbench.core.data import load_prompt_records, prompts_fingerprint
-from workbench.core.work import WorkState
 from workbench.core.speed import measured_speedup, tokens_per_step
+from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.runtime.engine import StepEngine, tree_setup
 from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt
