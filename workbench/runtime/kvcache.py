@@ -133,14 +133,6 @@ def _layer_devices(model, layers: int) -> list[torch.device]:
     return [model.device] * layers
 
 
-def _layer_devices(model, layers: int) -> list[torch.device]:
-    """The device of each decoder layer (one unless --device-map spread them)."""
-    blocks = getattr(model.get_decoder(), "layers", None)
-    if getattr(model, "hf_device_map", None) and blocks is not None and len(blocks) == layers:
-        return [next(b.parameters()).device for b in blocks]
-    return [model.device] * layers
-
-
 def allocate(model, batch: int, capacity: int, write: torch.Tensor, host: list) -> Cache:
     """A cache for `batch` sequences of `capacity` positions, refused in one line when the device lacks the memory:
     a PointerLayer per layer over one `Stacks` (`cache.stacks`)."""
