@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from streamlit.testing.v1 import AppTest
+
 from helpers import make_calibration, make_current_sweep, make_latency, make_sweep, make_walk_files, plotly_values
 
 from workbench import REPO_ROOT
-
-AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
 APP = REPO_ROOT / "app.py"
 TIMEOUT = 60
