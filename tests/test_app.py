@@ -19,6 +19,8 @@ from helpers import make_calibration, make_current_sweep, make_latency, make_swe
 
 from workbench import REPO_ROOT
 
+# Not in the `unit` tier though no test here loads a model but the live page's: each runs app.py in Streamlit's
+# script runner (seconds each, the two walks a minute each under load), and `-m unit` stays under a minute.
 APP = REPO_ROOT / "app.py"
 TIMEOUT = 60
 

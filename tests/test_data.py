@@ -63,6 +63,7 @@ def test_packaged_sets_give_the_records_of_the_original_files(name, monkeypatch)
     assert packaged == load_prompt_records(name)
 
 
+@pytest.mark.unit
 def test_named_sets_are_read_from_the_package_by_default(tmp_path, monkeypatch):
     monkeypatch.delenv("WORKBENCH_DATA_DIR", raising=False)
     assert len(load_prompt_records("alpaca-eval")) == 805
@@ -73,12 +74,14 @@ def test_named_sets_are_read_from_the_package_by_default(tmp_path, monkeypatch):
     assert load_prompts("alpaca-eval") == ["packaged"]
 
 
+@pytest.mark.unit
 def test_packaged_sets_carry_their_notice():
     notice = (PROMPTS_DIR / "NOTICE").read_text()
     assert "CC BY-NC 4.0" in notice and "NON-COMMERCIAL" in notice and "Apache License 2.0" in notice
     assert sorted(f.name for f in PROMPTS_DIR.glob("*.jsonl")) == ["alpaca-eval.jsonl", "mt-bench.jsonl"]
 
 
+@pytest.mark.unit
 def test_data_dir_env_overrides_the_packaged_copy(tmp_path, monkeypatch):
     (tmp_path / "alpaca_eval.json").write_text(json.dumps([{"instruction": "only one"}]))
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))
@@ -148,6 +151,7 @@ def test_main_job_runs_in_a_clone_without_shared_and_offline(tmp_path):
     assert len(list((tmp_path / "trees").glob("*.json"))) == 2
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "parquet"])
 @pytest.mark.parametrize("column", ["instruction", "prompt", "question"])
 def test_user_files_in_every_format(tmp_path, fmt, column):
@@ -166,6 +170,7 @@ def test_user_files_in_every_format(tmp_path, fmt, column):
     assert load_prompt_records(str(f)) == [("a", "first prompt"), ("b", "second prompt")]
 
 
+@pytest.mark.unit
 def test_turns_column_gives_the_first_turn(tmp_path):
     f = tmp_path / "q.jsonl"
     f.write_text(json.dumps({"turns": ["one", "two"]}) + "\n" + json.dumps({"turns": ["three", "four"]}) + "\n")
@@ -180,6 +185,7 @@ def test_turns_column_gives_the_first_turn(tmp_path):
     ('[{"instruction": "x", "id": 1}, {"instruction": "y", "id": 1}]', "duplicate"),
     ("[{not json", "cannot read"),
 ])
+@pytest.mark.unit
 def test_bad_files_are_one_line_errors(tmp_path, content, match):
     f = tmp_path / "bad.json"
     f.write_text(content)
@@ -188,6 +194,7 @@ def test_bad_files_are_one_line_errors(tmp_path, content, match):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.unit
 def test_missing_file_and_unknown_type(tmp_path):
     with pytest.raises(WorkbenchError, match="no such file.*alpaca-eval"):
         load_prompts(str(tmp_path / "nope.json"))
