@@ -13,9 +13,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CALIBRATION = ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
 PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
 
-pytestmark = pytest.mark.skipif(not PY or not Path(PY).is_file(),
-                                reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (.ci/run builds one; "
-                                       "docs/vllm.md has the one-line setup)")
+pytestmark = [pytest.mark.slow,  # the demo model
+              pytest.mark.skipif(not PY or not Path(PY).is_file(),
+                                 reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (.ci/run builds one; "
+                                        "docs/vllm.md has the one-line setup)")]
 
 
 def test_demo_heads_in_vllm_match_plain_vllm_and_our_decoder(tmp_path, capsys):
