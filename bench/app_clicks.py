@@ -20,6 +20,7 @@ one was.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import platform
 import re
@@ -334,6 +335,8 @@ def main(argv=None) -> int:
             print(f"error: {flag} {value}: not a folder; give the folder the app should read", file=sys.stderr)
             return 2
     why = ui.missing_browser()
+    if why is None and importlib.util.find_spec("selenium") is None:  # a dev dependency: the tests fail without it
+        why = "selenium is not installed (pip install -e '.[dev]')"
     if why:
         print(f"error: no browser to drive: {why}", file=sys.stderr)
         return 2

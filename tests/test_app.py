@@ -13,12 +13,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from streamlit.testing.v1 import AppTest
+
 from helpers import make_calibration, make_current_sweep, make_latency, make_sweep, make_walk_files, plotly_values
 
 from workbench import REPO_ROOT
 
-AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
-
+# Not in the `unit` tier though no test here loads a model but the live page's: each runs app.py in Streamlit's
+# script runner (seconds each, the two walks a minute each under load), and `-m unit` stays under a minute.
 APP = REPO_ROOT / "app.py"
 TIMEOUT = 60
 

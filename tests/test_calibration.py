@@ -24,6 +24,7 @@ def cal():
     return Calibration(CAL)
 
 
+@pytest.mark.unit
 def test_splits_partition_the_prompts(cal):
     every, fit, held = cal.ranks("all"), cal.ranks("fit"), cal.ranks("holdout")
     assert set(held["prompt_id"]) == set(cal.meta["holdout_ids"]) == cal.holdout_ids
@@ -36,6 +37,7 @@ def test_splits_partition_the_prompts(cal):
         cal.ranks("train")
 
 
+@pytest.mark.unit
 def test_accuracies_are_the_committed_csv(cal):
     from workbench.trees.accuracies import read_accuracies
 
@@ -43,6 +45,7 @@ def test_accuracies_are_the_committed_csv(cal):
     np.testing.assert_allclose(cal.accuracies("holdout"), head_accuracies(cal.ranks("holdout"), 10)[0])
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind,budget", [("indep", 16), ("joint", 64)])
 def test_predict_equals_what_calibrate_wrote(cal, kind, budget):
     """The tree files' numbers were computed by `workbench calibrate` when the calibration was made."""
@@ -55,6 +58,7 @@ def test_predict_equals_what_calibrate_wrote(cal, kind, budget):
     assert cal.report(tree)["holdout_acceptance_length"] == pytest.approx(written["holdout_acceptance_length"])
 
 
+@pytest.mark.unit
 def test_predict_by_definition(cal):
     tree = load_tree("mc_sim_7b_63")
     held = cal.ranks("holdout")
@@ -91,6 +95,7 @@ def _walk_by_definition(tree, prompts: list[np.ndarray]) -> tuple[float, float]:
     return tokens / steps, total / positions
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(5))
 def test_walk_equals_its_definition(seed):
     """The replay and the all-positions mean (computed for every position at once) equal the per-position walk on
@@ -130,6 +135,7 @@ def _steps_by_definition(tree, mat: np.ndarray) -> int:
     return steps
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(3))
 def test_batch_walk_is_the_goodput_over_every_batch(seed):
     """A batch of B answers steps until its slowest is done and plain decoding until its longest is: over every
@@ -163,6 +169,7 @@ def test_batch_walk_is_the_goodput_over_every_batch(seed):
         expected_max([], 2)
 
 
+@pytest.mark.unit
 def test_batch_replay_of_the_demo_falls_with_batch_size(cal):
     """On the demo's held-out answers a batch's tokens/step falls below each sequence's as the batch grows (the
     slowest sequence sets the steps): what the planner divides by at batch B."""
@@ -173,6 +180,7 @@ def test_batch_replay_of_the_demo_falls_with_batch_size(cal):
     assert got[3] / per_seq < 0.97
 
 
+@pytest.mark.unit
 def test_a_tree_is_walked_once_for_its_replay_and_every_batch_size(cal, monkeypatch):
     """A plan weighs each tree at every batch size: the replay and each batch's tokens/step read one walk of the
     held-out answers per tree and length, the numbers those of a fresh walk."""
@@ -192,6 +200,7 @@ def test_a_tree_is_walked_once_for_its_replay_and_every_batch_size(cal, monkeypa
     assert walks == [tree.paths]
 
 
+@pytest.mark.unit
 def test_tree_table(cal):
     trees = [load_tree("mc_sim_7b_63"), make_tree([[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]], "deep")]
     acc = cal.accuracies("fit")
@@ -206,6 +215,7 @@ def test_tree_table(cal):
                          "predicted_independent": pytest.approx(rows[0]["predicted_independent"])}]
 
 
+@pytest.mark.unit
 def test_path_comparison_measured_vs_independence(cal):
     """The calibration page's table: the most frequent measured paths, each against the product of its a_k^(i)."""
     table = cal.path_comparison("holdout", 12)
@@ -220,6 +230,7 @@ def test_path_comparison_measured_vs_independence(cal):
     assert len(cal.path_comparison("fit", 10 ** 6)) == len(cal.path_probabilities("fit"))
 
 
+@pytest.mark.unit
 def test_holdout_prompts_typical_context_and_files(cal):
     from workbench.core.data import load_prompt_records
 
@@ -233,6 +244,7 @@ def test_holdout_prompts_typical_context_and_files(cal):
     assert cal.latency_files() == [CAL / "latency-cpu.csv", CAL / "latency-forward-cpu.csv"]
 
 
+@pytest.mark.unit
 def test_finding_folders_and_file_names(tmp_path, monkeypatch):
     assert CAL in list_calibrations(REPO_ROOT / "calibration")
     monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(tmp_path))
@@ -251,6 +263,7 @@ def test_finding_folders_and_file_names(tmp_path, monkeypatch):
     assert default_latency_path("org/Other", "cpu") == tmp_path / "org-other" / "latency-cpu.csv"
 
 
+@pytest.mark.unit
 def test_calibrate_default_name_is_unchanged():
     from workbench.calibrate.run import default_name
 
@@ -269,6 +282,7 @@ def test_calibrate_default_name_is_unchanged():
     (lambda d: (d / "meta.json").write_text('{"version": 3, "topk": 10, "holdout_ids": []}'),
      "meta.json version '3', but this workbench reads calibrations of version 2"),
 ])
+@pytest.mark.unit
 def test_bad_folders_fail_in_one_line_on_opening(tmp_path, damage, match):
     folder = tmp_path / "c"
     shutil.copytree(CAL, folder, ignore=shutil.ignore_patterns("continuations.parquet", "*.csv"))

@@ -1,5 +1,6 @@
-"""Prompt loading: the packaged sets (equal to the original files), user files in every supported format, one-line
-errors, and the main job's prompts resolved from a copy of the package with no shared/ beside it and no network."""
+"""Prompt loading: the packaged sets (equal to the original files, vendored in tests/data/), user files in every
+supported format, one-line errors, and the main job's prompts resolved from a copy of the package with no data folder
+beside it and no network."""
 import json
 import os
 import subprocess
@@ -12,38 +13,38 @@ import pytest
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.core.data import PROMPTS_DIR, data_dirs, load_prompt_records, load_prompts
 
-SHARED = REPO_ROOT.parent / "shared" / "data"
-needs_shared = pytest.mark.skipif(not (SHARED / "alpaca_eval.json").is_file(), reason="no shared/data beside the repo")
+ORIGINALS = REPO_ROOT / "tests" / "data"  # the original files, as published (tests/data/README.md)
 
 
-@needs_shared
+@pytest.mark.unit
 def test_alpaca_eval_has_805_prompts_in_file_order():
     recs = load_prompt_records("alpaca-eval")
-    raw = json.loads((SHARED / "alpaca_eval.json").read_text())
+    raw = json.loads((ORIGINALS / "alpaca_eval.json").read_text())
     assert len(recs) == 805
     assert [t for _, t in recs] == [r["instruction"].strip() for r in raw]
     assert [pid for pid, _ in recs] == [str(i) for i in range(805)]
 
 
-@needs_shared
+@pytest.mark.unit
 def test_mt_bench_gives_80_first_turns_keyed_by_question_id():
     recs = load_prompt_records("mt-bench")
-    raw = [json.loads(line) for line in (SHARED / "mt_bench_questions.jsonl").read_text().splitlines() if line.strip()]
+    lines = (ORIGINALS / "mt_bench_questions.jsonl").read_text().splitlines()
+    raw = [json.loads(line) for line in lines if line.strip()]
     assert len(recs) == 80
     assert recs == [(str(r["question_id"]), r["turns"][0].strip()) for r in raw]
 
 
-@needs_shared
+@pytest.mark.unit
 def test_limit_takes_the_first_prompts():
     assert load_prompts("alpaca-eval", limit=3) == load_prompts("alpaca-eval")[:3]
     with pytest.raises(WorkbenchError, match="--limit"):
         load_prompts("alpaca-eval", limit=0)
 
 
-@needs_shared
+@pytest.mark.unit
 def test_alpaca_training_file_appends_non_empty_input():
-    raw = json.loads((SHARED / "alpaca_en_demo_1k.json").read_text())
-    texts = load_prompts(str(SHARED / "alpaca_en_demo_1k.json"))
+    raw = json.loads((ORIGINALS / "alpaca_en_demo_first10.json").read_text())
+    texts = load_prompts(str(ORIGINALS / "alpaca_en_demo_first10.json"))
     with_input = [i for i, r in enumerate(raw) if r["input"].strip()]
     without = [i for i, r in enumerate(raw) if not r["input"].strip()]
     assert with_input and without
@@ -52,16 +53,17 @@ def test_alpaca_training_file_appends_non_empty_input():
     assert texts[j] == raw[j]["instruction"].strip()
 
 
-@needs_shared
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["alpaca-eval", "mt-bench"])
 def test_packaged_sets_give_the_records_of_the_original_files(name, monkeypatch):
     """Same ids, same texts, same order: calibrations made on the original files stay comparable."""
     monkeypatch.delenv("WORKBENCH_DATA_DIR", raising=False)
     packaged = load_prompt_records(name)
-    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(SHARED))
+    monkeypatch.setenv("WORKBENCH_DATA_DIR", str(ORIGINALS))
     assert packaged == load_prompt_records(name)
 
 
+@pytest.mark.unit
 def test_named_sets_are_read_from_the_package_by_default(tmp_path, monkeypatch):
     monkeypatch.delenv("WORKBENCH_DATA_DIR", raising=False)
     assert len(load_prompt_records("alpaca-eval")) == 805
@@ -72,12 +74,14 @@ def test_named_sets_are_read_from_the_package_by_default(tmp_path, monkeypatch):
     assert load_prompts("alpaca-eval") == ["packaged"]
 
 
+@pytest.mark.unit
 def test_packaged_sets_carry_their_notice():
     notice = (PROMPTS_DIR / "NOTICE").read_text()
     assert "CC BY-NC 4.0" in notice and "NON-COMMERCIAL" in notice and "Apache License 2.0" in notice
     assert sorted(f.name for f in PROMPTS_DIR.glob("*.jsonl")) == ["alpaca-eval.jsonl", "mt-bench.jsonl"]
 
 
+@pytest.mark.unit
 def test_data_dir_env_overrides_the_packaged_copy(tmp_path, monkeypatch):
     (tmp_path / "alpaca_eval.json").write_text(json.dumps([{"instruction": "only one"}]))
     monkeypatch.setenv("WORKBENCH_DATA_DIR", str(tmp_path))
@@ -120,7 +124,6 @@ def test_prompt_sets_resolve_in_a_clone_without_shared_and_offline(tmp_path):
 
 def test_app_front_page_runs_in_a_clone_without_shared_and_offline(tmp_path):
     """The app's front page (the tree designer on the committed calibration) from the same copy, no network."""
-    pytest.importorskip("streamlit.testing.v1")
     clone, env = clone_without_shared(tmp_path)
     code = OFFLINE + ("from streamlit.testing.v1 import AppTest\n"
                       f"at = AppTest.from_file({str(clone / 'app.py')!r}, default_timeout=300).run()\n"
@@ -148,6 +151,7 @@ def test_main_job_runs_in_a_clone_without_shared_and_offline(tmp_path):
     assert len(list((tmp_path / "trees").glob("*.json"))) == 2
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("fmt", ["json", "jsonl", "csv", "parquet"])
 @pytest.mark.parametrize("column", ["instruction", "prompt", "question"])
 def test_user_files_in_every_format(tmp_path, fmt, column):
@@ -166,6 +170,7 @@ def test_user_files_in_every_format(tmp_path, fmt, column):
     assert load_prompt_records(str(f)) == [("a", "first prompt"), ("b", "second prompt")]
 
 
+@pytest.mark.unit
 def test_turns_column_gives_the_first_turn(tmp_path):
     f = tmp_path / "q.jsonl"
     f.write_text(json.dumps({"turns": ["one", "two"]}) + "\n" + json.dumps({"turns": ["three", "four"]}) + "\n")
@@ -180,6 +185,7 @@ def test_turns_column_gives_the_first_turn(tmp_path):
     ('[{"instruction": "x", "id": 1}, {"instruction": "y", "id": 1}]', "duplicate"),
     ("[{not json", "cannot read"),
 ])
+@pytest.mark.unit
 def test_bad_files_are_one_line_errors(tmp_path, content, match):
     f = tmp_path / "bad.json"
     f.write_text(content)
@@ -188,6 +194,7 @@ def test_bad_files_are_one_line_errors(tmp_path, content, match):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.unit
 def test_missing_file_and_unknown_type(tmp_path):
     with pytest.raises(WorkbenchError, match="no such file.*alpaca-eval"):
         load_prompts(str(tmp_path / "nope.json"))

@@ -4,6 +4,8 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
+
 from workbench import REPO_ROOT
 
 GENERATOR = REPO_ROOT / "docs" / "generate.py"
@@ -16,6 +18,7 @@ def _generator():
     return module
 
 
+@pytest.mark.unit
 def test_generated_docs_are_up_to_date():
     gen = _generator()
     stale = [str(path.relative_to(REPO_ROOT)) for path, text in gen.outputs().items()
@@ -23,6 +26,7 @@ def test_generated_docs_are_up_to_date():
     assert not stale, f"stale: {stale}; run `python docs/generate.py` and commit the result"
 
 
+@pytest.mark.unit
 def test_cli_reference_names_every_command_and_flag():
     """Every subcommand and every option string of the real parser appears in docs/cli.md (but the hidden old
     spellings, which only say the new one: shared.renamed)."""

@@ -49,7 +49,7 @@ TREES = {
     "mc_sim_7b_63": "mc_sim_7b_63",                                        # 63 nodes, sparse, depth 4
     "optimizer": make_tree(json.loads(OPTIMIZER_TREE.read_text())["medusa_choices"], "joint-64"),  # 64 nodes
 }
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (docs/running.md)"))]
 
 
 class Reference:
@@ -143,6 +143,7 @@ def _run(tokens: list[int], rows: list[list[float]]) -> DecodeResult:
     return res
 
 
+@pytest.mark.unit
 def test_classifier_rules():
     u, bf16 = unit_roundoff(torch.bfloat16), torch.bfloat16
     assert u == 2 ** -8 and unit_roundoff(torch.float16) == 2 ** -11 and unit_roundoff(torch.float32) == 2 ** -24

@@ -87,6 +87,7 @@ def _calibration(folder: Path) -> dict:
                 accuracies=(folder / "accuracies.csv").read_text())
 
 
+@pytest.mark.soak
 def test_calibrate_killed_at_a_random_point_resumes_to_the_same_folder(tiny_llama, prompts, tmp_path, capsys,
                                                                        request):
     rng, what = _seed(request)
@@ -109,6 +110,7 @@ DETERMINISTIC = ["run", "config", "tree", "kind", "nodes", "depth", "acceptance"
                  "exact_match", "mean_logprob", "distinct_2", "num_prompts", "new_tokens", "steps", "model", "prompts"]
 
 
+@pytest.mark.soak
 def test_sweep_killed_at_a_random_point_resumes_to_the_same_rows(tiny_llama, prompts, tmp_path, capsys, request):
     rng, what = _seed(request)
     trees = ["[[0]]", "[[1]]", "[[0],[1]]", "[[0],[0,0]]", "[[0],[0,0],[0,0,0]]", "[[0],[1],[2],[0,0]]",
@@ -137,6 +139,7 @@ def test_sweep_killed_at_a_random_point_resumes_to_the_same_rows(tiny_llama, pro
 
 # ----------------------------------------------------------------------------------------------- train-heads
 
+@pytest.mark.soak
 def test_train_heads_killed_at_a_random_point_resumes_to_the_same_heads(tiny_llama, prompts, tmp_path, capsys,
                                                                         request):
     from safetensors.torch import load_file

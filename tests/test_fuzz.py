@@ -535,6 +535,7 @@ def _kind(slot: Slot) -> str:
 CORPUS = _corpus()
 
 
+@pytest.mark.unit
 def test_the_corpus_is_large_and_distinct():
     assert len(CORPUS) >= 100 and len({c.id for c in CORPUS}) == len(CORPUS)
 

@@ -71,6 +71,7 @@ def test_hostile_case(case, env, tmp_path):
         assert not left, f"a refused run wrote {left}"
 
 
+@pytest.mark.unit
 def test_the_corpus_covers_every_subcommand_and_kind():
     subs = {c[0] for c in H.CASES}
     assert subs >= {"tree show", "tree list", "tree buffers", "tree eval", "optimize", "export", "calibrate",
@@ -83,6 +84,7 @@ def test_the_corpus_covers_every_subcommand_and_kind():
 
 # ----------------------------------------------------------------------------------------------- properties
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(limit=st.sampled_from(sorted(LIMITS)), value=st.one_of(
     st.integers(-(2 ** 70), 2 ** 70), st.sampled_from(["", "x", "1e3", "3.5", " 7 ", "1_000", "-0", "nan", "inf"])))
@@ -97,6 +99,7 @@ def test_an_integer_flag_is_in_range_or_one_clear_refusal(limit, value):
     assert 1 <= v <= high
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=6)))
 def test_a_float_flag_is_finite_or_refused(value):
@@ -107,6 +110,7 @@ def test_a_float_flag_is_finite_or_refused(value):
     assert math.isfinite(v) and 0 < v <= 1
 
 
+@pytest.mark.unit
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 10 ** 12),
                           st.sampled_from(["", "x", "1e400", "-1e400", "5e-324"])), min_size=3, max_size=3))
@@ -125,6 +129,7 @@ def test_a_latency_file_reads_to_finite_positive_seconds_or_is_refused(tmp_path_
     assert all(math.isfinite(r) and r > 0 for r in ratios)
 
 
+@pytest.mark.unit
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(nodes=st.one_of(st.integers(-3, 2 ** 63), st.floats(allow_nan=True)),
        rate=st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-2, 10)),
@@ -178,6 +183,7 @@ def trees(draw):
     return sorted(paths)
 
 
+@pytest.mark.unit
 @settings(max_examples=200, deadline=None)
 @given(trees())
 def test_the_eagle1_warning_names_exactly_the_nodes_drafted_from_another_row(paths):
@@ -188,6 +194,7 @@ def test_the_eagle1_warning_names_exactly_the_nodes_drafted_from_another_row(pat
     assert set(eagle1_misdrafted(load_tree([list(p) for p in paths]))) == {n for n, (a, b) in rows.items() if a != b}
 
 
+@pytest.mark.unit
 def test_the_issue_example_and_eagles_own_default_tree(capsys):
     assert main(["export", "[[0],[1],[0,0],[1,0],[1,0,0]]", "--format", "eagle"]) == 0
     err = capsys.readouterr().err
@@ -198,6 +205,7 @@ def test_the_issue_example_and_eagles_own_default_tree(capsys):
 
 # ----------------------------------------------------------------------------------------------- stdout
 
+@pytest.mark.unit
 @pytest.mark.parametrize("stream", ["closed", "full", "broken-pipe"])
 def test_results_that_cannot_reach_stdout_are_one_error_line(stream, capsys, monkeypatch):
     class Broken(io.StringIO):

@@ -240,6 +240,7 @@ def test_other_arguments_on_an_existing_folder_are_refused_unless_forced(run, ti
     _same_outputs(full, out)  # --force started over: batch 0 of the refused run is not mixed in
 
 
+@pytest.mark.unit
 def test_statistics_on_a_known_matrix():
     # 3 positions, 2 heads. Position 0: ranks (0, 1); 1: (0, -1); 2: (1, null)
     ranks = ranks_frame(["a"], [np.array([[0, 1], [0, -1], [1, NULL]], dtype=np.int16)], 2)
@@ -251,6 +252,7 @@ def test_statistics_on_a_known_matrix():
     assert measured_acceptance(tree, ranks) == pytest.approx((3 + 2 + 1) / 3)
 
 
+@pytest.mark.unit
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(-2, 3), min_size=3, max_size=3), min_size=1, max_size=40),
        st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=3), min_size=1, max_size=12))
@@ -266,6 +268,7 @@ def test_path_probabilities_match_brute_force_and_measured_acceptance(rows, path
     assert measured_acceptance(tree, ranks) == pytest.approx(1 + sum(probs.get(p, 0.0) for p in tree.paths))
 
 
+@pytest.mark.unit
 def test_holdout_split_is_deterministic_and_order_free():
     ids = [str(i) for i in range(50)]
     a = holdout_split(ids, 0.2)
@@ -375,6 +378,7 @@ def test_cli_calibrate_optimize_and_tree_eval(run, tiny_llama, prompt_file, tmp_
         assert f"{key:<26} {rep[key]:.4f}" in text
 
 
+@pytest.mark.unit
 def test_no_tree_when_no_guess_was_ever_right(tmp_path):
     from workbench.calibrate.finish import build_trees
 

@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("peft", reason="Medusa-2 needs peft (pip install peft)")
 
 from workbench.cli import main  # noqa: E402
 from workbench.runtime.heads import load_heads, save_heads  # noqa: E402
@@ -217,6 +216,7 @@ def test_two_stage_needs_heads_to_start_from(tied, tmp_path, capsys):
     assert rc == 2 and err[-1].startswith("error: --warmup two-stage")
 
 
+@pytest.mark.unit
 def test_eval_heads_bad_folder_is_one_error_line(tmp_path, capsys):
     rc = main(["eval-heads", "--medusa2", str(tmp_path / "missing")])
     err = capsys.readouterr().err.strip().splitlines()

@@ -88,6 +88,7 @@ def as_process(monkeypatch, rank: int, world: int) -> None:
 
 # ----------------------------------------------------------------------------------------------- the launch
 
+@pytest.mark.unit
 def test_share_is_accelerates_split_between_processes():
     from accelerate import PartialState
 
@@ -101,6 +102,7 @@ def test_share_is_accelerates_split_between_processes():
             assert [i for s in shares for i in s] == list(range(n))  # contiguous, in order, every item once
 
 
+@pytest.mark.unit
 def test_the_launchers_variables_say_the_rank(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "PMI_RANK", "PMI_SIZE",
                 "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "ACCELERATE_USE_CPU", "MASTER_ADDR",
@@ -131,6 +133,7 @@ def test_the_launchers_variables_say_the_rank(monkeypatch):
         current_launch()
 
 
+@pytest.mark.unit
 def test_accelerate_launch_cpu_starting_one_process_is_said(monkeypatch):
     for var in ("RANK", "WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
         monkeypatch.delenv(var, raising=False)
@@ -141,6 +144,7 @@ def test_accelerate_launch_cpu_starting_one_process_is_said(monkeypatch):
     assert one_process_warning() is None
 
 
+@pytest.mark.unit
 def test_the_processes_of_a_launch_share_the_run_lock_and_nobody_else_does(tmp_path):
     folder = tmp_path / "run"
     a0, a1 = Launch(0, 2, launcher=111, id="111@5"), Launch(1, 2, launcher=111, id="111@5")
@@ -288,6 +292,7 @@ def test_accelerate_launch_of_two_processes_equals_one_process(tiny_llama, promp
     assert _folder(out) == _folder(single)
 
 
+@pytest.mark.soak
 def test_a_killed_process_costs_only_its_missing_share(tiny_llama, prompts, single, tmp_path, capsys):
     seed = int(os.environ.get("WORKBENCH_FAULT_SEED", random.randrange(1 << 30)))
     rng, what = random.Random(seed), f"seed {seed} (WORKBENCH_FAULT_SEED={seed} reproduces it)"

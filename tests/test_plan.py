@@ -74,6 +74,7 @@ def brute_force(acc, table: dict) -> float:
 
 # ----------------------------------------------------------------------------------------------- the surface
 
+@pytest.mark.unit
 def test_version_1_latency_csvs_are_upgraded_to_batch_1(tmp_path):
     """A latency CSV of version 1 without a batch column (the committed bare-forward table as it was, before it was
     rewritten through upgrade_latency) reads as batch 1, as the rewritten one does; another version is one line."""
@@ -101,6 +102,7 @@ def test_version_1_latency_csvs_are_upgraded_to_batch_1(tmp_path):
         latency_surface(df, [1, 2, 4], context=128)
 
 
+@pytest.mark.unit
 def test_surface_names_every_missing_batch_size_and_context():
     df = pd.concat([surface(batches=(1, 2), context=128), surface(batches=(1,), context=512)])
     surf, ctx = latency_surface(df, [1, 2], target=400)  # 512 is nearer, but only 128 has both batch sizes
@@ -113,6 +115,7 @@ def test_surface_names_every_missing_batch_size_and_context():
         latency_surface(df, [1])
 
 
+@pytest.mark.unit
 def test_spread_columns_are_checked(tmp_path):
     df = surface()
     df.to_csv(tmp_path / "ok.csv", index=False)
@@ -125,6 +128,7 @@ def test_spread_columns_are_checked(tmp_path):
             read_latency(tmp_path / f)
 
 
+@pytest.mark.unit
 def test_one_speedup_formula_and_the_noise_test():
     table, spread = {1: 0.02, 5: 0.03}, {1: (0.019, 0.021), 5: (0.028, 0.033)}
     assert relative_latency(table, 4) == pytest.approx(0.03 / 0.02)
@@ -146,6 +150,7 @@ def _plan(acc, df, tmp_path, batches):
     return make_plan(plan_source(accuracies=tmp_path / "acc.csv"), tmp_path / "lat.csv", batches)
 
 
+@pytest.mark.unit
 def test_a_table_is_read_non_decreasing():
     """Pool-adjacent-violators on the Medusa steps: the least-squares non-decreasing fit (a dip pooled with what
     it undercuts), t(1) untouched, an ordered pair of columns stays ordered, the surface keeps the file's values."""
@@ -165,6 +170,7 @@ def test_a_table_is_read_non_decreasing():
     assert s[1]["measured"] == raw and s[1]["seconds"] == non_decreasing(raw) != raw
 
 
+@pytest.mark.unit
 def test_a_step_is_priced_at_its_own_depth(tmp_path):
     """Each head is one more vocabulary projection per sequence, so a table that times deep trees misprices bushy
     ones of as many tokens: with the heads' cost beside the table (depth, heads_seconds) a tree is priced at its own
@@ -213,10 +219,12 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
             read_latency(tmp_path / bad)
 
 
+@pytest.mark.unit
 def test_every_tree_counted():
     assert len(every_tree(3, 2)) == 676 - 1 and len(every_tree(2, 2)) == 24
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("shape", ["flat", "steep", "bump"])
 def test_plan_is_the_best_of_every_tree_per_batch_size(seed, shape, tmp_path):
@@ -241,6 +249,7 @@ def test_plan_is_the_best_of_every_tree_per_batch_size(seed, shape, tmp_path):
             assert (row["kind"] == "chain") == (tree.paths == chain_tree(tree.nodes).paths)
 
 
+@pytest.mark.unit
 def test_plan_kinds_move_with_batch_size(tmp_path):
     """With verify cost growing in B x n: a big tree at batch 1, smaller ones, a chain, then no speculation."""
     acc = np.array([[0.5, 0.1], [0.4, 0.05], [0.3, 0.02]])
@@ -256,6 +265,7 @@ def test_plan_kinds_move_with_batch_size(tmp_path):
     assert all(r["predicted_batch_tokens_per_step"] == r["predicted_tokens_per_step"] for r in plan["plans"])
 
 
+@pytest.mark.unit
 def test_runner_up_and_noise(tmp_path):
     """The runner-up is the best of another kind; it is within noise when the speedup ranges over the IQR of t
     overlap, and unknown without a spread."""
@@ -275,6 +285,7 @@ def test_runner_up_and_noise(tmp_path):
 
 # ----------------------------------------------------------------------------------------------- acceptance vectors
 
+@pytest.mark.unit
 def test_acceptance_vectors(tmp_path):
     (tmp_path / "a.csv").write_text("position,acceptance\n2,0.4\n1,0.7\n3,0.2\n")
     (tmp_path / "a.json").write_text("[0.7, 0.4, 0.2]")
@@ -288,6 +299,7 @@ def test_acceptance_vectors(tmp_path):
             check_acceptance(bad)
 
 
+@pytest.mark.unit
 def test_plan_from_an_acceptance_vector_weighs_chains_only(tmp_path, capsys):
     (tmp_path / "a.json").write_text("[0.8, 0.6, 0.45, 0.3]")
     surface(per_token=0.01, per_batch_token=0.03).to_csv(tmp_path / "lat.csv", index=False)
@@ -530,6 +542,7 @@ def test_plan_bad_input_is_one_error_line(calib, flat_latency, tmp_path, capsys)
         assert needle in _error_line(capsys), argv
 
 
+@pytest.mark.unit
 def test_plan_formats_cover_the_tree_formats():
     from workbench.export.engines import FORMATS
 
@@ -538,6 +551,7 @@ def test_plan_formats_cover_the_tree_formats():
         export_plan({"plans": []}, "onnx")
 
 
+@pytest.mark.unit
 def test_plan_files_carry_a_version_and_version_1_reads_through_its_upgrade(tmp_path):
     """The committed plans were rewritten through upgrade_plan; a plan without a version reads as they do, another
     version is one line."""
@@ -557,6 +571,7 @@ def test_plan_files_carry_a_version_and_version_1_reads_through_its_upgrade(tmp_
         read_plan(tmp_path / "v3.json")
 
 
+@pytest.mark.unit
 def test_speedups_by_kind_list_each_kind_once_per_batch_size_and_mark_the_choice():
     """What the app draws against batch size: per batch size, none at 1, the choice and the runner-up of another
     kind and the best chain at their predicted speedups, the plan's own choice marked (the committed demo plan)."""

@@ -44,10 +44,12 @@ def kind(command: str) -> str:
 BLOCKS = shell_blocks(README)
 
 
+@pytest.mark.unit
 def test_readme_is_at_most_10000_characters():
     assert len(README) <= 10_000, f"README.md has {len(README)} characters: move reference text to docs/"
 
 
+@pytest.mark.unit
 def test_readme_has_the_two_commands_and_its_install_and_test_lines_are_what_ci_runs():
     ci_lines = [re.sub(r"^pip install -q ", "pip install ", line.strip()) for line in CI.splitlines()]
     ci_commands = [c for c in ci_lines if c.startswith(CHECKED_BY_CI)]
@@ -63,6 +65,7 @@ def test_readme_has_the_two_commands_and_its_install_and_test_lines_are_what_ci_
         "the main job's block (install + calibrate)"
 
 
+@pytest.mark.unit
 def test_every_relative_link_in_readme_and_docs_resolves():
     docs = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
     missing = []
@@ -78,8 +81,7 @@ def test_every_relative_link_in_readme_and_docs_resolves():
 @pytest.fixture
 def scratch(tmp_path) -> tuple[Path, dict]:
     """A folder to run README commands in: a copy of calibration/, docs/ and app.py linked (read only)."""
-    if shutil.which("workbench") is None:
-        pytest.skip("no `workbench` command on PATH (install the package: pip install -e .)")
+    assert shutil.which("workbench"), "no `workbench` command on PATH (install the package: pip install -e .)"
     shutil.copytree(REPO_ROOT / "calibration", tmp_path / "calibration")
     for name in ("docs", "app.py"):
         (tmp_path / name).symlink_to(REPO_ROOT / name)
@@ -121,10 +123,8 @@ def test_every_readme_command_runs_as_written(scratch):
 
 def test_streamlit_command_serves_the_app(scratch):
     commands = [c for b in BLOCKS for c in b if kind(c) == "server"]
-    if not commands:
-        pytest.skip("README runs no server")
-    if shutil.which("streamlit") is None:
-        pytest.skip("streamlit is not installed")
+    assert commands, f"README runs no `{SERVER}`"
+    assert shutil.which("streamlit"), "no `streamlit` command on PATH (a dependency: pip install -e .)"
     folder, env = scratch
     port = free_port()
     env = dict(env, STREAMLIT_SERVER_PORT=str(port), STREAMLIT_SERVER_HEADLESS="true",

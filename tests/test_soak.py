@@ -92,7 +92,7 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_calibrate_killed_again_and_again_ends_byte_for_byte(tiny_llama, prompts, tmp_path, capsys, request):
     rng, what = _seed(request)
 
@@ -117,7 +117,7 @@ def test_calibrate_killed_again_and_again_ends_byte_for_byte(tiny_llama, prompts
     assert a.keys() == b.keys() and all(a[k] == b[k] for k in a), (what, [k for k in a if a.get(k) != b.get(k)])
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_train_heads_killed_again_and_again_ends_byte_for_byte(tiny_llama, prompts, tmp_path, capsys, request):
     rng, what = _seed(request)
 
@@ -135,7 +135,7 @@ def test_train_heads_killed_again_and_again_ends_byte_for_byte(tiny_llama, promp
     assert (tmp_path / "heads-killed" / f).read_bytes() == (tmp_path / "heads-whole" / f).read_bytes(), what
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_sweep_killed_again_and_again_ends_with_the_same_rows(tiny_llama, prompts, tmp_path, capsys, request):
     rng, what = _seed(request)
     trees = ["[[0]]", "[[1]]", "[[0],[1]]", "[[0],[0,0]]", "[[0],[0,0],[0,0,0]]", "[[0],[1],[0,0]]"]
@@ -186,7 +186,7 @@ def _soak_with_pieces(killed: list[str], whole: list[str], out: Path, rng, what,
     return kept
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 @pytest.mark.parametrize("mode", ["decoder-step", "verify"])
 def test_latency_killed_again_and_again_keeps_its_points(tiny_llama, prompts, tmp_path, capsys, request, mode):
     rng, what = _seed(request)
@@ -221,7 +221,7 @@ def test_latency_killed_again_and_again_keeps_its_points(tiny_llama, prompts, tm
                 assert got[k] == v or (v is None and pd.isna(got[k])), (what, name, k, got[k], v)
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_latency_rerun_with_other_settings_starts_over(tiny_llama, tmp_path, capsys, request):
     """Points kept by a killed run never mix with a rerun's of other flags: one note line, then a fresh CSV."""
     rng, what = _seed(request)
@@ -246,7 +246,7 @@ def test_latency_rerun_with_other_settings_starts_over(tiny_llama, tmp_path, cap
     assert len(df) == 6 and (df["repeats"] == 3).all() and not _pieces(out), what
 
 
-@pytest.mark.slow
+@pytest.mark.soak
 def test_eval_heads_killed_again_and_again_ends_with_the_same_result(tiny_llama, tmp_path, capsys, request):
     """Medusa-1: the tiny model with its format-2 heads; 'Medusa-2': the Medusa-layout folder of the same backbone
     with other heads (a folder eval-heads reads as any). Timing fields: live_medusa1.speedup, live_medusa2.speedup
@@ -281,13 +281,11 @@ def test_eval_heads_killed_again_and_again_ends_with_the_same_result(tiny_llama,
 VLLM_PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
 
 
-@pytest.mark.slow
+@pytest.mark.soak
+@pytest.mark.slow  # the demo model; six minutes of real vLLM restarts
 @pytest.mark.skipif(not VLLM_PY or not Path(VLLM_PY).is_file(),
-                    reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (e.g. /work/vllm-venv/bin/python; "
+                    reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (.ci/run builds one; "
                            "docs/vllm.md has the one-line setup)")
-@pytest.mark.skipif(not os.environ.get("WORKBENCH_SOAK_VLLM"),
-                    reason="six minutes of real vLLM restarts: set WORKBENCH_SOAK_VLLM=1 (the resume logic itself is "
-                           "tested without vLLM in test_vllm_check_keeps_finished_engines_and_starts_only_the_rest)")
 def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, capsys, request):
     """The demo model and heads, two prompts, K = 1, 2: three vLLM engines and three parts of our decoder."""
     rng, what = _seed(request)
@@ -308,6 +306,7 @@ def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, c
             assert startup == _piece_value(kept[f"vllm-engine-{i}"])["startup_s"], (what, i)
 
 
+@pytest.mark.unit
 def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, capsys):
     from workbench.core.work import WorkState, remove_work
 
@@ -331,6 +330,7 @@ def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, cap
     assert memory.get("a") == 1 and WorkState("/dev/null", {}).folder is None
 
 
+@pytest.mark.unit
 def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys):
     """A kill inside an atomic write leaves a dot file: never a piece, never counted, never a reason to refuse."""
     from workbench.core.work import WorkState
@@ -348,6 +348,7 @@ def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys):
     assert again.get("a") == 1 and again.get("b") is None
 
 
+@pytest.mark.unit
 def test_work_state_refuses_a_folder_it_did_not_write(tmp_path):
     from workbench import WorkbenchError
     from workbench.core.work import WorkState

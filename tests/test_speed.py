@@ -47,6 +47,7 @@ def _second_owners(tree: ast.AST) -> list[str]:
     return found
 
 
+@pytest.mark.unit
 def test_speed_quantities_have_one_owner():
     """No module but speed.py defines or computes a speed quantity (bench/ and the app included)."""
     offenders = {}
@@ -60,6 +61,7 @@ def test_speed_quantities_have_one_owner():
     assert not offenders, f"speed quantities computed outside {OWNER}: {offenders}"
 
 
+@pytest.mark.unit
 def test_the_scan_finds_a_second_owner():
     """The scan is not blind: a copy of the tokens/step and speedup formulas is caught."""
     copy = "def f(r, v):\n    a = r.tokens / r.steps\n    return r.tokens_per_s / v.tokens_per_s\n"
@@ -95,12 +97,14 @@ def test_measured_quantities_on_a_real_decode(tiny_llama):
     assert prefill_share([van]) == pytest.approx(max(r.prefill_s for r in van) / max(r.total_s for r in van))
 
 
+@pytest.mark.unit
 def test_spread_of_repeats():
     s = spread([3.0, 1.0, 2.0, 4.0])
     assert (s["min"], s["median"], s["max"], s["repeats"]) == (1.0, 2.5, 4.0, 4) and s["q1"] <= s["median"] <= s["q3"]
     assert spread([2.0])["q1"] == spread([2.0])["q3"] == 2.0
 
 
+@pytest.mark.unit
 def test_provenance_round_trip_and_mismatch():
     import pandas as pd
 

@@ -145,6 +145,7 @@ def _brute_force_best(acc, df):
     return best
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_fastest_tree_is_the_argmax_of_predicted_speedup(seed):
     """plan/fastest.py (plan's ranking at one batch size) picks what a brute force over every budget picks."""
@@ -160,6 +161,7 @@ def test_the_fastest_tree_is_the_argmax_of_predicted_speedup(seed):
     assert 1 < b < 63  # the synthetic cost curve puts the optimum inside, so the test can fail
 
 
+@pytest.mark.unit
 def test_optimize_latency_cli(tmp_path, capsys):
     acc = _acc(3)
     write_accuracies(tmp_path / "acc.csv", acc)
@@ -182,6 +184,7 @@ def test_optimize_latency_cli(tmp_path, capsys):
         assert curve["speedup"].idxmax() == b - 1
 
 
+@pytest.mark.unit
 def test_optimize_latency_at_one_batch_size(tmp_path, capsys):
     """--batch-sizes B reads that batch size's rows of a batched CSV: a steeper cost per token, a smaller tree."""
     acc = _acc(3)
@@ -216,6 +219,7 @@ def test_optimize_latency_picks_context_of_calibration(calib, tmp_path, capsys):
     assert json.loads((tmp_path / "t.json").read_text())["context"] == 32
 
 
+@pytest.mark.unit
 def test_latency_table_checks():
     df = synthetic_latency([1, 4, 16])
     assert latency_table(df, target=1e6)[1] == 128
@@ -229,6 +233,7 @@ def test_latency_table_checks():
 
 # ----------------------------------------------------------------------------------------------- sweep
 
+@pytest.mark.unit
 def test_parsers():
     assert parse_floats("0.01:0.25:0.04", "--epsilon") == [0.01, 0.05, 0.09, 0.13, 0.17, 0.21, 0.25]
     assert parse_floats("0.7,0", "--temperature") == [0.0, 0.7]
@@ -240,6 +245,7 @@ def test_parsers():
         parse_delta("cube")
 
 
+@pytest.mark.unit
 def test_dense_near_sizes():
     """Budget 64, depths 1..5, s <= 10: per depth the count sum_j s^j nearest 64 is 10, 56 (s=7), 84 (s=4),
     30 (s=2) and 62 (s=2); only those within a factor 1.5 (42.7..96) are kept."""
@@ -250,6 +256,7 @@ def test_dense_near_sizes():
     assert [t.nodes for t in dense_near(3, 1)] == [3]
 
 
+@pytest.mark.unit
 def test_sweep_configs_greedy_once_per_tree():
     trees = [(load_tree("[[0], [1]]"), "given"), (load_tree("[[0], [0, 0]]"), "given")]
     cfg = sweep_configs(trees, [0.0, 0.7], [0.05, 0.09, 0.13], "sqrt")
@@ -500,6 +507,7 @@ def test_sweep_trees_replay_picks_what_the_decoder_replay_prefers(calib):
         assert all(decoder_walk(t, answers) >= decoder_walk(r, answers) for r in rivals)
 
 
+@pytest.mark.unit
 def test_sweep_csvs_of_version_1_are_upgraded_by_one_function(tmp_path):
     """A sweep of version 1 (tests/data: before batch sizes, step timing, the version column; tokens/step named
     acceleration_rate) and one with the earliest prediction names read through upgrade_sweep alone: today's
@@ -531,6 +539,7 @@ def test_sweep_csvs_of_version_1_are_upgraded_by_one_function(tmp_path):
         read_sweep(tmp_path / "short.csv")
 
 
+@pytest.mark.unit
 def test_has_typical_means_rows_with_an_epsilon(tmp_path):
     """Fig. 5 needs typical-acceptance rows: the committed typical sweep has them, the greedy one has none."""
     from workbench import REPO_ROOT
@@ -540,6 +549,7 @@ def test_has_typical_means_rows_with_an_epsilon(tmp_path):
     assert has_typical(typical) and not has_typical(greedy)
 
 
+@pytest.mark.unit
 def test_find_csvs_by_the_columns_their_reader_needs(tmp_path):
     """The app's file pickers list the committed sweeps and the calibration's latency CSV, each by its reader's
     required columns, and skip other CSVs and unreadable files."""

@@ -67,6 +67,7 @@ def test_init_starts_from_given_heads_and_refuses_other_shapes(tiny_llama, promp
     assert not (tmp_path / "fresh").exists()  # refused before writing or generating anything
 
 
+@pytest.mark.unit
 def test_targets_are_t_plus_k_plus_1_within_a_sequence(tmp_path):
     ids = torch.tensor([10, 11, 12, 13, 20, 21, 22])
     seq = torch.tensor([0, 0, 0, 0, 1, 1, 1], dtype=torch.int32)
@@ -155,6 +156,7 @@ def test_cli_train_heads(tiny_llama, prompt_file, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["steps"] == 3
 
 
+@pytest.mark.unit
 def test_default_folders_cache_the_work_and_name_the_heads_after_the_model(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     assert default_folders(None) == (tmp_path / "train-heads" / "SmolLM2-135M-Instruct", DEMO_HEADS)
@@ -163,6 +165,7 @@ def test_default_folders_cache_the_work_and_name_the_heads_after_the_model(tmp_p
     assert default_folders("m.gguf")[1].name == "m-medusa-heads"
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("name", ["alpaca_eval.json", "mt_bench_questions.jsonl"])
 def test_held_out_sets_are_refused(tmp_path, name):
     f = tmp_path / name
@@ -223,6 +226,7 @@ def test_time_budget_flags_are_checked(tiny_llama, prompt_file, tmp_path, capsys
     assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
 
 
+@pytest.mark.unit
 def test_default_training_files_come_from_the_data_dir_only(tmp_path, monkeypatch, capsys):
     """The demo heads' training sets are read from $WORKBENCH_DATA_DIR (a GPU machine gets them carried there) and
     nowhere else: on a fresh clone without it, train-heads without --prompts is one error line naming both ways."""

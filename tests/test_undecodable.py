@@ -25,11 +25,8 @@ PROMPTS = ["Tell me a story.", "What is 2+2?", "hi", "Why is the sky blue?"]
 def _mamba():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    try:
-        cfg = AutoConfig.for_model("mamba", hidden_size=64, num_hidden_layers=2, vocab_size=128, state_size=4,
-                                   initializer_range=0.2, eos_token_id=2, pad_token_id=0, bos_token_id=1)
-    except (ValueError, KeyError):
-        pytest.skip("this transformers has no Mamba architecture")
+    cfg = AutoConfig.for_model("mamba", hidden_size=64, num_hidden_layers=2, vocab_size=128, state_size=4,
+                               initializer_range=0.2, eos_token_id=2, pad_token_id=0, bos_token_id=1)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return AutoModelForCausalLM.from_config(cfg).eval().requires_grad_(False)
@@ -103,7 +100,6 @@ def test_medusa2_refuses_a_mamba_before_generating(mamba_dir, tmp_path, capsys):
     """Medusa-2's LoRA adapts the decoder's attention and MLP projections; a Mamba has none (in_proj, x_proj, ...),
     so the recipe cannot apply: one error line from the model's config alone, before any answer is generated
     (Medusa-1 heads, which need no projection, train with the warning above)."""
-    pytest.importorskip("peft", reason="Medusa-2 needs peft")
     rc = main(["train-heads", "--recipe", "medusa-2", "--model", str(mamba_dir / "model"), "--prompts",
                str(mamba_dir / "prompts.jsonl"), "--tokens", "8", "--max-new-tokens", "3", "--gen-dtype", "float32",
                "--steps", "1", "--sequences-per-step", "2", "--num-heads", "2", "--warmup", "sine", "--no-amp",
@@ -118,7 +114,6 @@ def test_medusa2_refuses_a_mamba_before_generating(mamba_dir, tmp_path, capsys):
 def test_medusa2_on_a_hybrid_model_warns_as_medusa1_does(tmp_path):
     """A hybrid (attention + Mamba layers, Jamba) has the projections: Medusa-2 trains it, with Medusa-1's warning
     that the decoder cannot decode the result; both decided from the config before anything is generated."""
-    pytest.importorskip("peft", reason="Medusa-2 needs peft")
     from transformers import AutoConfig
 
     from workbench.runtime.kvcache import undecodable_warning
@@ -126,12 +121,9 @@ def test_medusa2_on_a_hybrid_model_warns_as_medusa1_does(tmp_path):
     from workbench.train.medusa2 import Medusa2Config
     from workbench.runtime.models import empty_model
 
-    try:
-        cfg = AutoConfig.for_model("jamba", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                   num_key_value_heads=2, intermediate_size=64, vocab_size=128, attn_layer_period=2,
-                                   attn_layer_offset=1, num_experts=1, use_mamba_kernels=False)
-    except (ValueError, KeyError):
-        pytest.skip("this transformers has no Jamba architecture")
+    cfg = AutoConfig.for_model("jamba", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                               num_key_value_heads=2, intermediate_size=64, vocab_size=128, attn_layer_period=2,
+                               attn_layer_offset=1, num_experts=1, use_mamba_kernels=False)
     cfg.save_pretrained(tmp_path / "jamba")
     skeleton = empty_model(str(tmp_path / "jamba"))
     assert {"q_proj", "o_proj"} <= set(lora_targets(skeleton, Medusa2Config(prompts=[])))

@@ -91,6 +91,7 @@ def test_vllm_heads_refuses_what_vllm_cannot_represent(tiny_llama, tmp_path, cap
     assert "give --out DIR" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_schedule_check_is_vllms():
     assert check_vllm_schedule([[3, 8, 1], [1, 2, 2]]) == [(1, 2, 2), (3, 8, 1)]  # vLLM sorts, then checks
     for bad, why in [([], "non-empty"), ([[0, 2, 1]], "positive"), ([[2, 1, 1]], "start must be <= end"),
@@ -105,6 +106,7 @@ def test_schedule_check_is_vllms():
         check_synthetic_rates([0.5, 0.4], 3)
 
 
+@pytest.mark.unit
 def test_version_windows_read_in_vllms_code():
     assert VLLM_WINDOWS["medusa"] == (None, "0.32.0")
     assert VLLM_WINDOWS["num_speculative_tokens_per_batch_size"] == ("0.24.0", None)
@@ -130,6 +132,7 @@ def _plan(tmp_path, ks, kind="calibration"):
     return read_plan(f)
 
 
+@pytest.mark.unit
 def test_medusa_plans_never_export_a_schedule_that_asserts(tmp_path):
     text, _, notes = export_plan(_plan(tmp_path, [3, 2, 0, 0]), "vllm")
     entries = json.loads(text)
@@ -146,6 +149,7 @@ def test_medusa_plans_never_export_a_schedule_that_asserts(tmp_path):
         export_plan(_plan(tmp_path, [2, 2, 2, 2]), "vllm", vllm_version="0.33.0")
 
 
+@pytest.mark.unit
 def test_acceptance_plans_name_the_users_drafter(tmp_path, capsys):
     plan = _plan(tmp_path, [3, 2, 1, 0], kind="acceptance")
     with pytest.raises(WorkbenchError, match="--method"):
@@ -164,6 +168,7 @@ def test_acceptance_plans_name_the_users_drafter(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["method"] == "eagle3"
 
 
+@pytest.mark.unit
 def test_vllm_check_without_an_interpreter_says_how_to_make_one(monkeypatch, tmp_path, capsys):
     monkeypatch.delenv("WORKBENCH_VLLM_PYTHON", raising=False)
     assert main(["vllm-check"]) == 2
@@ -173,6 +178,7 @@ def test_vllm_check_without_an_interpreter_says_how_to_make_one(monkeypatch, tmp
     assert "not an executable file" in capsys.readouterr().err
 
 
+@pytest.mark.unit
 def test_our_counts_are_vllms_per_position_counts():
     from workbench.export.vllm_check import compare_outputs, first_difference, per_position
 
@@ -184,6 +190,7 @@ def test_our_counts_are_vllms_per_position_counts():
                                                              "first_difference": [None, 1]}
 
 
+@pytest.mark.unit
 def test_our_last_step_counts_in_vllm_only_when_it_emitted_a_draft():
     from workbench.export.vllm_check import counted_like_vllm, vllm_steps
 
@@ -232,6 +239,7 @@ def _both_loops(stream: list[int], accepted: list[int], max_tokens: int, eos: in
     return ours, ours_steps, theirs, recorded
 
 
+@pytest.mark.unit
 def test_counted_like_vllm_equals_vllms_own_record_on_every_stop():
     """Every way a sequence can end (the budget or EOS on a root, on a draft, in the prefill), many times over:
     our steps counted by vllm_steps are exactly the steps vLLM records, in order, and the outputs agree."""
@@ -255,6 +263,7 @@ def test_counted_like_vllm_equals_vllms_own_record_on_every_stop():
     assert ended_on_root > 100 and ended_on_draft > 100  # both cases were exercised
 
 
+@pytest.mark.unit
 def test_check_table_renders_a_saved_result_with_and_without_per_sequence_steps():
     import copy
     from pathlib import Path

@@ -42,15 +42,12 @@ def driver_path() -> str | None:
 
 
 def missing_browser() -> str | None:
-    """Why no browser can be driven here (for a skip), or None."""
+    """Why no browser can be driven here (for a skip: Chromium is a system package, outside the project; .ci/run and
+    docs/running.md say so), or None. Selenium is a dev dependency: without it the browser tests fail."""
     if not CHROMIUM.is_file():
-        return f"{CHROMIUM} is absent (apt-get install -y chromium chromium-driver)"
+        return f"{CHROMIUM} is absent (apt-get install -y chromium chromium-driver, as .ci/run does)"
     if driver_path() is None:
-        return "chromedriver is absent (apt-get install -y chromium-driver)"
-    try:
-        import selenium  # noqa: F401
-    except ImportError:
-        return "selenium is not installed (pip install -e '.[dev]')"
+        return "chromedriver is absent (apt-get install -y chromium-driver, as .ci/run does)"
     return None
 
 
