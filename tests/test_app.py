@@ -376,7 +376,7 @@ def test_the_designer_prices_the_tree_at_its_own_depth(demo_files, monkeypatch, 
     want = designed_speedup(Calibration(demo_files["cal"]), tree, tables)
     assert tree.depth < 4
     assert float(metric(at, "predicted speedup").rstrip("x")) == pytest.approx(want["speedup"], abs=0.006)
-    assert want["speedup"] > designed_speedup(Calibration(demo_files["cal"]), tree, tables | {"heads": None})["speedup"]
+    assert want["speedup"] > designed_speedup(Calibration(demo_files["cal"]), tree, tables | {"head_cost": None})["speedup"]
 
 
 def test_streamlit_run_from_the_checkout_skips_the_full_gc_after_every_click():

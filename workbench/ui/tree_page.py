@@ -390,7 +390,8 @@ def hardware_input(src: Source) -> dict | None:
         st.caption(f"{path.name}: batch {tables['batch']}, context {tables['context']}, "
                    f"{len(tables['seconds'])} token counts" + ("" if tables["spread"] else "; no spread measured")
                    + ("; each tree priced at its own depth (the heads' cost is measured)" if tables.get("head_cost") else
-                      "; no heads' cost: trees priced at the depth the table timed (`workbench latency --mode heads`)"))
+                      "; no heads' cost: trees priced at the depth the table timed (`workbench latency --heads DIR` "
+                      "times it)"))
     return {"path": path, "tables": tables, "frame": df}
 
 
