@@ -49,7 +49,8 @@ TREES = {
     "mc_sim_7b_63": "mc_sim_7b_63",                                        # 63 nodes, sparse, depth 4
     "optimizer": make_tree(json.loads(OPTIMIZER_TREE.read_text())["medusa_choices"], "joint-64"),  # 64 nodes
 }
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (docs/running.md)"))]
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                            reason="no CUDA device here (docs/running.md)"))]
 
 
 class Reference:
