@@ -298,6 +298,7 @@ def test_bad_folders_fail_in_one_line_on_opening(tmp_path, damage, match):
     ("continuations.parquet", b"garbage", "continuations.parquet is not a readable continuations file",
      "typical_context"),
 ])
+@pytest.mark.unit
 def test_bad_files_fail_in_one_line_on_first_use(tmp_path, name, content, match, ask):
     folder = tmp_path / "c"
     shutil.copytree(CAL, folder, ignore=shutil.ignore_patterns("*.csv"))
@@ -311,6 +312,7 @@ def test_bad_files_fail_in_one_line_on_first_use(tmp_path, name, content, match,
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.unit
 def test_meta_of_version_1_reads_through_its_upgrade(tmp_path):
     """meta.json without a version (every folder before it was kept) opens as version 2 through upgrade_meta alone;
     the committed demo calibration was rewritten through it."""

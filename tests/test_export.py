@@ -12,6 +12,8 @@ from workbench.export.engines import (FORMATS, SUFFIXES, TARGETS, best_engine_sa
 from workbench.trees.optimize import acc_value_fn, best_dense_tree, dense_tree, expected_length, optimal_tree
 from workbench.trees.tree import load_tree, make_tree
 
+pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
+
 TREE = make_tree([[0], [0, 0], [1], [0, 1], [2], [0, 0, 0]], name="small")
 
 

@@ -644,6 +644,7 @@ def heads_indexes(draw) -> dict:
     return index
 
 
+@pytest.mark.unit
 @settings(max_examples=300, deadline=None)
 @given(heads_indexes())
 def test_a_heads_file_implies_only_what_it_holds_or_is_refused(index):
@@ -662,6 +663,7 @@ def test_a_heads_file_implies_only_what_it_holds_or_is_refused(index):
     assert layout.hidden_size <= MAX_HIDDEN and layout.vocab_size <= MAX_VOCAB
 
 
+@pytest.mark.unit
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 @given(ks=st.lists(st.one_of(st.integers(1, 40), st.integers((1 << 20) - 3, 10 ** 12)), min_size=1, max_size=3,
                    unique=True),

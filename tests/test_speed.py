@@ -143,6 +143,7 @@ def test_decoder_step_surface(tiny_llama):
     assert surface[2]["head_cost"]["depth"] == {1: 0, 3: depth} and set(surface[2]["head_cost"]["seconds"]) == {0, depth}
 
 
+@pytest.mark.unit
 def test_latency_has_no_migration_mode(capsys):
     """`latency --mode heads` (it only completed tables written before the heads' cost was kept) is gone: refused
     by the parser in one line, as is its --table input."""
