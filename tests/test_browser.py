@@ -214,13 +214,13 @@ def test_cut_column_check_sees_a_cut_column(tmp_path):
 # ----------------------------------------------------------------------------------------------- the answer
 
 def test_recommendation_with_its_evidence(server, browser):
-    """/tradeoffs opens with the warning (a current sweep contradicts the prediction), then the one sentence; old
-    sweeps are named old; the candidates are ranked; the designer gives the same sentence and shows the pick."""
+    """/tradeoffs opens with the warning (a current sweep contradicts the prediction), then the one sentence; the
+    candidates are ranked; the designer gives the same sentence and shows the pick."""
     url, _ = server
     _open(browser, f"{url}/tradeoffs", "Trade-offs")
     warnings = _alerts(browser)
     assert warnings[0].startswith("Measurements disagree with the prediction by more than their noise: ")
-    assert "c-current.csv, decoder static-cache-1, 20 prompts" in warnings[0]
+    assert "c-current.csv, 20 prompts" in warnings[0]
     body = _body(browser)
     said = re.search(r"Recommendation: (use .*?)\.\n", body).group(1)
     # the current sweep measured the plan's pick slower than plain decoding: the answer is no speculation, with
@@ -229,8 +229,7 @@ def test_recommendation_with_its_evidence(server, browser):
                     r"latency-cpu\.csv\): the best measured option, tree \S+ \(\d+ nodes\), ran at [\d.]+x of plain "
                     r"decoding \([\d.]+x \+- [\d.]+ on this machine \(c-current\.csv", said), said
     assert "the plan predicted tree" in said
-    open_tab(browser, "Sweep (Fig. 4)")
-    assert any("made by the decoder before the static-cache step (old)" in w for w in _alerts(browser))
+    open_tab(browser, "Sweep (Fig. 4)")  # a sweep's comparability rests on its recorded setting alone (no decoder marks)
     _expand(browser, "candidates, ranked by workbench plan")
     _settled(browser)
     _shots(browser, "tradeoffs-recommendation")

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.unit
 
 OLD = [  # (argv, the line it gets)
     (["latency", "--batch", "1,2"], "--batch: this flag is now --batch-sizes B1,B2,.."),
-    (["latency", "--mode", "heads", "--table", "lat.csv"], "--table: this flag is now --latency FILE"),
+    (["latency", "--table", "lat.csv"], "--table: this flag is now --out FILE"),
     (["decode", "--tree", "mc_sim_7b_63", "--prompt", "hi", "--batch", "2"], "--batch: this flag is now --batch-sizes B"),
     (["optimize", "--accuracies", "a.csv", "--batch-size", "2"], "--batch-size: this flag is now --batch-sizes B"),
     (["export", "plan.json", "--format", "vllm", "--batch-size", "2"], "--batch-size: this flag is now --batch-sizes B"),
