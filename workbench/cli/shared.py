@@ -30,6 +30,18 @@ def warn_line(message) -> None:
     print("warning: " + " ".join(str(message).split()), file=sys.stderr)
 
 
+def report_written(df, out) -> None:
+    """The end of a latency measurement's report: its setting, a warning when the machine was busy, the file."""
+    from workbench.core.provenance import describe, loaded, read_setting  # torch-free; the parser needs none of it
+
+    where = read_setting(df)
+    print(f"setting: {describe(where)}", file=sys.stderr)
+    if loaded(where):
+        warn_line("the machine was busy while measuring (load average above half its cores): these times are not "
+                  "this machine's; re-measure when it is idle")
+    print(f"wrote {out}", file=sys.stderr)
+
+
 @contextlib.contextmanager
 def cli_warnings():
     """How a command's warnings reach the user: the workbench's own (workbench.warn) one line each (warn_line);

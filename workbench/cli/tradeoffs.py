@@ -6,7 +6,7 @@ import sys
 
 from workbench import WorkbenchError
 from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
-                                  parse_ints, renamed, warn_line, write_output)
+                                  parse_ints, renamed, report_written, warn_line, write_output)
 from workbench.cli.vllm import add_vllm_latency_args
 from workbench.core.io import atomic_write_text, check_output, run_lock
 from workbench.core.work import remove_work
@@ -106,14 +106,7 @@ def cmd_latency(args) -> int:
             and r.get("forward_seconds") is not None else ""
         print(f"{r['batch']:>6}{r['context']:>8}{r['tokens']:>8}{1000 * r['seconds']:>10.3f}{iqr:>18}"
               f"{r['relative']:>11.3f}{fwd}", file=sys.stderr)
-    from workbench.core.provenance import describe, loaded, read_setting
-
-    where = read_setting(df)
-    print(f"setting: {describe(where)}", file=sys.stderr)
-    if loaded(where):
-        warn_line("the machine was busy while measuring (load average above half its cores): these times are "
-                  "not this machine's; re-measure when it is idle")
-    print(f"wrote {out}", file=sys.stderr)
+    report_written(df, out)
     return 0
 
 

@@ -6,7 +6,7 @@ import json
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import bounded, model_args, parse_ints, warn_line, write_output
+from workbench.cli.shared import bounded, model_args, parse_ints, report_written, write_output
 from workbench.core.io import atomic_write_text, check_output, run_lock
 from workbench.core.work import remove_work
 
@@ -134,8 +134,6 @@ def cmd_latency_vllm(args) -> int:
                                  settings=dict(model=label, drafter=heads_fingerprint(heads) if medusa else drafter))
         atomic_write_text(out, df.to_csv(index=False), "--out")
         remove_work(out)
-    from workbench.core.provenance import describe, loaded, read_setting
-
     r0 = df.iloc[0]
     print(f"vLLM {r0['engine_version']} served rounds ({drafter['method']}), context {r0['context']} (range "
           f"{r0['context_min']}..{r0['context_max']}), median and interquartile range of {int(r0['repeats'])} passes:",
@@ -145,12 +143,7 @@ def cmd_latency_vllm(args) -> int:
         iqr = f"{1000 * r['seconds_q1']:.2f}..{1000 * r['seconds_q3']:.2f}"
         print(f"{r['batch']:>6}{r['tokens'] - 1:>4}{1000 * r['seconds']:>10.2f}{iqr:>18}{r['relative']:>10.3f}"
               f"{r['served_tokens_per_step']:>11.3f}", file=sys.stderr)
-    where = read_setting(df)
-    print(f"setting: {describe(where)}", file=sys.stderr)
-    if loaded(where):
-        warn_line("the machine was busy while measuring (load average above half its cores): these times are not "
-                  "this machine's; re-measure when it is idle")
-    print(f"wrote {out}", file=sys.stderr)
+    report_written(df, out)
     return 0
 
 
