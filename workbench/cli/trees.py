@@ -88,11 +88,12 @@ def _eval_dynamic(args) -> int:
     policy = DynamicPolicy(args.dynamic, load_tree(args.tree))
     static = optimal_tree(cal.joint_value("fit"), args.dynamic, *cal.accuracies("fit").shape, name="joint")
     cut = args.max_new_tokens
+    dynamic = cal.predict(policy, cut)["predicted_replay"]  # first: a missing topk.parquet stops before any output
     print(f"budget {args.dynamic} nodes, held-out answers{f' cut to {cut} tokens' if cut else ''}: tokens/step "
           "replayed (batch 1)")
     print(f"  static  {static.nodes}-node optimal tree (joint paths, fit prompts)  "
           f"{cal.replay(static, 'holdout', cut):.4f}")
-    print(f"  dynamic {policy.name} (best path scores per step)  {cal.predict(policy, cut)['predicted_replay']:.4f}")
+    print(f"  dynamic {policy.name} (best path scores per step)  {dynamic:.4f}")
     return 0
 
 
