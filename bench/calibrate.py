@@ -29,7 +29,7 @@ from workbench.calibrate.run import CalibrateConfig, calibrate  # noqa: E402
 from workbench.core.data import load_prompt_records  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import dtype_name  # noqa: E402
-from workbench.runtime.engine import decode_one, logits_of, new_cache, prefill  # noqa: E402
+from workbench.runtime.forward import decode_one, logits_of, new_cache, prefill  # noqa: E402
 from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.runtime.heads import save_heads  # noqa: E402
 from workbench.runtime.models import load_base, load_model_and_heads  # noqa: E402

@@ -23,8 +23,10 @@ import torch  # noqa: E402
 from workbench import WorkbenchError  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.decode import acceptance  # noqa: E402
-from workbench.decode.loop import Acceptance, best_path, medusa_generate, typical_decisions  # noqa: E402
-from workbench.runtime.engine import StepEngine, tree_setup  # noqa: E402
+from workbench.decode.loop import Acceptance, medusa_generate
+from workbench.decode.acceptance import best_path, typical_decisions  # noqa: E402
+from workbench.runtime.engine import StepEngine
+from workbench.runtime.treemask import tree_setup  # noqa: E402
 from workbench.runtime.generation import prepare_prompt  # noqa: E402
 from workbench.runtime.models import load_model_and_heads, model_label  # noqa: E402
 

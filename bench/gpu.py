@@ -48,8 +48,11 @@ from workbench.core.speed import (decoder_overhead, goodput, mean_step_s, measur
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.measure.latency import device_name, latency_tree, measure_latency  # noqa: E402
-from workbench.plan.rank import make_plan, plan_source, plan_trees  # noqa: E402
-from workbench.runtime.engine import StepEngine, compile_mode, forward_probe, root_setup, tree_setup  # noqa: E402
+from workbench.plan.rank import make_plan
+from workbench.plan.source import plan_source
+from workbench.plan.plan_file import plan_trees  # noqa: E402
+from workbench.runtime.engine import StepEngine, compile_mode, forward_probe
+from workbench.runtime.treemask import root_setup, tree_setup  # noqa: E402
 from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.runtime.models import load_model_and_heads, pick_device  # noqa: E402
 from tests.support.tiny import random_heads, tiny_model  # noqa: E402

@@ -39,7 +39,8 @@ from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measure
                                   prefill_share, spread, tokens_per_step)
 from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.measure.latency_file import latency_engine, latency_surface, read_latency  # noqa: E402
-from workbench.plan.rank import at_batch, calibration_source, candidates, rank  # noqa: E402
+from workbench.plan.rank import at_batch, candidates, rank
+from workbench.plan.source import calibration_source  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
 MEASURED = {"speedup": decode_speedup, "end_to_end_speedup": measured_speedup,
@@ -85,7 +86,7 @@ def measure_batch(model, heads, tok, prompts, b: int, top: list[dict], max_new_t
     import torch
 
     from workbench.decode.loop import medusa_generate, vanilla_generate
-    from workbench.runtime.engine import tree_setup
+    from workbench.runtime.treemask import tree_setup
 
     with torch.inference_mode():
         chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]

@@ -109,7 +109,7 @@ def blocks() -> dict[str, str]:
     from workbench.core import data
     from workbench.export import engines as export
     from workbench.measure import latency_file as latency, sweep_file
-    from workbench.plan import rank as plan
+    from workbench.plan import plan_file as plan
     from workbench.calibrate.folder import PREDICTED_COLUMNS
     from workbench.calibrate.ranks import ranks_frame
     from workbench.trees.tree import reference_trees

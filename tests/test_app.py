@@ -132,7 +132,9 @@ def test_the_plan_tab_exports_without_torch():
     _runs_in_a_fresh_python("import json, sys\n"
                             "from workbench import WorkbenchError\n"
                             "from workbench.export.engines import PLAN_FORMATS, export_plan\n"
-                            "from workbench.plan.rank import check_plan, make_plan, plan_json, plan_source\n"
+                            "from workbench.plan.plan_file import check_plan, plan_json\n"
+                            "from workbench.plan.rank import make_plan\n"
+                            "from workbench.plan.source import plan_source\n"
                             "cal = 'calibration/smollm2-135m-instruct-alpaca-eval'\n"
                             "plan = make_plan(plan_source(calibration=cal), cal + '/latency-cpu.csv', (1, 2, 4, 8))\n"
                             "plan = check_plan(json.loads(plan_json(plan)))\n"
@@ -187,7 +189,7 @@ def test_tree_designer_models(demo_files, monkeypatch):
     assert emp_tree_emp > 1 and ind > 1
     at.radio(key="tree_model").set_value("dense per level (vLLM)").run()
     no_exception(at)
-    from workbench.export.engines import vllm_uniform
+    from workbench.export.vllm import vllm_uniform
     from workbench.trees.tree import load_tree
     dense = load_tree(tree_file(at)["medusa_choices"])
     assert vllm_uniform(dense) and dense.nodes <= 63
@@ -881,14 +883,14 @@ def test_engine_repair_is_a_button(demo_files, monkeypatch):
     no_exception(at)
     rec = tree_file(at)
     assert rec["name"] == "your tree_trtllm_safe" and rec["method"] == "repaired trtllm-safe"
-    from workbench.export.engines import first_level_gaps
+    from workbench.export.trtllm import first_level_gaps
     from workbench.trees.tree import load_tree
     assert not first_level_gaps(load_tree(rec["medusa_choices"]))
     assert not any("first level lacks" in w.value for w in at.warning)
     assert any(i.value.startswith("engine-safe for trtllm: 4 -> ") for i in at.info)
     at.button(key="tree_reset_btn").click().run()
     at.button(key="tree_best_vllm_btn").click().run()
-    from workbench.export.engines import vllm_uniform
+    from workbench.export.vllm import vllm_uniform
     assert vllm_uniform(load_tree(tree_file(at)["medusa_choices"]))
     assert all("/" not in str(v) for k, v in tree_file(at).items() if k != "medusa_choices")  # no server paths
 
@@ -897,7 +899,8 @@ def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
     """A latency table with several batch sizes: the page plans per batch size (tree, chain or none), draws the
     predicted speedup of each kind against batch size, and offers the plan and each engine's output."""
     from workbench.calibrate.folder import Calibration
-    from workbench.plan.rank import make_plan, plan_source
+    from workbench.plan.rank import make_plan
+    from workbench.plan.source import plan_source
 
     at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
     batched = next(o for o in options(at, "to_lat_pick") if str(o).endswith("latency-batched.csv"))

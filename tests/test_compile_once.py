@@ -12,7 +12,8 @@ from workbench.decode import loop
 from workbench.decode.loop import Acceptance
 
 from workbench.decode.loop import medusa_generate, vanilla_generate
-from workbench.runtime.engine import StepEngine, root_setup, tree_setup
+from workbench.runtime.engine import StepEngine
+from workbench.runtime.treemask import root_setup, tree_setup
 from support.tiny import random_heads, tiny_model
 
 LENGTHS = (20, 140, 270, 420, 460)  # across any power-of-two or 256-multiple bucket of prompt + new tokens + tree

@@ -9,9 +9,8 @@ from helpers import Oracle, checked_steps
 
 from workbench import WorkbenchError
 from workbench.cli import main
-from workbench.decode.loop import (ENTROPY_FORMS, Acceptance, accept_greedy, accept_nucleus, accept_typical, entropy,
-                                   first_proposal, medusa_generate, sample_nucleus, typical_decisions, uniforms,
-                                   vanilla_generate)
+from workbench.decode.loop import Acceptance, first_proposal, medusa_generate, uniforms, vanilla_generate
+from workbench.decode.acceptance import ENTROPY_FORMS, accept_greedy, accept_nucleus, accept_typical, entropy, sample_nucleus, typical_decisions
 from workbench.runtime.engine import TreeBuffers
 from workbench.runtime.generation import prepare_prompt
 from workbench.runtime.models import load_model_and_heads
@@ -457,7 +456,8 @@ def test_one_engine_and_prebuilt_buffers_serve_many_prompts_and_trees(tiny):
     """One StepEngine (its static cache reused, reallocated when a longer generation needs it) and TreeBuffers
     built once: Medusa on every tree and vanilla, interleaved over prompts of different lengths, all stay plain
     greedy, and the cache holds exactly prompt + emitted after every step."""
-    from workbench.runtime.engine import StepEngine, tree_setup
+    from workbench.runtime.engine import StepEngine
+    from workbench.runtime.treemask import tree_setup
 
     heads = random_heads(64, 128, 5, tied=True, seed=3)
     engine = StepEngine(tiny.model, compile=False)
@@ -501,7 +501,8 @@ def test_compile_that_cannot_work_is_one_error_line(tiny, monkeypatch, capsys):
 def test_time_verify_keeps_the_context_fixed(tiny):
     """Timing a bare verify forward writes rows past the pointer but leaves the cache where it was: the next
     generation step sees the same prefix."""
-    from workbench.runtime.engine import StepEngine, root_setup, time_verify, tree_setup
+    from workbench.runtime.engine import StepEngine, time_verify
+    from workbench.runtime.treemask import root_setup, tree_setup
 
     engine = StepEngine(tiny.model, compile=False)
     with torch.inference_mode():

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export.engines import best_engine_safe, engine_safe, export_tree
+from workbench.export.engines import best_engine_safe, engine_safe
 from workbench.runtime.treemask import tree_buffers
 from workbench.trees.optimize import best_dense_tree, dense_tree, expected_length, optimal_tree
 from workbench.trees.tree import load_tree, make_tree, reference_trees
+
+from support.words import export_tree  # warnings worded as the CLI shows them
 
 pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
 

@@ -23,7 +23,8 @@ from workbench.decode import acceptance, loop as decode, step
 from workbench.decode.divergence import ROUNDING_UNITS, divergence_counts, divergences, rounding_bound, unit_roundoff
 from workbench.decode.loop import DecodeResult, Step, medusa_generate, vanilla_generate
 from workbench.measure.sweep import run_sweep, sweep_configs
-from workbench.runtime.engine import StepEngine, logits_of
+from workbench.runtime.engine import StepEngine
+from workbench.runtime.forward import logits_of
 from workbench.runtime.generation import prepare_prompt
 from workbench.runtime.heads import save_heads
 from workbench.trees.optimize import dense_tree
@@ -227,7 +228,7 @@ def _accept_unverified(logits, tokens, tree):
     return last, torch.full_like(last, 2), logits[:, 1].argmax(dim=-1)
 
 
-def _keep_without_moving(cache, state, ancestors, last, count):
+def _keep_without_moving(cache, state, path, count):
     """A deliberately broken cache compaction: the prefixes grow by the accepted nodes (the step does that) but
     off-path nodes are never moved next to them."""
 

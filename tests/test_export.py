@@ -7,10 +7,13 @@ import numpy as np
 import pytest
 
 from workbench import WorkbenchError
-from workbench.export.engines import (FORMATS, SUFFIXES, TARGETS, best_engine_safe, engine_safe, export_plan, export_tree,
-                                      first_level_gaps, vllm_uniform)
+from workbench.export.engines import FORMATS, SUFFIXES, TARGETS, best_engine_safe, engine_safe
+from workbench.export.trtllm import first_level_gaps
+from workbench.export.vllm import vllm_uniform
 from workbench.trees.optimize import acc_value_fn, best_dense_tree, dense_tree, expected_length, optimal_tree
 from workbench.trees.tree import load_tree, make_tree
+
+from support.words import export_plan, export_tree  # warnings worded as the CLI (or the app) shows them
 
 pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
 
@@ -202,7 +205,8 @@ def test_trtllm_target_names_the_tensorrt_backend_and_its_removal():
 
 def _plan_file(tmp_path, rows, chains):
     """A plan file: rows (batch, kind, nodes, tokens/step, speedup), each row's best chain (k, tokens/step, speedup)."""
-    from workbench.plan.rank import chain_tree, plan_json
+    from workbench.plan.source import chain_tree
+    from workbench.plan.plan_file import plan_json
 
     plans, alts = [], []
     for (b, kind, n, tps, s), (k, ctps, cs) in zip(rows, chains):
@@ -221,8 +225,8 @@ def _plan_file(tmp_path, rows, chains):
 def test_vllm_schedule_from_a_plan(tmp_path):
     """Row i covers its batch size up to the next row's minus one; equal neighbours merge; a tree row becomes the
     plan's best chain with its cost noted; batch sizes below the first row take the first row."""
-    from workbench.export.engines import vllm_schedule
-    from workbench.plan.rank import read_plan
+    from workbench.export.vllm import vllm_schedule
+    from workbench.plan.plan_file import read_plan
 
     f = _plan_file(tmp_path, [(2, "tree", 4, 1.9, 1.5), (4, "chain", 2, 1.8, 1.4), (8, "chain", 2, 1.8, 1.2),
                               (32, "none", 0, 1.0, 1.0)],
@@ -259,6 +263,25 @@ def test_app_warnings_name_the_apps_controls_not_cli_flags():
         assert not any("--" in w for w in app), (fmt, app)
     assert any("--engine-safe" in w for w in export_tree(bad, "trtllm")[1])
     assert any("repair buttons" in w for w in export_tree(bad, "trtllm", front="app")[1])
+
+
+def test_warnings_are_codes_with_a_fix_each_front_end_words_itself():
+    """The export returns what is wrong as a code and the fix's key; the CLI and the app each word every fix, the
+    CLI with flags, the app with its controls (so the text a user reads names what they can act on)."""
+    from workbench.export import engines
+    from support.words import CLI_FIXES, app_fixes
+
+    bad = load_tree([[1], [1, 12], [1, 0], [1, 1], [1, 0, 0]])
+    codes = {fmt: [(w.code, w.fix) for w in engines.export_tree(bad, fmt)[1]] for fmt in FORMATS}
+    assert codes == {"medusa": [("rank_topk", "max_rank")], "eagle": [("rank_topk", "max_rank")], "json": [],
+                     "trtllm": [("trtllm_first_level", "engine_safe"), ("trtllm_heads_unchecked", "num_heads")],
+                     "vllm": [("vllm_tree_versions", None), ("vllm_irregular", "dense")]}
+    deep = load_tree([[0] * d for d in range(1, 10)] + [[0, 16]])
+    assert [w.code for w in engines.export_tree(deep, "trtllm", heads=9, max_draft_len=5)[1]] == \
+        ["trtllm_draft_len", "trtllm_cpp_rank", "trtllm_cpp_depth"]
+    assert set(CLI_FIXES) == set(app_fixes())  # every fix worded by both front ends
+    for w in engines.export_tree(deep, "trtllm", heads=9, max_draft_len=5)[1]:
+        assert "{fix}" in w.text and "{fix}" not in w.words(CLI_FIXES) and "{fix}" not in w.words(app_fixes())
 
 
 def test_trtllm_cpp_runtime_limits_warn_beyond_and_not_within():

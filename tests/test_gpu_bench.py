@@ -6,7 +6,8 @@ import json
 from pathlib import Path
 
 from workbench.measure.latency_file import read_latency
-from workbench.plan.rank import make_plan, plan_source
+from workbench.plan.rank import make_plan
+from workbench.plan.source import plan_source
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "gpu.py"
 

@@ -187,7 +187,7 @@ def trees(draw):
 @settings(max_examples=200, deadline=None)
 @given(trees())
 def test_the_eagle1_warning_names_exactly_the_nodes_drafted_from_another_row(paths):
-    from workbench.export.engines import eagle1_misdrafted
+    from workbench.export.eagle import eagle1_misdrafted
     from workbench.trees.tree import load_tree
 
     rows = _eagle1_rows(paths)

@@ -16,8 +16,9 @@ from workbench.cli import main
 from workbench.core.speed import relative_latency, speedup, speedup_at, speedup_range, within_noise
 from workbench.export.engines import PLAN_FORMATS, export_plan
 from workbench.measure.latency_file import latency_surface, non_decreasing, read_latency
-from workbench.plan.rank import (PLAN_ROW, check_acceptance, chain_tree, make_plan, plan_json, plan_source,
-                                 read_acceptance, read_plan)
+from workbench.plan.rank import make_plan
+from workbench.plan.plan_file import PLAN_ROW, plan_json, read_plan
+from workbench.plan.source import check_acceptance, chain_tree, plan_source, read_acceptance
 from workbench.trees.accuracies import write_accuracies
 from workbench.trees.optimize import expected_length
 from workbench.trees.tree import load_tree, make_tree
@@ -556,7 +557,7 @@ def test_plan_files_carry_a_version_and_version_1_reads_through_its_upgrade(tmp_
     """The committed plans were rewritten through upgrade_plan; a plan without a version reads as they do, another
     version is one line."""
     from workbench import REPO_ROOT
-    from workbench.plan.rank import PLAN_VERSION, read_plan, upgrade_plan
+    from workbench.plan.plan_file import PLAN_VERSION, read_plan, upgrade_plan
 
     f = REPO_ROOT / "docs" / "results" / "plan-cpu.json"
     raw = json.loads(f.read_text())
@@ -576,7 +577,7 @@ def test_speedups_by_kind_list_each_kind_once_per_batch_size_and_mark_the_choice
     """What the app draws against batch size: per batch size, none at 1, the choice and the runner-up of another
     kind and the best chain at their predicted speedups, the plan's own choice marked (the committed demo plan)."""
     from workbench import REPO_ROOT
-    from workbench.plan.rank import read_plan, speedups_by_kind
+    from workbench.plan.plan_file import read_plan, speedups_by_kind
 
     plan = read_plan(REPO_ROOT / "docs" / "results" / "plan-cpu.json")
     df = speedups_by_kind(plan)

@@ -80,7 +80,8 @@ def test_pick_is_the_best_predicted_speedup_with_its_numbers(cal):
 
 def test_the_answer_is_plans_choice_with_plans_numbers(cal, tmp_path):
     """One ranker: the app's pick, its tokens/step and speedup are `workbench plan`'s for the same inputs."""
-    from workbench.plan.rank import make_plan, plan_source
+    from workbench.plan.rank import make_plan
+    from workbench.plan.source import plan_source
 
     f = tmp_path / "lat.csv"
     latency(CHEAP, batches=(1, 2), spread=0.05).to_csv(f, index=False)

@@ -594,7 +594,7 @@ def test_a_plan_is_checked_live_per_batch_size(tiny_llama, calib, prompt_file, t
     assert main(["sweep-report", str(sweep_csv), "--plan", str(plan_file)]) == 0
     md = capsys.readouterr().out
     assert "## Plan per batch size: predicted vs measured" in md and "## Goodput per batch size" in md
-    from workbench.plan.rank import plan_check
+    from workbench.plan.plan_file import plan_check
     check = plan_check(plan, read_sweep(sweep_csv))
     choice = check[check["role"] == "choice"].set_index("batch_size")
     assert list(choice.index) == [1, 2] and choice.loc[2, "measured_speedup"] == 1.0  # none is vanilla itself

@@ -55,7 +55,7 @@ def test_a_plan_priced_on_vllms_rounds_is_checked_in_vllm(tmp_path, capsys):
     """latency --engine vllm (batch 1 and 2, K 0..2, 3 prompts) -> plan on that surface -> vllm-check --plan on other
     held-out prompts, with the heads given as the folder `export --format vllm-heads` wrote (issue 52)."""
     from workbench.measure.latency_file import latency_engine, read_latency
-    from workbench.plan.rank import read_plan
+    from workbench.plan.plan_file import read_plan
 
     lat, plan, check, vh = (tmp_path / n for n in ("vllm.csv", "plan.json", "check.json", "vh"))
     assert main(["latency", "--engine", "vllm", "--calibration", str(CALIBRATION), "--prompts", "alpaca-eval",

@@ -13,7 +13,7 @@ from workbench.cli import main
 from workbench.export.engines import export_plan
 from workbench.export.vllm_speed import plan_rows, speed_rows
 from workbench.measure.latency_file import LATENCY_VERSION, latency_engine, read_latency
-from workbench.plan.rank import read_plan
+from workbench.plan.plan_file import read_plan
 
 ROUNDS = 6  # full rounds per pass the stand-in serves
 COST = {0: 0.010, 1: 0.013, 2: 0.018}  # seconds of a round at batch 1 by K; batch B costs B times more at K >= 1
@@ -162,6 +162,36 @@ def test_a_calibration_plan_on_vllm_has_no_trees(tmp_path):
         plan["plans"][0]["nodes"]
 
 
+def test_optimize_latency_and_the_designer_on_a_vllm_surface_name_what_plan_names(tmp_path, capsys):
+    """plan.fastest (optimize --latency, the designer's hardware-aware model) weighs what plan weighs on vLLM's
+    rounds: chains of the K vLLM timed, no trees, and the same pick as the plan at that batch size."""
+    from pathlib import Path
+
+    from workbench.calibrate.folder import Calibration
+    from workbench.plan.fastest import fastest, value_source
+    from workbench.plan.recommend import latency_tables
+
+    calib = Path(__file__).resolve().parents[1] / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    surface, plan_out, tree_out = _surface(tmp_path), tmp_path / "plan.json", tmp_path / "tree.json"
+    assert main(["plan", "--calibration", str(calib), "--latency", surface, "--batch-sizes", "2",
+                 "--out", str(plan_out)]) == 0
+    assert main(["optimize", "--calibration", str(calib), "--latency", surface, "--batch-sizes", "2",
+                 "--out", str(tree_out)]) == 0
+    err = capsys.readouterr().err
+    assert "vLLM rounds" in err and "hardware-aware chain K=" in err, err
+    row, alt = read_plan(plan_out)["plans"][0], read_plan(plan_out)["alternatives"][0]
+    written = json.loads(tree_out.read_text())
+    best = row if row["kind"] == "chain" else alt["runner_up"]  # none wins: optimize writes the best speculating one
+    assert written["medusa_choices"] == best["medusa_choices"] and written["engine"] == "vllm"
+    tables = latency_tables(read_latency(surface), batch=2)
+    res = fastest(value_source(Calibration(calib).accuracies("fit")), tables["seconds"], batch=2, curve=True,
+                  engine=tables["engine"])
+    assert {c["kind"] for c in res["choice"]["ranked"]} <= {"chain", "none"}
+    assert [c["nodes"] for c in res["curve"]] == [1, 2]  # the chains vLLM timed (K = 1, 2), nothing else
+    ours = fastest(value_source(Calibration(calib).accuracies("fit")), tables["seconds"], batch=2, curve=True)
+    assert any(c["kind"] == "tree" for c in ours["choice"]["ranked"])  # the same table read as our decoder's: trees
+
+
 def test_exporting_a_plan_priced_on_our_decoder_for_vllm_warns_once(tmp_path, capsys):
     acc = tmp_path / "acc.json"
     acc.write_text(json.dumps([0.6, 0.4, 0.2]))
@@ -176,7 +206,7 @@ def test_exporting_a_plan_priced_on_our_decoder_for_vllm_warns_once(tmp_path, ca
     assert len(warned) == 1 and warned[0].startswith("warning: the plan was priced on our decoder's step costs")
     assert "`workbench latency --engine vllm" in warned[0] and f"--acceptance {acc}" in warned[0]
     _, warns, _ = export_plan(read_plan(theirs), "vllm", method="eagle3", draft_model=tmp_path, batch_size=1)
-    assert not [w for w in warns if "priced on" in w]
+    assert not [w for w in warns if w.code == "plan_priced_elsewhere"]
 
 
 def test_latency_format_engine_columns_are_checked(tmp_path):

@@ -1,8 +1,8 @@
 """`workbench` command line: the parser and the entry point; bad input -> `error: ...`, exit status 2.
 
-A thin argparse layer over the package, one module per command group: trees.py (tree, optimize, export),
-heads.py (calibrate, decode, train-heads), tradeoffs.py (latency, sweep, sweep-report); shared.py holds the
-flags, flag parsers and output helpers they share.
+A thin argparse layer over the package, one module per command or group: trees.py (tree, optimize), export.py,
+calibrate.py, decode.py, train.py (train-heads, eval-heads), tradeoffs.py (latency, plan, sweep, sweep-report),
+vllm.py (vllm-check); shared.py holds the flags, flag parsers and output helpers they share.
 """
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ import os
 import sys
 
 from workbench import WorkbenchError, __version__
-from workbench.cli.heads import add_calibrate, add_decode, add_train_heads
+from workbench.cli.calibrate import add_calibrate
+from workbench.cli.decode import add_decode
+from workbench.cli.export import add_export
 from workbench.cli.shared import cli_warnings
 from workbench.cli.tradeoffs import add_tradeoffs
+from workbench.cli.train import add_train_heads
 from workbench.cli.trees import add_tree
 from workbench.cli.vllm import add_vllm_check
 from workbench.core.io import check_not_inputs
@@ -109,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"workbench {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # in the order a user meets them: trees, calibration, live decoding, trade-offs, training new heads
-    add_tree(sub)  # tree / optimize / export
+    add_tree(sub)  # tree / optimize
+    add_export(sub)
     add_calibrate(sub)
     add_decode(sub)
     add_tradeoffs(sub)  # latency / sweep / sweep-report

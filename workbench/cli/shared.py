@@ -137,7 +137,7 @@ def check_positions(model, total: int) -> None:
 
 def check_memory(need: int, what: str, device=None) -> None:
     """Refuse, before allocating, what would not fit the device's free memory."""
-    from workbench.runtime.engine import free_bytes
+    from workbench.runtime.kvcache import free_bytes
 
     import torch
     free = free_bytes(device or torch.device("cpu"))
@@ -215,7 +215,8 @@ def renamed(parser, old: str, new: str) -> None:
 # ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
 
 COMPILE_HELP = ("torch.compile the whole decoding step, once per (batch, tree size) (default: on for CUDA, off for "
-                "CPU, where inductor needs a C++ compiler and tens of seconds per shape); a failure is an error")
+                "CPU, where it pays only at batch 1 and only after thousands of steps: ~100 s per shape, "
+                "docs/measurements.md); a failure is an error")
 
 SHARED_FLAGS = {  # one declaration and help text per flag, whichever command takes it
     "--model": dict(help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"),

@@ -68,7 +68,8 @@ def cmd_latency(args) -> int:
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False,
                                  device_map=args.device_map)
-    from workbench.runtime.engine import cache_bytes, check_cacheable
+    from workbench.runtime.engine import check_cacheable
+    from workbench.runtime.kvcache import cache_bytes
 
     check_cacheable(model)
     vocab = model.get_output_embeddings().weight.shape[0]
@@ -111,7 +112,9 @@ def cmd_latency(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from workbench.plan.rank import make_plan, plan_json, plan_source, plan_table
+    from workbench.plan.rank import make_plan, plan_table
+    from workbench.plan.plan_file import plan_json
+    from workbench.plan.source import plan_source
 
     batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
     check_output(args.out, "--out")
@@ -174,7 +177,7 @@ def cmd_sweep(args) -> int:
         raise WorkbenchError("--replay chooses between the optimum and a dense tree per budget: add --budgets")
     plan = None
     if args.plan:  # the live check of a plan: its choice and runner-up at each of its batch sizes, greedy
-        from workbench.plan.rank import read_plan
+        from workbench.plan.plan_file import read_plan
 
         if args.trees or args.budgets or args.batch_sizes != "1":
             raise WorkbenchError("--plan sweeps the plan's own trees at its own batch sizes: drop --trees, --budgets "
@@ -210,7 +213,7 @@ def cmd_sweep(args) -> int:
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                                  device_map=args.device_map)
         if plan is not None:
-            from workbench.plan.rank import plan_trees
+            from workbench.plan.plan_file import plan_trees
 
             planned = plan_trees(plan)
             configs = S.sweep_configs([(t, "plan") for t, _, _ in planned], temps, eps, delta)
@@ -251,7 +254,7 @@ def cmd_sweep_report(args) -> int:
     check_output(args.out, "--out")  # before the imports: reading a sweep imports torch (sweep.py runs them too)
     check_output(args.figures, "--figures", "folder")
     from workbench.measure.latency_file import read_latency
-    from workbench.plan.rank import read_plan
+    from workbench.plan.plan_file import read_plan
     from workbench.plan.report import summarize
     from workbench.measure.sweep_file import read_sweep
 

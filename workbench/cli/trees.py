@@ -1,4 +1,4 @@
-"""Tree design commands: `tree show|list|buffers|eval`, `optimize` (also --latency) and `export`."""
+"""Tree design commands: `tree show|list|buffers|eval` and `optimize` (also --latency)."""
 from __future__ import annotations
 
 import argparse
@@ -9,12 +9,10 @@ from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
 from workbench.cli.shared import bounded, renamed, warn_line, write_json, write_output
 from workbench.core.io import atomic_write_text, check_output
-from workbench.export.engines import (PLAN_FORMATS, SAFE_ENGINES, VLLM_METHODS, best_engine_safe,
-                                      engine_safe, export_plan,
-                                      export_tree)
-from workbench.measure.latency_file import latency_surface, read_latency
+from workbench.export.engines import SAFE_ENGINES, best_engine_safe
+from workbench.measure.latency_file import latency_engine, latency_surface, read_latency
 from workbench.plan.fastest import fastest, limited
-from workbench.plan.rank import looks_like_plan, plan_source, read_plan
+from workbench.plan.source import plan_source
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
@@ -97,7 +95,7 @@ def _eval_dynamic(args) -> int:
     return 0
 
 
-def _objective(args):
+def objective(args):
     """(acc [K, R], value: acc or a path-probability fn) from --accuracies FILE or --calibration DIR [--joint]."""
 
     if args.calibration or getattr(args, "joint", False):  # a calibration folder: its fit prompts
@@ -127,7 +125,7 @@ def _cmd_optimize(args) -> int:
         raise WorkbenchError("--engine-safe gives one tree for --budget N; drop --latency / --curve")
     if args.latency:  # plan's ranking at one batch size
         return _optimize_for_latency(args)
-    acc, value = _objective(args)
+    acc, value = objective(args)
     heads, ranks = acc.shape
     if args.dense and args.curve:
         raise WorkbenchError("--curve describes optimal trees; drop --dense")
@@ -199,10 +197,10 @@ def _optimize_for_latency(args) -> int:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
     source = _latency_source(args)
     b = args.batch_sizes or 1
-    surface, ctx = latency_surface(read_latency(args.latency), [b], args.context, source["typical_context"],
-                                   f"--latency {args.latency}")
-    at = surface[b]
-    res = fastest(source, at["seconds"], at["spread"], at["head_cost"], b, args.budget, curve=True)
+    df = read_latency(args.latency)
+    surface, ctx = latency_surface(df, [b], args.context, source["typical_context"], f"--latency {args.latency}")
+    at, engine = surface[b], latency_engine(df)[0]
+    res = fastest(source, at["seconds"], at["spread"], at["head_cost"], b, args.budget, curve=True, engine=engine)
     rows = [dict(budget=c["nodes"], verify_tokens=c["nodes"] + 1, expected_length=c["tokens_per_step"],
                  batch_tokens_per_step=c["batch_tokens_per_step"], relative_latency=c["relative_latency"],
                  speedup=c["speedup"]) for c in res["curve"]]
@@ -220,7 +218,7 @@ def _optimize_for_latency(args) -> int:
     prov = dict(expected_acceptance_length=tree["tokens_per_step"], predicted_speedup=tree["speedup"],
                 relative_latency=tree["relative_latency"], budget=tree["nodes"], kind=tree["kind"],
                 method="hardware-aware", prediction=source["info"]["prediction"], latency=str(args.latency),
-                context=ctx, batch_size=b, accuracies=str(args.accuracies or args.calibration))
+                context=ctx, batch_size=b, accuracies=str(args.accuracies or args.calibration), engine=engine)
     write_output(record_json(tree_record(Tree(tree["tree"].paths, name), **prov)), args.out)
     what = f"chain K={tree['nodes']}" if tree["kind"] == "chain" else f"tree: {tree['nodes']} nodes"
     if best["kind"] == "none":
@@ -231,81 +229,9 @@ def _optimize_for_latency(args) -> int:
         f"{tree['tokens_per_step']:.4f} tokens/step"
     print(f"hardware-aware {what}, depth {tree['tree'].depth}, {tps} ({source['info']['prediction']}) at "
           f"{tree['relative_latency']:.3f}x step cost = predicted speedup "
-          f"{tree['speedup']:.3f}x (batch {b}, context {ctx})" + (f" -> {args.out}" if args.out else ""),
+          f"{tree['speedup']:.3f}x (batch {b}, context {ctx}, {'vLLM rounds' if engine == 'vllm' else 'our decoder'})"
+          + (f" -> {args.out}" if args.out else ""),
           file=sys.stderr)
-    return 0
-
-
-def _cmd_export(args) -> int:
-    if args.format == "vllm-heads":
-        return _export_vllm_heads(args)
-    if args.tree is None:
-        raise WorkbenchError("give a TREE or PLAN to export (only --format vllm-heads takes none)")
-    if args.model is not None or args.method or args.draft_model or args.vllm_version:
-        if not looks_like_plan(args.tree) or args.model is not None:
-            raise WorkbenchError("--model is for --format vllm-heads; --method, --draft-model and --vllm-version "
-                                 "for a plan with --format vllm")
-    check_output(args.out, "--out")
-    if looks_like_plan(args.tree):
-        return _export_plan(args)
-    if args.heads_dir is not None:
-        if args.heads_dir.strip().isdigit():  # the old --heads K of tree export
-            raise WorkbenchError(f"--heads {args.heads_dir}: this command counts heads with --num-heads "
-                                 f"{args.heads_dir.strip()} (--heads names a heads folder, for plan files)")
-        raise WorkbenchError("--heads DIR checks a plan file against its heads: give a plan (workbench plan --out), "
-                             "or --num-heads K for a tree")
-    if args.synthetic or args.batch_sizes is not None:
-        raise WorkbenchError("--synthetic and --batch-sizes read a plan file (workbench plan --out): this is a tree")
-    fmt = "vllm" if args.format == "vllm-tree" else args.format
-    tree = load_tree(args.tree, num_heads=args.heads)
-    if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
-        value = _objective(args)[1] if (args.accuracies or args.calibration) else None
-        tree, note = engine_safe(tree, fmt, value, max_nodes=args.max_draft_len, heads=args.heads)
-        print(f"note: {note}", file=sys.stderr)
-    elif args.accuracies or args.calibration:
-        raise WorkbenchError("--accuracies / --calibration only price an --engine-safe repair: add --engine-safe")
-    text, warns = export_tree(tree, fmt, name=args.name, heads=args.heads, max_draft_len=args.max_draft_len,
-                              strict=True)
-    for w in warns:
-        warn_line(w)
-    if fmt == "vllm":
-        print("note: a --speculative-config fragment; vLLM requires num_speculative_tokens == number of tree "
-              "nodes, and drafts trees with EAGLE-style proposers (add method eagle/eagle3 and model)",
-              file=sys.stderr)
-    write_output(text, args.out, f"{fmt} tree")
-    return 0
-
-
-def _export_plan(args) -> int:
-    """`workbench export PLAN.json --format F`: one engine's settings from a plan (workbench/export/engines.py)."""
-
-    if args.engine_safe or args.accuracies or args.calibration or args.heads is not None:
-        raise WorkbenchError("a plan file takes --heads DIR, --synthetic and --batch-sizes; --engine-safe, "
-                             "--accuracies, --calibration and --num-heads are for trees")
-    plan = read_plan(args.tree)
-    text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_sizes, args.name,
-                                     args.max_draft_len, args.method, args.draft_model, args.vllm_version)
-    for n in notes:
-        print(f"note: {n}", file=sys.stderr)
-    for w in warns:
-        warn_line(w)
-    write_output(text, args.out, f"{args.format} settings")
-    return 0
-
-
-def _export_vllm_heads(args) -> int:
-    """`workbench export [HEADS] --format vllm-heads --out DIR`: a heads folder vLLM's Medusa drafter loads."""
-    from workbench.export.engines import export_vllm_heads
-
-    if not args.out:
-        raise WorkbenchError("--format vllm-heads writes a folder: give --out DIR")
-    if args.tree is not None and args.heads_dir is not None:
-        raise WorkbenchError("give the heads once: HEADS or --heads DIR")
-    check_output(args.out, "--out", "folder")
-    _, notes = export_vllm_heads(args.tree or args.heads_dir, args.model, args.out)
-    for n in notes:
-        print(f"note: {n}", file=sys.stderr)
-    print(f"wrote vLLM Medusa heads to {args.out}", file=sys.stderr)
     return 0
 
 
@@ -317,19 +243,21 @@ class _RenamedHeads(argparse.Action):
                              "(--heads names a heads folder in decode, calibrate, sweep and latency)")
 
 
+TREE_HELP = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
+
+
 def _num_heads_arg(p, help_text: str) -> None:
     p.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help=help_text)
     p.add_argument("--heads", action=_RenamedHeads, help=argparse.SUPPRESS)
 
 
 def add_tree(sub) -> None:
-    """Register `tree` (show, list, buffers, eval), `optimize` and `export`."""
+    """Register `tree` (show, list, buffers, eval) and `optimize`."""
 
-    tree_help = "a tree: JSON file, Python literal like '[[0], [0, 0], [1]]', or a reference name (tree list)"
     t = sub.add_parser("tree", help="inspect trees: show, list, buffers")
     tsub = t.add_subparsers(dest="tree_command", required=True, metavar="SUBCOMMAND")
     s = tsub.add_parser("show", help="stats and an ASCII drawing of a tree")
-    s.add_argument("tree", metavar="TREE", help=tree_help)
+    s.add_argument("tree", metavar="TREE", help=TREE_HELP)
     _num_heads_arg(s, "check the depth against this many Medusa heads")
     s.add_argument("--accuracies", metavar="FILE", help="also show node probabilities and expected length")
     s.add_argument("--png", metavar="FILE", help="also draw the tree and its attention mask to a PNG file")
@@ -337,12 +265,12 @@ def add_tree(sub) -> None:
     ls = tsub.add_parser("list", help="the reference trees with their stats")
     ls.set_defaults(func=_cmd_tree_list)
     b = tsub.add_parser("buffers", help="Medusa tree-attention buffers as JSON")
-    b.add_argument("tree", metavar="TREE", help=tree_help)
+    b.add_argument("tree", metavar="TREE", help=TREE_HELP)
     b.add_argument("--topk", type=bounded("rank"), default=MEDUSA_TOPK, help="top-k per head in the candidate layout (Medusa: 10)")
     b.add_argument("--out", metavar="FILE", help="write the JSON here instead of stdout")
     b.set_defaults(func=_cmd_tree_buffers)
     ev = tsub.add_parser("eval", help="a tree's predicted tokens per step on a calibration folder")
-    ev.add_argument("tree", metavar="TREE", help=tree_help)
+    ev.add_argument("tree", metavar="TREE", help=TREE_HELP)
     ev.add_argument("--calibration", required=True, metavar="DIR", help="a `workbench calibrate` output folder")
     ev.add_argument("--dynamic", type=bounded("nodes"), metavar="N",
                     help="a per-step tree instead: the N nodes of best path score chosen from TREE at each step, "
@@ -380,40 +308,3 @@ def add_tree(sub) -> None:
                    "written: trtllm = first level ranks 0..k-1, ranks < 16 and at most 8 levels (its C++ runtime), vllm = "
                    "dense per level; reports the cost")
     o.set_defaults(func=_cmd_optimize)
-
-    e = sub.add_parser("export", help="write a tree or a plan for Medusa, TensorRT-LLM, vLLM or EAGLE",
-                       description="A tree: written for one engine. A plan (`workbench plan --out`): vllm writes a "
-                                   "--speculative-config with a K per batch-size range; the static formats write the "
-                                   "tree of one row (--batch-sizes B, default 1).")
-    e.add_argument("tree", metavar="TREE|PLAN|HEADS", nargs="?", help=tree_help + "; or a plan JSON file; with "
-                   "--format vllm-heads a heads folder (default: the demo heads)")
-    e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads",),
-                   help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
-                        "vllm-heads: a heads "
-                        "folder vLLM's Medusa drafter loads (--out DIR, --model BASE)")
-    e.add_argument("--name", help="variable / tree name (default: the tree's own)")
-    e.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help="number of Medusa heads: a deeper tree "
-                                                                          "is an error")
-    e.add_argument("--heads", dest="heads_dir", metavar="DIR", help="with a plan: the heads to serve; another "
-                   "model's heads (not the calibration's) are an error")
-    e.add_argument("--synthetic", action="store_true", help="with a plan and --format vllm: vLLM's synthetic "
-                   "rejection sampling at the plan's top-1 chain acceptance (for benchmarking the cost side)")
-    e.add_argument("--batch-sizes", type=bounded("batch"), metavar="B", help="with a plan: the row for this one batch size (static "
-                   "formats default to 1; for vllm, one K instead of the schedule)")
-    renamed(e, "--batch-size", "--batch-sizes B")
-    e.add_argument("--model", help="with --format vllm-heads: the base model whose output embedding the tied heads "
-                   "share (default: the embedded demo model)")
-    e.add_argument("--method", choices=VLLM_METHODS, help="with a plan and --format vllm: the drafter vLLM runs "
-                   "(default medusa with the plan's heads; an --acceptance plan needs one, e.g. eagle3)")
-    e.add_argument("--draft-model", metavar="DIR", help="with --method: the drafter's weights (written absolute)")
-    e.add_argument("--vllm-version", metavar="X.Y.Z", help="with --format vllm: the vLLM release to target "
-                   "(default 0.32.0 for Medusa, the newest checked otherwise); its version windows are checked")
-    e.add_argument("--max-draft-len", type=bounded("nodes"), default=63, metavar="N",
-                   help="TensorRT-LLM engine's max_draft_len (default 63)")
-    e.add_argument("--engine-safe", action="store_true", help="repair the tree so the engine builds it exactly as "
-                   "written (trtllm: drop the nodes past its C++ runtime's ranks < 16 and 8 levels, make the first "
-                   "level ranks 0..k-1; vllm: the best dense tree) and report the cost in expected acceptance length")
-    e.add_argument("--accuracies", metavar="FILE", help="with --engine-safe: accuracies that price the repair")
-    e.add_argument("--calibration", metavar="DIR", help="with --engine-safe: instead, a `workbench calibrate` folder")
-    e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
-    e.set_defaults(func=_cmd_export)

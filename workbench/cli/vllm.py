@@ -12,7 +12,7 @@ from workbench.core.work import remove_work
 
 
 def cmd_vllm_check(args) -> int:
-    from workbench.plan.rank import read_plan
+    from workbench.plan.plan_file import read_plan
     from workbench.export.vllm_check import check_table, vllm_check
     from workbench.measure.vllm_runner import vllm_python
 
@@ -98,7 +98,7 @@ def cmd_latency_vllm(args) -> int:
     check_output(None if args.out else args.calibration, "--calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
     from workbench.core.data import load_prompt_records
-    from workbench.export.engines import VLLM_METHODS
+    from workbench.export.vllm import VLLM_METHODS
     from workbench.export.vllm_check import vllm_inputs
     from workbench.measure.vllm_latency import DEFAULT_KS, measure_vllm_rounds
     from workbench.runtime.heads import heads_fingerprint

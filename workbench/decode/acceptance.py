@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench import ACCEPTANCE_KINDS, WorkbenchError
+from workbench.runtime.treemask import batched
 
 ENTROPY_FORMS = ("exact", "medusa")  # -sum p log p, or Medusa's code: -sum p log(p + 1e-5)
 
@@ -50,33 +51,36 @@ class Acceptance:
 
 def best_path(ok: torch.Tensor, score: torch.Tensor | None, tree) -> tuple[torch.Tensor, torch.Tensor]:
     """ok [B, N] (node accepted given its parent; ok[:, 0] = root), score [B, N] or None, tree: its `ancestors`
-    [N, D+1] and `depths` [N] -> (deepest accepted node [B], nodes accepted incl. the root [B]), on the device
+    [N, D+1] and `depths` [N] (or each sequence's, [B, ...]: treemask.batched) -> (deepest accepted node [B], nodes
+    accepted incl. the root [B]), on the device
     with fixed shapes. Every node's own path is a candidate: the longest fully accepted one wins, ties by the
     summed score (log-likelihood), then the lowest node."""
-    anc, depths = tree.ancestors, tree.depths
-    whole = ok[:, anc].all(dim=2)                                            # [B, N] every node on the path ok
+    tree = batched(tree, ok.shape[0])
+    anc, depths = tree.ancestors, tree.depths                                # [B, N, D+1], [B, N]
+    whole = ok.gather(1, anc.flatten(1)).view(anc.shape).all(dim=2)          # [B, N] every node on the path ok
     length = torch.where(whole, depths + 1, 0)                               # [B, N]
     if score is None:
         last = length.argmax(dim=1)                                          # [B]
     else:
-        real = torch.arange(anc.shape[1], device=anc.device)[None] <= depths[:, None]  # [N, D+1]
-        total = (score[:, anc] * real).sum(dim=2)                            # [B, N]
+        real = torch.arange(anc.shape[2], device=anc.device) <= depths[..., None]  # [B, N, D+1]
+        total = (score.gather(1, anc.flatten(1)).view(anc.shape) * real).sum(dim=2)  # [B, N]
         last = torch.where(length == length.amax(dim=1, keepdim=True), total, -math.inf).argmax(dim=1)
     return last, length.gather(1, last[:, None])[:, 0]
 
 
-def _parent_tokens_ok(tokens: torch.Tensor, target: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+def _parent_tokens_ok(tokens: torch.Tensor, target: torch.Tensor, tree) -> torch.Tensor:
     """tokens [B, N], target [B, N] (what each node's logits emit) -> ok [B, N]: node i's token == its parent's
     target (the root always)."""
+    parents = batched(tree, tokens.shape[0]).parents                                      # [B, N]
     root = torch.arange(tokens.shape[1], device=tokens.device) == 0                       # [N]
-    return (tokens == target[:, parents]) | root
+    return (tokens == target.gather(1, parents)) | root
 
 
 def accept_greedy(logits: torch.Tensor, tokens: torch.Tensor, tree):
     """logits [B, N, V] (any dtype: only their argmax is read), tokens [B, N] -> (last node [B], length [B], next
     token [B]). Lossless: plain greedy's output."""
     target = logits.argmax(dim=-1)                                           # [B, N]
-    last, length = best_path(_parent_tokens_ok(tokens, target, tree.parents), None, tree)
+    last, length = best_path(_parent_tokens_ok(tokens, target, tree), None, tree)
     return last, length, target.gather(1, last[:, None])[:, 0]
 
 
@@ -101,9 +105,10 @@ def typical_decisions(logits: torch.Tensor, tokens: torch.Tensor, tree, temperat
     p_parent(x) > min(epsilon, delta * exp(-H(p_parent))), the root always; p_parent(x) [B, N])."""
     p = _probs(logits, temperature)                                          # [B, N, V]
     threshold = torch.clamp(delta * torch.exp(-entropy(p, form)), max=epsilon)  # [B, N]
-    p_tok = p[:, tree.parents].gather(2, tokens[..., None])[..., 0]         # [B, N] p_parent(node token)
+    parents = batched(tree, tokens.shape[0]).parents                         # [B, N]
+    p_tok = p.flatten(1).gather(1, parents * p.shape[2] + tokens)           # [B, N] p_parent(node token)
     root = torch.arange(tokens.shape[1], device=tokens.device) == 0
-    return (p_tok > threshold[:, tree.parents]) | root, p_tok
+    return (p_tok > threshold.gather(1, parents)) | root, p_tok
 
 
 def accept_typical(logits: torch.Tensor, tokens: torch.Tensor, tree, temperature: float,
@@ -136,7 +141,7 @@ def accept_nucleus(logits: torch.Tensor, tokens: torch.Tensor, tree, temperature
     """One nucleus sample per node (uniform [B, N]); a child is accepted iff it equals its parent's sample, and the
     sample at the last accepted node is the next token: every emitted token is a nucleus sample given its prefix."""
     target = sample_nucleus(logits, temperature, top_p, uniform)           # [B, N]
-    last, length = best_path(_parent_tokens_ok(tokens, target, tree.parents), None, tree)
+    last, length = best_path(_parent_tokens_ok(tokens, target, tree), None, tree)
     return last, length, target.gather(1, last[:, None])[:, 0]
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 from workbench import WorkbenchError
-from workbench.decode.loop import DecodeResult, measured_speedup, overhead
+from workbench.decode.loop import DecodeResult
+from workbench.core.speed import measured_speedup, overhead
 
 def compare(medusa: DecodeResult, vanilla: DecodeResult) -> dict:
     """speedup, overhead (decode.measured_speedup / decode.overhead) and exactness against greedy, of one prompt."""

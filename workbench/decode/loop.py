@@ -25,16 +25,15 @@ import torch
 
 from workbench import WorkbenchError
 from workbench.core import speed
-from workbench.decode.acceptance import (ACCEPTANCE_KINDS, ENTROPY_FORMS, Acceptance, accept, accept_greedy,  # noqa: F401
-                                         accept_nucleus, accept_typical, best_path, entropy, first_token,
-                                         sample_nucleus, seed_for, typical_decisions, uniforms)
+from workbench.decode.acceptance import Acceptance, first_token, seed_for, uniforms
 from workbench.decode.step import RECORDED_TOPK, Plan, decode_step, unpack
 from workbench.runtime.engine import StepEngine
-from workbench.runtime.forward import (Proposer, check_window, clock, head_logits, head_proposer, logits_of, new_cache,
+from workbench.runtime.forward import (Proposer, check_window, clock, head_logits, logits_of, new_cache,
                                        prefill)
 from workbench.runtime.generation import context_length, eos_ids
 from workbench.runtime.heads import check_heads_fit
-from workbench.runtime.treemask import TreeBuffers, root_setup, tree_candidates, tree_setup  # noqa: F401
+from workbench.runtime.treemask import TreeBuffers, root_setup, tree_setup
+from workbench.trees.dynamic import DynamicPolicy
 
 # ----------------------------------------------------------------------------------------------- results
 
@@ -204,6 +203,7 @@ class Request:
     eos_token_id: object = None
     on_step: Callable | None = None
     record: bool = False                 # keep the logits that chose each token
+    select: int = 0                      # a per-step tree of this many nodes from `buf` (its envelope); 0: buf itself
 
 
 @torch.inference_mode()
@@ -218,7 +218,10 @@ def _generate(model, tokenizer, req: Request, engine: StepEngine | None, heads=N
     propose = _per_sequence(req.propose, batch) if req.custom else None
     engine = engine or StepEngine(model, compile=False)
     name = buf.tree.name or None if buf.tree is not None else None
-    plan = Plan(rule, buf.depth, buf.topk, given=propose is not None, record=req.record)
+    if req.select:
+        name = DynamicPolicy(req.select, buf.tree).name
+    plan = Plan(rule, buf.depth, buf.topk, given=propose is not None, record=req.record, select=req.select)
+    size = req.select + 1 if req.select else buf.size  # tokens one sequence verifies per step
 
     t0 = clock(dev)
     hidden = engine.prefill(prompts, max(lim for lim, _ in budgets) + buf.size + buf.depth + 1)  # [B, H]
@@ -263,7 +266,7 @@ def _generate(model, tokenizer, req: Request, engine: StepEngine | None, heads=N
             if hit_eos or emitted[b] >= limit:
                 results[b].stop_reason = "eos" if hit_eos else reason
                 engine.finish(b, len(prompts[b]) + emitted[b])
-            steps[b] = Step(new, buf.paths[last], buf.size, step_s, len(prompts[b]) + emitted[b])
+            steps[b] = Step(new, buf.paths[last], size, step_s, len(prompts[b]) + emitted[b])
             results[b].steps.append(steps[b])
         if req.on_step is not None:
             req.on_step(steps if batched else steps[0])
@@ -282,17 +285,25 @@ def medusa_generate(model, heads, tokenizer, input_ids, tree, max_new_tokens: in
     function of one sequence (hidden [H], tokens -> [depth, topk]) or one per prompt (tests feed known
     continuations); `on_step` sees each Step as it is made (a list of B Steps, None for finished sequences,
     when several prompts were given); `engine`: a StepEngine to reuse (its cache and compiled step) across
-    generations, else a fresh eager one; `record`: keep the logits that chose each token (divergence reports)."""
+    generations, else a fresh eager one; `record`: keep the logits that chose each token (divergence reports).
+    A `trees.dynamic.DynamicPolicy` as `tree`: each step, each sequence verifies the N nodes of its envelope with
+    the best path scores of its own heads' log-probabilities, chosen inside the step (decode/step.py)."""
     if heads is not None:
         check_heads_fit(heads, model)
+    select = 0
+    if isinstance(tree, DynamicPolicy):
+        if propose is not None:
+            raise WorkbenchError("a per-step tree is chosen from the heads' log-probabilities: it takes heads, not a "
+                                 "propose function")
+        select, tree = tree.nodes, tree.envelope
     buf = tree_setup(tree, model, heads.num_heads if heads is not None else None)
     if heads is not None and buf.depth > heads.num_heads:
         raise WorkbenchError(f"the tree is {buf.depth} deep but there are only {heads.num_heads} heads")
     if propose is None and heads is None:
         raise WorkbenchError("medusa_generate needs heads (or a propose function)")
     return _generate(model, tokenizer, Request("medusa", input_ids, buf, max_new_tokens, acceptance or Acceptance(),
-                                               propose, propose is not None, eos_token_id, on_step, record), engine,
-                     None if propose is not None else heads)
+                                               propose, propose is not None, eos_token_id, on_step, record, select),
+                     engine, None if propose is not None else heads)
 
 
 def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos_token_id=None,
@@ -302,11 +313,6 @@ def vanilla_generate(model, tokenizer, input_ids, max_new_tokens: int = 256, eos
     root alone."""
     return _generate(model, tokenizer, Request("vanilla", input_ids, root_setup(model), max_new_tokens,
                                                eos_token_id=eos_token_id, on_step=on_step, record=record), engine)
-
-
-# ----------------------------------------------------------------------------------------------- measured speed
-# Owned by speed.py (torch-free, one function per quantity); re-exported here for older importers.
-from workbench.core.speed import decoder_overhead, goodput, mean_step_s, measured_speedup, overhead  # noqa: E402,F401
 
 
 @torch.inference_mode()

@@ -3,7 +3,7 @@ prompts in one run.
 
 vLLM runs in its own environment (it pins its own torch and transformers): vllm_worker.py, run by that
 interpreter (--vllm-python or $WORKBENCH_VLLM_PYTHON), speaks JSON lines on stdin/stdout. The heads go to vLLM as
-export.write_vllm_heads writes them; the base model as an HF folder (the demo GGUF's de-quantised fp32 folder).
+export.vllm_heads.write_vllm_heads writes them; the base model as an HF folder (the demo GGUF's de-quantised fp32 folder).
 Per K: vLLM's own spec-decode counters (LLM.get_metrics(): vllm:spec_decode_num_drafts,
 vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps (also counted as vLLM counts them:
 vllm_steps) and the calibration's prediction; per batch size: vLLM's tokens/s with and without speculation;
@@ -26,11 +26,13 @@ from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
-from workbench.export.engines import export_plan, write_vllm_heads
+from workbench.export.engines import export_plan
+from workbench.export.vllm_heads import write_vllm_heads
 from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
 from workbench.measure.vllm_runner import engine_results, vllm_python
-from workbench.plan.rank import chain_tree
-from workbench.runtime.engine import StepEngine, tree_setup
+from workbench.plan.source import chain_tree
+from workbench.runtime.engine import StepEngine
+from workbench.runtime.treemask import tree_setup
 from workbench.runtime.generation import eos_ids, prepare_prompt
 from workbench.runtime.heads import heads_fingerprint
 from workbench.runtime.models import cache_dir, demo_model_dir, load_base, load_model_and_heads, model_label

@@ -10,7 +10,7 @@ passes (core.speed.spread); two rows are within noise when their interquartile r
 from __future__ import annotations
 
 from workbench.core.speed import spread, within_noise
-from workbench.plan.rank import plan_engine
+from workbench.plan.plan_file import plan_engine
 
 
 def surface_prompts(plan: dict | None) -> list[str]:

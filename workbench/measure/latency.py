@@ -34,7 +34,8 @@ from workbench.core.speed import relative_latency
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS,
                                             LATENCY_COLUMNS, LATENCY_VERSION, spread_row, stamp)
-from workbench.runtime.engine import StepEngine, forward_probe, heads_times, root_setup, tree_setup, verify_times
+from workbench.runtime.engine import StepEngine, forward_probe, heads_times, verify_times
+from workbench.runtime.treemask import root_setup, tree_setup
 from workbench.runtime.generation import context_length
 from workbench.runtime.heads import heads_fingerprint
 from workbench.trees.optimize import optimal_tree_from

@@ -20,7 +20,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.io import read_csv
-from workbench.core.speed import interpolate_latency, speedup_at, spread  # noqa: F401 (report.py)
+from workbench.core.speed import spread
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
 HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);

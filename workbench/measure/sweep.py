@@ -24,7 +24,9 @@ from workbench.core.speed import (decode_speedup, decoder_overhead, goodput, mea
 from workbench.decode.divergence import divergence_counts, divergences
 from workbench.decode.loop import Acceptance, medusa_generate, vanilla_generate
 from workbench.measure.sweep_file import SWEEP_VERSION, read_sweep_rows, row_cells, write_rows
-from workbench.runtime.engine import StepEngine, forward_probe, logits_of, root_setup, tree_setup
+from workbench.runtime.engine import StepEngine, forward_probe
+from workbench.runtime.forward import logits_of
+from workbench.runtime.treemask import root_setup, tree_setup
 from workbench.trees.optimize import best_by, dense_nodes, dense_tree, optimal_tree
 from workbench.trees.tree import MEDUSA_TOPK, Tree, load_tree, tree_key
 

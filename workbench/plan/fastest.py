@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from workbench import WorkbenchError
 from workbench.core.speed import max_tokens
-from workbench.plan.rank import at_batch, candidates, chain_values, choose, rank
+from workbench.plan.rank import at_batch, candidates, choose, rank, served
+from workbench.plan.source import chain_values
 from workbench.trees.optimize import expected_length, value_and_limits
 
 
@@ -32,12 +33,14 @@ def limited(source: dict, max_depth: int | None = None, max_rank: int | None = N
 
 
 def fastest(source: dict, latency: dict, spread=None, head_cost: dict | None = None, batch: int = 1,
-            max_nodes: int | None = None, curve: bool = False) -> dict:
+            max_nodes: int | None = None, curve: bool = False, engine: str = "workbench") -> dict:
     """plan's ranking at one batch size ({tokens: seconds}, its quartiles `spread` and the heads' cost `head_cost`, as
     latency_file.latency_surface gives them), over candidates of at most `max_nodes` nodes (default: all the table
     covers): {"choice": rank.choose's dict, "best": its best candidate, "tree": the best tree or chain (the choice,
     or the runner-up when no speculation wins), "curve": with `curve`, the optimal tree at every budget ranked the
-    same way, by node count}. Each candidate has "relative_latency" (its step cost over t(B, 1))."""
+    same way, by node count}. Each candidate has "relative_latency" (its step cost over t(B, 1)). `engine` is whose
+    steps the table timed (latency_file.latency_engine): on vLLM's rounds only what vLLM serves is a candidate
+    (rank.served: a top-1 chain of each K it timed, or none), and the curve is its chains."""
     top = max_tokens(latency) - 1
     if max_nodes is not None:
         top = min(top, max_nodes)
@@ -47,7 +50,7 @@ def fastest(source: dict, latency: dict, spread=None, head_cost: dict | None = N
     def weighed(chains):
         cands = candidates(source["tokens_per_step"], chains, top, source["value"], source["max_depth"],
                            source["max_rank"])
-        return at_batch(cands, source["batch_tokens_per_step"], batch)
+        return at_batch(served(cands, engine, latency), source["batch_tokens_per_step"], batch)
 
     pick = choose(weighed(source["chain_acceptance"]), latency, spread, head_cost)
     for c in pick["ranked"]:
@@ -56,8 +59,9 @@ def fastest(source: dict, latency: dict, spread=None, head_cost: dict | None = N
     if tree is None:
         raise WorkbenchError("no tree has a positive acceptance probability: every head's first guess is never right")
     out = dict(choice=pick, best=pick["best"], tree=tree)
-    if curve:  # no chains first: each optimal prefix is weighed as itself
+    if curve:  # on our decoder no chains first (each optimal prefix is weighed as itself); on vLLM its chains
+        drawn = weighed([] if engine == "workbench" else source["chain_acceptance"])
         out["curve"] = sorted(({**c, "relative_latency": c["batch_tokens_per_step"] / c["speedup"]}
-                               for c in rank(weighed([]), latency, spread, head_cost) if c["tree"] is not None),
+                               for c in rank(drawn, latency, spread, head_cost) if c["tree"] is not None),
                               key=lambda c: c["nodes"])
     return out

@@ -21,8 +21,8 @@ from workbench.core.provenance import differences, read_setting
 from workbench.core.speed import priced
 from workbench.measure.latency_file import latency_engine, latency_surface
 from workbench.measure.sweep_file import checked_speedup
-from workbench.plan.rank import (accuracy_source, at_batch, calibration_source, candidates as plan_candidates, choose,
-                                 served)
+from workbench.plan.rank import at_batch, candidates as plan_candidates, choose, served
+from workbench.plan.source import accuracy_source, calibration_source
 from workbench.trees.tree import Tree, tree_key
 
 
@@ -32,12 +32,13 @@ def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1,
                    what: str = "latency") -> dict:
     """The latency table at one batch size and context, as plan reads it (latency.latency_surface): {"seconds":
     {tokens: s}, "quartiles": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "spread": its
-    name or None, "head_cost" (latency_file.read_head_cost or None), "context", "batch"}."""
+    name or None, "head_cost" (latency_file.read_head_cost or None), "context", "batch", "engine" (whose steps it
+    timed: what can be served on it, rank.served)}."""
     surface, ctx = latency_surface(df, [batch], context, target, what)
     quartiles = surface[batch]["spread"]
     return dict(seconds=surface[batch]["seconds"], quartiles=quartiles, measured=surface[batch]["measured"],
                 head_cost=surface[batch]["head_cost"], spread="latency quartiles" if quartiles else None, context=ctx,
-                batch=batch)
+                batch=batch, engine=latency_engine(df)[0])
 
 
 def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,

@@ -11,7 +11,7 @@ from workbench import WorkbenchError
 from workbench.core.speed import relative_latency, speedup_at
 from workbench.measure.latency_file import latency_table, read_latency
 from workbench.measure.sweep_file import SWEEP_COLUMNS, read_sweep
-from workbench.plan.rank import plan_check
+from workbench.plan.plan_file import plan_check
 
 
 def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
@@ -27,7 +27,7 @@ def markdown_table(df: pd.DataFrame, digits: int = 3) -> str:
 
 
 def _speedup(latency: dict, tokens_per_step: float, nodes: int) -> float:
-    """latency.speedup_at, NaN where the table does not cover the tree (the report shows an empty cell)."""
+    """speed.speedup_at, NaN where the table does not cover the tree (the report shows an empty cell)."""
     try:
         return speedup_at(latency, tokens_per_step, int(nodes))
     except WorkbenchError:

@@ -17,24 +17,22 @@ import torch
 from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError
-from workbench.runtime.forward import (Proposer, cache_kwarg, check_window, clock, decode_one, forward,  # noqa: F401
-                                       head_logits, head_proposer, lm_logits, logits_of, new_cache, prefill)
+from workbench.runtime.forward import cache_kwarg, clock, forward, head_proposer, lm_logits
 from workbench.runtime.generation import text_config
-from workbench.runtime.kvcache import PointerLayer, allocate, cache_bytes, check_cacheable, free_bytes, move_rows  # noqa: F401
-from workbench.runtime.treemask import (TreeBuffers, additive_mask, prefill_mask, root_setup, step_mask,  # noqa: F401
-                                        tree_candidates, tree_setup)
+from workbench.runtime.kvcache import allocate, check_cacheable
+from workbench.runtime.treemask import TreeBuffers, prefill_mask, step_mask
 
 
 # ----------------------------------------------------------------------------------------------- the verify block
 
 def verify_block(model, cache, tokens, lengths, write, columns, visible, depths, plain: bool) -> torch.Tensor:
     """tokens [B, N] of each sequence's tree, lengths [B] L_b, write [B] (set here), columns [C] 0..C-1,
-    visible [N, N], depths [N] -> hidden [B, N, H]. A tree block goes to [P, P + N) with P = max_b L_b for every
+    visible [N, N], depths [N] (or each sequence's own tree: [B, N, N], [B, N]) -> hidden [B, N, H]. A tree block goes to [P, P + N) with P = max_b L_b for every
     sequence; `plain` (N = 1) writes each token at its own L_b, in place: no compaction follows. The mask and
     position ids are built here, inside the graph, from tensors whose shapes depend on (B, N, C) only."""
     write.copy_(lengths if plain else lengths.amax().expand_as(write))                     # [B]
     mask = step_mask(lengths, write, columns, visible, model.dtype)                       # [B, 1, N, C]
-    position_ids = lengths[:, None] + depths[None]                                         # [B, N]
+    position_ids = lengths[:, None] + (depths if depths.dim() == 2 else depths[None])      # [B, N]
     return forward(model, tokens, mask, position_ids, cache)                               # [B, N, H]
 
 
@@ -52,10 +50,9 @@ def compile_mode(device: torch.device) -> str:
 
 def compile_options(device: torch.device, backend: str | None = None) -> dict:
     """torch.compile keywords for the step. On CPU the weights are frozen (constants) so that inductor packs them
-    once for its GEMM kernels (issue 49: the demo's plain step 41.9 -> 28.0 ms at batch 1, 39 s to compile; the
-    max-autotune GEMMs took ~10 minutes per tree size for 76 -> 41 ms; bench/compile_cpu.py compares them).
-    `backend` other than inductor (tests: "aot_eager", which traces the same graph in seconds) takes no inductor
-    options."""
+    once for its GEMM kernels (max-autotune GEMMs take minutes per tree size; bench/compile_cpu.py times the
+    choice). `backend` other than inductor (tests: "aot_eager", which traces the same graph in seconds) takes no
+    inductor options."""
     if backend not in (None, "inductor"):
         return dict(backend=backend)
     if device.type == "cuda":
@@ -64,8 +61,9 @@ def compile_options(device: torch.device, backend: str | None = None) -> dict:
 
 
 def default_compile(device: torch.device) -> bool:
-    """The one default for compiling the step: on CUDA (launch-bound without CUDA graphs), off on CPU until an idle
-    bench/compile_cpu.py table says otherwise (compilation costs tens of seconds per (batch, tree size))."""
+    """The one default for compiling the step: on CUDA (launch-bound without CUDA graphs); off on CPU, where the idle
+    bench/compile_cpu.py table has inductor's step a little faster at batch 1 only, and slower from batch 2, for
+    about 100 s of compilation per (batch, tree size) (docs/measurements.md)."""
     return device.type == "cuda"
 
 

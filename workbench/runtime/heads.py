@@ -6,7 +6,7 @@ Formats (checked strictly: a missing, unexpected or mis-shaped tensor is an erro
   2. "version 2" heads-only: the same ResBlocks without the per-head [V,H] matrix; logits go through the base
      model's own lm_head (tiny files; what `workbench train-heads` writes by default).
   3. Full Medusa-2 checkpoint: a model folder whose weights also hold `medusa_head.{head}...` tensors.
-  4. vLLM Medusa folder (read only; export.engines writes it): config.json `model_type: medusa` + *.safetensors
+  4. vLLM Medusa folder (read only; export.vllm_heads writes it): config.json `model_type: medusa` + *.safetensors
      with the format 1/2 keys, and for tied heads the base model's embedding as `lm_head.weight` (not read).
 Reading goes names and shapes first (a HeadsLayout, checked against limits and the base model), tensors last: the
 sizes a file implies are refused before anything of their size is allocated.
@@ -309,7 +309,7 @@ def _open_heads(path) -> tuple[HeadsLayout, dict, object, str]:
 
 
 def _vllm_tensors(folder: Path, cfg: dict) -> tuple[Index, object]:
-    """(index, reader) of a vLLM Medusa folder (export.engines.write_vllm_heads): the blocks under Medusa's own
+    """(index, reader) of a vLLM Medusa folder (export.vllm_heads.write_vllm_heads): the blocks under Medusa's own
     names in its *.safetensors; for tied heads (original_lm_head) its lm_head.weight is the base model's output
     embedding, not the heads': left out, so the heads read back tied."""
     for key in ("num_heads", "num_hidden_layers"):

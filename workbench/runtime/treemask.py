@@ -62,6 +62,39 @@ class TreeBuffers:
         return TreeTensors(self.tree_indices, self.depths, self.parents, self.visible, self.ancestors)
 
 
+def batched(tree, batch: int) -> TreeTensors:
+    """A step's tree inputs with a leading batch dimension: a static tree's expanded (views, no copy), a per-step
+    tree's (select_tree: one tree per sequence) as they are. `tree`: TreeTensors or TreeBuffers."""
+    tree = tree.tensors() if isinstance(tree, TreeBuffers) else tree
+    if tree.depths.dim() == 2:
+        return tree
+    return TreeTensors(*(t.expand(batch, *t.shape) for t in tree))
+
+
+def select_tree(envelope: TreeTensors, logp: torch.Tensor, n: int) -> tuple[TreeTensors, torch.Tensor]:
+    """A per-step tree for each sequence (trees/dynamic.py's rule, on the device with fixed shapes): the n nodes of
+    the envelope (M nodes + the root, Medusa's order) with the highest path score, the sum of the heads'
+    log-probabilities logp [B, D, k] along the path, accumulated depth by depth in float32 as the reference does,
+    ties to the earlier envelope node (a stable sort). -> (that tree's TreeTensors, [B, n+1, ...], in envelope order
+    so parents come first; its nodes' envelope indices [B, n+1], the root first)."""
+    batch, m = logp.shape[0], envelope.tree_indices.shape[0]
+    flat = torch.cat([logp.new_zeros(batch, 1), logp.flatten(1).float()], dim=1)          # [B, 1 + D*k]
+    own = flat[:, envelope.tree_indices]                                                   # [B, M+1] root: 0
+    score = torch.zeros_like(own)                                                          # [B, M+1]
+    for d in range(1, envelope.ancestors.shape[1]):  # parents first: score[child] = score[parent] + logp(child)
+        score = score + torch.where(envelope.depths >= d, own[:, envelope.ancestors[:, d]], 0.0)
+    best = torch.sort(score[:, 1:], dim=1, descending=True, stable=True).indices[:, :n]   # [B, n]
+    nodes = torch.cat([best.new_zeros(batch, 1), best.sort(dim=1).values + 1], dim=1)     # [B, n+1]
+    where = torch.zeros(batch, m, dtype=torch.long, device=logp.device)                    # [B, M+1]
+    where.scatter_(1, nodes, torch.arange(n + 1, device=logp.device).expand(batch, -1))  # envelope -> own index
+    anc = envelope.ancestors[nodes]                                                        # [B, n+1, D+1]
+    tree = TreeTensors(tree_indices=envelope.tree_indices[nodes], depths=envelope.depths[nodes],
+                       parents=where.gather(1, envelope.parents[nodes]),
+                       visible=envelope.visible[nodes[:, :, None], nodes[:, None, :]],
+                       ancestors=where.gather(1, anc.flatten(1)).view(anc.shape))
+    return tree, nodes
+
+
 def path_nodes(parents: torch.Tensor, depths: torch.Tensor, depth: int) -> torch.Tensor:
     """parents [N], depths [N] -> [N, D+1]: row i holds the nodes of i's root-to-i path by depth, then i repeated
     (a copy of the last pair: compaction writes the same row twice, acceptance reads the same decision twice)."""
@@ -111,16 +144,21 @@ def prefill_mask(lengths: torch.Tensor, width: int, columns: torch.Tensor, dtype
 def step_mask(lengths: torch.Tensor, base: torch.Tensor, columns: torch.Tensor, visible: torch.Tensor,
               dtype: torch.dtype) -> torch.Tensor:
     """[B, 1, N, C]: each sequence's prefix columns < L_b (lengths [B]) and its own block at [base_b, base_b + N)
-    (base [B], tensors: the compiled step does not specialise on them) with visible [N, N] inside it. A tree step
+    (base [B], tensors: the compiled step does not specialise on them) with visible [N, N] (or its own tree's
+    [B, N, N]) inside it. A tree step
     puts every block at one column P; a 1-token step writes each token at its own L_b."""
-    n = visible.shape[0]
+    n = visible.shape[-1]
+    vis = visible if visible.dim() == 3 else visible.expand(base.shape[0], n, n)          # [B, N, N]
     rel = columns[None] - base[:, None]                                                    # [B, C]
-    block = visible[:, rel.clamp(0, n - 1)] & ((rel >= 0) & (rel < n))[None]               # [N, B, C]
-    seen = (columns[None] < lengths[:, None])[:, None] | block.transpose(0, 1)             # [B, N, C]
+    block = vis.gather(2, rel.clamp(0, n - 1)[:, None].expand(-1, n, -1))                 # [B, N, C]
+    seen = (columns[None] < lengths[:, None])[:, None] | (block & ((rel >= 0) & (rel < n))[:, None])  # [B, N, C]
     return additive_mask(seen, dtype)[:, None]
 
 
 def tree_candidates(root: torch.Tensor, head_tokens: torch.Tensor, tree_indices: torch.Tensor) -> torch.Tensor:
-    """root [B], head_tokens [B, depth, topk], tree_indices [N] -> tree tokens [B, N] (node 0 = root)."""
+    """root [B], head_tokens [B, depth, topk], tree_indices [N] (or each sequence's [B, N]) -> tree tokens [B, N]
+    (node 0 = root)."""
     flat = torch.cat([root[:, None], head_tokens.flatten(1)], dim=1)  # [B, 1 + depth*topk]
+    if tree_indices.dim() == 2:
+        return flat.gather(1, tree_indices)
     return flat[:, tree_indices]

@@ -20,7 +20,8 @@ from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.speed import measured_speedup, tokens_per_step
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
-from workbench.runtime.engine import StepEngine, tree_setup
+from workbench.runtime.engine import StepEngine
+from workbench.runtime.treemask import tree_setup
 from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt
 from workbench.runtime.heads import heads_fingerprint
 from workbench.runtime.kvcache import undecodable_warning

@@ -19,8 +19,9 @@ from workbench.export.engines import FORMATS, SUFFIXES, export_tree
 from workbench.plan.recommend import (comparable, disagreement_text, latency_note, measurements, recommend,
                                       runner_up_close, sentence, provenance_note, setting_text, shape)
 from workbench.trees.tree import Tree, load_tree, record_json, reference_trees, tree_record
-from workbench.ui.widgets import (Source, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
+from workbench.ui.widgets import (Source, chart, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file, stamped)
+from workbench.viz import interactive_tradeoffs
 
 
 @st.cache_data(max_entries=16, show_spinner="Planning: trees, chains and no speculation on this latency table...")
@@ -231,3 +232,18 @@ def candidate_curves(rec: dict) -> dict:
 
 def provenance_of(src: Source) -> dict:
     return dict(accuracies=portable_path(src.folder) if src.folder else src.label)
+
+
+def speedup_view(rec: dict, lat: dict, tree, guess: dict | None) -> None:
+    """Predicted speedup of the optimal trees and chains at the recommendation's batch and context, the pick and
+    this tree marked, and every sweep measurement (other settings hollow)."""
+    picks = {"recommended": (rec["pick"]["nodes"], rec["pick"]["speedup"])}
+    if guess is not None:
+        picks["this tree"] = (tree.nodes, guess["speedup"])
+    measured = [m for r in rec["candidates"] for m in r["measured"]]
+    chart(interactive_tradeoffs.speedup_chart(candidate_curves(rec), picks, measured,
+                                            title=f"predicted speedup, batch {rec['batch']}, context {rec['context']}"),
+          f"Predicted from {rec['prediction']} and {lat['path'].name} (recommended: {rec['pick']['label']}); "
+          "diamonds: sweep measurements of the same tree shapes (hollow grey: another setting, or one not recorded, "
+          "not comparable).",
+          key="tree_speedup_chart")

@@ -14,10 +14,13 @@ from workbench import WorkbenchError
 from workbench.calibrate.folder import PREDICTED_COLUMNS
 from workbench.export.engines import PLAN_FORMATS, SUFFIXES, export_plan
 from workbench.measure.sweep_file import has_typical
-from workbench.plan.rank import check_plan, make_plan, plan_check, plan_json, plan_source, speedups_by_kind
+from workbench.plan.rank import make_plan
+from workbench.plan.plan_file import check_plan, plan_check, plan_json, speedups_by_kind
+from workbench.plan.source import plan_source
 from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
+from workbench.ui.tree_export import EXPORT_FIXES
 from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
                                   fastest_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
                                   read_sweep_or_error, results_root, slider, timed)
@@ -310,7 +313,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
             continue
         col.download_button(fmt, text, file_name=f"{name}{SUFFIXES.get(fmt, '.txt')}",
                             key=f"to_plan_{fmt}_download",
-                            on_click="ignore", help="; ".join(warns + notes)[:500] or f"the plan for {fmt}")
+                            on_click="ignore", help="; ".join([w.words(EXPORT_FIXES) for w in warns] + notes)[:500] or f"the plan for {fmt}")
 
 
 @st.cache_data(show_spinner="planning per batch size ...")

@@ -1,0 +1,171 @@
+"""What a plan predicts from: a calibration folder (Calibration.predict, for answers of the generation length), an
+accuracy table (optimize.expected_length) or a per-position acceptance vector (chains only: 1 + the sum of the first K
+entries). One producer of tokens/step per source; the plan says which statistic and answers it assumes (regime)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from workbench import WorkbenchError
+from workbench.calibrate.folder import Calibration
+from workbench.core.io import read_csv, read_json
+from workbench.trees.accuracies import read_accuracies
+from workbench.trees.optimize import expected_length, value_and_limits
+from workbench.trees.tree import MEDUSA_TOPK, Tree, make_tree
+
+PREDICTIONS = {"independent": "predicted_independent", "joint": "predicted_joint", "replay": "predicted_replay"}
+MAX_POSITIONS = 64  # longest acceptance vector taken (a draft longer than any engine's limit is a typo)
+
+def chain_tree(k: int) -> Tree:
+    """The top-1 chain of length k: [[0], [0, 0], ..., [0] * k]."""
+    return make_tree([[0] * d for d in range(1, k + 1)], name=f"chain_{k}")
+
+
+def is_chain(tree: Tree) -> bool:
+    return tree.nodes == tree.depth and all(r == 0 for p in tree.paths for r in p)
+
+
+# ----------------------------------------------------------------------------------------------- acceptance vectors
+
+def check_acceptance(values, what: str = "--acceptance") -> list[float]:
+    """A per-position acceptance vector p_1 >= p_2 >= ... (p_k: the share of steps whose first k drafted tokens
+    are all accepted, vLLM's `synthetic_acceptance_rates` convention), each in (0, 1]; one error line otherwise."""
+    if not isinstance(values, (list, tuple)) or not values:
+        raise WorkbenchError(f"{what}: give a non-empty list of per-position acceptance rates like [0.7, 0.45, 0.3]")
+    if len(values) > MAX_POSITIONS:
+        raise WorkbenchError(f"{what}: {len(values)} positions; at most {MAX_POSITIONS} are taken")
+    out = []
+    for k, v in enumerate(values, 1):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < float(v) <= 1):
+            raise WorkbenchError(f"{what}: position {k} has acceptance {str(v)[:20]!r}; every rate must be a number "
+                                 "in (0, 1] (drop positions that are never accepted)")
+        if out and float(v) > out[-1] * (1 + 1e-12):
+            raise WorkbenchError(f"{what}: acceptance rises from {out[-1]:g} at position {k - 1} to {float(v):g} at "
+                                 f"position {k}: rates are unconditional (all of the first k tokens accepted), so "
+                                 "they never increase; convert conditional rates by taking running products")
+        out.append(float(v))
+    return out
+
+
+def read_acceptance(path) -> list[float]:
+    """An acceptance vector from a CSV `position,acceptance` (positions 1..K, or 0..K-1, each once) or a JSON list
+    (or an object holding one as `synthetic_acceptance_rates`, as in a vLLM --speculative-config), checked."""
+    what = f"--acceptance {path}"
+    if str(path).lower().endswith(".json"):
+        data = read_json(path, what, object)  # a list, or a config object holding one
+        if isinstance(data, dict) and "synthetic_acceptance_rates" in data:
+            data = data["synthetic_acceptance_rates"]
+        return check_acceptance(data, what)
+    df = read_csv(path, "--acceptance", ("position", "acceptance"), "vLLM's per-position acceptance metrics")
+    num = df[["position", "acceptance"]].apply(pd.to_numeric, errors="coerce")
+    pos = num["position"]
+    if num.isna().any().any() or (pos % 1 != 0).any() or not pos.between(0, 1 << 20).all():
+        raise WorkbenchError(f"{what}: position must be an integer and acceptance a number on every row")
+    num = num.sort_values("position")
+    start = int(num["position"].iloc[0])
+    if start not in (0, 1) or num["position"].tolist() != list(range(start, start + len(num))):
+        raise WorkbenchError(f"{what}: positions must be 1..K (or 0..K-1), each once, found "
+                             f"{', '.join(map(str, num['position'].astype(int).tolist()[:8]))}")
+    return check_acceptance(num["acceptance"].astype(float).tolist(), what)
+
+
+# ----------------------------------------------------------------------------------------------- sources
+
+def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: str = "replay",
+                max_rank: int = MEDUSA_TOPK, max_new_tokens: int | None = None) -> dict:
+    """What the planner weighs, from exactly one source: {"tokens_per_step": tree -> float, "value" (path values
+    the trees are optimal for, None for chains only), "max_depth", "max_rank", "chain_acceptance", "info"
+    (provenance), "typical_context", "batch_tokens_per_step": (tree, batch) -> float}. A calibration predicts
+    through Calibration.predict (`prediction`:
+    independent, joint or replay; trees are optimal for the joint paths unless independent) for answers of
+    `max_new_tokens` tokens (default: the calibration's own length); an accuracy table through expected_length;
+    an acceptance vector gives chains only. info["regime"] says which statistic and answers a prediction assumes.
+    A batch's tokens/step (what its goodput divides by: it steps until its slowest sequence is done) is the replay's
+    Calibration.batch_replay; the other statistics have no per-answer steps and take the mean's."""
+    if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
+        raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
+    if acceptance is not None:
+        rates = read_acceptance(acceptance)
+        chain = lambda p: rates[len(p) - 1] if len(p) <= len(rates) and not any(p) else 0.0  # noqa: E731 - a path's value
+        tps = lambda t: expected_length(t, chain)  # noqa: E731 - 1 + the sum of the chain's first K rates
+        return dict(tokens_per_step=tps, batch_tokens_per_step=lambda t, b: tps(t), value=None,
+                    max_depth=len(rates), max_rank=1, chain_acceptance=rates, typical_context=None,
+                    info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
+                              num_heads=len(rates)))
+    if accuracies is not None:
+        return accuracy_source(read_accuracies(accuracies), str(accuracies), max_rank)
+    return calibration_source(Calibration(calibration), prediction, max_rank, max_new_tokens)
+
+
+def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> dict:
+    """plan_source of an accuracy table acc[K, R] (independent heads; `path` names it; no answers, so a batch's
+    tokens/step is taken as the mean's)."""
+    fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
+    return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
+                batch_tokens_per_step=lambda t, b: expected_length(t, acc),
+                chain_acceptance=chain_values(fn, depth), typical_context=None,
+                info=dict(kind="accuracies", path=path, prediction="predicted_independent", num_heads=depth,
+                          regime=regime("predicted_independent", None)))
+
+
+def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: int = MEDUSA_TOPK,
+                       max_new_tokens: int | None = None) -> dict:
+    """plan_source of an opened calibration folder."""
+    if prediction not in PREDICTIONS:
+        raise WorkbenchError(f"--prediction {prediction!r}: use {', '.join(PREDICTIONS)}")
+    calibration = cal.folder
+    acc = cal.accuracies("fit")
+    key = PREDICTIONS[prediction]
+    value = acc if prediction == "independent" else cal.joint_value("fit")
+    depth, rank = acc.shape[0], min(max_rank, acc.shape[1])
+    if key not in cal.predict(chain_tree(1)):
+        raise WorkbenchError(f"--calibration {calibration}: holds out no prompts, so there is no replay prediction; "
+                             "use --prediction joint or independent (or calibrate with --holdout 0.2)")
+    fn = value_and_limits(value, depth, rank)[0]
+    meta = cal.meta
+    length = generation_length(cal, max_new_tokens)
+    tps = lambda t: cal.predict(t, length)[key]  # noqa: E731
+    batched = (lambda t, b: cal.batch_replay(t, b, "holdout", length)) if key == "predicted_replay" else \
+        (lambda t, b: tps(t))
+    return dict(tokens_per_step=tps, batch_tokens_per_step=batched, value=value, max_depth=depth, max_rank=rank,
+                chain_acceptance=chain_values(fn, depth), typical_context=cal.typical_context(length),
+                info=dict(kind="calibration", path=str(calibration), prediction=key, model=meta.get("model"),
+                          heads=meta.get("heads"), heads_sha256=(meta.get("args") or {}).get("heads_sha256"),
+                          num_heads=depth, max_new_tokens=length, regime=regime(key, length)))
+
+
+def generation_length(cal: Calibration, max_new_tokens: int | None) -> int | None:
+    """The answer length predictions are made for: `max_new_tokens`, at most the calibration's own answers' (its
+    meta max_new_tokens: longer answers were never measured), default that."""
+    have = cal.meta.get("max_new_tokens")
+    if max_new_tokens is None:
+        return have if isinstance(have, int) and have > 0 else None
+    if max_new_tokens < 1:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+    if isinstance(have, int) and max_new_tokens > have:
+        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: the calibration's answers are {have} tokens long, so "
+                             f"acceptance past token {have} was never measured; plan for <= {have} or calibrate with "
+                             "a larger --max-new-tokens")
+    return max_new_tokens
+
+
+def regime(prediction: str, max_new_tokens: int | None) -> str:
+    """In words: what a calibration prediction assumes, and why (docs/prediction.md)."""
+    cut = f"the first {max_new_tokens} tokens of" if max_new_tokens else "all of"
+    if prediction == "predicted_replay":
+        return (f"a greedy decoder replayed over {cut} each held-out prompt's greedy answer: tokens/step = tokens / "
+                "steps at the positions a decoder starts its steps at (the statistic live decoding measures; the "
+                "answers are cut to the generation length because acceptance rises along an answer)")
+    what = "measured joint path frequencies" if prediction == "predicted_joint" else "independent head accuracies"
+    return (f"{what} of the fit prompts, averaged over every position of {cut} their answers: over-predicts a live "
+            "decoder, which starts its steps only at the positions after each accepted run (harder on average)")
+
+
+def chain_values(fn, depth: int) -> list[float]:
+    """Per-position acceptance of the top-1 chain (the value of [0] * k), up to the last positive one."""
+    out = []
+    for k in range(1, depth + 1):
+        v = float(fn((0,) * k))
+        if v <= 0:
+            break
+        out.append(min(v, 1.0))
+    return out
