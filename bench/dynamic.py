@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from prediction import MEASURED, repeats_at  # noqa: E402  (bench/prediction.py: the same quantities)
+from prediction import measure_specs, repeats_at  # noqa: E402  (bench/prediction.py: the same measurement)
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibrate.folder import Calibration, default_calibration  # noqa: E402
 from workbench.calibrate.ranks import answer_rows, batch_walk, walk_answers, walk_steps  # noqa: E402
@@ -57,35 +57,6 @@ def replayed(cal: Calibration, tree, prompt_ids: list[str], max_new_tokens: int,
     rows = answer_rows(these, cal.head_logprobs(these)) if isinstance(tree, DynamicPolicy) else answer_rows(these)
     steps = walk_steps(tree, rows)
     return walk_answers(tree, rows, steps), batch_walk(tree, rows, batch, steps)
-
-
-def measure_batch(model, heads, tok, prompts, b: int, trees: dict, max_new_tokens: int, repeats: int, engine,
-                  progress=print) -> dict:
-    """{name: {quantity: [per repeat]}} at batch size b: full batches of b prompts, vanilla then every tree and
-    policy on the same batch back to back (a load change hits them alike); every shape warmed up first."""
-    import torch
-
-    from workbench.decode.loop import medusa_generate, vanilla_generate
-    from workbench.runtime.treemask import tree_setup
-
-    with torch.inference_mode():
-        chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]
-        specs = {k: t if isinstance(t, DynamicPolicy) else tree_setup(t, model) for k, t in trees.items()}
-        vanilla_generate(model, tok, chunks[0], 2, engine=engine)
-        for spec in specs.values():
-            medusa_generate(model, heads, tok, chunks[0], spec, 2, engine=engine)
-        got = {k: {q: [] for q in MEASURED} for k in specs}
-        for r in range(repeats):
-            van, med = [], {k: [] for k in specs}
-            for chunk in chunks:
-                van.append(vanilla_generate(model, tok, chunk, max_new_tokens, engine=engine))
-                for k, spec in specs.items():
-                    med[k].append(medusa_generate(model, heads, tok, chunk, spec, max_new_tokens, engine=engine))
-            for k in specs:
-                for q, fn in MEASURED.items():
-                    got[k][q].append(fn(med[k], van))
-            progress(f"batch {b}: repeat {r + 1}/{repeats} done")
-    return got
 
 
 def rows_of(cal, trees: dict, measured: dict, prompt_ids: list[str], max_new_tokens: int) -> list[dict]:
@@ -143,6 +114,7 @@ def run(args) -> int:
     from workbench.runtime.engine import StepEngine
     from workbench.runtime.generation import prepare_prompt
     from workbench.runtime.models import load_model_and_heads
+    from workbench.runtime.treemask import tree_setup
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -172,8 +144,10 @@ def run(args) -> int:
                                      repeats=repeats, setting=without_load(here)))
     measured = {}
     for b in batch_sizes:
-        one = lambda b=b: measure_batch(model, heads, tok, prompts, b, trees, args.max_new_tokens,  # noqa: E731
-                                        repeats[b], engine, lambda s: print(s, file=sys.stderr))
+        specs = {k: t if isinstance(t, DynamicPolicy) else tree_setup(t, model) for k, t in trees.items()}
+        one = lambda b=b, specs=specs: measure_specs(model, heads, tok, prompts, b, specs,  # noqa: E731
+                                                     args.max_new_tokens, repeats[b], engine,
+                                                     lambda s: print(s, file=sys.stderr))
         measured[b] = state.piece(f"batch-{b}", one)
     rows = rows_of(cal, trees, measured, ids, args.max_new_tokens)
     here["load_average_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None

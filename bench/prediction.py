@@ -81,27 +81,35 @@ def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeat
 
 def measure_batch(model, heads, tok, prompts, b: int, top: list[dict], max_new_tokens: int, repeats: int, engine,
                   progress=print) -> dict:
-    """{tree name: {quantity: [per repeat]}} at batch size b: the prompts decoded b at a time (full batches only),
-    vanilla and then every candidate on the same batch back to back (a load change hits them alike)."""
+    """{tree name: {quantity: [per repeat]}} at batch size b for plan's candidates `top` (measure_specs)."""
+    from workbench.runtime.treemask import tree_setup
+
+    return measure_specs(model, heads, tok, prompts, b, {c["tree"].name: tree_setup(c["tree"], model) for c in top},
+                         max_new_tokens, repeats, engine, progress)
+
+
+def measure_specs(model, heads, tok, prompts, b: int, specs: dict, max_new_tokens: int, repeats: int, engine,
+                  progress=print) -> dict:
+    """{name: {quantity: [per repeat]}} at batch size b for `specs` ({name: TreeBuffers or a per-step
+    DynamicPolicy}): the prompts decoded b at a time (full batches only), vanilla and then every spec on the same
+    batch back to back (a load change hits them alike); every shape warmed up first."""
     import torch
 
     from workbench.decode.loop import medusa_generate, vanilla_generate
-    from workbench.runtime.treemask import tree_setup
 
     with torch.inference_mode():
         chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]
-        bufs = {c["tree"].name: tree_setup(c["tree"], model) for c in top}
         vanilla_generate(model, tok, chunks[0], 2, engine=engine)  # warm-up of every shape
-        for buf in bufs.values():
-            medusa_generate(model, heads, tok, chunks[0], buf, 2, engine=engine)
-        got = {name: {q: [] for q in MEASURED} for name in bufs}
+        for spec in specs.values():
+            medusa_generate(model, heads, tok, chunks[0], spec, 2, engine=engine)
+        got = {name: {q: [] for q in MEASURED} for name in specs}
         for r in range(repeats):
-            van, med = [], {name: [] for name in bufs}
+            van, med = [], {name: [] for name in specs}
             for chunk in chunks:
                 van.append(vanilla_generate(model, tok, chunk, max_new_tokens, engine=engine))
-                for name, buf in bufs.items():
-                    med[name].append(medusa_generate(model, heads, tok, chunk, buf, max_new_tokens, engine=engine))
-            for name in bufs:
+                for name, spec in specs.items():
+                    med[name].append(medusa_generate(model, heads, tok, chunk, spec, max_new_tokens, engine=engine))
+            for name in specs:
                 for q, fn in MEASURED.items():
                     got[name][q].append(fn(med[name], van))
             progress(f"batch {b}: repeat {r + 1}/{repeats} done")
