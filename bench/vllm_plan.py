@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,16 +39,50 @@ def load() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
+def cpu_mark() -> tuple[float, float, float, float] | None:
+    """(wall s, busy CPU s of the whole machine, of it niced, CPU s of this process and its finished children): the
+    load average after a step is that step's own, so what else ran is the machine's busy time less ours."""
+    try:
+        f = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = (f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)) / tick  # user nice system irq softirq steal
+    return time.time(), busy, f[1] / tick, sum(os.times()[:4])
+
+
+def others(before, after) -> dict | None:
+    """CPU cores other processes kept busy on average between two cpu_marks (all of them, and the niced part)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    wall = after[0] - before[0]
+    return dict(cores=round(max(0.0, (after[1] - before[1]) - (after[3] - before[3])) / wall, 3),
+                niced_cores=round((after[2] - before[2]) / wall, 3), seconds=round(wall, 1))
+
+
 def step(name: str, argv: list[str], out: Path, loads: dict) -> None:
-    """Run one workbench command unless its output is there (a finished step); the load before and after it."""
+    """Run one workbench command unless its output is there (a finished step); the load before and after it and
+    what other processes used meanwhile."""
     if out.exists():
         print(f"{name}: {out} exists, kept", file=sys.stderr)
         return
     loads[name] = {"before": load()}
+    mark = cpu_mark()
     print(f"{name}: workbench {' '.join(argv)}", file=sys.stderr, flush=True)
     if workbench(argv) != 0:
         raise WorkbenchError(f"{name} failed (above); rerun this command to continue where it stopped")
     loads[name]["after"] = load()
+    loads[name]["others"] = others(mark, cpu_mark())
+
+
+IDLE_LOAD, IDLE_OTHERS = 0.5, 0.1  # idle: a 1-min load average under 0.5 at the start, others under 0.1 cores
+
+
+def idle(loads: dict) -> bool:
+    """Idle at the start, and no step shared the machine (the load after a step is its own, so not that)."""
+    steps = [v for v in loads.values() if isinstance(v, dict)]
+    return (loads.get("start") or [9])[0] < IDLE_LOAD and all(
+        (v.get("others") or {"cores": 9})["cores"] < IDLE_OTHERS for v in steps)
 
 
 def verdicts(check: dict) -> dict:
@@ -88,11 +123,11 @@ def run(args) -> int:
     verdict = verdicts(res)
     summary = dict(calibration=cal, latency=str(lat), plan=str(plan), check=str(check), load_average=loads,
                    cpus=os.cpu_count(), verdicts=verdict, plan_check=res["plan_check"], speed=res["speed"],
-                   vllm_version=res["vllm_version"], idle=all((v.get("before") or [9])[0] < 0.5 for v in
-                                                             loads.values() if isinstance(v, dict)))
+                   vllm_version=res["vllm_version"], idle=idle(loads))
     head = [f"# vLLM plan priced on vLLM's rounds ({name})", "",
-            f"Load average (1, 5, 15 min) per step: {json.dumps(loads)} on {os.cpu_count()} CPUs: "
-            + ("idle at every step's start." if summary["idle"] else "NOT idle: these speeds are not this machine's."),
+            f"Load average (1, 5, 15 min) at the start and per step, and the CPU cores other processes used during each "
+            f"step: {json.dumps(loads)} on {os.cpu_count()} CPUs: "
+            + ("idle (nothing else ran)." if summary["idle"] else "NOT idle: these speeds are not this machine's."),
             "", f"Verdicts (issue 48): {verdict['rows']} rows, worst |predicted - measured| / measured "
             + (f"{100 * verdict['worst_error']:.1f}%" if verdict["worst_error"] is not None else "-")
             + f" (<= {100 * TOLERANCE:.0f}%: {'yes' if verdict['all_within_tolerance'] else 'no'}); the plan's K vLLM's "

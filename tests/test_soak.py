@@ -301,9 +301,8 @@ def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, c
     timing = ("vllm_startup_s", "seconds", "load_average", "note", "speed")
     assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}, what
     assert [(s["k"], s["batch_size"]) for s in a["speed"]] == [(s["k"], s["batch_size"]) for s in b["speed"]], what
-    for i, startup in enumerate(a["vllm_startup_s"]):  # an engine finished before the last kill is the one kept
-        if f"vllm-engine-{i}" in kept:
-            assert startup == _piece_value(kept[f"vllm-engine-{i}"])["startup_s"], (what, i)
+    if "vllm-batch-1" in kept:  # a batch size finished before the last kill is the one kept
+        assert a["vllm_startup_s"] == [e["startup_s"] for e in _piece_value(kept["vllm-batch-1"])["engines"]], what
 
 
 @pytest.mark.unit
@@ -361,25 +360,27 @@ def test_work_state_refuses_a_folder_it_did_not_write(tmp_path):
 
 
 STANDIN = '''#!{python}
-"""Stands in for vLLM's worker (the protocol of workbench/measure/vllm_worker.py): logs the engines it was asked for and
-answers each with a result naming it; with STANDIN_DIE_AT=i it dies while running engine i."""
+"""Stands in for vLLM's worker (the protocol of workbench/measure/vllm_worker.py): logs the batch sizes it was asked
+for and answers each with every engine's run naming the engine and the batch size; with STANDIN_DIE_AT=B it dies
+while running batch size B."""
 import json, os, sys
 req = json.loads(sys.stdin.read())
 with open(os.environ["STANDIN_LOG"], "a") as f:
-    f.write(json.dumps(req["engines"]) + "\\n")
-for i, spec in enumerate(req["engines"]):
-    if str(i) == os.environ.get("STANDIN_DIE_AT"):
+    f.write(json.dumps(req["batch_sizes"]) + "\\n")
+for b in req["batch_sizes"]:
+    if str(b) == os.environ.get("STANDIN_DIE_AT"):
         sys.exit(1)
     print("vLLM's own log line", flush=True)
-    print(json.dumps({{"event": "result", "engine": i, "vllm_version": "stand-in", "startup_s": 1.0,
-                      "runs": [{{"batch_size": 1, "spec": spec}}]}}), flush=True)
+    print(json.dumps({{"event": "batch", "batch_size": b, "engines": [
+        {{"vllm_version": "stand-in", "startup_s": 1.0, "run": {{"batch_size": b, "spec": spec}}}}
+        for spec in req["engines"]]}}), flush=True)
 print(json.dumps({{"event": "done"}}), flush=True)
 '''
 
 
-def test_vllm_check_keeps_finished_engines_and_starts_only_the_rest(tmp_path, monkeypatch):
-    """Without vLLM: a worker killed during its third engine leaves the first two kept; the rerun asks the worker
-    for the other two only and returns all four in order; other settings start every engine again."""
+def test_vllm_check_keeps_finished_batch_sizes_and_runs_only_the_rest(tmp_path, monkeypatch):
+    """Without vLLM: a worker killed during its third batch size leaves the first two kept; the rerun asks the
+    worker for the other two only and returns every engine's runs at all four in order; other settings start over."""
     from workbench import WorkbenchError
     from workbench.core.work import WorkState
     from workbench.measure.vllm_runner import engine_results
@@ -389,21 +390,23 @@ def test_vllm_check_keeps_finished_engines_and_starts_only_the_rest(tmp_path, mo
     py.chmod(0o755)
     log = tmp_path / "asked.jsonl"
     monkeypatch.setenv("STANDIN_LOG", str(log))
-    engines = [None] + [{"method": "medusa", "num_speculative_tokens": k} for k in (1, 2, 3)]
-    request = {"engines": engines, "prompts": [[1, 2]]}
-    out, settings = tmp_path / "check.json", {"model": "m", "k": [1, 2, 3]}
-    monkeypatch.setenv("STANDIN_DIE_AT", "2")
+    engines = [None] + [{"method": "medusa", "num_speculative_tokens": k} for k in (1, 2)]
+    request = {"engines": engines, "prompts": [[1, 2]], "batch_sizes": [1, 2, 4, 8]}
+    out, settings = tmp_path / "check.json", {"model": "m", "k": [1, 2]}
+    monkeypatch.setenv("STANDIN_DIE_AT", "4")
     with pytest.raises(WorkbenchError, match="vLLM failed"):
         engine_results(str(py), request, WorkState(out, settings), lambda text: None)
-    assert sorted(_pieces(out)) == ["vllm-engine-0", "vllm-engine-1"]
+    assert sorted(_pieces(out)) == ["vllm-batch-1", "vllm-batch-2"]
     monkeypatch.delenv("STANDIN_DIE_AT")
     said = []
     res = engine_results(str(py), request, WorkState(out, settings), said.append)
     asked = [json.loads(line) for line in log.read_text().splitlines()]
-    assert asked == [engines, engines[2:]] and "2 of 4 engines finished earlier" in said[0]
-    assert [r["engine"] for r in res] == [0, 1, 2, 3] and [r["runs"][0]["spec"] for r in res] == engines
-    engine_results(str(py), request, WorkState(out, dict(settings, k=[1, 2])), lambda text: None)
-    assert json.loads(log.read_text().splitlines()[-1]) == engines
+    assert asked == [[1, 2, 4, 8], [4, 8]] and "2 of 4 batch sizes finished earlier" in said[0]
+    assert [r["engine"] for r in res] == [0, 1, 2] and [r["vllm_version"] for r in res] == ["stand-in"] * 3
+    assert [[(run["batch_size"], run["spec"]) for run in r["runs"]] for r in res] == \
+        [[(b, spec) for b in (1, 2, 4, 8)] for spec in engines]
+    engine_results(str(py), request, WorkState(out, dict(settings, k=[1])), lambda text: None)
+    assert json.loads(log.read_text().splitlines()[-1]) == [1, 2, 4, 8]
 
 
 def test_our_decoder_parts_are_taken_from_the_state(tiny_llama, tmp_path):

@@ -1,6 +1,6 @@
 """The demo heads and plan in a real vLLM (0.32, CPU build), end to end through `workbench vllm-check`: a few
 held-out prompts, K = 1..4, batch 1 and 4. Needs vLLM's own environment: $WORKBENCH_VLLM_PYTHON (.ci/run builds
-it); skipped with its reason otherwise. Minutes: five vLLM engines start one after another, then six for the
+it); skipped with its reason otherwise. Minutes: five vLLM engines held at once, then six for the
 plan priced on vLLM's own rounds (latency --engine vllm -> plan -> vllm-check --plan)."""
 import json
 import os

@@ -20,20 +20,20 @@ COST = {0: 0.010, 1: 0.013, 2: 0.018}  # seconds of a round at batch 1 by K; bat
 
 STANDIN = '''#!{python}
 """Stands in for vLLM's worker in mode "rounds": per pass one prefill step, a step that emits nothing (async
-scheduling's), then {rounds} full rounds at COST[K] * (B if K else 1) seconds; with STANDIN_DIE_AT=i it dies in
-engine i; every request is logged to STANDIN_LOG."""
+scheduling's), then {rounds} full rounds at COST[K] * (B if K else 1) seconds; with STANDIN_DIE_AT=B it dies at batch
+size B; every request's batch sizes and engines are logged to STANDIN_LOG."""
 import json, os, sys
 COST = {cost}
 req = json.loads(sys.stdin.read())
 with open(os.environ["STANDIN_LOG"], "a") as f:
-    f.write(json.dumps(req["engines"]) + "\\n")
+    f.write(json.dumps([req["batch_sizes"], req["engines"]]) + "\\n")
 assert req["mode"] == "rounds"
-for i, spec in enumerate(req["engines"]):
-    if str(i) == os.environ.get("STANDIN_DIE_AT"):
+for b in req["batch_sizes"]:
+    if str(b) == os.environ.get("STANDIN_DIE_AT"):
         sys.exit(1)
-    k = spec["num_speculative_tokens"] if spec else 0
-    runs = []
-    for b in req["batch_sizes"]:
+    engines = []
+    for spec in req["engines"]:
+        k = spec["num_speculative_tokens"] if spec else 0
         passes = []
         for p in range(req["warmup"] + req["repeats"]):
             cost = COST[str(k)] * (b if k else 1) * (1 + 0.01 * p)
@@ -41,9 +41,9 @@ for i, spec in enumerate(req["engines"]):
             steps += [dict(seconds=cost, full=True, tokens=b * (1 + k), context_sum=(21 + r) * b,
                            context_min=21 + r, context_max=21 + r) for r in range({rounds})]
             passes.append(dict(timed=p >= req["warmup"], rounds=steps))
-        runs.append(dict(batch_size=b, passes=passes))
-    print(json.dumps(dict(event="result", engine=i, vllm_version="0.32.0", startup_s=1.0, runs=runs,
-                          worker=dict(threads=2, torch="2.13.0", transformers="4.57.0"))), flush=True)
+        engines.append(dict(vllm_version="0.32.0", startup_s=1.0, run=dict(batch_size=b, passes=passes),
+                            worker=dict(threads=2, torch="2.13.0", transformers="4.57.0")))
+    print(json.dumps(dict(event="batch", batch_size=b, engines=engines)), flush=True)
 print(json.dumps(dict(event="done")), flush=True)
 '''
 
@@ -73,14 +73,16 @@ def _by_hand(b: int, k: int, p: int) -> float:
 
 def test_latency_engine_vllm_writes_vllms_rounds_as_a_latency_csv(tiny_llama, standin, tmp_path, monkeypatch, capsys):
     out = tmp_path / "vllm.csv"
-    monkeypatch.setenv("STANDIN_DIE_AT", "2")  # killed while timing K = 2: K = 0 and 1 are kept
+    monkeypatch.setenv("STANDIN_DIE_AT", "2")  # killed while timing batch 2: batch 1 (every K) is kept
     assert _latency(tiny_llama, standin, out) == 2
     assert "vLLM failed" in capsys.readouterr().err and not out.exists()
     monkeypatch.delenv("STANDIN_DIE_AT")
     assert _latency(tiny_llama, standin, out) == 0
     asked = [json.loads(line) for line in (tmp_path / "asked.jsonl").read_text().splitlines()]
-    assert [len(a) for a in asked] == [3, 1] and asked[1][0]["num_speculative_tokens"] == 2  # resumed at K = 2
-    assert asked[0][1]["method"] == "medusa" and asked[0][1]["model"].startswith(str(tmp_path / "cache"))
+    assert [a[0] for a in asked] == [[1, 2], [2]] and asked[0][1] == asked[1][1]  # resumed at batch 2, every K
+    engines = asked[0][1]
+    assert engines[0] is None and [e["num_speculative_tokens"] for e in engines[1:]] == [1, 2]
+    assert engines[1]["method"] == "medusa" and engines[1]["model"].startswith(str(tmp_path / "cache"))
     df = read_latency(out)
     assert latency_engine(df) == ("vllm", "0.32.0") and (df["version"] == LATENCY_VERSION).all()
     assert sorted(zip(df["batch"], df["tokens"])) == [(b, k + 1) for b in (1, 2) for k in (0, 1, 2)]
@@ -247,3 +249,24 @@ def test_vllm_check_puts_the_plans_prediction_beside_vllms_speedup():
     (check,) = plan_rows(plan, {1: 1}, rows)
     assert check["error"] == pytest.approx(1.2 * 0.85 - 1) and check["best_k"] == 2
     assert check["choice_is_best_or_within_noise"]  # K = 1 (1.176x) and K = 2 (1.190x) overlap
+
+
+@pytest.mark.unit
+def test_the_plan_bench_calls_a_run_idle_only_when_nothing_else_ran():
+    """bench/vllm_plan.py: the load after a step is the step's own, so idleness is the load at the start and the
+    CPU other processes used during each step (the machine's busy time less ours)."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("vllm_plan", Path(__file__).parents[1] / "bench" / "vllm_plan.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    # 10 s: the machine busy 12 CPU s (3 of them niced), this process and its children 11 s -> others 0.1 cores
+    assert bench.others((0, 100, 50, 5), (10, 112, 53, 16)) == dict(cores=0.1, niced_cores=0.3, seconds=10)
+    quiet = dict(before=[2.0, 1, 1], after=[2.0, 1, 1], others=dict(cores=0.02, niced_cores=0, seconds=60))
+    assert bench.idle(dict(start=[0.1, 0.2, 0.3], surface=quiet, check=quiet))  # its own load afterwards
+    assert not bench.idle(dict(start=[1.2, 0.2, 0.3], surface=quiet))
+    assert not bench.idle(dict(start=[0.1, 0.2, 0.3], surface=dict(quiet, others=dict(cores=0.9, niced_cores=0.9))))
+    assert not bench.idle(dict(start=[0.1, 0.2, 0.3], surface=dict(quiet, others=None)))  # not measured: not idle
+    mark = bench.cpu_mark()
+    assert mark is None or (len(mark) == 4 and mark[1] >= mark[2] >= 0)

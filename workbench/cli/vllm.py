@@ -22,7 +22,7 @@ def cmd_vllm_check(args) -> int:
         check_output(args.table, "--table")
     if args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
         raise WorkbenchError("--max-new-tokens and --limit must be positive")
-    anchor = args.out or args.table  # finished engines and decoder parts wait beside it (a rerun resumes)
+    anchor = args.out or args.table  # finished batch sizes and decoder parts wait beside it (a rerun resumes)
     with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
         res = vllm_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model, args.heads,
                          parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
@@ -44,7 +44,7 @@ def add_vllm_check(sub) -> None:
                                    "prediction; greedy outputs compared (vLLM speculative vs plain vLLM vs our plain "
                                    "greedy); vLLM tokens/s with and without speculation per batch size. vLLM runs in "
                                    "its own environment (--vllm-python). Resumable with --out (or --table): rerun "
-                                   "the same command to continue (finished engines wait in OUT.work/).",
+                                   "the same command to continue (finished batch sizes wait in OUT.work/).",
                        parents=[model_args("--model", "--heads")])
     p.add_argument("--vllm-python", help="python of vLLM's environment (default: $WORKBENCH_VLLM_PYTHON)")
     p.add_argument("--calibration", metavar="DIR", help="calibration folder: the prediction and the held-out "
@@ -126,7 +126,7 @@ def cmd_latency_vllm(args) -> int:
     label = model_label(args.model)
     out = Path(args.out) if args.out else (latency_path(args.calibration, "vllm-cpu") if args.calibration
                                            else default_latency_path(label, "vllm-cpu"))
-    with run_lock(out, "--out", kind="file"):  # finished engines wait in OUT.work/ (a rerun resumes from them)
+    with run_lock(out, "--out", kind="file"):  # finished batch sizes wait in OUT.work/ (a rerun resumes from them)
         df = measure_vllm_rounds(py, inputs["model_dir"], drafter, ks, inputs["ids"], [r[0] for r in records],
                                  batches, args.repeats or 4, 1 if args.warmup is None else args.warmup,
                                  args.max_new_tokens, label,

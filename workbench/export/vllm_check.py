@@ -174,7 +174,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
                prompts: str = "holdout", limit: int = 16, max_new_tokens: int = 64, python: str | None = None,
                raw: bool = False, progress=None, work=None, repeats: int = 3) -> dict:
     """The whole check (see the module docstring) as one JSON-ready dict. `work`: the output file, beside which
-    finished engines and decoder parts are kept (None: nothing kept). Timing fields, which a resumed run's result
+    finished batch sizes (every engine's) and decoder parts are kept (None: nothing kept). Timing fields, which a resumed run's result
     may hold from either run: speed, vllm_startup_s, the runs' seconds, seconds, load_average, note."""
     progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
     py = vllm_python(python)  # before anything loads: a missing interpreter fails in a second

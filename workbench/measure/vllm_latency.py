@@ -6,15 +6,16 @@ another program with other costs (on one 2-core EPYC its plain step was ~21 ms w
 priced on one engine's surface picks the wrong K on the other. Why not a bare forward: a timed forward misses
 everything else a served round does (priced vLLM's chain round at batch 64 about 3x too cheap elsewhere).
 
-How (vllm_worker.py, mode "rounds", in vLLM's own environment): one engine per K (K = 0: no speculation), and
-per batch size B, `warmup + repeats` passes, each serving B real prompts (taken in turn) through the engine's own
-step loop (LLMEngine.add_request / step) to `max_new_tokens`, the context growing as in serving, EOS ignored so
+How (vllm_worker.py, mode "rounds", in vLLM's own environment): one engine per K (K = 0: no speculation), all held
+at once, and per batch size B, `warmup + repeats` passes, pass i serving the same B real prompts (taken in turn) on
+every engine, one engine after the other within the pass (side by side: the machine's drift over minutes lands on
+every K alike), through the engine's own step loop (LLMEngine.add_request / step) to `max_new_tokens`, the context growing as in serving, EOS ignored so
 the batch stays full. A round is one engine step in which all B requests were decoding (no prefill in it, none
 finished before it) and each emitted tokens. A pass's value is the wall time of its engine steps while all B were
 decoding over its rounds (tokens out per wall time of the engine's steps, per round); the CSV keeps
 the median and spread over passes at tokens = K + 1 per sequence. The context is the mean over every timed round
 (one value per file, as decoder-step writes it), its range in context_min/max.
-Resumable: each engine's result is kept as it arrives (vllm_runner.engine_results).
+Resumable: each batch size's results are kept as they arrive (vllm_runner.engine_results).
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, promp
                         label: str = "", progress=print, work=None, settings: dict | None = None) -> pd.DataFrame:
     """The latency rows of vLLM's served rounds (module docstring): K = 0 and every K in `ks` (drafted by `drafter`,
     a --speculative-config without num_speculative_tokens), per batch size. `prompts`: token ids (`prompt_ids`
-    name them); `work`: the CSV, beside which finished engines are kept; `settings`: what else the kept engines
+    name them); `work`: the CSV, beside which finished batch sizes are kept; `settings`: what else the kept results
     depend on (model, heads)."""
     ks = sorted({0, *(int(k) for k in ks)})
     batches = sorted({int(b) for b in batches})

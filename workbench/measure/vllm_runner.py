@@ -2,8 +2,8 @@
 serves requests in it, for every command that runs vLLM (`vllm-check`, `latency --engine vllm`).
 
 vLLM runs in its own environment (it pins its own torch and transformers): vllm_worker.py, run by that interpreter
-(--vllm-python or $WORKBENCH_VLLM_PYTHON), speaks JSON lines on stdin/stdout, one result per engine. Torch-free.
-Resumable: engine_results keeps each engine's result as it arrives in an io.WorkState.
+(--vllm-python or $WORKBENCH_VLLM_PYTHON), speaks JSON lines on stdin/stdout, one result per batch size holding every engine's run. Torch-free.
+Resumable: engine_results keeps each batch size's results (every engine's) as they arrive in an io.WorkState.
 """
 from __future__ import annotations
 
@@ -49,9 +49,9 @@ def worker_env(py: str) -> dict:
     return env
 
 
-def run_worker(py: str, request: dict, progress, on_result=None) -> list[dict]:
-    """Run vllm_worker.py under `py`; its results (one per engine, in order). `on_result(result)` is called on each
-    as it arrives. Its log goes to stderr only when it fails."""
+def run_worker(py: str, request: dict, progress, on_batch=None) -> list[dict]:
+    """Run vllm_worker.py under `py`; its batch results (one per batch size, in order, each holding every engine).
+    `on_batch(result)` is called on each as it arrives. Its log goes to stderr only when it fails."""
     results, error = [], None
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: vLLM's log never fills a buffer and blocks
         with subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
@@ -70,29 +70,34 @@ def run_worker(py: str, request: dict, progress, on_result=None) -> list[dict]:
                     continue
                 if msg["event"] == "progress":
                     progress("vLLM: " + msg["text"])
-                elif msg["event"] == "result" and msg.get("engine") == len(results):
+                elif (msg["event"] == "batch" and len(results) < len(request["batch_sizes"])
+                      and msg.get("batch_size") == request["batch_sizes"][len(results)]
+                      and len(msg.get("engines") or []) == len(request["engines"])):
                     results.append(msg)
-                    if on_result is not None:
-                        on_result(msg)
+                    if on_batch is not None:
+                        on_batch(msg)
                 elif msg["event"] == "error":
                     error = msg["text"]
             rc = proc.wait()
         log.seek(0)
         err = log.read()
-    if error or rc != 0 or len(results) != len(request["engines"]):
+    if error or rc != 0 or len(results) != len(request["batch_sizes"]):
         tail = " | ".join(err.strip().splitlines()[-3:])[-400:]
         raise WorkbenchError(f"vLLM failed ({error or f'exit status {rc}'}): {tail}")
     return results
 
 
 def engine_results(py: str, request: dict, state: WorkState, progress) -> list[dict]:
-    """Every engine's result: those `state` kept from an earlier run of this check, then one worker run for the
-    rest, each kept as it arrives (`engine` is its index in the whole request)."""
-    engines = request["engines"]
-    todo = [i for i in range(len(engines)) if state.get(f"vllm-engine-{i}") is None]
-    if len(todo) < len(engines):
-        progress(f"vLLM: {len(engines) - len(todo)} of {len(engines)} engines finished earlier")
+    """Every engine's result ({"engine", "vllm_version", "startup_s", "worker", "runs": one per batch size}): the
+    batch sizes `state` kept from an earlier run, then one worker run for the rest, each batch size kept as it
+    arrives. The unit kept is a batch size, not an engine: the engines run side by side (vllm_worker)."""
+    sizes = list(request["batch_sizes"])
+    todo = [b for b in sizes if state.get(f"vllm-batch-{b}") is None]
+    if len(todo) < len(sizes):
+        progress(f"vLLM: {len(sizes) - len(todo)} of {len(sizes)} batch sizes finished earlier")
     if todo:
-        run_worker(py, dict(request, engines=[engines[i] for i in todo]), progress,
-                   lambda r: state.put(f"vllm-engine-{todo[r['engine']]}", dict(r, engine=todo[r["engine"]])))
-    return [state.get(f"vllm-engine-{i}") for i in range(len(engines))]
+        run_worker(py, dict(request, batch_sizes=todo), progress,
+                   lambda r: state.put(f"vllm-batch-{r['batch_size']}", r))
+    kept = [state.get(f"vllm-batch-{b}") for b in sizes]
+    return [dict({k: v for k, v in kept[0]["engines"][i].items() if k != "run"}, engine=i,
+                 runs=[k["engines"][i]["run"] for k in kept]) for i in range(len(request["engines"]))]

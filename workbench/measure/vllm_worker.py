@@ -3,24 +3,24 @@
 
 Standalone on purpose: run as `VLLM_PYTHON workbench/measure/vllm_worker.py`, it imports vLLM and nothing of the
 workbench. Protocol: one JSON request on stdin; JSON lines on stdout, {"event": "progress", "text"} while it runs,
-one {"event": "result", "engine": i, "vllm_version", "startup_s", "worker": {threads, torch, transformers}, "runs"}
-per engine (each `engines` entry is a --speculative-config, null for plain decoding), then {"event": "done"}; or
-{"event": "error", "text"}. Request:
+one {"event": "batch", "batch_size": B, "engines": [{"vllm_version", "startup_s", "worker": {threads, torch,
+transformers, async_scheduling}, "run"}, ...]} per batch size (each `engines` entry of the request is a
+--speculative-config, null for plain decoding), then {"event": "done"}; or {"event": "error", "text"}. Request:
   {"mode": "generate" | "rounds", "model": DIR, "engines": [...], "prompts": [[ids], ...], "batch_sizes": [1, 4],
    "max_new_tokens": N, "max_model_len": N, "repeats": R, "warmup": W, "stop_token_ids": [...] (generate)}
-Every request is served through the engine's own step loop (LLMEngine.add_request / step), so each step's wall
-time is what a served round costs. Runs, per batch size B:
+Every engine is held at once and their passes interleave (`interleaved`): what is compared is measured side by
+side. Every request is served through the engine's own step loop (LLMEngine.add_request / step), so each step's
+wall time is what a served round costs. A run, per engine at batch size B:
   generate (vllm-check; the prompts served B at a time, as the workbench decoder batches them, stopping at EOS,
   `repeats` passes over all of them): {"batch_size", "seconds" (pass 0), "decode_seconds" (pass 0, the steps
   without a prefill in them), "passes": [{"seconds", "decode_seconds"}, ...], "new_tokens", "outputs",
   "steps" (per-request drafts per step), "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-  "accepted_per_pos"} (spec-decode counters of pass 0: deltas of LLM.get_metrics());
-  rounds (latency --engine vllm; `warmup + repeats` passes, each serving the next B prompts to max_new_tokens with
-  EOS ignored): {"batch_size", "passes": [{"timed", "rounds": [{"seconds", "full", "tokens", "context_sum",
-  "context_min", "context_max"}, ...]}]}: every step in which all B requests were decoding (none finished), `full`
-  where each of them emitted a token (a round).
+  "accepted_per_pos"} (vLLM's spec-decode counters over pass 0, from its per-request records: `counted`);
+  rounds (latency --engine vllm; `warmup + repeats` passes, pass i serving prompts i*B .. i*B + B - 1 (in turn) to
+  max_new_tokens with EOS ignored, the same B prompts for every engine): {"batch_size", "passes": [{"timed",
+  "rounds": [{"seconds", "full", "tokens", "context_sum", "context_min", "context_max"}, ...]}]}: every step in
+  which all B requests were decoding (none finished), `full` where each of them emitted a token (a round).
 """
-import gc
 import json
 import sys
 import time
@@ -30,18 +30,21 @@ def say(obj) -> None:
     print(json.dumps(obj), flush=True)
 
 
-def counters(llm) -> dict:
-    """vLLM's own spec-decode counters (vllm:spec_decode_*), summed over label sets."""
+def counted(steps: list) -> dict:
+    """vLLM's spec-decode counters (vllm:spec_decode_*: drafts, draft tokens, accepted tokens, accepted per
+    position) summed from its per-request records (`per_step`), which feed the same counts: LLM.get_metrics() reads
+    one process-wide registry that only the engine made last reports to, and every engine here is alive at once."""
     out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
-    for m in llm.get_metrics():
-        key = m.name.replace("vllm:spec_decode_", "").removesuffix("_total")
-        if key == "num_accepted_tokens_per_pos" and hasattr(m, "values"):
-            pos = out["accepted_per_pos"]
-            pos += [0] * (len(m.values) - len(pos))
-            for i, v in enumerate(m.values):
-                pos[i] += int(v)
-        elif key in out and hasattr(m, "value"):
-            out[key] += int(m.value)
+    for seq in filter(None, steps):
+        for drafted, accepted in zip(seq["drafted"], seq["accepted"]):
+            if drafted:
+                out["num_drafts"] += 1
+                out["num_draft_tokens"] += drafted
+                out["num_accepted_tokens"] += accepted
+                pos = out["accepted_per_pos"]
+                pos += [0] * (drafted - len(pos))
+                for i in range(accepted):
+                    pos[i] += 1
     return out
 
 
@@ -90,7 +93,9 @@ def serve(llm, chunk: list, params) -> tuple[list[dict], list]:
     return steps, [last[rid].outputs[0] for rid in ids]
 
 
-def start(req: dict, spec):
+def start(req: dict, spec, engines: int = 1):
+    """One engine (startup seconds beside it). Several share one GPU: each gets its part of the memory."""
+    import torch
     from vllm import LLM
 
     t0 = time.perf_counter()
@@ -98,64 +103,77 @@ def start(req: dict, spec):
     llm = LLM(model=req["model"], tokenizer=req["model"], dtype="float32", max_model_len=req["max_model_len"],
               speculative_config=spec, enforce_eager=True, disable_log_stats=False, seed=0,
               max_num_seqs=max(req["batch_sizes"]), enable_prefix_caching=False,
-              **({"per_request_spec_decode_metrics": "detailed"} if spec else {}))
+              **({"per_request_spec_decode_metrics": "detailed"} if spec else {}),
+              **({"gpu_memory_utilization": 0.85 / engines} if torch.cuda.is_available() else {}))
     startup = time.perf_counter() - t0
     say({"event": "progress", "text": f"vLLM ready in {startup:.0f} s"})
     return llm, startup
 
 
-def generate_runs(llm, req: dict) -> list[dict]:
+def generate_pass(llm, prompts: list, b: int, params, first: bool) -> dict:
+    """One pass over every prompt, B at a time: its seconds and decoding-phase seconds; the first pass also keeps
+    the outputs, per-request steps and the spec-decode counters they add up to."""
+    seconds = decode = 0.0
+    outputs, steps = [], []
+    for j in range(0, len(prompts), b):
+        t = time.perf_counter()
+        timed, outs = serve(llm, prompts[j:j + b], params)
+        seconds += time.perf_counter() - t
+        decode += sum(s["seconds"] for s in timed if not s["prefill"])
+        outputs += [list(o.token_ids) for o in outs]
+        steps += [per_step(o) for o in outs]
+    done = dict(seconds=seconds, decode_seconds=decode)
+    return done | (dict(outputs=outputs, steps=steps, **counted(steps)) if first else {})
+
+
+def generate_run(first: dict, passes: list[dict], b: int) -> dict:
+    return dict(batch_size=b, seconds=first["seconds"], decode_seconds=first["decode_seconds"],
+                passes=[dict(seconds=p["seconds"], decode_seconds=p["decode_seconds"]) for p in passes],
+                new_tokens=sum(map(len, first["outputs"])), outputs=first["outputs"], steps=first["steps"],
+                **{k: first[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")})
+
+
+def round_pass(llm, chunk: list, params, timed: bool) -> dict:
+    steps, _ = serve(llm, chunk, params)
+    return dict(timed=timed, rounds=[{k: v for k, v in s.items() if k not in ("prefill", "decoding")}
+                                     for s in steps if s["decoding"]])
+
+
+def interleaved(llms: list, req: dict, b: int) -> list[dict]:
+    """Every engine's run at batch size B, pass by pass: pass i of every engine before pass i + 1 of any, in an
+    order that turns each pass (0, 1, .. then .., 1, 0), so a drift of the machine's speed over minutes lands on
+    every K alike and each pass's ratio to plain is measured side by side (engine after engine, a drift of ~20%
+    over a few minutes on a shared 2-core VM priced K = 1 at 1.8x plain where side by side it was 1.2x)."""
     from vllm import SamplingParams
 
+    n = len(llms)
+    if req.get("mode") == "rounds":
+        params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"], ignore_eos=True)
+        prompts, passes = req["prompts"], [[] for _ in llms]
+        for i in range(req["warmup"] + req["repeats"]):
+            chunk = [prompts[(i * b + j) % len(prompts)] for j in range(b)]  # the same B prompts for every K
+            for e in (range(n) if i % 2 == 0 else reversed(range(n))):
+                passes[e].append(round_pass(llms[e], chunk, params, i >= req["warmup"]))
+        for e in range(n):
+            say_rounds(b, passes[e])
+        return [dict(batch_size=b, passes=p) for p in passes]
     params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"],
                             stop_token_ids=req["stop_token_ids"], ignore_eos=False)
-    prompts = req["prompts"]
-    runs = []
-    for b in req["batch_sizes"]:
-        before = counters(llm)
-        passes, outputs, steps = [], [], []
-        for i in range(max(1, req.get("repeats", 1))):
-            seconds = decode = 0.0
-            for j in range(0, len(prompts), b):
-                t = time.perf_counter()
-                timed, outs = serve(llm, prompts[j:j + b], params)
-                seconds += time.perf_counter() - t
-                decode += sum(s["seconds"] for s in timed if not s["prefill"])
-                if i == 0:
-                    outputs += [list(o.token_ids) for o in outs]
-                    steps += [per_step(o) for o in outs]
-            passes.append(dict(seconds=seconds, decode_seconds=decode))
-            if i == 0:
-                after = counters(llm)
-        delta = {k: after[k] - before[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
-        pos_b = before["accepted_per_pos"] + [0] * (len(after["accepted_per_pos"]) - len(before["accepted_per_pos"]))
-        delta["accepted_per_pos"] = [a - p for a, p in zip(after["accepted_per_pos"], pos_b)]
-        runs.append(dict(batch_size=b, seconds=passes[0]["seconds"], decode_seconds=passes[0]["decode_seconds"],
-                         passes=passes, new_tokens=sum(map(len, outputs)), outputs=outputs, steps=steps, **delta))
-        say({"event": "progress", "text": f"batch {b}: {runs[-1]['new_tokens']} tokens in "
-                                          f"{', '.join('%.1f' % p['seconds'] for p in passes)} s"})
+    passes = [[] for _ in llms]
+    for i in range(max(1, req.get("repeats", 1))):
+        for e in (range(n) if i % 2 == 0 else reversed(range(n))):
+            passes[e].append(generate_pass(llms[e], req["prompts"], b, params, first=i == 0))
+    runs = [generate_run(p[0], p, b) for p in passes]
+    for r in runs:
+        say({"event": "progress", "text": f"batch {b}: {r['new_tokens']} tokens in "
+                                          f"{', '.join('%.1f' % p['seconds'] for p in r['passes'])} s"})
     return runs
 
 
-def round_runs(llm, req: dict) -> list[dict]:
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"], ignore_eos=True)
-    prompts, turn, runs = req["prompts"], 0, []
-    for b in req["batch_sizes"]:
-        passes = []
-        for i in range(req["warmup"] + req["repeats"]):
-            chunk = [prompts[(turn + j) % len(prompts)] for j in range(b)]  # taken in turn across batch sizes
-            turn += b
-            steps, _ = serve(llm, chunk, params)
-            passes.append(dict(timed=i >= req["warmup"], rounds=[{k: v for k, v in s.items() if k not in
-                                                                   ("prefill", "decoding")}
-                                                                  for s in steps if s["decoding"]]))
-        rounds = [r for p in passes if p["timed"] for r in p["rounds"]]
-        ms = 1000 * sum(r["seconds"] for r in rounds) / max(sum(r["full"] for r in rounds), 1)
-        say({"event": "progress", "text": f"batch {b}: {len(rounds)} rounds, {ms:.1f} ms each"})
-        runs.append(dict(batch_size=b, passes=passes))
-    return runs
+def say_rounds(b: int, passes: list[dict]) -> None:
+    rounds = [r for p in passes if p["timed"] for r in p["rounds"]]
+    ms = 1000 * sum(r["seconds"] for r in rounds) / max(sum(r["full"] for r in rounds), 1)
+    say({"event": "progress", "text": f"batch {b}: {len(rounds)} rounds, {ms:.1f} ms each"})
 
 
 def versions() -> dict:
@@ -176,17 +194,19 @@ def async_scheduling(llm) -> bool | None:
 def main() -> int:
     req = json.loads(sys.stdin.read())
     import vllm
-    from vllm import SamplingParams
 
-    for i, spec in enumerate(req["engines"]):
-        llm, startup = start(req, spec)
+    from vllm import SamplingParams
+    engines = []  # every engine at once: passes interleave across them (interleaved)
+    for spec in req["engines"]:
+        llm, startup = start(req, spec, len(req["engines"]))
         llm.generate([{"prompt_token_ids": req["prompts"][0]}], SamplingParams(temperature=0.0, max_tokens=2),
                      use_tqdm=False)  # warm-up
-        runs = round_runs(llm, req) if req.get("mode") == "rounds" else generate_runs(llm, req)
-        say({"event": "result", "engine": i, "vllm_version": vllm.__version__, "startup_s": startup,
-             "worker": versions() | {"async_scheduling": async_scheduling(llm)}, "runs": runs})
-        del llm
-        gc.collect()
+        engines.append(dict(llm=llm, vllm_version=vllm.__version__, startup_s=startup,
+                            worker=versions() | {"async_scheduling": async_scheduling(llm)}))
+    for b in req["batch_sizes"]:
+        runs = interleaved([e["llm"] for e in engines], req, b)
+        say({"event": "batch", "batch_size": b, "engines": [
+            {k: v for k, v in e.items() if k != "llm"} | {"run": r} for e, r in zip(engines, runs)]})
     say({"event": "done"})
     return 0
 
