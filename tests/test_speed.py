@@ -6,9 +6,10 @@ import ast
 import subprocess
 import sys
 
+import pandas as pd
 import pytest
 
-from workbench import REPO_ROOT
+from workbench import REPO_ROOT, WorkbenchError
 from workbench.core.provenance import differences, mismatch_warning, read_setting, setting, setting_cell
 from workbench.core.speed import (acceptance_per_position, batch_tokens_per_step, decode_speedup, goodput, mean_step_s,
                                   measured_speedup, prefill_share, spread, step_times, tokens_per_step)
@@ -143,6 +144,62 @@ def test_decoder_step_surface(tiny_llama):
     assert surface[2]["head_cost"]["depth"] == {1: 0, 3: depth} and set(surface[2]["head_cost"]["seconds"]) == {0, depth}
 
 
+def test_decoder_step_surface_times_per_step_trees_beside_static_ones(tiny_llama, tmp_path):
+    """With an envelope each round also times the per-step tree of every size the envelope holds: rows of policy
+    dynamic, relative to the same vanilla step, with the envelope's heads; the static table reads as before and
+    the dynamic one as a table of its own (read_latency's policy)."""
+    from workbench.measure.latency import measure_decoder_steps
+    from workbench.measure.latency_file import latency_surface, read_latency
+    from workbench.trees.tree import make_tree
+
+    t = tiny_llama
+    envelope = make_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]], name="env6")
+    df = measure_decoder_steps(t.model, t.heads["2"], t.tokenizer, [[1, 5, 9, 3], [2, 7, 4, 4, 8]], sizes=[3, 8],
+                               batches=[1, 2], repeats=2, warmup=0, max_new_tokens=6, label="tiny", progress=False,
+                               envelope=envelope)
+    dyn = df[df["policy"] == "dynamic"]
+    assert sorted(zip(dyn["batch"], dyn["tokens"])) == [(1, 3), (2, 3)]  # 7 nodes: more than the envelope holds
+    assert (dyn["envelope"] == 6).all() and (dyn["depth"] == envelope.depth).all() and (dyn["heads_seconds"] > 0).all()
+    assert sorted(zip(*df[df["policy"] == "static"][["batch", "tokens"]].to_numpy().T)) == \
+        [(1, 1), (1, 3), (1, 8), (2, 1), (2, 3), (2, 8)]
+    plain = dict(zip(df.loc[df["tokens"] == 1, "batch"], df.loc[df["tokens"] == 1, "seconds"]))
+    for r in dyn.to_dict("records"):
+        assert r["relative"] == pytest.approx(r["seconds"] / plain[r["batch"]]) and r["seconds_q1"] <= r["seconds"]
+    f = tmp_path / "lat.csv"
+    df.to_csv(f, index=False)
+    static, dynamic = read_latency(f), read_latency(f, policy="dynamic")
+    assert set(static["policy"]) == {"static"} and sorted(dynamic["tokens"]) == [1, 1, 3, 3]
+    surface, _ = latency_surface(dynamic, [1, 2])
+    assert surface[2]["seconds"][3] == pytest.approx(float(dyn.loc[dyn["batch"] == 2, "seconds"].iloc[0]))
+    assert surface[1]["head_cost"]["depth"] == {1: 0, 3: envelope.depth}
+    assert latency_surface(static, [1, 2])[0][1]["seconds"].keys() == {1, 3, 8}
+    df[df["policy"] == "static"].to_csv(f, index=False)
+    assert read_latency(f, policy="dynamic") is None
+
+
+@pytest.mark.unit
+def test_latency_policy_columns_are_checked_and_version_3_is_upgraded(tmp_path):
+    """Version 3 (before the policy columns) reads as static steps; a dynamic row needs an envelope of at least
+    its nodes, one per file; an unknown policy is one error line."""
+    from workbench.measure.latency_file import LATENCY_VERSION, read_latency
+
+    rows = [dict(batch=1, context=64, tokens=n, seconds=0.01 * n, engine="workbench", version=3) for n in (1, 2, 4)]
+    f = tmp_path / "v3.csv"
+    pd.DataFrame(rows).to_csv(f, index=False)
+    df = read_latency(f)
+    assert list(df["policy"]) == ["static"] * 3 and df["envelope"].isna().all() and (df["version"] == LATENCY_VERSION).all()
+    assert read_latency(f, policy="dynamic") is None
+    v4 = [dict(r, version=LATENCY_VERSION, policy="static", envelope=None) for r in rows]
+    dyn = [dict(v4[1], policy="dynamic", envelope=8), dict(v4[2], policy="dynamic", envelope=8, seconds=0.05)]
+    pd.DataFrame(v4 + dyn).to_csv(f, index=False)
+    assert list(read_latency(f, policy="dynamic")["seconds"]) == [0.01, 0.02, 0.05]
+    for bad in ([dict(dyn[0], envelope=None)], [dict(dyn[1], envelope=2)], [dyn[0], dict(dyn[1], envelope=16)],
+                [dict(dyn[0], policy="greedy")], [dict(v4[0], policy="dynamic", envelope=8)]):
+        pd.DataFrame(v4 + bad).to_csv(f, index=False)
+        with pytest.raises(WorkbenchError, match="policy must be static or dynamic on every row"):
+            read_latency(f)
+
+
 @pytest.mark.unit
 def test_latency_has_no_migration_mode(capsys):
     """`latency --mode heads` (it only completed tables written before the heads' cost was kept) is gone: refused
@@ -229,3 +286,14 @@ def test_latency_cli_times_the_decoder_step_by_default(tiny_llama, make_prompt_f
     err = capsys.readouterr().err
     assert "decoder-step" in err and "bare fwd ms" in err and "setting: cpu" in err
     assert main(["latency", "--random-config", "tiny", "--mode", "decoder-step", "--out", str(out)]) == 2
+    capsys.readouterr()
+    assert main(["latency", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--prompts", str(prompts), "--limit", "2", "--sizes", "2,3", "--batch-sizes", "1", "--repeats", "1",
+                 "--warmup", "0", "--max-new-tokens", "3", "--device", "cpu", "--envelope", "[[0], [1], [0, 0]]",
+                 "--out", str(out)]) == 0
+    assert sorted(read_latency(out, policy="dynamic")["tokens"]) == [1, 2, 3] and len(read_latency(out)) == 3
+    assert "per-step trees chosen from the 3-node envelope" in capsys.readouterr().err
+    assert main(["latency", "--random-config", "tiny", "--mode", "verify", "--envelope", "[[0]]", "--out",
+                 str(out)]) == 2
+    assert capsys.readouterr().err.startswith("error: --envelope times per-step trees inside the decoder's step")
+

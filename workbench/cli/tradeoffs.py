@@ -32,6 +32,8 @@ def cmd_latency(args) -> int:
         raise WorkbenchError("--mode decoder-step decodes real prompts (their contexts grow as in decoding): drop "
                              "--random-config/--context, or use --mode verify")
     step = mode == "decoder-step"
+    if args.envelope and not step:
+        raise WorkbenchError("--envelope times per-step trees inside the decoder's step: use --mode decoder-step")
     sizes = parse_ints(args.sizes, "--sizes", "nodes") if args.sizes else list(DECODER_SIZES if step else DEFAULT_SIZES)
     contexts = parse_ints(args.context, "--context", "context") if args.context else list(DEFAULT_CONTEXTS)
     batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else list(DECODER_BATCHES if step else DEFAULT_BATCHES)
@@ -89,10 +91,15 @@ def cmd_latency(args) -> int:
         records = Calibration(args.calibration).holdout_prompts(args.limit) if args.prompts == "holdout" else \
             load_prompt_records(args.prompts, args.limit)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
+    envelope = None
+    if args.envelope:
+        from workbench.trees.tree import load_tree
+
+        envelope = load_tree(args.envelope)
     with run_lock(out, "--out", kind="file"):  # finished points wait in OUT.work/ (a rerun resumes from them)
         if step:
             df = measure_decoder_steps(model, heads, tok, prompts, sizes, batches, repeats, warmup,
-                                       args.max_new_tokens, label, engine=engine, work=out)
+                                       args.max_new_tokens, label, engine=engine, work=out, envelope=envelope)
         else:
             df = measure_latency(model, sizes, contexts, repeats, warmup, heads, label, engine=engine,
                                  batches=batches, work=out)
@@ -102,6 +109,8 @@ def cmd_latency(args) -> int:
     extra = f"{'bare fwd ms':>12}" if step else ""
     print(f"{'batch':>6}{'context':>8}{'tokens':>8}{'ms':>10}{'q1..q3 ms':>18}{'t(n)/t(1)':>11}{extra}", file=sys.stderr)
     for r in df.to_dict("records"):
+        if r["policy"] == "dynamic" and r["tokens"] == min(df.loc[df["policy"] == "dynamic", "tokens"]):
+            print(f"per-step trees chosen from the {int(r['envelope'])}-node envelope ({args.envelope}):", file=sys.stderr)
         iqr = f"{1000 * r['seconds_q1']:.3f}..{1000 * r['seconds_q3']:.3f}"
         fwd = f"{1000 * r['forward_seconds']:>12.3f}" if step and r.get("forward_seconds") == r.get("forward_seconds") \
             and r.get("forward_seconds") is not None else ""
@@ -307,6 +316,9 @@ def add_tradeoffs(sub) -> None:
                    "mt-bench, a file, or 'holdout': the calibration's held-out prompts; default alpaca-eval)")
     p.add_argument("--limit", type=bounded("count"), default=40, help="decoder-step: first N prompts, used in turn (default 40)")
     p.add_argument("--max-new-tokens", type=bounded("tokens"), default=64, help="decoder-step: tokens decoded per call (default 64)")
+    p.add_argument("--envelope", metavar="TREE", help="decoder-step: also time the per-step tree of each size (n - 1 "
+                   "nodes chosen each step from TREE, as `decode --dynamic N --tree TREE` runs it; rows of policy "
+                   "dynamic, the selection's cost measured) at every size TREE holds")
     p.add_argument("--raw", action="store_true", help="decoder-step: prompts as-is, without the chat template")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")

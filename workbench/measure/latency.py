@@ -38,6 +38,7 @@ from workbench.runtime.engine import StepEngine, forward_probe, heads_times, ver
 from workbench.runtime.treemask import root_setup, tree_setup
 from workbench.runtime.generation import context_length
 from workbench.runtime.heads import heads_fingerprint
+from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import optimal_tree_from
 from workbench.trees.tree import MEDUSA_TOPK, Tree
 
@@ -79,7 +80,7 @@ def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
     if heads is None:
         return {n: {} for n in bufs}
     times = heads_times(model, heads, batch, range(1, heads.num_heads + 1)) | {0: 0.0}
-    return {n: dict(depth=buf.depth if n > 1 else 0, heads_seconds=times[buf.depth if n > 1 else 0])
+    return {n: dict(depth=buf.depth if n != 1 else 0, heads_seconds=times[buf.depth if n != 1 else 0])
             for n, buf in bufs.items()}
 
 
@@ -92,12 +93,15 @@ def work_state(work, model, heads, engine, mode: str, **settings) -> WorkState:
 
 
 def _relative(df: pd.DataFrame) -> pd.DataFrame:
-    """The table as written: its `version`, and the `relative` column, t(B, n) / t(B, 1) as measured
-    (speed.relative_latency of each batch and context)."""
+    """The table as written: its `version`, its steps' policy (static where not dynamic), and the `relative`
+    column, t(B, n) / t(B, 1) as measured (speed.relative_latency of each batch, context and policy)."""
     df["version"] = LATENCY_VERSION
-    tables = {k: dict(zip(g["tokens"].astype(int), g["seconds"])) for k, g in df.groupby(["batch", "context"])}
-    df["relative"] = [relative_latency(tables[(b, c)], int(n) - 1)
-                      for b, c, n in zip(df["batch"], df["context"], df["tokens"])]
+    df["policy"] = df["policy"].astype(object).where(df["policy"].notna(), "static")
+    plain = {k: g.loc[g["tokens"] == 1, "seconds"] for k, g in df.groupby(["batch", "context"])}
+    tables = {k: dict(zip(g["tokens"].astype(int), g["seconds"])) | {1: float(plain[k[:2]].iloc[0])}
+              for k, g in df.groupby(["batch", "context", "policy"])}
+    df["relative"] = [relative_latency(tables[(b, c, p)], int(n) - 1)
+                      for b, c, p, n in zip(df["batch"], df["context"], df["policy"], df["tokens"])]
     return stamp(df, "workbench", __version__)
 
 
@@ -174,7 +178,8 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
 @torch.inference_mode()
 def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], sizes=DECODER_SIZES,
                           batches=DECODER_BATCHES, repeats: int = 4, warmup: int = 1, max_new_tokens: int = 64,
-                          label: str = "", progress: bool = True, engine=None, work=None) -> pd.DataFrame:
+                          label: str = "", progress: bool = True, engine=None, work=None,
+                          envelope: Tree | None = None) -> pd.DataFrame:
     """The decoder-step mode: per (batch B, tokens n) the wall time of the decoder's step (decode.Step.time_s, the
     step `medusa_generate` / `vanilla_generate` run), from `repeats` rounds of generate calls of B prompts each
     (prompts taken in turn, cycling; one round: vanilla, 2, 3, ..., vanilla on the same prompts). Right after every
@@ -187,7 +192,10 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     The context is each step's own (prompt + tokens so far): the CSV's `context` is their mean over the whole
     measurement, one value per file (what the planner reads it at). `forward_seconds` is the median bare verify
     of the same tree timed after every step (engine.forward_probe). `work`: the CSV path, whose WorkState keeps
-    each finished batch size (its rows and its steps' contexts; None: nothing kept)."""
+    each finished batch size (its rows and its steps' contexts; None: nothing kept). With an `envelope` tree each
+    round also times, after the static sizes, the per-step tree of n - 1 nodes chosen from it (DynamicPolicy) at
+    every size it holds: rows of policy "dynamic", priced the same way; their selection runs inside the timed
+    step, so its cost is measured, not assumed."""
     sizes, batches = _checked(sizes, batches, repeats, warmup)
     if not prompts:
         raise WorkbenchError("no prompts to decode: give a prompt set (--prompts)")
@@ -195,20 +203,26 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
         raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: need >= 2 (a step after the first token)")
     depth = min(5, heads.num_heads)
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
+    if envelope is not None and envelope.depth > heads.num_heads:
+        raise WorkbenchError(f"--envelope {envelope.name}: {envelope.depth} deep, but there are {heads.num_heads} heads")
+    dynamic = {} if envelope is None else {n: DynamicPolicy(n - 1, envelope) for n in sizes[1:]
+                                           if n - 1 <= envelope.nodes}
     engine = engine or StepEngine(model)
     engine.size_for(prompts, max_new_tokens, list(bufs.values()))  # one capacity: each (batch, size) compiles once
     state = work_state(work, model, heads, engine, "decoder-step", model_label=label, sizes=sizes, batches=batches,
                        repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, rounds="step-reference",
-                       heads_cost=True,
+                       heads_cost=True, envelope=None if envelope is None else envelope.as_lists(),
                        prompts=prompts_fingerprint(prompts))
     dev_name, dtype = device_name(model.device), dtype_name(model.dtype)
-    calls = len(sizes) + 1  # a round: vanilla, each size, vanilla
+    calls = len(sizes) + len(dynamic) + 1  # a round: vanilla, each size, each per-step size, vanilla
     bar = tqdm(total=len(batches) * (warmup + repeats) * calls, desc="decoder steps", unit="call",
                disable=not progress, dynamic_ncols=True)
 
-    def call(n: int, chunk: list, keep: bool, forwards: dict, contexts: list) -> tuple[float, float] | None:
-        """One generate call of size n on `chunk`: (median step seconds, median of step / reference); None: no
-        step."""
+    def call(n, chunk: list, keep: bool, forwards: dict, contexts: list) -> tuple[float, float] | None:
+        """One generate call of size n (("dynamic", n): the per-step tree of n - 1 nodes) on `chunk`: (median step
+        seconds, median of step / reference); None: no step."""
+        tree = dynamic[n[1]] if isinstance(n, tuple) else None
+        n = n[1] if isinstance(n, tuple) else n
         reference, refs = forward_probe(engine, bufs[1])
         probe, fwd = forward_probe(engine, bufs[n], heads) if n > 1 else (None, refs)
         times: list[float] = []
@@ -223,13 +237,13 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
             out = vanilla_generate(model, tokenizer, chunk, max_new_tokens, eos_token_id=[], engine=engine,
                                    on_step=on_step)
         else:
-            out = medusa_generate(model, heads, tokenizer, chunk, bufs[n], max_new_tokens, eos_token_id=[],
+            out = medusa_generate(model, heads, tokenizer, chunk, tree or bufs[n], max_new_tokens, eos_token_id=[],
                                   engine=engine, on_step=on_step)
         out = out if isinstance(out, list) else [out]
         bar.update(1)
         if not times:
             return None
-        if keep:
+        if keep and tree is None:
             forwards[n] += fwd
             contexts += [s.cache_len for r in out for s in r.steps]
         return statistics.median(times), statistics.median(t / r for t, r in zip(times, refs))
@@ -238,7 +252,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
         """Batch size b: its rows (all but the context) and the sum and count of its timed steps' cache lengths."""
         cell = setting_cell(measured_setting(model, engine, "decoder-step"))
         vanilla: list[float] = []                     # per round: the median of its vanilla calls' median steps
-        ratios = {n: [] for n in sizes[1:]}           # per round: step / reference of size n over vanilla's
+        ratios = {n: [] for n in [*sizes[1:], *(("dynamic", n) for n in dynamic)]}  # per round: step / reference
+        # of size n (("dynamic", n): the per-step tree) over vanilla's
         forwards = {n: [] for n in sizes}             # every bare forward after a step
         contexts: list[int] = []
         for i in range(warmup + repeats):
@@ -246,7 +261,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
             turn += b
             keep = i >= warmup
             first = call(1, chunk, keep, forwards, contexts)
-            sized = {n: call(n, chunk, keep, forwards, contexts) for n in sizes[1:]}  # in order, as timed
+            sized = {n: call(n, chunk, keep, forwards, contexts) for n in ratios}  # in order, as timed
             plain = [c for c in (first, call(1, chunk, keep, forwards, contexts)) if c is not None]
             if not keep or not plain:
                 continue
@@ -258,7 +273,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
         if not vanilla:
             raise WorkbenchError("no decoding step was timed: raise --max-new-tokens")
         t1 = spread_row(vanilla)["seconds"]
-        cost = heads_cost(model, heads, b, bufs)
+        cost = heads_cost(model, heads, b, bufs | ({"envelope": envelope} if dynamic else {}))
         rows = [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=1, **spread_row(vanilla),
                      forward_seconds=float(pd.Series(forwards[1]).median()) if forwards[1] else None, setting=cell,
                      **cost[1])]
@@ -267,6 +282,12 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
                       forward_seconds=float(pd.Series(forwards[n]).median()) if forwards[n] else None, setting=cell,
                       **cost[n])
                  for n in sizes[1:]]
+        rows += [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=n, policy="dynamic",
+                      envelope=envelope.nodes, setting=cell, **cost["envelope"],
+                      forward_seconds=float(pd.Series(forwards[n]).median()) if forwards[n] else None,
+                      **{k: (v * t1 if k.startswith("seconds") else v)
+                         for k, v in spread_row(ratios[("dynamic", n)]).items()})
+                 for n in dynamic]
         return dict(rows=rows, context_sum=sum(contexts), context_steps=len(contexts))
 
     points = []

@@ -25,14 +25,17 @@ from workbench.core.speed import spread
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
 HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);
 # heads_seconds: their proposal's cost at the row's batch size (engine.heads_times), timed beside the table
-LATENCY_VERSION = 3  # the format's version, on every row (`version`); older ones read through upgrade_latency
+LATENCY_VERSION = 4  # the format's version, on every row (`version`); older ones read through upgrade_latency
 ENGINES = ("workbench", "vllm")  # whose step the rows time: our decoder's, or a round as vLLM serves it
 ENGINE_COLUMNS = ["engine", "engine_version", "context_min", "context_max"]  # (version 3) context_min/max: the range
 # of the contexts the timed steps saw (`context` is their mean; empty where the steps ran at one fixed context)
+POLICIES = ("static", "dynamic")  # the step's tree: one fixed tree, or N nodes chosen per step (trees/dynamic.py)
+POLICY_COLUMNS = ["policy", "envelope"]  # (version 4) envelope: the nodes a dynamic step chose its N from (the
+# selection's cost grows with it); empty on static rows. tokens = N + 1 on a dynamic row, as on a static one
 LATENCY_COLUMNS = ["model", "device", "dtype", "batch", "context", "tokens", "seconds", *SPREAD_COLUMNS, "repeats",
                    "setting",  # setting: provenance.setting_cell of the measurement (empty: not recorded)
                    *HEADS_COLUMNS,  # the heads the timed step ran and their cost (absent: no heads ran, read_head_cost)
-                   *ENGINE_COLUMNS, "version"]
+                   *ENGINE_COLUMNS, *POLICY_COLUMNS, "version"]
 LATENCY_REQUIRED = ("context", "tokens", "seconds")  # what every reader needs; the rest name the setup or the spread
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MIN_SECONDS, MAX_SECONDS = 1e-9, 1e5  # a step faster than a nanosecond or slower than a day is not a timing
@@ -90,26 +93,30 @@ def _check_engine(df: pd.DataFrame, path, flag: str) -> None:
 
 def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
     """A latency table of version 1 (no `version` column: older files of this tool, or a table written by hand with
-    LATENCY_REQUIRED) or 2 (before ENGINE_COLUMNS) as this version, its cells unchanged: a file without a `batch`
-    column timed batch 1; one without an engine timed our decoder's step (every earlier table did), its context
-    range not recorded. The only place the earlier shapes live; read_latency calls it."""
+    LATENCY_REQUIRED), 2 (before ENGINE_COLUMNS) or 3 (before POLICY_COLUMNS) as this version, its cells unchanged:
+    a file without a `batch` column timed batch 1; one without an engine timed our decoder's step (every earlier
+    table did), its context range not recorded; one without a policy timed static trees. The only place the
+    earlier shapes live; read_latency calls it."""
     df = df.copy()
     if "batch" not in df.columns:
         df.insert(int(df.columns.get_loc("context")) if "context" in df.columns else 0, "batch", 1)
-    if "engine" not in df.columns:
-        at = int(df.columns.get_loc("version")) if "version" in df.columns else len(df.columns)
-        for i, (col, value) in enumerate(zip(ENGINE_COLUMNS, ("workbench", None, None, None))):
-            df.insert(at + i, col, value)
+    for cols, values in ((ENGINE_COLUMNS, ("workbench", None, None, None)), (POLICY_COLUMNS, ("static", None))):
+        if cols[0] not in df.columns:
+            at = int(df.columns.get_loc("version")) if "version" in df.columns else len(df.columns)
+            for i, (col, value) in enumerate(zip(cols, values)):
+                df.insert(at + i, col, value)
     df["version"] = LATENCY_VERSION
     return df
 
 
-def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
+def read_latency(path, flag: str = "--latency", policy: str = "static") -> pd.DataFrame | None:
     """A latency CSV at this version (upgrade_latency), checked: LATENCY_REQUIRED present, positive integer batch
     sizes, contexts and token counts, seconds finite and > 0; the spread columns, where there, on every row, ordered
-    min <= q1 <= median <= q3 <= max. `flag` names the option it came from in errors."""
+    min <= q1 <= median <= q3 <= max. `flag` names the option it came from in errors. The rows of one `policy`
+    (POLICIES), each a table of its own: "static" (every reader's), or "dynamic": the per-step trees' rows with the
+    1-token rows they are relative to (None where no per-step tree was timed)."""
     df = read_csv(path, flag, LATENCY_REQUIRED, "workbench latency")
-    if "version" not in df.columns or (pd.to_numeric(df["version"], errors="coerce") == 2).all():
+    if "version" not in df.columns or pd.to_numeric(df["version"], errors="coerce").isin([2, 3]).all():
         df = upgrade_latency(df)
     other = pd.to_numeric(df["version"], errors="coerce") != LATENCY_VERSION
     if other.any():
@@ -156,7 +163,29 @@ def read_latency(path, flag: str = "--latency") -> pd.DataFrame:
                                  "others), heads_seconds >= 0 (`workbench latency --heads DIR` measures them)")
         df[HEADS_COLUMNS] = heads
         df["depth"] = df["depth"].astype(int)
-    return df
+    return _policy_rows(df, path, flag, policy)
+
+
+def _policy_rows(df: pd.DataFrame, path, flag: str, policy: str) -> pd.DataFrame | None:
+    """POLICY_COLUMNS checked (a known policy on every row; a whole envelope of at least the step's nodes on the
+    dynamic rows, one envelope per file) and the rows of `policy` (read_latency)."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy {policy!r} is not one of {POLICIES}")
+    if "policy" not in df.columns:  # a frame written by hand with LATENCY_REQUIRED only: static steps
+        return df if policy == "static" else None
+    dynamic = df["policy"] == "dynamic"
+    env = pd.to_numeric(df["envelope"], errors="coerce") if "envelope" in df.columns else None
+    if not df["policy"].isin(POLICIES).all() or (dynamic.any() and (
+            env is None or env[dynamic].isna().any() or (env[dynamic] % 1 != 0).any() or env[dynamic].nunique() > 1
+            or (env[dynamic] < df.loc[dynamic, "tokens"] - 1).any() or (df.loc[dynamic, "tokens"] < 2).any())):
+        raise WorkbenchError(f"{flag} {path}: policy must be static or dynamic on every row; a dynamic row has >= 2 "
+                             "tokens and a whole envelope of at least its tokens - 1 nodes, one envelope per file "
+                             "(`workbench latency --envelope TREE` writes them)")
+    if policy == "static":
+        return df[~dynamic].reset_index(drop=True)
+    if not dynamic.any():
+        return None
+    return df[dynamic | (df["tokens"] == 1)].reset_index(drop=True)
 
 
 def read_head_cost(rows: pd.DataFrame) -> dict | None:

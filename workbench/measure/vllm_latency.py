@@ -107,7 +107,7 @@ def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, promp
     ctx = round(math.fsum(c[2] for c in contexts) / sum(c[3] for c in contexts))
     df = pd.DataFrame([dict(r, context=ctx) for r in rows], columns=COLUMNS)
     df = stamp(df, "vllm", results[0]["vllm_version"], (min(c[0] for c in contexts), max(c[1] for c in contexts)))
-    df["version"] = LATENCY_VERSION
+    df["policy"], df["version"] = "static", LATENCY_VERSION  # vLLM drafts one chain per K
     tables = {b: dict(zip(g["tokens"].astype(int), g["seconds"])) for b, g in df.groupby("batch")}
     df["relative"] = [relative_latency(tables[b], int(n) - 1) for b, n in zip(df["batch"], df["tokens"])]
     return df
