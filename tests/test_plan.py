@@ -374,7 +374,8 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
     assert plan["latency"] == dict(file=str(flat_latency), context=128, spread=True, head_cost=False,
                                    model="synthetic", device="test", dtype="float32", setting=None,
                                    mode="unknown (the table does not record its setting)",
-                                   engine="workbench", engine_version=None)  # a version 2 table: our decoder's
+                                   engine="workbench", engine_version=None,  # a version 2 table: our decoder's
+                                   dynamic=None)  # and no per-step tree timed
     assert "warning: the latency table times the bare verify forward (or does not say what it timed)" in err
     assert "step cost: as the table timed it" in err and "`workbench latency --heads DIR` times it" in err
     assert plan["workbench_version"] and plan["created"].startswith("20")
@@ -686,3 +687,76 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
         err = capsys.readouterr().err
         assert err.startswith("error: --batch-sizes") and "positive integers" in err and "Traceback" not in err
     assert not (tmp_path / "bad.json").exists()
+
+
+def _with_dynamic(df: pd.DataFrame, envelope: int, cost) -> pd.DataFrame:
+    """`df` (static rows, version 4 columns) plus per-step rows at every size n <= envelope + 1 it has, each
+    `cost(b, n)` times the static step of n tokens."""
+    df = df.assign(policy="static", envelope=None, version=4, engine="workbench")
+    dyn = df[(df["tokens"] > 1) & (df["tokens"] <= envelope + 1)].copy()
+    factor = np.array([cost(b, n) for b, n in zip(dyn["batch"], dyn["tokens"])])
+    for c in ("seconds", "seconds_min", "seconds_q1", "seconds_q3", "seconds_max"):
+        dyn[c] = dyn[c] * factor
+    return pd.concat([df, dyn.assign(policy="dynamic", envelope=envelope)], ignore_index=True)
+
+
+def test_plan_weighs_per_step_trees_on_their_own_step_costs(tmp_path, capsys):
+    """A table with per-step rows (`latency --envelope`) and a calibration that replays them (topk.parquet): the
+    plan weighs the per-step tree of every size the table timed, priced on its own rows, tokens/step from the
+    replay; it picks one only where its predicted speedup is the best (a selection made free at batch 1, dear at
+    batch 2 here). Engines' static formats refuse that row, vLLM's takes the best chain; plan_trees decodes it as the
+    per-step tree it is; an accuracy table weighs none and says why."""
+    from workbench import REPO_ROOT
+    from workbench.plan.plan_file import plan_trees
+    from workbench.plan.source import calibration_source
+    from workbench.trees.dynamic import DynamicPolicy
+    from workbench.trees.optimize import best_first, value_and_limits
+
+    cal = Calibration(REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval")
+    lat = tmp_path / "lat.csv"
+    _with_dynamic(surface(batches=(1, 2), sizes=(1, 2, 3, 4, 6, 8, 12, 16)), 15,
+                  lambda b, n: 0.8 if b == 1 else 1.6).to_csv(lat, index=False)
+    source = calibration_source(cal, max_new_tokens=48)
+    plan = make_plan(source, lat, [1, 2])
+    info = plan["latency"]["dynamic"]
+    assert info["weighed"] and info["envelope"] == 15 and len(info["medusa_choices"]) == 15
+    fn, depth, rank = value_and_limits(source["value"], source["max_depth"], source["max_rank"], "test")
+    envelope = make_tree([p for p, _ in best_first(fn, 15, depth, rank)])
+    assert envelope.as_lists() == info["medusa_choices"]
+    one, two = plan["plans"]
+    assert one["kind"] == "dynamic" and one["medusa_choices"] == info["medusa_choices"] and two["kind"] != "dynamic"
+    n = one["nodes"]
+    policy = DynamicPolicy(n, envelope)
+    assert one["predicted_tokens_per_step"] == pytest.approx(cal.predict(policy, 48)["predicted_replay"])
+    table = {k: 0.8 * v if k > 1 else v for k, v in latency_surface(read_latency(lat), [1])[0][1]["seconds"].items()}
+    assert one["predicted_speedup"] == pytest.approx(
+        speedup(one["predicted_batch_tokens_per_step"], relative_latency(non_decreasing(table), n)), rel=1e-9)
+    # no static candidate beats it at batch 1; at batch 2 the dear selection loses to a static choice
+    ranked_static = make_plan(source, _static_only(lat, tmp_path), [1, 2])
+    assert ranked_static["plans"][0]["predicted_speedup"] <= one["predicted_speedup"]
+    assert two["predicted_speedup"] == pytest.approx(ranked_static["plans"][1]["predicted_speedup"])
+    f = tmp_path / "plan.json"
+    f.write_text(plan_json(plan))
+    again = read_plan(f)
+    (tree, b, entry), *_ = plan_trees(again)
+    assert isinstance(tree, DynamicPolicy) and (tree.nodes, b) == (n, 1) and tree.envelope.as_lists() == info["medusa_choices"]
+    assert main(["export", str(f), "--format", "json", "--batch-sizes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the plan's choice at batch size 1 is a per-step tree ({n} of its 15-node") and \
+        f"workbench decode --dynamic {n} --tree" in err and len(err.strip().splitlines()) == 1
+    assert main(["export", str(f), "--format", "vllm", "--batch-sizes", "1"]) == 0
+    out = capsys.readouterr()
+    k = json.loads(out.out)["num_speculative_tokens"]
+    assert k == again["alternatives"][0]["best_chain"]["k"] and f"per-step tree of {n} nodes" in out.err
+    # an accuracy table does not replay per-step trees: none weighed, and the plan says why
+    write_accuracies(tmp_path / "acc.csv", cal.accuracies("fit"))
+    acc_plan = make_plan(plan_source(accuracies=tmp_path / "acc.csv"), lat, [1, 2])
+    assert not acc_plan["latency"]["dynamic"]["weighed"] and "replay" in acc_plan["latency"]["dynamic"]["why"]
+    assert {r["kind"] for r in acc_plan["plans"]} <= {"tree", "chain", "none"}
+
+
+def _static_only(lat, tmp_path):
+    df = pd.read_csv(lat)
+    out = tmp_path / "static.csv"
+    df[df["policy"] == "static"].to_csv(out, index=False)
+    return out

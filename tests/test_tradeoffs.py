@@ -610,3 +610,47 @@ def test_a_plan_is_checked_live_per_batch_size(tiny_llama, calib, prompt_file, t
     assert again.loc[(1, "choice"), "measured_speedup"] == row["speedup"]
     assert again.loc[(1, "choice"), "measured_phase"].startswith("end to end")
     assert main(["sweep", "--plan", str(plan_file), "--trees", "[[0]]", "--out", str(tmp_path / "x.csv")]) == 2
+
+
+def test_a_plans_per_step_tree_is_checked_live(tiny_llama, calib, prompt_file, tmp_path, capsys):
+    """A table whose per-step trees cost less than static ones at batch 1 and a calibration that replays them
+    (topk.parquet recorded): the plan picks a per-step tree there; `sweep --plan` decodes it as one (chosen inside
+    the step from the plan's envelope), greedy output identical to vanilla's, its live tokens/step the replay of
+    these prompts' answers, and plan_check puts its prediction beside the measurement."""
+    import shutil
+
+    from workbench.calibrate.topk import record_topk
+    from workbench.measure.sweep_file import read_sweep
+    from workbench.plan.plan_file import plan_check
+    from workbench.runtime.models import load_model_and_heads
+
+    cal = tmp_path / "cal"
+    shutil.copytree(calib, cal)
+    record_topk(cal, *load_model_and_heads(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), "cpu"),
+                batch=4)
+    sizes, rows = list(range(1, 9)), []
+    for b, slope in ((1, 0.2), (2, 2.0)):
+        for policy, factor in (("static", 1.0), ("dynamic", 0.3)):
+            rows += [dict(model="synthetic", device="test", dtype="float32", batch=b, context=16, tokens=n,
+                          seconds=0.01 * (1 + slope * (n - 1) * factor), policy=policy,
+                          envelope=7 if policy == "dynamic" else None, engine="workbench", version=4)
+                     for n in sizes if policy == "static" or n > 1]
+    pd.DataFrame(rows).to_csv(tmp_path / "lat.csv", index=False)
+    plan_file, sweep_csv = tmp_path / "plan.json", tmp_path / "plan-sweep.csv"
+    assert main(["plan", "--calibration", str(cal), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes", "1,2",
+                 "--out", str(plan_file)]) == 0
+    plan = json.loads(plan_file.read_text())
+    one = plan["plans"][0]
+    env = plan["latency"]["dynamic"]["medusa_choices"]  # the calibration's best paths, up to the 7 timed
+    assert one["kind"] == "dynamic" and one["medusa_choices"] == env and one["nodes"] <= len(env) <= 7, plan["plans"]
+    assert main(["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--plan", str(plan_file), "--calibration", str(cal), "--prompts", "holdout", "--max-new-tokens",
+                 "12", "--device", "cpu", "--quiet", "--out", str(sweep_csv)]) == 0
+    df = read_sweep(sweep_csv)
+    row = df[(df["batch_size"] == 1) & df["tree"].str.startswith(f"dynamic_{one['nodes']}_of_{len(env)}_plan_b1_choice")]
+    assert len(row) == 1 and row["exact_match"].iloc[0] == 1.0 and row["nodes"].iloc[0] == one["nodes"]
+    assert row["tokens_per_step"].iloc[0] == pytest.approx(row["replay_swept"].iloc[0])  # lossless: the replay
+    check = plan_check(plan, df)
+    got = check[(check["batch_size"] == 1) & (check["role"] == "choice")].iloc[0]
+    assert got["kind"] == "dynamic" and got["measured_tokens_per_step"] == row["tokens_per_step"].iloc[0]
+    assert got["predicted_speedup"] == one["predicted_speedup"] and got["measured_speedup"] > 0

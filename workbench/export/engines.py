@@ -151,6 +151,12 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
     if row["kind"] == "none":
         raise WorkbenchError(f"the plan says no speculation at batch size {row['batch_size']}: there is no tree to "
                              f"export for {fmt} (serve without speculation, or export another --batch-sizes B)")
+    if row["kind"] == "dynamic":
+        raise WorkbenchError(f"the plan's choice at batch size {row['batch_size']} is a per-step tree ({row['nodes']} of "
+                             f"its {len(row['medusa_choices'])}-node envelope chosen each step), which no static tree "
+                             f"format holds: run it with `workbench decode --dynamic {row['nodes']} --tree ENVELOPE` "
+                             "(the envelope: the plan row's medusa_choices), or export --format vllm (the best chain) "
+                             "or another --batch-sizes B")
     others = [f"{r['kind']}" + (f" of {r['nodes']} nodes" if r["kind"] != "none" else "") + f" at {r['batch_size']}"
               for r in plan_rows(plan) if r["medusa_choices"] != row["medusa_choices"]]
     notes.append(f"the batch-size {row['batch_size']} row ({row['kind']}, {row['nodes']} nodes, predicted "

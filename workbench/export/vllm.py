@@ -115,7 +115,7 @@ def priced_elsewhere(plan: dict) -> list[Warn]:
 def chain_k(plan: dict, row: dict, notes: list[str]) -> int:
     """K a chain-only engine runs at this row: the chain's length, 0 for none, and for a tree the plan's best
     chain (or none) at that batch size, with its cost as a note."""
-    if row["kind"] != "tree":
+    if row["kind"] in ("chain", "none"):
         return row["nodes"]
     alt = next((a for a in plan.get("alternatives") or [] if a["batch_size"] == row["batch_size"]), None)
     chain = (alt or {}).get("best_chain")
@@ -123,7 +123,8 @@ def chain_k(plan: dict, row: dict, notes: list[str]) -> int:
         raise WorkbenchError("the plan has a tree row but no alternatives.best_chain to turn it into a chain: "
                              "re-run `workbench plan`")
     k = chain["k"]
-    notes.append(f"batch {row['batch_size']}: vLLM drafts no trees, so the plan's {row['nodes']}-node tree "
+    what = f"{row['nodes']}-node tree" if row["kind"] == "tree" else f"per-step tree of {row['nodes']} nodes"
+    notes.append(f"batch {row['batch_size']}: vLLM drafts no trees, so the plan's {what} "
                  f"({row['predicted_tokens_per_step']:.3f} tokens/step, {row['predicted_speedup']:.3f}x) becomes "
                  + (f"the chain K={k}" if k else "no speculation")
                  + f" ({chain['predicted_tokens_per_step']:.3f} tokens/step, {chain['predicted_speedup']:.3f}x): costs "

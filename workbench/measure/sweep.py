@@ -16,7 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
-from workbench.calibrate.ranks import decoder_walk
+from workbench.calibrate.ranks import answer_rows, decoder_walk, walk_answers
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import dtype_name, setting, setting_cell
 from workbench.core.speed import (decode_speedup, decoder_overhead, goodput, mean_step_s, measured_speedup, overhead,
@@ -27,8 +27,9 @@ from workbench.measure.sweep_file import SWEEP_VERSION, read_sweep_rows, row_cel
 from workbench.runtime.engine import StepEngine, forward_probe
 from workbench.runtime.forward import logits_of
 from workbench.runtime.treemask import root_setup, tree_setup
+from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import best_by, dense_nodes, dense_tree, optimal_tree
-from workbench.trees.tree import MEDUSA_TOPK, Tree, load_tree, tree_key
+from workbench.trees.tree import MEDUSA_TOPK, Tree, load_tree, make_tree, tree_key
 
 DEFAULT_BUDGETS = (4, 8, 16, 32, 64, 128, 256)
 
@@ -147,6 +148,11 @@ def calibration_predictions(calibration, max_new_tokens: int | None = None, prom
     def predict(tree: Tree) -> dict:
         if not calibration.fits(tree):
             return {}
+        if isinstance(tree, DynamicPolicy):  # the heads' log-probs were recorded for the held-out answers only
+            out = calibration.predict(tree, max_new_tokens)
+            if ours is not None and ours["prompt_id"].nunique() == len(set(map(str, prompt_ids))):
+                out["replay_swept"] = walk_answers(tree, answer_rows(ours, calibration.head_logprobs(ours)))
+            return out
         out = dict(calibration.predict(tree, max_new_tokens),
                    predicted_replay_fit=calibration.replay(tree, "fit", max_new_tokens))
         if ours is not None and ours["prompt_id"].nunique() == len(set(map(str, prompt_ids))):
@@ -165,6 +171,12 @@ def _aggregate(calls: list[list]) -> dict:
 
 
 @torch.inference_mode()
+def _spec(tree, bufs: dict):
+    """What medusa_generate decodes for a sweep's tree: its prebuilt buffers; a per-step tree itself (it chooses
+    from its envelope each step)."""
+    return tree if isinstance(tree, DynamicPolicy) else bufs[tree_key(tree)]
+
+
 def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[dict], out,
               max_new_tokens: int = 128, run_info: dict | None = None, predict=None, progress: bool = True,
               on_row=None, engine=None, batch_sizes=(1,)) -> pd.DataFrame:
@@ -209,7 +221,8 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
 
     # one engine (static cache, compiled step when asked) and one set of tree buffers for the whole sweep
     engine = engine or StepEngine(model)
-    bufs = {tree_key(c["tree"]): tree_setup(c["tree"], model, heads.num_heads) for c in configs}
+    bufs = {tree_key(c["tree"]): tree_setup(getattr(c["tree"], "envelope", c["tree"]), model, heads.num_heads)
+            for c in configs}  # a per-step tree's: its envelope's (the capacity and the grid)
     root = root_setup(model)
     engine.size_for(prompts, max_new_tokens, [root, *bufs.values()])  # one capacity: each (B, N) compiles once
     gens = sum(-(-len(prompts) // b) * (1 + 2 * len(todo[b])) for b in batch_sizes)
@@ -231,7 +244,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
         # warm-up (and compilation): every step shape at this batch size is run before anything is timed
         vanilla_generate(model, tokenizer, chunks[0], 2, engine=engine)
         for c in todo[b]:
-            medusa_generate(model, heads, tokenizer, chunks[0], bufs[tree_key(c["tree"])], 2, engine=engine)
+            medusa_generate(model, heads, tokenizer, chunks[0], _spec(c["tree"], bufs), 2, engine=engine)
         vanilla, (probe, van_forward) = [], forward_probe(engine, root)
         for chunk in chunks:
             vanilla.append(vanilla_generate(model, tokenizer, chunk, max_new_tokens, engine=engine, on_step=probe))
@@ -247,7 +260,9 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
                       near_tie_divergences=0, mismatches=0, mean_logprob=mean_logprob(model, prompts, van_outputs),
                       distinct_2=distinct_2(van_outputs), new_tokens=van["tokens"], steps=van["steps"]))
         for c in todo[b]:
-            tree, buf = c["tree"], bufs[tree_key(c["tree"])]
+            tree, spec = c["tree"], _spec(c["tree"], bufs)
+            dynamic = isinstance(tree, DynamicPolicy)  # its bare forward: as many tokens, the envelope's first nodes
+            buf = tree_setup(make_tree(tree.envelope.sorted_paths[:tree.nodes]), model) if dynamic else spec
             rule = Acceptance(c["acceptance"], c["temperature"]) if c["epsilon"] is None else \
                 Acceptance(c["acceptance"], c["temperature"], c["epsilon"], c["delta"])
             bar.set_postfix_str(f"B={b} " + c["config"].split("|", 1)[1])
@@ -257,7 +272,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
                 baseline.append(vanilla_generate(model, tokenizer, chunk, max_new_tokens, engine=engine,
                                                  record=greedy))
                 bar.update(1)
-                results.append(medusa_generate(model, heads, tokenizer, chunk, buf, max_new_tokens, rule,
+                results.append(medusa_generate(model, heads, tokenizer, chunk, spec, max_new_tokens, rule,
                                                engine=engine, on_step=probe, record=greedy))
                 bar.update(1)
             agg = _aggregate(results)
@@ -265,7 +280,8 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
             outputs = [r.token_ids for r in meds]
             # greedy output must be vanilla's: each prompt's first divergence is a near-tie (rounding) or a bug
             found = [d for r, v in zip(meds, vans) for d in divergences(r, v, model.dtype)] if greedy else None
-            row = dict(config=c["config"], tree=tree.name, kind=c["kind"], nodes=tree.nodes,
+            row = dict(config=c["config"], tree=f"{tree.name}_{tree.envelope.name}" if dynamic else tree.name,
+                       kind=c["kind"], nodes=tree.nodes,
                        depth=tree.depth, batch_size=b, acceptance=c["acceptance"], temperature=c["temperature"],
                        epsilon=c["epsilon"], delta=c["delta"], tokens_per_step=agg["tokens_per_step"],
                        tokens_per_s=agg["tokens_per_s"], overhead=overhead(results, baseline),

@@ -1,5 +1,6 @@
 """The plan file (read and written here only):
-  {"version": PLAN_VERSION, "plans": [{"batch_size", "kind": "tree" | "chain" | "none", "medusa_choices", "nodes",
+  {"version": PLAN_VERSION, "plans": [{"batch_size", "kind": "tree" | "chain" | "none" | "dynamic", "medusa_choices",
+              "nodes",
               "predicted_tokens_per_step", "predicted_speedup",
               "predicted_batch_tokens_per_step"}, ...],  # one row per batch size, ascending; the last is optional
    "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain",
@@ -9,12 +10,15 @@
    "source": {..., "prediction", "max_new_tokens", "regime"},
    "latency": {"file", "context", "spread", "model", "device", "dtype", "setting" (provenance.setting of the table, null
                when it was not recorded), "mode" (decoder-step | verify | vllm-round | unknown), "engine" (whose
-               steps it timed: workbench | vllm; what the plan is priced on), "engine_version"},
+               steps it timed: workbench | vllm; what the plan is priced on), "engine_version", "dynamic" (null: the
+               table timed no per-step tree; else {"envelope": the nodes of the envelope it timed, "weighed",
+               "medusa_choices" (the plan's envelope: the calibration's best paths up to that many) or "why"})},
    "workbench_version", "created"}
 `predicted_tokens_per_step` is what each sequence measures (a decoder's tokens/step); the speedup divides
 `predicted_batch_tokens_per_step` instead: B sequences side by side step until the slowest is done (absent in
 version 1 files: upgrade_plan). `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length
-K. `runner_up` is the best candidate of another kind; `runner_up_within_noise` says whether the two speedup ranges
+K; for "dynamic" (a per-step tree: each step the `nodes` best of its envelope, rank.py) the envelope's, of more
+nodes. `runner_up` is the best candidate of another kind; `runner_up_within_noise` says whether the two speedup ranges
 over the latency's interquartile range overlap (null without a spread in the CSV). `best_chain` is the best chain
 or none (k = 0) at that batch size: what an engine without trees (vLLM since PR #42121) should run instead of a tree.
 """
@@ -31,9 +35,10 @@ from workbench.core.io import read_json
 from workbench.core.provenance import differences, read_setting
 from workbench.measure.sweep_file import checked_speedup
 from workbench.plan.source import check_acceptance, is_chain
+from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.tree import Tree, load_tree, make_tree
 
-KINDS = ("tree", "chain", "none")
+KINDS = ("tree", "chain", "none", "dynamic")
 PLAN_VERSION = 3  # the plan file's "version" (3: latency.engine, engine_version); 1: files without it (upgrade_plan)
 PLAN_ROW = ("batch_size", "kind", "medusa_choices", "nodes", "predicted_tokens_per_step", "predicted_speedup")
 
@@ -124,11 +129,17 @@ def check_plan(data, what: str = "plan") -> dict:
             ok = choices == [] and row["nodes"] == 0
         else:
             tree = load_tree(choices if isinstance(choices, list) and choices else "[]")
-            ok = row["nodes"] == tree.nodes and (row["kind"] == "tree" or is_chain(tree))
+            if row["kind"] == "dynamic":
+                n = row["nodes"]
+                ok = not isinstance(n, bool) and isinstance(n, int) and 1 <= n <= tree.nodes
+                tree = DynamicPolicy(n, tree) if ok else tree
+            else:
+                ok = row["nodes"] == tree.nodes and (row["kind"] == "tree" or is_chain(tree))
             row["tree"] = tree
         if not ok:
             raise WorkbenchError(f"{where}: kind {row['kind']!r} does not match its medusa_choices and nodes (none: [] "
-                                 "and 0; chain: [[0], [0, 0], ...]; nodes: their count)")
+                                 "and 0; chain: [[0], [0, 0], ...]; nodes: their count; dynamic: 1 <= nodes <= "
+                                 "the envelope's)")
     if data.get("chain_acceptance"):  # [] when even the first head's top-1 guess is never right
         data["chain_acceptance"] = check_acceptance(data["chain_acceptance"], f"{what}: chain_acceptance")
     alts = data.get("alternatives")
@@ -159,9 +170,21 @@ def plan_trees(plan: dict) -> list[tuple[Tree, int, dict]]:
             entries.append(("runner_up", runner))
         for role, entry in entries:
             if entry["medusa_choices"]:
-                name = f"plan_b{b}_{role}_{entry['kind']}_{len(entry['medusa_choices'])}"
-                out.append((make_tree(entry["medusa_choices"], name=name), b, entry))
+                tree = make_tree(entry["medusa_choices"], name=_base_name(b, role, entry))
+                out.append((DynamicPolicy(entry["nodes"], tree) if entry["kind"] == "dynamic" else tree, b, entry))
     return out
+
+
+def _base_name(b: int, role: str, entry: dict) -> str:
+    return f"plan_b{b}_{role}_{entry['kind']}_{len(entry['medusa_choices'])}"
+
+
+def plan_entry_name(b: int, role: str, entry: dict) -> str:
+    """The sweep row name of a plan entry: its tree's; a per-step tree's policy name and its envelope's (as
+    run_sweep names it)."""
+    name = _base_name(b, role, entry)
+    return f"{DynamicPolicy(entry['nodes'], make_tree(entry['medusa_choices'])).name}_{name}" \
+        if entry["kind"] == "dynamic" else name
 
 
 def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
@@ -187,8 +210,7 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
                 if measured.empty:
                     continue
             else:
-                name = f"plan_b{b}_{role}_{entry['kind']}_{len(entry['medusa_choices'])}"
-                measured = at[at["tree"] == name]
+                measured = at[at["tree"] == plan_entry_name(b, role, entry)]
                 if measured.empty:
                     continue
                 m = measured.iloc[-1]

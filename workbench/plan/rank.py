@@ -12,7 +12,12 @@ to vanilla decoding while acceptance stays the same. The candidates:
          optimal tree of that size);
   chain  the top-1 chain [[0], [0, 0], ...] of every length up to the number of heads whose last position is
          ever accepted: what vLLM's Medusa drafter runs (vllm/v1/spec_decode/medusa.py takes each head's argmax);
-  none   no speculation, speedup 1 by definition.
+  none   no speculation, speedup 1 by definition;
+  dynamic  where the table timed per-step trees (`latency --envelope`: rows of policy dynamic) and the source replays
+         them (a calibration with topk.parquet), the per-step tree of N nodes chosen from an envelope of the size
+         the table timed (the source's optimal tree of that size: the selection's cost grows with its nodes), at
+         every N the table timed, priced on its own rows. Only our decoder runs it (`decode --dynamic N --tree
+         ENVELOPE`); engine exports refuse it.
 Tokens per step have one producer per source: Calibration.predict (a calibration folder), optimize.expected_length
 (an accuracy table), 1 + the sum of the first K entries of a per-position acceptance vector (chains only); a
 calibration predicts for answers of the generation length (`max_new_tokens`: acceptance rises along an answer) and the
@@ -30,10 +35,11 @@ from workbench.core.speed import max_tokens, priced, within_noise
 from workbench.measure.latency_file import latency_engine, latency_surface, read_latency
 from workbench.plan.plan_file import PLAN_VERSION
 from workbench.plan.source import chain_tree, is_chain
+from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import best_first, value_and_limits
 from workbench.trees.tree import make_tree
 
-SIMPLER = {"none": 2, "chain": 1, "tree": 0}  # tie-break: the simpler engine setting wins an exact tie
+SIMPLER = {"none": 2, "chain": 1, "tree": 0, "dynamic": -1}  # tie-break: the simpler setting wins an exact tie
 
 
 # ----------------------------------------------------------------------------------------------- the planner
@@ -102,20 +108,26 @@ def _depth(tree) -> int | None:
     return None if tree is None else tree.depth
 
 
-def choose(cands: list[dict], latency: dict, spread=None, head_cost: dict | None = None) -> dict:
+def choose(cands: list[dict], latency: dict, spread=None, head_cost: dict | None = None,
+           dynamic: tuple | None = None) -> dict:
     """The best candidate at one batch size (`rank`): {"best", "runner_up" (best of another kind, or None),
-    "within_noise", "best_chain" (best chain or none), "ranked" (every candidate, best first)}."""
+    "within_noise", "best_chain" (best chain or none), "ranked" (every candidate, best first)}. `dynamic`: (per-step
+    candidates, their latency, spread, head_cost), priced on their own rows and ranked with the others."""
     scored = rank(cands, latency, spread, head_cost)
+    if dynamic is not None:
+        scored = sorted(scored + rank(*dynamic), key=_rank, reverse=True)
     best = scored[0]
     others = [c for c in scored if c["kind"] != best["kind"]]
     runner = max(others, key=_rank) if others else None
     noise = within_noise(best["range"], runner["range"]) if runner else None
     return dict(best=best, runner_up=runner, within_noise=noise, ranked=scored,
-                best_chain=max((c for c in scored if c["kind"] != "tree"), key=_rank))
+                best_chain=max((c for c in scored if c["kind"] in ("chain", "none")), key=_rank))
 
 
 def _choices(c: dict) -> list:
-    return c["tree"].as_lists() if c["tree"] is not None else []
+    """medusa_choices of a candidate: its tree's, a per-step tree's envelope's (the nodes it chooses from)."""
+    tree = c["tree"].envelope if isinstance(c["tree"], DynamicPolicy) else c["tree"]
+    return tree.as_lists() if tree is not None else []
 
 
 def _brief(c: dict | None) -> dict | None:
@@ -139,10 +151,13 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     cands = served(candidates(source["tokens_per_step"], source["chain_acceptance"], top, source["value"],
                               source["max_depth"], source["max_rank"]),
                    engine, set.intersection(*(set(s["measured"]) for s in surface.values())))
+    dyn, dyn_info = dynamic_candidates(source, latency_path, batch_sizes, ctx)
     plans, alternatives = [], []
     for b in batch_sizes:
         at = at_batch(cands, source["batch_tokens_per_step"], b)
-        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"])
+        per_step = None if dyn is None else (at_batch(dyn[0], source["batch_tokens_per_step"], b),
+                                             *(dyn[1][b][k] for k in ("seconds", "spread", "head_cost")))
+        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"], per_step)
         best, chain = pick["best"], pick["best_chain"]
         plans.append(dict(batch_size=b, kind=best["kind"], medusa_choices=_choices(best), nodes=best["nodes"],
                           predicted_tokens_per_step=best["tokens_per_step"], predicted_speedup=best["speedup"],
@@ -159,8 +174,32 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
                              head_cost=surface[batch_sizes[0]]["head_cost"] is not None, **setup, setting=where,
                              mode=(where or {}).get("mode", "unknown (the table does not record its setting)"),
-                             engine=engine, engine_version=version),
+                             engine=engine, engine_version=version, dynamic=dyn_info),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+
+
+def dynamic_candidates(source: dict, latency_path, batch_sizes, context: int) -> tuple[tuple | None, dict | None]:
+    """((per-step candidates, their surface at `context`) or None, what the plan records of them: the envelope's
+    nodes and medusa_choices, or why none was weighed), for a table with per-step rows (`latency --envelope`)."""
+    df = read_latency(latency_path, policy="dynamic")
+    if df is None:
+        return None, None
+    m = int(df["envelope"].dropna().iloc[0])
+    try:
+        surface, _ = latency_surface(df, batch_sizes, context, what=f"--latency {latency_path} (per-step trees)")
+        if source["info"].get("prediction") != "predicted_replay":
+            raise WorkbenchError("a per-step tree is predicted only by a calibration's replay (its heads' recorded "
+                                 "log-probs), not by an accuracy table, an acceptance vector or --prediction joint")
+        fn, depth, rank_ = value_and_limits(source["value"], source["max_depth"], source["max_rank"], "the planner")
+        envelope = make_tree([p for p, _ in best_first(fn, m, depth, rank_)], name=f"envelope_{m}")
+        sizes = sorted(set.intersection(*(set(s["measured"]) for s in surface.values())) - {1})
+        cands = [dict(kind="dynamic", tree=DynamicPolicy(n - 1, envelope), nodes=n - 1) for n in sizes
+                 if n - 1 <= envelope.nodes]
+        for c in cands:
+            c["tokens_per_step"] = float(source["tokens_per_step"](c["tree"]))
+    except WorkbenchError as e:  # e.g. a calibration without topk.parquet: static candidates only, and why
+        return None, dict(envelope=m, weighed=False, why=str(e))
+    return (cands, surface), dict(envelope=m, weighed=True, medusa_choices=envelope.as_lists())
 
 
 def chain_rows(ranked: list[dict]) -> list[dict]:
@@ -169,7 +208,7 @@ def chain_rows(ranked: list[dict]) -> list[dict]:
     rows = [dict(k=c["nodes"], predicted_tokens_per_step=c["tokens_per_step"],
                  predicted_batch_tokens_per_step=c.get("batch_tokens_per_step", c["tokens_per_step"]),
                  predicted_speedup=c["speedup"], speedup_range=list(c["range"]) if c["range"] else None)
-            for c in ranked if c["kind"] != "tree"]
+            for c in ranked if c["kind"] in ("chain", "none")]
     return sorted(rows, key=lambda r: r["k"])
 
 
@@ -180,10 +219,11 @@ def plan_table(plan: dict) -> str:
              f"{'within noise':>13}"]
     for row, alt in zip(plan["plans"], plan["alternatives"]):
         choice = f"chain K={row['nodes']}" if row["kind"] == "chain" else row["kind"]
+        choice = f"dynamic {row['nodes']}/{len(row['medusa_choices'])}" if row["kind"] == "dynamic" else choice
         r = alt["runner_up"]
         runner = "-" if r is None else \
             f"{'chain K=' + str(r['nodes']) if r['kind'] == 'chain' else r['kind']}" + \
-            (f" {r['nodes']}" if r["kind"] == "tree" else "") + f" {r['predicted_speedup']:.3f}x"
+            (f" {r['nodes']}" if r["kind"] in ("tree", "dynamic") else "") + f" {r['predicted_speedup']:.3f}x"
         noise = {True: "yes", False: "no", None: "n/a"}[alt["runner_up_within_noise"]]
         lines.append(f"{row['batch_size']:>5}  {choice:<10}{row['nodes']:>6}{row['predicted_tokens_per_step']:>10.3f}"
                      f"{row['predicted_speedup']:>8.3f}x  {runner:<24}{noise:>13}")

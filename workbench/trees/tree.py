@@ -313,6 +313,9 @@ def ascii_tree(tree: Tree, labels: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def tree_key(tree: Tree) -> str:
-    """name:shape-hash, the sweep CSV's identity of a tree (the hash of its sorted paths names its shape)."""
+def tree_key(tree) -> str:
+    """name:shape-hash, the sweep CSV's identity of a tree (the hash of its sorted paths names its shape); a
+    per-step tree (trees.dynamic.DynamicPolicy: it has an envelope) is its name / its envelope's key."""
+    if hasattr(tree, "envelope"):
+        return f"{tree.name}/{tree_key(tree.envelope)}"
     return f"{tree.name}:{hashlib.sha1(json.dumps(tree.sorted_paths).encode()).hexdigest()[:10]}"
