@@ -654,3 +654,23 @@ def test_a_plans_per_step_tree_is_checked_live(tiny_llama, calib, prompt_file, t
     got = check[(check["batch_size"] == 1) & (check["role"] == "choice")].iloc[0]
     assert got["kind"] == "dynamic" and got["measured_tokens_per_step"] == row["tokens_per_step"].iloc[0]
     assert got["predicted_speedup"] == one["predicted_speedup"] and got["measured_speedup"] > 0
+
+
+def test_sweep_puts_per_step_trees_beside_static_ones_at_equal_budgets(tiny_llama, calib, prompt_file, tmp_path):
+    """sweep --envelope: each swept size the envelope holds also as a per-step tree (kind dynamic, as many nodes),
+    decoded on the same prompts against the same vanilla, greedy output identical; a calibration without
+    topk.parquet gives those rows no prediction rather than an error."""
+    out = tmp_path / "sweep.csv"
+    assert main(["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--trees", "[[0], [1]]", "[[0], [0, 0], [1]]", "--envelope", "[[0], [1], [0, 0], [0, 1]]",
+                 "--calibration", str(calib), "--prompts", str(prompt_file), "--limit", "3", "--max-new-tokens", "8",
+                 "--batch-sizes", "1,2", "--device", "cpu", "--quiet", "--out", str(out)]) == 0
+    df = pd.read_csv(out)
+    dyn = df[df["kind"] == "dynamic"]
+    assert sorted(zip(dyn["nodes"], dyn["batch_size"])) == [(2, 1), (2, 2), (3, 1), (3, 2)]
+    assert dyn["tree"].str.match(r"dynamic_[23]_of_4_").all() and (df["exact_match"] == 1.0).all()
+    static = df[df["kind"] == "given"]
+    assert sorted(static["nodes"]) == [2, 2, 3, 3] and dyn["predicted_replay"].isna().all()
+    assert main(["sweep", "--trees", "[[0], [1], [2]]", "--envelope", "[[0], [1]]", "--prompts", str(prompt_file),
+                 "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--out", str(tmp_path / "x.csv")]) == 2

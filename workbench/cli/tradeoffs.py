@@ -201,6 +201,9 @@ def cmd_sweep(args) -> int:
     cal = Calibration(calibration) if calibration is not None else None
     for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
         load_tree(spec)
+    if args.envelope and plan is not None:
+        raise WorkbenchError("--plan sweeps the plan's own choices (its per-step trees too): drop --envelope")
+    envelope = load_tree(args.envelope) if args.envelope else None
     check_output(args.out, "--out")
     if Path(args.out).exists() and not Path(args.out).is_file():
         raise WorkbenchError(f"--out {args.out}: not a regular file; a sweep resumes from its own CSV: give a file")
@@ -230,7 +233,7 @@ def cmd_sweep(args) -> int:
                 c["batch_sizes"] = [b]
         else:
             trees = S.sweep_trees(budgets, args.trees, args.dense, cal, args.joint, heads.num_heads,
-                                  replay=args.max_new_tokens if args.replay else None)
+                                  replay=args.max_new_tokens if args.replay else None, envelope=envelope)
             configs = S.sweep_configs(trees, temps, eps, delta)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
         check_positions(model, max(map(len, prompts)) + args.max_new_tokens + max(
@@ -365,6 +368,9 @@ def add_tradeoffs(sub) -> None:
                                                         "(default 4,8,16,32,64,128,256 unless --trees)")
     s.add_argument("--joint", action="store_true", help="build budget trees from measured joint path probabilities")
     s.add_argument("--dense", action="store_true", help="add Cartesian trees [s], [s,s], ... of comparable sizes")
+    s.add_argument("--envelope", metavar="TREE", help="also every swept size as a per-step tree (that many nodes "
+                   "chosen each step from TREE, as `decode --dynamic N --tree TREE`): static and per-step at equal "
+                   "budgets side by side")
     s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the first under calibration/ or "
                    "$WORKBENCH_CALIBRATION_ROOT)")
     s.add_argument("--epsilon", default="0.09", help="typical-acceptance epsilons: list or START:STOP:STEP (default 0.09)")

@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
+from workbench.calibrate.folder import TOPK
 from workbench.calibrate.ranks import answer_rows, decoder_walk, walk_answers
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import dtype_name, setting, setting_cell
@@ -49,12 +50,14 @@ def dense_near(budget: int, max_depth: int, max_rank: int = MEDUSA_TOPK, slack: 
 
 def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None, joint: bool = False,
                 num_heads: int | None = None, max_rank: int = MEDUSA_TOPK,
-                replay: int | None = None) -> list[tuple[Tree, str]]:
-    """[(tree, kind)] with kind optimal | dense | given, deduplicated by shape. Budgets build optimal trees from
+                replay: int | None = None, envelope: Tree | None = None) -> list[tuple[Tree, str]]:
+    """[(tree, kind)] with kind optimal | dense | given | dynamic, deduplicated by shape. Budgets build optimal trees from
     the calibration's fit prompts (independent heads, or empirical joint paths; with `replay` = N tokens, a dense
     tree within the budget replaces the optimum when a greedy decoder replayed over the first N tokens of the fit
     answers accepts more with it); --dense adds Cartesian trees near every budget (or the given trees' sizes).
-    `calibration`: a calibration.Calibration."""
+    `calibration`: a calibration.Calibration. With an `envelope`, every tree's size it holds also as a per-step tree
+    (DynamicPolicy: that many nodes chosen each step from the envelope), kind dynamic: static and per-step at equal
+    budgets side by side."""
     out: list[tuple[Tree, str]] = []
     for i, spec in enumerate(trees or []):
         t = load_tree(spec, num_heads=num_heads)
@@ -85,6 +88,12 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
             unique.append((t, kind))
     if not unique:
         raise WorkbenchError("no trees to sweep: give --budgets or --trees")
+    if envelope is not None:
+        sizes = sorted({t.nodes for t, _ in unique if t.nodes <= envelope.nodes})
+        if not sizes:
+            raise WorkbenchError(f"--envelope {envelope.name}: {envelope.nodes} nodes, fewer than every swept tree's: "
+                                 "give a larger envelope or smaller --budgets")
+        unique += [(DynamicPolicy(n, envelope), "dynamic") for n in sizes]
     return unique
 
 
@@ -149,6 +158,8 @@ def calibration_predictions(calibration, max_new_tokens: int | None = None, prom
         if not calibration.fits(tree):
             return {}
         if isinstance(tree, DynamicPolicy):  # the heads' log-probs were recorded for the held-out answers only
+            if not (calibration.folder / TOPK).is_file():
+                return {}  # nothing to replay a per-step tree on (`workbench calibrate --record-topk` records it)
             out = calibration.predict(tree, max_new_tokens)
             if ours is not None and ours["prompt_id"].nunique() == len(set(map(str, prompt_ids))):
                 out["replay_swept"] = walk_answers(tree, answer_rows(ours, calibration.head_logprobs(ours)))
