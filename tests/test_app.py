@@ -165,7 +165,7 @@ def _runs_in_a_fresh_python(code: str) -> None:
 def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     no_exception(at)
-    assert at.text_input(key="tree_dir").value == str(demo_files["cal"])
+    assert at.selectbox(key="in_cal").value == str(demo_files["cal"])
     assert int(metric(at, "nodes")) == 63
     for key in ("tree_budget", "tree_depth", "tree_rank"):
         assert at.slider(key=key) is not None
@@ -204,15 +204,15 @@ def test_tree_designer_models(demo_files, monkeypatch):
 
 def test_malformed_pasted_csv_is_an_error(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
-    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
-    at.text_area(key="tree_acc_paste").input("head,rank,acc\n1,1,0.5\n").run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.text_area(key="in_acc_paste").input("head,rank,acc\n1,1,0.5\n").run()
     no_exception(at)
     assert any("missing column" in e and "accuracy" in e for e in errors(at)), errors(at)
-    at.text_area(key="tree_acc_paste").input("head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n").run()
+    at.text_area(key="in_acc_paste").input("head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n").run()
     no_exception(at)
     assert not errors(at)
     assert int(metric(at, "nodes")) == 6  # every node of a 2-head, top-2 table has positive probability
-    at.text_area(key="tree_acc_paste").input("head,rank,accuracy\n1,1,0.6\n").run()  # one head, one rank
+    at.text_area(key="in_acc_paste").input("head,rank,accuracy\n1,1,0.6\n").run()  # one head, one rank
     no_exception(at)
     assert int(metric(at, "nodes")) == 1
     at.radio(key="tree_model").set_value("empirical paths").run()
@@ -221,8 +221,8 @@ def test_malformed_pasted_csv_is_an_error(demo_files, monkeypatch):
 
 def test_malformed_upload_is_an_error(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
-    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
-    at.file_uploader(key="tree_acc_upload").set_value(("acc.csv", b"head,rank,accuracy\n1,1,1.7\n", "text/csv")).run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.file_uploader(key="in_acc_upload").set_value(("acc.csv", b"head,rank,accuracy\n1,1,1.7\n", "text/csv")).run()
     no_exception(at)
     assert any("not a number in [0, 1]" in e for e in errors(at)), errors(at)
     assert all("workbench-app" not in e for e in errors(at))  # the temp folder is not shown
@@ -234,7 +234,8 @@ def test_missing_folder_and_unfit_tree_are_errors(demo_files, monkeypatch, tmp_p
     at.text_input(key="tree_user_spec").input("[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]").run()
     no_exception(at)
     assert any("exceeds the 4 Medusa heads" in e for e in errors(at)), errors(at)
-    at.text_input(key="tree_dir").input(str(tmp_path / "nowhere")).run()
+    at.selectbox(key="in_cal").set_value("other: type a folder").run()
+    at.text_input(key="in_dir").input(str(tmp_path / "nowhere")).run()
     no_exception(at)
     assert any("not a finished calibration folder" in e for e in errors(at))
 
@@ -338,8 +339,8 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
     assert not any("does not pay" in w.value for w in at.warning)
     tab(at, "Tokens/step and speedup", "tree_tab")
     assert any("diamonds: sweep measurements" in c.value for c in at.caption)  # sweep speedups on the curve
-    at.selectbox(key="tree_lat_pick").set_value("other: type a path").run()
-    at.text_input(key="tree_lat_path").input(str(slow)).run()
+    at.selectbox(key="in_lat_pick").set_value("other: type a path").run()
+    at.text_input(key="in_lat_path").input(str(slow)).run()
     no_exception(at)
     assert float(metric(at, "predicted speedup").rstrip("x")) < 1
     assert any("Speculation does not pay on this hardware at batch 1 and context 128" in w.value for w in at.warning)
@@ -368,8 +369,8 @@ def test_the_designer_prices_the_tree_at_its_own_depth(demo_files, monkeypatch, 
     rows["heads_seconds"] = rows["depth"] * 0.004
     deep = tmp_path / "latency-heads.csv"
     rows.to_csv(deep, index=False)
-    at.selectbox(key="tree_lat_pick").set_value("other: type a path").run()
-    at.text_input(key="tree_lat_path").input(str(deep)).run()
+    at.selectbox(key="in_lat_pick").set_value("other: type a path").run()
+    at.text_input(key="in_lat_path").input(str(deep)).run()
     at.slider(key="tree_budget").set_value(6).run()
     no_exception(at)
     assert any("each tree priced at its own depth" in c.value for c in at.caption)
@@ -408,6 +409,55 @@ def test_settings_survive_a_page_change(demo_files, monkeypatch):
     assert int(metric(at, "nodes")) == 16
 
 
+PAGES_BODY = ("import streamlit as st\napp.keep_settings()\n"
+              "if st.session_state.pop('to_goto_designer', False):  # the trade-offs button's page switch\n"
+              "    st.session_state['page'] = 'tree_page'\n"
+              "getattr(app, st.session_state.get('page', 'tree_page'))()\n")
+SHARED = ("in_src", "in_cal", "in_lat_pick", "in_batch", "in_gen")
+
+
+def test_one_set_of_inputs_for_every_page(tmp_path, monkeypatch):
+    """The calibration (default: the most prompts, not the first name), latency table, batch size and generation
+    length are set once in the designer's sidebar and read by every page, which gives the same answer; trade-offs'
+    "open in the designer" lands on the designer showing that answer's tree at the same batch size."""
+    def sentence(at):
+        return next(m.value for m in at.markdown if m.value.startswith("**Recommendation:** "))
+
+    cal = make_walk_files(tmp_path, "synthetic")
+    meta = json.loads((cal / "meta.json").read_text())
+    (cal / "meta.json").write_text(json.dumps(meta | {"max_new_tokens": 40}))
+    make_calibration(tmp_path / "a-quick", prompts=4)  # sorts first, fewer prompts
+    at = page("tree_page", tmp_path, monkeypatch, PAGES_BODY).run()
+    assert at.selectbox(key="in_cal").value == str(cal)
+    assert at.number_input(key="in_gen").value == 40
+    full = sentence(at)
+    at.number_input(key="in_gen").set_value(12).run()
+    assert sentence(at) != full  # the generation length reaches the prediction
+    batched = next(o for o in options(at, "in_lat_pick") if o.endswith("latency-batched.csv"))
+    at.selectbox(key="in_lat_pick").set_value(batched).run()
+    at.selectbox(key="in_batch").set_value(4).run()
+    no_exception(at)
+    said = sentence(at)
+    assert " at batch 4 and context 128" in said
+    values = {k: at.session_state[k] for k in SHARED}
+    for name in ("calibration_page", "live_page", "tradeoffs_page"):
+        at.session_state["page"] = name
+        at.run()
+        no_exception(at)
+        assert {k: at.session_state[k] for k in SHARED} == values, name
+        assert at.selectbox(key="in_cal").value == str(cal) and at.number_input(key="in_gen").value == 12
+    assert at.selectbox(key="in_lat_pick").value.endswith("/latency-batched.csv")
+    assert at.selectbox(key="in_batch").value == 4
+    assert sentence(at) == said  # the same answer on both pages
+    assert "use no speculation" not in said, said  # the data give a tree to open
+    at.button(key="to_show_btn").click().run()
+    no_exception(at)
+    assert at.title[0].value == "Tree designer"
+    assert at.selectbox(key="tree_show").value.startswith("recommended: ")
+    assert not any("no longer available" in i.value for i in at.info)
+    assert at.selectbox(key="in_batch").value == 4 and sentence(at) == said
+
+
 # ----------------------------------------------------------------------------------------------- other pages
 
 def test_calibration_page(demo_files, monkeypatch):
@@ -429,8 +479,8 @@ def test_calibration_page(demo_files, monkeypatch):
 
 def test_calibration_page_with_accuracy_table(demo_files, monkeypatch):
     at = page("calibration_page", demo_files["root"], monkeypatch).run()
-    at.radio(key="cal_src").set_value("accuracy file or pasted CSV").run()
-    at.text_input(key="cal_acc_path").input(str(demo_files["cal"] / "accuracies.csv")).run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.text_input(key="in_acc_path").input(str(demo_files["cal"] / "accuracies.csv")).run()
     no_exception(at)
     assert not errors(at)
     assert any("ranks of a calibration folder" in i.value for i in at.info)
@@ -441,7 +491,7 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
     no_exception(at)
     assert at.title[0].value == "Trade-offs"
     assert at.selectbox(key="to_sweep_pick").value == str(demo_files["sweep"])
-    assert at.selectbox(key="to_lat_pick").value == str(demo_files["latency"])
+    assert at.selectbox(key="in_lat_pick").value == str(demo_files["latency"])
     assert not errors(at), errors(at)
     tab(at, "Latency and speedup")
     assert any("best:" in c.value for c in at.caption)
@@ -594,14 +644,14 @@ def test_medusa_heads_accuracy_pt_upload(demo_files, monkeypatch):
     buf = io.BytesIO()
     torch.save(hits, buf)
     at = page("tree_page", demo_files["root"], monkeypatch).run()
-    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
-    at.file_uploader(key="tree_acc_upload").set_value(("vicuna_heads_accuracy.pt", buf.getvalue(),
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.file_uploader(key="in_acc_upload").set_value(("vicuna_heads_accuracy.pt", buf.getvalue(),
                                                        "application/octet-stream")).run()
     no_exception(at)
     assert not errors(at), errors(at)
     assert metric(at, "depth") == "3"
     assert int(metric(at, "nodes")) == 14  # 2 ranks with hits per head: 2 + 4 + 8 positive paths
-    at.file_uploader(key="tree_acc_upload").set_value(("heads_accuracy.pt", b"not a torch file", "x")).run()
+    at.file_uploader(key="in_acc_upload").set_value(("heads_accuracy.pt", b"not a torch file", "x")).run()
     no_exception(at)
     assert any("not a readable torch file" in e for e in errors(at)), errors(at)
 
@@ -636,15 +686,15 @@ def test_tradeoffs_walks_every_combination_of_its_inputs(walk_files, monkeypatch
         assert not errors(at), (what, errors(at))
         assert sum(m.value.startswith("**Recommendation:** use ") for m in at.markdown) == 1, what
 
-    for lat in options(at, "to_lat_pick")[:-1]:  # the last option types a path
-        at.selectbox(key="to_lat_pick").set_value(lat).run()
-        tokens = pd.read_csv(at.selectbox(key="to_lat_pick").value)["tokens"]
-        for batch in options(at, "to_batch") or [None]:
+    for lat in options(at, "in_lat_pick")[:-1]:  # the last option types a path
+        at.selectbox(key="in_lat_pick").set_value(lat).run()
+        tokens = pd.read_csv(at.selectbox(key="in_lat_pick").value)["tokens"]
+        for batch in options(at, "in_batch") or [None]:
             if batch is not None:
-                at.selectbox(key="to_batch").set_value(int(batch)).run()
-            for ctx in options(at, "to_ctx") or [None]:
+                at.selectbox(key="in_batch").set_value(int(batch)).run()
+            for ctx in options(at, "in_ctx") or [None]:
                 if ctx is not None:
-                    at.selectbox(key="to_ctx").set_value(int(ctx)).run()
+                    at.selectbox(key="in_ctx").set_value(int(ctx)).run()
                 for sweep in options(at, "to_sweep_pick")[:-1]:
                     at.selectbox(key="to_sweep_pick").set_value(sweep).run()
                     for typ in options(at, "to_typ_pick")[:-1]:
@@ -668,8 +718,8 @@ def test_tradeoffs_walks_every_combination_of_its_inputs(walk_files, monkeypatch
             for eps in at.select_slider(key="to_eps").options:
                 at.select_slider(key="to_eps").set_value(float(eps)).run()
                 check(f"{quality} {nodes} {eps}")
-    at.radio(key="to_src").set_value("accuracy file or pasted CSV").run()
-    at.text_input(key="to_acc_path").input(str(walk_files["cal"] / "accuracies.csv")).run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.text_input(key="in_acc_path").input(str(walk_files["cal"] / "accuracies.csv")).run()
     check("accuracy table")
 
 
@@ -686,11 +736,11 @@ def test_designer_walks_its_models_latencies_and_trees(walk_files, monkeypatch):
 
     for model in at.radio(key="tree_model").options:
         at.radio(key="tree_model").set_value(model).run()
-        for lat in options(at, "tree_lat_pick")[:-1]:
-            at.selectbox(key="tree_lat_pick").set_value(lat).run()
-            for batch in options(at, "tree_batch") or [None]:
+        for lat in options(at, "in_lat_pick")[:-1]:
+            at.selectbox(key="in_lat_pick").set_value(lat).run()
+            for batch in options(at, "in_batch") or [None]:
                 if batch is not None:
-                    at.selectbox(key="tree_batch").set_value(int(batch)).run()
+                    at.selectbox(key="in_batch").set_value(int(batch)).run()
                 check(f"{model} {lat} {batch}")
                 for label in [t.label for t in at.tabs][1:] + ["Export"]:  # every tab; the export's last
                     tab(at, label, "tree_tab")
@@ -718,12 +768,12 @@ def test_designer_walks_its_models_latencies_and_trees(walk_files, monkeypatch):
 def test_budget_kept_from_a_longer_latency_table_is_clamped(walk_files, monkeypatch):
     """The crash of the issue: budget 255 on a 256-token table, then a table that stops at 16 tokens."""
     at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
-    long, short = (next(o for o in options(at, "to_lat_pick") if o.endswith(name))
+    long, short = (next(o for o in options(at, "in_lat_pick") if o.endswith(name))
                    for name in ("latency-cpu.csv", "latency-batched.csv"))
-    at.selectbox(key="to_lat_pick").set_value(long).run()
+    at.selectbox(key="in_lat_pick").set_value(long).run()
     tab(at, "Latency and speedup")
     at.slider(key="to_budget").set_value(255).run()
-    at.selectbox(key="to_lat_pick").set_value(short).run()
+    at.selectbox(key="in_lat_pick").set_value(short).run()
     no_exception(at)
     assert at.slider(key="to_budget").value == at.slider(key="to_budget").max == 15
 
@@ -778,19 +828,20 @@ def test_selection_follows_the_node_through_edits(demo_files, monkeypatch):
 def test_upload_is_kept_across_pages(demo_files, monkeypatch):
     body = "import streamlit as st\napp.keep_settings()\ngetattr(app, st.session_state.get('page', 'tree_page'))()\n"
     at = page("tree_page", demo_files["root"], monkeypatch, body).run()
-    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
     csv = b"head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n"
-    at.file_uploader(key="tree_acc_upload").set_value(("mine.csv", csv, "text/csv")).run()
+    at.file_uploader(key="in_acc_upload").set_value(("mine.csv", csv, "text/csv")).run()
     assert int(metric(at, "nodes")) == 6
     at.session_state["page"] = "calibration_page"
     at.run()
+    # the shared input: the upload here too (a table, not the calibration folder the page would otherwise open)
+    assert any("Measured path probabilities need the ranks" in i.value for i in at.info), [i.value for i in at.info]
     at.session_state["page"] = "tree_page"
     at.run()
     no_exception(at)
-    assert at.radio(key="tree_src").value == "accuracy file or pasted CSV"
+    assert at.radio(key="in_src").value == "accuracy file or pasted CSV"
     assert int(metric(at, "nodes")) == 6 and metric(at, "depth") == "2"  # still the upload, not nothing
-    assert any("using the uploaded mine.csv (kept from before)" in c.value for c in at.caption)
-    at.button(key="tree_acc_upload_forget_btn").click().run()
+    at.file_uploader(key="in_acc_upload").clear().run()  # removed by the user: the kept copy goes too
     assert not at.metric and any("Give an accuracy table" in i.value for i in at.info)
 
 
@@ -800,7 +851,7 @@ def test_recommendation_is_the_same_on_both_pages_and_shows_its_tree(walk_files,
 
     tree = page("tree_page", walk_files["root"], monkeypatch).run()
     trade = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
-    assert tree.selectbox(key="tree_lat_pick").value == trade.selectbox(key="to_lat_pick").value
+    assert tree.selectbox(key="in_lat_pick").value == trade.selectbox(key="in_lat_pick").value
     said = sentence(tree)
     assert said == sentence(trade)
     # the answer names the calibration, its statistic and the latency table it rests on
@@ -819,10 +870,10 @@ def test_recommendation_is_the_same_on_both_pages_and_shows_its_tree(walk_files,
     assert f"({metric(tree, 'nodes')} nodes)" in pick["candidate"]
     assert metric(tree, "predicted speedup") == f"{pick['speedup']:.2f}x"  # the same number
     # the batched table with its spread: a range, and batch 4 where the table says
-    short = next(o for o in options(trade, "to_lat_pick") if o.endswith("latency-batched.csv"))
-    trade.selectbox(key="to_lat_pick").set_value(short).run()
+    short = next(o for o in options(trade, "in_lat_pick") if o.endswith("latency-batched.csv"))
+    trade.selectbox(key="in_lat_pick").set_value(short).run()
     assert "x from the latency quartiles)" in sentence(trade)
-    trade.selectbox(key="to_batch").set_value(4).run()
+    trade.selectbox(key="in_batch").set_value(4).run()
     assert " at batch 4 and context 128" in sentence(trade)
 
 
@@ -903,8 +954,8 @@ def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
     from workbench.plan.source import plan_source
 
     at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
-    batched = next(o for o in options(at, "to_lat_pick") if str(o).endswith("latency-batched.csv"))
-    at.selectbox(key="to_lat_pick").set_value(batched).run()
+    batched = next(o for o in options(at, "in_lat_pick") if str(o).endswith("latency-batched.csv"))
+    at.selectbox(key="in_lat_pick").set_value(batched).run()
     no_exception(at)
     assert not errors(at)
     tab(at, "Plan per batch size")

@@ -8,7 +8,8 @@ from __future__ import annotations
 import streamlit as st
 
 from workbench.trees.accuracies import accuracy_frame
-from workbench.ui.widgets import accuracy_source, chart, timed
+from workbench.ui.inputs import shared_inputs
+from workbench.ui.widgets import chart, timed
 from workbench.viz import interactive_figures
 
 
@@ -19,7 +20,7 @@ def calibration_page() -> None:
 
 def _calibration_page() -> None:
     st.title("Calibration")
-    src = accuracy_source("cal")
+    src = shared_inputs().src
     if src is None:
         st.info("Pick a calibration folder or an accuracy table in the sidebar.")
         return

@@ -27,13 +27,14 @@ from workbench.viz import interactive_tradeoffs
 @st.cache_data(max_entries=16, show_spinner="Planning: trees, chains and no speculation on this latency table...")
 def _ranked(source_key: tuple, _source, latency: str, latency_stamp: tuple, context: int, batch: int,
             sweeps: tuple, joint: bool, max_depth: int, max_rank: int, max_budget: int | None,
-            trees: tuple) -> dict:
+            trees: tuple, max_new_tokens: int | None = None) -> dict:
     """recommend.recommend (plan's ranking joined to the sweeps) on files named by path and stamp (the cache key);
     `_source` (a Calibration or acc table) is identified by `source_key`. trees: ((name, paths), ...)."""
     value = _source.joint_value("fit") if joint and isinstance(_source, Calibration) else None
     frames = {Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}
     return recommend(_source, read_latency_file(latency, latency_stamp), context, batch, frames, value, max_depth,
-                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees], latency_name=Path(latency).name)
+                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees], latency_name=Path(latency).name,
+                     max_new_tokens=max_new_tokens)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -88,7 +89,8 @@ def swept_trees(sweeps: list[Path]) -> list:
     return _swept_trees(stamped(sweeps), stamped(sorted((REPO_ROOT / "trees").glob("*.json"))))
 
 
-def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | None:
+def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=(),
+           max_new_tokens: int | None = None) -> dict | None:
     """The recommendation for this source and latency table (tables: the picker's context and batch), with every
     readable sweep found (and `extra_sweeps`) as evidence and the swept named trees as candidates: the designer and
     the trade-offs page ask the same question the same way. None with an st.error when an input is unusable."""
@@ -99,7 +101,7 @@ def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | 
         return _ranked(src.key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
                        tables["context"], tables["batch"], stamped(sweeps), joint,
                        max_depth or src.acc.shape[0], max_rank or src.acc.shape[1], max_budget,
-                       tuple((t.name, t.paths) for t in trees))
+                       tuple((t.name, t.paths) for t in trees), max_new_tokens)
     except WorkbenchError as e:
         st.error(f"recommendation: {clean_error(e)}")
         return None

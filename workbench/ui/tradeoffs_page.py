@@ -21,9 +21,9 @@ from workbench.ui.recommendation import (candidate_curves, measured_beside, pane
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.tree_export import EXPORT_FIXES
-from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
-                                  fastest_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
-                                  read_sweep_or_error, results_root, slider, timed)
+from workbench.ui.inputs import shared_inputs
+from workbench.ui.widgets import (chart, clean_error, drop_stale, file_input, file_stamp, found_csvs, fastest_for,
+                                  read_sweep_file, read_sweep_or_error, results_root, slider, timed)
 from workbench.viz import interactive_tradeoffs
 
 
@@ -106,43 +106,31 @@ def _tradeoffs_page() -> None:
     st.title("Trade-offs")
     sweeps = found_csvs("sweep")
     typical = [f for f in sweeps if _readable_typical(f)]
-    src = accuracy_source("to")
+    shared = shared_inputs()
+    src, hw = shared.src, shared.lat
+    lat_path, lat, tables = (hw["path"], hw["frame"], hw["tables"]) if hw else (None, None, None)
     with st.sidebar:
-        st.subheader("Latency")
-        lat_path = file_input("latency CSV", "to_lat", ["csv"], latency_files(src))
         st.subheader("Sweep (Fig. 4, predicted vs measured)")
         sweep_path = file_input("sweep CSV", "to_sweep", ["csv"], sweeps)
         st.subheader("Typical-acceptance sweep (Fig. 5)")
         typ_path = file_input("typical sweep CSV", "to_typ", ["csv"], sweeps, default=typical[0] if typical else None)
         st.subheader("vLLM check")
         vllm_path = file_input("vllm-check JSON", "to_vllm", ["json"], sorted(results_root().glob("vllm-check*.json")))
-    sweep, typ, lat = read_sweep_or_error(sweep_path), read_sweep_or_error(typ_path), None
-    if lat_path is not None:
-        try:
-            lat = read_latency_file(str(lat_path), file_stamp(lat_path))
-        except WorkbenchError as e:
-            st.error(clean_error(e))
-    else:
-        st.info("No latency CSV found: run `workbench latency`, or give one in the sidebar.")
+    sweep, typ = read_sweep_or_error(sweep_path), read_sweep_or_error(typ_path)
+    if hw is None:
+        st.info("No latency table: run `workbench latency`, or give one in the sidebar (Hardware).")
     if sweep_path is None:
         st.info("No sweep CSV found: run `workbench sweep --out FILE.csv` (for example into the calibration folder), "
                 "or give one in the sidebar.")
 
     # the answer first: the same recommendation as the designer's, every readable sweep as its evidence
-    tables, rec = None, None
+    rec = None
     evidence = readable_sweeps([p for p, df in ((sweep_path, sweep), (typ_path, typ)) if df is not None])
-    if lat is not None and src is not None:
-        try:
-            with st.sidebar:
-                tables = latency_picker(lat, "to", lat_path.name, src.calib.typical_context() if src.calib else None)
-        except WorkbenchError as e:
-            st.error(clean_error(e))
-        if tables is not None:
-            rec = ranked(src, lat_path, tables, evidence)
-            if rec is not None:
-                panel(rec, "to", src.acc.shape[0], provenance_of(src) | dict(method="recommended",
-                                                                             latency=lat_path.name),
-                      show=_show_in_designer, show_label="open in the designer")
+    if tables is not None and src is not None:
+        rec = ranked(src, lat_path, tables, evidence, max_new_tokens=shared.max_new_tokens)
+        if rec is not None:
+            panel(rec, "to", src.acc.shape[0], provenance_of(src) | dict(method="recommended", latency=lat_path.name),
+                  show=_show_in_designer, show_label="open in the designer")
     elif src is None:
         st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
     # one section at a time (tabs that rerun when switched): a click redraws two or three figures, not eight
@@ -152,7 +140,7 @@ def _tradeoffs_page() -> None:
             _speedup_section(src, lat, lat_path, tables, rec, evidence)
     with tabs["Plan per batch size"]:
         if tabs["Plan per batch size"].open:
-            _plan_section(src, lat, lat_path, sweep, sweep_path)
+            _plan_section(src, lat, lat_path, sweep, sweep_path, shared.max_new_tokens)
     with tabs["Sweep (Fig. 4)"]:
         if tabs["Sweep (Fig. 4)"].open:
             _sweep_section(sweep, sweep_path)
@@ -276,7 +264,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
               key="to_speedup_chart")
 
 
-def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
+def _plan_section(src, lat, lat_path: Path, sweep, sweep_path, max_new_tokens: int | None) -> None:
     """The plan per batch size (tree, chain or none) on a latency table with several batch sizes: predicted
     speedup of each kind against batch size, the live check where the chosen sweep is a `sweep --plan`, and the plan
     with each engine's output to download."""
@@ -286,7 +274,8 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
         return
     batches = sorted(int(b) for b in lat["batch"].unique())
     try:
-        text = _cached_plan(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), tuple(batches))
+        text = _cached_plan(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), tuple(batches),
+                            max_new_tokens)
     except WorkbenchError as e:
         st.error(clean_error(e))
         return
@@ -317,9 +306,10 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
 
 
 @st.cache_data(show_spinner="planning per batch size ...")
-def _cached_plan(folder: str, folder_stamp: tuple, latency: str, latency_stamp: tuple, batches: tuple) -> str:
+def _cached_plan(folder: str, folder_stamp: tuple, latency: str, latency_stamp: tuple, batches: tuple,
+                 max_new_tokens: int | None = None) -> str:
     """The plan file's text for this calibration and latency table (paths by name only), once per version of both."""
-    plan = make_plan(plan_source(calibration=folder), latency, batches)
+    plan = make_plan(plan_source(calibration=folder, max_new_tokens=max_new_tokens), latency, batches)
     plan["latency"]["file"] = Path(latency).name  # no server path in a downloaded plan
     plan["source"]["path"] = Path(folder).name
     return plan_json(plan)

@@ -23,9 +23,8 @@ from workbench.trees.tree import Tree, load_tree, reference_trees
 from workbench.ui.recommendation import measured_beside, panel, provenance_of, ranked, readable_sweeps, speedup_view
 from workbench.ui.tree_drawing import TABLE_COLUMNS, TREE_HELP, compare_trees, edit_box, token_labels, tree_view
 from workbench.ui.tree_export import export_view
-from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
-                                  fastest_for, int_slider, kept_upload, latency_files, latency_picker,
-                                  read_latency_file, timed)
+from workbench.ui.inputs import shared_inputs
+from workbench.ui.widgets import Source, chart, clean_error, drop_stale, fastest_for, int_slider, kept_upload, timed
 from workbench.viz import interactive_figures
 
 OPTIMIZER = "the optimizer's (sidebar settings)"
@@ -107,7 +106,8 @@ def tree_page() -> None:
 
 def _tree_page() -> None:
     st.title("Tree designer")
-    src = accuracy_source("tree")
+    shared = shared_inputs()
+    src = shared.src
     if src is None:
         st.info("Pick a calibration folder or an accuracy table in the sidebar to design a tree.")
         return
@@ -131,10 +131,10 @@ def _tree_page() -> None:
         value = empirical
 
     # the hardware: a latency table (every speedup on the page) and the sweeps that measured trees on it
-    lat = hardware_input(src)
+    lat = shared.lat
     measured = measured_beside(readable_sweeps(), lat["tables"]["batch"] if lat else 1, lat["frame"] if lat else None)
     user = user_tree_input(K)
-    rec = _recommendation(src, lat, K)
+    rec = _recommendation(src, lat, K, shared.max_new_tokens)
     pick = rec["pick"]["tree"] if rec is not None else None
     budget, max_depth, max_rank, off = _optimizer_settings(settings, user, pick, K, R)
     designed = _designed_tree(src, model, value, empirical, lat, budget, max_depth, max_rank)
@@ -147,7 +147,7 @@ def _tree_page() -> None:
     if shown is None:
         return
     tree, base, edit, sig, label, options, against = shown
-    shown_row, guess = _numbers(src, tree, rec, lat, measured)
+    shown_row, guess = _numbers(src, tree, rec, lat, measured, shared.max_new_tokens)
 
     # the tree and its mask, linked by the selected node (one fragment); optional real tokens as labels
     labels = None
@@ -184,13 +184,13 @@ def _tree_page() -> None:
             st.caption("Named trees (references, files under trees/, yours): predicted tokens per step.")
 
 
-def _recommendation(src: Source, lat: dict | None, num_heads: int) -> dict | None:
+def _recommendation(src: Source, lat: dict | None, num_heads: int, max_new_tokens: int | None) -> dict | None:
     """The answer first: which tree (or chain, or none) to use, with its evidence (None without a latency table)."""
     if lat is None:
         st.info("No latency CSV found, so no recommendation: measure one with `workbench latency --calibration DIR` "
                 "or give one in the sidebar (Hardware).")
         return None
-    rec = ranked(src, lat["path"], lat["tables"])
+    rec = ranked(src, lat["path"], lat["tables"], max_new_tokens=max_new_tokens)
     if rec is not None:
         panel(rec, "tree", num_heads, provenance_of(src) | dict(method="recommended", latency=lat["path"].name),
               show=_show, show_label="show this tree")
@@ -269,7 +269,7 @@ def _on_display(src: Source, designed, user: list, pick, K: int, R: int):
     return tree, base, edit, sig, shown, options, against
 
 
-def _numbers(src: Source, tree, rec, lat, measured) -> tuple[dict, dict | None]:
+def _numbers(src: Source, tree, rec, lat, measured, max_new_tokens: int | None) -> tuple[dict, dict | None]:
     """The tree's metrics, each explained; the speedup from the same prediction as the recommendation, and a sweep's
     measurement of the same shape beside it. (its tree_table row, the predicted speedup or None)."""
     shown_row = tree_table([tree], src.acc, src.calib)[0]
@@ -281,7 +281,8 @@ def _numbers(src: Source, tree, rec, lat, measured) -> tuple[dict, dict | None]:
         cols[2].metric("predicted speedup", "n/a", help=f"{lat['path'].name} stops at {top} tokens per step: a "
                                                         f"{tree.nodes}-node tree needs {tree.nodes + 1}")
     elif rec is not None and shown_row.get(rec["prediction"]) is not None:
-        guess = designed_speedup(src.calib if src.calib is not None else src.acc, tree, lat["tables"]) | \
+        guess = designed_speedup(src.calib if src.calib is not None else src.acc, tree, lat["tables"],
+                                 max_new_tokens) | \
             {"prediction": rec["prediction"]}
         rng = f" (range {guess['range'][0]:.2f}x-{guess['range'][1]:.2f}x)" if guess["range"] else ""
         cols[2].metric("predicted speedup", f"{guess['speedup']:.2f}x",
@@ -322,28 +323,6 @@ def _curves_view(src: Source, named: list, tree, shown_row: dict, rec, lat, gues
         else:
             st.markdown("**Reading the tokens/step numbers** (tokens emitted per decoding step, the base "
                         "model's own token included):\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in TREE_HELP.items()))
-
-
-def hardware_input(src: Source) -> dict | None:
-    """Sidebar: the latency CSV (from the calibration folder, the results folder, or given) and its setup, batch
-    size and context. {"path", "tables", "frame"} or None (nothing found or unreadable: said on the page)."""
-    with st.sidebar.expander("Hardware: latency table", expanded=True):
-        path = file_input("latency CSV", "tree_lat", ["csv"], latency_files(src))
-        if path is None:
-            return None
-        try:
-            df = read_latency_file(str(path), file_stamp(path))
-            tables = latency_picker(df, "tree", path.name, src.calib.typical_context() if src.calib else None,
-                                    where=st)
-        except WorkbenchError as e:
-            st.error(clean_error(e))
-            return None
-        st.caption(f"{path.name}: batch {tables['batch']}, context {tables['context']}, "
-                   f"{len(tables['seconds'])} token counts" + ("" if tables["spread"] else "; no spread measured")
-                   + ("; each tree priced at its own depth (the heads' cost is measured)" if tables.get("head_cost") else
-                      "; no heads' cost: trees priced at the depth the table timed (`workbench latency --heads DIR` "
-                      "times it)"))
-    return {"path": path, "tables": tables, "frame": df}
 
 
 def named_trees(user: list) -> list:
