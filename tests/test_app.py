@@ -409,6 +409,17 @@ def test_settings_survive_a_page_change(demo_files, monkeypatch):
     assert int(metric(at, "nodes")) == 16
 
 
+def test_every_fragment_keeps_the_settings():
+    """A bare st.fragment's run leaves the kept settings where the next page switch drops them (issue 53): every
+    fragment of the app is made with workbench.ui.inputs.fragment, which keeps them first."""
+    import re
+
+    bare = [f"{f.name}:{i + 1}" for f in sorted((REPO_ROOT / "workbench" / "ui").glob("*.py")) if f.name != "inputs.py"
+            for i, line in enumerate(f.read_text().splitlines()) if re.search(r"\bst\.fragment\b", line)]
+    assert not bare, bare
+    assert "@fragment" in (REPO_ROOT / "workbench" / "ui" / "tree_drawing.py").read_text()
+
+
 PAGES_BODY = ("import streamlit as st\napp.keep_settings()\n"
               "if st.session_state.pop('to_goto_designer', False):  # the trade-offs button's page switch\n"
               "    st.session_state['page'] = 'tree_page'\n"

@@ -444,6 +444,57 @@ def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
     _settled(browser)
 
 
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_node_click_then_page_switch_keeps_every_input(server, browser, width):
+    """Issue 53: a tree-node click (the fragment's own run) followed by a page switch used to reset every page's
+    settings. Set the shared inputs and the designer's own, click a node, visit the other pages (they show the same
+    latency table and batch size) and come back: every input is as it was, the node still selected."""
+    from selenium.webdriver.common.keys import Keys
+
+    url, log = server
+    lat = "... or a latency CSV found here"
+    browser.set_window_size(width, 1000)
+    try:
+        _open(browser, f"{url}/tree", "Tree designer")
+        _choose(browser, "Tree on display (drawn, masked, exported)", OPTIMIZER)
+        short = _option_named(browser, lat, "latency-batched.csv")
+        _choose(browser, lat, short)
+        _choose(browser, "batch size", "4")
+        _radio(browser, "empirical paths")
+        _settled(browser)
+        _slide(browser, "Budget (tree nodes)", Keys.HOME)
+        _settled(browser)
+        _slide(browser, "Budget (tree nodes)", *[Keys.ARROW_RIGHT] * 14)
+        _wait(browser, lambda: _metric(browser, "nodes") == "15", what="a 15-node tree")
+        _settled(browser)
+        calibration = _select(browser, "Calibration").get_attribute("value")
+        tree_chart = _chart_index(browser, "empirical_15: 15 nodes")
+        before = len(_log_lines(log))
+        _point(browser, tree_chart, 3, click=True)
+        _wait(browser, lambda: _focus_value(browser) != "none", what="the node selected")
+        _settled(browser)
+        runs = _timed(log, f"node click at {width} px", before)
+        assert runs and all("fragment tree view" in r for r in runs), runs  # the fragment's own run
+        focus = _focus_value(browser)
+        for title in ("Trade-offs", "Calibration", "Tree designer"):
+            _nav(browser, title)
+            _no_errors(browser)
+            assert _select(browser, "Calibration").get_attribute("value") == calibration, title
+            assert _select(browser, lat).get_attribute("value") == short, title
+            assert _select(browser, "batch size").get_attribute("value") == "4", title
+            if title == "Trade-offs":
+                assert "at batch 4 and context 128" in _body(browser)
+        assert _range(browser, "Budget (tree nodes)").get_attribute("value") == "15"
+        assert "empirical_15: 15 nodes" in _body(browser) and _metric(browser, "nodes") == "15"
+        assert _select(browser, "Tree on display (drawn, masked, exported)").get_attribute("value") == OPTIMIZER
+        assert _focus_value(browser) == focus
+        assert page_overflow(browser) <= 1
+        _shots(browser, f"inputs-kept-{width}")
+    finally:
+        browser.set_window_size(1280, 1000)
+        _choose(browser, lat, _option_named(browser, lat, "latency-cpu.csv"))
+
+
 # ----------------------------------------------------------------------------------------------- live
 
 def test_live_decode_in_chromium(server, browser, tiny_llama):
