@@ -409,6 +409,28 @@ def test_settings_survive_a_page_change(demo_files, monkeypatch):
     assert int(metric(at, "nodes")) == 16
 
 
+def test_defaults_a_newcomer_can_trust(tmp_path, monkeypatch):
+    """The first view prices its answer: the budget starts within the latency table (16 tokens: a 15-node tree),
+    and a tree the table cannot price (63 nodes) says why and offers the nearest one it can, a click away."""
+    from helpers import make_short_latency
+
+    cal = make_calibration(tmp_path / "synthetic")
+    make_short_latency(cal / "latency-cpu.csv")
+    at = page("tree_page", tmp_path, monkeypatch).run()
+    no_exception(at)
+    assert at.slider(key="tree_budget").value == 15 and int(metric(at, "nodes")) <= 15
+    assert metric(at, "predicted speedup").endswith("x")
+    at.selectbox(key="tree_show").set_value("reference: mc_sim_7b_63").run()
+    assert metric(at, "predicted speedup") == "n/a"
+    said = " ".join(c.value for c in at.caption)
+    assert "No predicted speedup: latency-cpu.csv stops at 16 tokens per verify step at batch 1: a 63-node tree " \
+           "needs 64. The nearest tree it prices has 15 nodes." in said, said
+    at.button(key="tree_nearest_btn").click().run()
+    no_exception(at)
+    assert at.selectbox(key="tree_show").value == "the optimizer's (sidebar settings)"
+    assert at.slider(key="tree_budget").value == 15 and metric(at, "predicted speedup").endswith("x")
+
+
 def test_every_fragment_keeps_the_settings():
     """A bare st.fragment's run leaves the kept settings where the next page switch drops them (issue 53): every
     fragment of the app is made with workbench.ui.inputs.fragment, which keeps them first."""

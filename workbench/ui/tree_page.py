@@ -55,17 +55,17 @@ def pick_tree(label: str, options: dict, num_heads: int, topk: int):
 # ----------------------------------------------------------------------------------------------- callbacks
 
 
-
+def _nearest(budget: int) -> None:
+    """'price the nearest tree': the optimizer's tree at the largest budget the latency table prices."""
+    st.session_state["tree_show"] = OPTIMIZER
+    st.session_state["tree_budget"] = budget
+    st.session_state.pop("tree_edit", None)
 
 
 def _show(tree) -> None:
     """'show it in the designer': the recommended tree on display, without edits."""
     st.session_state["tree_show"] = RECOMMENDED + tree.name
     st.session_state.pop("tree_edit", None)
-
-
-
-
 
 
 # ----------------------------------------------------------------------------------------------- cached work
@@ -136,7 +136,8 @@ def _tree_page() -> None:
     user = user_tree_input(K)
     rec = _recommendation(src, lat, K, shared.max_new_tokens)
     pick = rec["pick"]["tree"] if rec is not None else None
-    budget, max_depth, max_rank, off = _optimizer_settings(settings, user, pick, K, R)
+    top = max(lat["tables"]["seconds"]) - 1 if lat is not None else 256  # the largest tree the table prices
+    budget, max_depth, max_rank, off = _optimizer_settings(settings, user, pick, K, R, min(63, max(top, 1)))
     designed = _designed_tree(src, model, value, empirical, lat, budget, max_depth, max_rank)
     if designed is None:
         return
@@ -197,9 +198,11 @@ def _recommendation(src: Source, lat: dict | None, num_heads: int, max_new_token
     return rec
 
 
-def _optimizer_settings(settings, user: list, pick, K: int, R: int) -> tuple[int, int, int, str | None]:
+def _optimizer_settings(settings, user: list, pick, K: int, R: int,
+                        default: int) -> tuple[int, int, int, str | None]:
     """(budget, max depth, max rank, why they are off): the optimizer's settings apply to its tree only, so they
-    are disabled, saying why, while another tree is on display."""
+    are disabled, saying why, while another tree is on display. The budget starts at `default`: within the latency
+    table, so the first tree drawn is one it can price."""
     shown_label = st.session_state.get("tree_show", OPTIMIZER)
     if shown_label not in tree_options(None, user, pick):
         shown_label = OPTIMIZER  # gone (a tree that stopped parsing): the selector below falls back to it too
@@ -207,7 +210,7 @@ def _optimizer_settings(settings, user: list, pick, K: int, R: int) -> tuple[int
         f"applies to the optimizer's tree only; the tree on display is {shown_label.split(': ', 1)[-1]} (pick " \
         "\"the optimizer's\" above the drawing to use these settings)"
     with settings:
-        budget = st.slider("Budget (tree nodes)", 1, 256, 63, key="tree_budget", disabled=off is not None,
+        budget = st.slider("Budget (tree nodes)", 1, 256, default, key="tree_budget", disabled=off is not None,
                            help=off or "most nodes the optimizer's tree may have (hardware-aware: the largest budget "
                                        "it tries)")
         max_depth = int_slider("Max depth (heads used)", K, K, "tree_depth", disabled=off is not None, help=off,
@@ -277,27 +280,34 @@ def _numbers(src: Source, tree, rec, lat, measured, max_new_tokens: int | None) 
     cols[0].metric("nodes", tree.nodes)
     cols[1].metric("depth", tree.depth)
     guess, top = None, max(lat["tables"]["seconds"]) if lat is not None else 0
-    if rec is not None and shown_row.get(rec["prediction"]) is not None and tree.nodes + 1 > top:
-        cols[2].metric("predicted speedup", "n/a", help=f"{lat['path'].name} stops at {top} tokens per step: a "
-                                                        f"{tree.nodes}-node tree needs {tree.nodes + 1}")
+    unpriced = rec is not None and shown_row.get(rec["prediction"]) is not None and tree.nodes + 1 > top
+    if unpriced:
+        why = (f"{lat['path'].name} stops at {top} tokens per verify step at batch {rec['batch']}: a "
+               f"{tree.nodes}-node tree needs {tree.nodes + 1}")
+        cols[2].metric("predicted speedup", "n/a", help=why)
     elif rec is not None and shown_row.get(rec["prediction"]) is not None:
         guess = designed_speedup(src.calib if src.calib is not None else src.acc, tree, lat["tables"],
-                                 max_new_tokens) | \
-            {"prediction": rec["prediction"]}
+                                 max_new_tokens) | {"prediction": rec["prediction"]}
         rng = f" (range {guess['range'][0]:.2f}x-{guess['range'][1]:.2f}x)" if guess["range"] else ""
         cols[2].metric("predicted speedup", f"{guess['speedup']:.2f}x",
                        help=f"{rec['prediction']} (of the batch: it waits for its slowest sequence) / relative step "
                             f"cost t(n+1)/t(1) at batch {rec['batch']}, context "
                             f"{rec['context']} ({lat['path'].name}){rng}; the recommendation's formula")
-        found = measured.get(shape(tree), [])
-        now = [m for m in found if comparable(m)]
-        other = [m for m in found if m["elsewhere"]]
-        if now:
-            cols[3].metric("measured speedup", f"{now[0]['speedup']:.2f}x", help=f"this tree in {now[0]['sweep']}")
-        elif other:
-            cols[3].metric("measured speedup", f"{other[0]['speedup']:.2f}x (other setting)",
-                           help=f"sweep {other[0]['sweep']}: {'; '.join(other[0]['elsewhere'])}: not comparable "
-                                f"with {lat['path'].name}")
+    found = measured.get(shape(tree), []) if lat is not None else []  # shown even where the table cannot price it
+    now = [m for m in found if comparable(m)]
+    other = [m for m in found if m["elsewhere"]]
+    if now:
+        cols[3].metric("measured speedup", f"{now[0]['speedup']:.2f}x", help=f"this tree in {now[0]['sweep']}")
+    elif other:
+        cols[3].metric("measured speedup", f"{other[0]['speedup']:.2f}x (other setting)",
+                       help=f"sweep {other[0]['sweep']}: {'; '.join(other[0]['elsewhere'])}: not comparable "
+                            f"with {lat['path'].name}")
+    if unpriced:
+        c1, c2 = st.columns([3, 1])
+        c1.caption(f"No predicted speedup: {why}. The nearest tree it prices has {top - 1} nodes.")
+        c2.button(f"price the optimizer's {top - 1}-node tree", key="tree_nearest_btn", on_click=_nearest,
+                  args=(top - 1,), help="the optimizer's tree (sidebar settings) at the largest budget the latency "
+                                        "table prices")
     cols = st.columns(3)
     for col, k in zip(cols, ("predicted_independent", "predicted_joint", "predicted_replay")):
         if shown_row.get(k) is not None:
@@ -337,22 +347,12 @@ def named_trees(user: list) -> list:
     return out
 
 
-
-
-
-
-
-
-
-
 def pick_quiet(spec):
     """A named tree for the table (None if a file there cannot be read: the selectbox reports it when picked)."""
     try:
         return load_tree(str(spec) if isinstance(spec, Path) else spec)
     except WorkbenchError:
         return None
-
-
 
 
 def user_tree_input(num_heads: int) -> list:
