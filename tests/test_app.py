@@ -431,6 +431,31 @@ def test_defaults_a_newcomer_can_trust(tmp_path, monkeypatch):
     assert at.slider(key="tree_budget").value == 15 and metric(at, "predicted speedup").endswith("x")
 
 
+def test_the_committed_answer_names_its_evidence(monkeypatch):
+    """On the committed data, as a newcomer opens it: the 805-prompt calibration, a priced first view, the latency
+    table's setting named with whether it is this machine's; at batch 2 the odd plain step that carries the answer is
+    flagged, and the range that overlaps no speculation is called within the noise."""
+    from workbench.core.provenance import here
+
+    monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
+    monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
+    at = page("tree_page", None, monkeypatch).run()
+    no_exception(at)
+    assert at.selectbox(key="in_cal").value.endswith("calibration/smollm2-135m-instruct-alpaca-eval")
+    assert metric(at, "predicted speedup").endswith("x") and int(metric(at, "nodes")) <= 15
+    evidence = next(c.value for c in at.caption if c.value.startswith("Evidence: "))
+    assert evidence.startswith("Evidence: latency latency-cpu.csv: cpu AMD EPYC (avx2), 2 threads, ")
+    ours = here()
+    assert ("this machine's CPU" in evidence) == (ours["cpu"] == "AMD EPYC" and ours["vector"] == "avx2"), evidence
+    assert not any("off their trend" in w.value for w in at.warning)  # batch 1: on the trend
+    at.selectbox(key="in_batch").set_value(2).run()
+    no_exception(at)
+    warned = [w.value for w in at.warning if "off their trend" in w.value]
+    assert warned and "batch 2's plain step (1 token) 0.160 s is off its neighbours (batch 1 0.094 s, batch 4 " \
+                      "0.152 s" in warned[0], [w.value for w in at.warning]
+    assert any("The choice is within the noise" in c.value for c in at.caption)
+
+
 def test_every_fragment_keeps_the_settings():
     """A bare st.fragment's run leaves the kept settings where the next page switch drops them (issue 53): every
     fragment of the app is made with workbench.ui.inputs.fragment, which keeps them first."""

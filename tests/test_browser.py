@@ -227,7 +227,7 @@ def test_recommendation_with_its_evidence(server, browser):
     # the figure, the calibration and latency table it rests on, and what the plan predicted
     assert re.match(r"use no speculation at batch 1 and context 128 \(calibration \S+, predicted_replay; latency "
                     r"latency-cpu\.csv\): the best measured option, tree \S+ \(\d+ nodes\), ran at [\d.]+x of plain "
-                    r"decoding \([\d.]+x \+- [\d.]+ on this machine \(c-current\.csv", said), said
+                    r"decoding \([\d.]+x \+- [\d.]+ in the latency table's setting \(c-current\.csv", said), said
     assert "the plan predicted tree" in said
     open_tab(browser, "Sweep (Fig. 4)")  # a sweep's comparability rests on its recorded setting alone (no decoder marks)
     _expand(browser, "candidates, ranked by workbench plan")

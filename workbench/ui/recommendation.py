@@ -16,8 +16,9 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibrate.folder import Calibration
 from workbench.core.provenance import read_setting, setting_cell
 from workbench.export.engines import FORMATS, SUFFIXES, export_tree
-from workbench.plan.recommend import (comparable, disagreement_text, latency_note, measurements, recommend,
-                                      runner_up_close, sentence, provenance_note, setting_text, shape)
+from workbench.plan.recommend import (comparable, disagreement_text, latency_note, measurements, noise_text,
+                                      outlier_text, provenance_note, recommend, runner_up_close, sentence,
+                                      setting_text, shape, table_text)
 from workbench.trees.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, chart, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file, stamped)
@@ -33,8 +34,8 @@ def _ranked(source_key: tuple, _source, latency: str, latency_stamp: tuple, cont
     value = _source.joint_value("fit") if joint and isinstance(_source, Calibration) else None
     frames = {Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}
     return recommend(_source, read_latency_file(latency, latency_stamp), context, batch, frames, value, max_depth,
-                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees], latency_name=Path(latency).name,
-                     max_new_tokens=max_new_tokens)
+                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees],
+                     latency_name=Path(latency).name, max_new_tokens=max_new_tokens)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -164,7 +165,7 @@ COLUMNS = {
 def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_label: str = "show it") -> None:
     """Draw the recommendation: the warning first (when measurements contradict the prediction), the sentence, the
     pick's exports in every format, notes on closeness and other settings, and the ranked candidates."""
-    for text in (disagreement_text(rec), setting_text(rec)):
+    for text in (disagreement_text(rec), setting_text(rec), outlier_text(rec)):
         if text:
             st.warning(text, icon="⚠️")
     pick = rec["pick"] if rec["answer"]["kind"] == "plan" else dict(rec["pick"], kind="none", tree=None)
@@ -179,8 +180,9 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
                    "(a GPU).")
     box = st.container(border=True)
     box.markdown(f"**Recommendation:** {sentence(rec)}.")
+    box.caption(f"Evidence: {table_text(rec)}.")
     close = runner_up_close(rec)
-    notes = [n for n in (latency_note(rec), provenance_note(rec)) if n]
+    notes = [n for n in (noise_text(rec), latency_note(rec), provenance_note(rec)) if n]
     if close is not None:
         notes.append(f"the runner-up, {close['label']} at {close['speedup']:.2f}x, is within the latency spread of "
                      "the pick: on this table the two cannot be told apart")
@@ -189,7 +191,8 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
                      "table's (\"other setting\" below): not weighed against the prediction; measure them in this "
                      "setting with `workbench sweep`")
     if notes:
-        box.caption("; ".join(notes).capitalize() + ".")
+        said = "; ".join(notes)
+        box.caption(said[:1].upper() + said[1:] + ".")  # capitalize() would lower "AMD EPYC"
     if pick["tree"] is not None:
         tree: Tree = pick["tree"]
         cols = box.columns([1.6] + [1] * len(FORMATS))
