@@ -1024,6 +1024,41 @@ def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
         assert f"batch {row['batch_size']}: **" in line and f"{row['predicted_speedup']:.2f}x" in line
 
 
+def test_plan_exports_every_batch_size_readably_without_server_paths(monkeypatch):
+    """On the committed data: every batch size's row goes out in every static format (a batch-2 tree too), the
+    notes are one list in an expander, not captions in narrow columns, no download holds this checkout's absolute
+    path, and the batch whose plain step is off its trend is flagged."""
+    from workbench.export.engines import export_plan
+
+    monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
+    monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
+    at = tab(page("tradeoffs_page", None, monkeypatch).run(), "Plan per batch size")
+    no_exception(at)
+    assert any(w.value.startswith("Batch 2's row rests on latency measurements off their trend: batch 2's plain "
+                                  "step (1 token) 0.160 s") for w in at.warning), [w.value for w in at.warning]
+    assert at.selectbox(key="to_plan_batch").options == ["1", "2", "4", "8"]
+    notes = [e for e in at.expander if e.label.startswith("Export notes and warnings")]
+    assert len(notes) == 1 and notes[0].markdown[0].value.startswith("- **")
+    assert not [c.value for c in at.caption if c.value.startswith(("vllm", "trtllm", "medusa", "eagle"))]
+    at.selectbox(key="to_plan_batch").set_value(2).run()
+    no_exception(at)
+    files = {d.proto.label: d.proto for d in at.get("download_button") if d.proto.id.endswith("_download")
+             and "to_plan_" in d.proto.id}
+    assert {"plan", "vllm", "vllm-tree", "trtllm", "medusa", "eagle", "json"} <= set(files), sorted(files)
+    text = " ".join(m.value for e in at.expander if e.label.startswith("Export notes") for m in e.markdown)
+    assert "the batch-size 2 row" in text and str(REPO_ROOT) not in text  # batch 2's tree, no server path
+    from workbench.plan.plan_file import check_plan
+    from workbench.plan.rank import make_plan
+    from workbench.plan.source import plan_source
+    from workbench.ui.widgets import relative_paths
+
+    cal = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    made = check_plan(make_plan(plan_source(calibration=cal), cal / "latency-cpu.csv", (1, 2, 4, 8)))
+    raw = export_plan(made, "vllm")[0]
+    assert str(REPO_ROOT) in raw  # the engine's config names the heads by absolute path ...
+    assert str(REPO_ROOT) not in relative_paths(raw) and "workbench/heads/" in relative_paths(raw)  # ... not a download
+
+
 def test_vllm_check_tab_shows_the_plans_speedup_beside_vllms(tmp_path, monkeypatch):
     """The vLLM answer shows both speeds per batch size and names the surface the plan was priced on."""
     saved = json.loads((Path(__file__).resolve().parents[1] / "docs/results/vllm-check-cpu.json").read_text())

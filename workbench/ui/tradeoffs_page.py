@@ -13,6 +13,7 @@ import streamlit as st
 from workbench import WorkbenchError
 from workbench.calibrate.folder import PREDICTED_COLUMNS
 from workbench.export.engines import PLAN_FORMATS, SUFFIXES, export_plan
+from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.measure.sweep_file import has_typical
 from workbench.plan.rank import make_plan
 from workbench.plan.plan_file import check_plan, plan_check, plan_json, speedups_by_kind
@@ -23,7 +24,7 @@ from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.tree_export import EXPORT_FIXES
 from workbench.ui.inputs import shared_inputs
 from workbench.ui.widgets import (chart, clean_error, drop_stale, file_input, file_stamp, found_csvs, fastest_for,
-                                  read_sweep_file, read_sweep_or_error, results_root, slider, timed)
+                                  read_sweep_file, read_sweep_or_error, relative_paths, results_root, slider, timed)
 from workbench.viz import interactive_tradeoffs
 
 
@@ -281,28 +282,53 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path, max_new_tokens: i
         return
     plan = check_plan(json.loads(text))  # as `workbench export` reads it: each row with its tree
     rows = plan["plans"]
+    ctx = plan["latency"]["context"]
+    found = off_trend(lat, ctx)
+    sizes = {b: lat.loc[(lat["batch"] == b) & (lat["context"] == ctx), "tokens"] for b in batches}
+    odd = {r["batch_size"]: deciding(found, r["batch_size"], r["nodes"] + 1, sizes[r["batch_size"]]) for r in rows}
     st.markdown("; ".join(f"batch {r['batch_size']}: **{_plan_label(r)}** {r['predicted_speedup']:.2f}x"
-                          for r in rows))
+                          + (" (on an odd latency point)" if odd[r["batch_size"]] else "") for r in rows))
+    for b, f in odd.items():
+        if f:
+            st.warning(f"Batch {b}'s row rests on latency measurements off their trend: "
+                       + "; ".join(outlier_words(x) for x in f) + f". Re-measure {lat_path.name} at batch {b}.",
+                       icon="⚠️")
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
     live = measured is not None and len(measured) > 0
     chart(interactive_tradeoffs.plan_chart(speedups_by_kind(plan), measured),
-          f"latency {lat_path.name} at context {plan['latency']['context']}; tokens/step "
+          f"latency {lat_path.name} at context {ctx}; tokens/step "
           f"{plan['source']['prediction']}. Lines: the best the plan weighed of each kind; stars: its choice"
           + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if live
              else "; run `workbench sweep --plan PLAN.json` for the live check."), key="to_plan_chart")
+    _plan_exports(plan, text, f"plan-{lat_path.stem}", [r["batch_size"] for r in rows])
+
+
+def _plan_exports(plan: dict, text: str, name: str, batches: list[int]) -> None:
+    """The plan file and each engine's output, for the batch size picked (vllm's schedule covers them all); every
+    warning and note below, in an expander, readable at any width. Paths relative to the repository."""
+    c1, c2 = st.columns([1, 3])
+    drop_stale("to_plan_batch", batches)
+    b = c1.selectbox("batch size to export", batches, key="to_plan_batch",
+                     help="the static formats (vllm-tree, trtllm, medusa, eagle, json) serve one tree: this row's; "
+                          "vllm's file holds the plan's schedule over every batch size")
+    c2.caption(f"Downloads: the plan, vLLM's schedule (every batch size) and batch {b}'s tree in each static format.")
     cols = st.columns(len(PLAN_FORMATS) + 1)
-    name = f"plan-{lat_path.stem}"
     cols[0].download_button("plan", text, file_name=f"{name}.json", key="to_plan_download", on_click="ignore",
                             help="the plan file (`workbench export PLAN --format ...` reads it)")
+    said = []
     for col, fmt in zip(cols[1:], PLAN_FORMATS):
         try:
-            text, warns, notes = export_plan(plan, fmt)
+            out, warns, notes = export_plan(plan, fmt, batch_size=None if fmt == "vllm" else b)
         except WorkbenchError as e:
-            col.caption(f"{fmt}: {clean_error(e)}")
+            col.button(fmt, key=f"to_plan_{fmt}_off_btn", disabled=True, help=clean_error(e))
+            said.append(f"**{fmt}**: not exported: {clean_error(e)}")
             continue
-        col.download_button(fmt, text, file_name=f"{name}{SUFFIXES.get(fmt, '.txt')}",
-                            key=f"to_plan_{fmt}_download",
-                            on_click="ignore", help="; ".join([w.words(EXPORT_FIXES) for w in warns] + notes)[:500] or f"the plan for {fmt}")
+        col.download_button(fmt, relative_paths(out), key=f"to_plan_{fmt}_download", on_click="ignore",
+                            file_name=f"{name}{'' if fmt == 'vllm' else f'-b{b}'}{SUFFIXES.get(fmt, '.txt')}",
+                            help=f"the plan for {fmt}" + ("" if fmt == "vllm" else f", batch {b}'s row"))
+        said += [f"**{fmt}**: {w.words(EXPORT_FIXES)}" for w in warns] + [f"**{fmt}**: {n}" for n in notes]
+    with st.expander(f"Export notes and warnings ({len(said)})"):
+        st.markdown("\n".join(f"- {relative_paths(n)}" for n in said) or "none")
 
 
 @st.cache_data(show_spinner="planning per batch size ...")

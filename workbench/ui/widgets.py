@@ -78,6 +78,12 @@ def portable_path(path) -> str:
         return p.name
 
 
+def relative_paths(text: str) -> str:
+    """A download's text with this checkout's absolute paths made relative to it (an engine config names the heads'
+    folder by its absolute path on the server: no use on another machine, and it reveals the server's layout)."""
+    return text.replace(str(REPO_ROOT) + os.sep, "")
+
+
 def shown_path(path) -> str:
     """A path as the app shows it in an input: relative to the repository when inside it (the server's layout is
     none of the page's business), else as it is."""
