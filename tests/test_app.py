@@ -169,7 +169,8 @@ def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):
     assert int(metric(at, "nodes")) == 63
     for key in ("tree_budget", "tree_depth", "tree_rank"):
         assert at.slider(key=key) is not None
-    assert {b.label for b in at.download_button} == {"medusa", "json", "trtllm", "vllm", "eagle"}
+    assert {b.label for b in at.download_button} == {"medusa", "json", "trtllm", "vllm", "eagle", "candidates CSV",
+                                                    "answer JSON"}
     at.slider(key="tree_budget").set_value(10).run()
     no_exception(at)
     assert int(metric(at, "nodes")) == 10
@@ -454,6 +455,7 @@ def test_the_committed_answer_names_its_evidence(monkeypatch):
     assert warned and "batch 2's plain step (1 token) 0.160 s is off its neighbours (batch 1 0.094 s, batch 4 " \
                       "0.152 s" in warned[0], [w.value for w in at.warning]
     assert any("The choice is within the noise" in c.value for c in at.caption)
+    assert {"candidates CSV", "answer JSON"} <= {b.label for b in at.download_button}  # the answer to keep
 
 
 def test_every_fragment_keeps_the_settings():

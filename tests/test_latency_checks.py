@@ -82,3 +82,24 @@ def test_the_tables_machine_is_named_and_held_against_this_one():
     assert "measured on another machine than this one (cpu AMD EPYC (here Intel Xeon)" in text
     assert R.table_text(rec, same).endswith("this machine's CPU")
     assert "on this machine" not in R.sentence(rec)  # a table's setting is not the server's
+
+
+def test_the_answer_and_its_candidates_as_files():
+    """The download of the recommendation: every candidate as a CSV row, best first, with its tree; the JSON holds the
+    sentence, the pick, the table's setting and the warnings the page shows, and parses as strict JSON."""
+    import json
+
+    from workbench.plan.answer_file import answer_json, candidate_rows
+
+    df = read_latency(COMMITTED / "latency-cpu.csv")
+    rec = R.recommend(Calibration(COMMITTED), df, None, 2, latency_name="latency-cpu.csv")
+    rows = candidate_rows(rec)
+    assert len(rows) == len(rec["candidates"]) + len(rec["measured_trees"])
+    assert list(rows["label"][:len(rec["candidates"])]) == [r["label"] for r in rec["candidates"]]
+    assert json.loads(rows["medusa_choices"][0]) == rec["pick"]["tree"].as_lists()
+    said = json.loads(answer_json(rec, dict(device="cpu", cpu="AMD EPYC", vector="avx2", cores=2)))
+    assert said["answer"] == R.sentence(rec) and said["batch"] == 2 and said["latency"] == "latency-cpu.csv"
+    assert said["pick"]["medusa_choices"] == rec["pick"]["tree"].as_lists()
+    assert said["latency_setting"]["cpu"] == "AMD EPYC" and said["latency_evidence"].endswith("this machine's CPU")
+    assert said["warnings"] == [R.outlier_text(rec), R.noise_text(rec)]
+    assert len(said["candidates"]) == len(rows) and said["candidates"][0]["measured_speedup"] is None

@@ -16,6 +16,7 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibrate.folder import Calibration
 from workbench.core.provenance import read_setting, setting_cell
 from workbench.export.engines import FORMATS, SUFFIXES, export_tree
+from workbench.plan.answer_file import answer_json, candidate_rows
 from workbench.plan.recommend import (comparable, disagreement_text, latency_note, measurements, noise_text,
                                       outlier_text, provenance_note, recommend, runner_up_close, sentence,
                                       setting_text, shape, table_text)
@@ -211,6 +212,12 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
         box.caption("Nothing to export: decode without Medusa heads on this hardware at this batch size.")
     with st.expander(f"All {len(rec['candidates'])} candidates, ranked by `workbench plan` (and their evidence)"):
         st.dataframe(candidates_frame(rec), hide_index=True, column_config=COLUMNS)
+        name = f"recommendation-b{rec['batch']}-c{rec['context']}"
+        c1, c2, _ = st.columns([1, 1, 4])
+        c1.download_button("candidates CSV", candidate_rows(rec).to_csv(index=False), file_name=f"{name}.csv",
+                           key=f"{key}_cands_download", on_click="ignore", help="every candidate, unformatted")
+        c2.download_button("answer JSON", answer_json(rec), file_name=f"{name}.json", key=f"{key}_answer_download",
+                           on_click="ignore", help="the answer, its evidence and warnings, and every candidate")
         st.caption(f"Predicted tokens/step: {rec['prediction']} ({rec['regime']}); speedup at batch "
                    f"{rec['batch']} and context {rec['context']}"
                    + (f", range from the {rec['spread']}" if rec["spread"] else "; no spread measured (the latency "
