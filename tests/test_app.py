@@ -606,7 +606,7 @@ def test_tradeoffs_page_draws_only_the_open_tab(demo_files, monkeypatch):
         drawn[label] = charts(at)
     assert drawn["Sweep (Fig. 4)"] >= {"to_fig4a_chart", "to_fig4b_chart"}
     assert drawn["Typical acceptance (Fig. 5)"] == {"to_fig5_chart"}
-    assert drawn["Latency and speedup"] == {"to_latency_chart", "to_speedup_chart"}
+    assert drawn["Latency and speedup"] == {"to_latency_chart", "to_surface_chart", "to_speedup_chart"}
     assert not drawn["Sweep (Fig. 4)"] & drawn["Latency and speedup"]
 
 

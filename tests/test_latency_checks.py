@@ -103,3 +103,19 @@ def test_the_answer_and_its_candidates_as_files():
     assert said["latency_setting"]["cpu"] == "AMD EPYC" and said["latency_evidence"].endswith("this machine's CPU")
     assert said["warnings"] == [R.outlier_text(rec), R.noise_text(rec)]
     assert len(said["candidates"]) == len(rows) and said["candidates"][0]["measured_speedup"] is None
+
+
+def test_the_step_cost_surface_figure():
+    """One line per batch size: t(B, n) / t(B, 1) with the quartiles as error bars, the odd points marked."""
+    from workbench.viz.interactive_tradeoffs import surface_chart
+
+    df = surface({(2, 1): 0.03})
+    fig = surface_chart(df, 128, off_trend(df, 128))
+    lines = {t.name: t for t in fig.data}
+    assert set(lines) == {"batch 1", "batch 2", "batch 4", "batch 8", "off its trend"}
+    b4 = lines["batch 4"]
+    plain = 0.05 + 0.04 + 0.016
+    assert list(b4.x) == [1, 2, 4, 8, 16] and b4.y[0] == pytest.approx(1.0)
+    assert b4.y[-1] == pytest.approx((0.05 + 0.04 + 0.004 * 16 * 4) / plain)
+    assert b4.error_y.array[0] == pytest.approx(0.002 / plain)  # q3 - median over the plain step
+    assert list(lines["off its trend"].x) == [1] and lines["off its trend"].customdata[0][0] == 2

@@ -229,6 +229,12 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         chart(interactive_tradeoffs.latency_chart(lat),
               f"latency {lat_path.name}: ms per verify forward; error bars: the spread of the repeats where the CSV "
               "has it.", key="to_latency_chart")
+        if tables is not None:
+            ctx = tables["context"]
+            chart(interactive_tradeoffs.surface_chart(lat, ctx, off_trend(lat, ctx)),
+                  "What a step of n tokens costs relative to the plain step at the same batch size (a tree of n - 1 "
+                  "nodes pays this for its extra tokens); error bars: the repeats' quartiles; x: a point off its "
+                  "neighbours by more than their spread.", key="to_surface_chart")
     with c2:
         if src is None or tables is None:
             return
