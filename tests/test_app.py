@@ -537,6 +537,31 @@ def test_calibration_page(demo_files, monkeypatch):
     no_exception(at)
 
 
+def test_acceptance_per_position_beside_vllms_counters(monkeypatch):
+    """On the committed calibration: the top-1 chain's acceptance per draft position over the calibration (measured
+    joint paths, the independence product) beside vLLM's per-position counters and our decoder's from the committed
+    `workbench vllm-check` result."""
+    import plotly.io as pio
+
+    from workbench.calibrate.folder import Calibration
+    from workbench.plan.source import chain_values
+
+    monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
+    monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
+    at = page("calibration_page", None, monkeypatch).run()
+    no_exception(at)
+    fig = next(pio.from_json(c.proto.spec, skip_invalid=True) for c in at.get("plotly_chart")
+               if c.proto.id.endswith("cal_acceptance_chart"))
+    bars = {t.name: plotly_values(t.y) for t in fig.data}
+    cal = Calibration(REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval")
+    assert np.allclose(bars["calibration, measured (fit)"], chain_values(cal.joint_value("fit"), 4))
+    saved = json.loads((REPO_ROOT / "docs" / "results" / "vllm-check-cpu.json").read_text())
+    longest = max(saved["acceptance"], key=lambda r: r["k"])
+    vllm = next(v for n, v in bars.items() if n.startswith(f"vLLM, K={longest['k']} (vllm-check"))
+    assert np.allclose(vllm, longest["vllm_acceptance_per_pos"])
+    assert any(n.startswith("our decoder, K=") for n in bars) and any(n.startswith("independence") for n in bars)
+
+
 def test_calibration_page_with_accuracy_table(demo_files, monkeypatch):
     at = page("calibration_page", demo_files["root"], monkeypatch).run()
     at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()

@@ -292,3 +292,16 @@ def curves_chart(curves: dict[str, tuple], points: dict[str, tuple[float, float]
     fig.update_xaxes(title="tree nodes (budget)")
     fig.update_yaxes(title=ytitle)
     return layout(fig, title)
+
+
+def acceptance_chart(series: dict[str, list[float]]) -> go.Figure:
+    """Per-position acceptance of the top-1 chain, one group of bars per draft position k (the share of steps whose
+    first k drafted tokens were all accepted: vLLM's per-position counters count the same), one bar per source."""
+    fig = go.Figure()
+    for name, rates in series.items():
+        fig.add_trace(go.Bar(x=list(range(1, len(rates) + 1)), y=list(rates), name=name,
+                             hovertemplate=f"{name}<br>position %{{x}}: %{{y:.3f}}<extra></extra>"))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="draft position k (head k)", dtick=1)
+    fig.update_yaxes(title="P(first k drafted tokens accepted)", range=[0, 1.02])
+    return layout(fig, "acceptance per position (top-1 chain)")
