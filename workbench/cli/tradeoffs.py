@@ -353,8 +353,8 @@ def add_tradeoffs(sub) -> None:
                                                         "(default 4,8,16,32,64,128,256 unless --trees)")
     s.add_argument("--joint", action="store_true", help="build budget trees from measured joint path probabilities")
     s.add_argument("--dense", action="store_true", help="add Cartesian trees [s], [s,s], ... of comparable sizes")
-    s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the first under calibration/ or "
-                   "$WORKBENCH_CALIBRATION_ROOT)")
+    s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the one with the most prompts "
+                   "under calibration/ or $WORKBENCH_CALIBRATION_ROOT)")
     s.add_argument("--epsilon", default="0.09", help="typical-acceptance epsilons: list or START:STOP:STEP (default 0.09)")
     s.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes: at B, the prompts are decoded B "
                    "at a time (one forward of B x tree tokens per step), against vanilla greedy at the same B "
