@@ -525,6 +525,53 @@ def test_a_63_node_tree_draws_no_node_over_another(server, browser, width):
         _choose(browser, "Tree on display (drawn, masked, exported)", OPTIMIZER)
 
 
+@pytest.fixture(scope="module")
+def committed_server(tmp_path_factory):
+    """The app on the committed data, as a fresh clone opens it (calibration/ and docs/results/)."""
+    log_path = tmp_path_factory.mktemp("streamlit_committed") / "streamlit.log"
+    env = {"WORKBENCH_CALIBRATION_ROOT": str(REPO_ROOT / "calibration"),
+           "WORKBENCH_RESULTS_ROOT": str(REPO_ROOT / "docs" / "results")}
+    try:
+        with app_server(env, log_path) as (url, _):
+            yield url
+    except RuntimeError as e:
+        pytest.fail(str(e))
+
+
+@pytest.mark.parametrize("width", [1280, 1920])
+def test_the_committed_answer_in_a_browser(committed_server, browser, width):
+    """Issue 53's 'done when' on the committed data: the first view prices its answer on the 805-prompt calibration
+    and names the latency table's setting; at batch 2 the odd plain step that carries the answer is flagged on the
+    designer and on /tradeoffs, which show the same answer; the plan tab's tables are not cut."""
+    url = committed_server
+    browser.set_window_size(width, 1000)
+    try:
+        _open(browser, f"{url}/tree", "Tree designer")
+        _no_errors(browser)
+        shown = _select(browser, "Calibration").get_attribute("value")
+        assert shown == "smollm2-135m-instruct-alpaca-eval (805 prompts)"  # the most prompts, preselected
+        assert _metric(browser, "predicted speedup").endswith("x")
+        assert "Evidence: latency latency-cpu.csv: cpu AMD EPYC (avx2), 2 threads" in _body(browser)
+        _choose(browser, "batch size", "2")
+        flagged = [a for a in _alerts(browser) if "off their trend" in a]
+        assert flagged and "batch 2's plain step (1 token) 0.160 s is off its neighbours" in flagged[0]
+        said = re.search(r"Recommendation: (use .*?)\.\n", _body(browser)).group(1)
+        assert " at batch 2 and context " in said
+        _nav(browser, "Trade-offs")
+        _no_errors(browser)
+        assert _select(browser, "batch size").get_attribute("value") == "2"
+        assert f"Recommendation: {said}." in _body(browser)
+        assert any("off their trend" in a for a in _alerts(browser))
+        open_tab(browser, "Plan per batch size")
+        _no_errors(browser)
+        expand_all(browser)
+        _settled(browser)
+        assert not cut_tables(browser) and page_overflow(browser) <= 1
+        _shots(browser, f"committed-plan-{width}")
+    finally:
+        browser.set_window_size(1280, 1000)
+
+
 # ----------------------------------------------------------------------------------------------- live
 
 def test_live_decode_in_chromium(server, browser, tiny_llama):
