@@ -103,6 +103,13 @@ def test_the_answer_and_its_candidates_as_files():
     assert said["latency_setting"]["cpu"] == "AMD EPYC" and said["latency_evidence"].endswith("this machine's CPU")
     assert said["warnings"] == [R.outlier_text(rec), R.noise_text(rec)]
     assert len(said["candidates"]) == len(rows) and said["candidates"][0]["measured_speedup"] is None
+    # a measurement in another setting keeps its sweep and why in the CSV (the page shows its speedup only)
+    from workbench.measure.sweep_file import read_sweep
+
+    sweeps = {f.name: read_sweep(f) for f in sorted((REPO_ROOT / "docs" / "results").glob("sweep*.csv"))}
+    rows = candidate_rows(R.recommend(Calibration(COMMITTED), df, None, 2, sweeps, latency_name="latency-cpu.csv"))
+    other = rows[rows["other_setting_sweep"] != ""]
+    assert len(other) and other["other_setting_speedup"].notna().all() and (other["other_setting"] != "").all()
 
 
 def test_the_step_cost_surface_figure():

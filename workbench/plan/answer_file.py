@@ -13,19 +13,23 @@ from workbench.plan.recommend import noise_text, outlier_text, sentence, table_t
 
 def candidate_rows(rec: dict) -> pd.DataFrame:
     """One row per candidate (plan's ranking, then the measured named trees), best first: kind, label, nodes,
-    predicted tokens/step and speedup with its range, the current measurement and its noise, and whether it was
-    ranked or only measured."""
+    predicted tokens/step and speedup with its range, the current measurement and its noise, a measurement in another
+    setting (which sweep, how the setting differs), and whether it was ranked or only measured."""
     rows = []
     for ranked, group in ((True, rec["candidates"]), (False, rec["measured_trees"])):
         for r in group:
             now = r["current"]
+            other = next((m for m in r["measured"] if m["elsewhere"]), None)
             rows.append(dict(
                 kind=r["kind"], label=r["label"], nodes=r["nodes"],
                 medusa_choices=json.dumps(r["tree"].as_lists()) if r["tree"] is not None else "",
                 tokens_per_step=r["tokens_per_step"], speedup=r["speedup"],
                 speedup_low=r["range"][0] if r["range"] else None, speedup_high=r["range"][1] if r["range"] else None,
                 measured_speedup=now["speedup"] if now else None, measured_noise=now["noise"] if now else None,
-                measured_in="; ".join(now["sweeps"]) if now else "", disagrees=bool(r["disagree"]), ranked=ranked))
+                measured_in="; ".join(now["sweeps"]) if now else "", disagrees=bool(r["disagree"]), ranked=ranked,
+                other_setting_speedup=other["speedup"] if other else None,
+                other_setting_sweep=other["sweep"] if other else "",
+                other_setting="; ".join(other["elsewhere"]) if other else ""))
     return pd.DataFrame(rows)
 
 

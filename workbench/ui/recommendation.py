@@ -129,7 +129,7 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
                             else " (end to end)"))
             if now else "",
             "in": ", ".join(_stem(s) for s in now["sweeps"]) if now else "",
-            "other setting": f"{other[0]['speedup']:.2f}x ({_stem(other[0]['sweep'])})" if other else "",
+            "other setting": f"{other[0]['speedup']:.2f}x" if other else "",  # its sweep: in the CSV (1280 px)
             "disagrees": "yes" if r["disagree"] else ""})
     df = pd.DataFrame(rows)
     return df[[c for c in df.columns if c in ("candidate", "tokens/step", "speedup") or (df[c] != "").any()]]
@@ -140,11 +140,11 @@ COLUMNS = {
         help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation; * a named tree "
              "a sweep measured, not one of plan's candidates (scored the same way, never the pick)"),
     "tokens/step": st.column_config.NumberColumn(
-        format="%.3f",
+        format="%.3f", width="small",
         help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over held-out answers "
              "when the calibration holds prompts out)"),
     "speedup": st.column_config.NumberColumn(
-        format="%.3fx",
+        format="%.3fx", width="small",
         help="predicted, of the decoding phase: the batch's tokens/step (it waits for its slowest sequence) / "
              "relative step cost t(nodes + 1) / t(1) at this batch and context"),
     "range": st.column_config.TextColumn(
@@ -154,10 +154,11 @@ COLUMNS = {
         help="sweeps in the latency table's setting: the decoding phase's speedup (as predicted; '(end to end)': a "
              "sweep row without it, prefill included) +- run-to-run noise (the spread of the sweep's vanilla "
              "baseline, re-measured before every configuration, or between repeats)"),
-    "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)"),
+    "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)", width="medium"),
     "other setting": st.column_config.TextColumn(
         help="measured in another setting than the latency table's (other threads, CPU, "
-             "...; or a sweep that does not record its setting): shown, not weighed against the prediction"),
+             "...; or a sweep that does not record its setting): shown, not weighed against the prediction; which "
+             "sweep: the candidates CSV below"),
     "disagrees": st.column_config.TextColumn(
         help="the current measurement is outside the prediction by more than its noise"),
 }
