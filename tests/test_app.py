@@ -165,11 +165,12 @@ def _runs_in_a_fresh_python(code: str) -> None:
 def test_tree_designer_budget_changes_tree(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     no_exception(at)
-    assert at.text_input(key="tree_dir").value == str(demo_files["cal"])
+    assert at.selectbox(key="in_cal").value == str(demo_files["cal"])
     assert int(metric(at, "nodes")) == 63
     for key in ("tree_budget", "tree_depth", "tree_rank"):
         assert at.slider(key=key) is not None
-    assert {b.label for b in at.download_button} == {"medusa", "json", "trtllm", "vllm", "eagle"}
+    assert {b.label for b in at.download_button} == {"medusa", "json", "trtllm", "vllm", "eagle", "candidates CSV",
+                                                    "answer JSON"}
     at.slider(key="tree_budget").set_value(10).run()
     no_exception(at)
     assert int(metric(at, "nodes")) == 10
@@ -204,15 +205,15 @@ def test_tree_designer_models(demo_files, monkeypatch):
 
 def test_malformed_pasted_csv_is_an_error(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
-    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
-    at.text_area(key="tree_acc_paste").input("head,rank,acc\n1,1,0.5\n").run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.text_area(key="in_acc_paste").input("head,rank,acc\n1,1,0.5\n").run()
     no_exception(at)
     assert any("missing column" in e and "accuracy" in e for e in errors(at)), errors(at)
-    at.text_area(key="tree_acc_paste").input("head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n").run()
+    at.text_area(key="in_acc_paste").input("head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n").run()
     no_exception(at)
     assert not errors(at)
     assert int(metric(at, "nodes")) == 6  # every node of a 2-head, top-2 table has positive probability
-    at.text_area(key="tree_acc_paste").input("head,rank,accuracy\n1,1,0.6\n").run()  # one head, one rank
+    at.text_area(key="in_acc_paste").input("head,rank,accuracy\n1,1,0.6\n").run()  # one head, one rank
     no_exception(at)
     assert int(metric(at, "nodes")) == 1
     at.radio(key="tree_model").set_value("empirical paths").run()
@@ -221,8 +222,8 @@ def test_malformed_pasted_csv_is_an_error(demo_files, monkeypatch):
 
 def test_malformed_upload_is_an_error(demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
-    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
-    at.file_uploader(key="tree_acc_upload").set_value(("acc.csv", b"head,rank,accuracy\n1,1,1.7\n", "text/csv")).run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.file_uploader(key="in_acc_upload").set_value(("acc.csv", b"head,rank,accuracy\n1,1,1.7\n", "text/csv")).run()
     no_exception(at)
     assert any("not a number in [0, 1]" in e for e in errors(at)), errors(at)
     assert all("workbench-app" not in e for e in errors(at))  # the temp folder is not shown
@@ -234,7 +235,8 @@ def test_missing_folder_and_unfit_tree_are_errors(demo_files, monkeypatch, tmp_p
     at.text_input(key="tree_user_spec").input("[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0, 0]]").run()
     no_exception(at)
     assert any("exceeds the 4 Medusa heads" in e for e in errors(at)), errors(at)
-    at.text_input(key="tree_dir").input(str(tmp_path / "nowhere")).run()
+    at.selectbox(key="in_cal").set_value("other: type a folder").run()
+    at.text_input(key="in_dir").input(str(tmp_path / "nowhere")).run()
     no_exception(at)
     assert any("not a finished calibration folder" in e for e in errors(at))
 
@@ -338,8 +340,8 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
     assert not any("does not pay" in w.value for w in at.warning)
     tab(at, "Tokens/step and speedup", "tree_tab")
     assert any("diamonds: sweep measurements" in c.value for c in at.caption)  # sweep speedups on the curve
-    at.selectbox(key="tree_lat_pick").set_value("other: type a path").run()
-    at.text_input(key="tree_lat_path").input(str(slow)).run()
+    at.selectbox(key="in_lat_pick").set_value("other: type a path").run()
+    at.text_input(key="in_lat_path").input(str(slow)).run()
     no_exception(at)
     assert float(metric(at, "predicted speedup").rstrip("x")) < 1
     assert any("Speculation does not pay on this hardware at batch 1 and context 128" in w.value for w in at.warning)
@@ -368,8 +370,8 @@ def test_the_designer_prices_the_tree_at_its_own_depth(demo_files, monkeypatch, 
     rows["heads_seconds"] = rows["depth"] * 0.004
     deep = tmp_path / "latency-heads.csv"
     rows.to_csv(deep, index=False)
-    at.selectbox(key="tree_lat_pick").set_value("other: type a path").run()
-    at.text_input(key="tree_lat_path").input(str(deep)).run()
+    at.selectbox(key="in_lat_pick").set_value("other: type a path").run()
+    at.text_input(key="in_lat_path").input(str(deep)).run()
     at.slider(key="tree_budget").set_value(6).run()
     no_exception(at)
     assert any("each tree priced at its own depth" in c.value for c in at.caption)
@@ -408,6 +410,114 @@ def test_settings_survive_a_page_change(demo_files, monkeypatch):
     assert int(metric(at, "nodes")) == 16
 
 
+def test_defaults_a_newcomer_can_trust(tmp_path, monkeypatch):
+    """The first view prices its answer: the budget starts within the latency table (16 tokens: a 15-node tree),
+    and a tree the table cannot price (63 nodes) says why and offers the nearest one it can, a click away."""
+    from helpers import make_short_latency
+
+    cal = make_calibration(tmp_path / "synthetic")
+    make_short_latency(cal / "latency-cpu.csv")
+    at = page("tree_page", tmp_path, monkeypatch).run()
+    no_exception(at)
+    assert at.slider(key="tree_budget").value == 15 and int(metric(at, "nodes")) <= 15
+    assert metric(at, "predicted speedup").endswith("x")
+    at.selectbox(key="tree_show").set_value("reference: mc_sim_7b_63").run()
+    assert metric(at, "predicted speedup") == "n/a"
+    said = " ".join(c.value for c in at.caption)
+    assert "No predicted speedup: latency-cpu.csv stops at 16 tokens per verify step at batch 1: a 63-node tree " \
+           "needs 64. The nearest tree it prices has 15 nodes." in said, said
+    at.button(key="tree_nearest_btn").click().run()
+    no_exception(at)
+    assert at.selectbox(key="tree_show").value == "the optimizer's (sidebar settings)"
+    assert at.slider(key="tree_budget").value == 15 and metric(at, "predicted speedup").endswith("x")
+
+
+def test_the_committed_answer_names_its_evidence(monkeypatch):
+    """On the committed data, as a newcomer opens it: the 805-prompt calibration, a priced first view, the latency
+    table's setting named with whether it is this machine's; at batch 2 the odd plain step that carries the answer is
+    flagged, and the range that overlaps no speculation is called within the noise."""
+    from workbench.core.provenance import here
+
+    monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
+    monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
+    at = page("tree_page", None, monkeypatch).run()
+    no_exception(at)
+    assert at.selectbox(key="in_cal").value.endswith("calibration/smollm2-135m-instruct-alpaca-eval")
+    assert metric(at, "predicted speedup").endswith("x") and int(metric(at, "nodes")) <= 15
+    evidence = next(c.value for c in at.caption if c.value.startswith("Evidence: "))
+    assert evidence.startswith("Evidence: latency latency-cpu.csv: cpu AMD EPYC (avx2), 2 threads, ")
+    ours = here()
+    assert ("this machine's CPU" in evidence) == (ours["cpu"] == "AMD EPYC" and ours["vector"] == "avx2"), evidence
+    assert not any("off their trend" in w.value for w in at.warning)  # batch 1: on the trend
+    at.selectbox(key="in_batch").set_value(2).run()
+    no_exception(at)
+    warned = [w.value for w in at.warning if "off their trend" in w.value]
+    assert warned and "batch 2's plain step (1 token) 0.160 s is off its neighbours (batch 1 0.094 s, batch 4 " \
+                      "0.152 s" in warned[0], [w.value for w in at.warning]
+    assert any("The choice is within the noise" in c.value for c in at.caption)
+    assert {"candidates CSV", "answer JSON"} <= {b.label for b in at.download_button}  # the answer to keep
+
+
+def test_every_fragment_keeps_the_settings():
+    """A bare st.fragment's run leaves the kept settings where the next page switch drops them (issue 53): every
+    fragment of the app is made with workbench.ui.inputs.fragment, which keeps them first."""
+    import re
+
+    bare = [f"{f.name}:{i + 1}" for f in sorted((REPO_ROOT / "workbench" / "ui").glob("*.py")) if f.name != "inputs.py"
+            for i, line in enumerate(f.read_text().splitlines()) if re.search(r"\bst\.fragment\b", line)]
+    assert not bare, bare
+    assert "@fragment" in (REPO_ROOT / "workbench" / "ui" / "tree_drawing.py").read_text()
+
+
+PAGES_BODY = ("import streamlit as st\napp.keep_settings()\n"
+              "if st.session_state.pop('to_goto_designer', False):  # the trade-offs button's page switch\n"
+              "    st.session_state['page'] = 'tree_page'\n"
+              "getattr(app, st.session_state.get('page', 'tree_page'))()\n")
+SHARED = ("in_src", "in_cal", "in_lat_pick", "in_batch", "in_gen")
+
+
+def test_one_set_of_inputs_for_every_page(tmp_path, monkeypatch):
+    """The calibration (default: the most prompts, not the first name), latency table, batch size and generation
+    length are set once in the designer's sidebar and read by every page, which gives the same answer; trade-offs'
+    "open in the designer" lands on the designer showing that answer's tree at the same batch size."""
+    def sentence(at):
+        return next(m.value for m in at.markdown if m.value.startswith("**Recommendation:** "))
+
+    cal = make_walk_files(tmp_path, "synthetic")
+    meta = json.loads((cal / "meta.json").read_text())
+    (cal / "meta.json").write_text(json.dumps(meta | {"max_new_tokens": 40}))
+    make_calibration(tmp_path / "a-quick", prompts=4)  # sorts first, fewer prompts
+    at = page("tree_page", tmp_path, monkeypatch, PAGES_BODY).run()
+    assert at.selectbox(key="in_cal").value == str(cal)
+    assert at.number_input(key="in_gen").value == 40
+    full = sentence(at)
+    at.number_input(key="in_gen").set_value(12).run()
+    assert sentence(at) != full  # the generation length reaches the prediction
+    batched = next(o for o in options(at, "in_lat_pick") if o.endswith("latency-batched.csv"))
+    at.selectbox(key="in_lat_pick").set_value(batched).run()
+    at.selectbox(key="in_batch").set_value(4).run()
+    no_exception(at)
+    said = sentence(at)
+    assert " at batch 4 and context 128" in said
+    values = {k: at.session_state[k] for k in SHARED}
+    for name in ("calibration_page", "live_page", "tradeoffs_page"):
+        at.session_state["page"] = name
+        at.run()
+        no_exception(at)
+        assert {k: at.session_state[k] for k in SHARED} == values, name
+        assert at.selectbox(key="in_cal").value == str(cal) and at.number_input(key="in_gen").value == 12
+    assert at.selectbox(key="in_lat_pick").value.endswith("/latency-batched.csv")
+    assert at.selectbox(key="in_batch").value == 4
+    assert sentence(at) == said  # the same answer on both pages
+    assert "use no speculation" not in said, said  # the data give a tree to open
+    at.button(key="to_show_btn").click().run()
+    no_exception(at)
+    assert at.title[0].value == "Tree designer"
+    assert at.selectbox(key="tree_show").value.startswith("recommended: ")
+    assert not any("no longer available" in i.value for i in at.info)
+    assert at.selectbox(key="in_batch").value == 4 and sentence(at) == said
+
+
 # ----------------------------------------------------------------------------------------------- other pages
 
 def test_calibration_page(demo_files, monkeypatch):
@@ -427,10 +537,35 @@ def test_calibration_page(demo_files, monkeypatch):
     no_exception(at)
 
 
+def test_acceptance_per_position_beside_vllms_counters(monkeypatch):
+    """On the committed calibration: the top-1 chain's acceptance per draft position over the calibration (measured
+    joint paths, the independence product) beside vLLM's per-position counters and our decoder's from the committed
+    `workbench vllm-check` result."""
+    import plotly.io as pio
+
+    from workbench.calibrate.folder import Calibration
+    from workbench.plan.source import chain_values
+
+    monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
+    monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
+    at = page("calibration_page", None, monkeypatch).run()
+    no_exception(at)
+    fig = next(pio.from_json(c.proto.spec, skip_invalid=True) for c in at.get("plotly_chart")
+               if c.proto.id.endswith("cal_acceptance_chart"))
+    bars = {t.name: plotly_values(t.y) for t in fig.data}
+    cal = Calibration(REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval")
+    assert np.allclose(bars["calibration, measured (fit)"], chain_values(cal.joint_value("fit"), 4))
+    saved = json.loads((REPO_ROOT / "docs" / "results" / "vllm-check-cpu.json").read_text())
+    longest = max(saved["acceptance"], key=lambda r: r["k"])
+    vllm = next(v for n, v in bars.items() if n.startswith(f"vLLM, K={longest['k']} (vllm-check"))
+    assert np.allclose(vllm, longest["vllm_acceptance_per_pos"])
+    assert any(n.startswith("our decoder, K=") for n in bars) and any(n.startswith("independence") for n in bars)
+
+
 def test_calibration_page_with_accuracy_table(demo_files, monkeypatch):
     at = page("calibration_page", demo_files["root"], monkeypatch).run()
-    at.radio(key="cal_src").set_value("accuracy file or pasted CSV").run()
-    at.text_input(key="cal_acc_path").input(str(demo_files["cal"] / "accuracies.csv")).run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.text_input(key="in_acc_path").input(str(demo_files["cal"] / "accuracies.csv")).run()
     no_exception(at)
     assert not errors(at)
     assert any("ranks of a calibration folder" in i.value for i in at.info)
@@ -441,7 +576,7 @@ def test_tradeoffs_page(demo_files, monkeypatch, tmp_path):
     no_exception(at)
     assert at.title[0].value == "Trade-offs"
     assert at.selectbox(key="to_sweep_pick").value == str(demo_files["sweep"])
-    assert at.selectbox(key="to_lat_pick").value == str(demo_files["latency"])
+    assert at.selectbox(key="in_lat_pick").value == str(demo_files["latency"])
     assert not errors(at), errors(at)
     tab(at, "Latency and speedup")
     assert any("best:" in c.value for c in at.caption)
@@ -496,7 +631,7 @@ def test_tradeoffs_page_draws_only_the_open_tab(demo_files, monkeypatch):
         drawn[label] = charts(at)
     assert drawn["Sweep (Fig. 4)"] >= {"to_fig4a_chart", "to_fig4b_chart"}
     assert drawn["Typical acceptance (Fig. 5)"] == {"to_fig5_chart"}
-    assert drawn["Latency and speedup"] == {"to_latency_chart", "to_speedup_chart"}
+    assert drawn["Latency and speedup"] == {"to_latency_chart", "to_surface_chart", "to_speedup_chart"}
     assert not drawn["Sweep (Fig. 4)"] & drawn["Latency and speedup"]
 
 
@@ -594,14 +729,14 @@ def test_medusa_heads_accuracy_pt_upload(demo_files, monkeypatch):
     buf = io.BytesIO()
     torch.save(hits, buf)
     at = page("tree_page", demo_files["root"], monkeypatch).run()
-    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
-    at.file_uploader(key="tree_acc_upload").set_value(("vicuna_heads_accuracy.pt", buf.getvalue(),
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.file_uploader(key="in_acc_upload").set_value(("vicuna_heads_accuracy.pt", buf.getvalue(),
                                                        "application/octet-stream")).run()
     no_exception(at)
     assert not errors(at), errors(at)
     assert metric(at, "depth") == "3"
     assert int(metric(at, "nodes")) == 14  # 2 ranks with hits per head: 2 + 4 + 8 positive paths
-    at.file_uploader(key="tree_acc_upload").set_value(("heads_accuracy.pt", b"not a torch file", "x")).run()
+    at.file_uploader(key="in_acc_upload").set_value(("heads_accuracy.pt", b"not a torch file", "x")).run()
     no_exception(at)
     assert any("not a readable torch file" in e for e in errors(at)), errors(at)
 
@@ -636,15 +771,15 @@ def test_tradeoffs_walks_every_combination_of_its_inputs(walk_files, monkeypatch
         assert not errors(at), (what, errors(at))
         assert sum(m.value.startswith("**Recommendation:** use ") for m in at.markdown) == 1, what
 
-    for lat in options(at, "to_lat_pick")[:-1]:  # the last option types a path
-        at.selectbox(key="to_lat_pick").set_value(lat).run()
-        tokens = pd.read_csv(at.selectbox(key="to_lat_pick").value)["tokens"]
-        for batch in options(at, "to_batch") or [None]:
+    for lat in options(at, "in_lat_pick")[:-1]:  # the last option types a path
+        at.selectbox(key="in_lat_pick").set_value(lat).run()
+        tokens = pd.read_csv(at.selectbox(key="in_lat_pick").value)["tokens"]
+        for batch in options(at, "in_batch") or [None]:
             if batch is not None:
-                at.selectbox(key="to_batch").set_value(int(batch)).run()
-            for ctx in options(at, "to_ctx") or [None]:
+                at.selectbox(key="in_batch").set_value(int(batch)).run()
+            for ctx in options(at, "in_ctx") or [None]:
                 if ctx is not None:
-                    at.selectbox(key="to_ctx").set_value(int(ctx)).run()
+                    at.selectbox(key="in_ctx").set_value(int(ctx)).run()
                 for sweep in options(at, "to_sweep_pick")[:-1]:
                     at.selectbox(key="to_sweep_pick").set_value(sweep).run()
                     for typ in options(at, "to_typ_pick")[:-1]:
@@ -668,8 +803,8 @@ def test_tradeoffs_walks_every_combination_of_its_inputs(walk_files, monkeypatch
             for eps in at.select_slider(key="to_eps").options:
                 at.select_slider(key="to_eps").set_value(float(eps)).run()
                 check(f"{quality} {nodes} {eps}")
-    at.radio(key="to_src").set_value("accuracy file or pasted CSV").run()
-    at.text_input(key="to_acc_path").input(str(walk_files["cal"] / "accuracies.csv")).run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
+    at.text_input(key="in_acc_path").input(str(walk_files["cal"] / "accuracies.csv")).run()
     check("accuracy table")
 
 
@@ -686,11 +821,11 @@ def test_designer_walks_its_models_latencies_and_trees(walk_files, monkeypatch):
 
     for model in at.radio(key="tree_model").options:
         at.radio(key="tree_model").set_value(model).run()
-        for lat in options(at, "tree_lat_pick")[:-1]:
-            at.selectbox(key="tree_lat_pick").set_value(lat).run()
-            for batch in options(at, "tree_batch") or [None]:
+        for lat in options(at, "in_lat_pick")[:-1]:
+            at.selectbox(key="in_lat_pick").set_value(lat).run()
+            for batch in options(at, "in_batch") or [None]:
                 if batch is not None:
-                    at.selectbox(key="tree_batch").set_value(int(batch)).run()
+                    at.selectbox(key="in_batch").set_value(int(batch)).run()
                 check(f"{model} {lat} {batch}")
                 for label in [t.label for t in at.tabs][1:] + ["Export"]:  # every tab; the export's last
                     tab(at, label, "tree_tab")
@@ -718,12 +853,12 @@ def test_designer_walks_its_models_latencies_and_trees(walk_files, monkeypatch):
 def test_budget_kept_from_a_longer_latency_table_is_clamped(walk_files, monkeypatch):
     """The crash of the issue: budget 255 on a 256-token table, then a table that stops at 16 tokens."""
     at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
-    long, short = (next(o for o in options(at, "to_lat_pick") if o.endswith(name))
+    long, short = (next(o for o in options(at, "in_lat_pick") if o.endswith(name))
                    for name in ("latency-cpu.csv", "latency-batched.csv"))
-    at.selectbox(key="to_lat_pick").set_value(long).run()
+    at.selectbox(key="in_lat_pick").set_value(long).run()
     tab(at, "Latency and speedup")
     at.slider(key="to_budget").set_value(255).run()
-    at.selectbox(key="to_lat_pick").set_value(short).run()
+    at.selectbox(key="in_lat_pick").set_value(short).run()
     no_exception(at)
     assert at.slider(key="to_budget").value == at.slider(key="to_budget").max == 15
 
@@ -778,19 +913,20 @@ def test_selection_follows_the_node_through_edits(demo_files, monkeypatch):
 def test_upload_is_kept_across_pages(demo_files, monkeypatch):
     body = "import streamlit as st\napp.keep_settings()\ngetattr(app, st.session_state.get('page', 'tree_page'))()\n"
     at = page("tree_page", demo_files["root"], monkeypatch, body).run()
-    at.radio(key="tree_src").set_value("accuracy file or pasted CSV").run()
+    at.radio(key="in_src").set_value("accuracy file or pasted CSV").run()
     csv = b"head,rank,accuracy\n1,1,0.6\n1,2,0.2\n2,1,0.3\n2,2,0.1\n"
-    at.file_uploader(key="tree_acc_upload").set_value(("mine.csv", csv, "text/csv")).run()
+    at.file_uploader(key="in_acc_upload").set_value(("mine.csv", csv, "text/csv")).run()
     assert int(metric(at, "nodes")) == 6
     at.session_state["page"] = "calibration_page"
     at.run()
+    # the shared input: the upload here too (a table, not the calibration folder the page would otherwise open)
+    assert any("Measured path probabilities need the ranks" in i.value for i in at.info), [i.value for i in at.info]
     at.session_state["page"] = "tree_page"
     at.run()
     no_exception(at)
-    assert at.radio(key="tree_src").value == "accuracy file or pasted CSV"
+    assert at.radio(key="in_src").value == "accuracy file or pasted CSV"
     assert int(metric(at, "nodes")) == 6 and metric(at, "depth") == "2"  # still the upload, not nothing
-    assert any("using the uploaded mine.csv (kept from before)" in c.value for c in at.caption)
-    at.button(key="tree_acc_upload_forget_btn").click().run()
+    at.file_uploader(key="in_acc_upload").clear().run()  # removed by the user: the kept copy goes too
     assert not at.metric and any("Give an accuracy table" in i.value for i in at.info)
 
 
@@ -800,7 +936,7 @@ def test_recommendation_is_the_same_on_both_pages_and_shows_its_tree(walk_files,
 
     tree = page("tree_page", walk_files["root"], monkeypatch).run()
     trade = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
-    assert tree.selectbox(key="tree_lat_pick").value == trade.selectbox(key="to_lat_pick").value
+    assert tree.selectbox(key="in_lat_pick").value == trade.selectbox(key="in_lat_pick").value
     said = sentence(tree)
     assert said == sentence(trade)
     # the answer names the calibration, its statistic and the latency table it rests on
@@ -819,10 +955,10 @@ def test_recommendation_is_the_same_on_both_pages_and_shows_its_tree(walk_files,
     assert f"({metric(tree, 'nodes')} nodes)" in pick["candidate"]
     assert metric(tree, "predicted speedup") == f"{pick['speedup']:.2f}x"  # the same number
     # the batched table with its spread: a range, and batch 4 where the table says
-    short = next(o for o in options(trade, "to_lat_pick") if o.endswith("latency-batched.csv"))
-    trade.selectbox(key="to_lat_pick").set_value(short).run()
+    short = next(o for o in options(trade, "in_lat_pick") if o.endswith("latency-batched.csv"))
+    trade.selectbox(key="in_lat_pick").set_value(short).run()
     assert "x from the latency quartiles)" in sentence(trade)
-    trade.selectbox(key="to_batch").set_value(4).run()
+    trade.selectbox(key="in_batch").set_value(4).run()
     assert " at batch 4 and context 128" in sentence(trade)
 
 
@@ -903,8 +1039,8 @@ def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
     from workbench.plan.source import plan_source
 
     at = page("tradeoffs_page", walk_files["root"], monkeypatch).run()
-    batched = next(o for o in options(at, "to_lat_pick") if str(o).endswith("latency-batched.csv"))
-    at.selectbox(key="to_lat_pick").set_value(batched).run()
+    batched = next(o for o in options(at, "in_lat_pick") if str(o).endswith("latency-batched.csv"))
+    at.selectbox(key="in_lat_pick").set_value(batched).run()
     no_exception(at)
     assert not errors(at)
     tab(at, "Plan per batch size")
@@ -913,6 +1049,41 @@ def test_tradeoffs_plan_per_batch_size(walk_files, monkeypatch):
                      walk_files["root"] / "latency-batched.csv", [1, 4])
     for row in plan["plans"]:  # the page says what the library planned
         assert f"batch {row['batch_size']}: **" in line and f"{row['predicted_speedup']:.2f}x" in line
+
+
+def test_plan_exports_every_batch_size_readably_without_server_paths(monkeypatch):
+    """On the committed data: every batch size's row goes out in every static format (a batch-2 tree too), the
+    notes are one list in an expander, not captions in narrow columns, no download holds this checkout's absolute
+    path, and the batch whose plain step is off its trend is flagged."""
+    from workbench.export.engines import export_plan
+
+    monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
+    monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
+    at = tab(page("tradeoffs_page", None, monkeypatch).run(), "Plan per batch size")
+    no_exception(at)
+    assert any(w.value.startswith("Batch 2's row rests on latency measurements off their trend: batch 2's plain "
+                                  "step (1 token) 0.160 s") for w in at.warning), [w.value for w in at.warning]
+    assert at.selectbox(key="to_plan_batch").options == ["1", "2", "4", "8"]
+    notes = [e for e in at.expander if e.label.startswith("Export notes and warnings")]
+    assert len(notes) == 1 and notes[0].markdown[0].value.startswith("- **")
+    assert not [c.value for c in at.caption if c.value.startswith(("vllm", "trtllm", "medusa", "eagle"))]
+    at.selectbox(key="to_plan_batch").set_value(2).run()
+    no_exception(at)
+    files = {d.proto.label: d.proto for d in at.get("download_button") if d.proto.id.endswith("_download")
+             and "to_plan_" in d.proto.id}
+    assert {"plan", "vllm", "vllm-tree", "trtllm", "medusa", "eagle", "json"} <= set(files), sorted(files)
+    text = " ".join(m.value for e in at.expander if e.label.startswith("Export notes") for m in e.markdown)
+    assert "the batch-size 2 row" in text and str(REPO_ROOT) not in text  # batch 2's tree, no server path
+    from workbench.plan.plan_file import check_plan
+    from workbench.plan.rank import make_plan
+    from workbench.plan.source import plan_source
+    from workbench.ui.widgets import relative_paths
+
+    cal = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    made = check_plan(make_plan(plan_source(calibration=cal), cal / "latency-cpu.csv", (1, 2, 4, 8)))
+    raw = export_plan(made, "vllm")[0]
+    assert str(REPO_ROOT) in raw  # the engine's config names the heads by absolute path ...
+    assert str(REPO_ROOT) not in relative_paths(raw) and "workbench/heads/" in relative_paths(raw)  # ... not a download
 
 
 def test_vllm_check_tab_shows_the_plans_speedup_beside_vllms(tmp_path, monkeypatch):

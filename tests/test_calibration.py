@@ -254,6 +254,14 @@ def test_finding_folders_and_file_names(tmp_path, monkeypatch):
     shutil.copytree(CAL, tmp_path / "b-copy", ignore=shutil.ignore_patterns("*.parquet"))
     (tmp_path / "a-unfinished").mkdir()  # no meta.json: not listed
     assert list_calibrations() == [tmp_path / "b-copy"] and default_calibration() == tmp_path / "b-copy"
+    # the default is the folder with the most prompts, not the first name: a quick run beside the full one
+    shutil.copytree(CAL, tmp_path / "a-quick", ignore=shutil.ignore_patterns("*.parquet"))
+    meta = json.loads((tmp_path / "a-quick" / "meta.json").read_text())
+    (tmp_path / "a-quick" / "meta.json").write_text(json.dumps(meta | {"num_prompts": 32}))
+    assert list_calibrations()[0] == tmp_path / "a-quick" and default_calibration() == tmp_path / "b-copy"
+    (tmp_path / "a-quick" / "meta.json").write_text(json.dumps(meta | {"num_prompts": 806}))
+    assert default_calibration() == tmp_path / "a-quick"
+    shutil.rmtree(tmp_path / "a-quick")
     # one slug for both callers: calibrate's folder names (file stems) and latency's device names
     assert slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3" and slug("") == "model"
     assert slug("data/my.prompts.json", file_stem=True) == "my-prompts"

@@ -149,7 +149,7 @@ def test_current_sweeps_are_evidence_and_disagreement_is_named(cal):
     import statistics
     assert m["noise"] == pytest.approx(2 ** 0.5 * statistics.stdev([50, 51]) / 50.5 * predicted * 1.02)
     assert not agree["disagree"]
-    assert f"measured {predicted * 1.02:.2f}x +- {m['noise']:.2f} on this machine (new.csv, 12 prompts)" \
+    assert f"measured {predicted * 1.02:.2f}x +- {m['noise']:.2f} in the latency table's setting (new.csv, 12 prompts)" \
         in R.sentence(agree)
     far = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted / 2, (50, 51)))})
     assert far["disagree"] and far["disagree"][0]["tree"].paths == tree.paths

@@ -56,13 +56,22 @@ def list_calibrations(root: str | Path | None = None) -> list[Path]:
 
 
 def default_calibration(root: str | Path | None = None) -> Path:
-    """The first finished calibration folder under the root (sorted by name)."""
+    """The finished calibration folder under the root with the most prompts (meta num_prompts; a tie: the first by
+    name): the best-measured one, not whichever name sorts first (a quick 32-prompt run beside the 805-prompt one)."""
     root = Path(root or calibration_root())
     found = list_calibrations(root)
     if not found:
         raise WorkbenchError(f"no calibration folder under {root}/: run `workbench calibrate`, or pass "
                              "--calibration DIR, or give --trees instead of --budgets")
-    return found[0]
+    return sorted(found, key=lambda f: -_num_prompts(f))[0]  # stable: a tie keeps the name order
+
+
+def _num_prompts(folder: Path) -> int:
+    """meta.json's num_prompts (0 when unreadable: such a folder is never the default over a readable one)."""
+    try:
+        return int(read_json(folder / META, str(folder)).get("num_prompts") or 0)
+    except (WorkbenchError, ValueError, TypeError, AttributeError):
+        return 0
 
 
 def slug(text: str, file_stem: bool = False) -> str:

@@ -371,8 +371,8 @@ def add_tradeoffs(sub) -> None:
     s.add_argument("--envelope", metavar="TREE", help="also every swept size as a per-step tree (that many nodes "
                    "chosen each step from TREE, as `decode --dynamic N --tree TREE`): static and per-step at equal "
                    "budgets side by side")
-    s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the first under calibration/ or "
-                   "$WORKBENCH_CALIBRATION_ROOT)")
+    s.add_argument("--calibration", metavar="DIR", help="calibration folder (default: the one with the most prompts "
+                   "under calibration/ or $WORKBENCH_CALIBRATION_ROOT)")
     s.add_argument("--epsilon", default="0.09", help="typical-acceptance epsilons: list or START:STOP:STEP (default 0.09)")
     s.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes: at B, the prompts are decoded B "
                    "at a time (one forward of B x tree tokens per step), against vanilla greedy at the same B "

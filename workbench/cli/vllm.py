@@ -48,7 +48,7 @@ def add_vllm_check(sub) -> None:
                        parents=[model_args("--model", "--heads")])
     p.add_argument("--vllm-python", help="python of vLLM's environment (default: $WORKBENCH_VLLM_PYTHON)")
     p.add_argument("--calibration", metavar="DIR", help="calibration folder: the prediction and the held-out "
-                   "prompts (default: the first under calibration/)")
+                   "prompts (default: the one with the most prompts under calibration/)")
     p.add_argument("--plan", metavar="PLAN.json", help="also run the plan's own config at each batch size")
     p.add_argument("--k", default="1,2,3,4", help="chain lengths K to run (default 1,2,3,4)")
     p.add_argument("--batch-sizes", default="1,2,4,8", help="vLLM batch sizes (default 1,2,4,8)")

@@ -110,6 +110,25 @@ def differences(a: dict | None, b: dict | None) -> list[str]:
     return [f"{k} {a.get(k)} vs {b.get(k)}" for k in COMPARED if k in a and k in b and a.get(k) != b.get(k)]
 
 
+def here() -> dict:
+    """This machine as a setting records it (CPU model, vector unit, cores): what a table's setting is held against."""
+    cpu, vector = _cpuinfo()
+    return dict(device="cpu", cpu=cpu, vector=vector, cores=os.cpu_count())
+
+
+def machine_differences(s: dict | None, this: dict | None = None) -> list[str] | None:
+    """How the machine a CPU measurement was made on differs from this one (`this`, default here()): CPU model,
+    vector unit, and threads beyond this machine's cores. [] when it matches; None when it cannot be told (setting
+    not recorded, or a GPU measurement: the GPU is not read without torch)."""
+    if s is None or s.get("device") != "cpu":
+        return None
+    this = this or here()
+    out = [f"{k} {s.get(k)} (here {this.get(k)})" for k in ("cpu", "vector") if s.get(k) != this.get(k)]
+    if s.get("threads") and this.get("cores") and s["threads"] > this["cores"]:
+        out.append(f"threads {s['threads']} (here {this['cores']} cores)")
+    return out
+
+
 def loaded(s: dict | None, limit: float = 0.5) -> bool:
     """Whether a measurement ran on a busy machine: its load average above `limit` x its cores."""
     if not s or s.get("load_average") is None or not s.get("cores"):

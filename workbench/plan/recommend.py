@@ -17,9 +17,10 @@ import statistics
 import pandas as pd
 
 from workbench.calibrate.folder import Calibration
-from workbench.core.provenance import differences, read_setting
+from workbench.core.provenance import describe, differences, machine_differences, read_setting
 from workbench.core.speed import priced
 from workbench.measure.latency_file import latency_engine, latency_surface
+from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.measure.sweep_file import checked_speedup
 from workbench.plan.rank import at_batch, candidates as plan_candidates, choose, served
 from workbench.plan.source import accuracy_source, calibration_source
@@ -205,8 +206,10 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
                calibration=str(getattr(calibration, "folder", "accuracy table")), latency=latency_name,
                setting=read_setting(latency), disagree=[r for r in every if r["disagree"]],
                elsewhere=[r for r in every if r["current"] is None and r["measured"]],
-               cheaper=cheaper_larger(tables["measured"]))
+               cheaper=cheaper_larger(tables["measured"]), engine=tables["engine"])
     rec["answer"] = answer(rec)
+    rec["outliers"] = deciding(off_trend(latency, tables["context"]), batch, rec["pick"]["nodes"] + 1,
+                               tables["measured"])  # the points off their trend the pick's price reads
     return rec
 
 
@@ -251,12 +254,58 @@ def runner_up_close(rec: dict) -> dict | None:
     return second if hi >= lo else None
 
 
+def within_noise_of_none(rec: dict) -> dict | None:
+    """The 'no speculation' row when the pick's predicted range reaches into its range (speculating or not cannot be
+    told apart on this table), else None. Without spread columns nothing is known to overlap."""
+    pick = rec["pick"]
+    none = next((r for r in rec["candidates"] if r["kind"] == "none"), None)
+    if pick["kind"] == "none" or not pick["range"] or none is None:
+        return None
+    return none if pick["range"][0] <= (none["range"] or (none["speedup"], none["speedup"]))[1] else None
+
+
+def noise_text(rec: dict) -> str | None:
+    """Words for within_noise_of_none, or None."""
+    none = within_noise_of_none(rec)
+    if none is None:
+        return None
+    lo, hi = rec["pick"]["range"]
+    nlo, nhi = none["range"] or (none["speedup"], none["speedup"])
+    return (f"the choice is within the noise: {rec['pick']['label']} is predicted at {lo:.2f}x-{hi:.2f}x and no "
+            f"speculation at {nlo:.2f}x-{nhi:.2f}x at batch {rec['batch']} (the latency spread): this table cannot "
+            "tell them apart; a sweep at this batch size can")
+
+
+def table_text(rec: dict, this: dict | None = None) -> str:
+    """The latency table's setting in words and whether it was measured on this machine (provenance.here, or
+    `this`): 'latency X: cpu AMD EPYC (avx2), 2 threads, ..., engine workbench; measured on another machine: ...'."""
+    where = machine_differences(rec["setting"], this)
+    said = (f"latency {rec['latency'] or 'table'}: {describe(rec['setting'])}, engine {rec.get('engine') or '?'}; "
+            + ("this machine's CPU" if where == [] else
+               "whether it is this machine is unknown" if where is None else
+               "measured on another machine than this one (" + "; ".join(where) + "): its step costs are not this "
+               "machine's, re-measure with `workbench latency` to price trees here"))
+    return said
+
+
+def outlier_text(rec: dict) -> str | None:
+    """Words for the latency points off their trend that the answer's price reads (latency_checks), or None."""
+    found = rec.get("outliers") or []
+    if not found:
+        return None
+    return (f"The answer at batch {rec['batch']} rests on latency measurements off their trend: "
+            + "; ".join(outlier_words(f) for f in found[:3]) + f". Re-measure {rec['latency'] or 'the latency table'}"
+            " at this batch size (`workbench latency --batch-sizes ...`) before trusting the answer.")
+
+
 def measured_text(row: dict) -> str:
-    """'measured 0.68x +- 0.05 on this machine (sweep X, N prompts)', or what is known instead."""
+    """'measured 0.68x +- 0.05 in the latency table's setting (sweep X, N prompts)', or what is known instead (a
+    sweep counts when its recorded setting matches the table's, which need not be the server's own)."""
     now = row["current"]
     if now is not None:
         noise = f" +- {now['noise']:.2f}" if now["noise"] is not None else " (noise not measured)"
-        return (f"measured {now['speedup']:.2f}x{noise} on this machine ({', '.join(now['sweeps'])}, "
+        return (f"measured {now['speedup']:.2f}x{noise} in the latency table's setting "
+                f"({', '.join(now['sweeps'])}, "
                 f"{now['num_prompts']} prompts)")
     if row["kind"] == "none":
         return "1.00x by definition"

@@ -5,10 +5,15 @@ far measured joint path frequencies are from the independence product the optimi
 """
 from __future__ import annotations
 
+import json
+
 import streamlit as st
 
+from workbench.plan.source import chain_values
 from workbench.trees.accuracies import accuracy_frame
-from workbench.ui.widgets import accuracy_source, chart, timed
+from workbench.trees.optimize import acc_value_fn
+from workbench.ui.inputs import shared_inputs
+from workbench.ui.widgets import chart, results_root, timed
 from workbench.viz import interactive_figures
 
 
@@ -19,7 +24,7 @@ def calibration_page() -> None:
 
 def _calibration_page() -> None:
     st.title("Calibration")
-    src = accuracy_source("cal")
+    src = shared_inputs().src
     if src is None:
         st.info("Pick a calibration folder or an accuracy table in the sidebar.")
         return
@@ -48,6 +53,7 @@ def _calibration_page() -> None:
         chart(interactive_figures.topk_chart(acc), "Top-k accuracy: the running sum over ranks.", key="cal_topk_chart")
     st.download_button("accuracies.csv", accuracy_frame(acc).to_csv(index=False), file_name="accuracies.csv",
                        key="cal_download", on_click="ignore")
+    _acceptance_view(src, acc, split if src.calib else None)
     st.subheader("Independence vs measured path probability")
     if not src.calib:
         st.info("Measured path probabilities need the ranks of a calibration folder; an accuracy table has only "
@@ -79,3 +85,36 @@ def _calibration_page() -> None:
                  "is the answer's end, not head correlation")})
     right.caption("measured / independence < 1 for one-head paths is the denominators, not an error: measured counts "
                   "over all positions, a_k^(i) over the positions where head k has a target.")
+
+
+def _vllm_counters() -> tuple[str, dict] | None:
+    """The longest chain a `workbench vllm-check` result measured (vllm-check*.json in the results folder, the first
+    by name): (its file name, its acceptance row), or None when there is none or it does not read."""
+    for path in sorted(results_root().glob("vllm-check*.json")):
+        try:
+            res = json.loads(path.read_text())
+            row = max(res["acceptance"], key=lambda r: r["k"])
+            return f"{path.name}, vLLM {res.get('vllm_version', '?')}", row
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _acceptance_view(src, acc, split: str | None) -> None:
+    """Acceptance per draft position over the calibration (measured joint paths and the independence product),
+    beside vLLM's counters and our decoder's when a vllm-check result exists."""
+    depth = acc.shape[0]
+    series = {}
+    if split is not None:
+        series[f"calibration, measured ({split})"] = chain_values(src.calib.joint_value(split), depth)
+    series["independence (a_k^(0) products)"] = chain_values(acc_value_fn(acc), depth)
+    found = _vllm_counters()
+    if found is not None:
+        name, row = found
+        series[f"vLLM, K={row['k']} ({name})"] = row["vllm_acceptance_per_pos"]
+        series[f"our decoder, K={row['k']} (same prompts)"] = row["ours_acceptance_per_pos"]
+    chart(interactive_figures.acceptance_chart(series),
+          "The share of steps whose first k top-1 drafts were all accepted (a position past the last positive one is "
+          "left out)" + ("; vLLM's and our decoder's counters are from `workbench vllm-check`, on its prompts."
+                         if found else "; no `workbench vllm-check` result found to set beside it."),
+          key="cal_acceptance_chart")

@@ -16,7 +16,8 @@ import streamlit as st
 from workbench import ACCEPTANCE_KINDS, REPO_ROOT, WorkbenchError
 from workbench.core.speed import goodput, tokens_per_step
 from workbench.trees.tree import REFERENCE_DIR, load_tree
-from workbench.ui.widgets import (calibration_folders, clean_error, figure, file_stamp, load_model, open_calibration,
+from workbench.ui.inputs import shared_inputs
+from workbench.ui.widgets import (clean_error, figure, file_stamp, load_model, open_calibration,
                                   timed)
 from workbench.viz import interactive_figures, static_figures
 
@@ -96,6 +97,7 @@ def predicted_for(folder: str | None, spec: str | None, max_new: int) -> dict | 
 
 def _live_page() -> None:
     st.title("Live decode")
+    shared = shared_inputs()
     with st.sidebar:
         spec = tree_choice()
         kind = st.selectbox("Acceptance", ACCEPTANCE_KINDS, key="live_kind",
@@ -115,7 +117,8 @@ def _live_page() -> None:
         top_p = st.number_input("top_p", 0.01, 1.0, 0.8, 0.05, key="live_top_p", disabled=kind != "nucleus",
                                 help="nucleus mass" + ("; applies to nucleus acceptance only" if kind != "nucleus"
                                                        else ""))
-        max_new = st.number_input("max new tokens", 1, 2048, 64, key="live_max_new")
+        max_new = st.number_input("max new tokens", 1, 2048, shared.max_new_tokens or 64, key="live_max_new",
+                                  help="this decode's length (default: the sidebar's generation length)")
         model = st.text_input("Model (blank: the demo SmolLM2-135M-Instruct)", key="live_model").strip()
         heads = st.text_input("Heads (blank: the demo heads)", key="live_heads").strip()
         device = st.selectbox("device", ["auto", "cpu", "cuda"], key="live_device")
@@ -124,10 +127,7 @@ def _live_page() -> None:
                                   help="torch.set_num_threads for this decode (process-wide; empty: torch's current "
                                        "setting); more threads than free cores slow small models down")
         vanilla = st.checkbox("also run vanilla greedy", value=True, key="live_vanilla")
-        folders = [str(f) for f in calibration_folders()]
-        cal = st.selectbox("calibration (for the predicted tokens/step)", folders + ["(none)"], key="live_cal",
-                           format_func=lambda f: Path(f).name, help="Calibration.predict for the tree, shown beside "
-                           "the measured tokens/step") if folders else None
+    cal = shared.src.folder if shared.src is not None and shared.src.calib is not None else None  # the prediction's
     prompt = st.text_area("Prompt", "Give three tips for staying healthy.", key="live_prompt")
     if st.button("Load model and generate", type="primary", key="live_go"):
         st.session_state.pop("live_result", None)  # a failed run must not leave the last result under its error
@@ -179,7 +179,7 @@ def _live_page() -> None:
                 medusa=med.to_dict() | measured(med), vanilla=van.to_dict() | measured(van) if van else None,
                 compare=compare(med, van) if van else None, pieces=interactive_figures.token_pieces(tok, med.token_ids),
                 steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo",
-                predicted=predicted_for(cal if cal != "(none)" else None, spec, int(max_new)))
+                predicted=predicted_for(cal, spec, int(max_new)))
         except (WorkbenchError, OSError, RuntimeError) as e:
             st.error(clean_error(e))
     res = st.session_state.get("live_result")

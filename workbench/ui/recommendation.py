@@ -16,8 +16,10 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibrate.folder import Calibration
 from workbench.core.provenance import read_setting, setting_cell
 from workbench.export.engines import FORMATS, SUFFIXES, export_tree
-from workbench.plan.recommend import (comparable, disagreement_text, latency_note, measurements, recommend,
-                                      runner_up_close, sentence, provenance_note, setting_text, shape)
+from workbench.plan.answer_file import answer_json, candidate_rows
+from workbench.plan.recommend import (comparable, disagreement_text, latency_note, measurements, noise_text,
+                                      outlier_text, provenance_note, recommend, runner_up_close, sentence,
+                                      setting_text, shape, table_text)
 from workbench.trees.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, chart, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file, stamped)
@@ -27,13 +29,14 @@ from workbench.viz import interactive_tradeoffs
 @st.cache_data(max_entries=16, show_spinner="Planning: trees, chains and no speculation on this latency table...")
 def _ranked(source_key: tuple, _source, latency: str, latency_stamp: tuple, context: int, batch: int,
             sweeps: tuple, joint: bool, max_depth: int, max_rank: int, max_budget: int | None,
-            trees: tuple) -> dict:
+            trees: tuple, max_new_tokens: int | None = None) -> dict:
     """recommend.recommend (plan's ranking joined to the sweeps) on files named by path and stamp (the cache key);
     `_source` (a Calibration or acc table) is identified by `source_key`. trees: ((name, paths), ...)."""
     value = _source.joint_value("fit") if joint and isinstance(_source, Calibration) else None
     frames = {Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}
     return recommend(_source, read_latency_file(latency, latency_stamp), context, batch, frames, value, max_depth,
-                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees], latency_name=Path(latency).name)
+                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees],
+                     latency_name=Path(latency).name, max_new_tokens=max_new_tokens)
 
 
 @st.cache_data(max_entries=16, show_spinner=False)
@@ -88,7 +91,8 @@ def swept_trees(sweeps: list[Path]) -> list:
     return _swept_trees(stamped(sweeps), stamped(sorted((REPO_ROOT / "trees").glob("*.json"))))
 
 
-def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | None:
+def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=(),
+           max_new_tokens: int | None = None) -> dict | None:
     """The recommendation for this source and latency table (tables: the picker's context and batch), with every
     readable sweep found (and `extra_sweeps`) as evidence and the swept named trees as candidates: the designer and
     the trade-offs page ask the same question the same way. None with an st.error when an input is unusable."""
@@ -99,7 +103,7 @@ def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=()) -> dict | 
         return _ranked(src.key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
                        tables["context"], tables["batch"], stamped(sweeps), joint,
                        max_depth or src.acc.shape[0], max_rank or src.acc.shape[1], max_budget,
-                       tuple((t.name, t.paths) for t in trees))
+                       tuple((t.name, t.paths) for t in trees), max_new_tokens)
     except WorkbenchError as e:
         st.error(f"recommendation: {clean_error(e)}")
         return None
@@ -125,7 +129,7 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
                             else " (end to end)"))
             if now else "",
             "in": ", ".join(_stem(s) for s in now["sweeps"]) if now else "",
-            "other setting": f"{other[0]['speedup']:.2f}x ({_stem(other[0]['sweep'])})" if other else "",
+            "other setting": f"{other[0]['speedup']:.2f}x" if other else "",  # its sweep: in the CSV (1280 px)
             "disagrees": "yes" if r["disagree"] else ""})
     df = pd.DataFrame(rows)
     return df[[c for c in df.columns if c in ("candidate", "tokens/step", "speedup") or (df[c] != "").any()]]
@@ -136,11 +140,11 @@ COLUMNS = {
         help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation; * a named tree "
              "a sweep measured, not one of plan's candidates (scored the same way, never the pick)"),
     "tokens/step": st.column_config.NumberColumn(
-        format="%.3f",
+        format="%.3f", width="small",
         help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over held-out answers "
              "when the calibration holds prompts out)"),
     "speedup": st.column_config.NumberColumn(
-        format="%.3fx",
+        format="%.3fx", width="small",
         help="predicted, of the decoding phase: the batch's tokens/step (it waits for its slowest sequence) / "
              "relative step cost t(nodes + 1) / t(1) at this batch and context"),
     "range": st.column_config.TextColumn(
@@ -150,10 +154,11 @@ COLUMNS = {
         help="sweeps in the latency table's setting: the decoding phase's speedup (as predicted; '(end to end)': a "
              "sweep row without it, prefill included) +- run-to-run noise (the spread of the sweep's vanilla "
              "baseline, re-measured before every configuration, or between repeats)"),
-    "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)"),
+    "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)", width="medium"),
     "other setting": st.column_config.TextColumn(
         help="measured in another setting than the latency table's (other threads, CPU, "
-             "...; or a sweep that does not record its setting): shown, not weighed against the prediction"),
+             "...; or a sweep that does not record its setting): shown, not weighed against the prediction; which "
+             "sweep: the candidates CSV below"),
     "disagrees": st.column_config.TextColumn(
         help="the current measurement is outside the prediction by more than its noise"),
 }
@@ -162,7 +167,7 @@ COLUMNS = {
 def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_label: str = "show it") -> None:
     """Draw the recommendation: the warning first (when measurements contradict the prediction), the sentence, the
     pick's exports in every format, notes on closeness and other settings, and the ranked candidates."""
-    for text in (disagreement_text(rec), setting_text(rec)):
+    for text in (disagreement_text(rec), setting_text(rec), outlier_text(rec)):
         if text:
             st.warning(text, icon="⚠️")
     pick = rec["pick"] if rec["answer"]["kind"] == "plan" else dict(rec["pick"], kind="none", tree=None)
@@ -177,8 +182,9 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
                    "(a GPU).")
     box = st.container(border=True)
     box.markdown(f"**Recommendation:** {sentence(rec)}.")
+    box.caption(f"Evidence: {table_text(rec)}.")
     close = runner_up_close(rec)
-    notes = [n for n in (latency_note(rec), provenance_note(rec)) if n]
+    notes = [n for n in (noise_text(rec), latency_note(rec), provenance_note(rec)) if n]
     if close is not None:
         notes.append(f"the runner-up, {close['label']} at {close['speedup']:.2f}x, is within the latency spread of "
                      "the pick: on this table the two cannot be told apart")
@@ -187,7 +193,8 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
                      "table's (\"other setting\" below): not weighed against the prediction; measure them in this "
                      "setting with `workbench sweep`")
     if notes:
-        box.caption("; ".join(notes).capitalize() + ".")
+        said = "; ".join(notes)
+        box.caption(said[:1].upper() + said[1:] + ".")  # capitalize() would lower "AMD EPYC"
     if pick["tree"] is not None:
         tree: Tree = pick["tree"]
         cols = box.columns([1.6] + [1] * len(FORMATS))
@@ -206,6 +213,12 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
         box.caption("Nothing to export: decode without Medusa heads on this hardware at this batch size.")
     with st.expander(f"All {len(rec['candidates'])} candidates, ranked by `workbench plan` (and their evidence)"):
         st.dataframe(candidates_frame(rec), hide_index=True, column_config=COLUMNS)
+        name = f"recommendation-b{rec['batch']}-c{rec['context']}"
+        c1, c2, _ = st.columns([1, 1, 4])
+        c1.download_button("candidates CSV", candidate_rows(rec).to_csv(index=False), file_name=f"{name}.csv",
+                           key=f"{key}_cands_download", on_click="ignore", help="every candidate, unformatted")
+        c2.download_button("answer JSON", answer_json(rec), file_name=f"{name}.json", key=f"{key}_answer_download",
+                           on_click="ignore", help="the answer, its evidence and warnings, and every candidate")
         st.caption(f"Predicted tokens/step: {rec['prediction']} ({rec['regime']}); speedup at batch "
                    f"{rec['batch']} and context {rec['context']}"
                    + (f", range from the {rec['spread']}" if rec["spread"] else "; no spread measured (the latency "

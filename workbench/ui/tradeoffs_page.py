@@ -13,6 +13,7 @@ import streamlit as st
 from workbench import WorkbenchError
 from workbench.calibrate.folder import PREDICTED_COLUMNS
 from workbench.export.engines import PLAN_FORMATS, SUFFIXES, export_plan
+from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.measure.sweep_file import has_typical
 from workbench.plan.rank import make_plan
 from workbench.plan.plan_file import check_plan, plan_check, plan_json, speedups_by_kind
@@ -21,9 +22,9 @@ from workbench.ui.recommendation import (candidate_curves, measured_beside, pane
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.tree_export import EXPORT_FIXES
-from workbench.ui.widgets import (accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
-                                  fastest_for, latency_files, latency_picker, read_latency_file, read_sweep_file,
-                                  read_sweep_or_error, results_root, slider, timed)
+from workbench.ui.inputs import shared_inputs
+from workbench.ui.widgets import (chart, clean_error, drop_stale, file_input, file_stamp, found_csvs, fastest_for,
+                                  read_sweep_file, read_sweep_or_error, relative_paths, results_root, slider, timed)
 from workbench.viz import interactive_tradeoffs
 
 
@@ -106,43 +107,31 @@ def _tradeoffs_page() -> None:
     st.title("Trade-offs")
     sweeps = found_csvs("sweep")
     typical = [f for f in sweeps if _readable_typical(f)]
-    src = accuracy_source("to")
+    shared = shared_inputs()
+    src, hw = shared.src, shared.lat
+    lat_path, lat, tables = (hw["path"], hw["frame"], hw["tables"]) if hw else (None, None, None)
     with st.sidebar:
-        st.subheader("Latency")
-        lat_path = file_input("latency CSV", "to_lat", ["csv"], latency_files(src))
         st.subheader("Sweep (Fig. 4, predicted vs measured)")
         sweep_path = file_input("sweep CSV", "to_sweep", ["csv"], sweeps)
         st.subheader("Typical-acceptance sweep (Fig. 5)")
         typ_path = file_input("typical sweep CSV", "to_typ", ["csv"], sweeps, default=typical[0] if typical else None)
         st.subheader("vLLM check")
         vllm_path = file_input("vllm-check JSON", "to_vllm", ["json"], sorted(results_root().glob("vllm-check*.json")))
-    sweep, typ, lat = read_sweep_or_error(sweep_path), read_sweep_or_error(typ_path), None
-    if lat_path is not None:
-        try:
-            lat = read_latency_file(str(lat_path), file_stamp(lat_path))
-        except WorkbenchError as e:
-            st.error(clean_error(e))
-    else:
-        st.info("No latency CSV found: run `workbench latency`, or give one in the sidebar.")
+    sweep, typ = read_sweep_or_error(sweep_path), read_sweep_or_error(typ_path)
+    if hw is None:
+        st.info("No latency table: run `workbench latency`, or give one in the sidebar (Hardware).")
     if sweep_path is None:
         st.info("No sweep CSV found: run `workbench sweep --out FILE.csv` (for example into the calibration folder), "
                 "or give one in the sidebar.")
 
     # the answer first: the same recommendation as the designer's, every readable sweep as its evidence
-    tables, rec = None, None
+    rec = None
     evidence = readable_sweeps([p for p, df in ((sweep_path, sweep), (typ_path, typ)) if df is not None])
-    if lat is not None and src is not None:
-        try:
-            with st.sidebar:
-                tables = latency_picker(lat, "to", lat_path.name, src.calib.typical_context() if src.calib else None)
-        except WorkbenchError as e:
-            st.error(clean_error(e))
-        if tables is not None:
-            rec = ranked(src, lat_path, tables, evidence)
-            if rec is not None:
-                panel(rec, "to", src.acc.shape[0], provenance_of(src) | dict(method="recommended",
-                                                                             latency=lat_path.name),
-                      show=_show_in_designer, show_label="open in the designer")
+    if tables is not None and src is not None:
+        rec = ranked(src, lat_path, tables, evidence, max_new_tokens=shared.max_new_tokens)
+        if rec is not None:
+            panel(rec, "to", src.acc.shape[0], provenance_of(src) | dict(method="recommended", latency=lat_path.name),
+                  show=_show_in_designer, show_label="open in the designer")
     elif src is None:
         st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
     # one section at a time (tabs that rerun when switched): a click redraws two or three figures, not eight
@@ -152,7 +141,7 @@ def _tradeoffs_page() -> None:
             _speedup_section(src, lat, lat_path, tables, rec, evidence)
     with tabs["Plan per batch size"]:
         if tabs["Plan per batch size"].open:
-            _plan_section(src, lat, lat_path, sweep, sweep_path)
+            _plan_section(src, lat, lat_path, sweep, sweep_path, shared.max_new_tokens)
     with tabs["Sweep (Fig. 4)"]:
         if tabs["Sweep (Fig. 4)"].open:
             _sweep_section(sweep, sweep_path)
@@ -240,6 +229,12 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         chart(interactive_tradeoffs.latency_chart(lat),
               f"latency {lat_path.name}: ms per verify forward; error bars: the spread of the repeats where the CSV "
               "has it.", key="to_latency_chart")
+        if tables is not None:
+            ctx = tables["context"]
+            chart(interactive_tradeoffs.surface_chart(lat, ctx, off_trend(lat, ctx)),
+                  "What a step of n tokens costs relative to the plain step at the same batch size (a tree of n - 1 "
+                  "nodes pays this for its extra tokens); error bars: the repeats' quartiles; x: a point off its "
+                  "neighbours by more than their spread.", key="to_surface_chart")
     with c2:
         if src is None or tables is None:
             return
@@ -276,7 +271,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
               key="to_speedup_chart")
 
 
-def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
+def _plan_section(src, lat, lat_path: Path, sweep, sweep_path, max_new_tokens: int | None) -> None:
     """The plan per batch size (tree, chain or none) on a latency table with several batch sizes: predicted
     speedup of each kind against batch size, the live check where the chosen sweep is a `sweep --plan`, and the plan
     with each engine's output to download."""
@@ -286,40 +281,67 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path) -> None:
         return
     batches = sorted(int(b) for b in lat["batch"].unique())
     try:
-        text = _cached_plan(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), tuple(batches))
+        text = _cached_plan(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), tuple(batches),
+                            max_new_tokens)
     except WorkbenchError as e:
         st.error(clean_error(e))
         return
     plan = check_plan(json.loads(text))  # as `workbench export` reads it: each row with its tree
     rows = plan["plans"]
+    ctx = plan["latency"]["context"]
+    found = off_trend(lat, ctx)
+    sizes = {b: lat.loc[(lat["batch"] == b) & (lat["context"] == ctx), "tokens"] for b in batches}
+    odd = {r["batch_size"]: deciding(found, r["batch_size"], r["nodes"] + 1, sizes[r["batch_size"]]) for r in rows}
     st.markdown("; ".join(f"batch {r['batch_size']}: **{_plan_label(r)}** {r['predicted_speedup']:.2f}x"
-                          for r in rows))
+                          + (" (on an odd latency point)" if odd[r["batch_size"]] else "") for r in rows))
+    for b, f in odd.items():
+        if f:
+            st.warning(f"Batch {b}'s row rests on latency measurements off their trend: "
+                       + "; ".join(outlier_words(x) for x in f) + f". Re-measure {lat_path.name} at batch {b}.",
+                       icon="⚠️")
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
     live = measured is not None and len(measured) > 0
     chart(interactive_tradeoffs.plan_chart(speedups_by_kind(plan), measured),
-          f"latency {lat_path.name} at context {plan['latency']['context']}; tokens/step "
+          f"latency {lat_path.name} at context {ctx}; tokens/step "
           f"{plan['source']['prediction']}. Lines: the best the plan weighed of each kind; stars: its choice"
           + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if live
              else "; run `workbench sweep --plan PLAN.json` for the live check."), key="to_plan_chart")
+    _plan_exports(plan, text, f"plan-{lat_path.stem}", [r["batch_size"] for r in rows])
+
+
+def _plan_exports(plan: dict, text: str, name: str, batches: list[int]) -> None:
+    """The plan file and each engine's output, for the batch size picked (vllm's schedule covers them all); every
+    warning and note below, in an expander, readable at any width. Paths relative to the repository."""
+    c1, c2 = st.columns([1, 3])
+    drop_stale("to_plan_batch", batches)
+    b = c1.selectbox("batch size to export", batches, key="to_plan_batch",
+                     help="the static formats (vllm-tree, trtllm, medusa, eagle, json) serve one tree: this row's; "
+                          "vllm's file holds the plan's schedule over every batch size")
+    c2.caption(f"Downloads: the plan, vLLM's schedule (every batch size) and batch {b}'s tree in each static format.")
     cols = st.columns(len(PLAN_FORMATS) + 1)
-    name = f"plan-{lat_path.stem}"
     cols[0].download_button("plan", text, file_name=f"{name}.json", key="to_plan_download", on_click="ignore",
                             help="the plan file (`workbench export PLAN --format ...` reads it)")
+    said = []
     for col, fmt in zip(cols[1:], PLAN_FORMATS):
         try:
-            text, warns, notes = export_plan(plan, fmt)
+            out, warns, notes = export_plan(plan, fmt, batch_size=None if fmt == "vllm" else b)
         except WorkbenchError as e:
-            col.caption(f"{fmt}: {clean_error(e)}")
+            col.button(fmt, key=f"to_plan_{fmt}_off_btn", disabled=True, help=clean_error(e))
+            said.append(f"**{fmt}**: not exported: {clean_error(e)}")
             continue
-        col.download_button(fmt, text, file_name=f"{name}{SUFFIXES.get(fmt, '.txt')}",
-                            key=f"to_plan_{fmt}_download",
-                            on_click="ignore", help="; ".join([w.words(EXPORT_FIXES) for w in warns] + notes)[:500] or f"the plan for {fmt}")
+        col.download_button(fmt, relative_paths(out), key=f"to_plan_{fmt}_download", on_click="ignore",
+                            file_name=f"{name}{'' if fmt == 'vllm' else f'-b{b}'}{SUFFIXES.get(fmt, '.txt')}",
+                            help=f"the plan for {fmt}" + ("" if fmt == "vllm" else f", batch {b}'s row"))
+        said += [f"**{fmt}**: {w.words(EXPORT_FIXES)}" for w in warns] + [f"**{fmt}**: {n}" for n in notes]
+    with st.expander(f"Export notes and warnings ({len(said)})"):
+        st.markdown("\n".join(f"- {relative_paths(n)}" for n in said) or "none")
 
 
 @st.cache_data(show_spinner="planning per batch size ...")
-def _cached_plan(folder: str, folder_stamp: tuple, latency: str, latency_stamp: tuple, batches: tuple) -> str:
+def _cached_plan(folder: str, folder_stamp: tuple, latency: str, latency_stamp: tuple, batches: tuple,
+                 max_new_tokens: int | None = None) -> str:
     """The plan file's text for this calibration and latency table (paths by name only), once per version of both."""
-    plan = make_plan(plan_source(calibration=folder), latency, batches)
+    plan = make_plan(plan_source(calibration=folder, max_new_tokens=max_new_tokens), latency, batches)
     plan["latency"]["file"] = Path(latency).name  # no server path in a downloaded plan
     plan["source"]["path"] = Path(folder).name
     return plan_json(plan)

@@ -8,6 +8,7 @@ import streamlit as st
 from workbench import WorkbenchError
 from workbench.calibrate.folder import tree_table
 from workbench.trees.tree import Tree, add_path, parse_path, remove_path, tree_diff
+from workbench.ui.inputs import fragment
 from workbench.ui.widgets import Source, chart, clean_error, drop_stale, load_model, timed
 from workbench.viz import interactive_figures
 
@@ -96,7 +97,7 @@ def edit_box(tree, base, sig: str, K: int, R: int) -> None:
             st.caption(f"edited from {base.name}: added {[list(p) for p in d['only_b']] or 'none'}, removed "
                        f"{[list(p) for p in d['only_a']] or 'none'}")
 
-@st.fragment
+@fragment
 def tree_view(tree, probs: dict, labels, title: str, caption: str) -> None:
     """The tree and its mask, linked by the selected node: a click on either redraws this fragment only."""
     with timed("fragment tree view"):

@@ -23,9 +23,8 @@ from workbench.trees.tree import Tree, load_tree, reference_trees
 from workbench.ui.recommendation import measured_beside, panel, provenance_of, ranked, readable_sweeps, speedup_view
 from workbench.ui.tree_drawing import TABLE_COLUMNS, TREE_HELP, compare_trees, edit_box, token_labels, tree_view
 from workbench.ui.tree_export import export_view
-from workbench.ui.widgets import (Source, accuracy_source, chart, clean_error, drop_stale, file_input, file_stamp,
-                                  fastest_for, int_slider, kept_upload, latency_files, latency_picker,
-                                  read_latency_file, timed)
+from workbench.ui.inputs import shared_inputs
+from workbench.ui.widgets import Source, chart, clean_error, drop_stale, fastest_for, int_slider, kept_upload, timed
 from workbench.viz import interactive_figures
 
 OPTIMIZER = "the optimizer's (sidebar settings)"
@@ -56,17 +55,17 @@ def pick_tree(label: str, options: dict, num_heads: int, topk: int):
 # ----------------------------------------------------------------------------------------------- callbacks
 
 
-
+def _nearest(budget: int) -> None:
+    """'price the nearest tree': the optimizer's tree at the largest budget the latency table prices."""
+    st.session_state["tree_show"] = OPTIMIZER
+    st.session_state["tree_budget"] = budget
+    st.session_state.pop("tree_edit", None)
 
 
 def _show(tree) -> None:
     """'show it in the designer': the recommended tree on display, without edits."""
     st.session_state["tree_show"] = RECOMMENDED + tree.name
     st.session_state.pop("tree_edit", None)
-
-
-
-
 
 
 # ----------------------------------------------------------------------------------------------- cached work
@@ -107,7 +106,8 @@ def tree_page() -> None:
 
 def _tree_page() -> None:
     st.title("Tree designer")
-    src = accuracy_source("tree")
+    shared = shared_inputs()
+    src = shared.src
     if src is None:
         st.info("Pick a calibration folder or an accuracy table in the sidebar to design a tree.")
         return
@@ -131,12 +131,13 @@ def _tree_page() -> None:
         value = empirical
 
     # the hardware: a latency table (every speedup on the page) and the sweeps that measured trees on it
-    lat = hardware_input(src)
+    lat = shared.lat
     measured = measured_beside(readable_sweeps(), lat["tables"]["batch"] if lat else 1, lat["frame"] if lat else None)
     user = user_tree_input(K)
-    rec = _recommendation(src, lat, K)
+    rec = _recommendation(src, lat, K, shared.max_new_tokens)
     pick = rec["pick"]["tree"] if rec is not None else None
-    budget, max_depth, max_rank, off = _optimizer_settings(settings, user, pick, K, R)
+    top = max(lat["tables"]["seconds"]) - 1 if lat is not None else 256  # the largest tree the table prices
+    budget, max_depth, max_rank, off = _optimizer_settings(settings, user, pick, K, R, min(63, max(top, 1)))
     designed = _designed_tree(src, model, value, empirical, lat, budget, max_depth, max_rank)
     if designed is None:
         return
@@ -147,7 +148,7 @@ def _tree_page() -> None:
     if shown is None:
         return
     tree, base, edit, sig, label, options, against = shown
-    shown_row, guess = _numbers(src, tree, rec, lat, measured)
+    shown_row, guess = _numbers(src, tree, rec, lat, measured, shared.max_new_tokens)
 
     # the tree and its mask, linked by the selected node (one fragment); optional real tokens as labels
     labels = None
@@ -184,22 +185,24 @@ def _tree_page() -> None:
             st.caption("Named trees (references, files under trees/, yours): predicted tokens per step.")
 
 
-def _recommendation(src: Source, lat: dict | None, num_heads: int) -> dict | None:
+def _recommendation(src: Source, lat: dict | None, num_heads: int, max_new_tokens: int | None) -> dict | None:
     """The answer first: which tree (or chain, or none) to use, with its evidence (None without a latency table)."""
     if lat is None:
         st.info("No latency CSV found, so no recommendation: measure one with `workbench latency --calibration DIR` "
                 "or give one in the sidebar (Hardware).")
         return None
-    rec = ranked(src, lat["path"], lat["tables"])
+    rec = ranked(src, lat["path"], lat["tables"], max_new_tokens=max_new_tokens)
     if rec is not None:
         panel(rec, "tree", num_heads, provenance_of(src) | dict(method="recommended", latency=lat["path"].name),
               show=_show, show_label="show this tree")
     return rec
 
 
-def _optimizer_settings(settings, user: list, pick, K: int, R: int) -> tuple[int, int, int, str | None]:
+def _optimizer_settings(settings, user: list, pick, K: int, R: int,
+                        default: int) -> tuple[int, int, int, str | None]:
     """(budget, max depth, max rank, why they are off): the optimizer's settings apply to its tree only, so they
-    are disabled, saying why, while another tree is on display."""
+    are disabled, saying why, while another tree is on display. The budget starts at `default`: within the latency
+    table, so the first tree drawn is one it can price."""
     shown_label = st.session_state.get("tree_show", OPTIMIZER)
     if shown_label not in tree_options(None, user, pick):
         shown_label = OPTIMIZER  # gone (a tree that stopped parsing): the selector below falls back to it too
@@ -207,7 +210,7 @@ def _optimizer_settings(settings, user: list, pick, K: int, R: int) -> tuple[int
         f"applies to the optimizer's tree only; the tree on display is {shown_label.split(': ', 1)[-1]} (pick " \
         "\"the optimizer's\" above the drawing to use these settings)"
     with settings:
-        budget = st.slider("Budget (tree nodes)", 1, 256, 63, key="tree_budget", disabled=off is not None,
+        budget = st.slider("Budget (tree nodes)", 1, 256, default, key="tree_budget", disabled=off is not None,
                            help=off or "most nodes the optimizer's tree may have (hardware-aware: the largest budget "
                                        "it tries)")
         max_depth = int_slider("Max depth (heads used)", K, K, "tree_depth", disabled=off is not None, help=off,
@@ -269,7 +272,7 @@ def _on_display(src: Source, designed, user: list, pick, K: int, R: int):
     return tree, base, edit, sig, shown, options, against
 
 
-def _numbers(src: Source, tree, rec, lat, measured) -> tuple[dict, dict | None]:
+def _numbers(src: Source, tree, rec, lat, measured, max_new_tokens: int | None) -> tuple[dict, dict | None]:
     """The tree's metrics, each explained; the speedup from the same prediction as the recommendation, and a sweep's
     measurement of the same shape beside it. (its tree_table row, the predicted speedup or None)."""
     shown_row = tree_table([tree], src.acc, src.calib)[0]
@@ -277,26 +280,34 @@ def _numbers(src: Source, tree, rec, lat, measured) -> tuple[dict, dict | None]:
     cols[0].metric("nodes", tree.nodes)
     cols[1].metric("depth", tree.depth)
     guess, top = None, max(lat["tables"]["seconds"]) if lat is not None else 0
-    if rec is not None and shown_row.get(rec["prediction"]) is not None and tree.nodes + 1 > top:
-        cols[2].metric("predicted speedup", "n/a", help=f"{lat['path'].name} stops at {top} tokens per step: a "
-                                                        f"{tree.nodes}-node tree needs {tree.nodes + 1}")
+    unpriced = rec is not None and shown_row.get(rec["prediction"]) is not None and tree.nodes + 1 > top
+    if unpriced:
+        why = (f"{lat['path'].name} stops at {top} tokens per verify step at batch {rec['batch']}: a "
+               f"{tree.nodes}-node tree needs {tree.nodes + 1}")
+        cols[2].metric("predicted speedup", "n/a", help=why)
     elif rec is not None and shown_row.get(rec["prediction"]) is not None:
-        guess = designed_speedup(src.calib if src.calib is not None else src.acc, tree, lat["tables"]) | \
-            {"prediction": rec["prediction"]}
+        guess = designed_speedup(src.calib if src.calib is not None else src.acc, tree, lat["tables"],
+                                 max_new_tokens) | {"prediction": rec["prediction"]}
         rng = f" (range {guess['range'][0]:.2f}x-{guess['range'][1]:.2f}x)" if guess["range"] else ""
         cols[2].metric("predicted speedup", f"{guess['speedup']:.2f}x",
                        help=f"{rec['prediction']} (of the batch: it waits for its slowest sequence) / relative step "
                             f"cost t(n+1)/t(1) at batch {rec['batch']}, context "
                             f"{rec['context']} ({lat['path'].name}){rng}; the recommendation's formula")
-        found = measured.get(shape(tree), [])
-        now = [m for m in found if comparable(m)]
-        other = [m for m in found if m["elsewhere"]]
-        if now:
-            cols[3].metric("measured speedup", f"{now[0]['speedup']:.2f}x", help=f"this tree in {now[0]['sweep']}")
-        elif other:
-            cols[3].metric("measured speedup", f"{other[0]['speedup']:.2f}x (other setting)",
-                           help=f"sweep {other[0]['sweep']}: {'; '.join(other[0]['elsewhere'])}: not comparable "
-                                f"with {lat['path'].name}")
+    found = measured.get(shape(tree), []) if lat is not None else []  # shown even where the table cannot price it
+    now = [m for m in found if comparable(m)]
+    other = [m for m in found if m["elsewhere"]]
+    if now:
+        cols[3].metric("measured speedup", f"{now[0]['speedup']:.2f}x", help=f"this tree in {now[0]['sweep']}")
+    elif other:
+        cols[3].metric("measured speedup", f"{other[0]['speedup']:.2f}x (other setting)",
+                       help=f"sweep {other[0]['sweep']}: {'; '.join(other[0]['elsewhere'])}: not comparable "
+                            f"with {lat['path'].name}")
+    if unpriced:
+        c1, c2 = st.columns([3, 1])
+        c1.caption(f"No predicted speedup: {why}. The nearest tree it prices has {top - 1} nodes.")
+        c2.button(f"price the optimizer's {top - 1}-node tree", key="tree_nearest_btn", on_click=_nearest,
+                  args=(top - 1,), help="the optimizer's tree (sidebar settings) at the largest budget the latency "
+                                        "table prices")
     cols = st.columns(3)
     for col, k in zip(cols, ("predicted_independent", "predicted_joint", "predicted_replay")):
         if shown_row.get(k) is not None:
@@ -324,28 +335,6 @@ def _curves_view(src: Source, named: list, tree, shown_row: dict, rec, lat, gues
                         "model's own token included):\n\n" + "\n".join(f"- **{k}**: {v}" for k, v in TREE_HELP.items()))
 
 
-def hardware_input(src: Source) -> dict | None:
-    """Sidebar: the latency CSV (from the calibration folder, the results folder, or given) and its setup, batch
-    size and context. {"path", "tables", "frame"} or None (nothing found or unreadable: said on the page)."""
-    with st.sidebar.expander("Hardware: latency table", expanded=True):
-        path = file_input("latency CSV", "tree_lat", ["csv"], latency_files(src))
-        if path is None:
-            return None
-        try:
-            df = read_latency_file(str(path), file_stamp(path))
-            tables = latency_picker(df, "tree", path.name, src.calib.typical_context() if src.calib else None,
-                                    where=st)
-        except WorkbenchError as e:
-            st.error(clean_error(e))
-            return None
-        st.caption(f"{path.name}: batch {tables['batch']}, context {tables['context']}, "
-                   f"{len(tables['seconds'])} token counts" + ("" if tables["spread"] else "; no spread measured")
-                   + ("; each tree priced at its own depth (the heads' cost is measured)" if tables.get("head_cost") else
-                      "; no heads' cost: trees priced at the depth the table timed (`workbench latency --heads DIR` "
-                      "times it)"))
-    return {"path": path, "tables": tables, "frame": df}
-
-
 def named_trees(user: list) -> list:
     """The named trees of the table and the curve: references, files under trees/, the user's."""
     out = []
@@ -358,22 +347,12 @@ def named_trees(user: list) -> list:
     return out
 
 
-
-
-
-
-
-
-
-
 def pick_quiet(spec):
     """A named tree for the table (None if a file there cannot be read: the selectbox reports it when picked)."""
     try:
         return load_tree(str(spec) if isinstance(spec, Path) else spec)
     except WorkbenchError:
         return None
-
-
 
 
 def user_tree_input(num_heads: int) -> list:

@@ -26,7 +26,6 @@ from workbench.core.io import find_csvs
 from workbench.measure.latency_file import LATENCY_REQUIRED, read_latency
 from workbench.measure.sweep_file import SWEEP_REQUIRED, read_sweep
 from workbench.plan.fastest import fastest, value_source
-from workbench.plan.recommend import latency_tables
 from workbench.trees.accuracies import read_accuracies
 
 UPLOAD_DIR = Path(tempfile.gettempdir()) / "workbench-app"
@@ -77,6 +76,12 @@ def portable_path(path) -> str:
         return p.resolve().relative_to(REPO_ROOT).as_posix()
     except ValueError:
         return p.name
+
+
+def relative_paths(text: str) -> str:
+    """A download's text with this checkout's absolute paths made relative to it (an engine config names the heads'
+    folder by its absolute path on the server: no use on another machine, and it reveals the server's layout)."""
+    return text.replace(str(REPO_ROOT) + os.sep, "")
 
 
 def shown_path(path) -> str:
@@ -254,42 +259,6 @@ def file_input(label: str, key: str, types: list[str], found: list[Path] | None 
     return Path(typed.strip()) if typed.strip() else None
 
 
-def accuracy_source(key: str) -> Source | None:
-    """Sidebar choice of the accuracies: a calibration folder, an accuracy file (CSV / heads_accuracy.pt), or
-    pasted CSV. Errors are shown here; None means there is nothing usable (the page says what to do)."""
-    found = calibration_folders()
-    kind = st.sidebar.radio("Accuracies from", ["calibration folder", "accuracy file or pasted CSV"], key=f"{key}_src")
-    with st.sidebar:
-        if kind == "calibration folder":
-            folder = st.text_input("Calibration folder", value=shown_path(found[0]) if found else "",
-                                   key=f"{key}_dir",
-                                   help=f"made by `workbench calibrate`; found under {shown_path(calibration_root())}: "
-                                        f"{', '.join(f.name for f in found) or 'none'}")
-            if not folder.strip():
-                st.info(f"No calibration folder under {calibration_root()}: run `workbench calibrate`, type a "
-                        "folder above, or switch to an accuracy file.")
-                return None
-            folder = str(resolved(folder.strip()))
-            stamp = file_stamp(folder)
-            try:
-                cal = open_calibration(folder.strip(), stamp)
-            except WorkbenchError as e:
-                st.error(clean_error(e))
-                return None
-            return Source(cal.accuracies("fit"), Path(folder).name, cal, folder.strip(), stamp)
-        path = file_input("accuracy CSV or Medusa heads_accuracy.pt", f"{key}_acc", ["csv", "pt", "pth"], paste=True)
-        if path is None:
-            st.info("Give an accuracy table: CSV `head,rank,accuracy[,count]` (1-based) or Medusa's "
-                    "heads_accuracy.pt.")
-            return None
-        try:
-            acc, _ = read_accuracy_file(str(path), file_stamp(path))
-        except WorkbenchError as e:
-            st.error(clean_error(e))
-            return None
-        return Source(acc, path.name)
-
-
 def slider(label: str, low: int, high: int, default: int, key: str, where=None, disabled: bool = False,
            help: str | None = None) -> int:
     """An integer slider whose kept value is first brought into low..high: a setting kept from a larger range (a
@@ -348,36 +317,6 @@ def drop_stale(key: str, options, fallback=None) -> bool:
             st.session_state[key] = fallback
         return True
     return False
-
-
-def latency_picker(df: pd.DataFrame, key: str, name: str, target: float | None, where=None) -> dict:
-    """One latency table (recommend.latency_tables: seconds by token count, with its spread) of one setup
-    (model/device/dtype), batch size and context, picked with selectboxes where the file has several; the context
-    defaults to the one nearest the calibration's typical cache length, the batch to 1."""
-    where = where or st.sidebar
-    keys = [c for c in ("model", "device", "dtype") if c in df.columns]
-    if keys:
-        labels = df[keys].astype(str).agg(" / ".join, axis=1)
-        setups = list(dict.fromkeys(labels))
-        if len(setups) > 1:
-            drop_stale(f"{key}_setup", setups)
-            df = df[labels == where.selectbox("latency setup", setups, key=f"{key}_setup")]
-    batch = 1
-    if "batch" in df.columns:
-        batches = sorted(int(b) for b in df["batch"].unique())
-        drop_stale(f"{key}_batch", batches)
-        batch = where.selectbox("batch size", batches, key=f"{key}_batch",
-                                index=batches.index(1) if 1 in batches else 0,
-                                help="sequences decoded together; the latency table and the sweeps are read at it") \
-            if len(batches) > 1 else batches[0]
-        df = df[df["batch"] == batch]
-    contexts = sorted(int(c) for c in df["context"].unique())
-    near = min(range(len(contexts)), key=lambda i: abs(contexts[i] - target)) if target else 0
-    drop_stale(f"{key}_ctx", contexts)
-    ctx = where.selectbox("latency context (cache length)", contexts, index=near, key=f"{key}_ctx",
-                          help="the cache length the step costs are read at (default: nearest the calibration's "
-                               "typical prompt + half answer)") if len(contexts) > 1 else contexts[0]
-    return latency_tables(df, ctx, batch, what=f"latency {name}")
 
 
 def read_sweep_or_error(path: Path | None) -> pd.DataFrame | None:

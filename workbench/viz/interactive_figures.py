@@ -38,8 +38,11 @@ def short_label(text: str, width: int) -> str:
 
 
 def _sizes(leaves: int) -> tuple[int, int, int]:
-    """(marker px, font px, label chars) by tree width: wide trees get small nodes (zoom in to read them)."""
-    return (26, 12, 4) if leaves <= 30 else (18, 10, 3) if leaves <= 80 else (13, 9, 2)
+    """(marker px, font px, label chars) by tree width: a leaf gets one x slot, and the narrowest the tree is drawn
+    (a 1280 px window: about 600 px of plot) must fit a marker per slot, or neighbours overlap (a 63-node tree
+    with 42 leaves had 18 px markers 17 px apart). Wide trees get small nodes: zoom in to read them."""
+    marker = max(7, min(26, 600 // max(leaves, 1)))
+    return marker, max(7, min(12, round(marker * 0.6))), 4 if marker >= 24 else 3 if marker >= 16 else 2
 
 
 def tree_chart(tree: Tree, probs: dict[RankPath, float] | None = None, labels: dict[RankPath, str] | None = None,
@@ -292,3 +295,16 @@ def curves_chart(curves: dict[str, tuple], points: dict[str, tuple[float, float]
     fig.update_xaxes(title="tree nodes (budget)")
     fig.update_yaxes(title=ytitle)
     return layout(fig, title)
+
+
+def acceptance_chart(series: dict[str, list[float]]) -> go.Figure:
+    """Per-position acceptance of the top-1 chain, one group of bars per draft position k (the share of steps whose
+    first k drafted tokens were all accepted: vLLM's per-position counters count the same), one bar per source."""
+    fig = go.Figure()
+    for name, rates in series.items():
+        fig.add_trace(go.Bar(x=list(range(1, len(rates) + 1)), y=list(rates), name=name,
+                             hovertemplate=f"{name}<br>position %{{x}}: %{{y:.3f}}<extra></extra>"))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title="draft position k (head k)", dtick=1)
+    fig.update_yaxes(title="P(first k drafted tokens accepted)", range=[0, 1.02])
+    return layout(fig, "acceptance per position (top-1 chain)")

@@ -169,3 +169,39 @@ def plan_chart(by_kind, measured=None, title: str = "predicted speedup per batch
     fig.update_xaxes(title="batch size", type="log")
     fig.update_yaxes(title="speedup over plain decoding")
     return layout(fig, title)
+
+
+def surface_chart(latency, context: int, outliers: list[dict] | None = None) -> go.Figure:
+    """The step-cost surface at one context: t(B, n) / t(B, 1) against tokens n, one line per batch size B, with the
+    spread of the repeats over the same plain step (q1 / t(B, 1) .. q3 / t(B, 1)) as error bars, and the points
+    off their trend (measure.latency_checks) marked: what a tree of n - 1 nodes costs relative to plain decoding."""
+    rows = latency[latency["context"].astype(int) == int(context)]
+    if "batch" not in rows.columns:
+        rows = rows.assign(batch=1)
+    spread = {"seconds_q1", "seconds_q3"} <= set(rows.columns)
+    fig = go.Figure()
+    for b, part in rows.groupby("batch", sort=True):
+        part = part.groupby("tokens", as_index=False).median(numeric_only=True).sort_values("tokens")
+        plain = float(part.loc[part["tokens"] == 1, "seconds"].iloc[0]) if (part["tokens"] == 1).any() else None
+        if plain is None:
+            continue
+        rel = part["seconds"] / plain
+        err = {} if not spread else dict(error_y=dict(type="data", symmetric=False,
+                                                      array=part["seconds_q3"] / plain - rel,
+                                                      arrayminus=rel - part["seconds_q1"] / plain))
+        fig.add_trace(go.Scatter(x=part["tokens"], y=rel, mode="lines+markers", name=f"batch {b}", **err,
+                                 hovertemplate=f"batch {b}<br>%{{x}} tokens: %{{y:.3f}} x the plain step"
+                                               "<extra></extra>"))
+    odd = [o for o in outliers or [] if (rows["batch"] == o["batch"]).any()]
+    if odd:
+        plain = {b: float(g.loc[g["tokens"] == 1, "seconds"].median()) for b, g in rows.groupby("batch")}
+        fig.add_trace(go.Scatter(
+            x=[o["tokens"] for o in odd], y=[o["seconds"] / plain[o["batch"]] for o in odd], mode="markers",
+            name="off its trend", marker=dict(symbol="x-open", size=14, color=FOCUS, line=dict(width=2)),
+            customdata=[[o["batch"], o["seconds"], o["expected"]] for o in odd],
+            hovertemplate="batch %{customdata[0]}, %{x} tokens: %{customdata[1]:.3f} s, about %{customdata[2]:.3f} s "
+                          "expected<extra></extra>"))
+    fig.add_hline(y=1.0, line=dict(color="grey", dash="dash", width=1))
+    fig.update_xaxes(title="tokens per step n (tree nodes + 1)", type="log")
+    fig.update_yaxes(title="t(B, n) / t(B, 1)")
+    return layout(fig, f"step-cost surface at context {context}" + ("" if spread else " (no spread measured)"))
