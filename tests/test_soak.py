@@ -287,15 +287,17 @@ VLLM_PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
                     reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (.ci/run builds one; "
                            "docs/vllm.md has the one-line setup)")
 def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, capsys, request):
-    """The demo model and heads, two prompts, K = 1, 2: three vLLM engines and three parts of our decoder."""
+    """The demo model and heads, four prompts, K = 1, 2, batch 1 to 4: three vLLM engines side by side, a part kept
+    per batch size, and three parts of our decoder: seven pieces, more than three kills of up to two pieces each
+    can use up (a run that finishes between kills keeps nothing to check)."""
     rng, what = _seed(request)
     calibration = REPO / "calibration" / "smollm2-135m-instruct-alpaca-eval"
     f = tmp_path / "prompts.jsonl"
-    f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n" for i, p in enumerate(PROMPTS[:2])))
+    f.write_text("".join(json.dumps({"id": f"q{i}", "instruction": p}) + "\n" for i, p in enumerate(PROMPTS[:4])))
 
     def argv(name):
         return ["vllm-check", "--vllm-python", VLLM_PY, "--calibration", str(calibration), "--prompts", str(f),
-                "--k", "1,2", "--batch-sizes", "1", "--max-new-tokens", "8", "--out", str(tmp_path / f"{name}.json")]
+                "--k", "1,2", "--batch-sizes", "1,2,3,4", "--max-new-tokens", "8", "--out", str(tmp_path / f"{name}.json")]
     kept = _soak_with_pieces(argv("killed"), argv("whole"), tmp_path / "killed.json", rng, what, capsys)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("killed", "whole"))
     timing = ("vllm_startup_s", "seconds", "load_average", "note", "speed")
