@@ -262,6 +262,17 @@ def test_budget_kept_from_a_longer_latency_table(server, browser):
     _shots(browser, "tradeoffs-short-batched-latency")
 
 
+def _budget(driver, nodes: int) -> None:
+    """The optimizer's budget slider moved to `nodes` from its lowest end, and the tree of that many drawn."""
+    from selenium.webdriver.common.keys import Keys
+
+    _slide(driver, "Budget (tree nodes)", Keys.HOME)
+    _settled(driver)
+    _slide(driver, "Budget (tree nodes)", *[Keys.ARROW_RIGHT] * (nodes - 1))
+    _wait(driver, lambda: _metric(driver, "nodes") == str(nodes), what=f"a {nodes}-node tree")
+    _settled(driver)
+
+
 def _option_named(driver, label: str, ending: str) -> str:
     """The shown text of the option of a selectbox that ends with `ending` (opens and closes the list)."""
     from selenium.webdriver.common.by import By
@@ -411,11 +422,7 @@ def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
     _choose(browser, "Tree on display (drawn, masked, exported)", OPTIMIZER)
     _radio(browser, "empirical paths")
     _settled(browser)
-    _slide(browser, "Budget (tree nodes)", Keys.HOME)
-    _settled(browser)
-    _slide(browser, "Budget (tree nodes)", *[Keys.ARROW_RIGHT] * 15)
-    _wait(browser, lambda: _metric(browser, "nodes") == "16", what="a 16-node tree")
-    _settled(browser)
+    _budget(browser, 16)
     _nav(browser, "Calibration")
     _nav(browser, "Tree designer")
     assert _metric(browser, "nodes") == "16"

@@ -15,7 +15,7 @@ from support.browser import choose as _choose, cut_tables, expand_all, metric as
 from support.browser import open_page as _open, page_overflow, radio as _radio, range_input as _range
 from support.browser import select as _select, settled as _settled, slide as _slide
 from support.browser import open_tab, wait as _wait
-from test_browser import OPTIMIZER, _focus_value, _log_lines, _no_errors, _option_named, _shots, _timed
+from test_browser import OPTIMIZER, _budget, _focus_value, _log_lines, _no_errors, _option_named, _shots, _timed
 from test_browser import browser, downloads, server  # noqa: F401 - fixtures: this module's own server and browser
 
 pytestmark = pytest.mark.browser
@@ -39,11 +39,7 @@ def test_node_click_then_page_switch_keeps_every_input(server, browser, width):
         _choose(browser, "batch size", "4")
         _radio(browser, "empirical paths")
         _settled(browser)
-        _slide(browser, "Budget (tree nodes)", Keys.HOME)
-        _settled(browser)
-        _slide(browser, "Budget (tree nodes)", *[Keys.ARROW_RIGHT] * 14)
-        _wait(browser, lambda: _metric(browser, "nodes") == "15", what="a 15-node tree")
-        _settled(browser)
+        _budget(browser, 15)
         calibration = _select(browser, "Calibration").get_attribute("value")
         tree_chart = _chart_index(browser, "empirical_15: 15 nodes")
         before = len(_log_lines(log))
