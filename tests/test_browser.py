@@ -415,7 +415,6 @@ def test_settings_and_upload_kept_across_pages(server, browser, tmp_path):
     """Budget 16 and the empirical model survive a trip to the calibration page and back; so does an uploaded
     accuracy table."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.common.keys import Keys
 
     url, _ = server
     _open(browser, f"{url}/tree", "Tree designer")

@@ -13,7 +13,7 @@ from support.browser import alerts as _alerts, app_server, body as _body
 from support.browser import chart_index as _chart_index, chart_point as _point, chart_points as _chart_points
 from support.browser import choose as _choose, cut_tables, expand_all, metric as _metric, nav as _nav
 from support.browser import open_page as _open, page_overflow, radio as _radio, range_input as _range
-from support.browser import select as _select, settled as _settled, slide as _slide
+from support.browser import select as _select, settled as _settled
 from support.browser import open_tab, wait as _wait
 from test_browser import OPTIMIZER, _budget, _focus_value, _log_lines, _no_errors, _option_named, _shots, _timed
 from test_browser import browser, downloads, server  # noqa: F401 - fixtures: this module's own server and browser
@@ -26,7 +26,6 @@ def test_node_click_then_page_switch_keeps_every_input(server, browser, width):
     """Issue 53: a tree-node click (the fragment's own run) followed by a page switch used to reset every page's
     settings. Set the shared inputs and the designer's own, click a node, visit the other pages (they show the same
     latency table and batch size) and come back: every input is as it was, the node still selected."""
-    from selenium.webdriver.common.keys import Keys
 
     url, log = server
     lat = "... or a latency CSV found here"
