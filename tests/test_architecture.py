@@ -85,3 +85,18 @@ def test_the_deferred_import_check_finds_one(tmp_path):
         """))
     assert deferred_imports_without_reason(tmp_path) == ["core/m.py:2"]
 
+
+
+MAX_LINES = 400  # issue 50: a module that outgrows this holds more than one job
+
+
+def long_modules(root: Path) -> list[str]:
+    return sorted(f"{p.relative_to(root)}: {n} lines" for p in root.rglob("*.py")
+                  if (n := len(p.read_text().splitlines())) > MAX_LINES)
+
+
+@pytest.mark.unit
+def test_no_module_over_400_lines(tmp_path):
+    assert long_modules(PACKAGE) == []
+    (tmp_path / "big.py").write_text("x = 1\n" * (MAX_LINES + 1))
+    assert long_modules(tmp_path) == [f"big.py: {MAX_LINES + 1} lines"]

@@ -3,6 +3,7 @@ size), `sweep` (live decoder grid) and `sweep-report`."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from workbench import WorkbenchError
 from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
@@ -13,8 +14,6 @@ from workbench.core.work import remove_work
 
 
 def cmd_latency(args) -> int:
-    from pathlib import Path
-
     if args.engine == "vllm" or args.k or args.method or args.draft_model or args.vllm_python:  # vLLM's own rounds
         from workbench.cli.vllm import cmd_latency_vllm
 
@@ -166,8 +165,6 @@ def cmd_plan(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from pathlib import Path
-
     from workbench.measure import sweep as S
     from workbench.calibrate.folder import Calibration, default_calibration
     from workbench.core.data import load_prompt_records
@@ -261,8 +258,6 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_sweep_report(args) -> int:
-    from pathlib import Path
-
     check_output(args.out, "--out")  # before the imports: reading a sweep imports torch (sweep.py runs them too)
     check_output(args.figures, "--figures", "folder")
     from workbench.measure.latency_file import read_latency
