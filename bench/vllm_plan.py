@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -31,33 +30,13 @@ from workbench.calibrate.folder import default_calibration  # noqa: E402
 from workbench.cli import main as workbench  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
+from workbench.core.provenance import cpu_mark, others, quiet  # noqa: E402
 
 TOLERANCE = 0.10  # issue 48: |predicted - measured| <= 10% of vLLM's measured speedup
 
 
 def load() -> list[float] | None:
     return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-
-
-def cpu_mark() -> tuple[float, float, float, float] | None:
-    """(wall s, busy CPU s of the whole machine, of it niced, CPU s of this process and its finished children): the
-    load average after a step is that step's own, so what else ran is the machine's busy time less ours."""
-    try:
-        f = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    busy = (f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)) / tick  # user nice system irq softirq steal
-    return time.time(), busy, f[1] / tick, sum(os.times()[:4])
-
-
-def others(before, after) -> dict | None:
-    """CPU cores other processes kept busy on average between two cpu_marks (all of them, and the niced part)."""
-    if before is None or after is None or after[0] <= before[0]:
-        return None
-    wall = after[0] - before[0]
-    return dict(cores=round(max(0.0, (after[1] - before[1]) - (after[3] - before[3])) / wall, 3),
-                niced_cores=round((after[2] - before[2]) / wall, 3), seconds=round(wall, 1))
 
 
 def step(name: str, argv: list[str], out: Path, loads: dict) -> None:
@@ -75,14 +54,11 @@ def step(name: str, argv: list[str], out: Path, loads: dict) -> None:
     loads[name]["others"] = others(mark, cpu_mark())
 
 
-IDLE_LOAD, IDLE_OTHERS = 0.5, 0.1  # idle: a 1-min load average under 0.5 at the start, others under 0.1 cores
-
-
 def idle(loads: dict) -> bool:
-    """Idle at the start, and no step shared the machine (the load after a step is its own, so not that)."""
+    """No step shared the machine (provenance.quiet over the CPU others used during it; the load average before a
+    step says what ran the minute before, the one after is the step's own)."""
     steps = [v for v in loads.values() if isinstance(v, dict)]
-    return (loads.get("start") or [9])[0] < IDLE_LOAD and all(
-        (v.get("others") or {"cores": 9})["cores"] < IDLE_OTHERS for v in steps)
+    return bool(steps) and all(quiet(v.get("others")) for v in steps)
 
 
 def verdicts(check: dict) -> dict:
@@ -96,7 +72,7 @@ def verdicts(check: dict) -> dict:
 
 
 def run(args) -> int:
-    from workbench.export.vllm_check import check_table
+    from workbench.export.vllm_check import check_table, load_note
 
     out_dir, name = Path(args.out_dir), args.name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -120,6 +96,10 @@ def run(args) -> int:
     finally:
         atomic_write_json(loads_file, loads, "--out-dir")
     res = json.loads(check.read_text())
+    if "others" not in res["load_average"] and (loads.get("check") or {}).get("others"):  # a check from before it
+        used = loads["check"]["others"]  # measured what else ran itself: this bench's measure of the same step
+        res["load_average"].update(others=used, idle=quiet(used))
+        res["note"] = load_note(used) + " (measured by bench/vllm_plan.py around the check)"
     verdict = verdicts(res)
     summary = dict(calibration=cal, latency=str(lat), plan=str(plan), check=str(check), load_average=loads,
                    cpus=os.cpu_count(), verdicts=verdict, plan_check=res["plan_check"], speed=res["speed"],

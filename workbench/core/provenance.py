@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import time
 from importlib import metadata
 
 import pandas as pd
@@ -134,6 +135,37 @@ def loaded(s: dict | None, limit: float = 0.5) -> bool:
     if not s or s.get("load_average") is None or not s.get("cores"):
         return False
     return s["load_average"] > limit * s["cores"]
+
+
+QUIET_CORES = 0.1  # idle while measuring: other processes kept less than a tenth of a core busy on average
+
+
+def cpu_mark() -> tuple[float, float, float, float] | None:
+    """(wall s, busy CPU s of the whole machine, its niced part, CPU s of this process and its finished children), or
+    None without /proc/stat. Two marks give what else ran between them (`others`): the load average after a run is
+    mostly the run's own, and the one before it says what ran in the minute before, not during."""
+    try:
+        f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    busy = (f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)) / tick  # user nice system irq softirq steal
+    return time.time(), busy, f[1] / tick, sum(os.times()[:4])
+
+
+def others(before, after) -> dict | None:
+    """CPU cores other processes kept busy on average between two cpu_marks (all of them, and the niced part); a
+    child still running at `after` counts as another process."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    wall = after[0] - before[0]
+    return dict(cores=round(max(0.0, (after[1] - before[1]) - (after[3] - before[3])) / wall, 3),
+                niced_cores=round((after[2] - before[2]) / wall, 3), seconds=round(wall, 1))
+
+
+def quiet(used: dict | None) -> bool | None:
+    """Whether nothing else ran during a measurement (`others`' result); None where that was not measured."""
+    return None if used is None else used["cores"] < QUIET_CORES
 
 
 def describe(s: dict | None) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
+from workbench.core.provenance import cpu_mark, others, quiet
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.export.engines import export_plan
@@ -212,7 +213,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     state = WorkState(work, dict(request, command="vllm-check", python=str(Path(py).resolve()),
                                  prompts=prompts_fingerprint(ids),
                                  heads=heads_fingerprint(heads), model_label=model_label(model)))
-    load_before = _load_avg()
+    load_before, mark = _load_avg(), cpu_mark()
     results = engine_results(py, request, state, progress)
     mine = ours(base, heads, tok, ids, all_ks, 1, max_new_tokens, eos, progress, state)
     plain = {r["batch_size"]: r for r in results[0]["runs"]}
@@ -242,7 +243,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
             per_sequence=per_seq, ours_counted_like_vllm=counted_like_vllm(per_seq["ours"], per_seq["lengths"], k),
             sequences_step_for_step=sequences_step_for_step(per_seq, k)))
         speed += speed_rows(k, batch_sizes, runs, plain, plan_k, plan)
-    load_after = _load_avg()
+    load_after, used = _load_avg(), others(mark, cpu_mark())
     return dict(
         vllm_version=results[0]["vllm_version"], model=model_label(model), vllm_model=vllm_model,
         vllm_heads=str(folder), heads=str(heads_dir or "demo"), calibration=str(cal.folder),
@@ -252,14 +253,16 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
         surface_prompts_left_out=excluded, priced_on=priced_on(plan) if plan is not None else None,
         vllm_plain_vs_ours_plain={b: compare_outputs(plain[b]["outputs"], mine["plain"]) for b in plain},
         vllm_startup_s=[r["startup_s"] for r in results], seconds=time.time() - t0,
-        load_average=dict(before=load_before, after=load_after, cpus=os.cpu_count(), idle=idle_before(load_before)),
-        note="idle machine at the start (the load after is this check's own)" if idle_before(load_before) else
-        "tokens/s were measured on a loaded machine: not idle figures")
+        load_average=dict(before=load_before, after=load_after, cpus=os.cpu_count(), others=used, idle=quiet(used)),
+        note=load_note(used))
 
 
-def idle_before(load: list[float] | None) -> bool:
-    """Idle = nothing else ran when the check started; the load average after it is mostly its own."""
-    return bool(load) and load[0] < 0.5
+def load_note(used: dict | None) -> str:
+    """What the CPU other processes used during the check (provenance.others) says of its tokens/s."""
+    if used is None:
+        return "what else ran during the check was not measured (no /proc/stat): tokens/s not known to be idle figures"
+    return (f"other processes used {used['cores']:.3f} cores during the check: "
+            + ("idle figures" if quiet(used) else "tokens/s were measured on a loaded machine: not idle figures"))
 
 
 def _counts(accepted: list[int], steps: int) -> str:

@@ -13,7 +13,8 @@ every K alike), through the engine's own step loop (LLMEngine.add_request / step
 the batch stays full. A round is one engine step in which all B requests were decoding (no prefill in it, none
 finished before it) and each emitted tokens. A pass's value is the wall time of its engine steps while all B were
 decoding over its rounds (tokens out per wall time of the engine's steps, per round); the CSV keeps
-the median and spread over passes at tokens = K + 1 per sequence. The context is the mean over every timed round
+the median and spread over passes at tokens = K + 1 per sequence, a K > 0 engine's passes each priced against
+plain's same pass (`paired`). The context is the mean over every timed round
 (one value per file, as decoder-step writes it), its range in context_min/max.
 Resumable: each batch size's results are kept as they arrive (vllm_runner.engine_results).
 """
@@ -23,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import statistics
 
 import pandas as pd
 
@@ -46,14 +48,26 @@ def round_value(steps: list[dict]) -> float | None:
     return math.fsum(s["seconds"] for s in steps) / full if full else None
 
 
+def paired(values: list[float | None], plain: list[float | None]) -> list[float]:
+    """A K engine's passes priced pass by pass against plain's (the same prompts, run next to each other):
+    median(plain) x its round over plain's in each pass. The plan reads t(K)/t(0) = the median of those ratios,
+    so the machine's drift between passes (20-30 % over minutes on a shared VM) and each pass's own prompts cancel
+    instead of widening both medians."""
+    base = statistics.median(v for v in plain if v is not None)
+    return [base * v / p for v, p in zip(values, plain, strict=True) if v is not None and p is not None]
+
+
 def rows_of(results: list[dict], ks: list[int], label: str, cell: str) -> tuple[list[dict], list[tuple[int, int]]]:
-    """CSV rows (all but the context) of the worker's results, engine i running K = ks[i], and every timed round's
-    (context sum, sequences) for the file's context."""
-    rows, contexts = [], []
+    """CSV rows (all but the context) of the worker's results, engine i running K = ks[i] (ks[0] = 0, plain; every
+    other K priced against it pass by pass: `paired`), and every timed round's (context sum, sequences) for the
+    file's context."""
+    rows, contexts, plain = [], [], {}
     for k, res in zip(ks, results, strict=True):
         for run in res["runs"]:
             b, passes = run["batch_size"], [p for p in run["passes"] if p.get("timed")]
-            values = [v for v in (round_value(p["rounds"]) for p in passes) if v is not None]
+            values = [round_value(p["rounds"]) for p in passes]
+            plain.setdefault(b, values)
+            values = [v for v in (paired(values, plain[b]) if k else values) if v is not None]
             if not values:
                 raise WorkbenchError(f"vLLM: no full round at batch {b}, K={k} (every request finished or was "
                                      "still in prefill): raise --max-new-tokens")
