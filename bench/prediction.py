@@ -4,6 +4,14 @@ speedup and tokens/step next to what the live decoder measures on held-out promp
     python bench/prediction.py --limit 4 --max-new-tokens 16                    # quick check on the demo
     python bench/prediction.py --latency calibration/X/latency-cpu.csv --limit 64 --repeats 3 --threads 2
     python bench/prediction.py --batch-sizes 1,2,4,8 --repeats 3,3,3,6   # more passes where steps are noisier
+    python bench/prediction.py --latency docs/results/latency-dynamic-cpu.csv --batch-sizes 1,2,4 --top 2 \
+        --dynamic-top 2 --limit 16 --max-new-tokens 48 --out bench/results/prediction-dynamic-cpu.json
+                                        # a table with per-step rows (latency --envelope): per-step trees too
+
+Where the latency table timed per-step trees (`workbench latency --envelope`), plan's best --dynamic-top per-step
+trees are measured beside its static candidates (decoded as `decode --dynamic N --tree ENVELOPE` runs them, their
+replay over the heads' recorded log-probs), plan's choice is starred, and per batch size the table says whether plan
+picks a per-step tree exactly where one measures faster than everything else (issue 51).
 
 Prediction: `plan` itself (plan.calibration_source + plan.rank: the calibration's replay over its held-out answers cut
 to --max-new-tokens, and speedup = tokens/step / (t(n+1)/t(1)) from the latency table, with its range over the
@@ -30,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibrate.folder import Calibration, default_calibration, list_calibrations  # noqa: E402
-from workbench.calibrate.ranks import decoder_walk  # noqa: E402
+from workbench.calibrate.ranks import answer_rows, decoder_walk, walk_answers  # noqa: E402
 from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
@@ -39,7 +47,7 @@ from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measure
                                   prefill_share, spread, tokens_per_step)
 from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.measure.latency_file import latency_engine, latency_surface, read_latency  # noqa: E402
-from workbench.plan.rank import at_batch, candidates, rank
+from workbench.plan.rank import at_batch, candidates, choose, dynamic_candidates  # noqa: E402
 from workbench.plan.source import calibration_source  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
@@ -49,17 +57,29 @@ MEASURED = {"speedup": decode_speedup, "end_to_end_speedup": measured_speedup,
             "step_ratio": overhead, "prefill_share": lambda m, v: prefill_share(v)}
 
 
-def plan_top(cal: Calibration, latency_df, batch_sizes, top: int, max_new_tokens: int | None) -> tuple[dict, dict]:
-    """({batch: [the `top` best candidates of plan at that batch, speculation only]}, the source's info)."""
+def plan_top(cal: Calibration, latency_df, latency_path, batch_sizes, top: int, max_new_tokens: int | None,
+             dynamic_top: int = 3) -> tuple[dict, dict]:
+    """({batch: what is measured there: plan's `top` best static trees and chains and, where the table timed per-step
+    trees (`latency --envelope`), its `dynamic_top` best of those, each marked "chosen" if it is plan's choice},
+    the source's info with plan's choice per batch size)."""
     src = calibration_source(cal, "replay", max_new_tokens=max_new_tokens)
     surface, ctx = latency_surface(latency_df, batch_sizes, None, src["typical_context"], "--latency")
     most = max(max(s["seconds"]) for s in surface.values()) - 1
     cands = candidates(src["tokens_per_step"], src["chain_acceptance"], most, src["value"], src["max_depth"],
                        src["max_rank"])
-    out = {b: [c for c in rank(at_batch(cands, src["batch_tokens_per_step"], b), surface[b]["seconds"],
-                               surface[b]["spread"], surface[b]["head_cost"]) if c["kind"] != "none"][:top]
-           for b in batch_sizes}
-    return out, dict(src["info"], context=ctx)
+    dyn, dyn_info = dynamic_candidates(src, latency_path, batch_sizes, ctx)
+    out, chosen = {}, {}
+    for b in batch_sizes:
+        per_step = None if dyn is None else (at_batch(dyn[0], src["batch_tokens_per_step"], b),
+                                             *(dyn[1][b][k] for k in ("seconds", "spread", "head_cost")))
+        pick = choose(at_batch(cands, src["batch_tokens_per_step"], b), surface[b]["seconds"], surface[b]["spread"],
+                      surface[b]["head_cost"], per_step)
+        best = pick["best"]
+        chosen[b] = "none" if best["kind"] == "none" else best["tree"].name
+        spec = [c for c in pick["ranked"] if c["kind"] not in ("none", "dynamic")][:top]
+        spec += [c for c in pick["ranked"] if c["kind"] == "dynamic"][:dynamic_top]
+        out[b] = [dict(c, chosen=c is best) for c in spec]
+    return out, dict(src["info"], context=ctx, dynamic=dyn_info, chosen=chosen)
 
 
 def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeats: dict, engine,
@@ -84,8 +104,8 @@ def measure_batch(model, heads, tok, prompts, b: int, top: list[dict], max_new_t
     """{tree name: {quantity: [per repeat]}} at batch size b for plan's candidates `top` (measure_specs)."""
     from workbench.runtime.treemask import tree_setup
 
-    return measure_specs(model, heads, tok, prompts, b, {c["tree"].name: tree_setup(c["tree"], model) for c in top},
-                         max_new_tokens, repeats, engine, progress)
+    specs = {c["tree"].name: c["tree"] if c["kind"] == "dynamic" else tree_setup(c["tree"], model) for c in top}
+    return measure_specs(model, heads, tok, prompts, b, specs, max_new_tokens, repeats, engine, progress)
 
 
 def measure_specs(model, heads, tok, prompts, b: int, specs: dict, max_new_tokens: int, repeats: int, engine,
@@ -119,15 +139,22 @@ def measure_specs(model, heads, tok, prompts, b: int, specs: dict, max_new_token
 def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_tokens: int) -> list[dict]:
     answers = cal.answers("all", max_new_tokens)
     these = answers[answers["prompt_id"].isin([str(i) for i in prompt_ids])]
+    per_step = None  # the heads' recorded log-probs of these positions, read once if a per-step tree is measured
     rows = []
     for b, top in picks.items():
         for c in top:
             m = measured[b][c["tree"].name]
+            if c["kind"] == "dynamic":
+                per_step = per_step or answer_rows(these, cal.head_logprobs(these))
+                replay = walk_answers(c["tree"], per_step)
+            else:
+                replay = decoder_walk(c["tree"], these)
             sp, tps, e2e = spread(m["speedup"]), spread(m["tokens_per_step"]), spread(m["end_to_end_speedup"])
             bt, ratio = spread(m["batch_tokens_per_step"]), spread(m["step_ratio"])
+            tree = c["tree"].envelope if c["kind"] == "dynamic" else c["tree"]  # a per-step tree: its envelope's
             rows.append(dict(batch_size=b, candidate=c["tree"].name, kind=c["kind"], nodes=c["nodes"],
-                             medusa_choices=c["tree"].as_lists(),
-                             predicted_tokens_per_step=c["tokens_per_step"], replay_these=decoder_walk(c["tree"], these),
+                             medusa_choices=tree.as_lists(), chosen=c["chosen"],
+                             predicted_tokens_per_step=c["tokens_per_step"], replay_these=replay,
                              measured_tokens_per_step=tps["median"], tokens_per_step_q1=tps["q1"],
                              tokens_per_step_q3=tps["q3"], predicted_speedup=c["speedup"],
                              predicted_range=list(c["range"]) if c["range"] else None,
@@ -143,6 +170,12 @@ def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_t
     return rows
 
 
+def short(r: dict) -> str:
+    """A row's candidate in 13 characters, `*` before plan's choice: dynamic_8_of_64 as dyn 8/64."""
+    name = r["candidate"].replace("dynamic_", "dyn ").replace("_of_", "/")
+    return ("*" if r.get("chosen") else "") + name[:13]
+
+
 def table(rows: list[dict]) -> str:
     head = (f"{'B':>2} {'candidate':<14}{'nodes':>6} {'tok/step pred':>13} {'these':>6} {'measured (q1..q3)':>22} "
             f"{'err':>6}  {'speedup pred (range)':>22} {'decode (q1..q3)':>22} {'err':>6}  {'batch t/s':>11} "
@@ -151,7 +184,7 @@ def table(rows: list[dict]) -> str:
     for r in rows:
         rng = f"({r['predicted_range'][0]:.2f}..{r['predicted_range'][1]:.2f})" if r["predicted_range"] else ""
         lines.append(
-            f"{r['batch_size']:>2} {r['candidate'][:13]:<14}{r['nodes']:>6} {r['predicted_tokens_per_step']:>13.3f} "
+            f"{r['batch_size']:>2} {short(r):<14}{r['nodes']:>6} {r['predicted_tokens_per_step']:>13.3f} "
             f"{r['replay_these']:>6.3f} {r['measured_tokens_per_step']:>7.3f} "
             f"({r['tokens_per_step_q1']:.3f}..{r['tokens_per_step_q3']:.3f}) {r['tokens_per_step_err_pct']:>+5.1f}%  "
             f"{r['predicted_speedup']:>8.3f}x {rng:>12} {r['measured_speedup']:>7.3f}x "
@@ -160,6 +193,31 @@ def table(rows: list[dict]) -> str:
             f"{r['predicted_step_ratio']:>5.2f}/{r['measured_step_ratio']:<5.2f} {r['end_to_end_speedup']:>5.3f}x "
             f"{100 * r['prefill_share']:>6.1f}%")
     return "\n".join(lines)
+
+
+def per_step_verdicts(rows: list[dict], chosen: dict) -> list[dict]:
+    """Per batch size where per-step trees were measured: plan's choice, the fastest measured per-step tree and the
+    fastest of everything else (static trees, chains, no speculation at 1x), and whether plan picked a per-step
+    tree exactly where one measures faster (issue 51), overlapping interquartile ranges counting as a tie either
+    way; and the largest |speedup error| of a per-step row."""
+    out = []
+    none = dict(candidate="none", measured_speedup=1.0, speedup_q1=1.0, speedup_q3=1.0)
+    for b in sorted({r["batch_size"] for r in rows}):
+        at = [r for r in rows if r["batch_size"] == b]
+        dyn = [r for r in at if r["kind"] == "dynamic"]
+        if not dyn:
+            continue
+        d = max(dyn, key=lambda r: r["measured_speedup"])
+        s = max([r for r in at if r["kind"] != "dynamic"] + [none], key=lambda r: r["measured_speedup"])
+        tie = d["speedup_q1"] <= s["speedup_q3"] and s["speedup_q1"] <= d["speedup_q3"]
+        picked = any(r["chosen"] and r["kind"] == "dynamic" for r in at)
+        faster = d["measured_speedup"] > s["measured_speedup"]
+        out.append(dict(batch_size=b, plan=chosen.get(b, chosen.get(str(b))), fastest_other=s["candidate"],
+                        fastest_other_speedup=s["measured_speedup"], fastest_per_step=d["candidate"],
+                        fastest_per_step_speedup=d["measured_speedup"], plan_picks_per_step=picked,
+                        per_step_measures_faster=faster, within_noise=tie, ok=tie or picked == faster,
+                        per_step_max_abs_err_pct=max(abs(r["speedup_err_pct"]) for r in dyn)))
+    return out
 
 
 def main(argv=None) -> int:
@@ -171,6 +229,8 @@ def main(argv=None) -> int:
     ap.add_argument("--heads", help="default: the calibration's heads")
     ap.add_argument("--batch-sizes", default="1,2,4,8")
     ap.add_argument("--top", type=int, default=5, help="candidates of plan per batch size (default 5)")
+    ap.add_argument("--dynamic-top", type=int, default=3, help="also plan's best per-step trees per batch size where "
+                    "the latency table timed them (`latency --envelope`; default 3)")
     ap.add_argument("--limit", type=int, default=64, help="held-out prompts decoded (default 64)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", default="3", help="passes over the prompts (the spread; default 3), or one count per "
@@ -221,7 +281,7 @@ def run(args) -> int:
     if batch_sizes[-1] > len(records):
         raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(records)} held-out prompts: raise "
                              "--limit")
-    picks, info = plan_top(cal, latency_df, batch_sizes, args.top, args.max_new_tokens)
+    picks, info = plan_top(cal, latency_df, lat, batch_sizes, args.top, args.max_new_tokens, args.dynamic_top)
     heads = args.heads or (None if cal.meta.get("heads") in (None, "demo") else cal.meta["heads"])
     model_name = args.model or (None if heads is None else cal.meta.get("model"))
     model, tok, hd = load_model_and_heads(model_name, heads, args.device)
@@ -235,21 +295,30 @@ def run(args) -> int:
     state = WorkState(args.out, dict(command="bench/prediction.py", calibration=str(cal.folder), latency=str(lat),
                                      prompts=[pid for pid, _ in records], max_new_tokens=args.max_new_tokens,
                                      repeats=repeats, model=model_name, heads=heads, setting=without_load(here),
-                                     picks={b: [c["tree"].as_lists() for c in top] for b, top in picks.items()}))
+                                     picks={b: [c["tree"].name if c["kind"] == "dynamic" else c["tree"].as_lists()
+                                                for c in top] for b, top in picks.items()}))
     measured = measure(model, hd, tok, prompts, picks, args.max_new_tokens, repeats, engine,
                        lambda s: print(s, file=sys.stderr), state)
     rows = rows_of(picks, measured, cal, [pid for pid, _ in records], args.max_new_tokens)
     lat_setting = read_setting(latency_df)
     here["load_average_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
     warning = mismatch_warning(lat_setting, here, "bench/prediction.py")
+    verdicts = per_step_verdicts(rows, info["chosen"])
     atomic_write_json(args.out, dict(calibration=str(cal.folder), latency=str(lat), source=info, setting=here,
                                      latency_setting=lat_setting, setting_warning=warning, prompts=len(prompts),
-                                     max_new_tokens=args.max_new_tokens, repeats=repeats, rows=rows))
+                                     max_new_tokens=args.max_new_tokens, repeats=repeats, rows=rows,
+                                     per_step=verdicts))
     print(f"{cal.folder.name}: {len(prompts)} held-out prompts, {args.max_new_tokens} new tokens, "
           f"{'/'.join(map(str, repeats.values()))} repeats at batch {'/'.join(map(str, repeats))}; latency "
           f"{Path(lat).name} at context {info['context']}\nthis run: {describe(here)}\n"
           f"latency:  {describe(lat_setting)}")
     print(table(rows))
+    for v in verdicts:
+        print(f"batch {v['batch_size']}: plan {v['plan']}; fastest measured other {v['fastest_other']} "
+              f"{v['fastest_other_speedup']:.3f}x, per-step {v['fastest_per_step']} "
+              f"{v['fastest_per_step_speedup']:.3f}x{' (within noise)' if v['within_noise'] else ''}: plan picks a "
+              f"per-step tree only where it measures faster: {'yes' if v['ok'] else 'NO'}; per-step |speedup "
+              f"error| <= {v['per_step_max_abs_err_pct']:.1f}%")
     for note in ([warning] if warning else []) + (["WARNING: busy machine (load average above half the cores): the "
                                                    "measured speeds are not this machine's"] if loaded(here) else []):
         print(note, file=sys.stderr)

@@ -635,6 +635,64 @@ def test_tradeoffs_page_draws_only_the_open_tab(demo_files, monkeypatch):
     assert not drawn["Sweep (Fig. 4)"] & drawn["Latency and speedup"]
 
 
+def test_static_vs_per_step_tab(monkeypatch, tmp_path):
+    """The trade-offs page's "Static vs per-step" tab, on the committed calibration (its heads' top-k recorded) and
+    a table that also timed per-step trees (here 0.9x the static step): at every budget the static and the per-step
+    tree as the plan prices them (plan.rank.equal_budgets), the faster named per budget; the committed table, which
+    timed none, says how to time them."""
+    from workbench import REPO_ROOT
+    from workbench.plan.rank import equal_budgets
+    from workbench.plan.source import plan_source
+
+    cal = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    df = pd.read_csv(cal / "latency-cpu.csv")
+    dyn = df[(df["tokens"] > 1) & (df["tokens"] <= 16)].copy()
+    for c in ("seconds", "seconds_min", "seconds_q1", "seconds_q3", "seconds_max"):
+        dyn[c] = dyn[c] * 0.9
+    lat = tmp_path / "latency-per-step.csv"
+    pd.concat([df, dyn.assign(policy="dynamic", envelope=15)], ignore_index=True).to_csv(lat, index=False)
+    monkeypatch.setenv("WORKBENCH_CALIBRATION_ROOT", str(REPO_ROOT / "calibration"))
+    monkeypatch.setenv("WORKBENCH_RESULTS_ROOT", str(tmp_path))
+    at = page("tradeoffs_page", None, monkeypatch).run()
+    tab(at, "Static vs per-step")
+    no_exception(at)
+    assert any("timed no per-step trees" in i.value and "--envelope" in i.value for i in at.info)
+    at.selectbox(key="in_lat_pick").set_value(next(o for o in at.selectbox(key="in_lat_pick").options
+                                                   if "latency-per-step" in o)).run()
+    no_exception(at)
+    shown = table(at, "measured speedup")
+    rows, _ = equal_budgets(plan_source(calibration=str(cal), max_new_tokens=at.number_input(key="in_gen").value),
+                            lat, [1], int(at.session_state["in_ctx"]) if "in_ctx" in at.session_state else None)
+    assert list(zip(shown["nodes"], shown["kind"])) == [(r["nodes"], r["kind"]) for r in rows] and len(rows) >= 4
+    assert shown["speedup"].tolist() == pytest.approx([r["speedup"] for r in rows])
+    assert shown["measured speedup"].isna().all()  # no sweep decoded either kind
+    said = next(m.value for m in at.markdown if m.value.startswith("Static or per-step at batch 1"))
+    assert "**per-step**" in said  # 0.9x the static step at equal tokens/step: per-step wins somewhere
+
+
+def test_per_step_measurements_are_matched_by_kind_and_size():
+    from workbench.ui.per_step_view import frame, measured, verdict
+
+    sweep = pd.DataFrame([dict(kind="vanilla", nodes=0, batch_size=1, acceptance="greedy", tokens_per_step=1.0,
+                               decode_speedup=float("nan"), speedup=1.0),
+                          dict(kind="optimal", nodes=4, batch_size=1, acceptance="greedy", tokens_per_step=1.6,
+                               decode_speedup=0.78, speedup=0.8),
+                          dict(kind="dynamic", nodes=4, batch_size=1, acceptance="greedy", tokens_per_step=1.62,
+                               decode_speedup=float("nan"), speedup=0.54),
+                          dict(kind="dynamic", nodes=4, batch_size=2, acceptance="greedy", tokens_per_step=1.5,
+                               decode_speedup=0.9, speedup=0.9)])
+    found = measured(sweep, 1)
+    assert set(found) == {("static", 4), ("per-step", 4)}
+    rows = [dict(nodes=4, kind="static", tokens_per_step=1.58, step_ratio=2.0, speedup=0.79, range=[0.75, 0.82]),
+            dict(nodes=4, kind="per-step", tokens_per_step=1.62, step_ratio=2.2, speedup=0.74, range=[0.80, 0.85]),
+            dict(nodes=8, kind="per-step", tokens_per_step=1.7, step_ratio=2.4, speedup=0.71, range=None)]
+    f = frame(rows, found)
+    assert f["measured speedup"].tolist()[:2] == [0.78, 0.54]  # the split where the sweep has it, else end to end
+    assert f["measured tokens/step"].tolist()[:2] == [1.6, 1.62] and pd.isna(f["measured speedup"].iloc[2])
+    assert verdict(rows) == "4: **static** (within noise)"
+    assert measured(None, 1) == {}
+
+
 def test_tradeoffs_page_without_files(tmp_path, monkeypatch):
     at = page("tradeoffs_page", tmp_path, monkeypatch).run()
     no_exception(at)

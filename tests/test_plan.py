@@ -689,6 +689,60 @@ def test_prediction_bench_runs_on_the_tiny_model(calib, flat_latency, tmp_path, 
     assert not (tmp_path / "bad.json").exists()
 
 
+def test_prediction_bench_measures_per_step_trees_beside_static_ones(calib, flat_latency, tiny_llama, tmp_path,
+                                                                     capsys):
+    """With a table that timed per-step trees (made cheap at batch 1, dear at batch 2), bench/prediction.py measures
+    plan's best per-step trees beside its static ones, marks plan's choice (a per-step tree at batch 1 only), and a
+    greedy decoder measures the per-step replay over these prompts' recorded log-probs exactly."""
+    import shutil
+
+    from workbench.calibrate.topk import record_topk
+    from workbench.runtime.models import load_model_and_heads
+
+    bench = _prediction_bench()
+    calib = shutil.copytree(calib, tmp_path / "cal")  # with the heads' top-k recorded: what per-step trees replay
+    record_topk(calib, *load_model_and_heads(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), "cpu"),
+                batch=2)
+    lat, out = tmp_path / "dyn.csv", tmp_path / "prediction.json"
+    _with_dynamic(pd.read_csv(flat_latency), 7, lambda b, n: 0.5 if b == 1 else 3.0).to_csv(lat, index=False)
+    assert bench.main(["--calibration", str(calib), "--latency", str(lat), "--batch-sizes", "1,2", "--top", "1",
+                       "--dynamic-top", "2", "--limit", "2", "--max-new-tokens", "6", "--repeats", "1",
+                       "--device", "cpu", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    kinds = {b: sorted(r["kind"] for r in res["rows"] if r["batch_size"] == b) for b in (1, 2)}
+    assert all(k.count("dynamic") == 2 and len(k) == 3 for k in kinds.values())
+    chosen = {r["batch_size"]: r["kind"] for r in res["rows"] if r["chosen"]}
+    assert chosen.get(1) == "dynamic" and chosen.get(2) != "dynamic"
+    assert res["source"]["chosen"]["1"].startswith("dynamic_") and res["source"]["dynamic"]["weighed"]
+    for r in res["rows"]:
+        assert r["measured_tokens_per_step"] == pytest.approx(r["replay_these"])
+        if r["kind"] == "dynamic":
+            assert r["medusa_choices"] == res["source"]["dynamic"]["medusa_choices"]  # the envelope
+    assert [v["batch_size"] for v in res["per_step"]] == [1, 2] and res["per_step"][0]["plan_picks_per_step"]
+    assert "plan picks a per-step tree only where it measures faster" in capsys.readouterr().out
+
+
+def test_per_step_verdicts():
+    """Plan picks a per-step tree exactly where one measures faster than everything else (no speculation at 1x
+    included); overlapping interquartile ranges are a tie either way."""
+    bench = _prediction_bench()
+
+    def row(kind, speedup, chosen=False, q=0.01):
+        return dict(batch_size=1, candidate=f"{kind}_{speedup}", kind=kind, measured_speedup=speedup,
+                    speedup_q1=speedup - q, speedup_q3=speedup + q, chosen=chosen, speedup_err_pct=-3.0)
+
+    def verdict(*rows):
+        return bench.per_step_verdicts(list(rows), {1: "x"})[0]
+
+    assert verdict(row("dynamic", 1.3, True), row("tree", 1.1))["ok"]  # faster and picked
+    assert not verdict(row("dynamic", 1.3), row("tree", 1.1, True))["ok"]  # faster, not picked
+    assert not verdict(row("dynamic", 1.1, True), row("tree", 1.3))["ok"]  # slower, picked
+    v = verdict(row("dynamic", 0.9, True), row("tree", 0.8))  # beaten by no speculation (1x)
+    assert not v["ok"] and v["fastest_other"] == "none" and v["per_step_max_abs_err_pct"] == 3.0
+    assert verdict(row("dynamic", 1.12, True, 0.05), row("tree", 1.1, q=0.05))["within_noise"]
+    assert bench.per_step_verdicts([row("tree", 1.1)], {1: "x"}) == []
+
+
 def _with_dynamic(df: pd.DataFrame, envelope: int, cost) -> pd.DataFrame:
     """`df` (static rows, version 4 columns) plus per-step rows at every size n <= envelope + 1 it has, each
     `cost(b, n)` times the static step of n tokens."""
@@ -753,6 +807,44 @@ def test_plan_weighs_per_step_trees_on_their_own_step_costs(tmp_path, capsys):
     acc_plan = make_plan(plan_source(accuracies=tmp_path / "acc.csv"), lat, [1, 2])
     assert not acc_plan["latency"]["dynamic"]["weighed"] and "replay" in acc_plan["latency"]["dynamic"]["why"]
     assert {r["kind"] for r in acc_plan["plans"]} <= {"tree", "chain", "none"}
+
+
+def test_equal_budgets_price_static_and_per_step_side_by_side(tmp_path):
+    """equal_budgets: at every budget the table timed per-step trees at, the plan's optimal static tree of N nodes
+    and the per-step tree of N nodes, each priced on its own rows (the selection made 0.8x the static step at batch
+    1, 1.6x at batch 2 here): the same prices the plan ranks; a table without per-step rows or an accuracy table
+    gives none, and says why."""
+    from workbench import REPO_ROOT
+    from workbench.plan.rank import equal_budgets
+    from workbench.plan.source import calibration_source
+
+    cal = Calibration(REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval")
+    lat = tmp_path / "lat.csv"
+    _with_dynamic(surface(batches=(1, 2), sizes=(1, 2, 3, 4, 6, 8, 12, 16)), 15,
+                  lambda b, n: 0.8 if b == 1 else 1.6).to_csv(lat, index=False)
+    source = calibration_source(cal, max_new_tokens=48)
+    rows, info = equal_budgets(source, lat, [1, 2])
+    assert info["weighed"] and info["envelope"] == 15
+    for b, factor in ((1, 0.8), (2, 1.6)):
+        at = [r for r in rows if r["batch_size"] == b]
+        assert [(r["nodes"], r["kind"]) for r in at] == [(n, k) for n in (1, 2, 3, 5, 7, 11, 15)
+                                                         for k in ("static", "per-step")]
+        plain = latency_surface(read_latency(lat), [b])[0][b]["seconds"]
+        scaled = {k: factor * v if k > 1 else v for k, v in plain.items()}
+        for static, per_step in zip(at[::2], at[1::2]):
+            n = static["nodes"]
+            assert static["tree"] == f"optimal_{n}" and per_step["tree"].startswith("dynamic_")
+            assert static["step_ratio"] == pytest.approx(relative_latency(non_decreasing(plain), n), rel=1e-9)
+            assert per_step["step_ratio"] == pytest.approx(relative_latency(non_decreasing(scaled), n), rel=1e-9)
+            assert static["speedup"] == pytest.approx(static["batch_tokens_per_step"] / static["step_ratio"])
+    plan = make_plan(source, lat, [1, 2])  # the plan's choice at batch 1 is priced as here
+    best = max((r for r in rows if r["batch_size"] == 1), key=lambda r: r["speedup"])
+    assert plan["plans"][0]["kind"] == "dynamic" and best["kind"] == "per-step"
+    assert plan["plans"][0]["predicted_speedup"] == pytest.approx(best["speedup"])
+    assert equal_budgets(source, _static_only(lat, tmp_path), [1]) == ([], None)
+    write_accuracies(tmp_path / "acc.csv", cal.accuracies("fit"))
+    none, why = equal_budgets(plan_source(accuracies=tmp_path / "acc.csv"), lat, [1])
+    assert none == [] and not why["weighed"] and "replay" in why["why"]
 
 
 def _static_only(lat, tmp_path):

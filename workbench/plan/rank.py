@@ -202,6 +202,37 @@ def dynamic_candidates(source: dict, latency_path, batch_sizes, context: int) ->
     return (cands, surface), dict(envelope=m, weighed=True, medusa_choices=envelope.as_lists())
 
 
+def equal_budgets(source: dict, latency_path, batch_sizes, context: int | None = None) -> tuple[list[dict], dict | None]:
+    """Static or per-step at budget N, as the plan prices them: per batch size and every N the table timed per-step
+    trees at, the optimal static tree of N nodes and the per-step tree of N nodes, each with its tokens/step (and
+    the batch's), its step's cost over plain's and its speedup and range, priced on its own rows; and what
+    `dynamic_candidates` says of them (None: the table has no per-step rows; "weighed" false: why not)."""
+    batch_sizes = sorted({int(b) for b in batch_sizes})
+    df = read_latency(latency_path)
+    surface, ctx = latency_surface(df, batch_sizes, context, source["typical_context"], f"--latency {latency_path}")
+    dyn, info = dynamic_candidates(source, latency_path, batch_sizes, ctx)
+    if dyn is None:
+        return [], info
+    top = max(c["nodes"] for c in dyn[0])
+    static = candidates(source["tokens_per_step"], [], top, source["value"], source["max_depth"], source["max_rank"])
+    rows = []
+    for b in batch_sizes:
+        per_step = rank(at_batch(dyn[0], source["batch_tokens_per_step"], b),
+                        *(dyn[1][b][k] for k in ("seconds", "spread", "head_cost")))
+        fixed = {c["nodes"]: c for c in rank(at_batch(static, source["batch_tokens_per_step"], b),
+                                             surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"])
+                 if c["kind"] != "none"}
+        for d in sorted(per_step, key=lambda c: c["nodes"]):
+            for kind, c in (("static", fixed.get(d["nodes"])), ("per-step", d)):
+                if c is not None:
+                    rows.append(dict(batch_size=b, nodes=d["nodes"], kind=kind, tree=c["tree"].name,
+                                     tokens_per_step=c["tokens_per_step"],
+                                     batch_tokens_per_step=c["batch_tokens_per_step"],
+                                     step_ratio=c["batch_tokens_per_step"] / c["speedup"], speedup=c["speedup"],
+                                     range=list(c["range"]) if c["range"] else None))
+    return rows, info
+
+
 def chain_rows(ranked: list[dict]) -> list[dict]:
     """Every chain (and none, k = 0) weighed at one batch size, by K: what an engine that drafts chains can be
     asked for, each with the plan's prediction (what `vllm-check --plan` measures beside it)."""

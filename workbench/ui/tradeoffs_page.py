@@ -23,6 +23,7 @@ from workbench.ui.recommendation import (candidate_curves, measured_beside, pane
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.tree_export import EXPORT_FIXES
 from workbench.ui.inputs import shared_inputs
+from workbench.ui.per_step_view import per_step_section
 from workbench.ui.widgets import (chart, clean_error, drop_stale, file_input, file_stamp, found_csvs, fastest_for,
                                   read_sweep_file, read_sweep_or_error, relative_paths, results_root, slider, timed)
 from workbench.viz import interactive_tradeoffs
@@ -50,7 +51,8 @@ SWEEP_SHOWN = {
 # the first opens by default: a constant default keeps the open tab when the data change (a default that follows
 # the data would reset it); the latency and speedup curves exist for every latency table, a plan only for several
 # batch sizes
-TABS = ("Latency and speedup", "Plan per batch size", "Sweep (Fig. 4)", "Typical acceptance (Fig. 5)", "vLLM check")
+TABS = ("Latency and speedup", "Plan per batch size", "Static vs per-step", "Sweep (Fig. 4)",
+        "Typical acceptance (Fig. 5)", "vLLM check")
 SWEEP_CONSTANT = ("batch_size", "acceptance", "temperature", "epsilon", "num_prompts")  # a caption
 
 
@@ -142,6 +144,9 @@ def _tradeoffs_page() -> None:
     with tabs["Plan per batch size"]:
         if tabs["Plan per batch size"].open:
             _plan_section(src, lat, lat_path, sweep, sweep_path, shared.max_new_tokens)
+    with tabs["Static vs per-step"]:
+        if tabs["Static vs per-step"].open:
+            per_step_section(src, lat_path, tables, sweep, sweep_path, shared.max_new_tokens)
     with tabs["Sweep (Fig. 4)"]:
         if tabs["Sweep (Fig. 4)"].open:
             _sweep_section(sweep, sweep_path)
