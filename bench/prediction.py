@@ -44,10 +44,10 @@ from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
                                        without_load)
 from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
-                                  prefill_share, spread, tokens_per_step)
+                                  prefill_share, spread, tokens_per_step, within_noise)
 from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.measure.latency_file import latency_engine, latency_surface, read_latency  # noqa: E402
-from workbench.plan.rank import at_batch, candidates, choose, dynamic_candidates  # noqa: E402
+from workbench.plan.rank import at_batch, candidates, choose, dynamic_candidates, per_step_at  # noqa: E402
 from workbench.plan.source import calibration_source  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
@@ -70,10 +70,8 @@ def plan_top(cal: Calibration, latency_df, latency_path, batch_sizes, top: int, 
     dyn, dyn_info = dynamic_candidates(src, latency_path, batch_sizes, ctx)
     out, chosen = {}, {}
     for b in batch_sizes:
-        per_step = None if dyn is None else (at_batch(dyn[0], src["batch_tokens_per_step"], b),
-                                             *(dyn[1][b][k] for k in ("seconds", "spread", "head_cost")))
         pick = choose(at_batch(cands, src["batch_tokens_per_step"], b), surface[b]["seconds"], surface[b]["spread"],
-                      surface[b]["head_cost"], per_step)
+                      surface[b]["head_cost"], per_step_at(dyn, src["batch_tokens_per_step"], b))
         best = pick["best"]
         chosen[b] = "none" if best["kind"] == "none" else best["tree"].name
         spec = [c for c in pick["ranked"] if c["kind"] not in ("none", "dynamic")][:top]
@@ -209,7 +207,7 @@ def per_step_verdicts(rows: list[dict], chosen: dict) -> list[dict]:
             continue
         d = max(dyn, key=lambda r: r["measured_speedup"])
         s = max([r for r in at if r["kind"] != "dynamic"] + [none], key=lambda r: r["measured_speedup"])
-        tie = d["speedup_q1"] <= s["speedup_q3"] and s["speedup_q1"] <= d["speedup_q3"]
+        tie = within_noise((d["speedup_q1"], d["speedup_q3"]), (s["speedup_q1"], s["speedup_q3"]))
         picked = any(r["chosen"] and r["kind"] == "dynamic" for r in at)
         faster = d["measured_speedup"] > s["measured_speedup"]
         out.append(dict(batch_size=b, plan=chosen.get(b, chosen.get(str(b))), fastest_other=s["candidate"],

@@ -155,9 +155,8 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
     plans, alternatives = [], []
     for b in batch_sizes:
         at = at_batch(cands, source["batch_tokens_per_step"], b)
-        per_step = None if dyn is None else (at_batch(dyn[0], source["batch_tokens_per_step"], b),
-                                             *(dyn[1][b][k] for k in ("seconds", "spread", "head_cost")))
-        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"], per_step)
+        pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"],
+                      per_step_at(dyn, source["batch_tokens_per_step"], b))
         best, chain = pick["best"], pick["best_chain"]
         plans.append(dict(batch_size=b, kind=best["kind"], medusa_choices=_choices(best), nodes=best["nodes"],
                           predicted_tokens_per_step=best["tokens_per_step"], predicted_speedup=best["speedup"],
@@ -202,6 +201,14 @@ def dynamic_candidates(source: dict, latency_path, batch_sizes, context: int) ->
     return (cands, surface), dict(envelope=m, weighed=True, medusa_choices=envelope.as_lists())
 
 
+def per_step_at(dyn: tuple | None, batch_tokens_per_step, b: int) -> tuple | None:
+    """`dynamic_candidates`' per-step trees at batch b with their own surface, as `rank(*...)` and `choose` take them:
+    (candidates, seconds, spread, head_cost); None without per-step trees."""
+    if dyn is None:
+        return None
+    return (at_batch(dyn[0], batch_tokens_per_step, b), *(dyn[1][b][k] for k in ("seconds", "spread", "head_cost")))
+
+
 def equal_budgets(source: dict, latency_path, batch_sizes, context: int | None = None) -> tuple[list[dict], dict | None]:
     """Static or per-step at budget N, as the plan prices them: per batch size and every N the table timed per-step
     trees at, the optimal static tree of N nodes and the per-step tree of N nodes, each with its tokens/step (and
@@ -217,8 +224,7 @@ def equal_budgets(source: dict, latency_path, batch_sizes, context: int | None =
     static = candidates(source["tokens_per_step"], [], top, source["value"], source["max_depth"], source["max_rank"])
     rows = []
     for b in batch_sizes:
-        per_step = rank(at_batch(dyn[0], source["batch_tokens_per_step"], b),
-                        *(dyn[1][b][k] for k in ("seconds", "spread", "head_cost")))
+        per_step = rank(*per_step_at(dyn, source["batch_tokens_per_step"], b))
         fixed = {c["nodes"]: c for c in rank(at_batch(static, source["batch_tokens_per_step"], b),
                                              surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"])
                  if c["kind"] != "none"}

@@ -8,6 +8,7 @@ import pandas as pd
 import streamlit as st
 
 from workbench import WorkbenchError
+from workbench.core.speed import within_noise
 from workbench.plan.rank import equal_budgets
 from workbench.plan.source import plan_source
 from workbench.ui.widgets import clean_error, file_stamp
@@ -66,7 +67,7 @@ def verdict(rows: list[dict]) -> str:
         if len(at) < 2:
             continue
         s, d = at["static"], at["per-step"]
-        tie = s["range"] and d["range"] and s["range"][0] <= d["range"][1] and d["range"][0] <= s["range"][1]
+        tie = within_noise(s["range"], d["range"])
         best = "per-step" if d["speedup"] > s["speedup"] else "static"
         said.append(f"{n}: **{best}**" + (" (within noise)" if tie else ""))
     return ", ".join(said)
