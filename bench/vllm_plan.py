@@ -2,15 +2,16 @@
 
     python bench/vllm_plan.py                               # issue 48's measurement (idle machine: ~1 hour)
     python bench/vllm_plan.py --batch-sizes 1,2 --k 1 --surface-limit 2 --check-limit 2 --max-new-tokens 12 \
-        --repeats 2 --name vllm-plan-smoke --out-dir /tmp     # a smoke run (minutes)
+        --surface-repeats 2 --repeats 2 --name vllm-plan-smoke --out-dir /tmp     # a smoke run (minutes)
 
 1. `workbench latency --engine vllm`: vLLM's served round per (batch size, K = 0..max(--k)) on the first
    --surface-limit prompts of --surface-prompts (alpaca-eval), the demo heads drafting;
 2. `workbench plan --calibration DIR --latency` that CSV: the K per batch size priced on it;
 3. `workbench vllm-check --plan`: every K and the plan's choice in vLLM, on the calibration's held-out prompts less
-   the surface's, --repeats passes each.
+   the surface's, --repeats passes each (the surface: --surface-repeats).
 Writes OUT_DIR/NAME-latency.csv, NAME-plan.json, NAME-check.json (each resumable: a rerun continues a killed step and
-skips a finished one) and NAME.md + NAME.json: per (batch size, K) the predicted speedup beside vLLM's measured
+skips a finished one; a kept check is priced again on the plan there, vllm_speed.repriced: delete the surface and
+the plan to measure the surface again without the check) and NAME.md + NAME.json: per (batch size, K) the predicted speedup beside vLLM's measured
 decoding-phase one with its spread, per batch size the plan's K beside vLLM's best, issue 48's verdicts (|predicted
 - measured| <= 10% of measured at every row; the choice vLLM's best or within that row's noise) and the load average
 before and after each step. Needs vLLM's environment ($WORKBENCH_VLLM_PYTHON or --vllm-python).
@@ -73,6 +74,7 @@ def verdicts(check: dict) -> dict:
 
 def run(args) -> int:
     from workbench.export.vllm_check import check_table, load_note
+    from workbench.export.vllm_speed import repriced
 
     out_dir, name = Path(args.out_dir), args.name
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -86,7 +88,7 @@ def run(args) -> int:
     try:
         step("surface", ["latency", "--engine", "vllm", *py, "--calibration", cal, "--prompts", args.surface_prompts,
                          "--limit", str(args.surface_limit), "--batch-sizes", args.batch_sizes, "--k", ks, "--repeats",
-                         str(args.repeats), "--max-new-tokens", str(args.max_new_tokens), "--out", str(lat)],
+                         str(args.surface_repeats), "--max-new-tokens", str(args.max_new_tokens), "--out", str(lat)],
              lat, loads)
         step("plan", ["plan", "--calibration", cal, "--latency", str(lat), "--batch-sizes", args.batch_sizes,
                       "--max-new-tokens", str(args.max_new_tokens), "--out", str(plan)], plan, loads)
@@ -95,7 +97,8 @@ def run(args) -> int:
                        str(args.max_new_tokens), "--repeats", str(args.repeats), "--out", str(check)], check, loads)
     finally:
         atomic_write_json(loads_file, loads, "--out-dir")
-    res = json.loads(check.read_text())
+    res = repriced(json.loads(check.read_text()), json.loads(plan.read_text()))  # a kept check, a new surface
+    atomic_write_json(check, res, "--out-dir")
     if "others" not in res["load_average"] and (loads.get("check") or {}).get("others"):  # a check from before it
         used = loads["check"]["others"]  # measured what else ran itself: this bench's measure of the same step
         res["load_average"].update(others=used, idle=quiet(used))
@@ -131,7 +134,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--surface-limit", type=int, default=16)
     ap.add_argument("--check-limit", type=int, default=16, help="held-out prompts checked (the surface's left out)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
-    ap.add_argument("--repeats", type=int, default=4, help="passes per engine and batch size, both steps")
+    ap.add_argument("--surface-repeats", type=int, default=4,
+                    help="the surface's passes per engine and batch size (each serves as many prompts as the largest "
+                         "batch size)")
+    ap.add_argument("--repeats", type=int, default=4, help="the check's passes per engine and batch size")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent.parent / "docs" / "results"))
     ap.add_argument("--name", default="vllm-plan-cpu")
     return ap

@@ -170,6 +170,38 @@ def test_batch_walk_is_the_goodput_over_every_batch(seed):
 
 
 @pytest.mark.unit
+def test_a_shrinking_batch_prices_its_tail_steps_by_who_is_left():
+    """On an engine that drops finished sequences (vLLM) a step with `a` of B sequences left costs cost(a): over
+    every B-subset, the sum over steps of cost(how many are still decoding), which expected_cost gives exactly;
+    cost 1 is expected_max, and batch_walk with a cost is plain's priced steps over the tree's."""
+    import itertools
+
+    from workbench.calibrate.ranks import answer_rows, batch_walk, expected_cost, expected_max, ranks_frame, walk_steps
+    from workbench.core.speed import shrinking_cost
+
+    steps = [3, 5, 5, 8, 2, 9, 9, 1]
+    cost = lambda a: 0.3 + 0.1 * a * a  # noqa: E731 - any cost, not monotone in general
+    for b in (1, 2, 3, 5, 8, 11):
+        combos = list(itertools.combinations(steps, min(b, len(steps))))
+        want = sum(sum(cost(sum(s >= j for s in c)) for j in range(1, max(c) + 1)) for c in combos) / len(combos)
+        assert expected_cost(steps, b, cost) == pytest.approx(want)
+        assert expected_cost(steps, b, lambda a: 1.0) == pytest.approx(expected_max(steps, b))
+        assert expected_cost(steps, b) == expected_max(steps, b)
+    rng = np.random.default_rng(0)
+    prompts = [np.minimum(rng.geometric(0.4, size=(int(n), 2)) - 1, 9).astype(np.int16) for n in (12, 30, 7, 22)]
+    rows = answer_rows(ranks_frame([f"p{i}" for i in range(4)], prompts, 2))
+    tree = make_tree([[0], [0, 0]])
+    walked, lengths = walk_steps(tree, rows), rows[1]
+    shrink = lambda a, n: a / 2 if n == 3 else 1.0  # noqa: E731 - only the tree's tail costs less: 3 tokens a row
+    got = batch_walk(tree, rows, 2, cost=shrink)
+    assert got == pytest.approx(expected_max(lengths, 2) / expected_cost(walked, 2, lambda a: a / 2))
+    assert got > batch_walk(tree, rows, 2) and batch_walk(tree, rows, 2, cost=lambda a, n: 1.0) == \
+        pytest.approx(batch_walk(tree, rows, 2))
+    alone = shrinking_cost({1: {1: 1.0, 3: 1.5}, 2: {1: 1.1, 3: 2.5}}, 1)  # batch 1 has no tail
+    assert batch_walk(tree, rows, 1, cost=alone) == pytest.approx(batch_walk(tree, rows, 1))
+
+
+@pytest.mark.unit
 def test_batch_replay_of_the_demo_falls_with_batch_size(cal):
     """On the demo's held-out answers a batch's tokens/step falls below each sequence's as the batch grows (the
     slowest sequence sets the steps): what the planner divides by at batch B."""

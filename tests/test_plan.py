@@ -200,7 +200,7 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
     assert priced(table, None, heads, 1.5, 3, chain.depth)[0] == pytest.approx(speedup_at(table, 1.5, 3))
     # plan's ranking and the app's scoring of a tree agree, and both use the depth
     cands = at_batch([dict(kind="tree", tree=bushy, nodes=3, tokens_per_step=1.5),
-                      dict(kind="chain", tree=chain, nodes=3, tokens_per_step=1.5)], lambda t, b: 1.5, 8)
+                      dict(kind="chain", tree=chain, nodes=3, tokens_per_step=1.5)], lambda t, b, cost: 1.5, 8)
     ranked = rank(cands, table, s[8]["spread"], heads)
     assert [c["tree"] for c in ranked] == [bushy, chain] and ranked[0]["speedup"] > ranked[1]["speedup"]
     tables = latency_tables(read_latency(tmp_path / "lat.csv"), batch=8)
@@ -375,6 +375,7 @@ def test_plan_cli_with_a_calibration(calib, flat_latency, tmp_path, capsys, pred
                                    model="synthetic", device="test", dtype="float32", setting=None,
                                    mode="unknown (the table does not record its setting)",
                                    engine="workbench", engine_version=None,  # a version 2 table: our decoder's
+                                   batch_shrinks=False,  # it steps all B rows to the end
                                    dynamic=None)  # and no per-step tree timed
     assert "warning: the latency table times the bare verify forward (or does not say what it timed)" in err
     assert "step cost: as the table timed it" in err and "`workbench latency --heads DIR` times it" in err

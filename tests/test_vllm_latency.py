@@ -150,6 +150,54 @@ def test_a_plan_priced_on_vllm_weighs_only_what_vllm_runs(tmp_path, capsys):
     assert [r["nodes"] for r in plan["plans"]] == [1, 0]
 
 
+@pytest.mark.unit
+def test_shrinking_cost_reads_the_smaller_batch_rounds():
+    """A round with `a` of B sequences left costs t(a, n) / t(B, n): linear in a between measured batch sizes, the
+    smallest measured one below them, a full round where a size did not time those tokens."""
+    from workbench.core.speed import shrinking_cost
+
+    t = {1: {1: 1.0, 2: 1.2}, 2: {1: 1.2, 2: 1.6}, 4: {1: 1.4, 2: 2.0}, 8: {1: 1.4, 2: 4.0, 3: 5.0}}
+    cost = shrinking_cost(t, 8)
+    assert [cost(a, 2) for a in range(1, 9)] == pytest.approx([0.3, 0.4, 0.45, 0.5, 0.625, 0.75, 0.875, 1.0])
+    assert cost(3, 1) == pytest.approx(1.3 / 1.4) and cost(8, 1) == cost(9, 1) == 1.0
+    assert cost(2, 3) == 1.0  # no smaller batch timed 3 tokens: nothing to price the tail on
+    assert shrinking_cost({2: {1: 1.0}, 4: {1: 2.0}}, 4)(1, 1) == pytest.approx(0.5)  # below 2: batch 2's round
+
+
+def test_a_plan_priced_on_vllm_prices_a_batchs_tail_on_smaller_batches(tmp_path):
+    """vLLM drops a finished request, so once the first answers of a batch are done its rounds cost a smaller
+    batch's: the plan's batch tokens/step on vLLM's surface is batch_walk with that cost, and the app's answer
+    (recommend) and optimize --latency's ranking say the same; on our decoder's table (all B rows step to the end)
+    it is the plain batch replay."""
+    from pathlib import Path
+
+    from workbench.calibrate.folder import Calibration
+    from workbench.core.speed import shrinking_cost
+    from workbench.plan.recommend import recommend
+    from workbench.plan.source import chain_tree, generation_length
+
+    calib = Path(__file__).resolve().parents[1] / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    cal = Calibration(calib)
+    length = generation_length(cal, None)
+    got = {}
+    for engine in ("vllm", "workbench"):
+        out = tmp_path / f"{engine}.json"
+        assert main(["plan", "--calibration", str(calib), "--latency", _surface(tmp_path, engine), "--batch-sizes",
+                     "1,2", "--out", str(out)]) == 0
+        plan = read_plan(out)
+        assert plan["latency"]["batch_shrinks"] == (engine == "vllm")
+        got[engine] = {c["k"]: c["predicted_batch_tokens_per_step"] for c in plan["alternatives"][1]["chains"]}
+        rec = recommend(cal, read_latency(_surface(tmp_path, engine)), batch=2)
+        chains = {c["nodes"]: c["batch_tokens_per_step"] for c in rec["candidates"] if c["kind"] != "tree"}
+        assert chains == pytest.approx(got[engine])
+    seconds = {b: {k + 1: COST[k] * (b if k else 1) for k in COST} for b in (1, 2)}
+    for k in (1, 2):
+        assert got["workbench"][k] == pytest.approx(cal.batch_replay(chain_tree(k), 2, "holdout", length))
+        assert got["vllm"][k] == pytest.approx(cal.batch_replay(chain_tree(k), 2, "holdout", length,
+                                                                shrinking_cost(seconds, 2)))
+        assert got["vllm"][k] > got["workbench"][k]  # a K round at batch 1 costs half batch 2's here
+
+
 def test_a_calibration_plan_on_vllm_has_no_trees(tmp_path):
     from pathlib import Path
 
@@ -253,6 +301,34 @@ def test_vllm_check_puts_the_plans_prediction_beside_vllms_speedup():
     (check,) = plan_rows(plan, {1: 1}, rows)
     assert check["error"] == pytest.approx(1.2 * 0.85 - 1) and check["best_k"] == 2
     assert check["choice_is_best_or_within_noise"]  # K = 1 (1.176x) and K = 2 (1.190x) overlap
+
+
+def test_a_kept_check_is_priced_again_on_a_new_plan():
+    """vllm_speed.repriced: a finished check's measured speeds against another plan's predictions (the surface
+    measured again): the predicted columns, the plan's K and the plan rows change, the measurements do not; a plan
+    served on the check's prompts or asking for a K the check did not run is refused."""
+    from workbench.export.vllm_speed import repriced
+
+    def plan(pred: dict, k: int, ids=("s1",)) -> dict:
+        return dict(plans=[dict(batch_size=1, kind="chain" if k else "none", nodes=k)],
+                    alternatives=[dict(batch_size=1, chains=[dict(k=kk, predicted_speedup=v) for kk, v in pred.items()])],
+                    latency=dict(setting=dict(prompt_ids=list(ids)), engine="vllm", file="new.csv"))
+    run = dict(new_tokens=100, seconds=1.5, passes=[dict(seconds=1.5, decode_seconds=1.0)] * 3)
+    fast = dict(new_tokens=100, seconds=1.3, passes=[dict(seconds=1.3, decode_seconds=0.8)] * 3)
+    old = plan({0: 1.0, 1: 1.4}, 1)
+    rows = speed_rows(1, [1], {1: fast}, {1: run}, {1: 1}, old)
+    res = dict(prompt_ids=["h1", "h2"], speed=rows, plan={1: 1}, plan_check=plan_rows(old, {1: 1}, rows))
+    assert res["plan_check"][0]["error"] == pytest.approx(1.4 / 1.25 - 1)
+    new = repriced(res, plan({0: 1.0, 1: 1.2}, 1))
+    assert new["speed"][0]["decode_speedup"] == rows[0]["decode_speedup"] == pytest.approx(1.25)
+    assert new["speed"][0]["predicted_speedup"] == 1.2 and new["plan_check"][0]["error"] == pytest.approx(1.2 / 1.25 - 1)
+    assert new["priced_on"]["file"] == "new.csv" and res["speed"][0]["predicted_speedup"] == 1.4  # not changed in place
+    none = repriced(res, plan({0: 1.0, 1: 0.9}, 0))
+    assert none["plan"] == {1: 0} and none["plan_check"][0]["plan_k"] == 0 and none["plan_check"][0]["best_k"] == 1
+    with pytest.raises(WorkbenchError, match="prompt"):
+        repriced(res, plan({0: 1.0, 1: 1.2}, 1, ids=("h2",)))
+    with pytest.raises(WorkbenchError, match="K = 2 at batch 1"):
+        repriced(res, plan({0: 1.0, 2: 1.2}, 2))
 
 
 @pytest.mark.unit

@@ -294,15 +294,16 @@ class Calibration:
                                  "again (`workbench calibrate --record-topk`)")
         return np.stack([np.stack(got[c].to_numpy()) for c in cols], axis=1).astype(np.float32)
 
-    def batch_replay(self, tree, batch: int, split: str = "holdout", max_new_tokens: int | None = None) -> float | None:
+    def batch_replay(self, tree, batch: int, split: str = "holdout", max_new_tokens: int | None = None,
+                     cost=None) -> float | None:
         """Tokens per step of `batch` of a split's answers decoded side by side (batch_walk: the batch waits for its
-        slowest sequence); None without answers. What a batch's goodput divides by, where replay() is what each
-        sequence measures."""
+        slowest sequence; `cost`: its tail steps priced by how many are left); None without answers. What a batch's
+        goodput divides by, where replay() is what each sequence measures."""
         answers = self.answers(split, max_new_tokens)
         if not len(answers):
             return None
         rows, steps = self._walk(tree, answers, split, max_new_tokens)
-        return batch_walk(tree, rows, batch, steps)
+        return batch_walk(tree, rows, batch, steps, cost)
 
     def predict(self, tree, max_new_tokens: int | None = None) -> dict[str, float]:
         """The three predicted tokens per step of a tree (names in the module docstring); predicted_replay only

@@ -159,11 +159,40 @@ def expected_max(values, batch: int) -> float:
     return math.fsum(x * (math.comb(k, batch - 1) / total) for k, x in enumerate(v) if k >= batch - 1)
 
 
-def batch_walk(tree, answers: tuple[np.ndarray, list[int]], batch: int, steps: list[int] | None = None) -> float:
+def expected_cost(values, batch: int, cost=None) -> float:
+    """E[sum over the batch's steps of cost(active)] for `batch` of `values` (steps per sequence) drawn without
+    replacement, `active` being how many are still decoding at that step (hypergeometric at each step): a serving
+    engine that drops a finished sequence pays its smaller batch's step for the tail. cost None (every step a full
+    step's) gives expected_max."""
+    if cost is None:
+        return expected_max(values, batch)
+    v = np.asarray(values, dtype=np.int64)
+    n = len(v)
+    if n == 0:
+        raise WorkbenchError("no answers to take a batch from")
+    b = min(batch, n)
+    weights = [0.0] + [float(cost(a)) for a in range(1, b + 1)]
+    left = np.bincount(v, minlength=int(v.max()) + 2)[::-1].cumsum()[::-1]  # left[j]: values >= j
+    total, draws = 0.0, math.comb(n, b)
+    for j in range(1, int(v.max()) + 1):
+        m = int(left[j])
+        total += math.fsum(weights[a] * math.comb(m, a) * math.comb(n - m, b - a)
+                           for a in range(max(1, b - (n - m)), min(b, m) + 1)) / draws
+    return total
+
+
+def batch_walk(tree, answers: tuple[np.ndarray, list[int]], batch: int, steps: list[int] | None = None,
+               cost=None) -> float:
     """Tokens per step of a batch of `batch` answers decoded side by side, as its goodput sees it: the batch steps
     until its slowest sequence is done and plain decoding until its longest answer is, so over random batches
-    E[max answer length] / E[max steps] (walk_steps, or `steps` when already walked); batch 1 is walk_answers."""
+    E[max answer length] / E[max steps] (walk_steps, or `steps` when already walked); batch 1 is walk_answers.
+    `cost(active, tokens)`: a step's cost with `active` sequences left, over the full batch's at the same tokens
+    per sequence (1 + nodes; plain 1), for an engine whose batch shrinks as sequences finish (expected_cost): then
+    the ratio of plain's and the tree's full-step equivalents, the speedup over t(B, n) / t(B, 1)."""
     steps = walk_steps(tree, answers) if steps is None else steps
     if sum(steps) == 0:
         raise WorkbenchError("no positions to measure on (empty calibration data)")
-    return expected_max(answers[1], batch) / expected_max(steps, batch)
+    if cost is None:
+        return expected_max(answers[1], batch) / expected_max(steps, batch)
+    n = getattr(tree, "nodes", 0) + 1
+    return expected_cost(answers[1], batch, lambda a: cost(a, 1)) / expected_cost(steps, batch, lambda a: cost(a, n))

@@ -12,6 +12,7 @@ from workbench.core.io import atomic_write_text, check_output
 from workbench.export.engines import SAFE_ENGINES, best_engine_safe
 from workbench.measure.latency_file import latency_engine, latency_surface, read_latency
 from workbench.plan.fastest import fastest, limited
+from workbench.plan.rank import tail_surface
 from workbench.plan.source import plan_source
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.dynamic import DynamicPolicy
@@ -200,7 +201,8 @@ def _optimize_for_latency(args) -> int:
     df = read_latency(args.latency)
     surface, ctx = latency_surface(df, [b], args.context, source["typical_context"], f"--latency {args.latency}")
     at, engine = surface[b], latency_engine(df)[0]
-    res = fastest(source, at["seconds"], at["spread"], at["head_cost"], b, args.budget, curve=True, engine=engine)
+    res = fastest(source, at["seconds"], at["spread"], at["head_cost"], b, args.budget, curve=True, engine=engine,
+                  tail=tail_surface(df, ctx))
     rows = [dict(budget=c["nodes"], verify_tokens=c["nodes"] + 1, expected_length=c["tokens_per_step"],
                  batch_tokens_per_step=c["batch_tokens_per_step"], relative_latency=c["relative_latency"],
                  speedup=c["speedup"]) for c in res["curve"]]

@@ -9,7 +9,9 @@ tree priced, where the table measured the heads' cost):
   relative_latency   t(nodes + 1) / t(1): what one step of the tree costs relative to a plain step;
   speedup            the decoding phase's goodput ratio: tokens_per_step / relative_latency (B sequences cancel:
                      both methods run B; at B > 1 pass the batch's tokens/step, calibration.batch_walk);
-  speedup_range      the speedup with t(n) moved over its interquartile range (t(1) at its median).
+  speedup_range      the speedup with t(n) moved over its interquartile range (t(1) at its median);
+  shrinking_cost     t(a, n) / t(B, n) for a < B sequences left: the tail of a batch on an engine that drops
+                     finished sequences (vLLM), linear in a between measured batch sizes (calibration.batch_walk).
 Ranking trees by it is plan/rank.py's alone.
 Measured (`batches`: the results of each generate call, a list per call; sequences of one call ran side by side,
 calls one after another; a result has token_ids, steps (each with tokens and time_s), decode_s, total_s):
@@ -141,6 +143,28 @@ def priced(latency, spread, head_cost: dict | None, tokens_per_step: float, node
         q3 = at_depth({n: v[1] for n, v in spread.items()}, head_cost, depth)
         spread = {n: (q1[n], q3[n]) for n in spread}
     return speedup_at(table, tokens_per_step, nodes), speedup_range(table, spread, tokens_per_step, nodes)
+
+
+def shrinking_cost(seconds: Mapping[int, Mapping[int, float]], batch: int):
+    """cost(active, tokens) = t(active, tokens) / t(batch, tokens) on a surface {batch size: {tokens: seconds}}, t
+    linear in the batch size between the measured ones (the smallest measured one below them): what a round costs
+    once only `active` of `batch` sequences are left. Tokens a batch size did not time cost a full round there."""
+    sizes = sorted(b for b in seconds if b <= batch)
+
+    def t(a: int, n: int) -> float | None:
+        have = [b for b in sizes if n in seconds[b]]
+        if not have:
+            return None
+        j = bisect_left(have, a)
+        if j == len(have) or have[j] == a or j == 0:
+            return seconds[have[min(j, len(have) - 1)]][n]
+        lo, hi = have[j - 1], have[j]
+        return seconds[lo][n] + (a - lo) / (hi - lo) * (seconds[hi][n] - seconds[lo][n])
+
+    def cost(active: int, n: int) -> float:
+        full, part = t(batch, n), t(active, n)
+        return 1.0 if full is None or part is None or active >= batch else part / full
+    return cost
 
 
 def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:

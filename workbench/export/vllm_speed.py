@@ -9,6 +9,7 @@ passes (core.speed.spread); two rows are within noise when their interquartile r
 """
 from __future__ import annotations
 
+from workbench import WorkbenchError
 from workbench.core.speed import spread, within_noise
 from workbench.plan.plan_file import plan_engine
 
@@ -93,6 +94,33 @@ def plan_rows(plan: dict, plan_k: dict, rows: list[dict]) -> list[dict]:
                         choice_is_best_or_within_noise=best == k or bool(got and within_noise(got[1],
                                                                                                 measured[best][1]))))
     return out
+
+
+def repriced(res: dict, plan: dict) -> dict:
+    """A finished check against another plan's predictions (a surface measured again): vLLM's speeds do not depend
+    on the plan, so its predicted columns, the plan's K per batch size and the plan rows are what change. Refused
+    when the plan's surface was served on one of the check's prompts or asks for a K the check did not run."""
+    overlap = sorted(set(map(str, res.get("prompt_ids") or [])) & set(surface_prompts(plan)))
+    if overlap:
+        raise WorkbenchError(f"the plan's surface was served on prompt(s) {', '.join(overlap)} the check measured: "
+                             "run vllm-check --plan again so that its prompts are other ones")
+    plan_k = {}
+    for row in plan["plans"]:
+        if row["kind"] not in ("chain", "none"):
+            raise WorkbenchError(f"the plan asks for a {row['kind']} at batch size {row['batch_size']}: vLLM runs a "
+                                 "chain or nothing; plan on a vLLM latency table")
+        plan_k[row["batch_size"]] = row["nodes"]
+    ran = {(s["batch_size"], s["k"]) for s in res["speed"]}
+    missing = [f"K = {k} at batch {b}" for b, k in sorted(plan_k.items()) if k and (b, k) not in ran]
+    if missing:
+        raise WorkbenchError(f"the check did not run {', '.join(missing)}: run vllm-check --plan with that plan")
+    predicted = plan_predictions(plan)
+    speed = []
+    for s in res["speed"]:
+        pred = (predicted.get(s["batch_size"]) or {}).get(s["k"])
+        speed.append(dict(s, plan_k=plan_k.get(s["batch_size"]), predicted_speedup=pred and pred["predicted_speedup"],
+                          predicted_range=pred and pred.get("speedup_range")))
+    return dict(res, plan=plan_k, speed=speed, plan_check=plan_rows(plan, plan_k, speed), priced_on=priced_on(plan))
 
 
 def _x(v) -> str:

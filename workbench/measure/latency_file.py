@@ -317,3 +317,11 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
         rows = df[(df["batch"] == b) & (df["context"] == ctx)] if "batch" in df.columns else df[df["context"] == ctx]
         out[b] = dict(seconds=table, spread=spread, measured=measured, head_cost=read_head_cost(rows))
     return out, int(ctx)
+
+
+def every_batch(df: pd.DataFrame, context: int) -> dict[int, dict[int, float]]:
+    """{batch size: {tokens: seconds}} of every batch size the table timed at `context`: what the tail of a batch is
+    priced on where the engine drops finished sequences (core.speed.shrinking_cost)."""
+    have = [b for b in _batches(df) if context in set(df.loc[df["batch"] == b, "context"].astype(int))] \
+        if "batch" in df.columns else [1]
+    return {b: s["seconds"] for b, s in latency_surface(df, have, context)[0].items()}

@@ -7,8 +7,9 @@ priced on one engine's surface picks the wrong K on the other. Why not a bare fo
 everything else a served round does (priced vLLM's chain round at batch 64 about 3x too cheap elsewhere).
 
 How (vllm_worker.py, mode "rounds", in vLLM's own environment): one engine per K (K = 0: no speculation), all held
-at once, and per batch size B, `warmup + repeats` passes, pass i serving the same B real prompts (taken in turn) on
-every engine, one engine after the other within the pass (side by side: the machine's drift over minutes lands on
+at once, and per batch size B, `warmup + repeats` passes, each timed pass serving as many real prompts at every
+batch size (the largest batch size's count, B at a time: a batch-1 pass of one prompt was a few seconds, and its
+ratio to plain scattered by 10 %), the same ones on every engine, one engine after the other within the pass (side by side: the machine's drift over minutes lands on
 every K alike), through the engine's own step loop (LLMEngine.add_request / step) to `max_new_tokens`, the context growing as in serving, EOS ignored so
 the batch stays full. A round is one engine step in which all B requests were decoding (no prefill in it, none
 finished before it) and each emitted tokens. A pass's value is the wall time of its engine steps while all B were
@@ -107,7 +108,7 @@ def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, promp
     engines = [None] + [dict(drafter, num_speculative_tokens=k) for k in ks[1:]]
     longest = max(map(len, prompts)) + max_new_tokens + ks[-1] + 8
     request = dict(mode="rounds", model=model_dir, engines=engines, prompts=prompts, batch_sizes=batches,
-                   repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens,
+                   repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, sequences=batches[-1],
                    max_model_len=int(math.ceil(longest / 64) * 64))
     state = WorkState(work, dict(request, command="latency --engine vllm", python=py, **(settings or {}),
                                  prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest()))

@@ -7,7 +7,8 @@ one {"event": "batch", "batch_size": B, "engines": [{"vllm_version", "startup_s"
 transformers, async_scheduling}, "run"}, ...]} per batch size (each `engines` entry of the request is a
 --speculative-config, null for plain decoding), then {"event": "done"}; or {"event": "error", "text"}. Request:
   {"mode": "generate" | "rounds", "model": DIR, "engines": [...], "prompts": [[ids], ...], "batch_sizes": [1, 4],
-   "max_new_tokens": N, "max_model_len": N, "repeats": R, "warmup": W, "stop_token_ids": [...] (generate)}
+   "max_new_tokens": N, "max_model_len": N, "repeats": R, "warmup": W, "stop_token_ids": [...] (generate),
+   "sequences": S (rounds)}
 Every engine is held at once and their passes interleave (`interleaved`): what is compared is measured side by
 side. Every request is served through the engine's own step loop (LLMEngine.add_request / step), so each step's
 wall time is what a served round costs. A run, per engine at batch size B:
@@ -16,10 +17,12 @@ wall time is what a served round costs. A run, per engine at batch size B:
   without a prefill in them), "passes": [{"seconds", "decode_seconds"}, ...], "new_tokens", "outputs",
   "steps" (per-request drafts per step), "num_drafts", "num_draft_tokens", "num_accepted_tokens",
   "accepted_per_pos"} (vLLM's spec-decode counters over pass 0, from its per-request records: `counted`);
-  rounds (latency --engine vllm; `warmup + repeats` passes, pass i serving prompts i*B .. i*B + B - 1 (in turn) to
-  max_new_tokens with EOS ignored, the same B prompts for every engine): {"batch_size", "passes": [{"timed",
-  "rounds": [{"seconds", "full", "tokens", "context_sum", "context_min", "context_max"}, ...]}]}: every step in
-  which all B requests were decoding (none finished), `full` where each of them emitted a token (a round).
+  rounds (latency --engine vllm; `warmup` passes of one chunk of B prompts, then `repeats` passes of
+  ceil(`sequences` / B) chunks (default one), each chunk served to max_new_tokens with EOS ignored, the prompts
+  taken in turn, the same ones for every engine; a timed pass serves about as many sequences at every batch size,
+  so a batch-1 pass is not one prompt's few seconds): {"batch_size", "passes": [{"timed", "rounds": [{"seconds",
+  "full", "tokens", "context_sum", "context_min", "context_max"}, ...]}]}: every step in which all B requests of a
+  chunk were decoding (none finished), `full` where each of them emitted a token (a round).
 """
 import json
 import sys
@@ -133,10 +136,13 @@ def generate_run(first: dict, passes: list[dict], b: int) -> dict:
                 **{k: first[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")})
 
 
-def round_pass(llm, chunk: list, params, timed: bool) -> dict:
-    steps, _ = serve(llm, chunk, params)
-    return dict(timed=timed, rounds=[{k: v for k, v in s.items() if k not in ("prefill", "decoding")}
-                                     for s in steps if s["decoding"]])
+def round_pass(llm, chunks: list, params, timed: bool) -> dict:
+    """One pass: each chunk (B prompts) served to the end in turn, the decoding steps of all of them."""
+    rounds = []
+    for chunk in chunks:
+        steps, _ = serve(llm, chunk, params)
+        rounds += [{k: v for k, v in s.items() if k not in ("prefill", "decoding")} for s in steps if s["decoding"]]
+    return dict(timed=timed, rounds=rounds)
 
 
 def interleaved(llms: list, req: dict, b: int) -> list[dict]:
@@ -149,11 +155,14 @@ def interleaved(llms: list, req: dict, b: int) -> list[dict]:
     n = len(llms)
     if req.get("mode") == "rounds":
         params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"], ignore_eos=True)
-        prompts, passes = req["prompts"], [[] for _ in llms]
+        prompts, passes, served = req["prompts"], [[] for _ in llms], 0
         for i in range(req["warmup"] + req["repeats"]):
-            chunk = [prompts[(i * b + j) % len(prompts)] for j in range(b)]  # the same B prompts for every K
+            timed = i >= req["warmup"]
+            count = -(-req.get("sequences", b) // b) if timed else 1  # chunks: as many sequences at every B
+            chunks = [[prompts[(served + c * b + j) % len(prompts)] for j in range(b)] for c in range(count)]
+            served += count * b  # the same prompts for every K, the next ones for the next pass
             for e in (range(n) if i % 2 == 0 else reversed(range(n))):
-                passes[e].append(round_pass(llms[e], chunk, params, i >= req["warmup"]))
+                passes[e].append(round_pass(llms[e], chunks, params, timed))
         for e in range(n):
             say_rounds(b, passes[e])
         return [dict(batch_size=b, passes=p) for p in passes]

@@ -21,7 +21,7 @@ def value_source(value, max_depth: int | None = None, max_rank: int | None = Non
     optimize.expected_length; no answers, so a batch's tokens/step is the mean's."""
     fn, depth, ranks = value_and_limits(value, max_depth, max_rank, "the ranking")
     return dict(tokens_per_step=lambda t: expected_length(t, fn),
-                batch_tokens_per_step=lambda t, b: expected_length(t, fn),
+                batch_tokens_per_step=lambda t, b, cost=None: expected_length(t, fn),
                 value=fn, max_depth=depth, max_rank=ranks, chain_acceptance=chain_values(fn, depth))
 
 
@@ -33,14 +33,16 @@ def limited(source: dict, max_depth: int | None = None, max_rank: int | None = N
 
 
 def fastest(source: dict, latency: dict, spread=None, head_cost: dict | None = None, batch: int = 1,
-            max_nodes: int | None = None, curve: bool = False, engine: str = "workbench") -> dict:
+            max_nodes: int | None = None, curve: bool = False, engine: str = "workbench",
+            tail: dict | None = None) -> dict:
     """plan's ranking at one batch size ({tokens: seconds}, its quartiles `spread` and the heads' cost `head_cost`, as
     latency_file.latency_surface gives them), over candidates of at most `max_nodes` nodes (default: all the table
     covers): {"choice": rank.choose's dict, "best": its best candidate, "tree": the best tree or chain (the choice,
     or the runner-up when no speculation wins), "curve": with `curve`, the optimal tree at every budget ranked the
     same way, by node count}. Each candidate has "relative_latency" (its step cost over t(B, 1)). `engine` is whose
     steps the table timed (latency_file.latency_engine): on vLLM's rounds only what vLLM serves is a candidate
-    (rank.served: a top-1 chain of each K it timed, or none), and the curve is its chains."""
+    (rank.served: a top-1 chain of each K it timed, or none), and the curve is its chains; `tail` prices a batch's
+    last rounds there (rank.tail_surface)."""
     top = max_tokens(latency) - 1
     if max_nodes is not None:
         top = min(top, max_nodes)
@@ -50,7 +52,7 @@ def fastest(source: dict, latency: dict, spread=None, head_cost: dict | None = N
     def weighed(chains):
         cands = candidates(source["tokens_per_step"], chains, top, source["value"], source["max_depth"],
                            source["max_rank"])
-        return at_batch(served(cands, engine, latency), source["batch_tokens_per_step"], batch)
+        return at_batch(served(cands, engine, latency), source["batch_tokens_per_step"], batch, tail)
 
     pick = choose(weighed(source["chain_acceptance"]), latency, spread, head_cost)
     for c in pick["ranked"]:

@@ -3,7 +3,8 @@ top-1 chain of every length, and no speculation, by predicted speedup on a measu
 
 The plan is priced on the engine its latency table timed (latency_file.latency_engine): on our decoder's steps the
 candidates are below; on vLLM's served rounds (`workbench latency --engine vllm`) only what vLLM runs, a top-1 chain
-of each K it timed, or none.
+of each K it timed, or none; there a batch's tail, once its first sequences are done, is priced on the smaller
+batch's rounds (vLLM drops a finished request; our decoder steps all B rows to the end: speed.shrinking_cost).
 
 Batch size changes the answer: at batch 1 a verify of n tokens costs little more than one token (the weights are
 read once either way); at batch B the same n tokens per sequence are B * n tokens of work, and speculation can lose
@@ -31,8 +32,8 @@ from datetime import datetime, timezone
 
 from workbench import WorkbenchError, __version__
 from workbench.core.provenance import read_setting
-from workbench.core.speed import max_tokens, priced, within_noise
-from workbench.measure.latency_file import latency_engine, latency_surface, read_latency
+from workbench.core.speed import max_tokens, priced, shrinking_cost, within_noise
+from workbench.measure.latency_file import every_batch, latency_engine, latency_surface, read_latency
 from workbench.plan.plan_file import PLAN_VERSION
 from workbench.plan.source import chain_tree, is_chain
 from workbench.trees.dynamic import DynamicPolicy
@@ -81,11 +82,25 @@ def _rank(c: dict) -> tuple:
     return c["speedup"], SIMPLER[c["kind"]], -c["nodes"]
 
 
-def at_batch(cands: list[dict], batch_tokens_per_step, batch: int) -> list[dict]:
+def at_batch(cands: list[dict], batch_tokens_per_step, batch: int, tail: dict | None = None) -> list[dict]:
     """The candidates at one batch size: each with its "batch_tokens_per_step" (the source's, for `batch`
-    sequences side by side; 1 for no speculation, whose batch also waits for its longest answer)."""
-    return [dict(c, batch_tokens_per_step=1.0 if c["tree"] is None else float(batch_tokens_per_step(c["tree"], batch)))
-            for c in cands]
+    sequences side by side; 1 for no speculation, whose batch also waits for its longest answer). `tail`
+    (tail_surface): the engine drops finished sequences, so the batch's last rounds cost a smaller batch's."""
+    cost = batch_cost(tail, batch)
+    return [dict(c, batch_tokens_per_step=1.0 if c["tree"] is None else
+                 float(batch_tokens_per_step(c["tree"], batch, cost))) for c in cands]
+
+
+def tail_surface(df, context: int) -> dict | None:
+    """What a batch's tail is priced on in a latency table: where its engine drops finished sequences (vLLM), every
+    batch size's rounds at `context` (latency_file.every_batch); None on our decoder, which steps all B rows to the
+    end."""
+    return None if latency_engine(df)[0] == "workbench" else every_batch(df, context)
+
+
+def batch_cost(tail: dict | None, batch: int):
+    """The source's `cost` at one batch size from a tail_surface (speed.shrinking_cost), None without one."""
+    return None if tail is None else shrinking_cost(tail, batch)
 
 
 def rank(cands: list[dict], latency: dict, spread=None, head_cost: dict | None = None) -> list[dict]:
@@ -152,9 +167,9 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
                               source["max_depth"], source["max_rank"]),
                    engine, set.intersection(*(set(s["measured"]) for s in surface.values())))
     dyn, dyn_info = dynamic_candidates(source, latency_path, batch_sizes, ctx)
-    plans, alternatives = [], []
+    plans, alternatives, tail = [], [], tail_surface(df, ctx)
     for b in batch_sizes:
-        at = at_batch(cands, source["batch_tokens_per_step"], b)
+        at = at_batch(cands, source["batch_tokens_per_step"], b, tail)
         pick = choose(at, surface[b]["seconds"], surface[b]["spread"], surface[b]["head_cost"],
                       per_step_at(dyn, source["batch_tokens_per_step"], b))
         best, chain = pick["best"], pick["best_chain"]
@@ -173,7 +188,7 @@ def make_plan(source: dict, latency_path, batch_sizes, context: int | None = Non
                 latency=dict(file=str(latency_path), context=ctx, spread=surface[batch_sizes[0]]["spread"] is not None,
                              head_cost=surface[batch_sizes[0]]["head_cost"] is not None, **setup, setting=where,
                              mode=(where or {}).get("mode", "unknown (the table does not record its setting)"),
-                             engine=engine, engine_version=version, dynamic=dyn_info),
+                             engine=engine, engine_version=version, batch_shrinks=tail is not None, dynamic=dyn_info),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 

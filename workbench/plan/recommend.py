@@ -22,7 +22,7 @@ from workbench.core.speed import priced
 from workbench.measure.latency_file import latency_engine, latency_surface
 from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.measure.sweep_file import checked_speedup
-from workbench.plan.rank import at_batch, candidates as plan_candidates, choose, served
+from workbench.plan.rank import at_batch, batch_cost, candidates as plan_candidates, choose, served, tail_surface
 from workbench.plan.source import accuracy_source, calibration_source
 from workbench.trees.tree import Tree, tree_key
 
@@ -34,12 +34,13 @@ def latency_tables(df: pd.DataFrame, context: int | None = None, batch: int = 1,
     """The latency table at one batch size and context, as plan reads it (latency.latency_surface): {"seconds":
     {tokens: s}, "quartiles": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "spread": its
     name or None, "head_cost" (latency_file.read_head_cost or None), "context", "batch", "engine" (whose steps it
-    timed: what can be served on it, rank.served)}."""
+    timed: what can be served on it, rank.served), "tail" (what a batch's last rounds are priced on there,
+    rank.tail_surface)}."""
     surface, ctx = latency_surface(df, [batch], context, target, what)
     quartiles = surface[batch]["spread"]
     return dict(seconds=surface[batch]["seconds"], quartiles=quartiles, measured=surface[batch]["measured"],
                 head_cost=surface[batch]["head_cost"], spread="latency quartiles" if quartiles else None, context=ctx,
-                batch=batch, engine=latency_engine(df)[0])
+                batch=batch, engine=latency_engine(df)[0], tail=tail_surface(df, ctx))
 
 
 def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,
@@ -58,7 +59,8 @@ def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,
 def designed_speedup(calibration, tree: Tree, tables: dict, max_new_tokens: int | None = None) -> dict:
     """tree_speedup of any tree (the designer's own) from the source and batch size `recommend` ranks with."""
     src = _source(calibration, max_new_tokens)
-    return tree_speedup(src["tokens_per_step"](tree), tree, tables, src["batch_tokens_per_step"](tree, tables["batch"]))
+    return tree_speedup(src["tokens_per_step"](tree), tree, tables, src["batch_tokens_per_step"](
+        tree, tables["batch"], batch_cost(tables.get("tail"), tables["batch"])))
 
 
 def prediction_name(calibration) -> str:
@@ -192,12 +194,13 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     cands = served(plan_candidates(src["tokens_per_step"], src["chain_acceptance"], top, value or src["value"], depth,
                                    ranks), latency_engine(latency)[0], tables["measured"])  # what the engine runs
     found = measurements(sweeps or {}, batch, read_setting(latency))
-    chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch), tables["seconds"], tables["quartiles"],
-                    tables["head_cost"])
+    chosen = choose(at_batch(cands, src["batch_tokens_per_step"], batch, tables["tail"]), tables["seconds"],
+                    tables["quartiles"], tables["head_cost"])
     rows = [_row(c, tables, found) for c in chosen["ranked"]]
     planned = {c["tree"].paths for c in cands if c["tree"] is not None}
     extra = [_row(dict(kind="tree", tree=t, tokens_per_step=src["tokens_per_step"](t),
-                       batch_tokens_per_step=src["batch_tokens_per_step"](t, batch)), tables, found)
+                       batch_tokens_per_step=src["batch_tokens_per_step"](t, batch, batch_cost(tables["tail"], batch))),
+                  tables, found)
              for t in trees or [] if t.depth <= depth and t.max_rank < ranks and t.nodes <= top
              and t.paths not in planned and shape(t) in found]
     every = rows + extra

@@ -74,20 +74,21 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
                 max_rank: int = MEDUSA_TOPK, max_new_tokens: int | None = None) -> dict:
     """What the planner weighs, from exactly one source: {"tokens_per_step": tree -> float, "value" (path values
     the trees are optimal for, None for chains only), "max_depth", "max_rank", "chain_acceptance", "info"
-    (provenance), "typical_context", "batch_tokens_per_step": (tree, batch) -> float}. A calibration predicts
+    (provenance), "typical_context", "batch_tokens_per_step": (tree, batch, cost=None) -> float}. A calibration predicts
     through Calibration.predict (`prediction`:
     independent, joint or replay; trees are optimal for the joint paths unless independent) for answers of
     `max_new_tokens` tokens (default: the calibration's own length); an accuracy table through expected_length;
     an acceptance vector gives chains only. info["regime"] says which statistic and answers a prediction assumes.
-    A batch's tokens/step (what its goodput divides by: it steps until its slowest sequence is done) is the replay's
-    Calibration.batch_replay; the other statistics have no per-answer steps and take the mean's."""
+    A batch's tokens/step (what its goodput divides by: it steps until its slowest sequence is done; `cost` prices
+    its tail steps where the engine drops finished sequences, batch_walk) is the replay's Calibration.batch_replay;
+    the other statistics have no per-answer steps and take the mean's."""
     if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
         raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
     if acceptance is not None:
         rates = read_acceptance(acceptance)
         chain = lambda p: rates[len(p) - 1] if len(p) <= len(rates) and not any(p) else 0.0  # noqa: E731 - a path's value
         tps = lambda t: expected_length(t, chain)  # noqa: E731 - 1 + the sum of the chain's first K rates
-        return dict(tokens_per_step=tps, batch_tokens_per_step=lambda t, b: tps(t), value=None,
+        return dict(tokens_per_step=tps, batch_tokens_per_step=lambda t, b, cost=None: tps(t), value=None,
                     max_depth=len(rates), max_rank=1, chain_acceptance=rates, typical_context=None,
                     info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
                               num_heads=len(rates)))
@@ -101,7 +102,7 @@ def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> dict:
     tokens/step is taken as the mean's)."""
     fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
     return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
-                batch_tokens_per_step=lambda t, b: expected_length(t, acc),
+                batch_tokens_per_step=lambda t, b, cost=None: expected_length(t, acc),
                 chain_acceptance=chain_values(fn, depth), typical_context=None,
                 info=dict(kind="accuracies", path=path, prediction="predicted_independent", num_heads=depth,
                           regime=regime("predicted_independent", None)))
@@ -124,8 +125,8 @@ def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: i
     meta = cal.meta
     length = generation_length(cal, max_new_tokens)
     tps = lambda t: cal.predict(t, length)[key]  # noqa: E731
-    batched = (lambda t, b: cal.batch_replay(t, b, "holdout", length)) if key == "predicted_replay" else \
-        (lambda t, b: tps(t))
+    batched = (lambda t, b, cost=None: cal.batch_replay(t, b, "holdout", length, cost)) \
+        if key == "predicted_replay" else (lambda t, b, cost=None: tps(t))
     return dict(tokens_per_step=tps, batch_tokens_per_step=batched, value=value, max_depth=depth, max_rank=rank,
                 chain_acceptance=chain_values(fn, depth), typical_context=cal.typical_context(length),
                 info=dict(kind="calibration", path=str(calibration), prediction=key, model=meta.get("model"),

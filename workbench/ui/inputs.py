@@ -155,8 +155,8 @@ def latency_picker(df: pd.DataFrame, name: str, target: float | None, where=None
                                 index=batches.index(1) if 1 in batches else 0,
                                 help="sequences decoded together; the latency table and the sweeps are read at it") \
             if len(batches) > 1 else batches[0]
-        df = df[df["batch"] == batch]
-    contexts = sorted(int(c) for c in df["context"].unique())
+    at = df[df["batch"] == batch] if "batch" in df.columns else df  # the whole frame prices a batch's tail (vLLM)
+    contexts = sorted(int(c) for c in at["context"].unique())
     near = min(range(len(contexts)), key=lambda i: abs(contexts[i] - target)) if target else 0
     drop_stale("in_ctx", contexts)
     ctx = where.selectbox("latency context (cache length)", contexts, index=near, key="in_ctx",

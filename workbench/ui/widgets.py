@@ -163,7 +163,8 @@ def fastest_for(source_key: tuple, value_name: str, _value, tables: dict, max_de
     accuracies (`source_key`), table and limits: {"best", "tree", "curve"} as fastest returns them."""
     source = value_source(_value, max_depth, max_rank)
     return fastest(source, tables["seconds"], tables.get("quartiles"), tables.get("head_cost"), tables.get("batch", 1),
-                   max_budget, curve=True, engine=tables.get("engine", "workbench"))
+                   max_budget, curve=True, engine=tables.get("engine", "workbench"),
+                   tail=tables.get("tail"))
 
 
 @st.cache_resource(show_spinner=False, max_entries=1)
