@@ -191,7 +191,7 @@ def clicks(driver) -> list[Click]:
     pick("tradeoffs", "latency table: back to the first", lat, first)
     pick("tradeoffs", "sweep: another", "... or a sweep CSV found here", other)
     pick("tradeoffs", "sweep: back to the first", "... or a sweep CSV found here", first)
-    for label in ("Plan per batch size", "Sweep (Fig. 4)", "Latency and speedup"):
+    for label in ("Sweep (Fig. 4)", "Latency and speedup", "Plan per batch size"):  # each one away from the open
         out.append(Click("tradeoffs", f"tab: {label}", *tab_click(driver, label)))
     out.append(Click("live", "page: Live decode", *nav_click(driver, "Live decode")))
     out.append(Click("tree", "page: Tree designer", *nav_click(driver, "Tree designer")))

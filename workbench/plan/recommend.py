@@ -99,12 +99,13 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, table: dict | 
     out: dict[str, list] = {}
     for name, df in (sweeps or {}).items():
         rows = df[df["acceptance"].eq("greedy") & df["batch_size"].eq(batch) & (df["nodes"] > 0) & df["speedup"].notna()]
+        noises = {run: timing_noise(df, run, batch) for run in rows["run"].unique()}  # one per run, not per row
         for i, r in rows.iterrows():
             speedup, phase = checked_speedup(r)
             head = str(r["config"]).split("|", 1)[0]
             if ":" not in head:
                 continue
-            noise = timing_noise(df, r["run"], batch)
+            noise = noises[r["run"]] if r["run"] in noises else timing_noise(df, r["run"], batch)
             prompts = r["num_prompts"]
             out.setdefault(head.rsplit(":", 1)[1], []).append(dict(
                 sweep=name, tree=str(r["tree"]), nodes=int(r["nodes"]), speedup=speedup, phase=phase,

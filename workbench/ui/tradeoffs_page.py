@@ -51,7 +51,8 @@ SWEEP_SHOWN = {
 # the first opens by default: a constant default keeps the open tab when the data change (a default that follows
 # the data would reset it); the latency and speedup curves exist for every latency table, a plan only for several
 # batch sizes
-TABS = ("Latency and speedup", "Plan per batch size", "Static vs per-step", "Sweep (Fig. 4)",
+# The plan first: the page's answer per batch size, and a switch to the page draws one figure, not three
+TABS = ("Plan per batch size", "Latency and speedup", "Static vs per-step", "Sweep (Fig. 4)",
         "Typical acceptance (Fig. 5)", "vLLM check")
 SWEEP_CONSTANT = ("batch_size", "acceptance", "temperature", "epsilon", "num_prompts")  # a caption
 
