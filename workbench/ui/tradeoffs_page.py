@@ -51,8 +51,7 @@ SWEEP_SHOWN = {
 # the first opens by default: a constant default keeps the open tab when the data change (a default that follows
 # the data would reset it); the latency and speedup curves exist for every latency table, a plan only for several
 # batch sizes
-# The plan first: the page's answer per batch size, and a switch to the page draws one figure, not three
-TABS = ("Plan per batch size", "Latency and speedup", "Static vs per-step", "Sweep (Fig. 4)",
+TABS = ("Latency and speedup", "Plan per batch size", "Static vs per-step", "Sweep (Fig. 4)",
         "Typical acceptance (Fig. 5)", "vLLM check")
 SWEEP_CONSTANT = ("batch_size", "acceptance", "temperature", "epsilon", "num_prompts")  # a caption
 
@@ -138,7 +137,11 @@ def _tradeoffs_page() -> None:
     elif src is None:
         st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
     # one section at a time (tabs that rerun when switched): a click redraws two or three figures, not eight
-    tabs = dict(zip(TABS, st.tabs(TABS, key="to_tab", on_change="rerun")))
+    # with several batch sizes the page opens on its plan per batch size (its answer, and one figure, not three);
+    # the default is fixed at the first view: a changed default would be a new widget, dropping the open tab
+    several = lat is not None and "batch" in lat.columns and lat["batch"].nunique() > 1
+    first = st.session_state.setdefault("to_tab_first", "Plan per batch size" if several else TABS[0])
+    tabs = dict(zip(TABS, st.tabs(TABS, key="to_tab", on_change="rerun", default=first)))
     with tabs["Latency and speedup"]:
         if tabs["Latency and speedup"].open:
             _speedup_section(src, lat, lat_path, tables, rec, evidence)
