@@ -152,14 +152,8 @@ def shrinking_cost(seconds: Mapping[int, Mapping[int, float]], batch: int):
     sizes = sorted(b for b in seconds if b <= batch)
 
     def t(a: int, n: int) -> float | None:
-        have = [b for b in sizes if n in seconds[b]]
-        if not have:
-            return None
-        j = bisect_left(have, a)
-        if j == len(have) or have[j] == a or j == 0:
-            return seconds[have[min(j, len(have) - 1)]][n]
-        lo, hi = have[j - 1], have[j]
-        return seconds[lo][n] + (a - lo) / (hi - lo) * (seconds[hi][n] - seconds[lo][n])
+        by_batch = {b: seconds[b][n] for b in sizes if n in seconds[b]}  # t(., n) over batch sizes
+        return interpolate_latency(by_batch, min(max(a, min(by_batch)), max(by_batch))) if by_batch else None
 
     def cost(active: int, n: int) -> float:
         full, part = t(batch, n), t(active, n)

@@ -59,13 +59,18 @@ def speed_rows(k: int, batch_sizes, runs: dict, plain: dict, plan_k: dict, plan:
         rate, base = s["new_tokens"] / s["seconds"], p["new_tokens"] / p["seconds"]
         ratios = _pass_speedups(s, p)
         sp = spread(ratios) if ratios else None
-        pred = (predicted.get(b) or {}).get(k)
         out.append(dict(k=k, batch_size=b, plan_k=plan_k.get(b), tokens_per_s=rate, plain_tokens_per_s=base,
                         speedup=rate / base, decode_speedup=sp and sp["median"],
                         decode_speedup_q1=sp and sp["q1"], decode_speedup_q3=sp and sp["q3"],
-                        passes=len(ratios), predicted_speedup=pred and pred["predicted_speedup"],
-                        predicted_range=pred and pred.get("speedup_range")))
+                        passes=len(ratios), **_predicted(predicted, b, k)))
     return out
+
+
+def _predicted(predicted: dict, b: int, k: int) -> dict:
+    """A speed row's predicted columns from plan_predictions: the plan's speedup for K at batch b and its range."""
+    pred = (predicted.get(b) or {}).get(k)
+    return dict(predicted_speedup=pred and pred["predicted_speedup"],
+                predicted_range=pred and pred.get("speedup_range"))
 
 
 def _measured(rows: list[dict], b: int, k: int) -> tuple[float, tuple[float, float]] | None:
@@ -115,11 +120,8 @@ def repriced(res: dict, plan: dict) -> dict:
     if missing:
         raise WorkbenchError(f"the check did not run {', '.join(missing)}: run vllm-check --plan with that plan")
     predicted = plan_predictions(plan)
-    speed = []
-    for s in res["speed"]:
-        pred = (predicted.get(s["batch_size"]) or {}).get(s["k"])
-        speed.append(dict(s, plan_k=plan_k.get(s["batch_size"]), predicted_speedup=pred and pred["predicted_speedup"],
-                          predicted_range=pred and pred.get("speedup_range")))
+    speed = [dict(s, plan_k=plan_k.get(s["batch_size"]), **_predicted(predicted, s["batch_size"], s["k"]))
+             for s in res["speed"]]
     return dict(res, plan=plan_k, speed=speed, plan_check=plan_rows(plan, plan_k, speed), priced_on=priced_on(plan))
 
 
