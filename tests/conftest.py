@@ -41,6 +41,22 @@ def pytest_report_header(config) -> str:
             f"({'a version' if known else 'NOT one of the versions'} the suite passed with: "
             f"{', '.join(TESTED_TRANSFORMERS)})")
 
+# What a test costs, roughly, by its markers: how the two workers get the suite's files (below).
+MARK_SECONDS = {"vllm": 150.0, "browser": 40.0, "soak": 30.0, "slow": 10.0}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The longest files first. pytest-xdist hands each worker whole files (--dist loadfile) in collection order, so
+    a file of a few long tests collected last (a browser's, a vLLM's, a kill-and-resume soak's) ran alone at the end
+    while the other worker idled. Each file's cost is estimated from its tests' markers (MARK_SECONDS; a plain test
+    ~0.3 s); ties keep the alphabetical order, so every worker collects the same order."""
+    cost: dict = {}
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        cost[item.path] = cost.get(item.path, 0.0) + max([MARK_SECONDS[m] for m in marks if m in MARK_SECONDS] + [0.3])
+    items.sort(key=lambda item: -cost[item.path])  # stable: a file's tests keep their order
+
+
 TINY_HEADS = 5
 TINY_HIDDEN = 64
 TINY_VOCAB = 128

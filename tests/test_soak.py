@@ -282,6 +282,7 @@ VLLM_PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
 
 
 @pytest.mark.soak
+@pytest.mark.vllm
 @pytest.mark.slow  # the demo model; six minutes of real vLLM restarts
 @pytest.mark.skipif(not VLLM_PY or not Path(VLLM_PY).is_file(),
                     reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (.ci/run builds one; "

@@ -15,6 +15,7 @@ CALIBRATION = ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
 PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
 
 pytestmark = [pytest.mark.slow,  # the demo model
+              pytest.mark.vllm,
               pytest.mark.skipif(not PY or not Path(PY).is_file(),
                                  reason="no vLLM interpreter: set WORKBENCH_VLLM_PYTHON (.ci/run builds one; "
                                         "docs/vllm.md has the one-line setup)")]
