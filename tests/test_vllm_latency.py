@@ -305,8 +305,9 @@ def test_vllm_check_puts_the_plans_prediction_beside_vllms_speedup():
 
 def test_a_kept_check_is_priced_again_on_a_new_plan():
     """vllm_speed.repriced: a finished check's measured speeds against another plan's predictions (the surface
-    measured again): the predicted columns, the plan's K and the plan rows change, the measurements do not; a plan
-    served on the check's prompts or asking for a K the check did not run is refused."""
+    measured again): the predicted columns, the plan's K (a tree's best chain, as the check serves it) and the plan
+    rows change, the measurements do not; a plan served on the check's prompts or asking for a K the check did not
+    run is refused."""
     from workbench.export.vllm_speed import repriced
 
     def plan(pred: dict, k: int, ids=("s1",)) -> dict:
@@ -325,6 +326,10 @@ def test_a_kept_check_is_priced_again_on_a_new_plan():
     assert new["priced_on"]["file"] == "new.csv" and res["speed"][0]["predicted_speedup"] == 1.4  # not changed in place
     none = repriced(res, plan({0: 1.0, 1: 0.9}, 0))
     assert none["plan"] == {1: 0} and none["plan_check"][0]["plan_k"] == 0 and none["plan_check"][0]["best_k"] == 1
+    tree = plan({0: 1.0, 1: 1.1}, 1)  # a plan priced on our decoder: vLLM serves its best chain (vllm.served_ks)
+    tree["plans"][0].update(kind="tree", nodes=5, predicted_tokens_per_step=1.5, predicted_speedup=1.3)
+    tree["alternatives"][0]["best_chain"] = dict(k=1, predicted_tokens_per_step=1.2, predicted_speedup=1.1)
+    assert repriced(res, tree)["plan"] == {1: 1}
     with pytest.raises(WorkbenchError, match="prompt"):
         repriced(res, plan({0: 1.0, 1: 1.2}, 1, ids=("h2",)))
     with pytest.raises(WorkbenchError, match="K = 2 at batch 1"):

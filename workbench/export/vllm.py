@@ -132,6 +132,12 @@ def chain_k(plan: dict, row: dict, notes: list[str]) -> int:
     return k
 
 
+def served_ks(plan: dict, batch_sizes) -> dict[int, int]:
+    """{batch size: the K vLLM serves there for this plan} (0: no speculation): the one rule for what a plan asks of
+    vLLM, for its export, its check and a check priced again."""
+    return {b: chain_k(plan, row_at(plan, b)[0], []) for b in batch_sizes}
+
+
 def vllm_schedule(plan: dict, notes: list[str]) -> list[list[int]]:
     """[[low, high, K], ...]: every batch size from 1 to the plan's largest exactly once (row i covers its batch
     size up to the next row's minus one; adjacent ranges with the same K merged). vLLM keeps the last K above."""

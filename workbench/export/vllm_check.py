@@ -14,7 +14,6 @@ finished and decodes only the missing parts.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
@@ -27,7 +26,7 @@ from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import cpu_mark, others, quiet
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
-from workbench.export.engines import export_plan
+from workbench.export.vllm import served_ks
 from workbench.export.vllm_heads import write_vllm_heads
 from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
 from workbench.measure.vllm_runner import engine_results, vllm_python
@@ -184,16 +183,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     # what can be refused without the model comes first: the prompts, the plan's K, the calibration's predictions
     surface = surface_prompts(plan)
     records, excluded = check_records(cal, prompts, limit, surface)
-    plan_k = {}
-    if plan is not None:  # the plan's own config at each batch size (export_plan: what a user would serve)
-        for b in batch_sizes:
-            try:
-                text, _, _ = export_plan(plan, "vllm", heads_dir, batch_size=b)
-                plan_k[b] = json.loads(text)["num_speculative_tokens"]
-            except WorkbenchError as e:
-                if "no speculation" not in str(e):
-                    raise
-                plan_k[b] = 0
+    plan_k = served_ks(plan, batch_sizes) if plan is not None else {}  # what a user of the plan serves
     all_ks = sorted(set(ks) | {k for k in plan_k.values() if k})
     predicted = {k: {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
                  for k in all_ks}

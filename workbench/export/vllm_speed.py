@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from workbench import WorkbenchError
 from workbench.core.speed import spread, within_noise
+from workbench.export.vllm import served_ks
 from workbench.plan.plan_file import plan_engine
 
 
@@ -103,18 +104,14 @@ def plan_rows(plan: dict, plan_k: dict, rows: list[dict]) -> list[dict]:
 
 def repriced(res: dict, plan: dict) -> dict:
     """A finished check against another plan's predictions (a surface measured again): vLLM's speeds do not depend
-    on the plan, so its predicted columns, the plan's K per batch size and the plan rows are what change. Refused
-    when the plan's surface was served on one of the check's prompts or asks for a K the check did not run."""
+    on the plan, so its predicted columns, the plan's K per batch size (vllm.served_ks, as the check chose them) and
+    the plan rows are what change. Refused when the plan's surface was served on one of the check's prompts or asks
+    for a K the check did not run."""
     overlap = sorted(set(map(str, res.get("prompt_ids") or [])) & set(surface_prompts(plan)))
     if overlap:
         raise WorkbenchError(f"the plan's surface was served on prompt(s) {', '.join(overlap)} the check measured: "
                              "run vllm-check --plan again so that its prompts are other ones")
-    plan_k = {}
-    for row in plan["plans"]:
-        if row["kind"] not in ("chain", "none"):
-            raise WorkbenchError(f"the plan asks for a {row['kind']} at batch size {row['batch_size']}: vLLM runs a "
-                                 "chain or nothing; plan on a vLLM latency table")
-        plan_k[row["batch_size"]] = row["nodes"]
+    plan_k = served_ks(plan, sorted({s["batch_size"] for s in res["speed"]}))
     ran = {(s["batch_size"], s["k"]) for s in res["speed"]}
     missing = [f"K = {k} at batch {b}" for b, k in sorted(plan_k.items()) if k and (b, k) not in ran]
     if missing:

@@ -83,12 +83,15 @@ def _rank(c: dict) -> tuple:
 
 
 def at_batch(cands: list[dict], batch_tokens_per_step, batch: int, tail: dict | None = None) -> list[dict]:
-    """The candidates at one batch size: each with its "batch_tokens_per_step" (the source's, for `batch`
-    sequences side by side; 1 for no speculation, whose batch also waits for its longest answer). `tail`
-    (tail_surface): the engine drops finished sequences, so the batch's last rounds cost a smaller batch's."""
-    cost = batch_cost(tail, batch)
-    return [dict(c, batch_tokens_per_step=1.0 if c["tree"] is None else
-                 float(batch_tokens_per_step(c["tree"], batch, cost))) for c in cands]
+    """The candidates at one batch size, each with its "batch_tokens_per_step" (batch_tokens)."""
+    return [dict(c, batch_tokens_per_step=batch_tokens(batch_tokens_per_step, c["tree"], batch, tail)) for c in cands]
+
+
+def batch_tokens(batch_tokens_per_step, tree, batch: int, tail: dict | None = None) -> float:
+    """A tree's tokens/step for `batch` sequences side by side (the source's batch_tokens_per_step); 1 for no
+    speculation (None), whose batch also waits for its longest answer. `tail` (tail_surface): the engine drops
+    finished sequences, so the batch's last rounds cost a smaller batch's."""
+    return 1.0 if tree is None else float(batch_tokens_per_step(tree, batch, batch_cost(tail, batch)))
 
 
 def tail_surface(df, context: int) -> dict | None:

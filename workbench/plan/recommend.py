@@ -22,7 +22,7 @@ from workbench.core.speed import priced
 from workbench.measure.latency_file import latency_engine, latency_surface
 from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.measure.sweep_file import checked_speedup
-from workbench.plan.rank import at_batch, batch_cost, candidates as plan_candidates, choose, served, tail_surface
+from workbench.plan.rank import at_batch, batch_tokens, candidates as plan_candidates, choose, served, tail_surface
 from workbench.plan.source import accuracy_source, calibration_source
 from workbench.trees.tree import Tree, tree_key
 
@@ -59,8 +59,8 @@ def tree_speedup(tokens_per_step: float, tree: Tree | None, tables: dict,
 def designed_speedup(calibration, tree: Tree, tables: dict, max_new_tokens: int | None = None) -> dict:
     """tree_speedup of any tree (the designer's own) from the source and batch size `recommend` ranks with."""
     src = _source(calibration, max_new_tokens)
-    return tree_speedup(src["tokens_per_step"](tree), tree, tables, src["batch_tokens_per_step"](
-        tree, tables["batch"], batch_cost(tables.get("tail"), tables["batch"])))
+    return tree_speedup(src["tokens_per_step"](tree), tree, tables,
+                        batch_tokens(src["batch_tokens_per_step"], tree, tables["batch"], tables.get("tail")))
 
 
 def prediction_name(calibration) -> str:
@@ -200,7 +200,7 @@ def recommend(calibration, latency: pd.DataFrame, context: int | None = None, ba
     rows = [_row(c, tables, found) for c in chosen["ranked"]]
     planned = {c["tree"].paths for c in cands if c["tree"] is not None}
     extra = [_row(dict(kind="tree", tree=t, tokens_per_step=src["tokens_per_step"](t),
-                       batch_tokens_per_step=src["batch_tokens_per_step"](t, batch, batch_cost(tables["tail"], batch))),
+                       batch_tokens_per_step=batch_tokens(src["batch_tokens_per_step"], t, batch, tables["tail"])),
                   tables, found)
              for t in trees or [] if t.depth <= depth and t.max_rank < ranks and t.nodes <= top
              and t.paths not in planned and shape(t) in found]
