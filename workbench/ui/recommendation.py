@@ -169,7 +169,7 @@ def panel(rec: dict, key: str, heads: int, provenance: dict, show=None, show_lab
     pick's exports in every format, notes on closeness and other settings, and the ranked candidates."""
     for text in (disagreement_text(rec), setting_text(rec), outlier_text(rec)):
         if text:
-            st.warning(text, icon="⚠️")
+            st.warning(text, icon=":material/warning:")
     pick = rec["pick"] if rec["answer"]["kind"] == "plan" else dict(rec["pick"], kind="none", tree=None)
     if rec["answer"]["kind"] == "measured-none":
         best = rec["answer"]["row"]

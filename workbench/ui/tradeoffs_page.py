@@ -22,7 +22,7 @@ from workbench.ui.recommendation import (candidate_curves, measured_beside, pane
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.tree_export import EXPORT_FIXES
-from workbench.ui.inputs import shared_inputs
+from workbench.ui.inputs import fragment, shared_inputs
 from workbench.ui.per_step_view import per_step_section
 from workbench.ui.widgets import (chart, clean_error, drop_stale, file_input, file_stamp, found_csvs, fastest_for,
                                   read_sweep_file, read_sweep_or_error, relative_paths, results_root, slider, timed)
@@ -136,33 +136,42 @@ def _tradeoffs_page() -> None:
                   show=_show_in_designer, show_label="open in the designer")
     elif src is None:
         st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
-    # one section at a time (tabs that rerun when switched): a click redraws two or three figures, not eight
-    # with several batch sizes the page opens on its plan per batch size (its answer, and one figure, not three);
-    # the default is fixed at the first view: a changed default would be a new widget, dropping the open tab
-    several = lat is not None and "batch" in lat.columns and lat["batch"].nunique() > 1
-    first = st.session_state.setdefault("to_tab_first", "Plan per batch size" if several else TABS[0])
-    tabs = dict(zip(TABS, st.tabs(TABS, key="to_tab", on_change="rerun", default=first)))
-    with tabs["Latency and speedup"]:
-        if tabs["Latency and speedup"].open:
-            _speedup_section(src, lat, lat_path, tables, rec, evidence)
-    with tabs["Plan per batch size"]:
-        if tabs["Plan per batch size"].open:
-            _plan_section(src, lat, lat_path, sweep, sweep_path, shared.max_new_tokens)
-    with tabs["Static vs per-step"]:
-        if tabs["Static vs per-step"].open:
-            per_step_section(src, lat_path, tables, sweep, sweep_path, shared.max_new_tokens)
-    with tabs["Sweep (Fig. 4)"]:
-        if tabs["Sweep (Fig. 4)"].open:
-            _sweep_section(sweep, sweep_path)
-    with tabs["Typical acceptance (Fig. 5)"]:
-        if tabs["Typical acceptance (Fig. 5)"].open:
-            _typical_section(typ, typ_path)
-    with tabs["vLLM check"]:
-        if tabs["vLLM check"].open:
-            if vllm_path is not None:
-                _vllm_check_panel(vllm_path)
-            else:
-                st.info("No `workbench vllm-check` result found (vllm-check*.json in the results folder).")
+    sections(src, lat, lat_path, tables, rec, evidence, sweep, sweep_path, typ, typ_path, vllm_path,
+             shared.max_new_tokens)
+
+
+@fragment
+def sections(src, lat, lat_path, tables, rec, evidence, sweep, sweep_path, typ, typ_path, vllm_path,
+             max_new_tokens) -> None:
+    """One section at a time, in a fragment: a tab switch (or a pick inside a tab) reruns and redraws the open tab
+    alone, not the answer above it. With several batch sizes the page opens on its plan per batch size (its answer,
+    and one figure, not three); the default is fixed at the first view: a changed default would be a new widget,
+    dropping the open tab."""
+    with timed("fragment tradeoffs tabs"):
+        several = lat is not None and "batch" in lat.columns and lat["batch"].nunique() > 1
+        first = st.session_state.setdefault("to_tab_first", "Plan per batch size" if several else TABS[0])
+        tabs = dict(zip(TABS, st.tabs(TABS, key="to_tab", on_change="rerun", default=first)))
+        with tabs["Latency and speedup"]:
+            if tabs["Latency and speedup"].open:
+                _speedup_section(src, lat, lat_path, tables, rec, evidence)
+        with tabs["Plan per batch size"]:
+            if tabs["Plan per batch size"].open:
+                _plan_section(src, lat, lat_path, sweep, sweep_path, max_new_tokens)
+        with tabs["Static vs per-step"]:
+            if tabs["Static vs per-step"].open:
+                per_step_section(src, lat_path, tables, sweep, sweep_path, max_new_tokens)
+        with tabs["Sweep (Fig. 4)"]:
+            if tabs["Sweep (Fig. 4)"].open:
+                _sweep_section(sweep, sweep_path)
+        with tabs["Typical acceptance (Fig. 5)"]:
+            if tabs["Typical acceptance (Fig. 5)"].open:
+                _typical_section(typ, typ_path)
+        with tabs["vLLM check"]:
+            if tabs["vLLM check"].open:
+                if vllm_path is not None:
+                    _vllm_check_panel(vllm_path)
+                else:
+                    st.info("No `workbench vllm-check` result found (vllm-check*.json in the results folder).")
 
 
 def _sweep_section(sweep, sweep_path) -> None:
@@ -307,7 +316,7 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path, max_new_tokens: i
         if f:
             st.warning(f"Batch {b}'s row rests on latency measurements off their trend: "
                        + "; ".join(outlier_words(x) for x in f) + f". Re-measure {lat_path.name} at batch {b}.",
-                       icon="⚠️")
+                       icon=":material/warning:")
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
     live = measured is not None and len(measured) > 0
     chart(interactive_tradeoffs.plan_chart(speedups_by_kind(plan), measured),
