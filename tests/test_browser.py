@@ -7,9 +7,9 @@ one tree, engine repair, node and mask clicks with the selection following the n
 tree, an upload and settings kept across pages) and a live decode with its progress messages, prediction, and an
 error that clears the last result. No exception box; no page wider than the window at 1280 px.
 
-With WORKBENCH_SCREENSHOTS=1, screenshots at 1600 and 1280 px wide go to tests/output/browser/ (gitignored). The server's own time for node
-and mask clicks and downloads (`[workbench-app]` lines, $WORKBENCH_APP_TIMINGS) is printed and written to
-tests/output/browser/timings.txt; nothing asserts a time (the machine is shared)."""
+With WORKBENCH_SCREENSHOTS=1, screenshots at 1600 and 1280 px wide go to tests/output/browser/ (gitignored). The
+server's own time for node and mask clicks and downloads (`[workbench-app]` lines, $WORKBENCH_APP_TIMINGS) is printed
+and written to tests/output/browser/timings.txt; nothing asserts a time (the machine is shared)."""
 from __future__ import annotations
 
 import json
