@@ -34,6 +34,7 @@ from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.core.provenance import cpu_mark, others, quiet  # noqa: E402
 
 TOLERANCE = 0.10  # issue 48: |predicted - measured| <= 10% of vLLM's measured speedup
+PLAIN_STEP = 1.2  # issue 49: our plain step at batch 1 within 1.2x of vLLM's, side by side in one run
 
 
 def load() -> list[float] | None:
@@ -80,7 +81,8 @@ def run(args) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     cal = args.calibration or str(default_calibration())
     lat, plan, check = (out_dir / f"{name}-{s}" for s in ("latency.csv", "plan.json", "check.json"))
-    py = ["--vllm-python", args.vllm_python] if args.vllm_python else []
+    py = (["--vllm-python", args.vllm_python] if args.vllm_python else []) + (["--vllm-eager"] if args.vllm_eager
+                                                                                else [])
     ks = ",".join(str(k) for k in range(1, max(int(k) for k in args.k.split(",")) + 1))
     loads_file = out_dir / f"{name}-loads.json"
     loads = json.loads(loads_file.read_text()) if loads_file.exists() else {}
@@ -104,8 +106,11 @@ def run(args) -> int:
         res["load_average"].update(others=used, idle=quiet(used))
         res["note"] = load_note(used) + " (measured by bench/vllm_plan.py around the check)"
     verdict = verdicts(res)
+    one = next((r for r in res.get("plain_step") or [] if r["batch_size"] == 1), None)
+    verdict["plain_step_batch1"] = one and dict(ratio=one["ratio"], within=one["ratio"] <= PLAIN_STEP)
     summary = dict(calibration=cal, latency=str(lat), plan=str(plan), check=str(check), load_average=loads,
                    cpus=os.cpu_count(), verdicts=verdict, plan_check=res["plan_check"], speed=res["speed"],
+                   plain_step=res.get("plain_step"), vllm_compilation=res.get("vllm_compilation"),
                    vllm_version=res["vllm_version"], idle=idle(loads))
     head = [f"# vLLM plan priced on vLLM's rounds ({name})", "",
             f"Load average (1, 5, 15 min) at the start and per step, and the CPU cores other processes used during each "
@@ -115,10 +120,14 @@ def run(args) -> int:
             + (f"{100 * verdict['worst_error']:.1f}%" if verdict["worst_error"] is not None else "-")
             + f" (<= {100 * TOLERANCE:.0f}%: {'yes' if verdict['all_within_tolerance'] else 'no'}); the plan's K vLLM's "
             f"best or within noise at every batch size: {'yes' if verdict['choice_best_or_within_noise'] else 'no'}.",
+            "", "Verdict (issue 49): our plain step at batch 1 / vLLM's ("
+            f"{res.get('vllm_compilation') or '?'}), side by side: "
+            + (f"{one['ratio']:.3f} (q1..q3 {one['ratio_q1']:.3f}..{one['ratio_q3']:.3f}; <= {PLAIN_STEP}: "
+               f"{'yes' if one['ratio'] <= PLAIN_STEP else 'no'})." if one else "not measured (batch 1 not run)."),
             "", "The check:", ""]
     atomic_write_text(out_dir / f"{name}.md", "\n".join(head) + "\n" + check_table(res), "--out-dir")
     atomic_write_json(out_dir / f"{name}.json", summary, "--out-dir")
-    print("\n".join(head[2:5]), file=sys.stderr)
+    print("\n".join(head[2:7]), file=sys.stderr)
     print(f"wrote {out_dir / name}.md and .json", file=sys.stderr)
     return 0
 
@@ -140,6 +149,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=4, help="the check's passes per engine and batch size")
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent.parent / "docs" / "results"))
     ap.add_argument("--name", default="vllm-plan-cpu")
+    ap.add_argument("--vllm-eager", action="store_true", help="vLLM's enforce_eager (default: vLLM compiles its "
+                    "model, as it serves)")
     return ap
 
 

@@ -299,10 +299,10 @@ def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, c
     def argv(name):
         return ["vllm-check", "--vllm-python", VLLM_PY, "--calibration", str(calibration), "--prompts", str(f),
                 "--k", "1,2", "--batch-sizes", "1,2,3,4", "--max-new-tokens", "8", "--repeats", "1",
-                "--out", str(tmp_path / f"{name}.json")]
+                "--vllm-eager", "--out", str(tmp_path / f"{name}.json")]  # eager: each restart starts in seconds
     kept = _soak_with_pieces(argv("killed"), argv("whole"), tmp_path / "killed.json", rng, what, capsys)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("killed", "whole"))
-    timing = ("vllm_startup_s", "seconds", "load_average", "note", "speed")
+    timing = ("vllm_startup_s", "seconds", "load_average", "note", "speed", "plain_step")
     assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}, what
     assert [(s["k"], s["batch_size"]) for s in a["speed"]] == [(s["k"], s["batch_size"]) for s in b["speed"]], what
     if "vllm-batch-1" in kept:  # a batch size finished before the last kill is the one kept
@@ -433,3 +433,58 @@ def test_our_decoder_parts_are_taken_from_the_state(tiny_llama, tmp_path):
     (out.with_name("check.json.work") / "ours-k2.json").unlink()
     second = run()
     assert second[1]["steps"] == -1 and second[2] == first[2] and second["plain"] == first["plain"]
+
+
+BETWEEN = '''#!{python}
+"""Stands in for vLLM's worker in mode "generate" with "between": after each pass of every engine it says
+{{"event": "pass"}} and waits for a line before its next pass; logs each pass to STANDIN_LOG; with STANDIN_DIE_AT=B
+it dies before batch size B."""
+import json, os, sys
+req = json.loads(sys.stdin.readline())
+assert req["between"] is True
+log = open(os.environ["STANDIN_LOG"], "a")
+for b in req["batch_sizes"]:
+    if str(b) == os.environ.get("STANDIN_DIE_AT"):
+        sys.exit(1)
+    for i in range(req["repeats"]):
+        log.write(f"vllm {{b}} {{i}}\\n"); log.flush()
+        print(json.dumps({{"event": "pass", "batch_size": b, "pass": i}}), flush=True)
+        assert sys.stdin.readline() == "\\n"  # the orchestrator's own pass ran
+    print(json.dumps({{"event": "batch", "batch_size": b, "engines": [
+        {{"vllm_version": "stand-in", "startup_s": 1.0, "run": {{"batch_size": b}}}} for _ in req["engines"]]}}),
+        flush=True)
+print(json.dumps({{"event": "done"}}), flush=True)
+'''
+
+
+def test_our_passes_run_between_vllms_and_are_kept_with_their_batch_size(tmp_path, monkeypatch):
+    """vllm-check's side-by-side passes: the worker waits after each of its passes while ours runs, so the two
+    alternate; ours are kept with their batch size, and a rerun after a kill runs ours only where vLLM runs again."""
+    from workbench import WorkbenchError
+    from workbench.core.work import WorkState
+    from workbench.measure.vllm_runner import between_results, engine_results
+
+    py = tmp_path / "python"
+    py.write_text(BETWEEN.format(python=sys.executable))
+    py.chmod(0o755)
+    log = tmp_path / "order.txt"
+    monkeypatch.setenv("STANDIN_LOG", str(log))
+    request = {"mode": "generate", "engines": [None, {"num_speculative_tokens": 1}], "prompts": [[1]],
+               "batch_sizes": [1, 2], "repeats": 2}
+    out, settings = tmp_path / "check.json", {"model": "m"}
+
+    def ours(b: int, i: int) -> dict:
+        with log.open("a") as f:
+            f.write(f"ours {b} {i}\n")
+        return {"batch": b, "pass": i}
+
+    monkeypatch.setenv("STANDIN_DIE_AT", "2")
+    with pytest.raises(WorkbenchError, match="vLLM failed"):
+        engine_results(str(py), request, WorkState(out, settings), lambda text: None, ours)
+    assert log.read_text().split("\n")[:-1] == ["vllm 1 0", "ours 1 0", "vllm 1 1", "ours 1 1"]
+    monkeypatch.delenv("STANDIN_DIE_AT")
+    log.write_text("")
+    engine_results(str(py), request, WorkState(out, settings), lambda text: None, ours)
+    assert log.read_text().split("\n")[:-1] == ["vllm 2 0", "ours 2 0", "vllm 2 1", "ours 2 1"]
+    assert between_results(WorkState(out, settings), [1, 2]) == {
+        b: [{"batch": b, "pass": i} for i in (0, 1)] for b in (1, 2)}

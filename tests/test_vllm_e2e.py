@@ -1,7 +1,8 @@
 """The demo heads and plan in a real vLLM (0.32, CPU build), end to end through `workbench vllm-check`: a few
 held-out prompts, K = 1..4, batch 1 and 4. Needs vLLM's own environment: $WORKBENCH_VLLM_PYTHON (.ci/run builds
-it); skipped with its reason otherwise. Minutes: five vLLM engines held at once, then six for the
-plan priced on vLLM's own rounds (latency --engine vllm -> plan -> vllm-check --plan)."""
+it); skipped with its reason otherwise. Minutes: five vLLM engines held at once (eager: they start in seconds),
+then six for the plan priced on vLLM's own rounds (latency --engine vllm -> plan -> vllm-check --plan), compiled
+as vLLM serves by default."""
 import json
 import os
 from pathlib import Path
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.slow,  # the demo model
 def test_demo_heads_in_vllm_match_plain_vllm_and_our_decoder(tmp_path, capsys):
     out = tmp_path / "check.json"
     rc = main(["vllm-check", "--calibration", str(CALIBRATION), "--k", "1,2,3,4", "--batch-sizes", "1,4",
-               "--limit", "4", "--max-new-tokens", "16", "--repeats", "1", "--out", str(out)])
+               "--limit", "4", "--max-new-tokens", "16", "--repeats", "1", "--vllm-eager", "--out", str(out)])
     err = capsys.readouterr().err
     assert rc == 0, err[-2000:]
     res = json.loads(out.read_text())
@@ -50,6 +51,7 @@ def test_demo_heads_in_vllm_match_plain_vllm_and_our_decoder(tmp_path, capsys):
         assert c["identical"] == c["prompts"], (b, c)
     assert {s["batch_size"] for s in res["speed"]} == {1, 4} and all(s["tokens_per_s"] > 0 for s in res["speed"])
     assert res["load_average"]["cpus"] >= 1
+    assert res["vllm_compilation"] == "NONE"  # --vllm-eager: five engines start in seconds
 
 
 def test_a_plan_priced_on_vllms_rounds_is_checked_in_vllm(tmp_path, capsys):
@@ -93,3 +95,9 @@ def test_a_plan_priced_on_vllms_rounds_is_checked_in_vllm(tmp_path, capsys):
     for r in res["acceptance"]:
         for b, c in r["vllm_spec_vs_vllm_plain"].items():
             assert c["identical"] == c["prompts"], (r["k"], b, c)
+    # vLLM as it serves by default: its model compiled, in the surface and the check
+    assert res["vllm_compilation"] != "NONE" and json.loads(df["setting"].iloc[0])["compiled"] is True
+    # our plain step beside vLLM's, pass by pass, at each batch size
+    assert [r["batch_size"] for r in res["plain_step"]] == [1, 2]
+    for r in res["plain_step"]:
+        assert r["passes"] == 2 and r["ours_ms"] > 0 and r["vllm_ms"] > 0 and r["ratio_q1"] <= r["ratio"] <= r["ratio_q3"]

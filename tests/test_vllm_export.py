@@ -3,6 +3,7 @@ it equals our heads' drafts), the plan configs (vLLM's own schedule rules, no sc
 named, version windows), vllm-check's input errors and how our decoder's steps are counted as vLLM counts them
 (against a model of both loops' token accounting). The real run against vLLM is test_vllm_e2e.py."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -281,6 +282,31 @@ def test_check_table_renders_a_saved_result_with_and_without_per_sequence_steps(
         dict(drafted=[2, 2, 2], accepted=[1, 0, 2]), dict(drafted=[2, 2], accepted=[2, 0])])
     row = next(line for line in check_table(seq).splitlines() if line.startswith("| 2 | "))
     assert "| 4/5 2/5 | 1/2 |" in row  # ours as vLLM counts; the 2nd sequence's record differs at its 2nd step
+
+
+def test_our_plain_step_is_priced_pass_by_pass_against_vllms():
+    """vllm-check's plain-step line: per batch size each of our passes over vLLM's same pass (seconds per token
+    emitted while decoding), the median and quartiles of those ratios, both engines' median milliseconds; rendered
+    as a table naming vLLM's compilation."""
+    from workbench.export.vllm_check import check_table, plain_steps
+
+    def passes(ms):
+        return [dict(decode_seconds=m * 0.001 * 40, decode_tokens=40) for m in ms]
+
+    plain = {1: dict(passes=passes([50, 40, 60])), 2: dict(passes=passes([60, 60]))}
+    ours = {1: passes([45, 44, 48]), 2: passes([30, 90])}
+    rows = plain_steps(plain, ours)
+    assert [r["batch_size"] for r in rows] == [1, 2] and [r["passes"] for r in rows] == [3, 2]
+    one = rows[0]  # ratios 0.9, 1.1, 0.8: ordered by value, not by pass
+    assert one["ratio"] == pytest.approx(0.9) and one["ratio_q1"] == pytest.approx(0.85)
+    assert one["ratio_q3"] == pytest.approx(1.0) and one["vllm_ms"] == pytest.approx(50)
+    assert one["ours_ms"] == pytest.approx(45)
+    assert rows[1]["ratio"] == pytest.approx(1.0)  # 0.5 and 1.5
+    saved = json.loads((Path(__file__).resolve().parents[1] / "docs/results/vllm-check-cpu.json").read_text())
+    table = check_table(dict(saved, plain_step=rows, vllm_compilation="DYNAMO_TRACE_ONCE"))
+    assert "vLLM (DYNAMO_TRACE_ONCE) and our decoder (eager)" in table
+    assert "| 1 | 50.0 | 45.0 | 0.900 (0.850..1.000, 3 passes) |" in table
+    assert "Plain decoding" not in check_table(saved)  # a check saved before it has no such line
 
 
 def test_a_worker_without_vllm_fails_in_one_line():

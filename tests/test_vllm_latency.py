@@ -26,7 +26,7 @@ import json, os, sys
 COST = {cost}
 req = json.loads(sys.stdin.read())
 with open(os.environ["STANDIN_LOG"], "a") as f:
-    f.write(json.dumps([req["batch_sizes"], req["engines"]]) + "\\n")
+    f.write(json.dumps([req["batch_sizes"], req["engines"], req["eager"]]) + "\\n")
 assert req["mode"] == "rounds"
 for b in req["batch_sizes"]:
     if str(b) == os.environ.get("STANDIN_DIE_AT"):
@@ -42,7 +42,8 @@ for b in req["batch_sizes"]:
                            context_min=21 + r, context_max=21 + r) for r in range({rounds})]
             passes.append(dict(timed=p >= req["warmup"], rounds=steps))
         engines.append(dict(vllm_version="0.32.0", startup_s=1.0, run=dict(batch_size=b, passes=passes),
-                            worker=dict(threads=2, torch="2.13.0", transformers="4.57.0")))
+                            worker=dict(threads=2, torch="2.13.0", transformers="4.57.0",
+                                        compilation="NONE" if req["eager"] else "DYNAMO_TRACE_ONCE")))
     print(json.dumps(dict(event="batch", batch_size=b, engines=engines)), flush=True)
 print(json.dumps(dict(event="done")), flush=True)
 '''
@@ -101,6 +102,12 @@ def test_latency_engine_vllm_writes_vllms_rounds_as_a_latency_csv(tiny_llama, st
     where = json.loads(df["setting"].iloc[0])
     assert where["mode"] == "vllm-round" and where["vllm"] == "0.32.0" and where["threads"] == 2
     assert len(where["prompt_ids"]) == 3  # the check serves other prompts
+    # vLLM as it serves by default (its CPU build compiles the model) unless asked for enforce_eager
+    assert asked[0][2] is False and where["compiled"] is True and where["vllm_compilation"] == "DYNAMO_TRACE_ONCE"
+    assert _latency(tiny_llama, standin, tmp_path / "eager.csv", "--vllm-eager") == 0
+    assert json.loads((tmp_path / "asked.jsonl").read_text().splitlines()[-1])[2] is True
+    where = json.loads(read_latency(tmp_path / "eager.csv")["setting"].iloc[0])
+    assert where["compiled"] is False and where["vllm_compilation"] == "NONE"
 
 
 def test_latency_engine_vllm_refuses_our_decoders_flags(tiny_llama, standin, tmp_path, capsys):
@@ -110,7 +117,8 @@ def test_latency_engine_vllm_refuses_our_decoders_flags(tiny_llama, standin, tmp
     assert _latency(tiny_llama, standin, tmp_path / "x.csv", "--method", "eagle3") == 2
     assert "--heads (Medusa heads) or --method" in capsys.readouterr().err
     assert main(["latency", "--k", "1,2", "--out", str(tmp_path / "x.csv")]) == 2  # our decoder has no K
-    assert capsys.readouterr().err.startswith("error: --k, --method, --draft-model and --vllm-python time vLLM's")
+    assert capsys.readouterr().err.startswith("error: --k, --method, --draft-model, --vllm-python and --vllm-eager "
+                                              "time vLLM's")
     assert not (tmp_path / "x.csv").exists()
 
 

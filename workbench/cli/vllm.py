@@ -11,6 +11,10 @@ from workbench.core.io import atomic_write_text, check_output, run_lock
 from workbench.core.work import remove_work
 
 
+VLLM_EAGER = ("vLLM without its compiled model (enforce_eager): each engine starts in seconds instead of ~1.5 min, "
+              "but runs slower than vLLM serves by default (its CPU build compiles with inductor)")
+
+
 def cmd_vllm_check(args) -> int:
     from workbench.plan.plan_file import read_plan
     from workbench.export.vllm_check import check_table, vllm_check
@@ -27,7 +31,7 @@ def cmd_vllm_check(args) -> int:
         res = vllm_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model, args.heads,
                          parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
                          args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor,
-                         repeats=args.repeats)
+                         repeats=args.repeats, eager=args.vllm_eager)
         table = check_table(res)
         if args.table:
             atomic_write_text(args.table, table, "--table")
@@ -59,6 +63,7 @@ def add_vllm_check(sub) -> None:
     p.add_argument("--max-new-tokens", type=bounded("tokens"), default=64)
     p.add_argument("--repeats", type=bounded("repeats"), default=3, help="timed passes over the prompts per engine and "
                    "batch size: the speedups' spread (default 3)")
+    p.add_argument("--vllm-eager", action="store_true", help=VLLM_EAGER)
     p.add_argument("--table", metavar="FILE.md", help="also write the markdown table here")
     p.add_argument("--out", metavar="FILE.json", help="the result JSON (default: stdout)")
     p.set_defaults(func=cmd_vllm_check)
@@ -84,7 +89,8 @@ def cmd_latency_vllm(args) -> int:
     from workbench.measure.vllm_runner import vllm_python
 
     if args.engine != "vllm":
-        raise WorkbenchError("--k, --method, --draft-model and --vllm-python time vLLM's rounds: add --engine vllm")
+        raise WorkbenchError("--k, --method, --draft-model, --vllm-python and --vllm-eager time vLLM's rounds: add "
+                             "--engine vllm")
     py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
     given = [f"--{k.replace('_', '-')}" for k in DECODER_ONLY if getattr(args, k, None)]
     if given or args.compile or (args.device or "cpu") != "cpu" or (args.dtype or "float32") != "float32":
@@ -131,7 +137,8 @@ def cmd_latency_vllm(args) -> int:
                                  batches, args.repeats or 4, 1 if args.warmup is None else args.warmup,
                                  args.max_new_tokens, label,
                                  progress=lambda text: print(text, file=sys.stderr, flush=True), work=out,
-                                 settings=dict(model=label, drafter=heads_fingerprint(heads) if medusa else drafter))
+                                 settings=dict(model=label, drafter=heads_fingerprint(heads) if medusa else drafter),
+                                 eager=args.vllm_eager)
         atomic_write_text(out, df.to_csv(index=False), "--out")
         remove_work(out)
     r0 = df.iloc[0]
@@ -161,3 +168,4 @@ def add_vllm_latency_args(p) -> None:
     p.add_argument("--method", help="--engine vllm: vLLM's drafter (default medusa, our --heads); eagle, eagle3, "
                                     "mtp, draft_model, ngram for plans from acceptance vectors")
     p.add_argument("--draft-model", metavar="DIR", help="--engine vllm: the drafter's weights for --method")
+    p.add_argument("--vllm-eager", action="store_true", help="--engine vllm: " + VLLM_EAGER)

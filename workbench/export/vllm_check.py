@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -24,12 +25,13 @@ from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import cpu_mark, others, quiet
+from workbench.core.speed import spread
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.export.vllm import served_ks
 from workbench.export.vllm_heads import write_vllm_heads
 from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
-from workbench.measure.vllm_runner import engine_results, vllm_python
+from workbench.measure.vllm_runner import between_results, engine_results, vllm_python
 from workbench.plan.source import chain_tree
 from workbench.runtime.engine import StepEngine
 from workbench.runtime.treemask import tree_setup
@@ -110,6 +112,35 @@ def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, p
     return out
 
 
+def plain_pass(model, tok, prompts, batch: int, max_new_tokens: int, eos, engine: StepEngine) -> dict:
+    """One pass of our plain greedy over every prompt, `batch` at a time, as vLLM's passes serve them: its decoding
+    phase (every step after the prefill; a batch's step is its slowest sequence's) and the tokens those steps
+    emitted."""
+    seconds = tokens = 0.0
+    for i in range(0, len(prompts), batch):
+        res = vanilla_generate(model, tok, prompts[i:i + batch], max_new_tokens, eos, engine=engine)
+        seconds += max(r.decode_s for r in res)
+        tokens += sum(len(r.token_ids) for r in res)
+    return dict(decode_seconds=seconds, decode_tokens=int(tokens))
+
+
+def plain_steps(plain: dict, ours: dict[int, list]) -> list[dict]:
+    """Per batch size: vLLM's plain decoding step and ours (seconds per token emitted while decoding, each pass of
+    ours run right after vLLM's same pass), and ours / vLLM pass by pass (median, quartiles)."""
+    out = []
+    for b, mine in sorted(ours.items()):
+        theirs = [p for p in plain[b].get("passes") or [] if p.get("decode_tokens")]
+        pairs = [(o["decode_seconds"] / o["decode_tokens"], t["decode_seconds"] / t["decode_tokens"])
+                 for o, t in zip(mine, theirs) if o.get("decode_tokens")]
+        if not pairs:
+            continue
+        sp = spread([o / t for o, t in pairs])
+        out.append(dict(batch_size=b, ours_ms=1000 * statistics.median(o for o, _ in pairs),
+                        vllm_ms=1000 * statistics.median(t for _, t in pairs), ratio=sp["median"],
+                        ratio_q1=sp["q1"], ratio_q3=sp["q3"], passes=len(pairs)))
+    return out
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first token where two outputs differ (a length difference counts), None when equal."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -172,7 +203,7 @@ def check_records(cal: Calibration, prompts: str, limit: int | None, exclude) ->
 
 def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2, 3, 4), batch_sizes=(1, 2, 4, 8),
                prompts: str = "holdout", limit: int = 16, max_new_tokens: int = 64, python: str | None = None,
-               raw: bool = False, progress=None, work=None, repeats: int = 3) -> dict:
+               raw: bool = False, progress=None, work=None, repeats: int = 3, eager: bool = False) -> dict:
     """The whole check (see the module docstring) as one JSON-ready dict. `work`: the output file, beside which
     finished batch sizes (every engine's) and decoder parts are kept (None: nothing kept). Timing fields, which a resumed run's result
     may hold from either run: speed, vllm_startup_s, the runs' seconds, seconds, load_average, note."""
@@ -196,7 +227,8 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     engines = [None] + [{"method": "medusa", "model": folder, "num_speculative_tokens": k} for k in all_ks]
     longest = max(map(len, ids)) + max_new_tokens + max(all_ks) + 8
     request = dict(mode="generate", model=vllm_model, engines=engines, prompts=ids, batch_sizes=list(batch_sizes),
-                   repeats=repeats, max_new_tokens=max_new_tokens, stop_token_ids=eos, max_model_len=int(math.ceil(longest / 64) * 64))
+                   repeats=repeats, max_new_tokens=max_new_tokens, stop_token_ids=eos,
+                   max_model_len=int(math.ceil(longest / 64) * 64), eager=eager)
     progress(f"{len(ids)} prompts, K = {', '.join(map(str, all_ks))}, batch sizes {', '.join(map(str, batch_sizes))}: "
              f"{len(engines)} vLLM engines, then our decoder")
     # everything the kept pieces depend on: the request (the prompts by hash), vLLM's environment, the heads
@@ -204,7 +236,15 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
                                  prompts=prompts_fingerprint(ids),
                                  heads=heads_fingerprint(heads), model_label=model_label(model)))
     load_before, mark = _load_avg(), cpu_mark()
-    results = engine_results(py, request, state, progress)
+    engine = StepEngine(base, compile=False)
+
+    def beside(b: int, i: int) -> dict:  # our plain pass right after vLLM's pass i at batch b: side by side
+        done = plain_pass(base, tok, ids, b, max_new_tokens, eos, engine)
+        progress(f"ours: plain pass {i + 1} at batch {b}: {1000 * done['decode_seconds'] / done['decode_tokens']:.1f}"
+                 " ms a token")
+        return done
+
+    results = engine_results(py, request, state, progress, beside)
     mine = ours(base, heads, tok, ids, all_ks, 1, max_new_tokens, eos, progress, state)
     plain = {r["batch_size"]: r for r in results[0]["runs"]}
     rows, speed = [], []
@@ -242,6 +282,8 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
         plan_check=plan_rows(plan, plan_k, speed) if plan is not None else None,
         surface_prompts_left_out=excluded, priced_on=priced_on(plan) if plan is not None else None,
         vllm_plain_vs_ours_plain={b: compare_outputs(plain[b]["outputs"], mine["plain"]) for b in plain},
+        plain_step=plain_steps(plain, between_results(state, batch_sizes)),
+        vllm_compilation=(results[0].get("worker") or {}).get("compilation"), ours_compiled=False,
         vllm_startup_s=[r["startup_s"] for r in results], seconds=time.time() - t0,
         load_average=dict(before=load_before, after=load_after, cpus=os.cpu_count(), others=used, idle=quiet(used)),
         note=load_note(used))
@@ -289,4 +331,11 @@ def check_table(res: dict) -> str:
               "`vllm_steps`."]
     same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in res["vllm_plain_vs_ours_plain"].items())
     lines += ["", f"vLLM plain greedy = our plain greedy: {same} prompts identical.", ""] + speed_table(res)
+    if res.get("plain_step"):
+        lines += ["", f"Plain decoding, vLLM ({res.get('vllm_compilation') or '?'}) and our decoder (eager), each of "
+                      "our passes right after vLLM's on the same prompts: milliseconds per token emitted while "
+                      "decoding.", "", "| batch | vLLM ms | ours ms | ours / vLLM, median (q1..q3) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['batch_size']} | {r['vllm_ms']:.1f} | {r['ours_ms']:.1f} | {r['ratio']:.3f} "
+                  f"({r['ratio_q1']:.3f}..{r['ratio_q3']:.3f}, {r['passes']} passes) |" for r in res["plain_step"]]
     return "\n".join(lines) + "\n"

@@ -83,18 +83,21 @@ def rows_of(results: list[dict], ks: list[int], label: str, cell: str) -> tuple[
 def vllm_setting(worker: dict, prompt_ids: list[str], drafter: str | None) -> dict:
     """provenance.setting of a vLLM measurement: its threads and versions (torch, transformers, vLLM) are the
     worker's, the mode MODE; the prompts it served (ids) so a check can serve others."""
-    where = setting("cpu", "float32", worker.get("threads") or os.cpu_count() or 1, compiled=False, mode=MODE)
+    compiled = worker.get("compilation") not in (None, "NONE")  # vLLM's default; NONE under --vllm-eager
+    where = setting("cpu", "float32", worker.get("threads") or os.cpu_count() or 1, compiled=compiled, mode=MODE)
     return where | dict(torch=worker.get("torch"), transformers=worker.get("transformers"), engine="vllm",
-                        vllm=worker.get("vllm_version"), drafter=drafter, prompt_ids=list(prompt_ids))
+                        vllm=worker.get("vllm_version"), vllm_compilation=worker.get("compilation"), drafter=drafter,
+                        prompt_ids=list(prompt_ids))
 
 
 def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, prompts: list[list[int]],
                         prompt_ids: list[str], batches, repeats: int = 4, warmup: int = 1, max_new_tokens: int = 64,
-                        label: str = "", progress=print, work=None, settings: dict | None = None) -> pd.DataFrame:
+                        label: str = "", progress=print, work=None, settings: dict | None = None,
+                        eager: bool = False) -> pd.DataFrame:
     """The latency rows of vLLM's served rounds (module docstring): K = 0 and every K in `ks` (drafted by `drafter`,
     a --speculative-config without num_speculative_tokens), per batch size. `prompts`: token ids (`prompt_ids`
     name them); `work`: the CSV, beside which finished batch sizes are kept; `settings`: what else the kept results
-    depend on (model, heads)."""
+    depend on (model, heads); `eager`: vLLM's enforce_eager (by default it serves its compiled model)."""
     ks = sorted({0, *(int(k) for k in ks)})
     batches = sorted({int(b) for b in batches})
     if repeats < 1 or warmup < 0 or not batches or batches[0] < 1 or ks[-1] > 64:
@@ -109,7 +112,7 @@ def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, promp
     longest = max(map(len, prompts)) + max_new_tokens + ks[-1] + 8
     request = dict(mode="rounds", model=model_dir, engines=engines, prompts=prompts, batch_sizes=batches,
                    repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, sequences=batches[-1],
-                   max_model_len=int(math.ceil(longest / 64) * 64))
+                   max_model_len=int(math.ceil(longest / 64) * 64), eager=eager)
     state = WorkState(work, dict(request, command="latency --engine vllm", python=py, **(settings or {}),
                                  prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest()))
     progress(f"vLLM rounds: {len(prompts)} prompts, K = {', '.join(map(str, ks))}, batch sizes "

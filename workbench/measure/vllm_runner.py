@@ -35,11 +35,14 @@ def vllm_python(flag: str | None) -> str:
 
 
 def worker_env(py: str) -> dict:
-    """vLLM on CPU: a small KV cache, the engine in this process (its counters in get_metrics), and the venv's
-    Intel OpenMP preloaded as vLLM's CPU build wants (found beside the interpreter)."""
+    """vLLM on CPU: a small KV cache, the engine in this process (its counters in get_metrics), its compiled model
+    cached by inductor's cache (0.32's AOT cache fails to load with its torch, 'finalize_loading', and compiles
+    again: ~80 s an engine instead of ~25 s), and the venv's Intel OpenMP preloaded as vLLM's CPU build wants
+    (found beside the interpreter)."""
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env.setdefault("VLLM_USE_AOT_COMPILE", "0")
     iomp = Path(py).resolve().parent.parent / "lib" / "libiomp5.so"
     venv_iomp = Path(py).parent.parent / "lib" / "libiomp5.so"
     for lib in (venv_iomp, iomp):
@@ -49,16 +52,20 @@ def worker_env(py: str) -> dict:
     return env
 
 
-def run_worker(py: str, request: dict, progress, on_batch=None) -> list[dict]:
+def run_worker(py: str, request: dict, progress, on_batch=None, on_pass=None) -> list[dict]:
     """Run vllm_worker.py under `py`; its batch results (one per batch size, in order, each holding every engine).
-    `on_batch(result)` is called on each as it arrives. Its log goes to stderr only when it fails."""
+    `on_batch(result)` is called on each as it arrives; with `on_pass` (the request's "between"), on_pass(event)
+    after each pass of every engine, the worker waiting until it returns. Its log goes to stderr only when it
+    fails."""
     results, error = [], None
     with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: vLLM's log never fills a buffer and blocks
         with subprocess.Popen([py, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
                               text=True, env=worker_env(py)) as proc:
             try:
-                proc.stdin.write(json.dumps(request))
-                proc.stdin.close()
+                proc.stdin.write(json.dumps(request) + "\n")
+                proc.stdin.flush()
+                if on_pass is None:
+                    proc.stdin.close()
             except BrokenPipeError:  # it ended before reading: its exit status and log say why
                 pass
             for line in proc.stdout:  # vLLM logs to stdout too: only our JSON lines count
@@ -76,8 +83,20 @@ def run_worker(py: str, request: dict, progress, on_batch=None) -> list[dict]:
                     results.append(msg)
                     if on_batch is not None:
                         on_batch(msg)
+                elif msg["event"] == "pass" and on_pass is not None:
+                    on_pass(msg)
+                    try:
+                        proc.stdin.write("\n")
+                        proc.stdin.flush()
+                    except BrokenPipeError:
+                        pass
                 elif msg["event"] == "error":
                     error = msg["text"]
+            if not proc.stdin.closed:
+                try:
+                    proc.stdin.close()
+                except BrokenPipeError:
+                    pass
             rc = proc.wait()
         log.seek(0)
         err = log.read()
@@ -87,17 +106,30 @@ def run_worker(py: str, request: dict, progress, on_batch=None) -> list[dict]:
     return results
 
 
-def engine_results(py: str, request: dict, state: WorkState, progress) -> list[dict]:
+def engine_results(py: str, request: dict, state: WorkState, progress, between=None) -> list[dict]:
     """Every engine's result ({"engine", "vllm_version", "startup_s", "worker", "runs": one per batch size}): the
     batch sizes `state` kept from an earlier run, then one worker run for the rest, each batch size kept as it
-    arrives. The unit kept is a batch size, not an engine: the engines run side by side (vllm_worker)."""
+    arrives. The unit kept is a batch size, not an engine: the engines run side by side (vllm_worker).
+    `between(batch_size, pass)` (generate mode): run after each pass of every engine, side by side with them; its
+    results are kept with the batch size's (`between_results`)."""
     sizes = list(request["batch_sizes"])
     todo = [b for b in sizes if state.get(f"vllm-batch-{b}") is None]
     if len(todo) < len(sizes):
         progress(f"vLLM: {len(sizes) - len(todo)} of {len(sizes)} batch sizes finished earlier")
     if todo:
-        run_worker(py, dict(request, batch_sizes=todo), progress,
-                   lambda r: state.put(f"vllm-batch-{r['batch_size']}", r))
+        ran: dict[int, list] = {}
+
+        def keep(r: dict) -> None:
+            state.put(f"vllm-batch-{r['batch_size']}", dict(r, between=ran.pop(r["batch_size"], [])))
+
+        on_pass = None if between is None else (
+            lambda m: ran.setdefault(m["batch_size"], []).append(between(m["batch_size"], m["pass"])))
+        run_worker(py, dict(request, batch_sizes=todo, between=between is not None), progress, keep, on_pass)
     kept = [state.get(f"vllm-batch-{b}") for b in sizes]
     return [dict({k: v for k, v in kept[0]["engines"][i].items() if k != "run"}, engine=i,
                  runs=[k["engines"][i]["run"] for k in kept]) for i in range(len(request["engines"]))]
+
+
+def between_results(state: WorkState, sizes) -> dict[int, list]:
+    """{batch size: what engine_results' `between` returned after each pass}, as kept with each batch size."""
+    return {b: (state.get(f"vllm-batch-{b}") or {}).get("between") or [] for b in sizes}

@@ -8,13 +8,15 @@ transformers, async_scheduling}, "run"}, ...]} per batch size (each `engines` en
 --speculative-config, null for plain decoding), then {"event": "done"}; or {"event": "error", "text"}. Request:
   {"mode": "generate" | "rounds", "model": DIR, "engines": [...], "prompts": [[ids], ...], "batch_sizes": [1, 4],
    "max_new_tokens": N, "max_model_len": N, "repeats": R, "warmup": W, "stop_token_ids": [...] (generate),
-   "sequences": S (rounds)}
+   "sequences": S (rounds), "eager": false (true: vLLM's enforce_eager; by default vLLM serves its compiled model)}
 Every engine is held at once and their passes interleave (`interleaved`): what is compared is measured side by
 side. Every request is served through the engine's own step loop (LLMEngine.add_request / step), so each step's
 wall time is what a served round costs. A run, per engine at batch size B:
   generate (vllm-check; the prompts served B at a time, as the workbench decoder batches them, stopping at EOS,
-  `repeats` passes over all of them): {"batch_size", "seconds" (pass 0), "decode_seconds" (pass 0, the steps
-  without a prefill in them), "passes": [{"seconds", "decode_seconds"}, ...], "new_tokens", "outputs",
+  `repeats` passes over all of them; with "between": true, after each pass of every engine an {"event": "pass",
+  "batch_size", "pass"} line, then it waits for a line on stdin): {"batch_size", "seconds" (pass 0),
+  "decode_seconds" (pass 0, the steps without a prefill in them), "passes": [{"seconds", "decode_seconds",
+  "decode_tokens"}, ...], "new_tokens", "outputs",
   "steps" (per-request drafts per step), "num_drafts", "num_draft_tokens", "num_accepted_tokens",
   "accepted_per_pos"} (vLLM's spec-decode counters over pass 0, from its per-request records: `counted`);
   rounds (latency --engine vllm; `warmup` passes of one chunk of B prompts, then `repeats` passes of
@@ -104,7 +106,7 @@ def start(req: dict, spec, engines: int = 1):
     t0 = time.perf_counter()
     say({"event": "progress", "text": f"starting vLLM ({'speculative ' + json.dumps(spec) if spec else 'plain'})"})
     llm = LLM(model=req["model"], tokenizer=req["model"], dtype="float32", max_model_len=req["max_model_len"],
-              speculative_config=spec, enforce_eager=True, disable_log_stats=False, seed=0,
+              speculative_config=spec, enforce_eager=bool(req.get("eager")), disable_log_stats=False, seed=0,
               max_num_seqs=max(req["batch_sizes"]), enable_prefix_caching=False,
               **({"per_request_spec_decode_metrics": "detailed"} if spec else {}),
               **({"gpu_memory_utilization": 0.85 / engines} if torch.cuda.is_available() else {}))
@@ -117,21 +119,22 @@ def generate_pass(llm, prompts: list, b: int, params, first: bool) -> dict:
     """One pass over every prompt, B at a time: its seconds and decoding-phase seconds; the first pass also keeps
     the outputs, per-request steps and the spec-decode counters they add up to."""
     seconds = decode = 0.0
-    outputs, steps = [], []
+    outputs, steps, tokens = [], [], 0
     for j in range(0, len(prompts), b):
         t = time.perf_counter()
         timed, outs = serve(llm, prompts[j:j + b], params)
         seconds += time.perf_counter() - t
         decode += sum(s["seconds"] for s in timed if not s["prefill"])
+        tokens += sum(s["tokens"] for s in timed if not s["prefill"])
         outputs += [list(o.token_ids) for o in outs]
         steps += [per_step(o) for o in outs]
-    done = dict(seconds=seconds, decode_seconds=decode)
+    done = dict(seconds=seconds, decode_seconds=decode, decode_tokens=tokens)
     return done | (dict(outputs=outputs, steps=steps, **counted(steps)) if first else {})
 
 
 def generate_run(first: dict, passes: list[dict], b: int) -> dict:
     return dict(batch_size=b, seconds=first["seconds"], decode_seconds=first["decode_seconds"],
-                passes=[dict(seconds=p["seconds"], decode_seconds=p["decode_seconds"]) for p in passes],
+                passes=[{k: p[k] for k in ("seconds", "decode_seconds", "decode_tokens")} for p in passes],
                 new_tokens=sum(map(len, first["outputs"])), outputs=first["outputs"], steps=first["steps"],
                 **{k: first[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")})
 
@@ -172,6 +175,9 @@ def interleaved(llms: list, req: dict, b: int) -> list[dict]:
     for i in range(max(1, req.get("repeats", 1))):
         for e in (range(n) if i % 2 == 0 else reversed(range(n))):
             passes[e].append(generate_pass(llms[e], req["prompts"], b, params, first=i == 0))
+        if req.get("between"):  # the orchestrator runs its own pass now (our decoder, side by side), then a line
+            say({"event": "pass", "batch_size": b, "pass": i})
+            sys.stdin.readline()
     runs = [generate_run(p[0], p, b) for p in passes]
     for r in runs:
         say({"event": "progress", "text": f"batch {b}: {r['new_tokens']} tokens in "
@@ -200,8 +206,16 @@ def async_scheduling(llm) -> bool | None:
         return None
 
 
+def compilation(llm) -> str | None:
+    """vLLM's compilation mode as it serves (NONE under enforce_eager; on CPU by default DYNAMO_TRACE_ONCE, inductor)."""
+    try:
+        return llm.llm_engine.vllm_config.compilation_config.mode.name
+    except AttributeError:
+        return None
+
+
 def main() -> int:
-    req = json.loads(sys.stdin.read())
+    req = json.loads(sys.stdin.readline())  # one line; with "between", a line after each pass says go on
     import vllm
 
     from vllm import SamplingParams
@@ -211,7 +225,8 @@ def main() -> int:
         llm.generate([{"prompt_token_ids": req["prompts"][0]}], SamplingParams(temperature=0.0, max_tokens=2),
                      use_tqdm=False)  # warm-up
         engines.append(dict(llm=llm, vllm_version=vllm.__version__, startup_s=startup,
-                            worker=versions() | {"async_scheduling": async_scheduling(llm)}))
+                            worker=versions() | {"async_scheduling": async_scheduling(llm),
+                                                     "compilation": compilation(llm)}))
     for b in req["batch_sizes"]:
         runs = interleaved([e["llm"] for e in engines], req, b)
         say({"event": "batch", "batch_size": b, "engines": [
