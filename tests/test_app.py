@@ -1160,3 +1160,12 @@ def test_vllm_check_tab_shows_the_plans_speedup_beside_vllms(tmp_path, monkeypat
     shown = at.dataframe[-1].value
     assert shown["predicted"].tolist() == [1.07] and shown["measured"].tolist() == [1.05]
     assert shown["predicted vs measured"].tolist() == ["+1.9%"]
+    assert "Plain decoding: vLLM and our decoder" not in [s.value for s in at.subheader]  # not in that check
+    saved |= dict(vllm_compilation="DYNAMO_TRACE_ONCE", plain_step=[dict(
+        batch_size=1, vllm_ms=40.4, ours_ms=46.4, ratio=1.118, ratio_q1=1.112, ratio_q3=1.218, passes=3)])
+    (tmp_path / "vllm-check-x.json").write_text(json.dumps(saved))
+    at = tab(page("tradeoffs_page", tmp_path, monkeypatch).run(), "vLLM check")
+    no_exception(at)
+    assert "Plain decoding: vLLM and our decoder" in [s.value for s in at.subheader]
+    shown = at.dataframe[-1].value
+    assert shown["ours / vLLM"].tolist() == [1.118] and shown["q1..q3"].tolist() == ["1.112..1.218"]

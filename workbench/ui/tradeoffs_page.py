@@ -96,6 +96,14 @@ def _vllm_check_panel(path) -> None:
             "predicted vs measured": "-" if r["error"] is None else f"{100 * r['error']:+.1f}%",
             "vLLM's best K": r["best_k"], "best or within noise": r["choice_is_best_or_within_noise"]}
             for r in res["plan_check"]]), hide_index=True)
+    if res.get("plain_step"):  # the engines' plain steps, timed side by side
+        st.subheader("Plain decoding: vLLM and our decoder")
+        st.caption(f"Milliseconds per token while decoding, vLLM ({res.get('vllm_compilation') or '?'}) and our "
+                   "decoder (eager), each of our passes right after vLLM's on the same prompts; ours / vLLM: median "
+                   "(q1..q3) over passes.")
+        st.dataframe(pd.DataFrame([{
+            "batch": r["batch_size"], "vLLM ms": r["vllm_ms"], "ours ms": r["ours_ms"], "ours / vLLM": r["ratio"],
+            "q1..q3": f"{r['ratio_q1']:.3f}..{r['ratio_q3']:.3f}"} for r in res["plain_step"]]), hide_index=True)
 
 
 def tradeoffs_page() -> None:
