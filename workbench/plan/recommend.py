@@ -97,15 +97,7 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, table: dict | 
     None if unknown), tokens_per_step, num_prompts, setting, elsewhere (elsewhere(): how its setting differs from
     `table`'s, the setting of the latency table predictions use)."""
     out: dict[str, list] = {}
-    seen: dict = {}  # setting cell -> (setting, elsewhere): a sweep repeats one cell on every row
-
-    def where(cell) -> tuple:
-        key = cell if isinstance(cell, str) else None
-        if key not in seen:
-            got = read_setting(key)
-            seen[key] = got, elsewhere(table, got)
-        return seen[key]
-
+    seen: dict = {}  # setting cell -> setting (a sweep repeats one cell on every row)
     for name, df in (sweeps or {}).items():
         rows = df[df["acceptance"].eq("greedy") & df["batch_size"].eq(batch) & (df["nodes"] > 0) & df["speedup"].notna()]
         noises = {run: timing_noise(df, run, batch) for run in rows["run"].unique()}  # one per run, not per row
@@ -115,13 +107,13 @@ def measurements(sweeps: dict[str, pd.DataFrame], batch: int = 1, table: dict | 
             if ":" not in head:
                 continue
             noise = noises[r["run"]] if r["run"] in noises else timing_noise(df, r["run"], batch)  # NaN run
-            prompts = r["num_prompts"]
-            setting, away = where(r.get("setting"))
+            prompts, cell = r["num_prompts"], r.get("setting") if isinstance(r.get("setting"), str) else None
+            setting = seen[cell] if cell in seen else seen.setdefault(cell, read_setting(cell))  # parsed once
             out.setdefault(head.rsplit(":", 1)[1], []).append(dict(
                 sweep=name, tree=str(r["tree"]), nodes=int(r["nodes"]), speedup=speedup, phase=phase,
                 noise=None if noise is None else noise * speedup,
-                tokens_per_step=float(r["tokens_per_step"]),
-                num_prompts=int(prompts) if pd.notna(prompts) else None, setting=setting, elsewhere=away))
+                tokens_per_step=float(r["tokens_per_step"]), num_prompts=int(prompts) if pd.notna(prompts) else None,
+                setting=setting, elsewhere=elsewhere(table, setting)))
     return out
 
 
