@@ -14,7 +14,8 @@ from workbench.core.work import remove_work
 
 
 def cmd_latency(args) -> int:
-    if args.engine == "vllm" or args.k or args.method or args.draft_model or args.vllm_python or args.vllm_eager:  # vLLM's own rounds
+    if args.engine == "vllm" or any((args.k, args.method, args.draft_model, args.vllm_python, args.vllm_eager)):
+        # vLLM's own rounds
         from workbench.cli.vllm import cmd_latency_vllm
 
         return cmd_latency_vllm(args)

@@ -11,8 +11,8 @@ from workbench.core.io import atomic_write_text, check_output, run_lock
 from workbench.core.work import remove_work
 
 
-VLLM_EAGER = ("vLLM without its compiled model (enforce_eager): each engine starts in seconds instead of ~1.5 min, "
-              "but runs slower than vLLM serves by default (its CPU build compiles with inductor)")
+VLLM_EAGER = ("vLLM without its compiled model (enforce_eager): each engine starts in seconds instead of ~20 s (~80 s "
+              "the first time), but runs slower than vLLM serves by default (its CPU build compiles with inductor)")
 
 
 def cmd_vllm_check(args) -> int:
