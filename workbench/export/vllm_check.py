@@ -84,11 +84,12 @@ def sequences_step_for_step(per_sequence: dict, k: int) -> dict | None:
 
 
 def ours(model, heads, tok, prompts, ks, batch: int, max_new_tokens: int, eos, progress,
-         state: WorkState | None = None) -> dict:
+         state: WorkState | None = None, engine: StepEngine | None = None) -> dict:
     """Our live decoder on the same prompts: plain greedy, and Medusa with the top-1 chain of each K; each part
-    kept in `state` when it ends, and taken from it when an earlier run finished it."""
+    kept in `state` when it ends, and taken from it when an earlier run finished it. `engine`: the check's own
+    (its cache reused), else a fresh eager one."""
     state = state or WorkState(None, {})
-    engine = StepEngine(model, compile=False)
+    engine = engine or StepEngine(model, compile=False)
     chunks = [prompts[i:i + batch] for i in range(0, len(prompts), batch)]
 
     def plain() -> list[list[int]]:
@@ -245,7 +246,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
         return done
 
     results = engine_results(py, request, state, progress, beside)
-    mine = ours(base, heads, tok, ids, all_ks, 1, max_new_tokens, eos, progress, state)
+    mine = ours(base, heads, tok, ids, all_ks, 1, max_new_tokens, eos, progress, state, engine)
     plain = {r["batch_size"]: r for r in results[0]["runs"]}
     rows, speed = [], []
     for k, res in zip(all_ks, results[1:]):
