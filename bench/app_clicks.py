@@ -66,9 +66,9 @@ def choice(driver, label: str, pick: Callable[[list[str], str], str]) -> tuple[C
     found: dict = {}
 
     def skip():
-        try:
-            ui.select(driver, label)
-        except Exception:  # noqa: BLE001 - the selectbox is not drawn with this data
+        try:  # a page just opened may draw its sidebar in a run after the first: a few seconds' grace
+            ui.wait(driver, lambda: ui.select(driver, label), timeout=5, every=0.1, what=label)
+        except AssertionError:  # the selectbox is not drawn with this data
             return f"no selectbox {label!r} on this page"
         return None
 
@@ -234,6 +234,7 @@ def run_pass(driver, url: str, log: Path, number: int, progress=print) -> list[d
         if why:
             rows.append(dict(page=c.page, click=c.name, pass_=number, seconds=None, runs=0, server_seconds=None,
                              errors=[], skipped=why))
+            progress(f"pass {number}: {c.page:<11} {c.name:<42} skipped ({why})")
             continue
         _, seen = server_seconds(log, 0)
         try:

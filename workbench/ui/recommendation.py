@@ -29,13 +29,14 @@ from workbench.viz import interactive_tradeoffs
 @st.cache_data(max_entries=16, show_spinner="Planning: trees, chains and no speculation on this latency table...")
 def _ranked(source_key: tuple, _source, latency: str, latency_stamp: tuple, context: int, batch: int,
             sweeps: tuple, joint: bool, max_depth: int, max_rank: int, max_budget: int | None,
-            trees: tuple, max_new_tokens: int | None = None) -> dict:
-    """recommend.recommend (plan's ranking joined to the sweeps) on files named by path and stamp (the cache key);
-    `_source` (a Calibration or acc table) is identified by `source_key`. trees: ((name, paths), ...)."""
+            tree_files: tuple, max_new_tokens: int | None = None) -> dict:
+    """recommend.recommend (plan's ranking joined to the sweeps) on files named by path and stamp (the cache key:
+    small, since hashing the named trees' paths on every rerun cost a click ~50 ms); `_source` (a Calibration or
+    acc table) is identified by `source_key`. The swept named trees come from `sweeps` and `tree_files`."""
     value = _source.joint_value("fit") if joint and isinstance(_source, Calibration) else None
     frames = {Path(p).name: read_sweep_file(p, stamp) for p, stamp in sweeps}
     return recommend(_source, read_latency_file(latency, latency_stamp), context, batch, frames, value, max_depth,
-                     max_rank, max_budget, [Tree(paths, name) for name, paths in trees],
+                     max_rank, max_budget, _swept_trees(sweeps, tree_files),
                      latency_name=Path(latency).name, max_new_tokens=max_new_tokens)
 
 
@@ -75,6 +76,8 @@ def measured_beside(sweeps: list[Path], batch: int, latency: pd.DataFrame | None
 
 @st.cache_data(max_entries=8, show_spinner=False)
 def _swept_trees(sweeps: tuple, files: tuple) -> list:
+    """The reference trees and the files under trees/ whose shape some sweep measured: ranked beside the optimizer's
+    candidates, so that their measurements stand next to their predictions."""
     found = sweep_measurements(sweeps)
     trees = list(reference_trees().values())
     for f, _ in files:
@@ -85,10 +88,9 @@ def _swept_trees(sweeps: tuple, files: tuple) -> list:
     return [t for t in trees if shape(t) in found]
 
 
-def swept_trees(sweeps: list[Path]) -> list:
-    """The reference trees and the files under trees/ whose shape some sweep measured: ranked beside the optimizer's
-    candidates, so that their measurements stand next to their predictions."""
-    return _swept_trees(stamped(sweeps), stamped(sorted((REPO_ROOT / "trees").glob("*.json"))))
+def tree_files() -> tuple:
+    """((path, stamp), ...) of the files under trees/: with the sweeps, what names the swept trees."""
+    return stamped(sorted((REPO_ROOT / "trees").glob("*.json")))
 
 
 def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=(),
@@ -97,13 +99,12 @@ def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=(),
     readable sweep found (and `extra_sweeps`) as evidence and the swept named trees as candidates: the designer and
     the trade-offs page ask the same question the same way. None with an st.error when an input is unusable."""
     sweeps = readable_sweeps(extra_sweeps)
-    trees = swept_trees(sweeps)
     max_depth, max_rank, max_budget, joint = None, None, None, False
     try:
         return _ranked(src.key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
                        tables["context"], tables["batch"], stamped(sweeps), joint,
                        max_depth or src.acc.shape[0], max_rank or src.acc.shape[1], max_budget,
-                       tuple((t.name, t.paths) for t in trees), max_new_tokens)
+                       tree_files(), max_new_tokens)
     except WorkbenchError as e:
         st.error(f"recommendation: {clean_error(e)}")
         return None
