@@ -141,8 +141,9 @@ def _tree_page() -> None:
     designed = _designed_tree(src, model, value, empirical, lat, budget, max_depth, max_rank)
     if designed is None:
         return
+    note = st.container()  # a fixed place, drawn or not: the tree and its mask below keep theirs (panel's docstring)
     if designed.nodes < budget and model != "hardware-aware" and off is None:
-        st.caption(f"only {designed.nodes} nodes have a positive acceptance probability")
+        note.caption(f"only {designed.nodes} nodes have a positive acceptance probability")
 
     shown = _on_display(src, designed, user, pick, K, R)
     if shown is None:
