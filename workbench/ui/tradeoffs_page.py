@@ -128,22 +128,26 @@ def _tradeoffs_page() -> None:
         st.subheader("vLLM check")
         vllm_path = file_input("vllm-check JSON", "to_vllm", ["json"], sorted(results_root().glob("vllm-check*.json")))
     sweep, typ = read_sweep_or_error(sweep_path), read_sweep_or_error(typ_path)
+    notes = st.container()  # a fixed place for what comes and goes: the figures keep theirs (recommendation.panel)
     if hw is None:
-        st.info("No latency table: run `workbench latency`, or give one in the sidebar (Hardware).")
+        notes.info("No latency table: run `workbench latency`, or give one in the sidebar (Hardware).")
     if sweep_path is None:
-        st.info("No sweep CSV found: run `workbench sweep --out FILE.csv` (for example into the calibration folder), "
-                "or give one in the sidebar.")
+        notes.info("No sweep CSV found: run `workbench sweep --out FILE.csv` (for example into the calibration "
+                   "folder), or give one in the sidebar.")
 
     # the answer first: the same recommendation as the designer's, every readable sweep as its evidence
     rec = None
     evidence = readable_sweeps([p for p, df in ((sweep_path, sweep), (typ_path, typ)) if df is not None])
-    if tables is not None and src is not None:
-        rec = ranked(src, lat_path, tables, evidence, max_new_tokens=shared.max_new_tokens)
-        if rec is not None:
-            panel(rec, "to", src.acc.shape[0], provenance_of(src) | dict(method="recommended", latency=lat_path.name),
-                  show=_show_in_designer, show_label="open in the designer")
-    elif src is None:
-        st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or table).")
+    with st.container():  # the answer's place, whatever it draws
+        if tables is not None and src is not None:
+            rec = ranked(src, lat_path, tables, evidence, max_new_tokens=shared.max_new_tokens)
+            if rec is not None:
+                panel(rec, "to", src.acc.shape[0],
+                      provenance_of(src) | dict(method="recommended", latency=lat_path.name),
+                      show=_show_in_designer, show_label="open in the designer")
+        elif src is None:
+            st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or "
+                    "table).")
     sections(src, lat, lat_path, tables, rec, evidence, sweep, sweep_path, typ, typ_path, vllm_path,
              shared.max_new_tokens)
 
@@ -320,9 +324,10 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path, max_new_tokens: i
     odd = {r["batch_size"]: deciding(found, r["batch_size"], r["nodes"] + 1, sizes[r["batch_size"]]) for r in rows}
     st.markdown("; ".join(f"batch {r['batch_size']}: **{_plan_label(r)}** {r['predicted_speedup']:.2f}x"
                           + (" (on an odd latency point)" if odd[r["batch_size"]] else "") for r in rows))
+    odd_notes = st.container()
     for b, f in odd.items():
         if f:
-            st.warning(f"Batch {b}'s row rests on latency measurements off their trend: "
+            odd_notes.warning(f"Batch {b}'s row rests on latency measurements off their trend: "
                        + "; ".join(outlier_words(x) for x in f) + f". Re-measure {lat_path.name} at batch {b}.",
                        icon=":material/warning:")
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
