@@ -17,7 +17,7 @@ from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.measure.sweep_file import has_typical
 from workbench.plan.rank import make_plan
 from workbench.plan.plan_file import check_plan, plan_check, plan_json, speedups_by_kind
-from workbench.plan.source import plan_source
+from workbench.plan.source import calibration_source
 from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
@@ -311,8 +311,8 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path, max_new_tokens: i
         return
     batches = sorted(int(b) for b in lat["batch"].unique())
     try:
-        text = _cached_plan(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), tuple(batches),
-                            max_new_tokens)
+        text = _cached_plan(str(src.calib.folder), src.stamp, src.calib, str(lat_path), file_stamp(lat_path),
+                            tuple(batches), max_new_tokens)
     except WorkbenchError as e:
         st.error(clean_error(e))
         return
@@ -369,10 +369,12 @@ def _plan_exports(plan: dict, text: str, name: str, batches: list[int]) -> None:
 
 
 @st.cache_data(show_spinner="planning per batch size ...")
-def _cached_plan(folder: str, folder_stamp: tuple, latency: str, latency_stamp: tuple, batches: tuple,
+def _cached_plan(folder: str, folder_stamp: tuple, _calibration, latency: str, latency_stamp: tuple, batches: tuple,
                  max_new_tokens: int | None = None) -> str:
-    """The plan file's text for this calibration and latency table (paths by name only), once per version of both."""
-    plan = make_plan(plan_source(calibration=folder, max_new_tokens=max_new_tokens), latency, batches)
+    """The plan file's text for this calibration and latency table (paths by name only), once per version of both.
+    `_calibration`: the page's open folder (named by `folder` and its stamp), whose replays the designer has already
+    walked: opening it again cost a fresh server's first trade-offs visit ~0.2 s."""
+    plan = make_plan(calibration_source(_calibration, max_new_tokens=max_new_tokens), latency, batches)
     plan["latency"]["file"] = Path(latency).name  # no server path in a downloaded plan
     plan["source"]["path"] = Path(folder).name
     return plan_json(plan)
