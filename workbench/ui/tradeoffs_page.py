@@ -328,8 +328,8 @@ def _plan_section(src, lat, lat_path: Path, sweep, sweep_path, max_new_tokens: i
     for b, f in odd.items():
         if f:
             odd_notes.warning(f"Batch {b}'s row rests on latency measurements off their trend: "
-                       + "; ".join(outlier_words(x) for x in f) + f". Re-measure {lat_path.name} at batch {b}.",
-                       icon=":material/warning:")
+                              + "; ".join(outlier_words(x) for x in f) + f". Re-measure {lat_path.name} at batch {b}.",
+                              icon=":material/warning:")
     measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
     live = measured is not None and len(measured) > 0
     chart(interactive_tradeoffs.plan_chart(speedups_by_kind(plan), measured),
