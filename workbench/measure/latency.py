@@ -34,6 +34,7 @@ from workbench.core.speed import relative_latency
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS,
                                             LATENCY_COLUMNS, LATENCY_VERSION, spread_row, stamp)
+from workbench.runtime import gemv
 from workbench.runtime.engine import StepEngine, forward_probe, heads_times, verify_times
 from workbench.runtime.treemask import root_setup, tree_setup
 from workbench.runtime.generation import context_length
@@ -51,10 +52,12 @@ def device_name(device: torch.device) -> str:
 
 
 def measured_setting(model, engine, mode: str, processes: int = 1) -> dict:
-    """provenance.setting of a measurement with this model and engine in this process."""
+    """provenance.setting of a measurement with this model and engine in this process; on CPU with how its few-row
+    linears chose their kernels (gemv.py: measured, or fixed by WORKBENCH_CPU_LINEAR)."""
     dev = model.device
-    return setting(dev.type, str(model.dtype), torch.get_num_threads(), bool(getattr(engine, "compile", False)),
-                   gpu=device_name(dev) if dev.type == "cuda" else None, processes=processes, mode=mode)
+    s = setting(dev.type, str(model.dtype), torch.get_num_threads(), bool(getattr(engine, "compile", False)),
+                gpu=device_name(dev) if dev.type == "cuda" else None, processes=processes, mode=mode)
+    return s | {"cpu_linear": gemv.forced() or "measured"} if dev.type == "cpu" else s
 
 
 def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:

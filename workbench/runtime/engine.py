@@ -17,6 +17,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError
+from workbench.runtime import gemv
 from workbench.runtime.forward import cache_kwarg, clock, forward, head_proposer, lm_logits
 from workbench.runtime.generation import text_config
 from workbench.runtime.kvcache import allocate, check_cacheable
@@ -104,13 +105,14 @@ class StepEngine:
         self.model = model
         check_cacheable(model)
         cache_kwarg(model)
+        gemv.adopt(model)  # few-row linears on CPU: the kernel measured fastest here, chosen in untimed warm-ups
         self.cache: Cache | None = None
         self.state: StepState | None = None
         self.batch = 0
         self.capacity = int(capacity)               # C: cache positions, fixed for the run once set (size_for)
         self.compile_s = 0.0                        # seconds spent compiling / capturing steps (untimed warm-ups)
         self.resized = 0                            # capacity grown after compiling: each one compiles the step again
-        self._warm: set = set()                     # step keys run through the compiled step on the current cache
+        self._warm: set = set()                     # step keys run once untimed (compiled: on the current cache)
         self.graphs: set = set()                    # (B, N, C, ...) the compiled step has been warmed up for
         self.start = 0                              # P: the next tree block's column (host)
         self.host_lengths: list[int] = []           # [B] L_b (host), moved from the one read per step
@@ -180,7 +182,8 @@ class StepEngine:
             torch._dynamo.mark_static_address(t)
         self.cache = allocate(self.model, batch, capacity, self.state.write, self._host)
         self.batch, self.capacity = batch, capacity
-        self._warm = set()  # new cache tensors: CUDA graphs record again (dynamo reuses a graph of equal shapes)
+        if self.compile:  # new cache tensors: CUDA graphs record again (dynamo reuses a graph of equal shapes)
+            self._warm = set()
         self._columns = torch.arange(capacity, device=dev)                                   # [C]
 
     def _point(self, at: int) -> None:
@@ -219,12 +222,12 @@ class StepEngine:
                                  f"{self.start + buf.size}: reserve more")
 
     def _call(self, fn: Callable, key: tuple, args: tuple):
-        """fn(*args) as the engine runs it; compiled, a key not yet warmed is warmed (untimed) first, and a
+        """fn(*args) as the engine runs it; a key not yet warmed is warmed (untimed) first, and, compiled, a
         recompilation inside the call is an error."""
-        if not self.compile:
-            return fn(*args)
         if key not in self._warm:
             self.warm(fn, key, args)
+        if not self.compile:
+            return fn(*args)
         try:
             with torch.compiler.set_stance("fail_on_recompile"):
                 return self._fn(fn)(*args)
@@ -262,21 +265,24 @@ class StepEngine:
 
     @torch.inference_mode()
     def warm(self, fn: Callable, key: tuple, args: tuple) -> float:
-        """Compile (and on CUDA capture as a CUDA graph) `fn` for this key before any step is timed: the first call
-        compiles, CUDA graphs record on a later one. The step's small state is put back afterwards and its cache
-        writes land past every prefix, which the next step overwrites: nothing the decoder reads changes. A
-        compilation that fails is one error line. Returns the seconds it took (also added to `compile_s`)."""
-        if not self.compile or key in self._warm:
+        """Run `fn` once for this key before any step of it is timed: compiled, the first call compiles (CUDA graphs
+        record on a later one); eager, it chooses the few-row linears' kernels for the step's row counts
+        (gemv.py). The step's small state is put back afterwards and its cache writes land past every prefix,
+        which the next step overwrites: nothing the decoder reads changes. A compilation that fails is one error
+        line. Returns the seconds it took compiling (also added to `compile_s`; 0 when eager or warm)."""
+        if key in self._warm:
             return 0.0
         dev, st = self.model.device, self.state
         saved = {k: v.clone() for k, v in vars(st).items()}
         t0 = clock(dev)
         try:
-            for _ in range(3 if dev.type == "cuda" else 1):
+            for _ in range(3 if self.compile and dev.type == "cuda" else 1):
                 self._fn(fn)(*args)
         except WorkbenchError:
             raise
         except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds: the user gets one line
+            if not self.compile:
+                raise
             why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
             raise WorkbenchError(f"--compile: cannot compile the decoding step on {dev.type} ({why}): "
                                  "run with --no-compile") from None
@@ -285,6 +291,8 @@ class StepEngine:
                 getattr(st, k).copy_(v)
         seconds = clock(dev) - t0
         self._warm.add(key)
+        if not self.compile:
+            return 0.0
         self.graphs.add(key + (self.capacity,))
         self.compile_s += seconds
         return seconds

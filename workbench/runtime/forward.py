@@ -67,19 +67,9 @@ def prefill(model, input_ids: torch.Tensor, cache: DynamicCache) -> torch.Tensor
 
 def lm_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """hidden [..., H] -> logits [..., V] in the model's dtype, soft-capped there as the model's own forward does
-    (Gemma 2: cap * tanh(logits / cap)): what greedy takes its argmax of, with no fp32 copy of [B, N, V].
-
-    A few rows on CPU go through W @ h^T instead of h @ W^T: MKL's fp32 GEMM for 2..16 rows against a
-    [V, H] weight is 2-4x slower than its matrix-vector path (measured on the demo's 49152 x 576 lm_head: 1 row
-    10 ms, 2 rows 26 ms, 3 rows 42 ms), while W @ h^T streams the weight once (2 rows 6-14 ms): a large part of
-    why a 2-token verify cost 1.64x a 1-token step (docs/tradeoffs.md). Same product, other summation kernel."""
-    head = model.get_output_embeddings()
-    rows = hidden.reshape(-1, hidden.shape[-1])
-    if (hidden.device.type == "cpu" and 1 < rows.shape[0] <= 16 and type(head) is torch.nn.Linear
-            and head.bias is None):
-        logits = (head.weight @ rows.T).T.reshape(*hidden.shape[:-1], -1)
-    else:
-        logits = head(hidden)
+    (Gemma 2: cap * tanh(logits / cap)): what greedy takes its argmax of, with no fp32 copy of [B, N, V]. On CPU
+    a few rows run the kernel measured fastest for them (gemv.py: the lm_head is the largest single weight)."""
+    logits = model.get_output_embeddings()(hidden)
     cap = getattr(text_config(model), "final_logit_softcapping", None)
     return torch.tanh(logits / cap) * cap if cap else logits
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
+from workbench.runtime import gemv
 from workbench.runtime.heads import (DEMO_HEADS, check_heads_fit, inspect_heads, load_heads,
                                      medusa2_heads_present)
 
@@ -173,6 +174,7 @@ def load_base(model: str | None = None, device: str | None = None, dtype: str | 
         m.to(dev)
     m.eval()
     m.requires_grad_(False)
+    gemv.adopt(m)
     if tok is not None and tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return m, tok
@@ -216,6 +218,7 @@ def load_model_and_heads(model: str | None = None, heads: str | None = None, dev
         h.vocab_size = base.get_output_embeddings().weight.shape[0]
     check_heads_fit(h, base)
     h.to(device=hidden_device(base), dtype=base.dtype).eval().requires_grad_(False)
+    gemv.adopt(base, h)
     return base, tok, h
 
 
