@@ -1,15 +1,16 @@
 """Few-row linears on CPU through the kernel this machine runs fastest, measured on the model's own weights.
 
-A decoding step multiplies every weight by 1..B·N rows: memory-bound products whose speed is the BLAS path the
-CPU takes, not arithmetic. MKL's x @ W^T for one row is a matrix-vector product that on some CPUs streams the
-weights at a third of the speed of its 2-column GEMM W @ X^T (AMD EPYC: 8.6 against 28 GB/s over the demo's
-538 MB), and for 2..16 rows x @ W^T was its slowest GEMM on every CPU measured; elsewhere the plain call wins.
-So the kernel of each (row count, weight shape) is timed on the model's own linears, in the order a forward reads
-them (each weight streamed from memory, as there), once per model and process, the first time that row count is
-seen: the engine runs each step shape once untimed before timing it, so no timed step chooses (a short prefill
-may, once). The other kernel is taken only when clearly faster (MARGIN), so that timing noise cannot flip the
-choice, and with it the rounding, between runs. Both compute the same products in another summation order.
-`WORKBENCH_CPU_LINEAR=linear|transposed` fixes the kernel instead (tests run both)."""
+A decoding step multiplies every weight by 1..B·N rows: memory-bound products whose speed is the library path
+the CPU takes, not arithmetic. MKL's x @ W^T for one row is a matrix-vector product that on some CPUs streams
+the weights at a third of the speed of its 2-column GEMM W @ X^T (AMD EPYC: 8.6 against 28 GB/s over the demo's
+538 MB); for 8-32 rows oneDNN's GEMM is the fastest there; for 2..16 rows x @ W^T was MKL's slowest GEMM on every
+CPU measured; elsewhere the plain call wins. So the kernel of each (row count, weight shape) is timed on the
+model's own linears, in the order a forward reads them (each weight streamed from memory, as there), once per
+model and process, the first time that row count is seen: the engine runs each step shape once untimed before
+timing it, so no timed step chooses (a short prefill may, once). Another kernel than the plain call is taken only
+when clearly faster (MARGIN), so that timing noise cannot flip the choice, and with it the rounding, between runs.
+All compute the same products in another summation order. `WORKBENCH_CPU_LINEAR=<kernel>` fixes the kernel
+instead (tests run each)."""
 from __future__ import annotations
 
 import os
@@ -23,19 +24,9 @@ from torch import nn
 
 from workbench import WorkbenchError
 
-KERNELS = ("linear", "transposed")
 MAX_ROWS = 64    # above this the products are GEMMs proper: the plain call
-REPEATS = 5      # timed passes over all linears per kernel and row count
-MARGIN = 1.25    # the transposed kernel only when its median beats the plain call's by this factor
-
-
-def forced() -> str | None:
-    """The kernel WORKBENCH_CPU_LINEAR fixes, or None (measured)."""
-    kind = os.environ.get("WORKBENCH_CPU_LINEAR", "").strip()
-    if kind and kind not in KERNELS:
-        raise WorkbenchError(f"WORKBENCH_CPU_LINEAR={kind}: unknown kernel (use {' or '.join(KERNELS)}, or unset it "
-                             "to measure)")
-    return kind or None
+REPEATS = 3      # timed passes over all linears per kernel and row count (after one to warm up)
+MARGIN = 1.25    # another kernel only when its median beats the plain call's by this factor
 
 
 def transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -45,6 +36,35 @@ def transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if rows == 1:
         x = torch.cat([x, torch.zeros_like(x)])                                            # [2, in]
     return (weight @ x.T)[:, :rows].T                                                      # [R, out]
+
+
+def onednn(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [R, in] -> x @ W^T [R, out] by oneDNN on the weight as it is stored (no packed copy: no memory added)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")            # [R, out]
+
+
+KERNELS = {"linear": lambda x, w: F.linear(x, w), "transposed": transposed, "onednn": onednn}
+
+
+def forced() -> str | None:
+    """The kernel WORKBENCH_CPU_LINEAR fixes, or None (measured)."""
+    kind = os.environ.get("WORKBENCH_CPU_LINEAR", "").strip()
+    if kind and kind not in KERNELS:
+        raise WorkbenchError(f"WORKBENCH_CPU_LINEAR={kind}: unknown kernel (use {', '.join(KERNELS)}, or unset it "
+                             "to measure)")
+    return kind or None
+
+
+def usable(kind: str, weight: torch.Tensor) -> bool:
+    """Whether this torch build runs `kind` on such a weight and gets the plain call's product (oneDNN is optional
+    in a build and its op internal: checked, not assumed)."""
+    if kind != "onednn":
+        return True
+    try:
+        x = torch.randn(3, weight.shape[1], dtype=weight.dtype)
+        return torch.allclose(onednn(x, weight), F.linear(x, weight), rtol=1e-3, atol=1e-3)
+    except (RuntimeError, AttributeError):
+        return False
 
 
 @dataclass(eq=False)
@@ -70,7 +90,7 @@ class RowLinear(nn.Linear):
             kind = _choose(self.kernels, rows)[self.out_features, self.in_features]
         if kind == "linear":
             return F.linear(x, self.weight, self.bias)
-        y = transposed(x.reshape(rows, self.in_features), self.weight).reshape(*x.shape[:-1], self.out_features)
+        y = KERNELS[kind](x.reshape(rows, self.in_features), self.weight).reshape(*x.shape[:-1], self.out_features)
         return y if self.bias is None else y + self.bias
 
 
@@ -95,34 +115,46 @@ def chosen(module: nn.Module) -> dict[tuple, str]:
 
 
 @torch.inference_mode()
+def timings(linears: list, rows: int, kinds) -> dict[tuple, list[float]]:
+    """{(kernel, (out, in)): seconds of each of REPEATS passes}: every linear at `rows` rows, in the order given
+    (a forward's), passes of the kernels alternating, each call timed and summed per weight shape."""
+    shapes = {(m.out_features, m.in_features) for m in linears}
+    xs = {}
+    for m in linears:
+        if m.in_features not in xs:
+            xs[m.in_features] = torch.randn(rows, m.in_features, dtype=m.weight.dtype)
+    times = {(k, s): [] for k in kinds for s in shapes}
+    for i in range(REPEATS + 1):
+        for k in kinds:
+            spent, run = dict.fromkeys(shapes, 0.0), KERNELS[k]
+            for m in linears:
+                t0 = time.perf_counter()
+                run(xs[m.in_features], m.weight)
+                spent[m.out_features, m.in_features] += time.perf_counter() - t0
+            if i:  # the first pass warms up
+                for s, t in spent.items():
+                    times[k, s].append(t)
+    return times
+
+
+def decide(times: dict[tuple, list[float]]) -> dict[tuple, str]:
+    """`timings` -> {(out, in): kernel}: per weight shape the plain call, unless the fastest other kernel's median
+    is MARGIN times faster."""
+    pick = {}
+    for s in {s for _, s in times}:
+        median = {k: statistics.median(t) for (k, s2), t in times.items() if s2 == s}
+        best = min(median, key=median.get)
+        pick[s] = best if median["linear"] > MARGIN * median[best] else "linear"
+    return pick
+
+
 def _choose(table: Kernels, rows: int) -> dict[tuple, str]:
-    """Time both kernels at `rows` rows on every linear of the table, passes alternating, each call timed and summed
-    per weight shape; keep per shape the plain call unless the other's median is MARGIN times faster. Returns
-    {(out, in): kernel} for this row count."""
+    """The kernel of each weight shape of the table at `rows` rows (`decide`, or WORKBENCH_CPU_LINEAR's), kept."""
     kind = forced()
-    shapes = {(m.out_features, m.in_features) for m in table.linears}
     if kind is None:
-        xs = {}
-        for m in table.linears:
-            if m.in_features not in xs:
-                xs[m.in_features] = torch.randn(rows, m.in_features, dtype=m.weight.dtype)
-        run = {"linear": lambda m: F.linear(xs[m.in_features], m.weight),
-               "transposed": lambda m: transposed(xs[m.in_features], m.weight)}
-        times = {(k, s): [] for k in KERNELS for s in shapes}
-        for i in range(REPEATS + 1):
-            for k in KERNELS:
-                spent = dict.fromkeys(shapes, 0.0)
-                for m in table.linears:
-                    t0 = time.perf_counter()
-                    run[k](m)
-                    spent[m.out_features, m.in_features] += time.perf_counter() - t0
-                if i:  # the first pass warms up
-                    for s, t in spent.items():
-                        times[k, s].append(t)
-        pick = {s: "transposed" if statistics.median(times["linear", s]) > MARGIN * statistics.median(
-            times["transposed", s]) else "linear" for s in shapes}
+        pick = decide(timings(table.linears, rows, [k for k in KERNELS if usable(k, table.linears[0].weight)]))
     else:
-        pick = dict.fromkeys(shapes, kind)
+        pick = dict.fromkeys({(m.out_features, m.in_features) for m in table.linears}, kind)
     for s, k in pick.items():
         table.rows[(rows,) + s] = k
     return pick
