@@ -51,8 +51,12 @@ def test_adopt_swaps_plain_cpu_linears_only_and_shares_one_table(monkeypatch):
 
 
 @pytest.mark.unit
-def test_a_kernel_is_measured_once_per_row_count(monkeypatch):
+def test_a_kernel_is_measured_once_per_machine_and_kept(monkeypatch, tmp_path):
+    """Measured the first time a row count is seen, then kept on disk: a model loaded later (a resumed run in
+    another process) takes the kept kernel, even one another process measured differently, without timing."""
     monkeypatch.delenv("WORKBENCH_CPU_LINEAR", raising=False)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(gemv, "MIN_BYTES", 0)
     timed = []
     real = gemv.transposed
     monkeypatch.setitem(gemv.KERNELS, "transposed", lambda x, w: timed.append(x.shape[0]) or real(x, w))
@@ -60,9 +64,29 @@ def test_a_kernel_is_measured_once_per_row_count(monkeypatch):
     table = gemv.adopt(lin)
     for _ in range(3):
         lin(torch.randn(2, 32))
-    assert table.rows[2, 32, 32] in gemv.KERNELS
-    passes = (gemv.REPEATS + 1) + (2 if table.rows[2, 32, 32] == "transposed" else 0)  # timed passes, 2 calls
-    assert timed == [2] * passes
+    kind = table.rows[2, 32, 32]
+    assert kind in gemv.KERNELS
+    assert timed == [2] * (gemv.REPEATS + 1 + (3 if kind == "transposed" else 0))  # timed passes, then the calls
+    (kept,) = (tmp_path / "cpu-linear").iterdir()
+    other = next(k for k in gemv.KERNELS if k != kind)
+    kept.write_text(f'{{"kernel": "{other}"}}')  # as if another process had kept another choice first
+    timed.clear()
+    later = nn.Linear(32, 32)
+    gemv.adopt(later)
+    x = torch.randn(2, 32)
+    torch.testing.assert_close(later(x), x @ later.weight.T + later.bias, rtol=1e-5, atol=1e-5)
+    assert gemv.chosen(later) == {(2, 32, 32): other} and len(timed) == (other == "transposed")  # no timing
+
+
+@pytest.mark.unit
+def test_weights_that_fit_in_a_cache_keep_the_plain_call(monkeypatch, tmp_path):
+    monkeypatch.delenv("WORKBENCH_CPU_LINEAR", raising=False)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(gemv, "timings", lambda *a: pytest.fail("timed weights that fit in a cache"))
+    lin = nn.Linear(64, 64)
+    gemv.adopt(lin)
+    lin(torch.randn(3, 64))
+    assert gemv.chosen(lin) == {(3, 64, 64): "linear"} and not (tmp_path / "cpu-linear").exists()
 
 
 @pytest.mark.unit

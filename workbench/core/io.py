@@ -22,6 +22,12 @@ from workbench import WorkbenchError
 LOCK_NAME = ".workbench.lock"
 
 
+def cache_dir() -> Path:
+    """Where the workbench keeps what it makes once per machine ($WORKBENCH_CACHE, else ~/.cache/workbench)."""
+    root = os.environ.get("WORKBENCH_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "workbench"
+    return Path(root)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

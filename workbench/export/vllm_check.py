@@ -37,7 +37,8 @@ from workbench.runtime.engine import StepEngine
 from workbench.runtime.treemask import tree_setup
 from workbench.runtime.generation import eos_ids, prepare_prompt
 from workbench.runtime.heads import heads_fingerprint
-from workbench.runtime.models import cache_dir, demo_model_dir, load_base, load_model_and_heads, model_label
+from workbench.core.io import cache_dir
+from workbench.runtime.models import demo_model_dir, load_base, load_model_and_heads, model_label
 
 PREDICTIONS = ("predicted_replay", "predicted_joint", "predicted_independent")
 

@@ -6,27 +6,34 @@ the weights at a third of the speed of its 2-column GEMM W @ X^T (AMD EPYC: 8.6 
 538 MB); for 8-32 rows oneDNN's GEMM is the fastest there; for 2..16 rows x @ W^T was MKL's slowest GEMM on every
 CPU measured; elsewhere the plain call wins. So the kernel of each (row count, weight shape) is timed on the
 model's own linears, in the order a forward reads them (each weight streamed from memory, as there), once per
-model and process, the first time that row count is seen: the engine runs each step shape once untimed before
-timing it, so no timed step chooses (a short prefill may, once). Another kernel than the plain call is taken only
-when clearly faster (MARGIN), so that timing noise cannot flip the choice, and with it the rounding, between runs.
-All compute the same products in another summation order. `WORKBENCH_CPU_LINEAR=<kernel>` fixes the kernel
-instead (tests run each)."""
+machine, the first time that row count is seen: the engine runs each step shape once untimed before timing it, so
+no timed step chooses (a short prefill may, once). Another kernel than the plain call is taken only when clearly
+faster (MARGIN), and the choice is kept on disk, the first process's for all later ones: the kernels round
+differently, and a run resumed in another process must compute what the unbroken run did. Weights that fit in
+a cache (under MIN_BYTES in all) are not streamed: their kernels differ by noise, they keep the plain call.
+`WORKBENCH_CPU_LINEAR=<kernel>` fixes the kernel instead (tests run each)."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import statistics
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from workbench import WorkbenchError
+from workbench.core.io import cache_dir
+from workbench.core.provenance import setting
 
 MAX_ROWS = 64    # above this the products are GEMMs proper: the plain call
 REPEATS = 3      # timed passes over all linears per kernel and row count (after one to warm up)
 MARGIN = 1.25    # another kernel only when its median beats the plain call's by this factor
+MIN_BYTES = 128 << 20  # linears smaller in all than this are read from cache, not memory: the plain call
 
 
 def transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -148,13 +155,57 @@ def decide(times: dict[tuple, list[float]]) -> dict[tuple, str]:
     return pick
 
 
+def _stored(rows: int, shape: tuple, weight: torch.Tensor) -> Path:
+    """The file that keeps this machine's choice for (rows, shape) in this setting (CPU, vector unit, threads,
+    dtype, torch version)."""
+    where = setting("cpu", str(weight.dtype), torch.get_num_threads(), False)
+    key = {k: where[k] for k in ("cpu", "vector", "threads", "dtype", "torch")} | dict(rows=rows, shape=list(shape),
+                                                                                       margin=MARGIN)
+    return cache_dir() / "cpu-linear" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+                                         + ".json")
+
+
+def _keep(path: Path, kind: str) -> str:
+    """The kernel kept in `path`: `kind` if this process writes it first (exclusive create), else the one there."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps({"kernel": kind}))
+        return kind
+    except FileExistsError:
+        pass
+    except OSError:  # a read-only cache: this process's own choice
+        return kind
+    try:
+        kept = json.loads(path.read_text()).get("kernel")
+    except (OSError, ValueError, AttributeError):
+        return kind
+    return kept if kept in KERNELS else kind
+
+
 def _choose(table: Kernels, rows: int) -> dict[tuple, str]:
-    """The kernel of each weight shape of the table at `rows` rows (`decide`, or WORKBENCH_CPU_LINEAR's), kept."""
+    """The kernel of each weight shape of the table at `rows` rows, kept: WORKBENCH_CPU_LINEAR's; the plain call
+    for weights under MIN_BYTES; else this machine's kept choice, or `decide` on `timings` now (then kept)."""
+    shapes = {(m.out_features, m.in_features) for m in table.linears}
+    weight = table.linears[0].weight
     kind = forced()
-    if kind is None:
-        pick = decide(timings(table.linears, rows, [k for k in KERNELS if usable(k, table.linears[0].weight)]))
+    if kind is None and sum(m.weight.numel() * m.weight.element_size() for m in table.linears) < MIN_BYTES:
+        kind = "linear"
+    if kind is not None:
+        pick = dict.fromkeys(shapes, kind)
     else:
-        pick = dict.fromkeys({(m.out_features, m.in_features) for m in table.linears}, kind)
+        files = {s: _stored(rows, s, weight) for s in shapes}
+        pick = {}
+        for s, f in files.items():
+            try:
+                pick[s] = json.loads(f.read_text())["kernel"]
+            except (OSError, ValueError, KeyError, TypeError):
+                pass
+        pick = {s: k for s, k in pick.items() if k in KERNELS}
+        if len(pick) < len(shapes):
+            measured = decide(timings(table.linears, rows, [k for k in KERNELS if usable(k, weight)]))
+            pick |= {s: _keep(files[s], measured[s]) for s in shapes if s not in pick}
     for s, k in pick.items():
         table.rows[(rows,) + s] = k
     return pick

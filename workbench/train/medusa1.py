@@ -16,10 +16,10 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
-from workbench.core.io import atomic_write_json, run_lock
+from workbench.core.io import atomic_write_json, cache_dir, run_lock
 from workbench.runtime.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.runtime.kvcache import undecodable_warning
-from workbench.runtime.models import cache_dir, load_base, model_label
+from workbench.runtime.models import load_base, model_label
 from workbench.runtime.parallel import Launch, Shard, current_launch
 from workbench.train.common import (CHECKPOINT_SECONDS, Budget, head_losses, heads_loss, load_checkpoint, run_key,
                                     save_checkpoint, warmup_cosine)
