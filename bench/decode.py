@@ -35,7 +35,8 @@ import torch  # noqa: E402
 from workbench import WorkbenchError  # noqa: E402
 from workbench.cli.shared import run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.provenance import dtype_name, setting  # noqa: E402
+from workbench.core.provenance import dtype_name  # noqa: E402
+from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.core.speed import (acceptance_per_position, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
                                   overhead, step_times, tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
@@ -190,10 +191,9 @@ def run(args) -> int:
             print(f"batch {bsz}: {i + 1}/{len(chunks)} done", file=sys.stderr)
 
     summary = summarise(rows, max((b.depth for b in bufs), default=0))
-    gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
     atomic_write_json(args.out, dict(
         model=label, device=str(model.device), dtype=dtype_name(model.dtype),
-        setting=setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile), gpu),
+        setting=measured_setting(model, engine, "decoder-step"),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
         load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         compiled=bool(engine.compile), compile_s=engine.compile_s, recompiled=engine.resized, max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,

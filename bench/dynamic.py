@@ -29,7 +29,8 @@ from workbench.calibrate.folder import Calibration, default_calibration  # noqa:
 from workbench.calibrate.ranks import answer_rows, batch_walk, walk_answers, walk_steps  # noqa: E402
 from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.provenance import describe, loaded, setting, without_load  # noqa: E402
+from workbench.core.provenance import describe, loaded, without_load  # noqa: E402
+from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.core.speed import spread  # noqa: E402
 from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.trees.dynamic import DynamicPolicy  # noqa: E402
@@ -137,8 +138,7 @@ def run(args) -> int:
     model, tok, heads = load_model_and_heads(None if heads_dir is None else cal.meta.get("model"), heads_dir, None)
     prompts = [prepare_prompt(tok, text, False) for _, text in records]
     engine = StepEngine(model, compile=True if args.compile else None)
-    here = setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile),
-                   torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None)
+    here = measured_setting(model, engine, "decoder-step")
     state = WorkState(args.out, dict(command="bench/dynamic.py", calibration=str(cal.folder), prompts=ids,
                                      budgets=budgets, envelope=envelope.as_lists(), max_new_tokens=args.max_new_tokens,
                                      repeats=repeats, setting=without_load(here)))

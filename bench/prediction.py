@@ -41,8 +41,9 @@ from workbench.calibrate.folder import Calibration, default_calibration, list_ca
 from workbench.calibrate.ranks import answer_rows, decoder_walk, walk_answers  # noqa: E402
 from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting, setting,  # noqa: E402
+from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting,  # noqa: E402
                                        without_load)
+from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
                                   prefill_share, spread, tokens_per_step, within_noise)
 from workbench.core.work import WorkState, remove_work  # noqa: E402
@@ -287,8 +288,7 @@ def run(args) -> int:
     from workbench.runtime.engine import StepEngine
 
     engine = StepEngine(model)  # compiled on CUDA (the GPU decoder), eager on CPU
-    here = setting(model.device.type, str(model.dtype), torch.get_num_threads(), bool(engine.compile),
-                   torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None)
+    here = measured_setting(model, engine, "decoder-step")
     # every finished batch size is kept beside --out until the JSON is written: a killed run resumes
     state = WorkState(args.out, dict(command="bench/prediction.py", calibration=str(cal.folder), latency=str(lat),
                                      prompts=[pid for pid, _ in records], max_new_tokens=args.max_new_tokens,

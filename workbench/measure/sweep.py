@@ -19,11 +19,12 @@ from workbench import WorkbenchError
 from workbench.calibrate.folder import TOPK
 from workbench.calibrate.ranks import answer_rows, decoder_walk, walk_answers
 from workbench.core.data import prompts_fingerprint
-from workbench.core.provenance import dtype_name, setting, setting_cell
+from workbench.core.provenance import dtype_name, setting_cell
 from workbench.core.speed import (decode_speedup, decoder_overhead, goodput, mean_step_s, measured_speedup, overhead,
                                   step_times, tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences
 from workbench.decode.loop import Acceptance, medusa_generate, vanilla_generate
+from workbench.measure.latency import measured_setting
 from workbench.measure.sweep_file import SWEEP_VERSION, read_sweep_rows, row_cells, write_rows
 from workbench.runtime.engine import StepEngine, forward_probe
 from workbench.runtime.forward import logits_of
@@ -239,11 +240,9 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     gens = sum(-(-len(prompts) // b) * (1 + 2 * len(todo[b])) for b in batch_sizes)
     bar = tqdm(total=gens, desc="sweep", unit="batch", disable=not progress, dynamic_ncols=True)
 
-    compiled = bool(getattr(engine, "compile", False))
-    gpu = torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None
 
     def emit(row: dict) -> None:  # the setting now (its load average is this row's)
-        where = setting(model.device.type, str(model.dtype), torch.get_num_threads(), compiled, gpu)
+        where = measured_setting(model, engine, "decoder-step")
         row = {**common, "setting": setting_cell(where), **row}
         rows.append(row_cells(row))
         write_rows(out, rows)
