@@ -11,11 +11,7 @@ import errno
 import os
 import sys
 
-from workbench.core.launch import bind_threads
-
-bind_threads()  # before anything imports torch: OpenMP reads its binding when torch loads it
-
-from workbench import WorkbenchError, __version__  # noqa: E402
+from workbench import WorkbenchError, __version__
 from workbench.cli.calibrate import add_calibrate
 from workbench.cli.decode import add_decode
 from workbench.cli.export import add_export

@@ -20,7 +20,6 @@ setting (and load) it was measured in.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 
 import pandas as pd
@@ -58,8 +57,7 @@ def measured_setting(model, engine, mode: str, processes: int = 1) -> dict:
     dev = model.device
     s = setting(dev.type, str(model.dtype), torch.get_num_threads(), bool(getattr(engine, "compile", False)),
                 gpu=device_name(dev) if dev.type == "cuda" else None, processes=processes, mode=mode)
-    return s | {"cpu_linear": gemv.forced() or "measured", "omp_bind": os.environ.get("OMP_PROC_BIND")} \
-        if dev.type == "cpu" else s
+    return s | {"cpu_linear": gemv.forced() or "measured"} if dev.type == "cpu" else s
 
 
 def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:

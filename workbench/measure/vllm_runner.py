@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 from workbench import WorkbenchError
-from workbench.core.launch import BOUND
 from workbench.core.work import WorkState
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -50,8 +49,6 @@ def worker_env(py: str) -> dict:
         if lib.is_file() and "LD_PRELOAD" not in env:
             env["LD_PRELOAD"] = str(lib)
     env.pop("PYTHONPATH", None)  # the worker imports vLLM's packages, never ours
-    for key in BOUND:  # vLLM binds its threads its own way
-        env.pop(key, None)
     return env
 
 
