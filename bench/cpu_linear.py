@@ -20,7 +20,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 
-from workbench.cli.shared import run_script  # noqa: E402
+from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.runtime import gemv  # noqa: E402
@@ -41,7 +41,8 @@ def main(argv=None) -> int:
 def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = sorted({int(r) for r in args.rows.split(",")})
+    gemv.forced()  # a bad WORKBENCH_CPU_LINEAR (which the setting records) before anything is measured
+    rows = parse_ints(args.rows, "--rows")
     model = (random_model(args.random_config, "cpu", args.dtype) if args.random_config
              else load_base(args.model, "cpu", args.dtype, need_tokenizer=False)[0])
     table = gemv.adopt(model)

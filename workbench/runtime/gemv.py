@@ -155,14 +155,26 @@ def decide(times: dict[tuple, list[float]]) -> dict[tuple, str]:
     return pick
 
 
-def _stored(rows: int, shape: tuple, weight: torch.Tensor) -> Path:
-    """The file that keeps this machine's choice for (rows, shape) in this setting (CPU, vector unit, threads,
-    dtype, torch version)."""
-    where = setting("cpu", str(weight.dtype), torch.get_num_threads(), False)
-    key = {k: where[k] for k in ("cpu", "vector", "threads", "dtype", "torch")} | dict(rows=rows, shape=list(shape),
-                                                                                       margin=MARGIN)
+def _stored(machine: dict, rows: int, shape: tuple) -> Path:
+    """The file that keeps the choice for (rows, shape) on this `machine` (`_machine`)."""
+    key = machine | dict(rows=rows, shape=list(shape), margin=MARGIN)
     return cache_dir() / "cpu-linear" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
                                          + ".json")
+
+
+def _machine(weight: torch.Tensor) -> dict:
+    """What a kept choice depends on besides the shape: CPU, vector unit, threads, dtype, torch version."""
+    where = setting("cpu", str(weight.dtype), torch.get_num_threads(), False)
+    return {k: where[k] for k in ("cpu", "vector", "threads", "dtype", "torch")}
+
+
+def _kept(path: Path) -> str | None:
+    """The kernel kept in `path`, or None (none kept, or unreadable)."""
+    try:
+        kind = json.loads(path.read_text()).get("kernel")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if kind in KERNELS else None
 
 
 def _keep(path: Path, kind: str) -> str:
@@ -174,14 +186,9 @@ def _keep(path: Path, kind: str) -> str:
             f.write(json.dumps({"kernel": kind}))
         return kind
     except FileExistsError:
-        pass
+        return _kept(path) or kind
     except OSError:  # a read-only cache: this process's own choice
         return kind
-    try:
-        kept = json.loads(path.read_text()).get("kernel")
-    except (OSError, ValueError, AttributeError):
-        return kind
-    return kept if kept in KERNELS else kind
 
 
 def _choose(table: Kernels, rows: int) -> dict[tuple, str]:
@@ -190,19 +197,17 @@ def _choose(table: Kernels, rows: int) -> dict[tuple, str]:
     shapes = {(m.out_features, m.in_features) for m in table.linears}
     weight = table.linears[0].weight
     kind = forced()
+    if kind is not None and not usable(kind, weight):
+        raise WorkbenchError(f"WORKBENCH_CPU_LINEAR={kind}: this torch build cannot run it on {weight.dtype} weights "
+                             "(unset it to measure, or pick another kernel)")
     if kind is None and sum(m.weight.numel() * m.weight.element_size() for m in table.linears) < MIN_BYTES:
         kind = "linear"
     if kind is not None:
         pick = dict.fromkeys(shapes, kind)
     else:
-        files = {s: _stored(rows, s, weight) for s in shapes}
-        pick = {}
-        for s, f in files.items():
-            try:
-                pick[s] = json.loads(f.read_text())["kernel"]
-            except (OSError, ValueError, KeyError, TypeError):
-                pass
-        pick = {s: k for s, k in pick.items() if k in KERNELS}
+        machine = _machine(weight)
+        files = {s: _stored(machine, rows, s) for s in shapes}
+        pick = {s: k for s, k in ((s, _kept(f)) for s, f in files.items()) if k is not None}
         if len(pick) < len(shapes):
             measured = decide(timings(table.linears, rows, [k for k in KERNELS if usable(k, weight)]))
             pick |= {s: _keep(files[s], measured[s]) for s in shapes if s not in pick}
