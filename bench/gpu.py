@@ -4,8 +4,9 @@ vanilla vs HF generate vs Medusa (the hardware-aware tree and the plan per batch
     python bench/gpu.py                          # on a CUDA machine: < 9 minutes with the demo model (H100)
     python bench/gpu.py --quick --device cpu     # the same plumbing in seconds (tiny sizes; run by the test suite)
 
-Sections run in order, each only if the time budget (--budget-s) leaves room for it; a skipped section says so in
-the JSON. Written: bench/results/gpu-DEVICE.json (--out) with every figure, the latency surfaces as CSVs beside it
+Sections run in order, each only if the time budget (--budget-s) leaves room for it; a skipped one says so in the
+JSON, and the report is written after every section and every batch size, so a run cut short keeps what it
+measured. Written: bench/results/gpu-DEVICE.json (--out) with every figure, the latency surfaces as CSVs beside it
 (`workbench latency` format: `workbench plan --latency` reads them) and a markdown summary (.md) that the docs
 quote. Exit status 1 if fp32 is not exact or bf16 has a mismatch (a bug), else 0.
 
@@ -14,11 +15,11 @@ quote. Exit status 1 if fp32 is not exact or bf16 has a mismatch (a bug), else 0
   exact      tiny random models of three architectures, trees of 1 to 63 nodes, batch 1 and 3, plus the demo
              model: fp32 must equal HF generate token for token; bf16 divergences are classified (near-tie or
              mismatch, `workbench/decode/divergence.py`)
-  latency    t(B, n) for batch 1..32 and tree tokens 1..128 (eager, with spread), and a sparser compiled grid
-  decode     per batch size: our vanilla greedy (compiled), HF generate (static cache, CompileConfig), Medusa
-             with the hardware-aware tree and with the plan's choice; decoder_overhead; bandwidth achieved per
-             vanilla step (weight bytes / step time) beside the copy bandwidth
-  plan       the plan's predicted speedup beside the measured one per batch size
+  latency    t(B, n) for batch 1..32 and tree tokens 1..128 (eager, with spread), up front
+  per batch  (--batch-sizes, in order while the budget allows) the compiled grid at that batch (sparser), then the
+             decode: our vanilla greedy (compiled), HF generate (static cache, CompileConfig), Medusa with the
+             plan's choice, planned on the surface so far; predicted beside measured speedup; decoder_overhead;
+             bandwidth achieved per vanilla step (weight bytes / step time) beside the copy bandwidth
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ import transformers  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibrate.folder import Calibration, default_calibration  # noqa: E402
-from workbench.cli.shared import run_script  # noqa: E402
+from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.core.provenance import dtype_name  # noqa: E402
 from workbench.core.speed import (decoder_overhead, goodput, mean_step_s, measured_speedup, step_times,  # noqa: E402
@@ -60,11 +61,9 @@ from tests.support.tiny import random_heads, tiny_model  # noqa: E402
 HERE = Path(__file__).resolve().parent
 FALLBACK_ACCURACIES = HERE.parent / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "accuracies.csv"
 FULL = dict(archs=("llama", "qwen2", "gpt_neox"), exact_new=256, batches=(1, 2, 4, 8, 16, 32),
-            sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128), compiled_batches=(1, 4, 16),
-            compiled_sizes=(1, 16, 64), contexts=(256,), repeats=10, decode_batches=(1, 4, 16), prompts=16,
+            sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128), compiled_sizes=(1, 16, 64), contexts=(256,), repeats=10, decode_batches=(1, 4, 16), prompts=16,
             new_tokens=128, demo_prompts=4)
-QUICK = dict(archs=("llama", "qwen2"), exact_new=24, batches=(1, 2), sizes=(1, 2, 4), compiled_batches=(1, 2),
-             compiled_sizes=(1, 2), contexts=(32,), repeats=2, decode_batches=(1, 2), prompts=2, new_tokens=8,
+QUICK = dict(archs=("llama", "qwen2"), exact_new=24, batches=(1, 2), sizes=(1, 2, 4), compiled_sizes=(1, 2), contexts=(32,), repeats=2, decode_batches=(1, 2), prompts=2, new_tokens=8,
              demo_prompts=2)
 EXACT_TREES = {"one_node": [[0]], "chain": [[0], [0, 0], [0, 0, 0]], "mc_sim_7b_63": "mc_sim_7b_63"}
 
@@ -151,30 +150,29 @@ def section_exact(device, cfg, demo, quick: bool) -> dict:
     return out
 
 
-def section_latency(model, heads, cfg, out_dir: Path, tag: str, engine, budget: "Budget", eager: bool = True) -> dict:
-    """The eager surface (every batch x size, fresh eager engine) and a sparser compiled one on `engine` (the one
-    the decode section then runs on: same capacity, so its vanilla graphs are compiled once for both), with
-    spread; both as latency CSVs. The compiled grid goes batch by batch while the budget allows."""
-    res = {}
-    grids = [("eager", StepEngine(model, compile=False), cfg["batches"], cfg["sizes"])] if eager or not engine.compile else []
-    if engine.compile:
-        grids.append(("compiled", engine, cfg["compiled_batches"], cfg["compiled_sizes"]))
-    for name, eng, batches, sizes in grids:
-        t0, c0, frames, skipped = time.perf_counter(), eng.compile_s, [], []
-        for b in batches:
-            spent = time.perf_counter() - t0
-            if frames and budget.left() < 1.5 * spent / len(frames):  # one more batch would not fit
-                skipped.append(b)
-                continue
-            frames.append(measure_latency(model, sizes, cfg["contexts"], cfg["repeats"], 2, heads, "bench-gpu",
-                                          progress=False, engine=eng, batches=(b,)))
-        df = pd.concat(frames, ignore_index=True)
-        path = out_dir / f"latency-{tag}-{name}.csv"
-        atomic_write_text(path, df.to_csv(index=False))
-        res[name] = dict(file=str(path), compiled=bool(eng.compile), compile_s=eng.compile_s - c0,
-                         capacity=eng.capacity, seconds=time.perf_counter() - t0, skipped_batches=skipped,
-                         rows=df.to_dict("records"))
-    return res
+def section_latency(model, heads, cfg, out_dir: Path, tag: str, name: str, eng, batches, res: dict,
+                    budget: "Budget | None" = None) -> dict:
+    """One latency grid (`name`: eager, on a fresh eager engine, or compiled, on the engine the decode section then
+    runs on: same capacity, so its vanilla graphs are compiled once for both) for `batches`, with spread, added to
+    `res[name]` and written as a latency CSV (every batch so far). With a budget the grid goes batch by batch
+    while one more batch fits."""
+    t0, c0, got = time.perf_counter(), eng.compile_s, res.get(name)
+    frames = [pd.DataFrame(got["rows"])] if got else []
+    skipped = list(got["skipped_batches"]) if got else []
+    for i, b in enumerate(batches):
+        if budget is not None and i and budget.left() < 1.5 * (time.perf_counter() - t0) / i:
+            skipped.append(b)
+            continue
+        frames.append(measure_latency(model, cfg["compiled_sizes" if eng.compile else "sizes"],
+                                      cfg["contexts"], cfg["repeats"], 2, heads, "bench-gpu", progress=False,
+                                      engine=eng, batches=(b,)))
+    df = pd.concat(frames, ignore_index=True)
+    path = out_dir / f"latency-{tag}-{name}.csv"
+    atomic_write_text(path, df.to_csv(index=False))
+    res[name] = dict(file=str(path), compiled=bool(eng.compile), capacity=eng.capacity, skipped_batches=skipped,
+                     compile_s=(got["compile_s"] if got else 0.0) + eng.compile_s - c0,
+                     seconds=(got["seconds"] if got else 0.0) + time.perf_counter() - t0, rows=df.to_dict("records"))
+    return res[name]
 
 
 def surface_provenance(model, latency: dict, mode: str) -> dict:
@@ -184,29 +182,27 @@ def surface_provenance(model, latency: dict, mode: str) -> dict:
                 threads=torch.get_num_threads(), torch=torch.__version__, transformers=transformers.__version__)
 
 
-def section_decode(model, tok, heads, cfg, prompts, latency: dict, calibration, bench_decode, engine,
-                   budget: "Budget") -> dict:
-    """Per batch size: vanilla (ours, on the engine: compiled where the device compiles), HF generate at its
-    fastest (static cache sized once, compiled, warmed up untimed), Medusa with the plan's choice (planned on the
-    surface of the engine's own mode); decoder_overhead, bandwidth, every bf16 divergence classified."""
+def section_decode(model, tok, heads, cfg, prompts, latency: dict, calibration, bench_decode, engine, batches,
+                   dec: dict) -> dict:
+    """For `batches`, added to `dec`: our vanilla (on the engine: compiled where the device compiles), HF generate
+    at its fastest (static cache sized once, compiled, warmed up untimed), Medusa with the plan's choice (planned on
+    the surface of the engine's own mode, as measured so far); decoder_overhead, bandwidth, every bf16 divergence
+    classified."""
     mode = "compiled" if engine.compile and "compiled" in latency else "eager"
     # a calibration predicts the demo's trees; a tiny random model borrows the committed accuracy table (plumbing)
     source = plan_source(calibration) if calibration is not None else plan_source(accuracies=FALLBACK_ACCURACIES)
-    measured = {int(r["batch"]) for r in latency[mode]["rows"]}
-    batches = [b for b in cfg["decode_batches"] if b in measured]  # a batch the grid skipped has no plan
     plan = make_plan(source, latency[mode]["file"], batches)
+    if "plan" in dec:  # one plan file for the run: this call's batch sizes added to the earlier ones'
+        for k in ("plans", "alternatives"):
+            plan[k] = dec["plan"][k] + plan[k]
     eos = eos_ids(model, tok)
-    n, rows, skipped = cfg["new_tokens"], [], [b for b in cfg["decode_batches"] if b not in measured]
+    n, rows = cfg["new_tokens"], dec.setdefault("batches", [])
     planned = {b: (t, e) for t, b, e in plan_trees(plan) if t.name.split("_")[2] == "choice"}
     wbytes = weight_bytes(model)
     hf_cache = dict(max_cache_len=engine.capacity)  # one static cache size for every HF call: compiled once per B
     hf_compile = model.device.type == "cuda"  # as users run it: compiled on CUDA (CPU inductor: minutes per shape)
     t_start = time.perf_counter()
     for b in batches:
-        spent = time.perf_counter() - t_start
-        if rows and budget.left() < 1.5 * spent / len(rows):
-            skipped.append(b)
-            continue
         chunks = [prompts[i:i + b] for i in range(0, len(prompts) - b + 1, b)]
         trees = {"plan": planned[b][0]} if b in planned else {}
         bufs = {k: tree_setup(t, model) for k, t in trees.items()}
@@ -252,9 +248,10 @@ def section_decode(model, tok, heads, cfg, prompts, latency: dict, calibration, 
                           exact=all(r.token_ids == v.token_ids for c, vc in zip(calls, van) for r, v in zip(c, vc)),
                           **divergence_counts(found))
         rows.append(row)
-    return dict(plan=plan, plan_surface=surface_provenance(model, latency, mode), batches=rows,
-                skipped_batches=skipped, weight_bytes=wbytes, capacity=engine.capacity, resized=engine.resized,
-                seconds=time.perf_counter() - t_start)
+    dec.update(plan=plan, plan_surface=surface_provenance(model, latency, mode), weight_bytes=wbytes,
+               capacity=engine.capacity, resized=engine.resized,
+               seconds=dec.get("seconds", 0.0) + time.perf_counter() - t_start)
+    return dec
 
 
 def decode_prompts(tok, cfg) -> list[list[int]]:
@@ -317,6 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true", help="a tiny random model instead of the demo (no model files)")
     ap.add_argument("--budget-s", type=float, default=520.0, help="stop starting sections after this (default 520 s)")
     ap.add_argument("--out", help="JSON report (default bench/results/gpu-DEVICE.json)")
+    ap.add_argument("--batch-sizes", help="batch sizes of the compiled grid and the decode, in order while the budget "
+                    "allows (default 1,4,16; --quick 1,2)")
     ap.add_argument("--skip", default="", help="comma-separated sections to leave out, of: exact, eager (the eager "
                     "latency grid); a short lease spends its minutes on what is new")
     return run_script(ap, run, argv)
@@ -325,6 +324,11 @@ def main(argv=None) -> int:
 def run(args) -> int:
     t_start = time.perf_counter()
     cfg = QUICK if args.quick else FULL
+    batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else list(cfg["decode_batches"])
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if skip - {"exact", "eager"}:
+        raise WorkbenchError(f"--skip {args.skip!r}: the sections that can be skipped are exact and eager")
+    bench_decode = _load_bench_decode()
     budget = Budget(args.budget_s)
     device = pick_device(args.device)
     tag = "cpu" if device.type == "cpu" else device_name(device).replace(" ", "-").lower()
@@ -344,9 +348,11 @@ def run(args) -> int:
                weight_bytes=weight_bytes(model), copy_bandwidth=copy_bandwidth(device, 64 if args.quick else 1024),
                load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
     report = dict(env=env, quick=args.quick, skipped={}, budget_s=args.budget_s)
-    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    if skip - {"exact", "eager"}:
-        raise WorkbenchError(f"--skip {args.skip!r}: the sections that can be skipped are exact and eager")
+
+    def save() -> None:  # after every section: a run cut short leaves what it measured
+        report["total_s"] = time.perf_counter() - t_start
+        atomic_write_json(out, report)
+        atomic_write_text(out.with_suffix(".md"), markdown(report))
     t0 = time.perf_counter()
     if "exact" in skip:
         report["skipped"]["exact"] = "--skip exact"
@@ -354,6 +360,7 @@ def run(args) -> int:
         report["exact"] = section_exact(device, cfg, None if args.tiny else (model, tok, heads), args.quick)
         report["exact"]["seconds"] = time.perf_counter() - t0
         print(f"exact: {report['exact']}", file=sys.stderr)
+        save()
     # One engine for the compiled latency grid and the decode section, sized once for both: every (batch, tree
     # size) compiles once, the vanilla step's graphs serve both. Compiled on CUDA (CUDA graphs); on CPU only at
     # --quick, with aot_eager (the same graph in seconds), to run the GPU's path in the test suite.
@@ -363,20 +370,33 @@ def run(args) -> int:
     bound = tree_setup(latency_tree(max(cfg["sizes"]) - 1, min(5, heads.num_heads)), model)  # the largest tree
     engine.size_for([[0] * max(cfg["contexts"])], 0, [bound])
     engine.size_for(prompts, cfg["new_tokens"], [bound])
-    if budget.left() > (5 if args.quick else 150):
-        report["latency"] = section_latency(model, heads, cfg, out.parent, tag, engine, budget, "eager" not in skip)
-    else:
-        report["skipped"]["latency"] = f"{budget.left():.0f} s left of the budget"
-    if "latency" in report and budget.left() > (2 if args.quick else 90):
-        report["decode"] = section_decode(model, tok, heads, cfg, prompts, report["latency"], calibration,
-                                          _load_bench_decode(), engine, budget)
-        if report["decode"]["skipped_batches"]:
-            report["skipped"]["decode batches"] = f"{report['decode']['skipped_batches']}: out of budget"
-    else:
-        report["skipped"]["decode"] = "no latency surface" if "latency" not in report else f"{budget.left():.0f} s left"
-    report["total_s"] = time.perf_counter() - t_start
-    atomic_write_json(out, report)
-    atomic_write_text(out.with_suffix(".md"), markdown(report))
+    res = report["latency"] = {}
+    if not engine.compile:
+        pass  # the eager grid is the decode's own surface: measured batch by batch below
+    elif "eager" in skip:
+        report["skipped"]["eager"] = "--skip eager"
+    else:  # the eager grid beside the compiled one, up front, batch by batch while the budget allows
+        section_latency(model, heads, cfg, out.parent, tag, "eager", StepEngine(model, compile=False),
+                        cfg["batches"], res, budget)
+        save()
+    # then batch by batch: the grid of the engine's mode at that batch and its decode (the plan reads the surface
+    # so far), the report written after each, so a run cut short keeps every batch it finished
+    dec, done_s = {}, []
+    for b in batches:
+        if done_s and budget.left() < 1.3 * max(done_s):
+            report["skipped"].setdefault("batches", []).append(b)
+            continue
+        t0 = time.perf_counter()
+        section_latency(model, heads, cfg, out.parent, tag, "compiled" if engine.compile else "eager", engine, (b,),
+                        res)
+        report["decode"] = section_decode(model, tok, heads, cfg, prompts, res, calibration, bench_decode, engine,
+                                          [b], dec)
+        done_s.append(time.perf_counter() - t0)
+        save()
+        print(f"batch {b}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    if "batches" in report["skipped"]:
+        report["skipped"]["batches"] = f"{report['skipped']['batches']}: out of budget"
+    save()
     print(markdown(report))
     print(f"wrote {out}", file=sys.stderr)
     ex = report.get("exact", dict(fp32_exact=True, mismatches=0))
