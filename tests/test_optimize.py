@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from workbench import REPO_ROOT, WorkbenchError
-from workbench.core.speed import interpolate_latency, relative_latency
+from workbench.core.speed import latency_at, relative_latency
 from workbench.plan.fastest import fastest, value_source
 from workbench.trees.accuracies import accuracies_from_hits, check_accuracies, read_accuracies, write_accuracies
 from workbench.trees.optimize import (acc_value_fn, best_dense_tree, best_first, dense_tree, empirical_value_fn,
@@ -292,17 +292,17 @@ def test_limits_validated():
 
 def test_interpolation_and_speedup():
     lat = {1: 0.020, 8: 0.020, 32: 0.024, 128: 0.040}
-    assert interpolate_latency(lat, 8) == 0.020
-    assert interpolate_latency(lat, 20) == pytest.approx(0.022)
-    assert interpolate_latency(lat, 80) == pytest.approx(0.032)
+    assert latency_at(lat, 8) == 0.020
+    assert latency_at(lat, 9) == latency_at(lat, 20) == latency_at(lat, 32) == 0.024  # the next measured size up
+    assert latency_at(lat, 80) == 0.040
     with pytest.raises(WorkbenchError, match="measured range is 1..128"):
-        interpolate_latency(lat, 129)
+        latency_at(lat, 129)
     acc = vicuna_acc()
     curve = expected_curve(acc, 200)
     res = fastest(value_source(acc), lat, curve=True)  # plan's ranking of the optimal trees
     assert [c["nodes"] for c in res["curve"]] == list(range(1, 128))  # n + 1 verify tokens must be measured
     for c in res["curve"]:
-        t = interpolate_latency(lat, c["nodes"] + 1)
+        t = latency_at(lat, c["nodes"] + 1)
         assert c["speedup"] == pytest.approx(curve[c["nodes"]] / (t / 0.020))
     assert res["best"]["speedup"] == max(c["speedup"] for c in res["choice"]["ranked"])
     assert res["best"]["speedup"] >= max(c["speedup"] for c in res["curve"])

@@ -64,12 +64,12 @@ def every_tree(depth: int, ranks: int):
 
 def brute_force(acc, table: dict) -> float:
     """The best predicted speedup over every tree (and no speculation), each priced independently: expected length
-    and t by numpy interpolation."""
+    and t read at the next measured size up (numpy's searchsorted)."""
     sizes, secs = np.array(sorted(table)), np.array([table[n] for n in sorted(table)])
     best = 1.0
     for t in every_tree(*acc.shape):
         if t.nodes + 1 <= sizes.max():
-            best = max(best, expected_length(t, acc) / (np.interp(t.nodes + 1, sizes, secs) / secs[0]))
+            best = max(best, expected_length(t, acc) / (secs[np.searchsorted(sizes, t.nodes + 1)] / secs[0]))
     return best
 
 

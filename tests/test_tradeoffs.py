@@ -134,12 +134,13 @@ def _acc(seed=0, k=4, r=5):
 
 
 def _brute_force_best(acc, df):
-    """Argmax over budgets of expected length / relative cost, every tree built and interpolated independently."""
+    """Argmax over budgets of expected length / relative cost, every tree built and priced independently (t at the
+    next measured size up)."""
     sizes, secs = df["tokens"].to_numpy(), df["seconds"].to_numpy()
     best = None
     for b in range(1, sizes.max()):
         length = expected_length(optimal_tree(acc, b), acc)
-        s = length / (np.interp(b + 1, sizes, secs) / np.interp(1, sizes, secs))
+        s = length / (secs[np.searchsorted(sizes, b + 1)] / secs[np.searchsorted(sizes, 1)])
         if best is None or s > best[1] + 1e-12:
             best = (b, s)
     return best

@@ -27,6 +27,8 @@ import statistics
 from bisect import bisect_left
 from typing import Mapping
 
+import numpy as np
+
 from workbench import WorkbenchError
 
 
@@ -49,17 +51,16 @@ def _points(latency) -> tuple[list[int], list[float]]:
     return sizes, secs
 
 
-def interpolate_latency(latency, n: int) -> float:
-    """Seconds for a step over n verify tokens, linear between measured sizes; no extrapolation."""
+def latency_at(latency, n: int) -> float:
+    """Seconds for a step over n verify tokens: the measured point at n, else the next measured size up. That is an
+    upper bound (tables are read non-decreasing), where a line between two points would assume the surface smooth,
+    and it is not: on a GPU the step jumps at the first extra token and is nearly flat after it, so a 9-token step
+    read between t(1) and t(16) was priced 1.09x a plain one and cost 1.27x (docs/gpu.md). No extrapolation."""
     sizes, secs = _points(latency)
     if not sizes[0] <= n <= sizes[-1]:
         raise WorkbenchError(f"no latency for {n} verify tokens: measured range is {sizes[0]}..{sizes[-1]} "
                              "(measure that size too)")
-    j = bisect_left(sizes, n)
-    if sizes[j] == n:
-        return secs[j]
-    w = (n - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
-    return secs[j - 1] + w * (secs[j] - secs[j - 1])
+    return secs[bisect_left(sizes, n)]
 
 
 def max_tokens(latency) -> int:
@@ -105,7 +106,7 @@ def at_depth(latency, head_cost: dict | None, depth: int | None) -> dict[int, fl
 def relative_latency(latency, nodes: int, base=None) -> float:
     """t(nodes + 1) / t(1): the step cost of a `nodes`-node tree relative to a plain step (t(1) from `base`, a
     table of the same batch and context, when given: the range keeps t(1) at its median)."""
-    return interpolate_latency(latency, nodes + 1) / interpolate_latency(latency if base is None else base, 1)
+    return latency_at(latency, nodes + 1) / latency_at(latency if base is None else base, 1)
 
 
 def speedup(tokens_per_step: float, relative: float) -> float:
@@ -152,8 +153,9 @@ def shrinking_cost(seconds: Mapping[int, Mapping[int, float]], batch: int):
     sizes = sorted(b for b in seconds if b <= batch)
 
     def t(a: int, n: int) -> float | None:
-        by_batch = {b: seconds[b][n] for b in sizes if n in seconds[b]}  # t(., n) over batch sizes
-        return interpolate_latency(by_batch, min(max(a, min(by_batch)), max(by_batch))) if by_batch else None
+        by_batch = [(b, seconds[b][n]) for b in sizes if n in seconds[b]]  # t(., n) over batch sizes
+        # linear in B, unlike latency_at in tokens: a batch's rows are alike, and the tail model was measured so
+        return float(np.interp(a, *zip(*by_batch))) if by_batch else None
 
     def cost(active: int, n: int) -> float:
         full, part = t(batch, n), t(active, n)
