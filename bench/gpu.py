@@ -48,7 +48,7 @@ from workbench.core.speed import (decoder_overhead, goodput, mean_step_s, measur
                                   tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
-from workbench.measure.latency import device_name, latency_tree, measure_latency  # noqa: E402
+from workbench.measure.latency import device_name, latency_tree, measure_decoder_steps, measure_latency  # noqa: E402
 from workbench.plan.rank import make_plan
 from workbench.plan.source import plan_source
 from workbench.plan.plan_file import plan_trees  # noqa: E402
@@ -61,9 +61,9 @@ from tests.support.tiny import random_heads, tiny_model  # noqa: E402
 HERE = Path(__file__).resolve().parent
 FALLBACK_ACCURACIES = HERE.parent / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "accuracies.csv"
 FULL = dict(archs=("llama", "qwen2", "gpt_neox"), exact_new=256, batches=(1, 2, 4, 8, 16, 32),
-            sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128), compiled_sizes=(1, 16, 64), contexts=(256,), repeats=10, decode_batches=(1, 4, 16), prompts=16,
+            sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128), step_sizes=(1, 16, 64), step_new=48, contexts=(256,), repeats=10, decode_batches=(1, 4, 16), prompts=16,
             new_tokens=128, demo_prompts=4)
-QUICK = dict(archs=("llama", "qwen2"), exact_new=24, batches=(1, 2), sizes=(1, 2, 4), compiled_sizes=(1, 2), contexts=(32,), repeats=2, decode_batches=(1, 2), prompts=2, new_tokens=8,
+QUICK = dict(archs=("llama", "qwen2"), exact_new=24, batches=(1, 2), sizes=(1, 2, 4), step_sizes=(1, 2), step_new=6, contexts=(32,), repeats=2, decode_batches=(1, 2), prompts=2, new_tokens=8,
              demo_prompts=2)
 EXACT_TREES = {"one_node": [[0]], "chain": [[0], [0, 0], [0, 0, 0]], "mc_sim_7b_63": "mc_sim_7b_63"}
 
@@ -151,11 +151,13 @@ def section_exact(device, cfg, demo, quick: bool) -> dict:
 
 
 def section_latency(model, heads, cfg, out_dir: Path, tag: str, name: str, eng, batches, res: dict,
-                    budget: "Budget | None" = None) -> dict:
-    """One latency grid (`name`: eager, on a fresh eager engine, or compiled, on the engine the decode section then
-    runs on: same capacity, so its vanilla graphs are compiled once for both) for `batches`, with spread, added to
-    `res[name]` and written as a latency CSV (every batch so far). With a budget the grid goes batch by batch
-    while one more batch fits."""
+                    budget: "Budget | None" = None, steps: tuple | None = None) -> dict:
+    """One latency grid for `batches`, with spread, added to `res[name]` and written as a latency CSV (every batch
+    so far). `steps` = (tokenizer, prompts): the decoder's whole step while it decodes them (decoder-step mode, on
+    the engine the decode section then runs on, whose graphs it compiles: the plan is priced on the step the
+    decoder runs, heads, acceptance and compaction included); None: the bare verify forward at fixed contexts on
+    a fresh eager engine (the eager reference grid). With a budget the grid goes batch by batch while one more
+    batch fits."""
     t0, c0, got = time.perf_counter(), eng.compile_s, res.get(name)
     frames = [pd.DataFrame(got["rows"])] if got else []
     skipped = list(got["skipped_batches"]) if got else []
@@ -163,13 +165,18 @@ def section_latency(model, heads, cfg, out_dir: Path, tag: str, name: str, eng, 
         if budget is not None and i and budget.left() < 1.5 * (time.perf_counter() - t0) / i:
             skipped.append(b)
             continue
-        frames.append(measure_latency(model, cfg["compiled_sizes" if eng.compile else "sizes"],
-                                      cfg["contexts"], cfg["repeats"], 2, heads, "bench-gpu", progress=False,
-                                      engine=eng, batches=(b,)))
+        if steps is None:
+            frames.append(measure_latency(model, cfg["sizes"], cfg["contexts"], cfg["repeats"], 2, heads, "bench-gpu",
+                                          progress=False, engine=eng, batches=(b,)))
+        else:
+            frames.append(measure_decoder_steps(model, heads, steps[0], steps[1], cfg["step_sizes"], (b,),
+                                                repeats=cfg["repeats"] // 2, warmup=1, max_new_tokens=cfg["step_new"],
+                                                label="bench-gpu", progress=False, engine=eng))
     df = pd.concat(frames, ignore_index=True)
     path = out_dir / f"latency-{tag}-{name}.csv"
     atomic_write_text(path, df.to_csv(index=False))
-    res[name] = dict(file=str(path), compiled=bool(eng.compile), capacity=eng.capacity, skipped_batches=skipped,
+    res[name] = dict(file=str(path), compiled=bool(eng.compile), mode="verify" if steps is None else "decoder-step",
+                     capacity=eng.capacity, skipped_batches=skipped,
                      compile_s=(got["compile_s"] if got else 0.0) + eng.compile_s - c0,
                      seconds=(got["seconds"] if got else 0.0) + time.perf_counter() - t0, rows=df.to_dict("records"))
     return res[name]
@@ -388,7 +395,7 @@ def run(args) -> int:
             continue
         t0 = time.perf_counter()
         section_latency(model, heads, cfg, out.parent, tag, "compiled" if engine.compile else "eager", engine, (b,),
-                        res)
+                        res, steps=(tok, prompts))
         report["decode"] = section_decode(model, tok, heads, cfg, prompts, res, calibration, bench_decode, engine,
                                           [b], dec)
         done_s.append(time.perf_counter() - t0)
