@@ -16,10 +16,11 @@ quote. Exit status 1 if fp32 is not exact or bf16 has a mismatch (a bug), else 0
              model: fp32 must equal HF generate token for token; bf16 divergences are classified (near-tie or
              mismatch, `workbench/decode/divergence.py`)
   latency    t(B, n) for batch 1..32 and tree tokens 1..128 (eager, with spread), up front
-  per batch  (--batch-sizes, in order while the budget allows) the compiled grid at that batch (sparser), then the
-             decode: our vanilla greedy (compiled), HF generate (static cache, CompileConfig), Medusa with the
-             plan's choice, planned on the surface so far; predicted beside measured speedup; decoder_overhead;
-             bandwidth achieved per vanilla step (weight bytes / step time) beside the copy bandwidth
+  per batch  (--batch-sizes, in order while the budget allows) the decoder's whole step at that batch (decoder-step
+             mode, tokens 1, 16, 64: the surface the plan reads, on the graphs the decode runs), then the decode:
+             our vanilla greedy (compiled), HF generate (static cache, CompileConfig), Medusa with the plan's
+             choice, planned on the surface so far; predicted beside measured speedup; decoder_overhead; bandwidth
+             achieved per vanilla step (weight bytes / step time) beside the copy bandwidth
 """
 from __future__ import annotations
 
@@ -61,10 +62,10 @@ from tests.support.tiny import random_heads, tiny_model  # noqa: E402
 HERE = Path(__file__).resolve().parent
 FALLBACK_ACCURACIES = HERE.parent / "calibration" / "smollm2-135m-instruct-alpaca-eval" / "accuracies.csv"
 FULL = dict(archs=("llama", "qwen2", "gpt_neox"), exact_new=256, batches=(1, 2, 4, 8, 16, 32),
-            sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128), step_sizes=(1, 16, 64), step_new=48, contexts=(256,), repeats=10, decode_batches=(1, 4, 16), prompts=16,
-            new_tokens=128, demo_prompts=4)
-QUICK = dict(archs=("llama", "qwen2"), exact_new=24, batches=(1, 2), sizes=(1, 2, 4), step_sizes=(1, 2), step_new=6, contexts=(32,), repeats=2, decode_batches=(1, 2), prompts=2, new_tokens=8,
-             demo_prompts=2)
+            sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128), step_sizes=(1, 16, 64), step_new=48,
+            contexts=(256,), repeats=10, decode_batches=(1, 4, 16), prompts=16, new_tokens=128, demo_prompts=4)
+QUICK = dict(archs=("llama", "qwen2"), exact_new=24, batches=(1, 2), sizes=(1, 2, 4), step_sizes=(1, 2), step_new=6,
+             contexts=(32,), repeats=2, decode_batches=(1, 2), prompts=2, new_tokens=8, demo_prompts=2)
 EXACT_TREES = {"one_node": [[0]], "chain": [[0], [0, 0], [0, 0, 0]], "mc_sim_7b_63": "mc_sim_7b_63"}
 
 
@@ -331,7 +332,7 @@ def main(argv=None) -> int:
 def run(args) -> int:
     t_start = time.perf_counter()
     cfg = QUICK if args.quick else FULL
-    batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else list(cfg["decode_batches"])
+    batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else cfg["decode_batches"]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     if skip - {"exact", "eager"}:
         raise WorkbenchError(f"--skip {args.skip!r}: the sections that can be skipped are exact and eager")
