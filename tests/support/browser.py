@@ -225,14 +225,23 @@ def select(driver, label: str):
 
 
 def pick_option(driver, label: str, option: str) -> None:
-    """Open the selectbox labelled `label` and click `option` (no waiting for the run it starts)."""
+    """Open the selectbox labelled `label` and click `option` (no waiting for the run it starts). A rerun that
+    redraws the box while it opens closes its list: then it is opened again (seen on a loaded 2-core runner)."""
     from selenium.webdriver.common.by import By
 
-    box = select(driver, label)
-    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
-    box.click()
-    wait(driver, lambda: [o for o in driver.find_elements(By.CSS_SELECTOR, '[role="option"]') if o.text == option],
-         what=f"option {option!r}", timeout=20, every=0.05)[0].click()
+    def open_box() -> None:
+        box = select(driver, label)
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", box)
+        box.click()
+
+    def found():
+        hits = [o for o in driver.find_elements(By.CSS_SELECTOR, '[role="option"]') if o.text == option]
+        if not hits and not driver.find_elements(By.CSS_SELECTOR, '[role="listbox"]'):
+            open_box()
+        return hits
+
+    open_box()
+    wait(driver, found, what=f"option {option!r}", timeout=60, every=0.1)[0].click()
 
 
 def choose(driver, label: str, option: str) -> None:
