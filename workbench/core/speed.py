@@ -83,16 +83,10 @@ def at_depth(latency, head_cost: dict | None, depth: int | None) -> dict[int, fl
     if not known:
         return table
 
+    ds, ts = zip(*known)
+
     def h(d: float) -> float:
-        ds, ts = [k for k, _ in known], [v for _, v in known]
-        if d <= ds[0]:
-            return ts[0]
-        if d >= ds[-1]:
-            return ts[-1]
-        j = bisect_left(ds, d)
-        if ds[j] == d:
-            return ts[j]
-        return ts[j - 1] + (d - ds[j - 1]) / (ds[j] - ds[j - 1]) * (ts[j] - ts[j - 1])
+        return float(np.interp(d, ds, ts))  # linear, clamped at the ends
 
     out = {}
     for n, t in table.items():
