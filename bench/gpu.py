@@ -379,20 +379,22 @@ def run(args) -> int:
     engine.size_for([[0] * max(cfg["contexts"])], 0, [bound])
     engine.size_for(prompts, cfg["new_tokens"], [bound])
     res = report["latency"] = {}
-    if not engine.compile:
-        pass  # the eager grid is the decode's own surface: measured batch by batch below
-    elif "eager" in skip:
+    # eager engine: the eager grid is the decode's own surface, measured batch by batch below
+    if engine.compile and "eager" in skip:
         report["skipped"]["eager"] = "--skip eager"
-    else:  # the eager grid beside the compiled one, up front, batch by batch while the budget allows
+    elif engine.compile:  # the eager grid beside the compiled one, up front, batch by batch while the budget allows
         section_latency(model, heads, cfg, out.parent, tag, "eager", StepEngine(model, compile=False),
                         cfg["batches"], res, budget)
         save()
     # then batch by batch: the grid of the engine's mode at that batch and its decode (the plan reads the surface
     # so far), the report written after each, so a run cut short keeps every batch it finished
-    dec, done_s = {}, []
+    dec, done_s, skipped = {}, [], []
     for b in batches:
-        if done_s and budget.left() < 1.3 * max(done_s):
-            report["skipped"].setdefault("batches", []).append(b)
+        # a batch starts only if it fits: 1.3x the slowest so far; the first, the grid's and the decode's old 150 + 90 s
+        need = 1.3 * max(done_s) if done_s else 5 if args.quick else 240
+        if budget.left() < need:
+            skipped.append(b)
+            report["skipped"]["batches"] = f"{skipped}: out of budget"
             continue
         t0 = time.perf_counter()
         section_latency(model, heads, cfg, out.parent, tag, "compiled" if engine.compile else "eager", engine, (b,),
@@ -402,8 +404,6 @@ def run(args) -> int:
         done_s.append(time.perf_counter() - t0)
         save()
         print(f"batch {b}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    if "batches" in report["skipped"]:
-        report["skipped"]["batches"] = f"{report['skipped']['batches']}: out of budget"
     save()
     print(markdown(report))
     print(f"wrote {out}", file=sys.stderr)
