@@ -100,6 +100,40 @@ def test_a_recompilation_inside_a_step_is_an_error():
     assert "\n" not in str(e.value)
 
 
+class OpsBackend(CountingBackend):
+    """CountingBackend that also keeps the torch functions each graph calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __call__(self, gm, example_inputs):
+        self.calls.append([n.target for n in gm.graph.nodes if n.op == "call_function"])
+        return super().__call__(gm, example_inputs)
+
+
+def test_the_compiled_step_runs_the_few_row_kernels_chosen_eagerly(monkeypatch):
+    """On CPU the engine runs a step shape once eagerly before compiling it, so that gemv.py chooses the few-row
+    linears' kernels outside any trace; the compiled graph then calls them (here `split`, forced: one batched
+    product per linear) instead of inductor's own few-row products. Greedy stays plain greedy."""
+    from workbench.runtime import gemv
+
+    monkeypatch.setenv("WORKBENCH_CPU_LINEAR", "split")
+    model, heads, prompts = _setup()
+    linears = sum(isinstance(m, torch.nn.Linear) for m in model.model.modules())  # the decoder's (no lm_head)
+    backend = OpsBackend()
+    engine = StepEngine(model, compile=True, backend=backend)
+    buf = tree_setup(TREES[0], model)
+    engine.size_for(prompts[:2], NEW, [buf])
+    van = vanilla_generate(model, None, prompts[:2], NEW, eos_token_id=[], engine=engine)
+    med = medusa_generate(model, heads, None, prompts[:2], buf, NEW, eos_token_id=[], engine=engine)
+    assert [m.token_ids for m in med] == [v.token_ids for v in van]
+    assert backend.graphs == 2 and {2, 2 * buf.size} <= {r for r, _, _ in gemv.chosen(model)}
+    plain, tree = backend.calls  # every decoder linear and the lm_head as a batched product (the heads' own
+    assert plain.count(torch.bmm) == linears + 1 and torch._C._nn.linear not in plain, plain  # linears stay linears)
+    assert tree.count(torch.bmm) >= linears + 1, tree
+
+
 READ = {"aten._local_scalar_dense", "aten.item", "aten.resolve_conj", "aten.resolve_neg"}  # what item() / tolist() dispatch
 
 

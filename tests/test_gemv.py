@@ -26,6 +26,17 @@ def test_every_kernel_is_the_same_product(rows, kernel):
         torch.testing.assert_close(gemv.KERNELS[kernel](x, w), x @ w.T, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", list(gemv.KERNELS))
+def test_every_kernel_compiles_with_inductor(kernel):
+    """The compiled step calls the kernel chosen eagerly (RowLinear): inductor must lower each one (oneDNN's linear
+    it lowers only on weights its own freezing packed, so ours is an opaque op there)."""
+    torch._dynamo.reset()
+    w, x = torch.randn(96, 40), torch.randn(5, 40)
+    if gemv.usable(kernel, w):
+        step = torch.compile(lambda x, w: gemv.KERNELS[kernel](x, w).relu(), fullgraph=True)
+        torch.testing.assert_close(step(x, w), (x @ w.T).relu(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.unit
 def test_adopt_swaps_plain_cpu_linears_only_and_shares_one_table(monkeypatch):
     monkeypatch.setenv("WORKBENCH_CPU_LINEAR", "transposed")

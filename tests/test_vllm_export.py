@@ -305,6 +305,8 @@ def test_our_plain_step_is_priced_pass_by_pass_against_vllms():
     saved = json.loads((Path(__file__).resolve().parents[1] / "docs/results/vllm-check-cpu.json").read_text())
     table = check_table(dict(saved, plain_step=rows, vllm_compilation="DYNAMO_TRACE_ONCE"))
     assert "vLLM (DYNAMO_TRACE_ONCE) and our decoder (eager)" in table
+    compiled = check_table(dict(saved, plain_step=rows, vllm_compilation="DYNAMO_TRACE_ONCE", ours_compiled=True))
+    assert "vLLM (DYNAMO_TRACE_ONCE) and our decoder (compiled)" in compiled  # vllm-check --compile: like for like
     assert "| 1 | 50.0 | 45.0 | 0.900 (0.850..1.000, 3 passes) |" in table
     assert "Plain decoding" not in check_table(saved)  # a check saved before it has no such line
 

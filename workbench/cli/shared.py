@@ -215,8 +215,8 @@ def renamed(parser, old: str, new: str) -> None:
 # ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
 
 COMPILE_HELP = ("torch.compile the whole decoding step, once per (batch, tree size) (default: on for CUDA, off for "
-                "CPU, where it pays only at batch 1 and only after thousands of steps: ~100 s per shape, "
-                "docs/measurements.md); a failure is an error")
+                "CPU, where a shape takes minutes to compile the first time and clearly pays only for plain decoding "
+                "at batch 1-2, after thousands of steps: docs/measurements.md); a failure is an error")
 
 SHARED_FLAGS = {  # one declaration and help text per flag, whichever command takes it
     "--model": dict(help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"),

@@ -2,6 +2,7 @@
 `workbench latency --engine vllm`: vLLM's own round costs (workbench/measure/vllm_latency.py), a latency CSV."""
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -31,7 +32,7 @@ def cmd_vllm_check(args) -> int:
         res = vllm_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model, args.heads,
                          parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
                          args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor,
-                         repeats=args.repeats, eager=args.vllm_eager)
+                         repeats=args.repeats, eager=args.vllm_eager, compile=bool(args.compile))
         table = check_table(res)
         if args.table:
             atomic_write_text(args.table, table, "--table")
@@ -50,6 +51,10 @@ def add_vllm_check(sub) -> None:
                                    "its own environment (--vllm-python). Resumable with --out (or --table): rerun "
                                    "the same command to continue (finished batch sizes wait in OUT.work/).",
                        parents=[model_args("--model", "--heads")])
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                   help="our decoder's step compiled (inductor), as vLLM serves its model unless --vllm-eager: the "
+                        "side-by-side plain step like for like, for one compilation per (batch, K) (default: eager, "
+                        "the CPU default)")
     p.add_argument("--vllm-python", help="python of vLLM's environment (default: $WORKBENCH_VLLM_PYTHON)")
     p.add_argument("--calibration", metavar="DIR", help="calibration folder: the prediction and the held-out "
                    "prompts (default: the one with the most prompts under calibration/)")

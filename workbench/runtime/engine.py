@@ -45,26 +45,26 @@ def _verify(model, cache, tokens, lengths, write, columns, visible, depths):
 
 
 def compile_mode(device: torch.device) -> str:
-    """CUDA: CUDA graphs (eager transformers is launch-bound there). CPU: inductor with frozen weights."""
+    """CUDA: CUDA graphs (eager transformers is launch-bound there). CPU: inductor's default."""
     return "reduce-overhead" if device.type == "cuda" else "default"
 
 
 def compile_options(device: torch.device, backend: str | None = None) -> dict:
-    """torch.compile keywords for the step. On CPU the weights are frozen (constants) so that inductor packs them
-    once for its GEMM kernels (max-autotune GEMMs take minutes per tree size; bench/compile_cpu.py times the
-    choice). `backend` other than inductor (tests: "aot_eager", which traces the same graph in seconds) takes no
-    inductor options."""
+    """torch.compile keywords for the step. CUDA: CUDA graphs. CPU: inductor's defaults, its weights left as they
+    are: the step's few-row linears run the kernels gemv.py chose (freezing would pack copies for inductor's own
+    GEMMs, which the step does not call). `backend` other than inductor (tests: "aot_eager", which traces the same
+    graph in seconds) takes no inductor options."""
     if backend not in (None, "inductor"):
         return dict(backend=backend)
     if device.type == "cuda":
         return dict(mode=compile_mode(device))
-    return dict(options=dict(freezing=True))
+    return {}
 
 
 def default_compile(device: torch.device) -> bool:
     """The one default for compiling the step: on CUDA (launch-bound without CUDA graphs); off on CPU, where the idle
-    bench/compile_cpu.py table has inductor's step a little faster at batch 1 only, and slower from batch 2, for
-    about 100 s of compilation per (batch, tree size) (docs/measurements.md)."""
+    bench/compile_cpu.py table has the compiled step clearly faster only for plain decoding at batch 1-2, tree steps
+    within 11 %, for minutes of compilation per (batch, tree size) the first time (docs/measurements.md)."""
     return device.type == "cuda"
 
 
@@ -266,8 +266,8 @@ class StepEngine:
     @torch.inference_mode()
     def warm(self, fn: Callable, key: tuple, args: tuple) -> float:
         """Run `fn` once for this key before any step of it is timed: compiled, the first call compiles (CUDA graphs
-        record on a later one); eager, it chooses the few-row linears' kernels for the step's row counts
-        (gemv.py). The step's small state is put back afterwards and its cache writes land past every prefix,
+        record on a later one); eager (and on CPU before compiling), it chooses the few-row linears' kernels for
+        the step's row counts (gemv.py). The step's small state is put back afterwards and its cache writes land past every prefix,
         which the next step overwrites: nothing the decoder reads changes. A compilation that fails is one error
         line. Returns the seconds it took compiling (also added to `compile_s`; 0 when eager or warm)."""
         if key in self._warm:
@@ -275,9 +275,12 @@ class StepEngine:
         dev, st = self.model.device, self.state
         saved = {k: v.clone() for k, v in vars(st).items()}
         t0 = clock(dev)
+        runs = [self._fn(fn)] * (3 if self.compile and dev.type == "cuda" else 1)
+        if self.compile and dev.type == "cpu":  # the few-row kernels inductor calls are chosen in an eager run
+            runs.insert(0, fn)
         try:
-            for _ in range(3 if self.compile and dev.type == "cuda" else 1):
-                self._fn(fn)(*args)
+            for run in runs:
+                run(*args)
         except WorkbenchError:
             raise
         except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds: the user gets one line

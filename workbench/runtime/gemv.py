@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
@@ -45,12 +46,42 @@ def transposed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (weight @ x.T)[:, :rows].T                                                      # [R, out]
 
 
-def onednn(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [R, in] -> x @ W^T [R, out] by oneDNN on the weight as it is stored (no packed copy: no memory added)."""
+@torch.library.custom_op("workbench::onednn_linear", mutates_args=())
+def _onednn_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")            # [R, out]
 
 
-KERNELS = {"linear": lambda x, w: F.linear(x, w), "transposed": transposed, "onednn": onednn}
+@_onednn_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+def onednn(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [R, in] -> x @ W^T [R, out] by oneDNN on the weight as it is stored (no packed copy: no memory added).
+    Compiled, an opaque op: inductor lowers oneDNN's linear only on the packed weights of its own freezing."""
+    if torch.compiler.is_compiling():
+        return _onednn_linear(x, weight)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")            # [R, out]
+
+
+@torch.compiler.assume_constant_result
+def _threads() -> int:
+    """The intra-op threads, a constant of a compiled graph (the kept choices are per thread count too)."""
+    return torch.get_num_threads()
+
+
+def split(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [R, in] -> x @ W^T [R, out] with W's output rows in one chunk per thread, as one batched product: BLAS runs
+    the chunks side by side, where its few-row product of the whole weight streams it with about one thread's
+    bandwidth (AMD EPYC with AVX2: 14 against 9.5 GB/s over the demo's layers at one row). Chunks are equal: as
+    many as the threads and the output size have in common."""
+    out, rows = weight.shape[0], x.shape[0]
+    parts = math.gcd(_threads(), out)
+    chunks = weight.view(parts, out // parts, weight.shape[1])                            # [T, out/T, in]
+    return torch.bmm(chunks, x.T.expand(parts, -1, -1)).view(out, rows).T                 # [R, out]
+
+
+KERNELS = {"linear": lambda x, w: F.linear(x, w), "transposed": transposed, "onednn": onednn, "split": split}
 
 
 def forced() -> str | None:
@@ -84,16 +115,20 @@ class Kernels:
 
 class RowLinear(nn.Linear):
     """nn.Linear whose few-row products run the kernel chosen for their row count (`kernels`, shared by every
-    linear of one model). Compiled, it is the plain linear: inductor picks its own kernels."""
+    linear of one model), compiled too: inductor fuses the small operations around it and calls the kernel (its own
+    fp32 few-row products are the plain call's). A compiled shape takes the kernels chosen while the engine ran it
+    once eagerly; a row count never seen eagerly gets inductor's own."""
 
     kernels: Kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if rows > MAX_ROWS or torch.compiler.is_compiling():
+        if rows > MAX_ROWS:
             return F.linear(x, self.weight, self.bias)
         kind = self.kernels.rows.get((rows, self.out_features, self.in_features))
         if kind is None:
+            if torch.compiler.is_compiling():  # nothing chosen in an eager warm-up: inductor's own kernel
+                return F.linear(x, self.weight, self.bias)
             kind = _choose(self.kernels, rows)[self.out_features, self.in_features]
         if kind == "linear":
             return F.linear(x, self.weight, self.bias)
@@ -157,7 +192,7 @@ def decide(times: dict[tuple, list[float]]) -> dict[tuple, str]:
 
 def _stored(machine: dict, rows: int, shape: tuple) -> Path:
     """The file that keeps the choice for (rows, shape) on this `machine` (`_machine`)."""
-    key = machine | dict(rows=rows, shape=list(shape), margin=MARGIN)
+    key = machine | dict(rows=rows, shape=list(shape), margin=MARGIN, kernels=sorted(KERNELS))
     return cache_dir() / "cpu-linear" / (hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
                                          + ".json")
 
