@@ -2,7 +2,6 @@
 `workbench latency --engine vllm`: vLLM's own round costs (workbench/measure/vllm_latency.py), a latency CSV."""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -50,11 +49,7 @@ def add_vllm_check(sub) -> None:
                                    "greedy); vLLM tokens/s with and without speculation per batch size. vLLM runs in "
                                    "its own environment (--vllm-python). Resumable with --out (or --table): rerun "
                                    "the same command to continue (finished batch sizes wait in OUT.work/).",
-                       parents=[model_args("--model", "--heads")])
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
-                   help="our decoder's step compiled (inductor), as vLLM serves its model unless --vllm-eager: the "
-                        "side-by-side plain step like for like, for one compilation per (batch, K) (default: eager, "
-                        "the CPU default)")
+                       parents=[model_args("--model", "--heads", "--compile")])  # --compile: ours as vLLM serves
     p.add_argument("--vllm-python", help="python of vLLM's environment (default: $WORKBENCH_VLLM_PYTHON)")
     p.add_argument("--calibration", metavar="DIR", help="calibration folder: the prediction and the held-out "
                    "prompts (default: the one with the most prompts under calibration/)")

@@ -267,8 +267,8 @@ class StepEngine:
     def warm(self, fn: Callable, key: tuple, args: tuple) -> float:
         """Run `fn` once for this key before any step of it is timed: compiled, the first call compiles (CUDA graphs
         record on a later one); eager (and on CPU before compiling), it chooses the few-row linears' kernels for
-        the step's row counts (gemv.py). The step's small state is put back afterwards and its cache writes land past every prefix,
-        which the next step overwrites: nothing the decoder reads changes. A compilation that fails is one error
+        the step's row counts (gemv.py). The step's small state is put back afterwards and its cache writes land
+        past every prefix, which the next step overwrites: nothing the decoder reads changes. A compilation that fails is one error
         line. Returns the seconds it took compiling (also added to `compile_s`; 0 when eager or warm)."""
         if key in self._warm:
             return 0.0
