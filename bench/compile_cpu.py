@@ -1,14 +1,16 @@
-"""Eager vs compiled (inductor) decoding steps on CPU, per batch size, with the compile time beside: the table the
-CPU default of `--compile` is chosen from (engine.default_compile).
+"""Eager vs compiled decoding steps on CPU, per batch size, with the compile time beside: the table the CPU default
+of `--compile` is chosen from (engine.default_compile).
 
     python bench/compile_cpu.py                  # demo model + heads, its 16-node plan tree, batch 1, 2, 4, 8
+    python bench/compile_cpu.py --backend inductor,eager   # inductor and dynamo's capture alone, side by side
     python bench/compile_cpu.py --tiny --batches 1,2 --max-new-tokens 16    # plumbing only (minutes)
 
-Run it on an idle machine (`uptime` load near 0): the compiled engine compiles each (batch, tree size) once in an
-untimed warm-up (`compile_s`, a one-off cost per shape and process), then eager and compiled generations of the
-same prompts alternate, `--rounds` times, so a load change hits both alike. Per (batch, tree): the median step of
+Run it on an idle machine (`uptime` load near 0): each compiled engine (one per `--backend`; `eager` is dynamo's
+one-graph capture run op by op, without a compiler) compiles each (batch, tree size) once in an untimed warm-up
+(`compile_s`, a one-off cost per shape and process), then eager and compiled generations of the same prompts
+alternate, `--rounds` times, so a load change hits every mode alike. Per (batch, tree, backend): the median step of
 each mode, the speedup, the compile time and the steps after which compiling has paid for itself. Greedy fp32
-outputs of both modes must be identical (exit 1 otherwise). Writes JSON (bench/results/compile-cpu.json unless
+outputs of every mode must be identical (exit 1 otherwise). Writes JSON (bench/results/compile-cpu.json unless
 --out) with the setting (threads, CPU, versions, load) of the measurement.
 """
 from __future__ import annotations
@@ -53,7 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", help="prompt set or file (default: mt-bench)")
     ap.add_argument("--max-new-tokens", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=3, help="eager/compiled alternations per (batch, tree)")
-    ap.add_argument("--backend", default="inductor", help="torch.compile backend (tests: aot_eager)")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend(s), comma-separated: inductor, eager "
+                                                           "(dynamo's capture without a compiler), aot_eager (tests)")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--dtype")
     ap.add_argument("--out", default=str(HERE / "results" / "compile-cpu.json"))
@@ -73,8 +76,9 @@ def run(args) -> int:
     encoded = [prepare_prompt(tok, p) for p in prompts_for(args.prompts, max(batches))]
     encoded = [encoded[i % len(encoded)] for i in range(max(batches))]
     n = args.max_new_tokens
-    engines = {"eager": StepEngine(model, compile=False),
-               "compiled": StepEngine(model, compile=True, backend=args.backend)}
+    backends = list(dict.fromkeys(b.strip() for b in args.backend.split(",") if b.strip()))
+    engines = {None: StepEngine(model, compile=False),  # None: not compiled (a backend may be called "eager")
+               **{b: StepEngine(model, compile=True, backend=b) for b in backends}}
     for e in engines.values():
         e.size_for(encoded, n, list(bufs.values()))
     rows, exact = [], True
@@ -85,11 +89,13 @@ def run(args) -> int:
                 if buf.depth == 0:
                     return vanilla_generate(model, tok, chunk, n, eos_token_id=[], engine=engine)
                 return medusa_generate(model, heads, tok, chunk, buf, n, eos_token_id=[], engine=engine)
-            t0 = time.perf_counter()
-            first = gen(engines["compiled"])  # compiles (untimed inside: compile_s) then decodes
-            compile_s = first[0].compile_s
-            print(f"batch {b}, {name}: compiled in {compile_s:.1f} s ({time.perf_counter() - t0:.1f} s with the "
-                  "first generation)", file=sys.stderr)
+            compile_s = {}
+            for backend in backends:
+                t0 = time.perf_counter()
+                first = gen(engines[backend])  # compiles (untimed inside: compile_s) then decodes
+                compile_s[backend] = first[0].compile_s
+                print(f"batch {b}, {name}, {backend}: compiled in {compile_s[backend]:.1f} s "
+                      f"({time.perf_counter() - t0:.1f} s with the first generation)", file=sys.stderr)
             steps = {m: [] for m in engines}
             calls = {m: [] for m in engines}
             for _ in range(args.rounds):
@@ -97,21 +103,23 @@ def run(args) -> int:
                     out = gen(engine)
                     steps[mode] += [s.time_s for s in out[0].steps]
                     calls[mode].append(out)
-            same = all([r.token_ids for r in c] == [r.token_ids for r in calls["eager"][0]]
+            same = all([r.token_ids for r in c] == [r.token_ids for r in calls[None][0]]
                        for m in engines for c in calls[m])
             exact &= same or model.dtype != torch.float32
-            eager_s, comp_s = statistics.median(steps["eager"]), statistics.median(steps["compiled"])
-            gain = eager_s - comp_s
-            rows.append(dict(batch=b, tree=name, tree_size=buf.size, eager_ms=1e3 * eager_s, compiled_ms=1e3 * comp_s,
-                             speedup=eager_s / comp_s, compile_s=compile_s,
-                             pays_after_steps=compile_s / gain if gain > 0 else None,
-                             tokens_per_step=tokens_per_step(calls["eager"][0]), identical=same,
-                             steps=len(steps["eager"])))
-            print(line(rows[-1]), file=sys.stderr)
-    pays = all(r["compiled_ms"] <= PAYS * r["eager_ms"] for r in rows)
-    report = dict(model=label, backend=args.backend,
-                  compile_options=compile_options(model.device, args.backend),
-                  setting=measured_setting(model, engines["compiled"], "compile-cpu"),
+            eager_s = statistics.median(steps[None])
+            for backend in backends:
+                comp_s = statistics.median(steps[backend])
+                gain = eager_s - comp_s
+                rows.append(dict(batch=b, tree=name, tree_size=buf.size, backend=backend, eager_ms=1e3 * eager_s,
+                                 compiled_ms=1e3 * comp_s, speedup=eager_s / comp_s, compile_s=compile_s[backend],
+                                 pays_after_steps=compile_s[backend] / gain if gain > 0 else None,
+                                 tokens_per_step=tokens_per_step(calls[None][0]), identical=same,
+                                 steps=len(steps[None])))
+                print(line(rows[-1]), file=sys.stderr)
+    pays = {b: all(r["compiled_ms"] <= PAYS * r["eager_ms"] for r in rows if r["backend"] == b) for b in backends}
+    report = dict(model=label, backend=",".join(backends),
+                  compile_options={b: compile_options(model.device, b) for b in backends},
+                  setting=measured_setting(model, engines[backends[0]], "compile-cpu"),
                   load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
                   max_new_tokens=n, rounds=args.rounds, rows=rows, compiled_pays=pays,
                   default_compile=default_compile(model.device))
@@ -123,20 +131,21 @@ def run(args) -> int:
 
 def line(r: dict) -> str:
     pay = f"{r['pays_after_steps']:>9.0f}" if r["pays_after_steps"] is not None else f"{'never':>9}"
-    return (f"{r['batch']:>3} {r['tree'][:24]:<24} {r['tree_size']:>3} {r['eager_ms']:>9.1f} {r['compiled_ms']:>9.1f} "
-            f"{r['speedup']:>7.2f}x {r['compile_s']:>9.1f} {pay} {'yes' if r['identical'] else 'NO':>5}")
+    return (f"{r['batch']:>3} {r['tree'][:24]:<24} {r['tree_size']:>3} {r['backend'][:9]:<9} {r['eager_ms']:>9.1f} "
+            f"{r['compiled_ms']:>9.1f} {r['speedup']:>7.2f}x {r['compile_s']:>9.1f} {pay} "
+            f"{'yes' if r['identical'] else 'NO':>5}")
 
 
 def table(rows: list[dict], report: dict) -> str:
     s = report["setting"]
-    head = (f"{'B':>3} {'tree':<24} {'N':>3} {'eager ms':>9} {'comp. ms':>9} {'speedup':>8} {'compile s':>9} "
-            f"{'pays after':>9} {'same':>5}")
-    verdict = (f"compiled steps are <= {PAYS:.0%} of eager at every batch: compiling pays once a run is longer than "
-               "the 'pays after' steps" if report["compiled_pays"] else
-               "compiled steps are not clearly faster at every batch: keep eager as the CPU default")
+    head = (f"{'B':>3} {'tree':<24} {'N':>3} {'backend':<9} {'eager ms':>9} {'comp. ms':>9} {'speedup':>8} "
+            f"{'compile s':>9} {'pays after':>9} {'same':>5}")
+    verdict = [f"{b}: compiled steps are <= {PAYS:.0%} of eager at every batch: compiling pays once a run is longer "
+               "than the 'pays after' steps" if ok else f"{b}: compiled steps are not clearly faster at every batch: "
+               "keep eager as the CPU default" for b, ok in report["compiled_pays"].items()]
     return "\n".join([f"{report['model']} on cpu ({s.get('dtype')}, {s.get('threads')} threads, backend "
                       f"{report['backend']}, load {report['load_average']})", head, "-" * len(head),
-                      *map(line, rows), verdict,
+                      *map(line, rows), *verdict,
                       f"current CPU default: {'compiled' if report['default_compile'] else 'eager'}"])
 
 

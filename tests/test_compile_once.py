@@ -195,7 +195,8 @@ def test_the_step_does_no_host_work(monkeypatch, rule):
 
 def test_cpu_compile_bench_runs(tmp_path):
     """bench/compile_cpu.py, the one command behind the CPU default of --compile, at its smallest: a row per
-    (batch, tree) with both modes' steps, the compile time beside, identical fp32 outputs, the setting recorded."""
+    (batch, tree, backend) with eager and compiled steps measured side by side, the compile time beside, identical
+    fp32 outputs, the setting recorded."""
     import importlib.util
     import json
     from pathlib import Path
@@ -206,9 +207,13 @@ def test_cpu_compile_bench_runs(tmp_path):
     spec.loader.exec_module(bench)
     out = tmp_path / "compile-cpu.json"
     assert bench.main(["--tiny", "--batches", "1,2", "--max-new-tokens", "4", "--rounds", "1", "--backend",
-                       "aot_eager", "--tree", "[[0], [0, 0], [1]]", "--out", str(out)]) == 0
+                       "aot_eager,eager", "--tree", "[[0], [0, 0], [1]]", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert [(r["batch"], r["tree_size"]) for r in report["rows"]] == [(1, 1), (1, 4), (2, 1), (2, 4)]
+    assert [(r["batch"], r["tree_size"], r["backend"]) for r in report["rows"]] == \
+        [(b, n, k) for b in (1, 2) for n in (1, 4) for k in ("aot_eager", "eager")]
     assert all(r["identical"] and r["compile_s"] > 0 and r["eager_ms"] > 0 and r["compiled_ms"] > 0
                for r in report["rows"])
-    assert report["setting"]["device"] == "cpu" and report["setting"]["compiled"] and report["backend"] == "aot_eager"
+    for a, b in zip(report["rows"][::2], report["rows"][1::2]):  # one eager median beside both backends, each its own
+        assert a["eager_ms"] == b["eager_ms"] and len({a["eager_ms"], a["compiled_ms"], b["compiled_ms"]}) == 3
+    assert report["setting"]["device"] == "cpu" and report["setting"]["compiled"]
+    assert report["backend"] == "aot_eager,eager" and set(report["compiled_pays"]) == {"aot_eager", "eager"}

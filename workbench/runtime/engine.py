@@ -27,10 +27,10 @@ from workbench.runtime.treemask import TreeBuffers, prefill_mask, step_mask
 # ----------------------------------------------------------------------------------------------- the verify block
 
 def verify_block(model, cache, tokens, lengths, write, columns, visible, depths, plain: bool) -> torch.Tensor:
-    """tokens [B, N] of each sequence's tree, lengths [B] L_b, write [B] (set here), columns [C] 0..C-1,
-    visible [N, N], depths [N] (or each sequence's own tree: [B, N, N], [B, N]) -> hidden [B, N, H]. A tree block goes to [P, P + N) with P = max_b L_b for every
-    sequence; `plain` (N = 1) writes each token at its own L_b, in place: no compaction follows. The mask and
-    position ids are built here, inside the graph, from tensors whose shapes depend on (B, N, C) only."""
+    """tokens [B, N] of each sequence's tree, lengths [B] L_b, write [B] (set here), columns [C] 0..C-1, visible
+    [N, N], depths [N] (or each sequence's own tree: [B, N, N], [B, N]) -> hidden [B, N, H]. A tree block goes to
+    [P, P + N) with P = max_b L_b for every sequence; `plain` (N = 1) writes each token at its own L_b, in place: no
+    compaction follows. The mask and position ids are built here, in the graph, from shapes of (B, N, C) only."""
     write.copy_(lengths if plain else lengths.amax().expand_as(write))                     # [B]
     mask = step_mask(lengths, write, columns, visible, model.dtype)                       # [B, 1, N, C]
     position_ids = lengths[:, None] + (depths if depths.dim() == 2 else depths[None])      # [B, N]
@@ -63,8 +63,8 @@ def compile_options(device: torch.device, backend: str | None = None) -> dict:
 
 def default_compile(device: torch.device) -> bool:
     """The one default for compiling the step: on CUDA (launch-bound without CUDA graphs); off on CPU, where the idle
-    bench/compile_cpu.py table has the compiled step clearly faster only for plain decoding at batch 1-2, tree steps
-    within 11 %, for minutes of compilation per (batch, tree size) the first time (docs/measurements.md)."""
+    bench/compile_cpu.py table has inductor clearly faster only for plain steps at batch 1-2 (minutes per shape the
+    first time) and dynamo's capture alone 1.18x at best for ~20 s per shape in every process (docs/measurements.md)."""
     return device.type == "cuda"
 
 
@@ -268,8 +268,8 @@ class StepEngine:
         """Run `fn` once for this key before any step of it is timed: compiled, the first call compiles (CUDA graphs
         record on a later one); eager (and on CPU before compiling), it chooses the few-row linears' kernels for
         the step's row counts (gemv.py). The step's small state is put back afterwards and its cache writes land
-        past every prefix, which the next step overwrites: nothing the decoder reads changes. A compilation that fails is one error
-        line. Returns the seconds it took compiling (also added to `compile_s`; 0 when eager or warm)."""
+        past every prefix, which the next step overwrites: nothing the decoder reads changes. A compilation that
+        fails is one error line. Returns the seconds spent compiling (added to `compile_s`; 0 when eager or warm)."""
         if key in self._warm:
             return 0.0
         dev, st = self.model.device, self.state
