@@ -69,6 +69,11 @@ def run(args) -> int:
     batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
     if not batches or batches[0] < 1 or args.rounds < 1 or args.max_new_tokens < 2:
         raise WorkbenchError("--batches: positive integers; --rounds >= 1; --max-new-tokens >= 2")
+    backends = list(dict.fromkeys(b.strip() for b in args.backend.split(",") if b.strip()))
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if not backends or set(backends) - set(known):
+        raise WorkbenchError(f"--backend {args.backend!r}: comma-separated torch.compile backends, e.g. "
+                             "inductor,eager (the names torch._dynamo.list_backends() gives)")
     args.device, args.raw = "cpu", False
     model, tok, heads, label = _setup(args)
     tree = load_tree(args.tree or ("mc_sim_7b_63" if args.tiny else str(DEMO_TREE)), num_heads=heads.num_heads)
@@ -76,7 +81,6 @@ def run(args) -> int:
     encoded = [prepare_prompt(tok, p) for p in prompts_for(args.prompts, max(batches))]
     encoded = [encoded[i % len(encoded)] for i in range(max(batches))]
     n = args.max_new_tokens
-    backends = list(dict.fromkeys(b.strip() for b in args.backend.split(",") if b.strip()))
     engines = {None: StepEngine(model, compile=False),  # None: not compiled (a backend may be called "eager")
                **{b: StepEngine(model, compile=True, backend=b) for b in backends}}
     for e in engines.values():
