@@ -30,7 +30,7 @@ import torch  # noqa: E402
 
 from decode import _setup, prompts_for  # noqa: E402  (bench/decode.py: the same model and prompt setup)
 from workbench import WorkbenchError  # noqa: E402
-from workbench.cli.shared import run_script  # noqa: E402
+from workbench.cli.shared import parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.speed import tokens_per_step  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
@@ -64,11 +64,11 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
+    batches = parse_ints(args.batches, "--batches", "batch")
+    if args.rounds < 1 or args.max_new_tokens < 2 or (args.threads is not None and args.threads < 1):
+        raise WorkbenchError("--rounds >= 1; --max-new-tokens >= 2; --threads >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
-    batches = sorted({int(b) for b in args.batches.split(",") if b.strip()})
-    if not batches or batches[0] < 1 or args.rounds < 1 or args.max_new_tokens < 2:
-        raise WorkbenchError("--batches: positive integers; --rounds >= 1; --max-new-tokens >= 2")
     backends = list(dict.fromkeys(b.strip() for b in args.backend.split(",") if b.strip()))
     known = torch._dynamo.list_backends(exclude_tags=())
     if not backends or set(backends) - set(known):
