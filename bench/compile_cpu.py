@@ -1,13 +1,15 @@
 """Eager vs compiled decoding steps on CPU, per batch size, with the compile time beside: the table the CPU default
-of `--compile` is chosen from (engine.default_compile).
+is chosen from (runtime/compiled.py: the whole step, the decoder layers, or neither).
 
     python bench/compile_cpu.py                  # demo model + heads, its 16-node plan tree, batch 1, 2, 4, 8
     python bench/compile_cpu.py --backend inductor,eager   # inductor and dynamo's capture alone, side by side
+    python bench/compile_cpu.py --backend layers           # the CPU default: the decoder layers compiled
     python bench/compile_cpu.py --tiny --batches 1,2 --max-new-tokens 16    # plumbing only (minutes)
 
 Run it on an idle machine (`uptime` load near 0): each compiled engine (one per `--backend`; `eager` is dynamo's
-one-graph capture run op by op, without a compiler) compiles each (batch, tree size) once in an untimed warm-up
-(`compile_s`, a one-off cost per shape and process), then eager and compiled generations of the same prompts
+one-graph capture run op by op, without a compiler; `layers` compiles the decoder layers alone, the CPU default)
+compiles each (batch, tree size) once in an untimed warm-up (`compile_s`, a one-off cost per shape and process),
+then eager and compiled generations of the same prompts
 alternate, `--rounds` times, so a load change hits every mode alike. Per (batch, tree, backend): the median step of
 each mode, the speedup, the compile time and the steps after which compiling has paid for itself. Greedy fp32
 outputs of every mode must be identical (exit 1 otherwise). Writes JSON (bench/results/compile-cpu.json unless
@@ -35,12 +37,14 @@ from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.speed import tokens_per_step  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
-from workbench.runtime.engine import StepEngine, compile_options, default_compile
+from workbench.runtime import compiled  # noqa: E402
+from workbench.runtime.engine import StepEngine, compile_options, default_compile  # noqa: E402
 from workbench.runtime.treemask import root_setup, tree_setup  # noqa: E402
 from workbench.runtime.generation import prepare_prompt  # noqa: E402
 from workbench.trees.tree import load_tree  # noqa: E402
 
 DEMO_TREE = HERE.parent / "trees" / "smollm2-135m-instruct-alpaca-eval-joint-16.json"
+LAYERS = "layers"  # --backend name of the CPU default: every decoder layer compiled by inductor, the step eager
 PAYS = 0.9  # compiled pays when its step is at most this fraction of eager's at every batch size
 
 
@@ -70,10 +74,10 @@ def run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     backends = list(dict.fromkeys(b.strip() for b in args.backend.split(",") if b.strip()))
-    known = torch._dynamo.list_backends(exclude_tags=())
+    known = torch._dynamo.list_backends(exclude_tags=()) + [LAYERS]
     if not backends or set(backends) - set(known):
         raise WorkbenchError(f"--backend {args.backend!r}: comma-separated torch.compile backends, e.g. "
-                             "inductor,eager (the names torch._dynamo.list_backends() gives)")
+                             f"inductor,eager (the names torch._dynamo.list_backends() gives), or {LAYERS}")
     args.device, args.raw = "cpu", False
     model, tok, heads, label = _setup(args)
     tree = load_tree(args.tree or ("mc_sim_7b_63" if args.tiny else str(DEMO_TREE)), num_heads=heads.num_heads)
@@ -82,7 +86,8 @@ def run(args) -> int:
     encoded = [encoded[i % len(encoded)] for i in range(max(batches))]
     n = args.max_new_tokens
     engines = {None: StepEngine(model, compile=False),  # None: not compiled (a backend may be called "eager")
-               **{b: StepEngine(model, compile=True, backend=b) for b in backends}}
+               **{b: StepEngine(model, compile=LAYERS) if b == LAYERS else StepEngine(model, compile=True, backend=b)
+                  for b in backends}}
     for e in engines.values():
         e.size_for(encoded, n, list(bufs.values()))
     rows, exact = [], True
@@ -126,7 +131,7 @@ def run(args) -> int:
                   setting=measured_setting(model, engines[backends[0]], "compile-cpu"),
                   load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
                   max_new_tokens=n, rounds=args.rounds, rows=rows, compiled_pays=pays,
-                  default_compile=default_compile(model.device))
+                  default_compile=default_compile(model.device), default_layers=compiled.default_on(model))
     atomic_write_json(args.out, report)
     print(table(rows, report))
     print(f"wrote {args.out}", file=sys.stderr)
@@ -150,7 +155,8 @@ def table(rows: list[dict], report: dict) -> str:
     return "\n".join([f"{report['model']} on cpu ({s.get('dtype')}, {s.get('threads')} threads, backend "
                       f"{report['backend']}, load {report['load_average']})", head, "-" * len(head),
                       *map(line, rows), *verdict,
-                      f"current CPU default: {'compiled' if report['default_compile'] else 'eager'}"])
+                      "current CPU default: " + ("the whole step compiled" if report["default_compile"] else
+                                                 "the decoder layers compiled" if report["default_layers"] else "eager")])
 
 
 if __name__ == "__main__":

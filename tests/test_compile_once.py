@@ -207,13 +207,16 @@ def test_cpu_compile_bench_runs(tmp_path):
     spec.loader.exec_module(bench)
     out = tmp_path / "compile-cpu.json"
     assert bench.main(["--tiny", "--batches", "1,2", "--max-new-tokens", "4", "--rounds", "1", "--backend",
-                       "aot_eager,eager", "--tree", "[[0], [0, 0], [1]]", "--out", str(out)]) == 0
+                       "aot_eager,eager,layers", "--tree", "[[0], [0, 0], [1]]", "--out", str(out)]) == 0
     report = json.loads(out.read_text())
+    kinds = ("aot_eager", "eager", "layers")  # layers: the CPU default (the decoder layers compiled), here forced
     assert [(r["batch"], r["tree_size"], r["backend"]) for r in report["rows"]] == \
-        [(b, n, k) for b in (1, 2) for n in (1, 4) for k in ("aot_eager", "eager")]
+        [(b, n, k) for b in (1, 2) for n in (1, 4) for k in kinds]
     assert all(r["identical"] and r["compile_s"] > 0 and r["eager_ms"] > 0 and r["compiled_ms"] > 0
                for r in report["rows"])
-    for a, b in zip(report["rows"][::2], report["rows"][1::2]):  # one eager median beside both backends, each its own
-        assert a["eager_ms"] == b["eager_ms"] and len({a["eager_ms"], a["compiled_ms"], b["compiled_ms"]}) == 3
-    assert report["setting"]["device"] == "cpu" and report["setting"]["compiled"]
-    assert report["backend"] == "aot_eager,eager" and set(report["compiled_pays"]) == {"aot_eager", "eager"}
+    for a, b, c in zip(*(report["rows"][i::3] for i in range(3))):  # one eager median beside every backend
+        assert a["eager_ms"] == b["eager_ms"] == c["eager_ms"]
+        assert len({a["eager_ms"], a["compiled_ms"], b["compiled_ms"], c["compiled_ms"]}) == 4
+    assert report["setting"]["device"] == "cpu" and report["setting"]["compiled"] is True
+    assert report["backend"] == "aot_eager,eager,layers" and set(report["compiled_pays"]) == set(kinds)
+    assert report["default_layers"] is False  # a tiny model decodes eagerly by default

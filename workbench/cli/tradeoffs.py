@@ -244,8 +244,8 @@ def cmd_sweep(args) -> int:
         print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}",
               file=sys.stderr)
         engine = StepEngine(model, compile=args.compile)
-        if engine.compile:
-            info["compiled"] = True  # compiled timings are another run than eager ones
+        if engine.compiled_as:
+            info["compiled"] = engine.compiled_as  # compiled timings are another run than eager ones
         df = S.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,
                          progress=not args.quiet, engine=engine, batch_sizes=batch_sizes)
     df = df[df["run"] == df["run"].iloc[-1]]

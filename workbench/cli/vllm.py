@@ -31,7 +31,7 @@ def cmd_vllm_check(args) -> int:
         res = vllm_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model, args.heads,
                          parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
                          args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor,
-                         repeats=args.repeats, eager=args.vllm_eager, compile=bool(args.compile))
+                         repeats=args.repeats, eager=args.vllm_eager, compile=args.compile)
         table = check_table(res)
         if args.table:
             atomic_write_text(args.table, table, "--table")

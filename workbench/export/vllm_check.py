@@ -24,7 +24,7 @@ from pathlib import Path
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
-from workbench.core.provenance import cpu_mark, others, quiet
+from workbench.core.provenance import COMPILED, cpu_mark, others, quiet
 from workbench.core.speed import spread
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
@@ -206,7 +206,7 @@ def check_records(cal: Calibration, prompts: str, limit: int | None, exclude) ->
 def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2, 3, 4), batch_sizes=(1, 2, 4, 8),
                prompts: str = "holdout", limit: int = 16, max_new_tokens: int = 64, python: str | None = None,
                raw: bool = False, progress=None, work=None, repeats: int = 3, eager: bool = False,
-               compile: bool = False) -> dict:
+               compile: bool | None = None) -> dict:
     """The whole check (see the module docstring) as one JSON-ready dict. `work`: the output file, beside which
     finished batch sizes (every engine's) and decoder parts are kept (None: nothing kept). Timing fields, which a resumed run's result
     may hold from either run: speed, vllm_startup_s, the runs' seconds, seconds, load_average, note."""
@@ -234,14 +234,14 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
                    max_model_len=int(math.ceil(longest / 64) * 64), eager=eager)
     progress(f"{len(ids)} prompts, K = {', '.join(map(str, all_ks))}, batch sizes {', '.join(map(str, batch_sizes))}: "
              f"{len(engines)} vLLM engines, then our decoder")
+    engine = StepEngine(base, compile=compile)  # None: the default (CPU: its decoder layers compiled)
     # everything the kept pieces depend on: the request (the prompts by hash), vLLM's environment, the heads
     state = WorkState(work, dict(request, command="vllm-check", python=str(Path(py).resolve()),
                                  prompts=prompts_fingerprint(ids),
                                  heads=heads_fingerprint(heads), model_label=model_label(model),
-                                 ours_compiled=compile))
+                                 ours_compiled=engine.compiled_as))
     load_before, mark = _load_avg(), cpu_mark()
-    engine = StepEngine(base, compile=compile)
-    if compile:  # sized for the whole run: each (batch, K) compiles once
+    if engine.compiled_as:  # sized for the whole run: each (batch, K) compiles once
         engine.size_for(ids, max_new_tokens, [tree_setup(chain_tree(k), base, heads.num_heads) for k in all_ks])
 
     def beside(b: int, i: int) -> dict:  # our plain pass right after vLLM's pass i at batch b: side by side
@@ -289,7 +289,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
         surface_prompts_left_out=excluded, priced_on=priced_on(plan) if plan is not None else None,
         vllm_plain_vs_ours_plain={b: compare_outputs(plain[b]["outputs"], mine["plain"]) for b in plain},
         plain_step=plain_steps(plain, between_results(state, batch_sizes)),
-        vllm_compilation=(results[0].get("worker") or {}).get("compilation"), ours_compiled=compile,
+        vllm_compilation=(results[0].get("worker") or {}).get("compilation"), ours_compiled=engine.compiled_as,
         vllm_startup_s=[r["startup_s"] for r in results], seconds=time.time() - t0,
         load_average=dict(before=load_before, after=load_after, cpus=os.cpu_count(), others=used, idle=quiet(used)),
         note=load_note(used))
@@ -338,7 +338,7 @@ def check_table(res: dict) -> str:
     same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in res["vllm_plain_vs_ours_plain"].items())
     lines += ["", f"vLLM plain greedy = our plain greedy: {same} prompts identical.", ""] + speed_table(res)
     if res.get("plain_step"):
-        ours = "compiled" if res.get("ours_compiled") else "eager"
+        ours = COMPILED.get(res.get("ours_compiled"), "compiled")
         lines += ["", f"Plain decoding, vLLM ({res.get('vllm_compilation') or '?'}) and our decoder ({ours}), each of "
                       "our passes right after vLLM's on the same prompts: milliseconds per token emitted while "
                       "decoding.", "", "| batch | vLLM ms | ours ms | ours / vLLM, median (q1..q3) |",

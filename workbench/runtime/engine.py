@@ -8,6 +8,7 @@ Re-exported for callers: the model calls (forward.py), tree buffers (treemask.py
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import sys
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ import torch
 from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError
-from workbench.runtime import gemv
+from workbench.runtime import compiled, gemv
+from workbench.runtime.compiled import compile_mode, compile_options, default_compile  # noqa: F401 (callers)
 from workbench.runtime.forward import cache_kwarg, clock, forward, head_proposer, lm_logits
 from workbench.runtime.generation import text_config
 from workbench.runtime.kvcache import allocate, check_cacheable
@@ -42,30 +44,6 @@ def _verify(model, cache, tokens, lengths, write, columns, visible, depths):
     the lengths stay put."""
     hidden = verify_block(model, cache, tokens, lengths, write, columns, visible, depths, False)
     return hidden, lm_logits(model, hidden)                                                # [B, N, H], [B, N, V]
-
-
-def compile_mode(device: torch.device) -> str:
-    """CUDA: CUDA graphs (eager transformers is launch-bound there). CPU: inductor's default."""
-    return "reduce-overhead" if device.type == "cuda" else "default"
-
-
-def compile_options(device: torch.device, backend: str | None = None) -> dict:
-    """torch.compile keywords for the step. CUDA: CUDA graphs. CPU: inductor's defaults, its weights left as they
-    are: the step's few-row linears run the kernels gemv.py chose (freezing would pack copies for inductor's own
-    GEMMs, which the step does not call). `backend` other than inductor (tests: "aot_eager", which traces the same
-    graph in seconds) takes no inductor options."""
-    if backend not in (None, "inductor"):
-        return dict(backend=backend)
-    if device.type == "cuda":
-        return dict(mode=compile_mode(device))
-    return {}
-
-
-def default_compile(device: torch.device) -> bool:
-    """The one default for compiling the step: on CUDA (launch-bound without CUDA graphs); off on CPU, where the idle
-    bench/compile_cpu.py table has inductor clearly faster only for plain steps at batch 1-2 (minutes per shape the
-    first time) and dynamo's capture alone 1.18x at best for ~20 s per shape in every process (docs/measurements.md)."""
-    return device.type == "cuda"
 
 
 # ----------------------------------------------------------------------------------------------- the engine
@@ -98,10 +76,11 @@ class StepEngine:
     Rejected rows stay in memory, masked, until overwritten: nothing is concatenated or cropped, every shape is
     fixed per (B, N), so `compile=True` compiles each (B, N) (and rule) once, in `warm`; a recompilation inside a
     step is an error (torch.compiler.set_stance("fail_on_recompile")), and so is a compilation that fails (one
-    `error:` line, never a silent eager run). Default `default_compile`.
+    `error:` line, never a silent eager run). `compile="layers"` compiles the decoder layers alone, and None is
+    the default: the whole step on CUDA (`default_compile`), the layers on CPU (`compiled.default_on`).
     """
 
-    def __init__(self, model, compile: bool | None = None, backend: str | None = None, capacity: int = 0):
+    def __init__(self, model, compile: bool | str | None = None, backend: str | None = None, capacity: int = 0):
         self.model = model
         check_cacheable(model)
         cache_kwarg(model)
@@ -118,7 +97,9 @@ class StepEngine:
         self.host_lengths: list[int] = []           # [B] L_b (host), moved from the one read per step
         self.host_alive: list[bool] = []            # [B] False once a sequence finished
         self._host = [0]                            # P on the host, for PointerLayer.get_seq_length
-        self.compile = default_compile(model.device) if compile is None else bool(compile)
+        layers = compile == "layers" and compiled.blocks(model) is not None or compile is None and \
+            compiled.default_on(model)
+        self.compile = default_compile(model.device) if compile is None else compile != "layers" and bool(compile)
         self.backend = backend
         self._compiled: dict[Callable, Callable] = {}
         if self.compile and model.device.type == "cpu" and backend in (None, "inductor") \
@@ -126,7 +107,13 @@ class StepEngine:
             raise WorkbenchError("--compile: this torch build has no oneDNN/MKL, which inductor needs on CPU: "
                                  "run without --compile")
         if self.compile:
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, compiled.LIMIT)
+        self.layers = compiled.Layers(model, backend) if layers and not self.compile else None
+
+    @property
+    def compiled_as(self) -> bool | str:
+        """What a measurement's setting records: True (the whole step), "layers" or False (eager)."""
+        return True if self.compile else "layers" if self.layers is not None else False
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -182,7 +169,7 @@ class StepEngine:
             torch._dynamo.mark_static_address(t)
         self.cache = allocate(self.model, batch, capacity, self.state.write, self._host)
         self.batch, self.capacity = batch, capacity
-        if self.compile:  # new cache tensors: CUDA graphs record again (dynamo reuses a graph of equal shapes)
+        if self.compile or self.layers:  # new cache tensors: CUDA graphs record again (dynamo reuses equal shapes)
             self._warm = set()
         self._columns = torch.arange(capacity, device=dev)                                   # [C]
 
@@ -226,17 +213,23 @@ class StepEngine:
         recompilation inside the call is an error."""
         if key not in self._warm:
             self.warm(fn, key, args)
-        if not self.compile:
+        if not self.compile and self.layers is None:
             return fn(*args)
         try:
-            with torch.compiler.set_stance("fail_on_recompile"):
+            # every shape was warmed: the layers' guards (~0.3 ms a layer on CPU) run only where graphs differ
+            with torch.compiler.set_stance("fail_on_recompile", skip_guard_eval_unsafe=self.layers is not None), \
+                    self._layers():
                 return self._fn(fn)(*args)
         except RuntimeError as e:
-            if "fail_on_recompile" not in str(e):
+            if "fail_on_recompile" not in str(e) and "skip_guard_eval_unsafe" not in str(e):
                 raise
             raise WorkbenchError(f"the compiled step needed a recompilation inside a timed step at batch {self.batch}, "
                                  f"tree size {key[1]} (TORCH_LOGS=recompiles says why): a bug, or a step shape that "
                                  "was not warmed up") from None
+
+    def _layers(self):
+        """The compiled decoder layers in place (the CPU default), or nothing."""
+        return self.layers.on() if self.layers is not None else contextlib.nullcontext()
 
     def _step_call(self, buf: TreeBuffers, key: tuple, args: tuple) -> tuple[tuple, tuple]:
         return (self.batch, buf.size) + key, (self.model, self.cache, self.state, self._columns, buf.tensors()) + args
@@ -276,17 +269,22 @@ class StepEngine:
         saved = {k: v.clone() for k, v in vars(st).items()}
         t0 = clock(dev)
         runs = [self._fn(fn)] * (3 if self.compile and dev.type == "cuda" else 1)
-        if self.compile and dev.type == "cpu":  # the few-row kernels inductor calls are chosen in an eager run
+        if (self.compile or self.layers) and dev.type == "cpu":  # the few-row kernels are chosen in an eager run
             runs.insert(0, fn)
         try:
-            for run in runs:
-                run(*args)
+            for i, run in enumerate(runs):
+                with self._layers() if i else contextlib.nullcontext():
+                    run(*args)
         except WorkbenchError:
             raise
         except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds: the user gets one line
-            if not self.compile:
+            if not self.compile and self.layers is None:
                 raise
             why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
+            if not self.compile:  # the default's compiled layers: the engine runs eagerly from here on
+                self.layers = None
+                print(f"warning: cannot compile the decoder layers ({why}): decoding eagerly", file=sys.stderr)
+                return 0.0
             raise WorkbenchError(f"--compile: cannot compile the decoding step on {dev.type} ({why}): "
                                  "run with --no-compile") from None
         finally:
@@ -294,9 +292,10 @@ class StepEngine:
                 getattr(st, k).copy_(v)
         seconds = clock(dev) - t0
         self._warm.add(key)
-        if not self.compile:
+        if not self.compile and self.layers is None:
             return 0.0
-        self.graphs.add(key + (self.capacity,))
+        if self.compile:
+            self.graphs.add(key + (self.capacity,))
         self.compile_s += seconds
         return seconds
 

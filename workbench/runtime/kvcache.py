@@ -61,21 +61,39 @@ class PointerLayer(StaticLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.stacks.pairs:
             self.stacks.allocate(key_states, value_states)
-        keys, values = self.keys, self.values
-        if key_states.shape[1] != keys.shape[1] or key_states.shape[-1] != keys.shape[-1]:
-            raise WorkbenchError(f"layer {self.index} gives keys of shape {list(key_states.shape)} but layer 0 gave "
-                                 f"{list(keys.shape)}: layers of other attention shapes are not supported")
-        n = key_states.shape[-2]
-        at = self.write.to(self.device)[:, None] + torch.arange(n, device=self.device)           # [B, n]
-        at = at[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])      # [B, kv, n, d]
-        keys.scatter_(2, at, key_states)
-        values.scatter_(2, at, value_states)
-        return keys, values
+        return write_rows(self.keys, self.values, key_states, value_states, self.write.to(self.device), self.index)
 
     def get_seq_length(self) -> int:
         """The block's column as a host int (a device tensor here would make its readers wait for the device). The
         step passes position ids and a 4-D mask, so the model itself never asks."""
         return self.host[0]
+
+
+def write_rows(keys, values, key_states, value_states, write, index) -> tuple[torch.Tensor, torch.Tensor]:
+    """Layer `index`'s keys, values [B, kv, C, d] with each sequence b's n new rows [B, kv, n, d] written at columns
+    [write_b, write_b + n)."""
+    if key_states.shape[1] != keys.shape[1] or key_states.shape[-1] != keys.shape[-1]:
+        raise WorkbenchError(f"layer {index} gives keys of shape {list(key_states.shape)} but layer 0 gave "
+                             f"{list(keys.shape)}: layers of other attention shapes are not supported")
+    n = key_states.shape[-2]
+    at = write[:, None] + torch.arange(n, device=keys.device)                                # [B, n]
+    at = at[:, None, :, None].expand(-1, key_states.shape[1], -1, key_states.shape[-1])      # [B, kv, n, d]
+    keys.scatter_(2, at, key_states)
+    values.scatter_(2, at, value_states)
+    return keys, values
+
+
+class StackedCache(Cache):
+    """The engine's cache: on one device its update indexes the stacks by the layer index itself, not through a
+    Python list of layers, so that a compiled layer may keep the index symbolic: one graph for every layer
+    (layers.py). Layers spread over devices (--device-map) go through their PointerLayer."""
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        pairs = self.stacks.pairs
+        if len(pairs) != 1:
+            return super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        keys, values = pairs[0][0][layer_idx], pairs[0][1][layer_idx]                      # [B, kv, C, d] x 2
+        return write_rows(keys, values, key_states, value_states, self.layers[0].write, layer_idx)
 
 
 def uncacheable_layers(model) -> str | None:
@@ -142,7 +160,7 @@ def allocate(model, batch: int, capacity: int, write: torch.Tensor, host: list) 
                              f"{free / 2**30:.1f} GiB is free on {model.device}: lower --batch-sizes or --max-new-tokens")
     layers = text_config(model).num_hidden_layers
     stacks = Stacks(_layer_devices(model, layers), batch, capacity)
-    cache = Cache(layers=[PointerLayer(stacks, i, write, host) for i in range(layers)])
+    cache = StackedCache(layers=[PointerLayer(stacks, i, write, host) for i in range(layers)])
     cache.stacks = stacks
     return cache
 
