@@ -299,7 +299,8 @@ def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, c
     def argv(name):
         return ["vllm-check", "--vllm-python", VLLM_PY, "--calibration", str(calibration), "--prompts", str(f),
                 "--k", "1,2", "--batch-sizes", "1,2,3,4", "--max-new-tokens", "8", "--repeats", "1",
-                "--vllm-eager", "--out", str(tmp_path / f"{name}.json")]  # eager: each restart starts in seconds
+                "--vllm-eager", "--no-compile", "--out", str(tmp_path / f"{name}.json")]  # both eager: each restart
+    # starts in seconds (compiling would be paid again in every restarted process)
     kept = _soak_with_pieces(argv("killed"), argv("whole"), tmp_path / "killed.json", rng, what, capsys)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("killed", "whole"))
     timing = ("vllm_startup_s", "seconds", "load_average", "note", "speed", "plain_step")

@@ -1,8 +1,8 @@
 """The model side of a decoding step for B sequences: StepEngine owns the static KV cache (kvcache.py) and the
 step's device state (lengths, the last hidden state, the next roots), and runs a step function (decode/step.py:
-propose, verify, accept, compact, pack) compiled once per (batch, tree size, rule) in an untimed warm-up, its
-shapes fixed by the cache capacity `size_for` sets for a run. Also the bare verify forward and its timing, which
-the latency surface and decoder_overhead use.
+propose, verify, accept, compact, pack) compiled once per (batch, tree size, rule) in an untimed warm-up (on CPU
+by default only its decoder layers: compiled.py), its shapes fixed by the cache capacity `size_for` sets for a
+run. Also the bare verify forward and its timing, which the latency surface and decoder_overhead use.
 
 Re-exported for callers: the model calls (forward.py), tree buffers (treemask.py) and cache helpers (kvcache.py).
 """
