@@ -38,7 +38,8 @@ from workbench.core.speed import tokens_per_step  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.runtime import compiled  # noqa: E402
-from workbench.runtime.engine import StepEngine, compile_options, default_compile  # noqa: E402
+from workbench.runtime.compiled import compile_options, default_compile  # noqa: E402
+from workbench.runtime.engine import StepEngine  # noqa: E402
 from workbench.runtime.treemask import root_setup, tree_setup  # noqa: E402
 from workbench.runtime.generation import prepare_prompt  # noqa: E402
 from workbench.trees.tree import load_tree  # noqa: E402

@@ -53,7 +53,8 @@ from workbench.measure.latency import device_name, latency_tree, measure_decoder
 from workbench.plan.rank import make_plan
 from workbench.plan.source import plan_source
 from workbench.plan.plan_file import plan_trees  # noqa: E402
-from workbench.runtime.engine import StepEngine, compile_mode, forward_probe
+from workbench.runtime.compiled import compile_mode  # noqa: E402
+from workbench.runtime.engine import StepEngine, forward_probe
 from workbench.runtime.treemask import root_setup, tree_setup  # noqa: E402
 from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.runtime.models import load_model_and_heads, pick_device  # noqa: E402

@@ -42,7 +42,7 @@ def default_compile(device: torch.device) -> bool:
     return device.type == "cuda"
 
 
-LIMIT = 64  # compiled graphs kept per layer code: 2 per step shape class (layer 0's index is specialised)
+LIMIT = 64  # graphs dynamo keeps per code: a step per (B, N, rule), or 2 per layer shape (layer 0 is specialised)
 
 
 def forced() -> bool | None:
@@ -77,7 +77,6 @@ class Layers:
         self.blocks = blocks(model)
         self.calls = [torch.compile(b._call_impl, fullgraph=True, **({"backend": backend} if backend else {}))
                       for b in self.blocks]
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, LIMIT)
 
     @contextmanager
     def on(self):

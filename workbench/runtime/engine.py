@@ -19,7 +19,7 @@ from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError
 from workbench.runtime import compiled, gemv
-from workbench.runtime.compiled import compile_mode, compile_options, default_compile  # noqa: F401 (callers)
+from workbench.runtime.compiled import compile_options, default_compile
 from workbench.runtime.forward import cache_kwarg, clock, forward, head_proposer, lm_logits
 from workbench.runtime.generation import text_config
 from workbench.runtime.kvcache import allocate, check_cacheable
@@ -97,18 +97,17 @@ class StepEngine:
         self.host_lengths: list[int] = []           # [B] L_b (host), moved from the one read per step
         self.host_alive: list[bool] = []            # [B] False once a sequence finished
         self._host = [0]                            # P on the host, for PointerLayer.get_seq_length
-        layers = compile == "layers" and compiled.blocks(model) is not None or compile is None and \
-            compiled.default_on(model)
         self.compile = default_compile(model.device) if compile is None else compile != "layers" and bool(compile)
+        layers = compiled.default_on(model) if compile is None else compile == "layers" and compiled.blocks(model)
         self.backend = backend
         self._compiled: dict[Callable, Callable] = {}
         if self.compile and model.device.type == "cpu" and backend in (None, "inductor") \
                 and not torch.backends.mkldnn.is_available():
             raise WorkbenchError("--compile: this torch build has no oneDNN/MKL, which inductor needs on CPU: "
                                  "run without --compile")
-        if self.compile:
-            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, compiled.LIMIT)
         self.layers = compiled.Layers(model, backend) if layers and not self.compile else None
+        if self.compile or self.layers:
+            torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, compiled.LIMIT)
 
     @property
     def compiled_as(self) -> bool | str:
