@@ -5,6 +5,7 @@ import sys
 from dataclasses import fields
 
 from workbench import WorkbenchError
+from workbench.cli.served import SERVED_FLAGS, add_served_args, cmd_served, served_wanted
 from workbench.cli.shared import bounded, finite, model_args, parse_ints, renamed, warn_line
 from workbench.core.io import check_output
 from workbench.trees.tree import MEDUSA_TOPK
@@ -31,6 +32,11 @@ def _cmd_calibrate(args) -> int:
     from workbench.calibrate.run import CalibrateConfig, calibrate
     from workbench.runtime.parallel import one_process_warning
 
+    if served_wanted(args):
+        return cmd_served(args)
+    if any(getattr(args, f) for f in SERVED_FLAGS):
+        raise WorkbenchError("--method, --k, --draft-model, --vllm-python and --vllm-version calibrate a drafter "
+                             "vLLM serves: add --engine vllm")
     if args.record_topk:
         return _record_topk(args)
 
@@ -76,7 +82,7 @@ def add_calibrate(sub) -> None:
                                    "(independent heads and measured joint path probabilities). Resumable: rerun the "
                                    "same command to continue.",
                        parents=[model_args("--model", "--heads", "--device", "--device-map", "--dtype")])
-    p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns) or a JSON/JSONL/CSV/"
+    p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns), copy-edit (answers that copy from the prompt) or a JSON/JSONL/CSV/"
                    "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
     p.add_argument("--limit", type=bounded("count"), metavar="N", help="use the first N prompts")
     p.add_argument("--holdout", type=finite(0, 1), default=0.2, help="share of prompts kept out of the fit (default 0.2)")
@@ -96,4 +102,5 @@ def add_calibrate(sub) -> None:
     p.add_argument("--continuations", metavar="DIR", help="reuse the greedy answers of a finished calibration of the "
                    "same model and prompts (new heads: skips generation)")
     p.add_argument("--trees-dir", help="where tree files go (default trees/, or OUT/trees with --out)")
+    add_served_args(p)
     p.set_defaults(func=_cmd_calibrate)

@@ -29,12 +29,14 @@ EXPORT_FIXES = {
 def _cmd_export(args) -> int:
     if args.format == "vllm-heads":
         return _export_vllm_heads(args)
+    if args.format == "speculation-profile":
+        return _export_profile(args)
     if args.tree is None:
         raise WorkbenchError("give a TREE or PLAN to export (only --format vllm-heads takes none)")
     if args.model is not None or args.method or args.draft_model or args.vllm_version:
         if not looks_like_plan(args.tree) or args.model is not None:
             raise WorkbenchError("--model is for --format vllm-heads; --method, --draft-model and --vllm-version "
-                                 "for a plan with --format vllm")
+                                 "for a plan with --format vllm, vllm-token-schedule or trtllm-schedule")
     check_output(args.out, "--out")
     if looks_like_plan(args.tree):
         return _export_plan(args)
@@ -83,6 +85,21 @@ def _export_plan(args) -> int:
     return 0
 
 
+def _export_profile(args) -> int:
+    """`workbench export --format speculation-profile --calibration DIR`: a calibration's per-position acceptance
+    as a speculation_profile.json (workbench/export/profile.py)."""
+    from workbench.core.io import check_not_inputs
+    from workbench.export.profile import write_profile
+
+    if args.tree is not None or args.accuracies or args.engine_safe:
+        raise WorkbenchError("--format speculation-profile describes a calibration: give only --calibration DIR")
+    check_output(args.out, "--out")
+    if args.out and args.calibration:
+        check_not_inputs({"--out": (args.out, "file")}, {"--calibration": args.calibration})
+    write_output(write_profile(args.calibration), args.out, "speculation profile")
+    return 0
+
+
 def _export_vllm_heads(args) -> int:
     """`workbench export [HEADS] --format vllm-heads --out DIR`: a heads folder vLLM's Medusa drafter loads."""
     from workbench.export.vllm_heads import export_vllm_heads
@@ -107,10 +124,13 @@ def add_export(sub) -> None:
                                    "tree of one row (--batch-sizes B, default 1).")
     e.add_argument("tree", metavar="TREE|PLAN|HEADS", nargs="?", help=TREE_HELP + "; or a plan JSON file; with "
                    "--format vllm-heads a heads folder (default: the demo heads)")
-    e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads",),
+    e.add_argument("--format", required=True, choices=PLAN_FORMATS + ("vllm-heads", "speculation-profile"),
                    help="vllm-tree: vLLM with tree attention (speculative_token_tree; for a tree, the same as vllm); "
-                        "vllm-heads: a heads "
-                        "folder vLLM's Medusa drafter loads (--out DIR, --model BASE)")
+                        "vllm-token-schedule (a plan): vLLM's proposed speculative_token_schedule (give "
+                        "--vllm-version of a release that has it); trtllm-schedule (a plan): TensorRT-LLM's "
+                        "draft_len_schedule; vllm-heads: a heads folder vLLM's Medusa drafter loads (--out DIR, "
+                        "--model BASE); speculation-profile: a calibration's (ours or served) per-position "
+                        "acceptance as a speculation_profile.json (--calibration DIR)")
     e.add_argument("--name", help="variable / tree name (default: the tree's own)")
     e.add_argument("--num-heads", dest="heads", type=bounded("depth"), metavar="K", help="number of Medusa heads: a deeper tree "
                                                                           "is an error")
@@ -123,8 +143,9 @@ def add_export(sub) -> None:
     renamed(e, "--batch-size", "--batch-sizes B")
     e.add_argument("--model", help="with --format vllm-heads: the base model whose output embedding the tied heads "
                    "share (default: the embedded demo model)")
-    e.add_argument("--method", choices=VLLM_METHODS, help="with a plan and --format vllm: the drafter vLLM runs "
-                   "(default medusa with the plan's heads; an --acceptance plan needs one, e.g. eagle3)")
+    e.add_argument("--method", choices=VLLM_METHODS, help="with a plan and --format vllm (or a schedule format): "
+                   "the drafter vLLM runs (default: a served calibration's drafter, else medusa with the plan's "
+                   "heads; an --acceptance plan needs one, e.g. eagle3)")
     e.add_argument("--draft-model", metavar="DIR", help="with --method: the drafter's weights (written absolute)")
     e.add_argument("--vllm-version", metavar="X.Y.Z", help="with --format vllm: the vLLM release to target "
                    "(default 0.32.0 for Medusa, the newest checked otherwise); its version windows are checked")
@@ -134,6 +155,7 @@ def add_export(sub) -> None:
                    "written (trtllm: drop the nodes past its C++ runtime's ranks < 16 and 8 levels, make the first "
                    "level ranks 0..k-1; vllm: the best dense tree) and report the cost in expected acceptance length")
     e.add_argument("--accuracies", metavar="FILE", help="with --engine-safe: accuracies that price the repair")
-    e.add_argument("--calibration", metavar="DIR", help="with --engine-safe: instead, a `workbench calibrate` folder")
+    e.add_argument("--calibration", metavar="DIR", help="with --engine-safe: instead, a `workbench calibrate` folder; "
+                   "with --format speculation-profile: the calibration (ours or served) to describe")
     e.add_argument("--out", metavar="FILE", help="write here instead of stdout")
     e.set_defaults(func=_cmd_export)

@@ -1,4 +1,5 @@
-"""Prompt sets: Alpaca-eval, MT-bench (first turns) or a user file (JSON/JSON lines parsed by Python's json
+"""Prompt sets: Alpaca-eval, MT-bench (first turns), copy-edit (ours: rewrite, extract, summarise and edit-code
+prompts whose answers copy from the prompt, where an n-gram drafter pays) or a user file (JSON/JSON lines parsed by Python's json
 module, CSV/parquet read with `datasets`).
 
 Chat-template wrapping and tokenisation live in `generation.prepare_prompt` (one copy, shared with the live decoder).
@@ -23,6 +24,7 @@ NAMED_SETS = {
     "alpaca-eval": ("alpaca_eval.json", dict(path="json", split="train",
                                              data_files="hf://datasets/tatsu-lab/alpaca_eval/alpaca_eval.json")),
     "mt-bench": ("mt_bench_questions.jsonl", dict(path="lighteval/mt-bench", split="train")),
+    "copy-edit": ("copy-edit.jsonl", None),  # ours (NOTICE): answers that copy from the prompt, for n-gram drafters
 }
 TEXT_COLUMNS = ("instruction", "prompt", "question", "turns")  # first one present wins
 ID_COLUMNS = ("question_id", "prompt_id", "id")
@@ -94,6 +96,9 @@ def _read_named(name: str):
     for path in ([Path(env_dir) / local] if env_dir else []) + [PROMPTS_DIR / f"{name}.jsonl"]:
         if path.is_file():
             return _read_file(path), str(path)
+    if hub is None:
+        raise WorkbenchError(f"--prompts {name}: no packaged copy {PROMPTS_DIR / (name + '.jsonl')}; reinstall the "
+                             "package or give a prompt file")
     import datasets
 
     datasets.disable_progress_bars()

@@ -11,8 +11,11 @@ own code, not run end to end:
 - eagle: EAGLE-1's `mc_sim_7b_63` (export/eagle.py).
 
 A plan (plan/plan_file.py: one row per batch size) goes out through `export_plan` (PLAN_FORMATS): vllm as vLLM serves it
-(a top-1 chain per batch size); vllm-tree, trtllm, medusa, eagle and json write the tree of one row (batch size 1 by
-default), as export_tree does.
+(a top-1 chain per batch size), vllm-token-schedule the same under vLLM's proposed speculative_token_schedule key,
+trtllm-schedule as TensorRT-LLM's draft_len_schedule (export/trtllm.py); vllm-tree, trtllm, medusa, eagle and json
+write the tree of one row (batch size 1 by default), as export_tree does. SGLang's per-batch-size steps are not
+written: its adaptive controller (sgl-project/sglang PR #24055) keys candidate step sets per batch-size range and
+picks among them at run time, and no fixed per-batch-size setting of its could be confirmed.
 """
 from __future__ import annotations
 
@@ -30,7 +33,9 @@ SUFFIXES = {"medusa": medusa.SUFFIX, "json": ".json", "trtllm": trtllm.SUFFIX, "
 FORMATS = tuple(SUFFIXES)
 TARGETS = {f: m.TARGET for f, m in ENGINES.items()}  # the header line of each export; docs/formats.md's table
 SAFE_ENGINES = ("trtllm", "vllm")  # formats with an engine-safe repair (medusa / eagle: --max-rank 10 is enough)
-PLAN_FORMATS = ("vllm", "vllm-tree", "trtllm", "medusa", "eagle", "json")  # export PLAN --format
+PLAN_FORMATS = ("vllm", "vllm-tree", "vllm-token-schedule", "trtllm", "trtllm-schedule", "medusa", "eagle",
+                "json")  # export PLAN --format
+SCHEDULE_FORMATS = ("vllm", "vllm-token-schedule", "trtllm-schedule")  # a K per batch size (chains: any drafter)
 TRTLLM_MAX_DRAFT_LEN = trtllm.TRTLLM_MAX_DRAFT_LEN
 
 
@@ -140,13 +145,21 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
         raise WorkbenchError(f"unknown export format {fmt!r} for a plan; choose one of {', '.join(PLAN_FORMATS)}")
     if synthetic and fmt != "vllm":
         raise WorkbenchError("--synthetic is vLLM's synthetic rejection sampling: only with --format vllm")
-    if (method or draft_model or vllm_version) and fmt != "vllm":
-        raise WorkbenchError("--method, --draft-model and --vllm-version are for --format vllm")
+    if (method or draft_model or vllm_version) and fmt not in SCHEDULE_FORMATS:
+        raise WorkbenchError(f"--method, --draft-model and --vllm-version are for --format "
+                             f"{', '.join(SCHEDULE_FORMATS)}")
     num_heads, warns = check_plan_heads(plan, heads_dir) if heads_dir is not None else (None, [])
-    if fmt == "vllm":
+    if fmt in ("vllm", "vllm-token-schedule"):
+        key = "speculative_token_schedule" if fmt != "vllm" else "num_speculative_tokens_per_batch_size"
         text, more, notes = vllm.write_plan(plan, heads_dir, num_heads, synthetic, batch_size, method, draft_model,
-                                            vllm_version)
+                                            vllm_version, key)
         return text, warns + more, notes
+    if fmt == "trtllm-schedule":
+        notes: list[str] = []
+        src = plan.get("source") or {}
+        text, more, more_notes = trtllm.write_schedule(vllm.vllm_schedule(plan, notes),
+                                                       method or (src.get("method") if src.get("served") else None))
+        return text, warns + more, notes + more_notes
     row, notes = row_at(plan, batch_size or 1)
     if row["kind"] == "none":
         raise WorkbenchError(f"the plan says no speculation at batch size {row['batch_size']}: there is no tree to "

@@ -6,6 +6,9 @@ so only a first level of exactly ranks 0..k-1 builds as written. Its C++ runtime
 4 bits per rank: ranks < 16, at most 8 levels (TRTLLM_CPP_*); `repair` drops the nodes beyond them."""
 from __future__ import annotations
 
+import json
+
+from workbench import WorkbenchError
 from workbench.export.common import Warn, header, py_list
 from workbench.trees.optimize import optimal_tree, optimal_tree_from
 from workbench.trees.tree import RankPath, Tree
@@ -110,3 +113,49 @@ def repair(tree: Tree, fn, max_nodes: int | None = None) -> tuple[Tree | None, s
     note = (f" ({len(cut)} of them past TensorRT-LLM's C++ runtime limits: ranks < {TRTLLM_CPP_RANK_LIMIT}, at most "
             f"{TRTLLM_CPP_MAX_DEPTH} levels)" if cut else "")
     return safe, note
+
+
+# ----------------------------------------------------------------------------------------------- plans
+
+# TensorRT-LLM's PyTorch backend: speculative_config.draft_len_schedule (NVIDIA/TensorRT-LLM PR #10860, merged
+# 2026-03-13; the first release holding it is not confirmed here), {batch-size threshold: draft length}: each key
+# the largest batch size of its range, batch sizes above the largest key draft nothing. Checked as
+# DecodingBaseConfig.validate_draft_len_schedule_and_sort (tensorrt_llm/llmapi/llm_args.py) does.
+TRTLLM_SCHEDULE = ("TensorRT-LLM (PyTorch backend) speculative_config.draft_len_schedule, PR #10860: {largest batch "
+                   "size of a range: draft length}, nothing drafted above the largest key")
+TRTLLM_DECODING_TYPES = {"ngram": "NGram", "draft_model": "DraftTarget", "eagle3": "Eagle3", "mtp": "MTP"}
+
+
+def check_draft_len_schedule(schedule: dict[int, int], max_draft_len: int) -> dict[int, int]:
+    """TensorRT-LLM's own rules, one error line each: thresholds >= 1, lengths >= 0, the smallest threshold's
+    length equal to max_draft_len, none above it; the schedule sorted by threshold."""
+    for b, k in schedule.items():
+        if b < 1 or k < 0:
+            raise WorkbenchError(f"draft_len_schedule: batch size threshold must be >= 1 and draft length >= 0, "
+                                 f"got {b}: {k}")
+    first = min(schedule)
+    if schedule[first] != max_draft_len or any(k > max_draft_len for k in schedule.values()):
+        raise WorkbenchError(f"TensorRT-LLM takes no such draft_len_schedule: its smallest batch size ({first}) must "
+                             f"draft max_draft_len, the longest ({max_draft_len}), but the plan drafts "
+                             f"{schedule[first]} there; export the vllm schedule, or one K with --batch-sizes B")
+    return dict(sorted(schedule.items()))
+
+
+def write_schedule(ranges: list[list[int]], method: str | None) -> tuple[str, list[Warn], list[str]]:
+    """(a `speculative_config` fragment, warnings, notes) of a plan's [[low, high, K], ...] ranges."""
+    kmax = max(k for _, _, k in ranges)
+    schedule = check_draft_len_schedule({hi: k for _, hi, k in ranges}, kmax)
+    cfg = {"max_draft_len": kmax, "draft_len_schedule": schedule}
+    warns = [Warn("trtllm_schedule_release", "draft_len_schedule is in TensorRT-LLM's PyTorch backend from PR #10860 "
+                  "(merged 2026-03-13): check that your release has it, and that your drafter supports a dynamic "
+                  "draft length (its spec_dec_mode.support_dynamic_draft_len())")]
+    notes = [f"targets {TRTLLM_SCHEDULE}"]
+    if method in TRTLLM_DECODING_TYPES:
+        cfg = {"decoding_type": TRTLLM_DECODING_TYPES[method], **cfg}
+    else:
+        notes.append(f"add your drafter's decoding_type ({', '.join(TRTLLM_DECODING_TYPES.values())}, ...) and its "
+                     "model to the fragment")
+    if ranges[-1][2]:
+        notes.append(f"TensorRT-LLM drafts nothing above batch size {ranges[-1][1]} (the plan's largest): add a key "
+                     "for your largest batch size if it should keep drafting there")
+    return json.dumps({"speculative_config": cfg}) + "\n", warns, notes

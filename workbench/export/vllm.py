@@ -37,6 +37,12 @@ VLLM_WINDOWS = {
     "num_speculative_tokens_per_batch_size": ("0.24.0", None),  # Dynamic SD's per-batch-size schedule
     "medusa": (None, "0.32.0"),  # 0.33.0 removed the Medusa drafter (eagle, eagle3, mtp, draft_model, ngram remain)
 }
+# keys proposed but in no release checked (up to VLLM_NEWEST): taken only for a --vllm-version after it, with a warning
+VLLM_PROPOSED = {
+    # the per-batch-size schedule renamed, with an optional context axis ([b_lo, b_hi, ctx_lo, ctx_hi, K]; the
+    # 3-tuple form meaning every context length): vLLM PR #48944 (open when read), RFC #48627
+    "speculative_token_schedule": "vLLM PR #48944 (RFC #48627)",
+}
 VLLM_METHODS = ("medusa", "eagle", "eagle3", "mtp", "draft_model", "ngram")  # --method: vLLM's drafters
 VLLM_NEWEST = "0.33.0"  # the newest vLLM these windows were checked against
 VLLM_SCHEDULE = ("vLLM >= 0.24.0 (Dynamic SD): --speculative-config num_speculative_tokens_per_batch_size, a list of "
@@ -166,9 +172,12 @@ def _version(v: str) -> tuple[int, ...]:
 
 
 def vllm_window_error(key: str, version: str) -> str | None:
-    """Why vLLM `version` cannot take `key` (a VLLM_WINDOWS key), or None when it can."""
-    first, last = VLLM_WINDOWS[key]
+    """Why vLLM `version` cannot take `key` (a VLLM_WINDOWS or VLLM_PROPOSED key), or None when it can."""
     v = _version(version)
+    if key in VLLM_PROPOSED:
+        return None if v > _version(VLLM_NEWEST) else (
+            f"vLLM {version} has no {key} (proposed in {VLLM_PROPOSED[key]}, in no release up to {VLLM_NEWEST})")
+    first, last = VLLM_WINDOWS[key]
     if first and v < _version(first):
         return f"vLLM {version} has no {key} (first in {first})"
     if last and v > _version(last):
@@ -223,6 +232,11 @@ def drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
     if method is not None and method not in VLLM_METHODS:
         raise WorkbenchError(f"--method {method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
     src = plan.get("source") or {}
+    if method is None and src.get("served") and src.get("method") != "medusa":  # the drafter vLLM served
+        method, draft_model = src.get("method"), draft_model or src.get("draft_model")
+        if method not in VLLM_METHODS:
+            raise WorkbenchError(f"the plan's served drafter {method} is not one this export targets "
+                                 f"({', '.join(VLLM_METHODS)}): give --method")
     if method not in (None, "medusa"):
         if draft_model is None and method in ("eagle", "eagle3", "draft_model"):
             raise WorkbenchError(f"--method {method} needs --draft-model DIR (the drafter's weights)")
@@ -264,10 +278,12 @@ def _synthetic(plan: dict, k: int) -> dict:
 
 def write_plan(plan: dict, heads_dir=None, num_heads: int | None = None, synthetic: bool = False,
                batch_size: int | None = None, method: str | None = None, draft_model=None,
-               vllm_version: str | None = None) -> tuple[str, list[Warn], list[str]]:
+               vllm_version: str | None = None, key: str = "num_speculative_tokens_per_batch_size"
+               ) -> tuple[str, list[Warn], list[str]]:
     """(text, warnings, notes): the --speculative-config JSON for vLLM `vllm_version` (default: the newest that
     serves the drafter): with batch_size one K; else for Medusa one config per batch-size range where K changes
-    (a JSON list, see the module docstring), for other drafters a Dynamic SD schedule."""
+    (a JSON list, see the module docstring), for other drafters a Dynamic SD schedule under `key`
+    (num_speculative_tokens_per_batch_size, or the proposed speculative_token_schedule)."""
     draft = drafter(plan, heads_dir, method, draft_model)
     warns, notes = priced_elsewhere(plan), []
     if synthetic:
@@ -302,13 +318,17 @@ def write_plan(plan: dict, heads_dir=None, num_heads: int | None = None, synthet
     if medusa:
         notes.append(VLLM_MEDUSA_PER_RANGE)
         return json.dumps(per_range, indent=1) + "\n", warns, notes
-    if vllm_window_error("num_speculative_tokens_per_batch_size", version):
-        raise WorkbenchError(vllm_window_error("num_speculative_tokens_per_batch_size", version)
-                             + ": export one K with --batch-sizes B, or target vLLM >= 0.24.0")
+    if vllm_window_error(key, version):
+        raise WorkbenchError(vllm_window_error(key, version) + ": export one K with --batch-sizes B, or target a "
+                             "vLLM that takes it" + (" (>= 0.24.0)" if key not in VLLM_PROPOSED else ""))
     notes.append(f"targets {VLLM_SCHEDULE}")
+    if key in VLLM_PROPOSED:
+        warns.append(Warn("vllm_unreleased_key", f"{key} is proposed in {VLLM_PROPOSED[key]} and in no vLLM release "
+                          f"checked (up to {VLLM_NEWEST}): written as proposed there (3-tuple entries: every context "
+                          f"length), unchecked against vLLM {version}"))
     schedule = [[lo, hi, kk] for (lo, hi), kk in zip((e["batch_sizes"] for e in per_range), ks)]
     check_vllm_schedule(schedule)
-    cfg = dict(draft, num_speculative_tokens=k, num_speculative_tokens_per_batch_size=schedule)
+    cfg = dict(draft, num_speculative_tokens=k, **{key: schedule})
     if synthetic:
         cfg |= _synthetic(plan, k)
     return json.dumps(cfg) + "\n", warns, notes

@@ -3,10 +3,13 @@ accuracy table (optimize.expected_length) or a per-position acceptance vector (c
 entries). One producer of tokens/step per source; the plan says which statistic and answers it assumes (regime)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
+from workbench.calibrate.served import Served, is_served
 from workbench.core.io import read_csv, read_json
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.optimize import expected_length, value_and_limits
@@ -47,9 +50,12 @@ def check_acceptance(values, what: str = "--acceptance") -> list[float]:
 
 
 def read_acceptance(path) -> list[float]:
-    """An acceptance vector from a CSV `position,acceptance` (positions 1..K, or 0..K-1, each once) or a JSON list
-    (or an object holding one as `synthetic_acceptance_rates`, as in a vLLM --speculative-config), checked."""
+    """An acceptance vector from a CSV `position,acceptance` (positions 1..K, or 0..K-1, each once), a JSON list
+    (or an object holding one as `synthetic_acceptance_rates`, as in a vLLM --speculative-config) or a served
+    calibration folder (calibrate/served.py: the engine's own counters), checked."""
     what = f"--acceptance {path}"
+    if Path(path).is_dir():
+        return check_acceptance(Served(path).rates(), what)
     if str(path).lower().endswith(".json"):
         data = read_json(path, what, object)  # a list, or a config object holding one
         if isinstance(data, dict) and "synthetic_acceptance_rates" in data:
@@ -84,6 +90,8 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
     the other statistics have no per-answer steps and take the mean's."""
     if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
         raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
+    if calibration is not None and is_served(calibration):  # the engine's counters: a chain's acceptance vector
+        calibration, acceptance = None, calibration
     if acceptance is not None:
         rates = read_acceptance(acceptance)
         chain = lambda p: rates[len(p) - 1] if len(p) <= len(rates) and not any(p) else 0.0  # noqa: E731 - a path's value
@@ -91,7 +99,7 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
         return dict(tokens_per_step=tps, batch_tokens_per_step=lambda t, b, cost=None: tps(t), value=None,
                     max_depth=len(rates), max_rank=1, chain_acceptance=rates, typical_context=None,
                     info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
-                              num_heads=len(rates)))
+                              num_heads=len(rates), **(Served(acceptance).info() if is_served(acceptance) else {})))
     if accuracies is not None:
         return accuracy_source(read_accuracies(accuracies), str(accuracies), max_rank)
     return calibration_source(Calibration(calibration), prediction, max_rank, max_new_tokens)

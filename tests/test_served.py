@@ -1,0 +1,243 @@
+"""Served calibrations (workbench/calibrate/served.py): vLLM's own spec-decode counters read from a real `/metrics`
+scrape (tests/data/served/, recorded by record_metrics.sh from vLLM 0.32.0 serving the n-gram drafter) or from its
+per-request statistics, written as a calibration of kind "served", planned from and exported (schedules for vLLM
+and TensorRT-LLM, a speculation profile); bad input one error line each. A vLLM run (`calibrate --engine vllm`) and
+vLLM's own SpeculativeConfig reading the exports are in the `vllm`-marked tests at the end."""
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workbench import WorkbenchError
+from workbench.calibrate.served import Served, metrics_counts, request_counts
+from workbench.cli import main
+from workbench.core.data import load_prompt_records
+from workbench.export.engines import export_plan
+from workbench.export.profile import speculation_profile
+from workbench.plan.plan_file import read_plan
+from workbench.plan.source import plan_source
+
+DATA = Path(__file__).parent / "data" / "served"
+BEFORE, AFTER = DATA / "ngram-before.prom", DATA / "ngram-after.prom"
+SPEC = re.compile(r'^vllm:spec_decode_(\w+)_total\{[^}]*?(?:position="(\d+)")?\}\s+(\S+)$')
+
+
+def counters(path: Path) -> dict:
+    """The scrape's spec-decode counters read independently of the reader under test (a plain regex)."""
+    out = {}
+    for line in path.read_text().splitlines():
+        m = SPEC.match(line)
+        if m:
+            out[(m[1], m[2])] = float(m[3])
+    return out
+
+
+def surface(batches=(1, 2, 4, 8), sizes=(1, 2, 3, 4, 5), per_token=0.02, per_batch_token=0.04) -> pd.DataFrame:
+    rows = []
+    for b in batches:
+        for n in sizes:
+            t = 0.01 * (1 + per_token * (n - 1) + per_batch_token * b * (n - 1))
+            rows.append(dict(model="synthetic", device="test", dtype="float32", batch=b, context=128, tokens=n,
+                             seconds=t, seconds_min=t * 0.96, seconds_q1=t * 0.98, seconds_q3=t * 1.02,
+                             seconds_max=t * 1.04, repeats=10))
+    return pd.DataFrame(rows)
+
+
+@pytest.fixture
+def served(tmp_path):
+    out = tmp_path / "served"
+    assert main(["calibrate", "--metrics", str(BEFORE), str(AFTER), "--method", "ngram", "--vllm-version", "0.32.0",
+                 "--prompts", "copy-edit", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.mark.unit
+def test_a_recorded_scrape_becomes_a_served_calibration(served):
+    a, b = counters(AFTER), counters(BEFORE)
+    d = {key: a[key] - b.get(key, 0.0) for key in a}
+    drafts = d[("num_drafts", None)]
+    per_pos = [d[("num_accepted_tokens_per_pos", str(i))] for i in range(4)]
+    assert drafts > 0 and sum(per_pos) == d[("num_accepted_tokens", None)]
+    meta = json.loads((served / "meta.json").read_text())
+    assert meta["kind"] == "served" and meta["engine"] == "vllm" and meta["method"] == "ngram"
+    assert meta["num_speculative_tokens"] == 4 and meta["model"] == "smollm2-135m-instruct"
+    assert meta["num_drafts"] == drafts and meta["num_draft_tokens"] == d[("num_draft_tokens", None)]
+    table = pd.read_csv(served / "acceptance.csv")
+    assert table["accepted"].tolist() == per_pos
+    assert table["drafts"].tolist() == [drafts] + per_pos[:-1]
+    assert table["marginal"].tolist() == pytest.approx([p / drafts for p in per_pos])
+    assert table["conditional"].tolist() == pytest.approx([p / r for p, r in zip(per_pos, [drafts] + per_pos)])
+    # the decoding steps (no request in flight at either scrape): generation tokens - accepted - finished requests
+    gen = [float(re.search(r'^vllm:generation_tokens_total\{.*\} (\S+)$', p.read_text(), re.M)[1])
+           for p in (BEFORE, AFTER)]
+    assert meta["decode_steps"] < gen[1] - gen[0] and meta["decode_steps"] >= drafts
+    assert Served(served).rates() == pytest.approx([p / meta["decode_steps"] for p in per_pos])
+
+
+@pytest.mark.unit
+def test_plan_and_exports_from_a_served_calibration(served, tmp_path):
+    surface().to_csv(tmp_path / "lat.csv", index=False)
+    for flag in ("--acceptance", "--calibration"):  # the folder is taken wherever ours or a vector is
+        out = tmp_path / f"plan{flag}.json"
+        assert main(["plan", flag, str(served), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes", "1,2,4,8",
+                     "--out", str(out)]) == 0
+        plan = read_plan(out)
+        rates = Served(served).rates()
+        assert plan["chain_acceptance"] == pytest.approx(rates)
+        assert plan["source"]["method"] == "ngram" and plan["source"]["served"] is True
+        for row in plan["plans"]:
+            assert row["kind"] in ("chain", "none")
+            if row["kind"] == "chain":
+                assert row["predicted_tokens_per_step"] == pytest.approx(1 + sum(rates[:row["nodes"]]))
+    plan = read_plan(tmp_path / "plan--acceptance.json")
+    ks = [r["nodes"] for r in plan["plans"]]
+    assert ks[0] > ks[-1]  # the synthetic surface makes verify tokens dear at batch 8: K falls with the batch size
+    text, _, _ = export_plan(plan, "vllm")  # the drafter comes from the served calibration: no --method needed
+    cfg = json.loads(text)
+    assert cfg["method"] == "ngram" and cfg["num_speculative_tokens"] == ks[0]
+    assert [e[2] for e in cfg["num_speculative_tokens_per_batch_size"]] == sorted(set(ks), reverse=True)
+    text, warns, _ = export_plan(plan, "trtllm-schedule")
+    trt = json.loads(text)["speculative_config"]
+    assert trt["decoding_type"] == "NGram" and trt["max_draft_len"] == ks[0]
+    assert {int(b): k for b, k in trt["draft_len_schedule"].items()} == {
+        hi: k for _, hi, k in cfg["num_speculative_tokens_per_batch_size"]}
+    with pytest.raises(WorkbenchError, match="no speculative_token_schedule"):
+        export_plan(plan, "vllm-token-schedule", vllm_version="0.32.0")
+    text, warns, _ = export_plan(plan, "vllm-token-schedule", vllm_version="0.34.0")
+    assert json.loads(text)["speculative_token_schedule"] == cfg["num_speculative_tokens_per_batch_size"]
+    assert any(w.code == "vllm_unreleased_key" for w in warns)
+
+
+@pytest.mark.unit
+def test_speculation_profile_of_a_served_calibration(served, tmp_path):
+    prof = speculation_profile(served)
+    table = pd.read_csv(served / "acceptance.csv")
+    assert prof["method"] == "ngram" and prof["num_speculative_tokens"] == 4
+    assert prof["marginal_accept_rates"] == pytest.approx(table["marginal"].tolist(), abs=1e-6)
+    assert prof["conditional_accept_rates"] == pytest.approx(table["conditional"].tolist(), abs=1e-6)
+    hist = {int(k): v for k, v in prof["acceptance_length_histogram"].items()}
+    assert sum(hist.values()) == prof["counts"]["drafts"]
+    # mean acceptance length = 1 + sum of the marginals = the histogram's mean (ModelOpt's identity)
+    assert prof["mean_accept_length"] == pytest.approx(1 + sum(prof["marginal_accept_rates"]), abs=1e-5)
+    assert prof["mean_accept_length"] == pytest.approx(sum(k * v for k, v in hist.items()) / sum(hist.values()))
+    out = tmp_path / "speculation_profile.json"
+    assert main(["export", "--format", "speculation-profile", "--calibration", str(served), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["counts"] == prof["counts"]
+
+
+@pytest.mark.unit
+def test_per_request_statistics(tmp_path):
+    rows = [{"metrics": {"speculative_decoding": {"acceptance_histogram": [2, 1, 0, 3], "num_draft_tokens": 18,
+                                                  "num_spec_tokens": 3, "mean_acceptance_length": 2.83}}},
+            {"acceptance_histogram": [1, 0, 1, 0], "num_draft_tokens": 6}]
+    (tmp_path / "req.jsonl").write_text("\n".join(map(json.dumps, rows)))
+    c = request_counts(tmp_path / "req.jsonl", "--requests")
+    # drafts 8: accepted lengths 0,0,0,1,2,3,3,3 -> position 1: 5, position 2: 4, position 3: 3
+    assert (c.k, c.drafts, c.draft_tokens, c.accepted, c.per_pos) == (3, 8, 24, 12, (5, 4, 3))
+
+
+def _err(argv, capsys) -> str:
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:"), lines
+    return lines[0]
+
+
+@pytest.mark.unit
+def test_bad_served_input_is_one_error_line(tmp_path, capsys):
+    after = AFTER.read_text()
+    cases = {
+        "plain.prom": ("\n".join(line for line in after.splitlines() if "spec_decode" not in line),
+                       "no speculative-decoding counters"),
+        "pasted.prom": (after + "\n" + after, "appears twice"),
+        "other.prom": (after.replace('model_name="smollm2-135m-instruct"', 'model_name="other"'),
+                       "different servers"),
+        "engine.prom": (after.replace('engine="0"', 'engine="1"'), "different servers"),
+        "down.prom": (re.sub(r'(spec_decode_num_drafts_total\{[^}]*\}) \S+', r'\1 1.0', after), "went down"),
+        "k3.prom": ("\n".join(line for line in after.splitlines() if 'position="3"' not in line),
+                    "draft positions"),
+        "garbage.prom": ("this is not prometheus text at all {\n", "not Prometheus text"),
+    }
+    for name, (text, want) in cases.items():
+        (tmp_path / name).write_text(text)
+        before = str(BEFORE) if name != "down.prom" else str(AFTER)
+        second = tmp_path / name
+        argv = ["calibrate", "--metrics", before, str(second), "--method", "ngram", "--out", str(tmp_path / "o")]
+        if name == "plain.prom":
+            argv[2:4] = [str(second)]
+        assert want in _err(argv, capsys), name
+        assert not (tmp_path / "o").exists()
+    assert "no such drafter" in _err(["calibrate", "--metrics", str(AFTER), "--method", "lookahead",
+                                      "--out", str(tmp_path / "o")], capsys)
+    assert "proposed at most 4" in _err(["calibrate", "--metrics", str(BEFORE), str(AFTER), "--method", "ngram",
+                                         "--k", "6", "--out", str(tmp_path / "o")], capsys)
+    assert "--engine vllm" in _err(["calibrate", "--method", "ngram", "--out", str(tmp_path / "o")], capsys)
+    (tmp_path / "mixed.jsonl").write_text('{"acceptance_histogram": [1, 2], "num_draft_tokens": 3}\n'
+                                          '{"acceptance_histogram": [1, 2, 3], "num_draft_tokens": 12}\n')
+    assert "mixed" in _err(["calibrate", "--requests", str(tmp_path / "mixed.jsonl"), "--method", "eagle3",
+                            "--out", str(tmp_path / "o")], capsys)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.unit
+def test_schedules_an_engine_does_not_take(served, tmp_path):
+    surface(per_batch_token=0.0).to_csv(tmp_path / "lat.csv", index=False)
+    plan_file = tmp_path / "p.json"
+    assert main(["plan", "--acceptance", str(served), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
+                 "1,8", "--out", str(plan_file)]) == 0
+    plan = read_plan(plan_file)
+    rising = dict(plan, plans=[dict(plan["plans"][0], nodes=1, kind="chain"), dict(plan["plans"][1], nodes=3,
+                                                                                     kind="chain")])
+    with pytest.raises(WorkbenchError, match="TensorRT-LLM takes no such draft_len_schedule"):
+        export_plan(rising, "trtllm-schedule")
+    with pytest.raises(WorkbenchError, match="no num_speculative_tokens_per_batch_size"):
+        export_plan(rising, "vllm", vllm_version="0.20.0")
+
+
+@pytest.mark.unit
+def test_copy_edit_prompts_are_packaged_and_copy_from_their_input():
+    records = load_prompt_records("copy-edit")
+    assert len(records) == 32 and len({r[0] for r in records}) == 32
+    cats = {r[0].rsplit("-", 1)[0] for r in records}
+    assert cats == {"rewrite", "extract", "summarise", "code"}
+    notice = (Path(__file__).parents[1] / "workbench" / "prompts" / "NOTICE").read_text()
+    assert "copy-edit.jsonl" in notice and "Apache License 2.0" in notice
+
+
+# ----------------------------------------------------------------------------------------------- in vLLM itself
+
+VLLM_PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
+needs_vllm = pytest.mark.skipif(not VLLM_PY, reason="no vLLM environment: set WORKBENCH_VLLM_PYTHON")
+
+
+@pytest.mark.vllm
+@needs_vllm
+def test_calibrate_in_vllm_and_plan_and_export_for_its_config_class(tmp_path):
+    out = tmp_path / "served"
+    assert main(["calibrate", "--engine", "vllm", "--method", "ngram", "--k", "3", "--prompts", "copy-edit",
+                 "--limit", "4", "--max-new-tokens", "48", "--out", str(out)]) == 0
+    s = Served(out)
+    assert s.meta["source"] == "calibrate" and s.meta["engine_version"] and s.counts.k == 3
+    assert s.counts.drafts > 0 and s.counts.decode_steps >= s.counts.drafts
+    src = plan_source(acceptance=out)
+    assert src["chain_acceptance"] == pytest.approx(s.rates()) and src["info"]["method"] == "ngram"
+    surface().to_csv(tmp_path / "lat.csv", index=False)
+    assert main(["plan", "--calibration", str(out), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
+                 "1,2,4,8", "--out", str(tmp_path / "plan.json")]) == 0
+    plan = read_plan(tmp_path / "plan.json")
+    cfg = json.loads(export_plan(plan, "vllm", vllm_version="0.32.0")[0])
+    # vLLM's own config class takes the export (its pydantic checks and post-init for an n-gram drafter)
+    code = ("import json, sys\nfrom vllm.config import SpeculativeConfig\n"
+            "c = SpeculativeConfig(**json.loads(sys.argv[1]))\n"
+            "print(json.dumps([c.method, c.num_speculative_tokens, c.num_speculative_tokens_per_batch_size]))")
+    res = subprocess.run([VLLM_PY, "-c", code, json.dumps(cfg)], capture_output=True, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    method, k, schedule = json.loads(res.stdout.strip().splitlines()[-1])
+    assert method == "ngram" and k == cfg["num_speculative_tokens"]
+    if "num_speculative_tokens_per_batch_size" in cfg:
+        assert [list(e) for e in schedule] == cfg["num_speculative_tokens_per_batch_size"]
