@@ -110,6 +110,7 @@ def blocks() -> dict[str, str]:
     from workbench.export import engines as export
     from workbench.measure import latency_file as latency, sweep_file
     from workbench.plan import plan_file as plan
+    from workbench.calibrate import served
     from workbench.calibrate.folder import PREDICTED_COLUMNS
     from workbench.calibrate.ranks import ranks_frame
     from workbench.trees.tree import reference_trees
@@ -117,7 +118,8 @@ def blocks() -> dict[str, str]:
     named = []
     for name, (original, hub) in data.NAMED_SETS.items():
         n = len(data.load_prompt_records(name)) if (data.PROMPTS_DIR / f"{name}.jsonl").is_file() else "?"
-        named.append(f"| `{name}` | {n} | `workbench/prompts/{name}.jsonl` | `{original}` | `{hub.get('data_files', hub['path'])}` |")
+        where = f"`{hub.get('data_files', hub['path'])}`" if hub else "none (ours, packaged only)"
+        named.append(f"| `{name}` | {n} | `workbench/prompts/{name}.jsonl` | `{original}` | {where} |")
     ranks = ranks_frame(["p"], [np.zeros((1, 2), dtype=np.int16)], 2)
     trees = reference_trees()
     out = {
@@ -130,6 +132,11 @@ def blocks() -> dict[str, str]:
         "ranks-parquet": "\n".join(["| column | dtype |", "| --- | --- |"]
                                    + [f"| `{c}` | {t} |" for c, t in ranks.dtypes.astype(str).items()]
                                    + ["", "(`head_1`, `head_2`, ... one column per head.)"]),
+        "served-folder": (f"`{served.TABLE}`: " + ", ".join(f"`{c}`" for c in served.ServedCounts(
+            1, 1, 1, 1, (1,)).table().columns) + f"; `{served.META}`: `kind` (`{served.KIND}`), `version` "
+            f"({served.SERVED_VERSION}), the setting (`engine`, `engine_version`, `method`, `model`, `prompts`, "
+            "`source`: calibrate, metrics or requests, ...) and " + ", ".join(
+                f"`{k}`" for k in served.ServedCounts(1, 1, 1, 1, (1,)).totals()) + "."),
         "latency-csv": _columns(latency.LATENCY_COLUMNS, latency.LATENCY_REQUIRED) + ".",
         "sweep-csv": (_columns(sweep_file.SWEEP_COLUMNS, sweep_file.SWEEP_FILLED) + f"; `version` "
                       f"{sweep_file.SWEEP_VERSION}. A file without a `version` column (version 1) is read through "

@@ -29,6 +29,7 @@ import pandas as pd
 from workbench import WorkbenchError
 from workbench.calibrate.ranks import (answer_rows, batch_walk, head_accuracies, head_columns, measured_acceptance,
                                        path_probabilities, walk_answers, walk_steps)
+from workbench.calibrate.served import is_served
 from workbench.core.data import load_prompt_records
 from workbench.core.io import read_json
 from workbench.trees.dynamic import DynamicPolicy
@@ -51,8 +52,9 @@ def calibration_root(default: str | Path = "calibration") -> Path:
 
 
 def list_calibrations(root: str | Path | None = None) -> list[Path]:
-    """The finished calibration folders (those with a meta.json) under root, sorted by name."""
-    return [m.parent for m in sorted(Path(root or calibration_root()).glob(f"*/{META}"))]
+    """The finished calibration folders (those with a meta.json) under root, sorted by name; served ones (the
+    engine's counters, calibrate/served.py) are not among them: they hold no ranks to replay trees on."""
+    return [m.parent for m in sorted(Path(root or calibration_root()).glob(f"*/{META}")) if not is_served(m.parent)]
 
 
 def default_calibration(root: str | Path | None = None) -> Path:
@@ -189,6 +191,10 @@ class Calibration:
 
     def __init__(self, folder: str | Path, what: str = "--calibration"):
         self.folder, self.what = Path(folder), what
+        if is_served(self.folder):
+            raise WorkbenchError(f"{what} {folder}: a served calibration (the engine's counters: one chain's "
+                                 "per-position acceptance, no ranks): plan, optimize and export take it; tree "
+                                 "replays and sweeps need `workbench calibrate` of Medusa heads")
         if not (self.folder / RANKS).is_file():
             raise WorkbenchError(f"{what} {folder}: not a finished calibration folder (no meta.json/ranks.parquet; "
                                  "run `workbench calibrate` to completion)")

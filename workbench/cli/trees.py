@@ -6,7 +6,10 @@ import math
 import sys
 
 from workbench import WorkbenchError
+import numpy as np
+
 from workbench.calibrate.folder import Calibration
+from workbench.calibrate.served import Served, is_served
 from workbench.cli.shared import bounded, renamed, warn_line, write_json, write_output
 from workbench.core.io import atomic_write_text, check_output
 from workbench.export.engines import SAFE_ENGINES, best_engine_safe
@@ -105,6 +108,12 @@ def objective(args):
             raise WorkbenchError("--joint needs --calibration DIR (joint path probabilities come from its ranks)")
         if args.accuracies:
             raise WorkbenchError("give either --accuracies FILE or --calibration DIR, not both")
+        if is_served(args.calibration):  # the engine's counters: a chain drafter, acc [K, 1] of conditional rates
+            if getattr(args, "joint", False):
+                raise WorkbenchError("--joint needs our calibration's ranks; a served one holds a chain's acceptance")
+            rates = Served(args.calibration, "--calibration").rates()
+            acc = np.array([[r / p] for r, p in zip(rates, [1.0] + rates[:-1])])
+            return acc, acc
         cal = Calibration(args.calibration)
         acc = cal.accuracies("fit")
         return acc, (cal.joint_value("fit") if getattr(args, "joint", False) else acc)
