@@ -78,7 +78,9 @@ def test_named_sets_are_read_from_the_package_by_default(tmp_path, monkeypatch):
 def test_packaged_sets_carry_their_notice():
     notice = (PROMPTS_DIR / "NOTICE").read_text()
     assert "CC BY-NC 4.0" in notice and "NON-COMMERCIAL" in notice and "Apache License 2.0" in notice
-    assert sorted(f.name for f in PROMPTS_DIR.glob("*.jsonl")) == ["alpaca-eval.jsonl", "mt-bench.jsonl"]
+    files = sorted(f.name for f in PROMPTS_DIR.glob("*.jsonl"))
+    assert files == ["alpaca-eval.jsonl", "copy-edit.jsonl", "mt-bench.jsonl"]
+    assert all(f in notice for f in files)
 
 
 @pytest.mark.unit
