@@ -241,3 +241,19 @@ def test_calibrate_in_vllm_and_plan_and_export_for_its_config_class(tmp_path):
     assert method == "ngram" and k == cfg["num_speculative_tokens"]
     if "num_speculative_tokens_per_batch_size" in cfg:
         assert [list(e) for e in schedule] == cfg["num_speculative_tokens_per_batch_size"]
+
+
+@pytest.mark.unit
+def test_optimize_takes_a_served_calibration_and_the_tree_tools_refuse_it(served, tmp_path, capsys):
+    from workbench.calibrate.folder import Calibration, list_calibrations
+
+    s = Served(served)
+    assert main(["optimize", "--calibration", str(served), "--budget", "3", "--out", str(tmp_path / "t.json")]) == 0
+    tree = json.loads((tmp_path / "t.json").read_text())
+    assert tree["medusa_choices"] == [[0], [0, 0], [0, 0, 0]]  # a chain drafter: ranks 0 only
+    assert tree["expected_acceptance_length"] == pytest.approx(1 + sum(s.rates()[:3]))
+    with pytest.raises(WorkbenchError, match="served calibration"):
+        Calibration(served)
+    assert list_calibrations(served.parent) == []
+    capsys.readouterr()
+    assert "served calibration" in _err(["tree", "eval", "mc_sim_7b_63", "--calibration", str(served)], capsys)

@@ -261,6 +261,9 @@ def request_counts(path, what: str) -> ServedCounts:
 # ----------------------------------------------------------------------------------------------- the folder
 
 def check_method(method: str | None, engine_version: str | None = None) -> str:
+    if method is None:
+        raise WorkbenchError(f"give --method: the drafter vLLM serves ({', '.join(VLLM_DRAFTERS)}; medusa with "
+                             "--heads DIR)")
     if method not in VLLM_DRAFTERS:
         raise WorkbenchError(f"--method {method}: vLLM {engine_version or '0.32.0'} has no such drafter; its "
                              f"drafters are {', '.join(VLLM_DRAFTERS)}")
