@@ -192,7 +192,8 @@ def metrics_counts(texts: list[tuple[str, str]]) -> tuple[ServedCounts, dict]:
             after, before = get(last[lab]), get(servers[0][lab]) if len(servers) == 2 else 0.0
             if after < before:
                 raise WorkbenchError(f"{what}: a counter went down between the scrapes ({before:g} -> {after:g}): the "
-                                     "server restarted, or the scrapes come from two servers; scrape again")
+                                     "server restarted, the scrapes come from two servers, or they are in the wrong order "
+                                 "(give BEFORE then AFTER)")
             total += after - before
         return int(round(total))
 
