@@ -257,3 +257,21 @@ def test_optimize_takes_a_served_calibration_and_the_tree_tools_refuse_it(served
     assert list_calibrations(served.parent) == []
     capsys.readouterr()
     assert "served calibration" in _err(["tree", "eval", "mc_sim_7b_63", "--calibration", str(served)], capsys)
+
+
+@pytest.mark.unit
+def test_speculation_profile_of_our_calibration(tmp_path):
+    from helpers import make_calibration
+
+    folder = make_calibration(tmp_path / "cal")
+    ranks = pd.read_parquet(folder / "ranks.parquet")
+    heads = [f"head_{k}" for k in range(1, 5)]
+    drafts = int(ranks["head_1"].notna().sum())  # every answer position with a next token to draft
+    chain = [int((ranks[heads[:k]].fillna(-1) == 0).all(axis=1).sum()) for k in range(1, 5)]
+    prof = speculation_profile(folder)
+    assert prof["method"] == "medusa" and prof["num_speculative_tokens"] == 4
+    assert prof["counts"]["accepted_per_position"] == chain and prof["counts"]["drafts"] == drafts
+    assert prof["marginal_accept_rates"] == pytest.approx([c / drafts for c in chain], abs=1e-6)
+    assert prof["conditional_accept_rates"] == pytest.approx(
+        [c / p for c, p in zip(chain, [drafts] + chain[:-1])], abs=1e-6)
+    assert prof["provenance"]["kind"] == "calibration"
