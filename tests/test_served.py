@@ -275,3 +275,15 @@ def test_speculation_profile_of_our_calibration(tmp_path):
     assert prof["conditional_accept_rates"] == pytest.approx(
         [c / p for c, p in zip(chain, [drafts] + chain[:-1])], abs=1e-6)
     assert prof["provenance"]["kind"] == "calibration"
+
+
+@pytest.mark.unit
+def test_export_formats_refuse_what_they_do_not_describe(served, tmp_path, capsys):
+    assert "from a plan" in _err(["export", "mc_sim_7b_63", "--format", "trtllm-schedule"], capsys)
+    assert "from a plan" in _err(["export", "mc_sim_7b_63", "--format", "vllm-token-schedule"], capsys)
+    assert "give --calibration" in _err(["export", "--format", "speculation-profile"], capsys)
+    assert "give only --calibration" in _err(["export", "mc_sim_7b_63", "--format", "speculation-profile",
+                                              "--calibration", str(served)], capsys)
+    assert "input" in _err(["export", "--format", "speculation-profile", "--calibration", str(served),
+                            "--out", str(served / "meta.json")], capsys)
+    assert json.loads((served / "meta.json").read_text())["kind"] == "served"  # the input untouched

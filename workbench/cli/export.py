@@ -40,6 +40,9 @@ def _cmd_export(args) -> int:
     check_output(args.out, "--out")
     if looks_like_plan(args.tree):
         return _export_plan(args)
+    if args.format in ("trtllm-schedule", "vllm-token-schedule"):
+        raise WorkbenchError(f"--format {args.format} writes a K per batch size from a plan (workbench plan --out "
+                             "PLAN.json); for a tree use --format trtllm or vllm-tree")
     if args.heads_dir is not None:
         if args.heads_dir.strip().isdigit():  # the old --heads K of tree export
             raise WorkbenchError(f"--heads {args.heads_dir}: this command counts heads with --num-heads "

@@ -244,6 +244,8 @@ def drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
     model = draft_model or heads_dir or (DEMO_HEADS if src.get("heads") == "demo" else None)
     if model is None and src.get("kind") == "calibration" and src.get("heads"):
         model = src["heads"]
+    if model is None and src.get("served") and src.get("method") == "medusa":  # the heads folder vLLM served
+        model = src.get("draft_model")
     if model is None:
         made = {"accuracies": "accuracy table", "acceptance": "acceptance vector"}.get(src.get("kind"), "source")
         raise WorkbenchError(f"the plan names no drafter (the {made} {src.get('path', '')} it was made from names "
