@@ -229,18 +229,34 @@ def test_calibrate_in_vllm_and_plan_and_export_for_its_config_class(tmp_path):
     assert main(["plan", "--calibration", str(out), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
                  "1,2,4,8", "--out", str(tmp_path / "plan.json")]) == 0
     plan = read_plan(tmp_path / "plan.json")
-    cfg = json.loads(export_plan(plan, "vllm", vllm_version="0.32.0")[0])
-    # vLLM's own config class takes the export (its pydantic checks and post-init for an n-gram drafter)
-    code = ("import json, sys\nfrom vllm.config import SpeculativeConfig\n"
-            "c = SpeculativeConfig(**json.loads(sys.argv[1]))\n"
-            "print(json.dumps([c.method, c.num_speculative_tokens, c.num_speculative_tokens_per_batch_size]))")
-    res = subprocess.run([VLLM_PY, "-c", code, json.dumps(cfg)], capture_output=True, text=True,
+    own = json.loads(export_plan(plan, "vllm", vllm_version="0.32.0")[0])
+    # and the recorded scrape's plan, whose K falls with the batch size: a real schedule
+    assert main(["calibrate", "--metrics", str(BEFORE), str(AFTER), "--method", "ngram", "--out",
+                 str(tmp_path / "scrape")]) == 0
+    assert main(["plan", "--acceptance", str(tmp_path / "scrape"), "--latency", str(tmp_path / "lat.csv"),
+                 "--batch-sizes", "1,2,4,8", "--out", str(tmp_path / "p2.json")]) == 0
+    scrape_plan = read_plan(tmp_path / "p2.json")
+    sched = json.loads(export_plan(scrape_plan, "vllm", vllm_version="0.32.0")[0])
+    assert "num_speculative_tokens_per_batch_size" in sched
+    proposed = json.loads(export_plan(scrape_plan, "vllm-token-schedule", vllm_version="0.34.0")[0])
+    # vLLM's own config class reads them (its pydantic checks and post-init for an n-gram drafter); 0.32.0 has no
+    # speculative_token_schedule, as the export's window says
+    code = ("import json, sys\nfrom vllm.config import SpeculativeConfig\nout = []\n"
+            "for cfg in json.loads(sys.argv[1]):\n"
+            "    try:\n"
+            "        c = SpeculativeConfig(**cfg)\n"
+            "        out.append([c.method, c.num_speculative_tokens, c.num_speculative_tokens_per_batch_size])\n"
+            "    except Exception as e:\n"
+            "        out.append(type(e).__name__)\n"
+            "print(json.dumps(out))")
+    res = subprocess.run([VLLM_PY, "-c", code, json.dumps([own, sched, proposed])], capture_output=True, text=True,
                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    method, k, schedule = json.loads(res.stdout.strip().splitlines()[-1])
-    assert method == "ngram" and k == cfg["num_speculative_tokens"]
-    if "num_speculative_tokens_per_batch_size" in cfg:
-        assert [list(e) for e in schedule] == cfg["num_speculative_tokens_per_batch_size"]
+    got_own, got_sched, got_proposed = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got_own[:2] == ["ngram", own["num_speculative_tokens"]]
+    assert got_sched[:2] == ["ngram", sched["num_speculative_tokens"]]
+    assert [list(e) for e in got_sched[2]] == sched["num_speculative_tokens_per_batch_size"]
+    assert isinstance(got_proposed, str)  # refused: the key is not in 0.32.0
 
 
 @pytest.mark.unit
