@@ -161,6 +161,7 @@ def test_bad_served_input_is_one_error_line(tmp_path, capsys):
         "k3.prom": ("\n".join(line for line in after.splitlines() if 'position="3"' not in line),
                     "draft positions"),
         "garbage.prom": ("this is not prometheus text at all {\n", "not Prometheus text"),
+        "nan.prom": (re.sub(r'(spec_decode_num_draft_tokens_total\{[^}]*\}) \S+', r'\1 NaN', after), "finite count"),
     }
     for name, (text, want) in cases.items():
         (tmp_path / name).write_text(text)

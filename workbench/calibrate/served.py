@@ -120,6 +120,9 @@ def parse_metrics(text: str, what: str) -> dict[tuple, float]:
             val = float(value)
         except ValueError:
             raise WorkbenchError(f"{what}: line {n}: {name} has value {value[:20]!r}, not a number") from None
+        if not math.isfinite(val) or val < 0:
+            raise WorkbenchError(f"{what}: line {n}: {name} is {value[:20]}: a counter is a finite count >= 0 (a "
+                                 "damaged scrape)")
         if (base, pairs) in out:
             raise WorkbenchError(f"{what}: {name}{dict(pairs)} appears twice: two scrapes (or two servers) pasted "
                                  "into one file; give each scrape its own file")
