@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from workbench import WorkbenchError
-from workbench.calibrate.served import Served, metrics_counts, request_counts
+from workbench.calibrate.served import Served, request_counts
 from workbench.cli import main
 from workbench.core.data import load_prompt_records
 from workbench.export.engines import export_plan
