@@ -28,6 +28,20 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def writable_cache(what: str) -> Path:
+    """cache_dir(), refused in one line naming WORKBENCH_CACHE (or the default) and the fix when it is a file, or a
+    folder this user cannot write: checked before `what` (a conversion, a heads folder) starts, not after it."""
+    root = cache_dir()
+    name = f"WORKBENCH_CACHE={root}" if os.environ.get("WORKBENCH_CACHE") else f"the workbench cache {root}"
+    fix = "point WORKBENCH_CACHE at a folder you can write" + (" (or unset it: ~/.cache/workbench)"
+                                                              if os.environ.get("WORKBENCH_CACHE") else "")
+    try:
+        check_output(root, "WORKBENCH_CACHE", "folder", name)
+    except WorkbenchError as e:
+        raise WorkbenchError(f"{e} (needed for {what}): {fix}") from None
+    return root
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

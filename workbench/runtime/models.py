@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
-from workbench.core.io import cache_dir
+from workbench.core.io import cache_dir, writable_cache
 from workbench.runtime import gemv
 from workbench.runtime.heads import (DEMO_HEADS, check_heads_fit, inspect_heads, load_heads,
                                      medusa2_heads_present)
@@ -74,6 +74,7 @@ def demo_model_dir() -> Path:
     out = cache_dir() / "smollm2-135m-instruct"
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
+    writable_cache("the demo model's one-time conversion")  # before the ~17 s it takes
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = demo_gguf_path()
