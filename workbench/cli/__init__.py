@@ -20,7 +20,7 @@ from workbench.cli.tradeoffs import add_tradeoffs
 from workbench.cli.train import add_train_heads
 from workbench.cli.trees import add_tree
 from workbench.cli.vllm import add_vllm_check
-from workbench.core.io import check_not_inputs, protected_folders
+from workbench.core.outputs import check_not_inputs, protected_folders
 
 
 class _Parser(argparse.ArgumentParser):

@@ -6,7 +6,8 @@ from dataclasses import fields
 
 from workbench import WorkbenchError
 from workbench.cli.shared import bounded, finite, model_args, parse_ints, renamed, warn_line
-from workbench.core.io import check_not_protected, check_output, protected_folders
+from workbench.core.io import check_output
+from workbench.core.outputs import check_not_protected, protected_folders
 from workbench.trees.tree import MEDUSA_TOPK
 
 PROMPTS, BUDGETS, HOLDOUT, GEN_BATCH = "alpaca-eval", "16,32,64", 0.2, 32  # defaults --record-topk checks against

@@ -80,8 +80,9 @@ SCRIPT_OUTPUTS = {"out": "file", "table": "file", "work": "folder", "out_dir": "
 def check_script_args(args) -> None:
     """A bench script's flags, by name, as the CLI checks its own: counts >= 1 (a negative --threads reached torch),
     a dtype the loaders know, finite numbers; its outputs writable and never an input, the model cache or the
-    heads in use (core.io.check_not_inputs, the CLI's rule). Before anything loads."""
-    from workbench.core.io import check_not_inputs, check_output, protected_folders
+    heads in use (core.outputs.check_not_inputs, the CLI's rule). Before anything loads."""
+    from workbench.core.io import check_output
+    from workbench.core.outputs import check_not_inputs, protected_folders
 
     for dest, v in vars(args).items():
         flag = "--" + dest.replace("_", "-")

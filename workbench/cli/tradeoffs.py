@@ -261,16 +261,13 @@ def cmd_sweep(args) -> int:
 def cmd_sweep_report(args) -> int:
     check_output(args.out, "--out")  # before the imports: reading a sweep imports torch (sweep.py runs them too)
     check_output(args.figures, "--figures", "folder")
-    from workbench.measure.latency_file import latency_engine, read_latency
+    from workbench.measure.latency_file import read_latency
     from workbench.plan.plan_file import read_plan
     from workbench.plan.report import summarize
     from workbench.measure.sweep_file import read_sweep
 
-    sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
-    if latency is not None and latency_engine(latency)[0] != "workbench":
-        raise WorkbenchError(f"--latency {args.latency}: times {latency_engine(latency)[0]}'s served rounds, but a "
-                             "sweep measures this workbench's decoder: give a table of `workbench latency` (to "
-                             "check a plan priced on vLLM, use `workbench vllm-check`)")
+    sweep = read_sweep(args.sweep)  # before writing; a sweep measures our decoder: a vLLM table is refused
+    latency = read_latency(args.latency, engine="workbench") if args.latency else None
     plan = read_plan(args.plan) if args.plan else None
     write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
     if args.figures:

@@ -38,7 +38,8 @@ from workbench.runtime.treemask import tree_setup
 from workbench.runtime.generation import eos_ids, prepare_prompt
 from workbench.runtime.heads import heads_fingerprint
 from workbench.calibrate.topk_file import calibration_heads_sha256
-from workbench.core.io import cache_dir, writable_cache
+from workbench.core.io import cache_dir
+from workbench.core.outputs import writable_cache
 from workbench.runtime.models import demo_model_dir, load_base, load_model_and_heads, model_label
 
 PREDICTIONS = ("predicted_replay", "predicted_joint", "predicted_independent")

@@ -22,6 +22,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.io import read_csv
+from workbench.core.provenance import COMPARED, differences
 from workbench.core.speed import spread
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
@@ -98,8 +99,6 @@ def _check_setting(df: pd.DataFrame, path, flag: str) -> None:
     setting per file in what changes a step's cost (provenance.COMPARED: compiled and eager rows, or two thread
     counts, are two tables: priced together they would mix two speeds), and its mode saying the same engine as the
     engine column (a vllm-round setting is vLLM's, decoder-step and verify ours)."""
-    from workbench.core.provenance import COMPARED, differences
-
     if "setting" not in df.columns:
         return
     cells = df["setting"].dropna().astype(str)
@@ -149,7 +148,8 @@ def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def read_latency(path, flag: str = "--latency", policy: str = "static") -> pd.DataFrame | None:
+def read_latency(path, flag: str = "--latency", policy: str = "static",
+                 engine: str | None = None) -> pd.DataFrame | None:
     """A latency CSV at this version (upgrade_latency), checked: LATENCY_REQUIRED present, positive integer batch
     sizes, contexts and token counts, seconds finite and > 0; the spread columns, where there, on every row, ordered
     min <= q1 <= median <= q3 <= max. `flag` names the option it came from in errors. The rows of one `policy`
@@ -179,6 +179,9 @@ def read_latency(path, flag: str = "--latency", policy: str = "static") -> pd.Da
     df[["batch", "context", "tokens"]] = df[["batch", "context", "tokens"]].astype(int)
     _check_engine(df, path, flag)
     _check_setting(df, path, flag)
+    if engine is not None and latency_engine(df)[0] != engine:  # e.g. sweep-report: a sweep is our decoder's
+        raise WorkbenchError(f"{flag} {path}: times {latency_engine(df)[0]}'s steps, but this compares {engine}'s: "
+                             "give a table of `workbench latency` (a plan priced on vLLM is checked by `workbench vllm-check`)")
     present = [c for c in SPREAD_COLUMNS if c in df.columns]
     if present:
         spread = df[present].apply(pd.to_numeric, errors="coerce")

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
-from workbench.core.io import cache_dir, writable_cache
+from workbench.core.io import cache_dir
+from workbench.core.outputs import writable_cache
 from workbench.runtime import gemv
 from workbench.runtime.heads import (DEMO_HEADS, check_heads_fit, inspect_heads, load_heads,
                                      medusa2_heads_present)
