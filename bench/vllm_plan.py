@@ -156,5 +156,9 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def main(argv=None) -> int:
+    return run_script(parser(), run, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run_script(parser(), run))
+    sys.exit(main())
