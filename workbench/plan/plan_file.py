@@ -149,18 +149,19 @@ def check_plan(data, what: str = "plan") -> dict:
         raise WorkbenchError(f"{what}: alternatives must list the same batch sizes as plans")
     for a in alts or []:
         for key in ("runner_up", "best_chain"):
-            _object(a.get(key), f"{what}: alternatives ({a['batch_size']}) {key}")
+            _object(a.get(key), f"{what}: alternatives at batch size {a['batch_size']}: {key}")
         k = (a.get("best_chain") or {}).get("k")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise WorkbenchError(f"{what}: alternatives best_chain k must be an integer >= 0")
         runner = a.get("runner_up") or {}
         if runner and (runner.get("kind") not in KINDS or not isinstance(runner.get("medusa_choices"), list)):
-            raise WorkbenchError(f"{what}: alternatives ({a['batch_size']}) runner_up needs a kind ({', '.join(KINDS)}) "
-                                 "and a medusa_choices list")
+            raise WorkbenchError(f"{what}: alternatives at batch size {a['batch_size']}: runner_up needs a kind "
+                                 f"({', '.join(KINDS)}) and a medusa_choices list")
         if runner.get("medusa_choices"):
             load_tree(runner["medusa_choices"])
         if not isinstance(a.get("chains", []), list) or not all(isinstance(c, dict) for c in a.get("chains", [])):
-            raise WorkbenchError(f"{what}: alternatives ({a['batch_size']}) chains should be a list of objects")
+            raise WorkbenchError(f"{what}: alternatives at batch size {a['batch_size']}: chains should be a list of "
+                                 "objects")
     _check_shape(data, what)
     return data
 
