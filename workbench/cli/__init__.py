@@ -46,8 +46,8 @@ def _check_outputs(args) -> None:
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, str) and v and os.path.lexists(v):
                 inputs[f"--{dest.replace('_', '-')}" if dest not in ("tree", "sweep") else dest.upper()] = v
-    outputs = {f"--{d.replace('_', '-')}": (getattr(args, d), "folder" if d == "out" and args.command in
-                                            FOLDER_OUT else kind)
+    folder_out = args.command in FOLDER_OUT or getattr(args, "format", None) == "vllm-heads"
+    outputs = {f"--{d.replace('_', '-')}": (getattr(args, d), "folder" if d == "out" and folder_out else kind)
                for d, kind in OUTPUTS.items() if getattr(args, d, None)}
     heads = getattr(args, "heads_dir", None) or getattr(args, "heads", None)
     if args.command == "export" and args.format == "vllm-heads":
