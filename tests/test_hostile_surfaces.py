@@ -338,6 +338,8 @@ LATENCY_DAMAGE = {
     "a list where a value belongs": lambda df: df.assign(setting=df["setting"].str.replace('"threads": 2',
                                                                                           '"threads": [2, 4]')),
     "a setting that is not an object": lambda df: df.assign(setting="[1, 2]"),
+    "a load average as text": lambda df: df.assign(setting=df["setting"].str.replace('"threads": 2',
+                                                                                    '"threads": 2, "load_average": "high"')),
 }
 
 
@@ -389,6 +391,9 @@ def test_whatever_the_setting_cells_hold_a_latency_table_is_one_setting_or_one_e
     assert all(isinstance(s, dict) for s in parsed)
     assert len({json.dumps({k: s.get(k) for k in COMPARED}, sort_keys=True) for s in parsed}) <= 1
     assert all((s.get("mode") == "vllm-round") == (engine == "vllm") for s in parsed if s.get("mode"))
+    from workbench.core.provenance import describe, loaded, read_setting
+
+    describe(read_setting(df)), loaded(read_setting(df))  # what plan and latency print after writing: no traceback
 
 
 # ----------------------------------------------------------------------------------------------- 4. environment

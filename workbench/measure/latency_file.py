@@ -111,10 +111,15 @@ def _check_setting(df: pd.DataFrame, path, flag: str) -> None:
         if not isinstance(s, dict):
             raise WorkbenchError(f"{flag} {path}: a setting cell is not a JSON object ({cell[:40]!r}): measure it "
                                  "again with `workbench latency`")
-        bad = [k for k in (*COMPARED, "load_average") if isinstance(s.get(k), (list, dict))]
+        bad = [k for k in COMPARED if isinstance(s.get(k), (list, dict))] + \
+            [k for k in ("device", "gpu", "cpu", "vector", "dtype", "mode")
+             if not isinstance(s.get(k), (str, type(None)))] + \
+            [k for k in ("load_average", "load_now", "cores") if s.get(k) is not None and (
+                isinstance(s[k], bool) or not isinstance(s[k], (int, float)) or not np.isfinite(s[k]))]
         if bad:
             raise WorkbenchError(f"{flag} {path}: the setting's {bad[0]} holds a {type(s[bad[0]]).__name__} where one "
-                                 "value belongs: measure it again with `workbench latency`")
+                                 "plain value (a name for the machine, a finite number for the load and cores) belongs: measure it again "
+                                 "with `workbench latency`")
         key = {k: s.get(k) for k in COMPARED}
         if first is None:
             first = key
