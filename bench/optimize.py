@@ -43,7 +43,6 @@ def main(argv=None) -> int:
 
 
 def _run(args) -> int:
-
     acc, source = accuracies()
     optimal_tree(acc, args.max_budget)  # warm-up (imports, caches)
     rows = []
