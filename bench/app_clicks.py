@@ -19,7 +19,6 @@ one was.
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 import platform
@@ -35,6 +34,7 @@ from typing import Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.cli.shared import ScriptParser, run_script  # noqa: E402
 from workbench.core.provenance import describe, loaded, setting  # noqa: E402
 from tests.support import browser as ui  # noqa: E402
 
@@ -321,13 +321,16 @@ def versions(driver) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--passes", type=int, default=2, help="passes over the clicks: 1 on a fresh server, the rest "
                                                           "repeat it with warm caches (default 2)")
     ap.add_argument("--calibration-root", help="calibration folders (default: the app's, calibration/)")
     ap.add_argument("--results-root", help="sweep and latency CSVs (default: the app's, docs/results/)")
     ap.add_argument("--out", default=str(DEFAULT_OUT), help="JSON (default bench/results/app-clicks.json)")
-    args = ap.parse_args(argv)
+    return run_script(ap, _run, argv)
+
+
+def _run(args) -> int:
     if args.passes < 1:
         print(f"error: --passes {args.passes}: give 1 or more (1 = the uncached clicks only)", file=sys.stderr)
         return 2

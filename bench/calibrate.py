@@ -11,7 +11,6 @@ reference's does not (it gets a loaded model), so the ratio is conservative. Pri
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 import tempfile
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError, __version__  # noqa: E402
+from workbench.cli.shared import ScriptParser, run_script  # noqa: E402
 from workbench.calibrate.folder import Calibration  # noqa: E402
 from workbench.calibrate.ranks import NULL, head_accuracies, path_probabilities, ranks_frame  # noqa: E402
 from workbench.calibrate.run import CalibrateConfig, calibrate  # noqa: E402
@@ -60,8 +60,8 @@ def reference_ranks(model, heads, prompt: list[int], max_new_tokens: int, topk: 
     return cont, ranks
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="base model (default: the demo SmolLM2-135M-Instruct)")
     ap.add_argument("--heads", help="Medusa heads folder (default: the demo heads)")
     ap.add_argument("--random-heads", type=int, metavar="K",
@@ -76,7 +76,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, help="torch CPU threads for both (1 avoids oversubscription on a shared "
                     "machine, where batched matmuls can get 100x slower)")
     ap.add_argument("--out", default="bench/results/calibrate.json")
-    args = ap.parse_args()
+    return run_script(ap, _run, argv)
+
+
+def _run(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -160,7 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except WorkbenchError as e:
-        sys.exit(f"error: {e}")
+    sys.exit(main())

@@ -17,7 +17,6 @@ outputs of every mode must be identical (exit 1 otherwise). Writes JSON (bench/r
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -32,7 +31,7 @@ import torch  # noqa: E402
 
 from decode import _setup, prompts_for  # noqa: E402  (bench/decode.py: the same model and prompt setup)
 from workbench import WorkbenchError  # noqa: E402
-from workbench.cli.shared import parse_ints, run_script  # noqa: E402
+from workbench.cli.shared import parse_ints, ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.speed import tokens_per_step  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
@@ -50,7 +49,7 @@ PAYS = 1000  # a default compiles: faster at every (batch, tree) and paid back w
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
     ap.add_argument("--heads")
     ap.add_argument("--tiny", action="store_true", help="tiny random model and heads (plumbing only)")

@@ -10,7 +10,6 @@ over the fastest's, and the choice; writes JSON (bench/results/cpu-linear.json u
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ sys.path.insert(0, str(HERE.parent))
 
 import torch  # noqa: E402
 
-from workbench.cli.shared import parse_ints, run_script  # noqa: E402
+from workbench.cli.shared import parse_ints, ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.runtime import gemv  # noqa: E402
@@ -28,7 +27,7 @@ from workbench.runtime.models import load_base, random_model  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="base model (default: the embedded demo)")
     ap.add_argument("--random-config", help="a random-weight model of this shape instead (workbench latency's)")
     ap.add_argument("--rows", default="1,2,3,4,8,16,32,64")

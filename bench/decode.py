@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
-from workbench.cli.shared import run_script  # noqa: E402
+from workbench.cli.shared import ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import dtype_name  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
@@ -108,7 +108,7 @@ def timed_generate(model, prompts: list[list[int]], n: int, cache: str | None, c
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
     ap.add_argument("--heads")
     ap.add_argument("--tiny", action="store_true", help="tiny random model and heads (no download, no demo)")

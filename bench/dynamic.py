@@ -14,7 +14,6 @@ heads' rounding between calibration and decoding (a near-tie of path scores can 
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -27,7 +26,7 @@ from prediction import measure_specs, repeats_at  # noqa: E402  (bench/predictio
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibrate.folder import Calibration, default_calibration  # noqa: E402
 from workbench.calibrate.ranks import answer_rows, batch_walk, walk_answers, walk_steps  # noqa: E402
-from workbench.cli.shared import parse_ints, run_script  # noqa: E402
+from workbench.cli.shared import parse_ints, ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import describe, loaded, without_load  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
@@ -93,7 +92,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", help="calibration folder with topk.parquet (default: the demo's)")
     ap.add_argument("--envelope", default=str(ENVELOPE), help="the per-step trees' envelope (default: the 64-node "
                                                              "joint tree)")

@@ -10,7 +10,6 @@ run's, and where the first difference is. Prints a table and writes JSON (bench/
 """
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench import WorkbenchError  # noqa: E402
+from workbench.cli.shared import ScriptParser, parse_floats, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.decode import acceptance  # noqa: E402
 from workbench.decode.loop import Acceptance, medusa_generate
@@ -73,7 +73,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model")
     ap.add_argument("--heads")
     ap.add_argument("--tree", default=None, help=f"tree spec (default: {DEMO_TREE.name}, or mc_sim_7b_63 with --tiny)")
@@ -85,9 +85,12 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int)
     ap.add_argument("--tiny", action="store_true", help="tiny random Llama + random heads (plumbing only)")
     ap.add_argument("--out", default=str(HERE / "results" / "entropy.json"))
-    args = ap.parse_args(argv)
+    return run_script(ap, _run, argv)
+
+
+def _run(args) -> int:
     try:
-        temperatures = [float(t) for t in args.temperature.split(",")]
+        temperatures = parse_floats(args.temperature, "--temperature")
         if not all(t > 0 for t in temperatures):
             raise WorkbenchError(f"--temperature {args.temperature}: each must be > 0 (at 0 both forms agree)")
         if args.threads:

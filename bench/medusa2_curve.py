@@ -13,7 +13,6 @@ backbone top-1 agreement, perplexity ratio of the original's answers, greedy ide
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -23,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
+from workbench.cli.shared import ScriptParser, parse_floats, parse_ints, run_script  # noqa: E402
 
 TRAINING_SETS = ("alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json")
 
@@ -66,7 +66,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lambda0", default="0.01,0.2,1", help="comma-separated λ0 values (default 0.01,0.2,1)")
     ap.add_argument("--steps", default="100,300", help="comma-separated step counts (default 100,300)")
     ap.add_argument("--tokens", type=int, default=20000, help="self-distilled answer tokens (default 20000)")
@@ -79,14 +79,12 @@ def main(argv=None) -> int:
     ap.add_argument("--work", default="runs/medusa2-curve")
     ap.add_argument("--out", help="JSON (default WORK/curve.json)")
     ap.add_argument("--table", help="Markdown table (default WORK/curve.md)")
-    a = ap.parse_args(argv)
-    try:
-        lambdas = [float(x) for x in a.lambda0.split(",")]
-        steps = [int(x) for x in a.steps.split(",")]
-    except ValueError:
-        print("error: --lambda0 and --steps take comma-separated numbers, e.g. --lambda0 0.01,0.2 --steps 100,300",
-              file=sys.stderr)
-        return 2
+    return run_script(ap, _run, argv)
+
+
+def _run(a) -> int:
+    lambdas = parse_floats(a.lambda0, "--lambda0")  # finite numbers >= 0, or one error line
+    steps = parse_ints(a.steps, "--steps")
     data, work = Path(a.data), Path(a.work)
     missing = [f for f in TRAINING_SETS if not (data / f).is_file()]
     if missing:

@@ -7,7 +7,6 @@ the same way as the tests) when present, else a fixed random table. Prints a tab
 """
 from __future__ import annotations
 
-import argparse
 import platform
 import statistics
 import sys
@@ -18,6 +17,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import REPO_ROOT  # noqa: E402
+from workbench.cli.shared import ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.trees.optimize import expected_curve, expected_length, optimal_tree  # noqa: E402
 
@@ -34,13 +34,15 @@ def accuracies() -> tuple[np.ndarray, str]:
     return np.array(rows), "vicuna-7b top1/top5 spread over 10 ranks"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-budget", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=5, help="timed runs per budget (median reported)")
     ap.add_argument("--out", default="bench/results/optimize.json")
-    args = ap.parse_args()
+    return run_script(ap, _run, argv)
 
+
+def _run(args) -> int:
     acc, source = accuracies()
     optimal_tree(acc, args.max_budget)  # warm-up (imports, caches)
     rows = []
@@ -74,4 +76,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

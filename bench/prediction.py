@@ -29,7 +29,6 @@ when they differ.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
@@ -39,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibrate.folder import Calibration, default_calibration, list_calibrations  # noqa: E402
 from workbench.calibrate.ranks import answer_rows, decoder_walk, walk_answers  # noqa: E402
-from workbench.cli.shared import parse_ints, run_script  # noqa: E402
+from workbench.cli.shared import parse_ints, ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting,  # noqa: E402
                                        without_load)
@@ -220,7 +219,7 @@ def per_step_verdicts(rows: list[dict], chosen: dict) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--calibration", help="calibration folder (default: the first under calibration/ with a latency "
                                           "CSV, else the first)")
     ap.add_argument("--latency", help="latency CSV (default: the calibration's only latency-*.csv)")

@@ -11,7 +11,6 @@ bench/results/rounding-{demo,tiny}-DTYPE-cpu.json).
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.cli.shared import ScriptParser, run_script  # noqa: E402
 from workbench.core.provenance import dtype_name  # noqa: E402
 from workbench.decode.divergence import ROUNDING_UNITS, divergences, unit_roundoff  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
@@ -41,14 +41,17 @@ def drift_units(med, van, dtype) -> list[float]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = ScriptParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="tiny random Llama with random heads")
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tree", default="mc_sim_7b_63")
     ap.add_argument("--limit", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--out", help="default: bench/results/rounding-{demo,tiny}-DTYPE-cpu.json")
-    args = ap.parse_args(argv)
+    return run_script(ap, _run, argv)
+
+
+def _run(args) -> int:
     torch.set_num_threads(1)
     if args.tiny:
         from workbench.runtime.models import pick_dtype

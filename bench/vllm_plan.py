@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from workbench import WorkbenchError  # noqa: E402
 from workbench.calibrate.folder import default_calibration  # noqa: E402
 from workbench.cli import main as workbench  # noqa: E402
-from workbench.cli.shared import run_script  # noqa: E402
+from workbench.cli.shared import ScriptParser, parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.core.provenance import cpu_mark, others, quiet  # noqa: E402
 
@@ -78,12 +78,14 @@ def run(args) -> int:
     from workbench.export.vllm_speed import repriced
 
     out_dir, name = Path(args.out_dir), args.name
+    top_k = parse_ints(args.k, "--k", "depth")[-1]  # before the folder is made: '1,a' is one error line
+    parse_ints(args.batch_sizes, "--batch-sizes", "batch")
     out_dir.mkdir(parents=True, exist_ok=True)
     cal = args.calibration or str(default_calibration())
     lat, plan, check = (out_dir / f"{name}-{s}" for s in ("latency.csv", "plan.json", "check.json"))
     py = (["--vllm-python", args.vllm_python] if args.vllm_python else []) + (["--vllm-eager"] if args.vllm_eager
                                                                                 else [])
-    ks = ",".join(str(k) for k in range(1, max(int(k) for k in args.k.split(",")) + 1))
+    ks = ",".join(str(k) for k in range(1, top_k + 1))
     loads_file = out_dir / f"{name}-loads.json"
     loads = json.loads(loads_file.read_text()) if loads_file.exists() else {}
     loads.setdefault("start", load())
@@ -133,7 +135,7 @@ def run(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = ScriptParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--calibration", help="calibration folder (default: the first under calibration/)")
     ap.add_argument("--vllm-python", help="python of vLLM's environment (default: $WORKBENCH_VLLM_PYTHON)")
@@ -154,5 +156,9 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def main(argv=None) -> int:
+    return run_script(parser(), run, argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run_script(parser(), run))
+    sys.exit(main())

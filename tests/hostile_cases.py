@@ -201,6 +201,7 @@ def build_env(root: Path) -> dict:
     fake.chmod(0o755)
     e.update(m2=str(m2), m2_config=str(m2 / "config.json"), no_vllm=str(fake))
     _absurd_inputs(d, e, sd)
+    _issue71_inputs(d, e)
     for name, minor in (("devfull", 7), ("devnull", 3)):  # private copies of /dev/full and /dev/null: a run that
         try:                                            # replaced the device node would break only its own copy
             os.mknod(root / name, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, minor))
@@ -674,6 +675,7 @@ def _cases() -> list[tuple]:
                                                                                   "--num-heads", "5"))
     _long_command_cases(add)
     _absurd_size_cases(add)
+    _issue71_cases(add)
     return C
 
 
@@ -684,6 +686,93 @@ ABSURD_HEADS = {  # env key: what it claims
     "h_pt_index": ".pt head index 1234", "h_cfg": "config medusa_num_heads 5000",
     "h_cfg_vocab": "config vocab_size 3M", "h_3d_cfg": "3-D weight after a config warning",
 }
+
+
+def _issue71_inputs(d: Path, e: dict) -> None:
+    """Issue 71's files: a calibration with a recorded topk.parquet and damaged copies of it, plans damaged by type
+    or drafting past their heads, latency files of two settings or of an engine contradicting the setting."""
+    import shutil
+
+    import numpy as np
+    import pandas as pd
+
+    meta = json.loads((Path(e["cal"]) / "meta.json").read_text())
+    ranks = pd.read_parquet(Path(e["cal"]) / "ranks.parquet")
+    held = ranks[ranks["prompt_id"].isin(meta["holdout_ids"])]
+    K, topk = meta["num_heads"], meta["topk"]
+    rng = np.random.default_rng(0)
+    good = dict(prompt_id=held["prompt_id"].astype(str).to_numpy(), position=held["position"].to_numpy())
+    for k in range(1, K + 1):
+        good[f"logp_{k}"] = [-np.sort(rng.random(topk) * 9).astype(np.float32) for _ in range(len(held))]
+        good[f"ids_{k}"] = [rng.permutation(128)[:topk].astype(np.int32) for _ in range(len(held))]
+    good = pd.DataFrame(good)
+    damaged = {"topk_floats": good.assign(logp_1=-1.0), "topk_text_pos": good.assign(position=good["position"].astype(str)),
+               "topk_nan": good.assign(logp_2=[np.full(topk, np.nan, np.float32)] * len(good)),
+               "topk_ascending": good.assign(logp_1=[np.sort(x) for x in good["logp_1"]]),
+               "topk_dup": pd.concat([good, good.iloc[:1]], ignore_index=True)}
+    for name, df in {"cal_topk": good, **damaged}.items():
+        folder = d / name
+        shutil.copytree(e["cal"], folder)
+        df.to_parquet(folder / "topk.parquet", index=False)
+        e[name] = str(folder)
+    plan = json.loads(Path(e["plan"]).read_text())
+    for name, edit in {"plan_src_str": lambda p: p.update(source="calibration"),
+                       "plan_runner_list": lambda p: p["alternatives"][0].update(runner_up=["chain"]),
+                       "plan_deep": lambda p: p["plans"][0].update(kind="chain", nodes=12,
+                                                                   medusa_choices=[[0] * i for i in range(1, 13)]),
+                       "plan_envelope": lambda p: p["latency"].update(dynamic={"envelope": 10 ** 12})}.items():
+        bad = json.loads(json.dumps(plan))
+        edit(bad)
+        (d / f"{name}.json").write_text(json.dumps(bad))
+        e[name] = str(d / f"{name}.json")
+    lat = pd.read_csv(e["lat"])
+    cell = lambda **kw: json.dumps(dict(device="cpu", dtype="float32", threads=2, compiled=False,  # noqa: E731
+                                        mode="decoder-step") | kw)
+    for name, df in {"lat_mixed": lat.assign(setting=[cell(compiled="layers" if i % 2 else False)
+                                                      for i in range(len(lat))]),
+                     "lat_engine": lat.assign(setting=cell(mode="vllm-round")),
+                     "lat_list": lat.assign(setting=cell(threads=[2, 4])),
+                     "lat_vllm": lat.assign(setting=cell(mode="vllm-round"), engine="vllm", engine_version="0.32.0",
+                                            context_min=16, context_max=16, version=4)}.items():
+        df.to_csv(d / f"{name}.csv", index=False)
+        e[name] = str(d / f"{name}.csv")
+
+
+def _issue71_cases(add) -> None:
+    """Issue 71: outputs on what a command reads, topk.parquet, plans by type, latency settings, ignored flags."""
+    add("export", "outputs", "vllm-heads --out inside the --model folder",
+        lambda e, O: ["export", e["heads"], "--format", "vllm-heads", "--model", e["model"], "--out",
+                      f"{e['model']}/medusa"])
+    add("export", "outputs", "vllm-heads --out = the heads read",
+        lambda e, O: ["export", e["heads"], "--format", "vllm-heads", "--model", e["model"], "--out", e["heads"]])
+    add("latency", "outputs", "--out inside the --model folder",
+        lambda e, O: ["latency", "--model", e["model"], "--sizes", "1,2", "--context", "8", "--repeats", "1",
+                      "--warmup", "0", "--out", f"{e['model']}/latency.csv"])
+    add("calibrate", "outputs", "--out inside the --heads folder",
+        lambda e, O: with_flag(_cal(e, O), "--out", f"{e['heads']}/cal"))
+    for key in ("topk_floats", "topk_text_pos", "topk_nan", "topk_ascending", "topk_dup"):
+        add("tree eval", "garbage", f"{key} replayed",
+            lambda e, O, k=key: ["tree", "eval", e["tree"], "--calibration", e[k], "--dynamic", "2"])
+    add("tree eval", "types", "a valid topk.parquet replayed",
+        lambda e, O: ["tree", "eval", e["tree"], "--calibration", e["cal_topk"], "--dynamic", "2"], "ok")
+    add("tree eval", "types", "--max-new-tokens without --dynamic",
+        lambda e, O: ["tree", "eval", e["tree"], "--calibration", e["cal"], "--max-new-tokens", "4"])
+    add("calibrate", "types", "--record-topk with --limit",
+        lambda e, O: ["calibrate", "--record-topk", "--out", e["cal_topk"], "--limit", "2", "--model", e["model"],
+                      "--heads", e["heads"]])
+    for key in ("plan_src_str", "plan_runner_list", "plan_deep", "plan_envelope"):
+        add("export", "types", f"{key} to vllm", lambda e, O, k=key: ["export", e[k], "--format", "vllm", "--out",
+                                                                     f"{O}/spec.json"])
+    add("sweep", "types", "--plan drafting past its heads", lambda e, O: ["sweep", "--plan", e["plan_deep"], "--model",
+                                                                         e["model"], "--heads", e["heads"],
+                                                                         "--prompts", e["prompts"], "--out",
+                                                                         f"{O}/s.csv"])
+    for key in ("lat_mixed", "lat_engine", "lat_list"):
+        add("plan", "garbage", f"{key} latency", lambda e, O, k=key: with_flag(_plan(e, O), "--latency", e[k]))
+    add("sweep-report", "types", "a vLLM surface as --latency",
+        lambda e, O: ["sweep-report", e["sweep"], "--latency", e["lat_vllm"], "--out", f"{O}/r.md"])
+    add("latency", "types", "--engine vllm --envelope",
+        lambda e, O: ["latency", "--engine", "vllm", "--envelope", e["tree"], "--out", f"{O}/l.csv"])
 
 
 def _absurd_size_cases(add) -> None:

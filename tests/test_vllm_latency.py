@@ -23,6 +23,9 @@ STANDIN = '''#!{python}
 scheduling's), then {rounds} full rounds at COST[K] * (B if K else 1) seconds; with STANDIN_DIE_AT=B it dies at batch
 size B; every request's batch sizes and engines are logged to STANDIN_LOG."""
 import json, os, sys
+if sys.argv[1:2] == ["-c"]:  # the interpreter check's question: is vLLM there?
+    print("vllm")
+    sys.exit(0)
 COST = {cost}
 req = json.loads(sys.stdin.read())
 with open(os.environ["STANDIN_LOG"], "a") as f:
@@ -130,7 +133,8 @@ def _surface(tmp_path, engine="vllm") -> str:
             t = COST[k] * (b if k else 1)
             rows.append(dict(model="m", device="cpu", dtype="float32", batch=b, context=30, tokens=k + 1, seconds=t,
                              seconds_min=t * 0.98, seconds_q1=t * 0.99, seconds_q3=t * 1.01, seconds_max=t * 1.02,
-                             repeats=3, setting=json.dumps(dict(mode="vllm-round", prompt_ids=["a", "b"])),
+                             repeats=3, setting=json.dumps(dict(mode="vllm-round" if engine == "vllm" else "decoder-step",
+                                                          prompt_ids=["a", "b"])),
                              engine=engine, engine_version="0.32.0", context_min=20, context_max=40,
                              version=LATENCY_VERSION))
     f = tmp_path / f"{engine}.csv"
@@ -283,7 +287,8 @@ def test_latency_format_engine_columns_are_checked(tmp_path):
         with pytest.raises(WorkbenchError, match=match):
             read_latency(tmp_path / "bad.csv")
     # version 2 (before the engine columns): every such table timed our decoder, its context range not recorded
-    old = df.drop(columns=["engine", "engine_version", "context_min", "context_max"]).assign(version=2)
+    old = df.drop(columns=["engine", "engine_version", "context_min", "context_max"]).assign(
+        version=2, setting=json.dumps(dict(mode="decoder-step")))  # (a vllm-round setting would contradict it)
     old.to_csv(tmp_path / "old.csv", index=False)
     up = read_latency(tmp_path / "old.csv")
     assert latency_engine(up) == ("workbench", None) and (up["version"] == LATENCY_VERSION).all()

@@ -1,4 +1,5 @@
 """Medusa tree workbench: calibrate heads, optimise `medusa_choices` trees, verify them with a live decoder."""
+import contextlib
 import os
 import warnings
 from pathlib import Path
@@ -27,3 +28,34 @@ class WorkbenchWarning(UserWarning):
 def warn(message: str) -> None:
     """Warn the user (WorkbenchWarning): the front end decides how it is shown (the CLI: cli.shared.cli_warnings)."""
     warnings.warn(message, WorkbenchWarning, stacklevel=2)
+
+
+@contextlib.contextmanager
+def warnings_held():
+    """Read an input with its warnings held: shown once the reader accepts it (each text once, however often the
+    input was read), or folded into the error that refuses it (one `error:` line, not a warning about a file that
+    is refused anyway). Nested holds are the outermost's."""
+    if _HOLDING:
+        yield
+        return
+    _HOLDING.append(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", WorkbenchWarning)
+            try:
+                yield
+            except WorkbenchError as e:
+                held = [" ".join(str(w.message).split()) for w in caught if issubclass(w.category, WorkbenchWarning)]
+                if not held:
+                    raise
+                raise WorkbenchError(f"{e} (also: {'; '.join(dict.fromkeys(held))})") from None
+    finally:
+        _HOLDING.clear()
+    seen = set()
+    for w in caught:
+        if (str(w.message), w.category) not in seen:
+            seen.add((str(w.message), w.category))
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+_HOLDING: list = []

@@ -31,6 +31,7 @@ from workbench.calibrate.ranks import (answer_rows, batch_walk, head_accuracies,
                                        path_probabilities, walk_answers, walk_steps)
 from workbench.calibrate.served import is_served
 from workbench.core.data import load_prompt_records
+from workbench.calibrate.topk_file import read_topk
 from workbench.core.io import read_json
 from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import acc_value_fn, empirical_value_fn, expected_length
@@ -152,25 +153,6 @@ def read_ranks(f: Path, what: str, topk: int = MAX_TOPK) -> pd.DataFrame:
                              "calibrate` with more prompts or --max-new-tokens")
     ranks["prompt_id"] = ranks["prompt_id"].astype("string")
     return ranks
-
-
-def read_topk(f: Path, what: str, num_heads: int, topk: int) -> pd.DataFrame:
-    """topk.parquet, checked: prompt_id, position and per head k logp_k (topk floats, descending) and ids_k."""
-    try:
-        df = pd.read_parquet(f)
-    except Exception as e:  # pyarrow raises many types for a damaged file
-        raise WorkbenchError(f"{what}: {f.name} is not a readable parquet file ({type(e).__name__})") from None
-    need = ["prompt_id", "position"] + [f"{c}_{k + 1}" for k in range(num_heads) for c in ("logp", "ids")]
-    missing = [c for c in need if c not in df.columns]
-    if missing:
-        raise WorkbenchError(f"{what}: {f.name} lacks column(s) {', '.join(missing)}: record it again "
-                             "(`workbench calibrate --record-topk`)")
-    for k in range(num_heads):
-        lp = df[f"logp_{k + 1}"]
-        if len(df) and (lp.map(len) != topk).any():
-            raise WorkbenchError(f"{what}: {f.name}'s logp_{k + 1} does not hold {topk} values per row")
-    df["prompt_id"] = df["prompt_id"].astype("string")
-    return df
 
 
 def read_continuations(f: Path, what: str) -> dict[str, list[int]]:

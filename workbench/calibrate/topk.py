@@ -10,6 +10,7 @@ import torch
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import TOPK, Calibration
+from workbench.calibrate.topk_file import calibration_heads_sha256
 from workbench.core.io import atomic_write
 from workbench.runtime.generation import prepare_prompt, teacher_forced_hidden
 from workbench.runtime.heads import heads_fingerprint
@@ -45,10 +46,11 @@ def record_topk(folder, model, tok, heads, batch: int = 8, max_new_tokens: int |
     """Write FOLDER/topk.parquet for the calibration's held-out answers (cut to max_new_tokens) with these model
     and heads, which must be the calibration's own (its heads fingerprint); returns the frame."""
     cal = Calibration(folder)
-    want = cal.meta.get("heads_sha256")
+    want = calibration_heads_sha256(cal.meta)
     if want and want != heads_fingerprint(heads):
-        raise WorkbenchError(f"--heads: not the heads calibration {folder} measured (fingerprint {want}); the "
-                             "replay needs their own log-probabilities")
+        raise WorkbenchError(f"--heads: not the heads calibration {folder} measured (its meta.json args.heads_sha256 "
+                             f"{want[:16]}...; the replay needs their own log-probabilities): give --heads "
+                             f"{cal.meta.get('heads', 'DIR')} (the calibration's own), or calibrate these heads")
     answers = cal.continuations()
     records = cal.holdout_prompts()
     pids = [pid for pid, _ in records if pid in answers]

@@ -20,7 +20,7 @@ from workbench.cli.tradeoffs import add_tradeoffs
 from workbench.cli.train import add_train_heads
 from workbench.cli.trees import add_tree
 from workbench.cli.vllm import add_vllm_check
-from workbench.core.io import check_not_inputs
+from workbench.core.outputs import check_not_inputs, protected_folders
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,10 +46,16 @@ def _check_outputs(args) -> None:
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, str) and v and os.path.lexists(v):
                 inputs[f"--{dest.replace('_', '-')}" if dest not in ("tree", "sweep") else dest.upper()] = v
-    outputs = {f"--{d.replace('_', '-')}": (getattr(args, d), "folder" if d == "out" and args.command in
-                                            FOLDER_OUT else kind)
+    folder_out = args.command in FOLDER_OUT or getattr(args, "format", None) == "vllm-heads"
+    outputs = {f"--{d.replace('_', '-')}": (getattr(args, d), "folder" if d == "out" and folder_out else kind)
                for d, kind in OUTPUTS.items() if getattr(args, d, None)}
-    check_not_inputs(outputs, inputs)
+    heads = getattr(args, "heads_dir", None) or getattr(args, "heads", None)
+    if args.command == "export" and args.format == "vllm-heads":
+        heads = args.tree or heads
+    protected = protected_folders(getattr(args, "model", None), heads if isinstance(heads, str) else None)
+    if args.command == "train-heads":  # it makes heads: the demo heads are its default --out for the demo model
+        protected = {k: v for k, v in protected.items() if not k.startswith("the demo heads")}
+    check_not_inputs(outputs, inputs, protected)
 
 
 class _Stdout:

@@ -8,19 +8,32 @@ from workbench import WorkbenchError
 from workbench.cli.served import SERVED_FLAGS, add_served_args, cmd_served, served_wanted
 from workbench.cli.shared import bounded, finite, model_args, parse_ints, renamed, warn_line
 from workbench.core.io import check_output
+from workbench.core.outputs import check_not_protected, protected_folders
 from workbench.trees.tree import MEDUSA_TOPK
+
+PROMPTS, BUDGETS, HOLDOUT, GEN_BATCH = "alpaca-eval", "16,32,64", 0.2, 32  # defaults --record-topk checks against
 
 
 def _record_topk(args) -> int:
     """`calibrate --record-topk --name NAME`: topk.parquet for a finished calibration (per-step trees' replay)."""
-    from workbench.calibrate.folder import Calibration, calibration_root
+    from workbench.calibrate.folder import TOPK, Calibration, calibration_root
     from workbench.calibrate.topk import record_topk
     from workbench.runtime.models import load_model_and_heads
 
+    ignored = [flag for flag, given in (("--prompts", args.prompts != PROMPTS), ("--limit", args.limit is not None),
+                                        ("--budgets", args.budgets != BUDGETS), ("--holdout", args.holdout != HOLDOUT),
+                                        ("--topk", args.topk != MEDUSA_TOPK), ("--continuations", args.continuations),
+                                        ("--trees-dir", args.trees_dir), ("--force", args.force),
+                                        ("--gen-batch", args.batch_size != GEN_BATCH)) if given]
+    if ignored:  # the folder's own prompts, split, top-k and answers are what gets recorded
+        raise WorkbenchError(f"{', '.join(ignored)}: not used by --record-topk, which records the finished "
+                             "calibration's own held-out answers: drop them (only --name/--out, --model, --heads, "
+                             "--device, --dtype and --max-new-tokens apply)")
     folder = args.out or (calibration_root() / args.name if args.name else None)
     if folder is None:
         raise WorkbenchError("--record-topk works on a finished calibration: name it with --name NAME or --out DIR")
     cal = Calibration(folder, "--record-topk")
+    check_output(cal.folder / TOPK, "--record-topk")  # before the model loads
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype)
     df = record_topk(cal.folder, model, tok, heads, max_new_tokens=args.max_new_tokens)
     print(f"{cal.folder / 'topk.parquet'}: {len(df)} held-out positions x {heads.num_heads} heads x top-"
@@ -48,6 +61,8 @@ def _cmd_calibrate(args) -> int:
         from workbench.calibrate.folder import calibration_root
 
         check_output(calibration_root() / args.name, "--name", "folder")
+        check_not_protected({"--name": (calibration_root() / args.name, "folder")},
+                            protected_folders(args.model, args.heads))
     check_output(args.trees_dir, "--trees-dir", "folder")
     settings = {f.name: getattr(args, f.name) for f in fields(CalibrateConfig)}  # the flags are the fields
     meta = calibrate(CalibrateConfig(**settings | dict(budgets=parse_ints(args.budgets, "--budgets", "nodes"))))
@@ -82,16 +97,16 @@ def add_calibrate(sub) -> None:
                                    "(independent heads and measured joint path probabilities). Resumable: rerun the "
                                    "same command to continue.",
                        parents=[model_args("--model", "--heads", "--device", "--device-map", "--dtype")])
-    p.add_argument("--prompts", default="alpaca-eval", help="alpaca-eval, mt-bench (first turns), copy-edit (answers that copy from the prompt) or a JSON/JSONL/CSV/"
+    p.add_argument("--prompts", default=PROMPTS, help="alpaca-eval, mt-bench (first turns), copy-edit (answers that copy from the prompt) or a JSON/JSONL/CSV/"
                    "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
     p.add_argument("--limit", type=bounded("count"), metavar="N", help="use the first N prompts")
-    p.add_argument("--holdout", type=finite(0, 1), default=0.2, help="share of prompts kept out of the fit (default 0.2)")
+    p.add_argument("--holdout", type=finite(0, 1), default=HOLDOUT, help="share of prompts kept out of the fit (default 0.2)")
     p.add_argument("--max-new-tokens", type=bounded("tokens"), default=128)
     p.add_argument("--topk", type=bounded("rank"), default=MEDUSA_TOPK, help="ranks recorded per head (Medusa's buffers use 10)")
-    p.add_argument("--budgets", default="16,32,64", help="tree sizes to build (default 16,32,64)")
+    p.add_argument("--budgets", default=BUDGETS, help="tree sizes to build (default 16,32,64)")
     p.add_argument("--name", help="calibration name (default: MODEL-PROMPTS)")
     p.add_argument("--out", help="output folder (default: calibration/NAME)")
-    p.add_argument("--gen-batch", dest="batch_size", type=bounded("batch"), default=32,
+    p.add_argument("--gen-batch", dest="batch_size", type=bounded("batch"), default=GEN_BATCH,
                    help="prompts answered together (one generate batch, one part file; default 32)")
     renamed(p, "--batch-size", "--gen-batch N")
     p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")

@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import json
 import math
+import os
 import sys
 import warnings
 
@@ -61,15 +62,87 @@ def write_json(obj, out: str | None) -> None:
     write_output(json.dumps(obj, indent=2) + "\n", out)
 
 
+class ScriptParser(argparse.ArgumentParser):
+    """A bench script's parser: a usage error is the CLI's one `error:` line (run_script), not argparse's two."""
+
+    def error(self, message):
+        raise WorkbenchError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+# a bench script's flags checked by name (run_script): the counts (1 or more), the thread count, the dtype
+SCRIPT_COUNTS = {"limit", "max_new_tokens", "topk", "batch_size", "rounds", "repeats", "top", "live", "tokens",
+                 "sequences_per_step", "passes", "surface_limit", "check_limit", "surface_repeats", "max_budget",
+                 "random_heads", "threads"}
+SCRIPT_DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+SCRIPT_OUTPUTS = {"out": "file", "table": "file", "work": "folder", "out_dir": "folder"}
+
+
+def check_script_args(args) -> None:
+    """A bench script's flags, by name, as the CLI checks its own: counts >= 1 (a negative --threads reached torch),
+    a dtype the loaders know, finite numbers; its outputs writable and never an input, the model cache or the
+    heads in use (core.outputs.check_not_inputs, the CLI's rule). Before anything loads."""
+    from workbench.core.io import check_output
+    from workbench.core.outputs import check_not_inputs, protected_folders
+
+    for dest, v in vars(args).items():
+        flag = "--" + dest.replace("_", "-")
+        if dest in SCRIPT_COUNTS and isinstance(v, int) and not isinstance(v, bool) and v < 1:
+            raise WorkbenchError(f"{flag} {v}: give 1 or more")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise WorkbenchError(f"{flag} {v}: not a finite number")
+        if dest == "dtype" and v is not None and v not in SCRIPT_DTYPES:
+            raise WorkbenchError(f"{flag} {v}: unknown dtype (use auto, float32, bfloat16 or float16)")
+    outputs = {f"--{d.replace('_', '-')}": (getattr(args, d), kind) for d, kind in SCRIPT_OUTPUTS.items()
+               if getattr(args, d, None)}
+    for flag, (path, kind) in outputs.items():
+        check_output(path, flag, kind)
+    inputs = {f"--{d.replace('_', '-')}": v for d, v in vars(args).items()
+              if d not in SCRIPT_OUTPUTS and isinstance(v, str) and v and os.path.lexists(v)}
+    check_not_inputs(outputs, inputs, protected_folders(getattr(args, "model", None), getattr(args, "heads", None)))
+
+
+def _made(paths) -> list:
+    """For each output, the outermost of its folders that does not exist yet (what a failed run must remove)."""
+    from pathlib import Path
+
+    made = []
+    for p, kind in paths:
+        folder = Path(p) if kind == "folder" else Path(p).parent
+        top = None
+        while not folder.exists() and folder != folder.parent:
+            top, folder = folder, folder.parent
+        if top is not None:
+            made.append(top)
+    return made
+
+
+def _tidy(made) -> None:
+    """Remove the folders a failed run created for its outputs, where it left them empty."""
+    for top in made:
+        for folder in sorted((f for f in [top, *top.rglob("*")] if f.is_dir()), key=lambda f: -len(f.parts)):
+            try:
+                folder.rmdir()  # only an empty one goes
+            except OSError:
+                pass
+
+
 def run_script(parser: argparse.ArgumentParser, run, argv=None) -> int:
-    """A bench script's entry point: parse argv, run(args), a WorkbenchError as one `error:` line and exit 2 (the
-    CLI's rule, for the scripts outside it)."""
-    args = parser.parse_args(argv)
+    """A bench script's entry point: parse argv (a ScriptParser's usage errors included), check the flags
+    (check_script_args), run(args); a WorkbenchError as one `error:` line and exit 2 (the CLI's rule, for the
+    scripts outside it), with no output folder of its own left behind."""
+    made = []
     try:
+        args = parser.parse_args(argv)
+        check_script_args(args)
+        made = _made([(getattr(args, d), kind) for d, kind in SCRIPT_OUTPUTS.items() if getattr(args, d, None)])
         return run(args)
     except WorkbenchError as e:
-        print(f"error: {e}", file=sys.stderr)
+        _tidy(made)
+        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)
         return 2
+    except BaseException:
+        _tidy(made)
+        raise
 
 
 # flag values: lists and ranges of numbers, one clear error line when malformed

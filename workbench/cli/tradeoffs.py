@@ -266,7 +266,8 @@ def cmd_sweep_report(args) -> int:
     from workbench.plan.report import summarize
     from workbench.measure.sweep_file import read_sweep
 
-    sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
+    sweep = read_sweep(args.sweep)  # before writing; a sweep measures our decoder: a vLLM table is refused
+    latency = read_latency(args.latency, engine="workbench") if args.latency else None
     plan = read_plan(args.plan) if args.plan else None
     write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
     if args.figures:

@@ -69,6 +69,9 @@ def _cmd_tree_eval(args) -> int:
     """`workbench tree eval TREE --calibration DIR [--dynamic N]`."""
     if args.dynamic:
         return _eval_dynamic(args)
+    if args.max_new_tokens is not None:
+        raise WorkbenchError("--max-new-tokens cuts the answers a per-step tree is replayed on: add --dynamic N, or "
+                             "drop it (a static tree's predictions are over the whole answers)")
 
     rep = Calibration(args.calibration).report(load_tree(args.tree))
     print(f"tree {rep['tree'] or '(literal)'}: {rep['nodes']} nodes; calibration {rep['calibration']} "

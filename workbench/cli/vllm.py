@@ -71,7 +71,7 @@ def add_vllm_check(sub) -> None:
 
 # ---------------------------------------------------------------------------------------- latency --engine vllm
 
-DECODER_ONLY = ("mode", "random_config", "context", "sizes", "device_map")  # our decoder's flags
+DECODER_ONLY = ("mode", "random_config", "context", "sizes", "device_map", "envelope")  # our decoder's flags
 
 
 def parse_ks(text: str | None, default) -> list[int]:
@@ -91,7 +91,6 @@ def cmd_latency_vllm(args) -> int:
     if args.engine != "vllm":
         raise WorkbenchError("--k, --method, --draft-model, --vllm-python and --vllm-eager time vLLM's rounds: add "
                              "--engine vllm")
-    py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
     given = [f"--{k.replace('_', '-')}" for k in DECODER_ONLY if getattr(args, k, None)]
     if given or args.compile or (args.device or "cpu") != "cpu" or (args.dtype or "float32") != "float32":
         raise WorkbenchError(f"{', '.join(given) or '--device/--dtype/--compile'}: our decoder's; --engine vllm "
@@ -100,6 +99,7 @@ def cmd_latency_vllm(args) -> int:
         raise WorkbenchError("--heads (Medusa heads) or --method/--draft-model (another drafter), not both")
     if args.method == "medusa" and args.draft_model:
         raise WorkbenchError("--method medusa drafts with our heads: give them as --heads DIR, not --draft-model")
+    py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
     check_output(args.out, "--out")
     check_output(None if args.out else args.calibration, "--calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta

@@ -117,46 +117,6 @@ def atomic_write_json(path: str | Path, obj, what: str = "") -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2) + "\n", what)
 
 
-def _resolved(p) -> Path:
-    return Path(os.path.realpath(p))
-
-
-FOLDER_PARTS = {"meta.json", "ranks.parquet", "continuations.parquet", "accuracies.csv", "config.json",
-                "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                "chat_template.jinja", "args.json"}  # what model, heads and calibration folders are made of
-
-
-def _part_of_folder_input(f: Path) -> bool:
-    return f.name in FOLDER_PARTS or f.suffix in (".safetensors", ".bin", ".pt", ".parquet", ".gguf") or \
-        f.parent.name == "trees"
-
-
-def check_not_inputs(outputs: dict, inputs: dict) -> None:
-    """Refuse an output (flag -> (path, 'file'|'folder')) that is, or through a link reaches, one of the inputs
-    (flag -> path): an input file itself, an existing file inside an input folder, an input folder itself, or (for
-    a folder output) a folder holding an input. Writing there would change the user's files. Two outputs naming
-    the same path are refused too (one would silently replace the other)."""
-    seen = {}
-    for flag, (out, kind) in outputs.items():
-        o = _resolved(out)
-        if o in seen and not Path(out).is_char_device():  # /dev/null twice is fine
-            raise WorkbenchError(f"{flag} {out} and {seen[o]} name the same file: one would overwrite the other; "
-                                 f"give {flag} another name")
-        seen[o] = f"{flag} {out}"
-        for iflag, inp in inputs.items():
-            i = _resolved(inp)
-            same = o == i
-            inside = i.is_dir() and i in o.parents and o.exists() and _part_of_folder_input(o)
-            holds = kind == "folder" and o in i.parents and flag != "--figures"  # a folder output (of fixed file
-            # names: heads, a calibration, trees) that holds an input; figures are named after their sweep
-            if same or inside or holds:
-                how = "is" if same else "would overwrite a file inside" if inside else "holds"
-                link = f" (through the link to {o})" if Path(out).is_symlink() or str(o) != os.path.abspath(out) \
-                    else ""
-                raise WorkbenchError(f"{flag} {out}{link} {how} the input {iflag} {inp}: writing there would change "
-                                     f"the input; give another {flag}")
-
-
 def check_output(path: str | Path | None, flag: str, kind: str = "file", label: str = "") -> None:
     """Refuse, in one line naming `flag` and the path, an output location that cannot be written: a file where a
     folder is needed or the reverse, a parent that is a file, a folder we may not write in. Creates nothing

@@ -37,7 +37,9 @@ from workbench.runtime.engine import StepEngine
 from workbench.runtime.treemask import tree_setup
 from workbench.runtime.generation import eos_ids, prepare_prompt
 from workbench.runtime.heads import heads_fingerprint
+from workbench.calibrate.topk_file import calibration_heads_sha256
 from workbench.core.io import cache_dir
+from workbench.core.outputs import writable_cache
 from workbench.runtime.models import demo_model_dir, load_base, load_model_and_heads, model_label
 
 PREDICTIONS = ("predicted_replay", "predicted_joint", "predicted_independent")
@@ -172,14 +174,20 @@ def check_vllm_model(model) -> None:
                              "demo model is written as one automatically")
 
 
-def vllm_inputs(model, heads_dir, records, raw: bool, heads: bool = True) -> dict:
+def vllm_inputs(model, heads_dir, records, raw: bool, heads: bool = True, want: str | None = None) -> dict:
     """What vLLM is given, made on our side: the base model as an HF folder (the demo GGUF's de-quantised fp32
     one), the prompts as token ids (our chat template), the stop ids and, with `heads`, the heads written as a vLLM
     Medusa folder (export.write_vllm_heads, in the cache under their fingerprint). Also the loaded base, tokenizer
-    and heads, for our own decoder."""
+    and heads, for our own decoder. `want`: the fingerprint the heads must have (a calibration's), checked before
+    anything is written, as `export --heads` checks a plan's."""
     check_vllm_model(model)
     if heads:
+        writable_cache("vLLM's copy of the heads")
         base, tok, hd = load_model_and_heads(model, heads_dir, "cpu", "float32")
+        if want and heads_fingerprint(hd) != want:
+            raise WorkbenchError(f"--heads {heads_dir or 'demo'}: not the heads the calibration measured (its meta.json "
+                                 f"args.heads_sha256 {want[:16]}...): its predictions are of other heads; give the "
+                                 "calibration's own heads, or calibrate these (`workbench calibrate --heads DIR`)")
     else:
         (base, tok), hd = load_base(model, "cpu", "float32"), None
     out = dict(base=base, tok=tok, heads=hd, ids=[prepare_prompt(tok, text, raw) for _, text in records],
@@ -221,8 +229,11 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     all_ks = sorted(set(ks) | {k for k in plan_k.values() if k})
     predicted = {k: {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
                  for k in all_ks}
+    if max(all_ks) > cal.meta["num_heads"]:  # before anything loads: a K past the heads is no config to serve
+        raise WorkbenchError(f"K {max(all_ks)} ({'--k' if max(ks) == max(all_ks) else '--plan'}): the calibration's "
+                             f"heads draft at most {cal.meta['num_heads']} tokens; ask for K <= {cal.meta['num_heads']}")
     t0 = time.time()
-    given = vllm_inputs(model, heads_dir, records, raw)
+    given = vllm_inputs(model, heads_dir, records, raw, want=calibration_heads_sha256(cal.meta))
     base, tok, heads, ids, eos, vllm_model = (given[k] for k in ("base", "tok", "heads", "ids", "eos", "model_dir"))
     if max(all_ks) > heads.num_heads:
         raise WorkbenchError(f"--k {max(all_ks)}: the heads draft at most {heads.num_heads} tokens")

@@ -15,11 +15,14 @@ calibration folder, and the typical context it is read at, are calibrate/folder.
 """
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.io import read_csv
+from workbench.core.provenance import COMPARED, differences
 from workbench.core.speed import spread
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
@@ -91,6 +94,47 @@ def _check_engine(df: pd.DataFrame, path, flag: str) -> None:
                                  "with context_min <= context <= context_max")
 
 
+def _check_setting(df: pd.DataFrame, path, flag: str) -> None:
+    """The `setting` cells: each a JSON object whose COMPARED fields are plain values (a list there is a hand edit), one
+    setting per file in what changes a step's cost (provenance.COMPARED: compiled and eager rows, or two thread
+    counts, are two tables: priced together they would mix two speeds), and its mode saying the same engine as the
+    engine column (a vllm-round setting is vLLM's, decoder-step and verify ours)."""
+    if "setting" not in df.columns:
+        return
+    cells = df["setting"].dropna().astype(str)
+    first = None
+    for cell in cells[cells.str.strip() != ""].unique():
+        try:
+            s = json.loads(cell)
+        except ValueError:
+            s = None
+        if not isinstance(s, dict):
+            raise WorkbenchError(f"{flag} {path}: a setting cell is not a JSON object ({cell[:40]!r}): measure it "
+                                 "again with `workbench latency`")
+        bad = [k for k in COMPARED if isinstance(s.get(k), (list, dict))] + \
+            [k for k in ("device", "gpu", "cpu", "vector", "dtype", "mode")
+             if not isinstance(s.get(k), (str, type(None)))] + \
+            [k for k in ("load_average", "load_now", "cores") if s.get(k) is not None and (
+                isinstance(s[k], bool) or not isinstance(s[k], (int, float)) or not np.isfinite(s[k]))]
+        if bad:
+            raise WorkbenchError(f"{flag} {path}: the setting's {bad[0]} holds a {type(s[bad[0]]).__name__} where one "
+                                 "plain value (a name for the machine, a finite number for the load and cores) belongs: measure it again "
+                                 "with `workbench latency`")
+        key = {k: s.get(k) for k in COMPARED}
+        if first is None:
+            first = key
+        elif key != first:
+            raise WorkbenchError(f"{flag} {path}: rows of two settings ({'; '.join(differences(first, key))}): "
+                                 "one table per setting (compiled and eager steps are two speeds); keep the rows "
+                                 "of one, or measure again with `workbench latency`")
+    if first is not None and first.get("mode") and "engine" in df.columns:
+        engine, mode = str(df["engine"].iloc[0]), first["mode"]
+        if (mode == "vllm-round") != (engine == "vllm"):
+            raise WorkbenchError(f"{flag} {path}: the engine column says {engine} but the setting's mode is {mode} "
+                                 f"({'vLLM' if mode == 'vllm-round' else 'this workbench'}'s step): a file of "
+                                 "contradictory rows; measure it again with `workbench latency`")
+
+
 def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
     """A latency table of version 1 (no `version` column: older files of this tool, or a table written by hand with
     LATENCY_REQUIRED), 2 (before ENGINE_COLUMNS) or 3 (before POLICY_COLUMNS) as this version, its cells unchanged:
@@ -109,7 +153,8 @@ def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def read_latency(path, flag: str = "--latency", policy: str = "static") -> pd.DataFrame | None:
+def read_latency(path, flag: str = "--latency", policy: str = "static",
+                 engine: str | None = None) -> pd.DataFrame | None:
     """A latency CSV at this version (upgrade_latency), checked: LATENCY_REQUIRED present, positive integer batch
     sizes, contexts and token counts, seconds finite and > 0; the spread columns, where there, on every row, ordered
     min <= q1 <= median <= q3 <= max. `flag` names the option it came from in errors. The rows of one `policy`
@@ -138,6 +183,10 @@ def read_latency(path, flag: str = "--latency", policy: str = "static") -> pd.Da
     df[cols] = num
     df[["batch", "context", "tokens"]] = df[["batch", "context", "tokens"]].astype(int)
     _check_engine(df, path, flag)
+    _check_setting(df, path, flag)
+    if engine is not None and latency_engine(df)[0] != engine:  # e.g. sweep-report: a sweep is our decoder's
+        raise WorkbenchError(f"{flag} {path}: times {latency_engine(df)[0]}'s steps, but this compares {engine}'s: "
+                             "give a table of `workbench latency` (a plan priced on vLLM is checked by `workbench vllm-check`)")
     present = [c for c in SPREAD_COLUMNS if c in df.columns]
     if present:
         spread = df[present].apply(pd.to_numeric, errors="coerce")

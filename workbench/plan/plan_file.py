@@ -36,7 +36,7 @@ from workbench.core.provenance import differences, read_setting
 from workbench.measure.sweep_file import checked_speedup
 from workbench.plan.source import check_acceptance, is_chain
 from workbench.trees.dynamic import DynamicPolicy
-from workbench.trees.tree import Tree, load_tree, make_tree
+from workbench.trees.tree import MAX_DEPTH, MAX_NODES, Tree, load_tree, make_tree
 
 KINDS = ("tree", "chain", "none", "dynamic")
 PLAN_VERSION = 3  # the plan file's "version" (3: latency.engine, engine_version); 1: files without it (upgrade_plan)
@@ -148,10 +148,63 @@ def check_plan(data, what: str = "plan") -> dict:
                                  for a, r in zip(alts, data["plans"]))):
         raise WorkbenchError(f"{what}: alternatives must list the same batch sizes as plans")
     for a in alts or []:
+        for key in ("runner_up", "best_chain"):
+            _object(a.get(key), f"{what}: alternatives at batch size {a['batch_size']}: {key}")
         k = (a.get("best_chain") or {}).get("k")
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
             raise WorkbenchError(f"{what}: alternatives best_chain k must be an integer >= 0")
+        runner = a.get("runner_up") or {}
+        if runner and (runner.get("kind") not in KINDS or not isinstance(runner.get("medusa_choices"), list)):
+            raise WorkbenchError(f"{what}: alternatives at batch size {a['batch_size']}: runner_up needs a kind "
+                                 f"({', '.join(KINDS)}) and a medusa_choices list")
+        if runner.get("medusa_choices"):
+            load_tree(runner["medusa_choices"])
+        if not isinstance(a.get("chains", []), list) or not all(isinstance(c, dict) for c in a.get("chains", [])):
+            raise WorkbenchError(f"{what}: alternatives at batch size {a['batch_size']}: chains should be a list of "
+                                 "objects")
+    _check_shape(data, what)
     return data
+
+
+def _object(v, where: str) -> None:
+    """A field that holds an object (or null): a string or a list there is a hand edit gone wrong."""
+    if v is not None and not isinstance(v, dict):
+        raise WorkbenchError(f"{where} should be a JSON object (or null), found {type(v).__name__}: make the plan "
+                             "again with `workbench plan`")
+
+
+def _check_shape(data: dict, what: str) -> None:
+    """The plan's objects are objects; no row drafts past the heads it was planned for (source.num_heads: a chain
+    of K > heads would reach a vLLM config or vllm-check as it is); a timed envelope of a size a step can hold."""
+    for key in ("source", "latency"):
+        _object(data.get(key), f"{what}: {key}")
+    lat = data.get("latency") or {}
+    _object(lat.get("setting"), f"{what}: latency.setting")
+    _object(lat.get("dynamic"), f"{what}: latency.dynamic")
+    if lat.get("engine") is not None and not isinstance(lat.get("engine"), str):
+        raise WorkbenchError(f"{what}: latency.engine should be a name (workbench or vllm), found "
+                             f"{type(lat['engine']).__name__}")
+    env = (lat.get("dynamic") or {}).get("envelope")
+    if env is not None and (isinstance(env, bool) or not isinstance(env, int) or not 1 <= env <= MAX_NODES):
+        raise WorkbenchError(f"{what}: latency.dynamic.envelope should be a node count in 1..{MAX_NODES} (the verify "
+                             f"step's mask is nodes^2), found {str(env)[:20]!r}: make the plan again")
+    heads = (data.get("source") or {}).get("num_heads")
+    if heads is None:
+        return
+    if isinstance(heads, bool) or not isinstance(heads, int) or not 1 <= heads <= MAX_DEPTH:
+        raise WorkbenchError(f"{what}: source.num_heads should be an integer in 1..{MAX_DEPTH}, found "
+                             f"{str(heads)[:20]!r}")
+    alts = {a["batch_size"]: a for a in data.get("alternatives") or []}
+    for row in data["plans"]:
+        alt = alts.get(row["batch_size"], {})
+        deep = [row["tree"].depth if "tree" in row else 0,
+                len((alt.get("runner_up") or {}).get("medusa_choices") and
+                    max(alt["runner_up"]["medusa_choices"], key=len) or []),
+                (alt.get("best_chain") or {}).get("k") or 0]
+        if max(deep) > heads:
+            raise WorkbenchError(f"{what}: batch size {row['batch_size']} drafts {max(deep)} tokens deep, but the plan "
+                                 f"was made for {heads} heads (source.num_heads): a K past the heads cannot be "
+                                 "served; make the plan again with `workbench plan`")
 
 
 

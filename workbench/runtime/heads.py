@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from workbench import DEMO_HEADS, WorkbenchError, warn
+from workbench import DEMO_HEADS, WorkbenchError, warn, warnings_held
 from workbench.core.io import atomic_write, atomic_write_json, read_json
 from workbench.runtime.generation import text_config
 from workbench.runtime.kvcache import free_bytes
@@ -328,7 +328,8 @@ def _vllm_tensors(folder: Path, cfg: dict) -> tuple[Index, object]:
 def inspect_heads(path: str | Path | None = None) -> tuple[HeadsLayout, dict]:
     """(layout, config) of the heads at `path` from names and shapes alone: a bad path or an absurd file fails in a
     second, before a base model loads."""
-    layout, cfg, _, _ = _open_heads(path)
+    with warnings_held():  # a config that disagrees with the weights: said in the error if the file is refused
+        layout, cfg, _, _ = _open_heads(path)
     return layout, cfg
 
 
@@ -338,10 +339,11 @@ def load_heads(path: str | Path | None = None, fit=None) -> tuple[MedusaHeads, d
     Returns (heads, config). `None` means the demo heads shipped with the workbench. `fit`: the base model the
     heads must fit, checked (check_heads_fit) before any of their tensors is read.
     """
-    layout, cfg, read, where = _open_heads(path)
-    if fit is not None:
-        check_heads_fit(layout, fit)
-    heads = _build(layout, read, where)
+    with warnings_held():
+        layout, cfg, read, where = _open_heads(path)
+        if fit is not None:
+            check_heads_fit(layout, fit)
+        heads = _build(layout, read, where)
     heads.vocab_size = layout.vocab_size
     return heads, cfg
 

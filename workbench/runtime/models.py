@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, warnings_held
 from workbench.core.io import cache_dir
+from workbench.core.outputs import writable_cache
 from workbench.runtime import gemv
 from workbench.runtime.heads import (DEMO_HEADS, check_heads_fit, inspect_heads, load_heads,
                                      medusa2_heads_present)
@@ -74,6 +75,7 @@ def demo_model_dir() -> Path:
     out = cache_dir() / "smollm2-135m-instruct"
     if (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file():
         return out
+    writable_cache("the demo model's one-time conversion")  # before the ~17 s it takes
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = demo_gguf_path()
@@ -207,9 +209,10 @@ def load_model_and_heads(model: str | None = None, heads: str | None = None, dev
         raise WorkbenchError(f"the demo heads are not in this checkout ({DEMO_HEADS}): pass --model and --heads")
     if heads is None and model is not None:
         heads = model  # full Medusa-2 checkpoint: the heads live in the model folder
-    inspect_heads(heads)  # names and shapes before the base model: a bad heads file fails in a second
-    base, tok = load_base(model, device, dtype, attn_implementation, need_tokenizer, device_map)
-    h, _ = load_heads(heads, fit=base)  # sizes checked against the base before any heads tensor is read
+    with warnings_held():  # the heads' warnings shown once, or in the error that refuses them
+        inspect_heads(heads)  # names and shapes before the base model: a bad heads file fails in a second
+        base, tok = load_base(model, device, dtype, attn_implementation, need_tokenizer, device_map)
+        h, _ = load_heads(heads, fit=base)  # sizes checked against the base before any heads tensor is read
     if h.tied and not h.vocab_size:
         h.vocab_size = base.get_output_embeddings().weight.shape[0]
     check_heads_fit(h, base)
