@@ -91,7 +91,7 @@ def _export_plan(args) -> int:
 def _export_profile(args) -> int:
     """`workbench export --format speculation-profile --calibration DIR`: a calibration's per-position acceptance
     as a speculation_profile.json (workbench/export/profile.py)."""
-    from workbench.core.io import check_not_inputs
+    from workbench.core.outputs import check_not_inputs
     from workbench.export.profile import write_profile
 
     if args.tree is not None or args.accuracies or args.engine_safe:

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 from workbench import WorkbenchError
-from workbench.core.io import check_not_inputs, check_output, run_lock
+from workbench.core.io import check_output, run_lock
+from workbench.core.outputs import check_not_inputs
 
 SERVED_FLAGS = ("method", "k", "draft_model", "vllm_python", "metrics", "requests", "vllm_version")
 WORKBENCH_ONLY = ("continuations", "record_topk", "trees_dir", "holdout_changed", "topk_changed")  # our calibration's flags, not a served one
