@@ -177,8 +177,10 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
     ones of as many tokens: with the heads' cost beside the table (depth, heads_seconds) a tree is priced at its own
     depth, t(n) - h(depth timed) + h(its depth), the same in plan's ranking and for any tree the app scores; a
     table without those columns is priced as timed; half-filled columns are one error."""
-    from workbench.plan.rank import at_batch, rank
-    from workbench.plan.recommend import latency_tables, tree_speedup
+    from workbench.plan.recommend import latency_tables
+    from workbench.plan.source import accuracy_source
+    from workbench.plan.surface import Surface
+    from workbench.plan.weigh import price, weigh
     from workbench.core.speed import at_depth, priced
 
     h = {0: 0.0, 1: 0.002, 2: 0.004, 3: 0.008}
@@ -195,17 +197,22 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
                                                         4: table[4]})
     assert at_depth(table, None, 1) == table and at_depth(table, heads, None) == table
     bushy, chain = make_tree([[0], [1], [2]]), chain_tree(3)
-    fast, rng = priced(table, s[8]["spread"], heads, 1.5, 3, bushy.depth)
+    fast, rng, rel = priced(table, s[8]["spread"], heads, 1.5, 3, bushy.depth)
     assert fast == pytest.approx(1.5 * table[1] / (table[4] - 0.006)) and rng[0] < fast < rng[1]
+    assert rel == pytest.approx((table[4] - 0.006) / table[1])
     assert priced(table, None, heads, 1.5, 3, chain.depth)[0] == pytest.approx(speedup_at(table, 1.5, 3))
-    # plan's ranking and the app's scoring of a tree agree, and both use the depth
-    cands = at_batch([dict(kind="tree", tree=bushy, nodes=3, tokens_per_step=1.5),
-                      dict(kind="chain", tree=chain, nodes=3, tokens_per_step=1.5)], lambda t, b, cost: 1.5, 8)
-    ranked = rank(cands, table, s[8]["spread"], heads)
-    assert [c["tree"] for c in ranked] == [bushy, chain] and ranked[0]["speedup"] > ranked[1]["speedup"]
+    # plan's weighing and the app's pricing of a tree agree, and both use the depth
+    src = accuracy_source(np.array([[0.6, 0.2, 0.1], [0.4, 0.1, 0.05], [0.3, 0.05, 0.02]]), "acc")
     tables = latency_tables(read_latency(tmp_path / "lat.csv"), batch=8)
-    assert tree_speedup(1.5, bushy, tables)["speedup"] == pytest.approx(ranked[0]["speedup"])
-    assert rank(cands, table, s[8]["spread"])[0]["speedup"] == pytest.approx(speedup_at(table, 1.5, 3))  # as timed
+    for t, rel in ((bushy, (table[4] - 0.006) / table[1]), (chain, table[4] / table[1])):
+        got, tps = price(src, tables, t), src.predict(t)
+        assert got.relative_latency == pytest.approx(rel) and got.speedup == pytest.approx(tps / rel)
+        assert got.speedup == pytest.approx(priced(table, s[8]["spread"], heads, tps, 3, t.depth)[0])
+    ranked = weigh(src, Surface(read_latency(tmp_path / "lat.csv")), 8, tables.context).ranked
+    assert next(c for c in ranked if c.kind == "chain" and c.nodes == 3).speedup == \
+        pytest.approx(price(src, tables, chain).speedup)
+    no_heads = latency_tables(read_latency(tmp_path / "lat.csv").drop(columns=["depth", "heads_seconds"]), batch=8)
+    assert price(src, no_heads, bushy).speedup == pytest.approx(speedup_at(table, src.predict(bushy), 3))
     # the plan file says whether the heads' cost was known
     write_accuracies(tmp_path / "acc.csv", np.array([[0.6, 0.2], [0.4, 0.1], [0.3, 0.05]]))
     plan = make_plan(plan_source(accuracies=tmp_path / "acc.csv"), tmp_path / "lat.csv", [8])
@@ -775,7 +782,7 @@ def test_plan_weighs_per_step_trees_on_their_own_step_costs(tmp_path, capsys):
     plan = make_plan(source, lat, [1, 2])
     info = plan["latency"]["dynamic"]
     assert info["weighed"] and info["envelope"] == 15 and len(info["medusa_choices"]) == 15
-    fn, depth, rank = value_and_limits(source["value"], source["max_depth"], source["max_rank"], "test")
+    fn, depth, rank = value_and_limits(source.value, source.max_depth, source.max_rank, "test")
     envelope = make_tree([p for p, _ in best_first(fn, 15, depth, rank)])
     assert envelope.as_lists() == info["medusa_choices"]
     one, two = plan["plans"]

@@ -268,7 +268,7 @@ def cmd_sweep_report(args) -> int:
 
     sweep, latency = read_sweep(args.sweep), read_latency(args.latency) if args.latency else None  # before writing
     plan = read_plan(args.plan) if args.plan else None
-    write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
+    write_output(summarize(args.sweep, args.latency, args.context, plan, (sweep, latency)), args.out, "the report")
     if args.figures:
         from workbench.viz.static_tradeoffs import report_figures
 

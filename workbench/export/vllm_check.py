@@ -24,7 +24,7 @@ from pathlib import Path
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
-from workbench.core.provenance import COMPILED, cpu_mark, others, quiet
+from workbench.core.provenance import COMPILED, cpu_mark, load_average, others, quiet
 from workbench.core.speed import spread
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
@@ -157,13 +157,6 @@ def compare_outputs(a: list[list[int]], b: list[list[int]]) -> dict:
             "first_difference": [d for d in diffs]}
 
 
-def _load_avg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def check_vllm_model(model) -> None:
     """vLLM loads an HF model folder: a GGUF file or a hub id is one error line (the demo model, None, is written as
     a folder)."""
@@ -240,7 +233,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
                                  prompts=prompts_fingerprint(ids),
                                  heads=heads_fingerprint(heads), model_label=model_label(model),
                                  ours_compiled=engine.compiled_as))
-    load_before, mark = _load_avg(), cpu_mark()
+    load_before, mark = load_average(every=True), cpu_mark()
     if engine.compiled_as:  # sized for the whole run: each (batch, K) compiles once
         engine.size_for(ids, max_new_tokens, [tree_setup(chain_tree(k), base, heads.num_heads) for k in all_ks])
 
@@ -279,7 +272,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
             per_sequence=per_seq, ours_counted_like_vllm=counted_like_vllm(per_seq["ours"], per_seq["lengths"], k),
             sequences_step_for_step=sequences_step_for_step(per_seq, k)))
         speed += speed_rows(k, batch_sizes, runs, plain, plan_k, plan)
-    load_after, used = _load_avg(), others(mark, cpu_mark())
+    load_after, used = load_average(every=True), others(mark, cpu_mark())
     return dict(
         vllm_version=results[0]["vllm_version"], model=model_label(model), vllm_model=vllm_model,
         vllm_heads=str(folder), heads=str(heads_dir or "demo"), calibration=str(cal.folder),

@@ -71,7 +71,7 @@ def export_view(tree, base, designed, edit, shown: str, model: str, budget: int,
     if guess is not None:  # the same numbers as the page's metric and the recommendation
         provenance |= dict(predicted_tokens_per_step=guess["tokens_per_step"], prediction=guess["prediction"],
                            predicted_speedup=guess["speedup"], relative_latency=guess["relative_latency"],
-                           latency=lat["path"].name, context=lat["tables"]["context"], batch=lat["tables"]["batch"])
+                           latency=lat["path"].name, context=lat["tables"].context, batch=lat["tables"].batch)
     tree_file = record_json(tree_record(Tree(tree.paths, tree.name or "tree"), **provenance))
     cols = st.columns(len(FORMATS))
     warns = {}
