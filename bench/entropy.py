@@ -4,7 +4,7 @@
     python bench/entropy.py --tiny --limit 2              # tiny random Llama with random heads: the plumbing only
 
 Two counts per temperature. Node decisions: along the exact-entropy run, every tree node of every step is judged
-by both forms on the same logits (`decode.typical_decisions`); how many decisions and accepted lengths differ.
+by both forms on the same logits (`acceptance.typical_decisions`); how many decisions and accepted lengths differ.
 Emitted tokens: the same prompts decoded again with Medusa's form; how many prompts' outputs differ from the exact
 run's, and where the first difference is. Prints a table and writes JSON (bench/results/entropy.json unless --out).
 """

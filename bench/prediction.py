@@ -79,7 +79,7 @@ def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeat
     """{batch: {tree name: {quantity: [per repeat]}}}, every number speed.py's: the decoding phase's speedup (what
     plan predicts), the end-to-end one (prefill included), each sequence's and the whole batch's tokens/step, the
     step's cost over vanilla's (overhead) and vanilla's prefill share; `repeats` is {batch: passes}. `state`
-    (io.WorkState): each finished batch size is kept, so a killed run rerun measures only the batch sizes it had
+    (work.WorkState): each finished batch size is kept, so a killed run rerun measures only the batch sizes it had
     not finished."""
     out = {}
     for b, top in picks.items():

@@ -18,10 +18,10 @@ from workbench.export.engines import PLAN_FORMATS, export_plan
 from workbench.measure.latency_file import latency_surface, non_decreasing, read_latency
 from workbench.plan.rank import make_plan
 from workbench.plan.plan_file import PLAN_ROW, plan_json, read_plan
-from workbench.plan.source import check_acceptance, chain_tree, plan_source, read_acceptance
+from workbench.plan.source import check_acceptance, plan_source, read_acceptance
 from workbench.trees.accuracies import write_accuracies
 from workbench.trees.optimize import expected_length
-from workbench.trees.tree import load_tree, make_tree
+from workbench.trees.tree import chain_tree, load_tree, make_tree
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
            "Write a haiku about rain.", "List some fruits", "How do magnets work?"]

@@ -182,7 +182,8 @@ def test_a_plan_priced_on_vllm_prices_a_batchs_tail_on_smaller_batches(tmp_path)
     from workbench.calibrate.folder import Calibration
     from workbench.core.speed import shrinking_cost
     from workbench.plan.recommend import recommend
-    from workbench.plan.source import chain_tree, generation_length
+    from workbench.plan.source import generation_length
+    from workbench.trees.tree import chain_tree
 
     calib = Path(__file__).resolve().parents[1] / "calibration" / "smollm2-135m-instruct-alpaca-eval"
     cal = Calibration(calib)

@@ -9,7 +9,7 @@ vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps (also c
 vllm_steps) and the calibration's prediction; per batch size: vLLM's tokens/s with and without speculation;
 greedy outputs compared token for token (vLLM with speculation vs plain vLLM vs our plain greedy).
 Resumable: each vLLM engine's result is kept as it arrives, and each part of our decoder's run (plain greedy, each
-K) as it ends, in the io.WorkState beside --out; a killed check rerun the same starts only the engines that had not
+K) as it ends, in the work.WorkState beside --out; a killed check rerun the same starts only the engines that had not
 finished and decodes only the missing parts.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from workbench.export.vllm import served_ks
 from workbench.export.vllm_heads import write_vllm_heads
 from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
 from workbench.measure.vllm_runner import between_results, engine_results, vllm_python
-from workbench.plan.source import chain_tree
+from workbench.trees.tree import chain_tree
 from workbench.runtime.engine import StepEngine
 from workbench.runtime.treemask import tree_setup
 from workbench.runtime.generation import eos_ids, prepare_prompt
@@ -168,7 +168,7 @@ def check_vllm_model(model) -> None:
 def vllm_inputs(model, heads_dir, records, raw: bool, heads: bool = True) -> dict:
     """What vLLM is given, made on our side: the base model as an HF folder (the demo GGUF's de-quantised fp32
     one), the prompts as token ids (our chat template), the stop ids and, with `heads`, the heads written as a vLLM
-    Medusa folder (export.write_vllm_heads, in the cache under their fingerprint). Also the loaded base, tokenizer
+    Medusa folder (vllm_heads.write_vllm_heads, in the cache under their fingerprint). Also the loaded base, tokenizer
     and heads, for our own decoder."""
     check_vllm_model(model)
     if heads:

@@ -102,10 +102,13 @@ class Surface:
             self._tails[context] = every_batch(self.frame, context)
         return self._tails[context]
 
-    def per_step(self, batches, context: int) -> dict:
-        """The per-step trees' rows as latency_surface reads them at every batch size of `batches` ({B: {"seconds",
-        "spread", "measured", "head_cost"}}); a WorkbenchError where a batch size or the context lacks them."""
-        return latency_surface(self.dynamic, batches, context, what=f"{self.what} (per-step trees)")[0]
+    def per_step(self, batches, context: int) -> dict[int, At]:
+        """The per-step trees' surface at every batch size of `batches` ({B: At}, each relative to the same plain
+        step; a per-step tree runs on our decoder only, which keeps every row to the end: no tail); a WorkbenchError
+        where a batch size or the context lacks them."""
+        rows = latency_surface(self.dynamic, batches, context, what=f"{self.what} (per-step trees)")[0]
+        return {b: At(b, int(context), s["seconds"], s["spread"], s["measured"], s["head_cost"], self.engine,
+                      self.serving, None) for b, s in rows.items()}
 
     @property
     def envelope(self) -> int | None:

@@ -136,16 +136,13 @@ def _per_step(source: Source, surface: Surface, batch: int, context: int, among)
                                  "log-probs), not by an accuracy table, an acceptance vector or --prediction joint")
         fn, depth, rank = value_and_limits(source.value, source.max_depth, source.max_rank, "the planner")
         envelope = make_tree([p for p, _ in best_first(fn, m, depth, rank)], name=f"envelope_{m}")
-        sizes = sorted(set.intersection(*(set(s["measured"]) for s in rows.values())) - {1})
+        sizes = sorted(set.intersection(*(set(s.measured) for s in rows.values())) - {1})
         trees = [DynamicPolicy(n - 1, envelope) for n in sizes if n - 1 <= envelope.nodes]
         for t in trees:
             source.predict(t)
     except WorkbenchError as e:  # e.g. a calibration without topk.parquet: static candidates only, and why
         return [], dict(envelope=m, weighed=False, why=str(e))
-    s = rows[batch]
-    at = At(batch, context, s["seconds"], s["spread"], s["measured"], s["head_cost"], surface.engine,
-            surface.serving, None)
-    return [price(source, at, t) for t in trees], dict(envelope=m, weighed=True, medusa_choices=envelope.as_lists())
+    return [price(source, rows[batch], t) for t in trees], dict(envelope=m, weighed=True, medusa_choices=envelope.as_lists())
 
 
 def weigh(source: Source, surface: Surface, batch: int, context: int, max_nodes: int | None = None,

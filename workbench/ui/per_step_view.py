@@ -73,8 +73,8 @@ def verdict(rows: list[dict]) -> str:
     return ", ".join(said)
 
 
-def per_step_section(src, lat_path, tables: dict | None, sweep, sweep_path, max_new_tokens: int | None) -> None:
-    """The tab at the sidebar's batch size and context (`tables`, inputs.latency_picker's)."""
+def per_step_section(src, lat_path, tables, sweep, sweep_path, max_new_tokens: int | None) -> None:
+    """The tab at the sidebar's batch size and context (`tables`, the surface.At inputs.latency_picker picked)."""
     if src is None or src.calib is None or lat_path is None or tables is None:
         st.info("Static vs per-step trees need a calibration folder and a latency table (sidebar).")
         return
