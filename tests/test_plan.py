@@ -860,3 +860,27 @@ def _static_only(lat, tmp_path):
     out = tmp_path / "static.csv"
     df[df["policy"] == "static"].to_csv(out, index=False)
     return out
+
+
+def test_each_planning_command_reads_its_latency_file_once(tmp_path, monkeypatch):
+    """`plan` (static and per-step rows), `optimize --latency` and the recommendation read the latency CSV once each:
+    one Surface (plan/surface.py) holds every batch size and policy, and each question asks it."""
+    from workbench import REPO_ROOT
+    from workbench.measure import latency_file
+    from workbench.plan.recommend import recommend
+
+    cal = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    lat = tmp_path / "lat.csv"
+    _with_dynamic(surface(batches=(1, 2), sizes=(1, 2, 3, 4, 6, 8)), 7, lambda b, n: 0.9).to_csv(lat, index=False)
+    reads, real = [], latency_file.read_csv
+    monkeypatch.setattr(latency_file, "read_csv", lambda path, *a, **k: reads.append(str(path)) or real(path, *a, **k))
+    assert main(["plan", "--calibration", str(cal), "--latency", str(lat), "--batch-sizes", "1,2",
+                 "--out", str(tmp_path / "plan.json")]) == 0
+    assert reads == [str(lat)] and json.loads((tmp_path / "plan.json").read_text())["latency"]["dynamic"]["weighed"]
+    reads.clear()
+    assert main(["optimize", "--calibration", str(cal), "--latency", str(lat), "--batch-sizes", "2",
+                 "--out", str(tmp_path / "tree.json")]) == 0
+    assert reads == [str(lat)]
+    reads.clear()
+    recommend(Calibration(cal), read_latency(lat), batch=2)
+    assert reads == [str(lat)]
