@@ -884,3 +884,25 @@ def test_each_planning_command_reads_its_latency_file_once(tmp_path, monkeypatch
     reads.clear()
     recommend(Calibration(cal), read_latency(lat), batch=2)
     assert reads == [str(lat)]
+
+
+@pytest.mark.unit
+def test_the_planner_weighs_in_one_place():
+    """The planner's nouns are types and one function weighs: plan/source.py has no lambda (a Source's tokens/step are
+    its methods), speed.priced is called by surface.At.price alone, At.price by weigh.py alone, and no module outside
+    weigh.py builds candidates (optimize.best_first) in the planner or its front ends."""
+    from workbench import REPO_ROOT
+
+    src = REPO_ROOT / "workbench"
+    assert not [n for n in ast.walk(ast.parse((src / "plan" / "source.py").read_text())) if isinstance(n, ast.Lambda)]
+    files = [*src.rglob("*.py"), *(REPO_ROOT / "bench").glob("*.py"), REPO_ROOT / "app.py"]
+    callers: dict[str, set] = {"priced": set(), "price": set(), "best_first": set()}
+    for f in files:
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Call):
+                name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+                if name in callers and not (name == "price" and not isinstance(n.func, ast.Attribute)):
+                    callers[name].add(f.relative_to(REPO_ROOT).as_posix())
+    assert callers["priced"] == {"workbench/plan/surface.py"}
+    assert callers["price"] == {"workbench/plan/weigh.py"}  # At.price
+    assert {f for f in callers["best_first"] if not f.startswith("workbench/trees/")} == {"workbench/plan/weigh.py"}
