@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.cli.shared import ScriptParser, run_script  # noqa: E402
-from workbench.core.provenance import describe, loaded, setting  # noqa: E402
+from workbench.core.provenance import describe, load_average, loaded, setting  # noqa: E402
 from tests.support import browser as ui  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "app-clicks.json"
@@ -351,7 +351,7 @@ def _run(args) -> int:
         env["WORKBENCH_RESULTS_ROOT"] = str(Path(args.results_root).resolve())
     threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
     where = setting("cpu", "n/a", threads, compiled=False, mode="app-clicks")
-    load_before = os.getloadavg()
+    load_before = load_average(every=True) or []
     print(f"setting: {describe(where)}; load average {', '.join(f'{x:.2f}' for x in load_before)}")
     with tempfile.TemporaryDirectory(prefix="app-clicks-") as tmp:
         tmp = Path(tmp)
@@ -374,7 +374,7 @@ def _run(args) -> int:
         except (RuntimeError, AssertionError) as e:
             print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
             return 1
-    load_after = os.getloadavg()
+    load_after = load_average(every=True) or []
     lines = summary(rows, args.passes)
     print(table(lines, args.passes))
     timed = [ln for ln in lines if not ln["skipped"]]

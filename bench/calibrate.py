@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from workbench import WorkbenchError, __version__  # noqa: E402
+from workbench import __version__  # noqa: E402
 from workbench.cli.shared import ScriptParser, run_script  # noqa: E402
 from workbench.calibrate.folder import Calibration  # noqa: E402
 from workbench.calibrate.ranks import NULL, head_accuracies, path_probabilities, ranks_frame  # noqa: E402

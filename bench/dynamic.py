@@ -14,7 +14,6 @@ heads' rounding between calibration and decoding (a near-tie of path scores can 
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from workbench.calibrate.folder import Calibration, default_calibration  # noqa:
 from workbench.calibrate.ranks import answer_rows, batch_walk, walk_answers, walk_steps  # noqa: E402
 from workbench.cli.shared import parse_ints, ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.provenance import describe, loaded, without_load  # noqa: E402
+from workbench.core.provenance import describe, load_average, loaded, without_load  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.core.speed import spread  # noqa: E402
 from workbench.core.work import WorkState, remove_work  # noqa: E402
@@ -149,7 +148,7 @@ def run(args) -> int:
                                                      lambda s: print(s, file=sys.stderr))
         measured[b] = state.piece(f"batch-{b}", one)
     rows = rows_of(cal, trees, measured, ids, args.max_new_tokens)
-    here["load_average_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    here["load_average_end"] = load_average()
     atomic_write_json(args.out, dict(calibration=str(cal.folder), envelope=envelope.name or args.envelope,
                                      setting=here, prompts=len(prompts), max_new_tokens=args.max_new_tokens,
                                      repeats=repeats, rows=rows))

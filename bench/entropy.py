@@ -4,13 +4,12 @@
     python bench/entropy.py --tiny --limit 2              # tiny random Llama with random heads: the plumbing only
 
 Two counts per temperature. Node decisions: along the exact-entropy run, every tree node of every step is judged
-by both forms on the same logits (`decode.typical_decisions`); how many decisions and accepted lengths differ.
+by both forms on the same logits (`acceptance.typical_decisions`); how many decisions and accepted lengths differ.
 Emitted tokens: the same prompts decoded again with Medusa's form; how many prompts' outputs differ from the exact
 run's, and where the first difference is. Prints a table and writes JSON (bench/results/entropy.json unless --out).
 """
 from __future__ import annotations
 
-import os
 import platform
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch  # noqa: E402
 from workbench import WorkbenchError  # noqa: E402
 from workbench.cli.shared import ScriptParser, parse_floats, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.provenance import load_average  # noqa: E402
 from workbench.decode import acceptance  # noqa: E402
 from workbench.decode.loop import Acceptance, medusa_generate
 from workbench.decode.acceptance import best_path, typical_decisions  # noqa: E402
@@ -133,7 +133,7 @@ def _run(args) -> int:
               f"{r['accepted_lengths_differ']:>15} {r['prompts_differ']:>9} / {r['prompts']}")
     atomic_write_json(args.out, dict(model=label, tree=buf.tree.name or tree, nodes=buf.size - 1,
                                      max_new_tokens=args.max_new_tokens, threads=torch.get_num_threads(),
-                                     machine=platform.machine(), load_average=os.getloadavg()[0], rows=rows))
+                                     machine=platform.machine(), load_average=load_average(), rows=rows))
     print(f"wrote {args.out}")
     return 0
 

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.cli.shared import ScriptParser, parse_floats, parse_ints, run_script  # noqa: E402
+from workbench.core.provenance import load_average  # noqa: E402
 
 TRAINING_SETS = ("alpaca_en_demo_1k.json", "gpteacher_roleplay_alpaca.json", "gsm8k_train_alpaca.json")
 
@@ -96,7 +97,7 @@ def _run(a) -> int:
     for s in steps:
         for lam in lambdas:
             rows.append(point(work, data, lam, s, a))
-            atomic_write_json(a.out or work / "curve.json", dict(points=rows, load_average=os.getloadavg()))
+            atomic_write_json(a.out or work / "curve.json", dict(points=rows, load_average=load_average(every=True)))
             atomic_write_text(a.table or work / "curve.md", table(rows) + "\n")
             print(table(rows), flush=True)
     return 0

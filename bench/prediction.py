@@ -13,7 +13,7 @@ trees are measured beside its static candidates (decoded as `decode --dynamic N 
 replay over the heads' recorded log-probs), plan's choice is starred, and per batch size the table says whether plan
 picks a per-step tree exactly where one measures faster than everything else (issue 51).
 
-Prediction: `plan` itself (plan.calibration_source + plan.rank: the calibration's replay over its held-out answers cut
+Prediction: `plan` itself (source.calibration_source + weigh.weigh: the calibration's replay over its held-out answers cut
 to --max-new-tokens, and speedup = tokens/step / (t(n+1)/t(1)) from the latency table, with its range over the
 latency quartiles). `replay_these` is the replay over the answers of exactly the prompts decoded here: a lossless
 greedy decoder must measure it (it separates the prompt sample from the model). Measurement: at every batch size the
@@ -29,7 +29,6 @@ when they differ.
 """
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -40,15 +39,14 @@ from workbench.calibrate.folder import Calibration, default_calibration, list_ca
 from workbench.calibrate.ranks import answer_rows, decoder_walk, walk_answers  # noqa: E402
 from workbench.cli.shared import parse_ints, ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.provenance import (describe, loaded, mismatch_warning, read_setting,  # noqa: E402
-                                       without_load)
+from workbench.core.provenance import describe, load_average, loaded, mismatch_warning, without_load  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
                                   prefill_share, spread, tokens_per_step, within_noise)
 from workbench.core.work import WorkState, remove_work  # noqa: E402
-from workbench.measure.latency_file import latency_engine, latency_surface, read_latency  # noqa: E402
-from workbench.plan.rank import at_batch, candidates, choose, dynamic_candidates, per_step_at  # noqa: E402
 from workbench.plan.source import calibration_source  # noqa: E402
+from workbench.plan.surface import Surface  # noqa: E402
+from workbench.plan.weigh import weigh  # noqa: E402
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "prediction.json"
 MEASURED = {"speedup": decode_speedup, "end_to_end_speedup": measured_speedup,
@@ -57,27 +55,22 @@ MEASURED = {"speedup": decode_speedup, "end_to_end_speedup": measured_speedup,
             "step_ratio": overhead, "prefill_share": lambda m, v: prefill_share(v)}
 
 
-def plan_top(cal: Calibration, latency_df, latency_path, batch_sizes, top: int, max_new_tokens: int | None,
+def plan_top(cal: Calibration, surface: Surface, batch_sizes, top: int, max_new_tokens: int | None,
              dynamic_top: int = 3) -> tuple[dict, dict]:
     """({batch: what is measured there: plan's `top` best static trees and chains and, where the table timed per-step
     trees (`latency --envelope`), its `dynamic_top` best of those, each marked "chosen" if it is plan's choice},
     the source's info with plan's choice per batch size)."""
     src = calibration_source(cal, "replay", max_new_tokens=max_new_tokens)
-    surface, ctx = latency_surface(latency_df, batch_sizes, None, src["typical_context"], "--latency")
-    most = max(max(s["seconds"]) for s in surface.values()) - 1
-    cands = candidates(src["tokens_per_step"], src["chain_acceptance"], most, src["value"], src["max_depth"],
-                       src["max_rank"])
-    dyn, dyn_info = dynamic_candidates(src, latency_path, batch_sizes, ctx)
-    out, chosen = {}, {}
+    ctx = surface.context(batch_sizes, None, src.typical_context)
+    out, chosen, dyn_info = {}, {}, None
     for b in batch_sizes:
-        pick = choose(at_batch(cands, src["batch_tokens_per_step"], b), surface[b]["seconds"], surface[b]["spread"],
-                      surface[b]["head_cost"], per_step_at(dyn, src["batch_tokens_per_step"], b))
-        best = pick["best"]
-        chosen[b] = "none" if best["kind"] == "none" else best["tree"].name
-        spec = [c for c in pick["ranked"] if c["kind"] not in ("none", "dynamic")][:top]
-        spec += [c for c in pick["ranked"] if c["kind"] == "dynamic"][:dynamic_top]
-        out[b] = [dict(c, chosen=c is best) for c in spec]
-    return out, dict(src["info"], context=ctx, dynamic=dyn_info, chosen=chosen)
+        pick = weigh(src, surface, b, ctx, dynamic=True, among=batch_sizes)
+        best, dyn_info = pick.best, pick.dynamic
+        chosen[b] = "none" if best.kind == "none" else best.tree.name
+        spec = [c for c in pick.ranked if c.kind not in ("none", "dynamic")][:top]
+        spec += [c for c in pick.ranked if c.kind == "dynamic"][:dynamic_top]
+        out[b] = [dict(vars(c), chosen=c is best) for c in spec]
+    return out, dict(src.info, context=ctx, dynamic=dyn_info, chosen=chosen)
 
 
 def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeats: dict, engine,
@@ -85,7 +78,7 @@ def measure(model, heads, tok, prompts, picks: dict, max_new_tokens: int, repeat
     """{batch: {tree name: {quantity: [per repeat]}}}, every number speed.py's: the decoding phase's speedup (what
     plan predicts), the end-to-end one (prefill included), each sequence's and the whole batch's tokens/step, the
     step's cost over vanilla's (overhead) and vanilla's prefill share; `repeats` is {batch: passes}. `state`
-    (io.WorkState): each finished batch size is kept, so a killed run rerun measures only the batch sizes it had
+    (work.WorkState): each finished batch size is kept, so a killed run rerun measures only the batch sizes it had
     not finished."""
     out = {}
     for b, top in picks.items():
@@ -161,7 +154,7 @@ def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_t
                              prefill_share=spread(m["prefill_share"])["median"],
                              predicted_batch_tokens_per_step=c["batch_tokens_per_step"],
                              measured_batch_tokens_per_step=bt["median"],
-                             predicted_step_ratio=c["batch_tokens_per_step"] / c["speedup"],
+                             predicted_step_ratio=c["relative_latency"],
                              measured_step_ratio=ratio["median"],
                              speedup_err_pct=100 * (c["speedup"] / sp["median"] - 1),
                              tokens_per_step_err_pct=100 * (c["tokens_per_step"] / tps["median"] - 1)))
@@ -270,16 +263,16 @@ def run(args) -> int:
     if lat is None:
         raise WorkbenchError(f"no latency CSV in {cal.folder}: measure one (`workbench latency --calibration "
                              f"{cal.folder}`) or pass --latency")
-    latency_df = read_latency(lat)
-    if latency_engine(latency_df)[0] != "workbench":
-        raise WorkbenchError(f"--latency {lat}: times {latency_engine(latency_df)[0]}'s rounds; this bench checks our "
+    surface = Surface.read(lat)
+    if surface.engine != "workbench":
+        raise WorkbenchError(f"--latency {lat}: times {surface.engine}'s rounds; this bench checks our "
                              "decoder (give a `workbench latency` CSV); a vLLM surface is checked by "
                              "bench/vllm_plan.py")
     records = cal.holdout_prompts(args.limit)
     if batch_sizes[-1] > len(records):
         raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(records)} held-out prompts: raise "
                              "--limit")
-    picks, info = plan_top(cal, latency_df, lat, batch_sizes, args.top, args.max_new_tokens, args.dynamic_top)
+    picks, info = plan_top(cal, surface, batch_sizes, args.top, args.max_new_tokens, args.dynamic_top)
     heads = args.heads or (None if cal.meta.get("heads") in (None, "demo") else cal.meta["heads"])
     model_name = args.model or (None if heads is None else cal.meta.get("model"))
     model, tok, hd = load_model_and_heads(model_name, heads, args.device)
@@ -297,8 +290,8 @@ def run(args) -> int:
     measured = measure(model, hd, tok, prompts, picks, args.max_new_tokens, repeats, engine,
                        lambda s: print(s, file=sys.stderr), state)
     rows = rows_of(picks, measured, cal, [pid for pid, _ in records], args.max_new_tokens)
-    lat_setting = read_setting(latency_df)
-    here["load_average_end"] = round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+    lat_setting = surface.setting
+    here["load_average_end"] = load_average()
     warning = mismatch_warning(lat_setting, here, "bench/prediction.py")
     verdicts = per_step_verdicts(rows, info["chosen"])
     atomic_write_json(args.out, dict(calibration=str(cal.folder), latency=str(lat), source=info, setting=here,

@@ -31,14 +31,10 @@ from workbench.calibrate.folder import default_calibration  # noqa: E402
 from workbench.cli import main as workbench  # noqa: E402
 from workbench.cli.shared import ScriptParser, parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
-from workbench.core.provenance import cpu_mark, others, quiet  # noqa: E402
+from workbench.core.provenance import cpu_mark, load_average, others, quiet  # noqa: E402
 
 TOLERANCE = 0.10  # issue 48: |predicted - measured| <= 10% of vLLM's measured speedup
 PLAIN_STEP = 1.2  # issue 49: our plain step at batch 1 within 1.2x of vLLM's, side by side in one run
-
-
-def load() -> list[float] | None:
-    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
 
 
 def step(name: str, argv: list[str], out: Path, loads: dict) -> None:
@@ -47,12 +43,12 @@ def step(name: str, argv: list[str], out: Path, loads: dict) -> None:
     if out.exists():
         print(f"{name}: {out} exists, kept", file=sys.stderr)
         return
-    loads[name] = {"before": load()}
+    loads[name] = {"before": load_average(every=True)}
     mark = cpu_mark()
     print(f"{name}: workbench {' '.join(argv)}", file=sys.stderr, flush=True)
     if workbench(argv) != 0:
         raise WorkbenchError(f"{name} failed (above); rerun this command to continue where it stopped")
-    loads[name]["after"] = load()
+    loads[name]["after"] = load_average(every=True)
     loads[name]["others"] = others(mark, cpu_mark())
 
 
@@ -88,7 +84,7 @@ def run(args) -> int:
     ks = ",".join(str(k) for k in range(1, top_k + 1))
     loads_file = out_dir / f"{name}-loads.json"
     loads = json.loads(loads_file.read_text()) if loads_file.exists() else {}
-    loads.setdefault("start", load())
+    loads.setdefault("start", load_average(every=True))
     try:
         step("surface", ["latency", "--engine", "vllm", *py, "--calibration", cal, "--prompts", args.surface_prompts,
                          "--limit", str(args.surface_limit), "--batch-sizes", args.batch_sizes, "--k", ks, "--repeats",

@@ -243,6 +243,15 @@ def make_walk_files(root: Path, cal_name: str = "cal") -> Path:
     return cal
 
 
+def fastest_on(source, table: dict, **kw) -> dict:
+    """plan.fastest on a plain {tokens: seconds} table (one batch size at one context)."""
+    from workbench.plan.fastest import fastest
+    from workbench.plan.surface import Surface
+
+    surface = Surface(pd.DataFrame(dict(context=0, tokens=list(table), seconds=list(table.values()))))
+    return fastest(source, surface, surface.at(1, 0), **kw)
+
+
 def make_current_sweep(root: Path, cal: Path) -> Path:
     """A sweep that measured the recommended tree at a third of its predicted speedup: the pages must say so at the
     top."""

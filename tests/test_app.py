@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from helpers import make_calibration, make_current_sweep, make_latency, make_sweep, make_walk_files, plotly_values
+from helpers import fastest_on, make_calibration, make_current_sweep, make_latency, make_sweep, make_walk_files, plotly_values
 
 from workbench import REPO_ROOT
 
@@ -329,8 +329,7 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
     """The designer's hardware-aware tree is plan's ranking's fastest tree (plan/fastest.py) on the same table, and
     when no speculation wins it says so."""
     from workbench.calibrate.folder import Calibration
-    from workbench.plan.fastest import fastest, value_source
-    from workbench.plan.recommend import latency_tables
+    from workbench.plan.fastest import value_source
 
     slow = tmp_path / "latency-slow.csv"
     pd.DataFrame([dict(context=128, tokens=n, seconds=0.01 * n) for n in (1, 2, 4, 8, 16, 32, 64)]).to_csv(slow,
@@ -348,16 +347,18 @@ def test_hardware_aware_says_when_speculation_does_not_pay(demo_files, monkeypat
     assert any(m.value.startswith("**Recommendation:** use no speculation at batch 1 and context 128")
                for m in at.markdown)
     acc = Calibration(demo_files["cal"]).accuracies("fit")
-    tables = latency_tables(pd.read_csv(slow), batch=1)
-    want = fastest(value_source(acc, acc.shape[0], min(acc.shape[1], 10)), tables["seconds"], max_nodes=63)
-    assert want["best"]["kind"] == "none" and want["tree"]["speedup"] < 1
-    assert tree_file(at)["medusa_choices"] == want["tree"]["tree"].as_lists()
+    table = dict(zip(pd.read_csv(slow)["tokens"], pd.read_csv(slow)["seconds"]))
+    want = fastest_on(value_source(acc, acc.shape[0], min(acc.shape[1], 10)), table, max_nodes=63)
+    assert want["best"].kind == "none" and want["tree"].speedup < 1
+    assert tree_file(at)["medusa_choices"] == want["tree"].tree.as_lists()
 
 
 def test_the_designer_prices_the_tree_at_its_own_depth(demo_files, monkeypatch, tmp_path):
     """A latency table with the heads' cost: the designer says each tree is priced at its own depth and its
     predicted speedup is recommend.designed_speedup's on that table (speed.priced, plan's pricing); a table without
     it says how to add it."""
+    from dataclasses import replace
+
     from workbench.calibrate.folder import Calibration
     from workbench.plan.recommend import designed_speedup, latency_tables
     from workbench.trees.tree import Tree
@@ -380,7 +381,7 @@ def test_the_designer_prices_the_tree_at_its_own_depth(demo_files, monkeypatch, 
     want = designed_speedup(Calibration(demo_files["cal"]), tree, tables)
     assert tree.depth < 4
     assert float(metric(at, "predicted speedup").rstrip("x")) == pytest.approx(want["speedup"], abs=0.006)
-    assert want["speedup"] > designed_speedup(Calibration(demo_files["cal"]), tree, tables | {"head_cost": None})["speedup"]
+    assert want["speedup"] > designed_speedup(Calibration(demo_files["cal"]), tree, replace(tables, head_cost=None))["speedup"]
 
 
 def test_streamlit_run_from_the_checkout_skips_the_full_gc_after_every_click():
@@ -1169,3 +1170,51 @@ def test_vllm_check_tab_shows_the_plans_speedup_beside_vllms(tmp_path, monkeypat
     assert "Plain decoding: vLLM and our decoder" in [s.value for s in at.subheader]
     shown = at.dataframe[-1].value
     assert shown["ours / vLLM"].tolist() == [1.118] and shown["q1..q3"].tolist() == ["1.112..1.218"]
+
+
+def test_plan_optimize_the_app_and_the_recommendation_name_one_candidate(monkeypatch, tmp_path):
+    """On the committed calibration and its latency-cpu.csv, at every batch size the table timed: `workbench plan`,
+    `optimize --latency` (its choice, or its best speculating runner-up where no speculation wins), the app's
+    recommendation and recommend.recommend name the same candidate with the same predicted speedup (one weighing,
+    plan/weigh.py, behind all four)."""
+    from workbench.calibrate.folder import Calibration
+    from workbench.cli import main
+    from workbench.measure.latency_file import read_latency
+    from workbench.plan.plan_file import read_plan
+    from workbench.plan.recommend import recommend
+
+    cal = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    lat = cal / "latency-cpu.csv"
+    batches = sorted(int(b) for b in read_latency(lat)["batch"].unique())
+    assert len(batches) > 1
+    out, tree_out = tmp_path / "plan.json", tmp_path / "tree.json"
+    assert main(["plan", "--calibration", str(cal), "--latency", str(lat), "--batch-sizes",
+                 ",".join(map(str, batches)), "--out", str(out)]) == 0
+    plan = read_plan(out)
+    monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
+    monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
+    at = page("tree_page", None, monkeypatch).run()
+    at.selectbox(key="in_lat_pick").set_value(next(o for o in options(at, "in_lat_pick")
+                                                   if str(o).endswith("/latency-cpu.csv"))).run()
+    kinds = set()
+    for b, row, alt in zip(batches, plan["plans"], plan["alternatives"]):
+        assert row["batch_size"] == b
+        kinds.add(row["kind"])
+        assert main(["optimize", "--calibration", str(cal), "--latency", str(lat), "--batch-sizes", str(b),
+                     "--out", str(tree_out)]) == 0
+        written = json.loads(tree_out.read_text())
+        speculating = row if row["kind"] != "none" else alt["runner_up"]
+        assert written["medusa_choices"] == speculating["medusa_choices"]
+        assert written["predicted_speedup"] == speculating["predicted_speedup"]
+        rec = recommend(Calibration(cal), read_latency(lat), batch=b, latency_name=lat.name)
+        pick = rec["pick"]
+        assert pick["kind"] == row["kind"] and pick["speedup"] == row["predicted_speedup"]
+        assert (pick["tree"].as_lists() if pick["tree"] is not None else []) == row["medusa_choices"]
+        assert rec["context"] == plan["latency"]["context"]
+        at.selectbox(key="in_batch").set_value(b).run()
+        no_exception(at)
+        said = next(m.value for m in at.markdown if m.value.startswith("**Recommendation:** "))
+        label = "no speculation" if row["kind"] == "none" else pick["label"]
+        assert said.startswith(f"**Recommendation:** use {label} at batch {b} and context {rec['context']} "), said
+        assert row["kind"] == "none" or f"{row['predicted_speedup']:.2f}x" in said, said
+    assert len(kinds) > 1  # the answer changes with the batch size, so the test can tell the four apart

@@ -205,7 +205,7 @@ def test_trtllm_target_names_the_tensorrt_backend_and_its_removal():
 
 def _plan_file(tmp_path, rows, chains):
     """A plan file: rows (batch, kind, nodes, tokens/step, speedup), each row's best chain (k, tokens/step, speedup)."""
-    from workbench.plan.source import chain_tree
+    from workbench.trees.tree import chain_tree
     from workbench.plan.plan_file import plan_json
 
     plans, alts = [], []

@@ -12,6 +12,7 @@ from workbench.core.provenance import machine_differences
 from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.measure.latency_file import read_latency
 from workbench.plan import recommend as R
+from workbench.ui import answer as W
 
 pytestmark = pytest.mark.unit
 
@@ -57,14 +58,14 @@ def test_the_committed_tables_batch_2_plain_step_is_flagged_where_it_decides_the
     assert deciding(found, 1, 4, sizes) == []
     rec = R.recommend(Calibration(COMMITTED), df, None, 2, latency_name="latency-cpu.csv")
     assert rec["pick"]["kind"] != "none" and rec["outliers"]
-    assert R.outlier_text(rec).startswith("The answer at batch 2 rests on latency measurements off their trend: "
+    assert W.outlier_text(rec).startswith("The answer at batch 2 rests on latency measurements off their trend: "
                                           "batch 2's plain step (1 token) 0.160 s is off its neighbours")
     # its range reaches into no speculation's: the choice is within the noise, and said so
     none = R.within_noise_of_none(rec)
     assert none is not None and none["kind"] == "none" and rec["pick"]["range"][0] <= none["range"][1]
-    assert R.noise_text(rec).startswith("the choice is within the noise: ")
+    assert W.noise_text(rec).startswith("the choice is within the noise: ")
     rec1 = R.recommend(Calibration(COMMITTED), df, None, 1, latency_name="latency-cpu.csv")
-    assert rec1["outliers"] == [] and R.outlier_text(rec1) is None and R.noise_text(rec1) is None
+    assert rec1["outliers"] == [] and W.outlier_text(rec1) is None and W.noise_text(rec1) is None
 
 
 def test_the_tables_machine_is_named_and_held_against_this_one():
@@ -77,11 +78,11 @@ def test_the_tables_machine_is_named_and_held_against_this_one():
     assert said == ["cpu AMD EPYC (here Intel Xeon)", "vector avx2 (here avx512f)", "threads 2 (here 1 cores)"]
     assert machine_differences(None, other) is None and machine_differences(dict(device="cuda"), other) is None
     rec = R.recommend(Calibration(COMMITTED), df, None, 1, latency_name="latency-cpu.csv")
-    text = R.table_text(rec, other)
+    text = W.table_text(rec, other)
     assert text.startswith("latency latency-cpu.csv: cpu AMD EPYC (avx2), 2 threads, ") and "engine workbench" in text
     assert "measured on another machine than this one (cpu AMD EPYC (here Intel Xeon)" in text
-    assert R.table_text(rec, same).endswith("this machine's CPU")
-    assert "on this machine" not in R.sentence(rec)  # a table's setting is not the server's
+    assert W.table_text(rec, same).endswith("this machine's CPU")
+    assert "on this machine" not in W.sentence(rec)  # a table's setting is not the server's
 
 
 def test_the_answer_and_its_candidates_as_files():
@@ -89,7 +90,7 @@ def test_the_answer_and_its_candidates_as_files():
     sentence, the pick, the table's setting and the warnings the page shows, and parses as strict JSON."""
     import json
 
-    from workbench.plan.answer_file import answer_json, candidate_rows
+    from workbench.ui.answer import answer_json, candidate_rows
 
     df = read_latency(COMMITTED / "latency-cpu.csv")
     rec = R.recommend(Calibration(COMMITTED), df, None, 2, latency_name="latency-cpu.csv")
@@ -98,10 +99,10 @@ def test_the_answer_and_its_candidates_as_files():
     assert list(rows["label"][:len(rec["candidates"])]) == [r["label"] for r in rec["candidates"]]
     assert json.loads(rows["medusa_choices"][0]) == rec["pick"]["tree"].as_lists()
     said = json.loads(answer_json(rec, dict(device="cpu", cpu="AMD EPYC", vector="avx2", cores=2)))
-    assert said["answer"] == R.sentence(rec) and said["batch"] == 2 and said["latency"] == "latency-cpu.csv"
+    assert said["answer"] == W.sentence(rec) and said["batch"] == 2 and said["latency"] == "latency-cpu.csv"
     assert said["pick"]["medusa_choices"] == rec["pick"]["tree"].as_lists()
     assert said["latency_setting"]["cpu"] == "AMD EPYC" and said["latency_evidence"].endswith("this machine's CPU")
-    assert said["warnings"] == [R.outlier_text(rec), R.noise_text(rec)]
+    assert said["warnings"] == [W.outlier_text(rec), W.noise_text(rec)]
     assert len(said["candidates"]) == len(rows) and said["candidates"][0]["measured_speedup"] is None
     # a measurement in another setting keeps its sweep and why in the CSV (the page shows its speedup only)
     from workbench.measure.sweep_file import read_sweep

@@ -7,7 +7,6 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 
 from workbench.cli import main  # noqa: E402

@@ -1,7 +1,6 @@
 """Optimizer: brute-force optimality on small instances, the reference script beaten, curves, speedup, files."""
 from functools import lru_cache
 from itertools import product
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -11,11 +10,13 @@ from hypothesis import given, settings, strategies as st
 
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.core.speed import latency_at, relative_latency
-from workbench.plan.fastest import fastest, value_source
+from workbench.plan.fastest import value_source
 from workbench.trees.accuracies import accuracies_from_hits, check_accuracies, read_accuracies, write_accuracies
 from workbench.trees.optimize import (acc_value_fn, best_dense_tree, best_first, dense_tree, empirical_value_fn,
                                       expected_curve, expected_length, optimal_tree, optimal_tree_from)
 from workbench.trees.tree import load_tree, reference_trees
+
+from helpers import fastest_on
 
 pytestmark = pytest.mark.unit  # no model, no subprocess: the fast tier
 
@@ -299,13 +300,13 @@ def test_interpolation_and_speedup():
         latency_at(lat, 129)
     acc = vicuna_acc()
     curve = expected_curve(acc, 200)
-    res = fastest(value_source(acc), lat, curve=True)  # plan's ranking of the optimal trees
-    assert [c["nodes"] for c in res["curve"]] == list(range(1, 128))  # n + 1 verify tokens must be measured
+    res = fastest_on(value_source(acc), lat, curve=True)  # plan's ranking of the optimal trees
+    assert [c.nodes for c in res["curve"]] == list(range(1, 128))  # n + 1 verify tokens must be measured
     for c in res["curve"]:
-        t = latency_at(lat, c["nodes"] + 1)
-        assert c["speedup"] == pytest.approx(curve[c["nodes"]] / (t / 0.020))
-    assert res["best"]["speedup"] == max(c["speedup"] for c in res["choice"]["ranked"])
-    assert res["best"]["speedup"] >= max(c["speedup"] for c in res["curve"])
+        t = latency_at(lat, c.nodes + 1)
+        assert c.speedup == pytest.approx(curve[c.nodes] / (t / 0.020))
+    assert res["best"].speedup == max(c.speedup for c in res["choice"].ranked)
+    assert res["best"].speedup >= max(c.speedup for c in res["curve"])
     assert relative_latency(lat, 0) == pytest.approx(1.0)  # no tree: one token per (unit) step
     with pytest.raises(WorkbenchError, match="no latency for 201 verify tokens"):
         relative_latency(lat, 200)

@@ -18,10 +18,10 @@ from workbench.export.engines import PLAN_FORMATS, export_plan
 from workbench.measure.latency_file import latency_surface, non_decreasing, read_latency
 from workbench.plan.rank import make_plan
 from workbench.plan.plan_file import PLAN_ROW, plan_json, read_plan
-from workbench.plan.source import check_acceptance, chain_tree, plan_source, read_acceptance
+from workbench.plan.source import check_acceptance, plan_source, read_acceptance
 from workbench.trees.accuracies import write_accuracies
 from workbench.trees.optimize import expected_length
-from workbench.trees.tree import load_tree, make_tree
+from workbench.trees.tree import chain_tree, load_tree, make_tree
 
 PROMPTS = ["Tell me a story.", "What is 2+2?", "Name three colours.", "hi", "Why is the sky blue?",
            "Write a haiku about rain.", "List some fruits", "How do magnets work?"]
@@ -177,8 +177,10 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
     ones of as many tokens: with the heads' cost beside the table (depth, heads_seconds) a tree is priced at its own
     depth, t(n) - h(depth timed) + h(its depth), the same in plan's ranking and for any tree the app scores; a
     table without those columns is priced as timed; half-filled columns are one error."""
-    from workbench.plan.rank import at_batch, rank
-    from workbench.plan.recommend import latency_tables, tree_speedup
+    from workbench.plan.recommend import latency_tables
+    from workbench.plan.source import accuracy_source
+    from workbench.plan.surface import Surface
+    from workbench.plan.weigh import price, weigh
     from workbench.core.speed import at_depth, priced
 
     h = {0: 0.0, 1: 0.002, 2: 0.004, 3: 0.008}
@@ -195,17 +197,22 @@ def test_a_step_is_priced_at_its_own_depth(tmp_path):
                                                         4: table[4]})
     assert at_depth(table, None, 1) == table and at_depth(table, heads, None) == table
     bushy, chain = make_tree([[0], [1], [2]]), chain_tree(3)
-    fast, rng = priced(table, s[8]["spread"], heads, 1.5, 3, bushy.depth)
+    fast, rng, rel = priced(table, s[8]["spread"], heads, 1.5, 3, bushy.depth)
     assert fast == pytest.approx(1.5 * table[1] / (table[4] - 0.006)) and rng[0] < fast < rng[1]
+    assert rel == pytest.approx((table[4] - 0.006) / table[1])
     assert priced(table, None, heads, 1.5, 3, chain.depth)[0] == pytest.approx(speedup_at(table, 1.5, 3))
-    # plan's ranking and the app's scoring of a tree agree, and both use the depth
-    cands = at_batch([dict(kind="tree", tree=bushy, nodes=3, tokens_per_step=1.5),
-                      dict(kind="chain", tree=chain, nodes=3, tokens_per_step=1.5)], lambda t, b, cost: 1.5, 8)
-    ranked = rank(cands, table, s[8]["spread"], heads)
-    assert [c["tree"] for c in ranked] == [bushy, chain] and ranked[0]["speedup"] > ranked[1]["speedup"]
+    # plan's weighing and the app's pricing of a tree agree, and both use the depth
+    src = accuracy_source(np.array([[0.6, 0.2, 0.1], [0.4, 0.1, 0.05], [0.3, 0.05, 0.02]]), "acc")
     tables = latency_tables(read_latency(tmp_path / "lat.csv"), batch=8)
-    assert tree_speedup(1.5, bushy, tables)["speedup"] == pytest.approx(ranked[0]["speedup"])
-    assert rank(cands, table, s[8]["spread"])[0]["speedup"] == pytest.approx(speedup_at(table, 1.5, 3))  # as timed
+    for t, rel in ((bushy, (table[4] - 0.006) / table[1]), (chain, table[4] / table[1])):
+        got, tps = price(src, tables, t), src.predict(t)
+        assert got.relative_latency == pytest.approx(rel) and got.speedup == pytest.approx(tps / rel)
+        assert got.speedup == pytest.approx(priced(table, s[8]["spread"], heads, tps, 3, t.depth)[0])
+    ranked = weigh(src, Surface(read_latency(tmp_path / "lat.csv")), 8, tables.context).ranked
+    assert next(c for c in ranked if c.kind == "chain" and c.nodes == 3).speedup == \
+        pytest.approx(price(src, tables, chain).speedup)
+    no_heads = latency_tables(read_latency(tmp_path / "lat.csv").drop(columns=["depth", "heads_seconds"]), batch=8)
+    assert price(src, no_heads, bushy).speedup == pytest.approx(speedup_at(table, src.predict(bushy), 3))
     # the plan file says whether the heads' cost was known
     write_accuracies(tmp_path / "acc.csv", np.array([[0.6, 0.2], [0.4, 0.1], [0.3, 0.05]]))
     plan = make_plan(plan_source(accuracies=tmp_path / "acc.csv"), tmp_path / "lat.csv", [8])
@@ -775,7 +782,7 @@ def test_plan_weighs_per_step_trees_on_their_own_step_costs(tmp_path, capsys):
     plan = make_plan(source, lat, [1, 2])
     info = plan["latency"]["dynamic"]
     assert info["weighed"] and info["envelope"] == 15 and len(info["medusa_choices"]) == 15
-    fn, depth, rank = value_and_limits(source["value"], source["max_depth"], source["max_rank"], "test")
+    fn, depth, rank = value_and_limits(source.value, source.max_depth, source.max_rank, "test")
     envelope = make_tree([p for p, _ in best_first(fn, 15, depth, rank)])
     assert envelope.as_lists() == info["medusa_choices"]
     one, two = plan["plans"]
@@ -853,3 +860,49 @@ def _static_only(lat, tmp_path):
     out = tmp_path / "static.csv"
     df[df["policy"] == "static"].to_csv(out, index=False)
     return out
+
+
+def test_each_planning_command_reads_its_latency_file_once(tmp_path, monkeypatch):
+    """`plan` (static and per-step rows), `optimize --latency` and the recommendation read the latency CSV once each:
+    one Surface (plan/surface.py) holds every batch size and policy, and each question asks it."""
+    from workbench import REPO_ROOT
+    from workbench.measure import latency_file
+    from workbench.plan.recommend import recommend
+
+    cal = REPO_ROOT / "calibration" / "smollm2-135m-instruct-alpaca-eval"
+    lat = tmp_path / "lat.csv"
+    _with_dynamic(surface(batches=(1, 2), sizes=(1, 2, 3, 4, 6, 8)), 7, lambda b, n: 0.9).to_csv(lat, index=False)
+    reads, real = [], latency_file.read_csv
+    monkeypatch.setattr(latency_file, "read_csv", lambda path, *a, **k: reads.append(str(path)) or real(path, *a, **k))
+    assert main(["plan", "--calibration", str(cal), "--latency", str(lat), "--batch-sizes", "1,2",
+                 "--out", str(tmp_path / "plan.json")]) == 0
+    assert reads == [str(lat)] and json.loads((tmp_path / "plan.json").read_text())["latency"]["dynamic"]["weighed"]
+    reads.clear()
+    assert main(["optimize", "--calibration", str(cal), "--latency", str(lat), "--batch-sizes", "2",
+                 "--out", str(tmp_path / "tree.json")]) == 0
+    assert reads == [str(lat)]
+    reads.clear()
+    recommend(Calibration(cal), read_latency(lat), batch=2)
+    assert reads == [str(lat)]
+
+
+@pytest.mark.unit
+def test_the_planner_weighs_in_one_place():
+    """The planner's nouns are types and one function weighs: plan/source.py has no lambda (a Source's tokens/step are
+    its methods), speed.priced is called by surface.At.price alone, At.price by weigh.py alone, and no module outside
+    weigh.py builds candidates (optimize.best_first) in the planner or its front ends."""
+    from workbench import REPO_ROOT
+
+    src = REPO_ROOT / "workbench"
+    assert not [n for n in ast.walk(ast.parse((src / "plan" / "source.py").read_text())) if isinstance(n, ast.Lambda)]
+    files = [*src.rglob("*.py"), *(REPO_ROOT / "bench").glob("*.py"), REPO_ROOT / "app.py"]
+    callers: dict[str, set] = {"priced": set(), "price": set(), "best_first": set()}
+    for f in files:
+        for n in ast.walk(ast.parse(f.read_text())):
+            if isinstance(n, ast.Call):
+                name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+                if name in callers and not (name == "price" and not isinstance(n.func, ast.Attribute)):
+                    callers[name].add(f.relative_to(REPO_ROOT).as_posix())
+    assert callers["priced"] == {"workbench/plan/surface.py"}
+    assert callers["price"] == {"workbench/plan/weigh.py"}  # At.price
+    assert {f for f in callers["best_first"] if not f.startswith("workbench/trees/")} == {"workbench/plan/weigh.py"}

@@ -9,6 +9,7 @@ from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration
 from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION
 from workbench.plan import recommend as R
+from workbench.ui import answer as W
 from workbench.trees.tree import make_tree, tree_key
 
 from helpers import make_calibration
@@ -73,8 +74,8 @@ def test_pick_is_the_best_predicted_speedup_with_its_numbers(cal):
     assert pick["speedup"] == pytest.approx(pick["tokens_per_step"] / pick["relative_latency"])
     none = next(r for r in rows if r["kind"] == "none")
     assert none["speedup"] == 1.0 and none["tokens_per_step"] == 1.0
-    assert pick["range"] is None and "(no spread measured)" in R.sentence(rec)
-    assert R.sentence(rec).startswith(f"use {pick['label']} at batch 1 and context 128 (calibration synthetic, "
+    assert pick["range"] is None and "(no spread measured)" in W.sentence(rec)
+    assert W.sentence(rec).startswith(f"use {pick['label']} at batch 1 and context 128 (calibration synthetic, "
                                       "predicted_replay; the latency table): predicted ")
 
 
@@ -92,22 +93,22 @@ def test_the_answer_is_plans_choice_with_plans_numbers(cal, tmp_path):
         assert rec["pick"]["kind"] == row["kind"] and rec["pick"]["nodes"] == row["nodes"]
         assert rec["pick"]["speedup"] == pytest.approx(row["predicted_speedup"])
         assert rec["pick"]["tokens_per_step"] == pytest.approx(row["predicted_tokens_per_step"])
-        assert f"latency {f.name})" in R.sentence(rec)
+        assert f"latency {f.name})" in W.sentence(rec)
 
 
 def test_measured_slower_than_plain_answers_no_speculation(cal):
     pick = R.recommend(cal, latency(CHEAP))["pick"]
     rec = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 0.8))})
     assert rec["answer"]["kind"] == "measured-none" and rec["pick"]["kind"] == "tree"
-    text = R.sentence(rec)
+    text = W.sentence(rec)
     assert text.startswith("use no speculation at batch 1") and f"{pick['label']}, ran at 0.80x" in text
 
 
 def test_nothing_pays_recommends_no_speculation(cal):
     rec = R.recommend(cal, latency(SLOW))
     assert rec["pick"]["kind"] == "none"
-    assert R.sentence(rec).startswith("use no speculation at batch 1 and context 128")
-    assert "no tree or chain is predicted faster than plain decoding" in R.sentence(rec)
+    assert W.sentence(rec).startswith("use no speculation at batch 1 and context 128")
+    assert "no tree or chain is predicted faster than plain decoding" in W.sentence(rec)
 
 
 def test_budget_and_latency_bound_the_candidates(cal):
@@ -125,14 +126,14 @@ def test_spread_gives_a_range(cal):
     # plan's range: the tree step over its interquartile range, the plain step at its median
     assert lo == pytest.approx(pick["tokens_per_step"] / (rel * 1.1))
     assert hi == pytest.approx(pick["tokens_per_step"] / (rel * 0.9))
-    assert "x from the latency quartiles)" in R.sentence(rec)
+    assert "x from the latency quartiles)" in W.sentence(rec)
 
 
 def test_context_and_batch_are_picked_from_the_table(cal):
     df = latency(CHEAP, contexts=(128, 1024), batches=(1, 4))
     assert R.recommend(cal, df, target=900)["context"] == 1024
     rec = R.recommend(cal, df, context=128, batch=4)
-    assert rec["batch"] == 4 and "at batch 4 and context 128" in R.sentence(rec)
+    assert rec["batch"] == 4 and "at batch 4 and context 128" in W.sentence(rec)
     with pytest.raises(WorkbenchError, match="no rows for batch size\\(s\\) 2 \\(measured: 1, 4\\)"):
         R.recommend(cal, df, context=128, batch=2)
     with pytest.raises(WorkbenchError, match="no rows for batch size\\(s\\) 2 \\(measured: 1\\)"):
@@ -150,10 +151,10 @@ def test_current_sweeps_are_evidence_and_disagreement_is_named(cal):
     assert m["noise"] == pytest.approx(2 ** 0.5 * statistics.stdev([50, 51]) / 50.5 * predicted * 1.02)
     assert not agree["disagree"]
     assert f"measured {predicted * 1.02:.2f}x +- {m['noise']:.2f} in the latency table's setting (new.csv, 12 prompts)" \
-        in R.sentence(agree)
+        in W.sentence(agree)
     far = R.recommend(cal, latency(CHEAP), sweeps={"new.csv": sweep(swept(tree, predicted / 2, (50, 51)))})
     assert far["disagree"] and far["disagree"][0]["tree"].paths == tree.paths
-    assert R.disagreement_text(far).startswith("Measurements disagree with the prediction by more than their noise")
+    assert W.disagreement_text(far).startswith("Measurements disagree with the prediction by more than their noise")
 
 
 def test_named_trees_are_evidence_not_candidates(cal):
@@ -178,8 +179,8 @@ def test_a_latency_table_that_is_not_monotone_is_named(cal):
     df.loc[df["tokens"] == 4, "seconds"] = (CHEAP(2) + CHEAP(3)) / 2  # as on this CPU: 4 tokens cheaper than 3
     rec = R.recommend(cal, df)
     assert rec["cheaper"] == [(3, 4)]
-    assert R.latency_note(rec).startswith("the latency table is not monotone (4 tokens cheaper than 3)")
-    assert R.recommend(cal, latency(CHEAP))["cheaper"] == [] and R.latency_note(R.recommend(cal, latency(CHEAP))) \
+    assert W.latency_note(rec).startswith("the latency table is not monotone (4 tokens cheaper than 3)")
+    assert R.recommend(cal, latency(CHEAP))["cheaper"] == [] and W.latency_note(R.recommend(cal, latency(CHEAP))) \
         is None
 
 
@@ -194,10 +195,10 @@ def test_measurements_from_another_setting_are_named(cal):
     for r in rows:
         r["setting"] = setting_cell(dict(here, threads=1))
     rec = R.recommend(cal, df, sweeps={"s.csv": sweep(rows)})
-    assert "threads 2 vs 1" in R.setting_text(rec) and R.provenance_note(rec) is None
+    assert "threads 2 vs 1" in W.setting_text(rec) and W.provenance_note(rec) is None
     # older files: the setting is unknown, said in words, not as a difference
     old = R.recommend(cal, latency(CHEAP), sweeps={"s.csv": sweep(swept(pick["tree"], 1.0))})
-    assert R.setting_text(old) is None and "does not record the setting" in R.provenance_note(old)
+    assert W.setting_text(old) is None and "does not record the setting" in W.provenance_note(old)
 
 
 def test_only_measurements_in_the_latency_tables_setting_are_weighed(cal):
@@ -223,7 +224,7 @@ def test_only_measurements_in_the_latency_tables_setting_are_weighed(cal):
         assert row["current"] is None and not rec["disagree"] and rec["elsewhere"] == [row]
         assert rec["answer"]["kind"] == "plan" and row["measured"][0]["elsewhere"][0].startswith(why)
         assert f"not measured in this latency table's setting ({pick['speedup'] / 2:.2f}x in s.csv, {why}" \
-            in R.sentence(rec)
+            in W.sentence(rec)
     same = at(dict(here, load_average=1.7))  # the load is recorded, not compared
     assert same["pick"]["current"]["speedup"] == pytest.approx(pick["speedup"] / 2) and same["disagree"]
     assert same["answer"]["kind"] == "measured-none" and not same["elsewhere"]

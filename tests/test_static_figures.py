@@ -88,40 +88,6 @@ def test_cli_tree_show_png(tmp_path, acc, capsys):
     assert not (tmp_path / "bad.png").exists()
 
 
-def test_expected_curve_plot():
-    x = np.arange(5)
-    fig = static_figures.expected_curve_plot({"a": (x, 1 + x / 10)}, {"ref": (3, 1.2), "ref2": (4, 1.1)}, (2, 1.2))
-    ax = fig.axes[0]
-    assert np.allclose(ax.lines[0].get_ydata(), 1 + x / 10)
-    points = [c for c in ax.collections if isinstance(c, PathCollection)]
-    assert len(points) == 3  # two named trees, one star
-    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["a", "named trees (2)", "this tree"]
-
-
-# ----------------------------------------------------------------------------------------------- calibration
-
-def test_accuracy_heatmap_and_cumulative(acc):
-    img = static_figures.accuracy_heatmap(acc).axes[0].images[0].get_array()
-    assert np.allclose(np.asarray(img), acc)
-    lines = static_figures.cumulative_topk(acc).axes[0].lines
-    assert len(lines) == acc.shape[0]
-    for line, row in zip(lines, acc):
-        assert np.allclose(line.get_ydata(), np.cumsum(row))
-        assert list(line.get_xdata()) == list(range(1, acc.shape[1] + 1))
-
-
-def test_independence_vs_measured_points():
-    paths = [(0,), (1,), (0, 0), (0, 1)]
-    ind, mea = [0.5, 0.2, 0.25, 0.05], [0.5, 0.15, 0.35, 0.02]
-    ax = static_figures.independence_vs_measured(paths, ind, mea, annotate=2).axes[0]
-    pts = [c for c in ax.collections if isinstance(c, PathCollection)][0]
-    assert np.allclose(pts.get_offsets(), np.column_stack([ind, mea]))
-    assert {t.get_text() for t in ax.texts} == {"[0, 0]", "[0, 1]"}  # the two largest |log measured/independence|
-    assert ax.get_xscale() == "log"
-    ax = static_figures.independence_vs_measured(paths, [0.5, 0.0, 0.25, 0.05], mea, annotate=1).axes[0]
-    assert ax.get_xscale() == "linear" and [t.get_text() for t in ax.texts] == ["[1]"]  # a zero: linear axes
-
-
 # ----------------------------------------------------------------------------------------------- trade-offs
 
 @pytest.fixture
@@ -170,7 +136,7 @@ def test_predicted_vs_measured(sweep):
     assert len(pts) == 1 and np.allclose(pts[0].get_offsets(), [[1.6, 1.5], [1.9, 1.8], [2.1, 2.0]])
 
 
-def test_latency_and_speedup_curves():
+def test_latency_curves():
     lat = pd.DataFrame([dict(model="m", device="cpu", dtype="float32", context=c, tokens=n, seconds=0.01 * n + c)
                         for c in (1, 2) for n in (1, 4, 16)])
     ax = static_tradeoffs.latency_curve(lat).axes[0]
@@ -178,8 +144,6 @@ def test_latency_and_speedup_curves():
     batched = pd.concat([lat.assign(batch=1), lat.assign(batch=4, seconds=lat["seconds"] * 2)])
     ax = static_tradeoffs.latency_curve(batched).axes[0]
     assert len(ax.lines) == 4  # one per batch size and context: batch sizes are not averaged together
-    ax = static_tradeoffs.speedup_curve({"x": ([1, 2, 3], [1.2, 1.5, 1.4])}, {"x": (2, 1.5)}).axes[0]
-    assert np.allclose(ax.lines[0].get_ydata(), [1.2, 1.5, 1.4])
 
 
 # ----------------------------------------------------------------------------------------------- live decode

@@ -17,7 +17,7 @@ from workbench.measure.latency import measure_latency
 from workbench.measure.latency_file import HEADS_COLUMNS, LATENCY_COLUMNS, latency_table, read_latency
 from workbench.measure.sweep import dense_near, run_sweep, sweep_configs, sweep_trees
 from workbench.measure.sweep_file import SWEEP_COLUMNS, SWEEP_VERSION, read_sweep
-from workbench.plan.fastest import fastest, value_source
+from workbench.plan.fastest import value_source
 from workbench.plan.report import summarize
 from workbench.runtime.generation import prepare_prompt
 from workbench.runtime.models import random_model
@@ -75,6 +75,8 @@ def test_measure_latency_rows_and_columns(tiny_llama):
     order = df[["seconds_min", "seconds_q1", "seconds", "seconds_q3", "seconds_max"]].to_numpy()
     assert (np.diff(order, axis=1) >= 0).all()
     assert np.allclose(df["seconds"], (df["seconds_min"] + df["seconds_max"]) / 2)  # the median of two
+
+from helpers import fastest_on
 
 
 def test_measure_latency_per_batch_size(tiny_llama):
@@ -153,12 +155,12 @@ def test_the_fastest_tree_is_the_argmax_of_predicted_speedup(seed):
     acc = _acc(seed)
     df = synthetic_latency([1, 2, 4, 8, 16, 32, 64], scale=12 + 8 * seed)
     table, _ = latency_table(df)
-    res = fastest(value_source(acc), table, curve=True)
+    res = fastest_on(value_source(acc), table, curve=True)
     b, s = _brute_force_best(acc, df)
     assert s > 1 and res["best"] is res["tree"]  # speculation wins here, so the choice is the tree
-    assert res["tree"]["nodes"] == b and math.isclose(res["tree"]["speedup"], s, rel_tol=1e-9)
-    assert set(res["tree"]["tree"].paths) == set(optimal_tree(acc, b).paths)
-    assert [c["nodes"] for c in res["curve"]] == list(range(1, 64))
+    assert res["tree"].nodes == b and math.isclose(res["tree"].speedup, s, rel_tol=1e-9)
+    assert set(res["tree"].tree.paths) == set(optimal_tree(acc, b).paths)
+    assert [c.nodes for c in res["curve"]] == list(range(1, 64))
     assert 1 < b < 63  # the synthetic cost curve puts the optimum inside, so the test can fail
 
 

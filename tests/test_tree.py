@@ -1,6 +1,5 @@
 """Tree reading, validation, Medusa buffers (spec example + hypothesis invariants), stats and views."""
 import json
-from pathlib import Path
 
 import networkx as nx
 import pytest

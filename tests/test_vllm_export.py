@@ -14,7 +14,7 @@ from workbench import WorkbenchError
 from workbench.cli import main
 from workbench.export.engines import export_plan
 from workbench.export.vllm import VLLM_WINDOWS, check_synthetic_rates, check_vllm_schedule, vllm_window_error
-from workbench.plan.source import chain_tree
+from workbench.trees.tree import chain_tree
 from workbench.plan.plan_file import plan_json, read_plan
 from workbench.runtime.heads import save_heads
 from support.tiny import random_heads

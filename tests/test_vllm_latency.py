@@ -186,7 +186,8 @@ def test_a_plan_priced_on_vllm_prices_a_batchs_tail_on_smaller_batches(tmp_path)
     from workbench.calibrate.folder import Calibration
     from workbench.core.speed import shrinking_cost
     from workbench.plan.recommend import recommend
-    from workbench.plan.source import chain_tree, generation_length
+    from workbench.plan.source import generation_length
+    from workbench.trees.tree import chain_tree
 
     calib = Path(__file__).resolve().parents[1] / "calibration" / "smollm2-135m-instruct-alpaca-eval"
     cal = Calibration(calib)
@@ -235,7 +236,7 @@ def test_optimize_latency_and_the_designer_on_a_vllm_surface_name_what_plan_name
 
     from workbench.calibrate.folder import Calibration
     from workbench.plan.fastest import fastest, value_source
-    from workbench.plan.recommend import latency_tables
+    from workbench.plan.surface import Surface
 
     calib = Path(__file__).resolve().parents[1] / "calibration" / "smollm2-135m-instruct-alpaca-eval"
     surface, plan_out, tree_out = _surface(tmp_path), tmp_path / "plan.json", tmp_path / "tree.json"
@@ -249,13 +250,14 @@ def test_optimize_latency_and_the_designer_on_a_vllm_surface_name_what_plan_name
     written = json.loads(tree_out.read_text())
     best = row if row["kind"] == "chain" else alt["runner_up"]  # none wins: optimize writes the best speculating one
     assert written["medusa_choices"] == best["medusa_choices"] and written["engine"] == "vllm"
-    tables = latency_tables(read_latency(surface), batch=2)
-    res = fastest(value_source(Calibration(calib).accuracies("fit")), tables["seconds"], batch=2, curve=True,
-                  engine=tables["engine"])
-    assert {c["kind"] for c in res["choice"]["ranked"]} <= {"chain", "none"}
-    assert [c["nodes"] for c in res["curve"]] == [1, 2]  # the chains vLLM timed (K = 1, 2), nothing else
-    ours = fastest(value_source(Calibration(calib).accuracies("fit")), tables["seconds"], batch=2, curve=True)
-    assert any(c["kind"] == "tree" for c in ours["choice"]["ranked"])  # the same table read as our decoder's: trees
+    theirs = Surface.read(surface)
+    at = theirs.at(2, theirs.context([2]))
+    res = fastest(value_source(Calibration(calib).accuracies("fit")), theirs, at, curve=True)
+    assert {c.kind for c in res["choice"].ranked} <= {"chain", "none"}
+    assert [c.nodes for c in res["curve"]] == [1, 2]  # the chains vLLM timed (K = 1, 2), nothing else
+    ours = Surface(read_latency(surface).assign(engine="workbench"))  # the same table read as our decoder's: trees
+    ours_res = fastest(value_source(Calibration(calib).accuracies("fit")), ours, ours.at(2, at.context), curve=True)
+    assert any(c.kind == "tree" for c in ours_res["choice"].ranked)
 
 
 def test_exporting_a_plan_priced_on_our_decoder_for_vllm_warns_once(tmp_path, capsys):

@@ -6,7 +6,7 @@
   continuations.parquet  prompt_id, prompt_tokens, continuation (the greedy answer's token ids), stopped
   accuracies.csv         a_k^(i) of the fit prompts (accuracies.write_accuracies)
   meta.json              model, prompt set, counts, topk, holdout_ids, ...; written last: marks the folder finished
-  latency-DEVICE.csv     `workbench latency` (read by latency.read_latency)
+  latency-DEVICE.csv     `workbench latency` (read by latency_file.read_latency)
 Splits: holdout = meta's holdout_ids (never used to fit a tree), fit = the rest, all = both.
 
 A tree's three predicted tokens per step carry the same names everywhere (sweep CSV, tree files, report, app):

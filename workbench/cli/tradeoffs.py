@@ -269,7 +269,7 @@ def cmd_sweep_report(args) -> int:
     sweep = read_sweep(args.sweep)  # before writing; a sweep measures our decoder: a vLLM table is refused
     latency = read_latency(args.latency, engine="workbench") if args.latency else None
     plan = read_plan(args.plan) if args.plan else None
-    write_output(summarize(args.sweep, args.latency, args.context, plan), args.out, "the report")
+    write_output(summarize(args.sweep, args.latency, args.context, plan, (sweep, latency)), args.out, "the report")
     if args.figures:
         from workbench.viz.static_tradeoffs import report_figures
 

@@ -13,10 +13,9 @@ from workbench.calibrate.served import Served, is_served
 from workbench.cli.shared import bounded, renamed, warn_line, write_json, write_output
 from workbench.core.io import atomic_write_text, check_output
 from workbench.export.engines import SAFE_ENGINES, best_engine_safe
-from workbench.measure.latency_file import latency_engine, latency_surface, read_latency
-from workbench.plan.fastest import fastest, limited
-from workbench.plan.rank import tail_surface
+from workbench.plan.fastest import fastest
 from workbench.plan.source import plan_source
+from workbench.plan.surface import Surface
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import acc_value_fn, dense_tree, expected_curve, expected_length, optimal_tree
@@ -190,8 +189,8 @@ def _cmd_optimize(args) -> int:
     return 0
 
 
-def _latency_source(args) -> dict:
-    """What `optimize --latency` ranks with: plan's source (rank.plan_source) for --calibration (--prediction,
+def _latency_source(args):
+    """What `optimize --latency` weighs with: plan's Source (source.plan_source) for --calibration (--prediction,
     --max-new-tokens) or --accuracies, within --max-depth / --max-rank."""
     if args.joint:
         raise WorkbenchError("--joint: with --latency the statistic is --prediction, as in `workbench plan` (default "
@@ -200,7 +199,7 @@ def _latency_source(args) -> dict:
         raise WorkbenchError("give --accuracies FILE or --calibration DIR")
     source = plan_source(args.calibration, args.accuracies, None, args.prediction or "replay",
                          max_new_tokens=args.max_new_tokens)
-    return limited(source, args.max_depth, args.max_rank)
+    return source.limited(args.max_depth, args.max_rank)
 
 
 def _optimize_for_latency(args) -> int:
@@ -210,14 +209,13 @@ def _optimize_for_latency(args) -> int:
         raise WorkbenchError("--latency picks the fastest optimal tree; drop --dense")
     source = _latency_source(args)
     b = args.batch_sizes or 1
-    df = read_latency(args.latency)
-    surface, ctx = latency_surface(df, [b], args.context, source["typical_context"], f"--latency {args.latency}")
-    at, engine = surface[b], latency_engine(df)[0]
-    res = fastest(source, at["seconds"], at["spread"], at["head_cost"], b, args.budget, curve=True, engine=engine,
-                  tail=tail_surface(df, ctx))
-    rows = [dict(budget=c["nodes"], verify_tokens=c["nodes"] + 1, expected_length=c["tokens_per_step"],
-                 batch_tokens_per_step=c["batch_tokens_per_step"], relative_latency=c["relative_latency"],
-                 speedup=c["speedup"]) for c in res["curve"]]
+    surface = Surface.read(args.latency)
+    ctx = surface.context([b], args.context, source.typical_context)
+    engine = surface.engine
+    res = fastest(source, surface, surface.at(b, ctx), args.budget, curve=True)
+    rows = [dict(budget=c.nodes, verify_tokens=c.nodes + 1, expected_length=c.tokens_per_step,
+                 batch_tokens_per_step=c.batch_tokens_per_step, relative_latency=c.relative_latency,
+                 speedup=c.speedup) for c in res["curve"]]
     if args.curve_out:
         import pandas as pd
 
@@ -228,22 +226,22 @@ def _optimize_for_latency(args) -> int:
             print(f"{r['budget']:>6}{r['expected_length']:>13.4f}{r['relative_latency']:>13.3f}{r['speedup']:>9.3f}",
                   file=sys.stderr)
     best, tree = res["best"], res["tree"]
-    name = args.name or f"hardware_{tree['nodes']}"
-    prov = dict(expected_acceptance_length=tree["tokens_per_step"], predicted_speedup=tree["speedup"],
-                relative_latency=tree["relative_latency"], budget=tree["nodes"], kind=tree["kind"],
-                method="hardware-aware", prediction=source["info"]["prediction"], latency=str(args.latency),
+    name = args.name or f"hardware_{tree.nodes}"
+    prov = dict(expected_acceptance_length=tree.tokens_per_step, predicted_speedup=tree.speedup,
+                relative_latency=tree.relative_latency, budget=tree.nodes, kind=tree.kind,
+                method="hardware-aware", prediction=source.info["prediction"], latency=str(args.latency),
                 context=ctx, batch_size=b, accuracies=str(args.accuracies or args.calibration), engine=engine)
-    write_output(record_json(tree_record(Tree(tree["tree"].paths, name), **prov)), args.out)
-    what = f"chain K={tree['nodes']}" if tree["kind"] == "chain" else f"tree: {tree['nodes']} nodes"
-    if best["kind"] == "none":
+    write_output(record_json(tree_record(Tree(tree.tree.paths, name), **prov)), args.out)
+    what = f"chain K={tree.nodes}" if tree.kind == "chain" else f"tree: {tree.nodes} nodes"
+    if best.kind == "none":
         warn_line(f"no tree is predicted to beat vanilla decoding at batch {b} on this hardware (`workbench "
                   "plan` chooses no speculation there); written: the fastest tree")
-    tps = f"{tree['batch_tokens_per_step']:.4f} tokens/step for the batch ({tree['tokens_per_step']:.4f} per " \
-        "sequence)" if tree["batch_tokens_per_step"] != tree["tokens_per_step"] else \
-        f"{tree['tokens_per_step']:.4f} tokens/step"
-    print(f"hardware-aware {what}, depth {tree['tree'].depth}, {tps} ({source['info']['prediction']}) at "
-          f"{tree['relative_latency']:.3f}x step cost = predicted speedup "
-          f"{tree['speedup']:.3f}x (batch {b}, context {ctx}, {'vLLM rounds' if engine == 'vllm' else 'our decoder'})"
+    tps = f"{tree.batch_tokens_per_step:.4f} tokens/step for the batch ({tree.tokens_per_step:.4f} per " \
+        "sequence)" if tree.batch_tokens_per_step != tree.tokens_per_step else \
+        f"{tree.tokens_per_step:.4f} tokens/step"
+    print(f"hardware-aware {what}, depth {tree.tree.depth}, {tps} ({source.info['prediction']}) at "
+          f"{tree.relative_latency:.3f}x step cost = predicted speedup "
+          f"{tree.speedup:.3f}x (batch {b}, context {ctx}, {'vLLM rounds' if engine == 'vllm' else 'our decoder'})"
           + (f" -> {args.out}" if args.out else ""),
           file=sys.stderr)
     return 0

@@ -56,6 +56,16 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+def load_average(every: bool = False) -> float | list[float] | None:
+    """The 1-minute load average now (`every`: the 1-, 5- and 15-minute ones), to 2 decimals; None where the OS keeps
+    none: the one reading of it every record and bench takes."""
+    try:
+        loads = os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+    return [round(x, 2) for x in loads] if every else round(loads[0], 2)
+
+
 def setting(device: str, dtype: str, threads: int, compiled: bool | str, gpu: str | None = None, processes: int = 1,
             mode: str = "decoder-step") -> dict:
     """The setting of a measurement made now: device type ("cpu", "cuda"), GPU name, CPU model and vector
@@ -65,12 +75,12 @@ def setting(device: str, dtype: str, threads: int, compiled: bool | str, gpu: st
     versions, and the 1-minute load average when this process began (`load_average`: other processes; a
     measurement's own threads soon raise the load to about their count) and now (`load_now`)."""
     cpu, vector = _cpuinfo()
-    load, now = LOAD_AT_START, os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+    load, now = LOAD_AT_START, load_average()
     return dict(device=str(device), gpu=gpu, cpu=cpu, vector=vector, cores=os.cpu_count(), threads=int(threads),
                 processes=int(processes), dtype=dtype_name(dtype),
                 compiled=compiled if compiled == "layers" else bool(compiled), mode=mode,
                 torch=_version("torch"), transformers=_version("transformers"),
-                load_average=None if load is None else round(load, 2), load_now=None if now is None else round(now, 2))
+                load_average=None if load is None else round(load, 2), load_now=now)
 
 
 def without_load(s: dict) -> dict:

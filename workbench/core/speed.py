@@ -12,7 +12,7 @@ tree priced, where the table measured the heads' cost):
   speedup_range      the speedup with t(n) moved over its interquartile range (t(1) at its median);
   shrinking_cost     t(a, n) / t(B, n) for a < B sequences left: the tail of a batch on an engine that drops
                      finished sequences (vLLM), linear in a between measured batch sizes (calibration.batch_walk).
-Ranking trees by it is plan/rank.py's alone.
+Ranking trees by it is plan/weigh.py's alone.
 Measured (`batches`: the results of each generate call, a list per call; sequences of one call ran side by side,
 calls one after another; a result has token_ids, steps (each with tokens and time_s), decode_s, total_s):
   tokens_per_step (each sequence's), batch_tokens_per_step (whole batches'), acceptance_per_position, step_times /
@@ -128,16 +128,17 @@ def speedup_range(latency, spread, tokens_per_step: float, nodes: int) -> tuple[
 
 
 def priced(latency, spread, head_cost: dict | None, tokens_per_step: float, nodes: int,
-           depth: int | None = None) -> tuple[float, tuple[float, float] | None]:
-    """(speedup, range) of a `nodes`-node tree `depth` heads deep (None: priced as the table timed it) on one batch
-    size's table, its spread and its heads' cost (at_depth): the one pricing behind plan's ranking and every
-    tree the app scores."""
+           depth: int | None = None) -> tuple[float, tuple[float, float] | None, float]:
+    """(speedup, range, relative_latency) of a `nodes`-node tree `depth` heads deep (None: priced as the table timed
+    it) on one batch size's table, its spread and its heads' cost (at_depth): the one pricing behind plan's ranking
+    and every tree the app scores."""
     table = at_depth(latency, head_cost, depth)
     if spread is not None:
         q1 = at_depth({n: v[0] for n, v in spread.items()}, head_cost, depth)
         q3 = at_depth({n: v[1] for n, v in spread.items()}, head_cost, depth)
         spread = {n: (q1[n], q3[n]) for n in spread}
-    return speedup_at(table, tokens_per_step, nodes), speedup_range(table, spread, tokens_per_step, nodes)
+    relative = relative_latency(table, nodes)
+    return speedup(tokens_per_step, relative), speedup_range(table, spread, tokens_per_step, nodes), relative
 
 
 def shrinking_cost(seconds: Mapping[int, Mapping[int, float]], batch: int):

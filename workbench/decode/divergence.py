@@ -13,7 +13,7 @@ from workbench.decode.loop import DecodeResult
 from workbench.core.speed import measured_speedup, overhead
 
 def compare(medusa: DecodeResult, vanilla: DecodeResult) -> dict:
-    """speedup, overhead (decode.measured_speedup / decode.overhead) and exactness against greedy, of one prompt."""
+    """speedup, overhead (speed.measured_speedup / speed.overhead) and exactness against greedy, of one prompt."""
     return dict(vanilla_tokens_per_s=vanilla.tokens_per_s, speedup=measured_speedup([medusa], [vanilla]),
                 overhead=overhead([medusa], [vanilla]), matches_greedy=medusa.token_ids == vanilla.token_ids)
 
@@ -54,7 +54,7 @@ def divergences(medusa: DecodeResult, vanilla: DecodeResult, dtype: torch.dtype)
     -gap_medusa, a move rounding alone can make (the wider tree forward computes attention and matmuls over other
     shapes than the 1-token step, and bf16/fp16 round those differently). Anything else is "mismatch": a bug (a
     token that was not its run's argmax, or a flip wider than rounding can explain; also, conservatively, a tie
-    of more than decode.RECORDED_TOPK tokens). One output ending early (an EOS the other did not emit at that
+    of more than step.RECORDED_TOPK tokens). One output ending early (an EOS the other did not emit at that
     point) is a divergence at its length. Returns [{position, medusa_token, vanilla_token, margin_medusa, margin_vanilla,
     gap_medusa, gap_vanilla, bound, kind}] (0 or 1 items).
     """

@@ -9,7 +9,7 @@ vllm:spec_decode_num_accepted_tokens_per_pos) beside our decoder's steps (also c
 vllm_steps) and the calibration's prediction; per batch size: vLLM's tokens/s with and without speculation;
 greedy outputs compared token for token (vLLM with speculation vs plain vLLM vs our plain greedy).
 Resumable: each vLLM engine's result is kept as it arrives, and each part of our decoder's run (plain greedy, each
-K) as it ends, in the io.WorkState beside --out; a killed check rerun the same starts only the engines that had not
+K) as it ends, in the work.WorkState beside --out; a killed check rerun the same starts only the engines that had not
 finished and decodes only the missing parts.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 from workbench import WorkbenchError
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
-from workbench.core.provenance import COMPILED, cpu_mark, others, quiet
+from workbench.core.provenance import COMPILED, cpu_mark, load_average, others, quiet
 from workbench.core.speed import spread
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
@@ -32,7 +32,7 @@ from workbench.export.vllm import served_ks
 from workbench.export.vllm_heads import write_vllm_heads
 from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
 from workbench.measure.vllm_runner import between_results, engine_results, vllm_python
-from workbench.plan.source import chain_tree
+from workbench.trees.tree import chain_tree
 from workbench.runtime.engine import StepEngine
 from workbench.runtime.treemask import tree_setup
 from workbench.runtime.generation import eos_ids, prepare_prompt
@@ -159,13 +159,6 @@ def compare_outputs(a: list[list[int]], b: list[list[int]]) -> dict:
             "first_difference": [d for d in diffs]}
 
 
-def _load_avg() -> list[float] | None:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
-
-
 def check_vllm_model(model) -> None:
     """vLLM loads an HF model folder: a GGUF file or a hub id is one error line (the demo model, None, is written as
     a folder)."""
@@ -177,9 +170,9 @@ def check_vllm_model(model) -> None:
 def vllm_inputs(model, heads_dir, records, raw: bool, heads: bool = True, want: str | None = None) -> dict:
     """What vLLM is given, made on our side: the base model as an HF folder (the demo GGUF's de-quantised fp32
     one), the prompts as token ids (our chat template), the stop ids and, with `heads`, the heads written as a vLLM
-    Medusa folder (export.write_vllm_heads, in the cache under their fingerprint). Also the loaded base, tokenizer
-    and heads, for our own decoder. `want`: the fingerprint the heads must have (a calibration's), checked before
-    anything is written, as `export --heads` checks a plan's."""
+    Medusa folder (vllm_heads.write_vllm_heads, in the cache under their fingerprint). Also the loaded base,
+    tokenizer and heads, for our own decoder. `want`: the fingerprint the heads must have (a calibration's), checked
+    before anything is written, as `export --heads` checks a plan's."""
     check_vllm_model(model)
     if heads:
         writable_cache("vLLM's copy of the heads")
@@ -251,7 +244,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
                                  prompts=prompts_fingerprint(ids),
                                  heads=heads_fingerprint(heads), model_label=model_label(model),
                                  ours_compiled=engine.compiled_as))
-    load_before, mark = _load_avg(), cpu_mark()
+    load_before, mark = load_average(every=True), cpu_mark()
     if engine.compiled_as:  # sized for the whole run: each (batch, K) compiles once
         engine.size_for(ids, max_new_tokens, [tree_setup(chain_tree(k), base, heads.num_heads) for k in all_ks])
 
@@ -290,7 +283,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
             per_sequence=per_seq, ours_counted_like_vllm=counted_like_vllm(per_seq["ours"], per_seq["lengths"], k),
             sequences_step_for_step=sequences_step_for_step(per_seq, k)))
         speed += speed_rows(k, batch_sizes, runs, plain, plan_k, plan)
-    load_after, used = _load_avg(), others(mark, cpu_mark())
+    load_after, used = load_average(every=True), others(mark, cpu_mark())
     return dict(
         vllm_version=results[0]["vllm_version"], model=model_label(model), vllm_model=vllm_model,
         vllm_heads=str(folder), heads=str(heads_dir or "demo"), calibration=str(cal.folder),

@@ -153,13 +153,14 @@ def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def read_latency(path, flag: str = "--latency", policy: str = "static",
+def read_latency(path, flag: str = "--latency", policy: str | None = "static",
                  engine: str | None = None) -> pd.DataFrame | None:
     """A latency CSV at this version (upgrade_latency), checked: LATENCY_REQUIRED present, positive integer batch
     sizes, contexts and token counts, seconds finite and > 0; the spread columns, where there, on every row, ordered
     min <= q1 <= median <= q3 <= max. `flag` names the option it came from in errors. The rows of one `policy`
     (POLICIES), each a table of its own: "static" (every reader's), or "dynamic": the per-step trees' rows with the
-    1-token rows they are relative to (None where no per-step tree was timed)."""
+    1-token rows they are relative to (None where no per-step tree was timed); None: every row (policy_rows splits
+    them)."""
     df = read_csv(path, flag, LATENCY_REQUIRED, "workbench latency")
     if "version" not in df.columns or pd.to_numeric(df["version"], errors="coerce").isin([2, 3]).all():
         df = upgrade_latency(df)
@@ -218,10 +219,10 @@ def read_latency(path, flag: str = "--latency", policy: str = "static",
 def _policy_rows(df: pd.DataFrame, path, flag: str, policy: str) -> pd.DataFrame | None:
     """POLICY_COLUMNS checked (a known policy on every row; a whole envelope of at least the step's nodes on the
     dynamic rows, one envelope per file) and the rows of `policy` (read_latency)."""
-    if policy not in POLICIES:
+    if policy is not None and policy not in POLICIES:
         raise ValueError(f"policy {policy!r} is not one of {POLICIES}")
     if "policy" not in df.columns:  # a frame written by hand with LATENCY_REQUIRED only: static steps
-        return df if policy == "static" else None
+        return df if policy in ("static", None) else None
     dynamic = df["policy"] == "dynamic"
     env = pd.to_numeric(df["envelope"], errors="coerce") if "envelope" in df.columns else None
     if not df["policy"].isin(POLICIES).all() or (dynamic.any() and (
@@ -230,11 +231,19 @@ def _policy_rows(df: pd.DataFrame, path, flag: str, policy: str) -> pd.DataFrame
         raise WorkbenchError(f"{flag} {path}: policy must be static or dynamic on every row; a dynamic row has >= 2 "
                              "tokens and a whole envelope of at least its tokens - 1 nodes, one envelope per file "
                              "(`workbench latency --envelope TREE` writes them)")
+    if policy is None:
+        return df
     if policy == "static":
         return df[~dynamic].reset_index(drop=True)
     if not dynamic.any():
         return None
     return df[dynamic | (df["tokens"] == 1)].reset_index(drop=True)
+
+
+def policy_rows(df: pd.DataFrame, policy: str) -> pd.DataFrame | None:
+    """The rows of one `policy` of a frame read with every policy (read_latency(policy=None)): one read a command
+    splits, as read_latency would have."""
+    return _policy_rows(df, "", "latency", policy)
 
 
 def read_head_cost(rows: pd.DataFrame) -> dict | None:

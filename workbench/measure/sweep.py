@@ -203,7 +203,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     predicts) and overhead (mean step ratio) are against vanilla greedy run right before it on every batch of
     prompts, at the same batch size (speed.measured_speedup / decode_speedup / overhead); step_ms is the
     median step, forward_ms the median bare verify work of that tree at that batch, timed right after every step at
-    its context (`engine.forward_probe`), decoder_overhead = step_ms / forward_ms (decode.decoder_overhead).
+    its context (`engine.forward_probe`), decoder_overhead = step_ms / forward_ms (speed.decoder_overhead).
     `engine`: a StepEngine to run on (e.g. compiled); default a fresh one (compiled on CUDA).
     """
     if not prompts:

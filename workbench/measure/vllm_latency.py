@@ -21,8 +21,6 @@ Resumable: each batch size's results are kept as they arrive (vllm_runner.engine
 """
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import statistics
@@ -30,6 +28,7 @@ import statistics
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import setting, setting_cell
 from workbench.core.speed import relative_latency
 from workbench.core.work import WorkState
@@ -114,7 +113,7 @@ def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, promp
                    repeats=repeats, warmup=warmup, max_new_tokens=max_new_tokens, sequences=batches[-1],
                    max_model_len=int(math.ceil(longest / 64) * 64), eager=eager)
     state = WorkState(work, dict(request, command="latency --engine vllm", python=py, **(settings or {}),
-                                 prompts=hashlib.sha256(json.dumps(prompts).encode()).hexdigest()))
+                                 prompts=prompts_fingerprint(prompts)))
     progress(f"vLLM rounds: {len(prompts)} prompts, K = {', '.join(map(str, ks))}, batch sizes "
              f"{', '.join(map(str, batches))}, {warmup} + {repeats} passes each: {len(engines)} engines")
     results = engine_results(py, request, state, progress)

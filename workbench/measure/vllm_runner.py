@@ -3,7 +3,7 @@ serves requests in it, for every command that runs vLLM (`vllm-check`, `latency 
 
 vLLM runs in its own environment (it pins its own torch and transformers): vllm_worker.py, run by that interpreter
 (--vllm-python or $WORKBENCH_VLLM_PYTHON), speaks JSON lines on stdin/stdout, one result per batch size holding every engine's run. Torch-free.
-Resumable: engine_results keeps each batch size's results (every engine's) as they arrive in an io.WorkState.
+Resumable: engine_results keeps each batch size's results (every engine's) as they arrive in a work.WorkState.
 """
 from __future__ import annotations
 

@@ -42,13 +42,15 @@ def _relative_cost(latency: dict, nodes: int) -> float:
         return float("nan")
 
 
-def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dict | None = None) -> str:
+def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dict | None = None,
+              frames: tuple | None = None) -> str:
     """Markdown tables for docs/tradeoffs.md from a sweep CSV (and a latency CSV, and a plan): predicted vs
     measured tokens per step, optimized vs dense (Fig. 4a/4b), the hardware-aware choice vs the best measured
     speedup and typical acceptance vs epsilon and temperature (Fig. 5), all at the sweep's smallest batch size;
-    goodput per batch size when it has several; the plan's predictions beside the live decoder's per batch size."""
+    goodput per batch size when it has several; the plan's predictions beside the live decoder's per batch size.
+    `frames`: (sweep, latency) as the caller already read them (each file is read once per command)."""
     f = Path(sweep_csv)
-    full = read_sweep(f)
+    full = read_sweep(f) if frames is None else frames[0].copy()
     if not set(full.columns) <= set(SWEEP_COLUMNS) or full.empty:
         raise WorkbenchError(f"sweep CSV {sweep_csv}: not a sweep CSV with rows (columns differ or it is empty)")
     full["batch_size"] = full["batch_size"].astype(int)
@@ -89,7 +91,7 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
                          f"(top-2 logits within the dtype's rounding).")
 
     if latency_csv is not None and len(greedy):
-        lat = read_latency(latency_csv)
+        lat = read_latency(latency_csv) if frames is None or frames[1] is None else frames[1]
         van_ctx = float((df["mean_prompt_tokens"] + df["new_tokens"] / df["num_prompts"] / 2).mean())
         table, ctx = latency_table(lat, context, None if context is not None else van_ctx, f"--latency {latency_csv}")
         t = greedy[["tree", "kind", "nodes", "predicted_independent", "tokens_per_step", "speedup"]].copy()

@@ -3,6 +3,7 @@ accuracy table (optimize.expected_length) or a per-position acceptance vector (c
 entries). One producer of tokens/step per source; the plan says which statistic and answers it assumes (regime)."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import pandas as pd
@@ -13,19 +14,10 @@ from workbench.calibrate.served import Served, is_served
 from workbench.core.io import read_csv, read_json
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.optimize import expected_length, value_and_limits
-from workbench.trees.tree import MEDUSA_TOPK, Tree, make_tree
+from workbench.trees.tree import MEDUSA_TOPK, chain_tree, is_chain  # noqa: F401 - is_chain: plan_file's import
 
 PREDICTIONS = {"independent": "predicted_independent", "joint": "predicted_joint", "replay": "predicted_replay"}
 MAX_POSITIONS = 64  # longest acceptance vector taken (a draft longer than any engine's limit is a typo)
-
-def chain_tree(k: int) -> Tree:
-    """The top-1 chain of length k: [[0], [0, 0], ..., [0] * k]."""
-    return make_tree([[0] * d for d in range(1, k + 1)], name=f"chain_{k}")
-
-
-def is_chain(tree: Tree) -> bool:
-    return tree.nodes == tree.depth and all(r == 0 for p in tree.paths for r in p)
-
 
 # ----------------------------------------------------------------------------------------------- acceptance vectors
 
@@ -76,49 +68,119 @@ def read_acceptance(path) -> list[float]:
 
 # ----------------------------------------------------------------------------------------------- sources
 
+class Source:
+    """What the planner weighs: the predicted tokens/step of a tree (`predict`) and of a batch of sequences side by
+    side (`predict_batch`), the path values the optimal trees are built for (`value`, None for chains only), the
+    depth / rank limits, the top-1 chain's per-position acceptance, the typical context a latency table is read at,
+    and `info` (provenance; info["regime"] says which statistic and answers a prediction assumes). One producer of
+    tokens/step per kind (the subclasses); each tree's is computed once per source, whatever the batch size."""
+
+    def __init__(self, value, max_depth: int, max_rank: int, chain_acceptance: list[float], info: dict,
+                 typical_context: float | None = None):
+        self.value, self.max_depth, self.max_rank = value, max_depth, max_rank
+        self.chain_acceptance, self.info, self.typical_context = chain_acceptance, info, typical_context
+        self._memo: dict = {}
+
+    def predict(self, tree) -> float:
+        if tree not in self._memo:
+            self._memo[tree] = float(self._predict(tree))
+        return self._memo[tree]
+
+    def predict_batch(self, tree, batch: int, cost=None) -> float:
+        """Tokens/step of `batch` sequences side by side (their goodput divides by it: the batch steps until its
+        slowest sequence is done; `cost` prices its tail steps where the engine drops finished sequences). A source
+        without per-answer steps takes the mean's."""
+        return self.predict(tree)
+
+    def _predict(self, tree) -> float:
+        raise NotImplementedError
+
+    def limited(self, max_depth: int | None = None, max_rank: int | None = None, value=None) -> "Source":
+        """This source within tighter depth / rank limits (a chain deeper than max_depth is no candidate either),
+        optionally with other path values to build the optimal trees from (the tokens/step stay this source's)."""
+        out = copy.copy(self)
+        out.max_depth = min(self.max_depth, max_depth or self.max_depth)
+        out.max_rank = min(self.max_rank, max_rank or self.max_rank)
+        out.chain_acceptance = self.chain_acceptance[:out.max_depth]
+        out.value = self.value if value is None else value
+        return out
+
+
+class ChainSource(Source):
+    """A per-position acceptance vector (chains only): a chain of K predicts 1 + the sum of its first K rates."""
+
+    def __init__(self, rates: list[float], path: str, served: dict | None = None):
+        super().__init__(None, len(rates), 1, rates, dict(kind="acceptance", path=path, num_heads=len(rates),
+                                                          prediction="1 + sum of the first K rates", **(served or {})))
+
+    def _value(self, path) -> float:
+        return self.chain_acceptance[len(path) - 1] if len(path) <= len(self.chain_acceptance) and not any(path) \
+            else 0.0
+
+    def _predict(self, tree) -> float:
+        return expected_length(tree, self._value)
+
+
+class ValueSource(Source):
+    """Path values: an accuracy table acc[K, R] (independent heads) or a monotone path-value function such as
+    Calibration.joint_value; tokens/step is optimize.expected_length of them (no answers: a batch's is the mean's)."""
+
+    def __init__(self, value, max_depth: int | None = None, max_rank: int | None = None, info: dict | None = None,
+                 what: str = "the ranking"):
+        fn, depth, rank = value_and_limits(value, max_depth, max_rank, what)
+        super().__init__(value, depth, rank, chain_values(fn, depth), info or {})
+        self._paths = value
+
+    def _predict(self, tree) -> float:
+        return expected_length(tree, self._paths)
+
+
+class CalibrationSource(Source):
+    """A calibration folder's prediction `key` (PREDICTIONS) for answers of `length` tokens (Calibration.predict);
+    a batch's tokens/step is the replay's Calibration.batch_replay, the other statistics take the mean's."""
+
+    def __init__(self, cal: Calibration, key: str, value, depth: int, rank: int, length: int | None, info: dict):
+        fn = value_and_limits(value, depth, rank)[0]
+        super().__init__(value, depth, rank, chain_values(fn, depth), info, cal.typical_context(length))
+        self.cal, self.key, self.length = cal, key, length
+
+    def _predict(self, tree) -> float:
+        return self.cal.predict(tree, self.length)[self.key]
+
+    def predict_batch(self, tree, batch: int, cost=None) -> float:
+        if self.key != "predicted_replay":
+            return self.predict(tree)
+        return self.cal.batch_replay(tree, batch, "holdout", self.length, cost)
+
+
 def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: str = "replay",
-                max_rank: int = MEDUSA_TOPK, max_new_tokens: int | None = None) -> dict:
-    """What the planner weighs, from exactly one source: {"tokens_per_step": tree -> float, "value" (path values
-    the trees are optimal for, None for chains only), "max_depth", "max_rank", "chain_acceptance", "info"
-    (provenance), "typical_context", "batch_tokens_per_step": (tree, batch, cost=None) -> float}. A calibration predicts
-    through Calibration.predict (`prediction`:
-    independent, joint or replay; trees are optimal for the joint paths unless independent) for answers of
-    `max_new_tokens` tokens (default: the calibration's own length); an accuracy table through expected_length;
-    an acceptance vector gives chains only. info["regime"] says which statistic and answers a prediction assumes.
-    A batch's tokens/step (what its goodput divides by: it steps until its slowest sequence is done; `cost` prices
-    its tail steps where the engine drops finished sequences, batch_walk) is the replay's Calibration.batch_replay;
-    the other statistics have no per-answer steps and take the mean's."""
+                max_rank: int = MEDUSA_TOPK, max_new_tokens: int | None = None) -> Source:
+    """What the planner weighs, from exactly one source: a calibration (calibration_source: `prediction` independent,
+    joint or replay, for answers of `max_new_tokens` tokens, default the calibration's own length; trees are optimal
+    for the joint paths unless independent), an accuracy table (expected_length) or an acceptance vector (chains
+    only)."""
     if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
         raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
     if calibration is not None and is_served(calibration):  # the engine's counters: a chain's acceptance vector
         calibration, acceptance = None, calibration
     if acceptance is not None:
         rates = read_acceptance(acceptance)
-        chain = lambda p: rates[len(p) - 1] if len(p) <= len(rates) and not any(p) else 0.0  # noqa: E731 - a path's value
-        tps = lambda t: expected_length(t, chain)  # noqa: E731 - 1 + the sum of the chain's first K rates
-        return dict(tokens_per_step=tps, batch_tokens_per_step=lambda t, b, cost=None: tps(t), value=None,
-                    max_depth=len(rates), max_rank=1, chain_acceptance=rates, typical_context=None,
-                    info=dict(kind="acceptance", path=str(acceptance), prediction="1 + sum of the first K rates",
-                              num_heads=len(rates), **(Served(acceptance).info() if is_served(acceptance) else {})))
+        return ChainSource(rates, str(acceptance), Served(acceptance).info() if is_served(acceptance) else None)
     if accuracies is not None:
         return accuracy_source(read_accuracies(accuracies), str(accuracies), max_rank)
     return calibration_source(Calibration(calibration), prediction, max_rank, max_new_tokens)
 
 
-def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> dict:
-    """plan_source of an accuracy table acc[K, R] (independent heads; `path` names it; no answers, so a batch's
-    tokens/step is taken as the mean's)."""
-    fn, depth, rank = value_and_limits(acc, None, min(max_rank, acc.shape[1]))
-    return dict(tokens_per_step=lambda t: expected_length(t, acc), value=acc, max_depth=depth, max_rank=rank,
-                batch_tokens_per_step=lambda t, b, cost=None: expected_length(t, acc),
-                chain_acceptance=chain_values(fn, depth), typical_context=None,
-                info=dict(kind="accuracies", path=path, prediction="predicted_independent", num_heads=depth,
-                          regime=regime("predicted_independent", None)))
+def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> Source:
+    """The Source of an accuracy table acc[K, R] (independent heads; `path` names it)."""
+    rank = min(max_rank, acc.shape[1])
+    return ValueSource(acc, None, rank, dict(kind="accuracies", path=path, prediction="predicted_independent",
+                                             num_heads=acc.shape[0], regime=regime("predicted_independent", None)))
 
 
 def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: int = MEDUSA_TOPK,
-                       max_new_tokens: int | None = None) -> dict:
-    """plan_source of an opened calibration folder."""
+                       max_new_tokens: int | None = None) -> Source:
+    """The Source of an opened calibration folder."""
     if prediction not in PREDICTIONS:
         raise WorkbenchError(f"--prediction {prediction!r}: use {', '.join(PREDICTIONS)}")
     calibration = cal.folder
@@ -129,17 +191,12 @@ def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: i
     if key not in cal.predict(chain_tree(1)):
         raise WorkbenchError(f"--calibration {calibration}: holds out no prompts, so there is no replay prediction; "
                              "use --prediction joint or independent (or calibrate with --holdout 0.2)")
-    fn = value_and_limits(value, depth, rank)[0]
     meta = cal.meta
     length = generation_length(cal, max_new_tokens)
-    tps = lambda t: cal.predict(t, length)[key]  # noqa: E731
-    batched = (lambda t, b, cost=None: cal.batch_replay(t, b, "holdout", length, cost)) \
-        if key == "predicted_replay" else (lambda t, b, cost=None: tps(t))
-    return dict(tokens_per_step=tps, batch_tokens_per_step=batched, value=value, max_depth=depth, max_rank=rank,
-                chain_acceptance=chain_values(fn, depth), typical_context=cal.typical_context(length),
-                info=dict(kind="calibration", path=str(calibration), prediction=key, model=meta.get("model"),
-                          heads=meta.get("heads"), heads_sha256=(meta.get("args") or {}).get("heads_sha256"),
-                          num_heads=depth, max_new_tokens=length, regime=regime(key, length)))
+    return CalibrationSource(cal, key, value, depth, rank, length,
+                             dict(kind="calibration", path=str(calibration), prediction=key, model=meta.get("model"),
+                                  heads=meta.get("heads"), heads_sha256=(meta.get("args") or {}).get("heads_sha256"),
+                                  num_heads=depth, max_new_tokens=length, regime=regime(key, length)))
 
 
 def generation_length(cal: Calibration, max_new_tokens: int | None) -> int | None:

@@ -52,6 +52,11 @@ class Medusa2(nn.Module):
             return lm.get_output_embeddings()(hidden)
 
 
+def kl_terms(log_t, log_s):
+    """KL(teacher ‖ student) at each position of next-token log-probs [..., V]: Σ_v p_T (log p_T − log p_S)."""
+    return (log_t.exp() * (log_t - log_s)).sum(-1)
+
+
 def medusa2_loss(logits, head_logits, teacher, targets, lambda0: float, decay: float):
     """logits [M, V], head_logits [K, M, V], teacher [M, V], targets [M, K] ->
     (L = KL(teacher ‖ student) + λ0 Σ_k decay^k CE_k, dict of the parts as tensors).
@@ -60,7 +65,7 @@ def medusa2_loss(logits, head_logits, teacher, targets, lambda0: float, decay: f
     target (k = 1..K)."""
     log_s = F.log_softmax(logits.float(), -1)
     log_t = F.log_softmax(teacher.float(), -1)
-    kl = (log_t.exp() * (log_t - log_s)).sum(-1).mean()
+    kl = kl_terms(log_t, log_s).mean()
     ces = head_losses(head_logits, targets)                                      # [K]
     heads = heads_loss(ces, decay)
     return kl + lambda0 * heads, dict(kl=kl.detach(), ce=ces.detach(), heads=heads.detach())

@@ -1,7 +1,7 @@
 """`workbench eval-heads`: Medusa-1 heads on the original backbone against a Medusa-2 model (medusa2.py) on held-out
 prompts: each head set's top-k accuracy on its own backbone's greedy answers, the adapted backbone's drift from the
 original, whether greedy output stays identical, and live tokens/step and speedup with one tree. Resumable
-(io.WorkState beside the output file). Also the quick validation figures medusa2.py logs when training ends.
+(work.WorkState beside the output file). Also the quick validation figures medusa2.py logs when training ends.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_
 from workbench.runtime.heads import heads_fingerprint
 from workbench.runtime.kvcache import undecodable_warning
 from workbench.runtime.models import load_model_and_heads, model_label
+from workbench.train.adapter import kl_terms
 from workbench.train.distill import batch_tensors
 
 
@@ -39,7 +40,7 @@ def validate(model, examples, cfg, dev) -> dict:
         teacher = model.teacher_logits(ids, mask, rows, cols).float()
         logits, head_logits = model(ids, mask, rows, cols)
         log_s, log_t = F.log_softmax(logits.float(), -1), F.log_softmax(teacher, -1)
-        kl += float((log_t.exp() * (log_t - log_s)).sum())
+        kl += float(kl_terms(log_t, log_s).sum())
         agree += int((logits.argmax(-1) == teacher.argmax(-1)).sum())
         n += logits.shape[0]
         for k in range(cfg.num_heads):
@@ -78,7 +79,7 @@ def backbone_drift(original, adapted, prompts, conts, batch: int = 8) -> dict:
         la = adapted(input_ids=ids.to(adapted.device), attention_mask=mask.to(adapted.device)).logits[rows, cols]
         lo, la = F.log_softmax(lo.float().cpu(), -1), F.log_softmax(la.float().cpu(), -1)   # [M, V]
         agree += float((lo.argmax(-1) == la.argmax(-1)).sum())
-        kl += float((lo.exp() * (lo - la)).sum())
+        kl += float(kl_terms(lo, la).sum())
         nll_o -= float(lo.gather(1, tgt[:, None]).sum())
         nll_a -= float(la.gather(1, tgt[:, None]).sum())
         n += len(tgt)
@@ -110,7 +111,7 @@ def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None =
     with the same tree on the first `live` prompts (None: all, 0: none).
 
     Resumable: each phase (each backbone's greedy answers, each head set's accuracies, the drift, each live
-    decoding) is kept in the io.WorkState beside `work` (the output file) when it ends; a killed run rerun the
+    decoding) is kept in the work.WorkState beside `work` (the output file) when it ends; a killed run rerun the
     same redoes only the unfinished phases. Only the timing fields differ from an unbroken run's result:
     live_medusa1.speedup and live_medusa2.speedup (measured; the rest is computed from greedy fp32 decoding)."""
     records = heldout_records(prompts, holdout, limit)

@@ -313,6 +313,15 @@ def ascii_tree(tree: Tree, labels: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+def chain_tree(k: int) -> Tree:
+    """The top-1 chain of length k, [[0], [0, 0], ..., [0] * k]: what a chain drafter (vLLM's Medusa) runs."""
+    return make_tree([[0] * d for d in range(1, k + 1)], name=f"chain_{k}")
+
+
+def is_chain(tree: Tree) -> bool:
+    return tree.nodes == tree.depth and all(r == 0 for p in tree.paths for r in p)
+
+
 def tree_key(tree) -> str:
     """name:shape-hash, the sweep CSV's identity of a tree (the hash of its sorted paths names its shape); a
     per-step tree (trees.dynamic.DynamicPolicy: it has an envelope) is its name / its envelope's key."""

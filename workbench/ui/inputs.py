@@ -22,7 +22,7 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import default_calibration, read_meta
-from workbench.plan.recommend import latency_tables
+from workbench.plan.surface import Surface
 from workbench.ui.widgets import (Source, calibration_folders, calibration_root, clean_error, drop_stale, file_input,
                                   file_stamp, latency_files, open_calibration, read_accuracy_file, read_latency_file,
                                   resolved, shown_path)
@@ -55,7 +55,7 @@ def fragment(fn):
 
 @dataclass
 class Inputs:
-    """What every page reads: the accuracies, the latency table ({"path", "tables", "frame"} or None) and the
+    """What every page reads: the accuracies, the latency table ({"path", "tables", "frame", "surface"} or None) and the
     generation length (None: the calibration's own)."""
 
     src: Source | None
@@ -135,8 +135,9 @@ def generation_length(src: Source | None) -> int | None:
              f"measured {top}); acceptance rises along an answer, so short answers predict fewer tokens/step"))
 
 
-def latency_picker(df: pd.DataFrame, name: str, target: float | None, where=None) -> dict:
-    """One latency table (recommend.latency_tables: seconds by token count, with its spread) of one setup
+def latency_picker(df: pd.DataFrame, name: str, target: float | None, where=None) -> tuple[Surface, object]:
+    """(the Surface of one setup, the surface at the picked batch size and context: surface.At) of a latency table's
+    frame: one setup
     (model/device/dtype), batch size and context, picked with selectboxes where the file has several; the context
     defaults to the one nearest the calibration's typical cache length, the batch to 1."""
     where = where or st.sidebar
@@ -162,27 +163,28 @@ def latency_picker(df: pd.DataFrame, name: str, target: float | None, where=None
     ctx = where.selectbox("latency context (cache length)", contexts, index=near, key="in_ctx",
                           help="the cache length the step costs are read at (default: nearest the calibration's "
                                "typical prompt + half answer)") if len(contexts) > 1 else contexts[0]
-    return latency_tables(df, ctx, batch, what=f"latency {name}")
+    surface = Surface(df, what=f"latency {name}")
+    return surface, surface.at(batch, surface.context([batch], ctx))
 
 
 def hardware(src: Source | None) -> dict | None:
     """Sidebar: the latency CSV (the calibration folder's own first, then the results folder's, or given) and its
-    setup, batch size and context. {"path", "tables", "frame"} or None (nothing found or unreadable: said here)."""
+    setup, batch size and context. {"path", "tables" (surface.At), "frame", "surface"} or None (nothing found or unreadable: said here)."""
     with st.sidebar.expander("Hardware: latency table", expanded=True):
         path = file_input("latency CSV", "in_lat", ["csv"], latency_files(src))
         if path is None:
             return None
         try:
             df = read_latency_file(str(path), file_stamp(path))
-            tables = latency_picker(df, path.name, src.calib.typical_context() if src and src.calib else None,
+            surface, tables = latency_picker(df, path.name, src.calib.typical_context() if src and src.calib else None,
                                     where=st)
         except WorkbenchError as e:
             st.error(clean_error(e))
             return None
-        st.caption(f"{path.name}: batch {tables['batch']}, context {tables['context']}, "
-                   f"{len(tables['seconds'])} token counts (up to {max(tables['seconds'])})"
-                   + ("" if tables["spread"] else "; no spread measured")
-                   + ("; each tree priced at its own depth (the heads' cost is measured)" if tables.get("head_cost")
+        st.caption(f"{path.name}: batch {tables.batch}, context {tables.context}, "
+                   f"{len(tables.seconds)} token counts (up to {max(tables.seconds)})"
+                   + ("" if tables.spread else "; no spread measured")
+                   + ("; each tree priced at its own depth (the heads' cost is measured)" if tables.head_cost
                       else "; no heads' cost: trees priced at the depth the table timed (`workbench latency --heads "
                            "DIR` times it)"))
-    return {"path": path, "tables": tables, "frame": df}
+    return {"path": path, "tables": tables, "frame": df, "surface": surface}

@@ -1,6 +1,6 @@
 """The trade-offs page's "Static vs per-step" tab: at every budget the latency table timed per-step trees at, the
 optimal static tree and the per-step tree of as many nodes, side by side at the sidebar's batch size, as the plan
-prices them (plan.rank.equal_budgets: the one ranker), with what a sweep that decoded both (`sweep --envelope`)
+prices them (plan.rank.equal_budgets: the one weighing's prices), with what a sweep that decoded both (`sweep --envelope`)
 measured beside each. Answers "static or per-step at budget N on this machine?" where both were timed."""
 from __future__ import annotations
 
@@ -73,15 +73,15 @@ def verdict(rows: list[dict]) -> str:
     return ", ".join(said)
 
 
-def per_step_section(src, lat_path, tables: dict | None, sweep, sweep_path, max_new_tokens: int | None) -> None:
-    """The tab at the sidebar's batch size and context (`tables`, inputs.latency_picker's)."""
+def per_step_section(src, lat_path, tables, sweep, sweep_path, max_new_tokens: int | None) -> None:
+    """The tab at the sidebar's batch size and context (`tables`, the surface.At inputs.latency_picker picked)."""
     if src is None or src.calib is None or lat_path is None or tables is None:
         st.info("Static vs per-step trees need a calibration folder and a latency table (sidebar).")
         return
     try:
-        batch = int(tables["batch"])
+        batch = int(tables.batch)
         rows, info = _priced(str(src.calib.folder), src.stamp, str(lat_path), file_stamp(lat_path), batch,
-                             int(tables["context"]), max_new_tokens)
+                             int(tables.context), max_new_tokens)
     except WorkbenchError as e:
         st.error(clean_error(e))
         return

@@ -1,4 +1,4 @@
-"""The recommendation panel the designer and /tradeoffs both open with: one sentence (workbench/plan/recommend.py),
+"""The recommendation panel the designer and /tradeoffs both open with: one sentence (workbench/ui/answer.py),
 a warning in words when current measurements contradict the prediction, one-click exports of the pick in every
 engine format, and the ranked candidates with their evidence.
 
@@ -16,10 +16,9 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibrate.folder import Calibration
 from workbench.core.provenance import read_setting, setting_cell
 from workbench.export.engines import FORMATS, SUFFIXES, export_tree
-from workbench.plan.answer_file import answer_json, candidate_rows
-from workbench.plan.recommend import (comparable, disagreement_text, latency_note, measurements, noise_text,
-                                      outlier_text, provenance_note, recommend, runner_up_close, sentence,
-                                      setting_text, shape, table_text)
+from workbench.plan.recommend import comparable, measurements, recommend, runner_up_close, shape
+from workbench.ui.answer import (answer_json, candidate_rows, disagreement_text, latency_note, noise_text,
+                                 outlier_text, provenance_note, sentence, setting_text, table_text)
 from workbench.trees.tree import Tree, load_tree, record_json, reference_trees, tree_record
 from workbench.ui.widgets import (Source, chart, clean_error, file_stamp, found_csvs, portable_path, read_latency_file,
                                   read_sweep_file, stamped)
@@ -93,7 +92,7 @@ def tree_files() -> tuple:
     return stamped(sorted((REPO_ROOT / "trees").glob("*.json")))
 
 
-def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=(),
+def ranked(src: Source, latency: Path, tables, extra_sweeps=(),
            max_new_tokens: int | None = None) -> dict | None:
     """The recommendation for this source and latency table (tables: the picker's context and batch), with every
     readable sweep found (and `extra_sweeps`) as evidence and the swept named trees as candidates: the designer and
@@ -102,7 +101,7 @@ def ranked(src: Source, latency: Path, tables: dict, extra_sweeps=(),
     max_depth, max_rank, max_budget, joint = None, None, None, False
     try:
         return _ranked(src.key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
-                       tables["context"], tables["batch"], stamped(sweeps), joint,
+                       tables.context, tables.batch, stamped(sweeps), joint,
                        max_depth or src.acc.shape[0], max_rank or src.acc.shape[1], max_budget,
                        tree_files(), max_new_tokens)
     except WorkbenchError as e:

@@ -119,7 +119,7 @@ def _tradeoffs_page() -> None:
     typical = [f for f in sweeps if _readable_typical(f)]
     shared = shared_inputs()
     src, hw = shared.src, shared.lat
-    lat_path, lat, tables = (hw["path"], hw["frame"], hw["tables"]) if hw else (None, None, None)
+    lat_path, lat, tables, surface = (hw["path"], hw["frame"], hw["tables"], hw["surface"]) if hw else (None,) * 4
     with st.sidebar:
         st.subheader("Sweep (Fig. 4, predicted vs measured)")
         sweep_path = file_input("sweep CSV", "to_sweep", ["csv"], sweeps)
@@ -148,12 +148,12 @@ def _tradeoffs_page() -> None:
         elif src is None:
             st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or "
                     "table).")
-    sections(src, lat, lat_path, tables, rec, evidence, sweep, sweep_path, typ, typ_path, vllm_path,
+    sections(src, lat, lat_path, tables, surface, rec, evidence, sweep, sweep_path, typ, typ_path, vllm_path,
              shared.max_new_tokens)
 
 
 @fragment
-def sections(src, lat, lat_path, tables, rec, evidence, sweep, sweep_path, typ, typ_path, vllm_path,
+def sections(src, lat, lat_path, tables, surface, rec, evidence, sweep, sweep_path, typ, typ_path, vllm_path,
              max_new_tokens) -> None:
     """One section at a time, in a fragment: a tab switch (or a pick inside a tab) reruns and redraws the open tab
     alone, not the answer above it. With several batch sizes the page opens on its plan per batch size (its answer,
@@ -165,7 +165,7 @@ def sections(src, lat, lat_path, tables, rec, evidence, sweep, sweep_path, typ, 
         tabs = dict(zip(TABS, st.tabs(TABS, key="to_tab", on_change="rerun", default=first)))
         with tabs["Latency and speedup"]:
             if tabs["Latency and speedup"].open:
-                _speedup_section(src, lat, lat_path, tables, rec, evidence)
+                _speedup_section(src, lat, lat_path, tables, surface, rec, evidence)
         with tabs["Plan per batch size"]:
             if tabs["Plan per batch size"].open:
                 _plan_section(src, lat, lat_path, sweep, sweep_path, max_new_tokens)
@@ -248,7 +248,7 @@ def _typical_section(typ, typ_path) -> None:
           "(mean over temperatures).", key="to_fig5_chart")
 
 
-def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
+def _speedup_section(src, lat, lat_path, tables, surface, rec, evidence) -> None:
     """The latency table with its spread, and the predicted speedup of the optimizer's trees at every budget beside
     the recommendation's candidates and the sweeps' measurements."""
     if lat is None:
@@ -260,7 +260,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
               f"latency {lat_path.name}: ms per verify forward; error bars: the spread of the repeats where the CSV "
               "has it.", key="to_latency_chart")
         if tables is not None:
-            ctx = tables["context"]
+            ctx = tables.context
             chart(interactive_tradeoffs.surface_chart(lat, ctx, off_trend(lat, ctx)),
                   "What a step of n tokens costs relative to the plain step at the same batch size (a tree of n - 1 "
                   "nodes pays this for its extra tokens); error bars: the repeats' quartiles; x: a point off its "
@@ -268,7 +268,7 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
     with c2:
         if src is None or tables is None:
             return
-        top = max(tables["seconds"]) - 1
+        top = max(tables.seconds) - 1
         budget = slider("budget (max tree nodes)", 1, max(top, 1), top, key="to_budget", where=st,
                         help="the largest tree the optimizer's curves below try (the recommendation above ranks "
                              "every size the latency table covers)")
@@ -277,25 +277,25 @@ def _speedup_section(src, lat, lat_path, tables, rec, evidence) -> None:
         if src.calib:
             values["empirical paths"] = src.calib.joint_value("fit")
         try:
-            res = {name: fastest_for(src.key, name, v, tables, K, min(R, 10), budget) for name, v in values.items()}
+            res = {name: fastest_for(src.key, name, v, surface, tables, K, min(R, 10), budget) for name, v in values.items()}
         except WorkbenchError as e:
             st.error(clean_error(e))
             return
-        found = measured_beside(evidence, tables["batch"], lat)
+        found = measured_beside(evidence, tables.batch, lat)
         curves = candidate_curves(rec) if rec else {}
-        curves |= {f"objective ({n})": ([c["nodes"] for c in r["curve"]], [c["speedup"] for c in r["curve"]])
+        curves |= {f"objective ({n})": ([c.nodes for c in r["curve"]], [c.speedup for c in r["curve"]])
                    for n, r in res.items()}
-        picks = {f"best ({n})": (r["best"]["nodes"], r["best"]["speedup"]) for n, r in res.items()}
+        picks = {f"best ({n})": (r["best"].nodes, r["best"].speedup) for n, r in res.items()}
         if rec:
             picks["recommended"] = (rec["pick"]["nodes"], rec["pick"]["speedup"])
         measured = [m for ms in found.values() for m in ms]
         chart(interactive_tradeoffs.speedup_chart(curves, picks, measured,
-                                                title=f"predicted speedup, batch {tables['batch']}, context "
-                                                      f"{tables['context']}"),
+                                                title=f"predicted speedup, batch {tables.batch}, context "
+                                                      f"{tables.context}"),
               (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
                f"{rec['pick']['label']}). " if rec else "")
-              + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables['context']}; "
-              "best: " + "; ".join(f"{n} {_plan_label(r['best'])}, {r['best']['speedup']:.2f}x" for n, r in res.items())
+              + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables.context}; "
+              "best: " + "; ".join(f"{n} {_plan_label(vars(r['best']))}, {r['best'].speedup:.2f}x" for n, r in res.items())
               + " (plan's ranking of these trees, the chains and no speculation)"
               + ". Diamonds: sweep measurements (hollow grey: another setting, or one not recorded).",
               key="to_speedup_chart")

@@ -33,7 +33,7 @@ EXPORT_FIXES = {
 def _repair(tree, sig: str, engine: str, value, num_heads: int, best: bool, budget: int, depth: int,
             rank: int) -> None:
     """Button callback: the shown tree repaired for an engine (export.engine_safe), or the best tree that engine
-    builds as written within the same node count (export.best_engine_safe); shown as an edit of the tree."""
+    builds as written within the same node count (engines.best_engine_safe); shown as an edit of the tree."""
     st.session_state["tree_edit_error"] = None
     try:
         if best:
@@ -71,7 +71,7 @@ def export_view(tree, base, designed, edit, shown: str, model: str, budget: int,
     if guess is not None:  # the same numbers as the page's metric and the recommendation
         provenance |= dict(predicted_tokens_per_step=guess["tokens_per_step"], prediction=guess["prediction"],
                            predicted_speedup=guess["speedup"], relative_latency=guess["relative_latency"],
-                           latency=lat["path"].name, context=lat["tables"]["context"], batch=lat["tables"]["batch"])
+                           latency=lat["path"].name, context=lat["tables"].context, batch=lat["tables"].batch)
     tree_file = record_json(tree_record(Tree(tree.paths, tree.name or "tree"), **provenance))
     cols = st.columns(len(FORMATS))
     warns = {}
@@ -95,7 +95,7 @@ def export_view(tree, base, designed, edit, shown: str, model: str, budget: int,
                            f"--engine-safe {fmt} does), shown here as an edit")
             c2.button(f"best {fmt}-safe tree", key=f"tree_best_{fmt}_btn", on_click=_repair,
                       args=(tree, sig, fmt, value, K, True, tree.nodes, max_depth, max_rank),
-                      help=f"export.best_engine_safe: the most valuable tree of at most {tree.nodes} nodes that "
+                      help=f"engines.best_engine_safe: the most valuable tree of at most {tree.nodes} nodes that "
                            f"{fmt} builds as written")
             c3.caption(f"The buttons replace the tree on display by one {fmt} builds as written; `reset edits` "
                        "goes back.")

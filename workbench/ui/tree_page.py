@@ -132,11 +132,11 @@ def _tree_page() -> None:
 
     # the hardware: a latency table (every speedup on the page) and the sweeps that measured trees on it
     lat = shared.lat
-    measured = measured_beside(readable_sweeps(), lat["tables"]["batch"] if lat else 1, lat["frame"] if lat else None)
+    measured = measured_beside(readable_sweeps(), lat["tables"].batch if lat else 1, lat["frame"] if lat else None)
     user = user_tree_input(K)
     rec = _recommendation(src, lat, K, shared.max_new_tokens)
     pick = rec["pick"]["tree"] if rec is not None else None
-    top = max(lat["tables"]["seconds"]) - 1 if lat is not None else 256  # the largest tree the table prices
+    top = max(lat["tables"].seconds) - 1 if lat is not None else 256  # the largest tree the table prices
     budget, max_depth, max_rank, off = _optimizer_settings(settings, user, pick, K, R, min(63, max(top, 1)))
     designed = _designed_tree(src, model, value, empirical, lat, budget, max_depth, max_rank)
     if designed is None:
@@ -234,7 +234,7 @@ def _designed_tree(src: Source, model: str, value, empirical, lat, budget: int, 
                      "or give one in the sidebar")
             return None
         designed = fastest_for(src.key, "empirical paths" if value is empirical else "independence", value,
-                               lat["tables"], max_depth, max_rank, budget)["tree"]["tree"]
+                               lat["surface"], lat["tables"], max_depth, max_rank, budget)["tree"].tree
         return Tree(designed.paths, f"hardware_{designed.nodes}")  # named by what it is: its node count
     except WorkbenchError as e:
         st.error(clean_error(e))
@@ -280,7 +280,7 @@ def _numbers(src: Source, tree, rec, lat, measured, max_new_tokens: int | None) 
     cols = st.columns(4)
     cols[0].metric("nodes", tree.nodes)
     cols[1].metric("depth", tree.depth)
-    guess, top = None, max(lat["tables"]["seconds"]) if lat is not None else 0
+    guess, top = None, max(lat["tables"].seconds) if lat is not None else 0
     unpriced = rec is not None and shown_row.get(rec["prediction"]) is not None and tree.nodes + 1 > top
     if unpriced:
         why = (f"{lat['path'].name} stops at {top} tokens per verify step at batch {rec['batch']}: a "

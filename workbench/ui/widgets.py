@@ -156,15 +156,13 @@ def read_sweep_file(path: str, stamp: tuple) -> pd.DataFrame:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
-def fastest_for(source_key: tuple, value_name: str, _value, tables: dict, max_depth: int, max_rank: int,
+def fastest_for(source_key: tuple, value_name: str, _value, _surface, tables, max_depth: int, max_rank: int,
                 max_budget: int | None) -> dict:
-    """plan's ranking (plan/fastest.py) of the trees optimal for path values `_value` (named by `value_name`:
-    independence or empirical paths) at the latency table's batch size (recommend.latency_tables), once per
-    accuracies (`source_key`), table and limits: {"best", "tree", "curve"} as fastest returns them."""
-    source = value_source(_value, max_depth, max_rank)
-    return fastest(source, tables["seconds"], tables.get("quartiles"), tables.get("head_cost"), tables.get("batch", 1),
-                   max_budget, curve=True, engine=tables.get("engine", "workbench"),
-                   tail=tables.get("tail"))
+    """plan's weighing (plan/fastest.py) of the trees optimal for path values `_value` (named by `value_name`:
+    independence or empirical paths) on `_surface` at the picked batch size and context (`tables`, its surface.At:
+    the cache key), once per accuracies (`source_key`), table and limits: {"best", "tree", "curve"} as fastest
+    returns them."""
+    return fastest(value_source(_value, max_depth, max_rank), _surface, tables, max_budget, curve=True)
 
 
 @st.cache_resource(show_spinner=False, max_entries=1)

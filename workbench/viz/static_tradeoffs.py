@@ -113,14 +113,6 @@ def predicted_vs_measured(sweep):
     return fig
 
 
-def measured_speedups(sweep) -> tuple[list, list, list]:
-    """(nodes, measured speedup, tree name) of each greedy tree in a sweep (mean over its rows), to draw on a
-    predicted speedup curve."""
-    df = tree_rows(sweep).dropna(subset=["speedup", "nodes"]) if "speedup" in sweep.columns else sweep.iloc[:0]
-    part = df.groupby("tree", as_index=False, sort=False).agg(nodes=("nodes", "first"), speedup=("speedup", "mean"))
-    return part["nodes"].astype(int).tolist(), part["speedup"].tolist(), part["tree"].astype(str).tolist()
-
-
 def latency_curve(latency):
     """Forward-pass time against tokens per forward, one line per (device, dtype, batch size, context)."""
     fig = Figure(figsize=(6.4, 4.0), layout="constrained")
@@ -138,30 +130,6 @@ def latency_curve(latency):
     if keys:
         legend_outside(ax, title=" / ".join(keys), title_fontsize=7)
     ax.set_title("latency curve")
-    return fig
-
-
-def speedup_curve(curves: dict[str, tuple], best: dict[str, tuple[float, float]] | None = None,
-                  measured: dict[str, tuple] | None = None):
-    """Predicted speedup against budget, {name: (budgets, speedups)}; the best budget of each marked; measured
-    speedups (a sweep) as labelled points {name: (nodes, speedups, point labels)}."""
-    fig = Figure(figsize=(6.4, 4.0), layout="constrained")
-    ax = fig.add_subplot()
-    for name, (x, y) in curves.items():
-        ax.plot(x, y, label=name)
-    for name, (x, y) in (best or {}).items():
-        ax.scatter([x], [y], marker="*", s=150, zorder=3, label=f"best {name}: {int(x)} nodes, {y:.2f}x")
-    for name, (x, y, labels) in (measured or {}).items():
-        ax.scatter(x, y, marker="D", s=22, zorder=4, color="black", label=name)
-        for xi, yi, t in zip(x, y, labels):
-            ax.annotate(str(t), (xi, yi), fontsize=6, xytext=(3, 3), textcoords="offset points")
-    ax.axhline(1.0, color="grey", lw=1, ls="--")
-    ax.set_xlabel("budget (tree nodes)")
-    ax.set_ylabel("speedup over vanilla greedy")
-    ax.grid(alpha=0.3)
-    if curves or measured:
-        legend_outside(ax)
-    ax.set_title("predicted speedup")
     return fig
 
 
