@@ -1,7 +1,7 @@
 """A new user's first run of the commands on the demo: each beside its plain twin, idle and with one core busy.
 
     python bench/first_run.py                          # every command, idle then one core busy, 2 rounds
-    python bench/first_run.py --quick                  # plumbing: short commands (2 prompts, 16 tokens), 1 round
+    python bench/first_run.py --quick                  # plumbing: calibrate --limit 2 --max-new-tokens 16, 1 round
     python bench/first_run.py --commands calibrate,decode --loads idle --rounds 3
 
 Each command runs as the README and its tour write it (the main job `calibrate --limit N`, the tour's `tree`,
@@ -11,7 +11,8 @@ not what is timed; the CPU kernels' choice starts empty) and an empty TORCHINDUC
 same command with plain linears and nothing compiled (WORKBENCH_CPU_LINEAR=linear, WORKBENCH_CPU_LAYERS=0, and
 `--no-compile` where the command takes it). Default and twin run paired, in alternating order (ABBA over rounds),
 first with the machine as it is ("idle"), then with a busy loop pinned to one core ("one-core-busy"). Per command
-and load: the wall seconds of each run (process start to exit), the medians, and default / plain.
+and load: the wall seconds of each run (process start to exit), the medians, and default / plain. The commands
+that do not load the model (a second or two) run at least LIGHT_ROUNDS pairs.
 
 Run it on an otherwise idle machine. tests/test_first_run.py fails where a committed file has a command's default
 more than 10 % slower than its plain twin. Writes JSON (bench/results/first-run.json unless --out) with the setting
@@ -46,6 +47,8 @@ MODEL = "smollm2-135m-instruct"  # the converted demo model's folder in the cach
 BAR = 1.10  # a default more than this times its plain twin's time fails tests/test_first_run.py
 PLAIN_ENV = {"WORKBENCH_CPU_LINEAR": "linear", "WORKBENCH_CPU_LAYERS": "0"}
 LOADS = ("idle", "one-core-busy")
+LOADING = {"calibrate", "decode", "sweep", "latency"}  # the commands that load the model; the others, a second each,
+LIGHT_ROUNDS = 4  # run at least this many pairs so that noise of a few tenths of a second does not decide a ratio
 
 # name: (argv after `workbench`, takes --no-compile, inputs it reads from the prepared folder). {N}: --limit,
 # {T}: --max-new-tokens of the model-loading commands; {IN}: files made once before timing (the tour's own outputs).
@@ -75,9 +78,11 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--commands", default=",".join(COMMANDS), help=f"comma-separated, of: {', '.join(COMMANDS)}")
     ap.add_argument("--loads", default=",".join(LOADS), help=f"comma-separated, of: {', '.join(LOADS)}")
-    ap.add_argument("--rounds", type=bounded("repeats"), default=2, help="default/plain pairs per command and load")
+    ap.add_argument("--rounds", type=bounded("repeats"), default=2,
+                    help=f"default/plain pairs per command and load (at least {LIGHT_ROUNDS} for those not loading the model)")
     ap.add_argument("--limit", type=bounded("count"), default=8, help="calibrate --limit (default 8)")
-    ap.add_argument("--quick", action="store_true", help="plumbing: calibrate --limit 2 --max-new-tokens 16, 1 round")
+    ap.add_argument("--quick", action="store_true",
+                    help="plumbing: calibrate --limit 2 --max-new-tokens 16, 1 round of every command")
     ap.add_argument("--out", default=str(HERE / "results" / "first-run.json"))
     ap.set_defaults(flags=sys.argv[1:] if argv is None else list(argv))
     return run_script(ap, run, argv)
@@ -148,7 +153,7 @@ def run(args) -> int:
             try:
                 for name in commands:
                     times = {"default": [], "plain": []}
-                    for r in range(rounds):
+                    for r in range(rounds if name in LOADING or args.quick else max(rounds, LIGHT_ROUNDS)):
                         for mode in (("default", "plain") if r % 2 == 0 else ("plain", "default")):
                             env = base | (PLAIN_ENV if mode == "plain" else {})
                             words = argv_of(name, inputs, limit, tokens, mode == "plain")

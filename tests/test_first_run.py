@@ -68,7 +68,7 @@ def test_the_bench_runs_pairs_at_both_loads_and_refuses_bad_flags_in_one_line(tm
     the setting, the table; then bad flags."""
     out = tmp_path / "first-run.json"
     bench = [sys.executable, str(REPO_ROOT / "bench" / "first_run.py")]
-    run = subprocess.run([*bench, "--commands", "tree-show,export-vllm", "--rounds", "1", "--out", str(out)],
+    run = subprocess.run([*bench, "--quick", "--commands", "tree-show,export-vllm", "--out", str(out)],
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -78,7 +78,7 @@ def test_the_bench_runs_pairs_at_both_loads_and_refuses_bad_flags_in_one_line(tm
         assert len(r["default_s"]) == len(r["plain_s"]) == 1 and min(r["default_s"] + r["plain_s"]) > 0
         assert r["ratio"] == pytest.approx(statistics.median(r["default_s"]) / statistics.median(r["plain_s"]), abs=2e-3)
     s = report["setting"]
-    assert s["cpu"] and s["cores"] and s["flags"][:2] == ["--commands", "tree-show,export-vllm"]
+    assert s["cpu"] and s["cores"] and s["flags"][:3] == ["--quick", "--commands", "tree-show,export-vllm"]
     assert set(s["other_cores_during"]) == {"idle", "one-core-busy"}
     assert s["other_cores_during"]["one-core-busy"]["cores"] > 0.5  # the pinned busy loop ran
     assert "| tree-show | one-core-busy |" in run.stdout
