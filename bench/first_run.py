@@ -67,10 +67,12 @@ COMMANDS = {
               "--max-new-tokens 32 --out sweep.csv --quiet", True),
     "latency": ("latency --sizes 1,16 --batch-sizes 1,2 --limit 4 --max-new-tokens 16 --out latency.csv", True),
 }
-PREPARE = {  # the tour's outputs later commands read ({IN}/NAME), each made once (untimed) when a chosen command reads it
+# the tour's outputs later commands read ({IN}/NAME), each made once (untimed) when a chosen command reads it
+PREPARE = {
     "my_tree.json": f"optimize --calibration {CAL} --budget 32 --out {{IN}}/my_tree.json",
     "fastest.json": f"optimize --calibration {CAL} --latency {CAL}/latency-cpu.csv --out {{IN}}/fastest.json",
-    "plan.json": f"plan --calibration {CAL} --latency {CAL}/latency-cpu.csv --batch-sizes 1,2,4,8 --out {{IN}}/plan.json",
+    "plan.json": f"plan --calibration {CAL} --latency {CAL}/latency-cpu.csv --batch-sizes 1,2,4,8 "
+                 "--out {IN}/plan.json",
 }
 
 
@@ -79,7 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--commands", default=",".join(COMMANDS), help=f"comma-separated, of: {', '.join(COMMANDS)}")
     ap.add_argument("--loads", default=",".join(LOADS), help=f"comma-separated, of: {', '.join(LOADS)}")
     ap.add_argument("--rounds", type=bounded("repeats"), default=2,
-                    help=f"default/plain pairs per command and load (at least {LIGHT_ROUNDS} for those not loading the model)")
+                    help=f"default/plain pairs per command and load (at least {LIGHT_ROUNDS} for those not loading "
+                         "the model)")
     ap.add_argument("--limit", type=bounded("count"), default=8, help="calibrate --limit (default 8)")
     ap.add_argument("--quick", action="store_true",
                     help="plumbing: calibrate --limit 2 --max-new-tokens 16, 1 round of every command")

@@ -36,7 +36,8 @@ def reports() -> list[tuple[str, dict]]:
 def test_committed_results_say_their_setting_and_a_busy_one_is_named_so():
     for name, report in reports():
         assert report["bench"] == "first-run" and report["rows"], name
-        assert {"cpu", "vector", "cores", "torch", "load_average", "flags", "other_cores_during"} <= set(report["setting"])
+        keys = {"cpu", "vector", "cores", "torch", "load_average", "flags", "other_cores_during"}
+        assert keys <= set(report["setting"]), name
         if not quiet(report):
             assert "loaded" in name, f"{name}: measured on a busy machine (its setting says so); name it *-loaded.json"
 
@@ -73,10 +74,12 @@ def test_the_bench_runs_pairs_at_both_loads_and_refuses_bad_flags_in_one_line(tm
     assert run.returncode == 0, run.stderr[-2000:]
     report = json.loads(out.read_text())
     assert [(r["command"], r["load"]) for r in report["rows"]] == [
-        ("tree-show", "idle"), ("export-vllm", "idle"), ("tree-show", "one-core-busy"), ("export-vllm", "one-core-busy")]
+        ("tree-show", "idle"), ("export-vllm", "idle"),
+        ("tree-show", "one-core-busy"), ("export-vllm", "one-core-busy")]
     for r in report["rows"]:
         assert len(r["default_s"]) == len(r["plain_s"]) == 1 and min(r["default_s"] + r["plain_s"]) > 0
-        assert r["ratio"] == pytest.approx(statistics.median(r["default_s"]) / statistics.median(r["plain_s"]), abs=2e-3)
+        median = statistics.median
+        assert r["ratio"] == pytest.approx(median(r["default_s"]) / median(r["plain_s"]), abs=2e-3)
     s = report["setting"]
     assert s["cpu"] and s["cores"] and s["flags"][:3] == ["--quick", "--commands", "tree-show,export-vllm"]
     assert set(s["other_cores_during"]) == {"idle", "one-core-busy"}

@@ -73,7 +73,8 @@ def test_readme_runs_the_referees_after_their_setup_as_ci_does():
     block = next(b for b in BLOCKS if any(c.startswith("python -m pytest -q -m") for c in b))
     assert block[-1] == 'python -m pytest -q -m "vllm or browser or soak"'
     setup = [c for c in block if c.startswith(REFEREE_SETUP)]
-    assert [c.split()[:2] for c in setup] == [["sudo", "apt-get"], ["python", "-m"], ["export", "WORKBENCH_VLLM_PYTHON=$V/bin/python"]]
+    assert [c.split()[:2] for c in setup] == [["sudo", "apt-get"], ["python", "-m"],
+                                              ["export", "WORKBENCH_VLLM_PYTHON=$V/bin/python"]]
     variables = dict(c.split("=", 1) for c in block if re.match(r"[A-Z_]+=\S+$", c))
     assert variables["V"].replace("~", "$HOME") in CI  # the same folder (.ci/run: unless $WORKBENCH_VLLM_VENV)
     ci_lines = [line.strip() for line in CI.splitlines()]
