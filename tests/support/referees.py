@@ -67,7 +67,8 @@ def summary_lines(skipped: list, deselected: Counter, markexpr: str) -> list[str
                          "command")
     if deselected:
         parts = ", ".join(f"{deselected[t]} {TIERS[t]}" for t in TIERS if deselected[t])
-        lines.append(f"{sum(deselected.values())} referee tests did not run ({parts}: left out by -m {markexpr!r}); "
+        by = f"-m {markexpr!r}" if markexpr else "the selection"
+        lines.append(f"{sum(deselected.values())} referee tests did not run ({parts}: left out by {by}); "
                      f"{COMMAND} runs them (README)")
     return lines
 
