@@ -14,7 +14,8 @@ first with the machine as it is ("idle"), then with a busy loop pinned to one co
 and load: the wall seconds of each run (process start to exit), the medians, and default / plain. The commands
 that do not load the model (a second or two) run at least LIGHT_ROUNDS pairs.
 
-Run it on an otherwise idle machine. tests/test_first_run.py fails where a committed file has a command's default
+Run it on an otherwise idle machine. The JSON is rewritten after each command (`complete` false until the end), so
+a run stopped early keeps what it measured. tests/test_first_run.py fails where a committed file has a command's default
 more than 10 % slower than its plain twin. Writes JSON (bench/results/first-run.json unless --out) with the setting
 (CPU, vector extension, cores, versions, this script's flags, load average at start, CPU other processes used
 during each load) and prints a table.
@@ -142,8 +143,13 @@ def run(args) -> int:
     base = {k: v for k, v in os.environ.items() if k not in PLAIN_ENV} | dict(
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", _MODEL=str(model))
-    at_start = setting("cpu", "float32", os.cpu_count() or 1, "layers", mode="first-run")
     rows, used = [], {}
+    report = dict(bench="first-run", complete=False, bar=BAR, rounds=rounds, limit=limit, quick=args.quick,
+                  plain_twin="WORKBENCH_CPU_LINEAR=linear WORKBENCH_CPU_LAYERS=0, --no-compile where taken",
+                  setting=setting("cpu", "float32", os.cpu_count() or 1, "layers", mode="first-run")
+                  | dict(flags=args.flags, loads=loads, other_cores_during=used),
+                  rows=rows)
+    atomic_write_json(args.out, report)  # --out checked before the long work; rewritten after each command
     with tempfile.TemporaryDirectory(prefix="first-run-") as tmp:
         scratch, inputs = Path(tmp), Path(tmp) / "inputs"
         inputs.mkdir()
@@ -167,16 +173,13 @@ def run(args) -> int:
                                      default_s=times["default"], plain_s=times["plain"], default_median_s=d,
                                      plain_median_s=p, ratio=round(d / p, 3)))
                     print(line_of(rows[-1]), file=sys.stderr)
+                    atomic_write_json(args.out, report)
             finally:
                 if spinner is not None:
                     spinner.kill()
                     spinner.wait()
             used[load] = others(mark, cpu_mark())  # the busy loop counts here: a child still running
-    report = dict(bench="first-run", bar=BAR, rounds=rounds, limit=limit, quick=args.quick,
-                  plain_twin="WORKBENCH_CPU_LINEAR=linear WORKBENCH_CPU_LAYERS=0, --no-compile where taken",
-                  setting=at_start | dict(flags=args.flags, loads=loads,
-                                          other_cores_during=used),
-                  rows=rows)
+    report["complete"] = True
     atomic_write_json(args.out, report)
     print(table(report))
     print(f"wrote {args.out}", file=sys.stderr)

@@ -35,7 +35,7 @@ def reports() -> list[tuple[str, dict]]:
 @pytest.mark.unit
 def test_committed_results_say_their_setting_and_a_busy_one_is_named_so():
     for name, report in reports():
-        assert report["bench"] == "first-run" and report["rows"], name
+        assert report["bench"] == "first-run" and report["complete"] and report["rows"], name
         keys = {"cpu", "vector", "cores", "torch", "load_average", "flags", "other_cores_during"}
         assert keys <= set(report["setting"]), name
         if not quiet(report):
@@ -84,6 +84,7 @@ def test_the_bench_runs_pairs_at_both_loads_and_refuses_bad_flags_in_one_line(tm
     assert s["cpu"] and s["cores"] and s["flags"][:3] == ["--quick", "--commands", "tree-show,export-vllm"]
     assert set(s["other_cores_during"]) == {"idle", "one-core-busy"}
     assert s["other_cores_during"]["one-core-busy"]["cores"] > 0.5  # the pinned busy loop ran
+    assert report["complete"] is True
     assert "| tree-show | one-core-busy |" in run.stdout
     for flags, what in ((["--commands", "calibrate,nope"], "--commands"), (["--loads", "busy"], "--loads"),
                         (["--rounds", "0"], "--rounds")):
