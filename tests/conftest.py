@@ -33,6 +33,10 @@ from helpers import TESTED_TRANSFORMERS  # noqa: E402
 
 torch.set_num_threads(1)
 
+# The referee tiers (vLLM, browser, kill-and-resume) skipped or left out never silently: one line per tier at the end.
+from support.referees import (pytest_configure, pytest_deselected, pytest_sessionfinish,  # noqa: E402, F401
+                              pytest_terminal_summary, pytest_testnodedown)
+
 
 def pytest_report_header(config) -> str:
     """First thing to compare when a test fails on another machine: the versions it ran with."""

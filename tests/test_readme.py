@@ -22,6 +22,7 @@ from support.browser import free_port, healthy, stop
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
 CI = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")
 CHECKED_BY_CI = ("pip install", "python -m pytest")
+REFEREE_SETUP = ("sudo apt-get install", "python -m venv", "export WORKBENCH_VLLM_PYTHON")  # .ci/run runs them too
 SLOW = ("workbench calibrate", "workbench decode", "workbench latency", "workbench sweep ", "workbench train-heads")
 SERVER = "streamlit run"
 
@@ -35,7 +36,7 @@ def shell_blocks(text: str) -> list[list[str]]:
 
 
 def kind(command: str) -> str:
-    for prefixes, name in ((CHECKED_BY_CI, "ci"), ((SERVER,), "server"), (SLOW, "slow")):
+    for prefixes, name in ((CHECKED_BY_CI + REFEREE_SETUP, "ci"), ((SERVER,), "server"), (SLOW, "slow")):
         if command.startswith(prefixes):
             return name
     return "quick"
@@ -63,6 +64,25 @@ def test_readme_has_the_two_commands_and_its_install_and_test_lines_are_what_ci_
     assert tests and all(t in ci_commands for t in tests)
     assert any("workbench calibrate" in c for b in BLOCKS for c in b if b[0].startswith("pip install")), \
         "the main job's block (install + calibrate)"
+
+
+@pytest.mark.unit
+def test_readme_runs_the_referees_after_their_setup_as_ci_does():
+    """The second test command selects the three referee tiers; its block sets up Chromium and vLLM's environment
+    with commands .ci/run runs (sudo aside), and .ci/run runs both test commands with `set -e`: both must pass."""
+    block = next(b for b in BLOCKS if any(c.startswith("python -m pytest -q -m") for c in b))
+    assert block[-1] == 'python -m pytest -q -m "vllm or browser or soak"'
+    setup = [c for c in block if c.startswith(REFEREE_SETUP)]
+    assert [c.split()[:2] for c in setup] == [["sudo", "apt-get"], ["python", "-m"],
+                                              ["export", "WORKBENCH_VLLM_PYTHON=$V/bin/python"]]
+    variables = dict(c.split("=", 1) for c in block if re.match(r"[A-Z_]+=\S+$", c))
+    assert variables["V"].replace("~", "$HOME") in CI  # the same folder (.ci/run: unless $WORKBENCH_VLLM_VENV)
+    ci_lines = [line.strip() for line in CI.splitlines()]
+    for command in setup:
+        assert any(command.removeprefix("sudo ") in line for line in ci_lines), command
+    assert "set -euo pipefail" in CI
+    tests = [line for line in ci_lines if line.startswith("python -m pytest")]
+    assert tests == ["python -m pytest -q", block[-1]]
 
 
 @pytest.mark.unit
