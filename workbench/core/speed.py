@@ -247,7 +247,7 @@ def overhead(medusa, vanilla) -> float:
 
 def decoder_overhead(step_times: list[float], forward_times: list[float]) -> float:
     """What a step costs beyond its model work: median step time over the median bare verify forward of the same
-    tree at the same batch and contexts (`engine.forward_probe`)."""
+    tree at the same batch and contexts (`timing.forward_probe`)."""
     return statistics.median(step_times) / statistics.median(forward_times)
 
 
