@@ -63,9 +63,9 @@ def write_json(obj, out: str | None) -> None:
 
 def run_script(parser: argparse.ArgumentParser, run, argv=None) -> int:
     """A bench script's entry point: parse argv, run(args), a WorkbenchError as one `error:` line and exit 2 (the
-    CLI's rule, for the scripts outside it)."""
-    args = parser.parse_args(argv)
+    CLI's rule, for the scripts outside it; a parser of the CLI's class refuses bad flags the same way)."""
     try:
+        args = parser.parse_args(argv)
         return run(args)
     except WorkbenchError as e:
         print(f"error: {e}", file=sys.stderr)
@@ -214,10 +214,11 @@ def renamed(parser, old: str, new: str) -> None:
 
 # ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
 
-COMPILE_HELP = ("torch.compile the whole decoding step, once per (batch, tree size); a failure is an error. Default: on "
-                "for CUDA; on CPU the decoder layers alone are compiled (seconds per shape; models under 128 MB stay "
-                "eager), where the whole step takes minutes per shape the first time: docs/measurements.md. "
-                "--no-compile: eager")
+COMPILE_HELP = ("torch.compile the whole decoding step, once per (batch, tree size) (CUDA graphs on CUDA); a failure is "
+                "an error. Default: on CUDA the decoder layers compiled once and the whole step captured per shape as "
+                "a CUDA graph (docs/gpu.md); on CPU the decoder layers alone are compiled (seconds per shape; models "
+                "under 128 MB stay eager), where the whole step takes minutes per shape the first time: "
+                "docs/measurements.md. --no-compile: eager")
 
 SHARED_FLAGS = {  # one declaration and help text per flag, whichever command takes it
     "--model": dict(help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"),

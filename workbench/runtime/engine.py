@@ -149,6 +149,8 @@ class StepEngine:
         cache and, compiled, says so on stderr and compiles again (untimed, counted in `compile_s`)."""
         width = max(int(p.shape[-1]) if isinstance(p, torch.Tensor) else len(p) for p in prompts)
         need = width + max_new_tokens + max(b.size + b.depth for b in trees) + 1
+        if need > self.capacity and self.cache is not None:
+            self.cache = None  # the next prefill allocates the grown cache (and warms its step shapes again)
         self.capacity = max(self.capacity, need)
         return self.capacity
 
