@@ -10,7 +10,8 @@ JSON, and the report is written after every part and every batch size, so a run 
 measured. Written: bench/results/gpu-DEVICE.json (--out) with every figure, the latency surfaces as CSVs beside it
 (`workbench latency` format: `workbench plan --latency` reads them), a markdown summary (.md) that the docs
 quote, and inductor's cache artifacts (compile-cache/KEY.bin, KEY = GPU, torch, Triton), which --compile-cache
-loads in the next run. Exit status 1 if fp32 is not exact or bf16 has a mismatch (a bug), 2 on a bad flag, else 0.
+loads in the next run. Exit status 1 if fp32 is not exact, bf16 has a mismatch or a CUDA graph was skipped (a
+bug), 2 on a bad flag, else 0.
 
   env        device, torch/transformers, the step's kind (--step: captured, CUDA's default, or the whole step as one
              graph), the model's weight bytes, the device's copy bandwidth; the compile cache's hit or miss
@@ -53,7 +54,7 @@ from workbench.cli.shared import finite, parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
 from workbench.core.provenance import dtype_name  # noqa: E402
 from workbench.core.speed import (decode_speedup, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
-                                  step_times, tokens_per_step)
+                                  median_decode_speedup, step_times, tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.measure.latency import device_name, latency_tree, measure_decoder_steps, measure_latency  # noqa: E402
@@ -282,9 +283,7 @@ def section_decode(model, tok, heads, cfg, prompts, latency: dict, calibration, 
             row[k] = dict(tree=trees[k].as_lists(), nodes=trees[k].nodes, tokens_per_s=rate,
                           tokens_per_step=tokens_per_step(calls),
                           speedup_vs_vanilla=measured_speedup(calls, van), decode_speedup=decode_speedup(calls, van),
-                          # the plan's statistic: tokens/step x median vanilla step / median Medusa step
-                          decode_speedup_median=tokens_per_step(calls) * statistics.median(step_times(van))
-                          / statistics.median(step_times(calls)),
+                          decode_speedup_median=median_decode_speedup(calls, van),  # the plan's statistic
                           speedup_vs_hf=measured_speedup(calls, hf_calls),
                           decoder_overhead=decoder_overhead(step_times(calls), probes[k]),
                           forward_ms=1e3 * statistics.median(probes[k]),
@@ -413,7 +412,8 @@ def section_ab(model, tok, heads, cfg, prompts, tree, engines: dict) -> dict:
                         decode_speedup=decode_speedup(med, van),
                         exact=all(m[0].token_ids == v[0].token_ids for m, v in zip(med, van)))
         rows.append(row | dict(compile_s=eng.compile_s - c0))
-    return dict(rows=rows, nodes=buf.size - 1 if buf is not None else 0, seconds=time.perf_counter() - t0)
+    return dict(rows=rows, nodes=buf.size - 1 if buf is not None else 0, seconds=time.perf_counter() - t0,
+                shapes={kind: eng.shapes for kind, eng in engines.items()})
 
 
 # ----------------------------------------------------------------------------------------------- compile cache
@@ -598,11 +598,16 @@ def run(args) -> int:
     save()
     print(markdown(report))
     print(f"wrote {out}", file=sys.stderr)
+    skips = sum(x["cudagraph_skips"] for x in engine.shapes)
+    if skips:  # "the step is one CUDA graph" does not hold: say so (and exit 1)
+        print(f"warning: inductor skipped {skips} CUDA graph(s) (report: shapes[].cudagraph_skips; "
+              "TORCH_LOGS=perf_hints says why)", file=sys.stderr)
     ex = report.get("exact", dict(fp32_exact=True, mismatches=0))
     decode_mismatches = sum(r.get("plan", {}).get("mismatches", 0) for r in report.get("decode", {}).get("batches", []))
     fp32_decode = model.dtype != torch.float32 or all(r.get("plan", {}).get("exact", True)
                                                       for r in report.get("decode", {}).get("batches", []))
-    return 0 if ex["fp32_exact"] and ex["mismatches"] == 0 and decode_mismatches == 0 and fp32_decode else 1
+    return 0 if ex["fp32_exact"] and ex["mismatches"] == 0 and decode_mismatches == 0 and fp32_decode and not skips \
+        else 1
 
 
 if __name__ == "__main__":

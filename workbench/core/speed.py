@@ -221,6 +221,13 @@ def measured_speedup(medusa, vanilla) -> float:
     return goodput(medusa) / base if base > 0 else float("nan")
 
 
+def median_decode_speedup(medusa, vanilla) -> float:
+    """`decode_speedup` with the decoder-step surface's statistic: Medusa's tokens per step times vanilla's median
+    step over Medusa's median step (a plan priced on medians is compared with medians, not with total times)."""
+    step = statistics.median(step_times(medusa))
+    return tokens_per_step(medusa) * statistics.median(step_times(vanilla)) / step if step > 0 else float("nan")
+
+
 def decode_speedup(medusa, vanilla) -> float:
     """Measured speedup of the decoding phase alone: vanilla's decode time over Medusa's on the same prompts (each
     call's slowest sequence's; both emit the same tokens). What `speedup` predicts: the prefill is the same work for

@@ -195,7 +195,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     rounds, step / reference 1.55-1.59); a step and its reference, 0.1 s apart, see the same speed.
     The context is each step's own (prompt + tokens so far): the CSV's `context` is their mean over the whole
     measurement, one value per file (what the planner reads it at). `forward_seconds` is the median bare verify
-    of the same tree timed after every step (timing.forward_probe). `work`: the CSV path, whose WorkState keeps
+    of the same tree timed after every step (timing.forward_probe; not for trees on a whole-step compiled engine,
+    where each would be one more compiled graph). `work`: the CSV path, whose WorkState keeps
     each finished batch size (its rows and its steps' contexts; None: nothing kept). With an `envelope` tree each
     round also times, after the static sizes, the per-step tree of n - 1 nodes chosen from it (DynamicPolicy) at
     every size it holds: rows of policy "dynamic", priced the same way; their selection runs inside the timed
@@ -229,6 +230,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
         n = n[1] if isinstance(n, tuple) else n
         reference, refs = forward_probe(engine, bufs[1])
         probe, fwd = forward_probe(engine, bufs[n], heads) if n > 1 else (None, refs)
+        if n > 1 and engine.compile:  # forward_seconds, a side figure, is not worth a whole compiled graph
+            probe, fwd = None, []
         times: list[float] = []
 
         def on_step(step) -> None:
