@@ -342,7 +342,8 @@ def markdown(report: dict) -> str:
     shapes = report.get("shapes") or []
     if shapes:
         lines.append(f"\nCompiled and captured shapes ({report['env']['step']}): " + "; ".join(
-            f"B{x['batch']} N{x['size']} {x['compile_s']:.1f} + {x['capture_s']:.2f} s, {x['graphs']} graphs, "
+            f"B{x['batch']} N{x['size']}{' forward' if x['key'] == ['verify'] else ''} {x['compile_s']:.1f} + "
+            f"{x['capture_s']:.2f} s, {x['graphs']} graphs, "
             f"{x['cudagraph_skips']} skips" for x in shapes) +
             f". Total {sum(x['compile_s'] + x['capture_s'] for x in shapes):.0f} s, "
             f"{sum(x['cudagraph_skips'] for x in shapes)} CUDA-graph skips; compile cache: {report['cache']['status']}.")
