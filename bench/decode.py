@@ -42,7 +42,8 @@ from workbench.core.speed import (acceptance_per_position, decoder_overhead, goo
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.decode.loop import Acceptance, medusa_generate, vanilla_generate  # noqa: E402
 from workbench.runtime.compiled import compile_mode  # noqa: E402
-from workbench.runtime.engine import StepEngine, forward_probe
+from workbench.runtime.engine import StepEngine
+from workbench.runtime.timing import forward_probe
 from workbench.runtime.treemask import root_setup, tree_setup  # noqa: E402
 from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.runtime.heads import DEMO_HEADS  # noqa: E402

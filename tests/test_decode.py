@@ -501,7 +501,8 @@ def test_compile_that_cannot_work_is_one_error_line(tiny, monkeypatch, capsys):
 def test_time_verify_keeps_the_context_fixed(tiny):
     """Timing a bare verify forward writes rows past the pointer but leaves the cache where it was: the next
     generation step sees the same prefix."""
-    from workbench.runtime.engine import StepEngine, time_verify
+    from workbench.runtime.engine import StepEngine
+    from workbench.runtime.timing import time_verify
     from workbench.runtime.treemask import root_setup, tree_setup
 
     engine = StepEngine(tiny.model, compile=False)

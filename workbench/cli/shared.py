@@ -287,10 +287,11 @@ def renamed(parser, old: str, new: str) -> None:
 
 # ==== flags shared by the model-loading commands (decode, calibrate, train-heads, latency, sweep) =============
 
-COMPILE_HELP = ("torch.compile the whole decoding step, once per (batch, tree size); a failure is an error. Default: on "
-                "for CUDA; on CPU the decoder layers alone are compiled (seconds per shape; models under 128 MB stay "
-                "eager), where the whole step takes minutes per shape the first time: docs/measurements.md. "
-                "--no-compile: eager")
+COMPILE_HELP = ("torch.compile the whole decoding step, once per (batch, tree size) (CUDA graphs on CUDA); a failure is "
+                "an error. Default: on CUDA the decoder layers compiled once and the whole step captured per shape as "
+                "a CUDA graph (docs/gpu.md); on CPU the decoder layers alone are compiled (seconds per shape; models "
+                "under 128 MB stay eager), where the whole step takes minutes per shape the first time: "
+                "docs/measurements.md. --no-compile: eager")
 
 SHARED_FLAGS = {  # one declaration and help text per flag, whichever command takes it
     "--model": dict(help="base model: hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)"),

@@ -21,7 +21,8 @@ from workbench import LOAD_AT_START
 
 # The keys a prediction must share with the measurement it is compared with; `load_average` is recorded, not
 # compared (a loaded machine is reported by `loaded`).
-COMPILED = {False: "eager", None: "eager", "layers": "layers compiled"}  # setting["compiled"] in words
+COMPILED = {False: "eager", None: "eager", "layers": "layers compiled",
+            "captured": "layers compiled, step captured"}  # setting["compiled"] in words
 COMPARED = ("device", "gpu", "cpu", "vector", "threads", "processes", "dtype", "compiled", "mode")
 VECTOR_FLAGS = ("avx512f", "avx2", "neon", "asimd")  # the first found names the widest vector unit
 LOAD_KEYS = ("load_average", "load_now")  # what other processes did, not what was measured
@@ -69,16 +70,17 @@ def load_average(every: bool = False) -> float | list[float] | None:
 def setting(device: str, dtype: str, threads: int, compiled: bool | str, gpu: str | None = None, processes: int = 1,
             mode: str = "decoder-step") -> dict:
     """The setting of a measurement made now: device type ("cpu", "cuda"), GPU name, CPU model and vector
-    extension, torch threads, processes measuring at once, dtype, compiled (True: the whole step, "layers":
-    the decoder layers, the CPU default) or eager (False), what was timed (`mode`:
-    "decoder-step" = the decoder's whole step, "verify" = the bare verify forward), torch and transformers
-    versions, and the 1-minute load average when this process began (`load_average`: other processes; a
-    measurement's own threads soon raise the load to about their count) and now (`load_now`)."""
+    extension, torch threads, processes measuring at once, dtype, compiled (True: the whole step, "layers": the
+    decoder layers, the CPU default; "captured": the layers, the step captured per shape, CUDA's) or eager
+    (False), what was timed (`mode`: "decoder-step" = the decoder's whole step, "verify" = the bare verify
+    forward), torch and transformers versions, and the 1-minute load average when this process began
+    (`load_average`: other processes; a measurement's own threads soon raise the load to about their count) and
+    now (`load_now`)."""
     cpu, vector = _cpuinfo()
     load, now = LOAD_AT_START, load_average()
     return dict(device=str(device), gpu=gpu, cpu=cpu, vector=vector, cores=os.cpu_count(), threads=int(threads),
                 processes=int(processes), dtype=dtype_name(dtype),
-                compiled=compiled if compiled == "layers" else bool(compiled), mode=mode,
+                compiled=compiled if compiled in ("layers", "captured") else bool(compiled), mode=mode,
                 torch=_version("torch"), transformers=_version("transformers"),
                 load_average=None if load is None else round(load, 2), load_now=now)
 

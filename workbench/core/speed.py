@@ -222,6 +222,13 @@ def measured_speedup(medusa, vanilla) -> float:
     return goodput(medusa) / base if base > 0 else float("nan")
 
 
+def median_decode_speedup(medusa, vanilla) -> float:
+    """`decode_speedup` with the decoder-step surface's statistic: Medusa's tokens per step times vanilla's median
+    step over Medusa's median step (a plan priced on medians is compared with medians, not with total times)."""
+    step = statistics.median(step_times(medusa))
+    return tokens_per_step(medusa) * statistics.median(step_times(vanilla)) / step if step > 0 else float("nan")
+
+
 def decode_speedup(medusa, vanilla) -> float:
     """Measured speedup of the decoding phase alone: vanilla's decode time over Medusa's on the same prompts (each
     call's slowest sequence's; both emit the same tokens). What `speedup` predicts: the prefill is the same work for
@@ -248,7 +255,7 @@ def overhead(medusa, vanilla) -> float:
 
 def decoder_overhead(step_times: list[float], forward_times: list[float]) -> float:
     """What a step costs beyond its model work: median step time over the median bare verify forward of the same
-    tree at the same batch and contexts (`engine.forward_probe`)."""
+    tree at the same batch and contexts (`timing.forward_probe`)."""
     return statistics.median(step_times) / statistics.median(forward_times)
 
 

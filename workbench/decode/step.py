@@ -37,9 +37,13 @@ class Plan:
 
     @property
     def key(self) -> tuple:
+        """What changes the step's graph, and only that: the rule's kind and its own settings (greedy has none: two
+        greedy plans that differ in an unused typical threshold share one graph), the heads run, their top-k, where
+        proposals come from, whether the chosen rows are returned (`record` adds outputs) and a per-step size."""
         r = self.rule
-        return (r.kind, r.temperature, r.epsilon, r.delta, r.top_p, r.entropy, self.depth, self.topk, self.given,
-                self.record, self.select)
+        own = {"greedy": (), "typical": (r.temperature, r.epsilon, r.delta, r.entropy),
+               "nucleus": (r.temperature, r.top_p)}[r.kind]
+        return (r.kind, *own, self.depth, self.topk, self.given, self.record, self.select)
 
 
 def unpack(row: list[int], depth: int) -> tuple[int, int, list[int], int]:

@@ -8,7 +8,7 @@ Two modes, one CSV format (latency_file.py owns it; every row carries the settin
                 the reference: a step's cost relative to vanilla is the ratio of step / reference between the two,
                 so the machine's speed, which drifts within seconds on a shared VM, cancels step by step
                 (measure_decoder_steps). `forward_seconds` keeps the bare verify forward of the same tree timed
-                after every step (engine.forward_probe), so the decoder's overhead over the model work is shown
+                after every step (timing.forward_probe), so the decoder's overhead over the model work is shown
                 beside it (seconds / forward_seconds).
   verify        the bare verify forward at fixed contexts (random tokens): the model work alone, cheaper to measure
                 at many contexts and sizes; what the decoder adds on top is not in it.
@@ -35,7 +35,8 @@ from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.measure.latency_file import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES, HEADS_COLUMNS,
                                             LATENCY_COLUMNS, LATENCY_VERSION, spread_row, stamp)
 from workbench.runtime import gemv
-from workbench.runtime.engine import StepEngine, forward_probe, heads_times, verify_times
+from workbench.runtime.engine import StepEngine
+from workbench.runtime.timing import forward_probe, heads_times, verify_times
 from workbench.runtime.treemask import root_setup, tree_setup
 from workbench.runtime.generation import context_length
 from workbench.runtime.heads import heads_fingerprint
@@ -77,7 +78,7 @@ def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
 def heads_cost(model, heads, batch: int, bufs: dict) -> dict[int, dict]:
     """{tokens: {"depth", "heads_seconds"}} of the rows of one batch size whose trees (TreeBuffers or Trees: only
     their depth is read; none for the 1-token row) are bufs[tokens]: the depth each timed step ran heads to (0 for
-    vanilla's single token) and those heads' proposal cost at this batch (engine.heads_times), so a tree of another
+    vanilla's single token) and those heads' proposal cost at this batch (timing.heads_times), so a tree of another
     depth is priced right (speed.at_depth). Nothing without heads (a bare verify forward: no heads ran, the table
     has no such columns)."""
     if heads is None:
@@ -124,7 +125,7 @@ def _checked(sizes, batches, repeats: int, warmup: int) -> tuple[list[int], list
 def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repeats: int = 10, warmup: int = 3,
                     heads=None, label: str = "", progress: bool = True, engine=None,
                     batches=DEFAULT_BATCHES, work=None) -> pd.DataFrame:
-    """The verify mode: wall time of one step's model work per (batch, context, tokens) (`engine.verify_times`:
+    """The verify mode: wall time of one step's model work per (batch, context, tokens) (`timing.verify_times`:
     static cache, 4-D tree mask repeated per sequence, compiled when the engine is): tokens = 1 is the vanilla
     step, tokens = n > 1 a verify forward of an (n-1)-node tree for each of the B sequences; both include the
     lm_head over their rows (and, with `heads`, the heads' top-k a Medusa step needs). The caches are prefilled
@@ -144,8 +145,8 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     depth = min(5, heads.num_heads) if heads is not None else 5
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
     engine = engine or StepEngine(model)
-    if engine.compile:  # one capacity for every context: each (batch, size) compiles once (eager: exact per context)
-        engine.size_for([[0] * contexts[-1]], 0, [bufs[sizes[-1]]])
+    if engine.compiled_as:  # one capacity for every context, the decode's rule (size_for: one for the run): each
+        engine.size_for([[0] * contexts[-1]], 0, [bufs[sizes[-1]]])  # (batch, size) compiles once; eager: per context
     state = work_state(work, model, heads, engine, "verify", model_label=label, sizes=sizes, contexts=contexts,
                        batches=batches, repeats=repeats, warmup=warmup, heads_cost=heads is not None)
     dev_name, dtype = device_name(dev), dtype_name(model.dtype)
@@ -194,7 +195,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     rounds, step / reference 1.55-1.59); a step and its reference, 0.1 s apart, see the same speed.
     The context is each step's own (prompt + tokens so far): the CSV's `context` is their mean over the whole
     measurement, one value per file (what the planner reads it at). `forward_seconds` is the median bare verify
-    of the same tree timed after every step (engine.forward_probe). `work`: the CSV path, whose WorkState keeps
+    of the same tree timed after every step (timing.forward_probe; not for trees on a whole-step compiled engine,
+    where each would be one more compiled graph). `work`: the CSV path, whose WorkState keeps
     each finished batch size (its rows and its steps' contexts; None: nothing kept). With an `envelope` tree each
     round also times, after the static sizes, the per-step tree of n - 1 nodes chosen from it (DynamicPolicy) at
     every size it holds: rows of policy "dynamic", priced the same way; their selection runs inside the timed
@@ -228,6 +230,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
         n = n[1] if isinstance(n, tuple) else n
         reference, refs = forward_probe(engine, bufs[1])
         probe, fwd = forward_probe(engine, bufs[n], heads) if n > 1 else (None, refs)
+        if n > 1 and engine.compile:  # forward_seconds, a side figure, is not worth a whole compiled graph
+            probe, fwd = None, []
         times: list[float] = []
 
         def on_step(step) -> None:

@@ -27,7 +27,7 @@ from workbench.core.speed import spread
 
 SPREAD_COLUMNS = ["seconds_min", "seconds_q1", "seconds_q3", "seconds_max"]
 HEADS_COLUMNS = ["depth", "heads_seconds"]  # depth: heads run by the timed step (its tree's depth, 0 = vanilla);
-# heads_seconds: their proposal's cost at the row's batch size (engine.heads_times), timed beside the table
+# heads_seconds: their proposal's cost at the row's batch size (timing.heads_times), timed beside the table
 LATENCY_VERSION = 4  # the format's version, on every row (`version`); older ones read through upgrade_latency
 ENGINES = ("workbench", "vllm")  # whose step the rows time: our decoder's, or a round as vLLM serves it
 ENGINE_COLUMNS = ["engine", "engine_version", "context_min", "context_max"]  # (version 3) context_min/max: the range

@@ -26,7 +26,8 @@ from workbench.decode.divergence import divergence_counts, divergences
 from workbench.decode.loop import Acceptance, medusa_generate, vanilla_generate
 from workbench.measure.latency import measured_setting
 from workbench.measure.sweep_file import SWEEP_VERSION, read_sweep_rows, row_cells, write_rows
-from workbench.runtime.engine import StepEngine, forward_probe
+from workbench.runtime.engine import StepEngine
+from workbench.runtime.timing import forward_probe
 from workbench.runtime.forward import logits_of
 from workbench.runtime.treemask import root_setup, tree_setup
 from workbench.trees.dynamic import DynamicPolicy
@@ -203,7 +204,7 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     predicts) and overhead (mean step ratio) are against vanilla greedy run right before it on every batch of
     prompts, at the same batch size (speed.measured_speedup / decode_speedup / overhead); step_ms is the
     median step, forward_ms the median bare verify work of that tree at that batch, timed right after every step at
-    its context (`engine.forward_probe`), decoder_overhead = step_ms / forward_ms (speed.decoder_overhead).
+    its context (`timing.forward_probe`), decoder_overhead = step_ms / forward_ms (speed.decoder_overhead).
     `engine`: a StepEngine to run on (e.g. compiled); default a fresh one (compiled on CUDA).
     """
     if not prompts:

@@ -1,15 +1,15 @@
 """The model side of a decoding step for B sequences: StepEngine owns the static KV cache (kvcache.py) and the
 step's device state (lengths, the last hidden state, the next roots), and runs a step function (decode/step.py:
-propose, verify, accept, compact, pack) compiled once per (batch, tree size, rule) in an untimed warm-up (on CPU
-by default only its decoder layers: compiled.py), its shapes fixed by the cache capacity `size_for` sets for a
-run. Also the bare verify forward and its timing, which the latency surface and decoder_overhead use.
+propose, verify, accept, compact, pack) compiled once per (batch, tree size, rule) in an untimed warm-up (by
+default only its decoder layers, compiled.py: on CUDA the step is then captured per shape, captured.py), its
+shapes fixed by the cache capacity `size_for` sets for a run. Also the bare verify forward (timing.py times it
+for the latency surface and decoder_overhead).
 
 Re-exported for callers: the model calls (forward.py), tree buffers (treemask.py) and cache helpers (kvcache.py).
 """
 from __future__ import annotations
 
 import contextlib
-import statistics
 import sys
 from dataclasses import dataclass
 from typing import Callable
@@ -19,8 +19,9 @@ from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError
 from workbench.runtime import compiled, gemv
+from workbench.runtime.captured import Captures
 from workbench.runtime.compiled import compile_options, default_compile
-from workbench.runtime.forward import cache_kwarg, clock, forward, head_proposer, lm_logits
+from workbench.runtime.forward import cache_kwarg, clock, forward, lm_logits
 from workbench.runtime.generation import text_config
 from workbench.runtime.kvcache import allocate, check_cacheable
 from workbench.runtime.treemask import TreeBuffers, prefill_mask, step_mask
@@ -76,8 +77,10 @@ class StepEngine:
     Rejected rows stay in memory, masked, until overwritten: nothing is concatenated or cropped, every shape is
     fixed per (B, N), so `compile=True` compiles each (B, N) (and rule) once, in `warm`; a recompilation inside a
     step is an error (torch.compiler.set_stance("fail_on_recompile")), and so is a compilation that fails (one
-    `error:` line, never a silent eager run). `compile="layers"` compiles the decoder layers alone, and None is
-    the default: the whole step on CUDA (`default_compile`), the layers on CPU (`compiled.default_on`).
+    `error:` line, never a silent eager run). `compile="layers"` compiles the decoder layers alone, "captured" the
+    layers with the whole step captured per shape (captured.py), and None is the default: "captured" on CUDA (the
+    whole step, `default_compile`, where the layers cannot be compiled alone), the layers on CPU
+    (`compiled.default_on`). True: the whole step compiled (on CUDA as CUDA graphs), False: eager.
     """
 
     def __init__(self, model, compile: bool | str | None = None, backend: str | None = None, capacity: int = 0):
@@ -97,8 +100,11 @@ class StepEngine:
         self.host_lengths: list[int] = []           # [B] L_b (host), moved from the one read per step
         self.host_alive: list[bool] = []            # [B] False once a sequence finished
         self._host = [0]                            # P on the host, for PointerLayer.get_seq_length
-        self.compile = default_compile(model.device) if compile is None else compile != "layers" and bool(compile)
-        layers = compiled.default_on(model) if compile is None else compile == "layers" and compiled.blocks(model)
+        if compile is None and model.device.type == "cuda" and compiled.blocks(model):
+            compile = "captured"
+        apart = compile in ("layers", "captured")
+        self.compile = default_compile(model.device) if compile is None else not apart and bool(compile)
+        layers = compiled.default_on(model) if compile is None else apart and compiled.blocks(model)
         self.backend = backend
         self._compiled: dict[Callable, Callable] = {}
         if self.compile and model.device.type == "cpu" and backend in (None, "inductor") \
@@ -106,13 +112,18 @@ class StepEngine:
             raise WorkbenchError("--compile: this torch build has no oneDNN/MKL, which inductor needs on CPU: "
                                  "run without --compile")
         self.layers = compiled.Layers(model, backend) if layers and not self.compile else None
+        if compile == "captured" and self.layers is None:
+            raise WorkbenchError(f"{type(model).__name__}: its decoder layers cannot be compiled alone (spread over "
+                                 "devices, or no `layers`): the step cannot be captured; run with --compile")
+        self.captures = Captures(model.device, self.layers) if compile == "captured" else None
+        self.shapes: list[dict] = []                # per step key warmed: seconds compiling and capturing, graphs
         if self.compile or self.layers:
             torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, compiled.LIMIT)
 
     @property
     def compiled_as(self) -> bool | str:
-        """What a measurement's setting records: True (the whole step), "layers" or False (eager)."""
-        return True if self.compile else "layers" if self.layers is not None else False
+        """What a measurement's setting records: True (the whole step), "captured", "layers" or False (eager)."""
+        return True if self.compile else "captured" if self.captures else "layers" if self.layers else False
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -138,6 +149,8 @@ class StepEngine:
         cache and, compiled, says so on stderr and compiles again (untimed, counted in `compile_s`)."""
         width = max(int(p.shape[-1]) if isinstance(p, torch.Tensor) else len(p) for p in prompts)
         need = width + max_new_tokens + max(b.size + b.depth for b in trees) + 1
+        if need > self.capacity and self.cache is not None:
+            self.cache = None  # the next prefill allocates the grown cache (and warms its step shapes again)
         self.capacity = max(self.capacity, need)
         return self.capacity
 
@@ -150,7 +163,7 @@ class StepEngine:
             raise WorkbenchError(f"--batch-sizes {batch}: must be >= 1")
         if self.cache is not None and batch == self.batch and capacity <= self.capacity:
             return
-        if capacity > self.capacity and self.compile and self.graphs:
+        if capacity > self.capacity and self.graphs:
             self.resized += 1
             print(f"warning: a generation needs {capacity} KV cache positions but the engine was sized for "
                   f"{self.capacity}: the compiled step compiles again for the new size (untimed; size the engine "
@@ -170,6 +183,8 @@ class StepEngine:
         self.batch, self.capacity = batch, capacity
         if self.compile or self.layers:  # new cache tensors: CUDA graphs record again (dynamo reuses equal shapes)
             self._warm = set()
+        if self.captures is not None:
+            self.captures.clear()
         self._columns = torch.arange(capacity, device=dev)                                   # [C]
 
     def _point(self, at: int) -> None:
@@ -212,13 +227,16 @@ class StepEngine:
         recompilation inside the call is an error."""
         if key not in self._warm:
             self.warm(fn, key, args)
+        if self.captures is not None and key not in self.captures.graphs:
+            raise WorkbenchError(f"the captured step has no graph for batch {self.batch}, tree size {key[1]}: a step "
+                                 "shape marked warm without its capture (a bug)")
         if not self.compile and self.layers is None:
             return fn(*args)
         try:
             # every shape was warmed: the layers' guards (~0.3 ms a layer on CPU) run only where graphs differ
             with torch.compiler.set_stance("fail_on_recompile", skip_guard_eval_unsafe=self.layers is not None), \
                     self._layers():
-                return self._fn(fn)(*args)
+                return self.captures.run(key, args) if self.captures is not None else self._fn(fn)(*args)
         except RuntimeError as e:
             if "fail_on_recompile" not in str(e) and "skip_guard_eval_unsafe" not in str(e):
                 raise
@@ -258,43 +276,59 @@ class StepEngine:
     @torch.inference_mode()
     def warm(self, fn: Callable, key: tuple, args: tuple) -> float:
         """Run `fn` once for this key before any step of it is timed: compiled, the first call compiles (CUDA graphs
-        record on a later one); eager (and on CPU before compiling), it chooses the few-row linears' kernels for
-        the step's row counts (gemv.py). The step's small state is put back afterwards and its cache writes land
-        past every prefix, which the next step overwrites: nothing the decoder reads changes. A compilation that
-        fails is one error line. Returns the seconds spent compiling (added to `compile_s`; 0 when eager or warm)."""
+        record on a later one; captured, the step is then captured and checked: captured.py); eager (and on CPU
+        before compiling), it chooses the few-row linears' kernels for the step's row counts (gemv.py). The step's
+        small state is put back afterwards and its cache writes land past every prefix, which the next step
+        overwrites: nothing the decoder reads changes. A compilation that fails is one error line. Returns the
+        seconds spent compiling and capturing (added to `compile_s`, per key in `shapes`; 0 when eager or warm)."""
         if key in self._warm:
             return 0.0
         dev, st = self.model.device, self.state
         saved = {k: v.clone() for k, v in vars(st).items()}
+
+        def restore() -> None:
+            for k, v in saved.items():
+                getattr(st, k).copy_(v)
+        counts = _counts()
         t0 = clock(dev)
-        runs = [self._fn(fn)] * (3 if self.compile and dev.type == "cuda" else 1)
+        # (callable, with the compiled layers in place)
+        runs = [(self._fn(fn), True)] * (3 if self.compile and dev.type == "cuda" else 1)
         if (self.compile or self.layers) and dev.type == "cpu":  # the few-row kernels are chosen in an eager run
-            runs.insert(0, fn)
+            runs.insert(0, (fn, False))
+        capture_s = 0.0
         try:
-            for i, run in enumerate(runs):
-                with self._layers() if i else contextlib.nullcontext():
+            for run, layers in runs:
+                with self._layers() if layers else contextlib.nullcontext():
                     run(*args)
+            compile_s = clock(dev) - t0
+            if self.captures is not None:
+                owned = {id(t) for t in vars(st).values()} | {id(self._columns)}
+                capture_s = self.captures.capture(fn, key, args, owned, restore,
+                                                  lambda: (st.lengths.clone(), st.root.clone()))
         except WorkbenchError:
             raise
         except Exception as e:  # noqa: BLE001 - inductor/dynamo raise many kinds: the user gets one line
             if not self.compile and self.layers is None:
                 raise
             why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-            if not self.compile:  # the default's compiled layers: the engine runs eagerly from here on
+            if not self.compile and self.captures is None:  # the CPU default's layers: eager from here on
                 self.layers = None
                 print(f"warning: cannot compile the decoder layers ({why}): decoding eagerly", file=sys.stderr)
                 return 0.0
             raise WorkbenchError(f"--compile: cannot compile the decoding step on {dev.type} ({why}): "
                                  "run with --no-compile") from None
         finally:
-            for k, v in saved.items():
-                getattr(st, k).copy_(v)
+            restore()
         seconds = clock(dev) - t0
         self._warm.add(key)
         if not self.compile and self.layers is None:
             return 0.0
-        if self.compile:
+        if self.compile or self.captures is not None:
             self.graphs.add(key + (self.capacity,))
+        after = _counts()
+        self.shapes.append(dict(batch=key[0], size=key[1], key=[str(k) for k in key[2:]], capacity=self.capacity,
+                                compile_s=compile_s, capture_s=capture_s, graphs=after[0] - counts[0],
+                                cudagraph_skips=after[1] - counts[1]))
         self.compile_s += seconds
         return seconds
 
@@ -329,69 +363,7 @@ class StepEngine:
         self._point(max(lengths))
 
 
-# ----------------------------------------------------------------------------------------------- timing
-
-@torch.inference_mode()
-def verify_times(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
-                 generator: torch.Generator | None = None) -> list[float]:
-    """Seconds of each repeat of the bare verify work of one step at the engine's current batch and context: the
-    forward of B x N tree tokens (the tree mask per sequence) with logits for their rows and their argmax, plus
-    (with heads, for trees) the heads' top-k for every sequence. No acceptance, compaction or host read of a path:
-    what a step costs at the least."""
-    model = engine.model
-    vocab = model.get_input_embeddings().weight.shape[0]
-    tokens = torch.randint(vocab, (engine.batch, buf.size), generator=generator).to(model.device)  # [B, N]
-    propose = head_proposer(heads, model, buf.depth, buf.topk) if heads is not None and buf.depth else None
-    if engine.compile:  # compilation (an untimed warm-up in the first call) is never inside a timed repeat
-        engine.verify(tokens, buf)
-    times = []
-    for i in range(warmup + repeats):
-        t0 = clock(model.device)
-        hidden, logits = engine.verify(tokens, buf)
-        logits.argmax(dim=-1)
-        if propose is not None:
-            propose(hidden[:, 0], [])
-        t1 = clock(model.device)
-        if i >= warmup:
-            times.append(t1 - t0)
-    return times
-
-
-@torch.inference_mode()
-def heads_times(model, heads, batch: int, depths, repeats: int = 30, warmup: int = 3, topk: int = 10) -> dict:
-    """{depth: median seconds} of the heads' proposal a Medusa step makes for `batch` sequences when its tree is
-    `depth` deep (head_proposer: the first `depth` heads' logits and their top-k), depths timed round-robin. A
-    step's cost depends on its depth as well as its token count: each head is one more pass through a
-    vocabulary-sized projection per sequence, so a chain costs more than a bushy tree of as many tokens (with
-    SmolLM2 at batch 8, depth 3 is ~0.15 of a plain step more than depth 2)."""
-    width = model.get_input_embeddings().weight.shape[1]
-    hidden = torch.randn(batch, width, dtype=model.dtype, device=model.device)                # [B, H]
-    depths = sorted({int(d) for d in depths if int(d) > 0})
-    props = {d: head_proposer(heads, model, d, topk) for d in depths}
-    times: dict[int, list[float]] = {d: [] for d in depths}
-    for i in range(warmup + repeats):
-        for d in depths:
-            t0 = clock(model.device)
-            props[d](hidden, [])
-            t1 = clock(model.device)
-            if i >= warmup:
-                times[d].append(t1 - t0)
-    return {d: statistics.median(v) for d, v in times.items()}
-
-
-def time_verify(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
-                generator: torch.Generator | None = None) -> float:
-    """Median of `verify_times`."""
-    return statistics.median(verify_times(engine, buf, heads, repeats, warmup, generator))
-
-
-def forward_probe(engine: StepEngine, buf: TreeBuffers, heads=None) -> tuple[Callable[[object], None], list]:
-    """(on_step, times): an on_step callback that times the bare verify work (`verify_times`, once) right after
-    every step, at that step's batch and context, and the list it fills (seconds). Step and bare forward then
-    alternate, so a load change on a shared machine hits both alike: decoder_overhead = median step / median of
-    these."""
-    times: list[float] = []
-
-    def on_step(step) -> None:  # a decode.Step; only its timing point matters
-        times.append(verify_times(engine, buf, heads, repeats=1, warmup=0)[0])
-    return on_step, times
+def _counts() -> tuple[int, int]:
+    """(graphs dynamo compiled, CUDA graphs inductor skipped) so far in this process."""
+    from torch._dynamo.utils import counters
+    return counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"]
