@@ -23,7 +23,6 @@ during each load) and prints a table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
