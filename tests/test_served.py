@@ -225,7 +225,7 @@ def test_calibrate_in_vllm_and_plan_and_export_for_its_config_class(tmp_path):
     assert s.meta["source"] == "calibrate" and s.meta["engine_version"] and s.counts.k == 3
     assert s.counts.drafts > 0 and s.counts.decode_steps >= s.counts.drafts
     src = plan_source(acceptance=out)
-    assert src["chain_acceptance"] == pytest.approx(s.rates()) and src["info"]["method"] == "ngram"
+    assert src.chain_acceptance == pytest.approx(s.rates()) and src.info["method"] == "ngram"
     surface().to_csv(tmp_path / "lat.csv", index=False)
     assert main(["plan", "--calibration", str(out), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
                  "1,2,4,8", "--out", str(tmp_path / "plan.json")]) == 0
