@@ -116,7 +116,12 @@ def test_the_default_rule_and_the_setting(monkeypatch):
     model, _, _ = _setup(monkeypatch, layers="")
     assert not compiled.default_on(model)  # a tiny model: compiling would cost more than it saves
     monkeypatch.setattr(compiled, "MIN_BYTES", 0)
-    assert compiled.default_on(model)
+    assert compiled.default_on(model) and compiled.default_on(model, steps=compiled.PAYBACK_STEPS)
+    # a run that ends before its compiling pays back (decode --compare of one prompt, a small sweep) stays eager
+    assert not compiled.default_on(model, steps=compiled.PAYBACK_STEPS - 1)
+    assert StepEngine(model, steps=64).compiled_as is False and StepEngine(model, steps=10 ** 6).layers is not None
+    monkeypatch.setenv("WORKBENCH_CPU_LAYERS", "1")
+    assert StepEngine(model, steps=64).layers is not None  # forced on: whatever the run's length
     monkeypatch.setenv("WORKBENCH_CPU_LAYERS", "0")
     assert not compiled.default_on(model) and StepEngine(model).compiled_as is False
     monkeypatch.setenv("WORKBENCH_CPU_LAYERS", "yes")

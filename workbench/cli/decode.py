@@ -98,7 +98,8 @@ def cmd_decode(args) -> int:
                              "more prompts (--prompts FILE --limit N)")
     if tok is None:
         print("note: the model folder has no tokenizer: the output is token ids", file=sys.stderr)
-    engine, buf = StepEngine(model, compile=args.compile), tree_setup(tree, model)
+    steps = -(-len(prompts) // args.batch_sizes) * args.max_new_tokens  # per step shape, at most
+    engine, buf = StepEngine(model, compile=args.compile, steps=steps), tree_setup(tree, model)
     engine.size_for(prompts, args.max_new_tokens, [buf])  # one capacity for every chunk: compiled once
     buf = policy or buf
     several = args.prompts is not None

@@ -241,9 +241,9 @@ def cmd_sweep(args) -> int:
                     heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
         ids = [pid for pid, _ in records] if args.prompts == "holdout" else None  # the calibration's own prompts
         predict = S.calibration_predictions(cal, args.max_new_tokens, ids) if cal else None
-        print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}",
-              file=sys.stderr)
-        engine = StepEngine(model, compile=args.compile)
+        print(f"sweep: {len(configs)} configurations x {len(prompts)} prompts (+ vanilla) -> {args.out}", file=sys.stderr)
+        engine = StepEngine(model, args.compile, steps=S.steps_per_shape(configs, len(prompts), batch_sizes,
+                                                                         args.max_new_tokens))  # short: eager
         if engine.compiled_as:
             info["compiled"] = engine.compiled_as  # compiled timings are another run than eager ones
         df = S.run_sweep(model, heads, tok, prompts, configs, args.out, args.max_new_tokens, info, predict,

@@ -190,6 +190,13 @@ def _spec(tree, bufs: dict):
     return tree if isinstance(tree, DynamicPolicy) else bufs[tree_key(tree)]
 
 
+def steps_per_shape(configs: list[dict], prompts: int, batch_sizes, max_new_tokens: int) -> int:
+    """About how many steps a sweep runs per step shape (vanilla's and each tree size's, at its smallest batch
+    size): what the engine's compile default weighs (compiled.PAYBACK_STEPS)."""
+    shapes = 1 + len({c["tree"].nodes for c in configs if c.get("tree") is not None})
+    return -(-prompts // min(batch_sizes)) * max_new_tokens * max(1, len(configs) // shapes)
+
+
 def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[dict], out,
               max_new_tokens: int = 128, run_info: dict | None = None, predict=None, progress: bool = True,
               on_row=None, engine=None, batch_sizes=(1,)) -> pd.DataFrame:

@@ -61,11 +61,18 @@ def blocks(model) -> list | None:
     return list(layers)
 
 
-def default_on(model) -> bool:
-    """Whether an engine left to its default (no --compile / --no-compile) compiles `model`'s layers."""
+PAYBACK_STEPS = 1000  # a run of fewer steps per step shape never earns its layers' compiling back (2-21 s a shape
+# on a 2-core CPU, paid back after 37-819 steps: bench/compile-cpu-layers-*.json), least of all on a fresh cache
+
+
+def default_on(model, steps: int | None = None) -> bool:
+    """Whether an engine left to its default (no --compile / --no-compile) compiles `model`'s layers: a run that
+    says it takes fewer than PAYBACK_STEPS steps per shape (`steps`: decode, sweep) stays eager, as it would finish
+    before the compiling is paid back; None: a run of unknown length (the default: compiled)."""
     want = forced()
     if want is None:
-        want = sum(p.numel() * p.element_size() for p in model.parameters()) >= MIN_BYTES
+        want = sum(p.numel() * p.element_size() for p in model.parameters()) >= MIN_BYTES and \
+            (steps is None or steps >= PAYBACK_STEPS)
     return bool(want) and model.device.type == "cpu" and blocks(model) is not None
 
 

@@ -80,10 +80,12 @@ class StepEngine:
     `error:` line, never a silent eager run). `compile="layers"` compiles the decoder layers alone, "captured" the
     layers with the whole step captured per shape (captured.py), and None is the default: "captured" on CUDA (the
     whole step, `default_compile`, where the layers cannot be compiled alone), the layers on CPU
-    (`compiled.default_on`). True: the whole step compiled (on CUDA as CUDA graphs), False: eager.
+    (`compiled.default_on`: not for a run that says, by `steps` per step shape, that it ends before the compiling
+    pays back). True: the whole step compiled (on CUDA as CUDA graphs), False: eager.
     """
 
-    def __init__(self, model, compile: bool | str | None = None, backend: str | None = None, capacity: int = 0):
+    def __init__(self, model, compile: bool | str | None = None, backend: str | None = None, capacity: int = 0,
+                 steps: int | None = None):
         self.model = model
         check_cacheable(model)
         cache_kwarg(model)
@@ -104,7 +106,7 @@ class StepEngine:
             compile = "captured"
         apart = compile in ("layers", "captured")
         self.compile = default_compile(model.device) if compile is None else not apart and bool(compile)
-        layers = compiled.default_on(model) if compile is None else apart and compiled.blocks(model)
+        layers = compiled.default_on(model, steps) if compile is None else apart and compiled.blocks(model)
         self.backend = backend
         self._compiled: dict[Callable, Callable] = {}
         if self.compile and model.device.type == "cpu" and backend in (None, "inductor") \
