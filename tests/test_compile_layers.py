@@ -13,21 +13,10 @@ from workbench.core.provenance import describe
 from workbench.runtime import compiled
 from workbench.runtime.engine import StepEngine
 from workbench.runtime.treemask import root_setup, tree_setup
-from support.tiny import random_heads, tiny_model
+from support.tiny import CountingBackend, random_heads, tiny_model
 
 LAYERS = 4
 NEW = 10
-
-
-class CountingBackend:
-    def __init__(self, fail: bool = False):
-        self.graphs, self.fail = 0, fail
-
-    def __call__(self, gm, example_inputs):
-        self.graphs += 1
-        if self.fail:
-            raise RuntimeError("this backend cannot compile it")
-        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
 
 
 def _setup(monkeypatch, layers: str = "1"):

@@ -73,3 +73,17 @@ def random_heads(hidden_size: int, vocab_size: int, num_heads: int = 5, num_laye
             p.copy_(torch.randn(p.shape, generator=g) * std)
     return heads.requires_grad_(False)
 
+
+
+class CountingBackend:
+    """A torch.compile backend that counts the graphs dynamo hands it (aot_eager traces the same graphs as inductor,
+    in seconds) and, with `fail`, refuses them as a backend that cannot compile would."""
+
+    def __init__(self, fail: bool = False):
+        self.graphs, self.fail = 0, fail
+
+    def __call__(self, gm, example_inputs):
+        self.graphs += 1
+        if self.fail:
+            raise RuntimeError("this backend cannot compile it")
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
