@@ -62,7 +62,7 @@ def blocks(model) -> list | None:
 
 
 PAYBACK_STEPS = 1000  # a run of fewer steps per step shape never earns its layers' compiling back (2-21 s a shape
-# on a 2-core CPU, paid back after 37-819 steps: bench/compile-cpu-layers-*.json), least of all on a fresh cache
+# on a 2-core CPU, paid back after 37-819 steps: bench/results/compile-cpu-layers-*.json), least of all on a fresh cache
 
 
 def default_on(model, steps: int | None = None) -> bool:
