@@ -761,6 +761,44 @@ def test_live_page_tree_too_deep_is_an_error(tiny_llama, demo_files, monkeypatch
     assert any("cannot load it" in e or "no such" in e.lower() for e in errors(at)), errors(at)
 
 
+def test_a_request_error_names_the_flag_in_the_cli_and_the_control_in_the_app(tiny_llama, demo_files, monkeypatch,
+                                                                             capsys):
+    """One library error (decode.request: the answer passes the model's positions), two faces: the CLI names the
+    flag (one `error:` line, exit 2), the live page the control, for the same bad value."""
+    from workbench.cli import main
+
+    too_long = "1000"  # the tiny model holds 512 positions
+    code = main(["decode", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
+                 "--tree", "[[0], [1]]", "--prompt", "hi", "--device", "cpu", "--max-new-tokens", too_long])
+    err = capsys.readouterr().err.rstrip("\n").rsplit("\n", 1)[-1]
+    assert code == 2 and err.startswith("error: prompt + --max-new-tokens + the tree = ") and \
+        err.endswith("more than the model's 512: lower --max-new-tokens"), err
+    at = page("live_page", demo_files["root"], monkeypatch).run()
+    at.text_input(key="live_model").input(str(tiny_llama.model_dir))
+    at.text_input(key="live_heads").input(str(tiny_llama.heads_dirs["2"]))
+    at.selectbox(key="live_device").set_value("cpu")
+    at.number_input(key="live_max_new").set_value(int(too_long))
+    at.selectbox(key="live_tree").set_value("other: a path or literal").run()
+    at.text_input(key="live_tree_spec").input("[[0], [1]]")
+    at.button(key="live_go").click().run()
+    no_exception(at)
+    shown = errors(at)
+    assert len(shown) == 1 and shown[0].startswith("prompt + 'max new tokens' + the tree = ") and \
+        shown[0].endswith("more than the model's 512: lower 'max new tokens'") and "--" not in shown[0], shown
+    assert at.number_input(key="live_max_new").label == "max new tokens"  # the control the error names
+    # a sampling control set where the acceptance does not use it is named by its label too (the same rule as
+    # `decode --acceptance greedy --temperature 0.5`)
+    from workbench.decode.request import DecodeRequest
+    from workbench.ui.live_page import LABELS
+    from workbench.ui.widgets import clean_error
+
+    with pytest.raises(Exception) as e:
+        DecodeRequest(12, acceptance="greedy", temperature=0.5).rule()
+    assert clean_error(e.value, LABELS) == "'Acceptance' greedy takes no 'temperature' (use typical or nucleus to " \
+                                          "sample)"
+    assert str(e.value) == "--acceptance greedy takes no --temperature (use typical or nucleus to sample)"
+
+
 def test_tree_nodes_labelled_with_real_tokens(tiny_llama, demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     assert any("node label: rank" in c.value for c in at.caption)

@@ -92,8 +92,11 @@ def test_a_recompilation_inside_a_step_is_an_error(monkeypatch):
 
 def test_layers_that_do_not_compile_leave_the_engine_eager_with_one_warning(monkeypatch, capsys):
     model, heads, prompts = _setup(monkeypatch)
+    from workbench.cli.shared import cli_warnings
+
     engine = StepEngine(model, backend=CountingBackend(fail=True))
-    out = vanilla_generate(model, None, prompts[:2], NEW, eos_token_id=[], engine=engine)
+    with cli_warnings():  # the library's warning, shown as the CLI shows it
+        out = vanilla_generate(model, None, prompts[:2], NEW, eos_token_id=[], engine=engine)
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("warning: cannot compile the decoder layers") and "eagerly" in err[0]
     assert engine.compiled_as is False

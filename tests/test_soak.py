@@ -310,8 +310,17 @@ def test_vllm_check_killed_again_and_again_ends_with_the_same_result(tmp_path, c
         assert a["vllm_startup_s"] == [e["startup_s"] for e in _piece_value(kept["vllm-batch-1"])["engines"]], what
 
 
+@pytest.fixture
+def cli_channel():
+    """The library's notes shown as the CLI shows them (workbench.note -> cli.shared.cli_warnings -> stderr)."""
+    from workbench.cli.shared import cli_warnings
+
+    with cli_warnings():
+        yield
+
+
 @pytest.mark.unit
-def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, capsys):
+def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, capsys, cli_channel):
     from workbench.core.work import WorkState, remove_work
 
     out = tmp_path / "sub" / "result.csv"
@@ -335,7 +344,7 @@ def test_work_state_keeps_pieces_and_starts_over_on_other_settings(tmp_path, cap
 
 
 @pytest.mark.unit
-def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys):
+def test_work_state_ignores_a_file_killed_while_being_written(tmp_path, capsys, cli_channel):
     """A kill inside an atomic write leaves a dot file: never a piece, never counted, never a reason to refuse."""
     from workbench.core.work import WorkState
 

@@ -25,9 +25,20 @@ class WorkbenchWarning(UserWarning):
     """Something the user should know that does not stop the run; the CLI shows it as one line `warning: ...`."""
 
 
+class WorkbenchNote(UserWarning):
+    """A fact about the run that is no problem (resuming from kept pieces, a progress line); the CLI shows it as
+    written, on stderr."""
+
+
 def warn(message: str) -> None:
     """Warn the user (WorkbenchWarning): the front end decides how it is shown (the CLI: cli.shared.cli_warnings)."""
     warnings.warn(message, WorkbenchWarning, stacklevel=2)
+
+
+def note(message: str) -> None:
+    """Tell the user a fact about the run (WorkbenchNote), through the same channel as `warn`: the library never
+    prints; the front end words and shows it (the CLI: cli.shared.cli_warnings, each line as written)."""
+    warnings.warn(message, WorkbenchNote, stacklevel=2)
 
 
 @contextlib.contextmanager

@@ -22,7 +22,6 @@ Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json, trees/
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +30,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, warn
+from workbench.core.notes import FieldError
 from workbench.calibrate.finish import finish, holdout_split, own_trees
 from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, MAX_TOPK, META, META_VERSION, RANKS, Calibration,
                                         calibration_root, slug)
@@ -128,7 +128,7 @@ class CalibrateConfig:
     def __post_init__(self):
         """Every setting checked before any model loads: one line naming the flag."""
         if self.max_new_tokens < 1:
-            raise WorkbenchError(f"--max-new-tokens {self.max_new_tokens}: must be at least 1")
+            raise FieldError("max_new_tokens", "below_one", f"{{field}} {self.max_new_tokens}: must be at least 1")
         if not 1 <= self.topk <= MAX_TOPK:
             raise WorkbenchError(f"--topk {self.topk}: must be in 1..{MAX_TOPK} (a calibration stores 16-bit ranks)")
         if self.batch_size < 1:
@@ -169,7 +169,7 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
                              "only decoder-only causal LMs with an lm_head are supported")
     undecodable = undecodable_warning(base, "the accuracies and trees are measured correctly")
     if undecodable and launch.rank == 0:  # the ranks are right (greedy generate + hidden states); decoding is not
-        print(undecodable, file=sys.stderr)
+        warn(undecodable.removeprefix("warning: "))
     def where(spec):  # local paths absolute, so a rerun from elsewhere (or a later reader of meta) finds them
         return str(Path(spec).resolve()) if spec and Path(spec).exists() else spec
 
@@ -185,8 +185,9 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     context = context_length(base)
     for (pid, _), ids in zip(records, encoded):
         if context and len(ids) + cfg.max_new_tokens > context:
-            raise WorkbenchError(f"prompt {pid}: {len(ids)} tokens + --max-new-tokens {cfg.max_new_tokens} exceed the "
-                                 f"model's context of {context} (lower --max-new-tokens or drop the prompt)")
+            raise FieldError("max_new_tokens", "past_context", f"prompt {pid}: {len(ids)} tokens + {{field}} "
+                             f"{cfg.max_new_tokens} exceed the model's context of {context} (lower {{field}} or "
+                             "drop the prompt)")
 
     # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
     reuse = reused_continuations(cfg.continuations, args, [pid for pid, _ in records], hd.vocab_size) \

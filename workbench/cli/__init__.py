@@ -15,11 +15,12 @@ from workbench import WorkbenchError, __version__
 from workbench.cli.calibrate import add_calibrate
 from workbench.cli.decode import add_decode
 from workbench.cli.export import add_export
-from workbench.cli.shared import cli_warnings
+from workbench.cli.shared import cli_warnings, flag_of
 from workbench.cli.tradeoffs import add_tradeoffs
 from workbench.cli.train import add_train_heads
 from workbench.cli.trees import add_tree
 from workbench.cli.vllm import add_vllm_check
+from workbench.core.notes import worded
 from workbench.core.outputs import check_not_inputs, protected_folders
 
 
@@ -148,7 +149,8 @@ def _main(argv: list[str] | None) -> int:
         if "standard output" in str(e):
             _silence_stdout(real)
         _close_progress_bars()
-        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)  # one line, whatever a library said
+        # one line, whatever a library said; a request's field named by its flag
+        print("error: " + " ".join(worded(e, flag_of).splitlines()), file=sys.stderr)
         return 2
     except MemoryError:
         print("error: out of memory: the sizes asked for do not fit this machine's memory; ask for smaller ones "

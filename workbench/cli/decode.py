@@ -5,7 +5,7 @@ import json
 import sys
 
 from workbench import ACCEPTANCE_KINDS, WorkbenchError
-from workbench.cli.shared import bounded, check_positions, finite, model_args, parse_delta, renamed
+from workbench.cli.shared import bounded, finite, model_args, parse_delta, renamed
 
 
 def _prompt_ids(text: str) -> list[int]:
@@ -20,29 +20,13 @@ def _prompt_ids(text: str) -> list[int]:
     return ids
 
 
-def _acceptance(args):
-    """--acceptance auto: greedy at temperature 0, nucleus when --top-p is given, else typical (at 0.7 unless
-    --temperature says otherwise)."""
-    from workbench.decode.loop import Acceptance
+def request(args):
+    """The flags as the library's request (decode.request: its rules and defaults live there)."""
+    from workbench.decode.request import DecodeRequest
 
-    kind = args.acceptance
-    if kind == "auto":
-        kind = "greedy" if not args.temperature else "nucleus" if args.top_p is not None else "typical"
-    temperature = args.temperature if args.temperature is not None else (0.0 if kind == "greedy" else 0.7)
-    if kind == "greedy" and temperature:
-        raise WorkbenchError("--acceptance greedy takes no --temperature (use typical or nucleus to sample)")
-    unused = [flag for flag, given, used in (("--top-p", args.top_p is not None, kind == "nucleus"),
-                                             ("--seed", args.seed is not None, kind == "nucleus"),
-                                             ("--epsilon", args.epsilon != 0.09, kind == "typical"),
-                                             ("--delta", str(args.delta) != "sqrt", kind == "typical"),
-                                             ("--medusa-entropy", args.medusa_entropy, kind == "typical"))
-              if given and not used]
-    if unused:
-        raise WorkbenchError(f"{', '.join(unused)} {'has' if len(unused) == 1 else 'have'} no effect with "
-                             f"--acceptance {kind}: drop {'it' if len(unused) == 1 else 'them'} or pick the "
-                             "acceptance that uses it (--top-p/--seed: nucleus; --epsilon/--delta: typical)")
-    return Acceptance(kind, temperature, args.epsilon, parse_delta(args.delta), args.top_p if args.top_p is not None else 0.8,
-                      args.seed, "medusa" if args.medusa_entropy else "exact")
+    return DecodeRequest(args.max_new_tokens, args.batch_sizes, args.acceptance, args.temperature, args.epsilon,
+                         parse_delta(args.delta), args.top_p, args.seed, args.medusa_entropy, args.limit,
+                         prompt_set=args.prompts is not None)
 
 
 def _divergence_line(d: dict, tok) -> str:
@@ -81,9 +65,8 @@ def cmd_decode(args) -> int:
     from workbench.trees.dynamic import DynamicPolicy
     from workbench.trees.tree import load_tree
 
-    rule = _acceptance(args)
-    if args.limit is not None and args.prompts is None:
-        raise WorkbenchError("--limit picks the first N of --prompts FILE|NAME: give --prompts, or drop --limit")
+    req = request(args)
+    rule = req.rule()
     if args.prompt_ids is not None:
         _prompt_ids(args.prompt_ids)  # malformed ids fail before the model loads
     load_tree(args.tree)  # a malformed tree, too (its depth is checked against the heads once they are loaded)
@@ -92,10 +75,7 @@ def cmd_decode(args) -> int:
     tree = load_tree(args.tree, num_heads=heads.num_heads)
     policy = DynamicPolicy(args.dynamic, tree) if args.dynamic else None  # --tree is its envelope
     prompts = _decode_prompts(args, tok)
-    check_positions(model, max(map(len, prompts)) + args.max_new_tokens + tree.nodes + 1)
-    if args.batch_sizes > len(prompts):
-        raise WorkbenchError(f"--batch-sizes {args.batch_sizes} but {len(prompts)} prompt(s) given: lower it or give "
-                             "more prompts (--prompts FILE --limit N)")
+    req.check_prompts(prompts, model, tree.nodes)
     if tok is None:
         print("note: the model folder has no tokenizer: the output is token ids", file=sys.stderr)
     steps = -(-len(prompts) // args.batch_sizes) * args.max_new_tokens  # per step shape, at most

@@ -96,8 +96,7 @@ def _run(args, method: str):
     drafter = {"method": "medusa", "model": inputs["heads_folder"]} if method == "medusa" else \
         {"method": method} | ({"model": str(Path(args.draft_model).resolve())} if args.draft_model else {})
     counts, where = served_acceptance(py, inputs["model_dir"], drafter, k, inputs["ids"], [r[0] for r in records],
-                                      inputs["eos"], min(8, len(records)), args.max_new_tokens,
-                                      progress=lambda text: print(text, file=sys.stderr, flush=True))
+                                      inputs["eos"], min(8, len(records)), args.max_new_tokens)
     return counts, dict(engine="vllm", engine_version=where.get("vllm"), method=method,
                         draft_model=drafter.get("model"), model=model_label(args.model), prompts=args.prompts,
                         limit=args.limit, max_new_tokens=args.max_new_tokens, source="calibrate",

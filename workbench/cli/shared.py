@@ -9,11 +9,22 @@ import os
 import sys
 import warnings
 
-from workbench import WorkbenchError, WorkbenchWarning
+from workbench import WorkbenchError, WorkbenchNote, WorkbenchWarning
 from workbench.core.io import atomic_write_text
 from workbench.trees.tree import MAX_DEPTH, MAX_NODES, MAX_RANK
 
 MAX_VALUES = 1000  # values in one --epsilon / --temperature list or range
+
+
+# a request field's flag where it is not `--` + the field with dashes (core.notes.flag): the CLI's names for the
+# fields the library's errors name (core.notes.FieldError)
+FLAGS = {"prompt_set": "--prompts FILE|NAME"}
+
+
+def flag_of(field: str) -> str:
+    from workbench.core.notes import flag
+
+    return FLAGS.get(field) or flag(field)
 
 
 def write_output(text: str, out: str | None, what: str = "") -> None:
@@ -45,16 +56,24 @@ def report_written(df, out) -> None:
 
 @contextlib.contextmanager
 def cli_warnings():
-    """How a command's warnings reach the user: the workbench's own (workbench.warn) one line each (warn_line);
+    """How a command's warnings reach the user: the workbench's own (workbench.warn) one line each (warn_line), its
+    notes (workbench.note) as written;
     other libraries' (deprecations, torch.load's pickle-protocol note) not at all, as nothing in them is the
     user's to act on, unless asked for with `python -W ...` or PYTHONWARNINGS (then one line each too)."""
     with warnings.catch_warnings():
         if not sys.warnoptions:
             warnings.simplefilter("ignore")
         warnings.simplefilter("default", WorkbenchWarning)
-        warnings.showwarning = lambda message, category, *_a, **_k: warn_line(
-            message if category is WorkbenchWarning else f"{category.__name__}: {message}")
+        warnings.simplefilter("always", WorkbenchNote)  # progress lines repeat: each is shown
+        warnings.showwarning = _show
         yield
+
+
+def _show(message, category, *_a, **_k) -> None:
+    if category is WorkbenchNote:
+        print(str(message), file=sys.stderr, flush=True)
+    else:
+        warn_line(message if category is WorkbenchWarning else f"{category.__name__}: {message}")
 
 
 def write_json(obj, out: str | None) -> None:
@@ -135,10 +154,13 @@ def run_script(parser: argparse.ArgumentParser, run, argv=None) -> int:
         args = parser.parse_args(argv)
         check_script_args(args)
         made = _made([(getattr(args, d), kind) for d, kind in SCRIPT_OUTPUTS.items() if getattr(args, d, None)])
-        return run(args)
+        with cli_warnings():  # the library's warnings and notes worded as the CLI words them
+            return run(args)
     except WorkbenchError as e:
         _tidy(made)
-        print("error: " + " ".join(str(e).splitlines()), file=sys.stderr)
+        from workbench.core.notes import worded
+
+        print("error: " + " ".join(worded(e, flag_of).splitlines()), file=sys.stderr)
         return 2
     except BaseException:
         _tidy(made)
@@ -195,28 +217,6 @@ def finite(low: float = -math.inf, high: float = math.inf, open_low: bool = Fals
         return v
     parse.__name__ = "number"
     return parse
-
-
-def check_positions(model, total: int) -> None:
-    """Refuse a run whose longest sequence (prompt + --max-new-tokens + one step's tree) passes the model's
-    positions, before the cache for it is allocated or the generation starts."""
-    from workbench.runtime.generation import context_length
-
-    limit = context_length(model)
-    if limit is not None and total > limit:
-        raise WorkbenchError(f"prompt + --max-new-tokens + the tree = {total} positions, more than the model's "
-                             f"{limit}: lower --max-new-tokens")
-
-
-def check_memory(need: int, what: str, device=None) -> None:
-    """Refuse, before allocating, what would not fit the device's free memory."""
-    from workbench.runtime.kvcache import free_bytes
-
-    import torch
-    free = free_bytes(device or torch.device("cpu"))
-    if free is not None and need > free:
-        raise WorkbenchError(f"{what} needs about {need / 2 ** 30:.1f} GiB but {free / 2 ** 30:.1f} GiB are free: "
-                             "ask for less")
 
 
 def parse_ints(text, what: str, limit: str = "count") -> list[int]:

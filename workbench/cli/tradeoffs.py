@@ -6,11 +6,23 @@ import sys
 from pathlib import Path
 
 from workbench import WorkbenchError
-from workbench.cli.shared import (bounded, check_memory, check_positions, model_args, parse_delta, parse_floats,
+from workbench.cli.shared import (bounded, model_args, parse_delta, parse_floats,
                                   parse_ints, renamed, report_written, warn_line, write_output)
 from workbench.cli.vllm import add_vllm_latency_args
 from workbench.core.io import atomic_write_text, check_output, run_lock
 from workbench.core.work import remove_work
+
+
+def latency_request(args):
+    """The flags as the library's request (measure.requests: the mode's defaults and rules live there)."""
+    from workbench.measure.requests import LatencyRequest
+
+    def ints(flag, limit):
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        return tuple(parse_ints(value, flag, limit)) if value else None
+    return LatencyRequest(args.mode, args.random_config, ints("--sizes", "nodes"), ints("--context", "context"),
+                          ints("--batch-sizes", "batch"), args.repeats, args.warmup, args.envelope, args.prompts,
+                          args.calibration, own_model=bool(args.model or args.heads or args.device_map))
 
 
 def cmd_latency(args) -> int:
@@ -22,43 +34,20 @@ def cmd_latency(args) -> int:
     check_output(args.out, "--out")  # before the imports (torch, transformers): a bad output fails in a second
     check_output(None if args.out else args.calibration, "--calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
-    from workbench.measure.latency_file import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES
-    from workbench.measure.latency import (DECODER_BATCHES, DECODER_SIZES, device_name, measure_decoder_steps,
-                                           measure_latency)
+    from workbench.measure.latency import device_name, measure_decoder_steps, measure_latency
+    from workbench.measure.requests import latency_fits, random_config_fits
     from workbench.runtime.models import random_model
 
-    mode = args.mode or ("verify" if args.random_config or args.context else "decoder-step")
-    if mode == "decoder-step" and (args.random_config or args.context):
-        raise WorkbenchError("--mode decoder-step decodes real prompts (their contexts grow as in decoding): drop "
-                             "--random-config/--context, or use --mode verify")
-    step = mode == "decoder-step"
-    if args.envelope and not step:
-        raise WorkbenchError("--envelope times per-step trees inside the decoder's step: use --mode decoder-step")
-    sizes = parse_ints(args.sizes, "--sizes", "nodes") if args.sizes else list(DECODER_SIZES if step else DEFAULT_SIZES)
-    contexts = parse_ints(args.context, "--context", "context") if args.context else list(DEFAULT_CONTEXTS)
-    batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else list(DECODER_BATCHES if step else DEFAULT_BATCHES)
-    repeats = args.repeats if args.repeats is not None else (4 if step else 10)
-    warmup = args.warmup if args.warmup is not None else (1 if step else 3)
+    req = latency_request(args).resolved()  # the mode's defaults and rules live in the request
+    mode, step, sizes, contexts, batches = req.mode, req.step, list(req.sizes), list(req.context), list(req.batch_sizes)
+    repeats, warmup = req.repeats, req.warmup
     if args.calibration:
         read_meta(args.calibration)  # a finished calibration folder, or one line
-    if step and args.prompts == "holdout" and not args.calibration:
-        raise WorkbenchError("--prompts holdout needs --calibration DIR (its held-out prompts)")
     heads = tok = None
     if args.random_config:
-        if args.model or args.heads or args.device_map:
-            raise WorkbenchError("--random-config builds its own model on --device: drop --model/--heads/--device-map")
-        from workbench.runtime.models import parse_random_config, pick_device
+        from workbench.runtime.models import pick_device
 
-        _, kw = parse_random_config(args.random_config)
-        numbers = {k: v for k, v in kw.items() if isinstance(v, int) and k != "max_position_embeddings"}
-        bad = {k: v for k, v in numbers.items() if not 1 <= v <= 1 << 20}
-        if bad:
-            k, v = next(iter(bad.items()))
-            raise WorkbenchError(f"--random-config {args.random_config!r}: {k}={v} is outside 1..{1 << 20}")
-        h, n = kw["hidden_size"], kw["num_hidden_layers"]
-        params = 2 * kw["vocab_size"] * h + n * (4 * h * h + 3 * h * kw["intermediate_size"])
-        check_memory(params * 4, f"--random-config {args.random_config!r} ({params / 1e9:.1f} B parameters)",
-                     pick_device(args.device))
+        random_config_fits(args.random_config, pick_device(args.device))
         model, label = random_model(args.random_config, args.device, args.dtype, args.attn), f"random:{args.random_config}"
     else:
         from workbench.runtime.models import load_base, load_model_and_heads, model_label
@@ -70,14 +59,7 @@ def cmd_latency(args) -> int:
         else:
             model, _ = load_base(args.model, args.device, args.dtype, args.attn, need_tokenizer=False,
                                  device_map=args.device_map)
-    from workbench.runtime.engine import check_cacheable
-    from workbench.runtime.kvcache import cache_bytes
-
-    check_cacheable(model)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    check_memory(cache_bytes(model, batches[-1], contexts[-1] + sizes[-1]) + 4 * batches[-1] * sizes[-1] * vocab,
-                 f"the cache and logits of --batch {batches[-1]} x --context {contexts[-1]} + {sizes[-1]} tokens",
-                 model.device)
+    latency_fits(model, req)
     dev = device_name(model.device)
     out = Path(args.out) if args.out else (latency_path(args.calibration, dev) if args.calibration
                                            else default_latency_path(label, dev))
@@ -169,38 +151,32 @@ def cmd_sweep(args) -> int:
     from workbench.measure import sweep as S
     from workbench.calibrate.folder import Calibration, default_calibration
     from workbench.core.data import load_prompt_records
+    from workbench.measure.requests import SweepRequest
     from workbench.measure.sweep_file import read_sweep_rows
     from workbench.trees.tree import load_tree
 
-    temps = parse_floats(args.temperature, "--temperature")
-    eps = parse_floats(args.epsilon, "--epsilon", high=1.0)
-    if eps[0] <= 0:
-        raise WorkbenchError(f"--epsilon {args.epsilon}: every epsilon must be in (0, 1]")
+    req = SweepRequest(tuple(parse_floats(args.temperature, "--temperature")),
+                       tuple(parse_floats(args.epsilon, "--epsilon", high=1.0)),
+                       tuple(parse_ints(args.batch_sizes, "--batch-sizes", "batch")),
+                       tuple(parse_ints(args.budgets, "--budgets", "nodes")) if args.budgets else None,
+                       tuple(args.trees or ()), args.plan, args.joint, args.replay, args.envelope, args.prompts,
+                       args.calibration, args.limit, args.max_new_tokens)
     delta = parse_delta(args.delta)
-    batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
-    if args.joint and not args.budgets and (args.trees or args.plan):
-        raise WorkbenchError("--joint builds the --budgets trees from measured joint paths: add --budgets")
-    if args.replay and not args.budgets and (args.trees or args.plan):
-        raise WorkbenchError("--replay chooses between the optimum and a dense tree per budget: add --budgets")
     plan = None
     if args.plan:  # the live check of a plan: its choice and runner-up at each of its batch sizes, greedy
         from workbench.plan.plan_file import read_plan
 
-        if args.trees or args.budgets or args.batch_sizes != "1":
-            raise WorkbenchError("--plan sweeps the plan's own trees at its own batch sizes: drop --trees, --budgets "
-                                 "and --batch-sizes")
+        req.resolved([])  # its rules first: the plan file is read only when it applies
         plan = read_plan(args.plan)
-        batch_sizes, temps = [r["batch_size"] for r in plan["plans"]], [0.0]
-    budgets = parse_ints(args.budgets, "--budgets", "nodes") if args.budgets else \
-        (None if args.trees or plan else list(S.DEFAULT_BUDGETS))
+    req = req.resolved(plan["plans"] if plan else None)  # the defaults and rules live in the request
+    temps, eps, batch_sizes = list(req.temperature), list(req.epsilon), list(req.batch_sizes)
+    budgets = list(req.budgets) if req.budgets else None
     calibration = args.calibration
     if calibration is None and (budgets or args.prompts == "holdout"):
         calibration = default_calibration()
     cal = Calibration(calibration) if calibration is not None else None
     for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
         load_tree(spec)
-    if args.envelope and plan is not None:
-        raise WorkbenchError("--plan sweeps the plan's own choices (its per-step trees too): drop --envelope")
     envelope = load_tree(args.envelope) if args.envelope else None
     check_output(args.out, "--out")
     if Path(args.out).exists() and not Path(args.out).is_file():
@@ -210,14 +186,13 @@ def cmd_sweep(args) -> int:
         records = cal.holdout_prompts(args.limit)
     else:
         records = load_prompt_records(args.prompts, args.limit)
-    if batch_sizes[-1] > len(records):
-        raise WorkbenchError(f"--batch-sizes {args.batch_sizes}: batch {batch_sizes[-1]} but {len(records)} prompts: "
-                             "lower the batch size or give more prompts (--limit)")
+    req.check_prompts(len(records))
     from workbench.runtime.heads import heads_fingerprint
     from workbench.runtime.generation import prepare_prompt
     from workbench.runtime.models import load_model_and_heads, model_label
 
     from workbench.runtime.engine import StepEngine
+    from workbench.decode.request import check_positions
 
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
@@ -234,8 +209,8 @@ def cmd_sweep(args) -> int:
                                   replay=args.max_new_tokens if args.replay else None, envelope=envelope)
             configs = S.sweep_configs(trees, temps, eps, delta)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
-        check_positions(model, max(map(len, prompts)) + args.max_new_tokens + max(
-            [c["tree"].nodes for c in configs if c.get("tree") is not None] or [0]) + 1)
+        check_positions(model, max(map(len, prompts)), args.max_new_tokens,
+                        max([c["tree"].nodes for c in configs if c.get("tree") is not None] or [0]))
         info = dict(model=model_label(args.model), heads=str(args.heads or "demo"), prompts=args.prompts,
                     limit=args.limit, calibration=str(calibration or ""),
                     heads_sha256=heads_fingerprint(heads))  # retrained heads in the same folder are a new run
@@ -261,13 +236,10 @@ def cmd_sweep(args) -> int:
 def cmd_sweep_report(args) -> int:
     check_output(args.out, "--out")  # before the imports: reading a sweep imports torch (sweep.py runs them too)
     check_output(args.figures, "--figures", "folder")
-    from workbench.measure.latency_file import read_latency
     from workbench.plan.plan_file import read_plan
-    from workbench.plan.report import summarize
-    from workbench.measure.sweep_file import read_sweep
+    from workbench.plan.report import report_inputs, summarize
 
-    sweep = read_sweep(args.sweep)  # before writing; a sweep measures our decoder: a vLLM table is refused
-    latency = read_latency(args.latency, engine="workbench") if args.latency else None
+    sweep, latency = report_inputs(args.sweep, args.latency)  # before writing: each file read once
     plan = read_plan(args.plan) if args.plan else None
     write_output(summarize(args.sweep, args.latency, args.context, plan, (sweep, latency)), args.out, "the report")
     if args.figures:

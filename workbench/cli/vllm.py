@@ -16,22 +16,20 @@ VLLM_EAGER = ("vLLM without its compiled model (enforce_eager): each engine star
 
 
 def cmd_vllm_check(args) -> int:
-    from workbench.plan.plan_file import read_plan
-    from workbench.export.vllm_check import check_table, vllm_check
+    from workbench.export.vllm_check import check_table
+    from workbench.export.vllm_check_request import VllmCheckRequest
     from workbench.measure.vllm_runner import vllm_python
 
+    req = VllmCheckRequest(args.calibration, args.plan, args.model, args.heads, tuple(parse_ints(args.k, "--k", "depth")),
+                           tuple(parse_ints(args.batch_sizes, "--batch-sizes", "batch")), args.prompts, args.limit,
+                           args.max_new_tokens, args.raw, args.repeats, args.vllm_eager, args.compile).checked()
     vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
     check_output(args.out, "--out")
     if args.table:
         check_output(args.table, "--table")
-    if args.max_new_tokens < 1 or (args.limit is not None and args.limit < 1):
-        raise WorkbenchError("--max-new-tokens and --limit must be positive")
     anchor = args.out or args.table  # finished batch sizes and decoder parts wait beside it (a rerun resumes)
     with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
-        res = vllm_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model, args.heads,
-                         parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
-                         args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor,
-                         repeats=args.repeats, eager=args.vllm_eager, compile=args.compile)
+        res = req.run(args.vllm_python, work=anchor)
         table = check_table(res)
         if args.table:
             atomic_write_text(args.table, table, "--table")
@@ -136,7 +134,7 @@ def cmd_latency_vllm(args) -> int:
         df = measure_vllm_rounds(py, inputs["model_dir"], drafter, ks, inputs["ids"], [r[0] for r in records],
                                  batches, args.repeats or 4, 1 if args.warmup is None else args.warmup,
                                  args.max_new_tokens, label,
-                                 progress=lambda text: print(text, file=sys.stderr, flush=True), work=out,
+                                 work=out,
                                  settings=dict(model=label, drafter=heads_fingerprint(heads) if medusa else drafter),
                                  eager=args.vllm_eager)
         atomic_write_text(out, df.to_csv(index=False), "--out")

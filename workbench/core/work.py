@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, note
 from workbench.core.io import atomic_write_json, read_json, work_folder
 
 
@@ -52,13 +51,13 @@ class WorkState:
             old = recorded if isinstance(recorded, dict) else {}
             diff = [k for k in sorted(set(old) | set(self.settings)) if old.get(k) != self.settings.get(k)]
             shown = ", ".join(f"{k}: {str(old.get(k))[:40]} -> {str(self.settings.get(k))[:40]}" for k in diff[:3])
-            print(f"note: {self.folder} holds the finished part of a run with other settings ({shown}): starting "
-                  "over", file=sys.stderr)
+            note(f"note: {self.folder} holds the finished part of a run with other settings ({shown}): starting "
+                 "over")
             self.stale = True
             return
         done = len(piece_files(self.folder))
         if done:
-            print(f"resuming: {done} finished piece(s) kept in {self.folder}", file=sys.stderr)
+            note(f"resuming: {done} finished piece(s) kept in {self.folder}")
 
     def _path(self, name: str) -> Path:
         return self.folder / f"{name}.json"

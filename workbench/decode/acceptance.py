@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from workbench import ACCEPTANCE_KINDS, WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.runtime.treemask import batched
 
 ENTROPY_FORMS = ("exact", "medusa")  # -sum p log p, or Medusa's code: -sum p log(p + 1e-5)
@@ -38,15 +39,16 @@ class Acceptance:
         if self.entropy not in ENTROPY_FORMS:
             raise WorkbenchError(f"entropy '{self.entropy}': unknown (use {', '.join(ENTROPY_FORMS)})")
         if self.kind not in ACCEPTANCE_KINDS:
-            raise WorkbenchError(f"acceptance '{self.kind}': unknown (use {', '.join(ACCEPTANCE_KINDS)})")
+            raise FieldError("acceptance", "unknown", f"{{field}} '{self.kind}': unknown (use "
+                             f"{', '.join(ACCEPTANCE_KINDS)})")
         if not (self.temperature >= 0 and math.isfinite(self.temperature)):
-            raise WorkbenchError(f"--temperature {self.temperature}: must be a finite number >= 0")
+            raise FieldError("temperature", "out_of_range", f"{{field}} {self.temperature}: must be a finite number >= 0")
         if not 0 < self.epsilon <= 1:
-            raise WorkbenchError(f"--epsilon {self.epsilon}: must be in (0, 1]")
+            raise FieldError("epsilon", "out_of_range", f"{{field}} {self.epsilon}: must be in (0, 1]")
         if not (self.delta >= 0 and math.isfinite(self.delta)):
-            raise WorkbenchError(f"--delta {self.delta}: must be a finite number >= 0")
+            raise FieldError("delta", "out_of_range", f"{{field}} {self.delta}: must be a finite number >= 0")
         if not 0 < self.top_p <= 1:
-            raise WorkbenchError(f"--top-p {self.top_p}: must be in (0, 1]")
+            raise FieldError("top_p", "out_of_range", f"{{field}} {self.top_p}: must be in (0, 1]")
 
 
 def best_path(ok: torch.Tensor, score: torch.Tensor | None, tree) -> tuple[torch.Tensor, torch.Tensor]:

@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core import speed
 from workbench.decode.acceptance import Acceptance, first_token, seed_for, uniforms
 from workbench.decode.step import RECORDED_TOPK, Plan, decode_step, unpack
@@ -156,7 +157,7 @@ def _prompts(input_ids, model) -> tuple[list[torch.Tensor], bool]:
 def _budget(model, prompt_len: int, max_new_tokens: int) -> tuple[int, str]:
     """New tokens allowed, and the stop reason when that many are emitted."""
     if max_new_tokens < 1:
-        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+        raise FieldError("max_new_tokens", "below_one", f"{{field}} {max_new_tokens}: must be >= 1")
     ctx = context_length(model)
     if ctx is not None and prompt_len + max_new_tokens > ctx:
         return ctx - prompt_len, "context"

@@ -3,21 +3,13 @@ front end words the fix itself, the CLI with its flags, the app with its control
 plan's rows by batch size."""
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from workbench import WorkbenchError
+from workbench.core.notes import FieldError, Note
 from workbench.trees.tree import Tree
 
 
-class Warn(NamedTuple):
-    """One export warning. `code` names what the engine does otherwise than written (stable: front ends and
-    tests key on it); `text` says it in one line, with "{fix}" where the front end's wording of `fix` goes."""
-    code: str
-    text: str
-    fix: str | None = None
-
-    def words(self, fixes: dict[str, str]) -> str:
-        return self.text.replace("{fix}", fixes[self.fix]) if self.fix else self.text
+# One export warning: `code` names what the engine does otherwise than written (stable: front ends and tests key on
+# it); `text` says it in one line, with "{fix}" where the front end's wording of `fix` goes (core.notes.Note).
+Warn = Note
 
 
 def header(target: str, what: str) -> str:
@@ -36,7 +28,7 @@ def row_at(plan: dict, batch_size: int) -> tuple[dict, list[str]]:
     """The plan row serving `batch_size`: the largest planned batch size <= it (below the first, the first)."""
     rows = plan_rows(plan)
     if batch_size < 1:
-        raise WorkbenchError(f"--batch-sizes {batch_size}: must be >= 1")
+        raise FieldError("batch_sizes", "below_one", f"{{field}} {batch_size}: must be >= 1")
     below = [r for r in rows if r["batch_size"] <= batch_size]
     if below:
         row = below[-1]

@@ -17,11 +17,10 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, note
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import COMPILED, cpu_mark, load_average, others, quiet
@@ -211,7 +210,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     """The whole check (see the module docstring) as one JSON-ready dict. `work`: the output file, beside which
     finished batch sizes (every engine's) and decoder parts are kept (None: nothing kept). Timing fields, which a resumed run's result
     may hold from either run: speed, vllm_startup_s, the runs' seconds, seconds, load_average, note."""
-    progress = progress or (lambda text: print(text, file=sys.stderr, flush=True))
+    progress = progress or note  # the front end shows it (the CLI: on stderr, as written)
     py = vllm_python(python)  # before anything loads: a missing interpreter fails in a second
     check_vllm_model(model)
     cal = Calibration(calibration or default_calibration())

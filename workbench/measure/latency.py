@@ -27,6 +27,8 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError, __version__
+from workbench.core.notes import FieldError
+from workbench.measure.requests import DECODER_BATCHES, DECODER_SIZES
 from workbench.core.work import WorkState
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import dtype_name, setting, setting_cell, without_load
@@ -43,9 +45,6 @@ from workbench.runtime.heads import heads_fingerprint
 from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import optimal_tree_from
 from workbench.trees.tree import MEDUSA_TOPK, Tree
-
-DECODER_SIZES = (1, 2, 3, 4, 5, 8, 16, 32, 64)
-DECODER_BATCHES = (1, 2, 4, 8)
 
 
 def device_name(device: torch.device) -> str:
@@ -205,7 +204,8 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     if not prompts:
         raise WorkbenchError("no prompts to decode: give a prompt set (--prompts)")
     if max_new_tokens < 2:
-        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: need >= 2 (a step after the first token)")
+        raise FieldError("max_new_tokens", "below_two", f"{{field}} {max_new_tokens}: need >= 2 (a step after the first "
+                         "token)")
     depth = min(5, heads.num_heads)
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
     if envelope is not None and envelope.depth > heads.num_heads:
@@ -278,7 +278,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
                 if got is not None:
                     ratios[n].append(got[1] / base)
         if not vanilla:
-            raise WorkbenchError("no decoding step was timed: raise --max-new-tokens")
+            raise FieldError("max_new_tokens", "no_step", "no decoding step was timed: raise {field}")
         t1 = spread_row(vanilla)["seconds"]
         cost = heads_cost(model, heads, b, bufs | ({"envelope": envelope} if dynamic else {}))
         rows = [dict(model=label, device=dev_name, dtype=dtype, batch=b, tokens=1, **spread_row(vanilla),

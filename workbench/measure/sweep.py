@@ -16,6 +16,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.calibrate.folder import TOPK
 from workbench.calibrate.ranks import answer_rows, decoder_walk, walk_answers
 from workbench.core.data import prompts_fingerprint
@@ -33,8 +34,6 @@ from workbench.runtime.treemask import root_setup, tree_setup
 from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import best_by, dense_nodes, dense_tree, optimal_tree
 from workbench.trees.tree import MEDUSA_TOPK, Tree, load_tree, make_tree, tree_key
-
-DEFAULT_BUDGETS = (4, 8, 16, 32, 64, 128, 256)
 
 
 # ----------------------------------------------------------------------------------------------- sweep: trees
@@ -217,10 +216,10 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     if not prompts:
         raise WorkbenchError("the prompt set is empty: give prompts to sweep on")
     if max_new_tokens < 1:
-        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+        raise FieldError("max_new_tokens", "below_one", f"{{field}} {max_new_tokens}: must be >= 1")
     batch_sizes = sorted({int(b) for b in batch_sizes})
     if not batch_sizes or batch_sizes[0] < 1:
-        raise WorkbenchError(f"--batch-sizes {batch_sizes}: every batch size must be >= 1")
+        raise FieldError("batch_sizes", "below_one", f"{{field}} {batch_sizes}: every batch size must be >= 1")
     if batch_sizes[-1] > len(prompts):
         raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(prompts)} prompts: lower the batch "
                              "size or give more prompts (--limit)")

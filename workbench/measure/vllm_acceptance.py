@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, note
 from workbench.calibrate.served import MAX_K, ServedCounts, checked_counts
 from workbench.measure.vllm_latency import vllm_setting
 from workbench.measure.vllm_runner import run_worker
@@ -21,7 +21,7 @@ from workbench.measure.vllm_runner import run_worker
 
 def served_acceptance(py: str, model_dir: str, drafter: dict, k: int, prompts: list[list[int]],
                       prompt_ids: list[str], stop_ids, batch: int = 8, max_new_tokens: int = 128,
-                      progress=print, eager: bool = True) -> tuple[ServedCounts, dict]:
+                      progress=note, eager: bool = True) -> tuple[ServedCounts, dict]:
     """(vLLM's counts serving `prompts` (token ids) with `drafter` (a --speculative-config without K) at K = k,
     the setting: provenance.setting of the worker plus engine, version and drafter)."""
     if not 1 <= k <= MAX_K:

@@ -27,7 +27,8 @@ import statistics
 
 import pandas as pd
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, note
+from workbench.core.notes import FieldError
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import setting, setting_cell
 from workbench.core.speed import relative_latency
@@ -69,8 +70,8 @@ def rows_of(results: list[dict], ks: list[int], label: str, cell: str) -> tuple[
             plain.setdefault(b, values)
             values = [v for v in (paired(values, plain[b]) if k else values) if v is not None]
             if not values:
-                raise WorkbenchError(f"vLLM: no full round at batch {b}, K={k} (every request finished or was "
-                                     "still in prefill): raise --max-new-tokens")
+                raise FieldError("max_new_tokens", "no_round", f"vLLM: no full round at batch {b}, K={k} (every request "
+                                 "finished or was still in prefill): raise {field}")
             rounds = [r for p in passes for r in p["rounds"]]
             contexts += [(r["context_min"], r["context_max"], r["context_sum"], b) for r in rounds if r["full"]]
             served = math.fsum(r["tokens"] for r in rounds) / (b * sum(bool(r["full"]) for r in rounds))
@@ -91,7 +92,7 @@ def vllm_setting(worker: dict, prompt_ids: list[str], drafter: str | None) -> di
 
 def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, prompts: list[list[int]],
                         prompt_ids: list[str], batches, repeats: int = 4, warmup: int = 1, max_new_tokens: int = 64,
-                        label: str = "", progress=print, work=None, settings: dict | None = None,
+                        label: str = "", progress=note, work=None, settings: dict | None = None,
                         eager: bool = False) -> pd.DataFrame:
     """The latency rows of vLLM's served rounds (module docstring): K = 0 and every K in `ks` (drafted by `drafter`,
     a --speculative-config without num_speculative_tokens), per batch size. `prompts`: token ids (`prompt_ids`
@@ -104,7 +105,8 @@ def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, promp
     if len(ks) > 1 and drafter is None:
         raise WorkbenchError("K > 0 needs a drafter: --heads DIR (Medusa heads), or --method and --draft-model")
     if max_new_tokens < 4:
-        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: need >= 4 (rounds after the prefill to time)")
+        raise FieldError("max_new_tokens", "below_four", f"{{field}} {max_new_tokens}: need >= 4 (rounds after the "
+                         "prefill to time)")
     if not prompts:
         raise WorkbenchError("no prompts to serve: give a prompt set (--prompts)")
     engines = [None] + [dict(drafter, num_speculative_tokens=k) for k in ks[1:]]

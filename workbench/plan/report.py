@@ -42,6 +42,12 @@ def _relative_cost(latency: dict, nodes: int) -> float:
         return float("nan")
 
 
+def report_inputs(sweep_csv, latency_csv=None) -> tuple:
+    """(sweep, latency) for `summarize` and the figures, each file read once; a sweep measures our decoder, so a
+    vLLM latency table is refused."""
+    return read_sweep(sweep_csv), (read_latency(latency_csv, engine="workbench") if latency_csv else None)
+
+
 def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dict | None = None,
               frames: tuple | None = None) -> str:
     """Markdown tables for docs/tradeoffs.md from a sweep CSV (and a latency CSV, and a plan): predicted vs

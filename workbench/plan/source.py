@@ -9,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.calibrate.folder import Calibration
 from workbench.calibrate.served import Served, is_served
 from workbench.core.io import read_csv, read_json
@@ -206,9 +207,9 @@ def generation_length(cal: Calibration, max_new_tokens: int | None) -> int | Non
     if max_new_tokens is None:
         return have if isinstance(have, int) and have > 0 else None
     if max_new_tokens < 1:
-        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: must be >= 1")
+        raise FieldError("max_new_tokens", "below_one", f"{{field}} {max_new_tokens}: must be >= 1")
     if isinstance(have, int) and max_new_tokens > have:
-        raise WorkbenchError(f"--max-new-tokens {max_new_tokens}: the calibration's answers are {have} tokens long, so "
+        raise FieldError("max_new_tokens", "past_answers", f"{{field}} {max_new_tokens}: the calibration's answers are {have} tokens long, so "
                              f"acceptance past token {have} was never measured; plan for <= {have} or calibrate with "
                              "a larger --max-new-tokens")
     return max_new_tokens

@@ -10,14 +10,13 @@ Re-exported for callers: the model calls (forward.py), tree buffers (treemask.py
 from __future__ import annotations
 
 import contextlib
-import sys
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 from transformers.cache_utils import Cache
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, warn
 from workbench.runtime import compiled, gemv
 from workbench.runtime.captured import Captures
 from workbench.runtime.compiled import compile_options, default_compile
@@ -167,9 +166,9 @@ class StepEngine:
             return
         if capacity > self.capacity and self.graphs:
             self.resized += 1
-            print(f"warning: a generation needs {capacity} KV cache positions but the engine was sized for "
-                  f"{self.capacity}: the compiled step compiles again for the new size (untimed; size the engine "
-                  "for the run's longest prompt first: StepEngine.size_for)", file=sys.stderr)
+            warn(f"a generation needs {capacity} KV cache positions but the engine was sized for {self.capacity}: "
+                 "the compiled step compiles again for the new size (untimed; size the engine for the run's longest "
+                 "prompt first: StepEngine.size_for)")
         capacity = max(capacity, self.capacity)
         self.cache = self.state = None  # free the old ones before allocating
         dev, width = self.model.device, text_config(self.model).hidden_size
@@ -315,7 +314,7 @@ class StepEngine:
             why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
             if not self.compile and self.captures is None:  # the CPU default's layers: eager from here on
                 self.layers = None
-                print(f"warning: cannot compile the decoder layers ({why}): decoding eagerly", file=sys.stderr)
+                warn(f"cannot compile the decoder layers ({why}): decoding eagerly")
                 return 0.0
             raise WorkbenchError(f"--compile: cannot compile the decoding step on {dev.type} ({why}): "
                                  "run with --no-compile") from None

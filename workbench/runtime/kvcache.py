@@ -7,6 +7,7 @@ import torch
 from transformers.cache_utils import Cache, StaticLayer
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.runtime.generation import text_config
 
 
@@ -156,8 +157,9 @@ def allocate(model, batch: int, capacity: int, write: torch.Tensor, host: list) 
     a PointerLayer per layer over one `Stacks` (`cache.stacks`)."""
     need, free = cache_bytes(model, batch, capacity), free_bytes(model.device)
     if free is not None and need > free:
-        raise WorkbenchError(f"batch {batch} x {capacity} positions needs a {need / 2**30:.1f} GiB KV cache but "
-                             f"{free / 2**30:.1f} GiB is free on {model.device}: lower --batch-sizes or --max-new-tokens")
+        raise FieldError("batch_sizes", "cache_too_big", f"batch {batch} x {capacity} positions needs a "
+                         f"{need / 2**30:.1f} GiB KV cache but {free / 2**30:.1f} GiB is free on {model.device}: "
+                         "lower {field} or {also}", also="max_new_tokens")
     layers = text_config(model).num_hidden_layers
     stacks = Stacks(_layer_devices(model, layers), batch, capacity)
     cache = StackedCache(layers=[PointerLayer(stacks, i, write, host) for i in range(layers)])

@@ -6,13 +6,12 @@ original, whether greedy output stays identical, and live tokens/step and speedu
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, warn
 from workbench.calibrate.finish import holdout_split
 from workbench.calibrate.ranks import head_accuracies, ranks_frame
 from workbench.calibrate.run import head_ranks
@@ -122,7 +121,7 @@ def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None =
     undecodable = undecodable_warning(orig, "head accuracy and backbone drift are measured correctly (live "
                                             "decoding skipped)")
     if undecodable:  # as calibrate: the measurements hold on any causal LM; decoding does not
-        print(undecodable, file=sys.stderr)
+        warn(undecodable.removeprefix("warning: "))
         live = 0
     if tok2 is None or tok2.get_vocab() != tok.get_vocab():
         raise WorkbenchError(f"--medusa2 {medusa2}: its tokenizer differs from the base model's (a Medusa-2 folder "

@@ -7,7 +7,6 @@ Three resumable phases, each writing atomically into a work folder so a killed r
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, warn
 from workbench.core.io import atomic_write_json, cache_dir, run_lock
 from workbench.runtime.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.runtime.kvcache import undecodable_warning
@@ -131,7 +130,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     base, _ = load_base(model_name, launch.device(device, device_map), "float32", device_map=device_map)
     undecodable = undecodable_warning(base, "the heads train correctly")
     if undecodable:  # heads learn from greedy answers and hidden states, right on any causal LM; decoding is not
-        print(undecodable, file=sys.stderr)
+        warn(undecodable.removeprefix("warning: "))
     full_head = base.get_output_embeddings()
     dev = full_head.weight.device  # the heads train where the lm_head is
     if dev.type == "meta":
@@ -206,7 +205,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
                 saved_at = time.time()
     bar.close()
     if step == 0 and start is None and not ckpt.is_file():
-        print("warning: --time-budget left no time to train: the heads written are untrained", file=sys.stderr)
+        warn("--time-budget left no time to train: the heads written are untrained")
     val = evaluate(heads, full_head, *load_dataset_tensors(val_parts, cfg.num_heads), dev,
                    stop_at=deadline - 1.0 if deadline else None) if val_parts else {}
     tokens = sum(i["answer_tokens"] for _, i in part_infos(work / "parts"))

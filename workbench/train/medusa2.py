@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from workbench import WorkbenchError
+from workbench import WorkbenchError, warn
 from workbench.core.io import run_lock
 from workbench.runtime.generation import text_config
 from workbench.runtime.heads import MedusaHeads, check_heads_fit, load_heads
@@ -140,7 +139,7 @@ def _train(work, cfg, model_name, out, device, log_every, stop_after, launch, t0
     lora_targets(skeleton, cfg)
     undecodable = undecodable_warning(skeleton, "the Medusa-2 model trains correctly")
     if undecodable and launch.rank == 0:  # as Medusa-1's heads: right on any causal LM; decoding it is not
-        print(undecodable, file=sys.stderr)
+        warn(undecodable.removeprefix("warning: "))
     work.mkdir(parents=True, exist_ok=True)
     data_cfg = DistillConfig(prompts=cfg.prompts, tokens=cfg.tokens, max_new_tokens=cfg.max_new_tokens,
                              gen_batch=cfg.gen_batch, gen_dtype=cfg.gen_dtype)

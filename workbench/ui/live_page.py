@@ -22,6 +22,12 @@ from workbench.ui.widgets import (clean_error, figure, file_stamp, load_model, o
 from workbench.viz import interactive_figures, static_figures
 
 
+# the live decode's request fields (decode.request.DecodeRequest) as this page's controls name them: its errors
+# name the control to change
+LABELS = {"max_new_tokens": "max new tokens", "acceptance": "Acceptance", "temperature": "temperature",
+          "epsilon": "epsilon", "delta": "delta", "top_p": "top_p", "batch_sizes": "batch size"}
+
+
 def tree_choice() -> str | None:
     """A tree spec for the live decoder: the designer's tree, a reference, a calibrated tree file, or typed in."""
     options = []
@@ -134,7 +140,8 @@ def _live_page() -> None:
         # torch and the decoder (transformers, torch's compiler) load on the first press, not on the page's first draw
         import torch
 
-        from workbench.decode.loop import Acceptance, medusa_generate, vanilla_generate
+        from workbench.decode.loop import medusa_generate, vanilla_generate
+        from workbench.decode.request import DecodeRequest
         from workbench.decode.divergence import compare
         from workbench.runtime.generation import prepare_prompt
 
@@ -142,7 +149,11 @@ def _live_page() -> None:
             if not spec:
                 raise WorkbenchError("no tree: pick one or type a literal like [[0], [0, 0], [1]]")
             tree = load_tree(spec)
-            rule = Acceptance(kind, temperature, epsilon, delta, top_p)
+            req = DecodeRequest(int(max_new), acceptance=kind, temperature=temperature,  # disabled controls: unset
+                                epsilon=epsilon if kind == "typical" else None,
+                                delta=delta if kind == "typical" else None,
+                                top_p=top_p if kind == "nucleus" else None)
+            rule = req.rule()
             if threads is not None:
                 torch.set_num_threads(int(threads))
             status = st.status(f"Loading {model or 'the demo model'} and its heads...", expanded=True)
@@ -157,6 +168,7 @@ def _live_page() -> None:
                              "caches (not timed)...")
                 status.update(label="Warming up (not timed)...")
                 ids = prepare_prompt(tok, prompt)
+                req.check_prompts([ids], base, tree.nodes)  # the answer fits the model's positions
                 start = time.perf_counter()
                 medusa_generate(base, hd, tok, ids, tree, 2, rule)
                 if vanilla:
@@ -181,7 +193,7 @@ def _live_page() -> None:
                 steps=steps, tree=tree.name or f"{tree.nodes}-node tree", model=model or "demo",
                 predicted=predicted_for(cal, spec, int(max_new)))
         except (WorkbenchError, OSError, RuntimeError) as e:
-            st.error(clean_error(e))
+            st.error(clean_error(e, LABELS))
     res = st.session_state.get("live_result")
     if not res:
         st.info("Press the button to load the model (once; it stays cached) and decode the prompt.")

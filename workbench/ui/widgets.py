@@ -23,6 +23,7 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibrate import folder as calibration
 from workbench.calibrate.folder import Calibration, list_calibrations
 from workbench.core.io import find_csvs
+from workbench.core.notes import FieldError
 from workbench.measure.latency_file import LATENCY_REQUIRED, read_latency
 from workbench.measure.sweep_file import SWEEP_REQUIRED, read_sweep
 from workbench.plan.fastest import fastest, value_source
@@ -63,9 +64,12 @@ def stamped(paths) -> tuple:
     return tuple((str(p), file_stamp(p)) for p in paths)
 
 
-def clean_error(err: Exception) -> str:
-    """An error message naming an upload by its file name, not by the hash folder it was written to."""
-    return re.sub(re.escape(str(UPLOAD_DIR) + os.sep) + r"[0-9a-f]+" + re.escape(os.sep), "", str(err))
+def clean_error(err: Exception, labels: dict[str, str] | None = None) -> str:
+    """An error message naming an upload by its file name, not by the hash folder it was written to, and a
+    request's field (core.notes.FieldError) by its control's label in `labels` (the page's)."""
+    text = err.words(lambda f: f"'{(labels or {}).get(f, f.replace('_', ' '))}'") if isinstance(err, FieldError) \
+        else str(err)
+    return re.sub(re.escape(str(UPLOAD_DIR) + os.sep) + r"[0-9a-f]+" + re.escape(os.sep), "", text)
 
 
 def portable_path(path) -> str:

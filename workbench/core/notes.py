@@ -1,0 +1,61 @@
+"""What the library returns for the front ends to word: a `Note` (a code, the text, the fix it points to) and a
+`FieldError` (a request's field refused, with a code). The library names a request's *field*; the CLI words it as
+its flag (`max_new_tokens` -> `--max-new-tokens`), the app as its control's label: one message, two faces."""
+from __future__ import annotations
+
+from typing import Callable, Mapping, NamedTuple
+
+from workbench import WorkbenchError
+
+Names = Mapping[str, str] | Callable[[str], str]
+
+
+def flag(field: str) -> str:
+    """A field's default CLI flag: `max_new_tokens` -> `--max-new-tokens` (a front end maps the exceptions)."""
+    return "--" + field.replace("_", "-")
+
+
+def _name(names: Names | None, field: str) -> str:
+    if names is None:
+        return flag(field)
+    if callable(names):
+        return names(field)
+    return names.get(field) or flag(field)
+
+
+class Note(NamedTuple):
+    """One thing the user should know about a result. `code` names it (stable: front ends and tests key on it);
+    `text` says it in one line, with "{fix}" where the front end's wording of `fix` goes (a field, or an export's
+    own fix name); `field` is the request field it concerns, if any ("{field}" in `text`)."""
+    code: str
+    text: str
+    fix: str | None = None
+    field: str | None = None
+
+    def words(self, fixes: Names | None = None) -> str:
+        text = self.text
+        if self.fix:
+            text = text.replace("{fix}", fixes[self.fix] if isinstance(fixes, Mapping) and self.fix in fixes
+                                else _name(fixes, self.fix))
+        if self.field:
+            text = text.replace("{field}", _name(fixes, self.field))
+        return text
+
+
+class FieldError(WorkbenchError):
+    """A request's field refused: `field` is the request's attribute, `code` why (stable), `text` the reason with
+    "{field}" where the front end's name of the field goes (several fields: `also`, "{also}" in `text`). Its str()
+    is the CLI's default wording (the field as a flag); `words(names)` words it for another front end."""
+
+    def __init__(self, field: str, code: str, text: str, also: str | None = None):
+        self.field, self.code, self.text, self.also = field, code, text, also
+        super().__init__(self.words())
+
+    def words(self, names: Names | None = None) -> str:
+        text = self.text.replace("{field}", _name(names, self.field))
+        return text.replace("{also}", _name(names, self.also)) if self.also else text
+
+
+def worded(err: Exception, names: Names | None = None) -> str:
+    """Any error as a front end shows it: a FieldError in the front end's names, anything else as it is."""
+    return err.words(names) if isinstance(err, FieldError) else str(err)
