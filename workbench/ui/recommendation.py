@@ -135,32 +135,38 @@ def candidates_frame(rec: dict) -> pd.DataFrame:
     return df[[c for c in df.columns if c in ("candidate", "tokens/step", "speedup") or (df[c] != "").any()]]
 
 
+# Each column's width in px: all eight together (a disagreement adds the last) fit the expander at a 1280 px window
+# with the sidebar open (about 764 px inside it); sized to fit its contents, the table scrolled sideways.
+WIDTHS = {"candidate": 172, "tokens/step": 84, "speedup": 70, "range": 84, "measured": 96, "in": 112,
+          "other setting": 66, "disagrees": 66}
+
 COLUMNS = {
     "candidate": st.column_config.TextColumn(
+        width=WIDTHS["candidate"],
         help="tree (its name and node count), chain K (the top-1 chain of K heads) or no speculation; * a named tree "
              "a sweep measured, not one of plan's candidates (scored the same way, never the pick)"),
     "tokens/step": st.column_config.NumberColumn(
-        format="%.3f", width="small",
+        format="%.3f", width=WIDTHS["tokens/step"],
         help="predicted tokens per step (Calibration.predict: the replay of a greedy decoder over held-out answers "
              "when the calibration holds prompts out)"),
     "speedup": st.column_config.NumberColumn(
-        format="%.3fx", width="small",
+        format="%.3fx", width=WIDTHS["speedup"],
         help="predicted, of the decoding phase: the batch's tokens/step (it waits for its slowest sequence) / "
              "relative step cost t(nodes + 1) / t(1) at this batch and context"),
     "range": st.column_config.TextColumn(
-        help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
+        width=WIDTHS["range"], help="the predicted speedup with the latency spread: slow tree step over fast plain step, and the other way "
              "round"),
     "measured": st.column_config.TextColumn(
-        help="sweeps in the latency table's setting: the decoding phase's speedup (as predicted; '(end to end)': a "
+        width=WIDTHS["measured"], help="sweeps in the latency table's setting: the decoding phase's speedup (as predicted; '(end to end)': a "
              "sweep row without it, prefill included) +- run-to-run noise (the spread of the sweep's vanilla "
              "baseline, re-measured before every configuration, or between repeats)"),
-    "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)", width="medium"),
+    "in": st.column_config.TextColumn(help="the sweep(s) that measured it (CSV files)", width=WIDTHS["in"]),
     "other setting": st.column_config.TextColumn(
-        help="measured in another setting than the latency table's (other threads, CPU, "
+        width=WIDTHS["other setting"], help="measured in another setting than the latency table's (other threads, CPU, "
              "...; or a sweep that does not record its setting): shown, not weighed against the prediction; which "
              "sweep: the candidates CSV below"),
     "disagrees": st.column_config.TextColumn(
-        help="the current measurement is outside the prediction by more than its noise"),
+        width=WIDTHS["disagrees"], help="the current measurement is outside the prediction by more than its noise"),
 }
 
 
