@@ -28,6 +28,10 @@ def test_a_field_error_is_worded_by_each_front_end():
     e = FieldError("max_new_tokens", "below_one", "{field} 0: must be >= 1; see {also}", also="batch_sizes")
     assert isinstance(e, WorkbenchError) and e.code == "below_one" and e.field == "max_new_tokens"
     assert str(e) == cli(e) == "--max-new-tokens 0: must be >= 1; see --batch-sizes"
+    import pickle
+
+    back = pickle.loads(pickle.dumps(e))  # a worker's error keeps its field and code
+    assert (back.field, back.code, str(back)) == (e.field, e.code, str(e))
     assert e.words({"max_new_tokens": "max new tokens"}) == "max new tokens 0: must be >= 1; see --batch-sizes"
     assert worded(ValueError("as it is"), {"x": "y"}) == "as it is"
     assert cli(FieldError("prompt_set", "c", "give {field}")) == "give --prompts FILE|NAME"  # the CLI's exceptions

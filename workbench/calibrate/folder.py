@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.calibrate.ranks import (answer_rows, batch_walk, head_accuracies, head_columns, measured_acceptance,
                                        path_probabilities, walk_answers, walk_steps)
 from workbench.calibrate.served import is_served
@@ -323,10 +324,11 @@ class Calibration:
                                  "(prompts, limit)")
         records = [r for r in load_prompt_records(self.meta["prompts"], limit_) if r[0] in self.holdout_ids]
         if not records:
-            raise WorkbenchError(f"--prompts holdout: calibration {self.folder} has no held-out prompts "
-                                 "(calibrate with --holdout 0.2, or name a prompt set)")
+            raise FieldError("prompts", "no_holdout",
+                             f"{{field}} holdout: calibration {self.folder} has no held-out prompts "
+                             "(calibrate with --holdout 0.2, or name a prompt set)")
         if limit is not None and limit <= 0:
-            raise WorkbenchError(f"--limit {limit}: must be a positive number of prompts")
+            raise FieldError("limit", "below_one", f"{{field}} {limit}: must be a positive number of prompts")
         return records[:limit] if limit else records
 
     def continuations(self) -> dict[str, list[int]]:

@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.io import atomic_write_json, atomic_write_text, read_csv, read_json
 
 META, TABLE = "meta.json", "acceptance.csv"
@@ -269,8 +270,9 @@ def check_method(method: str | None, engine_version: str | None = None) -> str:
         raise WorkbenchError(f"give --method: the drafter vLLM serves ({', '.join(VLLM_DRAFTERS)}; medusa with "
                              "--heads DIR)")
     if method not in VLLM_DRAFTERS:
-        raise WorkbenchError(f"--method {method}: vLLM {engine_version or '0.32.0'} has no such drafter; its "
-                             f"drafters are {', '.join(VLLM_DRAFTERS)}")
+        raise FieldError("method", "unknown",
+                         f"{{field}} {method}: vLLM {engine_version or '0.32.0'} has no such drafter; its "
+                         f"drafters are {', '.join(VLLM_DRAFTERS)}")
     return method
 
 

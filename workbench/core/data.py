@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 
 PROMPTS_DIR = Path(__file__).resolve().parent.parent / "prompts"  # package data: <name>.jsonl per named set
 # name -> (original file name, as in $WORKBENCH_DATA_DIR; hub loader args); every copy has the same columns.
@@ -66,10 +66,10 @@ def _read_file(path: Path) -> tuple[list[str], list[dict]]:
 
     fmt = FILE_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise WorkbenchError(f"--prompts {path}: unsupported file type '{path.suffix}' "
+        raise FieldError("prompts", "unsupported", f"{{field}} {path}: unsupported file type '{path.suffix}' "
                              f"(use {', '.join(FILE_FORMATS)})")
     if path.stat().st_size == 0:
-        raise WorkbenchError(f"--prompts {path}: the file is empty")
+        raise FieldError("prompts", "empty", f"{{field}} {path}: the file is empty")
     datasets.disable_progress_bars()
     try:
         if fmt == "json":
@@ -81,8 +81,8 @@ def _read_file(path: Path) -> tuple[list[str], list[dict]]:
     except Exception as e:  # malformed JSON/CSV: whatever the reader raised, one line naming the file
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         if "corresponds to no data" in msg:  # datasets' words for a file with no rows, e.g. `[]`
-            raise WorkbenchError(f"--prompts {path}: the file holds no prompts") from None
-        raise WorkbenchError(f"--prompts {path}: cannot read it as {fmt} ({msg[:200]})") from None
+            raise FieldError("prompts", "empty", f"{{field}} {path}: the file holds no prompts") from None
+        raise FieldError("prompts", "unreadable", f"{{field}} {path}: cannot read it as {fmt} ({msg[:200]})") from None
 
 
 def _table(ds) -> tuple[list[str], list[dict]]:
@@ -97,8 +97,9 @@ def _read_named(name: str):
         if path.is_file():
             return _read_file(path), str(path)
     if hub is None:
-        raise WorkbenchError(f"--prompts {name}: no packaged copy {PROMPTS_DIR / (name + '.jsonl')}; reinstall the "
-                             "package or give a prompt file")
+        raise FieldError("prompts", "missing",
+                         f"{{field}} {name}: no packaged copy {PROMPTS_DIR / (name + '.jsonl')}; reinstall the "
+                         "package or give a prompt file")
     import datasets
 
     datasets.disable_progress_bars()
@@ -106,9 +107,10 @@ def _read_named(name: str):
         return _table(datasets.load_dataset(**hub)), f"hub:{hub['path']}"
     except Exception as e:  # a stripped install offline, or the hub moved: say where we looked
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise WorkbenchError(f"--prompts {name}: no packaged copy {PROMPTS_DIR / (name + '.jsonl')} (nor {local} in "
-                             f"$WORKBENCH_DATA_DIR) and the hub copy failed ({msg[:160]}); reinstall the package "
-                             "or give a prompt file") from None
+        raise FieldError("prompts", "missing",
+                         f"{{field}} {name}: no packaged copy {PROMPTS_DIR / (name + '.jsonl')} (nor {local} in "
+                         f"$WORKBENCH_DATA_DIR) and the hub copy failed ({msg[:160]}); reinstall the package "
+                         "or give a prompt file") from None
 
 
 def _text(value, column: str = "turns", where: str = "", row: int = 0) -> str:
@@ -124,8 +126,9 @@ def _text(value, column: str = "turns", where: str = "", row: int = 0) -> str:
     if not isinstance(value, str):
         hint = (" (a JSON object of columns? give one object per prompt: a list of objects, or JSON lines)"
                 if isinstance(value, (list, tuple, dict)) else "")
-        raise WorkbenchError(f"--prompts {where}: row {row + 1}: column '{column}' holds a {type(value).__name__}, "
-                             f"not text{hint}")
+        raise FieldError("prompts", "wrong_type",
+                         f"{{field}} {where}: row {row + 1}: column '{column}' holds a {type(value).__name__}, "
+                         f"not text{hint}")
     return value.strip()
 
 
@@ -137,18 +140,20 @@ def load_prompt_records(spec: str, limit: int | None = None) -> list[tuple[str, 
     Alpaca rows with a non-empty `input` get it appended after the instruction with a blank line.
     """
     if limit is not None and limit <= 0:
-        raise WorkbenchError(f"--limit {limit}: must be a positive number of prompts")
+        raise FieldError("limit", "below_one", f"{{field}} {limit}: must be a positive number of prompts")
     if spec in NAMED_SETS:
         (columns, rows), where = _read_named(spec)
     else:
         path = Path(spec)
         if not path.is_file():
-            raise WorkbenchError(f"--prompts {spec}: no such file (or use one of: {', '.join(NAMED_SETS)})")
+            raise FieldError("prompts", "missing",
+                             f"{{field}} {spec}: no such file (or use one of: {', '.join(NAMED_SETS)})")
         (columns, rows), where = _read_file(path), str(path)
     column = next((c for c in TEXT_COLUMNS if c in columns), None)
     if column is None:
-        raise WorkbenchError(f"--prompts {where}: no prompt column (need one of {', '.join(TEXT_COLUMNS)}; "
-                             f"found {', '.join(map(str, columns))[:160] or 'none'})")
+        raise FieldError("prompts", "no_column",
+                         f"{{field}} {where}: no prompt column (need one of {', '.join(TEXT_COLUMNS)}; "
+                         f"found {', '.join(map(str, columns))[:160] or 'none'})")
     id_col = next((c for c in ID_COLUMNS if c in columns), None)
     records, seen = [], set()
     for i, row in enumerate(rows):
@@ -163,16 +168,18 @@ def load_prompt_records(spec: str, limit: int | None = None) -> list[tuple[str, 
             try:
                 text.encode("utf-8")
             except UnicodeEncodeError:  # a lone surrogate such as "\ud800" in JSON: no tokenizer takes it
-                raise WorkbenchError(f"--prompts {where}: prompt {pid[:40]!r} is not valid Unicode text (a lone "
-                                     "surrogate escape like \\ud800)") from None
+                raise FieldError("prompts", "not_text",
+                                 f"{{field}} {where}: prompt {pid[:40]!r} is not valid Unicode text (a lone "
+                                 "surrogate escape like \\ud800)") from None
         if pid in seen:
-            raise WorkbenchError(f"--prompts {where}: duplicate {id_col} '{pid}' (ids must be unique)")
+            raise FieldError("prompts", "duplicate",
+                             f"{{field}} {where}: duplicate {id_col} '{pid}' (ids must be unique)")
         seen.add(pid)
         records.append((pid, text))
         if limit is not None and len(records) >= limit:
             break
     if not records:
-        raise WorkbenchError(f"--prompts {where}: no non-empty prompts in column '{column}'")
+        raise FieldError("prompts", "empty", f"{{field}} {where}: no non-empty prompts in column '{column}'")
     return records
 
 

@@ -51,6 +51,9 @@ class FieldError(WorkbenchError):
         self.field, self.code, self.text, self.also = field, code, text, also
         super().__init__(self.words())
 
+    def __reduce__(self):  # pickled across processes (a worker's error) with its field and code
+        return type(self), (self.field, self.code, self.text, self.also)
+
     def words(self, names: Names | None = None) -> str:
         text = self.text.replace("{field}", _name(names, self.field))
         return text.replace("{also}", _name(names, self.also)) if self.also else text

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.export import eagle, medusa, trtllm, vllm
 from workbench.export.common import Warn, plan_rows, row_at
 from workbench.trees.optimize import expected_length, value_and_limits
@@ -63,8 +64,9 @@ def _stand_in(path: RankPath) -> float:
 
 def _check_safe_engine(engine: str) -> None:
     if engine not in SAFE_ENGINES:
-        raise WorkbenchError(f"--engine-safe supports {' and '.join(SAFE_ENGINES)}; medusa and eagle take any tree "
-                             f"of depth >= 2 with ranks < {MEDUSA_TOPK} (optimize --max-rank {MEDUSA_TOPK})")
+        raise FieldError("engine_safe", "unsupported",
+                         f"{{field}} supports {' and '.join(SAFE_ENGINES)}; medusa and eagle take any tree "
+                         f"of depth >= 2 with ranks < {MEDUSA_TOPK} (optimize --max-rank {MEDUSA_TOPK})")
 
 
 def best_engine_safe(value, engine: str, budget: int, max_depth: int, max_rank: int) -> Tree:
@@ -122,16 +124,18 @@ def check_plan_heads(plan: dict, heads_dir) -> tuple[int, list[Warn]]:
     if want:
         got = heads_fingerprint(heads)
         if got != want:
-            raise WorkbenchError(f"--heads {heads_dir}: not the heads this plan was made for (plan: heads "
-                                 f"{src.get('heads')} of {src.get('model')}, fingerprint {want}; these: {got}): "
-                                 "calibrate these heads and plan again")
+            raise FieldError("heads", "other_heads",
+                             f"{{field}} {heads_dir}: not the heads this plan was made for (plan: heads "
+                             f"{src.get('heads')} of {src.get('model')}, fingerprint {want}; these: {got}): "
+                             "calibrate these heads and plan again")
     else:
         warns.append(Warn("plan_heads_unchecked", f"the plan records no heads fingerprint (made from "
                           f"{src.get('kind', 'an unknown source')}): cannot check that {heads_dir} holds the heads "
                           "it describes"))
     deepest = max(r["tree"].depth if "tree" in r else r["nodes"] for r in plan_rows(plan))
     if deepest > heads.num_heads:
-        raise WorkbenchError(f"--heads {heads_dir}: {heads.num_heads} heads, but the plan drafts {deepest} tokens deep")
+        raise FieldError("heads", "too_shallow",
+                         f"{{field}} {heads_dir}: {heads.num_heads} heads, but the plan drafts {deepest} tokens deep")
     return heads.num_heads, warns
 
 
@@ -144,10 +148,11 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
     if fmt not in PLAN_FORMATS:
         raise WorkbenchError(f"unknown export format {fmt!r} for a plan; choose one of {', '.join(PLAN_FORMATS)}")
     if synthetic and fmt != "vllm":
-        raise WorkbenchError("--synthetic is vLLM's synthetic rejection sampling: only with --format vllm")
+        raise FieldError("synthetic", "needs_other",
+                         "{field} is vLLM's synthetic rejection sampling: only with --format vllm")
     if (method or draft_model or vllm_version) and fmt not in SCHEDULE_FORMATS:
-        raise WorkbenchError(f"--method, --draft-model and --vllm-version are for --format "
-                             f"{', '.join(SCHEDULE_FORMATS)}")
+        raise FieldError("method", "needs_other", f"{{field}}, --draft-model and --vllm-version are for --format "
+                         f"{', '.join(SCHEDULE_FORMATS)}")
     num_heads, warns = check_plan_heads(plan, heads_dir) if heads_dir is not None else (None, [])
     if fmt in ("vllm", "vllm-token-schedule"):
         key = "speculative_token_schedule" if fmt != "vllm" else "num_speculative_tokens_per_batch_size"

@@ -21,6 +21,7 @@ import json
 from pathlib import Path
 
 from workbench import DEMO_HEADS, WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.export.common import Warn, plan_rows, row_at
 from workbench.plan.plan_file import plan_engine
 from workbench.trees.optimize import best_dense_tree
@@ -93,8 +94,9 @@ def repair(tree: Tree, fn, depth: int, ranks: int, heads: int | None = None) -> 
     """(the best dense tree with at most as many nodes and no deeper than `heads`, ""), or None and why when the
     tree is dense already. `fn` values a path (required: a dense tree is chosen by value)."""
     if fn is None:
-        raise WorkbenchError("--engine-safe for vllm picks the best dense tree and needs --accuracies FILE or "
-                             "--calibration DIR")
+        raise FieldError("engine_safe", "needs_other",
+                         "{field} for vllm picks the best dense tree and needs --accuracies FILE or "
+                         "--calibration DIR")
     if vllm_uniform(tree):
         return None, "engine-safe: already a dense tree, which vLLM drafts as written"
     safe = best_dense_tree(fn, tree.nodes, min(depth, heads or depth), ranks)
@@ -168,7 +170,7 @@ def _version(v: str) -> tuple[int, ...]:
     try:
         return tuple(int(x) for x in str(v).split(".")[:3])
     except ValueError:
-        raise WorkbenchError(f"--vllm-version {v!r}: give a release like 0.32.0") from None
+        raise FieldError("vllm_version", "malformed", f"{{field}} {v!r}: give a release like 0.32.0") from None
 
 
 def vllm_window_error(key: str, version: str) -> str | None:
@@ -230,7 +232,7 @@ def drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
     given, else the calibration's own heads (the demo heads' folder for "demo"). A plan from an accuracy table or
     an acceptance vector names no drafter: without --method it is an error (vLLM rejects a config without one)."""
     if method is not None and method not in VLLM_METHODS:
-        raise WorkbenchError(f"--method {method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
+        raise FieldError("method", "unknown", f"{{field}} {method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
     src = plan.get("source") or {}
     if method is None and src.get("served") and src.get("method") != "medusa":  # the drafter vLLM served
         method, draft_model = src.get("method"), draft_model or src.get("draft_model")
@@ -239,7 +241,8 @@ def drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
                                  f"({', '.join(VLLM_METHODS)}): give --method")
     if method not in (None, "medusa"):
         if draft_model is None and method in ("eagle", "eagle3", "draft_model"):
-            raise WorkbenchError(f"--method {method} needs --draft-model DIR (the drafter's weights)")
+            raise FieldError("method", "needs_other",
+                             f"{{field}} {method} needs --draft-model DIR (the drafter's weights)")
         return {"method": method} | ({"model": str(Path(draft_model).resolve())} if draft_model else {})
     model = draft_model or heads_dir or (DEMO_HEADS if src.get("heads") == "demo" else None)
     if model is None and src.get("kind") == "calibration" and src.get("heads"):
@@ -306,7 +309,8 @@ def write_plan(plan: dict, heads_dir=None, num_heads: int | None = None, synthet
             raise WorkbenchError(f"the plan says no speculation at batch size {row['batch_size']}: serve without "
                                  "--speculative-config there")
         if num_heads is not None and k > num_heads:
-            raise WorkbenchError(f"--heads {heads_dir}: {num_heads} heads cannot draft K={k} tokens")
+            raise FieldError("heads", "too_shallow",
+                             f"{{field}} {heads_dir}: {num_heads} heads cannot draft K={k} tokens")
         cfg = dict(draft, num_speculative_tokens=k) | (_synthetic(plan, k) if synthetic else {})
         return json.dumps(cfg) + "\n", warns, notes
     per_range = vllm_plan_configs(plan, notes, draft, synthetic, num_heads)

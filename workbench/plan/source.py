@@ -183,15 +183,16 @@ def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: i
                        max_new_tokens: int | None = None) -> Source:
     """The Source of an opened calibration folder."""
     if prediction not in PREDICTIONS:
-        raise WorkbenchError(f"--prediction {prediction!r}: use {', '.join(PREDICTIONS)}")
+        raise FieldError("prediction", "unknown", f"{{field}} {prediction!r}: use {', '.join(PREDICTIONS)}")
     calibration = cal.folder
     acc = cal.accuracies("fit")
     key = PREDICTIONS[prediction]
     value = acc if prediction == "independent" else cal.joint_value("fit")
     depth, rank = acc.shape[0], min(max_rank, acc.shape[1])
     if key not in cal.predict(chain_tree(1)):
-        raise WorkbenchError(f"--calibration {calibration}: holds out no prompts, so there is no replay prediction; "
-                             "use --prediction joint or independent (or calibrate with --holdout 0.2)")
+        raise FieldError("calibration", "no_holdout",
+                         f"{{field}} {calibration}: holds out no prompts, so there is no replay prediction; "
+                         "use --prediction joint or independent (or calibrate with --holdout 0.2)")
     meta = cal.meta
     length = generation_length(cal, max_new_tokens)
     return CalibrationSource(cal, key, value, depth, rank, length,
@@ -209,9 +210,10 @@ def generation_length(cal: Calibration, max_new_tokens: int | None) -> int | Non
     if max_new_tokens < 1:
         raise FieldError("max_new_tokens", "below_one", f"{{field}} {max_new_tokens}: must be >= 1")
     if isinstance(have, int) and max_new_tokens > have:
-        raise FieldError("max_new_tokens", "past_answers", f"{{field}} {max_new_tokens}: the calibration's answers are {have} tokens long, so "
-                             f"acceptance past token {have} was never measured; plan for <= {have} or calibrate with "
-                             "a larger --max-new-tokens")
+        raise FieldError("max_new_tokens", "past_answers",
+                         f"{{field}} {max_new_tokens}: the calibration's answers are {have} tokens long, so "
+                         f"acceptance past token {have} was never measured; plan for <= {have} or calibrate with "
+                         "a larger --max-new-tokens")
     return max_new_tokens
 
 

@@ -23,7 +23,7 @@ from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibrate import folder as calibration
 from workbench.calibrate.folder import Calibration, list_calibrations
 from workbench.core.io import find_csvs
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, flag
 from workbench.measure.latency_file import LATENCY_REQUIRED, read_latency
 from workbench.measure.sweep_file import SWEEP_REQUIRED, read_sweep
 from workbench.plan.fastest import fastest, value_source
@@ -66,9 +66,10 @@ def stamped(paths) -> tuple:
 
 def clean_error(err: Exception, labels: dict[str, str] | None = None) -> str:
     """An error message naming an upload by its file name, not by the hash folder it was written to, and a
-    request's field (core.notes.FieldError) by its control's label in `labels` (the page's)."""
-    text = err.words(lambda f: f"'{(labels or {}).get(f, f.replace('_', ' '))}'") if isinstance(err, FieldError) \
-        else str(err)
+    request's field (core.notes.FieldError) by its control's label in `labels` (the page's; a field it has no
+    control for keeps its flag's name)."""
+    text = err.words(lambda f: f"'{labels[f]}'" if f in labels else flag(f)) \
+        if isinstance(err, FieldError) and labels else str(err)
     return re.sub(re.escape(str(UPLOAD_DIR) + os.sep) + r"[0-9a-f]+" + re.escape(os.sep), "", text)
 
 
