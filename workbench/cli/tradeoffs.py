@@ -169,7 +169,7 @@ def cmd_sweep(args) -> int:
         req.resolved([])  # its rules first: the plan file is read only when it applies
         plan = read_plan(args.plan)
     req = req.resolved(plan["plans"] if plan else None)  # the defaults and rules live in the request
-    temps, eps, batch_sizes = list(req.temperature), list(req.epsilon), list(req.batch_sizes)
+    batch_sizes = list(req.batch_sizes)
     budgets = list(req.budgets) if req.budgets else None
     calibration = args.calibration
     if calibration is None and (budgets or args.prompts == "holdout"):
@@ -197,17 +197,12 @@ def cmd_sweep(args) -> int:
     with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                                  device_map=args.device_map)
+        planned = None
         if plan is not None:
             from workbench.plan.plan_file import plan_trees
 
-            planned = plan_trees(plan)
-            configs = S.sweep_configs([(t, "plan") for t, _, _ in planned], temps, eps, delta)
-            for c, (_, b, _) in zip(configs, planned):
-                c["batch_sizes"] = [b]
-        else:
-            trees = S.sweep_trees(budgets, args.trees, args.dense, cal, args.joint, heads.num_heads,
-                                  replay=args.max_new_tokens if args.replay else None, envelope=envelope)
-            configs = S.sweep_configs(trees, temps, eps, delta)
+            planned = [(t, b) for t, b, _ in plan_trees(plan)]
+        configs = S.request_configs(req, delta, heads.num_heads, cal, planned, envelope, args.dense)
         prompts = [prepare_prompt(tok, text, args.raw) for _, text in records]
         check_positions(model, max(map(len, prompts)), args.max_new_tokens,
                         max([c["tree"].nodes for c in configs if c.get("tree") is not None] or [0]))

@@ -49,6 +49,21 @@ def dense_near(budget: int, max_depth: int, max_rank: int = MEDUSA_TOPK, slack: 
     return out
 
 
+def request_configs(req, delta, num_heads: int, calibration=None, planned=None, envelope: Tree | None = None,
+                    dense: bool = False) -> list[dict]:
+    """A sweep request's configurations (measure.requests.SweepRequest, resolved): a plan's trees, each at its own
+    batch size (`planned`: [(tree, batch size)], greedy), or the request's trees and budgets x its temperatures and
+    epsilons."""
+    if planned is not None:
+        configs = sweep_configs([(t, "plan") for t, _ in planned], req.temperature, req.epsilon, delta)
+        for c, (_, b) in zip(configs, planned):
+            c["batch_sizes"] = [b]
+        return configs
+    trees = sweep_trees(list(req.budgets) if req.budgets else None, list(req.trees) or None, dense, calibration,
+                        req.joint, num_heads, replay=req.max_new_tokens if req.replay else None, envelope=envelope)
+    return sweep_configs(trees, req.temperature, req.epsilon, delta)
+
+
 def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None, joint: bool = False,
                 num_heads: int | None = None, max_rank: int = MEDUSA_TOPK,
                 replay: int | None = None, envelope: Tree | None = None) -> list[tuple[Tree, str]]:
