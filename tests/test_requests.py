@@ -73,7 +73,9 @@ def test_the_latency_request_holds_the_mode_defaults_and_rules():
     step = LatencyRequest().resolved()
     assert (step.mode, step.sizes, step.batch_sizes, step.repeats, step.warmup) == \
         ("decoder-step", DECODER_SIZES, (1, 2, 4, 8), 4, 1)
+    assert step.step and step.resolved() == step and LatencyRequest().step  # resolving twice changes nothing
     verify = LatencyRequest(context=(64,)).resolved()
+    assert not verify.step and verify.resolved() == verify
     assert (verify.mode, verify.sizes[-1], verify.batch_sizes, verify.repeats, verify.warmup) == \
         ("verify", 256, (1,), 10, 3)
     assert LatencyRequest(random_config="tiny", repeats=2).resolved().repeats == 2

@@ -39,7 +39,8 @@ def cmd_latency(args) -> int:
     from workbench.runtime.models import random_model
 
     req = latency_request(args).resolved()  # the mode's defaults and rules live in the request
-    mode, step, sizes, contexts, batches = req.mode, req.step, list(req.sizes), list(req.context), list(req.batch_sizes)
+    mode, step, sizes, batches = req.mode, req.step, list(req.sizes), list(req.batch_sizes)
+    contexts = list(req.context or ())  # verify's cache lengths (decoder-step's grow as it decodes)
     repeats, warmup = req.repeats, req.warmup
     if args.calibration:
         read_meta(args.calibration)  # a finished calibration folder, or one line

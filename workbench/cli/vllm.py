@@ -89,42 +89,35 @@ def cmd_latency_vllm(args) -> int:
     if args.engine != "vllm":
         raise WorkbenchError("--k, --method, --draft-model, --vllm-python and --vllm-eager time vLLM's rounds: add "
                              "--engine vllm")
-    given = [f"--{k.replace('_', '-')}" for k in DECODER_ONLY if getattr(args, k, None)]
-    if given or args.compile or (args.device or "cpu") != "cpu" or (args.dtype or "float32") != "float32":
-        raise WorkbenchError(f"{', '.join(given) or '--device/--dtype/--compile'}: our decoder's; --engine vllm "
-                             "serves real prompts in vLLM (CPU build, fp32): drop them")
-    if (args.method or args.draft_model) and args.heads:
-        raise WorkbenchError("--heads (Medusa heads) or --method/--draft-model (another drafter), not both")
-    if args.method == "medusa" and args.draft_model:
-        raise WorkbenchError("--method medusa drafts with our heads: give them as --heads DIR, not --draft-model")
+    from workbench.export.vllm import VLLM_METHODS
+    from workbench.measure.requests import VllmLatencyRequest
+
+    given = [k for k in DECODER_ONLY if getattr(args, k, None)]
+    if not given and (args.compile or (args.device or "cpu") != "cpu" or (args.dtype or "float32") != "float32"):
+        given = ["device/--dtype/--compile"]  # worded as one: --device/--dtype/--compile
+    k = None if args.k is None else tuple(parse_ks(args.k, ()))
+    req = VllmLatencyRequest(args.method, args.draft_model, args.heads, k,
+                             tuple(parse_ints(args.batch_sizes, "--batch-sizes", "batch")) if args.batch_sizes else None,
+                             args.repeats, args.warmup, args.prompts, args.calibration,
+                             tuple(given)).resolved(VLLM_METHODS)  # the rules and defaults live in the request
     py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
     check_output(args.out, "--out")
     check_output(None if args.out else args.calibration, "--calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
     from workbench.core.data import load_prompt_records
-    from workbench.export.vllm import VLLM_METHODS
     from workbench.export.vllm_check import vllm_inputs
     from workbench.measure.vllm_latency import DEFAULT_KS, measure_vllm_rounds
     from workbench.runtime.heads import heads_fingerprint
     from workbench.runtime.models import model_label
 
-    medusa = args.method in (None, "medusa")
-    if args.method is not None and args.method not in VLLM_METHODS:
-        raise WorkbenchError(f"--method {args.method}: vLLM's drafters are {', '.join(VLLM_METHODS)}")
-    if not medusa and args.method in ("eagle", "eagle3", "draft_model") and not args.draft_model:
-        raise WorkbenchError(f"--method {args.method} needs --draft-model DIR (the drafter's weights)")
-    batches = parse_ints(args.batch_sizes, "--batch-sizes", "batch") if args.batch_sizes else [1, 2, 4, 8]
+    medusa, batches = req.medusa, list(req.batch_sizes)
     if args.calibration:
         read_meta(args.calibration)
-    if args.prompts == "holdout" and not args.calibration:
-        raise WorkbenchError("--prompts holdout needs --calibration DIR (its held-out prompts)")
     records = Calibration(args.calibration).holdout_prompts(args.limit) if args.prompts == "holdout" else \
         load_prompt_records(args.prompts, args.limit)
     inputs = vllm_inputs(args.model, args.heads, records, args.raw, heads=medusa)
     heads = inputs["heads"]
-    ks = parse_ks(args.k, range(1, heads.num_heads + 1) if medusa else DEFAULT_KS)
-    if medusa and ks and ks[-1] > heads.num_heads:
-        raise WorkbenchError(f"--k {ks[-1]}: the heads draft at most {heads.num_heads} tokens")
+    ks = req.ks(heads.num_heads if medusa else None, DEFAULT_KS)
     drafter = {"method": "medusa", "model": inputs["heads_folder"]} if medusa else \
         {"method": args.method} | ({"model": str(Path(args.draft_model).resolve())} if args.draft_model else {})
     label = model_label(args.model)
@@ -132,7 +125,7 @@ def cmd_latency_vllm(args) -> int:
                                            else default_latency_path(label, "vllm-cpu"))
     with run_lock(out, "--out", kind="file"):  # finished batch sizes wait in OUT.work/ (a rerun resumes from them)
         df = measure_vllm_rounds(py, inputs["model_dir"], drafter, ks, inputs["ids"], [r[0] for r in records],
-                                 batches, args.repeats or 4, 1 if args.warmup is None else args.warmup,
+                                 batches, req.repeats, req.warmup,
                                  args.max_new_tokens, label,
                                  work=out,
                                  settings=dict(model=label, drafter=heads_fingerprint(heads) if medusa else drafter),

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, flag
 from workbench.measure.latency_file import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES
 
 # decoder-step's defaults (measure.latency times them; named here, where the request's defaults live)
@@ -38,7 +38,7 @@ class LatencyRequest:
 
     @property
     def step(self) -> bool:
-        return self.resolved().mode == "decoder-step"
+        return (self.mode or self.resolved().mode) == "decoder-step"
 
     def resolved(self) -> LatencyRequest:
         mode = self.mode or ("verify" if self.random_config or self.context else "decoder-step")
@@ -58,7 +58,7 @@ class LatencyRequest:
                              "--model/--heads/--device-map")
         return replace(self, mode=mode,
                        sizes=tuple(self.sizes or (DECODER_SIZES if step else DEFAULT_SIZES)),
-                       context=tuple(self.context or DEFAULT_CONTEXTS),
+                       context=None if step else tuple(self.context or DEFAULT_CONTEXTS),  # step: grows
                        batch_sizes=tuple(self.batch_sizes or (DECODER_BATCHES if step else DEFAULT_BATCHES)),
                        repeats=self.repeats if self.repeats is not None else (4 if step else 10),
                        warmup=self.warmup if self.warmup is not None else (1 if step else 3))
@@ -97,7 +97,7 @@ def latency_fits(model, req: LatencyRequest) -> None:
     from workbench.runtime.kvcache import cache_bytes
 
     check_cacheable(model)
-    b, c, n = req.batch_sizes[-1], req.context[-1], req.sizes[-1]
+    b, c, n = req.batch_sizes[-1], (req.context or DEFAULT_CONTEXTS)[-1], req.sizes[-1]  # step: its longest
     vocab = model.get_output_embeddings().weight.shape[0]
     _check_fits(cache_bytes(model, b, c + n) + 4 * b * n * vocab,
                 ("batch_sizes", f"the cache and logits of {{field}} {b} x {{also}} {c} + {n} tokens", "context"),
@@ -155,3 +155,53 @@ class SweepRequest:
             raise FieldError("batch_sizes", "above_prompts", f"{{field}} {','.join(map(str, self.batch_sizes))}: "
                              f"batch {self.batch_sizes[-1]} but {count} prompts: lower the batch size or give more "
                              "prompts ({also})", also="limit")
+
+
+@dataclass(frozen=True)
+class VllmLatencyRequest:
+    """`latency --engine vllm`: vLLM's served rounds per batch size and K, drafted by our heads (method None or
+    medusa) or by another drafter (method, draft_model). `decoder_fields`: the fields of our decoder's latency that
+    were given (refused here: vLLM serves real prompts, CPU build, fp32)."""
+    method: str | None = None
+    draft_model: str | None = None
+    heads: str | None = None
+    k: tuple[int, ...] | None = None  # besides K = 0 (plain vLLM, always timed)
+    batch_sizes: tuple[int, ...] | None = None
+    repeats: int | None = None
+    warmup: int | None = None
+    prompts: str = "alpaca-eval"
+    calibration: str | None = None
+    decoder_fields: tuple[str, ...] = ()
+
+    @property
+    def medusa(self) -> bool:
+        return self.method in (None, "medusa")
+
+    def resolved(self, methods: tuple[str, ...] = ()) -> VllmLatencyRequest:
+        """Checked (`methods`: the drafters vLLM knows), defaults filled; K's default waits for the heads (ks)."""
+        if self.decoder_fields:
+            rest = "".join(", " + flag(f) for f in self.decoder_fields[1:])
+            raise FieldError(self.decoder_fields[0], "decoder_only", "{field}" + rest + ": our decoder's; --engine "
+                             "vllm serves real prompts in vLLM (CPU build, fp32): drop them")
+        if (self.method or self.draft_model) and self.heads:
+            raise FieldError("heads", "two_drafters", "{field} (Medusa heads) or --method/--draft-model (another "
+                             "drafter), not both")
+        if self.method == "medusa" and self.draft_model:
+            raise FieldError("draft_model", "medusa_heads", "--method medusa drafts with our heads: give them as "
+                             "--heads DIR, not {field}")
+        if self.method is not None and methods and self.method not in methods:
+            raise FieldError("method", "unknown", f"{{field}} {self.method}: vLLM's drafters are {', '.join(methods)}")
+        if self.method in ("eagle", "eagle3", "draft_model") and not self.draft_model:
+            raise FieldError("method", "needs_draft_model", f"{{field}} {self.method} needs {{also}} DIR (the "
+                             "drafter's weights)", also="draft_model")
+        _needs_calibration(self)
+        return replace(self, batch_sizes=tuple(self.batch_sizes or (1, 2, 4, 8)),
+                       repeats=self.repeats or 4, warmup=1 if self.warmup is None else self.warmup)
+
+    def ks(self, num_heads: int | None, default: tuple[int, ...]) -> list[int]:
+        """The K timed besides 0: the request's, or 1 to the heads' count (Medusa), or `default` (another drafter)."""
+        ks = list(self.k) if self.k is not None else \
+            list(range(1, num_heads + 1) if self.medusa else default)
+        if self.medusa and ks and ks[-1] > num_heads:
+            raise FieldError("k", "above_heads", f"{{field}} {ks[-1]}: the heads draft at most {num_heads} tokens")
+        return ks
