@@ -545,7 +545,7 @@ def test_acceptance_per_position_beside_vllms_counters(monkeypatch):
     import plotly.io as pio
 
     from workbench.calibrate.folder import Calibration
-    from workbench.plan.source import chain_values
+    from workbench.trees.optimize import chain_values
 
     monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
     monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)

@@ -124,7 +124,7 @@ def test_decoder_step_surface(tiny_llama):
     """The decoder's own step, timed on real decodes at batch sizes 1 and 2: every (batch, tokens) with its spread,
     the bare forward beside it, the context the steps saw, and the setting."""
     from workbench.measure.latency_file import LATENCY_COLUMNS, latency_surface
-    from workbench.measure.latency import latency_tree, measure_decoder_steps
+    from workbench.measure.latency import latency_tree, measure_decoder_steps, timed_depth
 
     t = tiny_llama
     prompts = [[1, 5, 9, 3], [2, 7, 4, 4, 8], [3, 3, 1]]
@@ -136,7 +136,7 @@ def test_decoder_step_surface(tiny_llama):
     assert df["context"].nunique() == 1 and 3 <= df["context"].iloc[0] <= 5 + 6
     assert read_setting(df)["mode"] == "decoder-step"
     # the heads each step ran and their cost at that batch size: vanilla none, the 2-node tree its depth
-    depth = latency_tree(2, min(5, t.heads["2"].num_heads)).depth
+    depth = latency_tree(2, timed_depth(t.heads["2"])).depth
     assert dict(zip(df["tokens"], df["depth"])) == {1: 0, 3: depth}
     assert (df.loc[df["tokens"] == 1, "heads_seconds"] == 0).all() and (df.loc[df["tokens"] == 3, "heads_seconds"] > 0).all()
     surface, ctx = latency_surface(df, [1, 2])

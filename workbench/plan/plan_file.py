@@ -34,12 +34,12 @@ from workbench import WorkbenchError
 from workbench.core.io import read_json
 from workbench.core.provenance import differences, read_setting
 from workbench.measure.sweep_file import checked_speedup
-from workbench.plan.source import check_acceptance, is_chain
+from workbench.plan.source import check_acceptance
 from workbench.trees.dynamic import DynamicPolicy
-from workbench.trees.tree import MAX_DEPTH, MAX_NODES, Tree, load_tree, make_tree
+from workbench.trees.tree import MAX_DEPTH, MAX_NODES, Tree, is_chain, load_tree, make_tree
 
 KINDS = ("tree", "chain", "none", "dynamic")
-PLAN_VERSION = 3  # the plan file's "version" (3: latency.engine, engine_version); 1: files without it (upgrade_plan)
+PLAN_VERSION = 3  # the plan file's "version" (3: the latency's engine, engine_version); 1: files without it (upgrade_plan)
 PLAN_ROW = ("batch_size", "kind", "medusa_choices", "nodes", "predicted_tokens_per_step", "predicted_speedup")
 
 
@@ -174,7 +174,7 @@ def _object(v, where: str) -> None:
 
 
 def _check_shape(data: dict, what: str) -> None:
-    """The plan's objects are objects; no row drafts past the heads it was planned for (source.num_heads: a chain
+    """The plan's objects are objects; no row drafts past the heads it was planned for (its source's num_heads: a chain
     of K > heads would reach a vLLM config or vllm-check as it is); a timed envelope of a size a step can hold."""
     for key in ("source", "latency"):
         _object(data.get(key), f"{what}: {key}")

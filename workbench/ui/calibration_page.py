@@ -9,7 +9,7 @@ import json
 
 import streamlit as st
 
-from workbench.plan.source import chain_values
+from workbench.trees.optimize import chain_values
 from workbench.trees.accuracies import accuracy_frame
 from workbench.trees.optimize import acc_value_fn
 from workbench.ui.inputs import shared_inputs

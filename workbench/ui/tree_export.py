@@ -32,7 +32,7 @@ EXPORT_FIXES = {
 
 def _repair(tree, sig: str, engine: str, value, num_heads: int, best: bool, budget: int, depth: int,
             rank: int) -> None:
-    """Button callback: the shown tree repaired for an engine (export.engine_safe), or the best tree that engine
+    """Button callback: the shown tree repaired for an engine (engines.engine_safe), or the best tree that engine
     builds as written within the same node count (engines.best_engine_safe); shown as an edit of the tree."""
     st.session_state["tree_edit_error"] = None
     try:
