@@ -13,7 +13,8 @@ import pytest
 from workbench.calibrate.served import ServedCounts, write_served
 from workbench.cli import main
 from workbench.core.data import load_prompt_records
-from workbench.export.vllm_served_check import served_records, tokens_per_step
+from workbench.core.speed import served_tokens_per_step
+from workbench.export.vllm_served_check import served_records
 from workbench.calibrate.served import Served
 from workbench.measure.latency_file import LATENCY_VERSION
 from workbench.plan.plan_file import read_plan
@@ -89,7 +90,7 @@ def test_the_check_serves_only_prompts_neither_the_calibration_nor_the_surface_s
     assert [r[0] for r in records] == HELD[:2] and left_out == 32 - len(HELD)
     with pytest.raises(Exception, match="every holdout prompt"):
         served_records(s, "holdout", None, HELD)
-    assert tokens_per_step(dict(new_tokens=50, num_accepted_tokens=10), 5) == pytest.approx(45 / 35)
+    assert served_tokens_per_step(50, 5, 10) == pytest.approx(45 / 35)
 
 
 def test_a_served_calibration_holds_prompts_out_as_ours_does(tiny_llama, tmp_path, monkeypatch, capsys):

@@ -20,12 +20,15 @@ from workbench import WorkbenchError
 from workbench.calibrate.served import Served
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import cpu_mark, load_average, others, quiet
+from workbench.core.speed import served_tokens_per_step
 from workbench.core.work import WorkState
 from workbench.export.vllm import served_ks
 from workbench.export.vllm_check import check_vllm_model, compare_outputs, load_note, vllm_inputs
 from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
 from workbench.measure.vllm_runner import engine_results, vllm_python
+from workbench.plan.source import plan_source
 from workbench.runtime.models import model_label
+from workbench.trees.tree import chain_tree
 
 
 def served_records(served: Served, prompts: str, limit: int | None, surface) -> tuple[list, int]:
@@ -50,14 +53,6 @@ def drafter_of(served: Served) -> dict:
     return spec
 
 
-def tokens_per_step(run: dict, prompts: int) -> float:
-    """vLLM's tokens per decoding step over a run (every step after each request's prefill, drafted or not):
-    its decoded tokens over them less its accepted drafts (served_acceptance's count)."""
-    decoded = run["new_tokens"] - prompts
-    steps = decoded - run["num_accepted_tokens"]
-    return decoded / steps if steps > 0 else math.nan
-
-
 def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_sizes=(1, 2, 4, 8),
                  prompts: str = "holdout", limit: int | None = 16, max_new_tokens: int = 64,
                  python: str | None = None, raw: bool = False, progress=None, work=None, repeats: int = 3,
@@ -75,11 +70,11 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
     records, excluded = served_records(served, prompts, limit, surface)
     plan_k = served_ks(plan, batch_sizes) if plan is not None else {}
     all_ks = sorted(set(ks) | {k for k in plan_k.values() if k})
-    rates = served.rates()
     if max(all_ks) > served.counts.k:
         raise WorkbenchError(f"K {max(all_ks)}: the calibration served {method} at K={served.counts.k}, so acceptance "
                              f"past position {served.counts.k} was never counted; ask for K <= {served.counts.k}")
-    predicted = {k: 1 + math.fsum(rates[:k]) for k in all_ks}
+    source = plan_source(acceptance=calibration)  # the planner's own tokens/step of a chain of K
+    predicted = {k: source.predict(chain_tree(k)) for k in all_ks}
     t0 = time.time()
     given = vllm_inputs(model, None, records, raw, heads=False)
     ids, drafter = given["ids"], drafter_of(served)
@@ -100,7 +95,7 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
         runs = {r["batch_size"]: r for r in res["runs"]}
         beside = {r["batch_size"]: r for r in res["plain"]}
         first = runs[batch_sizes[0]]
-        measured = tokens_per_step(first, len(ids))
+        measured = served_tokens_per_step(first["new_tokens"], len(ids), first["num_accepted_tokens"])
         rows.append(dict(k=k, vllm_drafts=first["num_drafts"], vllm_accepted_per_pos=first["accepted_per_pos"][:k],
                          vllm_tokens_per_step=measured, predicted=predicted[k],
                          prediction_error=predicted[k] / measured - 1 if measured == measured else None,
