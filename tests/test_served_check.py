@@ -26,7 +26,8 @@ DECODE = {0: 1.0, 1: 0.7, 2: 0.9}  # seconds of a pass's decoding steps by K (ba
 STANDIN = '''#!{python}
 """vLLM's worker in mode "generate": per engine and batch size, `repeats` passes whose decoding takes DECODE[K] s
 (x (1 + B / 4) for K > 0; the whole process x STANDIN_SLOW_K<K> where its largest K is K); outputs are the prompts
-echoed, but K = 2 changes the last token of the last prompt at batch 2. Logs each request's engines."""
+echoed, but K = 2 changes the last token of the last prompt at batch 2; STANDIN_NO_DRAFTS: nothing drafted. Logs
+each request's engines."""
 import json, os, sys
 if sys.argv[1:2] == ["-c"]:
     print("vllm")
@@ -51,6 +52,8 @@ for b in req["batch_sizes"]:
         run = dict(batch_size=b, seconds=dec + 0.5, decode_seconds=dec, passes=passes, new_tokens=9 * n,
                    outputs=outputs, steps=[None] * n, num_drafts=3 * n if k else 0, num_draft_tokens=3 * n * k,
                    num_accepted_tokens=2 * n if k else 0, accepted_per_pos=[n, n][:k] if k else [])
+        if os.environ.get("STANDIN_NO_DRAFTS"):
+            run.update(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, accepted_per_pos=[])
         engines.append(dict(vllm_version="0.32.0", startup_s=1.0, run=run,
                             worker=dict(threads=2, compilation="NONE" if req["eager"] else "DYNAMO_TRACE_ONCE")))
     print(json.dumps(dict(event="batch", batch_size=b, engines=engines)), flush=True)
@@ -109,7 +112,14 @@ def test_a_served_calibration_holds_prompts_out_as_ours_does(tiny_llama, tmp_pat
     first8 = [r[0] for r in load_prompt_records("copy-edit", 8)]
     assert len(held) == 4 and sorted(held + served_ids) == sorted(first8) and s.meta["num_prompts"] == 4
     assert [r[0] for r in s.holdout_prompts()] == [i for i in first8 if i in held]
+    monkeypatch.setenv("STANDIN_NO_DRAFTS", "1")  # prompts on which the n-gram drafter found nothing to propose
     capsys.readouterr()
+    assert main(["calibrate", "--engine", "vllm", "--method", "ngram", "--k", "2", "--vllm-python", str(py),
+                 "--model", str(tiny_llama.model_dir), "--prompts", "copy-edit", "--limit", "3",
+                 "--max-new-tokens", "8", "--out", str(tmp_path / "none")]) == 2  # 3 prompts, 1 held out
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
+    assert err.startswith("error: vLLM serving ngram at K=2 drafted nothing on 2 prompts") and "--max-new-tokens" in err
+    assert not (tmp_path / "none").exists()
     assert main(["calibrate", "--metrics", str(Path(__file__).parent / "data" / "served" / "ngram-after.prom"),
                  "--method", "ngram", "--holdout", "0.3", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
