@@ -101,7 +101,8 @@ def add_calibrate(sub) -> None:
     p.add_argument("--prompts", default=PROMPTS, help="alpaca-eval, mt-bench (first turns), copy-edit (answers that copy from the prompt) or a JSON/JSONL/CSV/"
                    "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
     p.add_argument("--limit", type=bounded("count"), metavar="N", help="use the first N prompts")
-    p.add_argument("--holdout", type=finite(0, 1), default=HOLDOUT, help="share of prompts kept out of the fit (default 0.2)")
+    p.add_argument("--holdout", type=finite(0, 1), default=HOLDOUT, help="share of prompts kept out of the fit (default 0.2); "
+                   "--engine vllm: never served, and `vllm-check` checks a plan on them")
     p.add_argument("--max-new-tokens", type=bounded("tokens"), default=128)
     p.add_argument("--topk", type=bounded("rank"), default=MEDUSA_TOPK, help="ranks recorded per head (Medusa's buffers use 10)")
     p.add_argument("--budgets", default=BUDGETS, help="tree sizes to build (default 16,32,64)")

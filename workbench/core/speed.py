@@ -178,6 +178,14 @@ def tokens_per_step(batches) -> float:
     return sum(len(r.token_ids) for c in calls for r in c) / steps if steps else float("nan")
 
 
+def served_tokens_per_step(new_tokens: int, prompts: int, accepted: int) -> float:
+    """Tokens per decoding step of an engine's run from its counts (vLLM's for any drafter): every token after each
+    request's first (its prefill's) over the steps that emitted them, drafted or not (tokens less accepted drafts)."""
+    decoded = new_tokens - prompts
+    steps = decoded - accepted
+    return decoded / steps if steps > 0 else math.nan
+
+
 def acceptance_per_position(batches, depth: int) -> list[float]:
     """[p_1..p_depth]: the share of steps whose first k drafted tokens were all accepted (unconditional, vLLM's
     convention); a step emits 1 + accepted tokens (fewer where EOS or the budget cut it)."""
