@@ -158,6 +158,15 @@ def shrinking_cost(seconds: Mapping[int, Mapping[int, float]], batch: int):
     return cost
 
 
+def prediction_error(predicted: float, measured: float) -> float:
+    """How far a prediction lies from its measurement, as a share of the measurement (+0.05: predicted 5% high).
+    One convention for every predicted-vs-measured column, so "within 10%" means the same everywhere."""
+    try:
+        return predicted / measured - 1                                   # floats, or columns of them
+    except ZeroDivisionError:
+        return math.nan
+
+
 def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:
     """Whether two ranges overlap: an order resting on a difference inside the noise. None when either is unknown."""
     if a is None or b is None:

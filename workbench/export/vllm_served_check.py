@@ -20,7 +20,7 @@ from workbench import WorkbenchError
 from workbench.calibrate.served import Served
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import cpu_mark, load_average, others, quiet
-from workbench.core.speed import served_tokens_per_step
+from workbench.core.speed import prediction_error, served_tokens_per_step
 from workbench.core.work import WorkState
 from workbench.export.vllm import served_ks
 from workbench.export.vllm_check import check_vllm_model, compare_outputs, load_note, vllm_inputs
@@ -98,7 +98,7 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
         measured = served_tokens_per_step(first["new_tokens"], len(ids), first["num_accepted_tokens"])
         rows.append(dict(k=k, vllm_drafts=first["num_drafts"], vllm_accepted_per_pos=first["accepted_per_pos"][:k],
                          vllm_tokens_per_step=measured, predicted=predicted[k],
-                         prediction_error=predicted[k] / measured - 1 if measured == measured else None,
+                         prediction_error=prediction_error(predicted[k], measured) if measured == measured else None,
                          vllm_spec_vs_vllm_plain={b: compare_outputs(runs[b]["outputs"], beside[b]["outputs"])
                                                   for b in runs},
                          plain_vs_first_plain={b: compare_outputs(beside[b]["outputs"], plain[b]["outputs"])
