@@ -29,7 +29,7 @@ from workbench.calibrate.run import CalibrateConfig, calibrate  # noqa: E402
 from workbench.core.data import load_prompt_records  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import dtype_name  # noqa: E402
-from workbench.runtime.forward import decode_one, logits_of, new_cache, prefill  # noqa: E402
+from workbench.runtime.forward import forward, logits_of, new_cache, prefill  # noqa: E402
 from workbench.runtime.generation import eos_ids, prepare_prompt  # noqa: E402
 from workbench.runtime.heads import save_heads  # noqa: E402
 from workbench.runtime.models import load_base, load_model_and_heads  # noqa: E402
@@ -49,7 +49,7 @@ def reference_ranks(model, heads, prompt: list[int], max_new_tokens: int, topk: 
         cont.append(int(token))
         if cont[-1] in stops or len(cont) >= max_new_tokens:
             break
-        hidden = decode_one(model, token, cache)
+        hidden = forward(model, token.view(1, 1), None, None, cache)[0, -1]  # that token's, appended to the cache
     K, N = heads.num_heads, len(cont)
     ranks = np.full((N, K), NULL, dtype=np.int16)
     for t in range(N):

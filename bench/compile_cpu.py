@@ -17,7 +17,6 @@ outputs of every mode must be identical (exit 1 otherwise). Writes JSON (bench/r
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from decode import _setup, prompts_for  # noqa: E402  (bench/decode.py: the same
 from workbench import WorkbenchError  # noqa: E402
 from workbench.cli.shared import parse_ints, ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
+from workbench.core.provenance import load_average  # noqa: E402
 from workbench.core.speed import tokens_per_step  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
@@ -130,7 +130,7 @@ def run(args) -> int:
     report = dict(model=label, backend=",".join(backends),
                   compile_options={b: compile_options(model.device, b) for b in backends},
                   setting=measured_setting(model, engines[backends[0]], "compile-cpu"),
-                  load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+                  load_average=load_average(),
                   max_new_tokens=n, rounds=args.rounds, rows=rows, compiled_pays=pays,
                   default_compile=default_compile(model.device), default_layers=compiled.default_on(model))
     atomic_write_json(args.out, report)

@@ -20,7 +20,6 @@ the table; the exit status is 1 on any "mismatch" (a bug), or on any difference 
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import sys
@@ -35,7 +34,7 @@ import torch  # noqa: E402
 from workbench import WorkbenchError  # noqa: E402
 from workbench.cli.shared import ScriptParser, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json  # noqa: E402
-from workbench.core.provenance import dtype_name  # noqa: E402
+from workbench.core.provenance import dtype_name, load_average  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.core.speed import (acceptance_per_position, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
                                   overhead, step_times, tokens_per_step)
@@ -197,7 +196,7 @@ def run(args) -> int:
         model=label, device=str(model.device), dtype=dtype_name(model.dtype),
         setting=measured_setting(model, engine, "decoder-step"),
         threads=torch.get_num_threads(), machine=platform.machine(), torch=torch.__version__,
-        load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        load_average=load_average(),
         compiled=bool(engine.compile), compile_s=engine.compile_s, recompiled=engine.resized, max_new_tokens=n, prompts=prompts, batch_sizes=batch_sizes,
         trees={name: t.as_lists() for name, t in zip(names, trees)}, summary=summary,
         runs=[{k: v for k, v in r.items() if k not in ("results", "forward_times")} for r in rows]))
@@ -248,7 +247,8 @@ def summarise(rows: list[dict], depth: int = 0) -> list[dict]:
 def table(summary: list[dict], label: str, model, compiled: bool) -> str:
     head = (f"{'B':>3} {'method':<20} {'tree':<28} {'tok/s':>7} {'tok/step':>8} {'step ms':>8} {'fwd ms':>7} "
             f"{'overhead':>8} {'speedup':>8} {'median':>7} {'exact':>6} {'ties':>5} {'mism':>5}")
-    load = f", load average {os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else ""
+    now = load_average()
+    load = "" if now is None else f", load average {now:.2f}"
     lines = [f"{label} on {model.device} ({dtype_name(model.dtype)}, {torch.get_num_threads()} threads, "
              f"{'compiled' if compiled else 'eager'}{load})", head, "-" * len(head)]
     fmt = lambda v, spec, unit="": f"{'-':>{int(spec.split('.')[0]) + len(unit)}}" if v is None else f"{v:{spec}}{unit}"  # noqa: E731

@@ -29,7 +29,7 @@ from workbench.cli.shared import parse_ints, ScriptParser, run_script  # noqa: E
 from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import describe, load_average, loaded, without_load  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
-from workbench.core.speed import spread  # noqa: E402
+from workbench.core.speed import prediction_error, spread  # noqa: E402
 from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.trees.dynamic import DynamicPolicy  # noqa: E402
 from workbench.trees.optimize import optimal_tree_from  # noqa: E402
@@ -69,7 +69,7 @@ def rows_of(cal, trees: dict, measured: dict, prompt_ids: list[str], max_new_tok
             rows.append(dict(batch_size=int(b), kind=name.split("_")[0], nodes=tree.nodes, name=name,
                              replay_these=these, measured_tokens_per_step=tps["median"],
                              tokens_per_step_q1=tps["q1"], tokens_per_step_q3=tps["q3"],
-                             tokens_per_step_err_pct=100 * (these / tps["median"] - 1),
+                             tokens_per_step_err_pct=100 * prediction_error(these, tps["median"]),
                              replay_batch_these=batch_these, measured_batch_tokens_per_step=bt["median"],
                              step_ratio=ratio["median"], step_ratio_q1=ratio["q1"], step_ratio_q3=ratio["q3"],
                              measured_speedup=sp["median"], speedup_q1=sp["q1"], speedup_q3=sp["q3"],

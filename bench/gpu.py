@@ -52,12 +52,13 @@ from workbench.calibrate.folder import Calibration, default_calibration  # noqa:
 from workbench.cli import _Parser  # noqa: E402  (the CLI's parser: a bad flag is one `error:` line)
 from workbench.cli.shared import finite, parse_ints, run_script  # noqa: E402
 from workbench.core.io import atomic_write_json, atomic_write_text  # noqa: E402
-from workbench.core.provenance import dtype_name  # noqa: E402
+from workbench.core.provenance import dtype_name, load_average  # noqa: E402
 from workbench.core.speed import (decode_speedup, decoder_overhead, goodput, mean_step_s, measured_speedup,  # noqa: E402
                                   median_decode_speedup, step_times, tokens_per_step)
 from workbench.decode.divergence import divergence_counts, divergences  # noqa: E402
 from workbench.decode.loop import medusa_generate, vanilla_generate  # noqa: E402
-from workbench.measure.latency import device_name, latency_tree, measure_decoder_steps, measure_latency  # noqa: E402
+from workbench.measure.latency import (device_name, latency_tree, measure_decoder_steps, measure_latency,  # noqa: E402
+                                       timed_depth)
 from workbench.plan.rank import make_plan
 from workbench.plan.source import plan_source
 from workbench.plan.plan_file import plan_trees  # noqa: E402
@@ -368,7 +369,7 @@ def section_dynamic(model, tok, heads, cfg, prompts, calibration, engine) -> dic
     n nodes (the calibration's joint paths; a tiny model: the latency grid's tree shape) and the per-step tree of n
     nodes chosen inside the step from a 64-node envelope, decoded beside vanilla on the same prompts, every shape
     warmed up first. Decoding speedup (what a plan predicts) and end to end."""
-    t0, depth = time.perf_counter(), min(5, heads.num_heads)
+    t0, depth = time.perf_counter(), timed_depth(heads)
     budgets, n, chosen = cfg["dyn_budgets"], cfg["dyn_new"], prompts[: cfg["dyn_prompts"]]
     if calibration is not None:
         cal = Calibration(calibration)
@@ -529,7 +530,7 @@ def run(args) -> int:
                torch=torch.__version__, transformers=transformers.__version__, machine=platform.machine(),
                compile_mode=compile_mode(device), cuda_graphs=device.type == "cuda", step=args.step,
                weight_bytes=weight_bytes(model), copy_bandwidth=copy_bandwidth(device, 64 if args.quick else 1024),
-               load_average=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+               load_average=load_average())
     report = dict(env=env, quick=args.quick, skipped={}, budget_s=args.budget_s, cache=cache)
     engine = make_engine(model)
     env["engine"] = engine.compiled_as
@@ -550,7 +551,7 @@ def run(args) -> int:
             return True
         return False
     prompts = decode_prompts(tok, cfg)
-    bound = tree_setup(latency_tree(max(cfg["sizes"]) - 1, min(5, heads.num_heads)), model)  # the largest tree
+    bound = tree_setup(latency_tree(max(cfg["sizes"]) - 1, timed_depth(heads)), model)  # the largest tree
     engine.size_for([[0] * max(cfg["contexts"])], 0, [bound])
     engine.size_for(prompts, cfg["new_tokens"], [bound])  # one capacity for the grid and the decode
     res = report["latency"] = {}

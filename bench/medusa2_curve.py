@@ -47,7 +47,7 @@ def point(work: Path, data: Path, lambda0: float, steps: int, a) -> dict:
                       "--out", str(out))
         workbench("eval-heads", "--medusa2", str(out / "merged"), "--limit", str(a.limit), "--max-new-tokens",
                   str(a.max_new_tokens), "--live", str(a.live), "--out", str(ev))
-    r = json.loads(ev.read_text())  # eval-heads' JSON (medusa2.evaluate)
+    r = json.loads(ev.read_text())  # eval-heads' JSON (evaluate.evaluate_medusa2)
     return dict(lambda0=lambda0, steps=steps,
                 head1_top1=(r["medusa1_topk"][0][0], r["medusa2_topk"][0][0]),
                 head2_top1=(r["medusa1_topk"][1][0], r["medusa2_topk"][1][0]),

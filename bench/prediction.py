@@ -42,7 +42,7 @@ from workbench.core.io import atomic_write_json  # noqa: E402
 from workbench.core.provenance import describe, load_average, loaded, mismatch_warning, without_load  # noqa: E402
 from workbench.measure.latency import measured_setting  # noqa: E402
 from workbench.core.speed import (batch_tokens_per_step, decode_speedup, measured_speedup, overhead,  # noqa: E402
-                                  prefill_share, spread, tokens_per_step, within_noise)
+                                  prediction_error, prefill_share, spread, tokens_per_step, within_noise)
 from workbench.core.work import WorkState, remove_work  # noqa: E402
 from workbench.plan.source import calibration_source  # noqa: E402
 from workbench.plan.surface import Surface  # noqa: E402
@@ -156,8 +156,8 @@ def rows_of(picks: dict, measured: dict, cal: Calibration, prompt_ids, max_new_t
                              measured_batch_tokens_per_step=bt["median"],
                              predicted_step_ratio=c["relative_latency"],
                              measured_step_ratio=ratio["median"],
-                             speedup_err_pct=100 * (c["speedup"] / sp["median"] - 1),
-                             tokens_per_step_err_pct=100 * (c["tokens_per_step"] / tps["median"] - 1)))
+                             speedup_err_pct=100 * prediction_error(c["speedup"], sp["median"]),
+                             tokens_per_step_err_pct=100 * prediction_error(c["tokens_per_step"], tps["median"])))
     return rows
 
 

@@ -545,7 +545,7 @@ def test_acceptance_per_position_beside_vllms_counters(monkeypatch):
     import plotly.io as pio
 
     from workbench.calibrate.folder import Calibration
-    from workbench.plan.source import chain_values
+    from workbench.trees.optimize import chain_values
 
     monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
     monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
@@ -561,6 +561,31 @@ def test_acceptance_per_position_beside_vllms_counters(monkeypatch):
     vllm = next(v for n, v in bars.items() if n.startswith(f"vLLM, K={longest['k']} (vllm-check"))
     assert np.allclose(vllm, longest["vllm_acceptance_per_pos"])
     assert any(n.startswith("our decoder, K=") for n in bars) and any(n.startswith("independence") for n in bars)
+
+
+def test_a_served_calibration_is_shown_beside_ours(tmp_path, monkeypatch):
+    """A served calibration (vLLM's counters from the recorded n-gram scrape) under the calibration root is set on
+    the acceptance chart beside ours, at the per-step rates a plan reads; it is not offered as one of ours (it has
+    no ranks to replay)."""
+    import plotly.io as pio
+
+    from workbench.calibrate.served import Served
+    from workbench.cli import main
+
+    make_calibration(tmp_path / "synthetic")
+    data = Path(__file__).parent / "data" / "served"
+    assert main(["calibrate", "--metrics", str(data / "ngram-before.prom"), str(data / "ngram-after.prom"),
+                 "--method", "ngram", "--prompts", "copy-edit", "--out", str(tmp_path / "served-ngram")]) == 0
+    at = page("calibration_page", tmp_path, monkeypatch).run()
+    no_exception(at)
+    assert not [o for o in at.selectbox(key="in_cal").options if "served-ngram" in o]
+    fig = next(pio.from_json(c.proto.spec, skip_invalid=True) for c in at.get("plotly_chart")
+               if c.proto.id.endswith("cal_acceptance_chart"))
+    bars = {t.name: plotly_values(t.y) for t in fig.data}
+    served = next(v for n, v in bars.items() if n.startswith("vLLM served ngram, K=4 (served-ngram, copy-edit)"))
+    assert np.allclose(served, Served(tmp_path / "served-ngram").rates())
+    assert any("calibration, measured" in n for n in bars)  # ours is still there
+    assert any("Served calibrations" in c.value for c in at.caption)
 
 
 def test_calibration_page_with_accuracy_table(demo_files, monkeypatch):

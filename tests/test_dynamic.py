@@ -91,8 +91,11 @@ def test_budget_beyond_the_envelope_is_refused():
 
 
 def test_recorded_topk_agrees_with_the_calibration_ranks(tiny_llama, make_prompt_file, tmp_path):
-    """topk.parquet holds, at every held-out position, each head's top-k as the calibration ranked it: the rank of
-    the answer's own token in the recorded ids is the rank in ranks.parquet (its log-probs descending)."""
+    """`calibrate` records topk.parquet in its one pass over the answers, and it holds what the separate pass
+    (`record_topk`, kept for folders written before) writes: the same rows and token ids, the same log-probs up to
+    fp32 rounding (the pass runs on generate's hidden states, the separate one on a teacher-forced forward). At
+    every held-out position each head's top-k is as the calibration ranked it: the rank of the answer's own token in
+    the recorded ids is the rank in ranks.parquet (its log-probs descending)."""
     from workbench.calibrate.folder import Calibration
     from workbench.calibrate.run import CalibrateConfig, calibrate
     from workbench.calibrate.topk import record_topk
@@ -104,8 +107,14 @@ def test_recorded_topk_agrees_with_the_calibration_ranks(tiny_llama, make_prompt
     calibrate(CalibrateConfig(model=str(tiny_llama.model_dir), heads=str(tiny_llama.heads_dirs["2"]),
                               prompts=str(prompts), name="tiny", out=out, limit=None, holdout=0.5, max_new_tokens=10,
                               topk=4, budgets=(3,), batch_size=4, device="cpu"), progress=False)
+    assert not (out / "parts").exists()
+    df = pd.read_parquet(out / "topk.parquet")  # the one pass's
     model, tok, heads = load_model_and_heads(str(tiny_llama.model_dir), str(tiny_llama.heads_dirs["2"]), "cpu")
-    df = record_topk(out, model, tok, heads, batch=2)
+    separate = record_topk(out, model, tok, heads, batch=2)
+    assert df[["prompt_id", "position"]].astype(str).equals(separate[["prompt_id", "position"]].astype(str))
+    for k in range(1, heads.num_heads + 1):
+        assert (np.stack(df[f"ids_{k}"]) == np.stack(separate[f"ids_{k}"])).all()
+        np.testing.assert_allclose(np.stack(df[f"logp_{k}"]), np.stack(separate[f"logp_{k}"]), atol=1e-5, rtol=0)
     ranks = Calibration(out).ranks("holdout")
     assert len(df) == len(ranks) > 0
     merged = ranks.merge(df, on=["prompt_id", "position"], validate="one_to_one")

@@ -15,7 +15,8 @@ from workbench.calibrate.finish import holdout_split
 from workbench.calibrate.folder import Calibration
 from workbench.calibrate.ranks import (NULL, decoder_walk, head_accuracies, measured_acceptance, path_probabilities,
                                        ranks_frame)
-from workbench.calibrate.run import CalibrateConfig, calibrate, head_ranks
+from workbench.calibrate.run import CalibrateConfig, calibrate
+from workbench.calibrate.topk import head_ranks
 from workbench.decode.loop import medusa_generate
 from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt
 from workbench.trees.accuracies import read_accuracies

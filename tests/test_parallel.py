@@ -340,7 +340,7 @@ def test_a_model_spread_over_devices_gives_the_same_ranks(tiny_llama, tmp_path):
     the code must not assume one device for the model, the last hidden state and the heads."""
     from transformers import AutoModelForCausalLM
 
-    from workbench.calibrate.run import head_ranks
+    from workbench.calibrate.topk import head_ranks
     from workbench.runtime.generation import greedy_continuations
     from workbench.runtime.models import hidden_device
 

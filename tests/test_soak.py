@@ -4,7 +4,7 @@ one uninterrupted run: byte for byte where the output holds no timings (calibrat
 file), field for field on everything deterministic where it does (a sweep's deterministic columns; latency's
 model/device/dtype/batch/context/tokens/repeats and setting less its load; eval-heads' JSON and table less
 live_medusa1.speedup and live_medusa2.speedup; vllm-check's JSON less its timing fields). For the commands that
-keep their finished pieces in an io.WorkState (latency's points, eval-heads' phases, vllm-check's engines and
+keep their finished pieces in an work.WorkState (latency's points, eval-heads' phases, vllm-check's engines and
 decoder parts), the pieces on disk at the last kill end in the output unchanged, timings included.
 
 Each kill point is random (a seed in every message, WORKBENCH_FAULT_SEED reproduces it); test_faults.py covers
@@ -163,7 +163,7 @@ def test_sweep_killed_again_and_again_ends_with_the_same_rows(tiny_llama, prompt
 # ----------------------------------------------------------------------------------------------- work state
 
 def _pieces(out: Path) -> dict[str, bytes]:
-    """The finished pieces a run keeps beside `out` (io.WorkState), by name; not a piece being written (a dot
+    """The finished pieces a run keeps beside `out` (work.WorkState), by name; not a piece being written (a dot
     file) nor the settings."""
     folder = work_folder(out)
     return {p.stem: p.read_bytes() for p in piece_files(folder)} if folder.is_dir() else {}
@@ -174,7 +174,7 @@ def _piece_value(data: bytes):
 
 
 def _soak_with_pieces(killed: list[str], whole: list[str], out: Path, rng, what, capsys) -> dict[str, bytes]:
-    """A command keeping io.WorkState pieces beside `out`: `killed` killed at random pieces and resumed to its end,
+    """A command keeping work.WorkState pieces beside `out`: `killed` killed at random pieces and resumed to its end,
     then `whole` run unbroken; returns the pieces kept at the last kill (measured before it, never redone)."""
     kept = {}
     _kill_and_resume(killed, lambda: len(_pieces(out)), rng, what, capsys,

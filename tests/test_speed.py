@@ -3,6 +3,7 @@ decodes, provenance of measurements, and the decoder-step latency surface."""
 from __future__ import annotations
 
 import ast
+import math
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ import pytest
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.core.provenance import differences, mismatch_warning, read_setting, setting, setting_cell
 from workbench.core.speed import (acceptance_per_position, batch_tokens_per_step, decode_speedup, goodput, mean_step_s,
-                                  measured_speedup, prefill_share, spread, step_times, tokens_per_step)
+                                  measured_speedup, prediction_error, prefill_share, spread, step_times,
+                                  tokens_per_step)
 
 OWNER = "workbench/core/speed.py"
 # Not measured speed: calibrate/ranks.py's replay is the *prediction* of tokens/step (its one owner); DecodeResult's
@@ -32,12 +34,14 @@ def _names(node) -> set[str]:
 def _second_owners(tree: ast.AST) -> list[str]:
     """Divisions that compute a speed quantity: tokens / steps (tokens per step), a goodput / another goodput or
     tokens_per_s / tokens_per_s (measured speedup), tokens_per_step / relative or t_verify / t_vanilla (predicted
-    speedup), step / forward (decoder overhead), and definitions of the speed functions."""
+    speedup), step / forward (decoder overhead), a / b - 1 (a prediction's error), and definitions of the speed
+    functions."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef) and node.name in (
                 "speedup", "speedup_at", "speedup_range", "relative_latency", "goodput", "measured_speedup",
-                "overhead", "decoder_overhead", "mean_step_s", "tokens_per_step", "acceptance_per_position"):
+                "overhead", "decoder_overhead", "mean_step_s", "tokens_per_step", "acceptance_per_position",
+                "prediction_error"):
             found.append(f"def {node.name} (line {node.lineno})")
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
             left, right = " ".join(sorted(_names(node.left))).lower(), " ".join(sorted(_names(node.right))).lower()
@@ -45,6 +49,9 @@ def _second_owners(tree: ast.AST) -> list[str]:
                      ("step_times", "forward"), ("seconds", "tokens_per_s")]
             if any(a in left and b in right for a, b in pairs) and "prompt" not in right:
                 found.append(f"{ast.unparse(node)[:60]} (line {node.lineno})")
+        if (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and isinstance(node.left, ast.BinOp)
+                and isinstance(node.left.op, ast.Div) and isinstance(node.right, ast.Constant) and node.right.value == 1):
+            found.append(f"{ast.unparse(node)[:60]} (line {node.lineno})")  # a / b - 1: a prediction's error
     return found
 
 
@@ -67,6 +74,17 @@ def test_the_scan_finds_a_second_owner():
     """The scan is not blind: a copy of the tokens/step and speedup formulas is caught."""
     copy = "def f(r, v):\n    a = r.tokens / r.steps\n    return r.tokens_per_s / v.tokens_per_s\n"
     assert len(_second_owners(ast.parse(copy))) == 2
+    assert len(_second_owners(ast.parse("err = 100 * (measured / predicted - 1)"))) == 1
+
+
+@pytest.mark.unit
+def test_prediction_error_is_relative_to_the_measurement():
+    """One convention for every predicted-vs-measured column: +10% is a prediction 10% above what was measured,
+    on floats and on columns alike; a zero measurement has no error."""
+    assert prediction_error(1.1, 1.0) == pytest.approx(0.1) and prediction_error(0.9, 1.0) == pytest.approx(-0.1)
+    assert prediction_error(1.032, 0.935) == pytest.approx(0.10374, abs=1e-5)   # not measured / predicted - 1
+    assert list(prediction_error(pd.Series([2.0, 1.0]), pd.Series([1.0, 2.0]))) == [1.0, -0.5]
+    assert math.isnan(prediction_error(1.0, 0.0))
 
 
 def test_planner_and_latency_do_not_import_torch():
@@ -124,7 +142,7 @@ def test_decoder_step_surface(tiny_llama):
     """The decoder's own step, timed on real decodes at batch sizes 1 and 2: every (batch, tokens) with its spread,
     the bare forward beside it, the context the steps saw, and the setting."""
     from workbench.measure.latency_file import LATENCY_COLUMNS, latency_surface
-    from workbench.measure.latency import latency_tree, measure_decoder_steps
+    from workbench.measure.latency import latency_tree, measure_decoder_steps, timed_depth
 
     t = tiny_llama
     prompts = [[1, 5, 9, 3], [2, 7, 4, 4, 8], [3, 3, 1]]
@@ -136,7 +154,7 @@ def test_decoder_step_surface(tiny_llama):
     assert df["context"].nunique() == 1 and 3 <= df["context"].iloc[0] <= 5 + 6
     assert read_setting(df)["mode"] == "decoder-step"
     # the heads each step ran and their cost at that batch size: vanilla none, the 2-node tree its depth
-    depth = latency_tree(2, min(5, t.heads["2"].num_heads)).depth
+    depth = latency_tree(2, timed_depth(t.heads["2"])).depth
     assert dict(zip(df["tokens"], df["depth"])) == {1: 0, 3: depth}
     assert (df.loc[df["tokens"] == 1, "heads_seconds"] == 0).all() and (df.loc[df["tokens"] == 3, "heads_seconds"] > 0).all()
     surface, ctx = latency_surface(df, [1, 2])

@@ -602,7 +602,7 @@ def test_a_plan_is_checked_live_per_batch_size(tiny_llama, calib, prompt_file, t
     choice = check[check["role"] == "choice"].set_index("batch_size")
     assert list(choice.index) == [1, 2] and choice.loc[2, "measured_speedup"] == 1.0  # none is vanilla itself
     assert np.isclose(choice.loc[1, "speedup_err_pct"],
-                      100 * (choice.loc[1, "measured_speedup"] / choice.loc[1, "predicted_speedup"] - 1))
+                      100 * (choice.loc[1, "predicted_speedup"] / choice.loc[1, "measured_speedup"] - 1))
     assert (check["exact_match"] == 1.0).all()
     # the prediction is checked against the decoding phase's speedup; a sweep of before that column, end to end
     row = df[(df["kind"] == "plan") & (df["batch_size"] == 1) & df["tree"].str.contains("_choice_")].iloc[0]
@@ -662,7 +662,11 @@ def test_a_plans_per_step_tree_is_checked_live(tiny_llama, calib, prompt_file, t
 def test_sweep_puts_per_step_trees_beside_static_ones_at_equal_budgets(tiny_llama, calib, prompt_file, tmp_path):
     """sweep --envelope: each swept size the envelope holds also as a per-step tree (kind dynamic, as many nodes),
     decoded on the same prompts against the same vanilla, greedy output identical; a calibration without
-    topk.parquet gives those rows no prediction rather than an error."""
+    topk.parquet (one calibrated before calibrate recorded it) gives those rows no prediction rather than an error."""
+    import shutil
+
+    calib = shutil.copytree(calib, tmp_path / "cal")
+    (calib / "topk.parquet").unlink()
     out = tmp_path / "sweep.csv"
     assert main(["sweep", "--model", str(tiny_llama.model_dir), "--heads", str(tiny_llama.heads_dirs["2"]),
                  "--trees", "[[0], [1]]", "[[0], [0, 0], [1]]", "--envelope", "[[0], [1], [0, 0], [0, 1]]",

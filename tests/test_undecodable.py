@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench.calibrate.run import head_ranks
+from workbench.calibrate.topk import head_ranks
 from workbench.cli import main
 from workbench.runtime.generation import greedy_continuations
 from workbench.runtime.heads import save_heads

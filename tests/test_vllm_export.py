@@ -211,7 +211,7 @@ def test_our_last_step_counts_in_vllm_only_when_it_emitted_a_draft():
 
 def _both_loops(stream: list[int], accepted: list[int], max_tokens: int, eos: int) -> tuple:
     """A model of the two loops' token accounting on one greedy stream, each verify step accepting accepted[j]
-    drafts. Ours (decode._generate): a step emits its root, then its accepted drafts, cut at the budget and just
+    drafts. Ours (decode/loop._generate): a step emits its root, then its accepted drafts, cut at the budget and just
     after EOS. vLLM 0.32 (scheduler.update_from_output / _update_request_with_output): the prefill emits the first
     token, a verify step emits its accepted drafts then the bonus token, records its accepted count, then checks
     the stop token by token. -> (our output, our accepted per step, vLLM's output, vLLM's recorded steps)."""

@@ -21,7 +21,8 @@ COST = {0: 0.010, 1: 0.013, 2: 0.018}  # seconds of a round at batch 1 by K; bat
 STANDIN = '''#!{python}
 """Stands in for vLLM's worker in mode "rounds": per pass one prefill step, a step that emits nothing (async
 scheduling's), then {rounds} full rounds at COST[K] * (B if K else 1) seconds; with STANDIN_DIE_AT=B it dies at batch
-size B; every request's batch sizes and engines are logged to STANDIN_LOG."""
+size B; with STANDIN_SLOW_K<K>=F a process whose largest K is K runs F times slower (each of its engines); every
+request's batch sizes and engines are logged to STANDIN_LOG."""
 import json, os, sys
 if sys.argv[1:2] == ["-c"]:  # the interpreter check's question: is vLLM there?
     print("vllm")
@@ -31,6 +32,7 @@ req = json.loads(sys.stdin.read())
 with open(os.environ["STANDIN_LOG"], "a") as f:
     f.write(json.dumps([req["batch_sizes"], req["engines"], req["eager"]]) + "\\n")
 assert req["mode"] == "rounds"
+slow = float(os.environ.get("STANDIN_SLOW_K%d" % max(e["num_speculative_tokens"] if e else 0 for e in req["engines"]), 1))
 for b in req["batch_sizes"]:
     if str(b) == os.environ.get("STANDIN_DIE_AT"):
         sys.exit(1)
@@ -39,8 +41,8 @@ for b in req["batch_sizes"]:
         k = spec["num_speculative_tokens"] if spec else 0
         passes = []
         for p in range(req["warmup"] + req["repeats"]):
-            cost = COST[str(k)] * (b if k else 1) * (1 + 0.01 * p)
-            steps = [dict(seconds=0.002, full=False, tokens=0, context_sum=20 * b, context_min=20, context_max=20)]
+            cost = COST[str(k)] * (b if k else 1) * (1 + 0.01 * p) * slow
+            steps = [dict(seconds=0.002 * slow, full=False, tokens=0, context_sum=20 * b, context_min=20, context_max=20)]
             steps += [dict(seconds=cost, full=True, tokens=b * (1 + k), context_sum=(21 + r) * b,
                            context_min=21 + r, context_max=21 + r) for r in range({rounds})]
             passes.append(dict(timed=p >= req["warmup"], rounds=steps))
@@ -111,6 +113,35 @@ def test_latency_engine_vllm_writes_vllms_rounds_as_a_latency_csv(tiny_llama, st
     assert json.loads((tmp_path / "asked.jsonl").read_text().splitlines()[-1])[2] is True
     where = json.loads(read_latency(tmp_path / "eager.csv")["setting"].iloc[0])
     assert where["compiled"] is False and where["vllm_compilation"] == "NONE"
+
+
+def test_each_ngram_k_runs_in_its_own_process_beside_its_own_plain_engine(tiny_llama, standin, tmp_path,
+                                                                         monkeypatch):
+    """vLLM 0.32's CPU build starts one n-gram engine a process (vllm_runner.engine_groups): one worker per K, each
+    with a plain engine of its own, each K priced against that one (a process running 1.5x slower throughout
+    prices its K as the others: t(K)/t(0) is its ratio to its own plain engine); a kill keeps the finished batch
+    sizes of each process, and the rerun runs only the rest."""
+    out = tmp_path / "ngram.csv"
+    args = ["latency", "--engine", "vllm", "--vllm-python", str(standin), "--model", str(tiny_llama.model_dir),
+            "--method", "ngram", "--prompts", "alpaca-eval", "--raw", "--limit", "3", "--batch-sizes", "1,2",
+            "--k", "1,2", "--repeats", "3", "--warmup", "1", "--max-new-tokens", "8", "--out", str(out)]
+    monkeypatch.setenv("STANDIN_SLOW_K2", "1.5")
+    monkeypatch.setenv("STANDIN_DIE_AT", "2")
+    assert main(args) == 2 and not out.exists()
+    monkeypatch.delenv("STANDIN_DIE_AT")
+    assert main(args) == 0
+    asked = [json.loads(line) for line in (tmp_path / "asked.jsonl").read_text().splitlines()]
+    # first run: K = 1's process dies at batch 2 (batch 1 kept); the rerun: its batch 2, then K = 2's process
+    assert [(a[0], [e and e["num_speculative_tokens"] for e in a[1]]) for a in asked] == [
+        ([1, 2], [None, 1]), ([2], [None, 1]), ([1, 2], [None, 2])]
+    assert all(a[1][1]["method"] == "ngram" for a in asked)
+    df = read_latency(out)
+    assert sorted(zip(df["batch"], df["tokens"])) == [(b, k + 1) for b in (1, 2) for k in (0, 1, 2)]
+    for r in df.to_dict("records"):
+        k, b = r["tokens"] - 1, r["batch"]
+        ratio = sorted(_by_hand(b, k, p) / _by_hand(b, 0, p) for p in (1, 2, 3))[1]  # its own plain's, pass by pass
+        assert r["relative"] == pytest.approx(ratio, rel=1e-9), (b, k)
+    assert json.loads(df["setting"].iloc[0])["drafter"] == "ngram"
 
 
 def test_latency_engine_vllm_refuses_our_decoders_flags(tiny_llama, standin, tmp_path, capsys):

@@ -4,6 +4,7 @@
   ranks.parquet          prompt_id, position, head_1..head_K: 0-based rank of the true token in head k's top-k,
                          -1 when absent, null past the end of the answer
   continuations.parquet  prompt_id, prompt_tokens, continuation (the greedy answer's token ids), stopped
+  topk.parquet           the held-out positions' top-k ids and log-probs per head (calibrate/topk.py)
   accuracies.csv         a_k^(i) of the fit prompts (accuracies.write_accuracies)
   meta.json              model, prompt set, counts, topk, holdout_ids, ...; written last: marks the folder finished
   latency-DEVICE.csv     `workbench latency` (read by latency_file.read_latency)
@@ -38,7 +39,7 @@ from workbench.trees.dynamic import DynamicPolicy
 from workbench.trees.optimize import acc_value_fn, empirical_value_fn, expected_length
 
 META, RANKS, CONTINUATIONS, ACCURACIES = "meta.json", "ranks.parquet", "continuations.parquet", "accuracies.csv"
-TOPK = "topk.parquet"  # the heads' top-k ids and log-probs at held-out positions (calibrate/topk.py writes it)
+TOPK = "topk.parquet"  # the heads' top-k ids and log-probs at held-out positions (calibrate/topk.py's pass)
 META_VERSION = 2  # meta.json's "version"; 1: folders without it (upgrade_meta)
 SPLITS = ("all", "fit", "holdout")
 MAX_TOPK = 1 << 15  # ranks.parquet holds 16-bit ranks (ranks_frame): a larger top-k cannot be written
@@ -269,7 +270,7 @@ class Calibration:
 
     def head_logprobs(self, rows: pd.DataFrame) -> np.ndarray:
         """[len(rows), K, topk] float32: the heads' top-k log-probs at these ranks rows (topk.parquet, recorded for
-        the held-out answers by `workbench calibrate --record-topk`)."""
+        the held-out answers by `workbench calibrate`, or `--record-topk` for a folder calibrated before)."""
         f = self.folder / TOPK
         if not f.is_file():
             raise WorkbenchError(f"{self.what} {self.folder}: no {TOPK} (the heads' log-probs a per-step tree is "

@@ -17,7 +17,10 @@ skips finished batches, then merges. Data-parallel (`accelerate launch --num_pro
 calibrate`, parallel.py): each process computes a contiguous share of the same batches and the last to finish
 merges, so the folder equals a one-process run's (a batch is the unit: its padding, and so its numbers, do not
 depend on who computes it); a relaunch with any N, or a plain rerun, computes only the missing batches.
-Outputs: ranks.parquet, continuations.parquet, accuracies.csv, meta.json, trees/NAME-{indep,joint}-B.json.
+The heads' top-k log-probs come from the same logits as the ranks (calibrate/topk.py's one pass): every batch's
+part holds them, the merge keeps the held-out prompts' (the replay of per-step trees reads only those).
+Outputs: ranks.parquet, continuations.parquet, topk.parquet, accuracies.csv, meta.json,
+trees/NAME-{indep,joint}-B.json.
 """
 from __future__ import annotations
 
@@ -26,69 +29,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import torch
 
 from workbench import WorkbenchError, warn
 from workbench.core.notes import FieldError
 from workbench.calibrate.finish import finish, holdout_split, own_trees
-from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, MAX_TOPK, META, META_VERSION, RANKS, Calibration,
-                                        calibration_root, slug)
-from workbench.calibrate.ranks import NULL, ranks_frame
+from workbench.calibrate.folder import (ACCURACIES, CONTINUATIONS, MAX_TOPK, META, META_VERSION, RANKS, TOPK,
+                                        Calibration, calibration_root, slug)
+from workbench.calibrate.ranks import ranks_frame
+from workbench.calibrate.topk import head_pass, topk_frame
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.io import atomic_write, atomic_write_json, gate, read_json, run_lock
 from workbench.core.provenance import dtype_name
-from workbench.runtime.generation import (context_length, eos_ids, greedy_continuations, prepare_prompt,
-                                          teacher_forced_hidden)
+from workbench.runtime.generation import context_length, eos_ids, greedy_continuations, prepare_prompt
 from workbench.runtime.heads import heads_fingerprint
 from workbench.runtime.kvcache import undecodable_warning
 from workbench.runtime.models import load_model_and_heads, model_label
 from workbench.runtime.parallel import Shard, current_launch
 from workbench.trees.tree import MEDUSA_TOPK
-
-
-# ----------------------------------------------------------------------------------------------- model side
-
-def head_ranks(model, heads, prompts: list[list[int]], conts: list[list[int]], topk: int,
-               hidden: list[torch.Tensor] | None = None,
-               chunk: int | None = None) -> tuple[list[np.ndarray], list[int] | None]:
-    """Per prompt ranks [N, K] (int16; -1 miss, NULL past the end).
-
-    `hidden`: greedy_continuations' per-answer hidden states. Without them one teacher-forced forward over
-    prompt + continuation computes them, and the second value counts, per prompt, the positions where the base's
-    argmax there disagrees with the continuation (0 unless numerics differ); with them it is None (those very
-    states chose the tokens)."""
-    B, K = len(prompts), heads.num_heads
-    offsets = np.concatenate([[0], np.cumsum([len(c) for c in conts])]).tolist()
-    M = offsets[-1]
-    # targets[k, m]: the token head k must guess at flat position m (k = 0: the base's root token); -1 = none
-    targets = torch.full((K + 1, M), -1, dtype=torch.long)
-    for b, c in enumerate(conts):
-        c = torch.tensor(c, dtype=torch.long)
-        for k in range(min(K, len(c) - 1) + 1):
-            targets[k, offsets[b]:offsets[b + 1] - k] = c[k:]
-    lm_head = model.get_output_embeddings()
-    dev = next(heads.parameters()).device  # the last hidden state's (a model across devices: see models.py)
-    with torch.no_grad():
-        check = hidden is None
-        hidden = teacher_forced_hidden(model, prompts, conts) if check else torch.cat(hidden)  # [M, H]
-        vocab = lm_head.weight.shape[0]
-        chunk = chunk or max(1, (1 << 26) // (vocab * (K + 1)))  # ~256 MB of fp32 logits per chunk
-        ranks = torch.empty((K, M), dtype=torch.int16)
-        mismatches = torch.zeros(M, dtype=torch.bool)
-        for s in range(0, M, chunk):
-            h = hidden[s:s + chunk]                                   # [m, H]
-            tgt = targets[:, s:s + chunk].to(dev)                     # [K+1, m]
-            if check:
-                mismatches[s:s + chunk] = (lm_head(h).argmax(-1).to(dev) != tgt[0]).cpu()
-            top = heads(h, lm_head).topk(topk, dim=-1).indices.to(dev)  # [K, m, topk] (lm_head's device -> ours)
-            hit = top == tgt[1:, :, None]
-            r = torch.where(hit.any(-1), hit.int().argmax(-1), -1)
-            ranks[:, s:s + chunk] = torch.where(tgt[1:] < 0, NULL, r).to(torch.int16).cpu()
-    per_prompt = [ranks[:, offsets[b]:offsets[b + 1]].T.numpy().copy() for b in range(B)]
-    bad = [int(mismatches[offsets[b]:offsets[b + 1]].sum()) for b in range(B)] if check else None
-    return per_prompt, bad
 
 
 # ----------------------------------------------------------------------------------------------- files
@@ -209,7 +167,8 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
             if not last:
                 return dict(mine, merged=False)
             _merge(folder, records, args, launch.world,
-                   str(Path(cfg.continuations).resolve()) if reuse is not None else None)
+                   str(Path(cfg.continuations).resolve()) if reuse is not None else None,
+                   holdout_split([pid for pid, _ in records], cfg.holdout))
         trees = Path(cfg.trees_dir) if cfg.trees_dir else (folder / "trees" if cfg.out else Path("trees"))
         meta = finish(folder, name, args, records, cfg.holdout, cfg.budgets, trees)
         return dict(meta, **mine, merged=True) if launch.world > 1 else meta
@@ -257,7 +216,7 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
             shown = ", ".join(f"{k}: {recorded.get(k)!r} -> {args.get(k)!r}" for k in diff[:3])
             raise WorkbenchError(f"{folder} holds a calibration with other arguments ({shown}); use another "
                                  "--name/--out, the same arguments to resume, or --force to start over")
-        for f in (RANKS, CONTINUATIONS, ACCURACIES, META):
+        for f in (RANKS, CONTINUATIONS, TOPK, ACCURACIES, META):
             (folder / f).unlink(missing_ok=True)
         shutil.rmtree(folder / "parts", ignore_errors=True)
         for f in own_trees(folder / "trees", name):
@@ -270,7 +229,7 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
 
 
 def _part(parts: Path, i: int, kind: str) -> Path:
-    """Batch i's part file: kind 'ranks' (written last: the batch is done) or 'prompts'."""
+    """Batch i's part file: kind 'ranks' (written last: the batch is done), 'prompts' or 'topk'."""
     return parts / f"{i:05d}.{kind}.parquet"
 
 
@@ -319,7 +278,7 @@ def _run_batches(folder, base, tok, hd, records, encoded, args, share: range, on
                                                  return_hidden=True)
         else:
             conts, hidden = [reuse[records[j][0]] for j in idx], None  # teacher-forced hidden states
-        ranks, _ = head_ranks(base, hd, prompts, conts, args["topk"], hidden=hidden)
+        got = head_pass(base, hd, prompts, conts, args["topk"], hidden=hidden, logprobs=True)
         pids = [records[j][0] for j in idx]
         secs = time.perf_counter() - t0
         info = pd.DataFrame({"prompt_id": pd.array(pids, dtype="string"),
@@ -328,7 +287,8 @@ def _run_batches(folder, base, tok, hd, records, encoded, args, share: range, on
                              "stopped": ["eos" if c and c[-1] in stop_ids else "length" for c in conts],
                              "seconds": [secs / len(idx)] * len(idx)})
         _write_parquet(info, _part(parts, i, "prompts"))
-        _write_parquet(ranks_frame(pids, ranks, hd.num_heads), _part(parts, i, "ranks"))  # = batch done
+        _write_parquet(topk_frame(pids, [len(c) for c in conts], got.logp, got.ids), _part(parts, i, "topk"))
+        _write_parquet(ranks_frame(pids, got.ranks, hd.num_heads), _part(parts, i, "ranks"))  # = batch done
         bar.update(len(idx))
         if on_batch is not None:
             on_batch(i)
@@ -336,9 +296,12 @@ def _run_batches(folder, base, tok, hd, records, encoded, args, share: range, on
     return len(todo)
 
 
-def _merge(folder: Path, records, args: dict, num_processes: int, continuations_from: str | None) -> None:
-    """Every batch's parts -> ranks.parquet and continuations.parquet in prompt order, then meta.json (which marks
-    the ranks complete), then the parts go. Whichever processes computed them, the files are a one-process run's."""
+def _merge(folder: Path, records, args: dict, num_processes: int, continuations_from: str | None,
+           held: set[str]) -> None:
+    """Every batch's parts -> ranks.parquet, continuations.parquet and the `held` prompts' topk.parquet in prompt
+    order, then meta.json (which marks the ranks complete), then the parts go. Whichever processes computed them,
+    the files are a one-process run's. Parts written before the top-k was recorded with the ranks (a run resumed
+    across versions) leave topk.parquet to `calibrate --record-topk`."""
     parts = folder / "parts"
     batches = _batches(len(records), args["batch_size"])
     missing = [i for i in range(len(batches)) if not _part(parts, i, "ranks").is_file()]
@@ -352,6 +315,10 @@ def _merge(folder: Path, records, args: dict, num_processes: int, continuations_
     seconds = float(info.pop("seconds").sum())
     _write_parquet(info, folder / CONTINUATIONS)
     _write_parquet(ranks, folder / RANKS)
+    if held and all(_part(parts, i, "topk").is_file() for i in range(len(batches))):
+        topk = [pd.read_parquet(_part(parts, i, "topk")) for i in range(len(batches))]
+        topk = pd.concat([t[t["prompt_id"].isin(held)] for t in topk], ignore_index=True)
+        _write_parquet(topk, folder / TOPK)
     atomic_write_json(folder / "parts" / "args.json", {"args": args, "compute_seconds": seconds})
     meta = dict(version=META_VERSION, args=args, compute_seconds=seconds, num_processes=num_processes,
                 **({"continuations_from": continuations_from} if continuations_from else {}))

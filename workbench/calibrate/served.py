@@ -31,6 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.core.data import load_prompt_records
 from workbench.core.notes import FieldError
 from workbench.core.io import atomic_write_json, atomic_write_text, read_csv, read_json
 
@@ -341,6 +342,21 @@ class Served:
         if not out:
             raise WorkbenchError(f"{self.folder}: no drafted token was ever accepted: speculation never pays here")
         return out
+
+    def served_prompt_ids(self) -> list[str]:
+        """The ids of the prompts vLLM served for it (a run of ours records them; a scrape does not know them)."""
+        ids = (self.meta.get("setting") or {}).get("prompt_ids") if isinstance(self.meta.get("setting"), dict) else None
+        return [str(i) for i in ids] if isinstance(ids, list) else []
+
+    def holdout_prompts(self) -> list[tuple[str, str]]:
+        """[(prompt_id, text)] of the prompts the run held out (never served: `calibrate --holdout`), in file order."""
+        held, limit = self.meta.get("holdout_ids") or [], self.meta.get("limit")
+        if not isinstance(self.meta.get("prompts"), str) or not held:
+            raise WorkbenchError(f"--prompts holdout: the served calibration {self.folder} held no prompts out (a "
+                                 "scrape's, or a run before --holdout): name a prompt set (--prompts) or calibrate "
+                                 "again with `calibrate --engine vllm --holdout 0.25`")
+        return [r for r in load_prompt_records(self.meta["prompts"], limit if isinstance(limit, int) else None)
+                if r[0] in set(map(str, held))]
 
     def info(self) -> dict:
         """Provenance for a plan's source: the setting it was served in and the statistic its rates are."""

@@ -15,7 +15,8 @@ PROMPTS, BUDGETS, HOLDOUT, GEN_BATCH = "alpaca-eval", "16,32,64", 0.2, 32  # def
 
 
 def _record_topk(args) -> int:
-    """`calibrate --record-topk --name NAME`: topk.parquet for a finished calibration (per-step trees' replay)."""
+    """`calibrate --record-topk --name NAME`: topk.parquet for a calibration finished before `calibrate` recorded
+    it with the ranks (per-step trees' replay)."""
     from workbench.calibrate.folder import TOPK, Calibration, calibration_root
     from workbench.calibrate.topk import record_topk
     from workbench.runtime.models import load_model_and_heads
@@ -100,7 +101,8 @@ def add_calibrate(sub) -> None:
     p.add_argument("--prompts", default=PROMPTS, help="alpaca-eval, mt-bench (first turns), copy-edit (answers that copy from the prompt) or a JSON/JSONL/CSV/"
                    "parquet file with an instruction/prompt/question/turns column (default: alpaca-eval)")
     p.add_argument("--limit", type=bounded("count"), metavar="N", help="use the first N prompts")
-    p.add_argument("--holdout", type=finite(0, 1), default=HOLDOUT, help="share of prompts kept out of the fit (default 0.2)")
+    p.add_argument("--holdout", type=finite(0, 1), default=HOLDOUT, help="share of prompts kept out of the fit (default 0.2); "
+                   "--engine vllm: never served, and `vllm-check` checks a plan on them")
     p.add_argument("--max-new-tokens", type=bounded("tokens"), default=128)
     p.add_argument("--topk", type=bounded("rank"), default=MEDUSA_TOPK, help="ranks recorded per head (Medusa's buffers use 10)")
     p.add_argument("--budgets", default=BUDGETS, help="tree sizes to build (default 16,32,64)")
@@ -111,9 +113,9 @@ def add_calibrate(sub) -> None:
     renamed(p, "--batch-size", "--gen-batch N")
     p.add_argument("--force", action="store_true", help="start over when the folder holds a run with other arguments")
     p.add_argument("--record-topk", action="store_true",
-                   help="on a finished folder (--name/--out): record each head's top-k ids and log-probs at its "
-                        "held-out positions (topk.parquet), which per-step trees are replayed on; --model/--heads "
-                        "must be the calibration's own")
+                   help="on a folder calibrated before calibrate recorded them (--name/--out): record each "
+                        "head's top-k ids and log-probs at its held-out positions (topk.parquet), which per-step "
+                        "trees are replayed on; --model/--heads must be the calibration's own")
     p.add_argument("--continuations", metavar="DIR", help="reuse the greedy answers of a finished calibration of the "
                    "same model and prompts (new heads: skips generation)")
     p.add_argument("--trees-dir", help="where tree files go (default trees/, or OUT/trees with --out)")

@@ -14,7 +14,7 @@ from workbench.export.vllm import VLLM_METHODS
 from workbench.plan.plan_file import looks_like_plan, read_plan
 from workbench.trees.tree import MEDUSA_TOPK, load_tree
 
-# How the CLI words the fix an export warning points to (export.common.Warn.fix): with its own flags.
+# How the CLI words the fix an export warning points to (core.notes.Note.fix): with its own flags.
 EXPORT_FIXES = {
     "max_rank": f"or use --max-rank {MEDUSA_TOPK}",
     "engine_safe": "use --engine-safe",

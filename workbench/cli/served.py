@@ -24,7 +24,9 @@ def cmd_served(args) -> int:
     from workbench.trees.tree import MEDUSA_TOPK
 
     args.topk_changed, args.holdout_changed = args.topk != MEDUSA_TOPK, args.holdout != 0.2
-    given = [f"--{f.replace('_changed', '').replace('_', '-')}" for f in WORKBENCH_ONLY if getattr(args, f, None)]
+    read = bool(args.metrics or args.requests)
+    given = [f"--{f.replace('_changed', '').replace('_', '-')}" for f in WORKBENCH_ONLY if getattr(args, f, None)
+             and not (f == "holdout_changed" and not read)]  # a run holds prompts out as ours does; a read has none
     if given:
         raise WorkbenchError(f"{', '.join(given)}: for our heads' calibration; a served one counts vLLM's drafts")
     if args.metrics and args.requests:
@@ -32,7 +34,6 @@ def cmd_served(args) -> int:
     if args.metrics and len(args.metrics) > 2:
         raise WorkbenchError(f"--metrics takes one or two scrapes (before, after), got {len(args.metrics)}")
     method = check_method(args.method if args.method is not None else ("medusa" if args.heads else None))
-    read = bool(args.metrics or args.requests)
     if read and (args.heads or args.draft_model or args.vllm_python or args.limit):
         raise WorkbenchError("--metrics / --requests read counts already made: --heads, --draft-model, --limit "
                              "and --vllm-python are for a run (calibrate --engine vllm)")
@@ -72,6 +73,7 @@ def cmd_served(args) -> int:
 
 def _run(args, method: str):
     """Serve the prompts in vLLM with the drafter at K = --k (default 4): (counts, setting)."""
+    from workbench.calibrate.finish import holdout_split
     from workbench.core.data import load_prompt_records
     from workbench.export.vllm_check import vllm_inputs
     from workbench.measure.vllm_acceptance import served_acceptance
@@ -89,6 +91,8 @@ def _run(args, method: str):
     if method in ("eagle", "eagle3", "draft_model", "mlp_speculator", "dflash", "dspark") and not args.draft_model:
         raise WorkbenchError(f"--method {method} needs --draft-model DIR (the drafter's weights)")
     records = load_prompt_records(args.prompts, args.limit)
+    held = holdout_split([r[0] for r in records], args.holdout)  # never served: `vllm-check` checks a plan on them
+    records = [r for r in records if r[0] not in held]
     inputs = vllm_inputs(args.model, args.heads, records, False, heads=method == "medusa")
     k = args.k or 4
     if method == "medusa" and k > inputs["heads"].num_heads:
@@ -99,7 +103,8 @@ def _run(args, method: str):
                                       inputs["eos"], min(8, len(records)), args.max_new_tokens)
     return counts, dict(engine="vllm", engine_version=where.get("vllm"), method=method,
                         draft_model=drafter.get("model"), model=model_label(args.model), prompts=args.prompts,
-                        limit=args.limit, max_new_tokens=args.max_new_tokens, source="calibrate",
+                        limit=args.limit, holdout_ids=sorted(held), max_new_tokens=args.max_new_tokens,
+                        source="calibrate",
                         num_prompts=len(records), speculative_config=dict(drafter, num_speculative_tokens=k),
                         setting=where)
 

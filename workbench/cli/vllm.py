@@ -16,6 +16,7 @@ VLLM_EAGER = ("vLLM without its compiled model (enforce_eager): each engine star
 
 
 def cmd_vllm_check(args) -> int:
+    from workbench.calibrate.served import is_served
     from workbench.export.vllm_check import check_table
     from workbench.export.vllm_check_request import VllmCheckRequest
     from workbench.measure.vllm_runner import vllm_python
@@ -28,9 +29,34 @@ def cmd_vllm_check(args) -> int:
     if args.table:
         check_output(args.table, "--table")
     anchor = args.out or args.table  # finished batch sizes and decoder parts wait beside it (a rerun resumes)
+    if args.calibration and is_served(args.calibration):  # a drafter vLLM serves: plain vLLM is the referee
+        return _served_check(args, anchor)
     with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
         res = req.run(args.vllm_python, work=anchor)
         table = check_table(res)
+        if args.table:
+            atomic_write_text(args.table, table, "--table")
+        write_output(json.dumps(res, indent=1) + "\n", args.out, "vllm-check JSON")
+        remove_work(anchor)
+    print(table, file=sys.stderr if not args.out else sys.stdout)
+    return 0
+
+
+def _served_check(args, anchor) -> int:
+    """vllm-check of a served calibration's drafter (export/vllm_served_check.py)."""
+    from workbench.export.vllm_served_check import served_check, served_table
+    from workbench.plan.plan_file import read_plan
+
+    given = [f for f, on in (("--heads", args.heads), ("--compile/--no-compile", args.compile is not None)) if on]
+    if given:
+        raise WorkbenchError(f"{', '.join(given)}: our Medusa decoder's; a served calibration's drafter is checked "
+                             "in vLLM alone (plain vLLM is the referee): drop them")
+    with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
+        res = served_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model,
+                           parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
+                           args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor,
+                           repeats=args.repeats, eager=args.vllm_eager)
+        table = served_table(res)
         if args.table:
             atomic_write_text(args.table, table, "--table")
         write_output(json.dumps(res, indent=1) + "\n", args.out, "vllm-check JSON")
@@ -50,7 +76,8 @@ def add_vllm_check(sub) -> None:
                        parents=[model_args("--model", "--heads", "--compile")])  # --compile: ours as vLLM serves
     p.add_argument("--vllm-python", help="python of vLLM's environment (default: $WORKBENCH_VLLM_PYTHON)")
     p.add_argument("--calibration", metavar="DIR", help="calibration folder: the prediction and the held-out "
-                   "prompts (default: the one with the most prompts under calibration/)")
+                   "prompts (default: the one with the most prompts under calibration/); a served one (`calibrate "
+                   "--engine vllm`) checks its drafter in vLLM against plain vLLM")
     p.add_argument("--plan", metavar="PLAN.json", help="also run the plan's own config at each batch size")
     p.add_argument("--k", default="1,2,3,4", help="chain lengths K to run (default 1,2,3,4)")
     p.add_argument("--batch-sizes", default="1,2,4,8", help="vLLM batch sizes (default 1,2,4,8)")

@@ -158,6 +158,15 @@ def shrinking_cost(seconds: Mapping[int, Mapping[int, float]], batch: int):
     return cost
 
 
+def prediction_error(predicted: float, measured: float) -> float:
+    """How far a prediction lies from its measurement, as a share of the measurement (+0.05: predicted 5% high).
+    One convention for every predicted-vs-measured column, so "within 10%" means the same everywhere."""
+    try:
+        return predicted / measured - 1                                   # floats, or columns of them
+    except ZeroDivisionError:
+        return math.nan
+
+
 def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:
     """Whether two ranges overlap: an order resting on a difference inside the noise. None when either is unknown."""
     if a is None or b is None:
@@ -176,6 +185,14 @@ def tokens_per_step(batches) -> float:
     calls = _calls(batches)
     steps = sum(len(r.steps) for c in calls for r in c)
     return sum(len(r.token_ids) for c in calls for r in c) / steps if steps else float("nan")
+
+
+def served_tokens_per_step(new_tokens: int, prompts: int, accepted: int) -> float:
+    """Tokens per decoding step of an engine's run from its counts (vLLM's for any drafter): every token after each
+    request's first (its prefill's) over the steps that emitted them, drafted or not (tokens less accepted drafts)."""
+    decoded = new_tokens - prompts
+    steps = decoded - accepted
+    return decoded / steps if steps > 0 else math.nan
 
 
 def acceptance_per_position(batches, depth: int) -> list[float]:

@@ -225,7 +225,7 @@ def _generate(model, tokenizer, req: Request, engine: StepEngine | None, heads=N
     size = req.select + 1 if req.select else buf.size  # tokens one sequence verifies per step
 
     t0 = clock(dev)
-    hidden = engine.prefill(prompts, max(lim for lim, _ in budgets) + buf.size + buf.depth + 1)  # [B, H]
+    hidden = engine.prefill(prompts, engine.room(max(lim for lim, _ in budgets), [buf]))       # [B, H]
     first = logits_of(model, hidden)                                                           # [B, V]
     draw = uniforms(torch.tensor(seed), torch.tensor(0), (batch,), "cpu").to(dev) if rule.kind == "nucleus" else None
     root = first_token(first, rule, draw)                                                      # [B]

@@ -142,7 +142,7 @@ def check_plan_heads(plan: dict, heads_dir) -> tuple[int, list[Warn]]:
 def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, batch_size: int | None = None,
                 name: str | None = None, max_draft_len: int = TRTLLM_MAX_DRAFT_LEN, method: str | None = None,
                 draft_model=None, vllm_version: str | None = None) -> tuple[str, list[Warn], list[str]]:
-    """(text, warnings, notes) of a plan (plan.read_plan) for one engine. vllm: vllm.write_plan (--synthetic adds
+    """(text, warnings, notes) of a plan (plan_file.read_plan) for one engine. vllm: vllm.write_plan (--synthetic adds
     vLLM's synthetic rejection sampling at the plan's top-1 chain acceptance). The static formats (vllm-tree,
     trtllm, medusa, eagle, json) write the tree of one row (batch_size, default 1) as export_tree does."""
     if fmt not in PLAN_FORMATS:

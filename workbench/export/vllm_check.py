@@ -24,7 +24,7 @@ from workbench import WorkbenchError, note
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import COMPILED, cpu_mark, load_average, others, quiet
-from workbench.core.speed import spread
+from workbench.core.speed import prediction_error, spread
 from workbench.core.work import WorkState
 from workbench.decode.loop import medusa_generate, vanilla_generate
 from workbench.export.vllm import served_ks
@@ -276,7 +276,7 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
             vllm_by_batch_size={b: dict(drafts=r["num_drafts"], accepted_per_pos=r["accepted_per_pos"][:k])
                                 for b, r in runs.items()},
             vllm_batch_size=batch_sizes[0], **pred, prediction=key,
-            prediction_error=pred[key] / measured - 1,
+            prediction_error=prediction_error(pred[key], measured),
             vllm_spec_vs_vllm_plain={b: compare_outputs(runs[b]["outputs"], plain[b]["outputs"]) for b in runs},
             ours_medusa_vs_ours_plain=compare_outputs(mine[k]["outputs"], mine["plain"]),
             per_sequence=per_seq, ours_counted_like_vllm=counted_like_vllm(per_seq["ours"], per_seq["lengths"], k),

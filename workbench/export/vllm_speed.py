@@ -10,7 +10,7 @@ passes (core.speed.spread); two rows are within noise when their interquartile r
 from __future__ import annotations
 
 from workbench import WorkbenchError
-from workbench.core.speed import spread, within_noise
+from workbench.core.speed import prediction_error, spread, within_noise
 from workbench.export.vllm import served_ks
 from workbench.plan.plan_file import plan_engine
 
@@ -95,7 +95,7 @@ def plan_rows(plan: dict, plan_k: dict, rows: list[dict]) -> list[dict]:
         p = pred["predicted_speedup"] if pred else (1.0 if k == 0 else None)
         out.append(dict(batch_size=b, plan_k=k, predicted_speedup=p, measured_speedup=got and got[0],
                         measured_range=got and list(got[1]),
-                        error=None if p is None or got is None else p / got[0] - 1,
+                        error=None if p is None or got is None else prediction_error(p, got[0]),
                         best_k=best, best_speedup=measured[best][0],
                         choice_is_best_or_within_noise=best == k or bool(got and within_noise(got[1],
                                                                                                 measured[best][1]))))

@@ -13,7 +13,7 @@ Two modes, one CSV format (latency_file.py owns it; every row carries the settin
   verify        the bare verify forward at fixed contexts (random tokens): the model work alone, cheaper to measure
                 at many contexts and sizes; what the decoder adds on top is not in it.
 Resumable: a point (a batch size in decoder-step, a batch size x context in verify: the unit its sizes are timed
-round-robin in) is kept in the run's io.WorkState beside the CSV as soon as it is measured; a killed run rerun the
+round-robin in) is kept in the run's work.WorkState beside the CSV as soon as it is measured; a killed run rerun the
 same measures only the points it had not finished and keeps the others' rows exactly. Each point's rows carry the
 setting (and load) it was measured in.
 """
@@ -60,7 +60,15 @@ def measured_setting(model, engine, mode: str, processes: int = 1) -> dict:
     return s | {"cpu_linear": gemv.forced() or "measured"} if dev.type == "cpu" else s
 
 
-def latency_tree(nodes: int, depth: int = 5, topk: int = MEDUSA_TOPK) -> Tree:
+TIMED_DEPTH = 5  # the timed trees' depth, or the heads' count when fewer (timed_depth)
+
+
+def timed_depth(heads) -> int:
+    """How deep the latency grid's trees go with these heads (None: a bare verify forward, no heads)."""
+    return TIMED_DEPTH if heads is None else min(TIMED_DEPTH, heads.num_heads)
+
+
+def latency_tree(nodes: int, depth: int = TIMED_DEPTH, topk: int = MEDUSA_TOPK) -> Tree:
     """An n-node tree shaped like optimal trees (wide near the root, narrowing with depth): node value
     prod_d 0.7 * 0.45^rank, best-first. For dense-mask kernels only the token count of the verify matters; the
     shape makes the 4-D mask and position ids the decoder's own, so a kernel that exploits structure is timed as
@@ -141,7 +149,7 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
                              "use smaller --context/--sizes")
     dev = model.device
     vocab = model.get_input_embeddings().weight.shape[0]
-    depth = min(5, heads.num_heads) if heads is not None else 5
+    depth = timed_depth(heads)
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
     engine = engine or StepEngine(model)
     if engine.compiled_as:  # one capacity for every context, the decode's rule (size_for: one for the run): each
@@ -183,7 +191,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
                           batches=DECODER_BATCHES, repeats: int = 4, warmup: int = 1, max_new_tokens: int = 64,
                           label: str = "", progress: bool = True, engine=None, work=None,
                           envelope: Tree | None = None) -> pd.DataFrame:
-    """The decoder-step mode: per (batch B, tokens n) the wall time of the decoder's step (decode.Step.time_s, the
+    """The decoder-step mode: per (batch B, tokens n) the wall time of the decoder's step (decode/loop.Step.time_s, the
     step `medusa_generate` / `vanilla_generate` run), from `repeats` rounds of generate calls of B prompts each
     (prompts taken in turn, cycling; one round: vanilla, 2, 3, ..., vanilla on the same prompts). Right after every
     step a bare 1-token forward at that step's batch and context is timed: the reference. t(B, 1) is the median
@@ -206,7 +214,7 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     if max_new_tokens < 2:
         raise FieldError("max_new_tokens", "below_two", f"{{field}} {max_new_tokens}: need >= 2 (a step after the first "
                          "token)")
-    depth = min(5, heads.num_heads)
+    depth = timed_depth(heads)
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
     if envelope is not None and envelope.depth > heads.num_heads:
         raise WorkbenchError(f"--envelope {envelope.name}: {envelope.depth} deep, but there are {heads.num_heads} heads")

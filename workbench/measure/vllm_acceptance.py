@@ -36,6 +36,10 @@ def served_acceptance(py: str, model_dir: str, drafter: dict, k: int, prompts: l
     progress(f"vLLM: serving {len(prompts)} prompts with {drafter['method']} at K={k}, {batch} at a time")
     result = run_worker(py, request, progress)[0]["engines"][0]
     run = result["run"]
+    if not run["num_drafts"]:  # checked_counts' words are for two scrapes; a run of ours says what to change
+        raise WorkbenchError(f"vLLM serving {drafter['method']} at K={k} drafted nothing on {len(prompts)} prompts "
+                             f"({run['new_tokens']} new tokens; n-gram drafts only where the context repeats "
+                             "itself): serve more prompts or longer answers (--limit, --max-new-tokens)")
     per_pos = list(run["accepted_per_pos"])[:k]
     per_pos += [0] * (k - len(per_pos))
     steps = run["new_tokens"] - run["num_accepted_tokens"] - len(prompts)

@@ -49,26 +49,33 @@ def round_value(steps: list[dict]) -> float | None:
     return math.fsum(s["seconds"] for s in steps) / full if full else None
 
 
-def paired(values: list[float | None], plain: list[float | None]) -> list[float]:
+def paired(values: list[float | None], plain: list[float | None], base: float | None = None) -> list[float]:
     """A K engine's passes priced pass by pass against plain's (the same prompts, run next to each other):
-    median(plain) x its round over plain's in each pass. The plan reads t(K)/t(0) = the median of those ratios,
-    so the machine's drift between passes (20-30 % over minutes on a shared VM) and each pass's own prompts cancel
-    instead of widening both medians."""
-    base = statistics.median(v for v in plain if v is not None)
+    `base` (default median(plain)) x its round over plain's in each pass. The plan reads t(K)/t(0) = the median of
+    those ratios, so the machine's drift between passes (20-30 % over minutes on a shared VM) and each pass's own
+    prompts cancel instead of widening both medians. `base`: the plain row's median where K ran beside a plain
+    engine of its own (vllm_runner.engine_groups), so its ratio to its own plain engine is what the CSV keeps."""
+    base = statistics.median(v for v in plain if v is not None) if base is None else base
     return [base * v / p for v, p in zip(values, plain, strict=True) if v is not None and p is not None]
 
 
 def rows_of(results: list[dict], ks: list[int], label: str, cell: str) -> tuple[list[dict], list[tuple[int, int]]]:
     """CSV rows (all but the context) of the worker's results, engine i running K = ks[i] (ks[0] = 0, plain; every
-    other K priced against it pass by pass: `paired`), and every timed round's (context sum, sequences) for the
-    file's context."""
-    rows, contexts, plain = [], [], {}
+    other K priced pass by pass against the plain engine it ran beside, its result's "plain", at the plain row's
+    median: `paired`), and every timed round's (context sum, sequences) for the file's context."""
+    def values_of(run: dict) -> list[float | None]:
+        return [round_value(p["rounds"]) for p in run["passes"] if p.get("timed")]
+
+    rows, contexts = [], []
+    plain = {run["batch_size"]: values_of(run) for run in results[0]["runs"]}
     for k, res in zip(ks, results, strict=True):
+        beside = {run["batch_size"]: values_of(run) for run in res.get("plain") or results[0]["runs"]}
         for run in res["runs"]:
             b, passes = run["batch_size"], [p for p in run["passes"] if p.get("timed")]
-            values = [round_value(p["rounds"]) for p in passes]
-            plain.setdefault(b, values)
-            values = [v for v in (paired(values, plain[b]) if k else values) if v is not None]
+            values = values_of(run)
+            base = statistics.median(v for v in plain[b] if v is not None) if k and any(
+                v is not None for v in plain[b]) else None
+            values = [v for v in (paired(values, beside[b], base) if k else values) if v is not None]
             if not values:
                 raise FieldError("max_new_tokens", "no_round", f"vLLM: no full round at batch {b}, K={k} (every request "
                                  "finished or was still in prefill): raise {field}")

@@ -120,28 +120,63 @@ def run_worker(py: str, request: dict, progress, on_batch=None, on_pass=None) ->
     return results
 
 
+OWN_PROCESS = ("ngram",)  # drafters whose engines each need a worker process of their own (engine_groups)
+
+
+def engine_groups(engines: list) -> list[list[int]]:
+    """Which of a request's engines share one worker process (indices; engine 0 plain where one is plain): all of
+    them, except that each engine drafting with an OWN_PROCESS drafter runs in a process of its own beside a plain
+    engine of its own. Why: vLLM 0.32's CPU build starts one n-gram engine per process; a second dies in
+    vllm/triton_utils/dispatcher._rebind_kernels (`vars(value).get` on llvmlite's `_lib_fn_wrapper`, which the
+    first one's numba proposer loaded). Each K is then priced against the plain engine it ran beside, pass by pass,
+    as in one process."""
+    alone = [i for i, e in enumerate(engines) if e and e.get("method") in OWN_PROCESS]
+    if not alone:
+        return [list(range(len(engines)))]
+    if engines[0] is not None:
+        raise WorkbenchError("an n-gram engine runs in its own process beside a plain one: engine 0 must be plain")
+    rest = [i for i in range(len(engines)) if i not in alone]
+    return ([rest] if len(rest) > 1 else []) + [[0, i] for i in alone]
+
+
 def engine_results(py: str, request: dict, state: WorkState, progress, between=None) -> list[dict]:
-    """Every engine's result ({"engine", "vllm_version", "startup_s", "worker", "runs": one per batch size}): the
-    batch sizes `state` kept from an earlier run, then one worker run for the rest, each batch size kept as it
-    arrives. The unit kept is a batch size, not an engine: the engines run side by side (vllm_worker).
-    `between(batch_size, pass)` (generate mode): run after each pass of every engine, side by side with them; its
-    results are kept with the batch size's (`between_results`)."""
+    """Every engine's result ({"engine", "vllm_version", "startup_s", "worker", "runs": one per batch size, "plain":
+    the runs of the plain engine it ran beside, the first group's for engine 0 and for every engine of that group}):
+    per group of engine_groups, the batch sizes `state` kept from an earlier run, then one worker run for the rest,
+    each batch size kept as it arrives (a group's pieces named by it where there are several groups). The unit kept
+    is a batch size of a group, not an engine: the engines of a group run side by side (vllm_worker).
+    `between(batch_size, pass)` (generate mode, one group only): run after each pass of every engine, side by side
+    with them; its results are kept with the batch size's (`between_results`)."""
+    groups = engine_groups(request["engines"])
+    if between is not None and len(groups) > 1:
+        raise WorkbenchError("our decoder's passes run beside one worker's: not with engines in several processes")
     sizes = list(request["batch_sizes"])
-    todo = [b for b in sizes if state.get(f"vllm-batch-{b}") is None]
-    if len(todo) < len(sizes):
-        progress(f"vLLM: {len(sizes) - len(todo)} of {len(sizes)} batch sizes finished earlier")
-    if todo:
-        ran: dict[int, list] = {}
+    out: dict[int, dict] = {}
+    for g, members in enumerate(groups):
+        name = (lambda b: f"vllm-batch-{b}") if len(groups) == 1 else (lambda b, g=g: f"vllm-group-{g}-batch-{b}")
+        todo = [b for b in sizes if state.get(name(b)) is None]
+        what = "" if len(groups) == 1 else f" (process {g + 1} of {len(groups)})"
+        if len(todo) < len(sizes):
+            progress(f"vLLM: {len(sizes) - len(todo)} of {len(sizes)} batch sizes finished earlier{what}")
+        if todo:
+            ran: dict[int, list] = {}
 
-        def keep(r: dict) -> None:
-            state.put(f"vllm-batch-{r['batch_size']}", dict(r, between=ran.pop(r["batch_size"], [])))
+            def keep(r: dict, name=name) -> None:
+                state.put(name(r["batch_size"]), dict(r, between=ran.pop(r["batch_size"], [])))
 
-        on_pass = None if between is None else (
-            lambda m: ran.setdefault(m["batch_size"], []).append(between(m["batch_size"], m["pass"])))
-        run_worker(py, dict(request, batch_sizes=todo, between=between is not None), progress, keep, on_pass)
-    kept = [state.get(f"vllm-batch-{b}") for b in sizes]
-    return [dict({k: v for k, v in kept[0]["engines"][i].items() if k != "run"}, engine=i,
-                 runs=[k["engines"][i]["run"] for k in kept]) for i in range(len(request["engines"]))]
+            on_pass = None if between is None else (
+                lambda m: ran.setdefault(m["batch_size"], []).append(between(m["batch_size"], m["pass"])))
+            if what:
+                progress(f"vLLM{what}: engines {', '.join(map(str, members))}")
+            run_worker(py, dict(request, engines=[request["engines"][i] for i in members], batch_sizes=todo,
+                                between=between is not None), progress, keep, on_pass)
+        kept = [state.get(name(b)) for b in sizes]
+        runs = [[k["engines"][j]["run"] for k in kept] for j in range(len(members))]
+        for j, i in enumerate(members):
+            if i not in out:
+                out[i] = dict({k: v for k, v in kept[0]["engines"][j].items() if k != "run"}, engine=i, runs=runs[j],
+                              plain=runs[0] if request["engines"][members[0]] is None else None)
+    return [out[i] for i in range(len(request["engines"]))]
 
 
 def between_results(state: WorkState, sizes) -> dict[int, list]:

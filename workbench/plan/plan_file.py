@@ -33,13 +33,14 @@ import pandas as pd
 from workbench import WorkbenchError
 from workbench.core.io import read_json
 from workbench.core.provenance import differences, read_setting
+from workbench.core.speed import prediction_error
 from workbench.measure.sweep_file import checked_speedup
-from workbench.plan.source import check_acceptance, is_chain
+from workbench.plan.source import check_acceptance
 from workbench.trees.dynamic import DynamicPolicy
-from workbench.trees.tree import MAX_DEPTH, MAX_NODES, Tree, load_tree, make_tree
+from workbench.trees.tree import MAX_DEPTH, MAX_NODES, Tree, is_chain, load_tree, make_tree
 
 KINDS = ("tree", "chain", "none", "dynamic")
-PLAN_VERSION = 3  # the plan file's "version" (3: latency.engine, engine_version); 1: files without it (upgrade_plan)
+PLAN_VERSION = 3  # the plan file's "version" (3: the latency's engine, engine_version); 1: files without it (upgrade_plan)
 PLAN_ROW = ("batch_size", "kind", "medusa_choices", "nodes", "predicted_tokens_per_step", "predicted_speedup")
 
 
@@ -174,7 +175,7 @@ def _object(v, where: str) -> None:
 
 
 def _check_shape(data: dict, what: str) -> None:
-    """The plan's objects are objects; no row drafts past the heads it was planned for (source.num_heads: a chain
+    """The plan's objects are objects; no row drafts past the heads it was planned for (its source's num_heads: a chain
     of K > heads would reach a vLLM config or vllm-check as it is); a timed envelope of a size a step can hold."""
     for key in ("source", "latency"):
         _object(data.get(key), f"{what}: {key}")
@@ -245,7 +246,7 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
     runner-up) as decoded by `workbench sweep --plan` at that batch size, greedy, against vanilla at the same batch
     size. "none" is vanilla itself: speedup 1 by definition. The measured speedup is the decoding phase's, as
     predicted (sweep_file.checked_speedup; measured_phase says when a row only has the end-to-end one).
-    err_% = measured / predicted - 1. setting_differs: how
+    err_% = core.speed.prediction_error (predicted / measured - 1). setting_differs: how
     the sweep's setting differs from the plan's latency table's (provenance.differences; empty when they match):
     a prediction from another setting is not comparable."""
     rows = []
@@ -273,7 +274,7 @@ def plan_check(plan: dict, sweep: pd.DataFrame) -> pd.DataFrame:
             rows.append(dict(batch_size=b, role=role, kind=entry["kind"], nodes=entry.get("nodes", 0),
                              predicted_tokens_per_step=entry["predicted_tokens_per_step"], measured_tokens_per_step=tps,
                              predicted_speedup=entry["predicted_speedup"], measured_speedup=spd, measured_phase=phase,
-                             speedup_err_pct=100 * (spd / entry["predicted_speedup"] - 1), exact_match=exact,
+                             speedup_err_pct=100 * prediction_error(entry["predicted_speedup"], spd), exact_match=exact,
                              setting_differs="; ".join(differences((plan.get("latency") or {}).get("setting"),
                                                                    where))))
     return pd.DataFrame(rows)

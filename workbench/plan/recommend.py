@@ -58,7 +58,7 @@ def prediction_name(calibration) -> str:
 # ----------------------------------------------------------------------------------------------- sweep evidence
 
 def shape(tree: Tree) -> str:
-    """A tree's shape hash, as the sweep CSV's config column carries it (sweep.tree_key)."""
+    """A tree's shape hash, as the sweep CSV's config column carries it (tree.tree_key)."""
     return tree_key(tree).rsplit(":", 1)[1]
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
-from workbench.core.speed import relative_latency, speedup_at
+from workbench.core.speed import prediction_error, relative_latency, speedup_at
 from workbench.measure.latency_file import latency_table, read_latency
 from workbench.measure.sweep_file import SWEEP_COLUMNS, read_sweep
 from workbench.plan.plan_file import plan_check
@@ -72,7 +72,7 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
         preds = ["predicted_independent", "predicted_joint", "predicted_replay", "predicted_replay_fit", "replay_swept"]
         t = pred[["tree", "kind", "nodes", *preds, "tokens_per_step"]].copy()
         for col in preds:
-            t[f"{col.removeprefix('predicted_')}_err_%"] = 100 * (t[col] / t["tokens_per_step"] - 1)
+            t[f"{col.removeprefix('predicted_')}_err_%"] = 100 * prediction_error(t[col], t["tokens_per_step"])
         t = t.rename(columns={"tokens_per_step": "measured"}).dropna(axis=1, how="all")
         parts.append("## Predicted vs measured tokens per step (greedy)\n\n"
                      "predicted_independent / predicted_joint: the paper's mean over every position of the "
@@ -131,7 +131,7 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
             t["within_10pct"] = t["speedup_err_pct"].abs() <= 10
             parts.append("## Plan per batch size: predicted vs measured\n\nThe plan's choice and runner-up at each "
                          "batch size, decoded live (`workbench sweep --plan`), greedy, against vanilla greedy at the "
-                         "same batch size; err = measured / predicted speedup - 1.\n\n" + markdown_table(t))
+                         "same batch size; err = predicted / measured speedup - 1.\n\n" + markdown_table(t))
 
     typical = df[df["acceptance"] == "typical"]
     if len(typical):

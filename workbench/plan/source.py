@@ -14,8 +14,8 @@ from workbench.calibrate.folder import Calibration
 from workbench.calibrate.served import Served, is_served
 from workbench.core.io import read_csv, read_json
 from workbench.trees.accuracies import read_accuracies
-from workbench.trees.optimize import expected_length, value_and_limits
-from workbench.trees.tree import MEDUSA_TOPK, chain_tree, is_chain  # noqa: F401 - is_chain: plan_file's import
+from workbench.trees.optimize import chain_value_fn, chain_values, expected_length, value_and_limits
+from workbench.trees.tree import MEDUSA_TOPK, chain_tree
 
 PREDICTIONS = {"independent": "predicted_independent", "joint": "predicted_joint", "replay": "predicted_replay"}
 MAX_POSITIONS = 64  # longest acceptance vector taken (a draft longer than any engine's limit is a typo)
@@ -115,8 +115,7 @@ class ChainSource(Source):
                                                           prediction="1 + sum of the first K rates", **(served or {})))
 
     def _value(self, path) -> float:
-        return self.chain_acceptance[len(path) - 1] if len(path) <= len(self.chain_acceptance) and not any(path) \
-            else 0.0
+        return chain_value_fn(self.chain_acceptance)(path)
 
     def _predict(self, tree) -> float:
         return expected_length(tree, self._value)
@@ -227,14 +226,3 @@ def regime(prediction: str, max_new_tokens: int | None) -> str:
     what = "measured joint path frequencies" if prediction == "predicted_joint" else "independent head accuracies"
     return (f"{what} of the fit prompts, averaged over every position of {cut} their answers: over-predicts a live "
             "decoder, which starts its steps only at the positions after each accepted run (harder on average)")
-
-
-def chain_values(fn, depth: int) -> list[float]:
-    """Per-position acceptance of the top-1 chain (the value of [0] * k), up to the last positive one."""
-    out = []
-    for k in range(1, depth + 1):
-        v = float(fn((0,) * k))
-        if v <= 0:
-            break
-        out.append(min(v, 1.0))
-    return out

@@ -143,13 +143,19 @@ class StepEngine:
                                                **compile_options(self.model.device, self.backend))
         return self._compiled[fn]
 
+    @staticmethod
+    def room(max_new_tokens: int, trees) -> int:
+        """Cache positions a sequence needs past its prompt: `max_new_tokens` + the largest tree's block (nodes +
+        depth + 1: a step may accept past its budget). The one rule of KV capacity (size_for, decode's prefill)."""
+        return max_new_tokens + max(b.size + b.depth for b in trees) + 1
+
     def size_for(self, prompts, max_new_tokens: int, trees) -> int:
         """Fix the cache capacity for a whole run before its first step: its longest prompt + `max_new_tokens` + the
         largest tree's block (nodes + depth + 1: a step may accept past its budget). The compiled step's shapes are
         then (B, N) only, so each (batch, tree size) compiles once; a later generation that needs more grows the
         cache and, compiled, says so on stderr and compiles again (untimed, counted in `compile_s`)."""
         width = max(int(p.shape[-1]) if isinstance(p, torch.Tensor) else len(p) for p in prompts)
-        need = width + max_new_tokens + max(b.size + b.depth for b in trees) + 1
+        need = width + self.room(max_new_tokens, trees)
         if need > self.capacity and self.cache is not None:
             self.cache = None  # the next prefill allocates the grown cache (and warms its step shapes again)
         self.capacity = max(self.capacity, need)
@@ -355,13 +361,6 @@ class StepEngine:
         self.state.alive[b] = 0
         self.state.lengths[b] = length
         self._point(max(self.host_lengths))
-
-    @torch.inference_mode()
-    def rewind(self, lengths: list[int]) -> None:
-        """Put every sequence's length back (timing at a fixed context: rows past it are dropped)."""
-        self.host_lengths = list(lengths)
-        self.state.lengths.copy_(torch.tensor(lengths))
-        self._point(max(lengths))
 
 
 def _counts() -> tuple[int, int]:

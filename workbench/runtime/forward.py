@@ -91,12 +91,6 @@ def check_window(model, total: int) -> None:
                              f"{window}: the Medusa tree mask is exact only within it (lower --max-new-tokens)")
 
 
-def decode_one(model, token: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-    """token [] -> hidden [H] of that token, appended to the cache (a plain step on a DynamicCache)."""
-    cache_kwarg(model)
-    return forward(model, token.view(1, 1), None, None, cache)[0, -1]
-
-
 def head_logits(heads, model, hidden: torch.Tensor, depth: int) -> torch.Tensor:
     """hidden [B, H] -> logits [B, depth, V] of the first `depth` heads at those positions."""
     if heads.tied:  # the heads' rows through the base lm_head: the fast few-rows path of logits_of

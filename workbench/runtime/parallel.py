@@ -25,7 +25,13 @@ import torch
 
 from workbench import WorkbenchError
 from workbench.core.io import gate
-from workbench.core.launch import RANK_VARS
+
+# (rank, world size, local rank, local world size): torchrun/accelerate, Intel MPI/MPICH, Open MPI, MVAPICH
+RANK_VARS = (("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+             ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+             ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+             ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"))
+
 
 def _start_time(pid: int) -> str:
     """A process's start time in clock ticks since boot (Linux), so that a reused pid is another launcher."""

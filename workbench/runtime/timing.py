@@ -60,12 +60,6 @@ def heads_times(model, heads, batch: int, depths, repeats: int = 30, warmup: int
     return {d: statistics.median(v) for d, v in times.items()}
 
 
-def time_verify(engine: StepEngine, buf: TreeBuffers, heads=None, repeats: int = 10, warmup: int = 2,
-                generator: torch.Generator | None = None) -> float:
-    """Median of `verify_times`."""
-    return statistics.median(verify_times(engine, buf, heads, repeats, warmup, generator))
-
-
 def forward_probe(engine: StepEngine, buf: TreeBuffers, heads=None) -> tuple[Callable[[object], None], list]:
     """(on_step, times): an on_step callback that times the bare verify work (`verify_times`, once) right after
     every step, at that step's batch and context, and the list it fills (seconds). Step and bare forward then
@@ -73,6 +67,6 @@ def forward_probe(engine: StepEngine, buf: TreeBuffers, heads=None) -> tuple[Cal
     these."""
     times: list[float] = []
 
-    def on_step(step) -> None:  # a decode.Step; only its timing point matters
+    def on_step(step) -> None:  # a decode/loop.Step; only its timing point matters
         times.append(verify_times(engine, buf, heads, repeats=1, warmup=0)[0])
     return on_step, times

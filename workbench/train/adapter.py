@@ -141,7 +141,7 @@ def _atomic_folder(folder: Path, write) -> Path:
 
 def write_outputs(model, tok, out: Path, label: str, summary: dict, save_dtype: torch.dtype) -> None:
     """adapter/, heads/, merged/ (HF model + our heads), medusa/ (Medusa's layout), training.json of a trained
-    medusa2.Medusa2 `model`."""
+    `Medusa2` `model`."""
     out.mkdir(parents=True, exist_ok=True)
     heads = model.heads.cpu().float()
 

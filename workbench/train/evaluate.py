@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from workbench import WorkbenchError, warn
 from workbench.calibrate.finish import holdout_split
 from workbench.calibrate.ranks import head_accuracies, ranks_frame
-from workbench.calibrate.run import head_ranks
+from workbench.calibrate.topk import head_ranks
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.speed import measured_speedup, tokens_per_step
 from workbench.core.work import WorkState

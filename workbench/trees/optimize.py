@@ -49,6 +49,23 @@ def empirical_value_fn(probs: Mapping) -> ValueFn:
     return lambda path: table.get(tuple(path), 0.0)
 
 
+def chain_value_fn(rates) -> ValueFn:
+    """The path values of a per-position acceptance vector: rates[k - 1] for the top-1 chain's path of k, 0 off it
+    (a chain drafter proposes nothing else)."""
+    return lambda path: rates[len(path) - 1] if len(path) <= len(rates) and not any(path) else 0.0
+
+
+def chain_values(fn: ValueFn, depth: int) -> list[float]:
+    """Per-position acceptance of the top-1 chain (the value of [0] * k), up to the last positive one."""
+    out = []
+    for k in range(1, depth + 1):
+        v = float(fn((0,) * k))
+        if v <= 0:
+            break
+        out.append(min(v, 1.0))
+    return out
+
+
 def expected_length(tree, value) -> float:
     """Expected tokens per step: 1 + sum of node values. `value` is acc[K, R] or a value function."""
     fn = value if callable(value) else acc_value_fn(value)

@@ -9,11 +9,13 @@ import json
 
 import streamlit as st
 
-from workbench.plan.source import chain_values
+from workbench import WorkbenchError
+from workbench.calibrate.served import Served, is_served
+from workbench.trees.optimize import chain_values
 from workbench.trees.accuracies import accuracy_frame
 from workbench.trees.optimize import acc_value_fn
 from workbench.ui.inputs import shared_inputs
-from workbench.ui.widgets import chart, results_root, timed
+from workbench.ui.widgets import calibration_root, chart, results_root, timed
 from workbench.viz import interactive_figures
 
 
@@ -100,6 +102,27 @@ def _vllm_counters() -> tuple[str, dict] | None:
     return None
 
 
+MAX_SERVED = 4  # served calibrations set beside ours on the acceptance chart (the first by name)
+
+
+def _served_rates() -> dict[str, list[float]]:
+    """{label: per-decoding-step acceptance per position (Served.rates, what a plan reads)} of the served
+    calibrations (`calibrate --engine vllm` or `--metrics`: vLLM's own counters, any drafter) under the calibration
+    root and the results folder's served/; one that does not read is left out."""
+    found = sorted({f for root in (calibration_root(), results_root() / "served") for f in root.glob("*")
+                    if is_served(f)}, key=lambda f: f.name)
+    out = {}
+    for folder in found[:MAX_SERVED]:
+        try:
+            served = Served(folder)
+            m = served.meta
+            out[f"vLLM served {m.get('method')}, K={served.counts.k} ({folder.name}, {m.get('prompts') or '?'})"] = \
+                served.rates()
+        except WorkbenchError:
+            continue
+    return out
+
+
 def _acceptance_view(src, acc, split: str | None) -> None:
     """Acceptance per draft position over the calibration (measured joint paths and the independence product),
     beside vLLM's counters and our decoder's when a vllm-check result exists."""
@@ -113,8 +136,12 @@ def _acceptance_view(src, acc, split: str | None) -> None:
         name, row = found
         series[f"vLLM, K={row['k']} ({name})"] = row["vllm_acceptance_per_pos"]
         series[f"our decoder, K={row['k']} (same prompts)"] = row["ours_acceptance_per_pos"]
+    served = _served_rates()
+    series.update(served)
     chart(interactive_figures.acceptance_chart(series),
           "The share of steps whose first k top-1 drafts were all accepted (a position past the last positive one is "
           "left out)" + ("; vLLM's and our decoder's counters are from `workbench vllm-check`, on its prompts."
-                         if found else "; no `workbench vllm-check` result found to set beside it."),
+                         if found else "; no `workbench vllm-check` result found to set beside it.")
+          + (" Served calibrations (vLLM's own counters for any drafter it ran, on their own prompts) are per "
+             "decoding step, drafted or not, as a plan reads them." if served else ""),
           key="cal_acceptance_chart")

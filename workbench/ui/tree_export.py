@@ -16,7 +16,7 @@ from workbench.ui.recommendation import provenance_of
 from workbench.ui.widgets import Source
 
 
-# How the app words the fix an export warning points to (export.common.Warn.fix): with its own controls (the
+# How the app words the fix an export warning points to (core.notes.Note.fix): with its own controls (the
 # designer's repair buttons sit under the warnings), never the CLI's flags.
 EXPORT_FIXES = {
     "max_rank": f"or design with ranks below {MEDUSA_TOPK} (the optimizer's max rank)",
@@ -32,7 +32,7 @@ EXPORT_FIXES = {
 
 def _repair(tree, sig: str, engine: str, value, num_heads: int, best: bool, budget: int, depth: int,
             rank: int) -> None:
-    """Button callback: the shown tree repaired for an engine (export.engine_safe), or the best tree that engine
+    """Button callback: the shown tree repaired for an engine (engines.engine_safe), or the best tree that engine
     builds as written within the same node count (engines.best_engine_safe); shown as an edit of the tree."""
     st.session_state["tree_edit_error"] = None
     try:

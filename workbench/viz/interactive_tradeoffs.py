@@ -146,8 +146,8 @@ def predicted_chart(sweep) -> go.Figure:
 
 
 def plan_chart(by_kind, measured=None, title: str = "predicted speedup per batch size") -> go.Figure:
-    """Predicted speedup against batch size, one line per kind (tree, chain, none; plan.speedups_by_kind), the
-    plan's choice at each batch size starred, and the live decoder's measurements (plan.plan_check) as diamonds."""
+    """Predicted speedup against batch size, one line per kind (tree, chain, none; plan_file.speedups_by_kind), the
+    plan's choice at each batch size starred, and the live decoder's measurements (plan_file.plan_check) as diamonds."""
     fig = go.Figure()
     for kind, rows in by_kind.groupby("kind", sort=False):
         fig.add_trace(go.Scatter(x=rows["batch_size"], y=rows["predicted_speedup"], mode="lines+markers", name=kind,
