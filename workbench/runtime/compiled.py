@@ -65,14 +65,19 @@ PAYBACK_STEPS = 1000  # a run of fewer steps per step shape never earns its laye
 # on a 2-core CPU, paid back after 37-819 steps: bench/results/compile-cpu-layers-*.json), least of all on a fresh cache
 
 
+def short(steps: int | None) -> bool:
+    """A run that says it takes fewer than PAYBACK_STEPS steps per shape (`steps`: decode, sweep, latency): it would
+    finish before a first run's costs are paid back (the layers' compiling, the few-row kernels' timing, gemv.py);
+    None: a run of unknown length (long)."""
+    return steps is not None and steps < PAYBACK_STEPS
+
+
 def default_on(model, steps: int | None = None) -> bool:
-    """Whether an engine left to its default (no --compile / --no-compile) compiles `model`'s layers: a run that
-    says it takes fewer than PAYBACK_STEPS steps per shape (`steps`: decode, sweep) stays eager, as it would finish
-    before the compiling is paid back; None: a run of unknown length (the default: compiled)."""
+    """Whether an engine left to its default (no --compile / --no-compile) compiles `model`'s layers: not for a
+    `short` run (`steps` per shape), which stays eager."""
     want = forced()
     if want is None:
-        want = sum(p.numel() * p.element_size() for p in model.parameters()) >= MIN_BYTES and \
-            (steps is None or steps >= PAYBACK_STEPS)
+        want = sum(p.numel() * p.element_size() for p in model.parameters()) >= MIN_BYTES and not short(steps)
     return bool(want) and model.device.type == "cpu" and blocks(model) is not None
 
 
