@@ -15,7 +15,8 @@ Two modes, one CSV format (latency_file.py owns it; every row carries the settin
 Resumable: a point (a batch size in decoder-step, a batch size x context in verify: the unit its sizes are timed
 round-robin in) is kept in the run's io.WorkState beside the CSV as soon as it is measured; a killed run rerun the
 same measures only the points it had not finished and keeps the others' rows exactly. Each point's rows carry the
-setting (and load) it was measured in.
+setting (and load) it was measured in. The engine timed is the one the priced run uses (`latency --run-steps`:
+eager by default, a long run's compiled layers when asked; compiled.py says why).
 """
 from __future__ import annotations
 

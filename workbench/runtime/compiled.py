@@ -6,7 +6,13 @@ compiling per step shape where the whole step takes minutes on CPU (docs/measure
 only inside the engine's steps and timed forwards (the prefill, whose length changes with every prompt, stays
 eager); a layer that does not compile as one graph leaves the engine eager, with one warning line.
 `WORKBENCH_CPU_LAYERS=1`/`0` forces it on or off; by default it is on for CPU models of MIN_BYTES and more (for
-smaller ones compiling costs more than it saves)."""
+smaller ones compiling costs more than it saves), except in a `short` run.
+`latency` times the engine of the run its table prices (`--run-steps`), by default a short run's: eager. Why not a
+long run's always: its cold compiling made the README's small latency 1.76x its plain twin on a fresh cache, and a
+table that says "layers" is compared with nothing the short decode and sweep that check it measure (the setting's
+`compiled` differs). Why not one compile with the row dimension dynamic: one cold layer graph costs about what a
+static shape's does (seconds to tens of seconds, more than the 10 % a first run may lose), and RowLinear picks its
+kernel per row count, which a dynamic graph would have to give up (docs/results/first-run-idle-xeon-avx512.md)."""
 from __future__ import annotations
 
 import os
