@@ -55,7 +55,8 @@ def device_name(device: torch.device) -> str:
 
 def measured_setting(model, engine, mode: str, processes: int = 1) -> dict:
     """provenance.setting of a measurement with this model and engine in this process; on CPU with how its few-row
-    linears chose their kernels (gemv.setting_of: measured, fixed by WORKBENCH_CPU_LINEAR, or a short run's plain call)."""
+    linears chose their kernels (gemv.setting_of: measured, fixed by WORKBENCH_CPU_LINEAR, or a short run's plain
+    call)."""
     dev = model.device
     s = setting(dev.type, str(model.dtype), torch.get_num_threads(), getattr(engine, "compiled_as", False),
                 gpu=device_name(dev) if dev.type == "cuda" else None, processes=processes, mode=mode)

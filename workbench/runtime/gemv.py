@@ -116,7 +116,7 @@ class Kernels:
 
     linears: list = field(default_factory=list, repr=False)
     rows: dict = field(default_factory=dict)  # (rows, out_features, in_features) -> kernel
-    plain: bool = False  # a short run's: the plain call for every row count, nothing timed, read or kept (`short`)
+    plain: bool = False  # a short run's: the plain call for every row count, nothing timed, read or kept (`mark_short`)
 
 
 class RowLinear(nn.Linear):
@@ -156,12 +156,12 @@ def adopt(*modules: nn.Module) -> Kernels | None:
     return table if linears else None
 
 
-def short(module: nn.Module, plain: bool) -> None:
-    """Mark the table of `module`'s linears as a short run's (`plain`: the plain call for every row count, see the
+def mark_short(module: nn.Module, short: bool) -> None:
+    """Mark the table of `module`'s linears as a `short` run's (the plain call for every row count, see the
     module's docstring) or a long one's; WORKBENCH_CPU_LINEAR's kernel runs either way."""
     m = next((m for m in module.modules() if type(m) is RowLinear), None)
     if m is not None:
-        m.kernels.plain = plain and forced() is None
+        m.kernels.plain = short and forced() is None
 
 
 def setting_of(module: nn.Module | None) -> str:
