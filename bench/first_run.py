@@ -3,6 +3,11 @@
     python bench/first_run.py                          # every command, idle then one core busy, 2 rounds
     python bench/first_run.py --quick                  # plumbing: calibrate --limit 2 --max-new-tokens 16, 1 round
     python bench/first_run.py --commands calibrate,decode --loads idle --rounds 3
+    python bench/first_run.py --loads one-core-busy --resume   # the other half into the same file, later
+
+`--resume` keeps what --out already holds (same --rounds, --limit, --quick) and measures only the (command, load)
+pairs it lacks, so the bench can be finished in pieces: the idle half, then the one-core-busy half, or the rest of
+a run that was stopped (a pair in progress is measured again).
 
 Each command runs as the README and its tour write it (the main job `calibrate --limit N`, the tour's `tree`,
 `optimize`, `plan` and `export`, `decode --compare`, a small `sweep` and `latency`), in a fresh scratch folder with
@@ -14,8 +19,8 @@ first with the machine as it is ("idle"), then with a busy loop pinned to one co
 and load: the wall seconds of each run (process start to exit), the medians, and default / plain. The commands
 that do not load the model (a second or two) run at least LIGHT_ROUNDS pairs.
 
-Run it on an otherwise idle machine. The JSON is rewritten after each command (`complete` false until the end), so
-a run stopped early keeps what it measured. tests/test_first_run.py fails where a committed file has a command's default
+Run it on an otherwise idle machine. The JSON is rewritten after each command (`complete` false until every command
+asked has both loads), so a run stopped early keeps what it measured. tests/test_first_run.py fails where a committed file has a command's default
 more than 10 % slower than its plain twin. Writes JSON (bench/results/first-run.json unless --out) with the setting
 (CPU, vector extension, cores, versions, this script's flags, load average at start, CPU other processes used
 during each load) and prints a table.
@@ -87,6 +92,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="plumbing: calibrate --limit 2 --max-new-tokens 16, 1 round of every command")
     ap.add_argument("--out", default=str(HERE / "results" / "first-run.json"))
+    ap.add_argument("--resume", action="store_true", help="keep the pairs --out holds; measure only the others")
     ap.set_defaults(flags=sys.argv[1:] if argv is None else list(argv))
     return run_script(ap, run, argv)
 
@@ -142,24 +148,30 @@ def run(args) -> int:
     base = {k: v for k, v in os.environ.items() if k not in PLAIN_ENV} | dict(
         PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", _MODEL=str(model))
-    rows, used = [], {}
     report = dict(bench="first-run", complete=False, bar=BAR, rounds=rounds, limit=limit, quick=args.quick,
                   plain_twin="WORKBENCH_CPU_LINEAR=linear WORKBENCH_CPU_LAYERS=0, --no-compile where taken",
                   setting=setting("cpu", "float32", os.cpu_count() or 1, "layers", mode="first-run")
-                  | dict(flags=args.flags, loads=loads, other_cores_during=used),
-                  rows=rows)
+                  | dict(flags=args.flags, loads=loads, other_cores_during={}),
+                  commands=commands, rows=[])
+    if args.resume:
+        report = resumed(Path(args.out), report)
+    rows, used = report["rows"], report["setting"]["other_cores_during"]
+    done = {(r["command"], r["load"]) for r in rows}
     atomic_write_json(args.out, report)  # --out checked before the long work; rewritten after each command
     with tempfile.TemporaryDirectory(prefix="first-run-") as tmp:
         scratch, inputs = Path(tmp), Path(tmp) / "inputs"
         inputs.mkdir()
         for name, line in PREPARE.items():
-            if any(f"{{IN}}/{name}" in COMMANDS[c][0] for c in commands):
+            if any(f"{{IN}}/{name}" in COMMANDS[c][0] for c in commands for x in loads if (c, x) not in done):
                 timed(line.format(IN=inputs).split(), scratch, base)
         for load in loads:
+            todo = [name for name in commands if (name, load) not in done]
+            if not todo:
+                continue
             spinner = busy_loop() if load == "one-core-busy" else None
             mark = cpu_mark()
             try:
-                for name in commands:
+                for name in todo:
                     times = {"default": [], "plain": []}
                     for r in range(rounds if name in LOADING or args.quick else max(rounds, LIGHT_ROUNDS)):
                         for mode in (("default", "plain") if r % 2 == 0 else ("plain", "default")):
@@ -177,12 +189,47 @@ def run(args) -> int:
                 if spinner is not None:
                     spinner.kill()
                     spinner.wait()
-            used[load] = others(mark, cpu_mark())  # the busy loop counts here: a child still running
-    report["complete"] = True
+            now = others(mark, cpu_mark())  # the busy loop counts here: a child still running
+            used[load] = now if used.get(load) is None or now is None or now["cores"] >= used[load]["cores"] \
+                else used[load]  # pieces of one load: the busiest one's
+    report["complete"] = {(c, x) for c in report["commands"] for x in LOADS} <= {(r["command"], r["load"])
+                                                                                  for r in rows}
     atomic_write_json(args.out, report)
     print(table(report))
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def resumed(path: Path, fresh: dict) -> dict:
+    """The report `path` holds, to be finished by this run (`fresh`: its own start): its rows and each load's other
+    processes kept, each piece's flags and load average at start (the setting's: the highest); refused where it was
+    measured with other --rounds/--limit/--quick (its pairs would not be this run's)."""
+    import json
+
+    try:
+        old = json.loads(path.read_text())
+    except FileNotFoundError:
+        return fresh
+    except (OSError, ValueError) as e:
+        raise WorkbenchError(f"--resume: {path} is not a first-run report ({e}): give its --out, or drop --resume") \
+            from None
+    if not isinstance(old, dict) or old.get("bench") != "first-run" or not isinstance(old.get("rows"), list) \
+            or not isinstance(old.get("setting"), dict):
+        raise WorkbenchError(f"--resume: {path} is not a first-run report: give its --out, or drop --resume")
+    differ = [k for k in ("rounds", "limit", "quick") if old.get(k) != fresh[k]]
+    if differ:
+        raise WorkbenchError(f"--resume: {path} was measured with other {', '.join('--' + k for k in differ)} "
+                             f"({', '.join(f'{k} {old.get(k)}' for k in differ)}): rerun with those, or drop --resume")
+    s, new = old["setting"], fresh["setting"]
+    piece = dict(flags=s.get("flags"), loads=s.get("loads"), load_average=s.get("load_average"))
+    s["pieces"] = [*(s.get("pieces") or [piece]),
+                   dict(flags=new["flags"], loads=new["loads"], load_average=new.get("load_average"))]
+    s["load_average"] = max((p["load_average"] for p in s["pieces"] if p["load_average"] is not None), default=None)
+    s["loads"] = list(dict.fromkeys([*(s.get("loads") or []), *new["loads"]]))
+    s.setdefault("other_cores_during", {})
+    before = old.get("commands") or [r.get("command") for r in old["rows"]]
+    old["commands"] = list(dict.fromkeys([*before, *fresh["commands"]]))
+    return old
 
 
 def line_of(row: dict) -> str:

@@ -126,3 +126,34 @@ def test_the_default_rule_and_the_setting(monkeypatch):
     s = measured_setting(model, engine, "decoder-step")
     assert s["compiled"] == "layers" and "layers compiled" in describe(s)
     assert measured_setting(model, StepEngine(model, compile=False), "decoder-step")["compiled"] is False
+
+
+def test_latency_times_the_engine_of_the_run_it_prices(monkeypatch, tmp_path, capsys):
+    """`latency` prices a short run's engine by default (eager, the plain few-row call: no cold compiling a short
+    decode or sweep would not do either); --run-steps N of a long run times the engine such a run uses (the layers
+    compiled, the kernels chosen by this machine's rule); every row says which (issue 72)."""
+    import json
+
+    from workbench.cli import main
+    from workbench.measure.latency_file import read_latency
+    from workbench.runtime import engine as engine_module
+
+    monkeypatch.delenv("WORKBENCH_CPU_LAYERS", raising=False)
+    monkeypatch.delenv("WORKBENCH_CPU_LINEAR", raising=False)
+    monkeypatch.setattr(compiled, "MIN_BYTES", 0)  # the tiny model as if large enough to compile
+    real = engine_module.StepEngine
+    monkeypatch.setattr(engine_module, "StepEngine", lambda model, **kw: real(model, backend="aot_eager", **kw))
+    argv = ["latency", "--random-config", "tiny", "--sizes", "2", "--context", "8", "--repeats", "1", "--warmup", "0",
+            "--device", "cpu"]
+    torch._dynamo.reset()
+    for extra, want in (([], (False, "linear")), (["--run-steps", str(compiled.PAYBACK_STEPS - 1)], (False, "linear")),
+                        (["--run-steps", str(compiled.PAYBACK_STEPS)], ("layers", "measured")),
+                        (["--run-steps", str(compiled.PAYBACK_STEPS), "--no-compile"], (False, "measured"))):
+        out = tmp_path / f"{len(extra)}-{extra[-1] if extra else ''}.csv"
+        assert main(argv + extra + ["--out", str(out)]) == 0
+        s = json.loads(read_latency(out)["setting"].iloc[0])
+        assert (s["compiled"], s["cpu_linear"]) == want, extra
+    assert main(argv + ["--run-steps", "0", "--out", str(tmp_path / "x.csv")]) == 2
+    with pytest.raises(SystemExit):
+        main(["latency", "--help"])
+    assert f"from {compiled.PAYBACK_STEPS}:" in " ".join(capsys.readouterr().out.split())  # the help's threshold

@@ -94,3 +94,29 @@ def test_the_bench_runs_pairs_at_both_loads_and_refuses_bad_flags_in_one_line(tm
         assert bad.returncode == 2 and len(errors) == 1 and what in errors[0] and "Traceback" not in bad.stderr, \
             bad.stderr
         assert not (tmp_path / "x.json").exists()
+
+
+def test_the_bench_finishes_in_pieces_with_resume(tmp_path):
+    """The idle half, then the one-core-busy half into the same file (--resume): the first piece's pairs are kept,
+    not measured again, and the file is complete once every command has both loads; a file measured with other
+    flags is refused in one line and left as it was."""
+    out = tmp_path / "first-run.json"
+    bench = [sys.executable, str(REPO_ROOT / "bench" / "first_run.py"), "--quick", "--commands", "tree-show"]
+    run = subprocess.run([*bench, "--loads", "idle", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    half = json.loads(out.read_text())
+    assert half["complete"] is False and [(r["command"], r["load"]) for r in half["rows"]] == [("tree-show", "idle")]
+    run = subprocess.run([*bench, "--loads", "idle,one-core-busy", "--resume", "--out", str(out)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    whole = json.loads(out.read_text())
+    assert whole["complete"] is True and whole["rows"][0] == half["rows"][0]  # kept, not measured again
+    assert [(r["command"], r["load"]) for r in whole["rows"]] == [("tree-show", "idle"), ("tree-show", "one-core-busy")]
+    s = whole["setting"]
+    assert [p["loads"] for p in s["pieces"]] == [["idle"], ["idle", "one-core-busy"]]
+    assert set(s["other_cores_during"]) == {"idle", "one-core-busy"}
+    bad = subprocess.run([*bench[:2], "--commands", "tree-show", "--resume", "--out", str(out)], capture_output=True,
+                         text=True, timeout=120)
+    errors = [line for line in bad.stderr.splitlines() if "error:" in line]
+    assert bad.returncode == 2 and len(errors) == 1 and "--rounds" in errors[0] and "Traceback" not in bad.stderr
+    assert json.loads(out.read_text()) == whole

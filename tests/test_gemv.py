@@ -107,6 +107,39 @@ def test_an_unknown_kernel_is_one_error(monkeypatch):
         gemv.forced()
 
 
+def test_a_short_run_takes_the_plain_call_and_keeps_nothing(monkeypatch, tmp_path):
+    """A run that says it ends before compiled.PAYBACK_STEPS steps per shape never times a row count (a second each
+    on a 2-core CPU) and reads no kept choice (a resumed run must compute what the unbroken one did, whatever a long
+    run kept in between); a long run on the same model then chooses as before, and a fixed kernel runs in both."""
+    from workbench.measure.latency import measured_setting
+    from workbench.runtime import compiled
+
+    monkeypatch.delenv("WORKBENCH_CPU_LINEAR", raising=False)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(gemv, "MIN_BYTES", 0)  # the tiny model's linears would keep the plain call anyway
+    model, heads = tiny_model("llama", seed=3), random_heads(64, 128, 4, seed=3)
+    prompts, tree = [[5, 6, 7], [8, 9, 10, 11, 12]], [[0], [1], [0, 0]]
+
+    def run(steps):
+        engine = StepEngine(model, compile=False, steps=steps)
+        out = medusa_generate(model, heads, None, prompts, tree, 12, eos_token_id=[], engine=engine)
+        return [r.token_ids for r in out], measured_setting(model, engine, "decoder-step")["cpu_linear"]
+    real_timings, real_kept = gemv.timings, gemv._kept
+    monkeypatch.setattr(gemv, "timings", lambda *a: pytest.fail("a short run timed the kernels"))
+    monkeypatch.setattr(gemv, "_kept", lambda path: pytest.fail("a short run read a kept choice"))
+    short, how = run(compiled.PAYBACK_STEPS - 1)
+    assert how == "linear" and gemv.chosen(model) == {} and not (tmp_path / "cpu-linear").exists()
+    monkeypatch.setattr(gemv, "timings", real_timings)
+    monkeypatch.setattr(gemv, "_kept", real_kept)
+    long, how = run(compiled.PAYBACK_STEPS)
+    assert how == "measured" and {2, 2 * 4} <= {r for r, _, _ in gemv.chosen(model)}
+    assert (tmp_path / "cpu-linear").is_dir() and long == short  # no near-ties in the tiny model: the same tokens
+    monkeypatch.setenv("WORKBENCH_CPU_LINEAR", "transposed")
+    model = tiny_model("llama", seed=3)
+    fixed, how = run(1)
+    assert how == "transposed" and set(gemv.chosen(model).values()) == {"transposed"} and fixed == short
+
+
 def test_kernels_are_chosen_in_the_untimed_warm_up_only(monkeypatch):
     """Every row count a step runs is chosen while the engine warms that step shape up (or before: the prefill and
     the first token), never during a step the decoder times."""

@@ -66,7 +66,7 @@ def cmd_latency(args) -> int:
                                            else default_latency_path(label, dev))
     from workbench.runtime.engine import StepEngine
 
-    engine = StepEngine(model, compile=args.compile)
+    engine = StepEngine(model, compile=args.compile, steps=args.run_steps or 0)  # default: a short run's engine
     if step:
         from workbench.core.data import load_prompt_records
         from workbench.runtime.generation import prepare_prompt
@@ -268,9 +268,8 @@ def add_tradeoffs(sub) -> None:
                    help="decoder-step: the decoder's whole step on real prompts (default); verify: the bare verify "
                         "forward at fixed --context (default with --random-config or --context)")
     renamed(p, "--table", "--out FILE (--table only names an output)")
-    p.add_argument("--sizes", metavar="N1,N2,..", help="tokens per step (tree nodes + root; default 1,2,3,4,5,8,16,32,"
-                                                      "64 for decoder-step, 1,2,4,...,256 for verify; 1 is always "
-                                                      "measured)")
+    p.add_argument("--sizes", metavar="N1,N2,..", help="tokens per step (tree nodes + root; default 1,2,3,4,5,8,16,"
+                   "32,64 for decoder-step, 1,2,4,...,256 for verify; 1 is always measured)")
     p.add_argument("--context", metavar="C1,C2,..", help="verify: cache lengths (default 128,1024)")
     p.add_argument("--batch-sizes", metavar="B1,B2,..", help="serving batch sizes: sequences per step (default "
                                                              "1,2,4,8 for decoder-step, 1 for verify)")
@@ -288,6 +287,9 @@ def add_tradeoffs(sub) -> None:
                    "nodes chosen each step from TREE, as `decode --dynamic N --tree TREE` runs it; rows of policy "
                    "dynamic, the selection's cost measured) at every size TREE holds")
     p.add_argument("--raw", action="store_true", help="decoder-step: prompts as-is, without the chat template")
+    p.add_argument("--run-steps", type=bounded("count"), metavar="N", help="time the engine a decode or sweep of N "
+                   "steps per shape runs (on CPU from 1000: layers compiled, few-row kernels timed; cold: minutes); "
+                   "default: a shorter run's (eager, plain linears), as the README's decode and sweep")
     p.add_argument("--calibration", metavar="DIR", help="write latency-<device>.csv into this calibration folder")
     p.add_argument("--out", metavar="FILE", help="CSV path (default: calibration/<name>/latency-<device>.csv)")
     add_vllm_latency_args(p)
@@ -300,8 +302,7 @@ def add_tradeoffs(sub) -> None:
                                     "speculation. Prints a table and writes the plan JSON (workbench export PLAN "
                                     "--format F turns it into each engine's settings).")
     src = pl.add_mutually_exclusive_group(required=True)
-    src.add_argument("--calibration", metavar="DIR", help="a `workbench calibrate` folder (predictions through its "
-                                                         "Calibration.predict)")
+    src.add_argument("--calibration", metavar="DIR", help="a `workbench calibrate` folder (its predictions)")
     src.add_argument("--accuracies", metavar="FILE", help="instead: an accuracy table (CSV or Medusa .pt)")
     src.add_argument("--acceptance", metavar="FILE", help="instead: a per-position acceptance vector (CSV "
                      "position,acceptance or a JSON list, e.g. vLLM's synthetic_acceptance_rates); chains only")

@@ -15,7 +15,8 @@ Two modes, one CSV format (latency_file.py owns it; every row carries the settin
 Resumable: a point (a batch size in decoder-step, a batch size x context in verify: the unit its sizes are timed
 round-robin in) is kept in the run's work.WorkState beside the CSV as soon as it is measured; a killed run rerun the
 same measures only the points it had not finished and keeps the others' rows exactly. Each point's rows carry the
-setting (and load) it was measured in.
+setting (and load) it was measured in. The engine timed is the one the priced run uses (`latency --run-steps`:
+eager by default, a long run's compiled layers when asked; compiled.py says why).
 """
 from __future__ import annotations
 
@@ -53,11 +54,12 @@ def device_name(device: torch.device) -> str:
 
 def measured_setting(model, engine, mode: str, processes: int = 1) -> dict:
     """provenance.setting of a measurement with this model and engine in this process; on CPU with how its few-row
-    linears chose their kernels (gemv.py: measured, or fixed by WORKBENCH_CPU_LINEAR)."""
+    linears chose their kernels (gemv.setting_of: measured, fixed by WORKBENCH_CPU_LINEAR, or a short run's plain
+    call)."""
     dev = model.device
     s = setting(dev.type, str(model.dtype), torch.get_num_threads(), getattr(engine, "compiled_as", False),
                 gpu=device_name(dev) if dev.type == "cuda" else None, processes=processes, mode=mode)
-    return s | {"cpu_linear": gemv.forced() or "measured"} if dev.type == "cpu" else s
+    return s | {"cpu_linear": gemv.setting_of(model)} if dev.type == "cpu" else s
 
 
 TIMED_DEPTH = 5  # the timed trees' depth, or the heads' count when fewer (timed_depth)

@@ -6,7 +6,13 @@ compiling per step shape where the whole step takes minutes on CPU (docs/measure
 only inside the engine's steps and timed forwards (the prefill, whose length changes with every prompt, stays
 eager); a layer that does not compile as one graph leaves the engine eager, with one warning line.
 `WORKBENCH_CPU_LAYERS=1`/`0` forces it on or off; by default it is on for CPU models of MIN_BYTES and more (for
-smaller ones compiling costs more than it saves)."""
+smaller ones compiling costs more than it saves), except in a `short` run.
+`latency` times the engine of the run its table prices (`--run-steps`), by default a short run's: eager. Why not a
+long run's always: its cold compiling made the README's small latency 1.76x its plain twin on a fresh cache, and a
+table that says "layers" is compared with nothing the short decode and sweep that check it measure (the setting's
+`compiled` differs). Why not one compile with the row dimension dynamic: one cold layer graph costs about what a
+static shape's does (seconds to tens of seconds, more than the 10 % a first run may lose), and RowLinear picks its
+kernel per row count, which a dynamic graph would have to give up (docs/results/first-run-idle-xeon-avx512.md)."""
 from __future__ import annotations
 
 import os
@@ -65,14 +71,19 @@ PAYBACK_STEPS = 1000  # a run of fewer steps per step shape never earns its laye
 # on a 2-core CPU, paid back after 37-819 steps: bench/results/compile-cpu-layers-*.json), least of all on a fresh cache
 
 
+def short(steps: int | None) -> bool:
+    """A run that says it takes fewer than PAYBACK_STEPS steps per shape (`steps`: decode, sweep, latency): it would
+    finish before a first run's costs are paid back (the layers' compiling, the few-row kernels' timing, gemv.py);
+    None: a run of unknown length (long)."""
+    return steps is not None and steps < PAYBACK_STEPS
+
+
 def default_on(model, steps: int | None = None) -> bool:
-    """Whether an engine left to its default (no --compile / --no-compile) compiles `model`'s layers: a run that
-    says it takes fewer than PAYBACK_STEPS steps per shape (`steps`: decode, sweep) stays eager, as it would finish
-    before the compiling is paid back; None: a run of unknown length (the default: compiled)."""
+    """Whether an engine left to its default (no --compile / --no-compile) compiles `model`'s layers: not for a
+    `short` run (`steps` per shape), which stays eager."""
     want = forced()
     if want is None:
-        want = sum(p.numel() * p.element_size() for p in model.parameters()) >= MIN_BYTES and \
-            (steps is None or steps >= PAYBACK_STEPS)
+        want = sum(p.numel() * p.element_size() for p in model.parameters()) >= MIN_BYTES and not short(steps)
     return bool(want) and model.device.type == "cpu" and blocks(model) is not None
 
 

@@ -80,7 +80,8 @@ class StepEngine:
     layers with the whole step captured per shape (captured.py), and None is the default: "captured" on CUDA (the
     whole step, `default_compile`, where the layers cannot be compiled alone), the layers on CPU
     (`compiled.default_on`: not for a run that says, by `steps` per step shape, that it ends before the compiling
-    pays back). True: the whole step compiled (on CUDA as CUDA graphs), False: eager.
+    pays back; such a run's few-row linears take the plain call too, gemv.py). True: the whole step compiled (on
+    CUDA as CUDA graphs), False: eager.
     """
 
     def __init__(self, model, compile: bool | str | None = None, backend: str | None = None, capacity: int = 0,
@@ -89,6 +90,7 @@ class StepEngine:
         check_cacheable(model)
         cache_kwarg(model)
         gemv.adopt(model)  # few-row linears on CPU: the kernel measured fastest here, chosen in untimed warm-ups
+        gemv.mark_short(model, compiled.short(steps))  # a short run: the plain call (nothing timed or kept)
         self.cache: Cache | None = None
         self.state: StepState | None = None
         self.batch = 0

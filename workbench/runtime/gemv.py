@@ -11,7 +11,12 @@ no timed step chooses (a short prefill may, once). Another kernel than the plain
 faster (MARGIN), and the choice is kept on disk, the first process's for all later ones: the kernels round
 differently, and a run resumed in another process must compute what the unbroken run did. Weights that fit in
 a cache (under MIN_BYTES in all) are not streamed: their kernels differ by noise, they keep the plain call.
-`WORKBENCH_CPU_LINEAR=<kernel>` fixes the kernel instead (tests run each)."""
+A short run (`Kernels.plain`, set by the engine for a run that says it ends before compiled.PAYBACK_STEPS steps per
+shape) takes the plain call for every row count: timing one costs about a second per new row count on a 2-core CPU
+and a sweep meets dozens, which a short run never earns back. It reads no kept choice either and keeps none: the
+rule depends on the run's declared length alone, which a resumed run knows too, so it computes what the unbroken
+run did even where a long run kept a choice in between.
+`WORKBENCH_CPU_LINEAR=<kernel>` fixes the kernel instead (tests run each), short run or not."""
 from __future__ import annotations
 
 import hashlib
@@ -111,6 +116,7 @@ class Kernels:
 
     linears: list = field(default_factory=list, repr=False)
     rows: dict = field(default_factory=dict)  # (rows, out_features, in_features) -> kernel
+    plain: bool = False  # a short run's: the plain call for every row count, nothing timed, read or kept (`mark_short`)
 
 
 class RowLinear(nn.Linear):
@@ -123,7 +129,7 @@ class RowLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        if rows > MAX_ROWS:
+        if rows > MAX_ROWS or self.kernels.plain:
             return F.linear(x, self.weight, self.bias)
         kind = self.kernels.rows.get((rows, self.out_features, self.in_features))
         if kind is None:
@@ -148,6 +154,21 @@ def adopt(*modules: nn.Module) -> Kernels | None:
             m.__class__, m.kernels = RowLinear, table
             table.linears.append(m)
     return table if linears else None
+
+
+def mark_short(module: nn.Module, short: bool) -> None:
+    """Mark the table of `module`'s linears as a `short` run's (the plain call for every row count, see the
+    module's docstring) or a long one's; WORKBENCH_CPU_LINEAR's kernel runs either way."""
+    m = next((m for m in module.modules() if type(m) is RowLinear), None)
+    if m is not None:
+        m.kernels.plain = short and forced() is None
+
+
+def setting_of(module: nn.Module | None) -> str:
+    """How a measurement's few-row linears chose their kernel: WORKBENCH_CPU_LINEAR's, "linear" (a short run's plain
+    call), or "measured" (this machine's kept or timed choice)."""
+    m = next((m for m in module.modules() if type(m) is RowLinear), None) if module is not None else None
+    return forced() or ("linear" if m is not None and m.kernels.plain else "measured")
 
 
 def chosen(module: nn.Module) -> dict[tuple, str]:
