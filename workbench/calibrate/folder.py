@@ -120,7 +120,10 @@ def read_meta(folder: str | Path, field: str = "calibration") -> dict:
     if not (folder / META).is_file():
         raise FieldError(field, "not_finished", f"{what}: not a finished calibration folder (no meta.json; run "
                          "`workbench calibrate` to completion)")
-    meta = read_json(folder / META, f"{flag(field)} {folder}")
+    try:
+        meta = read_json(folder / META, f"{flag(field)} {folder}")
+    except WorkbenchError as e:  # worded `--field folder: ...`: named by the field like the rest
+        raise FieldError(field, "unreadable", "{field}" + str(e)[len(flag(field)):]) from None
     meta = meta if "version" in meta else upgrade_meta(meta)
     if meta["version"] != META_VERSION:
         raise FieldError(field, "version", f"{what}: meta.json version {str(meta['version'])[:20]!r}, but this "
@@ -184,8 +187,7 @@ class Calibration:
                                  "replays and sweeps need `workbench calibrate` of Medusa heads")
         if not (self.folder / RANKS).is_file():
             raise FieldError(field, "not_finished", f"{{field}} {folder}: not a finished calibration folder (no "
-                             "meta.json/ranks.parquet; "
-                                 "run `workbench calibrate` to completion)")
+                             "meta.json/ranks.parquet; run `workbench calibrate` to completion)")
         self.meta = read_meta(self.folder, field)
         self.holdout_ids = set(self.meta.get("holdout_ids", []))
         self._cache: dict = {}
@@ -194,8 +196,16 @@ class Calibration:
         return f"Calibration({str(self.folder)!r})"
 
     def _cached(self, key, make):
+        """make() once; a file reader's error about this folder (worded `self.what: ...`) names the field."""
         if key not in self._cache:
-            self._cache[key] = make()
+            try:
+                self._cache[key] = make()
+            except FieldError:
+                raise
+            except WorkbenchError as e:
+                if not str(e).startswith(self.what + ":"):
+                    raise
+                raise FieldError(self.field, "unreadable", "{field}" + str(e)[len(flag(self.field)):]) from None
         return self._cache[key]
 
     def ranks(self, split: str = "all") -> pd.DataFrame:
