@@ -1,8 +1,9 @@
 """The library names a request's field, never a CLI flag, in its errors (issue 70 item 3): a `WorkbenchError(...)`
-(or a FieldError) raised outside workbench/cli and workbench/ui whose text spells `--some-flag` would reach the app as the CLI's
-wording; it raises core.notes.FieldError with the field instead (the CLI words it as the flag, the app as its
-control). A flag inside a backticked command (`workbench calibrate --engine vllm`) is a command to run, the same in
-both front ends, and allowed, as is another program's flag (FOREIGN, each with its reason). Static: the string constants of every `WorkbenchError(...)` call, f-strings included."""
+or FieldError raised outside workbench/cli and workbench/ui whose text spells `--some-flag` would reach the app as
+the CLI's wording; it raises core.notes.FieldError with the field instead (the CLI words it as the flag, the app as
+its control). A flag inside a backticked command (`workbench calibrate --engine vllm`) is a command to run, the same
+in both front ends, and allowed, as is another program's flag (FOREIGN, each with its reason). Static: the string
+constants of every such call, f-strings' literal parts included."""
 from __future__ import annotations
 
 import ast
@@ -27,17 +28,18 @@ FOREIGN = {
 
 
 def _texts(call: ast.Call) -> str:
-    """The literal text of a call's arguments: string constants and the literal parts of f-strings, joined."""
+    """The literal text of a call's arguments: string constants and the literal parts of f-strings."""
     parts = []
     for arg in [*call.args, *(k.value for k in call.keywords)]:
         for node in ast.walk(arg):
             if isinstance(node, ast.Constant) and isinstance(node.value, str):
                 parts.append(node.value)
-    return "".join(parts)
+    return "\n".join(parts)  # apart: a part ending in a letter must not hide a flag that starts the next
 
 
 def flags_in_errors(root: Path) -> list[str]:
-    """`file:line: --flag` for every WorkbenchError(...) of a library module whose text names a CLI flag."""
+    """`file:line: --flag` for every WorkbenchError or FieldError call of a library module whose text names a
+    CLI flag."""
     bad = []
     for f in sorted(root.rglob("*.py")):
         rel = f.relative_to(root)
@@ -46,7 +48,7 @@ def flags_in_errors(root: Path) -> list[str]:
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) \
                     in ("WorkbenchError", "FieldError"):
-                found = [f for f in FLAG.findall(COMMAND.sub("", _texts(node))) if f not in FOREIGN]
+                found = [x for x in FLAG.findall(COMMAND.sub("", _texts(node))) if x not in FOREIGN]
                 if found:
                     bad.append(f"{rel}:{node.lineno}: {', '.join(dict.fromkeys(found))}")
     return bad
@@ -73,10 +75,13 @@ def test_the_flag_scan_finds_one(tmp_path):
                 raise WorkbenchError(f"too long: run `workbench decode --max-new-tokens 9`")
             if n == 5:
                 raise FieldError("max_new_tokens", "five", "{field} 5: not with --tree [[0]]")
+            if n == 6:
+                raise WorkbenchError("--dtype is empty: give one (" + ", ".join("ab") + ") or auto")
             raise FieldError("max_new_tokens", "low", f"{{field}} {n}: give 1 or more")
         """))
     (tmp_path / "cli" / "c.py").write_text('raise WorkbenchError("--tree: give a tree")\n')
-    assert flags_in_errors(tmp_path) == ["core/m.py:6: --max-new-tokens", "core/m.py:11: --tree"]
+    assert flags_in_errors(tmp_path) == ["core/m.py:6: --max-new-tokens", "core/m.py:11: --tree",
+                                         "core/m.py:13: --dtype"]
 
 
 @pytest.mark.unit

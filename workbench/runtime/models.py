@@ -250,7 +250,8 @@ def parse_random_config(spec: str) -> tuple[str, dict]:
     (+ arch=qwen2, or any HF config key) -> (architecture, HF config kwargs)."""
     parts = [p for p in str(spec).replace(" ", "").split(",") if p]
     if not parts:
-        raise WorkbenchError("--random-config is empty: give a preset (" + ", ".join(PRESETS) + ") or key=value pairs")
+        raise FieldError("random_config", "empty", "{field} is empty: give a preset (" + ", ".join(PRESETS)
+                         + ") or key=value pairs")
     kw: dict = {}
     arch = "llama"
     for p in parts:
