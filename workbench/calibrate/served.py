@@ -32,7 +32,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.data import load_prompt_records
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, flag
 from workbench.core.io import atomic_write_json, atomic_write_text, read_csv, read_json
 
 META, TABLE = "meta.json", "acceptance.csv"
@@ -310,8 +310,19 @@ def is_served(path) -> bool:
 class Served:
     """A finished served calibration folder, checked on opening."""
 
-    def __init__(self, folder, what: str = "--acceptance"):
-        self.folder, what = Path(folder), f"{what} {folder}"
+    def __init__(self, folder, field: str = "acceptance"):
+        """`field`: the request field that named the folder: every error of opening it names it (FieldError)."""
+        self.folder, what = Path(folder), f"{flag(field)} {folder}"
+        try:
+            self._open(what)
+        except FieldError:
+            raise
+        except WorkbenchError as e:  # each worded `--field folder: ...` (`what`)
+            if not str(e).startswith(what + ":"):
+                raise
+            raise FieldError(field, "not_served", "{field}" + str(e)[len(flag(field)):]) from None
+
+    def _open(self, what: str) -> None:
         if not (self.folder / META).is_file():
             raise WorkbenchError(f"{what}: not a served calibration (no {META}; write one with `workbench calibrate "
                                  "--engine vllm` or `--metrics`)")

@@ -45,7 +45,7 @@ def chain_counts(cal: Calibration) -> ServedCounts:
 def speculation_profile(folder) -> dict:
     """The profile of a calibration folder, served or ours."""
     if is_served(folder):
-        served = Served(folder, "--calibration")
+        served = Served(folder, "calibration")
         counts, m = served.counts, served.meta
         method, dataset, osl, samples = m.get("method"), m.get("prompts"), m.get("max_new_tokens"), m.get(
             "num_prompts")

@@ -62,7 +62,7 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
     progress = progress or note  # the front end shows it (the CLI: on stderr, as written)
     py = vllm_python(python)
     check_vllm_model(model)
-    served = Served(calibration, "--calibration")
+    served = Served(calibration, "calibration")
     method = served.meta.get("method")
     if method == "medusa":
         raise FieldError("calibration", "served_medusa", f"{{field}} {calibration}: vLLM served our Medusa heads; "
