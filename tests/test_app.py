@@ -824,6 +824,66 @@ def test_a_request_error_names_the_flag_in_the_cli_and_the_control_in_the_app(ti
     assert str(e.value) == "--acceptance greedy takes no --temperature (use typical or nucleus to sample)"
 
 
+def test_a_calibration_error_names_the_flag_in_the_cli_and_the_sidebar_control_in_the_app(demo_files, monkeypatch,
+                                                                                         capsys, tmp_path):
+    """A second library error in both faces, on another page than the live one: a folder that is not a finished
+    calibration (calibrate/folder.Calibration) is `--calibration DIR` to `workbench tree eval` and the sidebar's
+    control on the trade-offs page: 'Calibration folder' where it was typed, 'Calibration' where it was picked."""
+    from workbench.cli import main
+
+    folder = tmp_path / "unfinished"
+    folder.mkdir()
+    code = main(["tree", "eval", "[[0], [1]]", "--calibration", str(folder)])
+    err = capsys.readouterr().err.rstrip("\n").rsplit("\n", 1)[-1]
+    said = f"{folder}: not a finished calibration folder (no meta.json/ranks.parquet; run `workbench calibrate` to " \
+           "completion)"
+    assert code == 2 and err == f"error: --calibration {said}", err
+    at = page("tradeoffs_page", demo_files["root"], monkeypatch).run()
+    at.selectbox(key="in_cal").set_value("other: type a folder").run()
+    at.text_input(key="in_dir").input(str(folder)).run()
+    no_exception(at)
+    assert errors(at) == [f"'Calibration folder' {said}"], errors(at)
+    assert at.text_input(key="in_dir").label == "Calibration folder"  # the control the error names
+    from workbench.calibrate.folder import Calibration
+    from workbench.ui.widgets import clean_error
+
+    with pytest.raises(Exception) as e:
+        Calibration(folder)
+    assert clean_error(e.value) == f"'Calibration' {said}" and str(e.value) == f"--calibration {said}"
+    assert at.selectbox(key="in_cal").label == "Calibration"
+
+
+def test_a_plan_export_error_names_the_flag_in_the_cli_and_the_export_control_in_the_app(tmp_path, capsys):
+    """A library error of the trade-offs page's plan exports (export/engines.export_plan): a batch size the plan
+    does not speculate at has no tree to export; the CLI says `--batch-sizes B`, the page (EXPORT_LABELS, beside its
+    'batch size to export' selector) names that control."""
+    from workbench.cli import main
+    from workbench.export.engines import export_plan
+    from workbench.plan.plan_file import plan_json, read_plan
+    from workbench.ui.tradeoffs_page import EXPORT_LABELS
+    from workbench.ui.widgets import clean_error
+
+    rows = [dict(batch_size=1, kind="chain", medusa_choices=[[0], [0, 0]], nodes=2, predicted_tokens_per_step=1.8,
+                 predicted_speedup=1.5),
+            dict(batch_size=8, kind="none", medusa_choices=[], nodes=0, predicted_tokens_per_step=1.0,
+                 predicted_speedup=1.0)]
+    alts = [dict(batch_size=b, speedup_range=None, runner_up=None, runner_up_within_noise=None,
+                 best_chain=dict(k=k, predicted_tokens_per_step=t, predicted_speedup=s))
+            for b, k, t, s in ((1, 2, 1.8, 1.5), (8, 0, 1.0, 1.0))]
+    f = tmp_path / "plan.json"
+    f.write_text(plan_json(dict(plans=rows, alternatives=alts, chain_acceptance=[0.6, 0.3],
+                                source=dict(kind="accuracies", path="acc.csv"))))
+    said = "the plan says no speculation at batch size 8: there is no tree to export for medusa (serve without " \
+           "speculation, or export another {} B)"
+    assert main(["export", str(f), "--format", "medusa", "--batch-sizes", "8"]) == 2
+    err = capsys.readouterr().err.rstrip("\n").rsplit("\n", 1)[-1]
+    assert err == "error: " + said.format("--batch-sizes"), err
+    with pytest.raises(Exception) as e:
+        export_plan(read_plan(f), "medusa", batch_size=8)
+    assert clean_error(e.value, EXPORT_LABELS) == said.format("'batch size to export'")
+    assert str(e.value) == said.format("--batch-sizes")
+
+
 def test_tree_nodes_labelled_with_real_tokens(tiny_llama, demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     assert any("node label: rank" in c.value for c in at.caption)

@@ -330,6 +330,7 @@ def test_bad_folders_fail_in_one_line_on_opening(tmp_path, damage, match):
     with pytest.raises(WorkbenchError, match=match) as e:
         Calibration(folder)
     assert "\n" not in str(e.value) and str(folder) in str(e.value)
+    assert e.value.field == "calibration" and str(e.value).startswith(f"--calibration {folder}")  # a FieldError
 
 
 @pytest.mark.parametrize("name,content,match,ask", [
@@ -350,6 +351,8 @@ def test_bad_files_fail_in_one_line_on_first_use(tmp_path, name, content, match,
     with pytest.raises(WorkbenchError, match=match) as e:
         getattr(cal, ask)()
     assert "\n" not in str(e.value)
+    assert e.value.field == "calibration" and e.value.words({"calibration": "'Calibration'"}).startswith(
+        f"'Calibration' {folder}: ")  # the app names its control, the CLI the flag
 
 
 @pytest.mark.unit

@@ -304,3 +304,20 @@ def test_export_formats_refuse_what_they_do_not_describe(served, tmp_path, capsy
     assert "input" in _err(["export", "--format", "speculation-profile", "--calibration", str(served),
                             "--out", str(served / "meta.json")], capsys)
     assert json.loads((served / "meta.json").read_text())["kind"] == "served"  # the input untouched
+
+
+@pytest.mark.unit
+def test_a_served_folders_errors_name_the_field_that_named_it(tmp_path):
+    """Served(folder, field): every error of opening the folder is a FieldError of that field, the CLI's words
+    (`--acceptance DIR: ...`, `--calibration DIR: ...`) unchanged, the app's with its own name for the field."""
+    with pytest.raises(WorkbenchError) as e:
+        Served(tmp_path)
+    assert e.value.field == "acceptance" and str(e.value) == (
+        f"--acceptance {tmp_path}: not a served calibration (no meta.json; write one with `workbench calibrate "
+        "--engine vllm` or `--metrics`)")
+    (tmp_path / "meta.json").write_text("{not json")
+    with pytest.raises(WorkbenchError) as e:
+        Served(tmp_path, "calibration")
+    assert e.value.field == "calibration" and str(e.value).startswith(f"--calibration {tmp_path}: meta.json is not "
+                                                                      "readable JSON")
+    assert e.value.words({"calibration": "'Calibration'"}).startswith(f"'Calibration' {tmp_path}: meta.json")

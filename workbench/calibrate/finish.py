@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench import WorkbenchError, __version__
+from workbench import __version__
+from workbench.core.notes import FieldError
 from workbench.calibrate.folder import ACCURACIES, CONTINUATIONS, META, META_VERSION, RANKS, read_ranks
 from workbench.calibrate.ranks import decoder_walk, head_accuracies, measured_acceptance, path_probabilities
 from workbench.core.io import atomic_write_json, read_json
@@ -24,7 +25,7 @@ def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
     """Deterministic holdout: the round(share * n) ids with the smallest sha256, at least 1 when share > 0,
     always leaving at least one prompt to fit on. Depends on the ids only, not on the order or the run."""
     if not 0 <= share < 1:
-        raise WorkbenchError(f"--holdout {share}: must be a share in [0, 1), e.g. 0.2")
+        raise FieldError("holdout", "range", f"{{field}} {share}: must be a share in [0, 1), e.g. 0.2")
     n = len(prompt_ids)
     k = min(max(round(share * n), 1 if share > 0 else 0), n - 1)
     order = sorted(prompt_ids, key=lambda p: hashlib.sha256(p.encode()).hexdigest())
@@ -77,8 +78,8 @@ def finish(folder: Path, name: str, args: dict, records, holdout: float, budgets
     try:
         stopped = pd.read_parquet(folder / CONTINUATIONS, columns=["stopped"])["stopped"]
     except Exception as e:  # a damaged folder that claims to be complete
-        raise WorkbenchError(f"{folder}: continuations.parquet is not readable ({type(e).__name__}); rerun with "
-                             "--force") from None
+        raise FieldError("force", "unreadable", f"{folder}: continuations.parquet is not readable "
+                         f"({type(e).__name__}); rerun with {{field}}") from None
     pids = [pid for pid, _ in records]
     held = holdout_split(pids, holdout)
     fit = ranks[~ranks["prompt_id"].isin(held)].reset_index(drop=True)

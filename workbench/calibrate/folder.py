@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, flag
 from workbench.calibrate.ranks import (answer_rows, batch_walk, head_accuracies, head_columns, measured_acceptance,
                                        path_probabilities, walk_answers, walk_steps)
 from workbench.calibrate.served import is_served
@@ -66,8 +66,9 @@ def default_calibration(root: str | Path | None = None) -> Path:
     root = Path(root or calibration_root())
     found = list_calibrations(root)
     if not found:
-        raise WorkbenchError(f"no calibration folder under {root}/: run `workbench calibrate`, or pass "
-                             "--calibration DIR, or give --trees instead of --budgets")
+        raise FieldError("calibration", "none_found", f"no calibration folder under {root}/: run `workbench "
+                         "calibrate`, or pass {field} DIR, or give {also} instead of {also2}",
+                         also=("trees", "budgets"))
     return sorted(found, key=lambda f: -_num_prompts(f))[0]  # stable: a tie keeps the name order
 
 
@@ -111,25 +112,30 @@ def upgrade_meta(meta: dict) -> dict:
     return {"version": META_VERSION, **meta}
 
 
-def read_meta(folder: str | Path, what: str = "--calibration") -> dict:
+def read_meta(folder: str | Path, field: str = "calibration") -> dict:
     """meta.json of a calibration folder at this version (upgrade_meta), checked for the fields readers use (topk,
-    holdout_ids)."""
+    holdout_ids). `field`: the request field that named the folder (core.notes.FieldError)."""
     folder = Path(folder)
-    what = f"{what} {folder}"
+    what = f"{{field}} {folder}"
     if not (folder / META).is_file():
-        raise WorkbenchError(f"{what}: not a finished calibration folder (no meta.json; run `workbench calibrate` "
-                             "to completion)")
-    meta = read_json(folder / META, what)
+        raise FieldError(field, "not_finished", f"{what}: not a finished calibration folder (no meta.json; run "
+                         "`workbench calibrate` to completion)")
+    try:
+        meta = read_json(folder / META, f"{flag(field)} {folder}")
+    except WorkbenchError as e:  # worded `--field folder: ...`: named by the field like the rest
+        raise FieldError(field, "unreadable", "{field}" + str(e)[len(flag(field)):]) from None
     meta = meta if "version" in meta else upgrade_meta(meta)
     if meta["version"] != META_VERSION:
-        raise WorkbenchError(f"{what}: meta.json version {str(meta['version'])[:20]!r}, but this workbench reads "
-                             f"calibrations of version {META_VERSION}: calibrate again with `workbench calibrate`")
+        raise FieldError(field, "version", f"{what}: meta.json version {str(meta['version'])[:20]!r}, but this "
+                         f"workbench reads calibrations of version {META_VERSION}: calibrate again with `workbench "
+                         "calibrate`")
     topk, held = meta.get("topk"), meta.get("holdout_ids", [])
     if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= MAX_TOPK:  # before any work per rank
-        raise WorkbenchError(f"{what}: meta.json's topk should be an integer in 1..{MAX_TOPK} (ranks.parquet holds "
-                             f"16-bit ranks), found {str(topk)[:40]!r}: a damaged folder, calibrate again")
+        raise FieldError(field, "damaged", f"{what}: meta.json's topk should be an integer in 1..{MAX_TOPK} "
+                         f"(ranks.parquet holds 16-bit ranks), found {str(topk)[:40]!r}: a damaged folder, "
+                         "calibrate again")
     if not isinstance(held, list) or not all(isinstance(h, str) for h in held):
-        raise WorkbenchError(f"{what}: meta.json's holdout_ids should be a list of prompt ids (strings)")
+        raise FieldError(field, "damaged", f"{what}: meta.json's holdout_ids should be a list of prompt ids (strings)")
     return meta
 
 
@@ -152,7 +158,7 @@ def read_ranks(f: Path, what: str, topk: int = MAX_TOPK) -> pd.DataFrame:
                                  f"{'' if c == 'position' else ' (or null)'}")
     if ranks.empty:
         raise WorkbenchError(f"{what}: {f.name} holds no rows (no position was measured): rerun `workbench "
-                             "calibrate` with more prompts or --max-new-tokens")
+                             "calibrate` with more prompts or a larger `--max-new-tokens`")
     ranks["prompt_id"] = ranks["prompt_id"].astype("string")
     return ranks
 
@@ -173,16 +179,16 @@ class Calibration:
     """A finished calibration folder, opened once: meta.json is checked on opening, the parquet files are read
     (and checked) on first use and kept, so repeated questions (the app asks on every rerun) cost no re-read."""
 
-    def __init__(self, folder: str | Path, what: str = "--calibration"):
-        self.folder, self.what = Path(folder), what
+    def __init__(self, folder: str | Path, field: str = "calibration"):
+        self.folder, self.field, self.what = Path(folder), field, f"{flag(field)} {folder}"
         if is_served(self.folder):
-            raise WorkbenchError(f"{what} {folder}: a served calibration (the engine's counters: one chain's "
-                                 "per-position acceptance, no ranks): plan, optimize and export take it; tree "
+            raise FieldError(field, "served", f"{{field}} {folder}: a served calibration (the engine's counters: "
+                             "one chain's per-position acceptance, no ranks): plan, optimize and export take it; tree "
                                  "replays and sweeps need `workbench calibrate` of Medusa heads")
         if not (self.folder / RANKS).is_file():
-            raise WorkbenchError(f"{what} {folder}: not a finished calibration folder (no meta.json/ranks.parquet; "
-                                 "run `workbench calibrate` to completion)")
-        self.meta = read_meta(self.folder, what)
+            raise FieldError(field, "not_finished", f"{{field}} {folder}: not a finished calibration folder (no "
+                             "meta.json/ranks.parquet; run `workbench calibrate` to completion)")
+        self.meta = read_meta(self.folder, field)
         self.holdout_ids = set(self.meta.get("holdout_ids", []))
         self._cache: dict = {}
 
@@ -190,15 +196,23 @@ class Calibration:
         return f"Calibration({str(self.folder)!r})"
 
     def _cached(self, key, make):
+        """make() once; a file reader's error about this folder (worded `self.what: ...`) names the field."""
         if key not in self._cache:
-            self._cache[key] = make()
+            try:
+                self._cache[key] = make()
+            except FieldError:
+                raise
+            except WorkbenchError as e:
+                if not str(e).startswith(self.what + ":"):
+                    raise
+                raise FieldError(self.field, "unreadable", "{field}" + str(e)[len(flag(self.field)):]) from None
         return self._cache[key]
 
     def ranks(self, split: str = "all") -> pd.DataFrame:
         """The ranks frame of one split (all | fit | holdout)."""
         if split not in SPLITS:
             raise WorkbenchError(f"split {split!r}: use all, fit or holdout")
-        every = self._cached("ranks", lambda: read_ranks(self.folder / RANKS, f"{self.what} {self.folder}",
+        every = self._cached("ranks", lambda: read_ranks(self.folder / RANKS, self.what,
                                                          self.meta["topk"]))
         if split == "all":
             return every
@@ -273,15 +287,15 @@ class Calibration:
         the held-out answers by `workbench calibrate`, or `--record-topk` for a folder calibrated before)."""
         f = self.folder / TOPK
         if not f.is_file():
-            raise WorkbenchError(f"{self.what} {self.folder}: no {TOPK} (the heads' log-probs a per-step tree is "
-                                 "chosen from): run `workbench calibrate --record-topk` on this folder")
-        df = self._cached("topk", lambda: read_topk(f, f"{self.what} {self.folder}", self.meta["num_heads"],
+            raise FieldError(self.field, "no_topk", f"{{field}} {self.folder}: no {TOPK} (the heads' log-probs a "
+                             "per-step tree is chosen from): run `workbench calibrate --record-topk` on this folder")
+        df = self._cached("topk", lambda: read_topk(f, self.what, self.meta["num_heads"],
                                                     self.meta["topk"]))
         got = rows[["prompt_id", "position"]].merge(df, on=["prompt_id", "position"], how="left", sort=False)
         cols = [f"logp_{k + 1}" for k in range(self.meta["num_heads"])]
         if got[cols[0]].isna().any():
-            raise WorkbenchError(f"{self.what} {self.folder}: {TOPK} lacks some of the held-out positions; record it "
-                                 "again (`workbench calibrate --record-topk`)")
+            raise FieldError(self.field, "topk_short", f"{{field}} {self.folder}: {TOPK} lacks some of the held-out "
+                             "positions; record it again (`workbench calibrate --record-topk`)")
         return np.stack([np.stack(got[c].to_numpy()) for c in cols], axis=1).astype(np.float32)
 
     def batch_replay(self, tree, batch: int, split: str = "holdout", max_new_tokens: int | None = None,
@@ -321,13 +335,13 @@ class Calibration:
         """[(prompt_id, text)] of the held-out prompts (never used to fit its trees): the honest test set."""
         limit_ = self.meta.get("limit")
         if not isinstance(self.meta.get("prompts"), str) or not (limit_ is None or isinstance(limit_, int)):
-            raise WorkbenchError(f"{self.what} {self.folder}: meta.json does not say which prompts it used "
-                                 "(prompts, limit)")
+            raise FieldError(self.field, "damaged", f"{{field}} {self.folder}: meta.json does not say which "
+                             "prompts it used (prompts, limit)")
         records = [r for r in load_prompt_records(self.meta["prompts"], limit_) if r[0] in self.holdout_ids]
         if not records:
             raise FieldError("prompts", "no_holdout",
                              f"{{field}} holdout: calibration {self.folder} has no held-out prompts "
-                             "(calibrate with --holdout 0.2, or name a prompt set)")
+                             "(calibrate with {also} 0.2, or name a prompt set)", also="holdout")
         if limit is not None and limit <= 0:
             raise FieldError("limit", "below_one", f"{{field}} {limit}: must be a positive number of prompts")
         return records[:limit] if limit else records
@@ -335,7 +349,7 @@ class Calibration:
     def continuations(self) -> dict[str, list[int]]:
         """prompt_id -> the greedy answer's token ids."""
         return self._cached("cont", lambda: read_continuations(self.folder / CONTINUATIONS,
-                                                               f"{self.what} {self.folder}"))
+                                                               self.what))
 
     def typical_context(self, max_new_tokens: int | None = None) -> float | None:
         """Mean cache length a decoding step sees on the calibration's prompts: prompt + half the answer (cut to
@@ -356,8 +370,9 @@ class Calibration:
                 length = length.clip(upper=max_new_tokens)
             return float((info["prompt_tokens"] + length / 2).mean()) if len(info) else None
         except Exception as e:  # truncated file, wrong columns or types
-            raise WorkbenchError(f"{self.what} {self.folder}: {f.name} is not a readable continuations file "
-                                 f"(prompt_tokens, continuation token lists; {type(e).__name__})") from None
+            raise FieldError(self.field, "unreadable", f"{{field}} {self.folder}: {f.name} is not a readable "
+                             f"continuations file (prompt_tokens, continuation token lists; {type(e).__name__})") \
+                from None
 
     def latency_files(self) -> list[Path]:
         """The latency tables measured into this folder (`workbench latency --calibration DIR`)."""

@@ -88,12 +88,14 @@ class CalibrateConfig:
         if self.max_new_tokens < 1:
             raise FieldError("max_new_tokens", "below_one", f"{{field}} {self.max_new_tokens}: must be at least 1")
         if not 1 <= self.topk <= MAX_TOPK:
-            raise WorkbenchError(f"--topk {self.topk}: must be in 1..{MAX_TOPK} (a calibration stores 16-bit ranks)")
+            raise FieldError("topk", "range", f"{{field}} {self.topk}: must be in 1..{MAX_TOPK} (a calibration "
+                             "stores 16-bit ranks)")
         if self.batch_size < 1:
-            raise WorkbenchError(f"--gen-batch {self.batch_size}: must be at least 1")
+            raise FieldError("gen_batch", "below_one", f"{{field}} {self.batch_size}: must be at least 1")
         budgets = sorted({int(b) for b in self.budgets})
         if not budgets or budgets[0] < 1:
-            raise WorkbenchError(f"--budgets {budgets}: give positive node counts, e.g. 16,32,64")
+            raise FieldError("budgets", "not_positive", f"{{field}} {budgets}: give positive node counts, e.g. "
+                             "16,32,64")
         object.__setattr__(self, "budgets", tuple(budgets))  # (frozen: set once, normalised)
         holdout_split([], self.holdout)  # the share
 
@@ -115,13 +117,14 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     launch = current_launch()
     batches = -(-len(records) // cfg.batch_size)
     if launch.world > batches:
-        raise WorkbenchError(f"{launch.world} processes for {len(records)} prompts in {batches} batch(es) of "
-                             f"--gen-batch {cfg.batch_size}: every process needs a batch; launch at most {batches} "
-                             "(--num_processes) or lower --gen-batch")
+        raise FieldError("gen_batch", "idle_process", f"{launch.world} processes for {len(records)} prompts in "
+                         f"{batches} batch(es) of {{field}} {cfg.batch_size}: every process needs a batch; launch at "
+                         f"most {batches} (--num_processes) or lower {{field}}")
     base, tok, hd = load_model_and_heads(cfg.model, cfg.heads, launch.device(cfg.device, cfg.device_map), cfg.dtype,
                                          device_map=cfg.device_map)
     if cfg.topk > hd.vocab_size:
-        raise WorkbenchError(f"--topk {cfg.topk}: larger than the vocabulary ({hd.vocab_size})")
+        raise FieldError("topk", "past_vocabulary", f"{{field}} {cfg.topk}: larger than the vocabulary "
+                         f"({hd.vocab_size})")
     if base.base_model is base:
         raise WorkbenchError(f"{type(base).__name__}: no inner decoder (base_model) to read hidden states from; "
                              "only decoder-only causal LMs with an lm_head are supported")
@@ -178,21 +181,23 @@ def reused_continuations(source: str | Path, args: dict, prompt_ids: list[str], 
     """prompt_id -> greedy answer from another calibration, after checking it answered the same question (and
     holds an answer of in-vocabulary tokens for every prompt)."""
     if not (Path(source) / CONTINUATIONS).is_file():
-        raise WorkbenchError(f"--continuations {source}: not a finished calibration folder (needs meta.json and "
-                             "continuations.parquet)")
-    src = Calibration(source, "--continuations")
+        raise FieldError("continuations", "not_finished", f"{{field}} {source}: not a finished calibration folder "
+                         "(needs meta.json and continuations.parquet)")
+    src = Calibration(source, "continuations")
     theirs = src.meta.get("args")
     if not isinstance(theirs, dict):
-        raise WorkbenchError(f"--continuations {source}: meta.json has no recorded args (not a calibration folder)")
+        raise FieldError("continuations", "no_args", f"{{field}} {source}: meta.json has no recorded args (not a "
+                         "calibration folder)")
     for key in ("model", "prompts_sha256", "max_new_tokens", "dtype", "device"):
         if theirs.get(key) != args.get(key):
-            raise WorkbenchError(f"--continuations {source}: recorded {key} {theirs.get(key)!r} differs from this "
-                                 f"run's {args.get(key)!r}; the answers must come from the same model and prompts")
+            raise FieldError("continuations", "other_run", f"{{field}} {source}: recorded {key} "
+                             f"{theirs.get(key)!r} differs from this run's {args.get(key)!r}; the answers must come "
+                             "from the same model and prompts")
     answers = src.continuations()
     for pid in prompt_ids:
         if pid not in answers or not all(0 <= t < vocab for t in answers[pid]):
-            raise WorkbenchError(f"--continuations {source}: continuations.parquet has no answer of token ids in "
-                                 f"[0, {vocab}) for prompt {pid!r} (a damaged or foreign file)")
+            raise FieldError("continuations", "damaged", f"{{field}} {source}: continuations.parquet has no answer "
+                             f"of token ids in [0, {vocab}) for prompt {pid!r} (a damaged or foreign file)")
     return answers
 
 
@@ -208,14 +213,16 @@ def _prepare_folder(folder: Path, name: str, args: dict, force: bool) -> bool:
             break
     foreign = recorded is None and any((folder / "parts").glob("*.parquet"))
     if foreign and not force:
-        raise WorkbenchError(f"{folder}/parts holds part files but no args.json: they are not this run's; remove "
-                             "that folder, use another --name/--out, or --force to start over")
+        raise FieldError("force", "foreign_parts", f"{folder}/parts holds part files but no args.json: they are not "
+                         "this run's; remove that folder, use another {also}/{also2}, or {field} to start over",
+                         also=("name", "out"))
     if foreign or (recorded is not None and recorded != args):
         if not force:
             diff = [k for k in sorted(set(args) | set(recorded)) if args.get(k) != recorded.get(k)]
             shown = ", ".join(f"{k}: {recorded.get(k)!r} -> {args.get(k)!r}" for k in diff[:3])
-            raise WorkbenchError(f"{folder} holds a calibration with other arguments ({shown}); use another "
-                                 "--name/--out, the same arguments to resume, or --force to start over")
+            raise FieldError("force", "other_arguments", f"{folder} holds a calibration with other arguments "
+                             f"({shown}); use another {{also}}/{{also2}}, the same arguments to resume, or {{field}} "
+                             "to start over", also=("name", "out"))
         for f in (RANKS, CONTINUATIONS, TOPK, ACCURACIES, META):
             (folder / f).unlink(missing_ok=True)
         shutil.rmtree(folder / "parts", ignore_errors=True)
@@ -243,11 +250,12 @@ def _check_part(parts: Path, i: int, pids: list[str]) -> None:
     try:
         got = pd.read_parquet(_part(parts, i, "prompts"), columns=["prompt_id"])["prompt_id"].tolist()
     except Exception as e:  # a damaged or missing file
-        raise WorkbenchError(f"{_part(parts, i, 'prompts')}: not readable ({type(e).__name__}); rerun with --force "
-                             "to start over") from None
+        raise FieldError("force", "unreadable", f"{_part(parts, i, 'prompts')}: not readable ({type(e).__name__}); "
+                         "rerun with {field} to start over") from None
     if got != pids:
-        raise WorkbenchError(f"{_part(parts, i, 'prompts')}: holds prompts {got[:3]}..., not batch {i} of this run "
-                             f"({pids[:3]}...): the parts are from another run; use --force to start over")
+        raise FieldError("force", "other_run", f"{_part(parts, i, 'prompts')}: holds prompts {got[:3]}..., not "
+                         f"batch {i} of this run ({pids[:3]}...): the parts are from another run; use {{field}} to "
+                         "start over")
 
 
 def _run_batches(folder, base, tok, hd, records, encoded, args, share: range, on_batch, progress,

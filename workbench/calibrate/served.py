@@ -32,7 +32,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.data import load_prompt_records
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, flag
 from workbench.core.io import atomic_write_json, atomic_write_text, read_csv, read_json
 
 META, TABLE = "meta.json", "acceptance.csv"
@@ -268,8 +268,8 @@ def request_counts(path, what: str) -> ServedCounts:
 
 def check_method(method: str | None, engine_version: str | None = None) -> str:
     if method is None:
-        raise WorkbenchError(f"give --method: the drafter vLLM serves ({', '.join(VLLM_DRAFTERS)}; medusa with "
-                             "--heads DIR)")
+        raise FieldError("method", "missing", f"give {{field}}: the drafter vLLM serves ({', '.join(VLLM_DRAFTERS)}; "
+                         "medusa with {also} DIR)", also="heads")
     if method not in VLLM_DRAFTERS:
         raise FieldError("method", "unknown",
                          f"{{field}} {method}: vLLM {engine_version or '0.32.0'} has no such drafter; its "
@@ -277,14 +277,14 @@ def check_method(method: str | None, engine_version: str | None = None) -> str:
     return method
 
 
-def cut(counts: ServedCounts, k: int | None, what: str = "--k") -> ServedCounts:
+def cut(counts: ServedCounts, k: int | None) -> ServedCounts:
     """The first k positions (None: all); k beyond what the drafter proposed is an error."""
     if k is None or k == counts.k:
         return counts
     if not 1 <= k <= counts.k:
-        raise WorkbenchError(f"{what} {k}: the drafter proposed at most {counts.k} tokens per draft (vLLM's "
-                             f"num_speculative_tokens), so acceptance past position {counts.k} was never measured; "
-                             f"give --k 1..{counts.k} or serve with a larger num_speculative_tokens")
+        raise FieldError("k", "past_drafts", f"{{field}} {k}: the drafter proposed at most {counts.k} tokens per "
+                         f"draft (vLLM's num_speculative_tokens), so acceptance past position {counts.k} was never "
+                         f"measured; give {{field}} 1..{counts.k} or serve with a larger num_speculative_tokens")
     per_pos = counts.per_pos[:k]
     tokens = min(counts.draft_tokens, counts.drafts * k)  # the tokens drafted at positions 1..k (an upper bound)
     return ServedCounts(k, counts.drafts, tokens, sum(per_pos), per_pos, counts.decode_steps)
@@ -310,8 +310,19 @@ def is_served(path) -> bool:
 class Served:
     """A finished served calibration folder, checked on opening."""
 
-    def __init__(self, folder, what: str = "--acceptance"):
-        self.folder, what = Path(folder), f"{what} {folder}"
+    def __init__(self, folder, field: str = "acceptance"):
+        """`field`: the request field that named the folder: every error of opening it names it (FieldError)."""
+        self.folder, what = Path(folder), f"{flag(field)} {folder}"
+        try:
+            self._open(what)
+        except FieldError:
+            raise
+        except WorkbenchError as e:  # each worded `--field folder: ...` (`what`)
+            if not str(e).startswith(what + ":"):
+                raise
+            raise FieldError(field, "not_served", "{field}" + str(e)[len(flag(field)):]) from None
+
+    def _open(self, what: str) -> None:
         if not (self.folder / META).is_file():
             raise WorkbenchError(f"{what}: not a served calibration (no {META}; write one with `workbench calibrate "
                                  "--engine vllm` or `--metrics`)")
@@ -352,9 +363,9 @@ class Served:
         """[(prompt_id, text)] of the prompts the run held out (never served: `calibrate --holdout`), in file order."""
         held, limit = self.meta.get("holdout_ids") or [], self.meta.get("limit")
         if not isinstance(self.meta.get("prompts"), str) or not held:
-            raise WorkbenchError(f"--prompts holdout: the served calibration {self.folder} held no prompts out (a "
-                                 "scrape's, or a run before --holdout): name a prompt set (--prompts) or calibrate "
-                                 "again with `calibrate --engine vllm --holdout 0.25`")
+            raise FieldError("prompts", "no_holdout", f"{{field}} holdout: the served calibration {self.folder} held "
+                             "no prompts out (a scrape's, or a run before {also}): name a prompt set ({field}) or "
+                             "calibrate again with `calibrate --engine vllm --holdout 0.25`", also="holdout")
         return [r for r in load_prompt_records(self.meta["prompts"], limit if isinstance(limit, int) else None)
                 if r[0] in set(map(str, held))]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.calibrate.folder import TOPK, Calibration
 from workbench.calibrate.ranks import NULL
 from workbench.calibrate.topk_file import calibration_heads_sha256
@@ -102,9 +102,10 @@ def record_topk(folder, model, tok, heads, batch: int = 8, max_new_tokens: int |
     cal = Calibration(folder)
     want = calibration_heads_sha256(cal.meta)
     if want and want != heads_fingerprint(heads):
-        raise WorkbenchError(f"--heads: not the heads calibration {folder} measured (its meta.json args.heads_sha256 "
-                             f"{want[:16]}...; the replay needs their own log-probabilities): give --heads "
-                             f"{cal.meta.get('heads', 'DIR')} (the calibration's own), or calibrate these heads")
+        raise FieldError("heads", "not_calibrated", f"{{field}}: not the heads calibration {folder} measured (its "
+                         f"meta.json args.heads_sha256 {want[:16]}...; the replay needs their own log-probabilities): "
+                         f"give {{field}} {cal.meta.get('heads', 'DIR')} (the calibration's own), or calibrate these "
+                         "heads")
     answers = cal.continuations()
     records = cal.holdout_prompts()
     pids = [pid for pid, _ in records if pid in answers]

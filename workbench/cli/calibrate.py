@@ -33,7 +33,7 @@ def _record_topk(args) -> int:
     folder = args.out or (calibration_root() / args.name if args.name else None)
     if folder is None:
         raise WorkbenchError("--record-topk works on a finished calibration: name it with --name NAME or --out DIR")
-    cal = Calibration(folder, "--record-topk")
+    cal = Calibration(folder, "record_topk")
     check_output(cal.folder / TOPK, "--record-topk")  # before the model loads
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype)
     df = record_topk(cal.folder, model, tok, heads, max_new_tokens=args.max_new_tokens)

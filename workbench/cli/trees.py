@@ -113,7 +113,7 @@ def objective(args):
         if is_served(args.calibration):  # the engine's counters: a chain drafter, acc [K, 1] of conditional rates
             if getattr(args, "joint", False):
                 raise WorkbenchError("--joint needs our calibration's ranks; a served one holds a chain's acceptance")
-            rates = Served(args.calibration, "--calibration").rates()
+            rates = Served(args.calibration, "calibration").rates()
             acc = np.array([[r / p] for r, p in zip(rates, [1.0] + rates[:-1])])
             return acc, acc
         cal = Calibration(args.calibration)

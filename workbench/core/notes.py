@@ -44,10 +44,11 @@ class Note(NamedTuple):
 
 class FieldError(WorkbenchError):
     """A request's field refused: `field` is the request's attribute, `code` why (stable), `text` the reason with
-    "{field}" where the front end's name of the field goes (several fields: `also`, "{also}" in `text`). Its str()
-    is the CLI's default wording (the field as a flag); `words(names)` words it for another front end."""
+    "{field}" where the front end's name of the field goes (other fields it names: `also`, "{also}" in `text`; a
+    tuple of them: "{also}", "{also2}", "{also3}"...). Its str() is the CLI's default wording (the fields as
+    flags); `words(names)` words it for another front end."""
 
-    def __init__(self, field: str, code: str, text: str, also: str | None = None):
+    def __init__(self, field: str, code: str, text: str, also: str | tuple[str, ...] | None = None):
         self.field, self.code, self.text, self.also = field, code, text, also
         super().__init__(self.words())
 
@@ -56,7 +57,9 @@ class FieldError(WorkbenchError):
 
     def words(self, names: Names | None = None) -> str:
         text = self.text.replace("{field}", _name(names, self.field))
-        return text.replace("{also}", _name(names, self.also)) if self.also else text
+        for i, other in enumerate((self.also,) if isinstance(self.also, str) else self.also or ()):
+            text = text.replace("{also" + (str(i + 1) if i else "") + "}", _name(names, other))
+        return text
 
 
 def worded(err: Exception, names: Names | None = None) -> str:

@@ -66,7 +66,7 @@ def _check_safe_engine(engine: str) -> None:
     if engine not in SAFE_ENGINES:
         raise FieldError("engine_safe", "unsupported",
                          f"{{field}} supports {' and '.join(SAFE_ENGINES)}; medusa and eagle take any tree "
-                         f"of depth >= 2 with ranks < {MEDUSA_TOPK} (optimize --max-rank {MEDUSA_TOPK})")
+                         f"of depth >= 2 with ranks < {MEDUSA_TOPK} (optimize {{also}} {MEDUSA_TOPK})", also="max_rank")
 
 
 def best_engine_safe(value, engine: str, budget: int, max_depth: int, max_rank: int) -> Tree:
@@ -149,10 +149,10 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
         raise WorkbenchError(f"unknown export format {fmt!r} for a plan; choose one of {', '.join(PLAN_FORMATS)}")
     if synthetic and fmt != "vllm":
         raise FieldError("synthetic", "needs_other",
-                         "{field} is vLLM's synthetic rejection sampling: only with --format vllm")
+                         "{field} is vLLM's synthetic rejection sampling: only with {also} vllm", also="format")
     if (method or draft_model or vllm_version) and fmt not in SCHEDULE_FORMATS:
-        raise FieldError("method", "needs_other", f"{{field}}, --draft-model and --vllm-version are for --format "
-                         f"{', '.join(SCHEDULE_FORMATS)}")
+        raise FieldError("method", "needs_other", f"{{field}}, {{also}} and {{also2}} are for {{also3}} "
+                         f"{', '.join(SCHEDULE_FORMATS)}", also=("draft_model", "vllm_version", "format"))
     num_heads, warns = check_plan_heads(plan, heads_dir) if heads_dir is not None else (None, [])
     if fmt in ("vllm", "vllm-token-schedule"):
         key = "speculative_token_schedule" if fmt != "vllm" else "num_speculative_tokens_per_batch_size"
@@ -167,14 +167,15 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
         return text, warns + more, notes + more_notes
     row, notes = row_at(plan, batch_size or 1)
     if row["kind"] == "none":
-        raise WorkbenchError(f"the plan says no speculation at batch size {row['batch_size']}: there is no tree to "
-                             f"export for {fmt} (serve without speculation, or export another --batch-sizes B)")
+        raise FieldError("batch_sizes", "no_tree", f"the plan says no speculation at batch size {row['batch_size']}: "
+                         f"there is no tree to export for {fmt} (serve without speculation, or export another "
+                         "{field} B)")
     if row["kind"] == "dynamic":
-        raise WorkbenchError(f"the plan's choice at batch size {row['batch_size']} is a per-step tree ({row['nodes']} of "
-                             f"its {len(row['medusa_choices'])}-node envelope chosen each step), which no static tree "
-                             f"format holds: run it with `workbench decode --dynamic {row['nodes']} --tree ENVELOPE` "
-                             "(the envelope: the plan row's medusa_choices), or export --format vllm (the best chain) "
-                             "or another --batch-sizes B")
+        raise FieldError("batch_sizes", "per_step", f"the plan's choice at batch size {row['batch_size']} is a "
+                         f"per-step tree ({row['nodes']} of its {len(row['medusa_choices'])}-node envelope chosen each "
+                         f"step), which no static tree format holds: run it with `workbench decode --dynamic "
+                         f"{row['nodes']} --tree ENVELOPE` (the envelope: the plan row's medusa_choices), or export "
+                         "{also} vllm (the best chain) or another {field} B", also="format")
     others = [f"{r['kind']}" + (f" of {r['nodes']} nodes" if r["kind"] != "none" else "") + f" at {r['batch_size']}"
               for r in plan_rows(plan) if r["medusa_choices"] != row["medusa_choices"]]
     notes.append(f"the batch-size {row['batch_size']} row ({row['kind']}, {row['nodes']} nodes, predicted "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.calibrate.folder import Calibration
 from workbench.calibrate.served import Served, ServedCounts, checked_counts, is_served
 
@@ -45,7 +45,7 @@ def chain_counts(cal: Calibration) -> ServedCounts:
 def speculation_profile(folder) -> dict:
     """The profile of a calibration folder, served or ours."""
     if is_served(folder):
-        served = Served(folder, "--calibration")
+        served = Served(folder, "calibration")
         counts, m = served.counts, served.meta
         method, dataset, osl, samples = m.get("method"), m.get("prompts"), m.get("max_new_tokens"), m.get(
             "num_prompts")
@@ -54,7 +54,7 @@ def speculation_profile(folder) -> dict:
         prov = dict(kind="served", **{k: m.get(k) for k in ("engine", "engine_version", "model", "draft_model",
                                                             "source", "decode_steps", "draft_share")})
     else:
-        cal = Calibration(folder, "--calibration")
+        cal = Calibration(folder)
         counts, m = chain_counts(cal), cal.meta
         method, dataset, osl, samples = "medusa", m.get("prompts"), m.get("max_new_tokens"), m.get("num_prompts")
         validation = ("offline: the top-1 chain of the heads' ranks at every position of the base model's greedy "
@@ -78,6 +78,6 @@ def speculation_profile(folder) -> dict:
 
 def write_profile(folder) -> str:
     if folder is None:
-        raise WorkbenchError("--format speculation-profile describes a calibration: give --calibration DIR (ours or "
-                             "a served one)")
+        raise FieldError("format", "needs_calibration", "{field} speculation-profile describes a calibration: give "
+                         "{also} DIR (ours or a served one)", also="calibration")
     return json.dumps(speculation_profile(folder), indent=1) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.export.common import Warn, header, py_list
 from workbench.trees.optimize import optimal_tree, optimal_tree_from
 from workbench.trees.tree import RankPath, Tree
@@ -135,9 +136,10 @@ def check_draft_len_schedule(schedule: dict[int, int], max_draft_len: int) -> di
                                  f"got {b}: {k}")
     first = min(schedule)
     if schedule[first] != max_draft_len or any(k > max_draft_len for k in schedule.values()):
-        raise WorkbenchError(f"TensorRT-LLM takes no such draft_len_schedule: its smallest batch size ({first}) must "
-                             f"draft max_draft_len, the longest ({max_draft_len}), but the plan drafts "
-                             f"{schedule[first]} there; export the vllm schedule, or one K with --batch-sizes B")
+        raise FieldError("batch_sizes", "trtllm_schedule", f"TensorRT-LLM takes no such draft_len_schedule: its "
+                         f"smallest batch size ({first}) must draft max_draft_len, the longest ({max_draft_len}), but "
+                         f"the plan drafts {schedule[first]} there; export the vllm schedule, or one K with "
+                         "{field} B")
     return dict(sorted(schedule.items()))
 
 

@@ -95,8 +95,8 @@ def repair(tree: Tree, fn, depth: int, ranks: int, heads: int | None = None) -> 
     tree is dense already. `fn` values a path (required: a dense tree is chosen by value)."""
     if fn is None:
         raise FieldError("engine_safe", "needs_other",
-                         "{field} for vllm picks the best dense tree and needs --accuracies FILE or "
-                         "--calibration DIR")
+                         "{field} for vllm picks the best dense tree and needs {also} FILE or {also2} DIR",
+                         also=("accuracies", "calibration"))
     if vllm_uniform(tree):
         return None, "engine-safe: already a dense tree, which vLLM drafts as written"
     safe = best_dense_tree(fn, tree.nodes, min(depth, heads or depth), ranks)
@@ -237,12 +237,12 @@ def drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
     if method is None and src.get("served") and src.get("method") != "medusa":  # the drafter vLLM served
         method, draft_model = src.get("method"), draft_model or src.get("draft_model")
         if method not in VLLM_METHODS:
-            raise WorkbenchError(f"the plan's served drafter {method} is not one this export targets "
-                                 f"({', '.join(VLLM_METHODS)}): give --method")
+            raise FieldError("method", "not_targeted", f"the plan's served drafter {method} is not one this export "
+                             f"targets ({', '.join(VLLM_METHODS)}): give {{field}}")
     if method not in (None, "medusa"):
         if draft_model is None and method in ("eagle", "eagle3", "draft_model"):
             raise FieldError("method", "needs_other",
-                             f"{{field}} {method} needs --draft-model DIR (the drafter's weights)")
+                             f"{{field}} {method} needs {{also}} DIR (the drafter's weights)", also="draft_model")
         return {"method": method} | ({"model": str(Path(draft_model).resolve())} if draft_model else {})
     model = draft_model or heads_dir or (DEMO_HEADS if src.get("heads") == "demo" else None)
     if model is None and src.get("kind") == "calibration" and src.get("heads"):
@@ -251,9 +251,9 @@ def drafter(plan: dict, heads_dir, method: str | None, draft_model) -> dict:
         model = src.get("draft_model")
     if model is None:
         made = {"accuracies": "accuracy table", "acceptance": "acceptance vector"}.get(src.get("kind"), "source")
-        raise WorkbenchError(f"the plan names no drafter (the {made} {src.get('path', '')} it was made from names "
-                             "no heads): give --method (e.g. eagle3) and --draft-model DIR, or --heads DIR for "
-                             "Medusa heads")
+        raise FieldError("method", "no_drafter", f"the plan names no drafter (the {made} {src.get('path', '')} it was "
+                         "made from names no heads): give {field} (e.g. eagle3) and {also} DIR, or {also2} DIR for "
+                         "Medusa heads", also=("draft_model", "heads"))
     return {"method": "medusa", "model": str(Path(model).resolve())}
 
 
@@ -297,8 +297,8 @@ def write_plan(plan: dict, heads_dir=None, num_heads: int | None = None, synthet
     medusa = draft["method"] == "medusa"
     version = vllm_version or ("0.32.0" if medusa else VLLM_NEWEST)
     if medusa and vllm_window_error("medusa", version):
-        raise WorkbenchError(vllm_window_error("medusa", version) + ": serve Medusa heads with vLLM <= 0.32.0, or "
-                             "another drafter (--method eagle3 --draft-model DIR)")
+        raise FieldError("method", "medusa_window", vllm_window_error("medusa", version) + ": serve Medusa heads "
+                         "with vLLM <= 0.32.0, or another drafter ({field} eagle3 {also} DIR)", also="draft_model")
     notes.append(f"for vLLM {version}, drafter {draft['method']}" + (f" at {draft['model']}" if "model" in draft
                                                                       else ""))
     if batch_size is not None:
@@ -325,8 +325,9 @@ def write_plan(plan: dict, heads_dir=None, num_heads: int | None = None, synthet
         notes.append(VLLM_MEDUSA_PER_RANGE)
         return json.dumps(per_range, indent=1) + "\n", warns, notes
     if vllm_window_error(key, version):
-        raise WorkbenchError(vllm_window_error(key, version) + ": export one K with --batch-sizes B, or target a "
-                             "vLLM that takes it" + (" (>= 0.24.0)" if key not in VLLM_PROPOSED else ""))
+        raise FieldError("batch_sizes", "schedule_window", vllm_window_error(key, version) + ": export one K with "
+                         "{field} B, or target a vLLM that takes it"
+                         + (" (>= 0.24.0)" if key not in VLLM_PROPOSED else ""))
     notes.append(f"targets {VLLM_SCHEDULE}")
     if key in VLLM_PROPOSED:
         warns.append(Warn("vllm_unreleased_key", f"{key} is proposed in {VLLM_PROPOSED[key]} and in no vLLM release "

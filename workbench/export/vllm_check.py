@@ -20,7 +20,8 @@ import statistics
 import time
 from pathlib import Path
 
-from workbench import WorkbenchError, note
+from workbench import note
+from workbench.core.notes import FieldError
 from workbench.calibrate.folder import Calibration, default_calibration
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import COMPILED, cpu_mark, load_average, others, quiet
@@ -162,8 +163,8 @@ def check_vllm_model(model) -> None:
     """vLLM loads an HF model folder: a GGUF file or a hub id is one error line (the demo model, None, is written as
     a folder)."""
     if model is not None and (str(model).endswith(".gguf") or not Path(model).is_dir()):
-        raise WorkbenchError(f"--model {model}: vLLM needs an HF model folder (config.json + safetensors); the "
-                             "demo model is written as one automatically")
+        raise FieldError("model", "not_hf_folder", f"{{field}} {model}: vLLM needs an HF model folder (config.json + "
+                         "safetensors); the demo model is written as one automatically")
 
 
 def vllm_inputs(model, heads_dir, records, raw: bool, heads: bool = True, want: str | None = None) -> dict:
@@ -177,9 +178,10 @@ def vllm_inputs(model, heads_dir, records, raw: bool, heads: bool = True, want: 
         writable_cache("vLLM's copy of the heads")
         base, tok, hd = load_model_and_heads(model, heads_dir, "cpu", "float32")
         if want and heads_fingerprint(hd) != want:
-            raise WorkbenchError(f"--heads {heads_dir or 'demo'}: not the heads the calibration measured (its meta.json "
-                                 f"args.heads_sha256 {want[:16]}...): its predictions are of other heads; give the "
-                                 "calibration's own heads, or calibrate these (`workbench calibrate --heads DIR`)")
+            raise FieldError("heads", "not_calibrated", f"{{field}} {heads_dir or 'demo'}: not the heads the "
+                             f"calibration measured (its meta.json args.heads_sha256 {want[:16]}...): its predictions "
+                             "are of other heads; give the calibration's own heads, or calibrate these (`workbench "
+                             "calibrate --heads DIR`)")
     else:
         (base, tok), hd = load_base(model, "cpu", "float32"), None
     out = dict(base=base, tok=tok, heads=hd, ids=[prepare_prompt(tok, text, raw) for _, text in records],
@@ -198,8 +200,9 @@ def check_records(cal: Calibration, prompts: str, limit: int | None, exclude) ->
     records = cal.holdout_prompts() if prompts == "holdout" else load_prompt_records(prompts, None)
     kept = [r for r in records if r[0] not in set(exclude)]
     if not kept:
-        raise WorkbenchError(f"every {prompts} prompt is one the plan's vLLM surface was measured on: check on "
-                             "others (--prompts mt-bench) or measure the surface on others (latency --prompts)")
+        raise FieldError("prompts", "surface_prompts", f"every {prompts} prompt is one the plan's vLLM surface was "
+                         "measured on: check on others ({field} mt-bench) or measure the surface on others (latency "
+                         "{field})")
     return kept[:limit], len(records) - len(kept)
 
 
@@ -222,13 +225,15 @@ def vllm_check(calibration=None, plan=None, model=None, heads_dir=None, ks=(1, 2
     predicted = {k: {p: v for p, v in cal.predict(chain_tree(k), max_new_tokens).items() if p in PREDICTIONS}
                  for k in all_ks}
     if max(all_ks) > cal.meta["num_heads"]:  # before anything loads: a K past the heads is no config to serve
-        raise WorkbenchError(f"K {max(all_ks)} ({'--k' if max(ks) == max(all_ks) else '--plan'}): the calibration's "
-                             f"heads draft at most {cal.meta['num_heads']} tokens; ask for K <= {cal.meta['num_heads']}")
+        raise FieldError("k" if max(ks) == max(all_ks) else "plan", "past_heads", f"K {max(all_ks)} ({{field}}): the "
+                         f"calibration's heads draft at most {cal.meta['num_heads']} tokens; ask for K <= "
+                         f"{cal.meta['num_heads']}")
     t0 = time.time()
     given = vllm_inputs(model, heads_dir, records, raw, want=calibration_heads_sha256(cal.meta))
     base, tok, heads, ids, eos, vllm_model = (given[k] for k in ("base", "tok", "heads", "ids", "eos", "model_dir"))
     if max(all_ks) > heads.num_heads:
-        raise WorkbenchError(f"--k {max(all_ks)}: the heads draft at most {heads.num_heads} tokens")
+        raise FieldError("k", "past_heads", f"{{field}} {max(all_ks)}: the heads draft at most {heads.num_heads} "
+                         "tokens")
     folder = given["heads_folder"]
     engines = [None] + [{"method": "medusa", "model": folder, "num_speculative_tokens": k} for k in all_ks]
     longest = max(map(len, ids)) + max_new_tokens + max(all_ks) + 8

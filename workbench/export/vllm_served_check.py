@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from workbench import WorkbenchError, note
+from workbench.core.notes import FieldError
 from workbench.calibrate.served import Served
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import cpu_mark, load_average, others, quiet
@@ -37,8 +38,9 @@ def served_records(served: Served, prompts: str, limit: int | None, surface) -> 
     used = set(served.served_prompt_ids()) | set(map(str, surface))
     kept = [r for r in records if r[0] not in used]
     if not kept:
-        raise WorkbenchError(f"every {prompts} prompt is one the calibration or the plan's surface was served on: "
-                             "check on others (--prompts), or hold some out (`calibrate --engine vllm --holdout`)")
+        raise FieldError("prompts", "served_prompts", f"every {prompts} prompt is one the calibration or the plan's "
+                         "surface was served on: check on others ({field}), or hold some out (`calibrate --engine "
+                         "vllm --holdout`)")
     return kept[:limit], len(records) - len(kept)
 
 
@@ -60,11 +62,12 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
     progress = progress or note  # the front end shows it (the CLI: on stderr, as written)
     py = vllm_python(python)
     check_vllm_model(model)
-    served = Served(calibration, "--calibration")
+    served = Served(calibration, "calibration")
     method = served.meta.get("method")
     if method == "medusa":
-        raise WorkbenchError(f"--calibration {calibration}: vLLM served our Medusa heads; check heads with our own "
-                             "calibration of them (`vllm-check --calibration DIR` of `workbench calibrate`)")
+        raise FieldError("calibration", "served_medusa", f"{{field}} {calibration}: vLLM served our Medusa heads; "
+                         "check heads with our own calibration of them (`vllm-check --calibration DIR` of `workbench "
+                         "calibrate`)")
     surface = surface_prompts(plan)
     records, excluded = served_records(served, prompts, limit, surface)
     plan_k = served_ks(plan, batch_sizes) if plan is not None else {}

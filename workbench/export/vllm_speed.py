@@ -9,7 +9,7 @@ passes (core.speed.spread); two rows are within noise when their interquartile r
 """
 from __future__ import annotations
 
-from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.speed import prediction_error, spread, within_noise
 from workbench.export.vllm import served_ks
 from workbench.plan.plan_file import plan_engine
@@ -109,13 +109,14 @@ def repriced(res: dict, plan: dict) -> dict:
     for a K the check did not run."""
     overlap = sorted(set(map(str, res.get("prompt_ids") or [])) & set(surface_prompts(plan)))
     if overlap:
-        raise WorkbenchError(f"the plan's surface was served on prompt(s) {', '.join(overlap)} the check measured: "
-                             "run vllm-check --plan again so that its prompts are other ones")
+        raise FieldError("plan", "surface_prompts", f"the plan's surface was served on prompt(s) {', '.join(overlap)} "
+                         "the check measured: run vllm-check {field} again so that its prompts are other ones")
     plan_k = served_ks(plan, sorted({s["batch_size"] for s in res["speed"]}))
     ran = {(s["batch_size"], s["k"]) for s in res["speed"]}
     missing = [f"K = {k} at batch {b}" for b, k in sorted(plan_k.items()) if k and (b, k) not in ran]
     if missing:
-        raise WorkbenchError(f"the check did not run {', '.join(missing)}: run vllm-check --plan with that plan")
+        raise FieldError("plan", "not_run", f"the check did not run {', '.join(missing)}: run vllm-check {{field}} "
+                         "with that plan")
     predicted = plan_predictions(plan)
     speed = [dict(s, plan_k=plan_k.get(s["batch_size"]), **_predicted(predicted, s["batch_size"], s["k"]))
              for s in res["speed"]]

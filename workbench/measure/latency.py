@@ -27,7 +27,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from workbench import WorkbenchError, __version__
+from workbench import __version__
 from workbench.core.notes import FieldError
 from workbench.measure.requests import DECODER_BATCHES, DECODER_SIZES
 from workbench.core.work import WorkState
@@ -79,8 +79,8 @@ def latency_tree(nodes: int, depth: int = TIMED_DEPTH, topk: int = MEDUSA_TOPK) 
     tree = optimal_tree_from(lambda p: math.prod(0.7 * 0.45 ** r for r in p), nodes, depth, topk,
                              name=f"latency_{nodes}")
     if tree.nodes < nodes:
-        raise WorkbenchError(f"a tree of depth {depth} with top-{topk} per head has at most {tree.nodes} nodes, "
-                             f"not {nodes}: use smaller --sizes (or heads with more heads)")
+        raise FieldError("sizes", "past_tree", f"a tree of depth {depth} with top-{topk} per head has at most "
+                         f"{tree.nodes} nodes, not {nodes}: use smaller {{field}} (or heads with more heads)")
     return tree
 
 
@@ -122,11 +122,12 @@ def _checked(sizes, batches, repeats: int, warmup: int) -> tuple[list[int], list
     sizes = sorted({1, *(int(s) for s in sizes)})
     batches = sorted({int(b) for b in batches})
     if repeats < 1 or warmup < 0:
-        raise WorkbenchError(f"--repeats {repeats} / --warmup {warmup}: need repeats >= 1 and warmup >= 0")
+        raise FieldError("repeats", "range", f"{{field}} {repeats} / {{also}} {warmup}: need repeats >= 1 and warmup "
+                         ">= 0", also="warmup")
     if sizes[0] < 1:
-        raise WorkbenchError("--sizes must be positive integers")
+        raise FieldError("sizes", "not_positive", "{field} must be positive integers")
     if not batches or batches[0] < 1:
-        raise WorkbenchError("--batch-sizes must be positive integers (sequences per step)")
+        raise FieldError("batch_sizes", "not_positive", "{field} must be positive integers (sequences per step)")
     return sizes, batches
 
 
@@ -144,11 +145,11 @@ def measure_latency(model, sizes=DEFAULT_SIZES, contexts=DEFAULT_CONTEXTS, repea
     sizes, batches = _checked(sizes, batches, repeats, warmup)
     contexts = sorted({int(c) for c in contexts})
     if not contexts or contexts[0] < 1:
-        raise WorkbenchError("--context must be positive integers")
+        raise FieldError("context", "not_positive", "{field} must be positive integers")
     limit = context_length(model)
     if limit is not None and contexts[-1] + sizes[-1] > limit:
-        raise WorkbenchError(f"context {contexts[-1]} + {sizes[-1]} tokens exceeds the model's {limit} positions: "
-                             "use smaller --context/--sizes")
+        raise FieldError("context", "past_positions", f"context {contexts[-1]} + {sizes[-1]} tokens exceeds the "
+                         f"model's {limit} positions: use smaller {{field}}/{{also}}", also="sizes")
     dev = model.device
     vocab = model.get_input_embeddings().weight.shape[0]
     depth = timed_depth(heads)
@@ -212,14 +213,15 @@ def measure_decoder_steps(model, heads, tokenizer, prompts: list[list[int]], siz
     step, so its cost is measured, not assumed."""
     sizes, batches = _checked(sizes, batches, repeats, warmup)
     if not prompts:
-        raise WorkbenchError("no prompts to decode: give a prompt set (--prompts)")
+        raise FieldError("prompts", "none", "no prompts to decode: give a prompt set ({field})")
     if max_new_tokens < 2:
         raise FieldError("max_new_tokens", "below_two", f"{{field}} {max_new_tokens}: need >= 2 (a step after the first "
                          "token)")
     depth = timed_depth(heads)
     bufs = {n: tree_setup(latency_tree(n - 1, depth), model) if n > 1 else root_setup(model) for n in sizes}
     if envelope is not None and envelope.depth > heads.num_heads:
-        raise WorkbenchError(f"--envelope {envelope.name}: {envelope.depth} deep, but there are {heads.num_heads} heads")
+        raise FieldError("envelope", "past_heads", f"{{field}} {envelope.name}: {envelope.depth} deep, but there "
+                         f"are {heads.num_heads} heads")
     dynamic = {} if envelope is None else {n: DynamicPolicy(n - 1, envelope) for n in sizes[1:]
                                            if n - 1 <= envelope.nodes}
     engine = engine or StepEngine(model)

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.io import read_csv
 from workbench.core.provenance import COMPARED, differences
 from workbench.core.speed import spread
@@ -280,7 +281,7 @@ def _pick_context(contexts: list[int], context: int | None, target: float | None
         return min(contexts, key=lambda c: (abs(c - target), c))
     if len(contexts) == 1:
         return contexts[0]
-    raise WorkbenchError(f"{what}: measured at contexts {_join(contexts)}; pick one with --context")
+    raise FieldError("context", "ambiguous", f"{what}: measured at contexts {_join(contexts)}; pick one with {{field}}")
 
 
 def latency_table(df: pd.DataFrame, context: int | None = None, target: float | None = None,
@@ -360,8 +361,8 @@ def latency_surface(df: pd.DataFrame, batches, context: int | None = None, targe
     else:
         common = sorted(set.intersection(*per.values()))
         if not common:
-            raise WorkbenchError(f"{what}: no context is measured at every batch size {_join(batches)}: measure "
-                                 "them at one --context")
+            raise FieldError("context", "none_common", f"{what}: no context is measured at every batch size "
+                             f"{_join(batches)}: measure them at one {{field}}")
         ctx = _pick_context(common, None, target, what)
     out = {}
     for b in batches:

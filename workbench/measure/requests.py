@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from workbench.core.notes import FieldError, flag
+from workbench.core.notes import FieldError
 from workbench.measure.latency_file import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_SIZES
 
 # decoder-step's defaults (measure.latency times them; named here, where the request's defaults live)
@@ -47,15 +47,16 @@ class LatencyRequest:
         step = mode == "decoder-step"
         if step and (self.random_config or self.context):
             raise FieldError("mode", "step_on_fixed_context", "{field} decoder-step decodes real prompts (their "
-                             "contexts grow as in decoding): drop --random-config/--context, or use {field} verify")
+                             "contexts grow as in decoding): drop {also}/{also2}, or use {field} verify",
+                             also=("random_config", "context"))
         if self.envelope and not step:
             raise FieldError("envelope", "not_step", "{field} times per-step trees inside the decoder's step: use "
-                             "--mode decoder-step")
+                             "{also} decoder-step", also="mode")
         if step:
             _needs_calibration(self)
         if self.random_config and self.own_model:
-            raise FieldError("random_config", "own_model", "{field} builds its own model on --device: drop "
-                             "--model/--heads/--device-map")
+            raise FieldError("random_config", "own_model", "{field} builds its own model on {also}: drop "
+                             "{also2}/{also3}/{also4}", also=("device", "model", "heads", "device_map"))
         return replace(self, mode=mode,
                        sizes=tuple(self.sizes or (DECODER_SIZES if step else DEFAULT_SIZES)),
                        context=None if step else tuple(self.context or DEFAULT_CONTEXTS),  # step: grows
@@ -141,7 +142,7 @@ class SweepRequest:
         if self.plan:
             if self.trees or self.budgets or tuple(self.batch_sizes) != (1,):
                 raise FieldError("plan", "own_choices", "{field} sweeps the plan's own trees at its own batch sizes: "
-                                 "drop --trees, --budgets and --batch-sizes")
+                                 "drop {also}, {also2} and {also3}", also=("trees", "budgets", "batch_sizes"))
             if self.envelope:
                 raise FieldError("plan", "own_envelope", "{field} sweeps the plan's own choices (its per-step trees "
                                  "too): drop {also}", also="envelope")
@@ -180,15 +181,16 @@ class VllmLatencyRequest:
     def resolved(self, methods: tuple[str, ...] = ()) -> VllmLatencyRequest:
         """Checked (`methods`: the drafters vLLM knows), defaults filled; K's default waits for the heads (ks)."""
         if self.decoder_fields:
-            rest = "".join(", " + flag(f) for f in self.decoder_fields[1:])
-            raise FieldError(self.decoder_fields[0], "decoder_only", "{field}" + rest + ": our decoder's; --engine "
-                             "vllm serves real prompts in vLLM (CPU build, fp32): drop them")
+            others = self.decoder_fields[1:]
+            rest = "".join(f", {{also{i + 2}}}" for i in range(len(others)))
+            raise FieldError(self.decoder_fields[0], "decoder_only", "{field}" + rest + ": our decoder's; {also} "
+                             "vllm serves real prompts in vLLM (CPU build, fp32): drop them", also=("engine", *others))
         if (self.method or self.draft_model) and self.heads:
-            raise FieldError("heads", "two_drafters", "{field} (Medusa heads) or --method/--draft-model (another "
-                             "drafter), not both")
+            raise FieldError("heads", "two_drafters", "{field} (Medusa heads) or {also}/{also2} (another "
+                             "drafter), not both", also=("method", "draft_model"))
         if self.method == "medusa" and self.draft_model:
-            raise FieldError("draft_model", "medusa_heads", "--method medusa drafts with our heads: give them as "
-                             "--heads DIR, not {field}")
+            raise FieldError("draft_model", "medusa_heads", "{also} medusa drafts with our heads: give them as "
+                             "{also2} DIR, not {field}", also=("method", "heads"))
         if self.method is not None and methods and self.method not in methods:
             raise FieldError("method", "unknown", f"{{field}} {self.method}: vLLM's drafters are {', '.join(methods)}")
         if self.method in ("eagle", "eagle3", "draft_model") and not self.draft_model:

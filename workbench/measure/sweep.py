@@ -80,7 +80,8 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
         out.append((Tree(t.paths, t.name or f"tree{i + 1}"), "given"))
     if budgets:
         if calibration is None:
-            raise WorkbenchError("--budgets needs a calibration folder (--calibration DIR) to build optimal trees")
+            raise FieldError("budgets", "no_calibration", "{field} needs a calibration folder ({also} DIR) to build "
+                             "optimal trees", also="calibration")
         acc = calibration.accuracies("fit")
         depth = min(acc.shape[0], num_heads or acc.shape[0])
         rank = min(acc.shape[1], max_rank)
@@ -103,12 +104,12 @@ def sweep_trees(budgets=None, trees=None, dense: bool = False, calibration=None,
             seen.add(key)
             unique.append((t, kind))
     if not unique:
-        raise WorkbenchError("no trees to sweep: give --budgets or --trees")
+        raise FieldError("budgets", "no_trees", "no trees to sweep: give {field} or {also}", also="trees")
     if envelope is not None:
         sizes = sorted({t.nodes for t, _ in unique if t.nodes <= envelope.nodes})
         if not sizes:
-            raise WorkbenchError(f"--envelope {envelope.name}: {envelope.nodes} nodes, fewer than every swept tree's: "
-                                 "give a larger envelope or smaller --budgets")
+            raise FieldError("envelope", "below_trees", f"{{field}} {envelope.name}: {envelope.nodes} nodes, fewer "
+                             "than every swept tree's: give a larger envelope or smaller {also}", also="budgets")
         unique += [(DynamicPolicy(n, envelope), "dynamic") for n in sizes]
     return unique
 
@@ -236,8 +237,8 @@ def run_sweep(model, heads, tokenizer, prompts: list[list[int]], configs: list[d
     if not batch_sizes or batch_sizes[0] < 1:
         raise FieldError("batch_sizes", "below_one", f"{{field}} {batch_sizes}: every batch size must be >= 1")
     if batch_sizes[-1] > len(prompts):
-        raise WorkbenchError(f"--batch-sizes: batch {batch_sizes[-1]} but {len(prompts)} prompts: lower the batch "
-                             "size or give more prompts (--limit)")
+        raise FieldError("batch_sizes", "past_prompts", f"{{field}}: batch {batch_sizes[-1]} but {len(prompts)} "
+                         "prompts: lower the batch size or give more prompts ({also})", also="limit")
     info = dict(run_info or {}, max_new_tokens=max_new_tokens, num_prompts=len(prompts),
                 prompts_sha=prompts_fingerprint(prompts)[:10])
     run = hashlib.sha1(json.dumps(info, sort_keys=True, default=str).encode()).hexdigest()[:10]

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.io import atomic_write_text, read_csv
 
 SWEEP_VERSION = 2  # the format's version, on every row (`version`); 1: files without that column (upgrade_sweep)
@@ -138,16 +139,16 @@ def read_sweep_rows(path) -> list[dict]:
     try:
         cells = pd.read_csv(f, dtype=str, keep_default_na=False)
     except (UnicodeDecodeError, ValueError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
-        raise WorkbenchError(f"--out {path}: exists but is not a readable CSV ({str(e).splitlines()[0][:100]}); "
-                             "use another --out") from None
+        raise FieldError("out", "unreadable", f"{{field}} {path}: exists but is not a readable CSV "
+                         f"({str(e).splitlines()[0][:100]}); use another {{field}}") from None
     try:
-        cells = _versioned(cells, f"--out {path}")
+        cells = _versioned(cells, f"{{field}} {path}")
     except WorkbenchError as e:
-        raise WorkbenchError(f"{e}; or use another --out") from None
+        raise FieldError("out", "old_version", f"{e}; or use another {{field}}") from None
     if set(cells.columns) != set(SWEEP_COLUMNS):
-        raise WorkbenchError(f"--out {path}: exists but is not a sweep CSV (columns "
-                             f"{', '.join(sorted(set(cells.columns) - set(SWEEP_COLUMNS)))[:80]} are not a sweep's); "
-                             "use another --out")
+        raise FieldError("out", "not_a_sweep", f"{{field}} {path}: exists but is not a sweep CSV (columns "
+                         f"{', '.join(sorted(set(cells.columns) - set(SWEEP_COLUMNS)))[:80]} are not a sweep's); "
+                         "use another {field}")
     rows = [row_cells(r) for r in cells.to_dict("records")]
     if rows:
         read_sweep(path, "--out")  # every row well-formed, or one line before hours of decoding

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import math
 
-from workbench import WorkbenchError, note
+from workbench import note
+from workbench.core.notes import FieldError
 from workbench.calibrate.served import MAX_K, ServedCounts, checked_counts
 from workbench.measure.vllm_latency import vllm_setting
 from workbench.measure.vllm_runner import run_worker
@@ -25,9 +26,9 @@ def served_acceptance(py: str, model_dir: str, drafter: dict, k: int, prompts: l
     """(vLLM's counts serving `prompts` (token ids) with `drafter` (a --speculative-config without K) at K = k,
     the setting: provenance.setting of the worker plus engine, version and drafter)."""
     if not 1 <= k <= MAX_K:
-        raise WorkbenchError(f"--k {k}: give 1..{MAX_K} (the largest K a plan will weigh)")
+        raise FieldError("k", "range", f"{{field}} {k}: give 1..{MAX_K} (the largest K a plan will weigh)")
     if not prompts:
-        raise WorkbenchError("no prompts to serve: give a prompt set (--prompts)")
+        raise FieldError("prompts", "none", "no prompts to serve: give a prompt set ({field})")
     spec = dict(drafter, num_speculative_tokens=k)
     longest = max(map(len, prompts)) + max_new_tokens + k + 8
     request = dict(mode="generate", model=model_dir, engines=[spec], prompts=prompts, batch_sizes=[batch],
@@ -37,9 +38,10 @@ def served_acceptance(py: str, model_dir: str, drafter: dict, k: int, prompts: l
     result = run_worker(py, request, progress)[0]["engines"][0]
     run = result["run"]
     if not run["num_drafts"]:  # checked_counts' words are for two scrapes; a run of ours says what to change
-        raise WorkbenchError(f"vLLM serving {drafter['method']} at K={k} drafted nothing on {len(prompts)} prompts "
-                             f"({run['new_tokens']} new tokens; n-gram drafts only where the context repeats "
-                             "itself): serve more prompts or longer answers (--limit, --max-new-tokens)")
+        raise FieldError("limit", "drafted_nothing", f"vLLM serving {drafter['method']} at K={k} drafted nothing "
+                         f"on {len(prompts)} prompts ({run['new_tokens']} new tokens; n-gram drafts only where the "
+                         "context repeats itself): serve more prompts or longer answers ({field}, {also})",
+                         also="max_new_tokens")
     per_pos = list(run["accepted_per_pos"])[:k]
     per_pos += [0] * (k - len(per_pos))
     steps = run["new_tokens"] - run["num_accepted_tokens"] - len(prompts)

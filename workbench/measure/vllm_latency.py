@@ -27,7 +27,7 @@ import statistics
 
 import pandas as pd
 
-from workbench import WorkbenchError, note
+from workbench import note
 from workbench.core.notes import FieldError
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import setting, setting_cell
@@ -108,14 +108,16 @@ def measure_vllm_rounds(py: str, model_dir: str, drafter: dict | None, ks, promp
     ks = sorted({0, *(int(k) for k in ks)})
     batches = sorted({int(b) for b in batches})
     if repeats < 1 or warmup < 0 or not batches or batches[0] < 1 or ks[-1] > 64:
-        raise WorkbenchError("--repeats >= 1, --warmup >= 0, --batch positive and --k 0..64, please")
+        raise FieldError("repeats", "range", "{field} >= 1, {also} >= 0, {also2} positive and {also3} 0..64, please",
+                         also=("warmup", "batch", "k"))
     if len(ks) > 1 and drafter is None:
-        raise WorkbenchError("K > 0 needs a drafter: --heads DIR (Medusa heads), or --method and --draft-model")
+        raise FieldError("heads", "no_drafter", "K > 0 needs a drafter: {field} DIR (Medusa heads), or {also} and "
+                         "{also2}", also=("method", "draft_model"))
     if max_new_tokens < 4:
         raise FieldError("max_new_tokens", "below_four", f"{{field}} {max_new_tokens}: need >= 4 (rounds after the "
                          "prefill to time)")
     if not prompts:
-        raise WorkbenchError("no prompts to serve: give a prompt set (--prompts)")
+        raise FieldError("prompts", "none", "no prompts to serve: give a prompt set ({field})")
     engines = [None] + [dict(drafter, num_speculative_tokens=k) for k in ks[1:]]
     longest = max(map(len, prompts)) + max_new_tokens + ks[-1] + 8
     request = dict(mode="rounds", model=model_dir, engines=engines, prompts=prompts, batch_sizes=batches,

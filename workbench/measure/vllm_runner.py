@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.work import WorkState
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -28,23 +29,26 @@ def vllm_python(flag: str | None) -> str:
     where it came from (the flag or the variable) and how to make one otherwise. Checked to be a Python that finds
     vLLM (a module lookup, not an import: well under a second), before any model loads."""
     py = flag or os.environ.get(ENV_PYTHON)
-    fix = f"make vLLM's environment with `{SETUP}`, then set {ENV_PYTHON}=~/vllm-venv/bin/python (or give --vllm-python)"
+    fix = f"make vLLM's environment with `{SETUP}`, then set {ENV_PYTHON}=~/vllm-venv/bin/python (or give {{field}})"
     if not py:
-        raise WorkbenchError(f"no vLLM interpreter: {ENV_PYTHON} is not set and no --vllm-python was given; {fix}")
-    where = f"--vllm-python {py}" if flag else f"{ENV_PYTHON}={py}"
+        raise FieldError("vllm_python", "none", f"no vLLM interpreter: {ENV_PYTHON} is not set and no {{field}} was "
+                         f"given; {fix}")
+    where = f"{{field}} {py}" if flag else f"{ENV_PYTHON}={py}"
     if not (Path(py).is_file() and os.access(py, os.X_OK)):
-        raise WorkbenchError(f"{where}: not an executable file; {fix}")
+        raise FieldError("vllm_python", "not_executable", f"{where}: not an executable file; {fix}")
     try:
         p = subprocess.run([py, "-c", PROBE], capture_output=True, text=True, timeout=30, env=worker_env(py),
                            stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise WorkbenchError(f"{where}: cannot run it as Python ({type(e).__name__}); {fix}") from None
+        raise FieldError("vllm_python", "not_python", f"{where}: cannot run it as Python ({type(e).__name__}); "
+                         f"{fix}") from None
     said = p.stdout.split()
     if said[-1:] == ["no-vllm"]:
-        raise WorkbenchError(f"{where}: a Python without vLLM installed; {fix}")
+        raise FieldError("vllm_python", "no_vllm", f"{where}: a Python without vLLM installed; {fix}")
     if said[-1:] != ["vllm"]:
         why = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}, no answer"])[-1][:80]
-        raise WorkbenchError(f"{where}: not a Python that runs (asked to look for vLLM: {why}); {fix}")
+        raise FieldError("vllm_python", "not_python", f"{where}: not a Python that runs (asked to look for vLLM: "
+                         f"{why}); {fix}")
     return py
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from workbench import WorkbenchError, __version__
+from workbench import __version__
+from workbench.core.notes import FieldError
 from workbench.plan.plan_file import PLAN_VERSION
 from workbench.plan.source import Source
 from workbench.plan.surface import Surface
@@ -40,7 +41,7 @@ def make_plan(source: Source, latency, batch_sizes, context: int | None = None) 
     (`context`, else the one nearest the calibration's typical context, else the only one)."""
     batch_sizes = sorted({int(b) for b in batch_sizes})
     if not batch_sizes or batch_sizes[0] < 1:
-        raise WorkbenchError("--batch-sizes: give positive integers like 1,2,4,8,16")
+        raise FieldError("batch_sizes", "not_positive", "{field}: give positive integers like 1,2,4,8,16")
     surface = surface_of(latency)
     ctx = surface.context(batch_sizes, context, source.typical_context)
     plans, alternatives, dyn_info = [], [], None

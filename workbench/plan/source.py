@@ -160,7 +160,8 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
     for the joint paths unless independent), an accuracy table (expected_length) or an acceptance vector (chains
     only)."""
     if sum(x is not None for x in (calibration, accuracies, acceptance)) != 1:
-        raise WorkbenchError("give one of --calibration DIR, --accuracies FILE or --acceptance FILE")
+        raise FieldError("calibration", "not_one_source", "give one of {field} DIR, {also} FILE or {also2} FILE",
+                         also=("accuracies", "acceptance"))
     if calibration is not None and is_served(calibration):  # the engine's counters: a chain's acceptance vector
         calibration, acceptance = None, calibration
     if acceptance is not None:
@@ -191,7 +192,8 @@ def calibration_source(cal: Calibration, prediction: str = "replay", max_rank: i
     if key not in cal.predict(chain_tree(1)):
         raise FieldError("calibration", "no_holdout",
                          f"{{field}} {calibration}: holds out no prompts, so there is no replay prediction; "
-                         "use --prediction joint or independent (or calibrate with --holdout 0.2)")
+                         "use {also} joint or independent (or calibrate with {also2} 0.2)",
+                         also=("prediction", "holdout"))
     meta = cal.meta
     length = generation_length(cal, max_new_tokens)
     return CalibrationSource(cal, key, value, depth, rank, length,
@@ -212,7 +214,7 @@ def generation_length(cal: Calibration, max_new_tokens: int | None) -> int | Non
         raise FieldError("max_new_tokens", "past_answers",
                          f"{{field}} {max_new_tokens}: the calibration's answers are {have} tokens long, so "
                          f"acceptance past token {have} was never measured; plan for <= {have} or calibrate with "
-                         "a larger --max-new-tokens")
+                         "a larger {field}")
     return max_new_tokens
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.speed import max_tokens, within_noise
 from workbench.plan.source import Source
 from workbench.plan.surface import At, Surface
@@ -132,8 +133,9 @@ def _per_step(source: Source, surface: Surface, batch: int, context: int, among)
     try:
         rows = surface.per_step(among, context)
         if source.info.get("prediction") != "predicted_replay":
-            raise WorkbenchError("a per-step tree is predicted only by a calibration's replay (its heads' recorded "
-                                 "log-probs), not by an accuracy table, an acceptance vector or --prediction joint")
+            raise FieldError("prediction", "per_step_replay", "a per-step tree is predicted only by a "
+                             "calibration's replay (its heads' recorded log-probs), not by an accuracy table, an "
+                             "acceptance vector or {field} joint")
         fn, depth, rank = value_and_limits(source.value, source.max_depth, source.max_rank, "the planner")
         envelope = make_tree([p for p, _ in best_first(fn, m, depth, rank)], name=f"envelope_{m}")
         sizes = sorted(set.intersection(*(set(s.measured) for s in rows.values())) - {1})

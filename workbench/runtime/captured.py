@@ -21,6 +21,7 @@ from typing import Callable
 import torch
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 
 
 def swap(x, owned: set, new: Callable[[torch.Tensor], torch.Tensor]):
@@ -127,14 +128,15 @@ class Captures:
             raise
         except Exception as e:  # noqa: BLE001 - capture and compile raise many kinds: the user gets one line
             why = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
-            raise WorkbenchError(f"cannot capture the decoding step at batch {key[0]}, tree size {key[1]} as a "
-                                 f"{'CUDA graph' if self.pool is not None else 'graph'} ({why}): run with --compile "
-                                 "(the whole step compiled) or --no-compile") from None
+            raise FieldError("compile", "no_capture", f"cannot capture the decoding step at batch {key[0]}, tree size "
+                             f"{key[1]} as a {'CUDA graph' if self.pool is not None else 'graph'} ({why}): run with "
+                             "{field} (the whole step compiled) or {also}", also="no_compile") from None
         finally:
             restore()
         if not (same_tokens(got[0], want[0]) and same_tokens(got[1], want[1])):
-            raise WorkbenchError(f"the captured step at batch {key[0]}, tree size {key[1]} gave other tokens than the "
-                                 "same step run op by op: a capture bug; run with --compile or --no-compile")
+            raise FieldError("compile", "capture_differs", f"the captured step at batch {key[0]}, tree size {key[1]} "
+                             "gave other tokens than the same step run op by op: a capture bug; run with {field} or "
+                             "{also}", also="no_compile")
         self.graphs[key] = graph
         self.capture_s[key] = time.perf_counter() - t0
         return self.capture_s[key]

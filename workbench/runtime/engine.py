@@ -17,6 +17,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError, warn
+from workbench.core.notes import FieldError
 from workbench.runtime import compiled, gemv
 from workbench.runtime.captured import Captures
 from workbench.runtime.compiled import compile_options, default_compile
@@ -112,12 +113,13 @@ class StepEngine:
         self._compiled: dict[Callable, Callable] = {}
         if self.compile and model.device.type == "cpu" and backend in (None, "inductor") \
                 and not torch.backends.mkldnn.is_available():
-            raise WorkbenchError("--compile: this torch build has no oneDNN/MKL, which inductor needs on CPU: "
-                                 "run without --compile")
+            raise FieldError("compile", "no_onednn", "{field}: this torch build has no oneDNN/MKL, which inductor "
+                             "needs on CPU: run without {field}")
         self.layers = compiled.Layers(model, backend) if layers and not self.compile else None
         if compile == "captured" and self.layers is None:
-            raise WorkbenchError(f"{type(model).__name__}: its decoder layers cannot be compiled alone (spread over "
-                                 "devices, or no `layers`): the step cannot be captured; run with --compile")
+            raise FieldError("compile", "layers_apart", f"{type(model).__name__}: its decoder layers cannot be "
+                             "compiled alone (spread over devices, or no `layers`): the step cannot be captured; run "
+                             "with {field}")
         self.captures = Captures(model.device, self.layers) if compile == "captured" else None
         self.shapes: list[dict] = []                # per step key warmed: seconds compiling and capturing, graphs
         if self.compile or self.layers:
@@ -169,7 +171,7 @@ class StepEngine:
         positions if more. Attention runs over every cached position, masked or not: the capacity is part of the
         compiled shapes."""
         if batch < 1:
-            raise WorkbenchError(f"--batch-sizes {batch}: must be >= 1")
+            raise FieldError("batch_sizes", "below_one", f"{{field}} {batch}: must be >= 1")
         if self.cache is not None and batch == self.batch and capacity <= self.capacity:
             return
         if capacity > self.capacity and self.graphs:
@@ -324,8 +326,8 @@ class StepEngine:
                 self.layers = None
                 warn(f"cannot compile the decoder layers ({why}): decoding eagerly")
                 return 0.0
-            raise WorkbenchError(f"--compile: cannot compile the decoding step on {dev.type} ({why}): "
-                                 "run with --no-compile") from None
+            raise FieldError("compile", "failed", f"{{field}}: cannot compile the decoding step on {dev.type} "
+                             f"({why}): run with {{also}}", also="no_compile") from None
         finally:
             restore()
         seconds = clock(dev) - t0

@@ -11,6 +11,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import Cache
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.runtime.generation import text_config
 
 # propose(hidden [B, H], each sequence's tokens so far incl. its root: list of B lists) -> LongTensor [B, depth, topk]
@@ -87,8 +88,8 @@ def check_window(model, total: int) -> None:
     types = getattr(cfg, "layer_types", None)
     sliding = window and ("sliding_attention" in types if types else getattr(cfg, "use_sliding_window", True))
     if sliding and total > window:
-        raise WorkbenchError(f"prompt + --max-new-tokens = {total} tokens exceeds the model's sliding window of "
-                             f"{window}: the Medusa tree mask is exact only within it (lower --max-new-tokens)")
+        raise FieldError("max_new_tokens", "past_window", f"prompt + {{field}} = {total} tokens exceeds the model's "
+                         f"sliding window of {window}: the Medusa tree mask is exact only within it (lower {{field}})")
 
 
 def head_logits(heads, model, hidden: torch.Tensor, depth: int) -> torch.Tensor:

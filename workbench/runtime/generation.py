@@ -10,6 +10,7 @@ import torch
 from transformers import GenerationConfig
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 
 
 # ----------------------------------------------------------------------------------------------- model facts
@@ -32,7 +33,8 @@ def prepare_prompt(tokenizer, text: str, raw: bool = False) -> list[int]:
         ids = tokenizer(text).input_ids
     else:
         if not getattr(tokenizer, "chat_template", None):
-            raise WorkbenchError("the tokenizer has no chat template: pass --raw to use the prompt text as-is")
+            raise FieldError("raw", "no_template", "the tokenizer has no chat template: pass {field} to use the "
+                             "prompt text as-is")
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                  tokenize=False)
         ids = tokenizer(rendered, add_special_tokens=False).input_ids

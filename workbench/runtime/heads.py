@@ -29,6 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from workbench import DEMO_HEADS, WorkbenchError, warn, warnings_held
+from workbench.core.notes import FieldError
 from workbench.core.io import atomic_write, atomic_write_json, read_json
 from workbench.runtime.generation import text_config
 from workbench.runtime.kvcache import free_bytes
@@ -87,12 +88,14 @@ def check_heads_fit(heads, model) -> None:
     loaded heads, or a file's HeadsLayout (checked before any of its tensors is read)."""
     cfg = text_config(model)
     if heads.hidden_size != cfg.hidden_size:
-        raise WorkbenchError(f"heads have hidden size {heads.hidden_size} but the base model has {cfg.hidden_size}: "
-                             "they were trained for another model (pass the matching --model or --heads)")
+        raise FieldError("heads", "other_model", f"heads have hidden size {heads.hidden_size} but the base model has "
+                         f"{cfg.hidden_size}: they were trained for another model (pass the matching {{also}} or "
+                         "{field})", also="model")
     vocab = model.get_output_embeddings().weight.shape[0]
     if heads.vocab_size and heads.vocab_size != vocab:  # 0: tied heads that name no vocabulary take the base's
-        raise WorkbenchError(f"heads have vocabulary {heads.vocab_size} but the base model has {vocab}: "
-                             "they were trained for another model (pass the matching --model or --heads)")
+        raise FieldError("heads", "other_model", f"heads have vocabulary {heads.vocab_size} but the base model has "
+                         f"{vocab}: they were trained for another model (pass the matching {{also}} or {{field}})",
+                         also="model")
 
 
 # ----------------------------------------------------------------------------------------------- reading
@@ -278,9 +281,9 @@ def _open_heads(path) -> tuple[HeadsLayout, dict, object, str]:
     nothing loaded."""
     folder = Path(path) if path is not None else DEMO_HEADS
     if path is None and not folder.is_dir():
-        raise WorkbenchError("the demo heads are not in this checkout; pass --heads")
+        raise FieldError("heads", "no_demo", "the demo heads are not in this checkout; pass {field}")
     if not folder.exists():
-        raise WorkbenchError(f"--heads {folder}: no such file or folder")
+        raise FieldError("heads", "missing", f"{{field}} {folder}: no such file or folder")
     if folder.is_file():
         index, read = _open_tensors(folder)
         return heads_layout(index, str(folder)), {}, read, str(folder)
@@ -304,8 +307,8 @@ def _open_heads(path) -> tuple[HeadsLayout, dict, object, str]:
     if index:
         where = f"{folder} (medusa_head.* tensors)"
         return heads_layout(index, where, *hints), cfg, read, where
-    raise WorkbenchError(f"--heads {folder}: no {HEADS_FILE}.safetensors/.pt, no medusa_head.* tensors in the "
-                         "model weights and no vLLM Medusa config (model_type medusa)")
+    raise FieldError("heads", "none_found", f"{{field}} {folder}: no {HEADS_FILE}.safetensors/.pt, no "
+                     "medusa_head.* tensors in the model weights and no vLLM Medusa config (model_type medusa)")
 
 
 def _vllm_tensors(folder: Path, cfg: dict) -> tuple[Index, object]:

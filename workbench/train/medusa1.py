@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from workbench import WorkbenchError, warn
+from workbench import warn
+from workbench.core.notes import FieldError
 from workbench.core.io import atomic_write_json, cache_dir, run_lock
 from workbench.runtime.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.runtime.kvcache import undecodable_warning
@@ -107,10 +108,10 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     deadline = t0 + budget if budget else None
     start = load_heads(cfg.init)[0] if cfg.init else None  # checked before hours of generation, not after
     if start is not None and (start.num_heads, start.num_layers, start.tied) != (cfg.num_heads, cfg.num_layers, cfg.tied):
-        raise WorkbenchError(f"--init {cfg.init}: {start.num_heads} heads x {start.num_layers} layers "
-                             f"({'tied' if start.tied else 'untied'}), but this run asks for {cfg.num_heads} x "
-                             f"{cfg.num_layers} ({'tied' if cfg.tied else 'untied'}): match --num-heads, "
-                             "--num-layers and --untied to them")
+        raise FieldError("init", "other_shape", f"{{field}} {cfg.init}: {start.num_heads} heads x {start.num_layers} "
+                         f"layers ({'tied' if start.tied else 'untied'}), but this run asks for {cfg.num_heads} x "
+                         f"{cfg.num_layers} ({'tied' if cfg.tied else 'untied'}): match {{also}}, {{also2}} and "
+                         "{also3} to them", also=("num_heads", "num_layers", "untied"))
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(work / "config.json", {**asdict(cfg), "prompts": len(cfg.prompts), "model": model_label(model_name)})
     with Shard(work, launch, f"--work {work}") as shard:
@@ -121,8 +122,8 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
         return dict(trained=False, rank=launch.rank, num_processes=launch.world,
                     answer_tokens=sum(i["answer_tokens"] for _, i in part_infos(work / "parts")))
     if not parts:
-        raise WorkbenchError("no training data was generated (empty prompt set, or a --time-budget too short for "
-                             "one batch)")
+        raise FieldError("time_budget", "no_data", "no training data was generated (empty prompt set, or a {field} "
+                         "too short for one batch)")
     # validation: every 20th part (spread over the prompt files), or the last one of a few
     val_parts = parts[19::20] if len(parts) >= 20 else parts[-1:] if len(parts) > 2 else []
     train_parts = [p for p in parts if p not in val_parts]
@@ -134,8 +135,8 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
     full_head = base.get_output_embeddings()
     dev = full_head.weight.device  # the heads train where the lm_head is
     if dev.type == "meta":
-        raise WorkbenchError("--device-map auto left the lm_head off every device (offloaded): free a GPU or "
-                             "train without --device-map")
+        raise FieldError("device_map", "offloaded", "{field} auto left the lm_head off every device (offloaded): "
+                         "free a GPU or train without {field}")
     # active-vocabulary phase, then the full softmax: tokens the data never emits must learn to lose, too
     small_head, small_targets = restrict_vocab(full_head, targets) if cfg.active_steps and cfg.tied else (None, None)
     with torch.random.fork_rng(devices=[]):  # the biases' init from --seed: a rerun trains the same heads

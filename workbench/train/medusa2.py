@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from workbench import WorkbenchError, warn
+from workbench import warn
+from workbench.core.notes import FieldError
 from workbench.core.io import run_lock
 from workbench.runtime.generation import text_config
 from workbench.runtime.heads import MedusaHeads, check_heads_fit, load_heads
@@ -74,27 +75,29 @@ class Medusa2Config:
     def __post_init__(self):
         """Every setting checked before any model loads: one line naming the flag."""
         if self.warmup not in WARMUPS:
-            raise WorkbenchError(f"--warmup {self.warmup}: use one of {', '.join(WARMUPS)}")
-        for flag, v in (("--steps", self.steps), ("--batch-size", self.batch_size), ("--tokens", self.tokens),
-                        ("--max-new-tokens", self.max_new_tokens), ("--gen-batch", self.gen_batch),
-                        ("--num-heads", self.num_heads), ("--num-layers", self.num_layers), ("--lora-r", self.lora_r)):
-            if v < 1:
-                raise WorkbenchError(f"{flag} {v}: must be at least 1")
+            raise FieldError("warmup", "unknown", f"{{field}} {self.warmup}: use one of {', '.join(WARMUPS)}")
+        for field in ("steps", "batch_size", "tokens", "max_new_tokens", "gen_batch", "num_heads", "num_layers",
+                      "lora_r"):
+            if getattr(self, field) < 1:
+                raise FieldError(field, "below_one", f"{{field}} {getattr(self, field)}: must be at least 1")
         if not (self.lr > 0 and (self.heads_lr is None or self.heads_lr > 0)):
-            raise WorkbenchError(f"--lr {self.lr:g} / --heads-lr {self.heads_lr}: learning rates must be > 0, "
-                                 "e.g. 1e-4 and 4e-4")
+            raise FieldError("lr", "not_positive", f"{{field}} {self.lr:g} / {{also}} {self.heads_lr}: learning "
+                             "rates must be > 0, e.g. 1e-4 and 4e-4", also="heads_lr")
         if not self.lambda0 >= 0 or not 0 < self.decay <= 1:
-            raise WorkbenchError(f"--lambda0 {self.lambda0:g} / --decay {self.decay:g}: λ0 >= 0 (e.g. 0.2) and "
-                                 "λ_k = decay^k with decay in (0, 1] (e.g. 0.8)")
+            raise FieldError("lambda0", "range", f"{{field}} {self.lambda0:g} / {{also}} {self.decay:g}: λ0 >= 0 "
+                             "(e.g. 0.2) and λ_k = decay^k with decay in (0, 1] (e.g. 0.8)", also="decay")
         if not 0 <= self.lora_dropout < 1 or self.lora_alpha <= 0:
-            raise WorkbenchError(f"--lora-dropout {self.lora_dropout:g} / --lora-alpha {self.lora_alpha}: dropout "
-                                 "in [0, 1) and alpha > 0 (e.g. 0.05 and 16)")
+            raise FieldError("lora_dropout", "range", f"{{field}} {self.lora_dropout:g} / {{also}} "
+                             f"{self.lora_alpha}: dropout in [0, 1) and alpha > 0 (e.g. 0.05 and 16)",
+                             also="lora_alpha")
         if self.time_budget is not None and not self.time_budget > 0:
-            raise WorkbenchError(f"--time-budget {self.time_budget:g}: give the seconds the run may take, e.g. 3000")
+            raise FieldError("time_budget", "not_positive", f"{{field}} {self.time_budget:g}: give the seconds the "
+                             "run may take, e.g. 3000")
         if not 0 < self.gen_share < 1:
-            raise WorkbenchError(f"--gen-share {self.gen_share:g}: a share of --time-budget in (0, 1), e.g. 0.3")
+            raise FieldError("gen_share", "range", f"{{field}} {self.gen_share:g}: a share of {{also}} in (0, 1), "
+                             "e.g. 0.3", also="time_budget")
         if self.warmup_steps < 0 or self.ramp_steps < 0:
-            raise WorkbenchError("--warmup-steps and --ramp-steps must be >= 0")
+            raise FieldError("warmup_steps", "negative", "{field} and {also} must be >= 0", also="ramp_steps")
 
     @property
     def heads_learning_rate(self) -> float:
@@ -129,12 +132,14 @@ def _train(work, cfg, model_name, out, device, log_every, stop_after, launch, t0
     deadline = t0 + cfg.time_budget if cfg.time_budget else None
     start = load_heads(cfg.init)[0] if cfg.init else None
     if start is not None and (start.num_heads, start.num_layers, start.tied) != (cfg.num_heads, cfg.num_layers, True):
-        raise WorkbenchError(f"--init {cfg.init}: {start.num_heads} heads x {start.num_layers} layers"
-                             f"{'' if start.tied else ' (untied)'}, but this run trains {cfg.num_heads} x "
-                             f"{cfg.num_layers} tied heads: match --num-heads and --num-layers to them")
+        raise FieldError("init", "other_shape", f"{{field}} {cfg.init}: {start.num_heads} heads x "
+                         f"{start.num_layers} layers{'' if start.tied else ' (untied)'}, but this run trains "
+                         f"{cfg.num_heads} x {cfg.num_layers} tied heads: match {{also}} and {{also2}} to them",
+                         also=("num_heads", "num_layers"))
     if cfg.warmup == "two-stage" and start is None:
-        raise WorkbenchError("--warmup two-stage starts from Medusa-1 heads: pass --init HEADS (train them first "
-                             "with --recipe medusa-1), or use --warmup sine to train the heads from zero")
+        raise FieldError("warmup", "needs_init", "{field} two-stage starts from Medusa-1 heads: pass {also} HEADS "
+                         "(train them first with {also2} medusa-1), or use {field} sine to train the heads from zero",
+                         also=("init", "recipe"))
     skeleton = empty_model(model_name)  # what the model is made of, before any answer is generated
     lora_targets(skeleton, cfg)
     undecodable = undecodable_warning(skeleton, "the Medusa-2 model trains correctly")
@@ -153,8 +158,8 @@ def _train(work, cfg, model_name, out, device, log_every, stop_after, launch, t0
     base, tok = load_base(model_name, str(acc.device), "float32")
     examples = load_examples(work / "parts", cfg.prompts, tok, cfg.max_prompt_tokens)
     if not examples:
-        raise WorkbenchError("no training data: no answers were generated (a --time-budget too short for one "
-                             "batch?) or every prompt is longer than --max-prompt-tokens")
+        raise FieldError("time_budget", "no_data", "no training data: no answers were generated (a {field} too "
+                         "short for one batch?) or every prompt is longer than {also}", also="max_prompt_tokens")
     # validation: every 20th example (never trained on), at most 64
     val = examples[19::20][:64]
     train = [e for i, e in enumerate(examples) if not (i % 20 == 19 and i // 20 < 64)]

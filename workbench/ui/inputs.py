@@ -103,8 +103,8 @@ def accuracy_source() -> Source | None:
             stamp = file_stamp(folder)
             try:
                 cal = open_calibration(folder, stamp)
-            except WorkbenchError as e:
-                st.error(clean_error(e))
+            except WorkbenchError as e:  # named by the control it came from
+                st.error(clean_error(e, {"calibration": "Calibration folder"} if pick == OTHER_FOLDER else None))
                 return None
             return Source(cal.accuracies("fit"), Path(folder).name, cal, folder, stamp)
         path = file_input("accuracy CSV or Medusa heads_accuracy.pt", "in_acc", ["csv", "pt", "pth"], paste=True)

@@ -25,7 +25,8 @@ from workbench.viz import interactive_figures, static_figures
 # the live decode's request fields (decode.request.DecodeRequest) as this page's controls name them: its errors
 # name the control to change
 LABELS = {"max_new_tokens": "max new tokens", "acceptance": "Acceptance", "temperature": "temperature",
-          "epsilon": "epsilon", "delta": "delta", "top_p": "top_p", "batch_sizes": "batch size"}
+          "epsilon": "epsilon", "delta": "delta", "top_p": "top_p", "batch_sizes": "batch size", "model": "Model",
+          "heads": "Heads", "device": "device"}
 
 
 def tree_choice() -> str | None:

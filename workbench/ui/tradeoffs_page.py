@@ -28,6 +28,8 @@ from workbench.ui.widgets import (chart, clean_error, drop_stale, file_input, fi
                                   read_sweep_file, read_sweep_or_error, relative_paths, results_root, slider, timed)
 from workbench.viz import interactive_tradeoffs
 
+# a plan export's error names the batch size by this page's control (core.notes.FieldError; the CLI: --batch-sizes)
+EXPORT_LABELS = {"batch_sizes": "batch size to export"}
 
 # The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).
 SWEEP_SHOWN = {
@@ -357,8 +359,9 @@ def _plan_exports(plan: dict, text: str, name: str, batches: list[int]) -> None:
         try:
             out, warns, notes = export_plan(plan, fmt, batch_size=None if fmt == "vllm" else b)
         except WorkbenchError as e:
-            col.button(fmt, key=f"to_plan_{fmt}_off_btn", disabled=True, help=clean_error(e))
-            said.append(f"**{fmt}**: not exported: {clean_error(e)}")
+            why = clean_error(e, EXPORT_LABELS)
+            col.button(fmt, key=f"to_plan_{fmt}_off_btn", disabled=True, help=why)
+            said.append(f"**{fmt}**: not exported: {why}")
             continue
         col.download_button(fmt, relative_paths(out), key=f"to_plan_{fmt}_download", on_click="ignore",
                             file_name=f"{name}{'' if fmt == 'vllm' else f'-b{b}'}{SUFFIXES.get(fmt, '.txt')}",

@@ -64,12 +64,17 @@ def stamped(paths) -> tuple:
     return tuple((str(p), file_stamp(p)) for p in paths)
 
 
+# the sidebar's controls (ui/inputs.shared_inputs, on every page) by the request field a library error names
+SIDEBAR = {"calibration": "Calibration"}
+
+
 def clean_error(err: Exception, labels: dict[str, str] | None = None) -> str:
     """An error message naming an upload by its file name, not by the hash folder it was written to, and a
-    request's field (core.notes.FieldError) by its control's label in `labels` (the page's; a field it has no
-    control for keeps its flag's name)."""
-    text = err.words(lambda f: f"'{labels[f]}'" if f in labels else flag(f)) \
-        if isinstance(err, FieldError) and labels else str(err)
+    request's field (core.notes.FieldError) by its control's label: the sidebar's (SIDEBAR) and the page's
+    `labels`; a field no control sets keeps its flag's name."""
+    names = SIDEBAR | (labels or {})
+    text = err.words(lambda f: f"'{names[f]}'" if f in names else flag(f)) if isinstance(err, FieldError) \
+        else str(err)
     return re.sub(re.escape(str(UPLOAD_DIR) + os.sep) + r"[0-9a-f]+" + re.escape(os.sep), "", text)
 
 
