@@ -13,7 +13,7 @@ from workbench import REPO_ROOT, WorkbenchError, WorkbenchNote, WorkbenchWarning
 from workbench.core.notes import FieldError, Note, worded
 from workbench.decode.request import DecodeRequest
 from workbench.export.vllm_check_request import VllmCheckRequest
-from workbench.measure.requests import DECODER_SIZES, DEFAULT_BUDGETS, LatencyRequest, SweepRequest
+from workbench.measure.request import DECODER_SIZES, DEFAULT_BUDGETS, LatencyRequest, SweepRequest
 
 pytestmark = pytest.mark.unit
 

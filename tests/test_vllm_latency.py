@@ -408,3 +408,25 @@ def test_a_run_is_idle_only_when_nothing_else_ran_during_it():
     assert "not measured" in load_note(None)
     mark = cpu_mark()
     assert mark is None or (len(mark) == 4 and mark[1] >= mark[2] >= 0)
+
+
+@pytest.mark.unit
+def test_the_workers_folder_shadows_no_package():
+    """vLLM's worker runs as a script, its folder first on sys.path: a sibling named like a package vLLM imports hid
+    it (measure/requests.py and `requests`: every vLLM run failed). The worker drops its folder, and no sibling is
+    named like a package installed here."""
+    import importlib.util
+    import subprocess
+    from pathlib import Path
+
+    from workbench.measure.vllm_runner import WORKER
+
+    taken = [p.stem for p in WORKER.parent.glob("*.py")
+             if p.stem != "__init__" and importlib.util.find_spec(p.stem) is not None]
+    assert not taken, f"modules of workbench/measure named like installed packages: {taken}"
+    probe = ("import runpy, sys; sys.path.insert(0, sys.argv[1]); "
+             "g = runpy.run_path(sys.argv[2], run_name='probe'); print(sys.argv[1] in g['sys'].path)")
+    out = subprocess.run([sys.executable, "-c", probe, str(WORKER.parent), str(WORKER)], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "False"
+    assert importlib.util.find_spec("requests") is not None  # the check can fail: `requests` is installed here

@@ -14,8 +14,8 @@ from workbench.core.work import remove_work
 
 
 def latency_request(args):
-    """The flags as the library's request (measure.requests: the mode's defaults and rules live there)."""
-    from workbench.measure.requests import LatencyRequest
+    """The flags as the library's request (measure.request: the mode's defaults and rules live there)."""
+    from workbench.measure.request import LatencyRequest
 
     def ints(flag, limit):
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
@@ -35,7 +35,7 @@ def cmd_latency(args) -> int:
     check_output(None if args.out else args.calibration, "--calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
     from workbench.measure.latency import device_name, measure_decoder_steps, measure_latency
-    from workbench.measure.requests import latency_fits, random_config_fits
+    from workbench.measure.request import latency_fits, random_config_fits
     from workbench.runtime.models import random_model
 
     req = latency_request(args).resolved()  # the mode's defaults and rules live in the request
@@ -152,7 +152,7 @@ def cmd_sweep(args) -> int:
     from workbench.measure import sweep as S
     from workbench.calibrate.folder import Calibration, default_calibration
     from workbench.core.data import load_prompt_records
-    from workbench.measure.requests import SweepRequest
+    from workbench.measure.request import SweepRequest
     from workbench.measure.sweep_file import read_sweep_rows
     from workbench.trees.tree import load_tree
 

@@ -117,7 +117,7 @@ def cmd_latency_vllm(args) -> int:
         raise WorkbenchError("--k, --method, --draft-model, --vllm-python and --vllm-eager time vLLM's rounds: add "
                              "--engine vllm")
     from workbench.export.vllm import VLLM_METHODS
-    from workbench.measure.requests import VllmLatencyRequest
+    from workbench.measure.request import VllmLatencyRequest
 
     given = [k for k in DECODER_ONLY if getattr(args, k, None)]
     if not given and (args.compile or (args.device or "cpu") != "cpu" or (args.dtype or "float32") != "float32"):

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from workbench import __version__
 from workbench.core.notes import FieldError
-from workbench.measure.requests import DECODER_BATCHES, DECODER_SIZES
+from workbench.measure.request import DECODER_BATCHES, DECODER_SIZES
 from workbench.core.work import WorkState
 from workbench.core.data import prompts_fingerprint
 from workbench.core.provenance import dtype_name, setting, setting_cell, without_load

@@ -51,7 +51,7 @@ def dense_near(budget: int, max_depth: int, max_rank: int = MEDUSA_TOPK, slack: 
 
 def request_configs(req, delta, num_heads: int, calibration=None, planned=None, envelope: Tree | None = None,
                     dense: bool = False) -> list[dict]:
-    """A sweep request's configurations (measure.requests.SweepRequest, resolved): a plan's trees, each at its own
+    """A sweep request's configurations (measure.request.SweepRequest, resolved): a plan's trees, each at its own
     batch size (`planned`: [(tree, batch size)], greedy), or the request's trees and budgets x its temperatures and
     epsilons."""
     if planned is not None:

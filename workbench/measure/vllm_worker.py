@@ -27,8 +27,13 @@ wall time is what a served round costs. A run, per engine at batch size B:
   chunk were decoding (none finished), `full` where each of them emitted a token (a round).
 """
 import json
+import os
 import sys
 import time
+
+# Run as a script, this folder is first on sys.path: a sibling module would shadow a package vLLM imports (a
+# measure/requests.py once hid `requests`). The worker imports nothing of ours, so the folder goes.
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 
 def say(obj) -> None:
