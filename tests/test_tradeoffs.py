@@ -564,7 +564,7 @@ def test_find_csvs_by_the_columns_their_reader_needs(tmp_path):
     results, cal = REPO_ROOT / "docs" / "results", REPO_ROOT / "calibration"
     sweeps = find_csvs([results, cal, tmp_path / "missing"], SWEEP_REQUIRED)
     assert sweeps == sorted(results.glob("sweep-*.csv")) and all(len(read_sweep(f)) for f in sweeps)
-    committed = set(results.glob("latency-*.csv")) | set(results.glob("*-latency.csv"))  # (vLLM's surface too)
+    committed = set(results.glob("latency-*.csv")) | set(results.rglob("*-latency.csv"))  # (vLLM's surfaces too)
     assert find_csvs([results, cal], LATENCY_REQUIRED) == sorted(committed) + sorted(cal.glob("*/latency-*.csv"))
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "lat.csv").write_text("context,tokens,seconds\n128,1,0.1\n")
