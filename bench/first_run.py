@@ -186,10 +186,10 @@ def run(args) -> int:
                     print(line_of(rows[-1]), file=sys.stderr)
                     atomic_write_json(args.out, report)
             finally:
+                now = others(mark, cpu_mark())  # before the busy loop ends: a child still running counts as another
                 if spinner is not None:
                     spinner.kill()
                     spinner.wait()
-            now = others(mark, cpu_mark())  # the busy loop counts here: a child still running
             used[load] = now if used.get(load) is None or now is None or now["cores"] >= used[load]["cores"] \
                 else used[load]  # pieces of one load: the busiest one's
     report["complete"] = {(c, x) for c in report["commands"] for x in LOADS} <= {(r["command"], r["load"])
