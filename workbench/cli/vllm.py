@@ -31,9 +31,14 @@ def cmd_vllm_check(args) -> int:
     anchor = args.out or args.table  # finished batch sizes and decoder parts wait beside it (a rerun resumes)
     if args.calibration and is_served(args.calibration):  # a drafter vLLM serves: plain vLLM is the referee
         return _served_check(args, anchor)
+    return _checked(args, anchor, lambda: req.run(args.vllm_python, work=anchor), check_table)
+
+
+def _checked(args, anchor, run, table_of) -> int:
+    """Run a check under the output's lock; write its table and JSON, then drop the finished parts kept for resume."""
     with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
-        res = req.run(args.vllm_python, work=anchor)
-        table = check_table(res)
+        res = run()
+        table = table_of(res)
         if args.table:
             atomic_write_text(args.table, table, "--table")
         write_output(json.dumps(res, indent=1) + "\n", args.out, "vllm-check JSON")
@@ -51,18 +56,11 @@ def _served_check(args, anchor) -> int:
     if given:
         raise WorkbenchError(f"{', '.join(given)}: our Medusa decoder's; a served calibration's drafter is checked "
                              "in vLLM alone (plain vLLM is the referee): drop them")
-    with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
-        res = served_check(args.calibration, read_plan(args.plan) if args.plan else None, args.model,
-                           parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch"),
-                           args.prompts, args.limit, args.max_new_tokens, args.vllm_python, args.raw, work=anchor,
-                           repeats=args.repeats, eager=args.vllm_eager)
-        table = served_table(res)
-        if args.table:
-            atomic_write_text(args.table, table, "--table")
-        write_output(json.dumps(res, indent=1) + "\n", args.out, "vllm-check JSON")
-        remove_work(anchor)
-    print(table, file=sys.stderr if not args.out else sys.stdout)
-    return 0
+    plan = read_plan(args.plan) if args.plan else None
+    ks, batches = parse_ints(args.k, "--k", "depth"), parse_ints(args.batch_sizes, "--batch-sizes", "batch")
+    return _checked(args, anchor, lambda: served_check(
+        args.calibration, plan, args.model, ks, batches, args.prompts, args.limit, args.max_new_tokens,
+        args.vllm_python, args.raw, work=anchor, repeats=args.repeats, eager=args.vllm_eager), served_table)
 
 
 def add_vllm_check(sub) -> None:
