@@ -190,8 +190,9 @@ def run(args) -> int:
                 if spinner is not None:
                     spinner.kill()
                     spinner.wait()
-            used[load] = now if used.get(load) is None or now is None or now["cores"] >= used[load]["cores"] \
-                else used[load]  # pieces of one load: the busiest one's
+                used[load] = now if used.get(load) is None or now is None or now["cores"] >= used[load]["cores"] \
+                    else used[load]  # pieces of one load: the busiest one's (an interrupted piece's too)
+                atomic_write_json(args.out, report)
     report["complete"] = {(c, x) for c in report["commands"] for x in LOADS} <= {(r["command"], r["load"])
                                                                                   for r in rows}
     atomic_write_json(args.out, report)
