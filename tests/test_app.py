@@ -565,8 +565,8 @@ def test_acceptance_per_position_beside_vllms_counters(monkeypatch):
 
 def test_a_served_calibration_is_shown_beside_ours(tmp_path, monkeypatch):
     """A served calibration (vLLM's counters from the recorded n-gram scrape) under the calibration root is set on
-    the acceptance chart beside ours, at the per-step rates a plan reads; it is not offered as one of ours (it has
-    no ranks to replay)."""
+    the acceptance chart beside ours, at the per-step rates a plan reads, and offered in the sidebar after ours (ours
+    stays preselected)."""
     import plotly.io as pio
 
     from workbench.calibrate.served import Served
@@ -578,7 +578,8 @@ def test_a_served_calibration_is_shown_beside_ours(tmp_path, monkeypatch):
                  "--method", "ngram", "--prompts", "copy-edit", "--out", str(tmp_path / "served-ngram")]) == 0
     at = page("calibration_page", tmp_path, monkeypatch).run()
     no_exception(at)
-    assert not [o for o in at.selectbox(key="in_cal").options if "served-ngram" in o]
+    assert options(at, "in_cal")[1:] == ["served-ngram (served ngram, K=4, from metrics)", "other: type a folder"]
+    assert at.selectbox(key="in_cal").value == str(tmp_path / "synthetic")
     fig = next(pio.from_json(c.proto.spec, skip_invalid=True) for c in at.get("plotly_chart")
                if c.proto.id.endswith("cal_acceptance_chart"))
     bars = {t.name: plotly_values(t.y) for t in fig.data}
@@ -586,6 +587,81 @@ def test_a_served_calibration_is_shown_beside_ours(tmp_path, monkeypatch):
     assert np.allclose(served, Served(tmp_path / "served-ngram").rates())
     assert any("calibration, measured" in n for n in bars)  # ours is still there
     assert any("Served calibrations" in c.value for c in at.caption)
+
+
+SERVED = REPO_ROOT / "docs" / "results" / "served"
+
+
+def recommendation(at: AppTest) -> str:
+    return next(m.value for m in at.markdown if m.value.startswith("**Recommendation:** "))
+
+
+def test_a_served_calibration_is_planned_in_the_app_as_the_cli_plans_it(monkeypatch, tmp_path):
+    """Issue 69: the sidebar offers the committed served n-gram calibration; picked, it preselects the vLLM surface it
+    was calibrated for, and the designer and the trade-offs page name the K and speedup of `workbench plan
+    --calibration SERVED --latency ITS CSV` at every batch size (one weighing, plan/weigh.py). The tree controls are
+    not drawn, the plan goes out as the engines' schedules only, the calibration page shows the counts, and another
+    served calibration picked brings its own surface."""
+    from workbench.calibrate.served import Served
+    from workbench.cli import main
+    from workbench.plan.plan_file import read_plan
+
+    served, lat = SERVED / "ngram-plan-cpu-copy-edit-calibration", SERVED / "ngram-plan-cpu-copy-edit-latency.csv"
+    assert main(["plan", "--calibration", str(served), "--latency", str(lat), "--batch-sizes", "1,2,4,8",
+                 "--out", str(tmp_path / "plan.json")]) == 0
+    plan = read_plan(tmp_path / "plan.json")
+    assert {r["kind"] for r in plan["plans"]} == {"chain"}  # n-gram pays on copy-edit: a K to name
+    monkeypatch.delenv("WORKBENCH_CALIBRATION_ROOT", raising=False)
+    monkeypatch.delenv("WORKBENCH_RESULTS_ROOT", raising=False)
+    at = page("tree_page", None, monkeypatch, PAGES_BODY)
+    at.session_state["in_cal"] = str(served)
+    at.run()
+    no_exception(at)
+    assert not errors(at), errors(at)
+    assert "ngram-plan-cpu-copy-edit-calibration (served ngram, K=4, 24 prompts)" in options(at, "in_cal")
+    assert at.selectbox(key="in_lat_pick").value == str(lat)
+    assert not [w for w in list(at.slider) + list(at.radio) if w.key in ("tree_budget", "tree_model")]
+    assert any("drafts a chain of K tokens" in c.value for c in at.sidebar.caption)
+    ctx = plan["latency"]["context"]
+    for row in plan["plans"]:
+        b = row["batch_size"]
+        at.selectbox(key="in_batch").set_value(b).run()
+        no_exception(at)
+        said = recommendation(at)
+        assert said.startswith(f"**Recommendation:** use chain {row['nodes']} at batch {b} and context {ctx} "), said
+        assert f"{row['predicted_speedup']:.2f}x" in said, said
+        ks = table(at, "K")
+        assert ks.loc[ks["speedup"].idxmax(), "K"] == row["nodes"] and ks["speedup"].max() == row["predicted_speedup"]
+    at.session_state["page"] = "tradeoffs_page"
+    at.run()
+    no_exception(at)
+    assert not errors(at), errors(at)
+    last = plan["plans"][-1]
+    said = recommendation(at)  # batch 8, kept from the designer
+    assert f"use chain {last['nodes']} at batch {last['batch_size']} " in said
+    assert f"{last['predicted_speedup']:.2f}x" in said and not [b for b in at.button if b.key == "to_show_btn"]
+    tab(at, "Plan per batch size")
+    no_exception(at)
+    line = next(m.value for m in at.markdown if m.value.startswith("batch 1: **"))
+    for row in plan["plans"]:  # the page's plan is the CLI's
+        assert f"batch {row['batch_size']}: **chain K={row['nodes']}** {row['predicted_speedup']:.2f}x" in line, line
+    files = {d.proto.label for d in at.get("download_button") if "to_plan_" in d.proto.id}
+    assert {"plan", "vllm", "vllm-token-schedule"} <= files and not files & {"vllm-tree", "trtllm", "medusa", "eagle",
+                                                                           "json"}, files
+    tab(at, "Static vs per-step")
+    assert any("drafts one chain of K tokens" in i.value for i in at.info)
+    tab(at, "Latency and speedup")
+    no_exception(at)
+    assert "to_speedup_chart" in charts(at) and not [s for s in at.slider if s.key == "to_budget"]
+    at.session_state["page"] = "calibration_page"
+    at.run()
+    no_exception(at)
+    assert metric(at, "drafter") == "ngram" and metric(at, "K") == "4"
+    assert table(at, "conditional")["accepted"].tolist() == list(Served(served).counts.per_pos)
+    other = SERVED / "ngram-plan-cpu-alpaca-eval-calibration"
+    at.selectbox(key="in_cal").set_value(str(other)).run()
+    no_exception(at)
+    assert at.selectbox(key="in_lat_pick").value == str(SERVED / "ngram-plan-cpu-alpaca-eval-latency.csv")
 
 
 def test_calibration_page_with_accuracy_table(demo_files, monkeypatch):
@@ -860,7 +936,7 @@ def test_a_plan_export_error_names_the_flag_in_the_cli_and_the_export_control_in
     from workbench.cli import main
     from workbench.export.engines import export_plan
     from workbench.plan.plan_file import plan_json, read_plan
-    from workbench.ui.tradeoffs_page import EXPORT_LABELS
+    from workbench.ui.plan_view import EXPORT_LABELS
     from workbench.ui.widgets import clean_error
 
     rows = [dict(batch_size=1, kind="chain", medusa_choices=[[0], [0, 0]], nodes=2, predicted_tokens_per_step=1.8,

@@ -113,6 +113,34 @@ def test_plan_and_exports_from_a_served_calibration(served, tmp_path):
 
 
 @pytest.mark.unit
+def test_the_apps_answer_weighs_a_served_calibration_as_plan_does(served, tmp_path):
+    """The answer the app opens with (recommend.recommend on the opened folder) names plan's K and speedup at every
+    batch size: one source (source.served_source) and one weighing; the app finds the folder (list_served) and
+    takes its rates as a chain's accuracies whose running products are the rates again."""
+    import numpy as np
+
+    from workbench.calibrate.served import list_served
+    from workbench.measure.latency_file import read_latency
+    from workbench.plan.recommend import recommend
+    from workbench.plan.source import chain_accuracies
+
+    surface().to_csv(tmp_path / "lat.csv", index=False)
+    assert main(["plan", "--calibration", str(served), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
+                 "1,2,4,8", "--out", str(tmp_path / "plan.json")]) == 0
+    plan, s = read_plan(tmp_path / "plan.json"), Served(served)
+    assert len({r["nodes"] for r in plan["plans"]}) > 1  # K changes with the batch size: the check can tell
+    for row in plan["plans"]:
+        rec = recommend(s, read_latency(tmp_path / "lat.csv"), batch=row["batch_size"])
+        pick = rec["pick"]
+        assert (pick["kind"], pick["nodes"], pick["speedup"]) == (row["kind"], row["nodes"], row["predicted_speedup"])
+        assert rec["source"]["served"] is True and rec["source"]["method"] == "ngram"
+        assert {r["kind"] for r in rec["candidates"]} <= {"chain", "none"}
+    assert list_served([tmp_path, tmp_path / "missing"]) == [served]
+    acc = chain_accuracies(s.rates())
+    assert acc.shape == (len(s.rates()), 1) and np.cumprod(acc[:, 0]) == pytest.approx(s.rates())
+
+
+@pytest.mark.unit
 def test_speculation_profile_of_a_served_calibration(served, tmp_path):
     prof = speculation_profile(served)
     table = pd.read_csv(served / "acceptance.csv")

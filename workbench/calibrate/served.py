@@ -307,6 +307,13 @@ def is_served(path) -> bool:
         return False
 
 
+def list_served(roots) -> list[Path]:
+    """The served calibration folders directly under each of `roots`, by name (folder.list_calibrations lists ours):
+    what the app offers beside our calibrations."""
+    found = {f for root in map(Path, roots) if root.is_dir() for f in root.iterdir() if is_served(f)}
+    return sorted(found, key=lambda f: (f.name, str(f)))
+
+
 class Served:
     """A finished served calibration folder, checked on opening."""
 

@@ -6,7 +6,6 @@ import math
 import sys
 
 from workbench import WorkbenchError
-import numpy as np
 
 from workbench.calibrate.folder import Calibration
 from workbench.calibrate.served import Served, is_served
@@ -14,7 +13,7 @@ from workbench.cli.shared import bounded, renamed, warn_line, write_json, write_
 from workbench.core.io import atomic_write_text, check_output
 from workbench.export.engines import SAFE_ENGINES, best_engine_safe
 from workbench.plan.fastest import fastest
-from workbench.plan.source import plan_source
+from workbench.plan.source import chain_accuracies, plan_source
 from workbench.plan.surface import Surface
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.dynamic import DynamicPolicy
@@ -113,8 +112,7 @@ def objective(args):
         if is_served(args.calibration):  # the engine's counters: a chain drafter, acc [K, 1] of conditional rates
             if getattr(args, "joint", False):
                 raise WorkbenchError("--joint needs our calibration's ranks; a served one holds a chain's acceptance")
-            rates = Served(args.calibration, "calibration").rates()
-            acc = np.array([[r / p] for r, p in zip(rates, [1.0] + rates[:-1])])
+            acc = chain_accuracies(Served(args.calibration, "calibration").rates())
             return acc, acc
         cal = Calibration(args.calibration)
         acc = cal.accuracies("fit")

@@ -18,10 +18,11 @@ import statistics
 import pandas as pd
 
 from workbench.calibrate.folder import Calibration
+from workbench.calibrate.served import Served
 from workbench.core.provenance import differences, read_setting
 from workbench.measure.latency_checks import deciding, off_trend
 from workbench.measure.sweep_file import checked_speedup
-from workbench.plan.source import Source, accuracy_source, calibration_source
+from workbench.plan.source import Source, accuracy_source, calibration_source, served_source
 from workbench.plan.surface import At, Surface
 from workbench.plan.weigh import Candidate, price, weigh
 from workbench.trees.tree import Tree, tree_key
@@ -138,7 +139,10 @@ def _label(kind: str, tree: Tree | None) -> str:
 
 
 def _source(calibration, max_new_tokens: int | None) -> Source:
-    """plan's source of a Calibration (replay when it holds prompts out, else joint) or an accuracy table."""
+    """plan's source of a Calibration (replay when it holds prompts out, else joint), a served calibration (a chain
+    drafter's acceptance, as `plan --calibration` reads it) or an accuracy table."""
+    if isinstance(calibration, Served):
+        return served_source(calibration)
     if isinstance(calibration, Calibration):
         return calibration_source(calibration, prediction_name(calibration).removeprefix("predicted_"),
                                   max_new_tokens=max_new_tokens)
@@ -160,15 +164,16 @@ def recommend(calibration, latency, context: int | None = None, batch: int = 1,
               latency_name: str | None = None) -> dict:
     """plan's weighing at one batch size and context, joined to the measurements of every candidate.
 
-    calibration: a Calibration or an accuracy table acc[K, R]; its predictions are plan's (source.calibration_source
-    for answers of `max_new_tokens` tokens). latency: a Surface or a latency CSV's frame; its context `context`, else
+    calibration: a Calibration, a served calibration (calibrate/served.Served: chains only) or an accuracy table
+    acc[K, R]; its predictions are plan's (source.calibration_source for answers of `max_new_tokens` tokens). latency: a Surface or a latency CSV's frame; its context `context`, else
     the one nearest `target` (default: the calibration's typical context), else its only one. value / max_depth /
     max_rank: the path values and limits of the trees weighed (Source.limited). trees: named trees that are not plan
     candidates but whose measurements are evidence (`measured_trees`, priced the same way, never ranked).
     sweeps: {name: sweep frame}. Returns {"pick" (plan's choice), "candidates" (plan's ranking, best first),
     "measured_trees", "answer" (what to do, measured where it can be), "context", "batch", "spread", "prediction",
     "regime", "calibration", "latency", "setting", "disagree", "elsewhere" (rows measured only in another setting
-    than the latency table's: shown, not weighed), "cheaper", "engine", "outliers"}.
+    than the latency table's: shown, not weighed), "cheaper", "engine", "outliers", "source" (the source's info:
+    "served" and its drafter for a served calibration)}.
     """
     surface = latency if isinstance(latency, Surface) else Surface(latency)
     src = _source(calibration, max_new_tokens).limited(max_depth, max_rank, value)
@@ -189,7 +194,7 @@ def recommend(calibration, latency, context: int | None = None, batch: int = 1,
                regime=src.info.get("regime"), calibration=str(getattr(calibration, "folder", "accuracy table")),
                latency=latency_name, setting=surface.setting, disagree=[r for r in every if r["disagree"]],
                elsewhere=[r for r in every if r["current"] is None and r["measured"]],
-               cheaper=cheaper_larger(at.measured), engine=surface.engine)
+               cheaper=cheaper_larger(at.measured), engine=surface.engine, source=src.info)
     rec["answer"] = answer(rec)
     rec["outliers"] = deciding(off_trend(surface.frame, ctx), batch, rec["pick"]["nodes"] + 1,
                                at.measured)  # the points off their trend the pick's price reads

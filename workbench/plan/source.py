@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
@@ -164,12 +165,26 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
                          also=("accuracies", "acceptance"))
     if calibration is not None and is_served(calibration):  # the engine's counters: a chain's acceptance vector
         calibration, acceptance = None, calibration
+    if acceptance is not None and is_served(acceptance):
+        return served_source(Served(acceptance), str(acceptance))
     if acceptance is not None:
-        rates = read_acceptance(acceptance)
-        return ChainSource(rates, str(acceptance), Served(acceptance).info() if is_served(acceptance) else None)
+        return ChainSource(read_acceptance(acceptance), str(acceptance))
     if accuracies is not None:
         return accuracy_source(read_accuracies(accuracies), str(accuracies), max_rank)
     return calibration_source(Calibration(calibration), prediction, max_rank, max_new_tokens)
+
+
+def served_source(served: Served, path: str | None = None) -> Source:
+    """The Source of an opened served calibration (the engine's counters, any drafter): a chain drafter's per-step
+    acceptance (Served.rates), with the setting it was served in (`path` names it, default its folder)."""
+    path = str(served.folder) if path is None else path
+    return ChainSource(check_acceptance(served.rates(), f"--acceptance {path}"), path, served.info())
+
+
+def chain_accuracies(rates: list[float]) -> np.ndarray:
+    """acc[K, 1] of a chain's per-position acceptance p_1 >= p_2 >= ...: position k's rate given the first k - 1
+    accepted (p_k / p_{k-1}), so the independence product of the first k is p_k again (a chain drafter as heads)."""
+    return np.array([[r / p] for r, p in zip(rates, [1.0] + list(rates[:-1]))])
 
 
 def accuracy_source(acc, path: str, max_rank: int = MEDUSA_TOPK) -> Source:

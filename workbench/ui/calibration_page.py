@@ -10,12 +10,13 @@ import json
 import streamlit as st
 
 from workbench import WorkbenchError
-from workbench.calibrate.served import Served, is_served
+from workbench.calibrate.served import Served
 from workbench.trees.optimize import chain_values
 from workbench.trees.accuracies import accuracy_frame
 from workbench.trees.optimize import acc_value_fn
 from workbench.ui.inputs import shared_inputs
-from workbench.ui.widgets import calibration_root, chart, results_root, timed
+from workbench.ui.served_view import served_facts
+from workbench.ui.widgets import chart, results_root, served_folders, timed
 from workbench.viz import interactive_figures
 
 
@@ -29,6 +30,9 @@ def _calibration_page() -> None:
     src = shared_inputs().src
     if src is None:
         st.info("Pick a calibration folder or an accuracy table in the sidebar.")
+        return
+    if src.served is not None:
+        _served_view(src)
         return
     acc = src.acc
     if src.calib:
@@ -109,10 +113,8 @@ def _served_rates() -> dict[str, list[float]]:
     """{label: per-decoding-step acceptance per position (Served.rates, what a plan reads)} of the served
     calibrations (`calibrate --engine vllm` or `--metrics`: vLLM's own counters, any drafter) under the calibration
     root and the results folder's served/; one that does not read is left out."""
-    found = sorted({f for root in (calibration_root(), results_root() / "served") for f in root.glob("*")
-                    if is_served(f)}, key=lambda f: f.name)
     out = {}
-    for folder in found[:MAX_SERVED]:
+    for folder in served_folders()[:MAX_SERVED]:
         try:
             served = Served(folder)
             m = served.meta
@@ -121,6 +123,32 @@ def _served_rates() -> dict[str, list[float]]:
         except WorkbenchError:
             continue
     return out
+
+
+def _served_view(src) -> None:
+    """A served calibration: what the engine counted per position (conditional and per draft) and the per-step
+    rates a plan reads, beside the other served calibrations found."""
+    served, c = src.served, src.served.counts
+    st.caption(f"Served calibration {src.label}: {served_facts(src)}.")
+    cols = st.columns(4)
+    cols[0].metric("drafter", served.meta.get("method") or "?")
+    cols[1].metric("K", c.k)
+    cols[2].metric("drafts", f"{c.drafts:,}")
+    cols[3].metric("mean acceptance length", f"{c.totals()['mean_acceptance_length']:.3f}",
+                   help="1 + accepted / drafts: tokens per step that drafted (a step without a draft is not counted)")
+    st.dataframe(c.table(), hide_index=True, column_config={
+        "drafts": st.column_config.NumberColumn(help="drafts that reached the position (all of them at 1)"),
+        "conditional": st.column_config.NumberColumn(format="%.3f", help="accepted / drafts that reached it"),
+        "marginal": st.column_config.NumberColumn(format="%.3f", help="accepted / all drafts (vLLM's per-position "
+                                                                     "acceptance rate)")})
+    series = {f"{src.label} (as a plan reads it)": served.rates()}
+    series |= {k: v for k, v in _served_rates().items() if f"({src.label}," not in k}
+    chart(interactive_figures.acceptance_chart(series),
+          "The share of decoding steps whose first k drafted tokens were all accepted"
+          + (", drafted or not (the steps were counted)" if c.decode_steps else " (per draft: the steps were not "
+             "counted)") + "; the other served calibrations found beside it. Heads' accuracies and path "
+          "probabilities are our calibrations' (Medusa heads): a served drafter has neither.",
+          key="cal_acceptance_chart")
 
 
 def _acceptance_view(src, acc, split: str | None) -> None:

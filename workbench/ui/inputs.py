@@ -22,10 +22,13 @@ from streamlit.runtime.scriptrunner import get_script_run_ctx
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import default_calibration, read_meta
+from workbench.calibrate.served import is_served
+from workbench.core.io import read_json
+from workbench.plan.source import chain_accuracies
 from workbench.plan.surface import Surface
 from workbench.ui.widgets import (Source, calibration_folders, calibration_root, clean_error, drop_stale, file_input,
-                                  file_stamp, latency_files, open_calibration, read_accuracy_file, read_latency_file,
-                                  resolved, shown_path)
+                                  file_stamp, latency_files, open_calibration, open_served, read_accuracy_file,
+                                  read_latency_file, resolved, results_root, served_folders, shown_path)
 
 # Keys kept across pages and fragment runs. Buttons, uploads, downloads and charts hold no settable value.
 KEPT_PREFIXES = ("in_", "tree_", "cal_", "to_", "live_")
@@ -78,23 +81,44 @@ def _prompts(folder: Path) -> int:
         return 0
 
 
+def _served_label(folder: Path) -> str:
+    """'NAME (served ngram, K=4, 24 prompts)' (a scrape's: 'from metrics'): a served calibration in the sidebar."""
+    try:
+        m = read_json(folder / "meta.json", str(folder))
+        counted = f"{m['num_prompts']} prompts" if m.get("num_prompts") else f"from {m.get('source') or '?'}"
+        return f"{folder.name} (served {m.get('method') or '?'}, K={m.get('num_speculative_tokens') or '?'}, {counted})"
+    except (WorkbenchError, AttributeError):
+        return f"{folder.name} (served)"
+
+
+def _new_calibration() -> None:
+    """Another calibration picked: the latency pick goes back to its default, the new calibration's own surface
+    first (a served drafter's: the engine's rounds it was calibrated for), not the last one's."""
+    st.session_state.pop("in_lat_pick", None)
+
+
 def accuracy_source() -> Source | None:
-    """Sidebar: a calibration folder (preselected: the one with the most prompts) or an accuracy file / pasted CSV.
-    Errors are shown here; None means there is nothing usable (the page says what to do)."""
+    """Sidebar: a calibration folder (preselected: the one with the most prompts; ours, then the served ones: vLLM's
+    counters for any drafter) or an accuracy file / pasted CSV. Errors are shown here; None means there is nothing
+    usable (the page says what to do)."""
     found = calibration_folders()
+    served = served_folders()
     kind = st.sidebar.radio("Accuracies from", ["calibration folder", "accuracy file or pasted CSV"], key="in_src")
     with st.sidebar:
         if kind == "calibration folder":
-            names = [str(f) for f in found] + [OTHER_FOLDER]
-            first = str(default_calibration(calibration_root())) if found else OTHER_FOLDER
+            names = list(dict.fromkeys([str(f) for f in found + served])) + [OTHER_FOLDER]
+            first = str(default_calibration(calibration_root())) if found else names[0]
             drop_stale("in_cal", names)
-            sizes = {str(f): _prompts(f) for f in found}
+            labels = {str(f): f"{f.name} ({_prompts(f) or '?'} prompts)" for f in found} | \
+                {str(f): _served_label(f) for f in served}
             pick = st.selectbox("Calibration", names, index=names.index(first), key="in_cal",
-                                format_func=lambda f: f if f == OTHER_FOLDER else
-                                f"{Path(f).name} ({sizes[f] or '?'} prompts)",
+                                format_func=lambda f: labels.get(f, f), on_change=_new_calibration,
                                 help=f"made by `workbench calibrate`, found under {shown_path(calibration_root())}; "
-                                     "preselected: the one with the most prompts")
-            folder = st.text_input("Calibration folder", key="in_dir").strip() if pick == OTHER_FOLDER else pick
+                                     "served ones (`calibrate --engine vllm` or `--metrics`: vLLM's counters for any "
+                                     f"drafter) also under {shown_path(results_root() / 'served')}; preselected: "
+                                     "ours with the most prompts")
+            folder = st.text_input("Calibration folder", key="in_dir", on_change=_new_calibration).strip() \
+                if pick == OTHER_FOLDER else pick
             if not folder:
                 st.info(f"No calibration folder under {shown_path(calibration_root())}: run `workbench calibrate`, "
                         "type a folder above, or switch to an accuracy file.")
@@ -102,6 +126,9 @@ def accuracy_source() -> Source | None:
             folder = str(resolved(folder))
             stamp = file_stamp(folder)
             try:
+                if is_served(folder):
+                    s = open_served(folder, stamp)
+                    return Source(chain_accuracies(s.rates()), Path(folder).name, None, folder, stamp, s)
                 cal = open_calibration(folder, stamp)
             except WorkbenchError as e:  # named by the control it came from
                 st.error(clean_error(e, {"calibration": "Calibration folder"} if pick == OTHER_FOLDER else None))

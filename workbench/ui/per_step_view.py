@@ -75,6 +75,10 @@ def verdict(rows: list[dict]) -> str:
 
 def per_step_section(src, lat_path, tables, sweep, sweep_path, max_new_tokens: int | None) -> None:
     """The tab at the sidebar's batch size and context (`tables`, the surface.At inputs.latency_picker picked)."""
+    if src is not None and src.served is not None:
+        st.info(f"Per-step trees choose among a Medusa tree's nodes each step: the served calibration {src.label}'s "
+                "drafter drafts one chain of K tokens (its K per batch size: the plan tab).")
+        return
     if src is None or src.calib is None or lat_path is None or tables is None:
         st.info("Static vs per-step trees need a calibration folder and a latency table (sidebar).")
         return

@@ -96,14 +96,16 @@ def ranked(src: Source, latency: Path, tables, extra_sweeps=(),
            max_new_tokens: int | None = None) -> dict | None:
     """The recommendation for this source and latency table (tables: the picker's context and batch), with every
     readable sweep found (and `extra_sweeps`) as evidence and the swept named trees as candidates: the designer and
-    the trade-offs page ask the same question the same way. None with an st.error when an input is unusable."""
-    sweeps = readable_sweeps(extra_sweeps)
+    the trade-offs page ask the same question the same way. A served calibration's drafter is no sweep's (they
+    decode Medusa heads): its chains stand without that evidence. None with an st.error when an input is unusable."""
+    served = src.served is not None
+    sweeps = [] if served else readable_sweeps(extra_sweeps)
     max_depth, max_rank, max_budget, joint = None, None, None, False
     try:
-        return _ranked(src.key, src.calib if src.calib is not None else src.acc, str(latency), file_stamp(latency),
-                       tables.context, tables.batch, stamped(sweeps), joint,
+        return _ranked(src.key, src.served if served else src.calib if src.calib is not None else src.acc,
+                       str(latency), file_stamp(latency), tables.context, tables.batch, stamped(sweeps), joint,
                        max_depth or src.acc.shape[0], max_rank or src.acc.shape[1], max_budget,
-                       tree_files(), max_new_tokens)
+                       () if served else tree_files(), max_new_tokens)
     except WorkbenchError as e:
         st.error(f"recommendation: {clean_error(e)}")
         return None
@@ -185,15 +187,17 @@ def _panel(rec: dict, key: str, heads: int, provenance: dict, show, show_label: 
         if text:
             st.warning(text, icon=":material/warning:")
     pick = rec["pick"] if rec["answer"]["kind"] == "plan" else dict(rec["pick"], kind="none", tree=None)
+    served = served_drafter(rec)
+    drafter = f"the {served} drafter" if served else "Medusa"
     if rec["answer"]["kind"] == "measured-none":
         best = rec["answer"]["row"]
         st.warning(f"Speculation was measured slower than plain decoding at batch {rec['batch']}: the best measured "
-                   f"option, {best['label']}, ran at {best['current']['speedup']:.2f}x. Decode without Medusa here.")
+                   f"option, {best['label']}, ran at {best['current']['speedup']:.2f}x. Decode without {drafter} here.")
     elif pick["kind"] == "none":
         st.warning(f"Speculation does not pay on this hardware at batch {rec['batch']} and context {rec['context']}: "
-                   "no tree or chain is predicted faster than plain decoding, because a verify step costs more than "
-                   "its extra tokens bring. Decode without Medusa here, or measure latency on faster hardware "
-                   "(a GPU).")
+                   f"no {'chain' if served else 'tree or chain'} is predicted faster than plain decoding, because a "
+                   f"verify step costs more than its extra tokens bring. Decode without {drafter} here, or measure "
+                   "latency on faster hardware (a GPU).")
     box = st.container(border=True)
     box.markdown(f"**Recommendation:** {sentence(rec)}.")
     box.caption(f"Evidence: {table_text(rec)}.")
@@ -209,7 +213,11 @@ def _panel(rec: dict, key: str, heads: int, provenance: dict, show, show_label: 
     if notes:
         said = "; ".join(notes)
         box.caption(said[:1].upper() + said[1:] + ".")  # capitalize() would lower "AMD EPYC"
-    if pick["tree"] is not None:
+    if pick["tree"] is not None and served:
+        box.caption(f"Serve it as vLLM's {served} drafter with num_speculative_tokens {pick['nodes']} (the drafter "
+                    "drafts a chain: no tree to export); the trade-offs page's plan per batch size writes the K of "
+                    "every batch size for vLLM and TensorRT-LLM.")
+    elif pick["tree"] is not None:
         tree: Tree = pick["tree"]
         cols = box.columns([1.6] + [1] * len(FORMATS))
         if show is not None:
@@ -224,7 +232,7 @@ def _panel(rec: dict, key: str, heads: int, provenance: dict, show, show_label: 
             col.download_button(fmt, data, file_name=f"{tree.name}{SUFFIXES[fmt]}", key=f"{key}_rec_{fmt}_download",
                                 on_click="ignore", help=f"the recommended {tree.name} in the {fmt} format")
     else:
-        box.caption("Nothing to export: decode without Medusa heads on this hardware at this batch size.")
+        box.caption(f"Nothing to export: decode without {drafter} on this hardware at this batch size.")
     with st.expander(f"All {len(rec['candidates'])} candidates, ranked by `workbench plan` (and their evidence)"):
         st.dataframe(candidates_frame(rec), hide_index=True, column_config=COLUMNS)
         name = f"recommendation-b{rec['batch']}-c{rec['context']}"
@@ -236,8 +244,16 @@ def _panel(rec: dict, key: str, heads: int, provenance: dict, show, show_label: 
         st.caption(f"Predicted tokens/step: {rec['prediction']} ({rec['regime']}); speedup at batch "
                    f"{rec['batch']} and context {rec['context']}"
                    + (f", range from the {rec['spread']}" if rec["spread"] else "; no spread measured (the latency "
-                      "CSV has only medians)") + ". Measured: greedy sweep rows of the same tree shape."
+                      "CSV has only medians)") + (f". Measured: no sweep decodes the {served} drafter; "
+                                                  "`workbench vllm-check --plan` measures it in vLLM." if served else
+                                                  ". Measured: greedy sweep rows of the same tree shape.")
                    + (" *: a named tree a sweep measured, not a plan candidate." if rec["measured_trees"] else ""))
+
+
+def served_drafter(rec: dict) -> str | None:
+    """The drafter of a served calibration's answer (vLLM's method, e.g. ngram), None for ours."""
+    src = rec.get("source") or {}
+    return (src.get("method") or "served") if src.get("served") else None
 
 
 def candidate_curves(rec: dict) -> dict:

@@ -1,7 +1,9 @@
 """Page 3, the trade-offs (/tradeoffs): the recommendation with its evidence, then the sweep results (paper Fig. 4
 and 5), latency with its spread, and the predicted speedup against what sweeps measured.
 
-Reads the sweep and latency CSVs found in the calibration and results folders (or given).
+Reads the sweep and latency CSVs found in the calibration and results folders (or given). The plan per batch size is
+ui/plan_view.py's tab. A served calibration (vLLM's counters, any drafter) gets its chain's K: the answer, its chains'
+speedup and its plan per batch size, as `workbench plan --calibration SERVED` makes it.
 """
 from __future__ import annotations
 
@@ -12,24 +14,17 @@ import streamlit as st
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import PREDICTED_COLUMNS
-from workbench.export.engines import PLAN_FORMATS, SUFFIXES, export_plan
-from workbench.measure.latency_checks import deciding, off_trend, outlier_words
+from workbench.measure.latency_checks import off_trend
 from workbench.measure.sweep_file import has_typical
-from workbench.plan.rank import make_plan
-from workbench.plan.plan_file import check_plan, plan_check, plan_json, speedups_by_kind
-from workbench.plan.source import calibration_source
 from workbench.ui.recommendation import (candidate_curves, measured_beside, panel, provenance_of, ranked,
                                          readable_sweeps)
 from workbench.ui.tree_page import RECOMMENDED, tree_page
-from workbench.ui.tree_export import EXPORT_FIXES
 from workbench.ui.inputs import fragment, shared_inputs
 from workbench.ui.per_step_view import per_step_section
+from workbench.ui.plan_view import plan_label, plan_section
 from workbench.ui.widgets import (chart, clean_error, drop_stale, file_input, file_stamp, found_csvs, fastest_for,
-                                  read_sweep_file, read_sweep_or_error, relative_paths, results_root, slider, timed)
+                                  read_sweep_file, read_sweep_or_error, results_root, slider, timed)
 from workbench.viz import interactive_tradeoffs
-
-# a plan export's error names the batch size by this page's control (core.notes.FieldError; the CLI: --batch-sizes)
-EXPORT_LABELS = {"batch_sizes": "batch size to export"}
 
 # The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).
 SWEEP_SHOWN = {
@@ -146,7 +141,7 @@ def _tradeoffs_page() -> None:
             if rec is not None:
                 panel(rec, "to", src.acc.shape[0],
                       provenance_of(src) | dict(method="recommended", latency=lat_path.name),
-                      show=_show_in_designer, show_label="open in the designer")
+                      show=_show_in_designer if src.served is None else None, show_label="open in the designer")
         elif src is None:
             st.info("The recommendation and the predicted-speedup curve need accuracies (a calibration folder or "
                     "table).")
@@ -170,7 +165,7 @@ def sections(src, lat, lat_path, tables, surface, rec, evidence, sweep, sweep_pa
                 _speedup_section(src, lat, lat_path, tables, surface, rec, evidence)
         with tabs["Plan per batch size"]:
             if tabs["Plan per batch size"].open:
-                _plan_section(src, lat, lat_path, sweep, sweep_path, max_new_tokens)
+                plan_section(src, lat, lat_path, sweep, sweep_path, max_new_tokens)
         with tabs["Static vs per-step"]:
             if tabs["Static vs per-step"].open:
                 per_step_section(src, lat_path, tables, sweep, sweep_path, max_new_tokens)
@@ -270,6 +265,13 @@ def _speedup_section(src, lat, lat_path, tables, surface, rec, evidence) -> None
     with c2:
         if src is None or tables is None:
             return
+        if src.served is not None:  # a chain drafter: the answer's chains, no tree budget or optimizer
+            if rec:
+                chart(interactive_tradeoffs.speedup_chart(candidate_curves(rec), {"recommended": (
+                    rec["pick"]["nodes"], rec["pick"]["speedup"])}, title=f"predicted speedup by K, batch "
+                    f"{tables.batch}, context {tables.context}"), f"chains of the served drafter: the recommendation's "
+                    f"numbers ({rec['prediction']}; recommended: {rec['pick']['label']}); x: K.", key="to_speedup_chart")
+            return
         top = max(tables.seconds) - 1
         budget = slider("budget (max tree nodes)", 1, max(top, 1), top, key="to_budget", where=st,
                         help="the largest tree the optimizer's curves below try (the recommendation above ranks "
@@ -297,94 +299,11 @@ def _speedup_section(src, lat, lat_path, tables, surface, rec, evidence) -> None
               (f"optimal trees and chains: the recommendation's numbers ({rec['prediction']}; recommended: "
                f"{rec['pick']['label']}). " if rec else "")
               + f"objective: the optimizer's expected tokens per step / (t(n+1)/t(1)) at context {tables.context}; "
-              "best: " + "; ".join(f"{n} {_plan_label(vars(r['best']))}, {r['best'].speedup:.2f}x" for n, r in res.items())
+              "best: " + "; ".join(f"{n} {plan_label(vars(r['best']))}, {r['best'].speedup:.2f}x" for n, r in res.items())
               + " (plan's ranking of these trees, the chains and no speculation)"
               + ". Diamonds: sweep measurements (hollow grey: another setting, or one not recorded).",
               key="to_speedup_chart")
 
-
-def _plan_section(src, lat, lat_path: Path, sweep, sweep_path, max_new_tokens: int | None) -> None:
-    """The plan per batch size (tree, chain or none) on a latency table with several batch sizes: predicted
-    speedup of each kind against batch size, the live check where the chosen sweep is a `sweep --plan`, and the plan
-    with each engine's output to download."""
-    if lat is None or "batch" not in lat.columns or lat["batch"].nunique() < 2 or src is None or src.calib is None:
-        st.info("A plan per batch size needs a calibration folder and a latency table measured at several batch "
-                "sizes (`workbench latency --batch-sizes 1,2,4,8`).")
-        return
-    batches = sorted(int(b) for b in lat["batch"].unique())
-    try:
-        text = _cached_plan(str(src.calib.folder), src.stamp, src.calib, str(lat_path), file_stamp(lat_path),
-                            tuple(batches), max_new_tokens)
-    except WorkbenchError as e:
-        st.error(clean_error(e))
-        return
-    plan = check_plan(json.loads(text))  # as `workbench export` reads it: each row with its tree
-    rows = plan["plans"]
-    ctx = plan["latency"]["context"]
-    found = off_trend(lat, ctx)
-    sizes = {b: lat.loc[(lat["batch"] == b) & (lat["context"] == ctx), "tokens"] for b in batches}
-    odd = {r["batch_size"]: deciding(found, r["batch_size"], r["nodes"] + 1, sizes[r["batch_size"]]) for r in rows}
-    st.markdown("; ".join(f"batch {r['batch_size']}: **{_plan_label(r)}** {r['predicted_speedup']:.2f}x"
-                          + (" (on an odd latency point)" if odd[r["batch_size"]] else "") for r in rows))
-    odd_notes = st.container()
-    for b, f in odd.items():
-        if f:
-            odd_notes.warning(f"Batch {b}'s row rests on latency measurements off their trend: "
-                              + "; ".join(outlier_words(x) for x in f) + f". Re-measure {lat_path.name} at batch {b}.",
-                              icon=":material/warning:")
-    measured = plan_check(plan, sweep) if sweep is not None and "batch_size" in sweep.columns else None
-    live = measured is not None and len(measured) > 0
-    chart(interactive_tradeoffs.plan_chart(speedups_by_kind(plan), measured),
-          f"latency {lat_path.name} at context {ctx}; tokens/step "
-          f"{plan['source']['prediction']}. Lines: the best the plan weighed of each kind; stars: its choice"
-          + (f"; diamonds: {sweep_path.name}, decoded live at each batch size." if live
-             else "; run `workbench sweep --plan PLAN.json` for the live check."), key="to_plan_chart")
-    _plan_exports(plan, text, f"plan-{lat_path.stem}", [r["batch_size"] for r in rows])
-
-
-def _plan_exports(plan: dict, text: str, name: str, batches: list[int]) -> None:
-    """The plan file and each engine's output, for the batch size picked (vllm's schedule covers them all); every
-    warning and note below, in an expander, readable at any width. Paths relative to the repository."""
-    c1, c2 = st.columns([1, 3])
-    drop_stale("to_plan_batch", batches)
-    b = c1.selectbox("batch size to export", batches, key="to_plan_batch",
-                     help="the static formats (vllm-tree, trtllm, medusa, eagle, json) serve one tree: this row's; "
-                          "vllm's file holds the plan's schedule over every batch size")
-    c2.caption(f"Downloads: the plan, vLLM's schedule (every batch size) and batch {b}'s tree in each static format.")
-    cols = st.columns(len(PLAN_FORMATS) + 1)
-    cols[0].download_button("plan", text, file_name=f"{name}.json", key="to_plan_download", on_click="ignore",
-                            help="the plan file (`workbench export PLAN --format ...` reads it)")
-    said = []
-    for col, fmt in zip(cols[1:], PLAN_FORMATS):
-        try:
-            out, warns, notes = export_plan(plan, fmt, batch_size=None if fmt == "vllm" else b)
-        except WorkbenchError as e:
-            why = clean_error(e, EXPORT_LABELS)
-            col.button(fmt, key=f"to_plan_{fmt}_off_btn", disabled=True, help=why)
-            said.append(f"**{fmt}**: not exported: {why}")
-            continue
-        col.download_button(fmt, relative_paths(out), key=f"to_plan_{fmt}_download", on_click="ignore",
-                            file_name=f"{name}{'' if fmt == 'vllm' else f'-b{b}'}{SUFFIXES.get(fmt, '.txt')}",
-                            help=f"the plan for {fmt}" + ("" if fmt == "vllm" else f", batch {b}'s row"))
-        said += [f"**{fmt}**: {w.words(EXPORT_FIXES)}" for w in warns] + [f"**{fmt}**: {n}" for n in notes]
-    with st.expander(f"Export notes and warnings ({len(said)})"):
-        st.markdown("\n".join(f"- {relative_paths(n)}" for n in said) or "none")
-
-
-@st.cache_data(show_spinner="planning per batch size ...")
-def _cached_plan(folder: str, folder_stamp: tuple, _calibration, latency: str, latency_stamp: tuple, batches: tuple,
-                 max_new_tokens: int | None = None) -> str:
-    """The plan file's text for this calibration and latency table (paths by name only), once per version of both.
-    `_calibration`: the page's open folder (named by `folder` and its stamp), whose replays the designer has already
-    walked: opening it again cost a fresh server's first trade-offs visit ~0.2 s."""
-    plan = make_plan(calibration_source(_calibration, max_new_tokens=max_new_tokens), latency, batches)
-    plan["latency"]["file"] = Path(latency).name  # no server path in a downloaded plan
-    plan["source"]["path"] = Path(folder).name
-    return plan_json(plan)
-
-
-def _plan_label(row: dict) -> str:
-    return {"none": "no speculation", "chain": f"chain K={row['nodes']}"}.get(row["kind"], f"tree of {row['nodes']}")
 
 def _goto_designer() -> None:
     st.switch_page(st.Page(tree_page, title="Tree designer", url_path="tree"))

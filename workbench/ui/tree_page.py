@@ -6,7 +6,8 @@ tree follows the sidebar (acceptance model, budget, depth, ranks); any reference
 can be shown instead (the optimizer's sliders are then disabled, saying why), edited node by node, scored on the
 same calibration, diffed against another, repaired for an engine and downloaded in every export format. The tree
 and its mask are one fragment: a click on a node or a mask cell redraws those two figures only. Node labels can be
-the real tokens of a prompt (the only model load on this page).
+the real tokens of a prompt (the only model load on this page). A served calibration's drafter drafts chains: the
+page answers its K instead (ui/served_view.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from workbench.plan.recommend import comparable, designed_speedup, shape
 from workbench.trees.optimize import acc_value_fn, best_dense_tree, expected_curve, optimal_tree, optimal_tree_from
 from workbench.trees.tree import Tree, load_tree, reference_trees
 from workbench.ui.recommendation import measured_beside, panel, provenance_of, ranked, readable_sweeps, speedup_view
+from workbench.ui.served_view import served_designer
 from workbench.ui.tree_drawing import TABLE_COLUMNS, TREE_HELP, compare_trees, edit_box, token_labels, tree_view
 from workbench.ui.tree_export import export_view
 from workbench.ui.inputs import shared_inputs
@@ -110,6 +112,9 @@ def _tree_page() -> None:
     src = shared.src
     if src is None:
         st.info("Pick a calibration folder or an accuracy table in the sidebar to design a tree.")
+        return
+    if src.served is not None:  # a chain drafter vLLM ran: K, not a tree
+        served_designer(src, shared.lat)
         return
     K, R = src.acc.shape
     model = st.sidebar.radio("Acceptance model", MODELS, key="tree_model",

@@ -7,6 +7,7 @@ an `st.error` naming the problem, never a crash.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sys
@@ -22,6 +23,7 @@ import streamlit as st
 from workbench import REPO_ROOT, WorkbenchError
 from workbench.calibrate import folder as calibration
 from workbench.calibrate.folder import Calibration, list_calibrations
+from workbench.calibrate.served import Served, list_served
 from workbench.core.io import find_csvs
 from workbench.core.notes import FieldError, flag
 from workbench.measure.latency_file import LATENCY_REQUIRED, read_latency
@@ -44,6 +46,11 @@ def results_root() -> Path:
 
 def calibration_folders() -> list[Path]:
     return list_calibrations(calibration_root())
+
+
+def served_folders() -> list[Path]:
+    """The served calibrations (vLLM's counters, any drafter) under the calibration root and the results' served/."""
+    return list_served((calibration_root(), results_root() / "served"))
 
 
 def file_stamp(path) -> tuple:
@@ -150,6 +157,12 @@ def open_calibration(folder: str, stamp: tuple):
     return cal
 
 
+@st.cache_resource(max_entries=8)
+def open_served(folder: str, stamp: tuple) -> Served:
+    """A served calibration folder, opened and checked once per version (its errors name the sidebar's control)."""
+    return Served(folder, "calibration")
+
+
 @st.cache_data(max_entries=16)
 def read_accuracy_file(path: str, stamp: tuple):
     return read_accuracies(path, return_counts=True)
@@ -190,26 +203,60 @@ def found_csvs(kind: str) -> list[Path]:
 
 def latency_files(src) -> list[Path]:
     """The latency CSVs a page offers, the calibration folder's own first (then the results folder's): the designer
-    and the trade-offs page preselect the same one, so their recommendations agree."""
+    and the trade-offs page preselect the same one, so their recommendations agree. A served calibration's first:
+    the engine's rounds with its drafter (served_surfaces)."""
     own = src.calib.latency_files() if src is not None and src.calib is not None else []
-    return list(dict.fromkeys(own + found_csvs("latency")))
+    found = found_csvs("latency")
+    if src is not None and src.served is not None:
+        own = served_surfaces(src.served, found)
+    return list(dict.fromkeys(own + found))
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _setting_of(path: str, stamp: tuple) -> dict:
+    """The engine, drafter and model a latency CSV's first row records ({} when unreadable), once per version."""
+    try:
+        row = pd.read_csv(path, nrows=1).iloc[0]
+        setting = json.loads(row["setting"]) if isinstance(row.get("setting"), str) else {}
+        return dict(engine=row.get("engine"), drafter=setting.get("drafter"), model=row.get("model"))
+    except (OSError, ValueError, KeyError, IndexError, pd.errors.ParserError):
+        return {}
+
+
+def served_surfaces(served: Served, found: list[Path]) -> list[Path]:
+    """The latency CSVs timed by the engine that served `served`, with its drafter on its model: in its folder first,
+    then beside it by the longest name in common with it (`bench/served_plan.py` writes X-calibration beside
+    X-latency.csv): the surface a served drafter was calibrated for, preselected; the others stay on offer."""
+    m = served.meta
+    want = dict(engine=m.get("engine"), drafter=m.get("method"), model=m.get("model"))
+    mine = [f for f in found if _setting_of(str(f), file_stamp(f)) == want]
+    folder = served.folder.resolve()
+
+    def near(f: Path) -> tuple:  # in the folder, then beside it, then elsewhere; then the longest name in common
+        where = f.resolve().parent
+        return 0 if where == folder else 1 if where == folder.parent else 2, \
+            -len(os.path.commonprefix([folder.name, f.stem])), str(f)
+
+    return sorted(mine, key=near)
 
 
 @dataclass
 class Source:
     """Accuracies a page works on: acc[K, R] (a calibration's fit prompts) and, for a calibration folder, the
-    opened workbench.calibrate.folder.Calibration."""
+    opened workbench.calibrate.folder.Calibration; for a served one (`served`, calibrate/served.Served: a chain
+    drafter vLLM ran), its conditional per-position acceptance as acc[K, 1] (source.chain_accuracies)."""
 
     acc: object
     label: str
     calib: object = None
     folder: str | None = None
     stamp: tuple = ()
+    served: object = None
 
     @property
     def key(self) -> tuple:
         """What names these accuracies in a cache key: the folder and its stamp, or the table's own bytes."""
-        return (self.folder, self.stamp) if self.calib is not None else (self.label, self.acc.tobytes())
+        return (self.folder, self.stamp) if self.folder is not None else (self.label, self.acc.tobytes())
 
 
 OTHER_FILE = "other: type a path"
