@@ -278,12 +278,6 @@ def test_holdout_split_is_deterministic_and_order_free():
     assert holdout_split(ids, 0) == set()
     with pytest.raises(WorkbenchError, match="--holdout"):
         holdout_split(ids, 1.0)
-    # spaced (a served calibration's): evenly over file order, so a set whose kinds come in runs is held out alike
-    kinds = [f"{k}-{i:02d}" for k in ("rewrite", "extract", "summarise", "code") for i in range(1, 9)]
-    held = holdout_split(kinds, 0.25, spaced=True)
-    assert sorted(held) == sorted(f"{k}-{i:02d}" for k in ("rewrite", "extract", "summarise", "code") for i in (3, 7))
-    assert [len(holdout_split(ids[:n], 0.5, spaced=True)) for n in (1, 2, 3, 8)] == [0, 1, 2, 4]  # >= 1 fitted
-    assert holdout_split(ids, 0, spaced=True) == set()
 
 
 def test_calibration_splits_and_predictions(run):

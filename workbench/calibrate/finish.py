@@ -21,20 +21,15 @@ from workbench.trees.optimize import acc_value_fn, empirical_value_fn, expected_
 from workbench.trees.tree import save_tree
 
 
-def holdout_split(prompt_ids: list[str], share: float, spaced: bool = False) -> set[str]:
+def holdout_split(prompt_ids: list[str], share: float) -> set[str]:
     """Deterministic holdout: the round(share * n) ids with the smallest sha256, at least 1 when share > 0,
-    always leaving at least one prompt to fit on. Depends on the ids only, not on the order or the run.
-    `spaced`: as many ids evenly spaced in file order instead (the middle of each of k equal runs), for a small set
-    whose kinds come in runs (copy-edit: 8 rewrite, 8 extract, ...), where a hash's 8 of 32 took 1, 2, 3 and 2 of
-    its four kinds and the held-out answers drafted unlike the served ones (a served calibration's check)."""
+    always leaving at least one prompt to fit on. Depends on the ids only, not on the order or the run."""
     if not 0 <= share < 1:
         raise FieldError("holdout", "range", f"{{field}} {share}: must be a share in [0, 1), e.g. 0.2")
     n = len(prompt_ids)
-    k = max(min(max(round(share * n), 1 if share > 0 else 0), n - 1), 0)
-    if spaced:
-        return {prompt_ids[int((i + 0.5) * n / k)] for i in range(k)}
+    k = min(max(round(share * n), 1 if share > 0 else 0), n - 1)
     order = sorted(prompt_ids, key=lambda p: hashlib.sha256(p.encode()).hexdigest())
-    return set(order[:k])
+    return set(order[:max(k, 0)])
 
 
 def own_trees(trees_dir: Path, name: str) -> list[Path]:

@@ -91,7 +91,7 @@ def _run(args, method: str):
     if method in ("eagle", "eagle3", "draft_model", "mlp_speculator", "dflash", "dspark") and not args.draft_model:
         raise WorkbenchError(f"--method {method} needs --draft-model DIR (the drafter's weights)")
     records = load_prompt_records(args.prompts, args.limit)
-    held = holdout_split([r[0] for r in records], args.holdout, spaced=True)  # never served: vllm-check's prompts
+    held = holdout_split([r[0] for r in records], args.holdout)  # never served: `vllm-check` checks a plan on them
     records = [r for r in records if r[0] not in held]
     inputs = vllm_inputs(args.model, args.heads, records, False, heads=method == "medusa")
     k = args.k or 4
@@ -103,8 +103,7 @@ def _run(args, method: str):
                                       inputs["eos"], min(8, len(records)), args.max_new_tokens)
     return counts, dict(engine="vllm", engine_version=where.get("vllm"), method=method,
                         draft_model=drafter.get("model"), model=model_label(args.model), prompts=args.prompts,
-                        limit=args.limit, holdout_ids=sorted(held), holdout_rule="spaced" if held else None,
-                        max_new_tokens=args.max_new_tokens,
+                        limit=args.limit, holdout_ids=sorted(held), max_new_tokens=args.max_new_tokens,
                         source="calibrate",
                         num_prompts=len(records), speculative_config=dict(drafter, num_speculative_tokens=k),
                         setting=where)
