@@ -11,9 +11,11 @@ Per prompt set (--sets: copy-edit, whose answers copy from the prompt, and alpac
 2. `latency --engine vllm --method ngram`: vLLM's served round per (batch size, K), each K in a worker process of its
    own beside a plain engine of its own, on --surface-limit prompts the calibration served (written as
    NAME-SET-surface-prompts.jsonl), --surface-repeats timed passes;
-3. `plan --calibration` the served folder `--latency` that CSV: K per batch size;
+3. `plan --calibration` the served folder `--latency` that CSV `--within-noise none`: K per batch size, none where
+   the fastest K's predicted gain lies within the surface's own noise;
 4. `vllm-check --calibration` the served folder `--plan`: every K and the plan's choice in vLLM on --check-limit of
-   the held-out prompts, --repeats passes, greedy outputs against plain vLLM's.
+   the held-out prompts, --repeats passes, B requests kept in flight (the steady state the plan prices), greedy
+   outputs against plain vLLM's.
 Noise: in every process the plain and the K engine serve the same prompts pass by pass in turning order (plain, K,
 then K, plain: ABBA), each pass's K priced against its plain neighbour; a row is the median of those ratios with its
 interquartile range, and a choice is vLLM's best "within noise" when the two rows' ranges overlap.
@@ -73,7 +75,7 @@ def one_set(args, prompts: str, py: list[str], loads: dict) -> dict:
                                 str(spf), "--batch-sizes", args.batch_sizes, "--repeats", str(args.surface_repeats),
                                 "--max-new-tokens", str(args.surface_tokens), "--out", str(lat)], lat, loads)
     step(f"{prompts} plan", ["plan", "--calibration", str(cal), "--latency", str(lat), "--batch-sizes",
-                             args.batch_sizes, "--out", str(plan)], plan, loads)
+                             args.batch_sizes, "--within-noise", "none", "--out", str(plan)], plan, loads)
     step(f"{prompts} check", ["vllm-check", *py, "--calibration", str(cal), "--plan", str(plan), "--k", k_list,
                               "--batch-sizes", args.batch_sizes, "--limit", str(args.check_limit), "--max-new-tokens",
                               str(args.max_new_tokens), "--repeats", str(args.repeats), "--out", str(check)],

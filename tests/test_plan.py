@@ -291,6 +291,52 @@ def test_runner_up_and_noise(tmp_path):
     assert old["alternatives"][0]["runner_up_within_noise"] is None and old["latency"]["spread"] is False
 
 
+@pytest.mark.unit
+def test_the_none_rule_answers_no_speculation_where_the_gain_is_inside_the_latency_noise(tmp_path, capsys):
+    """weigh's noise rule: with "none", a speculating choice whose predicted range overlaps no speculation's (the
+    table's quartiles cannot tell them apart) becomes no speculation, the fastest set aside and named; outside the
+    noise, without quartiles, and under the default "fastest" the ranking stands (the Medusa plans as they are)."""
+    from workbench.plan.surface import Surface
+    from workbench.plan.weigh import weigh
+
+    acc = np.array([[0.08, 0.01], [0.02, 0.01], [0.01, 0.01]])  # a few % above plain: a small gain
+    write_accuracies(tmp_path / "acc.csv", acc)
+    src = plan_source(accuracies=tmp_path / "acc.csv")
+    for spread, inside in ((0.05, True), (0.001, False)):
+        df = surface(per_token=0.01, per_batch_token=0.0, spread=spread)
+        df.to_csv(tmp_path / "lat.csv", index=False)
+        fastest = weigh(src, Surface.read(tmp_path / "lat.csv"), 1, 128)
+        ruled = weigh(src, Surface.read(tmp_path / "lat.csv"), 1, 128, noise="none")
+        assert fastest.best.kind != "none" and fastest.set_aside is None and fastest.best.speedup > 1
+        none = next(c for c in fastest.ranked if c.kind == "none")
+        assert within_noise(fastest.best.range, none.range) is inside
+        if inside:
+            assert ruled.best.kind == "none" and ruled.set_aside == fastest.best and ruled.runner_up == fastest.best
+            assert ruled.within_noise is True and ruled.ranked[1:] == [c for c in fastest.ranked if c.kind != "none"]
+        else:
+            assert ruled.ranked == fastest.ranked and ruled.set_aside is None
+        plan = make_plan(src, tmp_path / "lat.csv", [1], noise="none")
+        assert plan["within_noise"] == "none" and (plan["plans"][0]["kind"] == "none") is inside
+        assert (plan["alternatives"][0]["set_aside"] is None) is not inside
+        assert "within_noise" not in make_plan(src, tmp_path / "lat.csv", [1])  # the default: as before
+    bare = surface(per_token=0.01, per_batch_token=0.0, spread=0.05).drop(
+        columns=["seconds_q1", "seconds_q3", "seconds_min", "seconds_max"])
+    bare.to_csv(tmp_path / "bare.csv", index=False)
+    assert weigh(src, Surface.read(tmp_path / "bare.csv"), 1, 128, noise="none").best.kind != "none"  # noise unknown
+    # the CLI: the rule's answer worded, an unknown rule one error line and nothing written
+    surface(per_token=0.01, per_batch_token=0.0, spread=0.05).to_csv(tmp_path / "lat.csv", index=False)
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--accuracies", str(tmp_path / "acc.csv"), "--latency", str(tmp_path / "lat.csv"),
+                 "--batch-sizes", "1", "--within-noise", "none", "--out", str(out)]) == 0
+    assert read_plan(out)["plans"][0]["kind"] == "none"
+    assert "lies within the latency noise of no speculation: no speculation" in capsys.readouterr().err
+    assert main(["plan", "--accuracies", str(tmp_path / "acc.csv"), "--latency", str(tmp_path / "lat.csv"),
+                 "--batch-sizes", "1", "--within-noise", "maybe", "--out", str(tmp_path / "p2.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "--within-noise 'maybe': use fastest or none" in err
+    assert not (tmp_path / "p2.json").exists()
+
+
 # ----------------------------------------------------------------------------------------------- acceptance vectors
 
 @pytest.mark.unit

@@ -26,7 +26,8 @@ DECODE = {0: 1.0, 1: 0.7, 2: 0.9}  # seconds of a pass's decoding steps by K (ba
 STANDIN = '''#!{python}
 """vLLM's worker in mode "generate": per engine and batch size, `repeats` passes whose decoding takes DECODE[K] s
 (x (1 + B / 4) for K > 0; the whole process x STANDIN_SLOW_K<K> where its largest K is K); outputs are the prompts
-echoed, but K = 2 changes the last token of the last prompt at batch 2; STANDIN_NO_DRAFTS: nothing drafted. Logs
+echoed, but K = 2 changes the last token of the last prompt at batch 2; STANDIN_NO_DRAFTS: nothing drafted. Asked
+to serve "steady" (B kept in flight), a K > 0 engine's busy steps emit 10 tokens a prompt where plain's emit 8. Logs
 each request's engines."""
 import json, os, sys
 if sys.argv[1:2] == ["-c"]:
@@ -39,12 +40,13 @@ ks = [e["num_speculative_tokens"] if e else 0 for e in req["engines"]]
 with open(os.environ["STANDIN_LOG"], "a") as f:
     f.write(json.dumps(ks) + "\\n")
 slow = float(os.environ.get("STANDIN_SLOW_K%d" % max(ks), 1))
-n = len(req["prompts"])
+n, steady = len(req["prompts"]), bool(req.get("steady"))
 for b in req["batch_sizes"]:
     engines = []
     for k in ks:
         dec = DECODE[str(k)] * ((1 + b / 4) if k else 1) * slow
-        passes = [dict(seconds=dec + 0.5, decode_seconds=dec * (1 + 0.02 * p), decode_tokens=8 * n)
+        busy = (10 if k and steady else 8) * n
+        passes = [dict(seconds=dec + 0.5, decode_seconds=dec * (1 + 0.02 * p), decode_tokens=busy)
                   for p in range(req["repeats"])]
         outputs = [list(p[-3:]) for p in req["prompts"]]
         if k == 2 and b == 2:
@@ -52,6 +54,8 @@ for b in req["batch_sizes"]:
         run = dict(batch_size=b, seconds=dec + 0.5, decode_seconds=dec, passes=passes, new_tokens=9 * n,
                    outputs=outputs, steps=[None] * n, num_drafts=3 * n if k else 0, num_draft_tokens=3 * n * k,
                    num_accepted_tokens=2 * n if k else 0, accepted_per_pos=[n, n][:k] if k else [])
+        if steady:
+            run.update(steady=True, served_tokens=9 * n)
         if os.environ.get("STANDIN_NO_DRAFTS"):
             run.update(num_drafts=0, num_draft_tokens=0, num_accepted_tokens=0, accepted_per_pos=[])
         engines.append(dict(vllm_version="0.32.0", startup_s=1.0, run=run,
@@ -94,6 +98,61 @@ def test_the_check_serves_only_prompts_neither_the_calibration_nor_the_surface_s
     with pytest.raises(Exception, match="every holdout prompt"):
         served_records(s, "holdout", None, HELD)
     assert served_tokens_per_step(50, 5, 10) == pytest.approx(45 / 35)
+
+
+class _Engine:
+    """Stands in for vLLM's LLMEngine step loop: a request's first step emits 1 token (its prefill), each later one
+    as many as its prompt's first id says (a drafter's accepted run), up to LENGTH; finished requests leave."""
+    LENGTH = 8
+
+    def __init__(self):
+        self.live, self.most = {}, 0
+
+    def add_request(self, rid, prompt, params):
+        self.live[rid] = (prompt["prompt_token_ids"], [])
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        from types import SimpleNamespace
+
+        self.most, outs = max(self.most, len(self.live)), []
+        for rid, (p, toks) in list(self.live.items()):
+            toks += [p[0]] * min(1 if not toks else p[0], self.LENGTH - len(toks))
+            done = len(toks) == self.LENGTH
+            outs.append(SimpleNamespace(request_id=rid, outputs=[SimpleNamespace(token_ids=list(toks))], finished=done))
+            if done:
+                del self.live[rid]
+        return outs
+
+
+@pytest.mark.unit
+def test_a_steady_pass_keeps_b_in_flight_and_times_only_the_steps_where_all_b_decode(monkeypatch):
+    """vllm_worker.serve_steady, on a stand-in engine (prompts drafting 1, 2 and 4 tokens a step, 8 tokens each):
+    max(3, 2 x 2) = 4 sequences, never more than 2 in flight, a finished one replaced at once; the busy steps (2 in
+    flight, both past their prefill) are counted by hand below; the newcomer's prefill step and the lone tail are
+    not; outputs are each prompt's first sequence's, in order."""
+    import types
+    from types import SimpleNamespace
+
+    from workbench.measure import vllm_worker as W
+
+    fake = types.ModuleType("vllm.inputs")
+    fake.TokensPrompt = dict
+    monkeypatch.setitem(sys.modules, "vllm", types.ModuleType("vllm"))
+    monkeypatch.setitem(sys.modules, "vllm.inputs", fake)
+    engine = _Engine()
+    steps, outs = W.serve_steady(SimpleNamespace(llm_engine=engine), [[1], [2], [4]], 2, 4, None)
+    # seq 0 (1/step) and seq 1 (2/step): prefill, then busy 1+2 x3, 1+1 (seq 1 done at 8); seq 2 (4/step) joins:
+    # its prefill (not busy), busy 1+4, 1+3 (both done); seq 3 (prompt 0) alone for 8 steps (not busy)
+    assert [s["tokens"] for s in steps if s["busy"]] == [3, 3, 3, 2, 5, 4]
+    assert sum(s["tokens"] for s in steps) == 32 and len(steps) == 16 and engine.most == 2
+    assert [list(o.token_ids) for o in outs] == [[1] * 8, [2] * 8, [4] * 8]
+    done = W.generate_pass(SimpleNamespace(llm_engine=_Engine()), [[1], [2], [4]], 2, None, True, steady=True)
+    assert (done["decode_tokens"], done["served_tokens"], len(done["outputs"])) == (20, 32, 3)
+    run = W.generate_run(done, [done], 2, steady=True)
+    assert run["steady"] and run["new_tokens"] == 24 and run["served_tokens"] == 32
 
 
 def test_a_served_calibration_holds_prompts_out_as_ours_does(tiny_llama, tmp_path, monkeypatch, capsys):
@@ -156,14 +215,15 @@ def test_vllm_check_of_a_served_ngram_plan(tiny_llama, served, tmp_path, monkeyp
         assert all(c["identical"] == n for c in r["plain_vs_first_plain"].values())
     same = {r["k"]: {int(b): c["identical"] for b, c in r["vllm_spec_vs_vllm_plain"].items()} for r in res["acceptance"]}
     assert same == {1: {1: n, 2: n}, 2: {1: n, 2: n - 1}}  # the one changed token is caught
-    for s in res["speed"]:  # each K against its own process's plain engine: the slow process cancels
-        b, k = s["batch_size"], s["k"]
-        by_hand = DECODE[0] / (DECODE[k] * (1 + b / 4))
+    assert [[p["tokens"] for p in r["per_prompt"]] for r in res["acceptance"]] == [[3] * n] * 2
+    for s in res["speed"]:  # each K against its own process's plain engine: the slow process cancels; served steady,
+        b, k = s["batch_size"], s["k"]  # the busy steps' tokens per second
+        by_hand = DECODE[0] / (DECODE[k] * (1 + b / 4)) * 10 / 8
         assert s["decode_speedup"] == pytest.approx(by_hand, rel=1e-9) and s["passes"] == 3
         assert s["predicted_speedup"] == pytest.approx(predicted[b][k])
     for r in res["plan_check"]:
         b, k = r["batch_size"], r["plan_k"]
-        measured = {kk: DECODE[0] / (DECODE[kk] * (1 + b / 4)) for kk in (1, 2)} | {0: 1.0}
+        measured = {kk: DECODE[0] / (DECODE[kk] * (1 + b / 4)) * 10 / 8 for kk in (1, 2)} | {0: 1.0}
         assert k == max(predicted[b], key=predicted[b].get)
         assert r["predicted_speedup"] == pytest.approx(predicted[b][k])
         assert r["error"] == pytest.approx(predicted[b][k] / measured[k] - 1)

@@ -116,7 +116,7 @@ def cmd_plan(args) -> int:
         raise WorkbenchError("--max-new-tokens applies to --calibration predictions (the replayed answers' length)")
     source = plan_source(args.calibration, args.accuracies, args.acceptance, args.prediction,
                          max_new_tokens=args.max_new_tokens)
-    plan = make_plan(source, args.latency, batch_sizes, args.context)
+    plan = make_plan(source, args.latency, batch_sizes, args.context, args.within_noise)
     write_output(plan_json(plan), args.out, "the plan")
     lat, src = plan["latency"], plan["source"]
     print(f"plan: {src['kind']} {src['path']} ({src['prediction']}), latency {lat['file']} at context "
@@ -145,6 +145,12 @@ def cmd_plan(args) -> int:
     if not lat["spread"]:
         print("note: the latency CSV has no spread (not measured): whether a runner-up is "
               "within the noise is unknown; re-measure with `workbench latency`", file=sys.stderr)
+    for row, alt in zip(plan["plans"], plan["alternatives"]):
+        aside = alt.get("set_aside")
+        if aside:
+            print(f"note: batch {row['batch_size']}: {aside['kind']} of {aside['nodes']} predicted "
+                  f"{aside['predicted_speedup']:.3f}x lies within the latency noise of no speculation: no "
+                  "speculation (--within-noise none)", file=sys.stderr)
     return 0
 
 
@@ -317,6 +323,9 @@ def add_tradeoffs(sub) -> None:
     pl.add_argument("--max-new-tokens", type=bounded("tokens"), metavar="N",
                     help="with --calibration: the generation length you decode (default: the calibration's); "
                          "acceptance rises along an answer, so tokens/step is predicted over its first N tokens")
+    pl.add_argument("--within-noise", default="fastest", metavar="fastest|none",
+                    help="where the fastest candidate's predicted range overlaps no speculation's (the latency "
+                         "CSV's quartiles): keep it, flagged (default), or answer no speculation")
     pl.add_argument("--out", metavar="FILE", help="write the plan JSON here instead of stdout")
     pl.set_defaults(func=cmd_plan)
 

@@ -3,7 +3,11 @@ in vLLM, on prompts the served calibration held out and the plan's latency surfa
 
 No decoder of ours runs such a drafter, so plain vLLM is the referee: per K, vLLM's tokens/step (its own counters,
 per decoding step as the served calibration's rates are) beside the calibration's prediction (1 + the first K
-per-step rates); per (batch, K), vLLM's decoding-phase speedup over plain vLLM beside the plan's (vllm_speed.py);
+per-step rates); per (batch, K), vLLM's decoding-phase speedup over plain vLLM beside the plan's (vllm_speed.py),
+served as a server under steady load serves (vllm_worker.serve_steady: B requests kept in flight, the steps where
+all B decode timed), the state the plan prices: one served to its end B at a time runs under-full in a ragged tail,
+as a prompt-dependent drafter lets requests finish rounds apart (copy-edit at batch 8, K = 4: a round there
+cost 1.50x plain where the surface's steady rounds cost 1.18x);
 greedy outputs of every speculative engine compared token for token with plain vLLM's. An n-gram engine runs in a
 worker process of its own beside a plain engine of its own (vllm_runner.engine_groups): each K is timed and compared
 against that one. Resumable as vllm_check.py is: each process's finished batch sizes are kept beside --out.
@@ -54,6 +58,17 @@ def drafter_of(served: Served) -> dict:
     return spec
 
 
+def per_prompt(records, run: dict) -> list[dict]:
+    """Each prompt's answer in a run: tokens, and its drafts and accepted tokens (vLLM's per-request records): how
+    far acceptance varies from prompt to prompt, which sets how ragged a batch served to its end runs."""
+    out = []
+    for (pid, _), tokens, steps in zip(records, run["outputs"], run.get("steps") or []):
+        steps = steps or {"drafted": [], "accepted": []}
+        out.append(dict(prompt_id=pid, tokens=len(tokens), drafts=sum(d > 0 for d in steps["drafted"]),
+                        accepted=sum(steps["accepted"])))
+    return out
+
+
 def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_sizes=(1, 2, 4, 8),
                  prompts: str = "holdout", limit: int | None = 16, max_new_tokens: int = 64,
                  python: str | None = None, raw: bool = False, progress=None, work=None, repeats: int = 3,
@@ -82,7 +97,7 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
     ids, drafter = given["ids"], drafter_of(served)
     engines = [None] + [dict(drafter, num_speculative_tokens=k) for k in all_ks]
     longest = max(map(len, ids)) + max_new_tokens + max(all_ks) + 8
-    request = dict(mode="generate", model=given["model_dir"], engines=engines, prompts=ids,
+    request = dict(mode="generate", model=given["model_dir"], engines=engines, prompts=ids, steady=True,
                    batch_sizes=list(batch_sizes), repeats=repeats, max_new_tokens=max_new_tokens,
                    stop_token_ids=given["eos"], max_model_len=int(math.ceil(longest / 64) * 64), eager=eager)
     progress(f"{len(ids)} prompts, {method} K = {', '.join(map(str, all_ks))}, batch sizes "
@@ -99,7 +114,7 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
         first = runs[batch_sizes[0]]
         measured = served_tokens_per_step(first["new_tokens"], len(ids), first["num_accepted_tokens"])
         rows.append(dict(k=k, vllm_drafts=first["num_drafts"], vllm_accepted_per_pos=first["accepted_per_pos"][:k],
-                         vllm_tokens_per_step=measured, predicted=predicted[k],
+                         vllm_tokens_per_step=measured, predicted=predicted[k], per_prompt=per_prompt(records, first),
                          prediction_error=prediction_error(predicted[k], measured) if measured == measured else None,
                          vllm_spec_vs_vllm_plain={b: compare_outputs(runs[b]["outputs"], beside[b]["outputs"])
                                                   for b in runs},

@@ -3,8 +3,9 @@ each K over plain vLLM with its spread over repeated passes, and per batch size 
 measured, with vLLM's measured best K.
 
 The measured speedup is the decoding phase's (each pass's plain decode seconds over its speculative ones: the steps
-with no prefill in them, what the plan's speedup predicts, as sweep_file.checked_speedup takes ours); the end-to-end
-tokens/s ratio (prefill included) is kept beside it. Noise: pass i of K against pass i of plain, the spread over
+with no prefill in them, what the plan's speedup predicts, as sweep_file.checked_speedup takes ours; a steady run,
+B kept in flight, its busy steps' tokens per second: vllm_worker.serve_steady); the end-to-end tokens/s ratio
+(prefill included) is kept beside it. Noise: pass i of K against pass i of plain, the spread over
 passes (core.speed.spread); two rows are within noise when their interquartile ranges overlap.
 """
 from __future__ import annotations
@@ -44,10 +45,16 @@ def plan_predictions(plan: dict | None) -> dict[int, dict[int, dict]]:
 
 
 def _pass_speedups(spec: dict, plain: dict) -> list[float]:
-    """Decoding-phase speedup of each pass (pass i of K against pass i of plain); [] for a run without passes."""
+    """Decoding-phase speedup of each pass (pass i of K against pass i of plain); [] for a run without passes.
+    A steady run (vllm_worker.serve_steady) divides the tokens of its busy steps by their seconds: goodput at B in
+    flight, what a plan's speedup predicts; a run served B at a time to the end, every answer's tokens."""
     pairs = zip(spec.get("passes") or [], plain.get("passes") or [])
-    return [(spec["new_tokens"] / s["decode_seconds"]) / (plain["new_tokens"] / p["decode_seconds"])
-            for s, p in pairs if s.get("decode_seconds") and p.get("decode_seconds")]
+
+    def rate(run: dict, p: dict) -> float | None:
+        tokens = p.get("decode_tokens") if run.get("steady") else run["new_tokens"]
+        return tokens / p["decode_seconds"] if tokens and p.get("decode_seconds") else None
+    rates = [(rate(spec, s), rate(plain, p)) for s, p in pairs]
+    return [a / b for a, b in rates if a and b]
 
 
 def speed_rows(k: int, batch_sizes, runs: dict, plain: dict, plan_k: dict, plan: dict | None) -> list[dict]:
@@ -57,7 +64,7 @@ def speed_rows(k: int, batch_sizes, runs: dict, plain: dict, plan_k: dict, plan:
     out = []
     for b in batch_sizes:
         s, p = runs[b], plain[b]
-        rate, base = s["new_tokens"] / s["seconds"], p["new_tokens"] / p["seconds"]
+        rate, base = (r.get("served_tokens", r["new_tokens"]) / r["seconds"] for r in (s, p))
         ratios = _pass_speedups(s, p)
         sp = spread(ratios) if ratios else None
         out.append(dict(k=k, batch_size=b, plan_k=plan_k.get(b), tokens_per_s=rate, plain_tokens_per_s=base,

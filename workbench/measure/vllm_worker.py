@@ -14,11 +14,14 @@ side. Every request is served through the engine's own step loop (LLMEngine.add_
 wall time is what a served round costs. A run, per engine at batch size B:
   generate (vllm-check; the prompts served B at a time, as the workbench decoder batches them, stopping at EOS,
   `repeats` passes over all of them; with "between": true, after each pass of every engine an {"event": "pass",
-  "batch_size", "pass"} line, then it waits for a line on stdin): {"batch_size", "seconds" (pass 0),
-  "decode_seconds" (pass 0, the steps without a prefill in them), "passes": [{"seconds", "decode_seconds",
-  "decode_tokens"}, ...], "new_tokens", "outputs",
+  "batch_size", "pass"} line, then it waits for a line on stdin; with "steady": true, as a server under steady
+  load instead: max(prompts, 2B) sequences, the prompts taken in turn, B kept in flight (`serve_steady`), the
+  decoding measured over the steps in which all B were decoding): {"batch_size", "seconds" (pass 0),
+  "decode_seconds" (pass 0, the steps without a prefill in them; steady: the busy steps), "passes": [{"seconds",
+  "decode_seconds", "decode_tokens"}, ...], "steady", "served_tokens" (every sequence's), "new_tokens", "outputs",
   "steps" (per-request drafts per step), "num_drafts", "num_draft_tokens", "num_accepted_tokens",
-  "accepted_per_pos"} (vLLM's spec-decode counters over pass 0, from its per-request records: `counted`);
+  "accepted_per_pos"} (vLLM's spec-decode counters over pass 0, from its per-request records: `counted`; outputs,
+  steps and counts: each prompt's first sequence);
   rounds (latency --engine vllm; `warmup` passes of one chunk of B prompts, then `repeats` passes of
   ceil(`sequences` / B) chunks (default one), each chunk served to max_new_tokens with EOS ignored, the prompts
   taken in turn, the same ones for every engine; a timed pass serves about as many sequences at every batch size,
@@ -103,6 +106,37 @@ def serve(llm, chunk: list, params) -> tuple[list[dict], list]:
     return steps, [last[rid].outputs[0] for rid in ids]
 
 
+def serve_steady(llm, prompts: list, b: int, n: int, params) -> tuple[list[dict], list]:
+    """Serve `n` sequences (prompt j % len(prompts) for sequence j) keeping `b` in flight, as a server under steady
+    load at batch b: one that finishes is replaced by the next before the following step. Every step: its seconds,
+    tokens out and whether it was `busy` (b requests in flight before it, each past its prefill): the steady state
+    a plan prices (the surface's rounds: every slot decoding), not a newcomer's prefill nor the ragged tail once
+    the queue is empty, where a drafter that lets requests finish at different steps runs under-full. The outputs
+    of sequences 0..len(prompts)-1 (each prompt once), in prompt order."""
+    from vllm.inputs import TokensPrompt
+
+    engine = llm.llm_engine
+    queue, active, emitted, done, steps = list(range(n)), {}, {}, {}, []
+    while queue or engine.has_unfinished_requests():
+        while queue and len(active) < b:
+            j = queue.pop(0)
+            rid = f"wb-{next(_ids)}"
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=prompts[j % len(prompts)]), params)
+            active[rid], emitted[rid] = j, 0
+        before = {r: emitted[r] for r in active}
+        busy = len(active) == b and all(v >= 1 for v in before.values())
+        t = time.perf_counter()
+        outs = engine.step()
+        seconds = time.perf_counter() - t
+        for r in outs:
+            if r.request_id in active:
+                emitted[r.request_id] = len(r.outputs[0].token_ids)
+                if r.finished:
+                    done[active.pop(r.request_id)] = r.outputs[0]
+        steps.append(dict(seconds=seconds, busy=busy, tokens=sum(emitted[r] - v for r, v in before.items())))
+    return steps, [done[j] for j in range(min(n, len(prompts)))]
+
+
 def start(req: dict, spec, engines: int = 1):
     """One engine (startup seconds beside it). Several share one GPU: each gets its part of the memory."""
     import torch
@@ -120,9 +154,19 @@ def start(req: dict, spec, engines: int = 1):
     return llm, startup
 
 
-def generate_pass(llm, prompts: list, b: int, params, first: bool) -> dict:
-    """One pass over every prompt, B at a time: its seconds and decoding-phase seconds; the first pass also keeps
-    the outputs, per-request steps and the spec-decode counters they add up to."""
+def generate_pass(llm, prompts: list, b: int, params, first: bool, steady: bool = False) -> dict:
+    """One pass over every prompt, B at a time (`steady`: B kept in flight, serve_steady): its seconds and
+    decoding-phase seconds and tokens; the first pass also keeps the outputs, per-request steps and the spec-decode
+    counters they add up to."""
+    if steady:
+        t = time.perf_counter()
+        timed, outs = serve_steady(llm, prompts, b, max(len(prompts), 2 * b), params)
+        seconds = time.perf_counter() - t
+        busy = [s for s in timed if s["busy"]]
+        done = dict(seconds=seconds, decode_seconds=sum(s["seconds"] for s in busy),
+                    decode_tokens=sum(s["tokens"] for s in busy), served_tokens=sum(s["tokens"] for s in timed))
+        outputs, steps = [list(o.token_ids) for o in outs], [per_step(o) for o in outs]
+        return done | (dict(outputs=outputs, steps=steps, **counted(steps)) if first else {})
     seconds = decode = 0.0
     outputs, steps, tokens = [], [], 0
     for j in range(0, len(prompts), b):
@@ -137,10 +181,11 @@ def generate_pass(llm, prompts: list, b: int, params, first: bool) -> dict:
     return done | (dict(outputs=outputs, steps=steps, **counted(steps)) if first else {})
 
 
-def generate_run(first: dict, passes: list[dict], b: int) -> dict:
+def generate_run(first: dict, passes: list[dict], b: int, steady: bool = False) -> dict:
     return dict(batch_size=b, seconds=first["seconds"], decode_seconds=first["decode_seconds"],
                 passes=[{k: p[k] for k in ("seconds", "decode_seconds", "decode_tokens")} for p in passes],
                 new_tokens=sum(map(len, first["outputs"])), outputs=first["outputs"], steps=first["steps"],
+                **({"steady": True, "served_tokens": first["served_tokens"]} if steady else {}),
                 **{k: first[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")})
 
 
@@ -176,14 +221,14 @@ def interleaved(llms: list, req: dict, b: int) -> list[dict]:
         return [dict(batch_size=b, passes=p) for p in passes]
     params = SamplingParams(temperature=0.0, max_tokens=req["max_new_tokens"],
                             stop_token_ids=req["stop_token_ids"], ignore_eos=False)
-    passes = [[] for _ in llms]
+    passes, steady = [[] for _ in llms], bool(req.get("steady"))
     for i in range(max(1, req.get("repeats", 1))):
         for e in (range(n) if i % 2 == 0 else reversed(range(n))):
-            passes[e].append(generate_pass(llms[e], req["prompts"], b, params, first=i == 0))
+            passes[e].append(generate_pass(llms[e], req["prompts"], b, params, i == 0, steady))
         if req.get("between"):  # the orchestrator runs its own pass now (our decoder, side by side), then a line
             say({"event": "pass", "batch_size": b, "pass": i})
             sys.stdin.readline()
-    runs = [generate_run(p[0], p, b) for p in passes]
+    runs = [generate_run(p[0], p, b, steady) for p in passes]
     for r in runs:
         say({"event": "progress", "text": f"batch {b}: {r['new_tokens']} tokens in "
                                           f"{', '.join('%.1f' % p['seconds'] for p in r['passes'])} s"})

@@ -5,7 +5,8 @@
               "predicted_batch_tokens_per_step"}, ...],  # one row per batch size, ascending; the last is optional
    "alternatives": [{"batch_size", "speedup_range", "runner_up", "runner_up_within_noise", "best_chain",
                      "chains": [{"k", "predicted_tokens_per_step", "predicted_batch_tokens_per_step",
-                                 "predicted_speedup", "speedup_range"}, ...]}, ...],  # chains: every K weighed, 0 = none
+                                 "predicted_speedup", "speedup_range"}, ...],  # chains: every K weighed, 0 = none
+                     "set_aside"}, ...],  # only with "within_noise": the fastest, where the rule answered none
    "chain_acceptance": [p_1, ..., p_K],  # per-position unconditional acceptance of the top-1 chain
    "source": {..., "prediction", "max_new_tokens", "regime"},
    "latency": {"file", "context", "spread", "model", "device", "dtype", "setting" (provenance.setting of the table, null
@@ -13,7 +14,8 @@
                steps it timed: workbench | vllm; what the plan is priced on), "engine_version", "dynamic" (null: the
                table timed no per-step tree; else {"envelope": the nodes of the envelope it timed, "weighed",
                "medusa_choices" (the plan's envelope: the calibration's best paths up to that many) or "why"})},
-   "workbench_version", "created"}
+   "within_noise": "none" (absent: "fastest"; weigh.NOISE_RULES: a choice within the latency noise of no
+                   speculation answered none), "workbench_version", "created"}
 `predicted_tokens_per_step` is what each sequence measures (a decoder's tokens/step); the speedup divides
 `predicted_batch_tokens_per_step` instead: B sequences side by side step until the slowest is done (absent in
 version 1 files: upgrade_plan). `medusa_choices` is [] for "none" and [[0], [0, 0], ...] for a chain of length

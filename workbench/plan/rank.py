@@ -21,7 +21,7 @@ from workbench.core.notes import FieldError
 from workbench.plan.plan_file import PLAN_VERSION
 from workbench.plan.source import Source
 from workbench.plan.surface import Surface
-from workbench.plan.weigh import Candidate, weigh
+from workbench.plan.weigh import Candidate, ruled, weigh
 
 
 def _brief(c: Candidate | None) -> dict | None:
@@ -36,17 +36,19 @@ def surface_of(latency) -> Surface:
     return latency if isinstance(latency, Surface) else Surface.read(latency)
 
 
-def make_plan(source: Source, latency, batch_sizes, context: int | None = None) -> dict:
+def make_plan(source: Source, latency, batch_sizes, context: int | None = None, noise: str = "fastest") -> dict:
     """The plan file's dict for these batch sizes on a latency table (a Surface or a CSV's path) at one context
-    (`context`, else the one nearest the calibration's typical context, else the only one)."""
+    (`context`, else the one nearest the calibration's typical context, else the only one); `noise`: weigh's rule
+    for a choice within the latency noise of no speculation (weigh.NOISE_RULES)."""
     batch_sizes = sorted({int(b) for b in batch_sizes})
     if not batch_sizes or batch_sizes[0] < 1:
         raise FieldError("batch_sizes", "not_positive", "{field}: give positive integers like 1,2,4,8,16")
+    ruled([], noise)  # an unknown rule: one error line before the table is read
     surface = surface_of(latency)
     ctx = surface.context(batch_sizes, context, source.typical_context)
     plans, alternatives, dyn_info = [], [], None
     for b in batch_sizes:
-        pick = weigh(source, surface, b, ctx, dynamic=True, among=batch_sizes)
+        pick = weigh(source, surface, b, ctx, dynamic=True, among=batch_sizes, noise=noise)
         best, chain, dyn_info = pick.best, pick.best_chain, pick.dynamic
         plans.append(dict(batch_size=b, kind=best.kind, medusa_choices=best.medusa_choices, nodes=best.nodes,
                           predicted_tokens_per_step=best.tokens_per_step, predicted_speedup=best.speedup,
@@ -55,7 +57,8 @@ def make_plan(source: Source, latency, batch_sizes, context: int | None = None) 
                                  runner_up=_brief(pick.runner_up), runner_up_within_noise=pick.within_noise,
                                  best_chain=dict(k=chain.nodes, predicted_tokens_per_step=chain.tokens_per_step,
                                                  predicted_speedup=chain.speedup),
-                                 chains=chain_rows(pick.ranked)))
+                                 chains=chain_rows(pick.ranked),
+                                 **({"set_aside": _brief(pick.set_aside)} if noise != "fastest" else {})))
     df, first = surface.frame, surface.at(batch_sizes[0], ctx)
     setup = {c: str(df[c].iloc[0]) for c in ("model", "device", "dtype") if c in df.columns}
     where = surface.setting
@@ -66,6 +69,7 @@ def make_plan(source: Source, latency, batch_sizes, context: int | None = None) 
                              mode=(where or {}).get("mode", "unknown (the table does not record its setting)"),
                              engine=surface.engine, engine_version=surface.engine_version,
                              batch_shrinks=surface.serving.drops_finished, dynamic=dyn_info),
+                **({"within_noise": noise} if noise != "fastest" else {}),
                 workbench_version=__version__, created=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
