@@ -6,8 +6,8 @@ served rounds and confirmed in vLLM on held-out prompts, per prompt set, in one 
         --check-limit 2 --max-new-tokens 16 --repeats 1 --name served-plan-smoke --out-dir /tmp   # a smoke run
 
 Per prompt set (--sets: copy-edit, whose answers copy from the prompt, and alpaca-eval):
-1. `calibrate --engine vllm --method ngram --k max(--k) --holdout`: vLLM's counters over the set's first --limit
-   prompts less the held-out share (never served);
+1. `calibrate --engine vllm --method ngram --k max(--k) --holdout`: vLLM's counters at each K = 1..max(--k) (a run
+   each, an n-gram engine a process) over the set's first --limit prompts less the held-out share (never served);
 2. `latency --engine vllm --method ngram`: vLLM's served round per (batch size, K), each K in a worker process of its
    own beside a plain engine of its own, on --surface-limit prompts the calibration served (written as
    NAME-SET-surface-prompts.jsonl), --surface-repeats timed passes;

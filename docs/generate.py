@@ -135,8 +135,11 @@ def blocks() -> dict[str, str]:
         "served-folder": (f"`{served.TABLE}`: " + ", ".join(f"`{c}`" for c in served.ServedCounts(
             1, 1, 1, 1, (1,)).table().columns) + f"; `{served.META}`: `kind` (`{served.KIND}`), `version` "
             f"({served.SERVED_VERSION}), the setting (`engine`, `engine_version`, `method`, `model`, `prompts`, "
-            "`source`: calibrate, metrics or requests, ...) and " + ", ".join(
-                f"`{k}`" for k in served.ServedCounts(1, 1, 1, 1, (1,)).totals()) + "."),
+            "`source`: calibrate, metrics or requests, ...), the largest K's " + ", ".join(
+                f"`{k}`" for k in served.ServedCounts(1, 1, 1, 1, (1,)).totals()) + " and `per_k` (the same totals "
+            f"of each smaller K served in a run of its own, `calibrate --engine vllm`); `{served.PER_K_TABLE}` (where "
+            f"`per_k` is not empty): `num_speculative_tokens` and the columns of `{served.TABLE}`, per smaller K. A "
+            "folder of version 1 (the largest K only) is read through `served.upgrade_served`."),
         "latency-csv": _columns(latency.LATENCY_COLUMNS, latency.LATENCY_REQUIRED) + ".",
         "sweep-csv": (_columns(sweep_file.SWEEP_COLUMNS, sweep_file.SWEEP_FILLED) + f"; `version` "
                       f"{sweep_file.SWEEP_VERSION}. A file without a `version` column (version 1) is read through "

@@ -13,13 +13,15 @@ import pandas as pd
 import pytest
 
 from workbench import WorkbenchError
-from workbench.calibrate.served import Served, request_counts
+from workbench.calibrate.served import Served
+from workbench.calibrate.served_read import request_counts
 from workbench.cli import main
 from workbench.core.data import load_prompt_records
 from workbench.export.engines import export_plan
 from workbench.export.profile import speculation_profile
 from workbench.plan.plan_file import read_plan
 from workbench.plan.source import plan_source
+from workbench.trees.tree import chain_tree
 
 DATA = Path(__file__).parent / "data" / "served"
 BEFORE, AFTER = DATA / "ngram-before.prom", DATA / "ngram-after.prom"
@@ -157,6 +159,113 @@ def test_speculation_profile_of_a_served_calibration(served, tmp_path):
     assert json.loads(out.read_text())["counts"] == prof["counts"]
 
 
+# K = 1..4 each served in a run of its own, as `calibrate --engine vllm --k 4` recorded them (vLLM 0.32.0 CPU, eager,
+# n-gram, demo model, the 24 calibrated prompts of copy-edit --limit 32 --holdout 0.25, 48 tokens): (drafts, draft
+# tokens, accepted, accepted per position, decoding steps). A smaller K drafts at more steps: 1 + K = 4's first
+# per-step rate is 1.175, the K = 1 run's tokens/step 1.298
+PER_K = {1: (266, 266, 237, (237,), 794), 2: (191, 382, 320, (170, 150), 711),
+         3: (150, 450, 360, (133, 119, 108), 671), 4: (128, 512, 390, (112, 101, 93, 84), 641)}
+
+
+def per_k_folder(path: Path, ks=(1, 2, 3, 4)) -> Path:
+    from workbench.calibrate.served import ServedCounts, write_served
+
+    runs = [ServedCounts(k, *PER_K[k]) for k in ks]
+    return write_served(path, runs[-1], dict(engine="vllm", engine_version="0.32.0", method="ngram",
+                                              model="smollm2-135m-instruct", prompts="copy-edit", source="calibrate"),
+                        runs[:-1])
+
+
+@pytest.mark.unit
+def test_each_k_served_in_its_own_run_is_read_and_planned_on_its_own_rates(tmp_path):
+    """A calibration that served K = 1..4 each in a run of its own: every K's counts are kept beside the largest's
+    (acceptance_per_k.csv, meta per_k with the drafting rate) and a plan prices K's chain on K's own per-step rates
+    (1 + K's accepted tokens / K's decoding steps), not on the K = 4 run's first K positions; the speculation
+    profile describes K = 4 and carries the others."""
+    folder = per_k_folder(tmp_path / "served")
+    s = Served(folder)
+    assert list(s.per_k) == [1, 2, 3, 4] and s.counts.k == 4
+    for k, (drafts, tokens, accepted, per_pos, steps) in PER_K.items():
+        c = s.per_k[k]
+        assert (c.drafts, c.draft_tokens, c.accepted, c.per_pos, c.decode_steps) == (drafts, tokens, accepted,
+                                                                                      per_pos, steps)
+        assert s.rates(k) == pytest.approx([p / steps for p in per_pos])
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["version"] == 2 and [r["num_speculative_tokens"] for r in meta["per_k"]] == [1, 2, 3]
+    assert [r["draft_tokens_per_step"] for r in meta["per_k"]] == pytest.approx([t / st for _, t, _, _, st in
+                                                                                 list(PER_K.values())[:3]])
+    assert meta["draft_tokens_per_step"] == pytest.approx(512 / 641)
+    table = pd.read_csv(folder / "acceptance_per_k.csv")
+    assert table.groupby("num_speculative_tokens")["accepted"].apply(list).to_dict() == {
+        k: list(PER_K[k][3]) for k in (1, 2, 3)}
+    surface().to_csv(tmp_path / "lat.csv", index=False)
+    assert main(["plan", "--calibration", str(folder), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
+                 "1,8", "--out", str(tmp_path / "plan.json")]) == 0
+    plan = read_plan(tmp_path / "plan.json")
+    chains = {c["k"]: c["predicted_tokens_per_step"] for c in plan["alternatives"][0]["chains"] if c["k"]}
+    own = {k: 1 + PER_K[k][2] / PER_K[k][4] for k in PER_K}
+    assert chains == pytest.approx(own)
+    k4 = s.rates()
+    assert chains[1] == pytest.approx(1 + 237 / 794) and 1 + k4[0] == pytest.approx(1 + 112 / 641)  # 1.298 vs 1.175
+    assert plan["chain_acceptance"] == pytest.approx(k4) and plan["source"]["per_k_runs"] == [1, 2, 3, 4]
+    prof = speculation_profile(folder)
+    assert prof["num_speculative_tokens"] == 4 and prof["counts"]["accepted_per_position"] == [112, 101, 93, 84]
+    per = prof["per_num_speculative_tokens"]
+    assert list(per) == ["1", "2", "3", "4"] and per["1"]["counts"]["accepted_per_position"] == [237]
+    assert per["2"]["marginal_accept_rates"] == pytest.approx([170 / 191, 150 / 191], abs=1e-6)
+    assert per["3"]["draft_tokens_per_step"] == pytest.approx(450 / 671)
+
+
+@pytest.mark.unit
+def test_a_calibration_of_the_largest_k_only_keeps_the_current_reading(served, tmp_path):
+    """A scrape (one K) and a version-1 folder (written before each K had its own run; read through
+    served.upgrade_served) price K < the largest on the largest K's first K positions, as before."""
+    surface().to_csv(tmp_path / "lat.csv", index=False)
+    old = tmp_path / "v1"
+    old.mkdir()
+    (old / "acceptance.csv").write_text((served / "acceptance.csv").read_text())
+    meta = json.loads((served / "meta.json").read_text())
+    meta = {k: v for k, v in meta.items() if k not in ("per_k", "draft_tokens_per_step")} | dict(version=1)
+    (old / "meta.json").write_text(json.dumps(meta))
+    for folder in (served, old):
+        s = Served(folder)
+        assert list(s.per_k) == [4] and s.meta["per_k"] == []
+        assert main(["plan", "--calibration", str(folder), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
+                     "1", "--out", str(tmp_path / f"{folder.name}.json")]) == 0
+        chains = read_plan(tmp_path / f"{folder.name}.json")["alternatives"][0]["chains"]
+        assert [c["predicted_tokens_per_step"] for c in chains if c["k"]] == pytest.approx(
+            [1 + sum(s.rates()[:k]) for k in range(1, 5)])
+        assert "per_num_speculative_tokens" not in speculation_profile(folder)
+    assert Served(old).meta["draft_tokens_per_step"] == pytest.approx(meta["num_draft_tokens"] / meta["decode_steps"])
+
+
+@pytest.mark.unit
+def test_bad_per_k_records_are_one_error_line(tmp_path, capsys):
+    surface().to_csv(tmp_path / "lat.csv", index=False)
+    for name, edit in {"dup": lambda m, t: (dict(m, per_k=m["per_k"] + m["per_k"][:1]), t),
+                       "past": lambda m, t: (dict(m, per_k=[dict(m["per_k"][0], num_speculative_tokens=4)]), t),
+                       "rows": lambda m, t: (m, t[t["num_speculative_tokens"] != 2]),
+                       "mixed": lambda m, t: (m, t.assign(accepted=t["accepted"] + 500))}.items():
+        folder = per_k_folder(tmp_path / name)
+        meta, table = edit(json.loads((folder / "meta.json").read_text()), pd.read_csv(folder / "acceptance_per_k.csv"))
+        (folder / "meta.json").write_text(json.dumps(meta))
+        table.to_csv(folder / "acceptance_per_k.csv", index=False)
+        err = _err(["plan", "--calibration", str(folder), "--latency", str(tmp_path / "lat.csv"), "--out",
+                    str(tmp_path / "p.json")], capsys)
+        assert str(folder) in err and ("write it again" in err or "counts disagree" in err), (name, err)
+
+
+@pytest.mark.unit
+def test_calibrating_each_k_puts_each_ngram_engine_in_a_process_of_its_own():
+    from workbench.measure.vllm_runner import engine_groups
+
+    ngram = [{"method": "ngram", "num_speculative_tokens": k} for k in (1, 2, 3)]
+    medusa = [{"method": "medusa", "num_speculative_tokens": k} for k in (1, 2)]
+    assert engine_groups(ngram) == [[0], [1], [2]]  # a calibration: no plain engine to run beside
+    assert engine_groups([None, *ngram]) == [[0, 1], [0, 2], [0, 3]]  # a check: each beside a plain one of its own
+    assert engine_groups(medusa) == [[0, 1]] and engine_groups([None, *medusa]) == [[0, 1, 2]]
+
+
 @pytest.mark.unit
 def test_per_request_statistics(tmp_path):
     rows = [{"metrics": {"speculative_decoding": {"acceptance_histogram": [2, 1, 0, 3], "num_draft_tokens": 18,
@@ -252,8 +361,15 @@ def test_calibrate_in_vllm_and_plan_and_export_for_its_config_class(tmp_path):
     s = Served(out)
     assert s.meta["source"] == "calibrate" and s.meta["engine_version"] and s.counts.k == 3
     assert s.counts.drafts > 0 and s.counts.decode_steps >= s.counts.drafts
+    # each K = 1..3 served in a run of its own (an n-gram engine a process): its own counts, on the same prompts
+    assert list(s.per_k) == [1, 2, 3] and [r["num_speculative_tokens"] for r in s.meta["per_k"]] == [1, 2]
+    for k, c in s.per_k.items():
+        assert c.k == k and c.drafts > 0 and c.decode_steps >= c.drafts and c.draft_tokens <= k * c.drafts
+        assert len(c.per_pos) == k and sum(c.per_pos) == c.accepted
     src = plan_source(acceptance=out)
     assert src.chain_acceptance == pytest.approx(s.rates()) and src.info["method"] == "ngram"
+    for k, c in s.per_k.items():  # K's chain priced on K's own run
+        assert src.predict(chain_tree(k)) == pytest.approx(1 + c.accepted / c.decode_steps)
     surface().to_csv(tmp_path / "lat.csv", index=False)
     assert main(["plan", "--calibration", str(out), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
                  "1,2,4,8", "--out", str(tmp_path / "plan.json")]) == 0

@@ -53,7 +53,7 @@ for b in req["batch_sizes"]:
             outputs[-1][-1] += 1
         run = dict(batch_size=b, seconds=dec + 0.5, decode_seconds=dec, passes=passes, new_tokens=9 * n,
                    outputs=outputs, steps=[None] * n, num_drafts=3 * n if k else 0, num_draft_tokens=3 * n * k,
-                   num_accepted_tokens=2 * n if k else 0, accepted_per_pos=[n, n][:k] if k else [])
+                   num_accepted_tokens=2 * n if k else 0, accepted_per_pos=[[], [2 * n], [n, n]][k])
         if steady:
             run.update(steady=True, served_tokens=9 * n)
         if os.environ.get("STANDIN_NO_DRAFTS"):
@@ -167,6 +167,11 @@ def test_a_served_calibration_holds_prompts_out_as_ours_does(tiny_llama, tmp_pat
                  "--model", str(tiny_llama.model_dir), "--prompts", "copy-edit", "--limit", "8", "--holdout", "0.5",
                  "--max-new-tokens", "8", "--out", str(out)]) == 0, capsys.readouterr().err
     s = Served(out)
+    asked = [json.loads(line) for line in (tmp_path / "asked.jsonl").read_text().splitlines()]
+    assert asked == [[1], [2]]  # each K served in its own run, an n-gram engine alone in its process
+    # each K's own counts (the stand-in's, over the 4 served prompts), K = 1 beside the largest
+    assert {k: (c.drafts, c.draft_tokens, c.accepted, c.per_pos, c.decode_steps) for k, c in s.per_k.items()} == {
+        1: (12, 12, 8, (8,), 36 - 8 - 4), 2: (12, 24, 8, (4, 4), 36 - 8 - 4)}
     held, served_ids = s.meta["holdout_ids"], s.served_prompt_ids()
     first8 = [r[0] for r in load_prompt_records("copy-edit", 8)]
     assert len(held) == 4 and sorted(held + served_ids) == sorted(first8) and s.meta["num_prompts"] == 4
@@ -177,7 +182,7 @@ def test_a_served_calibration_holds_prompts_out_as_ours_does(tiny_llama, tmp_pat
                  "--model", str(tiny_llama.model_dir), "--prompts", "copy-edit", "--limit", "3",
                  "--max-new-tokens", "8", "--out", str(tmp_path / "none")]) == 2  # 3 prompts, 1 held out
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
-    assert err.startswith("error: vLLM serving ngram at K=2 drafted nothing on 2 prompts") and "--max-new-tokens" in err
+    assert err.startswith("error: vLLM serving ngram at K=1 drafted nothing on 2 prompts") and "--max-new-tokens" in err
     assert not (tmp_path / "none").exists()
     assert main(["calibrate", "--metrics", str(Path(__file__).parent / "data" / "served" / "ngram-after.prom"),
                  "--method", "ngram", "--holdout", "0.3", "--out", str(tmp_path / "x")]) == 2

@@ -10,21 +10,26 @@ request that drafted (drafts = steps with >= 1 draft token; a step without a dra
 Prometheus counters labelled model_name and engine (exposed with a `_total` suffix); the same counts per request
 with `per_request_spec_decode_metrics` (an acceptance histogram, and per step with "detailed").
 
-Read from: two `/metrics` scrapes of a running server (the difference; one scrape: since the server started),
-vLLM's per-request statistics (JSON or JSON lines of `metrics.speculative_decoding` objects), or a vLLM run of
-`workbench calibrate --engine vllm` (the same counts, summed from its per-request records). Written as a folder:
-  meta.json       kind "served", the setting (engine, version, method, K, model, prompts, source) and the totals
-  acceptance.csv  position (1..K), drafts (drafts that reached the position: all drafts at 1, else those whose
-                  earlier tokens were all accepted), accepted, conditional (accepted / drafts), marginal (accepted /
-                  all drafts: vLLM's "per-position acceptance rate")
-A plan reads `rates()`: per decoding step where the steps are known (a run of ours counts them: an n-gram drafter
-drafts on only some steps), else per draft. Torch-free.
+Read from: two `/metrics` scrapes of a running server or vLLM's per-request statistics (served_read.py), or a vLLM
+run of `workbench calibrate --engine vllm` (the same counts, summed from its per-request records). Written as a folder:
+  meta.json       kind "served", the setting (engine, version, method, K, model, prompts, source), the largest K's
+                  totals and `per_k`: the totals of each smaller K served in a run of its own (none for a scrape)
+  acceptance.csv  the largest K's position (1..K), drafts (drafts that reached the position: all drafts at 1, else
+                  those whose earlier tokens were all accepted), accepted, conditional (accepted / drafts), marginal
+                  (accepted / all drafts: vLLM's "per-position acceptance rate")
+  acceptance_per_k.csv  the same columns per smaller K (num_speculative_tokens first), where one was served
+A plan reads `rates(k)`: per decoding step where the steps are known (a run of ours counts them: an n-gram drafter
+drafts on only some steps), else per draft; K's own run's where one was served, else the largest K's first k.
+Why a run per K: a K-token drafter's acceptance is not the first K positions of a longer one's. Its drafts start
+only after the previous round's accepted run (a K = 4 round starts after up to 5 tokens, at harder positions than
+a K = 1 round), for every drafter; and the proposals themselves change with K for n-gram (it proposes only where
+K tokens follow the match; vLLM 0.32, copy-edit, held-out prompts: 1 + the K = 4 run's first per-step rate 1.232,
+a K = 1 run 1.401) and suffix decoding (its tree is cut at K). So `calibrate --engine vllm` serves every drafter
+at each K, Medusa heads too (their guesses do not depend on K, their start positions do). Torch-free.
 """
 from __future__ import annotations
 
-import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,18 +40,13 @@ from workbench.core.data import load_prompt_records
 from workbench.core.notes import FieldError, flag
 from workbench.core.io import atomic_write_json, atomic_write_text, read_csv, read_json
 
-META, TABLE = "meta.json", "acceptance.csv"
-KIND, SERVED_VERSION = "served", 1
+META, TABLE, PER_K_TABLE = "meta.json", "acceptance.csv", "acceptance_per_k.csv"
+KIND, SERVED_VERSION = "served", 2  # 2: per_k and draft_tokens_per_step (upgrade_served reads 1)
 MAX_K = 64  # the longest draft taken (plan.source's MAX_POSITIONS)
 # vLLM 0.32.0's drafters (vllm/config/speculative.py SpeculativeMethod, less the model-specific MTP aliases, which
 # it renames to "mtp", and custom_class)
 VLLM_DRAFTERS = ("ngram", "medusa", "mlp_speculator", "draft_model", "suffix", "eagle", "eagle3", "mtp", "dflash",
                  "extract_hidden_states", "ngram_gpu", "dspark")
-SPEC = "vllm:spec_decode_"
-COUNTERS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-PER_POS = "num_accepted_tokens_per_pos"
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)(?:\s+-?\d+)?\s*$")
-_LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)')
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,12 @@ class ServedCounts:
         return dict(num_speculative_tokens=self.k, num_drafts=self.drafts, num_draft_tokens=self.draft_tokens,
                     num_accepted_tokens=self.accepted, decode_steps=self.decode_steps,
                     mean_acceptance_length=1 + self.accepted / self.drafts,
-                    draft_share=None if not self.decode_steps else min(self.drafts / self.decode_steps, 1.0))
+                    draft_share=None if not self.decode_steps else min(self.drafts / self.decode_steps, 1.0),
+                    draft_tokens_per_step=None if not self.decode_steps else self.draft_tokens / self.decode_steps)
+
+    def per_step(self) -> list[float]:
+        """Per-position acceptance per decoding step where the steps are known, else per draft (every position)."""
+        return [a / (self.decode_steps or self.drafts) for a in self.per_pos]
 
 
 def checked_counts(k: int, drafts: int, draft_tokens: int, accepted: int, per_pos, what: str,
@@ -93,175 +98,6 @@ def checked_counts(k: int, drafts: int, draft_tokens: int, accepted: int, per_po
     if decode_steps is not None and decode_steps < drafts:
         decode_steps = None  # a stop token inside a draft ends a request early: then the steps are not known
     return ServedCounts(k, drafts, draft_tokens, accepted, per_pos, decode_steps)
-
-
-# ----------------------------------------------------------------------------------------------- Prometheus
-
-def parse_metrics(text: str, what: str) -> dict[tuple, float]:
-    """vLLM's spec-decode counters (and its generation/request counters and running gauges) of one `/metrics`
-    text: {(name without vllm: and _total, labels as sorted (key, value) pairs): value}. A series twice in one
-    text is two scrapes pasted together."""
-    out: dict[tuple, float] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _LINE.match(line)
-        if m is None:
-            raise WorkbenchError(f"{what}: line {n} is not Prometheus text ({line[:60]!r}): give the text a "
-                                 "server's /metrics returns (curl http://HOST:PORT/metrics > before.prom)")
-        name, labels, value = m.groups()
-        if not name.startswith("vllm:") or name.endswith("_created"):
-            continue
-        base = name[len("vllm:"):].removesuffix("_total")
-        if not (base.startswith("spec_decode_") or base in ("generation_tokens", "request_success",
-                                                             "num_requests_running", "num_requests_waiting")):
-            continue
-        pairs = tuple(sorted((k, v) for k, v in _LABEL.findall(labels or "")))
-        try:
-            val = float(value)
-        except ValueError:
-            raise WorkbenchError(f"{what}: line {n}: {name} has value {value[:20]!r}, not a number") from None
-        if not math.isfinite(val) or val < 0:
-            raise WorkbenchError(f"{what}: line {n}: {name} is {value[:20]}: a counter is a finite count >= 0 (a "
-                                 "damaged scrape)")
-        if (base, pairs) in out:
-            raise WorkbenchError(f"{what}: {name}{dict(pairs)} appears twice: two scrapes (or two servers) pasted "
-                                 "into one file; give each scrape its own file")
-        out[(base, pairs)] = val
-    return out
-
-
-def _servers(series: dict, what: str) -> dict[tuple, dict]:
-    """{server labels (all but position): {counter: value, "per_pos": {i: value}}} of the spec-decode series."""
-    found: dict[tuple, dict] = {}
-    for (base, pairs), v in series.items():
-        if not base.startswith("spec_decode_"):
-            continue
-        name = base[len("spec_decode_"):]
-        labels = tuple(p for p in pairs if p[0] != "position")
-        entry = found.setdefault(labels, {"per_pos": {}})
-        if name == PER_POS:
-            pos = dict(pairs).get("position", "")
-            if not pos.isdigit():
-                raise WorkbenchError(f"{what}: {SPEC}{PER_POS} with position {pos[:10]!r}: need 0, 1, ...")
-            entry["per_pos"][int(pos)] = v
-        elif name in COUNTERS:
-            entry[name] = v
-    if not found:
-        raise WorkbenchError(f"{what}: no speculative-decoding counters ({SPEC}num_drafts and the others): the "
-                             "server runs without --speculative-config, or this is not vLLM's /metrics text")
-    models = {dict(lab).get("model_name") for lab in found}
-    if len(models) > 1:
-        raise WorkbenchError(f"{what}: counters of {len(models)} models ({', '.join(sorted(map(str, models)))}): "
-                             "scrapes of two servers mixed; scrape one server")
-    for lab, e in found.items():
-        missing = [c for c in COUNTERS if c not in e]
-        pos = sorted(e["per_pos"])
-        if missing or not pos or pos != list(range(len(pos))):
-            raise WorkbenchError(f"{what}: server {dict(lab)} lacks {', '.join(missing) or 'positions 0..K-1 of '}"
-                                 f"{'' if missing else PER_POS}: a partial scrape; scrape /metrics whole")
-    return found
-
-
-def _gauge_idle(series: dict) -> bool:
-    vals = [v for (b, _), v in series.items() if b in ("num_requests_running", "num_requests_waiting")]
-    return bool(vals) and not any(vals)
-
-
-def _summed(series: dict, base: str) -> float | None:
-    vals = [v for (b, _), v in series.items() if b == base]
-    return sum(vals) if vals else None
-
-
-def metrics_counts(texts: list[tuple[str, str]]) -> tuple[ServedCounts, dict]:
-    """ServedCounts from one or two `/metrics` texts [(what, text)] (two: after minus before), and facts about them
-    (model_name, engines). Several engines of one model (data parallel) are summed. The decoding steps are known
-    only when no request was in flight at either scrape (then generation tokens - accepted - finished requests)."""
-    parsed = [parse_metrics(t, w) for w, t in texts]
-    servers = [_servers(p, w) for p, (w, _) in zip(parsed, texts)]
-    what = " and ".join(w for w, _ in texts)
-    if len(servers) == 2 and set(servers[0]) != set(servers[1]):
-        raise WorkbenchError(f"{what}: the scrapes come from different servers (labels {sorted(map(dict, servers[0]))} "
-                             f"then {sorted(map(dict, servers[1]))}): scrape the same server twice")
-    last = servers[-1]
-    ks = {len(e["per_pos"]) for s in servers for e in s.values()}
-    if len(ks) > 1:
-        raise WorkbenchError(f"{what}: the scrapes count {sorted(ks)} draft positions: two servers (or a restart "
-                             "with another num_speculative_tokens) mixed; scrape one server twice")
-    k = ks.pop()
-
-    def delta(get) -> int:
-        total = 0
-        for lab in last:
-            after, before = get(last[lab]), get(servers[0][lab]) if len(servers) == 2 else 0.0
-            if after < before:
-                raise WorkbenchError(f"{what}: a counter went down between the scrapes ({before:g} -> {after:g}): the "
-                                     "server restarted, the scrapes come from two servers, or they are in the wrong order "
-                                 "(give BEFORE then AFTER)")
-            total += after - before
-        return int(round(total))
-
-    counts = [delta(lambda e, c=c: e[c]) for c in COUNTERS]
-    per_pos = [delta(lambda e, i=i: e["per_pos"][i]) for i in range(k)]
-    steps = None
-    if all(_gauge_idle(p) for p in parsed):
-        gen = [_summed(p, "generation_tokens") for p in parsed]
-        done = [_summed(p, "request_success") for p in parsed]
-        if None not in gen and None not in done:
-            before = (gen[0], done[0]) if len(parsed) == 2 else (0.0, 0.0)
-            steps = int(round(gen[-1] - before[0] - counts[2] - (done[-1] - before[1])))
-    facts = dict(model_name=dict(next(iter(last))).get("model_name"),
-                 engines=sorted(str(dict(lab).get("engine")) for lab in last))
-    return checked_counts(k, *counts, per_pos, what, steps), facts
-
-
-# ----------------------------------------------------------------------------------------------- per request
-
-def _request_metrics(row, n: int, what: str) -> dict:
-    for key in ("metrics", "speculative_decoding"):
-        if isinstance(row, dict) and isinstance(row.get(key), dict) and "acceptance_histogram" not in row:
-            row = row[key]
-    if isinstance(row, dict) and isinstance(row.get("speculative_decoding"), dict):
-        row = row["speculative_decoding"]
-    hist = row.get("acceptance_histogram") if isinstance(row, dict) else None
-    if not isinstance(hist, list) or len(hist) < 2 or not all(isinstance(h, int) and h >= 0 for h in hist):
-        raise WorkbenchError(f"{what}: record {n} has no acceptance_histogram (vLLM's per-request "
-                             "speculative_decoding metrics: serve with --per-request-spec-decode-metrics summary)")
-    tokens = row.get("num_draft_tokens")
-    if not isinstance(tokens, int) or tokens < 0:
-        raise WorkbenchError(f"{what}: record {n} has no num_draft_tokens count")
-    return dict(hist=hist, tokens=tokens)
-
-
-def request_counts(path, what: str) -> ServedCounts:
-    """ServedCounts summed over vLLM's per-request statistics: a JSON list or JSON lines of response objects (their
-    metrics.speculative_decoding) or of those objects themselves; every request of one K."""
-    path = Path(path)
-    if not path.is_file():
-        raise WorkbenchError(f"{what}: no such file")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    try:
-        data = json.loads(text)
-        rows = data if isinstance(data, list) else [data]
-    except ValueError:
-        try:
-            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
-        except ValueError:
-            raise WorkbenchError(f"{what}: neither JSON nor JSON lines (vLLM's per-request statistics, one "
-                                 "response or metrics object per line)") from None
-    recs = [_request_metrics(r, i + 1, what) for i, r in enumerate(rows)]
-    if not recs:
-        raise WorkbenchError(f"{what}: no requests in the file")
-    ks = {len(r["hist"]) - 1 for r in recs}
-    if len(ks) > 1:
-        raise WorkbenchError(f"{what}: requests served at K = {', '.join(map(str, sorted(ks)))}: two servers (or "
-                             "configs) mixed; give one server's requests")
-    k = ks.pop()
-    hist = [sum(r["hist"][j] for r in recs) for j in range(k + 1)]
-    per_pos = [sum(hist[i + 1:]) for i in range(k)]
-    return checked_counts(k, sum(hist), sum(r["tokens"] for r in recs), sum(j * h for j, h in enumerate(hist)),
-                          per_pos, what)
 
 
 # ----------------------------------------------------------------------------------------------- the folder
@@ -290,13 +126,34 @@ def cut(counts: ServedCounts, k: int | None) -> ServedCounts:
     return ServedCounts(k, counts.drafts, tokens, sum(per_pos), per_pos, counts.decode_steps)
 
 
-def write_served(folder, counts: ServedCounts, setting: dict) -> Path:
-    """The served calibration folder: acceptance.csv, then meta.json (last: it marks the folder finished)."""
+def write_served(folder, counts: ServedCounts, setting: dict, per_k=()) -> Path:
+    """The served calibration folder: acceptance.csv (and acceptance_per_k.csv: `per_k`, each smaller K's own run),
+    then meta.json (last: it marks the folder finished)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    per_k = sorted(per_k, key=lambda c: c.k)
+    if any(not 1 <= c.k < counts.k for c in per_k) or len({c.k for c in per_k}) < len(per_k):
+        raise WorkbenchError(f"per-K runs at K = {[c.k for c in per_k]}: each K once, below {counts.k}")
     atomic_write_text(folder / TABLE, counts.table().to_csv(index=False), "--out")
-    atomic_write_json(folder / META, dict(kind=KIND, version=SERVED_VERSION, **setting, **counts.totals()), "--out")
+    if per_k:
+        table = pd.concat([c.table().assign(num_speculative_tokens=c.k) for c in per_k])
+        atomic_write_text(folder / PER_K_TABLE, table[["num_speculative_tokens", *counts.table().columns]].to_csv(
+            index=False), "--out")
+    else:
+        (folder / PER_K_TABLE).unlink(missing_ok=True)
+    atomic_write_json(folder / META, dict(kind=KIND, version=SERVED_VERSION, **setting, **counts.totals(),
+                                          per_k=[c.totals() for c in per_k]), "--out")
     return folder
+
+
+def upgrade_served(meta: dict) -> dict:
+    """A served meta.json of any version as the current one reads it: version 1 served the largest K only (per_k
+    empty: K < that is read off its first positions) and kept no drafting rate."""
+    if meta.get("version") == 1:
+        drafts, steps = meta.get("num_draft_tokens"), meta.get("decode_steps")
+        meta = dict(meta, version=SERVED_VERSION, per_k=[], draft_tokens_per_step=drafts / steps if isinstance(
+            drafts, int) and isinstance(steps, int) and steps > 0 else None)
+    return meta
 
 
 def is_served(path) -> bool:
@@ -333,31 +190,37 @@ class Served:
         if not (self.folder / META).is_file():
             raise WorkbenchError(f"{what}: not a served calibration (no {META}; write one with `workbench calibrate "
                                  "--engine vllm` or `--metrics`)")
-        self.meta = read_json(self.folder / META, what)
+        self.meta = upgrade_served(read_json(self.folder / META, what))
         if self.meta.get("kind") != KIND or self.meta.get("version") != SERVED_VERSION:
             raise WorkbenchError(f"{what}: meta.json is not a served calibration of version {SERVED_VERSION} "
                                  f"(kind {str(self.meta.get('kind'))[:20]!r}): write it again")
         df = read_csv(self.folder / TABLE, what, ("position", "drafts", "accepted"), "`workbench calibrate --engine "
                       "vllm`")
-        num = df[["position", "drafts", "accepted"]].apply(pd.to_numeric, errors="coerce")
-        drafts, steps = self.meta.get("num_drafts"), self.meta.get("decode_steps")
-        if (num.isna().any().any() or (num % 1 != 0).any().any() or num["position"].tolist() !=
-                list(range(1, len(num) + 1)) or not isinstance(drafts, int) or isinstance(drafts, bool)
-                or not (steps is None or isinstance(steps, int) and steps >= drafts)):
-            raise WorkbenchError(f"{what}: {TABLE} should hold integer positions 1..K with their drafts and accepted "
-                                 "counts, and meta.json num_drafts (and decode_steps >= it): write it again")
-        self.counts = checked_counts(len(num), drafts, int(self.meta.get("num_draft_tokens", -1)),
-                                     int(num["accepted"].sum()), num["accepted"].astype(int).tolist(), what, steps)
+        self.counts = _counts(df, self.meta, what, TABLE)
+        runs = self.meta.get("per_k")
+        if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+            raise WorkbenchError(f"{what}: meta.json per_k should be a list of each K's totals: write it again")
+        table = read_csv(self.folder / PER_K_TABLE, what, ("num_speculative_tokens", "position", "drafts", "accepted"),
+                         "`workbench calibrate --engine vllm`") if runs else None
+        self.per_k = {self.counts.k: self.counts}  # every K served in a run of its own
+        for r in runs:
+            k = r.get("num_speculative_tokens")
+            if not isinstance(k, int) or not 1 <= k < self.counts.k or k in self.per_k:
+                raise WorkbenchError(f"{what}: meta.json per_k has K = {str(k)[:10]}: each K once, below "
+                                     f"{self.counts.k}; write it again")
+            ks = pd.to_numeric(table["num_speculative_tokens"], errors="coerce")
+            self.per_k[k] = _counts(table[ks == k], r, what, f"{PER_K_TABLE} (K = {k})", k)
+        self.per_k = dict(sorted(self.per_k.items()))
 
-    def rates(self) -> list[float]:
-        """Per-position acceptance for a plan (unconditional, p_k: the first k drafted tokens all accepted), up to
-        the last position ever accepted: per decoding step where the steps are known, else per draft."""
-        c = self.counts
-        base = c.decode_steps or c.drafts
-        out = [a / base for a in c.per_pos]
+    def rates(self, k: int | None = None) -> list[float]:
+        """Per-position acceptance of a chain of K = k (None: the largest K) for a plan (unconditional, p_i: the
+        first i drafted tokens all accepted; ServedCounts.per_step), from K's own run where one was served, else
+        the largest K's first k positions; up to the last position ever accepted."""
+        c = self.per_k.get(self.counts.k if k is None else k, self.counts)
+        out = c.per_step()[:k]
         while out and out[-1] <= 0:
             out.pop()
-        if not out:
+        if not out and k is None:
             raise WorkbenchError(f"{self.folder}: no drafted token was ever accepted: speculation never pays here")
         return out
 
@@ -383,5 +246,20 @@ class Served:
         return dict(served=True, engine=m.get("engine"), engine_version=m.get("engine_version"),
                     method=m.get("method"), draft_model=m.get("draft_model"), model=m.get("model"),
                     prompts=m.get("prompts"), num_speculative_tokens=self.counts.k, num_drafts=self.counts.drafts,
-                    source=m.get("source"), regime=f"{m.get('engine')} {m.get('engine_version') or ''} served "
-                    f"{m.get('method')} at K={self.counts.k}: acceptance per {per}")
+                    source=m.get("source"), per_k_runs=list(self.per_k),
+                    regime=f"{m.get('engine')} {m.get('engine_version') or ''} served {m.get('method')} at "
+                    f"K={', '.join(map(str, self.per_k))}" + (" (each in a run of its own)" if len(self.per_k) > 1
+                                                              else "") + f": acceptance per {per}")
+
+
+def _counts(df: pd.DataFrame, totals: dict, what: str, name: str, k: int | None = None) -> ServedCounts:
+    """One K's ServedCounts from its table rows (positions 1..K: drafts, accepted) and its totals (meta.json)."""
+    num = df[["position", "drafts", "accepted"]].apply(pd.to_numeric, errors="coerce")
+    drafts, steps = totals.get("num_drafts"), totals.get("decode_steps")
+    if (num.isna().any().any() or (num % 1 != 0).any().any() or num["position"].tolist() !=
+            list(range(1, (k or len(num)) + 1)) or not isinstance(drafts, int) or isinstance(drafts, bool)
+            or not (steps is None or isinstance(steps, int) and steps >= drafts)):
+        raise WorkbenchError(f"{what}: {name} should hold integer positions 1..K with their drafts and accepted "
+                             "counts, and meta.json num_drafts (and decode_steps >= it): write it again")
+    return checked_counts(len(num), drafts, int(totals.get("num_draft_tokens", -1)), int(num["accepted"].sum()),
+                          num["accepted"].astype(int).tolist(), what, steps)

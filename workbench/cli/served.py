@@ -19,7 +19,8 @@ def served_wanted(args) -> bool:
 
 def cmd_served(args) -> int:
     from workbench.calibrate.folder import calibration_root, slug
-    from workbench.calibrate.served import check_method, cut, metrics_counts, request_counts, write_served
+    from workbench.calibrate.served import check_method, cut, write_served
+    from workbench.calibrate.served_read import metrics_counts, request_counts
 
     from workbench.trees.tree import MEDUSA_TOPK
 
@@ -57,22 +58,26 @@ def cmd_served(args) -> int:
             "model_name") or args.model, prompts=args.prompts if args.prompts != "alpaca-eval" else None,
                        source="metrics" if args.metrics else "requests",
                        inputs=[str(Path(p).resolve()) for p in inputs.values()], engines=facts.get("engines"))
+        runs = [counts]
     else:
-        counts, setting = _run(args, method)
+        runs, setting = _run(args, method)
+        counts = runs[-1]
     with run_lock(folder, "--out"):
-        write_served(folder, counts, setting)
-    t = counts.totals()
-    print(f"vLLM {setting.get('engine_version') or ''} {method} at K={counts.k}: {counts.drafts} drafts, "
-          f"{counts.accepted} of {counts.draft_tokens} draft tokens accepted, mean acceptance length "
-          f"{t['mean_acceptance_length']:.3f}" + (f", drafts on {t['draft_share']:.0%} of {counts.decode_steps} "
-                                                  "decoding steps" if counts.decode_steps else ""))
+        write_served(folder, counts, setting, runs[:-1])
+    for c in runs:
+        t = c.totals()
+        print(f"vLLM {setting.get('engine_version') or ''} {method} at K={c.k}: {c.drafts} drafts, {c.accepted} of "
+              f"{c.draft_tokens} draft tokens accepted, mean acceptance length {t['mean_acceptance_length']:.3f}"
+              + (f", drafts on {t['draft_share']:.0%} of {c.decode_steps} decoding steps, tokens/step "
+                 f"{1 + c.accepted / c.decode_steps:.3f}" if c.decode_steps else ""))
     print(counts.table().to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"served calibration written to {folder}", file=sys.stderr)
     return 0
 
 
 def _run(args, method: str):
-    """Serve the prompts in vLLM with the drafter at K = --k (default 4): (counts, setting)."""
+    """Serve the prompts in vLLM with the drafter at each K = 1..--k (default 4), each in a run of its own (why:
+    calibrate/served.py): ([counts per K, ascending], setting)."""
     from workbench.calibrate.finish import holdout_split
     from workbench.core.data import load_prompt_records
     from workbench.export.vllm_check import vllm_inputs
@@ -99,9 +104,9 @@ def _run(args, method: str):
         raise WorkbenchError(f"--k {k}: the heads draft at most {inputs['heads'].num_heads} tokens (one per head)")
     drafter = {"method": "medusa", "model": inputs["heads_folder"]} if method == "medusa" else \
         {"method": method} | ({"model": str(Path(args.draft_model).resolve())} if args.draft_model else {})
-    counts, where = served_acceptance(py, inputs["model_dir"], drafter, k, inputs["ids"], [r[0] for r in records],
-                                      inputs["eos"], min(8, len(records)), args.max_new_tokens)
-    return counts, dict(engine="vllm", engine_version=where.get("vllm"), method=method,
+    runs, where = served_acceptance(py, inputs["model_dir"], drafter, k, inputs["ids"], [r[0] for r in records],
+                                    inputs["eos"], min(8, len(records)), args.max_new_tokens)
+    return runs, dict(engine="vllm", engine_version=where.get("vllm"), method=method,
                         draft_model=drafter.get("model"), model=model_label(args.model), prompts=args.prompts,
                         limit=args.limit, holdout_ids=sorted(held), max_new_tokens=args.max_new_tokens,
                         source="calibrate",
@@ -115,12 +120,14 @@ def add_served_args(p) -> None:
     from workbench.cli.shared import bounded
 
     p.add_argument("--engine", choices=["workbench", "vllm"], default="workbench",
-                   help="workbench: our heads' ranks (default); vllm: serve the prompts in vLLM with --method at K = "
-                        "--k and write a served calibration from vLLM's own spec-decode counters")
+                   help="workbench: our heads' ranks (default); vllm: serve the prompts in vLLM with --method at "
+                        "each K = 1..--k (a run each) and write a served calibration from vLLM's own spec-decode "
+                        "counters")
     p.add_argument("--method", metavar="M", help="--engine vllm: vLLM's drafter (" + ", ".join(VLLM_DRAFTERS)
                    + "; default medusa with --heads)")
     p.add_argument("--k", type=bounded("depth"), metavar="K", help="--engine vllm: num_speculative_tokens, the largest K a plan "
-                   "weighs (default 4); with --metrics/--requests: keep the first K positions")
+                   "weighs (default 4): vLLM serves the prompts at each K = 1..K in a run of its own; with "
+                   "--metrics/--requests: keep the first K positions")
     p.add_argument("--draft-model", metavar="DIR", help="--engine vllm: the drafter's weights for --method")
     p.add_argument("--vllm-python", help="--engine vllm: python of vLLM's environment (default: "
                                          "$WORKBENCH_VLLM_PYTHON)")

@@ -2,8 +2,8 @@
 in vLLM, on prompts the served calibration held out and the plan's latency surface was not served on.
 
 No decoder of ours runs such a drafter, so plain vLLM is the referee: per K, vLLM's tokens/step (its own counters,
-per decoding step as the served calibration's rates are) beside the calibration's prediction (1 + the first K
-per-step rates); per (batch, K), vLLM's decoding-phase speedup over plain vLLM beside the plan's (vllm_speed.py),
+per decoding step as the served calibration's rates are) beside the calibration's prediction (1 + K's own run's
+per-step rates, or the largest K's first K where K had no run: source.served_source); per (batch, K), vLLM's decoding-phase speedup over plain vLLM beside the plan's (vllm_speed.py),
 served as a server under steady load serves (vllm_worker.serve_steady: B requests kept in flight, the steps where
 all B decode timed), the state the plan prices: one served to its end B at a time runs under-full in a ragged tail,
 as a prompt-dependent drafter lets requests finish rounds apart (copy-edit at batch 8, K = 4: a round there

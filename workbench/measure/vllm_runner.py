@@ -129,17 +129,17 @@ OWN_PROCESS = ("ngram",)  # drafters whose engines each need a worker process of
 
 def engine_groups(engines: list) -> list[list[int]]:
     """Which of a request's engines share one worker process (indices; engine 0 plain where one is plain): all of
-    them, except that each engine drafting with an OWN_PROCESS drafter runs in a process of its own beside a plain
-    engine of its own. Why: vLLM 0.32's CPU build starts one n-gram engine per process; a second dies in
-    vllm/triton_utils/dispatcher._rebind_kernels (`vars(value).get` on llvmlite's `_lib_fn_wrapper`, which the
-    first one's numba proposer loaded). Each K is then priced against the plain engine it ran beside, pass by pass,
-    as in one process."""
+    them, except that each engine drafting with an OWN_PROCESS drafter runs in a process of its own, beside a plain
+    engine of its own where the request has one (engine 0). Why: vLLM 0.32's CPU build starts one n-gram engine per
+    process; a second dies in vllm/triton_utils/dispatcher._rebind_kernels (`vars(value).get` on llvmlite's
+    `_lib_fn_wrapper`, which the first one's numba proposer loaded). Each K is then priced against the plain engine
+    it ran beside, pass by pass, as in one process."""
     alone = [i for i, e in enumerate(engines) if e and e.get("method") in OWN_PROCESS]
     if not alone:
         return [list(range(len(engines)))]
-    if engines[0] is not None:
-        raise WorkbenchError("an n-gram engine runs in its own process beside a plain one: engine 0 must be plain")
     rest = [i for i in range(len(engines)) if i not in alone]
+    if engines[0] is not None:  # nothing to price against (a calibration counts drafts): each engine alone
+        return ([rest] if rest else []) + [[i] for i in alone]
     return ([rest] if len(rest) > 1 else []) + [[0, i] for i in alone]
 
 

@@ -16,7 +16,7 @@ from workbench.calibrate.served import Served, is_served
 from workbench.core.io import read_csv, read_json
 from workbench.trees.accuracies import read_accuracies
 from workbench.trees.optimize import chain_value_fn, chain_values, expected_length, value_and_limits
-from workbench.trees.tree import MEDUSA_TOPK, chain_tree
+from workbench.trees.tree import MEDUSA_TOPK, chain_tree, is_chain
 
 PREDICTIONS = {"independent": "predicted_independent", "joint": "predicted_joint", "replay": "predicted_replay"}
 MAX_POSITIONS = 64  # longest acceptance vector taken (a draft longer than any engine's limit is a typo)
@@ -109,16 +109,25 @@ class Source:
 
 
 class ChainSource(Source):
-    """A per-position acceptance vector (chains only): a chain of K predicts 1 + the sum of its first K rates."""
+    """A per-position acceptance vector (chains only): a chain of K predicts 1 + the sum of its first K rates, or
+    1 + the sum of K's own rates where `own` holds them (a served calibration's run at that K: a K-token drafter's
+    acceptance is not a longer one's first K positions, calibrate/served.py)."""
 
-    def __init__(self, rates: list[float], path: str, served: dict | None = None):
+    def __init__(self, rates: list[float], path: str, served: dict | None = None,
+                 own: dict[int, list[float]] | None = None):
+        own = {k: list(r) for k, r in (own or {}).items()}
+        how = "1 + sum of K's own run's rates where K was served, else of the first K rates" if own else \
+            "1 + sum of the first K rates"
         super().__init__(None, len(rates), 1, rates, dict(kind="acceptance", path=path, num_heads=len(rates),
-                                                          prediction="1 + sum of the first K rates", **(served or {})))
+                                                          prediction=how, **(served or {})))
+        self.own = own
 
     def _value(self, path) -> float:
         return chain_value_fn(self.chain_acceptance)(path)
 
     def _predict(self, tree) -> float:
+        if is_chain(tree) and tree.depth in self.own:
+            return 1.0 + float(np.sum(self.own[tree.depth][:tree.depth]))
         return expected_length(tree, self._value)
 
 
@@ -176,9 +185,12 @@ def plan_source(calibration=None, accuracies=None, acceptance=None, prediction: 
 
 def served_source(served: Served, path: str | None = None) -> Source:
     """The Source of an opened served calibration (the engine's counters, any drafter): a chain drafter's per-step
-    acceptance (Served.rates), with the setting it was served in (`path` names it, default its folder)."""
+    acceptance (Served.rates), each K's chain priced on K's own run where the calibration served one (a version-1
+    folder or a scrape: the largest K's first K positions), with the setting it was served in (`path` names it,
+    default its folder)."""
     path = str(served.folder) if path is None else path
-    return ChainSource(check_acceptance(served.rates(), f"--acceptance {path}"), path, served.info())
+    own = {k: served.rates(k) for k in served.per_k} if len(served.per_k) > 1 else None
+    return ChainSource(check_acceptance(served.rates(), f"--acceptance {path}"), path, served.info(), own)
 
 
 def chain_accuracies(rates: list[float]) -> np.ndarray:
