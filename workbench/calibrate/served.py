@@ -38,6 +38,7 @@ import pandas as pd
 from workbench import WorkbenchError
 from workbench.core.data import load_prompt_records
 from workbench.core.notes import FieldError, flag
+from workbench.core.speed import draft_tokens_per_step
 from workbench.core.io import atomic_write_json, atomic_write_text, read_csv, read_json
 
 META, TABLE, PER_K_TABLE = "meta.json", "acceptance.csv", "acceptance_per_k.csv"
@@ -71,7 +72,7 @@ class ServedCounts:
                     num_accepted_tokens=self.accepted, decode_steps=self.decode_steps,
                     mean_acceptance_length=1 + self.accepted / self.drafts,
                     draft_share=None if not self.decode_steps else min(self.drafts / self.decode_steps, 1.0),
-                    draft_tokens_per_step=None if not self.decode_steps else self.draft_tokens / self.decode_steps)
+                    draft_tokens_per_step=draft_tokens_per_step(self.draft_tokens, self.decode_steps))
 
     def per_step(self) -> list[float]:
         """Per-position acceptance per decoding step where the steps are known, else per draft (every position)."""
@@ -151,8 +152,8 @@ def upgrade_served(meta: dict) -> dict:
     empty: K < that is read off its first positions) and kept no drafting rate."""
     if meta.get("version") == 1:
         drafts, steps = meta.get("num_draft_tokens"), meta.get("decode_steps")
-        meta = dict(meta, version=SERVED_VERSION, per_k=[], draft_tokens_per_step=drafts / steps if isinstance(
-            drafts, int) and isinstance(steps, int) and steps > 0 else None)
+        meta = dict(meta, version=SERVED_VERSION, per_k=[], draft_tokens_per_step=draft_tokens_per_step(
+            drafts, steps) if isinstance(drafts, int) and isinstance(steps, int) else None)
     return meta
 
 

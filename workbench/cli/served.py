@@ -69,7 +69,7 @@ def cmd_served(args) -> int:
         print(f"vLLM {setting.get('engine_version') or ''} {method} at K={c.k}: {c.drafts} drafts, {c.accepted} of "
               f"{c.draft_tokens} draft tokens accepted, mean acceptance length {t['mean_acceptance_length']:.3f}"
               + (f", drafts on {t['draft_share']:.0%} of {c.decode_steps} decoding steps, tokens/step "
-                 f"{1 + c.accepted / c.decode_steps:.3f}" if c.decode_steps else ""))
+                 f"{1 + sum(c.per_step()):.3f}" if c.decode_steps else ""))
     print(counts.table().to_string(index=False, float_format=lambda v: f"{v:.4f}"))
     print(f"served calibration written to {folder}", file=sys.stderr)
     return 0

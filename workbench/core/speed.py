@@ -195,6 +195,12 @@ def served_tokens_per_step(new_tokens: int, prompts: int, accepted: int) -> floa
     return decoded / steps if steps > 0 else math.nan
 
 
+def draft_tokens_per_step(draft_tokens: int, decode_steps: int | None) -> float | None:
+    """A drafter's drafting rate: tokens drafted per decoding step, drafted or not (None: the steps are unknown);
+    what a round verifies on average, where an n-gram drafter drafts at some steps only."""
+    return draft_tokens / decode_steps if decode_steps else None
+
+
 def acceptance_per_position(batches, depth: int) -> list[float]:
     """[p_1..p_depth]: the share of steps whose first k drafted tokens were all accepted (unconditional, vLLM's
     convention); a step emits 1 + accepted tokens (fewer where EOS or the budget cut it)."""
