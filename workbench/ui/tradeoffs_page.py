@@ -12,6 +12,7 @@ import streamlit as st
 
 from workbench import WorkbenchError
 from workbench.calibrate.folder import PREDICTED_COLUMNS
+from workbench.core.notes import worded
 from workbench.export.engines import PLAN_FORMATS, SUFFIXES, export_plan
 from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.measure.sweep_file import has_typical
@@ -24,11 +25,12 @@ from workbench.ui.tree_page import RECOMMENDED, tree_page
 from workbench.ui.tree_export import EXPORT_FIXES
 from workbench.ui.inputs import fragment, shared_inputs
 from workbench.ui.per_step_view import per_step_section
-from workbench.ui.widgets import (chart, clean_error, drop_stale, file_input, file_stamp, found_csvs, fastest_for,
-                                  read_sweep_file, read_sweep_or_error, relative_paths, results_root, slider, timed)
+from workbench.ui.widgets import (app_names, chart, clean_error, drop_stale, file_input, file_stamp, found_csvs,
+                                  fastest_for, read_sweep_file, read_sweep_or_error, relative_paths, results_root,
+                                  slider, timed)
 from workbench.viz import interactive_tradeoffs
 
-# a plan export's error names the batch size by this page's control (core.notes.FieldError; the CLI: --batch-sizes)
+# a plan export's errors and notes name the batch size by this page's control (core.notes; the CLI: --batch-sizes)
 EXPORT_LABELS = {"batch_sizes": "batch size to export"}
 
 # The sweep's rows as a table that fits a 1280 px page (the CSV has some 40 columns: all of them download beside it).
@@ -366,7 +368,8 @@ def _plan_exports(plan: dict, text: str, name: str, batches: list[int]) -> None:
         col.download_button(fmt, relative_paths(out), key=f"to_plan_{fmt}_download", on_click="ignore",
                             file_name=f"{name}{'' if fmt == 'vllm' else f'-b{b}'}{SUFFIXES.get(fmt, '.txt')}",
                             help=f"the plan for {fmt}" + ("" if fmt == "vllm" else f", batch {b}'s row"))
-        said += [f"**{fmt}**: {w.words(EXPORT_FIXES)}" for w in warns] + [f"**{fmt}**: {n}" for n in notes]
+        said += [f"**{fmt}**: {w.words(EXPORT_FIXES)}" for w in warns] + \
+            [f"**{fmt}**: {worded(n, app_names(EXPORT_LABELS))}" for n in notes]
     with st.expander(f"Export notes and warnings ({len(said)})"):
         st.markdown("\n".join(f"- {relative_paths(n)}" for n in said) or "none")
 
