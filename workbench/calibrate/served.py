@@ -32,7 +32,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.data import load_prompt_records
-from workbench.core.notes import FieldError, flag
+from workbench.core.notes import FieldError, flag, named, refused
 from workbench.core.io import atomic_write_json, atomic_write_text, read_csv, read_json
 
 META, TABLE = "meta.json", "acceptance.csv"
@@ -73,23 +73,25 @@ class ServedCounts:
                     draft_share=None if not self.decode_steps else min(self.drafts / self.decode_steps, 1.0))
 
 
-def checked_counts(k: int, drafts: int, draft_tokens: int, accepted: int, per_pos, what: str,
-                   decode_steps: int | None = None) -> ServedCounts:
+def checked_counts(k: int, drafts: int, draft_tokens: int, accepted: int, per_pos, what,
+                   decode_steps: int | None = None, field: str | None = None) -> ServedCounts:
     """ServedCounts after the rules vLLM's own counting obeys (SpecDecodingStats.observe_draft): a break is two
-    sources mixed or a damaged file, one error line."""
+    sources mixed or a damaged file, one error line naming `what` (after the request's `field` that gave it where
+    one did: core.notes.named)."""
+    what = named(field, what)
     per_pos = tuple(int(x) for x in per_pos)
     if drafts <= 0:
-        raise WorkbenchError(f"{what}: no drafts were counted (vllm:spec_decode_num_drafts did not grow): serve "
-                             "requests between the two scrapes, with speculation on")
+        raise refused(field, "no_drafts", f"{what}: no drafts were counted (vllm:spec_decode_num_drafts did not grow): serve "
+                      "requests between the two scrapes, with speculation on")
     if not 1 <= k <= MAX_K or len(per_pos) != k:
-        raise WorkbenchError(f"{what}: {len(per_pos)} draft positions, need 1..{MAX_K}")
+        raise refused(field, "positions", f"{what}: {len(per_pos)} draft positions, need 1..{MAX_K}")
     bad = (sum(per_pos) != accepted or accepted > draft_tokens or draft_tokens > drafts * k
            or any(b > a for a, b in zip((drafts,) + per_pos, per_pos)) or min(per_pos) < 0)
     if bad:
-        raise WorkbenchError(f"{what}: the counts disagree (accepted per position {list(per_pos)[:8]} should sum "
-                             f"to the {accepted} accepted tokens, never rise along the draft, and stay within "
-                             f"{drafts} drafts of {draft_tokens} tokens): counters from two servers or two runs "
-                             "mixed; scrape one server twice")
+        raise refused(field, "counts_disagree", f"{what}: the counts disagree (accepted per position {list(per_pos)[:8]} should sum "
+                      f"to the {accepted} accepted tokens, never rise along the draft, and stay within "
+                      f"{drafts} drafts of {draft_tokens} tokens): counters from two servers or two runs "
+                      "mixed; scrape one server twice")
     if decode_steps is not None and decode_steps < drafts:
         decode_steps = None  # a stop token inside a draft ends a request early: then the steps are not known
     return ServedCounts(k, drafts, draft_tokens, accepted, per_pos, decode_steps)
@@ -198,7 +200,7 @@ def metrics_counts(texts: list[tuple[str, str]]) -> tuple[ServedCounts, dict]:
             if after < before:
                 raise WorkbenchError(f"{what}: a counter went down between the scrapes ({before:g} -> {after:g}): the "
                                      "server restarted, the scrapes come from two servers, or they are in the wrong order "
-                                 "(give BEFORE then AFTER)")
+                                     "(give BEFORE then AFTER)")
             total += after - before
         return int(round(total))
 
@@ -294,8 +296,8 @@ def write_served(folder, counts: ServedCounts, setting: dict) -> Path:
     """The served calibration folder: acceptance.csv, then meta.json (last: it marks the folder finished)."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(folder / TABLE, counts.table().to_csv(index=False), "--out")
-    atomic_write_json(folder / META, dict(kind=KIND, version=SERVED_VERSION, **setting, **counts.totals()), "--out")
+    atomic_write_text(folder / TABLE, counts.table().to_csv(index=False), "out")
+    atomic_write_json(folder / META, dict(kind=KIND, version=SERVED_VERSION, **setting, **counts.totals()), "out")
     return folder
 
 
@@ -319,7 +321,7 @@ class Served:
 
     def __init__(self, folder, field: str = "acceptance"):
         """`field`: the request field that named the folder: every error of opening it names it (FieldError)."""
-        self.folder, what = Path(folder), f"{flag(field)} {folder}"
+        self.folder, self.field, what = Path(folder), field, f"{flag(field)} {folder}"
         try:
             self._open(what)
         except FieldError:
@@ -333,12 +335,12 @@ class Served:
         if not (self.folder / META).is_file():
             raise WorkbenchError(f"{what}: not a served calibration (no {META}; write one with `workbench calibrate "
                                  "--engine vllm` or `--metrics`)")
-        self.meta = read_json(self.folder / META, what)
+        self.meta = read_json(self.folder / META, self.folder, dict, self.field)
         if self.meta.get("kind") != KIND or self.meta.get("version") != SERVED_VERSION:
             raise WorkbenchError(f"{what}: meta.json is not a served calibration of version {SERVED_VERSION} "
                                  f"(kind {str(self.meta.get('kind'))[:20]!r}): write it again")
-        df = read_csv(self.folder / TABLE, what, ("position", "drafts", "accepted"), "`workbench calibrate --engine "
-                      "vllm`")
+        df = read_csv(self.folder / TABLE, self.field, ("position", "drafts", "accepted"), "workbench calibrate "
+                      "--engine vllm")
         num = df[["position", "drafts", "accepted"]].apply(pd.to_numeric, errors="coerce")
         drafts, steps = self.meta.get("num_drafts"), self.meta.get("decode_steps")
         if (num.isna().any().any() or (num % 1 != 0).any().any() or num["position"].tolist() !=

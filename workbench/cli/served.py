@@ -39,7 +39,7 @@ def cmd_served(args) -> int:
                              "and --vllm-python are for a run (calibrate --engine vllm)")
     folder = Path(args.out) if args.out else calibration_root() / (
         args.name or f"served-{method}-" + slug("metrics" if read else args.prompts, file_stem=True))
-    check_output(folder, "--out" if args.out else "--name", "folder")
+    check_output(folder, "out" if args.out else "name", "folder")
     inputs = {f"--metrics {m}": m for m in args.metrics or []} | ({"--requests": args.requests} if args.requests
                                                                   else {})
     check_not_inputs({"--out": (folder, "folder")}, inputs)
@@ -59,7 +59,7 @@ def cmd_served(args) -> int:
                        inputs=[str(Path(p).resolve()) for p in inputs.values()], engines=facts.get("engines"))
     else:
         counts, setting = _run(args, method)
-    with run_lock(folder, "--out"):
+    with run_lock(folder, "out"):
         write_served(folder, counts, setting)
     t = counts.totals()
     print(f"vLLM {setting.get('engine_version') or ''} {method} at K={counts.k}: {counts.drafts} drafts, "
