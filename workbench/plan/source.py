@@ -180,7 +180,7 @@ def served_source(served: Served, path: str | None = None) -> Source:
     """The Source of an opened served calibration (the engine's counters, any drafter): a chain drafter's per-step
     acceptance (Served.rates), with the setting it was served in (`path` names it, default its folder)."""
     path = str(served.folder) if path is None else path
-    return ChainSource(check_acceptance(served.rates(), f"--acceptance {path}"), path, served.info())
+    return ChainSource(check_acceptance(served.rates(), served.field, path), path, served.info())
 
 
 def chain_accuracies(rates: list[float]) -> np.ndarray:
