@@ -109,7 +109,7 @@ def cmd_latency_vllm(args) -> int:
     """`workbench latency --engine vllm`: vLLM's served rounds per (batch, K) as a latency CSV."""
     from pathlib import Path
 
-    from workbench.measure.vllm_runner import vllm_python
+    from workbench.measure.vllm_runner import draft_folder, vllm_python
 
     if args.engine != "vllm":
         raise WorkbenchError("--k, --method, --draft-model, --vllm-python and --vllm-eager time vLLM's rounds: add "
@@ -126,6 +126,8 @@ def cmd_latency_vllm(args) -> int:
                              args.repeats, args.warmup, args.prompts, args.calibration,
                              tuple(given)).resolved(VLLM_METHODS)  # the rules and defaults live in the request
     py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
+    if args.draft_model:
+        draft_folder(args.draft_model, args.method)  # before any model loads; its vocabulary once the model's is known
     check_output(args.out, "out")
     check_output(None if args.out else args.calibration, "calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
@@ -144,7 +146,8 @@ def cmd_latency_vllm(args) -> int:
     heads = inputs["heads"]
     ks = req.ks(heads.num_heads if medusa else None, DEFAULT_KS)
     drafter = {"method": "medusa", "model": inputs["heads_folder"]} if medusa else \
-        {"method": args.method} | ({"model": str(Path(args.draft_model).resolve())} if args.draft_model else {})
+        {"method": args.method} | ({"model": draft_folder(args.draft_model, args.method, inputs["model_dir"])}
+                                   if args.draft_model else {})
     label = model_label(args.model)
     out = Path(args.out) if args.out else (latency_path(args.calibration, "vllm-cpu") if args.calibration
                                            else default_latency_path(label, "vllm-cpu"))

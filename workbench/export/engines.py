@@ -20,6 +20,7 @@ picks among them at run time, and no fixed per-batch-size setting of its could b
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from workbench import WorkbenchError
 from workbench.core.notes import FieldError
@@ -163,8 +164,10 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
     if fmt == "trtllm-schedule":
         notes: list[str] = []
         src = plan.get("source") or {}
-        text, more, more_notes = trtllm.write_schedule(vllm.vllm_schedule(plan, notes),
-                                                       method or (src.get("method") if src.get("served") else None))
+        served = src.get("served") and not method
+        text, more, more_notes = trtllm.write_schedule(
+            vllm.vllm_schedule(plan, notes), method or (src.get("method") if src.get("served") else None),
+            str(Path(draft_model).resolve()) if draft_model else (src.get("draft_model") if served else None))
         return text, warns + more, notes + more_notes
     row, notes = row_at(plan, batch_size or 1)
     if row["kind"] == "none":
