@@ -272,7 +272,7 @@ def test_a_draft_models_folder_is_checked_before_vllm_loads_it(tmp_path):
     assert draft_folder(draft, "eagle3", target) == str(draft.resolve())  # EAGLE heads map their own vocabulary
     assert draft_folder(draft, "draft_model") == str(draft.resolve())  # the target not known yet: the folder only
     with pytest.raises(FieldError, match=r"^--calibration c: its drafter's weights .*: a vocabulary of 32000"):
-        draft_folder(draft, "draft_model", target, "calibration", "--calibration c: its drafter's weights")
+        draft_folder(draft, "draft_model", target, "calibration", "c: its drafter's weights")
     (draft / "config.json").write_text("{not json")
     with pytest.raises(WorkbenchError, match="config.json is not readable JSON"):
         draft_folder(draft, "draft_model", target)

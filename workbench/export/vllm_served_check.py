@@ -93,7 +93,7 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
     source = plan_source(acceptance=calibration)  # the planner's own tokens/step of a chain of K
     predicted = {k: source.predict(chain_tree(k)) for k in all_ks}
     drafter = drafter_of(served)
-    named = f"--calibration {calibration}: its drafter's weights"
+    named = f"{calibration}: its drafter's weights"
     if "model" in drafter:  # the folder vLLM loaded when it was calibrated, still there (checked before any model)
         draft_folder(drafter["model"], method, field="calibration", named=named)
     t0 = time.time()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from workbench import WorkbenchError
 from workbench.core.io import read_json
-from workbench.core.notes import FieldError, flag
+from workbench.core.notes import FieldError
 from workbench.core.work import WorkState
 
 WORKER = Path(__file__).with_name("vllm_worker.py")
@@ -57,14 +57,15 @@ def draft_folder(folder, method: str, target_dir=None, field: str = "draft_model
     """A drafter's weights as vLLM will load them, checked before any model loads: an absolute path to a model folder
     with a readable config.json; for `draft_model` with `target_dir`, a vocabulary of the target's size (vLLM 0.32's
     SpeculativeConfig.verify_equal_vocab_size_if_draft_model refuses another, but only once its engine starts).
-    `named`: who named the folder where it is not the field itself (a calibration's record of it)."""
+    `named`: what in the field named the folder where it is not the field itself (a calibration's record of it)."""
     path = Path(folder).expanduser().resolve()
-    who = f"{named} {folder}" if named else f"{{field}} {folder}"
+    what = f"{named} {folder}" if named else str(folder)
+    who = "{field} " + what
     if not (path / "config.json").is_file():
         raise FieldError(field, "no_draft_model", f"{who}: " + ("no such folder" if not path.is_dir() else
                          "no config.json in it") + f": {method} drafts with a model folder vLLM loads (config.json "
                          "and weights, e.g. a smaller model of the target's family)")
-    cfg = read_json(path / "config.json", f"{named or flag(field)} {folder}")
+    cfg = read_json(path / "config.json", what, dict, field)
     if method == "draft_model" and target_dir is not None and (Path(target_dir) / "config.json").is_file():
         mine, theirs = vocab_size(cfg), vocab_size(read_json(Path(target_dir) / "config.json", f"model {target_dir}"))
         if mine is not None and theirs is not None and mine != theirs:
