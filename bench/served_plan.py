@@ -51,7 +51,7 @@ def surface_prompts(cal: Path, prompts: str, limit: int, out: Path) -> None:
     served = set(Served(cal).served_prompt_ids())
     rows = [dict(prompt_id=i, prompt=t) for i, t in load_prompt_records(prompts) if i in served]
     rows = [rows[j * len(rows) // limit] for j in range(min(limit, len(rows)))]  # spread over the set's kinds
-    atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in rows), "--out-dir")
+    atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in rows), "out_dir")
 
 
 def lossless(check: dict) -> bool:
@@ -115,7 +115,7 @@ def run(args) -> int:
         for prompts in args.sets.split(","):
             sets.append(one_set(args, prompts, py, loads))
     finally:
-        atomic_write_json(loads_file, loads, "--out-dir")
+        atomic_write_json(loads_file, loads, "out_dir")
     lines = [f"# vLLM's n-gram drafter: served calibration, plan per batch size, check ({args.name})", "",
              f"Load average and the CPU cores other processes used during each step: {json.dumps(loads)} on "
              f"{os.cpu_count()} CPUs: " + ("idle (nothing else ran)." if idle(loads) else
@@ -128,9 +128,9 @@ def run(args) -> int:
                   f"the plan's K vLLM's best or within noise at every batch size: "
                   f"{'yes' if v['choice_best_or_within_noise'] else 'no'}; greedy outputs equal to plain vLLM's: "
                   f"{'yes' if v['outputs_equal'] else 'no'}.", "", served_table(s.pop("result"))]
-    atomic_write_text(out_dir / f"{args.name}.md", "\n".join(lines), "--out-dir")
+    atomic_write_text(out_dir / f"{args.name}.md", "\n".join(lines), "out_dir")
     atomic_write_json(out_dir / f"{args.name}.json", dict(sets=sets, load_average=loads, idle=idle(loads),
-                                                          cpus=os.cpu_count()), "--out-dir")
+                                                          cpus=os.cpu_count()), "out_dir")
     print("\n".join(line for line in lines if line.startswith(("Verdicts", "##", "Load"))), file=sys.stderr)
     print(f"wrote {out_dir / args.name}.md and .json", file=sys.stderr)
     return 0

@@ -96,9 +96,9 @@ def run(args) -> int:
                        args.batch_sizes, "--limit", str(args.check_limit), "--max-new-tokens",
                        str(args.max_new_tokens), "--repeats", str(args.repeats), "--out", str(check)], check, loads)
     finally:
-        atomic_write_json(loads_file, loads, "--out-dir")
+        atomic_write_json(loads_file, loads, "out_dir")
     res = repriced(json.loads(check.read_text()), json.loads(plan.read_text()))  # a kept check, a new surface
-    atomic_write_json(check, res, "--out-dir")
+    atomic_write_json(check, res, "out_dir")
     if "others" not in res["load_average"] and (loads.get("check") or {}).get("others"):  # a check from before it
         used = loads["check"]["others"]  # measured what else ran itself: this bench's measure of the same step
         res["load_average"].update(others=used, idle=quiet(used))
@@ -123,8 +123,8 @@ def run(args) -> int:
             + (f"{one['ratio']:.3f} (q1..q3 {one['ratio_q1']:.3f}..{one['ratio_q3']:.3f}; <= {PLAIN_STEP}: "
                f"{'yes' if one['ratio'] <= PLAIN_STEP else 'no'})." if one else "not measured (batch 1 not run)."),
             "", "The check:", ""]
-    atomic_write_text(out_dir / f"{name}.md", "\n".join(head) + "\n" + check_table(res), "--out-dir")
-    atomic_write_json(out_dir / f"{name}.json", summary, "--out-dir")
+    atomic_write_text(out_dir / f"{name}.md", "\n".join(head) + "\n" + check_table(res), "out_dir")
+    atomic_write_json(out_dir / f"{name}.json", summary, "out_dir")
     print("\n".join(head[2:7]), file=sys.stderr)
     print(f"wrote {out_dir / name}.md and .json", file=sys.stderr)
     return 0

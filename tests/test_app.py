@@ -960,6 +960,40 @@ def test_a_plan_export_error_names_the_flag_in_the_cli_and_the_export_control_in
     assert str(e.value) == said.format("--batch-sizes")
 
 
+def _latency_faces(at: AppTest, bad: Path, cli_label: str, app_label: str, capsys, cal: Path) -> None:
+    """The same latency file refused by `workbench optimize --latency` (one `error:` line naming the flag, exit 2) and
+    by the sidebar's latency picker (an st.error naming its control, 'latency CSV'): one message, two faces."""
+    from workbench.cli import main
+
+    code = main(["optimize", "--calibration", str(cal), "--latency", str(bad)])
+    err = capsys.readouterr().err.rstrip("\n").rsplit("\n", 1)[-1]
+    assert code == 2 and err.startswith(f"error: --latency {cli_label}: "), err
+    at.selectbox(key="in_lat_pick").set_value("other: type a path").run()
+    at.text_input(key="in_lat_path").input(str(bad)).run()
+    no_exception(at)
+    said = err[len(f"error: --latency {cli_label}"):]
+    assert f"'latency CSV' {app_label}{said}" in errors(at), (said, errors(at))
+    assert not any("--latency" in e for e in errors(at)), errors(at)
+
+
+def test_a_bad_latency_file_names_the_flag_in_the_cli_and_the_sidebar_control_in_the_app(demo_files, monkeypatch,
+                                                                                          capsys, tmp_path):
+    """Issue 70: read_latency names its request field, not `--latency`: the app read a bad file with the CLI's flag
+    in its error. Both readers: the file's checks (latency_file.read_latency) and the surface read from it
+    (plan/surface.Surface: a batch size and context without the 1-token step every cost is relative to)."""
+    bad = tmp_path / "latency-bad.csv"
+    pd.DataFrame([dict(context=128, tokens=n, seconds=0.0 if n == 4 else 0.01 * n) for n in (1, 2, 4)]).to_csv(
+        bad, index=False)
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    _latency_faces(at, bad, str(bad), str(bad), capsys, demo_files["cal"])
+    assert at.selectbox(key="in_lat_pick").label.endswith("latency CSV found here")  # the control the error names
+    plain = tmp_path / "latency-no-plain.csv"  # read_latency takes it; the surface refuses it
+    pd.DataFrame([dict(context=128, tokens=n, seconds=0.01 * n) for n in (2, 4, 8)]).to_csv(plain, index=False)
+    at = page("tree_page", demo_files["root"], monkeypatch).run()
+    _latency_faces(at, plain, str(plain), plain.name, capsys, demo_files["cal"])
+    assert any("has no 1-token row" in e for e in errors(at))
+
+
 def test_tree_nodes_labelled_with_real_tokens(tiny_llama, demo_files, monkeypatch):
     at = page("tree_page", demo_files["root"], monkeypatch).run()
     assert any("node label: rank" in c.value for c in at.caption)

@@ -174,10 +174,10 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(tmp_path):
     from workbench import WorkbenchError
 
     folder = tmp_path / "run"
-    with run_lock(folder, "--out") as lock:
+    with run_lock(folder, "out") as lock:
         assert lock.read_text().strip() == str(os.getpid())
         with pytest.raises(WorkbenchError, match=rf"--out {folder}: another run \(pid {os.getpid()}\)"):
-            with run_lock(folder, "--out"):
+            with run_lock(folder, "out"):
                 pass
     assert not lock.exists() and not folder.exists()  # released, and the folder it made (left empty) removed
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -185,6 +185,6 @@ def test_a_live_lock_refuses_and_a_stale_one_is_taken_over(tmp_path):
     folder.mkdir()
     (folder / LOCK_NAME).write_text(f"{dead.pid}\n")  # a killed owner's lock
     (folder / "part").write_text("kept")
-    with run_lock(folder, "--out") as lock:
+    with run_lock(folder, "out") as lock:
         assert lock.read_text().strip() == str(os.getpid())
     assert sorted(p.name for p in folder.iterdir()) == ["part"]

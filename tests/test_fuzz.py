@@ -717,7 +717,7 @@ def test_the_atomic_writer_reports_its_own_failures_in_one_line(tmp_path):
                            (Path("/proc/workbench-test.json"), "cannot write"),
                            (tmp_path / ("n" * 300 + ".json"), "cannot write")]:
         with pytest.raises(WorkbenchError, match=reason) as e:
-            atomic_write_text(target, "{}", "--out")
+            atomic_write_text(target, "{}", "out")
         assert str(e.value).startswith(f"--out {target}") and "\n" not in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-folder"]  # no temp file left
     # a temp file of a killed writer (dead pid) goes with the next write of the same file; a live one stays

@@ -149,21 +149,21 @@ def test_the_processes_of_a_launch_share_the_run_lock_and_nobody_else_does(tmp_p
     folder = tmp_path / "run"
     a0, a1 = Launch(0, 2, launcher=111, id="111@5"), Launch(1, 2, launcher=111, id="111@5")
     other = Launch(0, 2, launcher=222, id="222@9")
-    with run_lock(folder, "--out", launch=a0) as lock:
+    with run_lock(folder, "out", launch=a0) as lock:
         assert lock.read_text().split() == ["111", "111@5"]
-        with run_lock(folder, "--out", launch=a1):  # the same launch joins
+        with run_lock(folder, "out", launch=a1):  # the same launch joins
             for who in (None, other):  # a plain run, another launch: refused, naming the launcher
                 with pytest.raises(WorkbenchError, match=rf"--out {folder}: another run \(pid 111\)"):
-                    with run_lock(folder, "--out", launch=who):
+                    with run_lock(folder, "out", launch=who):
                         pass
         assert lock.exists()  # one process left: still held
         with pytest.raises(WorkbenchError, match=r"another run \(pid 111\)"):
-            with run_lock(folder, "--out"):
+            with run_lock(folder, "out"):
                 pass
     assert not folder.exists()  # the last one out removed the lock and the folder it made
     folder.mkdir()
     (folder / LOCK_NAME).write_text("111 111@5\n")  # a launch whose processes all died
-    with run_lock(folder, "--out") as lock:
+    with run_lock(folder, "out") as lock:
         assert lock.read_text().strip() == str(os.getpid())
 
 

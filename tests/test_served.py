@@ -143,6 +143,42 @@ def test_the_apps_answer_weighs_a_served_calibration_as_plan_does(served, tmp_pa
 
 
 @pytest.mark.unit
+def test_a_served_draft_model_plan_exports_its_weights_to_every_engine(tmp_path):
+    """A draft model's served calibration names its weights: vLLM's config and TensorRT-LLM's schedule carry them
+    (TensorRT-LLM's Draft_Target config refuses to start without speculative_model), as does the profile; a plan
+    that names no weights says to add them."""
+    from workbench.calibrate.served import ServedCounts, write_served
+
+    weights = str((tmp_path / "draft").resolve())
+    cal = write_served(tmp_path / "cal", ServedCounts(3, 100, 300, 270, (98, 92, 80), 100), dict(
+        engine="vllm", engine_version="0.32.0", method="draft_model", draft_model=weights, model="m",
+        prompts="copy-edit", source="calibrate",
+        speculative_config=dict(method="draft_model", model=weights, num_speculative_tokens=3)))
+    surface().to_csv(tmp_path / "lat.csv", index=False)
+    assert main(["plan", "--calibration", str(cal), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
+                 "1,2,4,8", "--out", str(tmp_path / "plan.json")]) == 0
+    plan = read_plan(tmp_path / "plan.json")
+    k = plan["plans"][0]["nodes"]
+    assert plan["source"]["draft_model"] == weights and k >= 1
+    cfg = json.loads(export_plan(plan, "vllm")[0])
+    assert cfg["method"] == "draft_model" and cfg["model"] == weights and cfg["num_speculative_tokens"] == k
+    trt = json.loads(export_plan(plan, "trtllm-schedule")[0])["speculative_config"]
+    assert trt["decoding_type"] == "Draft_Target" and trt["speculative_model"] == weights
+    assert trt["max_draft_len"] == k and trt["draft_len_schedule"][str(min(map(int, trt["draft_len_schedule"])))] == k
+    assert speculation_profile(cal)["provenance"]["draft_model"] == weights
+    vector = tmp_path / "rates.json"  # an acceptance vector names no weights: the export says what to add
+    vector.write_text(json.dumps(Served(cal).rates()))
+    assert main(["plan", "--acceptance", str(vector), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes",
+                 "1,2,4,8", "--out", str(tmp_path / "p2.json")]) == 0
+    text, _, notes = export_plan(read_plan(tmp_path / "p2.json"), "trtllm-schedule", method="draft_model")
+    assert "speculative_model" not in text and any("add the drafter's weights as speculative_model" in n
+                                                   for n in notes)
+    text, _, _ = export_plan(read_plan(tmp_path / "p2.json"), "trtllm-schedule", method="draft_model",
+                             draft_model=tmp_path / "draft")
+    assert json.loads(text)["speculative_config"]["speculative_model"] == weights
+
+
+@pytest.mark.unit
 def test_speculation_profile_of_a_served_calibration(served, tmp_path):
     prof = speculation_profile(served)
     table = pd.read_csv(served / "acceptance.csv")

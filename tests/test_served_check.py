@@ -14,9 +14,13 @@ from workbench.calibrate.served import ServedCounts, write_served
 from workbench.cli import main
 from workbench.core.data import load_prompt_records
 from workbench.core.speed import served_tokens_per_step
+from workbench.export.engines import export_plan
 from workbench.export.vllm_served_check import served_records
 from workbench.calibrate.served import Served
+from workbench import WorkbenchError
+from workbench.core.notes import FieldError
 from workbench.measure.latency_file import LATENCY_VERSION
+from workbench.measure.vllm_runner import draft_folder
 from workbench.plan.plan_file import read_plan
 
 HELD = ["rewrite-03", "extract-05", "summarise-02", "summarise-07", "code-04", "code-08"]
@@ -28,7 +32,7 @@ STANDIN = '''#!{python}
 (x (1 + B / 4) for K > 0; the whole process x STANDIN_SLOW_K<K> where its largest K is K); outputs are the prompts
 echoed, but K = 2 changes the last token of the last prompt at batch 2; STANDIN_NO_DRAFTS: nothing drafted. Asked
 to serve "steady" (B kept in flight), a K > 0 engine's busy steps emit 10 tokens a prompt where plain's emit 8. Logs
-each request's engines."""
+each request's K per engine (STANDIN_LOG) and, with STANDIN_SPECS, its --speculative-configs."""
 import json, os, sys
 if sys.argv[1:2] == ["-c"]:
     print("vllm")
@@ -39,6 +43,9 @@ assert req["mode"] == "generate"
 ks = [e["num_speculative_tokens"] if e else 0 for e in req["engines"]]
 with open(os.environ["STANDIN_LOG"], "a") as f:
     f.write(json.dumps(ks) + "\\n")
+if os.environ.get("STANDIN_SPECS"):
+    with open(os.environ["STANDIN_SPECS"], "a") as f:
+        f.write(json.dumps(req["engines"]) + "\\n")
 slow = float(os.environ.get("STANDIN_SLOW_K%d" % max(ks), 1))
 n, steady = len(req["prompts"]), bool(req.get("steady"))
 for b in req["batch_sizes"]:
@@ -246,6 +253,85 @@ def test_vllm_check_of_a_served_ngram_plan(tiny_llama, served, tmp_path, monkeyp
     assert "K 4: the calibration served ngram at K=3" in capsys.readouterr().err
 
 
+@pytest.mark.unit
+def test_a_draft_models_folder_is_checked_before_vllm_loads_it(tmp_path):
+    """draft_folder: a model folder with a readable config.json, its vocabulary the target's for draft_model (vLLM
+    0.32 refuses another only once its engine starts); EAGLE heads keep their own; the path written absolute."""
+    target, draft = tmp_path / "target", tmp_path / "draft"
+    for folder, cfg in ((target, {"vocab_size": 49152}), (draft, {"text_config": {"vocab_size": 49152}})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(cfg))
+    assert draft_folder(draft, "draft_model", target) == str(draft.resolve())
+    cases = {"missing": (tmp_path / "none", "no_draft_model", "--draft-model {}: no such folder: draft_model drafts "
+                                                                "with a model folder"),
+             "empty": (tmp_path / "empty", "no_draft_model", "--draft-model {}: no config.json in it")}
+    (tmp_path / "empty").mkdir()
+    for name, (folder, code, text) in cases.items():
+        with pytest.raises(FieldError) as e:
+            draft_folder(folder, "draft_model", target)
+        assert e.value.code == code and str(e.value).startswith(text.format(folder)), name
+    (draft / "config.json").write_text('{"vocab_size": 32000}')
+    with pytest.raises(FieldError, match="a vocabulary of 32000 tokens, the model's has 49152") as e:
+        draft_folder(draft, "draft_model", target)
+    assert e.value.code == "draft_vocab"
+    assert draft_folder(draft, "eagle3", target) == str(draft.resolve())  # EAGLE heads map their own vocabulary
+    assert draft_folder(draft, "draft_model") == str(draft.resolve())  # the target not known yet: the folder only
+    with pytest.raises(FieldError, match=r"^--calibration c: its drafter's weights .*: a vocabulary of 32000"):
+        draft_folder(draft, "draft_model", target, "calibration", "c: its drafter's weights")
+    (draft / "config.json").write_text("{not json")
+    with pytest.raises(WorkbenchError, match="config.json is not readable JSON"):
+        draft_folder(draft, "draft_model", target)
+
+
+def test_a_draft_model_calibration_names_its_drafter_and_bad_ones_are_one_line(tiny_llama, tmp_path, monkeypatch,
+                                                                               capsys):
+    """calibrate --engine vllm --method draft_model: vLLM is asked for the drafter's folder, absolute, and the
+    calibration records it (vllm-check serves it again from there, and says so where it is gone); a missing folder
+    or another vocabulary is one error line before vLLM starts; latency's --draft-model without --method too."""
+    py = tmp_path / "python"
+    py.write_text(STANDIN.format(python=sys.executable, decode={str(k): v for k, v in DECODE.items()}))
+    py.chmod(0o755)
+    log, specs = tmp_path / "asked.jsonl", tmp_path / "specs.jsonl"
+    monkeypatch.setenv("STANDIN_LOG", str(log))
+    monkeypatch.setenv("STANDIN_SPECS", str(specs))
+    base = ["calibrate", "--engine", "vllm", "--method", "draft_model", "--k", "2", "--vllm-python", str(py),
+            "--model", str(tiny_llama.model_dir), "--prompts", "copy-edit", "--limit", "4", "--max-new-tokens", "8"]
+    draft = tmp_path / "draft"  # the stand-in loads nothing: the model's config.json makes it a draft of its size
+    draft.mkdir()
+    (draft / "config.json").write_text((tiny_llama.model_dir / "config.json").read_text())
+    assert main([*base, "--draft-model", str(draft), "--out", str(tmp_path / "cal")]) == 0, capsys.readouterr().err
+    drafter = {"method": "draft_model", "model": str(draft.resolve())}
+    assert json.loads(specs.read_text()) == [dict(drafter, num_speculative_tokens=2)]
+    s = Served(tmp_path / "cal")
+    assert s.meta["draft_model"] == drafter["model"] and s.meta["speculative_config"]["model"] == drafter["model"]
+    (draft / "config.json").unlink()
+    draft.rmdir()  # vllm-check serves the calibration's drafter again: gone, it says so before vLLM starts
+    capsys.readouterr()
+    assert main(["vllm-check", "--calibration", str(tmp_path / "cal"), "--vllm-python", str(py), "--k", "1,2",
+                 "--model", str(tiny_llama.model_dir), "--out", str(tmp_path / "check.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --calibration {tmp_path / 'cal'}: its drafter's weights {draft.resolve()}: no such "
+                   "folder: draft_model drafts with a model folder vLLM loads (config.json and weights, e.g. a "
+                   "smaller model of the target's family)"]
+    vocab = json.loads((tiny_llama.model_dir / "config.json").read_text())["vocab_size"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"vocab_size": vocab + 1}))
+    for folder, want in ((tmp_path / "gone", "no such folder"),
+                         (other, f"a vocabulary of {vocab + 1} tokens, the model's has {vocab}")):
+        capsys.readouterr()
+        assert main([*base, "--draft-model", str(folder), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bar
+        assert err.startswith(f"error: --draft-model {folder}: ") and want in err, err
+        assert not (tmp_path / "o").exists()
+    assert main(["latency", "--engine", "vllm", "--draft-model", str(tiny_llama.model_dir), "--vllm-python",
+                 str(py), "--out", str(tmp_path / "o.csv")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: --draft-model names a drafter's weights: give --method too (its drafter: draft_model, "
+                   "eagle3, ...)"]
+    assert len(log.read_text().splitlines()) == 1  # vLLM was asked once: for the good folder
+
+
 # ----------------------------------------------------------------------------------------------- in vLLM itself
 
 VLLM_PY = os.environ.get("WORKBENCH_VLLM_PYTHON")
@@ -279,3 +365,46 @@ def test_served_ngram_calibration_surface_plan_and_check_in_vllm(tmp_path, capsy
     assert [r["batch_size"] for r in res["plan_check"]] == [1, 2]
     for r in res["plan_check"]:
         assert r["predicted_speedup"] > 0 and r["measured_speedup"] > 0 and r["best_k"] in (0, 1, 2)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_PY, reason="no vLLM environment: set WORKBENCH_VLLM_PYTHON")
+def test_served_draft_model_calibration_plan_and_check_in_vllm(tmp_path, capsys):
+    """calibrate --engine vllm --method draft_model with the demo model as its own draft (same tokenizer: vLLM takes
+    it; fp32 greedy: it proposes what the target emits) -> plan on a surface -> vllm-check --plan on held-out prompts:
+    vLLM's counters written with their counts and acceptance near 1, the plan's K served in vLLM, greedy outputs
+    equal to plain vLLM's (sizes too small for the speeds to mean anything)."""
+    from workbench.runtime.models import demo_model_dir
+
+    draft = str(demo_model_dir())
+    cal, plan, check = tmp_path / "cal", tmp_path / "plan.json", tmp_path / "check.json"
+    assert main(["calibrate", "--engine", "vllm", "--method", "draft_model", "--draft-model", draft, "--k", "2",
+                 "--prompts", "copy-edit", "--limit", "6", "--holdout", "0.5", "--max-new-tokens", "16",
+                 "--out", str(cal)]) == 0, capsys.readouterr().err[-2000:]
+    s = Served(cal)
+    assert s.meta["method"] == "draft_model" and s.meta["draft_model"] == draft and s.counts.k == 2
+    table = pd.read_csv(cal / "acceptance.csv")
+    assert table["drafts"].tolist() == [s.counts.drafts, s.counts.per_pos[0]] and s.counts.drafts >= 3
+    assert s.counts.accepted >= 0.9 * s.counts.draft_tokens  # its own draft: near-total acceptance
+    surface = pd.DataFrame([dict(model="m", device="cpu", dtype="float32", batch=b, context=60, tokens=k + 1,
+                                 seconds=t, seconds_min=t * 0.96, seconds_q1=t * 0.98, seconds_q3=t * 1.02,
+                                 seconds_max=t * 1.04, repeats=3)
+                            for b in (1, 2) for k in (0, 1, 2) for t in [0.01 * (1 + 0.3 * k)]])
+    surface.to_csv(tmp_path / "lat.csv", index=False)
+    assert main(["plan", "--calibration", str(cal), "--latency", str(tmp_path / "lat.csv"), "--batch-sizes", "1,2",
+                 "--out", str(plan)]) == 0
+    cfg = json.loads(export_plan(read_plan(plan), "vllm")[0])
+    assert cfg["method"] == "draft_model" and cfg["model"] == draft and cfg["num_speculative_tokens"] in (1, 2)
+    rc = main(["vllm-check", "--calibration", str(cal), "--plan", str(plan), "--k", "1,2", "--batch-sizes", "1,2",
+               "--limit", "2", "--max-new-tokens", "16", "--repeats", "1", "--vllm-eager", "--out", str(check)])
+    assert rc == 0, capsys.readouterr().err[-2000:]
+    res = json.loads(check.read_text())
+    assert set(res["prompt_ids"]) <= set(s.meta["holdout_ids"]) and res["drafter"] == {"method": "draft_model",
+                                                                                       "model": draft}
+    for r in res["acceptance"]:  # lossless: every K's greedy text is plain vLLM's, at every batch size
+        assert r["vllm_drafts"] > 0 and r["vllm_tokens_per_step"] > 1.5, r
+        for c in list(r["vllm_spec_vs_vllm_plain"].values()) + list(r["plain_vs_first_plain"].values()):
+            assert c["identical"] == c["prompts"], r
+    assert [r["batch_size"] for r in res["plan_check"]] == [1, 2] and all(r["plan_k"] in (1, 2)
+                                                                         for r in res["plan_check"])

@@ -30,15 +30,26 @@ class WorkbenchNote(UserWarning):
     written, on stderr."""
 
 
-def warn(message: str) -> None:
-    """Warn the user (WorkbenchWarning): the front end decides how it is shown (the CLI: cli.shared.cli_warnings)."""
-    warnings.warn(message, WorkbenchWarning, stacklevel=2)
+def warn(message) -> None:
+    """Warn the user (WorkbenchWarning): the front end decides how it is shown (the CLI: cli.shared.cli_warnings).
+    `message`: a text, or a core.notes.Note naming a request's field, which each front end words (the warning
+    carries it as `.note`: the CLI names the field by its flag)."""
+    warnings.warn(_carrying(message, WorkbenchWarning), stacklevel=2)
 
 
-def note(message: str) -> None:
+def note(message) -> None:
     """Tell the user a fact about the run (WorkbenchNote), through the same channel as `warn`: the library never
-    prints; the front end words and shows it (the CLI: cli.shared.cli_warnings, each line as written)."""
-    warnings.warn(message, WorkbenchNote, stacklevel=2)
+    prints; the front end words and shows it (the CLI: cli.shared.cli_warnings, each line as written). `message`:
+    a text or a core.notes.Note, as for `warn`."""
+    warnings.warn(_carrying(message, WorkbenchNote), stacklevel=2)
+
+
+def _carrying(message, category: type) -> UserWarning:
+    if isinstance(message, str):
+        return category(message)
+    w = category(message.words())  # the CLI's wording by default (core.notes.flag)
+    w.note = message
+    return w
 
 
 @contextlib.contextmanager
@@ -59,7 +70,10 @@ def warnings_held():
                 held = [" ".join(str(w.message).split()) for w in caught if issubclass(w.category, WorkbenchWarning)]
                 if not held:
                     raise
-                raise WorkbenchError(f"{e} (also: {'; '.join(dict.fromkeys(held))})") from None
+                also = f" (also: {'; '.join(dict.fromkeys(held))})"
+                if hasattr(e, "words"):  # a core.notes.FieldError: still worded by each front end
+                    raise type(e)(e.field, e.code, e.text + also, e.also) from None
+                raise WorkbenchError(f"{e}{also}") from None
     finally:
         _HOLDING.clear()
     seen = set()

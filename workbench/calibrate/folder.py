@@ -120,10 +120,7 @@ def read_meta(folder: str | Path, field: str = "calibration") -> dict:
     if not (folder / META).is_file():
         raise FieldError(field, "not_finished", f"{what}: not a finished calibration folder (no meta.json; run "
                          "`workbench calibrate` to completion)")
-    try:
-        meta = read_json(folder / META, f"{flag(field)} {folder}")
-    except WorkbenchError as e:  # worded `--field folder: ...`: named by the field like the rest
-        raise FieldError(field, "unreadable", "{field}" + str(e)[len(flag(field)):]) from None
+    meta = read_json(folder / META, folder, dict, field)
     meta = meta if "version" in meta else upgrade_meta(meta)
     if meta["version"] != META_VERSION:
         raise FieldError(field, "version", f"{what}: meta.json version {str(meta['version'])[:20]!r}, but this "
@@ -184,7 +181,7 @@ class Calibration:
         if is_served(self.folder):
             raise FieldError(field, "served", f"{{field}} {folder}: a served calibration (the engine's counters: "
                              "one chain's per-position acceptance, no ranks): plan, optimize and export take it; tree "
-                                 "replays and sweeps need `workbench calibrate` of Medusa heads")
+                             "replays and sweeps need `workbench calibrate` of Medusa heads")
         if not (self.folder / RANKS).is_file():
             raise FieldError(field, "not_finished", f"{{field}} {folder}: not a finished calibration folder (no "
                              "meta.json/ranks.parquet; run `workbench calibrate` to completion)")

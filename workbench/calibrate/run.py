@@ -153,9 +153,9 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
     # reused answers are the same tokens by construction, so they are provenance, not part of the run's identity
     reuse = reused_continuations(cfg.continuations, args, [pid for pid, _ in records], hd.vocab_size) \
         if cfg.continuations is not None else None
-    flag = "--out" if cfg.out else "--name"
+    field = "out" if cfg.out else "name"  # the request field that named the folder (its errors name it)
     # another run on this folder refuses (no mixed parts); the processes of this launch share it
-    with run_lock(folder, flag, launch=launch):
+    with run_lock(folder, field, launch=launch):
         with gate(folder):  # the launch's processes check (and with --force clear) the folder one at a time
             done = _prepare_folder(folder, name, args, cfg.force)
         share = launch.share(batches) if not done else range(0)
@@ -163,7 +163,7 @@ def calibrate(cfg: CalibrateConfig, *, on_batch=None, progress: bool = True) -> 
         if done and launch.rank:
             return dict(mine, merged=False)
         if not done:
-            with Shard(folder / "parts", launch, f"{flag} {folder}") as shard:
+            with Shard(folder / "parts", launch, folder, field) as shard:
                 mine["computed"] = _run_batches(folder, base, tok, hd, records, encoded, args, share, on_batch,
                                                 progress and launch.rank == 0, reuse)
                 last = shard.finish()

@@ -37,7 +37,7 @@ import pandas as pd
 
 from workbench import WorkbenchError
 from workbench.core.data import load_prompt_records
-from workbench.core.notes import FieldError, flag
+from workbench.core.notes import FieldError, flag, named, refused
 from workbench.core.speed import draft_tokens_per_step
 from workbench.core.io import atomic_write_json, atomic_write_text, read_csv, read_json
 
@@ -79,23 +79,25 @@ class ServedCounts:
         return [a / (self.decode_steps or self.drafts) for a in self.per_pos]
 
 
-def checked_counts(k: int, drafts: int, draft_tokens: int, accepted: int, per_pos, what: str,
-                   decode_steps: int | None = None) -> ServedCounts:
+def checked_counts(k: int, drafts: int, draft_tokens: int, accepted: int, per_pos, what,
+                   decode_steps: int | None = None, field: str | None = None) -> ServedCounts:
     """ServedCounts after the rules vLLM's own counting obeys (SpecDecodingStats.observe_draft): a break is two
-    sources mixed or a damaged file, one error line."""
+    sources mixed or a damaged file, one error line naming `what` (after the request's `field` that gave it where
+    one did: core.notes.named)."""
+    what = named(field, what)
     per_pos = tuple(int(x) for x in per_pos)
     if drafts <= 0:
-        raise WorkbenchError(f"{what}: no drafts were counted (vllm:spec_decode_num_drafts did not grow): serve "
-                             "requests between the two scrapes, with speculation on")
+        raise refused(field, "no_drafts", f"{what}: no drafts were counted (vllm:spec_decode_num_drafts did not grow): serve "
+                      "requests between the two scrapes, with speculation on")
     if not 1 <= k <= MAX_K or len(per_pos) != k:
-        raise WorkbenchError(f"{what}: {len(per_pos)} draft positions, need 1..{MAX_K}")
+        raise refused(field, "positions", f"{what}: {len(per_pos)} draft positions, need 1..{MAX_K}")
     bad = (sum(per_pos) != accepted or accepted > draft_tokens or draft_tokens > drafts * k
            or any(b > a for a, b in zip((drafts,) + per_pos, per_pos)) or min(per_pos) < 0)
     if bad:
-        raise WorkbenchError(f"{what}: the counts disagree (accepted per position {list(per_pos)[:8]} should sum "
-                             f"to the {accepted} accepted tokens, never rise along the draft, and stay within "
-                             f"{drafts} drafts of {draft_tokens} tokens): counters from two servers or two runs "
-                             "mixed; scrape one server twice")
+        raise refused(field, "counts_disagree", f"{what}: the counts disagree (accepted per position {list(per_pos)[:8]} should sum "
+                      f"to the {accepted} accepted tokens, never rise along the draft, and stay within "
+                      f"{drafts} drafts of {draft_tokens} tokens): counters from two servers or two runs "
+                      "mixed; scrape one server twice")
     if decode_steps is not None and decode_steps < drafts:
         decode_steps = None  # a stop token inside a draft ends a request early: then the steps are not known
     return ServedCounts(k, drafts, draft_tokens, accepted, per_pos, decode_steps)
@@ -135,15 +137,15 @@ def write_served(folder, counts: ServedCounts, setting: dict, per_k=()) -> Path:
     per_k = sorted(per_k, key=lambda c: c.k)
     if any(not 1 <= c.k < counts.k for c in per_k) or len({c.k for c in per_k}) < len(per_k):
         raise WorkbenchError(f"per-K runs at K = {[c.k for c in per_k]}: each K once, below {counts.k}")
-    atomic_write_text(folder / TABLE, counts.table().to_csv(index=False), "--out")
+    atomic_write_text(folder / TABLE, counts.table().to_csv(index=False), "out")
     if per_k:
         table = pd.concat([c.table().assign(num_speculative_tokens=c.k) for c in per_k])
         atomic_write_text(folder / PER_K_TABLE, table[["num_speculative_tokens", *counts.table().columns]].to_csv(
-            index=False), "--out")
+            index=False), "out")
     else:
         (folder / PER_K_TABLE).unlink(missing_ok=True)
     atomic_write_json(folder / META, dict(kind=KIND, version=SERVED_VERSION, **setting, **counts.totals(),
-                                          per_k=[c.totals() for c in per_k]), "--out")
+                                          per_k=[c.totals() for c in per_k]), "out")
     return folder
 
 
@@ -177,7 +179,7 @@ class Served:
 
     def __init__(self, folder, field: str = "acceptance"):
         """`field`: the request field that named the folder: every error of opening it names it (FieldError)."""
-        self.folder, what = Path(folder), f"{flag(field)} {folder}"
+        self.folder, self.field, what = Path(folder), field, f"{flag(field)} {folder}"
         try:
             self._open(what)
         except FieldError:
@@ -191,18 +193,19 @@ class Served:
         if not (self.folder / META).is_file():
             raise WorkbenchError(f"{what}: not a served calibration (no {META}; write one with `workbench calibrate "
                                  "--engine vllm` or `--metrics`)")
-        self.meta = upgrade_served(read_json(self.folder / META, what))
+        self.meta = upgrade_served(read_json(self.folder / META, self.folder, dict, self.field))
         if self.meta.get("kind") != KIND or self.meta.get("version") != SERVED_VERSION:
             raise WorkbenchError(f"{what}: meta.json is not a served calibration of version {SERVED_VERSION} "
                                  f"(kind {str(self.meta.get('kind'))[:20]!r}): write it again")
-        df = read_csv(self.folder / TABLE, what, ("position", "drafts", "accepted"), "`workbench calibrate --engine "
-                      "vllm`")
+        df = read_csv(self.folder / TABLE, self.field, ("position", "drafts", "accepted"), "workbench calibrate "
+                      "--engine vllm")
         self.counts = _counts(df, self.meta, what, TABLE)
         runs = self.meta.get("per_k")
         if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
             raise WorkbenchError(f"{what}: meta.json per_k should be a list of each K's totals: write it again")
-        table = read_csv(self.folder / PER_K_TABLE, what, ("num_speculative_tokens", "position", "drafts", "accepted"),
-                         "`workbench calibrate --engine vllm`") if runs else None
+        table = read_csv(self.folder / PER_K_TABLE, self.field, ("num_speculative_tokens", "position", "drafts",
+                                                                 "accepted"), "workbench calibrate --engine vllm") \
+            if runs else None
         self.per_k = {self.counts.k: self.counts}  # every K served in a run of its own
         for r in runs:
             k = r.get("num_speculative_tokens")

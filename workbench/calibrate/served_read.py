@@ -121,7 +121,7 @@ def metrics_counts(texts: list[tuple[str, str]]) -> tuple[ServedCounts, dict]:
             if after < before:
                 raise WorkbenchError(f"{what}: a counter went down between the scrapes ({before:g} -> {after:g}): the "
                                      "server restarted, the scrapes come from two servers, or they are in the wrong order "
-                                 "(give BEFORE then AFTER)")
+                                     "(give BEFORE then AFTER)")
             total += after - before
         return int(round(total))
 

@@ -118,5 +118,5 @@ def record_topk(folder, model, tok, heads, batch: int = 8, max_new_tokens: int |
         logps.append(got.logp)
         idss.append(got.ids)
     df = topk_frame(pids, [len(c) for c in conts], np.concatenate(logps), np.concatenate(idss))
-    atomic_write(cal.folder / TOPK, lambda tmp: df.to_parquet(tmp, index=False), "--calibration")
+    atomic_write(cal.folder / TOPK, lambda tmp: df.to_parquet(tmp, index=False), "calibration")
     return df

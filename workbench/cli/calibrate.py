@@ -34,7 +34,7 @@ def _record_topk(args) -> int:
     if folder is None:
         raise WorkbenchError("--record-topk works on a finished calibration: name it with --name NAME or --out DIR")
     cal = Calibration(folder, "record_topk")
-    check_output(cal.folder / TOPK, "--record-topk")  # before the model loads
+    check_output(cal.folder / TOPK, "record_topk")  # before the model loads
     model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype)
     df = record_topk(cal.folder, model, tok, heads, max_new_tokens=args.max_new_tokens)
     print(f"{cal.folder / 'topk.parquet'}: {len(df)} held-out positions x {heads.num_heads} heads x top-"
@@ -57,14 +57,14 @@ def _cmd_calibrate(args) -> int:
     if one_process_warning():
         print(one_process_warning(), file=sys.stderr)
     if args.out:
-        check_output(args.out, "--out", "folder")
+        check_output(args.out, "out", "folder")
     elif args.name:
         from workbench.calibrate.folder import calibration_root
 
-        check_output(calibration_root() / args.name, "--name", "folder")
+        check_output(calibration_root() / args.name, "name", "folder")
         check_not_protected({"--name": (calibration_root() / args.name, "folder")},
                             protected_folders(args.model, args.heads))
-    check_output(args.trees_dir, "--trees-dir", "folder")
+    check_output(args.trees_dir, "trees_dir", "folder")
     settings = {f.name: getattr(args, f.name) for f in fields(CalibrateConfig)}  # the flags are the fields
     meta = calibrate(CalibrateConfig(**settings | dict(budgets=parse_ints(args.budgets, "--budgets", "nodes"))))
     if "merged" in meta:  # a process of a data-parallel launch

@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 
 from workbench import WorkbenchError
-from workbench.cli.shared import bounded, renamed, warn_line, write_output
+from workbench.cli.shared import bounded, flag_of, renamed, warn_line, write_output
 from workbench.cli.trees import TREE_HELP, objective
 from workbench.core.io import check_output
+from workbench.core.notes import worded
 from workbench.export.engines import PLAN_FORMATS, engine_safe, export_plan, export_tree
 from workbench.export.trtllm import TRTLLM_CPP_MAX_DEPTH, TRTLLM_CPP_RANK_LIMIT, TRTLLM_MAX_DRAFT_LEN
 from workbench.export.vllm import VLLM_METHODS
@@ -37,7 +38,7 @@ def _cmd_export(args) -> int:
         if not looks_like_plan(args.tree) or args.model is not None:
             raise WorkbenchError("--model is for --format vllm-heads; --method, --draft-model and --vllm-version "
                                  "for a plan with --format vllm, vllm-token-schedule or trtllm-schedule")
-    check_output(args.out, "--out")
+    check_output(args.out, "out")
     if looks_like_plan(args.tree):
         return _export_plan(args)
     if args.format in ("trtllm-schedule", "vllm-token-schedule"):
@@ -56,6 +57,8 @@ def _cmd_export(args) -> int:
     if args.engine_safe:  # accuracies price the repair; without them it is structural and its cost unknown
         value = objective(args)[1] if (args.accuracies or args.calibration) else None
         tree, note = engine_safe(tree, fmt, value, max_nodes=args.max_draft_len, heads=args.heads)
+        if note.endswith("cost unknown"):
+            note += " (give --accuracies or --calibration to minimise it)"
         print(f"note: {note}", file=sys.stderr)
     elif args.accuracies or args.calibration:
         raise WorkbenchError("--accuracies / --calibration only price an --engine-safe repair: add --engine-safe")
@@ -81,7 +84,7 @@ def _export_plan(args) -> int:
     text, warns, notes = export_plan(plan, args.format, args.heads_dir, args.synthetic, args.batch_sizes, args.name,
                                      args.max_draft_len, args.method, args.draft_model, args.vllm_version)
     for n in notes:
-        print(f"note: {n}", file=sys.stderr)
+        print(f"note: {worded(n, flag_of)}", file=sys.stderr)
     for w in warns:
         warn_line(w.words(EXPORT_FIXES))
     write_output(text, args.out, f"{args.format} settings")
@@ -96,7 +99,7 @@ def _export_profile(args) -> int:
 
     if args.tree is not None or args.accuracies or args.engine_safe:
         raise WorkbenchError("--format speculation-profile describes a calibration: give only --calibration DIR")
-    check_output(args.out, "--out")
+    check_output(args.out, "out")
     if args.out and args.calibration:
         check_not_inputs({"--out": (args.out, "file")}, {"--calibration": args.calibration})
     write_output(write_profile(args.calibration), args.out, "speculation profile")
@@ -111,10 +114,10 @@ def _export_vllm_heads(args) -> int:
         raise WorkbenchError("--format vllm-heads writes a folder: give --out DIR")
     if args.tree is not None and args.heads_dir is not None:
         raise WorkbenchError("give the heads once: HEADS or --heads DIR")
-    check_output(args.out, "--out", "folder")
+    check_output(args.out, "out", "folder")
     _, notes = export_vllm_heads(args.tree or args.heads_dir, args.model, args.out)
     for n in notes:
-        print(f"note: {n}", file=sys.stderr)
+        print(f"note: {worded(n, flag_of)}", file=sys.stderr)
     print(f"wrote vLLM Medusa heads to {args.out}", file=sys.stderr)
     return 0
 

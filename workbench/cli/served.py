@@ -40,7 +40,7 @@ def cmd_served(args) -> int:
                              "and --vllm-python are for a run (calibrate --engine vllm)")
     folder = Path(args.out) if args.out else calibration_root() / (
         args.name or f"served-{method}-" + slug("metrics" if read else args.prompts, file_stem=True))
-    check_output(folder, "--out" if args.out else "--name", "folder")
+    check_output(folder, "out" if args.out else "name", "folder")
     inputs = {f"--metrics {m}": m for m in args.metrics or []} | ({"--requests": args.requests} if args.requests
                                                                   else {})
     check_not_inputs({"--out": (folder, "folder")}, inputs)
@@ -62,7 +62,7 @@ def cmd_served(args) -> int:
     else:
         runs, setting = _run(args, method)
         counts = runs[-1]
-    with run_lock(folder, "--out"):
+    with run_lock(folder, "out"):
         write_served(folder, counts, setting, runs[:-1])
     for c in runs:
         t = c.totals()
@@ -82,7 +82,7 @@ def _run(args, method: str):
     from workbench.core.data import load_prompt_records
     from workbench.export.vllm_check import vllm_inputs
     from workbench.measure.vllm_acceptance import served_acceptance
-    from workbench.measure.vllm_runner import vllm_python
+    from workbench.measure.vllm_runner import draft_folder, vllm_python
     from workbench.runtime.models import model_label
 
     py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
@@ -95,6 +95,8 @@ def _run(args, method: str):
                              "needs weights")
     if method in ("eagle", "eagle3", "draft_model", "mlp_speculator", "dflash", "dspark") and not args.draft_model:
         raise WorkbenchError(f"--method {method} needs --draft-model DIR (the drafter's weights)")
+    if args.draft_model:
+        draft_folder(args.draft_model, method)  # before any model loads; its vocabulary once the model's is known
     records = load_prompt_records(args.prompts, args.limit)
     held = holdout_split([r[0] for r in records], args.holdout)  # never served: `vllm-check` checks a plan on them
     records = [r for r in records if r[0] not in held]
@@ -103,7 +105,8 @@ def _run(args, method: str):
     if method == "medusa" and k > inputs["heads"].num_heads:
         raise WorkbenchError(f"--k {k}: the heads draft at most {inputs['heads'].num_heads} tokens (one per head)")
     drafter = {"method": "medusa", "model": inputs["heads_folder"]} if method == "medusa" else \
-        {"method": method} | ({"model": str(Path(args.draft_model).resolve())} if args.draft_model else {})
+        {"method": method} | ({"model": draft_folder(args.draft_model, method, inputs["model_dir"])}
+                              if args.draft_model else {})
     runs, where = served_acceptance(py, inputs["model_dir"], drafter, k, inputs["ids"], [r[0] for r in records],
                                     inputs["eos"], min(8, len(records)), args.max_new_tokens)
     return runs, dict(engine="vllm", engine_version=where.get("vllm"), method=method,

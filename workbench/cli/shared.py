@@ -30,7 +30,7 @@ def flag_of(field: str) -> str:
 def write_output(text: str, out: str | None, what: str = "") -> None:
     """Text to --out (atomically, with a note on stderr) or stdout: every command writes results this way."""
     if out:
-        atomic_write_text(out, text, "--out")
+        atomic_write_text(out, text, "out")
         if what:
             print(f"wrote {what} to {out}", file=sys.stderr)
     else:
@@ -70,6 +70,8 @@ def cli_warnings():
 
 
 def _show(message, category, *_a, **_k) -> None:
+    if getattr(message, "note", None) is not None:  # a core.notes.Note: its field named by the CLI's flag
+        message = message.note.words(flag_of)
     if category is WorkbenchNote:
         print(str(message), file=sys.stderr, flush=True)
     else:
@@ -113,8 +115,8 @@ def check_script_args(args) -> None:
             raise WorkbenchError(f"{flag} {v}: unknown dtype (use auto, float32, bfloat16 or float16)")
     outputs = {f"--{d.replace('_', '-')}": (getattr(args, d), kind) for d, kind in SCRIPT_OUTPUTS.items()
                if getattr(args, d, None)}
-    for flag, (path, kind) in outputs.items():
-        check_output(path, flag, kind)
+    for dest, kind in SCRIPT_OUTPUTS.items():
+        check_output(getattr(args, dest, None), dest, kind)
     inputs = {f"--{d.replace('_', '-')}": v for d, v in vars(args).items()
               if d not in SCRIPT_OUTPUTS and isinstance(v, str) and v and os.path.lexists(v)}
     check_not_inputs(outputs, inputs, protected_folders(getattr(args, "model", None), getattr(args, "heads", None)))

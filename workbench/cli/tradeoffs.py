@@ -31,8 +31,8 @@ def cmd_latency(args) -> int:
         from workbench.cli.vllm import cmd_latency_vllm
 
         return cmd_latency_vllm(args)
-    check_output(args.out, "--out")  # before the imports (torch, transformers): a bad output fails in a second
-    check_output(None if args.out else args.calibration, "--calibration", "folder")
+    check_output(args.out, "out")  # before the imports (torch, transformers): a bad output fails in a second
+    check_output(None if args.out else args.calibration, "calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
     from workbench.measure.latency import device_name, measure_decoder_steps, measure_latency
     from workbench.measure.request import latency_fits, random_config_fits
@@ -79,14 +79,14 @@ def cmd_latency(args) -> int:
         from workbench.trees.tree import load_tree
 
         envelope = load_tree(args.envelope)
-    with run_lock(out, "--out", kind="file"):  # finished points wait in OUT.work/ (a rerun resumes from them)
+    with run_lock(out, "out", kind="file"):  # finished points wait in OUT.work/ (a rerun resumes from them)
         if step:
             df = measure_decoder_steps(model, heads, tok, prompts, sizes, batches, repeats, warmup,
                                        args.max_new_tokens, label, engine=engine, work=out, envelope=envelope)
         else:
             df = measure_latency(model, sizes, contexts, repeats, warmup, heads, label, engine=engine,
                                  batches=batches, work=out)
-        atomic_write_text(out, df.to_csv(index=False), "--out")
+        atomic_write_text(out, df.to_csv(index=False), "out")
         remove_work(out)
     print(f"{dev} {df['dtype'].iloc[0]}, {mode}, median and interquartile range of {repeats}:", file=sys.stderr)
     extra = f"{'bare fwd ms':>12}" if step else ""
@@ -109,7 +109,7 @@ def cmd_plan(args) -> int:
     from workbench.plan.source import plan_source
 
     batch_sizes = parse_ints(args.batch_sizes, "--batch-sizes", "batch")
-    check_output(args.out, "--out")
+    check_output(args.out, "out")
     from workbench.core.provenance import describe, loaded
 
     if args.max_new_tokens is not None and not args.calibration:
@@ -185,7 +185,7 @@ def cmd_sweep(args) -> int:
     for spec in args.trees or []:  # a malformed tree fails before the model loads (depth is checked after)
         load_tree(spec)
     envelope = load_tree(args.envelope) if args.envelope else None
-    check_output(args.out, "--out")
+    check_output(args.out, "out")
     if Path(args.out).exists() and not Path(args.out).is_file():
         raise WorkbenchError(f"--out {args.out}: not a regular file; a sweep resumes from its own CSV: give a file")
     read_sweep_rows(args.out)  # a foreign --out file, too
@@ -201,7 +201,7 @@ def cmd_sweep(args) -> int:
     from workbench.runtime.engine import StepEngine
     from workbench.decode.request import check_positions
 
-    with run_lock(args.out, "--out", kind="file"):  # a second sweep into this file refuses
+    with run_lock(args.out, "out", kind="file"):  # a second sweep into this file refuses
         model, tok, heads = load_model_and_heads(args.model, args.heads, args.device, args.dtype, args.attn,
                                                  device_map=args.device_map)
         planned = None
@@ -236,8 +236,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_sweep_report(args) -> int:
-    check_output(args.out, "--out")  # before the imports: reading a sweep imports torch (sweep.py runs them too)
-    check_output(args.figures, "--figures", "folder")
+    check_output(args.out, "out")  # before the imports: reading a sweep imports torch (sweep.py runs them too)
+    check_output(args.figures, "figures", "folder")
     from workbench.plan.plan_file import read_plan
     from workbench.plan.report import report_inputs, summarize
 

@@ -81,8 +81,8 @@ def cmd_train_heads(args) -> int:
         raise WorkbenchError(f"--active-steps {args.active_steps}: must be between 0 and --steps ({args.steps})")
     work, out = default_folders(args.model)
     work, out = Path(args.work or work), Path(args.out or out)
-    check_output(work, "--work", "folder")
-    check_output(out, "--out", "folder")
+    check_output(work, "work", "folder")
+    check_output(out, "out", "folder")
     summary = train_heads(work, cfg, args.model, out, args.device, device_map=args.device_map)
     if not summary["trained"]:  # a process of a data-parallel launch that did not finish last
         print(f"process {summary['rank']} of {summary['num_processes']}: its share of the data is in {work}/parts "
@@ -121,8 +121,8 @@ def _cmd_train_medusa2(args) -> int:
     work, _ = default_folders(args.model)
     work = Path(args.work) if args.work else work.with_name(work.name + "-medusa2")
     out = Path(args.out) if args.out else Path(f"{work.name}-out")
-    check_output(work, "--work", "folder")
-    check_output(out, "--out", "folder")
+    check_output(work, "work", "folder")
+    check_output(out, "out", "folder")
     summary = train_medusa2(work, cfg, args.model, out, args.device)
     if not summary["trained"]:
         print(f"process {summary.get('rank', 0)}: done ({summary['steps']} steps); the main process writes {out}",
@@ -219,18 +219,18 @@ def cmd_eval_heads(args) -> int:
     from workbench.trees.tree import load_tree
 
     load_tree(args.tree)  # a malformed tree fails before two models load (its depth is checked against the heads)
-    for flag, path in (("--out", args.out), ("--table", args.table)):
-        check_output(path, flag)
+    for field, path in (("out", args.out), ("table", args.table)):
+        check_output(path, field)
     anchor = args.out or args.table  # the finished phases wait beside it (a rerun resumes from them)
-    with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
+    with run_lock(anchor, "out" if args.out else "table", kind="file"):
         r = evaluate_medusa2(args.medusa2, args.model, args.heads, args.prompts, args.holdout, args.limit,
                              args.max_new_tokens, args.topk, args.tree, args.live, args.device, args.batch_size,
                              work=anchor)
         table = eval_table(r)
         if args.out:
-            atomic_write_json(args.out, r, "--out")
+            atomic_write_json(args.out, r, "out")
         if args.table:
-            atomic_write_text(args.table, table, "--table")
+            atomic_write_text(args.table, table, "table")
         remove_work(anchor)
     print(table)
     return 0

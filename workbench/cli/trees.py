@@ -23,7 +23,7 @@ from workbench.trees.tree import (MAX_DEPTH, MAX_NODES, MEDUSA_TOPK, Tree, ascii
 
 
 def _cmd_tree_show(args) -> int:
-    check_output(args.png, "--png")
+    check_output(args.png, "png")
     tree = load_tree(args.tree, num_heads=args.heads)
     st = tree_stats(tree)
     labels = None
@@ -58,7 +58,7 @@ def _cmd_tree_list(args) -> int:
 def _cmd_tree_buffers(args) -> int:
     if args.topk < 1:
         raise WorkbenchError(f"--topk must be >= 1, got {args.topk}")
-    check_output(args.out, "--out")
+    check_output(args.out, "out")
     write_json(buffers_record(load_tree(args.tree, topk=args.topk), args.topk), args.out)
     return 0
 
@@ -124,8 +124,8 @@ def objective(args):
 
 
 def _cmd_optimize(args) -> int:
-    check_output(args.out, "--out")
-    check_output(args.curve_out, "--curve-out")
+    check_output(args.out, "out")
+    check_output(args.curve_out, "curve_out")
     if not args.latency:
         used = [f for f, v in (("--batch-sizes", args.batch_sizes), ("--prediction", args.prediction),
                                ("--max-new-tokens", args.max_new_tokens), ("--context", args.context)) if v is not None]
@@ -217,7 +217,7 @@ def _optimize_for_latency(args) -> int:
     if args.curve_out:
         import pandas as pd
 
-        atomic_write_text(args.curve_out, pd.DataFrame(rows).to_csv(index=False), "--curve-out")
+        atomic_write_text(args.curve_out, pd.DataFrame(rows).to_csv(index=False), "curve_out")
     else:
         print(f"{'budget':>6}{'tokens/step':>13}{'t(n+1)/t(1)':>13}{'speedup':>9}", file=sys.stderr)
         for r in rows:

@@ -25,9 +25,9 @@ def cmd_vllm_check(args) -> int:
                            tuple(parse_ints(args.batch_sizes, "--batch-sizes", "batch")), args.prompts, args.limit,
                            args.max_new_tokens, args.raw, args.repeats, args.vllm_eager, args.compile).checked()
     vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
-    check_output(args.out, "--out")
+    check_output(args.out, "out")
     if args.table:
-        check_output(args.table, "--table")
+        check_output(args.table, "table")
     anchor = args.out or args.table  # finished batch sizes and decoder parts wait beside it (a rerun resumes)
     if args.calibration and is_served(args.calibration):  # a drafter vLLM serves: plain vLLM is the referee
         return _served_check(args, anchor)
@@ -36,11 +36,11 @@ def cmd_vllm_check(args) -> int:
 
 def _checked(args, anchor, run, table_of) -> int:
     """Run a check under the output's lock; write its table and JSON, then drop the finished parts kept for resume."""
-    with run_lock(anchor, "--out" if args.out else "--table", kind="file"):
+    with run_lock(anchor, "out" if args.out else "table", kind="file"):
         res = run()
         table = table_of(res)
         if args.table:
-            atomic_write_text(args.table, table, "--table")
+            atomic_write_text(args.table, table, "table")
         write_output(json.dumps(res, indent=1) + "\n", args.out, "vllm-check JSON")
         remove_work(anchor)
     print(table, file=sys.stderr if not args.out else sys.stdout)
@@ -109,7 +109,7 @@ def cmd_latency_vllm(args) -> int:
     """`workbench latency --engine vllm`: vLLM's served rounds per (batch, K) as a latency CSV."""
     from pathlib import Path
 
-    from workbench.measure.vllm_runner import vllm_python
+    from workbench.measure.vllm_runner import draft_folder, vllm_python
 
     if args.engine != "vllm":
         raise WorkbenchError("--k, --method, --draft-model, --vllm-python and --vllm-eager time vLLM's rounds: add "
@@ -126,8 +126,10 @@ def cmd_latency_vllm(args) -> int:
                              args.repeats, args.warmup, args.prompts, args.calibration,
                              tuple(given)).resolved(VLLM_METHODS)  # the rules and defaults live in the request
     py = vllm_python(args.vllm_python)  # one line saying how to make one, before any model loads
-    check_output(args.out, "--out")
-    check_output(None if args.out else args.calibration, "--calibration", "folder")
+    if args.draft_model:
+        draft_folder(args.draft_model, args.method)  # before any model loads; its vocabulary once the model's is known
+    check_output(args.out, "out")
+    check_output(None if args.out else args.calibration, "calibration", "folder")
     from workbench.calibrate.folder import Calibration, default_latency_path, latency_path, read_meta
     from workbench.core.data import load_prompt_records
     from workbench.export.vllm_check import vllm_inputs
@@ -144,18 +146,19 @@ def cmd_latency_vllm(args) -> int:
     heads = inputs["heads"]
     ks = req.ks(heads.num_heads if medusa else None, DEFAULT_KS)
     drafter = {"method": "medusa", "model": inputs["heads_folder"]} if medusa else \
-        {"method": args.method} | ({"model": str(Path(args.draft_model).resolve())} if args.draft_model else {})
+        {"method": args.method} | ({"model": draft_folder(args.draft_model, args.method, inputs["model_dir"])}
+                                   if args.draft_model else {})
     label = model_label(args.model)
     out = Path(args.out) if args.out else (latency_path(args.calibration, "vllm-cpu") if args.calibration
                                            else default_latency_path(label, "vllm-cpu"))
-    with run_lock(out, "--out", kind="file"):  # finished batch sizes wait in OUT.work/ (a rerun resumes from them)
+    with run_lock(out, "out", kind="file"):  # finished batch sizes wait in OUT.work/ (a rerun resumes from them)
         df = measure_vllm_rounds(py, inputs["model_dir"], drafter, ks, inputs["ids"], [r[0] for r in records],
                                  batches, req.repeats, req.warmup,
                                  args.max_new_tokens, label,
                                  work=out,
                                  settings=dict(model=label, drafter=heads_fingerprint(heads) if medusa else drafter),
                                  eager=args.vllm_eager)
-        atomic_write_text(out, df.to_csv(index=False), "--out")
+        atomic_write_text(out, df.to_csv(index=False), "out")
         remove_work(out)
     r0 = df.iloc[0]
     print(f"vLLM {r0['engine_version']} served rounds ({drafter['method']}), context {r0['context']} (range "

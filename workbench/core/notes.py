@@ -62,6 +62,22 @@ class FieldError(WorkbenchError):
         return text
 
 
-def worded(err: Exception, names: Names | None = None) -> str:
-    """Any error as a front end shows it: a FieldError in the front end's names, anything else as it is."""
-    return err.words(names) if isinstance(err, FieldError) else str(err)
+def named(field: str | None, what="", slot: str = "field") -> str:
+    """A reader's label in an error's text: "{field} WHAT" where a request's field named the input (each front end
+    names the field: the CLI by its flag, the app by its control; `slot` "also" where the error's own field is
+    another), else WHAT as it is (an input no request field names)."""
+    if not field:
+        return str(what)
+    return "{" + slot + "}" + (f" {what}" if str(what) else "")
+
+
+def refused(field: str | None, code: str, text: str, also: str | tuple[str, ...] | None = None) -> WorkbenchError:
+    """The error of a reader whose label `named` made: a FieldError where a field named the input, else a plain
+    WorkbenchError (`text` then names no field)."""
+    return FieldError(field, code, text, also) if field else WorkbenchError(text)
+
+
+def worded(said, names: Names | None = None) -> str:
+    """Any error or note as a front end shows it: a FieldError or a Note in the front end's names, anything else
+    (a plain error, a note's text) as it is."""
+    return said.words(names) if isinstance(said, (FieldError, Note)) else str(said)

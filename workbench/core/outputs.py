@@ -119,7 +119,7 @@ def writable_cache(what: str) -> Path:
     fix = "point WORKBENCH_CACHE at a folder you can write" + (" (or unset it: ~/.cache/workbench)"
                                                               if os.environ.get("WORKBENCH_CACHE") else "")
     try:
-        check_output(root, "WORKBENCH_CACHE", "folder", name)
+        check_output(root, None, "folder", name)
     except WorkbenchError as e:
         raise WorkbenchError(f"{e} (needed for {what}): {fix}") from None
     return root

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 from workbench import WorkbenchError, note
+from workbench.core.notes import FieldError
 from workbench.core.io import atomic_write_json, read_json, work_folder
 
 
@@ -28,20 +29,21 @@ class WorkState:
     never mix. Nothing is written before the first piece (a run refused early leaves nothing). Without a file
     (`out` None) the pieces live in memory only. The caller holds the output's run_lock."""
 
-    def __init__(self, out: str | Path | None, settings: dict, flag: str = "--out"):
-        self.folder, self.flag, self.memory = work_folder(out), flag, {}
+    def __init__(self, out: str | Path | None, settings: dict, field: str = "out"):
+        """`field`: the request field that named `out` (its errors name it: core.notes.FieldError)."""
+        self.folder, self.field, self.memory = work_folder(out), field, {}
         self.settings = json.loads(json.dumps(settings))  # as it reads back
         self.stale = False  # the folder holds another run's pieces: cleared at the first put
         if self.folder is None or not self.folder.exists():
             return
         if not self.folder.is_dir():
-            raise WorkbenchError(f"{flag} {out}: {self.folder} is a file, not the run's work folder; remove it or "
-                                 f"give another {flag}")
+            raise FieldError(field, "work_is_file", f"{{field}} {out}: {self.folder} is a file, not the run's work "
+                             "folder; remove it or give another {field}")
         f = self.folder / "settings.json"
         if not f.is_file():
             if any(not p.name.startswith(".") for p in self.folder.iterdir()):
-                raise WorkbenchError(f"{flag} {out}: {self.folder} holds files but no settings.json (not this "
-                                     f"command's work folder); remove it or give another {flag}")
+                raise FieldError(field, "foreign_work", f"{{field}} {out}: {self.folder} holds files but no "
+                                 "settings.json (not this command's work folder); remove it or give another {field}")
             return
         try:
             recorded = read_json(f, str(self.folder)).get("settings")
@@ -85,8 +87,8 @@ class WorkState:
             shutil.rmtree(self.folder, ignore_errors=True)
             self.stale = False
         if not (self.folder / "settings.json").is_file():
-            atomic_write_json(self.folder / "settings.json", {"settings": self.settings}, self.flag)
-        atomic_write_json(self._path(name), {"value": value}, self.flag)
+            atomic_write_json(self.folder / "settings.json", {"settings": self.settings}, self.field)
+        atomic_write_json(self._path(name), {"value": value}, self.field)
 
     def piece(self, name: str, compute):
         """The piece `name` if finished, else compute() kept as it."""

@@ -20,6 +20,7 @@ picks among them at run time, and no fixed per-batch-size setting of its could b
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from workbench import WorkbenchError
 from workbench.core.notes import FieldError
@@ -80,11 +81,12 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
                 heads: int | None = None) -> tuple[Tree, str]:
     """(a tree the engine builds exactly as written, one line saying what changed and at what cost): trtllm.repair
     (at most `max_nodes`, the engine's max_draft_len) or vllm.repair (no deeper than `heads`). `value` is
-    acc[K, R] or a path value function; without it the cost is unknown and a stand-in ranks nodes (trtllm)."""
+    acc[K, R] or a path value function; without it the cost is unknown (the line ends "cost unknown") and a
+    stand-in ranks nodes (trtllm)."""
     _check_safe_engine(engine)
     fn = depth = ranks = None
     if value is not None:  # a table's limits are its shape; a value function's, the tree's own
-        fn, depth, ranks = value_and_limits(value, what="--engine-safe", fallback=(tree.depth, tree.max_rank + 1))
+        fn, depth, ranks = value_and_limits(value, what="the engine repair", fallback=(tree.depth, tree.max_rank + 1))
         if tree.depth > depth or tree.max_rank >= ranks:
             raise WorkbenchError(f"tree needs depth {tree.depth} and top-{tree.max_rank + 1} but the accuracies have "
                                  f"{depth} heads and top-{ranks}")
@@ -98,7 +100,7 @@ def engine_safe(tree: Tree, engine: str, value=None, max_nodes: int | None = Non
     change = (f"engine-safe for {engine}: {tree.nodes} -> {safe.nodes} nodes, added {_short(added)}, "
               f"dropped {_short(gone)}{why}; ")
     if fn is None:
-        return safe, change + "cost unknown (give --accuracies or --calibration to minimise it)"
+        return safe, change + "cost unknown"  # without accuracies (the front end says which input minimises it)
     before, after = expected_length(tree, fn), expected_length(safe, fn)
     cost = f"cost {before - after:.4f}" if after <= before else f"a gain of {after - before:.4f}"
     return safe, change + f"expected acceptance {before:.4f} -> {after:.4f} tokens/step ({cost})"
@@ -162,8 +164,10 @@ def export_plan(plan: dict, fmt: str, heads_dir=None, synthetic: bool = False, b
     if fmt == "trtllm-schedule":
         notes: list[str] = []
         src = plan.get("source") or {}
-        text, more, more_notes = trtllm.write_schedule(vllm.vllm_schedule(plan, notes),
-                                                       method or (src.get("method") if src.get("served") else None))
+        served = src.get("served") and not method
+        text, more, more_notes = trtllm.write_schedule(
+            vllm.vllm_schedule(plan, notes), method or (src.get("method") if src.get("served") else None),
+            str(Path(draft_model).resolve()) if draft_model else (src.get("draft_model") if served else None))
         return text, warns + more, notes + more_notes
     row, notes = row_at(plan, batch_size or 1)
     if row["kind"] == "none":

@@ -42,7 +42,8 @@ def chain_counts(cal: Calibration) -> ServedCounts:
         ok = ok & ranks[h].eq(0)
         per_pos.append(int(ok.sum()))
     tokens = int(ranks[heads].notna().sum().sum())
-    return checked_counts(len(heads), drafts, tokens, sum(per_pos), per_pos, f"--calibration {cal.folder}")
+    return checked_counts(len(heads), drafts, tokens, sum(per_pos), per_pos, cal.folder,
+                          field="calibration")
 
 
 def speculation_profile(folder) -> dict:

@@ -124,7 +124,11 @@ def repair(tree: Tree, fn, max_nodes: int | None = None) -> tuple[Tree | None, s
 # DecodingBaseConfig.validate_draft_len_schedule_and_sort (tensorrt_llm/llmapi/llm_args.py) does.
 TRTLLM_SCHEDULE = ("TensorRT-LLM (PyTorch backend) speculative_config.draft_len_schedule, PR #10860: {largest batch "
                    "size of a range: draft length}, nothing drafted above the largest key")
-TRTLLM_DECODING_TYPES = {"ngram": "NGram", "draft_model": "DraftTarget", "eagle3": "Eagle3", "mtp": "MTP"}
+# decoding_type as the releases holding draft_len_schedule spell it (llm_args.py: DraftTargetDecodingConfig's Literal
+# "Draft_Target"; "DraftTarget" was the name before its pydantic literal); a draft model's and EAGLE-3's config
+# refuses to start without speculative_model (the drafter's weights)
+TRTLLM_DECODING_TYPES = {"ngram": "NGram", "draft_model": "Draft_Target", "eagle3": "Eagle3", "mtp": "MTP"}
+TRTLLM_NEEDS_MODEL = ("draft_model", "eagle3")
 
 
 def check_draft_len_schedule(schedule: dict[int, int], max_draft_len: int) -> dict[int, int]:
@@ -143,8 +147,10 @@ def check_draft_len_schedule(schedule: dict[int, int], max_draft_len: int) -> di
     return dict(sorted(schedule.items()))
 
 
-def write_schedule(ranges: list[list[int]], method: str | None) -> tuple[str, list[Warn], list[str]]:
-    """(a `speculative_config` fragment, warnings, notes) of a plan's [[low, high, K], ...] ranges."""
+def write_schedule(ranges: list[list[int]], method: str | None, model: str | None = None
+                   ) -> tuple[str, list[Warn], list[str]]:
+    """(a `speculative_config` fragment, warnings, notes) of a plan's [[low, high, K], ...] ranges; `model`: the
+    drafter's weights (speculative_model) where it has them."""
     kmax = max(k for _, _, k in ranges)
     schedule = check_draft_len_schedule({hi: k for _, hi, k in ranges}, kmax)
     cfg = {"max_draft_len": kmax, "draft_len_schedule": schedule}
@@ -154,6 +160,12 @@ def write_schedule(ranges: list[list[int]], method: str | None) -> tuple[str, li
     notes = [f"targets {TRTLLM_SCHEDULE}"]
     if method in TRTLLM_DECODING_TYPES:
         cfg = {"decoding_type": TRTLLM_DECODING_TYPES[method], **cfg}
+        if method in TRTLLM_NEEDS_MODEL:
+            if model:
+                cfg["speculative_model"] = str(model)
+            else:
+                notes.append(f"add the drafter's weights as speculative_model: TensorRT-LLM's {method} config "
+                             "needs them")
     else:
         notes.append(f"add your drafter's decoding_type ({', '.join(TRTLLM_DECODING_TYPES.values())}, ...) and its "
                      "model to the fragment")

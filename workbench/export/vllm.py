@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 
 from workbench import DEMO_HEADS, WorkbenchError
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, Note
 from workbench.export.common import Warn, plan_rows, row_at
 from workbench.plan.plan_file import plan_engine
 from workbench.trees.optimize import best_dense_tree
@@ -50,11 +50,12 @@ VLLM_SCHEDULE = ("vLLM >= 0.24.0 (Dynamic SD): --speculative-config num_speculat
                  "[low, high, K] with inclusive batch-size ranges, checked as vllm/v1/spec_decode/dynamic/utils.py "
                  "validate_and_normalize_dynamic_sd_schedule does (positive ranges, low <= high, K >= 0, "
                  "non-overlapping once sorted by low, the first starting at 1)")
-VLLM_MEDUSA_PER_RANGE = ("vLLM's Medusa proposer asserts that the scheduled K equals num_speculative_tokens "
-                         "(vllm/v1/spec_decode/medusa.py propose()), so a per-batch-size schedule with a K below the "
-                         "largest fails with an AssertionError: this plan's K changes with the batch size, so it is "
-                         "written as one constant-K config per batch-size range (serve each range with its own "
-                         "--max-num-seqs HIGH), or export one with --batch-sizes B")
+VLLM_MEDUSA_PER_RANGE = Note("medusa_per_range", "vLLM's Medusa proposer asserts that the scheduled K equals "
+                             "num_speculative_tokens (vllm/v1/spec_decode/medusa.py propose()), so a per-batch-size "
+                             "schedule with a K below the largest fails with an AssertionError: this plan's K changes "
+                             "with the batch size, so it is written as one constant-K config per batch-size range "
+                             "(serve each range with its own --max-num-seqs HIGH), or export one with {field} B",
+                             field="batch_sizes")  # a note naming a request field: each front end words it
 
 
 # ----------------------------------------------------------------------------------------------- trees
@@ -112,11 +113,11 @@ def priced_elsewhere(plan: dict) -> list[Warn]:
     if engine == "vllm":
         return []
     src = plan.get("source") or {}
-    flag = {"acceptance": "--acceptance", "accuracies": "--accuracies"}.get(src.get("kind"), "--calibration")
+    kind = src.get("kind") if src.get("kind") in ("acceptance", "accuracies") else "calibration"
     return [Warn("plan_priced_elsewhere", f"the plan was priced on "
                  f"{'our decoder' if engine == 'workbench' else engine}'s step costs, not on vLLM's, whose rounds "
                  "cost otherwise (its K per batch size may not be vLLM's best): price it on vLLM with `workbench "
-                 f"latency --engine vllm --out vllm-latency.csv` then `workbench plan {flag} "
+                 f"latency --engine vllm --out vllm-latency.csv` then `workbench plan --{kind} "
                  f"{src.get('path') or 'FILE'} --latency vllm-latency.csv`")]
 
 
@@ -284,11 +285,12 @@ def _synthetic(plan: dict, k: int) -> dict:
 def write_plan(plan: dict, heads_dir=None, num_heads: int | None = None, synthetic: bool = False,
                batch_size: int | None = None, method: str | None = None, draft_model=None,
                vllm_version: str | None = None, key: str = "num_speculative_tokens_per_batch_size"
-               ) -> tuple[str, list[Warn], list[str]]:
-    """(text, warnings, notes): the --speculative-config JSON for vLLM `vllm_version` (default: the newest that
-    serves the drafter): with batch_size one K; else for Medusa one config per batch-size range where K changes
-    (a JSON list, see the module docstring), for other drafters a Dynamic SD schedule under `key`
-    (num_speculative_tokens_per_batch_size, or the proposed speculative_token_schedule)."""
+               ) -> tuple[str, list[Warn], list[str | Note]]:
+    """(text, warnings, notes: texts, or a core.notes.Note naming a request field): the --speculative-config JSON
+    for vLLM `vllm_version` (default: the newest that serves the drafter): with batch_size one K; else for Medusa
+    one config per batch-size range where K changes (a JSON list, see the module docstring), for other drafters a
+    Dynamic SD schedule under `key` (num_speculative_tokens_per_batch_size, or the proposed
+    speculative_token_schedule)."""
     draft = drafter(plan, heads_dir, method, draft_model)
     warns, notes = priced_elsewhere(plan), []
     if synthetic:

@@ -61,8 +61,8 @@ def write_vllm_heads(heads, base, out, base_label: str) -> dict:
     check_vllm_heads(heads, base)
     sd, cfg = vllm_heads_tensors(heads, base.get_output_embeddings().weight)
     cfg["base_model_name_or_path"] = base_label
-    atomic_write(Path(out) / VLLM_HEADS_WEIGHTS, lambda tmp: save_file(sd, str(tmp)), "--out")
-    atomic_write_json(Path(out) / "config.json", cfg, "--out")
+    atomic_write(Path(out) / VLLM_HEADS_WEIGHTS, lambda tmp: save_file(sd, str(tmp)), "out")
+    atomic_write_json(Path(out) / "config.json", cfg, "out")
     return cfg
 
 

@@ -29,7 +29,7 @@ from workbench.core.work import WorkState
 from workbench.export.vllm import served_ks
 from workbench.export.vllm_check import check_vllm_model, compare_outputs, load_note, vllm_inputs
 from workbench.export.vllm_speed import plan_rows, priced_on, speed_rows, speed_table, surface_prompts
-from workbench.measure.vllm_runner import engine_results, vllm_python
+from workbench.measure.vllm_runner import draft_folder, engine_results, vllm_python
 from workbench.plan.source import plan_source
 from workbench.runtime.models import model_label
 from workbench.trees.tree import chain_tree
@@ -92,9 +92,15 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
                              f"past position {served.counts.k} was never counted; ask for K <= {served.counts.k}")
     source = plan_source(acceptance=calibration)  # the planner's own tokens/step of a chain of K
     predicted = {k: source.predict(chain_tree(k)) for k in all_ks}
+    drafter = drafter_of(served)
+    named = f"{calibration}: its drafter's weights"
+    if "model" in drafter:  # the folder vLLM loaded when it was calibrated, still there (checked before any model)
+        draft_folder(drafter["model"], method, field="calibration", named=named)
     t0 = time.time()
     given = vllm_inputs(model, None, records, raw, heads=False)
-    ids, drafter = given["ids"], drafter_of(served)
+    ids = given["ids"]
+    if "model" in drafter:
+        drafter["model"] = draft_folder(drafter["model"], method, given["model_dir"], "calibration", named)
     engines = [None] + [dict(drafter, num_speculative_tokens=k) for k in all_ks]
     longest = max(map(len, ids)) + max_new_tokens + max(all_ks) + 8
     request = dict(mode="generate", model=given["model_dir"], engines=engines, prompts=ids, steady=True,

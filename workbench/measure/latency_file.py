@@ -20,8 +20,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from workbench import WorkbenchError
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, named, refused
 from workbench.core.io import read_csv
 from workbench.core.provenance import COMPARED, differences
 from workbench.core.speed import spread
@@ -77,25 +76,25 @@ def latency_engine(df: pd.DataFrame) -> tuple[str, str | None]:
     return str(df["engine"].iloc[0]), None if pd.isna(version) else str(version)
 
 
-def _check_engine(df: pd.DataFrame, path, flag: str) -> None:
+def _check_engine(df: pd.DataFrame, path, field: str) -> None:
     """ENGINE_COLUMNS: one known engine and version per file, and context_min <= context <= context_max where the
     range is recorded."""
     if "engine" not in df.columns:
         return
     if df["engine"].isna().any() or not df["engine"].isin(ENGINES).all() or \
             df[[c for c in ("engine", "engine_version") if c in df.columns]].astype(str).nunique().max() > 1:
-        raise WorkbenchError(f"{flag} {path}: engine must be one of {', '.join(ENGINES)}, one engine and version per "
-                             "file (`workbench latency --engine E` writes it)")
+        raise FieldError(field, "engine", f"{{field}} {path}: engine must be one of {', '.join(ENGINES)}, one engine and version per "
+                         "file (`workbench latency --engine E` writes it)")
     have = [c for c in ("context_min", "context_max") if c in df.columns]
     rng = df[have].apply(pd.to_numeric, errors="coerce") if have else None
     if rng is not None and rng.notna().any().any():
         if len(have) < 2 or rng.isna().any().any() or (rng["context_min"] > df["context"]).any() or \
                 (rng["context_max"] < df["context"]).any():
-            raise WorkbenchError(f"{flag} {path}: context_min and context_max must both be numbers on every row, "
-                                 "with context_min <= context <= context_max")
+            raise FieldError(field, "context_range", f"{{field}} {path}: context_min and context_max must both be numbers on every row, "
+                             "with context_min <= context <= context_max")
 
 
-def _check_setting(df: pd.DataFrame, path, flag: str) -> None:
+def _check_setting(df: pd.DataFrame, path, field: str) -> None:
     """The `setting` cells: each a JSON object whose COMPARED fields are plain values (a list there is a hand edit), one
     setting per file in what changes a step's cost (provenance.COMPARED: compiled and eager rows, or two thread
     counts, are two tables: priced together they would mix two speeds), and its mode saying the same engine as the
@@ -110,30 +109,30 @@ def _check_setting(df: pd.DataFrame, path, flag: str) -> None:
         except ValueError:
             s = None
         if not isinstance(s, dict):
-            raise WorkbenchError(f"{flag} {path}: a setting cell is not a JSON object ({cell[:40]!r}): measure it "
-                                 "again with `workbench latency`")
+            raise FieldError(field, "setting_not_object", f"{{field}} {path}: a setting cell is not a JSON object ({cell[:40]!r}): measure it "
+                             "again with `workbench latency`")
         bad = [k for k in COMPARED if isinstance(s.get(k), (list, dict))] + \
             [k for k in ("device", "gpu", "cpu", "vector", "dtype", "mode")
              if not isinstance(s.get(k), (str, type(None)))] + \
             [k for k in ("load_average", "load_now", "cores") if s.get(k) is not None and (
                 isinstance(s[k], bool) or not isinstance(s[k], (int, float)) or not np.isfinite(s[k]))]
         if bad:
-            raise WorkbenchError(f"{flag} {path}: the setting's {bad[0]} holds a {type(s[bad[0]]).__name__} where one "
-                                 "plain value (a name for the machine, a finite number for the load and cores) belongs: measure it again "
-                                 "with `workbench latency`")
+            raise FieldError(field, "setting_value", f"{{field}} {path}: the setting's {bad[0]} holds a {type(s[bad[0]]).__name__} where one "
+                             "plain value (a name for the machine, a finite number for the load and cores) belongs: measure it again "
+                             "with `workbench latency`")
         key = {k: s.get(k) for k in COMPARED}
         if first is None:
             first = key
         elif key != first:
-            raise WorkbenchError(f"{flag} {path}: rows of two settings ({'; '.join(differences(first, key))}): "
-                                 "one table per setting (compiled and eager steps are two speeds); keep the rows "
-                                 "of one, or measure again with `workbench latency`")
+            raise FieldError(field, "two_settings", f"{{field}} {path}: rows of two settings ({'; '.join(differences(first, key))}): "
+                             "one table per setting (compiled and eager steps are two speeds); keep the rows "
+                             "of one, or measure again with `workbench latency`")
     if first is not None and first.get("mode") and "engine" in df.columns:
         engine, mode = str(df["engine"].iloc[0]), first["mode"]
         if (mode == "vllm-round") != (engine == "vllm"):
-            raise WorkbenchError(f"{flag} {path}: the engine column says {engine} but the setting's mode is {mode} "
-                                 f"({'vLLM' if mode == 'vllm-round' else 'this workbench'}'s step): a file of "
-                                 "contradictory rows; measure it again with `workbench latency`")
+            raise FieldError(field, "mode_engine", f"{{field}} {path}: the engine column says {engine} but the setting's mode is {mode} "
+                             f"({'vLLM' if mode == 'vllm-round' else 'this workbench'}'s step): a file of "
+                             "contradictory rows; measure it again with `workbench latency`")
 
 
 def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
@@ -154,23 +153,24 @@ def upgrade_latency(df: pd.DataFrame) -> pd.DataFrame:
     return df
 
 
-def read_latency(path, flag: str = "--latency", policy: str | None = "static",
+def read_latency(path, field: str = "latency", policy: str | None = "static",
                  engine: str | None = None) -> pd.DataFrame | None:
     """A latency CSV at this version (upgrade_latency), checked: LATENCY_REQUIRED present, positive integer batch
     sizes, contexts and token counts, seconds finite and > 0; the spread columns, where there, on every row, ordered
-    min <= q1 <= median <= q3 <= max. `flag` names the option it came from in errors. The rows of one `policy`
+    min <= q1 <= median <= q3 <= max. Its errors name the request's `field` that gave it (core.notes.FieldError: the
+    CLI words it as --latency, the app as its control). The rows of one `policy`
     (POLICIES), each a table of its own: "static" (every reader's), or "dynamic": the per-step trees' rows with the
     1-token rows they are relative to (None where no per-step tree was timed); None: every row (policy_rows splits
     them)."""
-    df = read_csv(path, flag, LATENCY_REQUIRED, "workbench latency")
+    df = read_csv(path, field, LATENCY_REQUIRED, "workbench latency")
     if "version" not in df.columns or pd.to_numeric(df["version"], errors="coerce").isin([2, 3]).all():
         df = upgrade_latency(df)
     other = pd.to_numeric(df["version"], errors="coerce") != LATENCY_VERSION
     if other.any():
         i = int(np.argmax(other.to_numpy()))
-        raise WorkbenchError(f"{flag} {path}: row {i + 2}: version {str(df['version'].iloc[i])[:20]!r}, but this "
-                             f"workbench reads latency CSVs of version {LATENCY_VERSION}: measure it again with "
-                             "`workbench latency`")
+        raise FieldError(field, "version", f"{{field}} {path}: row {i + 2}: version {str(df['version'].iloc[i])[:20]!r}, but this "
+                         f"workbench reads latency CSVs of version {LATENCY_VERSION}: measure it again with "
+                         "`workbench latency`")
     cols = ["batch", "context", "tokens", "seconds"]
     num = df[cols].apply(pd.to_numeric, errors="coerce")
     ints = num[["batch", "context", "tokens"]]
@@ -178,17 +178,17 @@ def read_latency(path, flag: str = "--latency", policy: str | None = "static",
             not num["tokens"].between(1, 1 << 16).all() or (num["context"] < 0).any() or \
             not num["batch"].between(1, 1 << 20).all() or \
             not num["seconds"].between(MIN_SECONDS, MAX_SECONDS).all():
-        raise WorkbenchError(f"{flag} {path}: batch/context/tokens must be integers (batch >= 1, tokens "
-                             f"1..{1 << 16}) and seconds numbers in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] on every row "
-                             "(outside: a unit slip, or a ratio that under- or overflows); `workbench latency` "
-                             "writes it")
+        raise FieldError(field, "values", f"{{field}} {path}: batch/context/tokens must be integers (batch >= 1, tokens "
+                         f"1..{1 << 16}) and seconds numbers in [{MIN_SECONDS:g}, {MAX_SECONDS:g}] on every row "
+                         "(outside: a unit slip, or a ratio that under- or overflows); `workbench latency` "
+                         "writes it")
     df[cols] = num
     df[["batch", "context", "tokens"]] = df[["batch", "context", "tokens"]].astype(int)
-    _check_engine(df, path, flag)
-    _check_setting(df, path, flag)
+    _check_engine(df, path, field)
+    _check_setting(df, path, field)
     if engine is not None and latency_engine(df)[0] != engine:  # e.g. sweep-report: a sweep is our decoder's
-        raise WorkbenchError(f"{flag} {path}: times {latency_engine(df)[0]}'s steps, but this compares {engine}'s: "
-                             "give a table of `workbench latency` (a plan priced on vLLM is checked by `workbench vllm-check`)")
+        raise FieldError(field, "other_engine", f"{{field}} {path}: times {latency_engine(df)[0]}'s steps, but this compares {engine}'s: "
+                         "give a table of `workbench latency` (a plan priced on vLLM is checked by `workbench vllm-check`)")
     present = [c for c in SPREAD_COLUMNS if c in df.columns]
     if present:
         spread = df[present].apply(pd.to_numeric, errors="coerce")
@@ -197,8 +197,8 @@ def read_latency(path, flag: str = "--latency", policy: str | None = "static",
         if order is None or spread.isna().any().any() or np.isinf(spread).any().any() or \
                 not (spread > 0).all().all() or \
                 (order.diff(axis=1).iloc[:, 1:] < -1e-12 * order.iloc[:, 1:]).any().any():
-            raise WorkbenchError(f"{flag} {path}: the spread columns {', '.join(SPREAD_COLUMNS)} must all be there, "
-                                 "finite and > 0 on every row, with min <= q1 <= seconds <= q3 <= max")
+            raise FieldError(field, "spread", f"{{field}} {path}: the spread columns {', '.join(SPREAD_COLUMNS)} must all be there, "
+                             "finite and > 0 on every row, with min <= q1 <= seconds <= q3 <= max")
         df[SPREAD_COLUMNS] = spread
     present = [c for c in HEADS_COLUMNS if c in df.columns]
     if present and df[present].isna().all().all():  # written without heads (verify mode on a bare model)
@@ -209,15 +209,15 @@ def read_latency(path, flag: str = "--latency", policy: str | None = "static",
                 (heads["depth"] % 1 != 0).any() or (heads < 0).any().any() or \
                 (heads["heads_seconds"] > MAX_SECONDS).any() or \
                 ((heads["depth"] == 0) != (df["tokens"] == 1)).any():
-            raise WorkbenchError(f"{flag} {path}: the columns {', '.join(HEADS_COLUMNS)} must both be there with a "
-                                 "number on every row: depth a whole number (0 on the 1-token rows, >= 1 on the "
-                                 "others), heads_seconds >= 0 (`workbench latency --heads DIR` measures them)")
+            raise FieldError(field, "heads_columns", f"{{field}} {path}: the columns {', '.join(HEADS_COLUMNS)} must both be there with a "
+                             "number on every row: depth a whole number (0 on the 1-token rows, >= 1 on the "
+                             "others), heads_seconds >= 0 (`workbench latency --heads DIR` measures them)")
         df[HEADS_COLUMNS] = heads
         df["depth"] = df["depth"].astype(int)
-    return _policy_rows(df, path, flag, policy)
+    return _policy_rows(df, path, field, policy)
 
 
-def _policy_rows(df: pd.DataFrame, path, flag: str, policy: str) -> pd.DataFrame | None:
+def _policy_rows(df: pd.DataFrame, path, field: str, policy: str) -> pd.DataFrame | None:
     """POLICY_COLUMNS checked (a known policy on every row; a whole envelope of at least the step's nodes on the
     dynamic rows, one envelope per file) and the rows of `policy` (read_latency)."""
     if policy is not None and policy not in POLICIES:
@@ -229,9 +229,9 @@ def _policy_rows(df: pd.DataFrame, path, flag: str, policy: str) -> pd.DataFrame
     if not df["policy"].isin(POLICIES).all() or (dynamic.any() and (
             env is None or env[dynamic].isna().any() or (env[dynamic] % 1 != 0).any() or env[dynamic].nunique() > 1
             or (env[dynamic] < df.loc[dynamic, "tokens"] - 1).any() or (df.loc[dynamic, "tokens"] < 2).any())):
-        raise WorkbenchError(f"{flag} {path}: policy must be static or dynamic on every row; a dynamic row has >= 2 "
-                             "tokens and a whole envelope of at least its tokens - 1 nodes, one envelope per file "
-                             "(`workbench latency --envelope TREE` writes them)")
+        raise FieldError(field, "policy", f"{{field}} {path}: policy must be static or dynamic on every row; a dynamic row has >= 2 "
+                         "tokens and a whole envelope of at least its tokens - 1 nodes, one envelope per file "
+                         "(`workbench latency --envelope TREE` writes them)")
     if policy is None:
         return df
     if policy == "static":
@@ -258,11 +258,12 @@ def read_head_cost(rows: pd.DataFrame) -> dict | None:
                 seconds={int(d): float(t) for d, t in seconds.items()})
 
 
-def _setup_check(df: pd.DataFrame, what: str) -> None:
+def _setup_check(df: pd.DataFrame, what: str, field: str | None) -> None:
     keys = [c for c in ("model", "device", "dtype") if c in df.columns]
     if keys and len(df[keys].drop_duplicates()) > 1:
         groups = "; ".join(" ".join(str(v) for v in r) for r in df[keys].drop_duplicates().itertuples(index=False))
-        raise WorkbenchError(f"{what}: rows from several setups ({groups}): keep one model/device/dtype per file")
+        raise refused(field, "several_setups", f"{named(field, what)}: rows from several setups ({groups}): keep one "
+                      "model/device/dtype per file")
 
 
 def _batches(df: pd.DataFrame) -> list[int]:
@@ -273,7 +274,8 @@ def _join(values) -> str:
     return ", ".join(map(str, values))
 
 
-def _pick_context(contexts: list[int], context: int | None, target: float | None, what: str) -> int:
+def _pick_context(contexts: list[int], context: int | None, target: float | None, what: str,
+                  field: str | None) -> int:
     """`context` (already checked to be measured), else the measured one closest to `target`, else the only one."""
     if context is not None:
         return context
@@ -281,39 +283,42 @@ def _pick_context(contexts: list[int], context: int | None, target: float | None
         return min(contexts, key=lambda c: (abs(c - target), c))
     if len(contexts) == 1:
         return contexts[0]
-    raise FieldError("context", "ambiguous", f"{what}: measured at contexts {_join(contexts)}; pick one with {{field}}")
+    raise FieldError("context", "ambiguous", f"{named(field, what, 'also')}: measured at contexts {_join(contexts)}; "
+                     "pick one with {field}", also=field)
 
 
 def latency_table(df: pd.DataFrame, context: int | None = None, target: float | None = None,
                   what: str = "latency", batch: int | None = None, column: str = "seconds",
-                  monotone: bool = True) -> tuple[dict[int, float], int]:
+                  monotone: bool = True, field: str | None = None) -> tuple[dict[int, float], int]:
     """{tokens: seconds} of one batch size at one context: `context` exactly, else the measured one closest to
     `target`, else the only one. `batch` defaults to 1 (the only one a file without a batch column has).
     `column` picks another timing column (seconds_q1, ...); `monotone` (default) reads it non_decreasing, False as
-    measured. One (model, device, dtype) per file: mixing hardware in one table would be meaningless."""
-    _setup_check(df, what)
+    measured. One (model, device, dtype) per file: mixing hardware in one table would be meaningless. Errors name
+    the table by `what`, after the request's `field` that gave it where one did (core.notes.named)."""
+    _setup_check(df, what, field)
+    label = named(field, what)
     have = _batches(df)
     b = 1 if batch is None and 1 in have else batch
     if b is None:
-        raise WorkbenchError(f"{what}: measured at batch sizes {_join(have)}; pick one")
+        raise refused(field, "batch_ambiguous", f"{label}: measured at batch sizes {_join(have)}; pick one")
     if b not in have:
-        raise WorkbenchError(f"{what}: no rows for batch size {b} (measured: {_join(have)}): time it with "
-                             f"`workbench latency --batch-sizes {b}`")
+        raise refused(field, "no_batch", f"{label}: no rows for batch size {b} (measured: {_join(have)}): time it with "
+                      f"`workbench latency --batch-sizes {b}`")
     df = df[df["batch"] == b] if "batch" in df.columns else df
     contexts = sorted(df["context"].unique().tolist())
     if context is not None and context not in contexts:
-        raise WorkbenchError(f"{what}: no rows for context {context} (measured: {_join(contexts)})")
-    ctx = _pick_context(contexts, context, target, what)
+        raise refused(field, "no_context", f"{label}: no rows for context {context} (measured: {_join(contexts)})")
+    ctx = _pick_context(contexts, context, target, what, field)
     rows = df[df["context"] == ctx]
     if rows["tokens"].duplicated().any():
-        raise WorkbenchError(f"{what}: batch {b} context {ctx} lists a token count twice")
+        raise refused(field, "duplicate_tokens", f"{label}: batch {b} context {ctx} lists a token count twice")
     if column not in rows.columns or rows[column].isna().any():
-        raise WorkbenchError(f"{what}: no {column} on every row (the table has no spread: measure it with "
-                             "`workbench latency`)")
+        raise refused(field, "no_column", f"{label}: no {column} on every row (the table has no spread: measure it with "
+                      "`workbench latency`)")
     table = dict(zip(rows["tokens"].astype(int).tolist(), rows[column].astype(float).tolist()))
     if 1 not in table:
-        raise WorkbenchError(f"{what}: batch {b} context {ctx} has no 1-token row (the vanilla step every cost is "
-                             "relative to)")
+        raise refused(field, "no_plain_step", f"{label}: batch {b} context {ctx} has no 1-token row (the vanilla step every cost is "
+                      "relative to)")
     return non_decreasing(table) if monotone else table, int(ctx)
 
 
@@ -335,43 +340,44 @@ def non_decreasing(table: dict[int, float]) -> dict[int, float]:
 
 
 def latency_surface(df: pd.DataFrame, batches, context: int | None = None, target: float | None = None,
-                    what: str = "latency") -> tuple[dict[int, dict], int]:
+                    what: str = "latency", field: str | None = None) -> tuple[dict[int, dict], int]:
     """The surface t(B, n) at one context for every asked batch size: ({B: {"seconds": {tokens: s},
     "spread": {tokens: (q1, q3)} or None, "measured": {tokens: s} as in the file, "head_cost": read_head_cost or None}},
     context); seconds and spread
     read non_decreasing. The context is `context`, else the one measured at every
     asked batch size closest to `target`, else the only one. Batch sizes or a context the file lacks are one
-    error naming all of them."""
-    _setup_check(df, what)
+    error naming all of them (named as latency_table names them)."""
+    _setup_check(df, what, field)
+    label = named(field, what)
     batches = sorted({int(b) for b in batches})
     have = _batches(df)
     missing = [b for b in batches if b not in have]
     if missing:
-        raise WorkbenchError(f"{what}: no rows for batch size(s) {_join(missing)} (measured: {_join(have)}): time "
-                             f"them with `workbench latency --batch-sizes {','.join(map(str, batches))}`")
+        raise refused(field, "no_batch", f"{label}: no rows for batch size(s) {_join(missing)} (measured: {_join(have)}): time "
+                      f"them with `workbench latency --batch-sizes {','.join(map(str, batches))}`")
     per = {b: set(df.loc[df["batch"] == b, "context"].astype(int)) if "batch" in df.columns else
            set(df["context"].astype(int)) for b in batches}
     if context is not None:
         lack = [b for b in batches if context not in per[b]]
         if lack:
             measured = sorted(set().union(*per.values()))
-            raise WorkbenchError(f"{what}: no rows at context {context} for batch size(s) {_join(lack)} (measured "
-                                 f"contexts: {_join(measured)})")
+            raise refused(field, "no_context", f"{label}: no rows at context {context} for batch size(s) {_join(lack)} (measured "
+                          f"contexts: {_join(measured)})")
         ctx = context
     else:
         common = sorted(set.intersection(*per.values()))
         if not common:
-            raise FieldError("context", "none_common", f"{what}: no context is measured at every batch size "
-                             f"{_join(batches)}: measure them at one {{field}}")
-        ctx = _pick_context(common, None, target, what)
+            raise FieldError("context", "none_common", f"{named(field, what, 'also')}: no context is measured at "
+                             f"every batch size {_join(batches)}: measure them at one {{field}}", also=field)
+        ctx = _pick_context(common, None, target, what, field)
     out = {}
     for b in batches:
-        measured, _ = latency_table(df, ctx, what=what, batch=b, monotone=False)
+        measured, _ = latency_table(df, ctx, what=what, batch=b, monotone=False, field=field)
         table = non_decreasing(measured)
         spread = None
         if set(SPREAD_COLUMNS) <= set(df.columns):
-            q1, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q1")
-            q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3")
+            q1, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q1", field=field)
+            q3, _ = latency_table(df, ctx, what=what, batch=b, column="seconds_q3", field=field)
             spread = {n: (q1[n], q3[n]) for n in table}
         rows = df[(df["batch"] == b) & (df["context"] == ctx)] if "batch" in df.columns else df[df["context"] == ctx]
         out[b] = dict(seconds=table, spread=spread, measured=measured, head_cost=read_head_cost(rows))

@@ -188,6 +188,9 @@ class VllmLatencyRequest:
         if (self.method or self.draft_model) and self.heads:
             raise FieldError("heads", "two_drafters", "{field} (Medusa heads) or {also}/{also2} (another "
                              "drafter), not both", also=("method", "draft_model"))
+        if self.draft_model and self.method is None:
+            raise FieldError("draft_model", "needs_method", "{field} names a drafter's weights: give {also} too (its "
+                             "drafter: draft_model, eagle3, ...)", also="method")
         if self.method == "medusa" and self.draft_model:
             raise FieldError("draft_model", "medusa_heads", "{also} medusa drafts with our heads: give them as "
                              "{also2} DIR, not {field}", also=("method", "heads"))

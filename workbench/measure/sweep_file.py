@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from workbench import WorkbenchError
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, named, refused
 from workbench.core.io import atomic_write_text, read_csv
 
 SWEEP_VERSION = 2  # the format's version, on every row (`version`); 1: files without that column (upgrade_sweep)
@@ -77,11 +77,17 @@ def _versioned(df: pd.DataFrame, what: str) -> pd.DataFrame:
     return df
 
 
-def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
+def read_sweep(path, field: str | None = None) -> pd.DataFrame:
     """A sweep CSV (`workbench sweep`) at this version (upgrade_sweep), checked: every column there, numeric
     columns hold finite numbers (or nothing), SWEEP_FILLED on every row: every figure and table of the report and
-    the app can be drawn from it."""
-    df = _versioned(read_csv(path, what, ("tree", "nodes"), "workbench sweep --out FILE.csv"), f"{what} {path}")
+    the app can be drawn from it. Its errors name it `sweep CSV PATH`, or by the request's `field` that gave it
+    (core.notes.FieldError: a sweep's --out)."""
+    what = named(field, path) if field else f"sweep CSV {path}"
+    df = read_csv(path, field, ("tree", "nodes"), "workbench sweep --out FILE.csv", None if field else what)
+    try:
+        df = _versioned(df, what)
+    except WorkbenchError as e:  # _versioned's, worded with `what`
+        raise refused(field, "version", str(e)) from None
     for c in df.columns:
         if c in SWEEP_TEXT or c not in SWEEP_COLUMNS:
             continue
@@ -91,14 +97,14 @@ def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
             if pd.isna(df[c].iloc[i]):
-                raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} is empty (`workbench sweep` fills it)")
-            raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} holds {str(df[c].iloc[i])[:40]!r}, "
-                                 f"not a finite number")
+                raise refused(field, "empty_cell", f"{what}: row {i + 2}: column {c} is empty (`workbench sweep` fills it)")
+            raise refused(field, "not_a_number", f"{what}: row {i + 2}: column {c} holds {str(df[c].iloc[i])[:40]!r}, "
+                          f"not a finite number")
         df[c] = num
     for c in SWEEP_TEXT:
         if c in SWEEP_FILLED and (df[c].isna() | (df[c].astype(str).str.strip() == "")).any():
             i = int(np.argmax((df[c].isna() | (df[c].astype(str).str.strip() == "")).to_numpy()))
-            raise WorkbenchError(f"{what} {path}: row {i + 2}: column {c} is empty (`workbench sweep` fills it)")
+            raise refused(field, "empty_cell", f"{what}: row {i + 2}: column {c} is empty (`workbench sweep` fills it)")
     rules = {"nodes": (0, 1 << 12, True), "depth": (0, 64, True), "batch_size": (1, 1 << 16, True),
              "tokens_per_step": (1 - 1e-9, 1e4, False)}  # every step emits at least one token
     for c, (low, high, integer) in rules.items():
@@ -106,9 +112,9 @@ def read_sweep(path, what: str = "sweep CSV") -> pd.DataFrame:
         bad = v.notna() & (~v.between(low, high) | ((v % 1 != 0) if integer else False))
         if bad.any():
             i = int(np.argmax(bad.to_numpy()))
-            raise WorkbenchError(f"{what} {path}: row {i + 2}: {c} {v.iloc[i]:g} is not "
-                                 f"{'an integer' if integer else 'a number'} in [{low:g}, {high:g}]"
-                                 f"{' (every step emits at least one token)' if c == 'tokens_per_step' else ''}")
+            raise refused(field, "out_of_range", f"{what}: row {i + 2}: {c} {v.iloc[i]:g} is not "
+                          f"{'an integer' if integer else 'a number'} in [{low:g}, {high:g}]"
+                          f"{' (every step emits at least one token)' if c == 'tokens_per_step' else ''}")
     return df
 
 
@@ -151,7 +157,7 @@ def read_sweep_rows(path) -> list[dict]:
                          "use another {field}")
     rows = [row_cells(r) for r in cells.to_dict("records")]
     if rows:
-        read_sweep(path, "--out")  # every row well-formed, or one line before hours of decoding
+        read_sweep(path, "out")  # every row well-formed, or one line before hours of decoding
     return rows
 
 

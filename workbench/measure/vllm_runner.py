@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from workbench import WorkbenchError
+from workbench.core.io import read_json
 from workbench.core.notes import FieldError
 from workbench.core.work import WorkState
 
@@ -50,6 +51,35 @@ def vllm_python(flag: str | None) -> str:
         raise FieldError("vllm_python", "not_python", f"{where}: not a Python that runs (asked to look for vLLM: "
                          f"{why}); {fix}")
     return py
+
+
+def draft_folder(folder, method: str, target_dir=None, field: str = "draft_model", named: str | None = None) -> str:
+    """A drafter's weights as vLLM will load them, checked before any model loads: an absolute path to a model folder
+    with a readable config.json; for `draft_model` with `target_dir`, a vocabulary of the target's size (vLLM 0.32's
+    SpeculativeConfig.verify_equal_vocab_size_if_draft_model refuses another, but only once its engine starts).
+    `named`: what in the field named the folder where it is not the field itself (a calibration's record of it)."""
+    path = Path(folder).expanduser().resolve()
+    what = f"{named} {folder}" if named else str(folder)
+    who = "{field} " + what
+    if not (path / "config.json").is_file():
+        raise FieldError(field, "no_draft_model", f"{who}: " + ("no such folder" if not path.is_dir() else
+                         "no config.json in it") + f": {method} drafts with a model folder vLLM loads (config.json "
+                         "and weights, e.g. a smaller model of the target's family)")
+    cfg = read_json(path / "config.json", what, dict, field)
+    if method == "draft_model" and target_dir is not None and (Path(target_dir) / "config.json").is_file():
+        mine, theirs = vocab_size(cfg), vocab_size(read_json(Path(target_dir) / "config.json", f"model {target_dir}"))
+        if mine is not None and theirs is not None and mine != theirs:
+            raise FieldError(field, "draft_vocab", f"{who}: a vocabulary of {mine} tokens, the model's has {theirs}: "
+                             "vLLM's draft_model drafter proposes the target's token ids, so give a draft model with "
+                             "the target's tokenizer (a smaller model of its family)")
+    return str(path)
+
+
+def vocab_size(cfg: dict) -> int | None:
+    """config.json's vocabulary size as vLLM reads it (the text model's, hf_text_config), None if it names none."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    v = text.get("vocab_size")
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def worker_env(py: str) -> dict:

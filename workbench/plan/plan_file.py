@@ -144,7 +144,7 @@ def check_plan(data, what: str = "plan") -> dict:
                                  "and 0; chain: [[0], [0, 0], ...]; nodes: their count; dynamic: 1 <= nodes <= "
                                  "the envelope's)")
     if data.get("chain_acceptance"):  # [] when even the first head's top-1 guess is never right
-        data["chain_acceptance"] = check_acceptance(data["chain_acceptance"], f"{what}: chain_acceptance")
+        data["chain_acceptance"] = check_acceptance(data["chain_acceptance"], None, f"{what}: chain_acceptance")
     alts = data.get("alternatives")
     if alts is not None and (not isinstance(alts, list) or len(alts) != len(data["plans"]) or
                              any(not isinstance(a, dict) or a.get("batch_size") != r["batch_size"]

@@ -99,7 +99,8 @@ def summarize(sweep_csv, latency_csv=None, context: int | None = None, plan: dic
     if latency_csv is not None and len(greedy):
         lat = read_latency(latency_csv) if frames is None or frames[1] is None else frames[1]
         van_ctx = float((df["mean_prompt_tokens"] + df["new_tokens"] / df["num_prompts"] / 2).mean())
-        table, ctx = latency_table(lat, context, None if context is not None else van_ctx, f"--latency {latency_csv}")
+        table, ctx = latency_table(lat, context, None if context is not None else van_ctx, str(latency_csv),
+                                   field="latency")
         t = greedy[["tree", "kind", "nodes", "predicted_independent", "tokens_per_step", "speedup"]].copy()
         t["relative_cost"] = [_relative_cost(table, n) for n in t["nodes"]]
         t["predicted_speedup"] = [_speedup(table, x, n) for x, n in zip(t["predicted_independent"], t["nodes"])]

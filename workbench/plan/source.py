@@ -9,8 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workbench import WorkbenchError
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, named, refused
 from workbench.calibrate.folder import Calibration
 from workbench.calibrate.served import Served, is_served
 from workbench.core.io import read_csv, read_json
@@ -23,49 +22,52 @@ MAX_POSITIONS = 64  # longest acceptance vector taken (a draft longer than any e
 
 # ----------------------------------------------------------------------------------------------- acceptance vectors
 
-def check_acceptance(values, what: str = "--acceptance") -> list[float]:
+def check_acceptance(values, field: str | None = "acceptance", what: str = "") -> list[float]:
     """A per-position acceptance vector p_1 >= p_2 >= ... (p_k: the share of steps whose first k drafted tokens
-    are all accepted, vLLM's `synthetic_acceptance_rates` convention), each in (0, 1]; one error line otherwise."""
+    are all accepted, vLLM's `synthetic_acceptance_rates` convention), each in (0, 1]; one error line otherwise,
+    naming the request's `field` that gave it and `what` (core.notes.named; field None: `what` alone)."""
+    what = named(field, what)
     if not isinstance(values, (list, tuple)) or not values:
-        raise WorkbenchError(f"{what}: give a non-empty list of per-position acceptance rates like [0.7, 0.45, 0.3]")
+        raise refused(field, "empty", f"{what}: give a non-empty list of per-position acceptance rates like [0.7, 0.45, 0.3]")
     if len(values) > MAX_POSITIONS:
-        raise WorkbenchError(f"{what}: {len(values)} positions; at most {MAX_POSITIONS} are taken")
+        raise refused(field, "too_long", f"{what}: {len(values)} positions; at most {MAX_POSITIONS} are taken")
     out = []
     for k, v in enumerate(values, 1):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 < float(v) <= 1):
-            raise WorkbenchError(f"{what}: position {k} has acceptance {str(v)[:20]!r}; every rate must be a number "
-                                 "in (0, 1] (drop positions that are never accepted)")
+            raise refused(field, "out_of_range", f"{what}: position {k} has acceptance {str(v)[:20]!r}; every rate must be a number "
+                          "in (0, 1] (drop positions that are never accepted)")
         if out and float(v) > out[-1] * (1 + 1e-12):
-            raise WorkbenchError(f"{what}: acceptance rises from {out[-1]:g} at position {k - 1} to {float(v):g} at "
-                                 f"position {k}: rates are unconditional (all of the first k tokens accepted), so "
-                                 "they never increase; convert conditional rates by taking running products")
+            raise refused(field, "rises", f"{what}: acceptance rises from {out[-1]:g} at position {k - 1} to {float(v):g} at "
+                          f"position {k}: rates are unconditional (all of the first k tokens accepted), so "
+                          "they never increase; convert conditional rates by taking running products")
         out.append(float(v))
     return out
 
 
-def read_acceptance(path) -> list[float]:
+def read_acceptance(path, field: str = "acceptance") -> list[float]:
     """An acceptance vector from a CSV `position,acceptance` (positions 1..K, or 0..K-1, each once), a JSON list
     (or an object holding one as `synthetic_acceptance_rates`, as in a vLLM --speculative-config) or a served
-    calibration folder (calibrate/served.py: the engine's own counters), checked."""
-    what = f"--acceptance {path}"
+    calibration folder (calibrate/served.py: the engine's own counters), checked; its errors name the request's
+    `field` that gave it (core.notes.FieldError)."""
+    what = named(field, path)
     if Path(path).is_dir():
-        return check_acceptance(Served(path).rates(), what)
+        return check_acceptance(Served(path, field).rates(), field, path)
     if str(path).lower().endswith(".json"):
-        data = read_json(path, what, object)  # a list, or a config object holding one
+        data = read_json(path, path, object, field)  # a list, or a config object holding one
         if isinstance(data, dict) and "synthetic_acceptance_rates" in data:
             data = data["synthetic_acceptance_rates"]
-        return check_acceptance(data, what)
-    df = read_csv(path, "--acceptance", ("position", "acceptance"), "vLLM's per-position acceptance metrics")
+        return check_acceptance(data, field, path)
+    df = read_csv(path, field, ("position", "acceptance"), "vLLM's per-position acceptance metrics")
     num = df[["position", "acceptance"]].apply(pd.to_numeric, errors="coerce")
     pos = num["position"]
     if num.isna().any().any() or (pos % 1 != 0).any() or not pos.between(0, 1 << 20).all():
-        raise WorkbenchError(f"{what}: position must be an integer and acceptance a number on every row")
+        raise FieldError(field, "positions_not_numbers", f"{what}: position must be an integer and acceptance a number on every row")
     num = num.sort_values("position")
     start = int(num["position"].iloc[0])
     if start not in (0, 1) or num["position"].tolist() != list(range(start, start + len(num))):
-        raise WorkbenchError(f"{what}: positions must be 1..K (or 0..K-1), each once, found "
-                             f"{', '.join(map(str, num['position'].astype(int).tolist()[:8]))}")
-    return check_acceptance(num["acceptance"].astype(float).tolist(), what)
+        raise FieldError(field, "positions", f"{what}: positions must be 1..K (or 0..K-1), each once, found "
+                         f"{', '.join(map(str, num['position'].astype(int).tolist()[:8]))}")
+    return check_acceptance(num["acceptance"].astype(float).tolist(), field, path)
 
 
 # ----------------------------------------------------------------------------------------------- sources
@@ -190,7 +192,7 @@ def served_source(served: Served, path: str | None = None) -> Source:
     default its folder)."""
     path = str(served.folder) if path is None else path
     own = {k: served.rates(k) for k in served.per_k} if len(served.per_k) > 1 else None
-    return ChainSource(check_acceptance(served.rates(), f"--acceptance {path}"), path, served.info(), own)
+    return ChainSource(check_acceptance(served.rates(), served.field, path), path, served.info(), own)
 
 
 def chain_accuracies(rates: list[float]) -> np.ndarray:

@@ -66,10 +66,13 @@ class At:
 
 class Surface:
     """A latency table's static rows (`frame`), its per-step rows (`dynamic`, None when none were timed), the engine
-    that timed them (`engine`, `engine_version`, `serving`) and its setting; `what` names it in errors."""
+    that timed them (`engine`, `engine_version`, `serving`) and its setting; `what` names it in errors, after the
+    request's `field` that gave it where one did (core.notes.named: the CLI words it as --latency, the app as its
+    control)."""
 
-    def __init__(self, frame: pd.DataFrame, dynamic: pd.DataFrame | None = None, path=None, what: str = "latency"):
-        self.frame, self.dynamic, self.path, self.what = frame, dynamic, path, what
+    def __init__(self, frame: pd.DataFrame, dynamic: pd.DataFrame | None = None, path=None, what: str = "latency",
+                 field: str | None = None):
+        self.frame, self.dynamic, self.path, self.what, self.field = frame, dynamic, path, what, field
         self.engine, self.engine_version = latency_engine(frame)
         self.serving = SERVING[self.engine]
         self.setting = read_setting(frame)
@@ -77,21 +80,22 @@ class Surface:
         self._tails: dict = {}
 
     @classmethod
-    def read(cls, path, flag: str = "--latency") -> Surface:
-        """The latency CSV at `path`, read and checked once (latency_file.read_latency)."""
-        every = read_latency(path, flag, policy=None)
-        return cls(policy_rows(every, "static"), policy_rows(every, "dynamic"), path, f"{flag} {path}")
+    def read(cls, path, field: str = "latency") -> Surface:
+        """The latency CSV at `path`, read and checked once (latency_file.read_latency); `field`: the request field
+        that gave it."""
+        every = read_latency(path, field, policy=None)
+        return cls(policy_rows(every, "static"), policy_rows(every, "dynamic"), path, str(path), field)
 
     def context(self, batches, context: int | None = None, target: float | None = None) -> int:
         """The context every batch size in `batches` is read at: `context`, else the one measured at all of them
         nearest `target`, else the only one (latency_file.latency_surface; one error naming what is missing)."""
-        return latency_surface(self.frame, batches, context, target, self.what)[1]
+        return latency_surface(self.frame, batches, context, target, self.what, self.field)[1]
 
     def at(self, batch: int, context: int) -> At:
         """The surface at one batch size and a context `context` picked by `context()`."""
         key = (int(batch), int(context))
         if key not in self._at:
-            s = latency_surface(self.frame, [batch], context, None, self.what)[0][batch]
+            s = latency_surface(self.frame, [batch], context, None, self.what, self.field)[0][batch]
             tail = self._tail(context) if self.serving.drops_finished else None
             self._at[key] = At(int(batch), int(context), s["seconds"], s["spread"], s["measured"], s["head_cost"],
                                self.engine, self.serving, tail)
@@ -106,7 +110,8 @@ class Surface:
         """The per-step trees' surface at every batch size of `batches` ({B: At}, each relative to the same plain
         step; a per-step tree runs on our decoder only, which keeps every row to the end: no tail); a WorkbenchError
         where a batch size or the context lacks them."""
-        rows = latency_surface(self.dynamic, batches, context, what=f"{self.what} (per-step trees)")[0]
+        rows = latency_surface(self.dynamic, batches, context, what=f"{self.what} (per-step trees)",
+                               field=self.field)[0]
         return {b: At(b, int(context), s["seconds"], s["spread"], s["measured"], s["head_cost"], self.engine,
                       self.serving, None) for b, s in rows.items()}
 

@@ -377,11 +377,11 @@ def save_heads(heads: MedusaHeads, folder: str | Path, base_model: str, fmt: int
         raise WorkbenchError("format 2 has no per-head lm_head; these heads have their own (use format 1)")
     folder = Path(folder)
     sd = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in heads.state_dict().items()}
-    atomic_write(folder / f"{HEADS_FILE}.safetensors", lambda tmp: save_file(sd, str(tmp)), "--out")
+    atomic_write(folder / f"{HEADS_FILE}.safetensors", lambda tmp: save_file(sd, str(tmp)), "out")
     cfg = dict(medusa_num_heads=heads.num_heads, medusa_num_layers=heads.num_layers,
                base_model_name_or_path=base_model, hidden_size=heads.hidden_size, vocab_size=heads.vocab_size,
                tied_lm_head=heads.tied, medusa_format=fmt, **(extra or {}))
-    atomic_write_json(folder / "config.json", cfg, "--out")
+    atomic_write_json(folder / "config.json", cfg, "out")
     return folder
 
 

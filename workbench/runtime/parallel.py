@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from workbench import WorkbenchError
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, named, refused
 from workbench.core.io import gate
 
 # (rank, world size, local rank, local world size): torchrun/accelerate, Intel MPI/MPICH, Open MPI, MVAPICH
@@ -125,13 +125,15 @@ class Shard:
     reading `LAUNCH_ID PID running`, then `... done` once its share is on disk. The others read it: held = at
     work, `done` = finished, free but not done = died. With one process there is nothing to share (no file).
 
-        with Shard(folder, launch, "--out DIR") as shard:
+        with Shard(folder, launch, folder, "out") as shard:
             ...write this process's parts...
             last = shard.finish()   # True in exactly one process of the launch: it merges
     """
 
-    def __init__(self, folder: str | Path, launch: Launch, what: str):
-        self.folder, self.launch, self.what, self.fd = Path(folder), launch, what, None
+    def __init__(self, folder: str | Path, launch: Launch, what, field: str | None = None):
+        """`what` names the run's output in errors, after the request's `field` that named it (core.notes.named)."""
+        self.folder, self.launch, self.field, self.fd = Path(folder), launch, field, None
+        self.what = what = named(field, what)
         if launch.world == 1:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -143,8 +145,8 @@ class Shard:
             except BlockingIOError:
                 os.close(fd)
                 owner = (_read_state(path) + ["?", "?"])[1]
-                raise WorkbenchError(f"{what}: process {launch.rank} of this launch already runs (pid {owner}); "
-                                     "give every process its own RANK") from None
+                raise refused(field, "rank_running", f"{what}: process {launch.rank} of this launch already runs "
+                              f"(pid {owner}); give every process its own RANK") from None
             self.fd = fd
             self._write("running")
 
@@ -173,9 +175,9 @@ class Shard:
                 if state[2] != "done":
                     if self._held(path):
                         return False
-                    raise WorkbenchError(f"{self.what}: process {r} of {self.launch.world} (pid {state[1]}) ended "
-                                         "without finishing its share; the finished shares are kept: run the same "
-                                         "command again to do only what is missing")
+                    raise refused(self.field, "share_died", f"{self.what}: process {r} of {self.launch.world} (pid "
+                                  f"{state[1]}) ended without finishing its share; the finished shares are kept: run "
+                                  "the same command again to do only what is missing")
             self._write("last")
             return True
 

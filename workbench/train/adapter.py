@@ -188,4 +188,4 @@ def write_outputs(model, tok, out: Path, label: str, summary: dict, save_dtype: 
             sd[f"medusa_head.{h}.{heads.num_layers}.weight"] = lm_w.clone()
         save_file(sd, str(f), metadata={"format": "pt"})
     _atomic_folder(out / "medusa", medusa)
-    atomic_write_json(out / "training.json", summary, "--out")
+    atomic_write_json(out / "training.json", summary, "out")

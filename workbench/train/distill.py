@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from workbench import WorkbenchError
-from workbench.core.notes import FieldError
+from workbench import WorkbenchError, note
+from workbench.core.notes import FieldError, Note
 from workbench.core.data import data_dirs, load_prompts
 from workbench.core.io import atomic_write, atomic_write_json, read_json
 from workbench.runtime.generation import eos_ids, greedy_continuations, prepare_prompt, right_padded
@@ -189,9 +189,10 @@ def build_data(work: Path, cfg: DistillConfig, model_name: str | None, device: s
     bar.close()
     if produced < quota:
         who = f"process {launch.rank} of {launch.world}: " if launch.world > 1 else ""
-        tqdm.write(f"{who}stopped generating after {have + produced} tokens (asked for {cfg.tokens}): "
-                   + ("--time-budget" if out_of_time else "ran out of prompts; add --prompts files or raise "
-                      "--answers-per-prompt"))
+        said = f"{who}stopped generating after {have + produced} tokens (asked for {cfg.tokens}): "
+        note(Note("generation_out_of_time", said + "{field}", field="time_budget") if out_of_time else
+             Note("out_of_prompts", said + "ran out of prompts; add {field} files or raise {fix}",
+                  fix="answers_per_prompt", field="prompts"))
     del model
     return [p for p, _ in part_infos(parts_dir)]
 

@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from workbench import warn
-from workbench.core.notes import FieldError
+from workbench.core.notes import FieldError, Note
 from workbench.core.io import atomic_write_json, cache_dir, run_lock
 from workbench.runtime.heads import DEMO_HEADS, MedusaHeads, check_heads_fit, load_heads, save_heads
 from workbench.runtime.kvcache import undecodable_warning
@@ -98,7 +98,7 @@ def train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path,
     each generates its share of the data, the last to finish trains (the others return {"trained": False})."""
     t0 = time.time()
     launch = current_launch()
-    with run_lock(work, "--work", launch=launch):
+    with run_lock(work, "work", launch=launch):
         return _train_heads(work, cfg, model_name, out, device, log_every, launch, t0, device_map)
 
 
@@ -114,7 +114,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
                          "{also3} to them", also=("num_heads", "num_layers", "untied"))
     work.mkdir(parents=True, exist_ok=True)
     atomic_write_json(work / "config.json", {**asdict(cfg), "prompts": len(cfg.prompts), "model": model_label(model_name)})
-    with Shard(work, launch, f"--work {work}") as shard:
+    with Shard(work, launch, work, "work") as shard:
         parts = build_data(work, cfg.data(), model_name, device, launch,
                            t0 + cfg.gen_share * budget if budget else None, device_map)
         last = shard.finish()
@@ -206,7 +206,7 @@ def _train_heads(work: Path, cfg: TrainConfig, model_name: str | None, out: Path
                 saved_at = time.time()
     bar.close()
     if step == 0 and start is None and not ckpt.is_file():
-        warn("--time-budget left no time to train: the heads written are untrained")
+        warn(Note("untrained", "{field} left no time to train: the heads written are untrained", field="time_budget"))
     val = evaluate(heads, full_head, *load_dataset_tensors(val_parts, cfg.num_heads), dev,
                    stop_at=deadline - 1.0 if deadline else None) if val_parts else {}
     tokens = sum(i["answer_tokens"] for _, i in part_infos(work / "parts"))

@@ -122,7 +122,7 @@ def train_medusa2(work: Path, cfg: Medusa2Config, model_name: str | None, out: P
     where its last checkpoint stood. `stop_after`: end (with a checkpoint) after this many steps of this run."""
     t0 = time.time()
     launch = current_launch()
-    with run_lock(work, "--work", launch=launch):
+    with run_lock(work, "work", launch=launch):
         return _train(work, cfg, model_name, out, device, log_every, stop_after, launch, t0)
 
 
@@ -148,7 +148,7 @@ def _train(work, cfg, model_name, out, device, log_every, stop_after, launch, t0
     work.mkdir(parents=True, exist_ok=True)
     data_cfg = DistillConfig(prompts=cfg.prompts, tokens=cfg.tokens, max_new_tokens=cfg.max_new_tokens,
                              gen_batch=cfg.gen_batch, gen_dtype=cfg.gen_dtype)
-    with Shard(work, launch, f"--work {work}") as shard:
+    with Shard(work, launch, work, "work") as shard:
         parts = build_data(work, data_cfg, model_name, device, launch,
                            t0 + cfg.gen_share * cfg.time_budget if cfg.time_budget else None)
         shard.finish()

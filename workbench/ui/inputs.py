@@ -190,7 +190,7 @@ def latency_picker(df: pd.DataFrame, name: str, target: float | None, where=None
     ctx = where.selectbox("latency context (cache length)", contexts, index=near, key="in_ctx",
                           help="the cache length the step costs are read at (default: nearest the calibration's "
                                "typical prompt + half answer)") if len(contexts) > 1 else contexts[0]
-    surface = Surface(df, what=f"latency {name}")
+    surface = Surface(df, what=name, field="latency")  # its errors name the sidebar's 'latency CSV' (SIDEBAR)
     return surface, surface.at(batch, surface.context([batch], ctx))
 
 

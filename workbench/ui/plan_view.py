@@ -13,13 +13,14 @@ import streamlit as st
 
 from workbench import WorkbenchError
 from workbench.calibrate.served import Served
+from workbench.core.notes import worded
 from workbench.export.engines import PLAN_FORMATS, SCHEDULE_FORMATS, SUFFIXES, export_plan
 from workbench.measure.latency_checks import deciding, off_trend, outlier_words
 from workbench.plan.plan_file import check_plan, plan_check, plan_json, speedups_by_kind
 from workbench.plan.rank import make_plan
 from workbench.plan.source import calibration_source, served_source
 from workbench.ui.tree_export import EXPORT_FIXES
-from workbench.ui.widgets import chart, clean_error, drop_stale, file_stamp, relative_paths
+from workbench.ui.widgets import app_names, chart, clean_error, drop_stale, file_stamp, relative_paths
 from workbench.viz import interactive_tradeoffs
 
 # a plan export's error names the batch size by this page's control (core.notes.FieldError; the CLI: --batch-sizes)
@@ -110,7 +111,8 @@ def _plan_exports(plan: dict, text: str, name: str, batches: list[int], served: 
         col.download_button(fmt, relative_paths(out), key=f"to_plan_{fmt}_download", on_click="ignore",
                             file_name=f"{name}{'' if every else f'-b{b}'}{SUFFIXES.get(fmt, '.txt')}",
                             help=f"the plan for {fmt}" + (", every batch size" if every else f", batch {b}'s row"))
-        said += [f"**{fmt}**: {w.words(EXPORT_FIXES)}" for w in warns] + [f"**{fmt}**: {n}" for n in notes]
+        said += [f"**{fmt}**: {w.words(EXPORT_FIXES)}" for w in warns] + \
+            [f"**{fmt}**: {worded(n, app_names(EXPORT_LABELS))}" for n in notes]
     with st.expander(f"Export notes and warnings ({len(said)})"):
         st.markdown("\n".join(f"- {relative_paths(n)}" for n in said) or "none")
 

@@ -25,7 +25,7 @@ from workbench.calibrate import folder as calibration
 from workbench.calibrate.folder import Calibration, list_calibrations
 from workbench.calibrate.served import Served, list_served
 from workbench.core.io import find_csvs
-from workbench.core.notes import FieldError, flag
+from workbench.core.notes import flag, worded
 from workbench.measure.latency_file import LATENCY_REQUIRED, read_latency
 from workbench.measure.sweep_file import SWEEP_REQUIRED, read_sweep
 from workbench.plan.fastest import fastest, value_source
@@ -72,16 +72,20 @@ def stamped(paths) -> tuple:
 
 
 # the sidebar's controls (ui/inputs.shared_inputs, on every page) by the request field a library error names
-SIDEBAR = {"calibration": "Calibration"}
+SIDEBAR = {"calibration": "Calibration", "latency": "latency CSV"}
+
+
+def app_names(labels: dict[str, str] | None = None):
+    """How the app names a request's field (core.notes): by its control's label, the sidebar's (SIDEBAR) and the
+    page's `labels`; a field no control sets keeps its flag's name."""
+    names = SIDEBAR | (labels or {})
+    return lambda f: f"'{names[f]}'" if f in names else flag(f)
 
 
 def clean_error(err: Exception, labels: dict[str, str] | None = None) -> str:
     """An error message naming an upload by its file name, not by the hash folder it was written to, and a
-    request's field (core.notes.FieldError) by its control's label: the sidebar's (SIDEBAR) and the page's
-    `labels`; a field no control sets keeps its flag's name."""
-    names = SIDEBAR | (labels or {})
-    text = err.words(lambda f: f"'{names[f]}'" if f in names else flag(f)) if isinstance(err, FieldError) \
-        else str(err)
+    request's field (core.notes.FieldError) by its control's label (app_names)."""
+    text = worded(err, app_names(labels))
     return re.sub(re.escape(str(UPLOAD_DIR) + os.sep) + r"[0-9a-f]+" + re.escape(os.sep), "", text)
 
 

@@ -161,7 +161,7 @@ def plan_chart(by_kind, measured=None, title: str = "predicted speedup per batch
                                            "%{y:.3f}x<extra></extra>"))
     if measured is not None and len(measured):
         fig.add_trace(go.Scatter(x=measured["batch_size"], y=measured["measured_speedup"], mode="markers",
-                                 name="measured (sweep --plan)", marker=dict(symbol="diamond", size=9, color="black"),
+                                 name="measured (workbench sweep --plan)", marker=dict(symbol="diamond", size=9, color="black"),
                                  customdata=measured[["kind", "nodes", "predicted_speedup"]].to_numpy(),
                                  hovertemplate="measured at batch %{x}: %{customdata[0]} (%{customdata[1]} nodes), "
                                                "%{y:.3f}x, predicted %{customdata[2]:.3f}x<extra></extra>"))
