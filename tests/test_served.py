@@ -378,6 +378,7 @@ def test_copy_edit_prompts_are_packaged_and_copy_from_their_input():
     assert len(records) == 128 and len({r[0] for r in records}) == 128
     cats = [r[0].rsplit("-", 1)[0] for r in records]
     assert {c: cats.count(c) for c in cats} == {"rewrite": 32, "extract": 32, "summarise": 32, "code": 32}
+    assert all(len(set(cats[i:i + 32])) == 4 and cats[i:i + 32].count("code") == 8 for i in range(0, 128, 32))
     notice = (Path(__file__).parents[1] / "workbench" / "prompts" / "NOTICE").read_text()
     assert "copy-edit.jsonl" in notice and "Apache License 2.0" in notice
 
