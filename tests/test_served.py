@@ -375,9 +375,10 @@ def test_schedules_an_engine_does_not_take(served, tmp_path):
 @pytest.mark.unit
 def test_copy_edit_prompts_are_packaged_and_copy_from_their_input():
     records = load_prompt_records("copy-edit")
-    assert len(records) == 32 and len({r[0] for r in records}) == 32
-    cats = {r[0].rsplit("-", 1)[0] for r in records}
-    assert cats == {"rewrite", "extract", "summarise", "code"}
+    assert len(records) == 128 and len({r[0] for r in records}) == 128
+    cats = [r[0].rsplit("-", 1)[0] for r in records]
+    assert {c: cats.count(c) for c in cats} == {"rewrite": 32, "extract": 32, "summarise": 32, "code": 32}
+    assert all(len(set(cats[i:i + 32])) == 4 and cats[i:i + 32].count("code") == 8 for i in range(0, 128, 32))
     notice = (Path(__file__).parents[1] / "workbench" / "prompts" / "NOTICE").read_text()
     assert "copy-edit.jsonl" in notice and "Apache License 2.0" in notice
 

@@ -101,7 +101,7 @@ def test_the_check_serves_only_prompts_neither_the_calibration_nor_the_surface_s
     records, left_out = served_records(s, "holdout", None, SURFACE_IDS)
     assert [r[0] for r in records] == [i for i in HELD if i not in SURFACE_IDS] and left_out == 1
     records, left_out = served_records(s, "copy-edit", 2, [])  # a named set: the calibration's own prompts left out
-    assert [r[0] for r in records] == HELD[:2] and left_out == 32 - len(HELD)
+    assert [r[0] for r in records] == HELD[:2] and left_out == 128 - len(HELD)
     with pytest.raises(Exception, match="every holdout prompt"):
         served_records(s, "holdout", None, HELD)
     assert served_tokens_per_step(50, 5, 10) == pytest.approx(45 / 35)
