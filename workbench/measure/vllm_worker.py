@@ -73,6 +73,18 @@ def per_step(output) -> dict | None:
 _ids = iter(range(1 << 62))
 
 
+def timed_step(engine, emitted: dict) -> tuple[float, list]:
+    """One engine step, timed: its seconds and the outputs of the requests in `emitted` (ours; another engine in the
+    process may share the loop), whose tokens-so-far it updates."""
+    t = time.perf_counter()
+    outs = engine.step()
+    seconds = time.perf_counter() - t
+    ours = [r for r in outs if r.request_id in emitted]
+    for r in ours:
+        emitted[r.request_id] = len(r.outputs[0].token_ids)
+    return seconds, ours
+
+
 def serve(llm, chunk: list, params) -> tuple[list[dict], list]:
     """Serve `chunk` (token-id prompts) at once through the engine's step loop: (every step: seconds, whether a
     request was still in prefill, whether all were decoding before it (none finished), whether it was a full round
@@ -89,15 +101,11 @@ def serve(llm, chunk: list, params) -> tuple[list[dict], list]:
     while engine.has_unfinished_requests():
         before = dict(emitted)
         decoding = not finished and all(n >= 1 for n in before.values())
-        t = time.perf_counter()
-        outs = engine.step()
-        seconds = time.perf_counter() - t
+        seconds, outs = timed_step(engine, emitted)
         for r in outs:
-            if r.request_id in emitted:
-                emitted[r.request_id] = len(r.outputs[0].token_ids)
-                last[r.request_id] = r
-                if r.finished:
-                    finished.add(r.request_id)
+            last[r.request_id] = r
+            if r.finished:
+                finished.add(r.request_id)
         ctx = [len(p) + before[rid] for rid, p in zip(ids, chunk)]
         steps.append(dict(seconds=seconds, prefill=not all(n >= 1 for n in before.values()), decoding=decoding,
                           full=decoding and all(emitted[r] > before[r] for r in ids),
@@ -125,14 +133,10 @@ def serve_steady(llm, prompts: list, b: int, n: int, params) -> tuple[list[dict]
             active[rid], emitted[rid] = j, 0
         before = {r: emitted[r] for r in active}
         busy = len(active) == b and all(v >= 1 for v in before.values())
-        t = time.perf_counter()
-        outs = engine.step()
-        seconds = time.perf_counter() - t
+        seconds, outs = timed_step(engine, emitted)
         for r in outs:
-            if r.request_id in active:
-                emitted[r.request_id] = len(r.outputs[0].token_ids)
-                if r.finished:
-                    done[active.pop(r.request_id)] = r.outputs[0]
+            if r.finished and r.request_id in active:
+                done[active.pop(r.request_id)] = r.outputs[0]
         steps.append(dict(seconds=seconds, busy=busy, tokens=sum(emitted[r] - v for r, v in before.items())))
     return steps, [done[j] for j in range(min(n, len(prompts)))]
 
