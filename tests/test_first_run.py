@@ -23,9 +23,15 @@ QUIET = 0.5  # cores other processes may have kept busy on average during the id
 
 
 def quiet(report: dict) -> bool:
+    """What else ran while each load was timed (`other_cores_during`, measured from /proc/stat): nothing at idle,
+    the busy loop's one core and nothing more at one-core-busy. The load average before a piece (the setting's) is
+    what ran in the minute before it, not during: it decides only where that measurement is missing."""
     s = report["setting"]
-    idle = (s.get("other_cores_during") or {}).get("idle")
-    return not loaded(s) and idle is not None and idle["cores"] < QUIET
+    during = s.get("other_cores_during") or {}
+    if "idle" not in during:
+        return not loaded(s)
+    busy = during.get("one-core-busy")
+    return during["idle"]["cores"] < QUIET and (busy is None or busy["cores"] < 1 + QUIET)
 
 
 def reports() -> list[tuple[str, dict]]:
