@@ -11,6 +11,9 @@ cost 1.50x plain where the surface's steady rounds cost 1.18x);
 greedy outputs of every speculative engine compared token for token with plain vLLM's. An n-gram engine runs in a
 worker process of its own beside a plain engine of its own (vllm_runner.engine_groups): each K is timed and compared
 against that one. Resumable as vllm_check.py is: each process's finished batch sizes are kept beside --out.
+The report (served_table) splits each row's miss in the held-out prompts' acceptance and the round's pricing
+(miss_split) and brackets the held-out tokens/step by resampling its prompts (held_out_interval): a miss the held-out
+sample explains is not the plan's. Both from the stored result, so a report written again gets them.
 """
 from __future__ import annotations
 
