@@ -103,7 +103,7 @@ def one_set(args, prompts: str, py: list[str], loads: dict) -> dict:
 
 
 def run(args) -> int:
-    from workbench.export.vllm_served_check import served_table
+    from workbench.export.vllm_served_check import miss_split, served_table
 
     from workbench import WorkbenchError
     from workbench.core.data import load_prompt_records
@@ -136,17 +136,22 @@ def run(args) -> int:
              f"{os.cpu_count()} CPUs: " + ("idle (nothing else ran)." if idle(loads) else
                                            "NOT idle: these speeds are not this machine's."), ""]
     for s in sets:
-        v = s["verdicts"]
+        v, res = s["verdicts"], s.pop("result")
         worst = "-" if v["worst_error"] is None else f"{100 * v['worst_error']:.1f}%"
+        cost = max(((c, bk) for bk, (_, c) in miss_split(res).items()), key=lambda x: abs(x[0]), default=None)
+        cost = "-" if cost is None else f"{100 * cost[0]:+.1f}% (batch {cost[1][0]}, K = {cost[1][1]})"
         lines += [f"## {s['prompts']}", "", f"Verdicts (issue 69): {v['rows']} (batch, K) rows, worst |predicted - "
                   f"measured| / measured {worst} (<= {100 * TOLERANCE:.0f}%: {'yes' if v['all_within_tolerance'] else 'no'}); "
                   f"the plan's K vLLM's best or within noise at every batch size: "
                   f"{'yes' if v['choice_best_or_within_noise'] else 'no'}; greedy outputs equal to plain vLLM's: "
-                  f"{'yes' if v['outputs_equal'] else 'no'}.", "", served_table(s.pop("result"))]
+                  f"{'yes' if v['outputs_equal'] else 'no'}.", "",
+                  "Round-cost part of the misses (the pricing's own error, the held-out prompts' acceptance set "
+                  f"apart): worst {cost}.", "", served_table(res)]
     atomic_write_text(out_dir / f"{args.name}.md", "\n".join(lines), "out_dir")
     atomic_write_json(out_dir / f"{args.name}.json", dict(sets=sets, load_average=loads, idle=idle(loads),
                                                           cpus=os.cpu_count()), "out_dir")
-    print("\n".join(line for line in lines if line.startswith(("Verdicts", "##", "Load"))), file=sys.stderr)
+    print("\n".join(line for line in lines if line.startswith(("Verdicts", "Round-cost", "##", "Load"))),
+          file=sys.stderr)
     print(f"wrote {out_dir / args.name}.md and .json", file=sys.stderr)
     return 0
 

@@ -12,13 +12,15 @@ tree priced, where the table measured the heads' cost):
   speedup_range      the speedup with t(n) moved over its interquartile range (t(1) at its median);
   shrinking_cost     t(a, n) / t(B, n) for a < B sequences left: the tail of a batch on an engine that drops
                      finished sequences (vLLM), linear in a between measured batch sizes (calibration.batch_walk).
+  prediction_error   predicted / measured - 1; miss_parts splits a speedup's miss into acceptance and round cost.
 Ranking trees by it is plan/weigh.py's alone.
 Measured (`batches`: the results of each generate call, a list per call; sequences of one call ran side by side,
 calls one after another; a result has token_ids, steps (each with tokens and time_s), decode_s, total_s):
   tokens_per_step (each sequence's), batch_tokens_per_step (whole batches'), acceptance_per_position, step_times /
   mean_step_s, goodput, measured_speedup (prefill included), decode_speedup (the decoding phase: what `speedup`
-  predicts), prefill_share, overhead, decoder_overhead, and spread (the median and quartiles of repeated
-  measurements of one quantity).
+  predicts), prefill_share, overhead, decoder_overhead, spread (the median and quartiles of repeated
+  measurements of one quantity), and served_tokens_per_step with served_tokens_interval (an engine's counts; the
+  bootstrap interval of a sample of prompts').
 """
 from __future__ import annotations
 
@@ -167,6 +169,17 @@ def prediction_error(predicted: float, measured: float) -> float:
         return math.nan
 
 
+def miss_parts(predicted_speedup: float, measured_speedup: float, predicted_tokens: float,
+               measured_tokens: float) -> tuple[float, float]:
+    """A predicted speedup's miss split along speedup = tokens/step / relative round cost: (acceptance part, round-cost
+    part), 1 + miss = (1 + acceptance part) * (1 + round-cost part). Acceptance: predicted / measured tokens/step - 1
+    (the measured prompts accept more or less than the calibration's did: a sample's, not the pricing's, error); round
+    cost: the rest, which is the relative round cost the measurement implies (its tokens/step over its speedup) over
+    the priced one, less 1 (+: the round was priced cheaper than it ran, so the speedup was predicted high)."""
+    acceptance = prediction_error(predicted_tokens, measured_tokens)
+    return acceptance, prediction_error(1 + prediction_error(predicted_speedup, measured_speedup), 1 + acceptance)
+
+
 def within_noise(a: tuple[float, float] | None, b: tuple[float, float] | None) -> bool | None:
     """Whether two ranges overlap: an order resting on a difference inside the noise. None when either is unknown."""
     if a is None or b is None:
@@ -193,6 +206,31 @@ def served_tokens_per_step(new_tokens: int, prompts: int, accepted: int) -> floa
     decoded = new_tokens - prompts
     steps = decoded - accepted
     return decoded / steps if steps > 0 else math.nan
+
+
+def served_tokens_interval(prompts, level: float = 0.90, resamples: int = 2000,
+                           seed: int = 0) -> tuple[float, float] | None:
+    """Percentile-bootstrap interval of served_tokens_per_step over a sample of prompts, from each prompt's (tokens,
+    accepted): `resamples` draws of as many prompts with replacement (fixed seed: a report regenerated reads the same),
+    the central `level` of their tokens/step. How far the sample's own tokens/step could move had other prompts of
+    its kind been drawn (n-gram acceptance varies severalfold per prompt), so a prediction inside it is not refuted
+    by that sample. Draws without a decoding step are skipped; None when no draw has one (or no prompts)."""
+    counts = np.asarray(list(prompts), dtype=float).reshape(-1, 2)
+    if not (np.isfinite(counts).all() and (counts[:, 0] >= 1).all() and (counts[:, 1] >= 0).all()
+            and (counts[:, 1] <= counts[:, 0] - 1).all()):
+        raise WorkbenchError("per-prompt counts need tokens >= 1 and 0 <= accepted < tokens (a check's per_prompt)")
+    if not 0 < level < 1:
+        raise WorkbenchError(f"level {level}: a share in (0, 1), e.g. 0.9")
+    if not len(counts):
+        return None
+    draws = np.random.default_rng(seed).integers(0, len(counts), size=(resamples, len(counts)))
+    sums = counts[draws].sum(axis=1)                                      # (tokens, accepted) of each draw
+    rates = np.array([served_tokens_per_step(t, len(counts), a) for t, a in sums])
+    rates = rates[np.isfinite(rates)]
+    if not len(rates):
+        return None
+    low, high = np.percentile(rates, [50 * (1 - level), 50 * (1 + level)])
+    return float(low), float(high)
 
 
 def draft_tokens_per_step(draft_tokens: int, decode_steps: int | None) -> float | None:

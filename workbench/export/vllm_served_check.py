@@ -11,6 +11,9 @@ cost 1.50x plain where the surface's steady rounds cost 1.18x);
 greedy outputs of every speculative engine compared token for token with plain vLLM's. An n-gram engine runs in a
 worker process of its own beside a plain engine of its own (vllm_runner.engine_groups): each K is timed and compared
 against that one. Resumable as vllm_check.py is: each process's finished batch sizes are kept beside --out.
+The report (served_table) splits each row's miss in the held-out prompts' acceptance and the round's pricing
+(miss_split) and brackets the held-out tokens/step by resampling its prompts (held_out_interval): a miss the held-out
+sample explains is not the plan's. Both from the stored result, so a report written again gets them.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from workbench.core.notes import FieldError
 from workbench.calibrate.served import Served
 from workbench.core.data import load_prompt_records, prompts_fingerprint
 from workbench.core.provenance import cpu_mark, load_average, others, quiet
-from workbench.core.speed import prediction_error, served_tokens_per_step
+from workbench.core.speed import miss_parts, prediction_error, served_tokens_interval, served_tokens_per_step
 from workbench.core.work import WorkState
 from workbench.export.vllm import served_ks
 from workbench.export.vllm_check import check_vllm_model, compare_outputs, load_note, vllm_inputs
@@ -141,19 +144,61 @@ def served_check(calibration, plan=None, model=None, ks=(1, 2, 3, 4), batch_size
                           idle=quiet(used)), note=load_note(used))
 
 
+HELD_OUT_LEVEL = 0.90  # the held-out tokens/step's bootstrap interval (served_tokens_interval's resamples, seed 0)
+
+
+def held_out_interval(row: dict) -> tuple[float, float] | None:
+    """A K row's bootstrap interval of the held-out tokens/step over its prompts (core.speed.served_tokens_interval);
+    None for a result without per-prompt records (older ones)."""
+    prompts = row.get("per_prompt")
+    return served_tokens_interval([(p["tokens"], p["accepted"]) for p in prompts], HELD_OUT_LEVEL) if prompts else None
+
+
+def miss_split(res: dict) -> dict[tuple[int, int], tuple[float, float]]:
+    """{(batch, K): (acceptance part, round-cost part)} (core.speed.miss_parts) of each speed and plan row with a
+    prediction and a measurement, from the K row's tokens/step predicted and measured (K = 0, no drafter: 1 and 1):
+    computed when a report is written, so a stored result gets it without measuring again."""
+    tps = {0: (1.0, 1.0)} | {r["k"]: (r["predicted"], r["vllm_tokens_per_step"]) for r in res["acceptance"]}
+    rows = [(s["batch_size"], s["k"], s.get("predicted_speedup"), s.get("decode_speedup")) for s in res["speed"]]
+    rows += [(r["batch_size"], r["plan_k"], r["predicted_speedup"], r["measured_speedup"])
+             for r in res.get("plan_check") or []]
+    return {(b, k): miss_parts(pred, got, *tps[k]) for b, k, pred, got in rows
+            if pred and got and k in tps and tps[k][1] and math.isfinite(tps[k][1])}
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:+.1f}%"
+
+
 def served_table(res: dict) -> str:
     """Markdown tables of a served_check result."""
     lines = [f"vLLM {res['vllm_version']} serving {res['drafter'].get('method')} on {res['model']} (fp32, greedy), "
              f"{len(res['prompt_ids'])} {res['prompts']} prompts of {res.get('calibration_prompts')}, "
              f"{res['max_new_tokens']} new tokens; load average {res['load_average']}: {res['note']}.", "",
              "| K | vLLM tokens/step | predicted (1 + per-step rates) | prediction vs vLLM | vLLM accepted per "
-             "position / drafts | vLLM spec = vLLM plain | plain = first process's plain |",
-             "|---|---|---|---|---|---|---|"]
+             f"position / drafts | vLLM spec = vLLM plain | plain = first process's plain | held-out "
+             f"{100 * HELD_OUT_LEVEL:.0f}% interval | prediction inside |", "|---|---|---|---|---|---|---|---|---|"]
+    sampled = set()  # the Ks whose prediction lies inside the held-out sample's interval
     for r in res["acceptance"]:
         same = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in r["vllm_spec_vs_vllm_plain"].items())
         plain = ", ".join(f"B{b}: {c['identical']}/{c['prompts']}" for b, c in r["plain_vs_first_plain"].items())
-        err = "-" if r["prediction_error"] is None else f"{100 * r['prediction_error']:+.1f}%"
+        err = "-" if r["prediction_error"] is None else _pct(r["prediction_error"])
         counts = " ".join(f"{a}/{r['vllm_drafts']}" for a in r["vllm_accepted_per_pos"])
+        held = held_out_interval(r)
+        inside = held is not None and held[0] <= r["predicted"] <= held[1]
+        sampled |= {r["k"]} if inside else set()
         lines.append(f"| {r['k']} | {r['vllm_tokens_per_step']:.3f} | {r['predicted']:.3f} | {err} | {counts} | "
-                     f"{same} | {plain} |")
-    return "\n".join(lines + [""] + speed_table(res)) + "\n"
+                     f"{same} | {plain} | " + ("- | - |" if held is None else
+                                               f"{held[0]:.3f}..{held[1]:.3f} | {'yes' if inside else 'no'} |"))
+    parts = {bk: [_pct(a) + (" (sampling)" if bk[1] in sampled else ""), _pct(c)]
+             for bk, (a, c) in miss_split(res).items()}
+    lines += ["", f"Held-out interval: the {100 * HELD_OUT_LEVEL:.0f}% percentile-bootstrap interval of vLLM's "
+              "tokens/step over the held-out prompts (resampled with replacement, fixed seed; '-': a result without "
+              "per-prompt records). Each speed row's miss, predicted / measured - 1, in two parts, 1 + miss = (1 + "
+              "acceptance part) x (1 + round-cost part): the acceptance part is the K row's prediction vs vLLM "
+              "(the held-out prompts accept more or less than the calibration's did; 'sampling': the prediction lies "
+              "inside the held-out interval, a miss the held-out sample explains); the round-cost part is the rest, "
+              "the relative round cost vLLM's measurement implies over the surface's price (+: priced cheaper than "
+              "it ran), the pricing's own error."]
+    extra = (["acceptance part", "round-cost part"], parts)
+    return "\n".join(lines + [""] + speed_table(res, extra)) + "\n"

@@ -134,28 +134,35 @@ def _x(v) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def speed_table(res: dict) -> list[str]:
-    """The markdown lines of a check's speeds (older results: the columns they lack are '-')."""
+def speed_table(res: dict, extra: tuple[list[str], dict] | None = None) -> list[str]:
+    """The markdown lines of a check's speeds (older results: the columns they lack are '-'); `extra`: (headers,
+    {(batch, K): cells}) columns appended to both tables (a served check's miss split), '-' where a row has none."""
+    heads, cells = extra or ([], {})
+
+    def more(b: int, k: int) -> str:
+        return "".join(f" {c} |" for c in cells.get((b, k), ["-"] * len(heads)))
+    add, rule = "".join(f" {h} |" for h in heads), "---|" * len(heads)
     lines = ["| K | batch | vLLM tokens/s | plain vLLM tokens/s | speedup (end to end) | decoding speedup, median "
-             "(q1..q3) | predicted | plan's K |", "|---|---|---|---|---|---|---|---|"]
+             "(q1..q3) | predicted | plan's K |" + add, "|---|---|---|---|---|---|---|---|" + rule]
     for s in res["speed"]:
         dec = s.get("decode_speedup")
         rng = f" ({s['decode_speedup_q1']:.3f}..{s['decode_speedup_q3']:.3f}, {s['passes']} passes)" if dec else ""
         lines.append(f"| {s['k']} | {s['batch_size']} | {s['tokens_per_s']:.1f} | {s['plain_tokens_per_s']:.1f} | "
                      f"{s['speedup']:.3f} | {_x(dec)}{rng} | {_x(s.get('predicted_speedup'))} | "
-                     f"{'' if s['plan_k'] is None else s['plan_k']} |")
+                     f"{'' if s['plan_k'] is None else s['plan_k']} |" + more(s["batch_size"], s["k"]))
     if res.get("plan_check"):
         on = res.get("priced_on") or {}
         lines += ["", f"The plan (priced on {on.get('engine')} {on.get('engine_version') or ''} steps, "
                       f"{on.get('file')}) against vLLM's decoding-phase speedup, on prompts other than the surface's "
                       f"({res.get('surface_prompts_left_out', 0)} left out):", "",
                   "| batch | plan's K | predicted | measured (q1..q3) | predicted vs measured | vLLM's best K "
-                  "(measured) | plan's K best or within noise |", "|---|---|---|---|---|---|---|"]
+                  "(measured) | plan's K best or within noise |" + add, "|---|---|---|---|---|---|---|" + rule]
         for r in res["plan_check"]:
             rng = r["measured_range"]
             lines.append(f"| {r['batch_size']} | {r['plan_k']} | {_x(r['predicted_speedup'])} | "
                          f"{_x(r['measured_speedup'])}" + (f" ({rng[0]:.3f}..{rng[1]:.3f})" if rng else "") + " | "
                          + ("-" if r["error"] is None else f"{100 * r['error']:+.1f}%")
                          + f" | {r['best_k']} ({r['best_speedup']:.3f}) | "
-                         f"{'yes' if r['choice_is_best_or_within_noise'] else 'no'} |")
+                         f"{'yes' if r['choice_is_best_or_within_noise'] else 'no'} |"
+                         + more(r["batch_size"], r["plan_k"]))
     return lines
