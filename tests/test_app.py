@@ -618,7 +618,7 @@ def test_a_served_calibration_is_planned_in_the_app_as_the_cli_plans_it(monkeypa
     at.run()
     no_exception(at)
     assert not errors(at), errors(at)
-    assert "ngram-plan-cpu-copy-edit-calibration (served ngram, K=4, 24 prompts)" in options(at, "in_cal")
+    assert "ngram-plan-cpu-copy-edit-calibration (served ngram, K=4, 96 prompts)" in options(at, "in_cal")
     assert at.selectbox(key="in_lat_pick").value == str(lat)
     assert not [w for w in list(at.slider) + list(at.radio) if w.key in ("tree_budget", "tree_model")]
     assert any("drafts a chain of K tokens" in c.value for c in at.sidebar.caption)
