@@ -646,8 +646,10 @@ def test_a_served_calibration_is_planned_in_the_app_as_the_cli_plans_it(monkeypa
     for row in plan["plans"]:  # the page's plan is the CLI's
         assert f"batch {row['batch_size']}: **chain K={row['nodes']}** {row['predicted_speedup']:.2f}x" in line, line
     files = {d.proto.label for d in at.get("download_button") if "to_plan_" in d.proto.id}
-    assert {"plan", "vllm", "vllm-token-schedule"} <= files and not files & {"vllm-tree", "trtllm", "medusa", "eagle",
-                                                                           "json"}, files
+    assert {"plan", "vllm", "trtllm-schedule"} <= files and not files & {"vllm-tree", "trtllm", "medusa", "eagle",
+                                                                        "json"}, files
+    # speculative_token_schedule is in no vLLM release: offered only where one K serves every batch size
+    assert ("vllm-token-schedule" in files) == (len({row["nodes"] for row in plan["plans"]}) == 1), files
     tab(at, "Static vs per-step")
     assert any("drafts one chain of K tokens" in i.value for i in at.info)
     tab(at, "Latency and speedup")
